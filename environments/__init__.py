@@ -1,0 +1,1 @@
+"""Text environments served over one HTTP protocol (see docs/ENVIRONMENTS.md)."""

@@ -1,0 +1,92 @@
+"""The contract every text environment implements.
+
+An environment family (BabyAI, TextCraft, ...) provides:
+
+* a ``TextEnvironment`` subclass: one episode-capable instance that the HTTP server core creates,
+  resets, steps and closes. All its methods are synchronous and may block (a JVM, a browser); the
+  server runs them off the event loop and serializes the calls made on one instance.
+* a ``TaskCatalog``: the deterministic train / test task ids of the family.
+
+The server core (``environments/core/server.py``) turns any family into the HTTP protocol; the
+client (``environments/core/client.py``) is what the actor pool uses.
+"""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+from typing import Any, ClassVar, Sequence
+
+
+class InvalidTaskError(ValueError):
+    """Raised by ``reset`` / ``TaskCatalog.resolve`` for a task id or index that does not exist.
+
+    The server maps it to HTTP 404 with the message.
+    """
+
+
+@dataclasses.dataclass
+class StepResult:
+    """The outcome of one ``step``.
+
+    observation: the text the agent sees next.
+    reward: the reward of this step (families with outcome rewards give it on the final step).
+    done: the episode ended (success or failure decided by the environment).
+    truncated: the episode was cut by the environment's own step limit.
+    info: JSON-serialisable extras. Conventional keys: ``success`` (bool), ``score`` (float),
+      ``invalid_action`` (bool: the env did not understand the action; this is a normal step),
+      ``available_actions`` (list[str], where the family has them), ``steps`` (int).
+    """
+
+    observation: str
+    reward: float
+    done: bool
+    truncated: bool = False
+    info: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass
+class ResetResult:
+    """The first observation of an episode.
+
+    info must include ``task_id`` (str), ``max_steps`` (int) and ``instructions`` (str: a
+    description of the action syntax for the agent's system prompt); ``available_actions`` where
+    the family has them.
+    """
+
+    observation: str
+    info: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+
+class TaskCatalog(abc.ABC):
+    """Deterministic train / test split of a family's task ids."""
+
+    splits: ClassVar[tuple[str, ...]] = ("train", "test")
+
+    @abc.abstractmethod
+    def task_ids(self, split: str) -> Sequence[str]:
+        """All task ids of ``split`` in a fixed order (raises ``InvalidTaskError`` on bad split)."""
+
+    def resolve(self, split: str, index: int) -> str:
+        """The task id at ``index`` of ``split`` (wrapping modulo the split size is NOT done)."""
+        ids = self.task_ids(split)
+        if not 0 <= index < len(ids):
+            raise InvalidTaskError(f"index {index} out of range for split {split!r} ({len(ids)} tasks)")
+        return ids[index]
+
+
+class TextEnvironment(abc.ABC):
+    """One environment instance. Not thread-safe: the server serializes calls per instance."""
+
+    name: ClassVar[str]
+
+    @abc.abstractmethod
+    def reset(self, task_id: str, seed: int | None = None) -> ResetResult:
+        """Start an episode of ``task_id``; raises ``InvalidTaskError`` for an unknown id."""
+
+    @abc.abstractmethod
+    def step(self, action: str) -> StepResult:
+        """Apply one text action. An action the env does not understand is a normal step."""
+
+    def close(self) -> None:
+        """Release every resource (processes, threads, browsers). Idempotent."""
