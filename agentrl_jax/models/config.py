@@ -30,6 +30,12 @@ class ModelConfig:
     dtype: the compute dtype (``"float32"`` or ``"bfloat16"``); parameters are stored in
     ``param_dtype`` (float32 by default, i.e. bf16 compute with f32 master weights).
     remat: recompute each layer's activations in the backward pass.
+    remat_policy: with ``remat``, the name of a ``jax.checkpoint_policies`` policy deciding what
+        each layer saves (e.g. ``"dots_with_no_batch_dims_saveable"`` keeps matmul outputs);
+        ``None`` saves nothing (full recompute).
+    attention_impl: ``implementation`` passed to ``jax.nn.dot_product_attention`` on the
+        cache-less causal path without an attention mask (``None``: XLA; ``"cudnn"``: cuDNN
+        flash attention, GPU + bf16/fp16 only). Masked and cached attention always use XLA.
     """
 
     vocab_size: int
@@ -53,6 +59,8 @@ class ModelConfig:
     dtype: str = "float32"
     param_dtype: str = "float32"
     remat: bool = False
+    remat_policy: str | None = None
+    attention_impl: str | None = None
 
     def __post_init__(self) -> None:
         if self.model_type not in SUPPORTED_MODEL_TYPES:

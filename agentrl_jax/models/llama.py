@@ -109,7 +109,8 @@ class Attention(nnx.Module):
         new_cache = None
         if cache_kv is None:
             if attention_mask is None:
-                out = jax.nn.dot_product_attention(q, k, v, is_causal=True)
+                out = jax.nn.dot_product_attention(q, k, v, is_causal=True,
+                                                   implementation=cfg.attention_impl)
             else:
                 causal = jnp.tril(jnp.ones((t, t), jnp.bool_))
                 mask = causal[None, None] & attention_mask[:, None, None, :].astype(jnp.bool_)
@@ -160,6 +161,17 @@ def _run_layer(layer: DecoderLayer, x, cos, sin, positions, attention_mask, cach
 
 
 _run_layer_remat = nnx.remat(_run_layer)
+_REMAT_BY_POLICY: dict[str, object] = {}
+
+
+def _remat_layer_fn(policy: str | None):
+    """``_run_layer`` under ``nnx.remat`` with the named ``jax.checkpoint_policies`` policy."""
+    if policy is None:
+        return _run_layer_remat
+    if policy not in _REMAT_BY_POLICY:
+        _REMAT_BY_POLICY[policy] = nnx.remat(_run_layer,
+                                             policy=getattr(jax.checkpoint_policies, policy))
+    return _REMAT_BY_POLICY[policy]
 
 
 class CausalLM(nnx.Module):
@@ -190,7 +202,7 @@ class CausalLM(nnx.Module):
         x = self.embed(input_ids)
         cos, sin = rope_cos_sin(positions, inverse_frequencies(self.cfg))
         new_keys, new_values = [], []
-        run = _run_layer_remat if self.cfg.remat else _run_layer
+        run = _remat_layer_fn(self.cfg.remat_policy) if self.cfg.remat else _run_layer
         for i, layer in enumerate(self.layers):
             cache_kv = None if cache is None else (cache.keys[i], cache.values[i])
             x, layer_cache = run(layer, x, cos, sin, positions, attention_mask, cache_kv)
