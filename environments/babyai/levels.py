@@ -1,0 +1,61 @@
+"""The BabyAI levels of minigrid, their task ids, and quiet level construction."""
+
+from __future__ import annotations
+
+import functools
+import re
+
+from environments.core.base import InvalidTaskError
+
+TASK_ID_RE = re.compile(r"^(BabyAI-[A-Za-z0-9]+-v\d+)/seed=(\d+)$")
+
+
+def _silence_minigrid() -> None:
+    """Stop minigrid's level generator from printing to stdout.
+
+    ``RoomGridLevel._gen_grid`` prints "Sampling rejected: ..." each time it redraws a level, and
+    ``MissionSpace.contains`` prints on bad missions; a server's stdout must stay clean. Shadowing
+    the modules' ``print`` is local to those two modules and thread-safe (unlike redirecting
+    ``sys.stdout``).
+    """
+    from minigrid.core import mission
+    from minigrid.envs.babyai.core import roomgrid_level
+
+    def _quiet(*args: object, **kwargs: object) -> None:
+        return None
+
+    roomgrid_level.print = _quiet  # type: ignore[attr-defined]
+    mission.print = _quiet  # type: ignore[attr-defined]
+
+
+@functools.lru_cache(maxsize=1)
+def level_names() -> tuple[str, ...]:
+    """All BabyAI level ids registered by minigrid, sorted (96 with minigrid 3.2)."""
+    import gymnasium
+    import minigrid  # noqa: F401  (registers the levels)
+
+    _silence_minigrid()
+    return tuple(sorted(name for name in gymnasium.registry if name.startswith("BabyAI-")))
+
+
+def task_id(level: str, seed: int) -> str:
+    return f"{level}/seed={seed}"
+
+
+def parse_task_id(task: str) -> tuple[str, int]:
+    """``"BabyAI-GoToLocal-v0/seed=123"`` -> ``("BabyAI-GoToLocal-v0", 123)``."""
+    match = TASK_ID_RE.match(task)
+    if match is None or match.group(1) not in level_names():
+        raise InvalidTaskError(f"unknown BabyAI task {task!r}; expected '<BabyAI level id>/seed=<n>'")
+    return match.group(1), int(match.group(2))
+
+
+def make_level(level: str):
+    """A fresh, unwrapped minigrid environment of ``level`` (no gymnasium checker wrappers)."""
+    import gymnasium
+    from gymnasium.envs.registration import load_env_creator
+
+    if level not in level_names():
+        raise InvalidTaskError(f"unknown BabyAI level {level!r}")
+    spec = gymnasium.registry[level]
+    return load_env_creator(spec.entry_point)(**spec.kwargs)

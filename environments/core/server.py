@@ -1,0 +1,360 @@
+"""The HTTP server core: serves any environment family over the shared JSON protocol.
+
+Endpoints (all bodies and answers are JSON; see docs/ENVIRONMENTS.md):
+
+* ``POST /create {"task_id"} | {"split", "index"} [+ "seed"]`` -> ``{"env_id", "observation", "info"}``
+* ``POST /step {"env_id", "action"}`` -> ``{"observation", "reward", "done", "truncated", "info"}``
+* ``POST /reset {"env_id" [, "task_id" | "split"+"index"] [, "seed"]}`` -> like ``/create``
+* ``POST /close {"env_id"}`` -> ``{"closed": true}``
+* ``GET /health``, ``GET /tasks?split=train|test[&offset=&limit=]``, ``GET /stats``
+
+Errors are ``{"error": message}`` with a 4xx/5xx status, never a 200: unknown env id or task 404,
+malformed JSON or missing / wrongly typed fields 400, oversized body 413, a step after the episode
+ended 409, no free session slot 503 (with ``Retry-After``). An exception inside an environment is
+a 500 with its message.
+
+Concurrency: calls on one instance are serialized by a per-session ``asyncio.Lock``; different
+instances run concurrently on a thread pool, except for families declared ``inline`` (cheap,
+non-blocking steps), which are called directly on the event loop. Idle sessions are closed after
+``idle_timeout`` seconds; every instance is closed on shutdown.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import functools
+import logging
+from typing import Any, Callable, TypeVar
+
+from aiohttp import web
+
+from environments.core import jsonio
+from environments.core.base import InvalidTaskError, ResetResult, StepResult, TaskCatalog
+from environments.core.sessions import CapacityError, Session, SessionTable, Stats
+from environments.registry import Family
+
+log = logging.getLogger("environments.server")
+
+T = TypeVar("T")
+
+DEFAULT_MAX_BODY = 1 << 20  # 1 MiB: far above any action, far below what could hurt the server
+RETRY_AFTER_S = "1"
+
+SERVER_KEY = web.AppKey("env_server", object)
+
+
+class ProtocolError(Exception):
+    """A client error with its HTTP status; rendered as ``{"error": message}``."""
+
+    def __init__(self, status: int, message: str, headers: dict[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.headers = headers
+
+
+def json_response(payload: Any, status: int = 200, headers: dict[str, str] | None = None) -> web.Response:
+    """A JSON answer encoded with the fast encoder."""
+    return web.Response(body=jsonio.dumps(payload), status=status, headers=headers, content_type="application/json")
+
+
+def error_response(status: int, message: str, headers: dict[str, str] | None = None) -> web.Response:
+    return json_response({"error": message}, status=status, headers=headers)
+
+
+# ---------------------------------------------------------------------------- request validation
+
+
+async def read_json(request: web.Request) -> dict[str, Any]:
+    """The request body as a JSON object (400 if malformed, 413 if over the size limit)."""
+    body = await request.read()  # raises HTTPRequestEntityTooLarge over client_max_size
+    try:
+        data = jsonio.loads(body) if body else None
+    except ValueError as error:
+        raise ProtocolError(400, f"malformed JSON body: {error}") from None
+    if not isinstance(data, dict):
+        raise ProtocolError(400, "the body must be a JSON object")
+    return data
+
+
+def _type_name(kind: type | tuple[type, ...]) -> str:
+    return "integer" if kind is int else "string" if kind is str else str(kind)
+
+
+def required(data: dict[str, Any], key: str, kind: type) -> Any:
+    """``data[key]``, which must exist and be of ``kind`` (bools are not integers here)."""
+    if key not in data:
+        raise ProtocolError(400, f"missing field {key!r}")
+    return optional(data, key, kind)
+
+
+def optional(data: dict[str, Any], key: str, kind: type) -> Any:
+    """``data.get(key)`` (``None`` allowed), checked to be of ``kind``."""
+    value = data.get(key)
+    if value is None:
+        return None
+    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+        raise ProtocolError(400, f"field {key!r} must be a {_type_name(kind)}, got {type(value).__name__}")
+    return value
+
+
+# ---------------------------------------------------------------------------------------- server
+
+
+class EnvServer:
+    """Sessions of one family, and the handlers that serve them."""
+
+    def __init__(
+        self,
+        family: Family,
+        *,
+        max_sessions: int = 1024,
+        idle_timeout: float = 600.0,
+        workers: int = 32,
+    ) -> None:
+        self.family = family
+        self.idle_timeout = idle_timeout
+        self.sessions = SessionTable(max_sessions)
+        self.stats = Stats()
+        self.catalog: TaskCatalog | None = None
+        self._executor = concurrent.futures.ThreadPoolExecutor(
+            max_workers=workers, thread_name_prefix=f"env-{family.name}"
+        )
+        self._reaper: asyncio.Task | None = None
+
+    # -- running environment code
+
+    async def call(self, fn: Callable[..., T], *args: Any) -> T:
+        """Run ``fn(*args)`` inline for cheap families, else on the thread pool."""
+        if self.family.inline:
+            return fn(*args)
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._executor, functools.partial(fn, *args))
+
+    # -- lifecycle (aiohttp cleanup context)
+
+    async def lifespan(self, app: web.Application):
+        self.catalog = await self.call(self.family.catalog_factory)
+        self._reaper = asyncio.create_task(self._reap_forever())
+        log.info("serving family %s", self.family.name)
+        yield
+        self._reaper.cancel()
+        try:
+            await self._reaper
+        except asyncio.CancelledError:
+            pass
+        sessions = self.sessions.pop_all()
+        await asyncio.gather(*(self._close_session(s) for s in sessions))
+        self._executor.shutdown(wait=True, cancel_futures=True)
+        log.info("closed %d sessions on shutdown", len(sessions))
+
+    async def _reap_forever(self) -> None:
+        interval = max(0.05, min(self.idle_timeout / 4, 5.0))
+        while True:
+            await asyncio.sleep(interval)
+            for session in self.sessions.idle(self.idle_timeout):
+                if self.sessions.pop(session.env_id) is session:
+                    self.stats.sessions_reaped += 1
+                    await self._close_session(session)
+
+    async def _close_session(self, session: Session) -> None:
+        if session.closed:
+            return
+        session.closed = True
+        self.stats.sessions_closed += 1
+        try:
+            await self.call(session.env.close)
+        except Exception:  # a failing close must not stop the others
+            log.exception("closing %s (%s) failed", session.env_id, self.family.name)
+
+    # -- helpers
+
+    def _task_from(self, data: dict[str, Any], needed: bool) -> str | None:
+        """The task id named by ``task_id`` or ``split``+``index`` (404 for unknown ones)."""
+        task_id = optional(data, "task_id", str)
+        split = optional(data, "split", str)
+        index = optional(data, "index", int)
+        if task_id is not None:
+            if split is not None or index is not None:
+                raise ProtocolError(400, "give either 'task_id' or 'split' and 'index', not both")
+            return task_id
+        if split is not None or index is not None:
+            if split is None or index is None:
+                raise ProtocolError(400, "'split' and 'index' must be given together")
+            assert self.catalog is not None
+            return self.catalog.resolve(split, index)  # InvalidTaskError -> 404
+        if needed:
+            raise ProtocolError(400, "missing field 'task_id' (or 'split' and 'index')")
+        return None
+
+    def _session(self, data: dict[str, Any]) -> Session:
+        env_id = required(data, "env_id", str)
+        session = self.sessions.get(env_id)
+        if session is None:
+            raise ProtocolError(404, f"unknown env_id {env_id!r}")
+        return session
+
+    @staticmethod
+    def _reset_payload(session: Session, result: ResetResult) -> dict[str, Any]:
+        info = dict(result.info)
+        info.setdefault("task_id", session.task_id)
+        return {"env_id": session.env_id, "observation": result.observation, "info": info}
+
+    # -- handlers
+
+    async def create(self, request: web.Request) -> web.Response:
+        data = await read_json(request)
+        task_id = self._task_from(data, needed=True)
+        seed = optional(data, "seed", int)
+        try:
+            self.sessions.reserve()
+        except CapacityError as error:
+            raise ProtocolError(503, str(error), headers={"Retry-After": RETRY_AFTER_S}) from None
+        try:
+            env = await self.call(self.family.env_factory)
+            try:
+                result = await self.call(env.reset, task_id, seed)
+            except BaseException:
+                await self.call(env.close)
+                raise
+            session = self.sessions.add(env, task_id, seed)
+        finally:
+            self.sessions.release()
+        self.stats.sessions_created += 1
+        return json_response(self._reset_payload(session, result))
+
+    async def reset(self, request: web.Request) -> web.Response:
+        data = await read_json(request)
+        session = self._session(data)
+        task_id = self._task_from(data, needed=False)
+        seed = optional(data, "seed", int)
+        async with session.lock:
+            if session.closed:
+                raise ProtocolError(404, f"unknown env_id {session.env_id!r}")
+            task_id = task_id if task_id is not None else session.task_id
+            seed = seed if "seed" in data else session.seed
+            result = await self.call(session.env.reset, task_id, seed)
+            session.task_id, session.seed = task_id, seed
+            session.finished, session.steps = False, 0
+            session.touch()
+        self.stats.resets += 1
+        return json_response(self._reset_payload(session, result))
+
+    async def step(self, request: web.Request) -> web.Response:
+        data = await read_json(request)
+        session = self._session(data)
+        action = required(data, "action", str)
+        if self.family.inline:  # no await in between: calls on one session cannot interleave
+            self._check_steppable(session)
+            result = self._record_step(session, session.env.step(action))
+        else:
+            async with session.lock:
+                self._check_steppable(session)
+                result = self._record_step(session, await self.call(session.env.step, action))
+        return json_response(
+            {
+                "observation": result.observation,
+                "reward": float(result.reward),
+                "done": bool(result.done),
+                "truncated": bool(result.truncated),
+                "info": result.info,
+            }
+        )
+
+    def _check_steppable(self, session: Session) -> None:
+        if session.closed:
+            raise ProtocolError(404, f"unknown env_id {session.env_id!r}")
+        if session.finished:
+            raise ProtocolError(409, "the episode has ended; reset or close this environment")
+
+    def _record_step(self, session: Session, result: StepResult) -> StepResult:
+        session.steps += 1
+        session.finished = bool(result.done or result.truncated)
+        session.touch()
+        self.stats.steps += 1
+        if result.info.get("invalid_action"):
+            self.stats.invalid_actions += 1
+        return result
+
+    async def close(self, request: web.Request) -> web.Response:
+        data = await read_json(request)
+        session = self._session(data)
+        self.sessions.pop(session.env_id)
+        async with session.lock:  # let a call in progress finish first
+            await self._close_session(session)
+        return json_response({"closed": True, "env_id": session.env_id})
+
+    async def health(self, request: web.Request) -> web.Response:
+        return json_response({"status": "ok", "family": self.family.name, "live_sessions": len(self.sessions)})
+
+    async def tasks(self, request: web.Request) -> web.Response:
+        split = request.query.get("split", "train")
+        try:
+            offset = int(request.query.get("offset", "0"))
+            limit = int(request.query["limit"]) if "limit" in request.query else None
+        except ValueError:
+            raise ProtocolError(400, "'offset' and 'limit' must be integers") from None
+        if offset < 0 or (limit is not None and limit < 0):
+            raise ProtocolError(400, "'offset' and 'limit' must be >= 0")
+        assert self.catalog is not None
+        ids = self.catalog.task_ids(split)  # InvalidTaskError -> 404
+        end = len(ids) if limit is None else min(len(ids), offset + limit)
+        page = [ids[i] for i in range(offset, end)]
+        return json_response({"split": split, "count": len(ids), "offset": offset, "task_ids": page})
+
+    async def stats_handler(self, request: web.Request) -> web.Response:
+        payload = {
+            "family": self.family.name,
+            "live_sessions": len(self.sessions),
+            "pending_creates": self.sessions.pending,
+            "max_sessions": self.sessions.max_sessions,
+            "idle_timeout_s": self.idle_timeout,
+            **self.stats.as_dict(),
+        }
+        return json_response(payload)
+
+    # -- error mapping
+
+    @web.middleware
+    async def errors(self, request: web.Request, handler: Callable) -> web.StreamResponse:
+        try:
+            return await handler(request)
+        except ProtocolError as error:
+            status, message, headers = error.status, error.message, error.headers
+        except InvalidTaskError as error:
+            status, message, headers = 404, str(error), None
+        except web.HTTPException as error:  # unknown route 404, wrong method 405, body too large 413
+            if error.status < 400:
+                raise
+            status, message, headers = error.status, error.text or error.reason, None
+            if error.status == 405 and "Allow" in error.headers:
+                headers = {"Allow": error.headers["Allow"]}
+        except Exception as error:  # a bug in an environment: report it, keep serving
+            log.exception("%s %s failed", request.method, request.path)
+            status, message, headers = 500, f"{type(error).__name__}: {error}", None
+        self.stats.errors[status] += 1
+        return error_response(status, message, headers)
+
+
+def build_app(
+    family: Family,
+    *,
+    max_sessions: int = 1024,
+    idle_timeout: float = 600.0,
+    max_body: int = DEFAULT_MAX_BODY,
+    workers: int = 32,
+) -> web.Application:
+    """The aiohttp application serving ``family``."""
+    server = EnvServer(family, max_sessions=max_sessions, idle_timeout=idle_timeout, workers=workers)
+    app = web.Application(client_max_size=max_body, middlewares=[server.errors])
+    app[SERVER_KEY] = server
+    app.cleanup_ctx.append(server.lifespan)
+    app.router.add_post("/create", server.create)
+    app.router.add_post("/step", server.step)
+    app.router.add_post("/reset", server.reset)
+    app.router.add_post("/close", server.close)
+    app.router.add_get("/health", server.health)
+    app.router.add_get("/tasks", server.tasks)
+    app.router.add_get("/stats", server.stats_handler)
+    return app
