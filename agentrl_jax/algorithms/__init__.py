@@ -1,0 +1,91 @@
+"""Pure RL math for agentrl-jax: advantage estimators, policy / value / entropy
+losses, KL estimators. Everything is a pure, jit-able JAX function over
+``[batch, time]`` arrays; see ``docs/ALGORITHMS.md`` for the formulas.
+"""
+
+from .advantages import (
+    ADVANTAGE_ESTIMATORS,
+    GAE_METHODS,
+    AdvantageOutput,
+    compute_advantages,
+    gae_advantages_raw,
+    get_advantage_estimator,
+    register_advantage_estimator,
+)
+from .kl import (
+    KL_ESTIMATORS,
+    get_kl_estimator,
+    kl_estimate,
+    kl_k1,
+    kl_k2,
+    kl_k3,
+    kl_loss,
+    kl_penalized_token_rewards,
+)
+from .losses import (
+    LOSS_AGGREGATIONS,
+    POLICY_LOSSES,
+    actor_loss,
+    aggregate_loss,
+    entropy_from_logits,
+    entropy_from_logits_chunked,
+    get_policy_loss,
+    log_probs_and_entropy,
+    log_probs_from_logits,
+    ppo_policy_loss,
+    value_loss,
+)
+from .masked import (
+    GroupStats,
+    effective_token_rewards,
+    group_stats,
+    last_generated_index,
+    masked_mean,
+    masked_var,
+    masked_whiten,
+    outcome_scores,
+    place_outcome_reward,
+)
+from .registry import Registry
+from .scan import masked_discounted_suffix_sum, reverse_linear_recurrence
+
+__all__ = [
+    "ADVANTAGE_ESTIMATORS",
+    "GAE_METHODS",
+    "AdvantageOutput",
+    "compute_advantages",
+    "gae_advantages_raw",
+    "get_advantage_estimator",
+    "register_advantage_estimator",
+    "KL_ESTIMATORS",
+    "get_kl_estimator",
+    "kl_estimate",
+    "kl_k1",
+    "kl_k2",
+    "kl_k3",
+    "kl_loss",
+    "kl_penalized_token_rewards",
+    "LOSS_AGGREGATIONS",
+    "POLICY_LOSSES",
+    "actor_loss",
+    "aggregate_loss",
+    "entropy_from_logits",
+    "entropy_from_logits_chunked",
+    "get_policy_loss",
+    "log_probs_and_entropy",
+    "log_probs_from_logits",
+    "ppo_policy_loss",
+    "value_loss",
+    "GroupStats",
+    "effective_token_rewards",
+    "group_stats",
+    "last_generated_index",
+    "masked_mean",
+    "masked_var",
+    "masked_whiten",
+    "outcome_scores",
+    "place_outcome_reward",
+    "Registry",
+    "masked_discounted_suffix_sum",
+    "reverse_linear_recurrence",
+]

@@ -1,0 +1,380 @@
+"""Policy / value / entropy losses and token log-prob helpers (pure, jit-able).
+
+Shapes: ``[B, T]`` per-token arrays (``B`` trajectories, ``T`` tokens), logits
+``[B, T, V]``. ``loss_mask [B, T]`` is 1 on generated tokens. Each loss returns
+``(scalar_loss, metrics)`` where ``metrics`` is a flat ``dict[str, scalar Array]``.
+
+Policy loss (PPO clipped surrogate, verl ``compute_policy_loss_vanilla`` semantics)::
+
+    log_ratio = clip(logp - logp_old, -20, 20);  ratio = exp(log_ratio)
+    l1 = -A * ratio
+    l2 = -A * clip(ratio, 1 - clip_low, 1 + clip_high)        # clip-higher: clip_high > clip_low
+    l  = max(l1, l2)
+    dual clip (c > 1, only where A < 0):  l = min(l, -A * c)   # bounds the loss of very large ratios
+    loss = aggregate(l, loss_mask, agg)
+
+``POLICY_LOSSES``: ``ppo`` (symmetric clip 0.2, no dual clip), ``ppo_dual_clip``
+(+ ``dual_clip=3``; this is what verl's ``vanilla`` always does), ``clip_higher``
+(``clip_low=0.2, clip_high=0.28``, DAPO). All three are the same function
+:func:`ppo_policy_loss` with different defaults; every keyword can be overridden.
+
+Aggregation modes (``LOSS_AGGREGATIONS``; ``-`` and ``_`` spellings accepted)::
+
+    token_mean:               sum_bt l*m / sum_bt m
+    seq_mean_token_sum:       mean_b( sum_t l*m )
+    seq_mean_token_mean:      mean_b( sum_t l*m / sum_t m )
+    seq_mean_token_sum_norm:  mean_b( sum_t l*m ) / max_len     (Dr.GRPO; max_len defaults to T)
+
+``mean_b`` runs over valid (not fully masked) rows. ``denom`` overrides the
+denominator (global token count for ``token_mean``, global number of sequences for
+the ``seq_*`` modes) so that gradient accumulation / data parallel shards sum to
+the full-batch loss.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from functools import partial
+
+import jax
+import jax.numpy as jnp
+
+from .kl import kl_estimate
+from .masked import as_mask, masked_mean
+from .registry import Registry
+
+Array = jax.Array
+Metrics = dict[str, Array]
+
+# ----------------------------------------------------------------- aggregation
+
+#: name -> ``fn(loss_mat [B,T], mask [B,T] float, *, max_len, denom) -> scalar``
+LOSS_AGGREGATIONS: Registry = Registry("loss aggregation")
+
+
+def _n_valid_rows(m: Array) -> Array:
+    return jnp.sum(jnp.any(m > 0, axis=-1).astype(jnp.float32))
+
+
+@LOSS_AGGREGATIONS.register("token_mean")
+def _agg_token_mean(loss_mat, m, *, max_len=None, denom=None):
+    d = jnp.maximum(jnp.sum(m), 1.0) if denom is None else denom
+    return jnp.sum(loss_mat * m) / d
+
+
+@LOSS_AGGREGATIONS.register("seq_mean_token_sum")
+def _agg_seq_mean_token_sum(loss_mat, m, *, max_len=None, denom=None):
+    d = jnp.maximum(_n_valid_rows(m), 1.0) if denom is None else denom
+    return jnp.sum(loss_mat * m) / d
+
+
+@LOSS_AGGREGATIONS.register("seq_mean_token_mean")
+def _agg_seq_mean_token_mean(loss_mat, m, *, max_len=None, denom=None):
+    per_seq = jnp.sum(loss_mat * m, axis=-1) / jnp.maximum(jnp.sum(m, axis=-1), 1.0)
+    d = jnp.maximum(_n_valid_rows(m), 1.0) if denom is None else denom
+    return jnp.sum(per_seq) / d
+
+
+@LOSS_AGGREGATIONS.register("seq_mean_token_sum_norm")
+def _agg_seq_mean_token_sum_norm(loss_mat, m, *, max_len=None, denom=None):
+    L = loss_mat.shape[-1] if max_len is None else max_len
+    d = jnp.maximum(_n_valid_rows(m), 1.0) if denom is None else denom
+    return jnp.sum(loss_mat * m) / (d * L)
+
+
+def aggregate_loss(
+    loss_mat: Array,
+    loss_mask: Array,
+    mode: str = "token_mean",
+    *,
+    max_len: int | None = None,
+    denom: Array | float | None = None,
+) -> Array:
+    """Reduce a per-token loss ``[B, T]`` to a scalar with ``mode`` (see module doc)."""
+    return LOSS_AGGREGATIONS.get(mode)(jnp.asarray(loss_mat, jnp.float32), as_mask(loss_mask), max_len=max_len, denom=denom)
+
+
+# ----------------------------------------------------------------- policy loss
+
+#: name -> ``fn(logprobs, old_logprobs, advantages, loss_mask, **cfg) -> (loss, metrics)``
+POLICY_LOSSES: Registry = Registry("policy loss")
+
+
+def _masked_max(x: Array, m: Array) -> Array:
+    return jnp.where(jnp.any(m > 0), jnp.max(jnp.where(m > 0, x, -jnp.inf)), 0.0)
+
+
+def _masked_min(x: Array, m: Array) -> Array:
+    return jnp.where(jnp.any(m > 0), jnp.min(jnp.where(m > 0, x, jnp.inf)), 0.0)
+
+
+def ppo_policy_loss(
+    logprobs: Array,
+    old_logprobs: Array,
+    advantages: Array,
+    loss_mask: Array,
+    *,
+    clip_low: float = 0.2,
+    clip_high: float | None = None,
+    dual_clip: float | None = None,
+    agg: str = "token_mean",
+    max_len: int | None = None,
+    denom: Array | float | None = None,
+    log_ratio_clamp: float = 20.0,
+) -> tuple[Array, Metrics]:
+    """PPO clipped surrogate with asymmetric bounds and optional dual clip.
+
+    Args:
+      logprobs: ``[B, T]`` log-probs of the sampled tokens under the current policy
+        (the only input gradients flow through).
+      old_logprobs: ``[B, T]`` behaviour log-probs (rollout log-probs or recomputed
+        by the learner before the update: the caller decides).
+      advantages: ``[B, T]``.
+      loss_mask: ``[B, T]``.
+      clip_low / clip_high: ratio clipped to ``[1 - clip_low, 1 + clip_high]``;
+        ``clip_high=None`` means ``clip_low`` (symmetric, vanilla PPO).
+      dual_clip: ``c > 1`` enables dual clip: for ``A < 0`` the loss is capped at
+        ``-A * c`` (Ye et al. 2019); ``None`` disables.
+      agg, max_len, denom: see :func:`aggregate_loss`.
+      log_ratio_clamp: ``logp - logp_old`` is clamped to ``[-x, x]`` before ``exp``.
+
+    Returns:
+      ``(loss, metrics)`` with metrics ``pg_loss``, ``pg_clipfrac`` (any clip active),
+      ``pg_clipfrac_high`` (A>0, ratio > 1+clip_high), ``pg_clipfrac_low``
+      (A<0, ratio < 1-clip_low), ``pg_clipfrac_dual`` (dual clip active),
+      ``ppo_kl`` (= masked mean of ``logp_old - logp``, the k1 approx KL),
+      ``ppo_kl_k3``, ``ratio_mean``, ``ratio_max``, ``ratio_min``.
+    """
+    if clip_high is None:
+        clip_high = clip_low
+    m = as_mask(loss_mask)
+    A = jax.lax.stop_gradient(jnp.asarray(advantages, jnp.float32))
+    old = jax.lax.stop_gradient(jnp.asarray(old_logprobs, jnp.float32))
+    log_ratio = jnp.clip(jnp.asarray(logprobs, jnp.float32) - old, -log_ratio_clamp, log_ratio_clamp)
+    ratio = jnp.exp(log_ratio)
+    l1 = -A * ratio
+    l2 = -A * jnp.clip(ratio, 1.0 - clip_low, 1.0 + clip_high)
+    clipped = l2 > l1
+    loss_mat = jnp.maximum(l1, l2)
+    if dual_clip is not None:
+        if not dual_clip > 1.0:
+            raise ValueError(f"dual_clip must be > 1, got {dual_clip}")
+        l3 = -A * dual_clip
+        dual_active = (loss_mat > l3) & (A < 0)
+        loss_mat = jnp.where(A < 0, jnp.minimum(loss_mat, l3), loss_mat)
+    else:
+        dual_active = jnp.zeros_like(clipped)
+    loss = aggregate_loss(loss_mat, m, agg, max_len=max_len, denom=denom)
+    sg = jax.lax.stop_gradient
+    metrics = {
+        "pg_loss": sg(loss),
+        "pg_clipfrac": masked_mean(clipped.astype(jnp.float32), m),
+        "pg_clipfrac_high": masked_mean((clipped & (A > 0)).astype(jnp.float32), m),
+        "pg_clipfrac_low": masked_mean((clipped & (A < 0)).astype(jnp.float32), m),
+        "pg_clipfrac_dual": masked_mean(dual_active.astype(jnp.float32), m),
+        "ppo_kl": sg(masked_mean(-log_ratio, m)),
+        "ppo_kl_k3": sg(masked_mean(jnp.exp(-log_ratio) - 1.0 + log_ratio, m)),
+        "ratio_mean": sg(masked_mean(ratio, m)),
+        "ratio_max": sg(_masked_max(ratio, m)),
+        "ratio_min": sg(_masked_min(ratio, m)),
+    }
+    return loss, metrics
+
+
+POLICY_LOSSES.register("ppo", partial(ppo_policy_loss, clip_low=0.2, clip_high=None, dual_clip=None))
+POLICY_LOSSES.register("ppo_dual_clip", partial(ppo_policy_loss, clip_low=0.2, clip_high=None, dual_clip=3.0))
+POLICY_LOSSES.register("clip_higher", partial(ppo_policy_loss, clip_low=0.2, clip_high=0.28, dual_clip=None))
+
+
+def get_policy_loss(name: str) -> Callable[..., tuple[Array, Metrics]]:
+    """``ppo | ppo_dual_clip | clip_higher`` (or any registered name)."""
+    return POLICY_LOSSES.get(name)
+
+
+# ----------------------------------------------------------------- value loss
+
+
+def value_loss(
+    values_pred: Array,
+    old_values: Array,
+    returns: Array,
+    loss_mask: Array,
+    *,
+    clip_range: float | None = 0.2,
+    agg: str = "token_mean",
+    max_len: int | None = None,
+    denom: Array | float | None = None,
+) -> tuple[Array, Metrics]:
+    """Clipped critic loss (verl ``compute_value_loss``)::
+
+        v_clip = clip(v, v_old - eps_v, v_old + eps_v)
+        loss   = 0.5 * aggregate(max((v - R)^2, (v_clip - R)^2))
+
+    ``clip_range=None`` gives the plain ``0.5 * (v - R)^2``. Metrics: ``vf_loss``,
+    ``vf_clipfrac`` (clipped branch strictly larger), ``vpred_mean``.
+    """
+    m = as_mask(loss_mask)
+    v = jnp.asarray(values_pred, jnp.float32)
+    R = jax.lax.stop_gradient(jnp.asarray(returns, jnp.float32))
+    l1 = jnp.square(v - R)
+    if clip_range is None:
+        lm = l1
+        clipped = jnp.zeros_like(l1, bool)
+    else:
+        old = jax.lax.stop_gradient(jnp.asarray(old_values, jnp.float32))
+        v_clip = jnp.clip(v, old - clip_range, old + clip_range)
+        l2 = jnp.square(v_clip - R)
+        lm = jnp.maximum(l1, l2)
+        clipped = l2 > l1
+    loss = 0.5 * aggregate_loss(lm, m, agg, max_len=max_len, denom=denom)
+    metrics = {
+        "vf_loss": jax.lax.stop_gradient(loss),
+        "vf_clipfrac": masked_mean(clipped.astype(jnp.float32), m),
+        "vpred_mean": jax.lax.stop_gradient(masked_mean(v, m)),
+    }
+    return loss, metrics
+
+
+# ----------------------------------------------------------------- logits helpers
+
+
+def _scaled(logits: Array, temperature: float) -> Array:
+    z = jnp.asarray(logits).astype(jnp.float32)
+    return z if temperature == 1.0 else z / temperature
+
+
+def log_probs_from_logits(logits: Array, targets: Array, *, temperature: float = 1.0) -> Array:
+    """``log softmax(logits / temperature)[target]`` -> ``[B, T]``.
+
+    Computed as ``z[target] - logsumexp(z)`` (stable; XLA fuses the reduction, no
+    ``[B, T, V]`` log-softmax output is materialised in the forward pass).
+    ``targets[b, t]`` is the token whose probability is read at position ``t``
+    (usually ``tokens[b, t + 1]``: shift before calling).
+    """
+    z = _scaled(logits, temperature)
+    picked = jnp.take_along_axis(z, jnp.asarray(targets)[..., None].astype(jnp.int32), axis=-1)[..., 0]
+    return picked - jax.nn.logsumexp(z, axis=-1)
+
+
+def entropy_from_logits(logits: Array, *, temperature: float = 1.0) -> Array:
+    """Categorical entropy ``H = logsumexp(z) - sum softmax(z) * z`` -> ``[B, T]`` (stable
+    for large / -inf-free logits; float32 internally)."""
+    z = _scaled(logits, temperature)
+    lse = jax.nn.logsumexp(z, axis=-1)
+    p = jnp.exp(z - lse[..., None])
+    return lse - jnp.sum(p * z, axis=-1)
+
+
+def log_probs_and_entropy(
+    logits: Array,
+    targets: Array,
+    *,
+    temperature: float = 1.0,
+    chunk_size: int | None = None,
+) -> tuple[Array, Array]:
+    """Token log-probs and entropies ``([B, T], [B, T])`` from one logsumexp.
+
+    With ``chunk_size`` the time axis is processed in chunks of that many tokens
+    under ``lax.map`` + ``jax.checkpoint``: the float32 upcast and the softmax of only
+    one ``[B, chunk, V]`` slice are live at a time, in the forward and in the
+    backward pass (the gradient w.r.t. ``logits`` is still ``[B, T, V]``).
+    """
+
+    def body(z_chunk, tgt_chunk):
+        z = _scaled(z_chunk, temperature)
+        lse = jax.nn.logsumexp(z, axis=-1)
+        picked = jnp.take_along_axis(z, tgt_chunk[..., None].astype(jnp.int32), axis=-1)[..., 0]
+        p = jnp.exp(z - lse[..., None])
+        return picked - lse, lse - jnp.sum(p * z, axis=-1)
+
+    targets = jnp.asarray(targets)
+    T = logits.shape[1]
+    if chunk_size is None or chunk_size >= T:
+        return body(logits, targets)
+    return _chunked_over_time(jax.checkpoint(body), logits, targets, chunk_size)
+
+
+def entropy_from_logits_chunked(logits: Array, chunk_size: int = 512, *, temperature: float = 1.0) -> Array:
+    """:func:`entropy_from_logits` processed ``chunk_size`` tokens at a time (see
+    :func:`log_probs_and_entropy` for the memory behaviour) -> ``[B, T]``."""
+    T = logits.shape[1]
+    if chunk_size >= T:
+        return entropy_from_logits(logits, temperature=temperature)
+    dummy = jnp.zeros(logits.shape[:2], jnp.int32)
+    fn = jax.checkpoint(lambda z, _t: (entropy_from_logits(z, temperature=temperature),))
+    return _chunked_over_time(fn, logits, dummy, chunk_size)[0]
+
+
+def _chunked_over_time(fn, logits: Array, targets: Array, chunk: int):
+    """Apply ``fn(logits[:, s:s+chunk], targets[:, s:s+chunk]) -> tuple of [B, chunk]``
+    over time chunks with ``lax.map`` (dynamic slices of the closed-over arrays, no
+    transposed copy of ``logits``); pads ``T`` up to a multiple of ``chunk``."""
+    B, T = logits.shape[:2]
+    n = -(-T // chunk)
+    pad = n * chunk - T
+    if pad:
+        logits = jnp.pad(logits, ((0, 0), (0, pad), (0, 0)))
+        targets = jnp.pad(targets, ((0, 0), (0, pad)))
+
+    def one(i):
+        s = i * chunk
+        z = jax.lax.dynamic_slice_in_dim(logits, s, chunk, axis=1)
+        t = jax.lax.dynamic_slice_in_dim(targets, s, chunk, axis=1)
+        return fn(z, t)
+
+    outs = jax.lax.map(one, jnp.arange(n))
+    res = tuple(jnp.moveaxis(o, 0, 1).reshape(B, n * chunk)[:, :T] for o in outs)
+    return res
+
+
+# ----------------------------------------------------------------- composite actor loss
+
+
+def actor_loss(
+    logprobs: Array,
+    old_logprobs: Array,
+    advantages: Array,
+    loss_mask: Array,
+    *,
+    policy_loss: str = "ppo",
+    ref_logprobs: Array | None = None,
+    kl_coef: float = 0.0,
+    kl_estimator: str = "low_var_kl",
+    entropy: Array | None = None,
+    entropy_coef: float = 0.0,
+    agg: str = "token_mean",
+    max_len: int | None = None,
+    denom: Array | float | None = None,
+    **policy_kwargs,
+) -> tuple[Array, Metrics]:
+    """``total = pg_loss + kl_coef * kl_loss - entropy_coef * aggregate(entropy)``.
+
+    ``policy_loss`` names an entry of :data:`POLICY_LOSSES`; ``policy_kwargs``
+    override its defaults (``clip_low``, ``clip_high``, ``dual_clip``, ...).
+    ``ref_logprobs`` (needed when ``kl_coef != 0``) and ``entropy [B, T]`` (e.g. from
+    :func:`log_probs_and_entropy`) are optional. AgentGym-RL uses ``ppo``, clip 0.2,
+    ``kl_coef=1e-3`` with ``low_var_kl`` and ``entropy_coef=1e-3``.
+    Metrics: the policy loss's metrics plus ``kl_loss``, ``entropy``, ``total_loss``.
+    """
+    m = as_mask(loss_mask)
+    pg, metrics = get_policy_loss(policy_loss)(
+        logprobs, old_logprobs, advantages, m, agg=agg, max_len=max_len, denom=denom, **policy_kwargs
+    )
+    total = pg
+    if ref_logprobs is not None:
+        kl_mat = kl_estimate(logprobs, jax.lax.stop_gradient(ref_logprobs), kl_estimator)
+        kl = aggregate_loss(kl_mat, m, agg, max_len=max_len, denom=denom)
+        metrics["kl_loss"] = jax.lax.stop_gradient(kl)
+        if kl_coef:
+            total = total + kl_coef * kl
+    elif kl_coef:
+        raise ValueError("kl_coef != 0 needs ref_logprobs")
+    if entropy is not None:
+        ent = aggregate_loss(entropy, m, agg, max_len=max_len, denom=denom)
+        metrics["entropy"] = jax.lax.stop_gradient(ent)
+        if entropy_coef:
+            total = total - entropy_coef * ent
+    elif entropy_coef:
+        raise ValueError("entropy_coef != 0 needs entropy [B, T]")
+    metrics["total_loss"] = jax.lax.stop_gradient(total)
+    return total, metrics
