@@ -1,0 +1,40 @@
+"""``python -m environments.deepsearch [--corpus FILE] [--qa FILE ...] [--k 3] [server options]``.
+
+--corpus FILE       JSONL passages: {"id", "contents"} (Search-R1) or {"title", "text"}
+--qa FILE           JSONL questions {"question", "golden_answers"[, "id", "split"]}; split by the
+                    "split" field, else by a hash of the question (10% test). Repeatable.
+--qa-train FILE     JSONL questions that all go to the train split. Repeatable.
+--qa-test FILE      JSONL questions that all go to the test split. Repeatable.
+--k N               passages per search (default 3)
+--max-steps N       replies per episode (default 30)
+Without --corpus / --qa the built-in Wikipedia-summary corpus and QA set are served.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from environments.core.cli import main
+from environments.deepsearch.backend import configure_backend
+from environments.deepsearch.family import CONFIG, configure
+
+
+def parse_family_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
+    parser = argparse.ArgumentParser(add_help=False)
+    parser.add_argument("--corpus", default=None)
+    parser.add_argument("--qa", action="append", default=[])
+    parser.add_argument("--qa-train", action="append", default=[])
+    parser.add_argument("--qa-test", action="append", default=[])
+    parser.add_argument("--k", type=int, default=CONFIG.k)
+    parser.add_argument("--max-steps", type=int, default=CONFIG.max_steps)
+    return parser.parse_known_args(argv)
+
+
+if __name__ == "__main__":
+    if any(a in ("-h", "--help") for a in sys.argv[1:]):
+        print(__doc__.strip(), "\n")
+    family_args, rest = parse_family_args(sys.argv[1:])
+    configure(k=family_args.k, max_steps=family_args.max_steps)
+    configure_backend(family_args.corpus, family_args.qa, family_args.qa_train, family_args.qa_test)
+    main("deepsearch", rest)

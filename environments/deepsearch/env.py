@@ -1,0 +1,124 @@
+"""The deep-search environment: answer a question using a BM25 search tool.
+
+Each turn the agent writes text containing one tool call (the first call in the text is used):
+
+* ``<search>query</search>``: the observation is the top-``k`` passages, formatted as in
+  Search-R1: ``<information>Doc 1 (Title: ...) text ... </information>``.
+* ``<answer>text</answer>``: ends the episode. Reward = normalised exact match with any golden
+  answer (1.0 / 0.0, see ``scoring.py``); ``info`` has ``em``, ``f1``, ``success`` and ``score``
+  (= EM).
+
+Text with neither tag is a normal step with ``info["invalid_action"] = True``. After
+``max_steps`` turns without an answer the episode is truncated with reward 0. The corpus, index
+and QA set are shared by all instances of a process (``backend.py``).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Callable
+
+from environments.core.base import ResetResult, StepResult, TextEnvironment
+from environments.deepsearch.backend import SearchBackend, get_backend
+from environments.deepsearch.scoring import exact_match, f1_score
+
+_TOOL_CALL = re.compile(r"<(search|answer)>(.*?)(?:</\1>|$)", re.S | re.I)
+
+INSTRUCTIONS = """Answer the given question. You can use a search engine over an encyclopedia as \
+many times as you need: write <search> query </search> and the top {k} results come back \
+between <information> and </information>. When you know the answer, write \
+<answer> your answer </answer>, for example <answer> Beijing </answer>; this ends the episode. \
+Give a short answer (a name or a phrase, without explanation): it is scored by exact match \
+after lowercasing and removing punctuation and the articles a/an/the. Each reply must contain \
+one <search> or one <answer>; you have at most {max_steps} replies."""
+
+
+def parse_tool_call(text: str) -> tuple[str, str] | None:
+    """``("search" | "answer", argument)`` of the first tool call in ``text``, or None."""
+    match = _TOOL_CALL.search(str(text))
+    if match is None:
+        return None
+    return match[1].lower(), " ".join(match[2].split())
+
+
+def format_passages(results) -> str:
+    if not results:
+        return "<information>No results.</information>"
+    docs = [f"Doc {i} (Title: {p.title}) {p.text}" if p.title else f"Doc {i} {p.text}" for i, (p, _) in enumerate(results, 1)]
+    return "<information>\n" + "\n".join(docs) + "\n</information>"
+
+
+class DeepSearchEnvironment(TextEnvironment):
+    """One question at a time; the search backend is shared.
+
+    k: passages per search. max_steps: replies per episode before ``truncated``.
+    """
+
+    name = "deepsearch"
+
+    def __init__(self, k: int = 3, max_steps: int = 30, backend_getter: Callable[[], SearchBackend] = get_backend) -> None:
+        self.k = k
+        self.max_steps = max_steps
+        self._backend_getter = backend_getter
+        self._item = None
+        self._steps = 0
+        self._searches = 0
+        self._active = False
+
+    def reset(self, task_id: str, seed: int | None = None) -> ResetResult:
+        """Start question ``task_id`` (``seed`` is unused: episodes are deterministic)."""
+        backend = self._backend_getter()
+        self._item = backend.question(task_id)
+        self._steps = 0
+        self._searches = 0
+        self._active = True
+        info = {
+            "task_id": self._item.id,
+            "split": self._item.split,
+            "max_steps": self.max_steps,
+            "instructions": INSTRUCTIONS.format(k=self.k, max_steps=self.max_steps),
+            "question": self._item.question,
+        }
+        return ResetResult(observation=f"Question: {self._item.question}", info=info)
+
+    def step(self, action: str) -> StepResult:
+        if not self._active or self._item is None:
+            raise RuntimeError("step() before reset(), or after the episode ended")
+        self._steps += 1
+        info: dict[str, Any] = {"steps": self._steps, "invalid_action": False, "success": False}
+        call = parse_tool_call(action)
+        if call is None or not call[1]:
+            info["invalid_action"] = True
+            observation = (
+                "Invalid action: write <search> query </search> to search or <answer> text </answer> to answer."
+                if call is None
+                else f"Invalid action: the <{call[0]}> tag is empty."
+            )
+            return self._finish_turn(observation, info)
+        tool, argument = call
+        if tool == "search":
+            self._searches += 1
+            results = self._backend_getter().retriever.search(argument, self.k)
+            info["retrieved"] = [p.title or p.id for p, _ in results]
+            return self._finish_turn(format_passages(results), info)
+        golden = self._item.golden_answers
+        em = exact_match(argument, golden)
+        info.update(
+            em=em, f1=f1_score(argument, golden), score=em, success=em == 1.0,
+            answer=argument, golden_answers=list(golden), searches=self._searches,
+        )  # fmt: skip
+        self._active = False
+        verdict = "correct" if em == 1.0 else "not correct"
+        return StepResult(observation=f"Your answer is {verdict}.", reward=em, done=True, info=info)
+
+    def _finish_turn(self, observation: str, info: dict[str, Any]) -> StepResult:
+        truncated = self._steps >= self.max_steps
+        if truncated:
+            self._active = False
+            info.update(score=0.0, searches=self._searches)
+        return StepResult(observation=observation, reward=0.0, done=False, truncated=truncated, info=info)
+
+    def close(self) -> None:
+        """Nothing to release per instance (the backend is shared). Idempotent."""
+        self._active = False
+        self._item = None

@@ -1,0 +1,99 @@
+"""The MiniWoB++ tasks this text interface supports, and their deterministic seeds.
+
+A task id is ``"<task>/seed=<n>"`` (e.g. ``"click-button/seed=7"``). Seeds ``0 .. train_seeds-1``
+form the train split and seeds ``TEST_SEED_BASE .. TEST_SEED_BASE+test_seeds-1`` the test split,
+so the two never overlap. Ids are interleaved across tasks (index ``i`` is task ``i % T`` with the
+``i // T``-th seed), so any prefix of a split covers every task.
+
+Only tasks whose goal can be reached with ``click`` / ``type`` / ``select`` / ``press`` on elements
+of the text observation are listed (no drawing, dragging, colours, shapes or pixel positions); the
+rule-based expert (``expert.py``) solves each of them from the observation text alone.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Sequence
+
+from environments.core.base import InvalidTaskError, TaskCatalog
+
+SUPPORTED_TASKS: tuple[str, ...] = (
+    "click-test",
+    "click-test-2",
+    "click-button",
+    "click-button-sequence",
+    "click-link",
+    "click-dialog",
+    "click-dialog-2",
+    "click-checkboxes",
+    "click-option",
+    "click-tab",
+    "click-tab-2",
+    "click-widget",
+    "click-collapsible-nodelay",
+    "choose-list",
+    "enter-text",
+    "enter-text-2",
+    "enter-text-dynamic",
+    "enter-password",
+    "focus-text",
+    "focus-text-2",
+    "login-user",
+    "unicode-test",
+)
+TEST_SEED_BASE = 1_000_000
+DEFAULT_TRAIN_SEEDS = 1000
+DEFAULT_TEST_SEEDS = 50
+
+_TASK_ID = re.compile(r"^\s*(?P<task>[a-z0-9-]+)\s*(?:/\s*seed\s*=\s*(?P<seed>\d+)\s*)?$")
+
+
+def parse_task_id(task_id: str, seed: int | None = None, tasks: Sequence[str] = SUPPORTED_TASKS) -> tuple[str, int]:
+    """``"click-button/seed=7" -> ("click-button", 7)``; a bare task name takes ``seed`` (default 0)."""
+    match = _TASK_ID.match(task_id) if isinstance(task_id, str) else None
+    if match is None:
+        raise InvalidTaskError(f"bad MiniWoB task id {task_id!r}; expected '<task>/seed=<n>', e.g. 'click-button/seed=7'")
+    task = match["task"].removeprefix("miniwob/").removesuffix("-v1")
+    if task not in tasks:
+        raise InvalidTaskError(f"unsupported MiniWoB task {task!r}; supported: {list(tasks)}")
+    if match["seed"] is not None:
+        return task, int(match["seed"])
+    if seed is not None and seed < 0:
+        raise InvalidTaskError(f"seeds are >= 0, got {seed}")
+    return task, 0 if seed is None else int(seed)
+
+
+def make_task_id(task: str, seed: int) -> str:
+    return f"{task}/seed={seed}"
+
+
+def split_of_seed(seed: int) -> str:
+    return "test" if seed >= TEST_SEED_BASE else "train"
+
+
+class MiniWoBCatalog(TaskCatalog):
+    """``train_seeds`` train and ``test_seeds`` test episodes per supported task."""
+
+    def __init__(
+        self,
+        tasks: Sequence[str] | None = None,
+        train_seeds: int = DEFAULT_TRAIN_SEEDS,
+        test_seeds: int = DEFAULT_TEST_SEEDS,
+    ) -> None:
+        self.tasks = tuple(tasks) if tasks else SUPPORTED_TASKS
+        unknown = [t for t in self.tasks if t not in SUPPORTED_TASKS]
+        if unknown:
+            raise InvalidTaskError(f"unsupported MiniWoB tasks {unknown}")
+        self.counts = {"train": train_seeds, "test": test_seeds}
+        self._ids: dict[str, tuple[str, ...]] = {}
+
+    def seeds(self, split: str) -> range:
+        if split not in self.counts:
+            raise InvalidTaskError(f"unknown split {split!r}; MiniWoB has {list(self.counts)}")
+        base = 0 if split == "train" else TEST_SEED_BASE
+        return range(base, base + self.counts[split])
+
+    def task_ids(self, split: str) -> Sequence[str]:
+        if split not in self._ids:
+            self._ids[split] = tuple(make_task_id(task, seed) for seed in self.seeds(split) for task in self.tasks)
+        return self._ids[split]

@@ -1,0 +1,220 @@
+"""A bounded, process-wide pool of ScienceWorld simulators (one JVM each).
+
+A JVM costs ~1.9 GB of memory and 1-4 s to start, so environment instances do not own one: an
+instance borrows a simulator when an episode starts and gives it back when the episode ends or the
+instance is closed. At most ``size`` JVMs are ever started; a borrower beyond that waits until one
+is returned (or ``timeout`` passes: ``PoolTimeoutError``). A simulator that raised during use is
+discarded (its JVM is stopped) and a fresh one is started on demand.
+
+``shutdown()`` stops every JVM; it runs at interpreter exit as well. The JVMs are also started with
+py4j's ``die_on_exit``, so they exit when this process dies without cleaning up.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import logging
+import os
+import threading
+import time
+from typing import Any, Callable
+
+log = logging.getLogger("environments.scienceworld")
+
+DEFAULT_POOL_SIZE = int(os.environ.get("SCIENCEWORLD_POOL_SIZE", "2"))
+DEFAULT_ACQUIRE_TIMEOUT = float(os.environ.get("SCIENCEWORLD_ACQUIRE_TIMEOUT", "600"))
+
+
+class PoolTimeoutError(RuntimeError):
+    """No simulator became free within the timeout."""
+
+
+class PoolClosedError(RuntimeError):
+    """The pool has been shut down."""
+
+
+def start_simulator() -> Any:
+    """Start one JVM-backed ``scienceworld.ScienceWorldEnv`` (no task loaded)."""
+    from scienceworld import ScienceWorldEnv
+
+    return ScienceWorldEnv("", envStepLimit=1_000_000)  # the env enforces its own step limit
+
+
+def stop_simulator(sim: Any, wait: float = 5.0) -> None:
+    """Stop a simulator's JVM and wait for the process to exit (kill it after ``wait`` s)."""
+    process = getattr(getattr(sim, "_gateway", None), "java_process", None)
+    with contextlib.suppress(Exception):
+        sim.close()
+    # ScienceWorldEnv.__del__ calls close() again; make that a no-op.
+    with contextlib.suppress(Exception):
+        sim.close = lambda: None
+    if process is not None:
+        try:
+            process.wait(timeout=wait)
+        except Exception:
+            with contextlib.suppress(Exception):
+                process.kill()
+                process.wait(timeout=wait)
+
+
+def java_pid(sim: Any) -> int | None:
+    """The JVM's process id (for tests and stats)."""
+    process = getattr(getattr(sim, "_gateway", None), "java_process", None)
+    return None if process is None else process.pid
+
+
+class SimulatorPool:
+    """At most ``size`` simulators, lent out one borrower at a time.
+
+    factory / stopper: how to start and stop a simulator (tests may pass fakes).
+    """
+
+    def __init__(
+        self,
+        size: int = DEFAULT_POOL_SIZE,
+        factory: Callable[[], Any] = start_simulator,
+        stopper: Callable[[Any], None] = stop_simulator,
+    ) -> None:
+        if size < 1:
+            raise ValueError("pool size must be >= 1")
+        self.size = size
+        self._factory = factory
+        self._stopper = stopper
+        self._cond = threading.Condition()
+        self._idle: list[Any] = []
+        self._lent: set[int] = set()  # ids of lent simulators
+        self._starting = 0
+        self._waiting = 0
+        self._closed = False
+        self.started = 0  # simulators ever started
+        self.discarded = 0
+
+    # -- lending
+
+    def acquire(self, timeout: float | None = DEFAULT_ACQUIRE_TIMEOUT) -> Any:
+        """Borrow a simulator, starting one if fewer than ``size`` exist; blocks while all are lent."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._cond:
+            self._waiting += 1
+            try:
+                while True:
+                    if self._closed:
+                        raise PoolClosedError("the ScienceWorld simulator pool is shut down")
+                    if self._idle:
+                        sim = self._idle.pop()
+                        self._lent.add(id(sim))
+                        return sim
+                    if self._total() < self.size:
+                        self._starting += 1
+                        break
+                    remaining = None if deadline is None else deadline - time.monotonic()
+                    if remaining is not None and remaining <= 0:
+                        raise PoolTimeoutError(
+                            f"no ScienceWorld simulator free after {timeout:.0f} s (pool size {self.size})"
+                        )
+                    self._cond.wait(remaining)
+            finally:
+                self._waiting -= 1
+        # start outside the lock: a JVM takes seconds
+        try:
+            sim = self._factory()
+        except BaseException:
+            with self._cond:
+                self._starting -= 1
+                self._cond.notify()
+            raise
+        with self._cond:
+            self._starting -= 1
+            self.started += 1
+            if self._closed:
+                self._stopper(sim)
+                raise PoolClosedError("the ScienceWorld simulator pool is shut down")
+            self._lent.add(id(sim))
+            log.info("started ScienceWorld simulator %d/%d", self._total(), self.size)
+            return sim
+
+    def release(self, sim: Any, broken: bool = False) -> None:
+        """Give a borrowed simulator back; ``broken=True`` stops it instead of reusing it."""
+        with self._cond:
+            if id(sim) not in self._lent:
+                raise ValueError("this simulator was not lent by this pool")
+            self._lent.discard(id(sim))
+            keep = not broken and not self._closed
+            if keep:
+                self._idle.append(sim)
+            else:
+                self.discarded += int(broken)
+            self._cond.notify()
+        if not keep:
+            self._stopper(sim)
+
+    # -- lifecycle
+
+    def shutdown(self) -> None:
+        """Stop every idle simulator and refuse new borrowers; lent ones are stopped on release."""
+        with self._cond:
+            self._closed = True
+            idle, self._idle = self._idle, []
+            self._cond.notify_all()
+        for sim in idle:
+            self._stopper(sim)
+
+    def stats(self) -> dict[str, int]:
+        with self._cond:
+            return {
+                "size": self.size,
+                "idle": len(self._idle),
+                "lent": len(self._lent),
+                "starting": self._starting,
+                "waiting": self._waiting,
+                "started": self.started,
+                "discarded": self.discarded,
+            }
+
+    def idle_simulators(self) -> list[Any]:
+        """The simulators not lent right now (for tests: their JVM pids)."""
+        with self._cond:
+            return list(self._idle)
+
+    def _total(self) -> int:
+        return len(self._idle) + len(self._lent) + self._starting
+
+
+# ------------------------------------------------------------------------ the process-wide pool
+
+_POOL: SimulatorPool | None = None
+_POOL_LOCK = threading.Lock()
+_pool_size = DEFAULT_POOL_SIZE
+
+
+def configure_pool(size: int) -> None:
+    """Set the size of the process-wide pool (before its first use, or after ``shutdown_pool``)."""
+    global _pool_size
+    if size < 1:
+        raise ValueError("pool size must be >= 1")
+    with _POOL_LOCK:
+        if _POOL is not None and _POOL.size != size:
+            raise RuntimeError("the ScienceWorld pool is already running; call shutdown_pool() first")
+        _pool_size = size
+
+
+def get_pool() -> SimulatorPool:
+    """The process-wide pool, created on first use and stopped at interpreter exit."""
+    global _POOL
+    with _POOL_LOCK:
+        if _POOL is None:
+            _POOL = SimulatorPool(_pool_size)
+        return _POOL
+
+
+def shutdown_pool() -> None:
+    """Stop the process-wide pool's JVMs; the next ``get_pool()`` makes a fresh pool."""
+    global _POOL
+    with _POOL_LOCK:
+        pool, _POOL = _POOL, None
+    if pool is not None:
+        pool.shutdown()
+
+
+atexit.register(shutdown_pool)
