@@ -1,0 +1,312 @@
+"""The rollout-backend interface: one async API over the embedded engine and SGLang servers.
+
+Every backend turns token ids into token ids. The RL actor pool calls ``generate`` once per turn
+with the full token history of an episode and ``session_id=<episode id>``, so a backend with a
+prefix cache (our engine's session slots, SGLang's radix cache) only prefills the new suffix.
+
+Backends are chosen by name through a registry::
+
+    backend = create_backend("embedded", model="smollm2", max_batch=32, max_length=4096)
+    backend = create_backend("sglang", urls=["http://127.0.0.1:30000"])
+    backend = create_backend({"name": "embedded", "model": "smollm2"})   # from a config dict
+
+Logprob semantics (all backends): ``GenerateResult.output_logprobs[i]`` is the log-probability
+of ``output_ids[i]`` under the distribution the token was sampled from *after temperature* and
+*before* top-k / top-p / min-p truncation, i.e. ``log_softmax(logits / T)[token]``. Greedy
+requests (``temperature == 0``) report the untempered ``log_softmax(logits)[token]``.
+``output_logprobs_raw`` (when the backend offers it) is always the untempered value. With
+``temperature == 1`` and no truncation -- the RL setting -- the two are equal and are exactly the
+behaviour policy's logprobs.
+"""
+
+from __future__ import annotations
+
+import abc
+import asyncio
+import dataclasses
+import importlib
+import math
+from typing import Any, Callable, Sequence
+
+FINISH_REASONS = ("stop", "length", "abort")
+
+
+class RolloutError(RuntimeError):
+    """Base class of rollout errors."""
+
+
+class InvalidRequestError(RolloutError, ValueError):
+    """A malformed request (bad sampling parameters, token ids out of range, prompt too long)."""
+
+
+class OverloadedError(RolloutError):
+    """The admission queue is full; retry later (HTTP 503 + Retry-After)."""
+
+    def __init__(self, message: str, retry_after: float = 1.0):
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
+class BackendUnavailableError(RolloutError):
+    """The backend cannot serve (engine closed, every server unreachable)."""
+
+
+@dataclasses.dataclass
+class SamplingParams:
+    """Sampling options, named as SGLang's ``sampling_params``.
+
+    temperature: 0 means greedy (argmax). top_k <= 0 (SGLang uses -1) disables top-k.
+    stop_token_ids: ``None`` means the model's EOS ids; an explicit list replaces them (EOS is
+    then *not* added implicitly). ``ignore_eos=True`` drops the EOS ids from the default set.
+    stop: strings checked on the detokenized output; the text is trimmed before the match (unless
+    ``no_stop_trim``) while ``output_ids`` keep the token that completed the match.
+    seed: per-request RNG seed; the same seed gives the same samples whatever else is batched.
+    n: number of samples of one prompt (they share the prompt's prefill).
+    """
+
+    max_new_tokens: int = 128
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    min_p: float = 0.0
+    stop: list[str] | None = None
+    stop_token_ids: list[int] | None = None
+    ignore_eos: bool = False
+    n: int = 1
+    seed: int | None = None
+    skip_special_tokens: bool = True
+    no_stop_trim: bool = False
+
+    def __post_init__(self) -> None:
+        if isinstance(self.stop, str):
+            self.stop = [self.stop]
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature <= 0.0
+
+    def validate(self, vocab_size: int | None = None) -> None:
+        """Raise ``InvalidRequestError`` with a clear message for out-of-range values."""
+
+        def bad(msg: str) -> InvalidRequestError:
+            return InvalidRequestError(f"sampling_params: {msg}")
+
+        def is_int(x: Any) -> bool:
+            return isinstance(x, int) and not isinstance(x, bool)
+
+        def is_num(x: Any) -> bool:
+            return (isinstance(x, (int, float)) and not isinstance(x, bool)
+                    and math.isfinite(float(x)))
+
+        if not is_int(self.max_new_tokens) or self.max_new_tokens < 0:
+            raise bad(f"max_new_tokens must be an integer >= 0, got {self.max_new_tokens!r}")
+        if not is_num(self.temperature) or self.temperature < 0:
+            raise bad(f"temperature must be a number >= 0, got {self.temperature!r}")
+        if not is_num(self.top_p) or not 0.0 < self.top_p <= 1.0:
+            raise bad(f"top_p must be in (0, 1], got {self.top_p!r}")
+        if not is_int(self.top_k) or (self.top_k == 0 or self.top_k < -1):
+            raise bad(f"top_k must be -1 (disabled) or an integer >= 1, got {self.top_k!r}")
+        if not is_num(self.min_p) or not 0.0 <= self.min_p <= 1.0:
+            raise bad(f"min_p must be in [0, 1], got {self.min_p!r}")
+        if not is_int(self.n) or self.n < 1:
+            raise bad(f"n must be an integer >= 1, got {self.n!r}")
+        if self.seed is not None and (not is_int(self.seed) or not 0 <= self.seed < 2**63):
+            raise bad(f"seed must be a non-negative integer, got {self.seed!r}")
+        if self.stop is not None:
+            if (not isinstance(self.stop, list)
+                    or not all(isinstance(s, str) and s for s in self.stop)):
+                raise bad(f"stop must be a string or a list of non-empty strings, got {self.stop!r}")
+        if self.stop_token_ids is not None:
+            if not isinstance(self.stop_token_ids, list) or not all(
+                    is_int(t) for t in self.stop_token_ids):
+                raise bad(f"stop_token_ids must be a list of integers, got {self.stop_token_ids!r}")
+            if vocab_size is not None:
+                out = [t for t in self.stop_token_ids if not 0 <= t < vocab_size]
+                if out:
+                    raise bad(f"stop_token_ids {out} are outside the vocabulary [0, {vocab_size})")
+        for name in ("ignore_eos", "skip_special_tokens", "no_stop_trim"):
+            if not isinstance(getattr(self, name), bool):
+                raise bad(f"{name} must be a boolean, got {getattr(self, name)!r}")
+
+    def to_sglang(self) -> dict[str, Any]:
+        """The ``sampling_params`` dictionary SGLang's ``/generate`` accepts."""
+        out: dict[str, Any] = {"max_new_tokens": self.max_new_tokens,
+                               "temperature": self.temperature, "top_p": self.top_p,
+                               "top_k": self.top_k, "min_p": self.min_p, "n": self.n,
+                               "ignore_eos": self.ignore_eos,
+                               "skip_special_tokens": self.skip_special_tokens,
+                               "no_stop_trim": self.no_stop_trim}
+        if self.stop:
+            out["stop"] = list(self.stop)
+        if self.stop_token_ids is not None:
+            out["stop_token_ids"] = list(self.stop_token_ids)
+        if self.seed is not None:
+            out["sampling_seed"] = self.seed
+        return out
+
+
+@dataclasses.dataclass
+class GenerateResult:
+    """One generated sample.
+
+    output_ids include the token that ended generation (EOS / stop token), and its logprob, so
+    the sequence the policy actually sampled can be trained on. ``text`` is the detokenized
+    output (stop token and stop string trimmed, as SGLang does) or ``None`` without a tokenizer.
+    cached_tokens: prompt tokens whose KV came from a cache (prefix reuse) instead of prefill.
+    """
+
+    output_ids: list[int]
+    output_logprobs: list[float]
+    finish_reason: str
+    matched_stop: int | str | None = None
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    output_logprobs_raw: list[float] | None = None
+    text: str | None = None
+    rid: str | None = None
+    weight_version: str | None = None
+    latency_s: float = 0.0
+
+    @property
+    def completion_tokens(self) -> int:
+        return len(self.output_ids)
+
+    def finish_reason_json(self) -> dict[str, Any]:
+        """SGLang's ``meta_info.finish_reason`` object."""
+        if self.finish_reason == "stop":
+            return {"type": "stop", "matched": self.matched_stop}
+        if self.finish_reason == "length":
+            return {"type": "length", "length": len(self.output_ids)}
+        return {"type": "abort", "message": "aborted"}
+
+
+class RolloutBackend(abc.ABC):
+    """Async interface of a rollout backend (embedded engine, SGLang servers, ...)."""
+
+    name: str = "base"
+
+    @abc.abstractmethod
+    async def generate(self, input_ids: list[int], sampling: SamplingParams | None = None,
+                       session_id: str | None = None, rid: str | None = None) -> GenerateResult:
+        """Generate one sample continuing ``input_ids`` (requires ``sampling.n == 1``)."""
+
+    async def generate_n(self, input_ids: list[int], sampling: SamplingParams | None = None,
+                         session_id: str | None = None, rid: str | None = None
+                         ) -> list[GenerateResult]:
+        """``sampling.n`` samples of one prompt. Default: n independent ``generate`` calls
+        (seeds ``seed + i`` when a seed is given); backends override it to share the prefill."""
+        sampling = sampling or SamplingParams()
+        calls = []
+        for i in range(sampling.n):
+            s = dataclasses.replace(sampling, n=1,
+                                    seed=None if sampling.seed is None else sampling.seed + i)
+            calls.append(self.generate(input_ids, s, session_id=session_id if i == 0 else None,
+                                       rid=None if rid is None else f"{rid}-{i}"))
+        return list(await asyncio.gather(*calls))
+
+    @abc.abstractmethod
+    async def update_weights(self, params: Any = None, *, path: str | None = None,
+                             version: str | None = None) -> None:
+        """Load new policy weights: in-memory ``params`` (an nnx model / State / param pytree)
+        or a HF safetensors directory ``path``. Invalidates prefix caches."""
+
+    @abc.abstractmethod
+    async def health(self) -> bool:
+        """True when the backend can serve requests."""
+
+    async def abort(self, rid: str) -> None:
+        """Abort a running request (its result comes back with finish_reason ``abort``)."""
+
+    async def flush_cache(self) -> None:
+        """Drop cached prefixes."""
+
+    @abc.abstractmethod
+    async def aclose(self) -> None:
+        """Release resources (engine thread, HTTP sessions, launched servers)."""
+
+    async def __aenter__(self) -> "RolloutBackend":
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        await self.aclose()
+
+
+# ------------------------------------------------------------------------------------ registry
+_REGISTRY: dict[str, Callable[..., RolloutBackend] | str] = {
+    "embedded": "agentrl_jax.rollout.engine:EmbeddedBackend.from_config",
+    "sglang": "agentrl_jax.rollout.sglang_backend:SGLangBackend.from_config",
+}
+
+
+def register_backend(name: str, factory: Callable[..., RolloutBackend] | str) -> None:
+    """Register ``factory(**config) -> RolloutBackend`` (or a ``"module:attr.path"`` string,
+    imported on first use) under ``name``."""
+    _REGISTRY[name] = factory
+
+
+def available_backends() -> list[str]:
+    return sorted(_REGISTRY)
+
+
+def _resolve(factory: Callable[..., RolloutBackend] | str) -> Callable[..., RolloutBackend]:
+    if callable(factory):
+        return factory
+    module_name, _, attr_path = factory.partition(":")
+    obj: Any = importlib.import_module(module_name)
+    for part in attr_path.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def create_backend(name_or_config: str | dict[str, Any], **config: Any) -> RolloutBackend:
+    """Build a backend by registry name (``embedded``, ``sglang``) or from a config dict whose
+    ``name`` (or ``backend``) key selects it; remaining keys go to the factory."""
+    if isinstance(name_or_config, dict):
+        config = {**name_or_config, **config}
+        name = config.pop("name", None) or config.pop("backend", None)
+        if name is None:
+            raise ValueError("backend config needs a 'name' key "
+                             f"(one of {available_backends()})")
+    else:
+        name = name_or_config
+    if name not in _REGISTRY:
+        raise ValueError(f"unknown rollout backend {name!r} (available: {available_backends()})")
+    return _resolve(_REGISTRY[name])(**config)
+
+
+def check_input_ids(input_ids: Sequence[Any], vocab_size: int | None, max_length: int | None
+                    ) -> list[int]:
+    """Validate a prompt: a non-empty list of ints inside the vocabulary, shorter than the
+    context. Returns it as a plain list."""
+    if not isinstance(input_ids, (list, tuple)) or not input_ids:
+        raise InvalidRequestError("input_ids must be a non-empty list of integers")
+    out = []
+    for t in input_ids:
+        if isinstance(t, bool) or not isinstance(t, int):
+            try:  # numpy integers
+                import numpy as np
+                if isinstance(t, np.integer):
+                    t = int(t)
+                else:
+                    raise TypeError
+            except TypeError:
+                raise InvalidRequestError(
+                    f"input_ids must contain only integers, found {type(t).__name__}") from None
+        out.append(t)
+    if vocab_size is not None:
+        bad = [t for t in out if not 0 <= t < vocab_size]
+        if bad:
+            raise InvalidRequestError(
+                f"input_ids contain {len(bad)} token ids outside the vocabulary [0, {vocab_size}),"
+                f" e.g. {bad[:5]}")
+    if max_length is not None and len(out) >= max_length:
+        raise InvalidRequestError(
+            f"prompt has {len(out)} tokens; the context length is {max_length}, so prompts "
+            f"must have at most {max_length - 1} tokens")
+    return out
+
+
+__all__ = ["SamplingParams", "GenerateResult", "RolloutBackend", "RolloutError",
+           "InvalidRequestError", "OverloadedError", "BackendUnavailableError",
+           "register_backend", "create_backend", "available_backends", "check_input_ids",
+           "FINISH_REASONS"]

@@ -1,0 +1,915 @@
+"""Embedded JAX continuous-batching engine.
+
+Design (see docs/ROLLOUT.md for the long version):
+
+* A fixed pool of ``max_batch`` slots; slot ``b`` owns row ``b`` of every layer's KV cache
+  ``[max_batch, max_length, K, Dh]``. Rows are indexed by absolute position.
+* **Decode**: one jitted function runs up to ``decode_steps`` steps for all slots inside a
+  ``lax.while_loop`` (static shapes ``[max_batch, 1]``), with sampling fused in and stop detection
+  on device (stop token ids, token budget). It returns after ``decode_steps`` steps, when every
+  slot is done, or -- if requests are waiting for a slot -- as soon as any slot finishes. The
+  host synchronises once per call, not once per token. The cache buffers are donated.
+* **Prefill** is chunked: a call processes ``[rows, chunk]`` tokens for up to ``rows`` sequences
+  (``rows * chunk ~= prefill_tokens``) with chunk sizes from a few fixed buckets, so only a few
+  shapes compile. Prefill writes the prompt's KV except its last token; the first decode step
+  feeds the last prompt token and samples the first new token, so every token is sampled by the
+  same fused decode code.
+* **Continuous batching**: between calls, finished sequences leave and waiting requests take
+  their slots. A background thread drives the loop; the asyncio API awaits futures.
+* **Prefix reuse**: a finished sequence of a ``session_id`` leaves its KV row cached; when the
+  session's next request extends those tokens it takes the same slot and prefills only the new
+  suffix (LRU eviction when slots are needed). ``n > 1`` samples of a prompt prefill it once and
+  copy the KV row to the other samples' slots.
+* **Weights** are a jit argument (``graphdef`` is static), so ``update_weights`` swaps the
+  reference -- no copy, no recompilation -- and drops cached prefixes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import concurrent.futures
+import dataclasses
+import functools
+import itertools
+import logging
+import os
+import threading
+import time
+import uuid
+import warnings
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from agentrl_jax.models.config import ModelConfig
+from agentrl_jax.models.llama import CausalLM, KVCache, abstract_model
+from agentrl_jax.rollout.base import (BackendUnavailableError, GenerateResult, InvalidRequestError,
+                                      OverloadedError, RolloutBackend, RolloutError, SamplingParams,
+                                      check_input_ids)
+from agentrl_jax.rollout.sampling import sample_tokens, seed_to_key
+from agentrl_jax.rollout.slots import SlotTable
+
+log = logging.getLogger(__name__)
+# CPU backends cannot always reuse donated buffers; that is harmless.
+warnings.filterwarnings("ignore", message="Some donated buffers were not usable")
+
+# Columns of the packed per-slot int32 array sent to the decode call.
+_TOK, _POS, _ACT, _REM, _TOPK, _CNT, _KEY0, _KEY1, _IDX, _STOP = range(10)
+# Columns of the packed float32 array.
+_TEMP, _TOPP, _MINP = range(3)
+
+
+@dataclasses.dataclass(frozen=True)
+class EngineConfig:
+    """Static engine shape and scheduling knobs.
+
+    max_batch: number of slots (sequences decoded together). max_length: KV-cache length per
+    slot (prompt + generated tokens must fit). dtype: compute / KV-cache dtype override
+    (``"bfloat16"`` or ``"float32"``; default: the model config's). weights_dtype: cast the
+    parameters (a copy) to this dtype, e.g. ``"bfloat16"`` when the learner keeps f32 weights.
+    prefill_chunks: chunk-size buckets of chunked prefill; prefill_tokens: tokens per prefill
+    call (rows = prefill_tokens // chunk). decode_steps: decode steps per jitted call.
+    max_stop_ids: stop token ids per request. max_queue: waiting requests beyond which
+    ``generate`` raises ``OverloadedError``. copy_rows: KV rows copied per call for ``n > 1``.
+    session_cache: keep finished sessions' KV rows for prefix reuse.
+    """
+
+    max_batch: int = 32
+    max_length: int = 2048
+    dtype: str | None = None
+    weights_dtype: str | None = None
+    prefill_chunks: tuple[int, ...] = (64, 256, 1024)
+    prefill_tokens: int = 4096
+    decode_steps: int = 16
+    max_stop_ids: int = 8
+    max_queue: int = 4096
+    copy_rows: int = 8
+    session_cache: bool = True
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.max_batch < 1 or self.max_length < 2:
+            raise ValueError("max_batch must be >= 1 and max_length >= 2")
+        if self.decode_steps < 1:
+            raise ValueError("decode_steps must be >= 1")
+        if not self.prefill_chunks or min(self.prefill_chunks) < 1:
+            raise ValueError("prefill_chunks must be non-empty positive sizes")
+        for name in ("dtype", "weights_dtype"):
+            value = getattr(self, name)
+            if value not in (None, "float32", "bfloat16", "float16"):
+                raise ValueError(f"{name} must be float32, bfloat16 or float16, got {value!r}")
+
+    @property
+    def chunk_buckets(self) -> tuple[int, ...]:
+        chunks = sorted({min(c, self.max_length) for c in self.prefill_chunks})
+        return tuple(chunks)
+
+    def prefill_rows(self, chunk: int) -> int:
+        return max(1, min(self.max_batch, self.prefill_tokens // chunk))
+
+
+# ---------------------------------------------------------------------------- jitted functions
+@functools.lru_cache(maxsize=16)
+def _compiled(graphdef: Any, max_batch: int, max_length: int, decode_steps: int,
+              max_stop_ids: int) -> tuple[Callable, Callable, Callable]:
+    """The jitted decode / prefill / copy functions for one model structure and engine shape
+    (cached, so engines of the same shape share compilations)."""
+    B, S, K, M = max_batch, max_length, decode_steps, max_stop_ids
+
+    def decode(state, cache: KVCache, ints, floats, num_steps, exit_on_finish):
+        model = nnx.merge(graphdef, state)
+        top_k, keys = ints[:, _TOPK], jax.lax.bitcast_convert_type(ints[:, _KEY0:_KEY1 + 1],
+                                                                   jnp.uint32)
+        sample_index, stop_ids = ints[:, _IDX], ints[:, _STOP:_STOP + M]
+        temperature, top_p, min_p = floats[:, _TEMP], floats[:, _TOPP], floats[:, _MINP]
+        outputs = (jnp.zeros((K, B), jnp.int32), jnp.zeros((K, B), jnp.float32),
+                   jnp.zeros((K, B), jnp.float32), jnp.zeros((K, B), jnp.bool_))
+        carry = (jnp.int32(0), cache, ints[:, _TOK], ints[:, _POS], ints[:, _ACT] > 0,
+                 ints[:, _REM], ints[:, _CNT], jnp.bool_(False), outputs)
+
+        def cond(c):
+            i, _, _, _, active, _, _, finished_any, _ = c
+            return (i < num_steps) & jnp.any(active) & ~(exit_on_finish & finished_any)
+
+        def body(c):
+            i, cache, tokens, positions, active, remaining, counter, finished_any, outs = c
+            pos_in = jnp.where(active, positions, S)  # idle rows write nothing (position S)
+            out = model(tokens[:, None], pos_in[:, None], cache, compute_logits=False)
+            logits = model.logits(out.hidden[:, 0])
+            tok, lp, lp_raw = sample_tokens(logits, temperature, top_k, top_p, min_p, keys,
+                                            sample_index, counter)
+            tok = jnp.where(active, tok, 0)
+            step = active.astype(jnp.int32)
+            remaining = remaining - step
+            is_stop = jnp.any(tok[:, None] == stop_ids, axis=-1)
+            done = active & (is_stop | (remaining <= 0))
+            o_tok, o_lp, o_raw, o_valid = outs
+            outs = (o_tok.at[i].set(tok), o_lp.at[i].set(lp), o_raw.at[i].set(lp_raw),
+                    o_valid.at[i].set(active))
+            return (i + 1, out.cache, jnp.where(active, tok, tokens), positions + step,
+                    active & ~done, remaining, counter + step, finished_any | jnp.any(done), outs)
+
+        final = jax.lax.while_loop(cond, body, carry)
+        steps, cache, outs = final[0], final[1], final[8]
+        return cache, outs, steps
+
+    def prefill(state, cache: KVCache, slot_ids, tokens, positions):
+        model = nnx.merge(graphdef, state)
+        sub = KVCache(keys=tuple(jnp.take(k, slot_ids, axis=0, mode="clip") for k in cache.keys),
+                      values=tuple(jnp.take(v, slot_ids, axis=0, mode="clip")
+                                   for v in cache.values))
+        out = model(tokens, positions, sub, compute_logits=False)
+        return KVCache(
+            keys=tuple(k.at[slot_ids].set(n, mode="drop") for k, n in zip(cache.keys,
+                                                                          out.cache.keys)),
+            values=tuple(v.at[slot_ids].set(n, mode="drop") for v, n in zip(cache.values,
+                                                                            out.cache.values)))
+
+    def copy_rows(cache: KVCache, src, dst):
+        def cp(x):
+            return x.at[dst].set(jnp.take(x, src, axis=0, mode="clip"), mode="drop")
+        return KVCache(keys=tuple(cp(k) for k in cache.keys),
+                       values=tuple(cp(v) for v in cache.values))
+
+    return (jax.jit(decode, donate_argnums=(1,)), jax.jit(prefill, donate_argnums=(1,)),
+            jax.jit(copy_rows, donate_argnums=(0,)))
+
+
+# ------------------------------------------------------------------------------ request state
+_WAITING, _PREFILL, _FORK_WAIT, _DECODE, _DONE = "waiting", "prefill", "fork_wait", "decode", "done"
+
+
+class _Request:
+    def __init__(self, rid: str, input_ids: list[int], sampling: SamplingParams,
+                 session_id: str | None, future: concurrent.futures.Future, seed: int):
+        self.rid = rid
+        self.input_ids = input_ids
+        self.sampling = sampling
+        self.session_id = session_id
+        self.future = future
+        self.seed = seed
+        self.created = time.perf_counter()
+        self.aborted = False
+        self.seqs: list[_Seq] = []
+        self.results: list[GenerateResult | None] = [None] * sampling.n
+
+
+class _Seq:
+    def __init__(self, req: _Request, index: int, stop_ids: list[int]):
+        self.req = req
+        self.index = index
+        self.state = _WAITING
+        self.slot: int | None = None
+        self.prompt_len = len(req.input_ids)
+        self.cursor = 0  # next prompt position to prefill
+        self.kv_len = 0  # positions 0..kv_len-1 of the slot row hold this sequence's KV
+        self.cached_tokens = 0
+        self.out_ids: list[int] = []
+        self.logprobs: list[float] = []
+        self.logprobs_raw: list[float] = []
+        self.stop_ids = stop_ids
+        self.stop_set = set(stop_ids)
+        self.stop_checked = 0  # output tokens already checked against stop strings
+        self.forks: list[_Seq] = []
+        self.stop_text: str | None = None  # output text when a stop string matched
+
+
+@dataclasses.dataclass
+class EngineStats:
+    requests: int = 0
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    prefill_tokens: int = 0  # prompt tokens actually prefilled (incl. the decode-fed last one)
+    generated_tokens: int = 0
+    prefill_calls: int = 0
+    prefill_time_s: float = 0.0
+    decode_calls: int = 0
+    decode_steps: int = 0
+    decode_time_s: float = 0.0
+    decode_slot_steps: int = 0  # sum over steps of active slots
+    copy_calls: int = 0
+    aborted: int = 0
+    weight_updates: int = 0
+
+    def as_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d["mean_decode_step_ms"] = (1e3 * self.decode_time_s / self.decode_steps
+                                    if self.decode_steps else None)
+        d["mean_active_slots"] = (self.decode_slot_steps / self.decode_steps
+                                  if self.decode_steps else None)
+        return d
+
+
+def _to_state(params: Any, abstract_state: nnx.State) -> nnx.State:
+    """An nnx State of the engine's parameter structure from a model / State / pure dict."""
+    from agentrl_jax.models.pretrained import Pretrained
+
+    if isinstance(params, Pretrained):
+        params = params.model
+    if isinstance(params, nnx.Module):
+        state = nnx.state(params, nnx.Param)
+    elif isinstance(params, nnx.State):
+        state = params
+    elif isinstance(params, dict):
+        state = jax.tree.map(lambda x: x, abstract_state)
+        nnx.replace_by_pure_dict(state, params)
+    else:
+        raise TypeError(f"cannot load weights from a {type(params).__name__}: pass a CausalLM, "
+                        "an nnx.State or a pure dict of its parameters")
+    if jax.tree.structure(state) != jax.tree.structure(abstract_state):
+        raise ValueError("the given parameters do not have this engine's model structure")
+    for (path, want), got in zip(jax.tree_util.tree_leaves_with_path(abstract_state),
+                                 jax.tree.leaves(state)):
+        if tuple(want.shape) != tuple(got.shape):
+            raise ValueError(f"parameter {jax.tree_util.keystr(path)} has shape {got.shape}, "
+                             f"the engine's model needs {want.shape}")
+    return state
+
+
+class Engine(RolloutBackend):
+    """The embedded continuous-batching engine (registry name ``embedded``).
+
+    >>> engine = Engine(model, EngineConfig(max_batch=32, max_length=4096), tokenizer=tok)
+    >>> result = await engine.generate(ids, SamplingParams(temperature=1.0), session_id="ep-7")
+    """
+
+    name = "embedded"
+
+    def __init__(self, model: CausalLM | Any, config: EngineConfig | None = None,
+                 tokenizer: Any = None, model_path: str | None = None, warmup: bool = True):
+        from agentrl_jax.models.pretrained import Pretrained
+
+        if isinstance(model, Pretrained):
+            tokenizer = tokenizer if tokenizer is not None else model.tokenizer
+            model_path = model_path or model.path
+            model = model.model
+        self.config = config or EngineConfig()
+        self.tokenizer = tokenizer
+        self.model_path = model_path
+        base_cfg: ModelConfig = model.cfg
+        self.model_config = base_cfg.replace(dtype=self.config.dtype or base_cfg.dtype,
+                                             remat=False)
+        self.graphdef, self._abstract_state = nnx.split(abstract_model(self.model_config))
+        self._state = self._prepare_state(model)
+        self.weight_version = "0"
+        c = self.config
+        self._decode_fn, self._prefill_fn, self._copy_fn = _compiled(
+            self.graphdef, c.max_batch, c.max_length, c.decode_steps, c.max_stop_ids)
+        self._cache = KVCache.zeros(self.model_config, c.max_batch, c.max_length)
+        self.eos_token_ids = list(base_cfg.eos_token_ids)
+        if not self.eos_token_ids and tokenizer is not None and tokenizer.eos_token_id is not None:
+            self.eos_token_ids = [tokenizer.eos_token_id]
+        self.stats = EngineStats()
+        # Host mirrors of the per-slot decode state.
+        self._ints = np.zeros((c.max_batch, _STOP + c.max_stop_ids), np.int32)
+        self._ints[:, _STOP:] = -1
+        self._floats = np.zeros((c.max_batch, 3), np.float32)
+        self._slots = SlotTable(c.max_batch)
+        self._slot_seq: dict[int, _Seq] = {}
+        self._waiting: collections.deque[_Request] = collections.deque()
+        self._prefill_queue: list[_Seq] = []
+        self._fork_ready: list[_Seq] = []
+        self._requests: dict[str, _Request] = {}
+        self._rng = np.random.default_rng(c.seed)
+        self._rid_counter = itertools.count()
+        # Thread plumbing.
+        self._cv = threading.Condition()
+        self._incoming: list[_Request] = []
+        self._commands: list[tuple[Callable[[], Any], concurrent.futures.Future]] = []
+        self._num_waiting = 0
+        self._paused = False
+        self._closed = False
+        self._error: str | None = None
+        if warmup:
+            self.warmup()
+        self._thread = threading.Thread(target=self._loop, name="agentrl-engine", daemon=True)
+        self._thread.start()
+
+    # ------------------------------------------------------------------------ construction
+    @classmethod
+    def from_config(cls, model: Any = "smollm2", tokenizer: Any = None, engine: Any = None,
+                    **kwargs: Any) -> "Engine":
+        """Registry factory: ``model`` is a name / path for ``load_pretrained``, a ``Pretrained``
+        or a ``CausalLM``; engine options come as ``engine=EngineConfig|dict`` or keyword
+        arguments (``max_batch=..., max_length=..., dtype=...``)."""
+        from agentrl_jax.models.pretrained import load_pretrained
+
+        fields = {f.name for f in dataclasses.fields(EngineConfig)}
+        engine_kwargs = {k: kwargs.pop(k) for k in list(kwargs) if k in fields}
+        warmup = kwargs.pop("warmup", True)
+        if kwargs:
+            raise TypeError(f"unknown embedded-engine options: {sorted(kwargs)}")
+        if isinstance(engine, dict):
+            engine_kwargs = {**engine, **engine_kwargs}
+            engine = None
+        config = engine or EngineConfig(**engine_kwargs)
+        if isinstance(model, str):
+            model = load_pretrained(model)
+        return cls(model, config, tokenizer=tokenizer, warmup=warmup)
+
+    def _prepare_state(self, params: Any) -> nnx.State:
+        state = _to_state(params, self._abstract_state)
+        if self.config.weights_dtype:
+            dt = jnp.dtype(self.config.weights_dtype)
+            state = jax.tree.map(
+                lambda x: x.astype(dt) if jnp.issubdtype(x.dtype, jnp.floating) and x.dtype != dt
+                else x, state)
+        return state
+
+    def warmup(self) -> None:
+        """Compile every jitted shape (decode, each prefill bucket, row copy) with calls that
+        change nothing (all rows idle / padded)."""
+        c = self.config
+        ints = np.zeros_like(self._ints)
+        ints[:, _STOP:] = -1
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            self._cache, outs, _ = self._decode_fn(self._state, self._cache, ints, self._floats,
+                                                   np.int32(1), np.bool_(False))
+            for chunk in c.chunk_buckets:
+                rows = c.prefill_rows(chunk)
+                self._cache = self._prefill_fn(
+                    self._state, self._cache, np.full((rows,), c.max_batch, np.int32),
+                    np.zeros((rows, chunk), np.int32),
+                    np.full((rows, chunk), c.max_length, np.int32))
+            n = c.copy_rows
+            self._cache = self._copy_fn(self._cache, np.zeros((n,), np.int32),
+                                        np.full((n,), c.max_batch, np.int32))
+        jax.block_until_ready((self._cache, outs))
+
+    # ------------------------------------------------------------------------- public API
+    @property
+    def vocab_size(self) -> int:
+        return self.model_config.vocab_size
+
+    @property
+    def max_length(self) -> int:
+        return self.config.max_length
+
+    def validate(self, input_ids: Any, sampling: SamplingParams) -> list[int]:
+        """Check a request (raises ``InvalidRequestError``); returns the ids as a list."""
+        ids = check_input_ids(input_ids, self.vocab_size, self.config.max_length)
+        sampling.validate(self.vocab_size)
+        if sampling.n > self.config.max_batch:
+            raise InvalidRequestError(
+                f"n={sampling.n} exceeds the engine's max_batch={self.config.max_batch}")
+        if len(self._stop_ids(sampling)) > self.config.max_stop_ids:
+            raise InvalidRequestError(
+                f"at most {self.config.max_stop_ids} stop token ids per request "
+                f"(got {len(self._stop_ids(sampling))})")
+        if sampling.stop and self.tokenizer is None:
+            raise InvalidRequestError("stop strings need a tokenizer; this engine has none")
+        return ids
+
+    def submit(self, input_ids: Any, sampling: SamplingParams | None = None,
+               session_id: str | None = None, rid: str | None = None
+               ) -> concurrent.futures.Future:
+        """Queue a request (thread-safe). The future resolves to ``list[GenerateResult]``
+        (``sampling.n`` samples). Raises ``InvalidRequestError`` / ``OverloadedError``."""
+        sampling = sampling or SamplingParams()
+        ids = self.validate(input_ids, sampling)
+        if session_id is not None and not isinstance(session_id, str):
+            raise InvalidRequestError("session_id must be a string")
+        rid = str(rid) if rid is not None else uuid.uuid4().hex
+        future: concurrent.futures.Future = concurrent.futures.Future()
+        future.rid = rid  # type: ignore[attr-defined]
+        seed = sampling.seed if sampling.seed is not None else int(
+            self._rng.integers(0, 2**63 - 1))
+        req = _Request(rid, ids, sampling, session_id, future, seed)
+        stop_ids = self._stop_ids(sampling)
+        req.seqs = [_Seq(req, i, stop_ids) for i in range(sampling.n)]
+        if sampling.max_new_tokens == 0:
+            future.set_result([self._result(s, "length", None) for s in req.seqs])
+            return future
+        with self._cv:
+            if self._closed:
+                raise BackendUnavailableError("the engine is closed")
+            if self._error is not None:
+                raise BackendUnavailableError(f"the engine failed: {self._error}")
+            if rid in self._requests:
+                raise InvalidRequestError(f"a request with rid {rid!r} is already running")
+            if self._num_waiting + 1 > self.config.max_queue:
+                raise OverloadedError(
+                    f"admission queue full ({self._num_waiting} requests waiting, "
+                    f"max_queue={self.config.max_queue}); retry later")
+            self._num_waiting += 1
+            self._requests[rid] = req
+            self._incoming.append(req)
+            self._cv.notify()
+        return future
+
+    async def generate(self, input_ids: list[int], sampling: SamplingParams | None = None,
+                       session_id: str | None = None, rid: str | None = None) -> GenerateResult:
+        sampling = sampling or SamplingParams()
+        if sampling.n != 1:
+            raise InvalidRequestError("generate() takes n == 1; use generate_n() for n > 1")
+        return (await self.generate_n(input_ids, sampling, session_id, rid))[0]
+
+    async def generate_n(self, input_ids: list[int], sampling: SamplingParams | None = None,
+                         session_id: str | None = None, rid: str | None = None
+                         ) -> list[GenerateResult]:
+        future = self.submit(input_ids, sampling, session_id, rid)
+        try:
+            return await asyncio.shield(asyncio.wrap_future(future))
+        except asyncio.CancelledError:
+            # The caller gave up (e.g. the HTTP client went away): free its slots.
+            self.abort(future.rid)  # type: ignore[attr-defined]
+            raise
+
+    def generate_sync(self, input_ids: list[int], sampling: SamplingParams | None = None,
+                      session_id: str | None = None, rid: str | None = None,
+                      timeout: float | None = None) -> list[GenerateResult]:
+        """Blocking variant (for scripts and benchmarks); returns the ``n`` samples."""
+        return self.submit(input_ids, sampling, session_id, rid).result(timeout)
+
+    def abort(self, rid: str) -> bool:
+        """Abort a request (thread-safe, returns at once); True if it was known."""
+        with self._cv:
+            req = self._requests.get(str(rid))
+            if req is None:
+                return False
+            req.aborted = True
+            self._commands.append((lambda: self._abort_request(req),
+                                   concurrent.futures.Future()))
+            self._cv.notify()
+        return True
+
+    def abort_all(self) -> int:
+        with self._cv:
+            rids = list(self._requests)
+        for rid in rids:
+            self.abort(rid)
+        return len(rids)
+
+    def pause(self, mode: str = "in_place") -> None:
+        """Stop stepping. ``in_place`` / ``retract`` keep requests (and their KV) until
+        ``resume()``; ``abort`` aborts them first."""
+        if mode not in ("abort", "in_place", "retract"):
+            raise InvalidRequestError(f"pause mode must be abort, retract or in_place, got {mode!r}")
+        if mode == "abort":
+            self.abort_all()
+        with self._cv:
+            self._paused = True
+            self._cv.notify()
+
+    def resume(self) -> None:
+        with self._cv:
+            self._paused = False
+            self._cv.notify()
+
+    @property
+    def paused(self) -> bool:
+        return self._paused
+
+    def _call_in_engine(self, fn: Callable[[], Any]) -> concurrent.futures.Future:
+        future: concurrent.futures.Future = concurrent.futures.Future()
+        with self._cv:
+            if self._closed:
+                raise BackendUnavailableError("the engine is closed")
+            self._commands.append((fn, future))
+            self._cv.notify()
+        return future
+
+    def update_weights_sync(self, params: Any = None, *, path: str | None = None,
+                            version: str | None = None, flush_cache: bool = True,
+                            abort_all: bool = False) -> str:
+        """Swap the weights between two engine steps (blocking). ``params``: a CausalLM,
+        nnx.State or pure dict -- used without a copy unless ``weights_dtype`` asks for a cast;
+        ``path``: a HF safetensors directory. Running requests continue with the new weights
+        (their earlier KV was computed with the old ones) unless ``abort_all``. Returns the new
+        weight version."""
+        if (params is None) == (path is None):
+            raise ValueError("pass exactly one of params or path")
+        if path is not None:
+            from agentrl_jax.models.safetensors_io import load_safetensors_model
+            params, cfg = load_safetensors_model(path)
+            self._check_compatible(cfg)
+        state = self._prepare_state(params)
+        if abort_all:
+            self.abort_all()
+
+        def swap() -> str:
+            self._state = state
+            if flush_cache:
+                self._slots.flush()
+            self.stats.weight_updates += 1
+            self.weight_version = str(version) if version is not None else str(
+                int(self.weight_version) + 1 if self.weight_version.isdigit() else 1)
+            return self.weight_version
+
+        return self._call_in_engine(swap).result()
+
+    def _check_compatible(self, cfg: ModelConfig) -> None:
+        mine = self.model_config
+        keys = ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads",
+                "num_kv_heads", "head_dim", "tie_word_embeddings", "attention_bias", "qk_norm")
+        diff = {k: (getattr(mine, k), getattr(cfg, k)) for k in keys
+                if getattr(mine, k) != getattr(cfg, k)}
+        if diff:
+            raise ValueError(f"checkpoint architecture differs from the served model: "
+                             + ", ".join(f"{k}: {a} != {b}" for k, (a, b) in diff.items()))
+
+    async def update_weights(self, params: Any = None, *, path: str | None = None,
+                             version: str | None = None, flush_cache: bool = True,
+                             abort_all: bool = False) -> str:
+        return await asyncio.to_thread(self.update_weights_sync, params, path=path,
+                                       version=version, flush_cache=flush_cache,
+                                       abort_all=abort_all)
+
+    def flush_cache_sync(self) -> int:
+        """Drop every cached session prefix; returns how many slots were freed."""
+        return self._call_in_engine(self._slots.flush).result()
+
+    async def flush_cache(self) -> int:
+        return await asyncio.to_thread(self.flush_cache_sync)
+
+    async def health(self) -> bool:
+        return not self._closed and self._error is None and self._thread.is_alive()
+
+    def load(self) -> dict[str, int]:
+        """Current load: running sequences, waiting requests, free / cached slots."""
+        return {"running": len(self._slot_seq), "waiting": self._num_waiting,
+                "free_slots": self._slots.num_free, "cached_slots": self._slots.num_cached}
+
+    def close(self) -> None:
+        with self._cv:
+            if self._closed:
+                return
+            self._closed = True
+            self._cv.notify()
+        if threading.current_thread() is not self._thread:
+            self._thread.join(timeout=60)
+
+    async def aclose(self) -> None:
+        await asyncio.to_thread(self.close)
+
+    # ---------------------------------------------------------------------------- internals
+    def _stop_ids(self, sampling: SamplingParams) -> list[int]:
+        if sampling.stop_token_ids is not None:
+            return list(dict.fromkeys(sampling.stop_token_ids))  # replaces the EOS default
+        return [] if sampling.ignore_eos else list(self.eos_token_ids)
+
+    def _loop(self) -> None:
+        while True:
+            with self._cv:
+                while not self._closed and not self._commands and (
+                        self._paused or not (self._incoming or self._waiting or self._slot_seq
+                                             or self._prefill_queue or self._fork_ready)):
+                    self._cv.wait()
+                if self._closed:
+                    break
+                commands, self._commands = self._commands, []
+                incoming, self._incoming = self._incoming, []
+            self._waiting.extend(incoming)
+            for fn, future in commands:
+                try:
+                    future.set_result(fn())
+                except BaseException as e:  # noqa: BLE001 -- reported to the caller
+                    future.set_exception(e)
+            if self._paused:
+                continue
+            try:
+                self._step()
+            except Exception as e:  # noqa: BLE001 -- never let the engine thread die
+                log.exception("engine step failed")
+                self._recover(e)
+        self._shutdown()
+
+    def _step(self) -> None:
+        self._admit()
+        if self._prefill_queue:
+            self._run_prefill()
+        if self._fork_ready:
+            self._run_forks()
+        if any(s.state == _DECODE for s in self._slot_seq.values()):
+            self._run_decode()
+
+    # ----------------------------------------------------------------------- admission
+    def _admit(self) -> None:
+        c = self.config
+        while self._waiting:
+            req = self._waiting[0]
+            if req.aborted:
+                self._waiting.popleft()
+                self._dequeued()
+                for seq in req.seqs:
+                    self._finish(seq, "abort", None)
+                continue
+            n = req.sampling.n
+            if self._slots.available < n:
+                return
+            self._waiting.popleft()
+            self._dequeued()
+            self.stats.requests += 1
+            ids = np.asarray(req.input_ids, np.int32)
+            L = len(req.input_ids)
+            first = req.seqs[0]
+            session = req.session_id if c.session_cache else None
+            slot, reuse = self._slots.acquire_for_session(session, ids, max_reuse=L - 1)
+            self._bind(first, slot)
+            first.cursor = first.kv_len = first.cached_tokens = reuse
+            self.stats.prompt_tokens += L * n
+            self.stats.cached_tokens += reuse
+            for seq in req.seqs[1:]:
+                self._bind(seq, self._slots.acquire())
+                seq.state = _FORK_WAIT
+                seq.cached_tokens = L - 1
+                self.stats.cached_tokens += L - 1
+                first.forks.append(seq)
+            if reuse < L - 1:
+                first.state = _PREFILL
+                self.stats.prefill_tokens += L - 1 - reuse
+                self._prefill_queue.append(first)
+            else:
+                self._prefill_done(first)
+            self.stats.prefill_tokens += n  # the last prompt token, fed by the first decode step
+
+    def _dequeued(self) -> None:
+        with self._cv:
+            self._num_waiting -= 1
+
+    def _bind(self, seq: _Seq, slot: int) -> None:
+        seq.slot = slot
+        self._slot_seq[slot] = seq
+        self._ints[slot, _ACT] = 0
+
+    def _prefill_done(self, seq: _Seq) -> None:
+        if seq.forks:
+            self._fork_ready.append(seq)
+            seq.state = _FORK_WAIT
+        else:
+            self._activate(seq)
+
+    def _activate(self, seq: _Seq) -> None:
+        """Make a prefilled sequence decodable: its first decode step feeds the last prompt
+        token at position L-1 and samples the first new token."""
+        req, s, sp = seq.req, seq.slot, seq.req.sampling
+        L = seq.prompt_len
+        seq.state = _DECODE
+        seq.kv_len = L - 1
+        row = self._ints[s]
+        row[_TOK], row[_POS], row[_ACT] = req.input_ids[-1], L - 1, 1
+        row[_REM] = min(sp.max_new_tokens, self.config.max_length - L)
+        row[_TOPK] = sp.top_k if sp.top_k > 0 else 0
+        row[_CNT] = 0
+        row[_KEY0:_KEY1 + 1] = np.array(seed_to_key(req.seed), np.uint32).view(np.int32)
+        row[_IDX] = seq.index
+        row[_STOP:] = -1
+        row[_STOP:_STOP + len(seq.stop_ids)] = seq.stop_ids
+        self._floats[s] = (sp.temperature, sp.top_p, sp.min_p)
+
+    # ------------------------------------------------------------------------- prefill
+    def _run_prefill(self) -> None:
+        c = self.config
+        queue = self._prefill_queue
+        best = None
+        for chunk in c.chunk_buckets:  # the bucket that prefills the most tokens per call
+            rows = c.prefill_rows(chunk)
+            work = sum(min(chunk, s.prompt_len - 1 - s.cursor) for s in queue[:rows])
+            if best is None or work > best[0]:
+                best = (work, chunk, rows)
+        _, chunk, rows = best
+        batch = queue[:rows]
+        slot_ids = np.full((rows,), c.max_batch, np.int32)
+        tokens = np.zeros((rows, chunk), np.int32)
+        positions = np.full((rows, chunk), c.max_length, np.int32)
+        counts = []
+        for r, seq in enumerate(batch):
+            n = min(chunk, seq.prompt_len - 1 - seq.cursor)
+            slot_ids[r] = seq.slot
+            tokens[r, :n] = seq.req.input_ids[seq.cursor:seq.cursor + n]
+            positions[r, :n] = np.arange(seq.cursor, seq.cursor + n)
+            counts.append(n)
+        t0 = time.perf_counter()
+        self._cache = self._prefill_fn(self._state, self._cache, slot_ids, tokens, positions)
+        self.stats.prefill_calls += 1
+        done = []
+        for seq, n in zip(batch, counts):
+            seq.cursor += n
+            seq.kv_len = seq.cursor
+            if seq.cursor >= seq.prompt_len - 1:
+                done.append(seq)
+        self._prefill_queue = [s for s in queue if s.cursor < s.prompt_len - 1]
+        for seq in done:
+            self._prefill_done(seq)
+        jax.block_until_ready(self._cache.keys[0])
+        self.stats.prefill_time_s += time.perf_counter() - t0
+
+    def _run_forks(self) -> None:
+        """Copy the prefilled prompt row of each ``n > 1`` request to its other samples."""
+        c = self.config
+        pairs = []
+        for seq in self._fork_ready:
+            pairs.extend((seq.slot, f.slot) for f in seq.forks)
+        for i in range(0, len(pairs), c.copy_rows):
+            part = pairs[i:i + c.copy_rows]
+            src = np.zeros((c.copy_rows,), np.int32)
+            dst = np.full((c.copy_rows,), c.max_batch, np.int32)
+            for j, (a, b) in enumerate(part):
+                src[j], dst[j] = a, b
+            self._cache = self._copy_fn(self._cache, src, dst)
+            self.stats.copy_calls += 1
+        for seq in self._fork_ready:
+            self._activate(seq)
+            for f in seq.forks:
+                if f.state == _FORK_WAIT:
+                    self._activate(f)
+        self._fork_ready = []
+
+    # -------------------------------------------------------------------------- decode
+    def _run_decode(self) -> None:
+        c = self.config
+        waiting_for_slot = bool(self._waiting) and self._slots.available < \
+            self._waiting[0].sampling.n
+        t0 = time.perf_counter()
+        self._cache, outs, steps = self._decode_fn(
+            self._state, self._cache, self._ints, self._floats, np.int32(c.decode_steps),
+            np.bool_(waiting_for_slot))
+        toks, lps, raws, valid, steps = jax.device_get((*outs, steps))
+        self.stats.decode_time_s += time.perf_counter() - t0
+        self.stats.decode_calls += 1
+        self.stats.decode_steps += int(steps)
+        counts = valid.sum(axis=0)
+        self.stats.decode_slot_steps += int(counts.sum())
+        for slot in np.flatnonzero(counts):
+            seq = self._slot_seq.get(int(slot))
+            n = int(counts[slot])
+            if seq is None or seq.state != _DECODE:  # finished on the host meanwhile
+                continue
+            new = toks[:n, slot].tolist()
+            seq.out_ids.extend(new)
+            seq.logprobs.extend(lps[:n, slot].tolist())
+            seq.logprobs_raw.extend(raws[:n, slot].tolist())
+            row = self._ints[slot]
+            row[_TOK] = new[-1]
+            row[_POS] += n
+            row[_REM] -= n
+            row[_CNT] += n
+            seq.kv_len = int(row[_POS])
+            self.stats.generated_tokens += n
+            if new[-1] in seq.stop_set:
+                self._finish(seq, "stop", int(new[-1]))
+            elif seq.req.sampling.stop and self._check_stop_strings(seq):
+                pass  # finished inside
+            elif row[_REM] <= 0:
+                self._finish(seq, "length", None)
+
+    def _check_stop_strings(self, seq: _Seq) -> bool:
+        sp = seq.req.sampling
+        stops = sp.stop or []
+        for j in range(seq.stop_checked, len(seq.out_ids)):
+            text = self.tokenizer.decode(seq.out_ids[:j + 1],
+                                         skip_special_tokens=sp.skip_special_tokens)
+            hits = [(text.find(s), s) for s in stops if s in text]
+            if hits:
+                index, matched = min(hits)
+                del seq.out_ids[j + 1:], seq.logprobs[j + 1:], seq.logprobs_raw[j + 1:]
+                seq.kv_len = min(seq.kv_len, seq.prompt_len + len(seq.out_ids))
+                seq.stop_text = text if sp.no_stop_trim else text[:index]
+                self._finish(seq, "stop", matched)
+                return True
+        seq.stop_checked = len(seq.out_ids)
+        return False
+
+    # ------------------------------------------------------------------------- finishing
+    def _abort_request(self, req: _Request) -> None:
+        if req.rid not in self._requests:
+            return
+        if req in self._waiting:
+            self._waiting.remove(req)
+            self._dequeued()
+        for seq in req.seqs:
+            if seq.state != _DONE:
+                self._finish(seq, "abort", None)
+
+    def _finish(self, seq: _Seq, reason: str, matched: int | str | None) -> None:
+        if seq.state == _DONE:
+            return
+        req = seq.req
+        if seq.state == _PREFILL and seq in self._prefill_queue:
+            self._prefill_queue.remove(seq)
+        if seq in self._fork_ready:
+            self._fork_ready.remove(seq)
+        seq.state = _DONE
+        if seq.slot is not None:
+            slot = seq.slot
+            self._ints[slot, _ACT] = 0
+            self._slot_seq.pop(slot, None)
+            session = req.session_id if (self.config.session_cache and seq.index == 0) else None
+            tokens = None
+            if session is not None and seq.kv_len > 0:
+                full = req.input_ids + seq.out_ids
+                tokens = np.asarray(full[:min(seq.kv_len, len(full))], np.int32)
+            self._slots.release(slot, session, tokens)
+            seq.slot = None
+        if reason == "abort":
+            self.stats.aborted += 1
+        req.results[seq.index] = self._result(seq, reason, matched)
+        if all(r is not None for r in req.results):
+            with self._cv:
+                self._requests.pop(req.rid, None)
+            if not req.future.done():
+                try:
+                    req.future.set_result(list(req.results))
+                except concurrent.futures.InvalidStateError:
+                    pass
+
+    def _result(self, seq: _Seq, reason: str, matched: int | str | None) -> GenerateResult:
+        req, sp = seq.req, seq.req.sampling
+        text = None
+        if self.tokenizer is not None:
+            if seq.stop_text is not None:
+                text = seq.stop_text
+            else:
+                ids = seq.out_ids
+                if reason == "stop" and isinstance(matched, int) and not sp.no_stop_trim:
+                    ids = ids[:-1]
+                text = self.tokenizer.decode(ids, skip_special_tokens=sp.skip_special_tokens)
+        return GenerateResult(
+            output_ids=list(seq.out_ids), output_logprobs=list(seq.logprobs),
+            finish_reason=reason, matched_stop=matched, prompt_tokens=seq.prompt_len,
+            cached_tokens=seq.cached_tokens, output_logprobs_raw=list(seq.logprobs_raw),
+            text=text, rid=req.rid, weight_version=self.weight_version,
+            latency_s=time.perf_counter() - req.created)
+
+    def _recover(self, error: BaseException) -> None:
+        """After a failed device call: fail every in-flight request, reset the cache."""
+        message = f"{type(error).__name__}: {error}"
+        with self._cv:
+            requests = list(self._requests.values())
+            self._requests.clear()
+            self._num_waiting = 0
+        for req in requests:
+            if not req.future.done():
+                req.future.set_exception(RolloutError(f"engine step failed: {message}"))
+        self._waiting.clear()
+        self._prefill_queue, self._fork_ready = [], []
+        self._slot_seq.clear()
+        self._ints[:, :_STOP] = 0
+        self._slots = SlotTable(self.config.max_batch)
+        try:
+            self._cache = KVCache.zeros(self.model_config, self.config.max_batch,
+                                        self.config.max_length)
+        except Exception as e:  # noqa: BLE001
+            self._error = f"cannot reallocate the KV cache after {message}: {e}"
+
+    def _shutdown(self) -> None:
+        with self._cv:
+            requests = list(self._requests.values())
+            self._requests.clear()
+            commands, self._commands = self._commands, []
+        for req in requests:
+            if not req.future.done():
+                req.future.set_exception(BackendUnavailableError("the engine was closed"))
+        for _, future in commands:
+            if not future.done():
+                future.set_exception(BackendUnavailableError("the engine was closed"))
+
+
+EmbeddedBackend = Engine
+
+__all__ = ["Engine", "EngineConfig", "EngineStats", "EmbeddedBackend"]

@@ -1,0 +1,87 @@
+"""Token sampling fused into the jitted decode step.
+
+Every function here is traced inside the engine's jitted decode loop; all per-slot parameters are
+arrays ``[B]`` so one compiled step serves any mix of greedy and sampled requests.
+
+Randomness is stateless and per request: the key of slot ``b`` at its ``c``-th generated token is
+``fold_in(fold_in(key_b, sample_index_b), c)`` where ``key_b`` comes from the request seed, so a
+seeded request samples the same tokens whatever else shares the batch.
+
+Logprobs: ``logprob`` is ``log_softmax(logits / T)[token]`` (the tempered distribution, before
+top-k / top-p / min-p truncation) and ``logprob_raw`` is ``log_softmax(logits)[token]``; for greedy
+slots (T == 0) both are the raw value.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+
+def _filter_logits(scaled: jax.Array, top_k: jax.Array, top_p: jax.Array, min_p: jax.Array
+                   ) -> jax.Array:
+    """Mask (to -inf) the logits outside top-k / top-p (nucleus) / min-p, per row.
+
+    scaled [B, V] tempered logits; top_k [B] int (<= 0: off); top_p [B] in (0, 1]; min_p [B].
+    The kept set always contains the most likely token. Ties at the threshold are all kept.
+    """
+    v = scaled.shape[-1]
+    sorted_desc = -jnp.sort(-scaled, axis=-1)  # [B, V]
+    probs = jax.nn.softmax(sorted_desc, axis=-1)
+    cum_before = jnp.cumsum(probs, axis=-1) - probs
+    keep = cum_before < top_p[:, None]
+    rank = jnp.arange(v)[None, :]
+    keep &= (top_k[:, None] <= 0) | (rank < top_k[:, None])
+    keep &= probs >= min_p[:, None] * probs[:, :1]
+    keep = keep.at[:, 0].set(True)
+    threshold = jnp.min(jnp.where(keep, sorted_desc, jnp.inf), axis=-1)  # smallest kept logit
+    return jnp.where(scaled >= threshold[:, None], scaled, -jnp.inf)
+
+
+def sample_tokens(logits: jax.Array, temperature: jax.Array, top_k: jax.Array, top_p: jax.Array,
+                  min_p: jax.Array, keys: jax.Array, sample_index: jax.Array, counter: jax.Array
+                  ) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """Sample one token per row.
+
+    logits [B, V] float32; temperature [B] (0 = greedy); keys [B, 2] uint32 raw threefry keys;
+    sample_index, counter [B] int32. Returns ``(tokens [B] int32, logprob [B], logprob_raw [B])``.
+
+    The expensive parts are skipped with ``lax.cond`` when no row needs them: the Gumbel noise
+    when every row is greedy, the sort for top-k / top-p / min-p when no row truncates.
+    """
+    logits = logits.astype(jnp.float32)
+    greedy = temperature <= 0.0
+    safe_t = jnp.where(greedy, 1.0, temperature)
+    scaled = logits / safe_t[:, None]
+    argmax = jnp.argmax(logits, axis=-1).astype(jnp.int32)
+
+    def sampled() -> jax.Array:
+        needs_filter = ~greedy & ((top_k > 0) | (top_p < 1.0) | (min_p > 0.0))
+        filtered = jax.lax.cond(jnp.any(needs_filter),
+                                lambda: _filter_logits(scaled, top_k, top_p, min_p),
+                                lambda: scaled)
+
+        def noise(key, idx, c):
+            key = jax.random.fold_in(jax.random.fold_in(key, idx), c)
+            return jax.random.gumbel(key, (logits.shape[-1],), jnp.float32)
+
+        gumbel = jax.vmap(noise)(keys, sample_index, counter)
+        return jnp.argmax(filtered + gumbel, axis=-1).astype(jnp.int32)
+
+    drawn = jax.lax.cond(jnp.any(~greedy), sampled, lambda: argmax)
+    tokens = jnp.where(greedy, argmax, drawn)
+    picked_raw = jnp.take_along_axis(logits, tokens[:, None], axis=-1)[:, 0]
+    picked_scaled = jnp.take_along_axis(scaled, tokens[:, None], axis=-1)[:, 0]
+    logprob_raw = picked_raw - jax.nn.logsumexp(logits, axis=-1)
+    logprob_t = picked_scaled - jax.nn.logsumexp(scaled, axis=-1)
+    logprob = jnp.where(greedy, logprob_raw, logprob_t)
+    return tokens, logprob, logprob_raw
+
+
+def seed_to_key(seed: int) -> tuple[int, int]:
+    """The raw threefry key ``jax.random.PRNGKey(seed)`` as two uint32 words (host-side)."""
+    seed &= (1 << 64) - 1
+    return (seed >> 32) & 0xFFFFFFFF, seed & 0xFFFFFFFF
+
+
+__all__ = ["sample_tokens", "seed_to_key"]

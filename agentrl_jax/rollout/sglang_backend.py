@@ -1,0 +1,420 @@
+"""Rollout backend over one or several SGLang-API servers (real SGLang, or our own server).
+
+* Routing: a request of a known ``session_id`` goes to the server that served the session
+  before (sticky, so that server's prefix / radix cache hits); otherwise to the healthy server
+  with the fewest requests in flight.
+* Robustness: connection errors, 502/503/504 answers and timeouts are retried with exponential
+  backoff (honouring ``Retry-After``), on another server when the first one is marked down;
+  a 4xx answer raises ``InvalidRequestError`` at once.
+* Weight sync from the JAX learner: SGLang (PyTorch) can only receive JAX weights through disk,
+  so ``update_weights(model)`` exports a HF safetensors directory
+  (``agentrl_jax.models.safetensors_io.save_hf_directory``) that every server can read (a shared
+  filesystem when they run elsewhere), then calls ``POST /update_weights_from_disk`` and
+  ``/flush_cache`` on each server.
+* ``launch_sglang_server`` starts ``python -m sglang.launch_server`` when SGLang is installed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import dataclasses
+import importlib.util
+import logging
+import os
+import random
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from typing import Any
+
+import aiohttp
+
+from agentrl_jax.rollout.base import (BackendUnavailableError, GenerateResult, InvalidRequestError,
+                                      OverloadedError, RolloutBackend, RolloutError,
+                                      SamplingParams)
+
+log = logging.getLogger(__name__)
+
+_RETRY_STATUS = (502, 503, 504)
+
+
+@dataclasses.dataclass
+class _Server:
+    url: str
+    inflight: int = 0
+    healthy: bool = True
+    failures: int = 0
+    down_until: float = 0.0
+    served: int = 0
+
+
+class SGLangBackend(RolloutBackend):
+    """Client of SGLang ``/generate`` servers (registry name ``sglang``).
+
+    urls: base URLs (``http://host:port``). timeout: seconds per request (generation included).
+    max_retries: attempts after the first on connection errors / 5xx overload. export_dir: where
+    ``update_weights(params)`` writes the safetensors export (default: a temporary directory);
+    it must be readable by every server. send_session_id: also send ``session_id`` in the body
+    (our server uses it for its prefix cache; SGLang ignores unknown fields).
+    """
+
+    name = "sglang"
+
+    def __init__(self, urls: str | list[str], *, timeout: float = 3600.0,
+                 connect_timeout: float = 10.0, max_retries: int = 5, backoff_s: float = 0.5,
+                 max_backoff_s: float = 16.0, export_dir: str | None = None,
+                 export_dtype: str | None = "bfloat16", tokenizer: Any = None,
+                 send_session_id: bool = True, max_sessions: int = 100_000,
+                 down_time_s: float = 5.0, launched: list[subprocess.Popen] | None = None):
+        if isinstance(urls, str):
+            urls = [u for u in urls.split(",") if u]
+        if not urls:
+            raise ValueError("SGLangBackend needs at least one server URL")
+        self.servers = [_Server(u.rstrip("/")) for u in urls]
+        self.timeout = aiohttp.ClientTimeout(total=timeout, sock_connect=connect_timeout)
+        self.max_retries = max_retries
+        self.backoff_s, self.max_backoff_s = backoff_s, max_backoff_s
+        self.export_dir = export_dir
+        self.export_dtype = export_dtype
+        self.tokenizer = tokenizer
+        self.send_session_id = send_session_id
+        self.max_sessions = max_sessions
+        self.down_time_s = down_time_s
+        self.weight_version: str | None = None
+        self._sticky: collections.OrderedDict[str, int] = collections.OrderedDict()
+        self._session: aiohttp.ClientSession | None = None
+        self._launched = list(launched or [])
+        self._rr = 0
+
+    @classmethod
+    def from_config(cls, urls: str | list[str] | None = None, launch: dict[str, Any] | None = None,
+                    **kwargs: Any) -> "SGLangBackend":
+        """Registry factory. ``launch={"model_path": ..., "port": ..., ...}`` starts an SGLang
+        server first (``launch_sglang_server``)."""
+        launched = []
+        if launch:
+            proc, url = launch_sglang_server(**launch)
+            launched.append(proc)
+            urls = list(urls or []) + [url] if not isinstance(urls, str) else [urls, url]
+        if not urls:
+            raise ValueError("sglang backend needs 'urls' (or 'launch')")
+        return cls(urls, launched=launched, **kwargs)
+
+    # ------------------------------------------------------------------------- plumbing
+    def _http(self) -> aiohttp.ClientSession:
+        if self._session is None or self._session.closed:
+            self._session = aiohttp.ClientSession(timeout=self.timeout)
+        return self._session
+
+    def _pick(self, session_id: str | None, exclude: set[int]) -> int:
+        now = time.monotonic()
+        if session_id is not None and session_id in self._sticky:
+            i = self._sticky[session_id]
+            s = self.servers[i]
+            if i not in exclude and (s.healthy or now >= s.down_until):
+                self._sticky.move_to_end(session_id)
+                return i
+        candidates = [i for i, s in enumerate(self.servers)
+                      if i not in exclude and (s.healthy or now >= s.down_until)]
+        if not candidates:
+            candidates = [i for i in range(len(self.servers)) if i not in exclude] or \
+                list(range(len(self.servers)))
+        least = min(self.servers[i].inflight for i in candidates)
+        ties = [i for i in candidates if self.servers[i].inflight == least]
+        self._rr += 1
+        choice = ties[self._rr % len(ties)]
+        if session_id is not None:
+            self._sticky[session_id] = choice
+            self._sticky.move_to_end(session_id)
+            while len(self._sticky) > self.max_sessions:
+                self._sticky.popitem(last=False)
+        return choice
+
+    def _mark_down(self, i: int) -> None:
+        s = self.servers[i]
+        s.healthy = False
+        s.failures += 1
+        s.down_until = time.monotonic() + self.down_time_s
+
+    def _mark_up(self, i: int) -> None:
+        s = self.servers[i]
+        s.healthy, s.failures = True, 0
+
+    async def _post(self, path: str, body: dict[str, Any], session_id: str | None = None,
+                    server: int | None = None) -> tuple[int, Any]:
+        """POST with retries; returns ``(server index, decoded JSON)``."""
+        delay = self.backoff_s
+        tried: set[int] = set()
+        last_error: str = "no attempt made"
+        for attempt in range(self.max_retries + 1):
+            i = server if server is not None else self._pick(
+                session_id, tried if len(tried) < len(self.servers) else set())
+            s = self.servers[i]
+            s.inflight += 1
+            retry_after = None
+            try:
+                async with self._http().post(s.url + path, json=body) as resp:
+                    if resp.status in _RETRY_STATUS:
+                        retry_after = resp.headers.get("Retry-After")
+                        last_error = f"{s.url}{path}: HTTP {resp.status} {await resp.text()}"
+                        if resp.status != 503:
+                            self._mark_down(i)
+                    elif resp.status >= 400:
+                        text = await resp.text()
+                        raise InvalidRequestError(f"{s.url}{path}: HTTP {resp.status}: "
+                                                  f"{_error_message(text)}")
+                    else:
+                        data = await resp.json(content_type=None)
+                        self._mark_up(i)
+                        s.served += 1
+                        return i, data
+            except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError,
+                    asyncio.TimeoutError) as e:
+                last_error = f"{s.url}{path}: {type(e).__name__}: {e}"
+                self._mark_down(i)
+                tried.add(i)
+                if session_id is not None:
+                    self._sticky.pop(session_id, None)
+            finally:
+                s.inflight -= 1
+            if attempt == self.max_retries:
+                break
+            wait = delay
+            if retry_after is not None:
+                try:
+                    wait = max(wait, float(retry_after))
+                except ValueError:
+                    pass
+            log.warning("retrying %s after %.1fs (%s)", path, wait, last_error)
+            await asyncio.sleep(min(wait, self.max_backoff_s) * (0.8 + 0.4 * random.random()))
+            delay = min(delay * 2, self.max_backoff_s)
+        if "HTTP 503" in last_error:
+            raise OverloadedError(f"every attempt was refused: {last_error}")
+        raise BackendUnavailableError(f"request failed after {self.max_retries + 1} attempts: "
+                                      f"{last_error}")
+
+    async def _get(self, i: int, path: str) -> tuple[int, str]:
+        async with self._http().get(self.servers[i].url + path) as resp:
+            return resp.status, await resp.text()
+
+    # --------------------------------------------------------------------------- API
+    def _payload(self, input_ids: list[int], sampling: SamplingParams, rid: str,
+                 session_id: str | None) -> dict[str, Any]:
+        body: dict[str, Any] = {"input_ids": list(map(int, input_ids)),
+                                "sampling_params": sampling.to_sglang(),
+                                "return_logprob": True, "rid": rid}
+        if session_id is not None and self.send_session_id:
+            body["session_id"] = session_id
+        return body
+
+    async def generate(self, input_ids: list[int], sampling: SamplingParams | None = None,
+                       session_id: str | None = None, rid: str | None = None) -> GenerateResult:
+        sampling = sampling or SamplingParams()
+        if sampling.n != 1:
+            raise InvalidRequestError("generate() takes n == 1; use generate_n() for n > 1")
+        return (await self.generate_n(input_ids, sampling, session_id, rid))[0]
+
+    async def generate_n(self, input_ids: list[int], sampling: SamplingParams | None = None,
+                         session_id: str | None = None, rid: str | None = None
+                         ) -> list[GenerateResult]:
+        sampling = sampling or SamplingParams()
+        sampling.validate()
+        if not input_ids:
+            raise InvalidRequestError("input_ids must be a non-empty list of integers")
+        rid = rid or uuid.uuid4().hex
+        t0 = time.perf_counter()
+        _, data = await self._post("/generate", self._payload(input_ids, sampling, rid,
+                                                              session_id), session_id)
+        items = data if isinstance(data, list) else [data]
+        if len(items) != sampling.n:
+            raise RolloutError(f"server returned {len(items)} samples, expected {sampling.n}")
+        return [self._parse(item, rid, time.perf_counter() - t0) for item in items]
+
+    @staticmethod
+    def _parse(item: dict[str, Any], rid: str, latency: float) -> GenerateResult:
+        meta = item.get("meta_info", {})
+        finish = meta.get("finish_reason") or {}
+        ftype = finish.get("type", "abort") if isinstance(finish, dict) else str(finish)
+        output_ids = item.get("output_ids")
+        lps = meta.get("output_token_logprobs") or []
+        if output_ids is None:  # older servers: the ids only inside the logprob triples
+            output_ids = [int(t[1]) for t in lps]
+        logprobs = [float(t[0]) if t[0] is not None else float("nan") for t in lps]
+        if len(logprobs) != len(output_ids):
+            raise RolloutError(f"server returned {len(output_ids)} output ids but "
+                               f"{len(logprobs)} logprobs")
+        raw = meta.get("output_token_logprobs_raw")
+        return GenerateResult(
+            output_ids=list(map(int, output_ids)), output_logprobs=logprobs,
+            finish_reason=ftype if ftype in ("stop", "length", "abort") else "abort",
+            matched_stop=finish.get("matched") if isinstance(finish, dict) else None,
+            prompt_tokens=int(meta.get("prompt_tokens", 0)),
+            cached_tokens=int(meta.get("cached_tokens", 0)),
+            output_logprobs_raw=list(raw) if raw is not None else None, text=item.get("text"),
+            rid=meta.get("id", rid), weight_version=meta.get("weight_version"),
+            latency_s=latency)
+
+    async def abort(self, rid: str) -> None:
+        await asyncio.gather(*[self._post_one(i, "/abort_request", {"rid": rid})
+                               for i in range(len(self.servers))], return_exceptions=True)
+
+    async def _post_one(self, i: int, path: str, body: dict[str, Any]) -> Any:
+        async with self._http().post(self.servers[i].url + path, json=body) as resp:
+            text = await resp.text()
+            if resp.status >= 400:
+                raise RolloutError(f"{self.servers[i].url}{path}: HTTP {resp.status}: "
+                                   f"{_error_message(text)}")
+            try:
+                import json
+                return json.loads(text)
+            except ValueError:
+                return text
+
+    async def flush_cache(self) -> None:
+        await asyncio.gather(*[self._post_one(i, "/flush_cache", {})
+                               for i in range(len(self.servers))])
+        self._sticky.clear()
+
+    async def update_weights(self, params: Any = None, *, path: str | None = None,
+                             version: str | None = None, tokenizer: Any = None,
+                             flush_cache: bool = True, abort_all: bool = False) -> str:
+        """Push new weights to every server: ``params`` (a CausalLM) is exported to a HF
+        safetensors directory first; ``path`` is used as is. Returns the directory loaded."""
+        if (params is None) == (path is None):
+            raise ValueError("pass exactly one of params or path")
+        if params is not None:
+            path = await asyncio.to_thread(self._export, params, tokenizer or self.tokenizer)
+        body: dict[str, Any] = {"model_path": path, "load_format": "auto",
+                                "flush_cache": flush_cache, "abort_all_requests": abort_all}
+        if version is not None:
+            body["weight_version"] = str(version)
+        results = await asyncio.gather(*[self._post_one(i, "/update_weights_from_disk", body)
+                                         for i in range(len(self.servers))],
+                                       return_exceptions=True)
+        failed = [f"{s.url}: {r}" for s, r in zip(self.servers, results)
+                  if isinstance(r, BaseException) or not (isinstance(r, dict) and r.get("success"))]
+        if failed:
+            raise RolloutError("update_weights_from_disk failed on " + "; ".join(failed))
+        if flush_cache:
+            await self.flush_cache()
+        self.weight_version = version
+        return path
+
+    def _export(self, params: Any, tokenizer: Any) -> str:
+        from flax import nnx
+
+        from agentrl_jax.models.pretrained import Pretrained
+        from agentrl_jax.models.safetensors_io import save_hf_directory
+
+        if isinstance(params, Pretrained):
+            tokenizer = tokenizer or params.tokenizer
+            params = params.model
+        if not isinstance(params, nnx.Module):
+            raise TypeError("SGLangBackend.update_weights(params) needs a CausalLM "
+                            "(export goes through save_hf_directory)")
+        if self.export_dir is None:
+            self.export_dir = tempfile.mkdtemp(prefix="agentrl-weights-")
+        directory = os.path.join(self.export_dir, "current")
+        dtype = self.export_dtype or params.cfg.param_dtype
+        save_hf_directory(params, directory, tokenizer=tokenizer, dtype=dtype)
+        return directory
+
+    async def health(self) -> bool:
+        """True if at least one server answers ``/health`` with 200 (updates the marks)."""
+        async def check(i: int) -> bool:
+            try:
+                status, _ = await self._get(i, "/health")
+            except (aiohttp.ClientError, asyncio.TimeoutError):
+                status = 0
+            (self._mark_up if status == 200 else self._mark_down)(i)
+            return status == 200
+
+        return any(await asyncio.gather(*[check(i) for i in range(len(self.servers))]))
+
+    async def wait_healthy(self, timeout: float = 600.0, interval: float = 1.0) -> None:
+        deadline = time.monotonic() + timeout
+        while not await self.health():
+            if time.monotonic() > deadline:
+                raise BackendUnavailableError(f"no server became healthy within {timeout}s: "
+                                              f"{[s.url for s in self.servers]}")
+            await asyncio.sleep(interval)
+
+    def load(self) -> list[dict[str, Any]]:
+        return [dataclasses.asdict(s) for s in self.servers]
+
+    async def aclose(self) -> None:
+        if self._session is not None and not self._session.closed:
+            await self._session.close()
+        for proc in self._launched:
+            if proc.poll() is None:
+                proc.terminate()
+                try:
+                    await asyncio.to_thread(proc.wait, 30)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+        self._launched = []
+
+
+def _error_message(text: str) -> str:
+    try:
+        import json
+        data = json.loads(text)
+        if isinstance(data, dict):
+            err = data.get("error")
+            if isinstance(err, dict) and "message" in err:
+                return str(err["message"])
+            if "message" in data:
+                return str(data["message"])
+    except ValueError:
+        pass
+    return text[:500]
+
+
+def sglang_available() -> bool:
+    return importlib.util.find_spec("sglang") is not None
+
+
+def launch_sglang_server(model_path: str, port: int = 30000, host: str = "127.0.0.1",
+                         extra_args: list[str] | None = None, log_file: str | None = None,
+                         python: str | None = None, wait: bool = True,
+                         timeout: float = 900.0) -> tuple[subprocess.Popen, str]:
+    """Start ``python -m sglang.launch_server --model-path ... --port ...`` and (by default)
+    wait until its ``/health`` answers. Returns ``(process, base_url)``. Raises RuntimeError
+    with install instructions when SGLang is not importable."""
+    if python is None and not sglang_available():
+        raise RuntimeError(
+            "SGLang is not installed in this environment (`import sglang` fails). Install it on "
+            "a CUDA machine (e.g. `pip install \"sglang[all]>=0.5\"`) or point the backend at "
+            "running servers with urls=[...]. Our own server speaks the same API: "
+            "`python -m agentrl_jax.rollout.server --model <path> --port 30000`.")
+    cmd = [python or sys.executable, "-m", "sglang.launch_server", "--model-path", model_path,
+           "--host", host, "--port", str(port), *(extra_args or [])]
+    out = open(log_file, "ab") if log_file else subprocess.DEVNULL
+    proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
+    url = f"http://{host}:{port}"
+    if wait:
+        import urllib.error
+        import urllib.request
+
+        deadline = time.monotonic() + timeout
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"SGLang server exited with code {proc.returncode} "
+                                   f"(command: {' '.join(cmd)}; log: {log_file or 'discarded'})")
+            try:
+                with urllib.request.urlopen(url + "/health", timeout=5) as resp:
+                    if resp.status == 200:
+                        break
+            except (urllib.error.URLError, OSError):
+                pass
+            if time.monotonic() > deadline:
+                proc.terminate()
+                raise RuntimeError(f"SGLang server at {url} not healthy after {timeout}s")
+            time.sleep(2)
+    return proc, url
+
+
+__all__ = ["SGLangBackend", "launch_sglang_server", "sglang_available"]
