@@ -7,7 +7,7 @@ corpus, one candidate per article:
 2. Keep it only if it has the definitional form ``<Title> [(...)] is|was|are|were <predicate>.``
    where ``<Title>`` is the article title without a trailing disambiguation in parentheses.
 3. Keep predicates of 8-40 words (shorter ones, like "a constellation in the southern sky",
-   are often true of several articles) that do not contain the title themselves.
+   are often true of several articles) that do not contain the answer (normalised, whole tokens).
 4. Question: ``"Who|What <verb> <predicate>?"`` (``Who`` for articles of the topic "People"),
    e.g. "What is a 1968 epic science fiction film produced and directed by Stanley Kubrick, ...?"
    Golden answers: the title (and the title without its disambiguation).
@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Iterable, Sequence
 
 from environments.deepsearch.corpus import CorpusError, Passage
+from environments.deepsearch.scoring import contains_answer
 
 MIN_PREDICATE_WORDS = 8
 MAX_PREDICATE_WORDS = 40
@@ -39,6 +40,7 @@ TEST_MODULUS = 10
 
 _SENTENCE_END = re.compile(r"\.\s+(?=[A-Z\"'(])")
 _PAREN = r"\((?:[^()]|\([^()]*\))*\)"
+_AFTER_TITLE = re.compile(rf"^(?:\s*{_PAREN})?\s*,?\s+(is|was|are|were)\s+(.+?)\.?$", re.S)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -77,18 +79,17 @@ def question_from_passage(passage: Passage) -> tuple[str, tuple[str, ...]] | Non
     if not passage.text.startswith(name):
         return None
     sentence = first_sentence(passage.text)
-    pattern = rf"^{re.escape(name)}(?:\s*{_PAREN})?\s*,?\s+(is|was|are|were)\s+(.+?)\.?$"
-    match = re.match(pattern, sentence, flags=re.S)
+    match = _AFTER_TITLE.match(sentence[len(name) :])
     if match is None:
         return None
     verb, predicate = match[1], " ".join(match[2].split())
     words = predicate.split()
     if not MIN_PREDICATE_WORDS <= len(words) <= MAX_PREDICATE_WORDS:
         return None
-    if name.lower() in predicate.lower():
+    answers = tuple(dict.fromkeys([passage.title, name]))
+    if contains_answer(predicate, answers):
         return None
     wh = "Who" if passage.topic == "People" else "What"
-    answers = tuple(dict.fromkeys([passage.title, name]))
     return f"{wh} {verb} {predicate}?", answers
 
 

@@ -3,8 +3,11 @@
 This is a small replacement for ``miniwob.selenium_instance`` that (a) reuses one browser across
 tasks and episodes, (b) passes the flags a root, offline, GPU-less box needs, (c) switches the
 10-second episode timer off (an LLM agent thinks for longer than that) and (d) kills every
-process it started on ``close()``: chromedriver runs in its own session (process group), and
-whatever survives ``driver.quit()`` is SIGKILLed.
+process it started on ``close()``: the pids of chromedriver and all its descendants are recorded,
+and whatever survives ``driver.quit()`` is SIGTERMed, then SIGKILLed. Browsers still open at
+interpreter exit are closed by an ``atexit`` hook. chromedriver stays in the caller's process group,
+so ``launcher.ServerProcess.stop()`` (which signals the server's whole group) reaches the browsers
+even if the server dies without cleaning up.
 
 It talks to the task page through MiniWoB's own JavaScript API (``core.*``), exactly as
 ``miniwob.selenium_instance`` does.
@@ -12,12 +15,14 @@ It talks to the task page through MiniWoB's own JavaScript API (``core.*``), exa
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import logging
 import os
 import shutil
 import signal
 import time
+import weakref
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +46,8 @@ CHROME_FLAGS = (
 EPISODE_MAX_TIME_MS = 1_000_000_000  # ~11.6 days: effectively no time limit (setTimeout caps at 2^31-1)
 READY_POLL_S = 0.02
 READY_TIMEOUT_S = 5.0
+
+_LIVE: "weakref.WeakSet[MiniWoBBrowser]" = weakref.WeakSet()
 
 
 class BrowserUnavailableError(RuntimeError):
@@ -93,6 +100,17 @@ def descendants(pid: int) -> list[int]:
     return out
 
 
+def start_time(pid: int) -> int | None:
+    """The process's start time in clock ticks since boot (None if it is gone): with the pid, it
+    identifies a process even after the pid is reused."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            stat = fh.read().decode(errors="replace")
+    except OSError:
+        return None
+    return int(stat[stat.rfind(")") + 2 :].split()[19])
+
+
 def pid_alive(pid: int) -> bool:
     """True while ``pid`` exists and is not a zombie."""
     try:
@@ -110,7 +128,7 @@ class MiniWoBBrowser:
         self.html_dir = html_dir or miniwob_html_dir()
         self._driver: Any = None
         self._driver_pid: int | None = None
-        self._known_pids: set[int] = set()
+        self._known: dict[int, int | None] = {}  # pid -> start time
         self.task: str | None = None
         self.episodes = 0
 
@@ -130,19 +148,24 @@ class MiniWoBBrowser:
         for flag in CHROME_FLAGS:
             options.add_argument(flag)
         options.binary_location = binary
-        # its own session: close() can reach every Chromium process through the process group
-        service = Service(executable_path=driver_path, popen_kw={"start_new_session": True}, log_output=os.devnull)
+        service = Service(executable_path=driver_path, log_output=os.devnull)
         self._driver = webdriver.Chrome(service=service, options=options)
         self._driver_pid = service.process.pid
-        self._known_pids = {self._driver_pid, *descendants(self._driver_pid)}
+        self._remember([self._driver_pid, *descendants(self._driver_pid)])
         self._driver.set_script_timeout(30)
+        _LIVE.add(self)
+
+    def _remember(self, pids: list[int]) -> None:
+        for pid in pids:
+            if pid not in self._known:
+                self._known[pid] = start_time(pid)
 
     @property
     def pids(self) -> set[int]:
-        """chromedriver and every Chromium process seen so far (for leak checks)."""
+        """chromedriver and the Chromium processes started by it that are still running."""
         if self._driver_pid is not None and pid_alive(self._driver_pid):
-            self._known_pids |= set(descendants(self._driver_pid))
-        return set(self._known_pids)
+            self._remember(descendants(self._driver_pid))
+        return {pid for pid, started in self._known.items() if pid_alive(pid) and start_time(pid) == started}
 
     def close(self) -> None:
         """Quit the browser and make sure chromedriver and all Chromium processes are gone. Idempotent."""
@@ -150,27 +173,28 @@ class MiniWoBBrowser:
         if driver is None:
             return
         pids = self.pids
-        pgid = self._driver_pid
         with contextlib.suppress(Exception):
             driver.quit()
         for sig in (signal.SIGTERM, signal.SIGKILL):
-            if pgid is not None:
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.killpg(pgid, sig)
-            for pid in pids:
-                if pid_alive(pid):
+            for pid in pids:  # only processes that are still the ones we started (pid + start time)
+                if pid_alive(pid) and start_time(pid) == self._known.get(pid):
                     with contextlib.suppress(ProcessLookupError, PermissionError):
                         os.kill(pid, sig)
             deadline = time.monotonic() + 2.0
-            while any(pid_alive(p) for p in pids) and time.monotonic() < deadline:
+            while self._survivors(pids) and time.monotonic() < deadline:
                 time.sleep(0.02)
-            if not any(pid_alive(p) for p in pids):
+            if not self._survivors(pids):
                 break
         # reap chromedriver if it is our child (avoids a zombie)
         with contextlib.suppress(Exception):
             driver.service.process.wait(timeout=1)
         self._driver_pid = None
+        self._known.clear()
         self.task = None
+        _LIVE.discard(self)
+
+    def _survivors(self, pids: set[int]) -> list[int]:
+        return [p for p in pids if pid_alive(p) and start_time(p) == self._known.get(p)]
 
     @property
     def running(self) -> bool:
@@ -283,3 +307,11 @@ class MiniWoBBrowser:
             if time.monotonic() > deadline:
                 raise RuntimeError(f"MiniWoB page not ready after {READY_TIMEOUT_S} s ({self.task})")
             time.sleep(READY_POLL_S)
+
+
+@atexit.register
+def _close_all() -> None:
+    """Close the browsers that are still open when the interpreter exits."""
+    for browser in list(_LIVE):
+        with contextlib.suppress(Exception):
+            browser.close()

@@ -45,7 +45,7 @@ TEST_SEED_BASE = 1_000_000
 DEFAULT_TRAIN_SEEDS = 1000
 DEFAULT_TEST_SEEDS = 50
 
-_TASK_ID = re.compile(r"^\s*(?P<task>[a-z0-9-]+)\s*(?:/\s*seed\s*=\s*(?P<seed>\d+)\s*)?$")
+_TASK_ID = re.compile(r"^\s*(?P<task>(?:miniwob/)?[a-z0-9-]+)\s*(?:/\s*seed\s*=\s*(?P<seed>\d+)\s*)?$")
 
 
 def parse_task_id(task_id: str, seed: int | None = None, tasks: Sequence[str] = SUPPORTED_TASKS) -> tuple[str, int]:

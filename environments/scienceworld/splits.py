@@ -35,18 +35,16 @@ def from_ranges(ranges: list[list[int]]) -> list[int]:
     return [v for start, stop in ranges for v in range(start, stop)]
 
 
-def query_simulator(sim: Any) -> dict[str, dict[str, Any]]:
-    """Ask a live ``scienceworld.ScienceWorldEnv`` for every task's variation splits.
-
-    Tasks are listed in the package's own order (``tasks.json``: 1-1 boil, 1-2 melt, ...).
-    """
+def query_simulator(sim: Any, tasks: list[str] | None = None) -> dict[str, dict[str, Any]]:
+    """Ask a live ``scienceworld.ScienceWorldEnv`` for the variation splits of ``tasks`` (default:
+    all, in the package's own order from ``tasks.json``: 1-1 boil, 1-2 melt, ...)."""
     from scienceworld.constants import ID2TASK
 
     known = set(sim.get_task_names())
+    numbers = {name: number for number, name in ID2TASK.items()}
     out: dict[str, dict[str, Any]] = {}
-    for task_number, name in ID2TASK.items():
-        if name not in known:
-            continue
+    for name in tasks or [n for n in ID2TASK.values() if n in known]:
+        task_number = numbers[name]
         sim.load(name, 0, "")
         out[name] = {
             "number": task_number,

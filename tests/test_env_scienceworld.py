@@ -1,0 +1,337 @@
+"""ScienceWorld family: splits, pool, episode semantics, gold paths through HTTP, JVM cleanup.
+
+References are independent of the code under test: a separate simulator started here gives the
+official splits, the gold action paths (``generateGoldPath``) and the valid-action lists.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import threading
+import time
+
+import pytest
+
+scienceworld = pytest.importorskip("scienceworld", reason="the scienceworld package is not installed")
+if shutil.which("java") is None:
+    pytest.skip("ScienceWorld needs Java (apt-get install openjdk-17-jre-headless)", allow_module_level=True)
+
+from environments.core.base import InvalidTaskError  # noqa: E402
+from environments.scienceworld.catalog import ScienceWorldCatalog, parse_task_id  # noqa: E402
+from environments.scienceworld.env import ScienceWorldEnvironment  # noqa: E402
+from environments.scienceworld.pool import (  # noqa: E402
+    PoolClosedError,
+    PoolTimeoutError,
+    SimulatorPool,
+    java_pid,
+    start_simulator,
+    stop_simulator,
+)
+from environments.scienceworld.splits import from_ranges, load_splits, query_simulator, to_ranges  # noqa: E402
+
+# Tasks with short gold paths whose gold-path generation is fast (< 0.3 s).
+GOLD_TASKS = ("lifespan-longest-lived", "find-non-living-thing", "chemistry-mix-paint-secondary-color")
+
+
+def scienceworld_jvms() -> set[int]:
+    """Pids of live (non-zombie) JVMs running scienceworld.jar."""
+    pids = set()
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as fh:
+                cmdline = fh.read().decode(errors="replace")
+            with open(f"/proc/{entry}/stat", "rb") as fh:
+                stat = fh.read().decode(errors="replace")
+        except OSError:
+            continue
+        if "scienceworld.jar" in cmdline and stat[stat.rfind(")") + 2] != "Z":
+            pids.add(int(entry))
+    return pids
+
+
+def wait_until(predicate, timeout: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.05)
+    return predicate()
+
+
+@pytest.fixture(scope="module")
+def reference():
+    """A simulator owned by the test (not by the code under test)."""
+    sim = start_simulator()
+    yield sim
+    stop_simulator(sim)
+
+
+def gold_path(sim, task: str, variation: int) -> list[str]:
+    sim.load(task, variation, "", generateGoldPath=True)
+    return list(sim.get_gold_action_sequence())
+
+
+# ----------------------------------------------------------------------------- catalog and splits
+
+
+def check_splits(sim, tasks: list[str] | None) -> None:
+    live = query_simulator(sim, tasks)
+    stored = load_splits()
+    assert list(live) == (tasks or list(stored))
+    for name, entry in live.items():
+        for split in ("train", "dev", "test"):
+            assert from_ranges(entry[split]) == stored[name][split], (name, split)
+        assert entry["max_variations"] == stored[name]["max_variations"]
+
+
+def test_stored_splits_match_the_simulator_api_on_a_sample(reference):
+    assert sorted(load_splits()) == sorted(reference.get_task_names())
+    check_splits(reference, ["boil", "find-animal", "inclined-plane-friction-named-surfaces", "use-thermometer"])
+
+
+@pytest.mark.slow
+def test_stored_splits_match_the_simulator_api_for_all_tasks(reference):
+    check_splits(reference, None)
+
+
+def test_catalog_splits_are_disjoint_and_cover_all_variations():
+    catalog = ScienceWorldCatalog()
+    ids = {split: catalog.task_ids(split) for split in catalog.splits}
+    assert catalog.splits == ("train", "dev", "test")
+    assert sum(len(v) for v in ids.values()) == 7207
+    assert len(set().union(*map(set, ids.values()))) == 7207
+    assert ids["test"][0] == "boil/var=21"
+    assert catalog.resolve("test", 0) == "boil/var=21"
+    with pytest.raises(InvalidTaskError):
+        catalog.task_ids("validation")
+    with pytest.raises(InvalidTaskError):
+        catalog.resolve("test", len(ids["test"]))
+
+
+def test_task_id_parsing_accepts_package_aliases_and_rejects_unknowns():
+    assert parse_task_id("boil/var=3") == ("boil", 3)
+    assert parse_task_id("task-1-boil/var=3") == ("boil", 3)
+    assert parse_task_id("1-1/var=3") == ("boil", 3)
+    for bad in ("boil", "boil/var=30", "no-such-task/var=0", "boil/var=-1", ""):
+        with pytest.raises(InvalidTaskError):
+            parse_task_id(bad)
+
+
+def test_ranges_roundtrip():
+    values = [0, 1, 2, 5, 7, 8]
+    assert to_ranges(values) == [[0, 3], [5, 6], [7, 9]]
+    assert from_ranges(to_ranges(values)) == values
+
+
+# ------------------------------------------------------------------------------------ the pool
+
+
+class FakeSim:
+    def __init__(self) -> None:
+        self.stopped = False
+
+
+def test_pool_is_bounded_blocks_and_reuses():
+    started: list[FakeSim] = []
+
+    def factory() -> FakeSim:
+        started.append(FakeSim())
+        return started[-1]
+
+    pool = SimulatorPool(size=2, factory=factory, stopper=lambda s: setattr(s, "stopped", True))
+    a, b = pool.acquire(), pool.acquire()
+    assert a is not b and len(started) == 2
+    with pytest.raises(PoolTimeoutError):
+        pool.acquire(timeout=0.1)
+
+    got: list[FakeSim] = []
+    waiter = threading.Thread(target=lambda: got.append(pool.acquire(timeout=5)))
+    waiter.start()
+    time.sleep(0.2)
+    assert not got and pool.stats()["waiting"] == 1
+    pool.release(a)
+    waiter.join(5)
+    assert got == [a] and len(started) == 2  # reused, not a third simulator
+
+    pool.release(b, broken=True)  # discarded and stopped
+    assert b.stopped and pool.stats()["discarded"] == 1
+    c = pool.acquire()
+    assert c is not b and len(started) == 3
+    with pytest.raises(ValueError):
+        pool.release(FakeSim())
+    pool.release(c)
+    pool.shutdown()
+    assert c.stopped and not a.stopped  # a is still lent: stopped when given back
+    pool.release(a)
+    assert a.stopped
+    with pytest.raises(PoolClosedError):
+        pool.acquire()
+
+
+# ------------------------------------------------------------------------ in-process episodes
+
+
+class TestInProcess:
+    """One real JVM in a private pool, shared by the tests of this class."""
+
+    @pytest.fixture(scope="class")
+    def pool(self):
+        pool = SimulatorPool(size=1)
+        yield pool
+        pool.shutdown()
+
+    @pytest.fixture
+    def env(self, pool):
+        env = ScienceWorldEnvironment(pool_getter=lambda: pool)
+        yield env
+        env.close()
+
+    def test_reset_observation_and_info(self, env, reference):
+        result = env.reset("find-non-living-thing/var=225")
+        reference.load("find-non-living-thing", 225, "")
+        reference.reset()
+        assert result.observation.startswith(reference.taskdescription().strip())
+        assert "This room is called" in result.observation
+        info = result.info
+        assert info["task_id"] == "find-non-living-thing/var=225" and info["split"] == "test"
+        assert info["max_steps"] == 100 and "focus on OBJ" in info["instructions"]
+        assert "available_actions" not in info  # not computed unless asked
+        assert set(info["action_templates"]) == set(reference.get_possible_actions())
+
+    def test_gold_path_reaches_full_score_and_rewards_sum_to_one(self, env, reference):
+        actions = gold_path(reference, "lifespan-longest-lived", 93)
+        env.reset("lifespan-longest-lived/var=93")
+        total = 0.0
+        for action in actions:
+            result = env.step(action)
+            total += result.reward
+            if result.done:
+                break
+        assert result.done and result.info["success"] and result.info["score"] == 100
+        assert total == pytest.approx(1.0)
+        assert env.simulator is None  # returned to the pool when the episode ended
+
+    def test_valid_actions_only_on_request_and_equal_to_the_simulator(self, env, reference):
+        env.reset("lifespan-longest-lived/var=93")
+        plain = env.step("open door to outside")
+        assert "available_actions" not in plain.info
+        listed = env.step("check valid actions")
+        reference.load("lifespan-longest-lived", 93, "")
+        reference.reset()
+        reference.step("open door to outside")
+        expected = set(reference.get_valid_action_object_combinations())
+        assert set(listed.info["available_actions"]) == expected
+        assert listed.observation.startswith("Valid actions: ") and listed.reward == 0.0
+        assert not listed.info["invalid_action"] and listed.info["steps"] == 2
+
+    def test_invalid_action_is_a_normal_step_and_mistakes_fail(self, env):
+        env.reset("lifespan-longest-lived/var=93")
+        result = env.step("dance wildly")
+        assert result.info["invalid_action"] and not result.done and result.reward == 0.0
+        assert "No known action" in result.observation
+        env.step("open door to outside")
+        env.step("go to outside")
+        result = env.step("focus on baby mouse")  # not the longest-lived animal
+        assert result.done and not result.info["success"] and result.info["score"] < 0
+
+    def test_step_limit_truncates(self, pool):
+        env = ScienceWorldEnvironment(max_steps=2, pool_getter=lambda: pool)
+        try:
+            env.reset("find-non-living-thing/var=225")
+            assert not env.step("look around").truncated
+            last = env.step("look around")
+            assert last.truncated and not last.done
+        finally:
+            env.close()
+
+    def test_unknown_task_raises_before_borrowing(self, env, pool):
+        with pytest.raises(InvalidTaskError):
+            env.reset("boil/var=9999")
+        assert pool.stats()["lent"] == 0
+
+    def test_instances_share_one_jvm_and_queue_for_it(self, pool):
+        first = ScienceWorldEnvironment(pool_getter=lambda: pool)
+        second = ScienceWorldEnvironment(pool_getter=lambda: pool)
+        first.reset("find-non-living-thing/var=225")
+        pid = java_pid(first.simulator)
+        done = threading.Event()
+        worker = threading.Thread(target=lambda: (second.reset("lifespan-longest-lived/var=93"), done.set()))
+        worker.start()
+        assert not done.wait(1.0)  # blocked: the pool has one JVM and it is lent
+        first.close()
+        first.close()  # idempotent
+        assert done.wait(30)
+        worker.join()
+        assert java_pid(second.simulator) == pid and pool.started == 1
+        second.close()
+
+
+# ------------------------------------------------------------------------------ through HTTP
+
+
+class TestHTTP:
+    @pytest.fixture(scope="class")
+    def server(self, reference):  # after the reference JVM exists, so it is in `before`
+        from environments.launcher import start_env_server
+
+        before = scienceworld_jvms()
+        server = start_env_server("scienceworld", extra_args=["--pool-size", "1"])
+        yield server, before
+        server.stop()
+
+    async def test_gold_paths_of_test_variations_reach_score_100(self, server, reference):
+        from environments.core.client import EnvClient
+
+        srv, _ = server
+        catalog = ScienceWorldCatalog(GOLD_TASKS)
+        test_ids = catalog.task_ids("test")
+        # one test variation per task, fixed in advance (the 8th of each task's test split)
+        chosen = [[t for t in test_ids if t.startswith(task + "/")][7] for task in GOLD_TASKS]
+        async with EnvClient(srv.url, timeout=120) as client:
+            assert len(await client.tasks("test")) == 1819
+            successes = 0
+            for task_id in chosen:
+                name, variation = parse_task_id(task_id)
+                actions = gold_path(reference, name, variation)
+                env_id, _, info = await client.create(task_id=task_id)
+                assert info["task_id"] == task_id
+                for action in actions:
+                    result = await client.step(env_id, action)
+                    if result.done:
+                        break
+                successes += int(result.done and result.info["success"] and result.info["score"] == 100)
+                await client.close(env_id)
+            assert successes == len(chosen)
+
+    async def test_bad_inputs_and_queueing_for_the_single_jvm(self, server):
+        from environments.core.client import EnvClient, EnvServerError
+
+        srv, before = server
+        async with EnvClient(srv.url, timeout=120) as client:
+            with pytest.raises(EnvServerError) as error:
+                await client.create(task_id="no-such-task/var=0")
+            assert error.value.status == 404
+            with pytest.raises(EnvServerError) as error:
+                await client.create(split="test", index=10**6)
+            assert error.value.status == 404
+            first, _, _ = await client.create(task_id="find-non-living-thing/var=225")
+            step = await client.step(first, "xyzzy")
+            assert step.info["invalid_action"] and not step.done
+            queued = asyncio.create_task(client.create(task_id="lifespan-longest-lived/var=93"))
+            await asyncio.sleep(1.0)
+            assert not queued.done()  # waits for the only JVM instead of starting another
+            assert len(scienceworld_jvms() - before) == 1
+            await client.close(first)
+            second, _, _ = await asyncio.wait_for(queued, 60)
+            assert len(scienceworld_jvms() - before) == 1
+            await client.close(second)
+
+    def test_no_jvm_survives_the_server(self, server):
+        srv, before = server
+        assert scienceworld_jvms() - before  # the server's JVM is alive while it runs
+        srv.stop()
+        assert wait_until(lambda: not (scienceworld_jvms() - before)), scienceworld_jvms() - before
