@@ -61,7 +61,7 @@ def reference_greedy(model: CausalLM, prompt: list[int], max_new: int,
 
 def byte_tokenizer(vocab_size: int = 512):
     """A byte-level BPE tokenizer (256 byte tokens, no merges) with ChatML specials and filler
-    special tokens up to ``vocab_size`` -- a real PreTrainedTokenizerFast with a chat template."""
+    (non-special) tokens ``<extra_i>`` up to ``vocab_size`` -- a real PreTrainedTokenizerFast with a chat template."""
     from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
     from transformers.convert_slow_tokenizer import bytes_to_unicode
@@ -75,11 +75,54 @@ def byte_tokenizer(vocab_size: int = 512):
     tok = Tokenizer(models.BPE(vocab=vocab, merges=[], fuse_unk=False))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
     tok.decoder = decoders.ByteLevel()
-    tok.add_special_tokens([AddedToken(s, special=True, normalized=False)
-                            for s in specials + fillers])
+    tok.add_special_tokens([AddedToken(s, special=True, normalized=False) for s in specials])
+    tok.add_tokens([AddedToken(s, special=False, normalized=False) for s in fillers])
     template = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}"
                 "<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n"
                 "{% endif %}")
     return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<|im_start|>",
                                    eos_token="<|im_end|>", pad_token="<|endoftext|>",
                                    chat_template=template)
+
+
+ENGINE_KW = dict(max_batch=8, max_length=REF_LEN, prefill_chunks=(16, 64), prefill_tokens=128,
+                 decode_steps=4)
+
+
+def make_engine(model: CausalLM | None = None, tokenizer=None, **overrides):
+    """An engine over the tiny model. Engines with the same shapes share compiled functions."""
+    from agentrl_jax.rollout.engine import Engine, EngineConfig
+
+    model = model if model is not None else tiny_model()
+    return Engine(model, EngineConfig(**{**ENGINE_KW, **overrides}), tokenizer=tokenizer)
+
+
+def random_prompt(rng: np.random.Generator, length: int, vocab: int = TINY.vocab_size
+                  ) -> list[int]:
+    """Token ids avoiding 0-2 (bos / eos / specials) so prompts never contain a stop id."""
+    return [int(t) for t in rng.integers(3, vocab, size=length)]
+
+
+@functools.lru_cache(maxsize=None)
+def smollm2_engine():
+    """The real SmolLM2-135M-Instruct behind a small engine, loaded once per test process."""
+    import pytest
+
+    from agentrl_jax.models.pretrained import load_pretrained
+    from agentrl_jax.rollout.engine import Engine, EngineConfig
+
+    try:
+        pretrained = load_pretrained("smollm2")
+    except FileNotFoundError as e:
+        pytest.skip(f"SmolLM2 not available: {e}")
+    return Engine(pretrained, EngineConfig(max_batch=2, max_length=256, prefill_chunks=(64,),
+                                           prefill_tokens=64, decode_steps=8))
+
+
+def start_server(engine, **kwargs):
+    """Serve ``engine`` on a free localhost port from a background thread -> ServerThread."""
+    from agentrl_jax.rollout.server import RolloutServer, ServerThread
+
+    thread = ServerThread(RolloutServer(engine, **kwargs))
+    thread.start()
+    return thread

@@ -1,0 +1,317 @@
+"""The embedded continuous-batching engine against a plain no-cache reference.
+
+Tiny random models (2 layers, d=64) with peaked output distributions; one engine per module
+(compiled once). Logprob tolerance: 1e-4 absolute in float32 (cached decode vs full forward).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import numpy as np
+import pytest
+from flax import nnx
+
+from agentrl_jax.rollout.base import (GenerateResult, InvalidRequestError, OverloadedError,
+                                      SamplingParams, create_backend)
+from rollout_helpers import (REF_LEN, TINY, byte_tokenizer, full_logprobs, make_engine,
+                             random_prompt, reference_greedy, tiny_model)
+
+ATOL = 1e-4
+GREEDY = dict(temperature=0.0)
+
+
+@pytest.fixture(scope="module")
+def model():
+    return tiny_model(seed=0)
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return byte_tokenizer(TINY.vocab_size)
+
+
+@pytest.fixture(scope="module")
+def engine(model, tokenizer):
+    eng = make_engine(model, tokenizer)
+    yield eng
+    eng.close()
+
+
+def check_logprobs(model, prompt: list[int], result: GenerateResult, temperature: float = 0.0):
+    """Returned logprobs == log_softmax of a teacher-forced full forward over the output."""
+    seq = prompt + result.output_ids
+    ref = full_logprobs(model, seq[:REF_LEN])
+    rows = ref[len(prompt) - 1:len(seq) - 1]
+    tokens = np.asarray(result.output_ids)
+    raw = rows[np.arange(len(tokens)), tokens]
+    np.testing.assert_allclose(result.output_logprobs_raw, raw, atol=ATOL)
+    if temperature > 0:
+        # log_softmax(logits / T): logits = ref + const per row, so rescale the log-probs.
+        scaled = rows / temperature
+        scaled = scaled - np.logaddexp.reduce(scaled, axis=-1, keepdims=True)
+        np.testing.assert_allclose(result.output_logprobs, scaled[np.arange(len(tokens)), tokens],
+                                   atol=ATOL)
+    else:
+        np.testing.assert_allclose(result.output_logprobs, raw, atol=ATOL)
+
+
+def test_greedy_matches_reference_alone(engine, model):
+    rng = np.random.default_rng(1)
+    for length, max_new in [(1, 12), (7, 20), (40, 30), (70, 16)]:  # chunk buckets 16 / 64
+        prompt = random_prompt(rng, length)
+        (res,) = engine.generate_sync(prompt, SamplingParams(max_new_tokens=max_new, **GREEDY))
+        assert res.output_ids == reference_greedy(model, prompt, max_new, (TINY.eos_token_id,))
+        assert res.finish_reason in ("length", "stop")
+        assert res.prompt_tokens == length and res.cached_tokens == 0
+        check_logprobs(model, prompt, res)
+
+
+def test_stops_at_eos_and_stop_token_ids(engine, model):
+    prompt = random_prompt(np.random.default_rng(2), 9)
+    ref = reference_greedy(model, prompt, 20)
+    stop = ref[5]
+    first = ref.index(stop)
+    (res,) = engine.generate_sync(prompt, SamplingParams(max_new_tokens=20, stop_token_ids=[stop],
+                                                         **GREEDY))
+    assert res.output_ids == ref[:first + 1]  # the stop token is kept in output_ids
+    assert res.finish_reason == "stop" and res.matched_stop == stop
+    # max_length bounds the generation: prompt + output never exceeds the context.
+    long_prompt = random_prompt(np.random.default_rng(3), REF_LEN - 4)
+    (res,) = engine.generate_sync(long_prompt, SamplingParams(max_new_tokens=50, ignore_eos=True,
+                                                              **GREEDY))
+    assert len(res.output_ids) == 4 and res.finish_reason == "length"
+
+
+def test_stop_strings_trim_text(engine, model, tokenizer):
+    prompt = random_prompt(np.random.default_rng(4), 6)
+    (full,) = engine.generate_sync(prompt, SamplingParams(max_new_tokens=30, ignore_eos=True,
+                                                          **GREEDY))
+    text = tokenizer.decode(full.output_ids, skip_special_tokens=True)
+    candidates = [text[i:i + 2] for i in range(4, len(text) - 2)
+                  if "\ufffd" not in text[i:i + 2] and text[i:i + 2].strip()]
+    if not candidates:
+        pytest.skip("random output has no clean two-character substring")
+    stop = candidates[0]
+    (res,) = engine.generate_sync(prompt, SamplingParams(max_new_tokens=30, ignore_eos=True,
+                                                         stop=[stop], **GREEDY))
+    assert res.finish_reason == "stop" and res.matched_stop == stop
+    assert full.output_ids[:len(res.output_ids)] == res.output_ids
+    assert stop in tokenizer.decode(res.output_ids, skip_special_tokens=True)
+    assert stop not in tokenizer.decode(res.output_ids[:-1], skip_special_tokens=True)
+    assert res.text == text[:text.index(stop)]
+
+
+def test_prefix_reuse_multiturn(engine, model):
+    rng = np.random.default_rng(5)
+    sampling = SamplingParams(max_new_tokens=10, ignore_eos=True, **GREEDY)
+    history = random_prompt(rng, 20)
+    (r1,) = engine.generate_sync(history, sampling, session_id="episode-1")
+    assert r1.cached_tokens == 0
+    for turn in range(3):
+        # next turn = previous prompt + model output + a new observation
+        history = history + r1.output_ids + random_prompt(rng, 7)
+        (r2,) = engine.generate_sync(history, sampling, session_id="episode-1")
+        assert r2.cached_tokens == len(history) - 7 - 1  # all but the obs and the unfed last token
+        assert r2.output_ids == reference_greedy(model, history, 10)
+        check_logprobs(model, history, r2)
+        r1 = r2
+    # An edited history reuses only the common prefix.
+    edited = history[:10] + [3] + history[11:]
+    (r3,) = engine.generate_sync(edited, sampling, session_id="episode-1")
+    assert r3.cached_tokens == 10
+    assert r3.output_ids == reference_greedy(model, edited, 10)
+    # Without a session (or another session) nothing is reused.
+    (r4,) = engine.generate_sync(edited, sampling, session_id="other")
+    assert r4.cached_tokens == 0 and r4.output_ids == r3.output_ids
+    assert engine.flush_cache_sync() >= 1
+    (r5,) = engine.generate_sync(edited, sampling, session_id="episode-1")
+    assert r5.cached_tokens == 0
+
+
+def test_join_and_leave_mid_generation(engine, model):
+    """Requests join while a long one decodes and leave before it finishes."""
+    rng = np.random.default_rng(6)
+    long_prompt = random_prompt(rng, 5)
+    long = engine.submit(long_prompt, SamplingParams(max_new_tokens=100, ignore_eos=True,
+                                                     **GREEDY))
+    start = engine.stats.generated_tokens
+    deadline = time.time() + 30
+    while engine.stats.generated_tokens < start + 8 and time.time() < deadline:
+        time.sleep(0.001)
+    others = []
+    for i in range(6):
+        prompt = random_prompt(rng, int(rng.integers(2, 60)))
+        max_new = int(rng.integers(1, 12))
+        others.append((prompt, max_new, engine.submit(
+            prompt, SamplingParams(max_new_tokens=max_new, ignore_eos=True, **GREEDY))))
+        time.sleep(0.003 * i)
+    for prompt, max_new, fut in others:
+        (res,) = fut.result(60)
+        assert res.output_ids == reference_greedy(model, prompt, max_new)
+    (res,) = long.result(60)
+    assert len(res.output_ids) == 100
+    assert res.output_ids == reference_greedy(model, long_prompt, 100)
+    check_logprobs(model, long_prompt, res)
+
+
+async def test_64_concurrent_requests(engine, model):
+    rng = np.random.default_rng(7)
+    jobs = []
+    for i in range(64):
+        prompt = random_prompt(rng, int(rng.integers(1, 80)))
+        max_new = int(rng.integers(1, 24))
+        jobs.append((prompt, max_new))
+    results = await asyncio.gather(*[
+        engine.generate(p, SamplingParams(max_new_tokens=m, ignore_eos=True, **GREEDY))
+        for p, m in jobs])
+    for (prompt, max_new), res in zip(jobs, results):
+        assert res.finish_reason == "length" and len(res.output_ids) == max_new
+        assert res.output_ids == reference_greedy(model, prompt, max_new), prompt
+    # Logprobs of a few of them against the teacher-forced forward.
+    for (prompt, _), res in list(zip(jobs, results))[:8]:
+        check_logprobs(model, prompt, res)
+
+
+def test_sampling_seeded_and_batch_independent(engine, model):
+    rng = np.random.default_rng(8)
+    prompt = random_prompt(rng, 12)
+    sp = SamplingParams(max_new_tokens=16, temperature=0.7, seed=1234, ignore_eos=True)
+    (alone,) = engine.generate_sync(prompt, sp)
+    # Same seed with other requests in the batch -> same tokens.
+    noise = [engine.submit(random_prompt(rng, 30), SamplingParams(max_new_tokens=20,
+                                                                  temperature=1.0))
+             for _ in range(5)]
+    (batched,) = engine.generate_sync(prompt, sp)
+    for f in noise:
+        f.result(60)
+    assert alone.output_ids == batched.output_ids
+    check_logprobs(model, prompt, alone, temperature=0.7)
+    (other,) = engine.generate_sync(prompt, SamplingParams(max_new_tokens=16, temperature=0.7,
+                                                           seed=99, ignore_eos=True))
+    assert other.output_ids != alone.output_ids
+    # top-k 1 is greedy; top_p / min_p run and return valid tokens.
+    (k1,) = engine.generate_sync(prompt, SamplingParams(max_new_tokens=8, temperature=1.0,
+                                                        top_k=1, ignore_eos=True))
+    assert k1.output_ids == reference_greedy(model, prompt, 8)
+    (tp,) = engine.generate_sync(prompt, SamplingParams(max_new_tokens=8, temperature=1.0,
+                                                        top_p=0.5, min_p=0.05, seed=3))
+    assert all(0 <= t < TINY.vocab_size for t in tp.output_ids)
+
+
+def test_n_samples_share_prefill(engine, model):
+    prompt = random_prompt(np.random.default_rng(9), 40)
+    sp = SamplingParams(max_new_tokens=12, temperature=1.0, seed=77, n=3, ignore_eos=True)
+    prefill_before = engine.stats.prefill_tokens
+    results = engine.generate_sync(prompt, sp)
+    assert engine.stats.prefill_tokens - prefill_before == 39 + 3  # once, + each last token
+    assert len(results) == 3 and len({tuple(r.output_ids) for r in results}) == 3
+    assert [r.cached_tokens for r in results] == [0, 39, 39]
+    (single,) = engine.generate_sync(prompt, SamplingParams(max_new_tokens=12, temperature=1.0,
+                                                            seed=77, ignore_eos=True))
+    assert single.output_ids == results[0].output_ids  # sample 0 == the n=1 sample
+    for r in results:
+        check_logprobs(model, prompt, r, temperature=1.0)
+
+
+def test_abort_pause_resume(engine):
+    prompt = random_prompt(np.random.default_rng(10), 5)
+    fut = engine.submit(prompt, SamplingParams(max_new_tokens=120, ignore_eos=True, **GREEDY),
+                        rid="to-abort")
+    deadline = time.time() + 30
+    while not engine.load()["running"] and time.time() < deadline:
+        time.sleep(0.001)
+    engine.pause("in_place")
+    assert engine.abort("to-abort")
+    (res,) = fut.result(30)
+    assert res.finish_reason == "abort" and len(res.output_ids) < 120
+    # While paused, new requests wait; they finish after resume.
+    waiting = engine.submit(prompt, SamplingParams(max_new_tokens=3, **GREEDY))
+    time.sleep(0.05)
+    assert not waiting.done()
+    engine.resume()
+    assert len(waiting.result(30)[0].output_ids) == 3
+    assert not engine.abort("unknown-rid")
+
+
+def test_overload_and_validation(model):
+    eng = make_engine(model, max_queue=3)
+    try:
+        eng.pause("in_place")
+        futures = [eng.submit([5, 6], SamplingParams(max_new_tokens=2)) for _ in range(3)]
+        with pytest.raises(OverloadedError):
+            eng.submit([5, 6], SamplingParams(max_new_tokens=2))
+        eng.resume()
+        assert all(len(f.result(30)[0].output_ids) == 2 for f in futures)
+        bad = [
+            ([], SamplingParams()), ([1, TINY.vocab_size], SamplingParams()),
+            ([-1], SamplingParams()), (["a"], SamplingParams()),
+            ([5] * REF_LEN, SamplingParams()),  # prompt must be < max_length
+            ([5], SamplingParams(temperature=-1)), ([5], SamplingParams(top_p=0)),
+            ([5], SamplingParams(top_k=0)), ([5], SamplingParams(n=9)),
+            ([5], SamplingParams(stop_token_ids=[10**6])), ([5], SamplingParams(stop=["x"])),
+            ([5], SamplingParams(max_new_tokens=-1)),
+        ]
+        for ids, sp in bad:
+            with pytest.raises(InvalidRequestError):
+                eng.submit(ids, sp)
+        (empty,) = eng.generate_sync([5], SamplingParams(max_new_tokens=0))
+        assert empty.output_ids == [] and empty.finish_reason == "length"
+    finally:
+        eng.close()
+
+
+async def test_update_weights_in_memory(engine, model):
+    other = tiny_model(seed=1)
+    prompt = random_prompt(np.random.default_rng(11), 15)
+    sp = SamplingParams(max_new_tokens=10, ignore_eos=True, **GREEDY)
+    before = await engine.generate(prompt, sp, session_id="w")
+    assert before.output_ids == reference_greedy(model, prompt, 10)
+    version = await engine.update_weights(other)  # an nnx model: no copy
+    try:
+        after = await engine.generate(prompt, sp, session_id="w")
+        assert after.cached_tokens == 0  # prefix caches were invalidated
+        assert after.weight_version == version
+        assert after.output_ids == reference_greedy(other, prompt, 10)
+        # A pure-dict pytree works as well.
+        await engine.update_weights(nnx.state(model).to_pure_dict())
+        again = await engine.generate(prompt, sp)
+        assert again.output_ids == before.output_ids
+    finally:
+        await engine.update_weights(model)
+    wrong = nnx.state(model).to_pure_dict()
+    wrong["final_norm"]["scale"] = np.ones((3,), np.float32)
+    with pytest.raises(ValueError):
+        await engine.update_weights(wrong)
+
+
+async def test_registry_and_backend_interface(model):
+    backend = create_backend({"name": "embedded", "model": model, "max_batch": 8,
+                              "max_length": REF_LEN, "prefill_chunks": (16, 64),
+                              "prefill_tokens": 128, "decode_steps": 4})
+    async with backend:
+        assert await backend.health()
+        res = await backend.generate([5, 6, 7], SamplingParams(max_new_tokens=4, **GREEDY))
+        assert res.output_ids == reference_greedy(model, [5, 6, 7], 4, (TINY.eos_token_id,))
+        many = await backend.generate_n([5, 6, 7], SamplingParams(max_new_tokens=4, n=2))
+        assert len(many) == 2
+    with pytest.raises(ValueError):
+        create_backend("nope")
+
+
+@pytest.fixture(scope="session")
+def smollm2():
+    from rollout_helpers import smollm2_engine
+    return smollm2_engine()
+
+
+def test_smollm2_capital_of_france(smollm2):
+    from agentrl_jax.models.tokenizer import encode_chat
+
+    engine = smollm2
+    ids = encode_chat(engine.tokenizer, [{"role": "user",
+                                          "content": "What is the capital of France?"}])
+    (res,) = engine.generate_sync(ids, SamplingParams(max_new_tokens=24, **GREEDY))
+    assert "Paris" in res.text, res.text
+    assert res.finish_reason == "stop" and res.matched_stop in engine.eos_token_ids

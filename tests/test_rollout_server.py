@@ -1,0 +1,281 @@
+"""The SGLang-compatible HTTP server: /generate, admin endpoints, errors, OpenAI client."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import aiohttp
+import numpy as np
+import pytest
+
+from agentrl_jax.models.safetensors_io import save_hf_directory
+from rollout_helpers import (TINY, byte_tokenizer, make_engine, random_prompt, reference_greedy,
+                             smollm2_engine, start_server, tiny_model)
+
+GREEDY = {"temperature": 0.0}
+
+
+@pytest.fixture(scope="module")
+def model():
+    return tiny_model(seed=0)
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return byte_tokenizer(TINY.vocab_size)
+
+
+@pytest.fixture(scope="module")
+def served(model, tokenizer):
+    engine = make_engine(model, tokenizer, max_queue=64)
+    thread = start_server(engine, model_path="tiny-random", max_body_bytes=256 * 1024)
+    yield thread.url, engine, thread.server
+    thread.stop()
+    engine.close()
+
+
+@pytest.fixture
+async def http():
+    async with aiohttp.ClientSession() as session:
+        yield session
+
+
+async def post(http, url, body=None, raw: bytes | None = None):
+    data = raw if raw is not None else json.dumps(body).encode()
+    async with http.post(url, data=data, headers={"Content-Type": "application/json"}) as r:
+        text = await r.text()
+        try:
+            return r.status, json.loads(text), r.headers
+        except ValueError:
+            return r.status, text, r.headers
+
+
+async def get(http, url):
+    async with http.get(url) as r:
+        text = await r.text()
+        try:
+            return r.status, json.loads(text)
+        except ValueError:
+            return r.status, text
+
+
+async def test_generate_input_ids_with_logprobs(served, http, model):
+    url, _, _ = served
+    prompt = random_prompt(np.random.default_rng(0), 11)
+    status, out, _ = await post(http, url + "/generate", {
+        "input_ids": prompt, "return_logprob": True, "return_text_in_logprobs": True,
+        "sampling_params": {"max_new_tokens": 8, "temperature": 0, "ignore_eos": True},
+        "rid": "req-1"})
+    assert status == 200, out
+    assert out["output_ids"] == reference_greedy(model, prompt, 8)
+    meta = out["meta_info"]
+    assert meta["id"] == "req-1" and meta["prompt_tokens"] == 11
+    assert meta["completion_tokens"] == 8 and meta["cached_tokens"] == 0
+    assert meta["finish_reason"] == {"type": "length", "length": 8}
+    triples = meta["output_token_logprobs"]
+    assert [t[1] for t in triples] == out["output_ids"]
+    assert all(isinstance(t[0], float) and t[0] <= 0 and isinstance(t[2], str) for t in triples)
+    assert isinstance(out["text"], str)
+
+
+async def test_generate_text_batch_n_and_session(served, http, tokenizer):
+    url, _, _ = served
+    status, out, _ = await post(http, url + "/generate", {
+        "text": ["hello", "world!"], "sampling_params": {"max_new_tokens": 3, "n": 2}})
+    assert status == 200 and isinstance(out, list) and len(out) == 4, out
+    assert all(len(o["output_ids"]) <= 3 for o in out)
+    assert "output_token_logprobs" not in out[0]["meta_info"]
+    status, out, _ = await post(http, url + "/generate", {
+        "input_ids": [[5, 6, 7], [8, 9]], "sampling_params": [{"max_new_tokens": 2},
+                                                              {"max_new_tokens": 1}]})
+    assert status == 200 and [len(o["output_ids"]) for o in out] == [2, 1]
+    # Prefix reuse across turns of a session.
+    prompt = random_prompt(np.random.default_rng(1), 20)
+    sp = {"max_new_tokens": 5, "temperature": 0, "ignore_eos": True}
+    _, first, _ = await post(http, url + "/generate", {"input_ids": prompt, "session_id": "ep",
+                                                       "sampling_params": sp})
+    turn2 = prompt + first["output_ids"] + [10, 11, 12]
+    _, second, _ = await post(http, url + "/generate", {"input_ids": turn2, "session_id": "ep",
+                                                        "sampling_params": sp})
+    assert second["meta_info"]["cached_tokens"] == len(prompt) + 5 - 1
+    # Stop strings are honoured (finish_reason matched is the string).
+    status, out, _ = await post(http, url + "/generate", {
+        "text": "abc", "sampling_params": {"max_new_tokens": 4, "stop": "zzz"}})
+    assert status == 200
+
+
+@pytest.mark.parametrize("body,fragment", [
+    ({"input_ids": "abc"}, "input_ids"),
+    ({"input_ids": []}, "input_ids"),
+    ({"input_ids": [1, 2], "text": "x"}, "exactly one"),
+    ({}, "exactly one"),
+    ({"input_ids": [1, TINY.vocab_size + 5]}, "vocabulary"),
+    ({"input_ids": [3] * 200}, "context length"),
+    ({"input_ids": [1], "bogus": 1}, "unknown field"),
+    ({"input_ids": [1], "sampling_params": {"temprature": 1}}, "unknown field"),
+    ({"input_ids": [1], "sampling_params": {"temperature": "hot"}}, "temperature"),
+    ({"input_ids": [1], "sampling_params": {"max_new_tokens": -3}}, "max_new_tokens"),
+    ({"input_ids": [1], "sampling_params": {"frequency_penalty": 0.5}}, "not supported"),
+    ({"input_ids": [1], "sampling_params": []}, "entries"),
+    ({"input_ids": [1], "stream": True}, "not supported"),
+    ({"input_ids": [1], "return_logprob": "yes"}, "boolean"),
+    ({"input_ids": [[1], [2]], "rid": "one"}, "rid"),
+])
+async def test_generate_bad_requests(served, http, body, fragment):
+    url, _, _ = served
+    status, out, _ = await post(http, url + "/generate", body)
+    assert status == 400, out
+    assert fragment in out["error"]["message"], out
+
+
+async def test_http_errors(served, http):
+    url, _, _ = served
+    status, out, _ = await post(http, url + "/generate", raw=b"{not json")
+    assert status == 400 and "JSON" in out["error"]["message"]
+    status, out, _ = await post(http, url + "/generate", raw=b"[1, 2]")
+    assert status == 400 and "object" in out["error"]["message"]
+    status, out, _ = await post(http, url + "/generate", raw=b"")
+    assert status == 400
+    status, out, _ = await post(http, url + "/generate", {"input_ids": [1] * 100_000})
+    assert status == 413 and "too large" in out["error"]["message"]
+    status, out = await get(http, url + "/no/such/route")
+    assert status == 404 and "error" in out
+    status, out = await get(http, url + "/generate")
+    assert status == 405
+    status, out, _ = await post(http, url + "/update_weights_from_disk", {"model_path": 3})
+    assert status == 400
+
+
+async def test_admin_endpoints(served, http):
+    url, engine, _ = served
+    assert (await get(http, url + "/health"))[0] == 200
+    assert (await get(http, url + "/health_generate"))[0] == 200
+    status, info = await get(http, url + "/get_model_info")
+    assert status == 200 and info["is_generation"] is True
+    assert info["model_path"] == "tiny-random" and "tokenizer_path" in info
+    status, info = await get(http, url + "/get_server_info")
+    assert status == 200 and info["max_running_requests"] == engine.config.max_batch
+    assert "SGLang 0.5" in info["version"]
+    status, text, _ = await post(http, url + "/flush_cache", {})
+    assert status == 200
+    status, models = await get(http, url + "/v1/models")
+    assert status == 200 and models["data"][0]["id"] == "tiny-random"
+    status, out, _ = await post(http, url + "/release_memory_occupation", {})
+    assert status == 501
+
+
+async def test_abort_and_pause(served, http):
+    url, engine, _ = served
+    status, _, _ = await post(http, url + "/pause_generation", {"mode": "in_place"})
+    assert status == 200 and engine.paused
+    task = asyncio.create_task(post(http, url + "/generate", {
+        "input_ids": [5, 6, 7], "rid": "abort-me",
+        "sampling_params": {"max_new_tokens": 50, "ignore_eos": True}}))
+    for _ in range(200):
+        if "abort-me" in engine._requests:
+            break
+        await asyncio.sleep(0.01)
+    status, out, _ = await post(http, url + "/abort_request", {"rid": "abort-me"})
+    assert status == 200 and out["aborted"] == 1
+    status, out, _ = await task
+    assert status == 200 and out["meta_info"]["finish_reason"]["type"] == "abort"
+    status, _, _ = await post(http, url + "/continue_generation", {})
+    assert status == 200 and not engine.paused
+    status, out, _ = await post(http, url + "/pause_generation", {"mode": "sideways"})
+    assert status == 400
+
+
+async def test_overload_returns_503(model, tokenizer, http):
+    engine = make_engine(model, tokenizer, max_queue=2)
+    thread = start_server(engine)
+    try:
+        engine.pause("in_place")
+        body = {"input_ids": [5, 6], "sampling_params": {"max_new_tokens": 2}}
+        pending = [asyncio.create_task(post(http, thread.url + "/generate", body))
+                   for _ in range(2)]
+        for _ in range(200):
+            if engine.load()["waiting"] >= 2:
+                break
+            await asyncio.sleep(0.01)
+        status, out, headers = await post(http, thread.url + "/generate", body)
+        assert status == 503 and "Retry-After" in headers, out
+        engine.resume()
+        assert all(r[0] == 200 for r in await asyncio.gather(*pending))
+    finally:
+        thread.stop()
+        engine.close()
+
+
+async def test_update_weights_from_disk_round_trip(served, http, model, tmp_path):
+    url, engine, _ = served
+    other = tiny_model(seed=1)
+    prompt = random_prompt(np.random.default_rng(2), 9)
+    body = {"input_ids": prompt, "sampling_params": {"max_new_tokens": 6, "temperature": 0,
+                                                     "ignore_eos": True}}
+    _, before, _ = await post(http, url + "/generate", body)
+    assert before["output_ids"] == reference_greedy(model, prompt, 6)
+    save_hf_directory(other, str(tmp_path / "new"))
+    save_hf_directory(model, str(tmp_path / "orig"))
+    status, out, _ = await post(http, url + "/update_weights_from_disk", {
+        "model_path": str(tmp_path / "new"), "load_format": "auto", "weight_version": "v7"})
+    assert status == 200 and out["success"] is True and out["num_paused_requests"] == 0, out
+    _, after, _ = await post(http, url + "/generate", body)
+    assert after["output_ids"] == reference_greedy(other, prompt, 6)
+    assert after["meta_info"]["weight_version"] == "v7"
+    status, out, _ = await post(http, url + "/update_weights_from_disk",
+                                {"model_path": str(tmp_path / "missing")})
+    assert status == 400 and out["success"] is False
+    wrong = tiny_model(seed=0, cfg=TINY.replace(num_layers=1))
+    save_hf_directory(wrong, str(tmp_path / "wrong"))
+    status, out, _ = await post(http, url + "/update_weights_from_disk",
+                                {"model_path": str(tmp_path / "wrong")})
+    assert status == 400 and out["success"] is False and "num_layers" in out["message"]
+    status, out, _ = await post(http, url + "/update_weights_from_disk",
+                                {"model_path": str(tmp_path / "orig")})
+    assert status == 200 and out["success"]
+    _, restored, _ = await post(http, url + "/generate", body)
+    assert restored["output_ids"] == before["output_ids"]
+
+
+async def test_openai_client_tiny(served):
+    openai = pytest.importorskip("openai")
+    url, _, _ = served
+    client = openai.AsyncOpenAI(base_url=url + "/v1", api_key="none", max_retries=0)
+    try:
+        chat = await client.chat.completions.create(
+            model="tiny-random", messages=[{"role": "user", "content": "hi"}], max_tokens=5,
+            temperature=0, logprobs=True)
+        choice = chat.choices[0]
+        assert choice.message.role == "assistant" and isinstance(choice.message.content, str)
+        assert choice.finish_reason in ("stop", "length")
+        assert len(choice.logprobs.content) == chat.usage.completion_tokens
+        comp = await client.completions.create(model="tiny-random", prompt="abc", max_tokens=4,
+                                               temperature=0, n=2)
+        assert len(comp.choices) == 2 and comp.usage.completion_tokens <= 8
+        with pytest.raises(openai.BadRequestError):
+            await client.chat.completions.create(
+                model="tiny-random", messages=[{"role": "user", "content": "hi"}],
+                stream=False, frequency_penalty=1.0)
+        models = await client.models.list()
+        assert models.data[0].id == "tiny-random"
+    finally:
+        await client.close()
+
+
+async def test_openai_chat_smollm2():
+    """The real SmolLM2 behind the server, through the official openai client."""
+    openai = pytest.importorskip("openai")
+    engine = smollm2_engine()
+    thread = start_server(engine, served_model_name="smollm2")
+    client = openai.AsyncOpenAI(base_url=thread.url + "/v1", api_key="none", max_retries=0)
+    try:
+        chat = await client.chat.completions.create(
+            model="smollm2", messages=[{"role": "user", "content":
+                                        "What is the capital of France?"}],
+            max_tokens=24, temperature=0)
+        assert "Paris" in chat.choices[0].message.content
+        assert chat.choices[0].finish_reason == "stop"
+    finally:
+        await client.close()
+        thread.stop()

@@ -1,0 +1,132 @@
+"""The SGLang client backend against our own server (same HTTP API; SGLang itself cannot be
+installed on a CPU machine): routing, stickiness, retries, errors, weight sync via disk."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+
+import numpy as np
+import pytest
+
+from agentrl_jax.rollout.base import (BackendUnavailableError, InvalidRequestError,
+                                      SamplingParams, create_backend)
+from agentrl_jax.rollout.sglang_backend import SGLangBackend, launch_sglang_server
+from rollout_helpers import (TINY, byte_tokenizer, full_logprobs, make_engine, random_prompt,
+                             reference_greedy, start_server, tiny_model)
+
+GREEDY = dict(temperature=0.0, ignore_eos=True)
+
+
+@pytest.fixture(scope="module")
+def model():
+    return tiny_model(seed=0)
+
+
+@pytest.fixture(scope="module")
+def servers(model):
+    tok = byte_tokenizer(TINY.vocab_size)
+    engines = [make_engine(model, tok) for _ in range(2)]
+    threads = [start_server(e) for e in engines]
+    yield [t.url for t in threads], engines
+    for t in threads:
+        t.stop()
+    for e in engines:
+        e.close()
+
+
+def dead_url() -> str:
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        return f"http://127.0.0.1:{s.getsockname()[1]}"
+
+
+async def test_generate_and_logprobs(servers, model):
+    urls, _ = servers
+    async with SGLangBackend(urls) as backend:
+        assert await backend.health()
+        prompt = random_prompt(np.random.default_rng(0), 10)
+        res = await backend.generate(prompt, SamplingParams(max_new_tokens=7, **GREEDY))
+        assert res.output_ids == reference_greedy(model, prompt, 7)
+        ref = full_logprobs(model, prompt + res.output_ids)
+        expected = [ref[len(prompt) - 1 + i, t] for i, t in enumerate(res.output_ids)]
+        np.testing.assert_allclose(res.output_logprobs, expected, atol=1e-4)
+        assert res.finish_reason == "length" and res.prompt_tokens == 10
+        many = await backend.generate_n(prompt, SamplingParams(max_new_tokens=3, n=3, seed=5))
+        assert len(many) == 3
+
+
+async def test_sticky_sessions_hit_prefix_cache(servers, model):
+    urls, engines = servers
+    async with SGLangBackend(urls) as backend:
+        rng = np.random.default_rng(1)
+        sp = SamplingParams(max_new_tokens=4, **GREEDY)
+        sessions = {f"ep-{i}": random_prompt(rng, 12) for i in range(6)}
+        first = await asyncio.gather(*[backend.generate(h, sp, session_id=s)
+                                       for s, h in sessions.items()])
+        assert {backend._sticky[s] for s in sessions} == {0, 1}  # spread over both servers
+        homes = dict(backend._sticky)
+        turn2 = {s: h + r.output_ids + [7, 8] for (s, h), r in zip(sessions.items(), first)}
+        second = await asyncio.gather(*[backend.generate(h, sp, session_id=s)
+                                        for s, h in turn2.items()])
+        assert dict(backend._sticky) == homes
+        for (s, h), r in zip(turn2.items(), second):
+            assert r.cached_tokens == len(h) - 3  # the session's own server had its prefix
+            assert r.output_ids == reference_greedy(model, h, 4)
+
+
+async def test_least_loaded_spreads_requests(servers):
+    urls, _ = servers
+    async with SGLangBackend(urls) as backend:
+        await asyncio.gather(*[backend.generate([5, 6, 7], SamplingParams(max_new_tokens=6))
+                               for _ in range(8)])
+        assert all(s.served >= 2 for s in backend.servers), backend.load()
+
+
+async def test_retries_and_errors(servers, model):
+    urls, _ = servers
+    dead = dead_url()
+    async with SGLangBackend([dead, urls[0]], backoff_s=0.01, max_backoff_s=0.05) as backend:
+        for _ in range(3):
+            res = await backend.generate([5, 6, 7], SamplingParams(max_new_tokens=2, **GREEDY))
+            assert res.output_ids == reference_greedy(model, [5, 6, 7], 2)
+        assert not backend.servers[0].healthy and backend.servers[1].healthy
+        with pytest.raises(InvalidRequestError, match="vocabulary"):
+            await backend.generate([TINY.vocab_size + 1], SamplingParams(max_new_tokens=2))
+    async with SGLangBackend([dead], max_retries=2, backoff_s=0.01) as backend:
+        assert not await backend.health()
+        with pytest.raises(BackendUnavailableError):
+            await backend.generate([5, 6], SamplingParams(max_new_tokens=2))
+
+
+async def test_update_weights_via_disk(servers, model, tmp_path):
+    urls, engines = servers
+    other = tiny_model(seed=1)
+    prompt = random_prompt(np.random.default_rng(2), 8)
+    sp = SamplingParams(max_new_tokens=6, **GREEDY)
+    backend = create_backend("sglang", urls=urls, export_dir=str(tmp_path),
+                             export_dtype="float32")
+    async with backend:
+        path = await backend.update_weights(other, version="step-1")
+        assert path.startswith(str(tmp_path))
+        for i in range(2):  # every server now serves the new weights
+            res = await backend.generate(prompt, sp, session_id=f"s{i}")
+            assert res.output_ids == reference_greedy(other, prompt, 6)
+            assert res.weight_version == "step-1"
+        assert all(e.weight_version == "step-1" for e in engines)
+        await backend.update_weights(model)  # back to the original
+        res = await backend.generate(prompt, sp)
+        assert res.output_ids == reference_greedy(model, prompt, 6)
+        with pytest.raises(Exception, match="update_weights_from_disk failed"):
+            await backend.update_weights(path=str(tmp_path / "nothing-here"))
+
+
+def test_launcher_without_sglang():
+    pytest.importorskip("aiohttp")
+    try:
+        import sglang  # noqa: F401
+        pytest.skip("SGLang is installed here")
+    except ImportError:
+        pass
+    with pytest.raises(RuntimeError, match="SGLang is not installed"):
+        launch_sglang_server("/tmp/model", port=1)
