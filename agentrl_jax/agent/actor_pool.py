@@ -1,0 +1,139 @@
+"""Asynchronous actor pool: many episodes in flight, each stepping its own environment.
+
+``collect`` starts ``n_samples`` episodes per task (a GRPO group) and runs up to
+``max_concurrency`` at once. In the default asynchronous mode each episode loops on its own:
+a fast episode never waits for a slow one, and the rollout backend batches whatever requests are
+in flight (continuous batching). ``lockstep=True`` reproduces the reference system's synchronous
+rounds (every episode generates, then every episode steps) for comparison.
+
+Failures: an environment or engine failure ends that episode with status ``env_error`` /
+``engine_error``; it is counted and dropped from training, never scored as reward 0.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import time
+from collections import Counter
+from typing import Any, Callable, Mapping, Sequence
+
+from agentrl_jax.agent.chat import ChatFormatter
+from agentrl_jax.agent.episode import Episode
+from agentrl_jax.agent.parsing import ParsedAction, parse_react
+from agentrl_jax.agent.trajectory import Trajectory
+from agentrl_jax.rollout.base import SamplingParams
+
+
+@dataclasses.dataclass(frozen=True)
+class TaskRef:
+    env: str
+    task_id: str
+
+
+@dataclasses.dataclass
+class RolloutStats:
+    episodes: int
+    dropped: int
+    statuses: dict[str, int]
+    mean_reward: float
+    success_rate: float
+    mean_turns: float
+    generated_tokens: int
+    wall_s: float
+
+    def as_metrics(self, prefix: str = "rollout/") -> dict[str, float]:
+        out = {f"{prefix}{k}": float(v) for k, v in dataclasses.asdict(self).items()
+               if not isinstance(v, dict)}
+        out.update({f"{prefix}status/{k}": float(v) for k, v in self.statuses.items()})
+        return out
+
+
+def summarize(trajectories: Sequence[Trajectory], wall_s: float) -> RolloutStats:
+    ok = [t for t in trajectories if t.ok]
+    n = max(len(ok), 1)
+    return RolloutStats(
+        episodes=len(trajectories), dropped=len(trajectories) - len(ok),
+        statuses=dict(Counter(t.status for t in trajectories)),
+        mean_reward=sum(t.reward for t in ok) / n,
+        success_rate=sum(t.success for t in ok) / n,
+        mean_turns=sum(t.num_turns for t in ok) / n,
+        generated_tokens=sum(t.num_generated for t in ok), wall_s=wall_s)
+
+
+class ActorPool:
+    """Runs episodes against env servers (``env_clients[name]``) and a rollout backend."""
+
+    def __init__(self, backend: Any, env_clients: Mapping[str, Any], formatter: ChatFormatter,
+                 sampling: SamplingParams, max_context: int, max_concurrency: int = 64,
+                 parser: Callable[[str], ParsedAction] = parse_react,
+                 env_errors: tuple[type[BaseException], ...] | None = None,
+                 progress: Callable[[Trajectory], None] | None = None):
+        if env_errors is None:
+            from environments.core.client import EnvConnectionError, EnvServerError
+            env_errors = (EnvConnectionError, EnvServerError, OSError, asyncio.TimeoutError)
+        self.backend, self.env_clients, self.formatter = backend, dict(env_clients), formatter
+        self.sampling, self.max_context = sampling, max_context
+        self.max_concurrency, self.parser, self.env_errors = max_concurrency, parser, env_errors
+        self.progress = progress
+
+    def _episode(self, task: TaskRef, group_id: int, sample_index: int, horizon: int,
+                 policy_version: int, seed: int | None) -> Episode:
+        if task.env not in self.env_clients:
+            raise KeyError(f"no environment client for {task.env!r} "
+                           f"(have {sorted(self.env_clients)})")
+        sampling = self.sampling
+        if sampling.seed is not None or seed is not None:
+            base = seed if seed is not None else sampling.seed
+            sampling = dataclasses.replace(sampling, seed=base * 1009 + group_id * 31 + sample_index)
+        return Episode(env_client=self.env_clients[task.env], backend=self.backend,
+                       formatter=self.formatter, parser=self.parser, env_name=task.env,
+                       task_id=task.task_id, group_id=group_id, sample_index=sample_index,
+                       horizon=horizon, sampling=sampling, max_context=self.max_context,
+                       policy_version=policy_version, env_errors=self.env_errors)
+
+    def episodes_for(self, tasks: Sequence[TaskRef], n_samples: int, horizon: int,
+                     policy_version: int = 0, seed: int | None = None) -> list[Episode]:
+        return [self._episode(task, g, i, horizon, policy_version, seed)
+                for g, task in enumerate(tasks) for i in range(n_samples)]
+
+    async def collect(self, tasks: Sequence[TaskRef], n_samples: int, horizon: int,
+                      policy_version: int = 0, seed: int | None = None, lockstep: bool = False
+                      ) -> tuple[list[Trajectory], RolloutStats]:
+        """Run ``n_samples`` episodes of each task; trajectories come back in (group, sample)
+        order, failed ones included (``Trajectory.ok`` is False for them)."""
+        start = time.monotonic()
+        episodes = self.episodes_for(tasks, n_samples, horizon, policy_version, seed)
+        if lockstep:
+            await self._run_lockstep(episodes)
+        else:
+            gate = asyncio.Semaphore(self.max_concurrency)
+
+            async def run(episode: Episode) -> None:
+                async with gate:
+                    await episode.run()
+                if self.progress:
+                    self.progress(episode.trajectory)
+
+            await asyncio.gather(*(run(e) for e in episodes))
+        trajectories = [e.trajectory for e in episodes]
+        return trajectories, summarize(trajectories, time.monotonic() - start)
+
+    async def _run_lockstep(self, episodes: list[Episode]) -> None:
+        """Synchronous rounds in waves of ``max_concurrency``: everyone generates, then everyone
+        steps; a round lasts as long as its slowest member."""
+        for first in range(0, len(episodes), self.max_concurrency):
+            wave = episodes[first:first + self.max_concurrency]
+            try:
+                await asyncio.gather(*(e.start() for e in wave))
+                while True:
+                    active = [e for e in wave if not e.finished]
+                    if not active:
+                        break
+                    await asyncio.gather(*(e.generate_turn() for e in active))
+                    await asyncio.gather(*(e.env_turn() for e in active if not e.finished))
+            finally:
+                await asyncio.gather(*(e.close() for e in wave))
+            if self.progress:
+                for e in wave:
+                    self.progress(e.trajectory)

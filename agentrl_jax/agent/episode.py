@@ -1,0 +1,160 @@
+"""One multi-turn episode as a small state machine: create -> {generate -> parse -> step} -> close.
+
+The two halves of a turn (``generate_turn`` and ``env_turn``) are separate coroutines so the
+actor pool can run episodes fully asynchronously (each episode loops on its own) or, for
+comparison, in lock-step rounds.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+import uuid
+from typing import Any, Callable
+
+from agentrl_jax.agent.chat import ChatFormatter
+from agentrl_jax.agent.parsing import INVALID_FORMAT_FEEDBACK, ParsedAction
+from agentrl_jax.agent.prompts import first_user_message, system_prompt
+from agentrl_jax.agent.trajectory import (STATUS_CONTEXT_LIMIT, STATUS_DONE, STATUS_ENGINE_ERROR,
+                                          STATUS_ENV_ERROR, STATUS_MAX_TURNS, Trajectory)
+from agentrl_jax.rollout.base import RolloutError, SamplingParams
+
+MIN_NEW_TOKENS = 8  # a turn with less room than this ends the episode with context_limit
+
+
+class Episode:
+    """Drives one episode; ``trajectory`` holds the result once ``finished``."""
+
+    def __init__(self, *, env_client: Any, backend: Any, formatter: ChatFormatter,
+                 parser: Callable[[str], ParsedAction], env_name: str, task_id: str,
+                 group_id: int, sample_index: int, horizon: int, sampling: SamplingParams,
+                 max_context: int, policy_version: int, seed: int | None = None,
+                 env_errors: tuple[type[BaseException], ...] = (Exception,)):
+        self.env_client, self.backend, self.formatter, self.parser = (env_client, backend,
+                                                                     formatter, parser)
+        self.sampling, self.max_context, self.horizon = sampling, max_context, horizon
+        self.seed = seed
+        self.env_errors = env_errors
+        self.session_id = f"ep-{uuid.uuid4().hex[:16]}"
+        self.trajectory = Trajectory(env=env_name, task_id=task_id, group_id=group_id,
+                                     sample_index=sample_index, horizon=horizon,
+                                     policy_version=policy_version)
+        self.env_id: str | None = None
+        self.system: str | None = None
+        self.finished = False
+        self._last_generated: list[int] = []
+        self._pending_action: ParsedAction | None = None
+        self._start = time.monotonic()
+
+    def _finish(self, status: str, error: str | None = None) -> None:
+        self.trajectory.status = status
+        self.trajectory.error = error
+        self.trajectory.elapsed_s = time.monotonic() - self._start
+        self.finished = True
+
+    async def start(self) -> None:
+        try:
+            created = await self.env_client.create(task_id=self.trajectory.task_id, seed=self.seed)
+        except self.env_errors as e:
+            self._finish(STATUS_ENV_ERROR, f"create: {e}")
+            return
+        self.env_id, observation, info = created
+        self.system = system_prompt(info.get("instructions", ""), self.trajectory.env)
+        user = first_user_message(observation)
+        self.trajectory.messages = [{"role": "system", "content": self.system},
+                                    {"role": "user", "content": user}]
+        prompt = self.formatter.prompt_ids(self.system, user)
+        self.trajectory.prompt_length = len(prompt)
+        self.trajectory.append(prompt, generated=False, turn=-1)
+        if len(prompt) + MIN_NEW_TOKENS > self.max_context:
+            self._finish(STATUS_CONTEXT_LIMIT, "the first observation does not fit the context")
+
+    async def generate_turn(self) -> None:
+        """Ask the backend for the next assistant turn and parse its action."""
+        traj = self.trajectory
+        room = self.max_context - len(traj.token_ids)
+        if room < MIN_NEW_TOKENS:
+            self._finish(STATUS_CONTEXT_LIMIT)
+            return
+        sampling = dataclasses.replace(self.sampling,
+                                       max_new_tokens=min(self.sampling.max_new_tokens, room))
+        try:
+            result = await self.backend.generate(list(traj.token_ids), sampling,
+                                                 session_id=self.session_id)
+        except (RolloutError, OSError, TimeoutError) as e:
+            self._finish(STATUS_ENGINE_ERROR, f"generate: {e}")
+            return
+        if result.finish_reason == "abort":
+            self._finish(STATUS_ENGINE_ERROR, "generation aborted")
+            return
+        turn = traj.num_turns
+        traj.append(list(result.output_ids), generated=True, turn=turn,
+                    logprobs=[float(x) for x in result.output_logprobs])
+        traj.num_turns += 1
+        self._last_generated = list(result.output_ids)
+        text = self.formatter.decode(result.output_ids)
+        traj.messages.append({"role": "assistant", "content": text})
+        if result.finish_reason == "length" and len(traj.token_ids) >= self.max_context:
+            self._finish(STATUS_CONTEXT_LIMIT)
+            return
+        self._pending_action = self.parser(text)
+
+    async def env_turn(self) -> None:
+        """Step the environment with the parsed action and append the observation ids."""
+        traj = self.trajectory
+        parsed = self._pending_action
+        self._pending_action = None
+        done = False
+        if parsed is None or parsed.action is None:
+            traj.invalid_actions += 1
+            traj.turn_rewards.append(0.0)
+            observation = INVALID_FORMAT_FEEDBACK
+        else:
+            try:
+                step = await self.env_client.step(self.env_id, parsed.action)
+            except self.env_errors as e:
+                self._finish(STATUS_ENV_ERROR, f"step: {e}")
+                return
+            traj.turn_rewards.append(float(step.reward))
+            traj.reward += float(step.reward)
+            if step.info.get("invalid_action"):
+                traj.invalid_actions += 1
+            if "success" in step.info:
+                traj.success = bool(step.info["success"])
+            observation = step.observation
+            done = step.done or step.truncated
+        if done:
+            self._finish(STATUS_DONE)
+            return
+        if traj.num_turns >= self.horizon:
+            self._finish(STATUS_MAX_TURNS)
+            return
+        obs_ids = self.formatter.observation_ids(self.system, observation, self._last_generated)
+        if len(traj.token_ids) + len(obs_ids) + MIN_NEW_TOKENS > self.max_context:
+            self._finish(STATUS_CONTEXT_LIMIT)
+            return
+        traj.messages.append({"role": "user", "content": observation})
+        traj.append(obs_ids, generated=False, turn=traj.num_turns - 1)
+
+    async def close(self) -> None:
+        if self.env_id is not None:
+            env_id, self.env_id = self.env_id, None
+            try:
+                await self.env_client.close(env_id)
+            except self.env_errors:
+                pass  # the server may be gone; its reaper cleans up
+        if not self.finished:  # an exception or cancellation interrupted the episode
+            self._finish(STATUS_ENV_ERROR, "episode interrupted")
+
+    async def run(self) -> Trajectory:
+        """The whole episode, asynchronously (no waiting on other episodes)."""
+        try:
+            await self.start()
+            while not self.finished:
+                await self.generate_turn()
+                if self.finished:
+                    break
+                await self.env_turn()
+        finally:
+            await self.close()
+        return self.trajectory

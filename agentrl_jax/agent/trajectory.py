@@ -1,0 +1,69 @@
+"""One episode's record: token-exact ids, loss mask, behaviour logprobs, rewards and status."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+# Status values. Trajectories with an *_error status are dropped from training (never trained on
+# as reward 0); the others are real outcomes of the policy.
+STATUS_DONE = "done"  # the environment ended the episode
+STATUS_MAX_TURNS = "max_turns"  # the horizon (ScalingInter turn limit) was reached
+STATUS_CONTEXT_LIMIT = "context_limit"  # the token history no longer fits the context
+STATUS_ENV_ERROR = "env_error"  # an environment server failed
+STATUS_ENGINE_ERROR = "engine_error"  # the rollout backend failed
+ERROR_STATUSES = (STATUS_ENV_ERROR, STATUS_ENGINE_ERROR)
+
+
+@dataclasses.dataclass
+class Trajectory:
+    """A multi-turn episode.
+
+    token_ids [T]: prompt + (generated ids + observation ids) per turn, exactly as sampled.
+    loss_mask [T]: 1 on ids the policy generated, 0 on prompt and observation ids.
+    logprobs [T]: the engine's logprob of each generated id (0 elsewhere).
+    turn_ids [T]: the turn index of each id (-1 for the prompt).
+    reward: the episode's total environment reward (the outcome score trained on).
+    """
+
+    env: str
+    task_id: str
+    group_id: int
+    sample_index: int
+    token_ids: list[int] = dataclasses.field(default_factory=list)
+    loss_mask: list[int] = dataclasses.field(default_factory=list)
+    logprobs: list[float] = dataclasses.field(default_factory=list)
+    turn_ids: list[int] = dataclasses.field(default_factory=list)
+    prompt_length: int = 0
+    messages: list[dict[str, str]] = dataclasses.field(default_factory=list)
+    turn_rewards: list[float] = dataclasses.field(default_factory=list)
+    reward: float = 0.0
+    success: bool = False
+    status: str = STATUS_DONE
+    num_turns: int = 0
+    invalid_actions: int = 0
+    horizon: int = 0
+    policy_version: int = 0
+    error: str | None = None
+    elapsed_s: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        return self.status not in ERROR_STATUSES
+
+    @property
+    def num_generated(self) -> int:
+        return int(sum(self.loss_mask))
+
+    def append(self, ids: list[int], generated: bool, turn: int,
+               logprobs: list[float] | None = None) -> None:
+        self.token_ids.extend(ids)
+        self.loss_mask.extend([1 if generated else 0] * len(ids))
+        self.logprobs.extend(logprobs if logprobs is not None else [0.0] * len(ids))
+        self.turn_ids.extend([turn] * len(ids))
+
+    def to_json(self, step: int | None = None) -> dict[str, Any]:
+        out = dataclasses.asdict(self)
+        if step is not None:
+            out["step"] = step
+        return out

@@ -1,0 +1,1 @@
+"""The RL trainer loop and its schedules."""

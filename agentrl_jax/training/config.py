@@ -1,0 +1,97 @@
+"""The base experiment config (ml-collections); experiment files start from ``base_config()``.
+
+Every key can be overridden from the command line: ``--config.learner.kl_coef=0.01``.
+"""
+
+from __future__ import annotations
+
+from ml_collections import ConfigDict
+
+
+def base_config() -> ConfigDict:
+    c = ConfigDict()
+    c.seed = 0
+    c.progress = False  # force progress bars even when stderr is not a terminal
+
+    c.model = ConfigDict()
+    c.model.name = "smollm2"  # known name, HF directory or .gguf path
+    c.model.dtype = "float32"  # rollout / forward compute dtype of the loaded model
+    c.model.random_init = ConfigDict()  # non-empty: random model of this shape (smoke tests)
+    c.model.pad_id = 2
+
+    c.env = ConfigDict()
+    c.env.names = "babyai"  # comma-separated environment families
+    c.env.urls = ConfigDict()  # <name>: "http://host:port,..." ; empty = start servers here
+    c.env.server_args = ConfigDict()  # <name>: extra server flags, e.g. "--max-sessions 512"
+    c.env.replicas = 1
+    c.env.timeout = 120.0
+
+    c.rollout = ConfigDict()
+    c.rollout.backend = "embedded"  # embedded | sglang
+    c.rollout.urls = ""  # sglang servers, comma-separated
+    c.rollout.max_batch = 64  # engine slots
+    c.rollout.max_context = 4096  # tokens per episode (prompt + all turns)
+    c.rollout.max_new_tokens = 128  # per turn
+    c.rollout.temperature = 1.0
+    c.rollout.top_p = 1.0
+    c.rollout.top_k = -1
+    c.rollout.max_concurrency = 64  # episodes in flight
+    c.rollout.engine_dtype = ""  # "" = model dtype; "bfloat16" on GPU/TPU
+    c.rollout.decode_steps = 16
+    c.rollout.parser = "react"
+
+    c.horizon = ConfigDict()
+    c.horizon.type = "scaling_inter"  # scaling_inter | fixed
+    c.horizon.phases = (6, 13, 20)
+    c.horizon.steps_per_phase = 100
+    c.horizon.turns = 20  # for type=fixed
+
+    c.train = ConfigDict()
+    c.train.total_steps = 300
+    c.train.tasks_per_step = 16
+    c.train.samples_per_task = 8  # GRPO group size
+    c.train.save_every = 25
+    c.train.keep_checkpoints = 3
+    c.train.eval_every = 50
+    c.train.eval_before = True
+    c.train.eval_tasks = 64
+    c.train.eval_samples = 4  # k of Avg@k / Pass@k
+    c.train.eval_horizon = 20
+
+    # LearnerConfig fields (agentrl_jax/learner/config.py); the paper's GRPO settings.
+    c.learner = ConfigDict()
+    c.learner.advantage_estimator = "grpo"
+    c.learner.learning_rate = 1e-6
+    c.learner.lr_schedule = "constant"
+    c.learner.grad_clip = 1.0
+    c.learner.kl_coef = 0.001
+    c.learner.kl_estimator = "k3"
+    c.learner.entropy_coef = 0.001
+    c.learner.clip_ratio_low = 0.2
+    c.learner.clip_ratio_high = 0.2
+    c.learner.loss_agg_mode = "token_mean"
+    c.learner.micro_batch_size = 8
+    c.learner.mini_batches = 1
+    c.learner.epochs = 1
+    c.learner.dtype = "float32"
+    c.learner.remat = True
+    c.learner.mesh = ConfigDict({"data": 1, "fsdp": -1, "tensor": 1})
+    return c
+
+
+def use_ppo(c: ConfigDict) -> ConfigDict:
+    """PPO with a critic (GAE) instead of GRPO."""
+    c.learner.advantage_estimator = "gae"
+    c.learner.gamma = 1.0
+    c.learner.lam = 1.0
+    c.learner.critic_learning_rate = 1e-5
+    c.learner.value_clip = 0.5
+    c.train.samples_per_task = 1
+    c.train.tasks_per_step = 64
+    return c
+
+
+def use_fixed_horizon(c: ConfigDict, turns: int) -> ConfigDict:
+    c.horizon.type = "fixed"
+    c.horizon.turns = turns
+    return c

@@ -1,0 +1,88 @@
+"""Start (or connect to) what a run needs: environment servers, env clients, rollout backend.
+
+When the config names no URL for an environment, its server is started on loopback with
+``environments.launcher.start_env_server`` and stopped when the run ends (Ctrl-C included:
+everything is registered on an ``ExitStack`` that the trainer closes in ``finally``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from typing import Any, Mapping, Sequence
+
+log = logging.getLogger(__name__)
+
+
+def _as_list(value: Any) -> list[str]:
+    if value is None:
+        return []
+    if isinstance(value, str):
+        return [v.strip() for v in value.split(",") if v.strip()]
+    return [str(v) for v in value]
+
+
+def env_names(config: Any) -> list[str]:
+    names = _as_list(config.env.names)
+    if not names:
+        raise ValueError("config.env.names lists no environment")
+    return names
+
+
+def start_env_services(config: Any, stack: contextlib.ExitStack) -> dict[str, list[str]]:
+    """URLs per environment: from ``config.env.urls.<name>`` or servers started here."""
+    from environments.launcher import start_env_server
+
+    urls: dict[str, list[str]] = {}
+    configured: Mapping[str, Any] = dict(config.env.get("urls", {}) or {})
+    server_args: Mapping[str, Any] = dict(config.env.get("server_args", {}) or {})
+    for name in env_names(config):
+        given = _as_list(configured.get(name))
+        if given:
+            urls[name] = given
+            continue
+        extra = _as_list(server_args.get(name)) if isinstance(server_args.get(name), str) else \
+            list(server_args.get(name) or [])
+        replicas = int(config.env.get("replicas", 1))
+        urls[name] = []
+        for _ in range(replicas):
+            server = start_env_server(name, extra_args=[a for arg in extra for a in arg.split()])
+            stack.callback(server.stop)
+            log.info("started %s environment server at %s", name, server.url)
+            urls[name].append(server.url)
+    return urls
+
+
+def make_env_clients(urls: Mapping[str, Sequence[str]], config: Any,
+                     stack: contextlib.AsyncExitStack) -> dict[str, Any]:
+    from environments.core.client import EnvClient
+
+    clients = {}
+    for name, replica_urls in urls.items():
+        client = EnvClient(list(replica_urls), timeout=float(config.env.get("timeout", 120.0)),
+                           max_connections=int(config.rollout.max_concurrency) * 2)
+        stack.push_async_callback(client.aclose)
+        clients[name] = client
+    return clients
+
+
+def make_backend(config: Any, model: Any, tokenizer: Any, model_path: str | None) -> Any:
+    """The rollout backend named by ``config.rollout.backend``."""
+    from agentrl_jax.rollout.base import create_backend
+
+    rollout = config.rollout
+    if rollout.backend == "embedded":
+        from agentrl_jax.rollout.engine import Engine, EngineConfig
+
+        engine_config = EngineConfig(
+            max_batch=int(rollout.max_batch), max_length=int(rollout.max_context),
+            dtype=rollout.get("engine_dtype") or None,
+            weights_dtype=rollout.get("engine_dtype") or None,
+            decode_steps=int(rollout.get("decode_steps", 16)), seed=int(config.seed))
+        return Engine(model, engine_config, tokenizer=tokenizer, model_path=model_path)
+    if rollout.backend == "sglang":
+        urls = _as_list(rollout.get("urls"))
+        if not urls:
+            raise ValueError("rollout.backend='sglang' needs rollout.urls (comma-separated)")
+        return create_backend("sglang", urls=urls)
+    raise ValueError(f"unknown rollout backend {rollout.backend!r} (embedded, sglang)")

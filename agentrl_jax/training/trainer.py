@@ -1,0 +1,262 @@
+"""The RL trainer loop.
+
+Each step: horizon from the schedule -> tasks from the sampler -> asynchronous rollout ->
+batch assembly (error trajectories dropped) -> learner update (old / reference logprobs,
+advantages, PPO/GRPO updates) -> weight sync to the rollout backend (in place when colocated,
+through a safetensors export for SGLang) -> logs (TensorBoard, metrics JSONL, trajectory JSONL)
+-> periodic evaluation -> checkpoint. Resuming restores params, optimizer, step and task cursor;
+the horizon is a pure function of the step, so it resumes exactly.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import json
+import logging
+import os
+import sys
+import time
+from typing import Any
+
+import numpy as np
+
+from agentrl_jax.agent.actor_pool import ActorPool, RolloutStats, TaskRef
+from agentrl_jax.agent.chat import ChatFormatter
+from agentrl_jax.agent.parsing import get_parser
+from agentrl_jax.agent.trajectory import Trajectory
+from agentrl_jax.rollout.base import SamplingParams
+from agentrl_jax.training import services
+from agentrl_jax.training.batching import assemble_batch
+from agentrl_jax.training.evaluation import EvalResult, evaluate
+from agentrl_jax.training.schedule import HorizonSchedule
+from agentrl_jax.training.task_sampler import TaskSampler
+
+log = logging.getLogger(__name__)
+
+
+def load_policy(config: Any):
+    """(model, tokenizer, path) from ``config.model``: a pretrained checkpoint, or a random
+    model of ``config.model.random_init`` shape that uses the named checkpoint's tokenizer."""
+    from agentrl_jax.models.pretrained import load_pretrained, resolve_model_path
+    from agentrl_jax.models.tokenizer import load_tokenizer
+
+    mc = config.model
+    random_init = mc.get("random_init")
+    if random_init:
+        from agentrl_jax.models.config import ModelConfig
+        from agentrl_jax.models.llama import init_model
+
+        path = resolve_model_path(mc.name)
+        tokenizer = load_tokenizer(path)
+        shape = dict(random_init)
+        cfg = ModelConfig(vocab_size=len(tokenizer), eos_token_id=tokenizer.eos_token_id,
+                          pad_token_id=tokenizer.pad_token_id,
+                          bos_token_id=tokenizer.bos_token_id, dtype=mc.get("dtype", "float32"),
+                          **shape)
+        return init_model(cfg, seed=int(config.seed)), tokenizer, None
+    pretrained = load_pretrained(mc.name, dtype=mc.get("dtype", "float32"))
+    return pretrained.model, pretrained.tokenizer, pretrained.path
+
+
+@dataclasses.dataclass
+class StepRecord:
+    step: int
+    horizon: int
+    rollout: RolloutStats
+    metrics: dict[str, float]
+    seconds: float
+
+
+class Trainer:
+    """Owns every component of a run; ``run()`` trains and returns a summary dict."""
+
+    def __init__(self, config: Any, workdir: str, progress: bool = True):
+        self.config = config
+        self.workdir = os.path.abspath(workdir)
+        self.show_progress = progress and sys.stderr.isatty() or bool(config.get("progress"))
+        os.makedirs(self.workdir, exist_ok=True)
+        self.schedule = HorizonSchedule.from_config(dict(config.horizon))
+        self.history: list[StepRecord] = []
+        self.evals: list[tuple[int, EvalResult]] = []
+
+    # ----------------------------------------------------------------------------- set-up
+    def _write_config(self) -> None:
+        with open(os.path.join(self.workdir, "config.json"), "w") as f:
+            f.write(self.config.to_json_best_effort(indent=2))
+
+    def _sampling(self) -> SamplingParams:
+        r = self.config.rollout
+        return SamplingParams(max_new_tokens=int(r.max_new_tokens),
+                              temperature=float(r.temperature), top_p=float(r.top_p),
+                              top_k=int(r.get("top_k", -1)))
+
+    async def _tasks(self, clients: dict[str, Any], split: str, limit: int | None
+                     ) -> list[TaskRef]:
+        tasks: list[TaskRef] = []
+        for name, client in clients.items():
+            ids = await client.tasks(split)
+            if limit is not None and split != "train":
+                ids = ids[:limit]  # the test split's fixed order: a stable held-out sample
+            tasks.extend(TaskRef(name, t) for t in ids)
+        return tasks
+
+    def _log_trajectories(self, step: int, trajectories: list[Trajectory], kind: str) -> None:
+        path = os.path.join(self.workdir, f"trajectories_{kind}.jsonl")
+        with open(path, "a") as f:
+            for t in trajectories:
+                f.write(json.dumps(t.to_json(step)) + "\n")
+
+    # ----------------------------------------------------------------------------- run
+    def run(self) -> dict[str, Any]:
+        return asyncio.run(self._run())
+
+    async def _run(self) -> dict[str, Any]:
+        from agentrl_jax.learner.learner import Learner
+
+        cfg = self.config
+        self._write_config()
+        with contextlib.ExitStack() as stack:
+            async with contextlib.AsyncExitStack() as astack:
+                self._say(f"starting environment servers: {services.env_names(cfg)}")
+                urls = services.start_env_services(cfg, stack)
+                clients = services.make_env_clients(urls, cfg, astack)
+                self._say(f"loading model {cfg.model.name}"
+                          + (" (random init)" if cfg.model.get("random_init") else ""))
+                model, tokenizer, model_path = load_policy(cfg)
+                learner = Learner(model, dict(cfg.learner),
+                                  checkpoint_dir=os.path.join(self.workdir, "checkpoints"),
+                                  max_to_keep=int(cfg.train.get("keep_checkpoints", 3)),
+                                  log_dir=os.path.join(self.workdir, "tensorboard"),
+                                  metrics_jsonl=os.path.join(self.workdir, "metrics.jsonl"))
+                stack.callback(learner.close)
+                resumed = learner.restore_latest()
+                start_step = int(resumed["step"]) if resumed else 0
+                cursor = int(resumed.get("cursor", 0)) if resumed else 0
+                self._say("starting rollout backend "
+                          f"{cfg.rollout.backend}" + (f" (resumed at step {start_step})"
+                                                      if resumed else ""))
+                backend = services.make_backend(cfg, learner.policy_model() if resumed else model,
+                                                tokenizer, model_path)
+                astack.push_async_callback(backend.aclose)
+                formatter = ChatFormatter(tokenizer, tuple(model.cfg.eos_token_ids) or None)
+                pool = ActorPool(backend, clients, formatter, self._sampling(),
+                                 max_context=int(cfg.rollout.max_context),
+                                 max_concurrency=int(cfg.rollout.max_concurrency),
+                                 parser=get_parser(cfg.rollout.get("parser", "react")))
+                train_tasks = await self._tasks(clients, "train", None)
+                eval_tasks = await self._tasks(clients, "test", int(cfg.train.eval_tasks))
+                sampler = TaskSampler(train_tasks, seed=int(cfg.seed), cursor=cursor)
+                return await self._loop(learner, backend, pool, sampler, eval_tasks, start_step)
+
+    async def _evaluate(self, pool: ActorPool, tasks: list[TaskRef], step: int,
+                        learner: Any) -> EvalResult:
+        t0 = time.monotonic()
+        result, trajectories = await evaluate(pool, tasks, k=int(self.config.train.eval_samples),
+                                              horizon=int(self.config.train.eval_horizon),
+                                              policy_version=step, seed=int(self.config.seed))
+        self._log_trajectories(step, trajectories, "eval")
+        metrics = result.as_metrics()
+        metrics["eval/seconds"] = time.monotonic() - t0
+        if learner.writer is not None:
+            learner.writer.write(step, metrics)
+        self.evals.append((step, result))
+        self._say(f"[eval step {step}] avg@{result.k}={result.avg_at_k:.3f} "
+                  f"pass@{result.k}={result.pass_at_k:.3f} over {result.num_tasks} tasks "
+                  f"({metrics['eval/seconds']:.0f} s)")
+        return result
+
+    async def _sync_weights(self, backend: Any, learner: Any, step: int) -> None:
+        if self.config.rollout.backend == "embedded":
+            await backend.update_weights(learner.params, version=str(step))
+        else:
+            await backend.update_weights(learner.policy_model(), version=str(step))
+
+    async def _loop(self, learner: Any, backend: Any, pool: ActorPool, sampler: TaskSampler,
+                    eval_tasks: list[TaskRef], start_step: int) -> dict[str, Any]:
+        cfg = self.config
+        total = int(cfg.train.total_steps)
+        eval_every = int(cfg.train.get("eval_every", 0))
+        save_every = int(cfg.train.get("save_every", 1))
+        if cfg.train.get("eval_before", False) and start_step == 0 and eval_tasks:
+            await self._evaluate(pool, eval_tasks, 0, learner)
+        for step in range(start_step, total):
+            t0 = time.monotonic()
+            horizon = self.schedule.horizon(step)
+            tasks = sampler.next(int(cfg.train.tasks_per_step))
+            bar = self._progress_bar(len(tasks) * int(cfg.train.samples_per_task),
+                                     f"step {step + 1}/{total} rollout (horizon {horizon})")
+            pool.progress = (lambda _t: bar.update(1)) if bar else None
+            trajectories, stats = await pool.collect(tasks, int(cfg.train.samples_per_task),
+                                                     horizon, policy_version=step,
+                                                     seed=int(cfg.seed) + step)
+            if bar:
+                bar.close()
+            self._log_trajectories(step, trajectories, "train")
+            ok = [t for t in trajectories if t.ok]
+            metrics: dict[str, float] = {"train/horizon": float(horizon),
+                                         "train/phase": float(self.schedule.phase(step))}
+            metrics.update(stats.as_metrics())
+            if ok:
+                batch = assemble_batch(ok, pad_id=int(cfg.model.get("pad_id", 0)))
+                update = await asyncio.to_thread(learner.update, batch, False)
+                metrics.update(update)
+                await self._sync_weights(backend, learner, step + 1)
+            else:
+                log.warning("step %d: every trajectory failed (%s); no update", step,
+                            stats.statuses)
+                learner.update_step += 1  # the step still counts, so the schedule moves on
+            metrics["train/step_seconds"] = time.monotonic() - t0
+            if learner.writer is not None:
+                learner.writer.write(step + 1, metrics)
+            self.history.append(StepRecord(step + 1, horizon, stats, metrics,
+                                           metrics["train/step_seconds"]))
+            self._say(f"[step {step + 1}/{total}] horizon={horizon} "
+                      f"reward={stats.mean_reward:.3f} success={stats.success_rate:.2f} "
+                      f"turns={stats.mean_turns:.1f} tokens={stats.generated_tokens} "
+                      f"dropped={stats.dropped} loss={metrics.get('loss', float('nan')):.4f} "
+                      f"({metrics['train/step_seconds']:.1f} s)")
+            if eval_every and (step + 1) % eval_every == 0 and eval_tasks:
+                await self._evaluate(pool, eval_tasks, step + 1, learner)
+            if (step + 1) % save_every == 0 or step + 1 == total:
+                learner.save({"step": step + 1, "cursor": sampler.cursor}, step=step + 1,
+                             force=True)
+        learner.wait()
+        return self._summary(start_step, total)
+
+    # ----------------------------------------------------------------------------- output
+    def _summary(self, start_step: int, total: int) -> dict[str, Any]:
+        summary: dict[str, Any] = {"workdir": self.workdir, "start_step": start_step,
+                                   "final_step": total,
+                                   "final_horizon": self.schedule.horizon(max(total - 1, 0))}
+        if self.history:
+            summary["first_reward"] = self.history[0].rollout.mean_reward
+            summary["last_reward"] = self.history[-1].rollout.mean_reward
+            summary["mean_step_seconds"] = float(np.mean([h.seconds for h in self.history]))
+        if self.evals:
+            summary["evals"] = {step: dataclasses.asdict(r) for step, r in self.evals}
+        with open(os.path.join(self.workdir, "summary.json"), "w") as f:
+            json.dump(summary, f, indent=2, default=str)
+        lines = [f"run finished: steps {start_step}->{total}, final horizon "
+                 f"{summary['final_horizon']}"]
+        if self.history:
+            lines.append(f"  train reward: first step {summary['first_reward']:.3f}, last step "
+                         f"{summary['last_reward']:.3f}; {summary['mean_step_seconds']:.1f} s/step")
+        for step, r in self.evals:
+            lines.append(f"  eval @ step {step}: avg@{r.k}={r.avg_at_k:.3f} "
+                         f"pass@{r.k}={r.pass_at_k:.3f} ({r.num_tasks} tasks)")
+        lines.append(f"  outputs: {self.workdir} (checkpoints/, tensorboard/, metrics.jsonl, "
+                     "trajectories_*.jsonl, summary.json)")
+        self._say("\n".join(lines))
+        return summary
+
+    def _progress_bar(self, total: int, desc: str):
+        if not self.show_progress:
+            return None
+        from tqdm import tqdm
+        return tqdm(total=total, desc=desc, unit="ep", leave=False, file=sys.stderr)
+
+    @staticmethod
+    def _say(message: str) -> None:
+        print(message, flush=True)

@@ -1,0 +1,49 @@
+"""The main job: train an LLM agent with multi-turn RL.
+
+    python launch/run.py --config experiments/babyai_grpo_scaling.py --workdir runs/babyai
+    python launch/run.py --config experiments/smoke.py --config.train.total_steps=2
+
+With no URLs in the config it starts the environment servers and the embedded rollout engine on
+loopback and stops them on exit (Ctrl-C included). Re-running with the same --workdir resumes
+from the latest checkpoint. On several hosts (TPU pod, GPU cluster) pass --distributed.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from absl import app, flags  # noqa: E402
+from absl import logging as absl_logging  # noqa: E402
+from ml_collections import config_flags  # noqa: E402
+
+_CONFIG = config_flags.DEFINE_config_file("config", None, "experiment config file",
+                                          lock_config=True)
+_WORKDIR = flags.DEFINE_string("workdir", None, "output directory (default runs/<config name>)")
+_DISTRIBUTED = flags.DEFINE_bool("distributed", False,
+                                 "call jax.distributed.initialize() (multi-host runs)")
+
+
+def main(argv: list[str]) -> int:
+    del argv
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    absl_logging.set_verbosity(absl_logging.WARNING)  # orbax logs every save at INFO
+    config = _CONFIG.value
+    if config is None:
+        raise app.UsageError("--config experiments/<name>.py is required")
+    if _DISTRIBUTED.value:
+        import jax
+        jax.distributed.initialize()
+    workdir = _WORKDIR.value or os.path.join(
+        "runs", os.path.splitext(os.path.basename(flags.FLAGS["config"].config_filename))[0])
+    from agentrl_jax.training.trainer import Trainer
+
+    Trainer(config, workdir).run()
+    return 0
+
+
+if __name__ == "__main__":
+    app.run(main)
