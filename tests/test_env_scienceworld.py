@@ -22,6 +22,7 @@ from environments.core.base import InvalidTaskError  # noqa: E402
 from environments.scienceworld.catalog import ScienceWorldCatalog, parse_task_id  # noqa: E402
 from environments.scienceworld.env import ScienceWorldEnvironment  # noqa: E402
 from environments.scienceworld.pool import (  # noqa: E402
+    PoolBusyError,
     PoolClosedError,
     PoolTimeoutError,
     SimulatorPool,
@@ -170,6 +171,19 @@ def test_pool_is_bounded_blocks_and_reuses():
     assert a.stopped
     with pytest.raises(PoolClosedError):
         pool.acquire()
+
+
+def test_pool_bounds_the_number_of_waiters():
+    pool = SimulatorPool(size=1, factory=FakeSim, stopper=lambda s: None, max_waiting=1)
+    held = pool.acquire()
+    waiter = threading.Thread(target=lambda: pool.release(pool.acquire(timeout=5)))
+    waiter.start()
+    assert wait_until(lambda: pool.stats()["waiting"] == 1, 5)
+    with pytest.raises(PoolBusyError):  # a second waiter would be one too many
+        pool.acquire(timeout=5)
+    pool.release(held)
+    waiter.join(5)
+    assert not waiter.is_alive() and pool.stats()["idle"] == 1
 
 
 # ------------------------------------------------------------------------ in-process episodes

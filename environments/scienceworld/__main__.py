@@ -1,4 +1,12 @@
-"""``python -m environments.scienceworld [--pool-size N] [--max-steps N] [server options]``."""
+"""``python -m environments.scienceworld [--pool-size N] [--max-steps N] [server options]``.
+
+--pool-size N                JVMs at most (default 2 or $SCIENCEWORLD_POOL_SIZE; ~1-2 GB each)
+--max-steps N                steps per episode before truncation (default 100)
+--valid-actions-each-step    put the valid-action list into every step's info (slow)
+--simplifications S          e.g. "easy" or "openDoors,teleportAction"
+--tasks a,b                  serve only these task names
+Sessions beyond the pool size wait for a JVM on create/reset (at most workers - pool - 4 at once).
+"""
 
 from __future__ import annotations
 
@@ -16,15 +24,20 @@ def parse_family_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     parser.add_argument("--valid-actions-each-step", action="store_true", help="list valid actions every step (slow)")
     parser.add_argument("--simplifications", default=CONFIG.simplifications, help='e.g. "easy" or "openDoors,teleportAction"')
     parser.add_argument("--tasks", default=None, help="comma-separated task names to serve (default: all 30)")
-    return parser.parse_known_args(argv)
+    parser.add_argument("--workers", type=int, default=32)  # the server's option, read here and passed on
+    family_args, rest = parser.parse_known_args(argv)
+    return family_args, [*rest, "--workers", str(family_args.workers)]
 
 
 if __name__ == "__main__":
     if any(a in ("-h", "--help") for a in sys.argv[1:]):
-        print(__doc__.strip(), "\nfamily options: --pool-size --max-steps --valid-actions-each-step --simplifications --tasks\n")
+        print(__doc__.strip(), "\n")
     family_args, rest = parse_family_args(sys.argv[1:])
     configure(
         pool_size=family_args.pool_size,
+        # creates waiting for a JVM hold server threads: keep enough threads free for the calls
+        # that give JVMs back (close, the last step of an episode)
+        max_waiting=max(1, family_args.workers - family_args.pool_size - 4),
         max_steps=family_args.max_steps,
         valid_actions_each_step=family_args.valid_actions_each_step,
         simplifications=family_args.simplifications,

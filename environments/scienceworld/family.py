@@ -12,12 +12,13 @@ from typing import Sequence
 from environments.registry import Family
 from environments.scienceworld.catalog import ScienceWorldCatalog
 from environments.scienceworld.env import ScienceWorldEnvironment
-from environments.scienceworld.pool import DEFAULT_POOL_SIZE, configure_pool
+from environments.scienceworld.pool import DEFAULT_MAX_WAITING, DEFAULT_POOL_SIZE, configure_pool
 
 
 @dataclasses.dataclass
 class ScienceWorldConfig:
     pool_size: int = DEFAULT_POOL_SIZE
+    max_waiting: int = DEFAULT_MAX_WAITING
     max_steps: int = 100
     valid_actions_each_step: bool = False
     simplifications: str = ""
@@ -33,7 +34,7 @@ def configure(**options) -> ScienceWorldConfig:
         if not hasattr(CONFIG, key):
             raise TypeError(f"unknown ScienceWorld option {key!r}")
         setattr(CONFIG, key, value)
-    configure_pool(CONFIG.pool_size)
+    configure_pool(CONFIG.pool_size, CONFIG.max_waiting)
     return CONFIG
 
 

@@ -3,7 +3,10 @@
 A JVM costs ~1.9 GB of memory and 1-4 s to start, so environment instances do not own one: an
 instance borrows a simulator when an episode starts and gives it back when the episode ends or the
 instance is closed. At most ``size`` JVMs are ever started; a borrower beyond that waits until one
-is returned (or ``timeout`` passes: ``PoolTimeoutError``). A simulator that raised during use is
+is returned (or ``timeout`` passes: ``PoolTimeoutError``). At most ``max_waiting`` borrowers wait at
+once; more fail at once with ``PoolBusyError``. That bound matters in the HTTP server, whose
+environment calls share a thread pool: if every thread waited for a simulator, the calls that
+return simulators (``close``, the step that ends an episode) could never run. A simulator that raised during use is
 discarded (its JVM is stopped) and a fresh one is started on demand.
 
 ``shutdown()`` stops every JVM; it runs at interpreter exit as well. The JVMs are also started with
@@ -24,10 +27,15 @@ log = logging.getLogger("environments.scienceworld")
 
 DEFAULT_POOL_SIZE = int(os.environ.get("SCIENCEWORLD_POOL_SIZE", "2"))
 DEFAULT_ACQUIRE_TIMEOUT = float(os.environ.get("SCIENCEWORLD_ACQUIRE_TIMEOUT", "600"))
+DEFAULT_MAX_WAITING = 16
 
 
 class PoolTimeoutError(RuntimeError):
     """No simulator became free within the timeout."""
+
+
+class PoolBusyError(RuntimeError):
+    """Too many borrowers are already waiting."""
 
 
 class PoolClosedError(RuntimeError):
@@ -67,6 +75,7 @@ def java_pid(sim: Any) -> int | None:
 class SimulatorPool:
     """At most ``size`` simulators, lent out one borrower at a time.
 
+    max_waiting: borrowers allowed to wait at once (more get ``PoolBusyError``).
     factory / stopper: how to start and stop a simulator (tests may pass fakes).
     """
 
@@ -75,10 +84,12 @@ class SimulatorPool:
         size: int = DEFAULT_POOL_SIZE,
         factory: Callable[[], Any] = start_simulator,
         stopper: Callable[[Any], None] = stop_simulator,
+        max_waiting: int = DEFAULT_MAX_WAITING,
     ) -> None:
         if size < 1:
             raise ValueError("pool size must be >= 1")
         self.size = size
+        self.max_waiting = max(0, max_waiting)
         self._factory = factory
         self._stopper = stopper
         self._cond = threading.Condition()
@@ -108,6 +119,10 @@ class SimulatorPool:
                     if self._total() < self.size:
                         self._starting += 1
                         break
+                    if self._waiting > self.max_waiting:
+                        raise PoolBusyError(
+                            f"{self._waiting - 1} borrowers already wait for the {self.size} ScienceWorld simulators"
+                        )
                     remaining = None if deadline is None else deadline - time.monotonic()
                     if remaining is not None and remaining <= 0:
                         raise PoolTimeoutError(
@@ -186,17 +201,20 @@ class SimulatorPool:
 _POOL: SimulatorPool | None = None
 _POOL_LOCK = threading.Lock()
 _pool_size = DEFAULT_POOL_SIZE
+_max_waiting = DEFAULT_MAX_WAITING
 
 
-def configure_pool(size: int) -> None:
+def configure_pool(size: int, max_waiting: int | None = None) -> None:
     """Set the size of the process-wide pool (before its first use, or after ``shutdown_pool``)."""
-    global _pool_size
+    global _pool_size, _max_waiting
     if size < 1:
         raise ValueError("pool size must be >= 1")
     with _POOL_LOCK:
         if _POOL is not None and _POOL.size != size:
             raise RuntimeError("the ScienceWorld pool is already running; call shutdown_pool() first")
         _pool_size = size
+        if max_waiting is not None:
+            _max_waiting = max_waiting
 
 
 def get_pool() -> SimulatorPool:
@@ -204,7 +222,7 @@ def get_pool() -> SimulatorPool:
     global _POOL
     with _POOL_LOCK:
         if _POOL is None:
-            _POOL = SimulatorPool(_pool_size)
+            _POOL = SimulatorPool(_pool_size, max_waiting=_max_waiting)
         return _POOL
 
 
