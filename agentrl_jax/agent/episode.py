@@ -38,6 +38,7 @@ class Episode:
         self.session_id = f"ep-{uuid.uuid4().hex[:16]}"
         self.trajectory = Trajectory(env=env_name, task_id=task_id, group_id=group_id,
                                      sample_index=sample_index, horizon=horizon,
+                                     episode_id=self.session_id,
                                      policy_version=policy_version)
         self.env_id: str | None = None
         self.system: str | None = None

@@ -37,7 +37,7 @@ def parse_react(text: str) -> ParsedAction:
         return ParsedAction(None, "no 'Action:' line")
     action = matches[-1].group(1).strip().splitlines()[0].strip() if matches[-1].group(1).strip() \
         else ""
-    action = action.strip("`\"' ").rstrip(".").strip()
+    action = action.strip("`\"' ").rstrip(".").strip("`\"' ")
     if not action:
         return ParsedAction(None, "empty action")
     if len(action) > MAX_ACTION_CHARS:

@@ -30,6 +30,7 @@ class Trajectory:
     task_id: str
     group_id: int
     sample_index: int
+    episode_id: str = ""  # also the rollout session id (prefix-cache key)
     token_ids: list[int] = dataclasses.field(default_factory=list)
     loss_mask: list[int] = dataclasses.field(default_factory=list)
     logprobs: list[float] = dataclasses.field(default_factory=list)

@@ -1,0 +1,50 @@
+"""Evaluate an agent: Avg@k and Pass@k (success = score > 0) on the test split.
+
+    python launch/eval.py --config experiments/babyai_grpo_scaling.py               # base model
+    python launch/eval.py --config experiments/babyai_grpo_scaling.py \
+        --checkpoint runs/babyai_grpo_scaling/checkpoints [--step 300] --k 4 --tasks 64
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from absl import app, flags  # noqa: E402
+from absl import logging as absl_logging  # noqa: E402
+from ml_collections import config_flags  # noqa: E402
+
+_CONFIG = config_flags.DEFINE_config_file("config", None, "experiment config file")
+_CHECKPOINT = flags.DEFINE_string("checkpoint", None, "checkpoint directory (omit: base model)")
+_STEP = flags.DEFINE_integer("step", None, "checkpoint step (default: latest)")
+_K = flags.DEFINE_integer("k", 4, "samples per task (Avg@k / Pass@k)")
+_TASKS = flags.DEFINE_integer("tasks", 64, "test tasks per environment (first N of the split)")
+_HORIZON = flags.DEFINE_integer("horizon", None, "turn limit (default config.train.eval_horizon)")
+_SPLIT = flags.DEFINE_string("split", "test", "task split")
+_OUTPUT = flags.DEFINE_string("output", None, "write the result JSON (+ trajectories) here")
+
+
+def main(argv: list[str]) -> int:
+    del argv
+    logging.basicConfig(level=logging.WARNING)
+    absl_logging.set_verbosity(absl_logging.WARNING)
+    if _CONFIG.value is None:
+        raise app.UsageError("--config is required")
+    from agentrl_jax.training.eval_job import evaluate_sync
+
+    result = evaluate_sync(_CONFIG.value, _CHECKPOINT.value, _STEP.value, k=_K.value,
+                           num_tasks=_TASKS.value, horizon=_HORIZON.value, output=_OUTPUT.value,
+                           split=_SPLIT.value)
+    print(f"avg@{result.k}={result.avg_at_k:.4f} pass@{result.k}={result.pass_at_k:.4f} "
+          f"mean_reward={result.mean_reward:.4f} tasks={result.num_tasks} "
+          f"dropped={result.dropped}")
+    for env, m in result.per_env.items():
+        print(f"  {env}: " + " ".join(f"{k}={v:.4f}" for k, v in m.items()))
+    return 0
+
+
+if __name__ == "__main__":
+    app.run(main)
