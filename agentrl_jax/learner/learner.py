@@ -1,0 +1,507 @@
+"""``Learner``: policy (+ critic, + frozen reference) parameters, optimiser states and the
+jitted functions that update them from rollout batches.
+
+Batch contract (NumPy or JAX arrays; ``B`` trajectories, ``T`` tokens)::
+
+    tokens [B, T] int32           prompt, generated and observation tokens, right-padded
+    loss_mask [B, T]              1 on tokens the policy generated (loss_mask[:, 0] must be 0)
+    attention_mask [B, T]         1 on real tokens (a prefix of each row unless
+                                  config.use_attention_mask)
+    rollout_logprobs [B, T]       sampler's logprob of each token at its own index
+    group_id [B] int              samples of the same task share an id
+    reward [B]                    outcome score (placed on the last generated token)
+    token_rewards [B, T]          optional per-token rewards
+    advantages, returns [B, T]    optional: precomputed (skips the advantage estimator)
+
+``update(batch)``: pad T up to a length bucket and B up to ``mini_batches x n_micro x
+micro_batch_size`` rows (zero-mask rows); old logprobs (``ratio_source="recompute"``),
+reference logprobs (``kl_coef > 0``) and values (critic) in forward-only passes; KL-in-reward
+penalty; advantages (``agentrl_jax.algorithms.compute_advantages``); then ``epochs`` x
+``mini_batches`` jitted optimiser steps, each accumulating gradients over ``n_micro``
+micro-batches. Returns a flat ``dict[str, float]`` of metrics.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import time
+from typing import Any, Mapping
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+from agentrl_jax.algorithms import compute_advantages, kl_estimate
+from agentrl_jax.learner.checkpoint import Checkpointer
+from agentrl_jax.learner.config import LearnerConfig, bucket_length
+from agentrl_jax.learner.critic import ValueModel, critic_from_policy, values_fn
+from agentrl_jax.learner.logprobs import token_logprobs
+from agentrl_jax.learner.metrics import MetricsWriter, Throughput, batch_stats
+from agentrl_jax.learner.optim import make_optimizer, optimizer_step_count
+from agentrl_jax.learner.train_step import make_train_step, minibatch_sharding
+from agentrl_jax.models.config import ModelConfig
+from agentrl_jax.models.llama import CausalLM
+from agentrl_jax.sharding.mesh import mesh_from_config
+from agentrl_jax.sharding.rules import BATCH_AXES, batch_sharding, state_shardings
+
+Batch = Mapping[str, Any]
+
+_REQUIRED = ("tokens", "loss_mask", "attention_mask", "group_id", "reward")
+
+# Compiled functions shared by Learner objects with the same model / config / mesh (tests,
+# restarts in one process): a new Learner does not recompile.
+_JIT_CACHE: dict[Any, Any] = {}
+
+
+def _cached(key, build):
+    if key not in _JIT_CACHE:
+        _JIT_CACHE[key] = build()
+    return _JIT_CACHE[key]
+
+
+def _abstract(module_fn):
+    return nnx.eval_shape(module_fn)
+
+
+def _copy_tree(tree, dtype=None):
+    """A real copy (new buffers; never aliased by donation), optionally cast."""
+    return jax.tree.map(lambda x: jnp.array(x, dtype=dtype or x.dtype, copy=True), tree)
+
+
+def _as_np(x, dtype) -> np.ndarray:
+    return np.asarray(jax.device_get(x)).astype(dtype, copy=False)
+
+
+class Learner:
+    """Holds and updates the policy (and critic / reference); see the module docstring.
+
+    Args:
+      model: the policy (its parameters become the learner's: the arrays may be donated, do
+        not use ``model`` afterwards; get the current policy from ``policy_model()``).
+      config: ``LearnerConfig`` or a dict of its fields.
+      mesh: device mesh (default: ``mesh_from_config(config.mesh)`` over all devices).
+      reference: frozen reference policy for the KL term (default: a copy of ``model``).
+      critic: value model (default: ``critic_from_policy(model)`` when the config needs one).
+      checkpoint_dir / max_to_keep / async_checkpoint: orbax checkpointing (optional).
+      log_dir: tensorboardX directory (optional); ``metrics_jsonl``: JSON-lines copy.
+    """
+
+    def __init__(self, model: CausalLM, config: LearnerConfig | Mapping[str, Any] | None = None,
+                 *, mesh: Mesh | None = None, reference: CausalLM | None = None,
+                 critic: ValueModel | None = None, checkpoint_dir: str | None = None,
+                 max_to_keep: int | None = 3, async_checkpoint: bool = True,
+                 log_dir: str | None = None, metrics_jsonl: str | None = None):
+        if config is None:
+            config = LearnerConfig()
+        elif not isinstance(config, LearnerConfig):
+            config = LearnerConfig.from_dict(config)
+        self.config = config
+        self.mesh = mesh if mesh is not None else mesh_from_config(config.mesh)
+        batch_shards = int(np.prod([self.mesh.shape[a] for a in BATCH_AXES]))
+        self.batch_shards = batch_shards
+        if config.micro_batch_size % batch_shards:
+            raise ValueError(f"micro_batch_size={config.micro_batch_size} must be a multiple of "
+                             f"the data x fsdp mesh size {batch_shards}")
+        self.logprob_batch_size = config.logprob_batch_size or config.micro_batch_size
+        if self.logprob_batch_size % batch_shards:
+            raise ValueError(f"logprob_batch_size={self.logprob_batch_size} must be a multiple "
+                             f"of the data x fsdp mesh size {batch_shards}")
+
+        # --- policy: compute-dtype graph + the model's float32 parameters, sharded
+        self.model_config: ModelConfig = model.cfg.replace(
+            dtype=config.dtype, remat=config.remat, remat_policy=config.remat_policy,
+            attention_impl=config.attention_impl)
+        self.graphdef = nnx.split(_abstract(lambda: CausalLM(self.model_config, nnx.Rngs(0))),
+                                  nnx.Param)[0]
+        params = nnx.state(model, nnx.Param)
+        self.param_shardings = state_shardings(params, self.mesh)
+        self.tx, self.schedule = make_optimizer(config)
+        self.opt_shardings = state_shardings(jax.eval_shape(self.tx.init, params), self.mesh)
+
+        # reference and critic are built from the model before its buffers can be donated
+        self.ref_params = None
+        if config.use_reference:
+            ref_src = nnx.state(reference, nnx.Param) if reference is not None else params
+            self.ref_params = jax.device_put(_copy_tree(ref_src, jnp.dtype(config.reference_dtype)),
+                                             self.param_shardings)
+        self.critic_graphdef = self.critic_params = self.critic_opt_state = None
+        self.critic_shardings = self.critic_opt_shardings = self.critic_tx = None
+        if config.use_critic:
+            if critic is None:
+                critic = critic_from_policy(model, seed=config.seed)
+            self.critic_graphdef = nnx.split(
+                _abstract(lambda: ValueModel(self.model_config, nnx.Rngs(0))), nnx.Param)[0]
+            cparams = nnx.state(critic, nnx.Param)
+            self.critic_shardings = state_shardings(cparams, self.mesh)
+            self.critic_tx, self.critic_schedule = make_optimizer(
+                config, peak_lr=config.critic_learning_rate)
+            self.critic_opt_shardings = state_shardings(
+                jax.eval_shape(self.critic_tx.init, cparams), self.mesh)
+            self.critic_params = jax.device_put(_copy_tree(cparams), self.critic_shardings)
+            self.critic_opt_state = jax.jit(self.critic_tx.init,
+                                            out_shardings=self.critic_opt_shardings)(
+                                                self.critic_params)
+
+        self.params = jax.device_put(_copy_tree(params), self.param_shardings)
+        self.opt_state = jax.jit(self.tx.init, out_shardings=self.opt_shardings)(self.params)
+        self.update_step = 0  # completed update() calls (rollout batches)
+
+        self.checkpointer = (Checkpointer(checkpoint_dir, max_to_keep=max_to_keep,
+                                          async_save=async_checkpoint)
+                             if checkpoint_dir else None)
+        self.writer = MetricsWriter(log_dir, metrics_jsonl) if (log_dir or metrics_jsonl) else None
+        self.throughput = Throughput(self.model_config, num_devices=self.mesh.size,
+                                     device_kind=self.mesh.devices.flat[0].device_kind)
+        self._cfg_key = json.dumps(config.to_dict(), sort_keys=True, default=str)
+
+    # ------------------------------------------------------------------ jitted functions
+    def _logprob_fn(self, params_dtype: str):
+        cfg = self.config
+        key = ("logprobs", self.graphdef, self.mesh, params_dtype, cfg.logprob_chunk_size,
+               cfg.temperature, cfg.use_attention_mask)
+
+        graphdef, mesh, shardings = self.graphdef, self.mesh, self.param_shardings
+
+        def build():  # closes over locals only (never ``self``: the cache outlives learners)
+            bs = batch_sharding(mesh, 2)
+
+            def fn(params, tokens, attention_mask):
+                lp, ent = token_logprobs(graphdef, params, tokens, attention_mask,
+                                         chunk_size=cfg.logprob_chunk_size,
+                                         temperature=cfg.temperature, with_entropy=True,
+                                         use_attention_mask=cfg.use_attention_mask)
+                return lp, ent
+            return jax.jit(fn, in_shardings=(shardings, bs, bs), out_shardings=(bs, bs))
+        return _cached(key, build)
+
+    def _value_fn(self):
+        key = ("values", self.critic_graphdef, self.mesh, self.config.use_attention_mask)
+
+        def build():
+            bs = batch_sharding(self.mesh, 2)
+            fn = functools.partial(values_fn, self.critic_graphdef,
+                                   use_attention_mask=self.config.use_attention_mask)
+            return jax.jit(lambda p, t, a: fn(p, t, a), in_shardings=(self.critic_shardings, bs, bs),
+                           out_shardings=bs)
+        return _cached(key, build)
+
+    def _train_step(self, batch_keys: tuple[str, ...], train_policy: bool, train_critic: bool):
+        key = ("train", self.graphdef, self.critic_graphdef, self._cfg_key, self.mesh, batch_keys,
+               train_policy, train_critic)
+        return _cached(key, lambda: make_train_step(
+            config=self.config, mesh=self.mesh, policy_graphdef=self.graphdef, policy_tx=self.tx,
+            policy_shardings=self.param_shardings, policy_opt_shardings=self.opt_shardings,
+            critic_graphdef=self.critic_graphdef, critic_tx=self.critic_tx,
+            critic_shardings=self.critic_shardings, critic_opt_shardings=self.critic_opt_shardings,
+            batch_keys=batch_keys, train_policy=train_policy, train_critic=train_critic))
+
+    # ------------------------------------------------------------------ padding
+    def padded_shape(self, batch_size: int, seq_len: int) -> tuple[int, int]:
+        """``(B_pad, T_pad)`` that ``update`` uses for a ``[batch_size, seq_len]`` batch."""
+        cfg = self.config
+        per_mini = -(-batch_size // cfg.mini_batches)
+        n_micro = -(-per_mini // cfg.micro_batch_size)
+        return cfg.mini_batches * n_micro * cfg.micro_batch_size, bucket_length(seq_len, cfg)
+
+    def _check(self, batch: Batch) -> None:
+        tokens = np.asarray(batch["tokens"])
+        if tokens.ndim != 2:
+            raise ValueError(f"tokens must be [B, T], got shape {tokens.shape}")
+        am = np.asarray(batch["attention_mask"]) != 0
+        lm = np.asarray(batch["loss_mask"]) != 0
+        if am.shape != tokens.shape or lm.shape != tokens.shape:
+            raise ValueError("tokens, attention_mask and loss_mask must have the same [B, T] shape")
+        if np.any(lm & ~am):
+            raise ValueError("loss_mask is 1 on a token whose attention_mask is 0")
+        if np.any(lm[:, 0]):
+            raise ValueError("loss_mask[:, 0] must be 0: no logprob exists for a row's first token")
+        if not self.config.use_attention_mask and np.any(am[:, 1:] & ~am[:, :-1]):
+            raise ValueError(
+                "attention_mask is not right-padded (real tokens must form a prefix of each row); "
+                "set LearnerConfig.use_attention_mask=True for arbitrary masks (slower)")
+
+    def _pad(self, batch: Batch, rows: int, cols: int) -> dict[str, np.ndarray]:
+        """Host arrays padded to ``[rows, cols]`` (zeros; fresh group ids on pad rows)."""
+        b, t = np.asarray(batch["tokens"]).shape
+        if cols < t:
+            raise ValueError(f"batch length {t} exceeds padded length {cols}")
+
+        def pad2(x, dtype):
+            out = np.zeros((rows, cols), dtype)
+            out[:b, :t] = np.asarray(x).astype(dtype, copy=False)
+            return out
+
+        out = {"tokens": pad2(batch["tokens"], np.int32),
+               "attention_mask": pad2(batch["attention_mask"], np.int32),
+               "loss_mask": pad2(np.asarray(batch["loss_mask"]) != 0, np.float32)}
+        for k in ("rollout_logprobs", "token_rewards", "advantages", "returns"):
+            if batch.get(k) is not None:
+                out[k] = pad2(batch[k], np.float32)
+        if "reward" in batch:
+            r = np.zeros((rows,), np.float32)
+            r[:b] = np.asarray(batch["reward"], np.float32)
+            out["reward"] = r
+        if "group_id" in batch:
+            g = np.asarray(batch["group_id"]).astype(np.int64)
+            fresh = (g.max() + 1 if b else 0) + np.arange(rows - b)
+            out["group_id"] = np.concatenate([g, fresh]).astype(np.int32)
+        return out
+
+    # ------------------------------------------------------------------ forward passes
+    def _forward_rows(self, fn, params, tokens: np.ndarray, attention_mask: np.ndarray):
+        """Run ``fn(params, tokens, mask)`` over row chunks of ``logprob_batch_size``."""
+        n = self.logprob_batch_size
+        b = tokens.shape[0]
+        rows = -(-b // n) * n
+        if rows != b:
+            tokens = np.pad(tokens, ((0, rows - b), (0, 0)))
+            attention_mask = np.pad(attention_mask, ((0, rows - b), (0, 0)))
+        bs = batch_sharding(self.mesh, 2)
+        outs = []
+        for s in range(0, rows, n):
+            t = jax.device_put(tokens[s:s + n], bs)
+            a = jax.device_put(attention_mask[s:s + n], bs)
+            outs.append(fn(params, t, a))
+        outs = jax.device_get(outs)
+        if isinstance(outs[0], tuple):
+            return tuple(np.concatenate([o[i] for o in outs])[:b] for i in range(len(outs[0])))
+        return np.concatenate(outs)[:b]
+
+    def _prepared_forward(self, batch: Batch, run) -> Any:
+        tokens = np.asarray(batch["tokens"])
+        b, t = tokens.shape
+        am = np.asarray(batch.get("attention_mask", np.ones_like(tokens)))
+        cols = bucket_length(t, self.config)
+        tp = np.zeros((b, cols), np.int32)
+        tp[:, :t] = tokens
+        ap = np.zeros((b, cols), np.int32)
+        ap[:, :t] = am
+        out = run(tp, ap)
+        return tuple(o[:, :t] for o in out) if isinstance(out, tuple) else out[:, :t]
+
+    def compute_logprobs(self, batch: Batch, which: str = "policy", with_entropy: bool = False):
+        """Token-aligned ``logprobs [B, T]`` float32 NumPy (``(logprobs, entropy)`` with
+        ``with_entropy``) of ``batch["tokens"]`` under the current policy (``which="policy"``)
+        or the frozen reference (``"reference"``). See ``logprobs.py`` for the alignment."""
+        if which == "policy":
+            params = self.params
+        elif which == "reference":
+            if self.ref_params is None:
+                raise ValueError("this learner has no reference model (kl_coef == 0)")
+            params = self.ref_params
+        else:
+            raise ValueError(f"which must be 'policy' or 'reference', got {which!r}")
+        fn = self._logprob_fn(str(jax.tree.leaves(params)[0].dtype))
+        lp, ent = self._prepared_forward(
+            batch, lambda t, a: self._forward_rows(fn, params, t, a))
+        return (lp, ent) if with_entropy else lp
+
+    def compute_values(self, batch: Batch) -> np.ndarray:
+        """Token-aligned critic values ``[B, T]`` (``values[:, t] = V(tokens[:, :t])``)."""
+        if self.critic_params is None:
+            raise ValueError("this learner has no critic")
+        fn = self._value_fn()
+        return self._prepared_forward(
+            batch, lambda t, a: self._forward_rows(fn, self.critic_params, t, a))
+
+    # ------------------------------------------------------------------ update
+    def update(self, batch: Batch, log: bool = True) -> dict[str, float]:
+        """One RL update from a rollout batch; returns metrics (also written to the log)."""
+        cfg = self.config
+        for k in _REQUIRED:
+            if k not in batch and not (k in ("group_id", "reward") and "advantages" in batch):
+                raise KeyError(f"batch lacks {k!r}")
+        self._check(batch)
+        t_start = time.perf_counter()
+        b, t = np.asarray(batch["tokens"]).shape
+        rows, cols = self.padded_shape(b, t)
+        hb = self._pad(batch, rows, cols)
+        m = hb["loss_mask"]
+        metrics: dict[str, float] = {}
+
+        # --- forward-only passes (old / reference logprobs, values)
+        t0 = time.perf_counter()
+        need_old = cfg.ratio_source == "recompute" or "rollout_logprobs" not in hb
+        if need_old:
+            old_lp, ent = self._forward_rows(self._logprob_fn("float32"), self.params,
+                                             hb["tokens"], hb["attention_mask"])
+        else:
+            old_lp = hb["rollout_logprobs"]
+        if "rollout_logprobs" in hb and need_old:
+            diff = (hb["rollout_logprobs"] - old_lp)[m > 0]
+            if diff.size:
+                metrics["rollout/logprob_abs_diff_mean"] = float(np.abs(diff).mean())
+                metrics["rollout/logprob_abs_diff_max"] = float(np.abs(diff).max())
+        ref_lp = None
+        if self.ref_params is not None:
+            ref_lp, _ = self._forward_rows(
+                self._logprob_fn(cfg.reference_dtype), self.ref_params, hb["tokens"],
+                hb["attention_mask"])
+        values = None
+        if self.critic_params is not None:
+            values = self._forward_rows(self._value_fn(), self.critic_params, hb["tokens"],
+                                        hb["attention_mask"])
+        t_forward = time.perf_counter() - t0
+
+        # --- rewards and advantages
+        token_rewards = hb.get("token_rewards")
+        if ref_lp is not None:
+            kl_tok = np.asarray(kl_estimate(old_lp, ref_lp, cfg.kl_estimator))
+            metrics["actor/ref_kl"] = float((kl_tok * m).sum() / max(m.sum(), 1.0))
+            if cfg.kl_in_reward:
+                base = token_rewards if token_rewards is not None else np.zeros_like(m)
+                token_rewards = base - cfg.kl_coef * kl_tok * m
+        if "advantages" in hb:
+            adv = hb["advantages"]
+            ret = hb.get("returns", adv)
+        else:
+            out = compute_advantages(
+                cfg.advantage_estimator, rewards=hb["reward"], loss_mask=m,
+                group_ids=hb["group_id"], values=values, token_rewards=token_rewards,
+                gamma=cfg.gamma, lam=cfg.lam, **cfg.advantage_kwargs)
+            adv, ret = _as_np(out.advantages, np.float32), _as_np(out.returns, np.float32)
+
+        mb_data = {"tokens": hb["tokens"], "attention_mask": hb["attention_mask"],
+                   "loss_mask": m, "old_logprobs": _as_np(old_lp, np.float32),
+                   "advantages": adv}
+        if ref_lp is not None and not cfg.kl_in_reward:
+            mb_data["ref_logprobs"] = _as_np(ref_lp, np.float32)
+        if values is not None:
+            mb_data["returns"] = ret
+            mb_data["old_values"] = _as_np(values, np.float32)
+        keys = tuple(sorted(mb_data))
+        train_policy = self.update_step >= cfg.critic_warmup_steps or values is None
+        step_fn = self._train_step(keys, train_policy, values is not None)
+
+        # --- epochs x mini-batches of jitted optimiser steps
+        per_mini = rows // cfg.mini_batches
+        n_micro = per_mini // cfg.micro_batch_size
+        mb_sh = minibatch_sharding(self.mesh)
+        rng = np.random.default_rng([cfg.seed, self.update_step])
+        step_metrics = []
+        lr_before = float(self.schedule(optimizer_step_count(self.opt_state) or 0))
+        t0 = time.perf_counter()
+        for _ in range(cfg.epochs):
+            order = rng.permutation(rows) if cfg.shuffle else np.arange(rows)
+            for k in range(cfg.mini_batches):
+                idx = order[k * per_mini:(k + 1) * per_mini]
+                mb = {name: jax.device_put(
+                    arr[idx].reshape(n_micro, cfg.micro_batch_size, *arr.shape[1:]), mb_sh)
+                    for name, arr in mb_data.items()}
+                (self.params, self.opt_state, self.critic_params, self.critic_opt_state,
+                 sm) = step_fn(self.params, self.opt_state, self.critic_params,
+                               self.critic_opt_state, mb)
+                step_metrics.append(sm)
+        step_metrics = jax.device_get(step_metrics)
+        t_train = time.perf_counter() - t0
+        self.update_step += 1
+
+        # --- metrics
+        for name in step_metrics[0]:
+            vals = np.array([s[name] for s in step_metrics], np.float64)
+            if name.endswith("_max"):
+                metrics[name] = float(vals.max())
+            elif name.endswith("_min"):
+                metrics[name] = float(vals.min())
+            else:
+                metrics[name] = float(vals.mean())
+        metrics["actor/lr"] = lr_before
+        if self.critic_params is not None:
+            metrics["critic/lr"] = float(self.critic_schedule(
+                optimizer_step_count(self.critic_opt_state) or 0))
+        real = np.asarray(batch["loss_mask"]) != 0
+        metrics.update(batch_stats("reward", np.asarray(hb["reward"])[:b]) if "reward" in hb else {})
+        metrics.update(batch_stats("advantages", adv[:b, :t], real))
+        metrics.update(batch_stats("returns", ret[:b, :t], real))
+        if values is not None:
+            metrics.update(batch_stats("critic/values", values[:b, :t], real))
+            r, v = ret[:b, :t][real], values[:b, :t][real]
+            if r.size > 1 and np.var(r) > 0:
+                metrics["critic/explained_variance"] = float(1.0 - np.var(r - v) / np.var(r))
+        metrics.update(batch_stats("response_length", real.sum(-1)))
+        metrics.update(batch_stats("sequence_length",
+                                   (np.asarray(batch["attention_mask"]) != 0).sum(-1)))
+        metrics["batch/rows"] = float(b)
+        metrics["batch/padded_rows"] = float(rows)
+        metrics["batch/padded_length"] = float(cols)
+        metrics["batch/generated_tokens"] = float(real.sum())
+        passes = cfg.epochs * (1 + (values is not None))
+        metrics.update(self.throughput(tokens=rows * cols, seq_len=cols, seconds=t_train,
+                                       passes=passes,
+                                       real_tokens=int((hb["attention_mask"] != 0).sum())))
+        metrics["perf/forward_time_s"] = t_forward
+        metrics["perf/update_time_s"] = time.perf_counter() - t_start
+        metrics["learner/update_step"] = float(self.update_step)
+        metrics["learner/optimizer_step"] = float(optimizer_step_count(self.opt_state) or 0)
+        if log and self.writer is not None:
+            self.writer.write(self.update_step, metrics)
+        return metrics
+
+    # ------------------------------------------------------------------ models / export
+    def policy_model(self) -> CausalLM:
+        """The current policy as an nnx module (compute dtype, sharded float32 parameters)."""
+        return nnx.merge(self.graphdef, self.params)
+
+    def policy_state(self) -> nnx.State:
+        return self.params
+
+    # ------------------------------------------------------------------ checkpoints
+    def _trees(self) -> dict[str, Any]:
+        trees = {"params": self.params, "opt_state": self.opt_state}
+        if self.critic_params is not None:
+            trees["critic_params"] = self.critic_params
+            trees["critic_opt_state"] = self.critic_opt_state
+        return trees
+
+    def trainer_state(self) -> dict[str, Any]:
+        return {"update_step": self.update_step, "seed": self.config.seed,
+                "config": self.config.to_dict()}
+
+    def save(self, extra_state: Mapping[str, Any] | None = None, step: int | None = None,
+             force: bool = False) -> bool:
+        """Checkpoint params, optimiser states and ``trainer_state`` (async).
+
+        ``extra_state``: the caller's JSON-able state (data cursor, curriculum phase, RNG...),
+        returned by ``restore`` / ``restore_latest``. ``step`` defaults to ``update_step``.
+        """
+        if self.checkpointer is None:
+            raise ValueError("Learner was built without checkpoint_dir")
+        state = {"learner": self.trainer_state(), "extra": dict(extra_state or {})}
+        return self.checkpointer.save(self.update_step if step is None else step, self._trees(),
+                                      state, force=force)
+
+    def restore(self, step: int | None = None) -> dict[str, Any]:
+        """Load checkpoint ``step`` (None: latest) into this learner; returns ``extra_state``."""
+        if self.checkpointer is None:
+            raise ValueError("Learner was built without checkpoint_dir")
+        trees, state = self.checkpointer.restore(step, self._trees())
+        self.params = trees["params"]
+        self.opt_state = trees["opt_state"]
+        if self.critic_params is not None:
+            self.critic_params = trees["critic_params"]
+            self.critic_opt_state = trees["critic_opt_state"]
+        self.update_step = int(state.get("learner", {}).get("update_step", 0))
+        return dict(state.get("extra", {}))
+
+    def restore_latest(self) -> dict[str, Any] | None:
+        """Resume from the newest checkpoint if there is one (returns its ``extra_state``),
+        else leave the learner as built and return ``None``."""
+        if self.checkpointer is None or self.checkpointer.latest_step() is None:
+            return None
+        return self.restore(None)
+
+    def wait(self) -> None:
+        if self.checkpointer is not None:
+            self.checkpointer.wait()
+
+    def close(self) -> None:
+        if self.checkpointer is not None:
+            self.checkpointer.close()
+        if self.writer is not None:
+            self.writer.close()
+
+
+__all__ = ["Learner"]

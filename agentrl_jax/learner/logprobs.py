@@ -1,0 +1,142 @@
+"""Token log-probabilities (and entropies) of a causal LM over a batch, chunked over time.
+
+Alignment convention (used everywhere in the learner, same as the batch contract)::
+
+    logprobs[b, t] = log pi(tokens[b, t] | tokens[b, :t])        for t >= 1
+    logprobs[b, 0] = 0                                           (nothing predicts token 0)
+
+i.e. per-token arrays stay aligned with ``tokens``, ``loss_mask`` and ``rollout_logprobs``
+(the sampler reports the logprob of each token at that token's index). Internally the hidden
+state at position ``t - 1`` predicts token ``t``: we compute ``next_lp[:, p] = log p(tokens[:, p+1]
+| tokens[:, :p+1])`` for every position ``p`` (the last one scores a dummy target and is
+dropped) and shift right by one. ``loss_mask[:, 0]`` must be 0 (a trajectory starts with a
+prompt token), which the learner checks.
+
+Memory: the ``[B, T, V]`` logits are never materialised. The final hidden states are split into
+chunks of ``chunk_size`` positions; a ``lax.scan`` computes each chunk's ``[B, c, V]`` float32
+logits, their logsumexp, the target logit and (optionally) the entropy, and keeps only
+``[B, c]`` results. The chunk body is wrapped in ``jax.checkpoint`` so the backward pass
+recomputes a chunk's logits instead of saving all of them (peak extra memory ~ one chunk's
+logits + its gradient, e.g. 512 x 151936 x 4 B = 311 MB per sequence for Qwen2.5).
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from agentrl_jax.models.llama import CausalLM
+
+Array = jax.Array
+
+
+def shift_right(x: Array, fill: float = 0.0) -> Array:
+    """``out[:, t] = x[:, t-1]``, ``out[:, 0] = fill`` (prediction-aligned -> token-aligned)."""
+    pad = jnp.full_like(x[:, :1], fill)
+    return jnp.concatenate([pad, x[:, :-1]], axis=1)
+
+
+def next_token_targets(tokens: Array) -> Array:
+    """``targets[:, p] = tokens[:, p+1]`` (last position: 0, a dummy that is dropped)."""
+    return jnp.concatenate([tokens[:, 1:], jnp.zeros_like(tokens[:, :1])], axis=1)
+
+
+def _chunk_stats(logits_fn: Callable[[Array], Array], h: Array, tgt: Array, temperature: float,
+                 with_entropy: bool) -> tuple[Array, Array]:
+    logits = logits_fn(h).astype(jnp.float32)
+    if temperature != 1.0:
+        logits = logits / temperature
+    lse = jax.nn.logsumexp(logits, axis=-1)
+    picked = jnp.take_along_axis(logits, tgt[..., None].astype(jnp.int32), axis=-1)[..., 0]
+    lp = picked - lse
+    if with_entropy:
+        probs = jnp.exp(logits - lse[..., None])
+        ent = lse - jnp.sum(probs * logits, axis=-1)
+    else:
+        ent = jnp.zeros_like(lp)
+    return lp, ent
+
+
+def logprobs_from_hidden(hidden: Array, tokens: Array, logits_fn: Callable[[Array], Array], *,
+                         chunk_size: int = 512, temperature: float = 1.0,
+                         with_entropy: bool = False) -> tuple[Array, Array | None]:
+    """Token-aligned ``(logprobs [B, T], entropy [B, T] | None)`` from final hidden states.
+
+    ``hidden [B, T, D]`` are the model's final-normed hidden states, ``logits_fn`` maps
+    ``[..., D] -> [..., V]`` (the LM head). ``entropy[b, t]`` is the entropy of the distribution
+    that token ``t`` was drawn from (0 at ``t = 0``).
+    """
+    b, t, d = hidden.shape
+    targets = next_token_targets(tokens)
+    c = max(1, min(chunk_size, t))
+    n = -(-t // c)
+    pad = n * c - t
+    if pad:
+        hidden = jnp.pad(hidden, ((0, 0), (0, pad), (0, 0)))
+        targets = jnp.pad(targets, ((0, 0), (0, pad)))
+    hs = hidden.reshape(b, n, c, d).swapaxes(0, 1)  # [n, B, c, D]
+    ts = targets.reshape(b, n, c).swapaxes(0, 1)  # [n, B, c]
+
+    body = jax.checkpoint(
+        lambda h, tg: _chunk_stats(logits_fn, h, tg, temperature, with_entropy),
+        prevent_cse=False)
+
+    if n == 1:
+        lp, ent = body(hs[0], ts[0])
+        lp, ent = lp[None], ent[None]
+    else:
+        def step(carry, xs):
+            return carry, body(*xs)
+        _, (lp, ent) = jax.lax.scan(step, None, (hs, ts))
+    lp = lp.swapaxes(0, 1).reshape(b, n * c)[:, :t]
+    ent = ent.swapaxes(0, 1).reshape(b, n * c)[:, :t]
+    return shift_right(lp), (shift_right(ent) if with_entropy else None)
+
+
+def model_hidden(model: CausalLM, tokens: Array, attention_mask: Array | None,
+                 use_attention_mask: bool) -> Array:
+    """Final hidden states of a cache-less forward pass.
+
+    With right-padded rows (every row's real tokens form a prefix) the causal mask alone is
+    exact for every real token, so by default no attention mask is passed: that keeps the
+    fast causal attention path (cuDNN flash attention on GPU) instead of XLA's masked
+    ``[B, H, T, T]`` attention. Padded positions then see real tokens, but their outputs are
+    masked out of every loss.
+    """
+    mask = attention_mask if use_attention_mask else None
+    return model(tokens, attention_mask=mask, compute_logits=False).hidden
+
+
+def token_logprobs(graphdef: nnx.GraphDef, params: nnx.State, tokens: Array,
+                   attention_mask: Array | None = None, *, chunk_size: int = 512,
+                   temperature: float = 1.0, with_entropy: bool = False,
+                   use_attention_mask: bool = False) -> tuple[Array, Array | None]:
+    """Token-aligned log-probs (+ entropy) of the policy ``nnx.merge(graphdef, params)``."""
+    model = nnx.merge(graphdef, params)
+    hidden = model_hidden(model, tokens, attention_mask, use_attention_mask)
+    return logprobs_from_hidden(hidden, tokens, model.logits, chunk_size=chunk_size,
+                                temperature=temperature, with_entropy=with_entropy)
+
+
+def make_logprob_fn(graphdef: nnx.GraphDef, *, chunk_size: int, temperature: float,
+                    with_entropy: bool, use_attention_mask: bool, in_shardings=None,
+                    out_shardings=None):
+    """``jit(params, tokens, attention_mask) -> (logprobs, entropy | zeros)``."""
+    def fn(params, tokens, attention_mask):
+        lp, ent = token_logprobs(graphdef, params, tokens, attention_mask, chunk_size=chunk_size,
+                                 temperature=temperature, with_entropy=with_entropy,
+                                 use_attention_mask=use_attention_mask)
+        return lp, (ent if ent is not None else jnp.zeros_like(lp))
+    kwargs = {}
+    if in_shardings is not None:
+        kwargs["in_shardings"] = in_shardings
+    if out_shardings is not None:
+        kwargs["out_shardings"] = out_shardings
+    return jax.jit(fn, **kwargs)
+
+
+__all__ = ["logprobs_from_hidden", "token_logprobs", "make_logprob_fn", "model_hidden",
+           "shift_right", "next_token_targets"]

@@ -1,0 +1,180 @@
+"""Training metrics: a tensorboardX writer wrapper, FLOP counting and MFU.
+
+MFU (model FLOPs utilisation) counts the FLOPs the model *needs*, not what remat recomputes:
+
+    flops_per_token = 6 * N_matmul + 6 * L * H * Dh * T_ctx       (forward + backward)
+
+* ``N_matmul``: parameters that take part in a matmul per token: every layer weight plus the
+  LM head (``V * D``; for tied embeddings the embedding matrix is the head), but not the input
+  embedding lookup (a gather). 2 FLOPs per multiply-add x (1 forward + 2 backward).
+* attention: ``QK^T`` and ``PV`` are ``2 * 2 * T * H * Dh`` FLOPs per token and layer for full
+  attention; a causal mask halves the useful work, so ``T_ctx = T / 2`` on average and the
+  forward is ``2 * T * H * Dh``; x3 for forward + backward gives ``6 * T * H * Dh``. (PaLM's
+  appendix uses the non-causal ``12 * L * H * Dh * T``; ``causal=False`` gives that.)
+
+Peak dense bf16 FLOP/s per device come from the vendors' data sheets (no sparsity).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from typing import Any, Mapping
+
+import numpy as np
+
+from agentrl_jax.models.config import ModelConfig
+
+#: (substring of ``jax.Device.device_kind`` lower-cased, peak dense bf16 FLOP/s). First match wins.
+PEAK_BF16_FLOPS: tuple[tuple[str, float], ...] = (
+    ("h200", 989e12),
+    ("gh200", 989e12),
+    ("h100 pcie", 756e12),
+    ("h100", 989e12),  # SXM / HBM3
+    ("h800", 989e12),
+    ("a100", 312e12),
+    ("l40s", 362e12),
+    ("b200", 2250e12),
+    ("tpu v6", 918e12),  # v6e / Trillium ("TPU v6 lite")
+    ("tpu v5p", 459e12),
+    ("tpu v5 lite", 197e12),  # v5e
+    ("tpu v5e", 197e12),
+    ("tpu v5", 459e12),
+    ("tpu v4", 275e12),
+)
+
+
+def peak_flops_per_device(device_kind: str | None = None) -> float | None:
+    """Peak dense bf16 FLOP/s of one device, or ``None`` when unknown (CPU, unlisted chips)."""
+    if device_kind is None:
+        import jax
+        device_kind = jax.devices()[0].device_kind
+    kind = device_kind.lower()
+    for key, peak in PEAK_BF16_FLOPS:
+        if key in kind:
+            return peak
+    return None
+
+
+def matmul_params(cfg: ModelConfig) -> int:
+    """Parameters used in a matmul per token (all but the input-embedding gather; + LM head)."""
+    # num_parameters = layers + embedding + final norm (+ untied head). The embedding gather is
+    # not a matmul but the head is: for tied weights the embedding *is* the head (count once);
+    # untied, drop one of the two equal-sized V x D matrices.
+    embed = cfg.vocab_size * cfg.hidden_size
+    return cfg.num_parameters - (0 if cfg.tie_word_embeddings else embed)
+
+
+def train_flops_per_token(cfg: ModelConfig, seq_len: int, causal: bool = True) -> float:
+    """FLOPs of one forward + backward per trained token at sequence length ``seq_len``."""
+    attn = 6 * cfg.num_layers * cfg.num_heads * cfg.head_dim * seq_len
+    if not causal:
+        attn *= 2
+    return 6.0 * matmul_params(cfg) + attn
+
+
+def forward_flops_per_token(cfg: ModelConfig, seq_len: int, causal: bool = True) -> float:
+    return train_flops_per_token(cfg, seq_len, causal) / 3.0
+
+
+def mfu(flops: float, seconds: float, num_devices: int,
+        peak_per_device: float | None) -> float | None:
+    """``flops / (seconds * num_devices * peak)``; ``None`` when the peak is unknown."""
+    if not peak_per_device or seconds <= 0:
+        return None
+    return flops / (seconds * num_devices * peak_per_device)
+
+
+class Throughput:
+    """tokens/s and MFU of timed steps; ``tokens`` counts every position of the padded batch
+    (the compute actually done), ``real_tokens`` only attention-mask positions."""
+
+    def __init__(self, cfg: ModelConfig, num_devices: int, peak_per_device: float | None = None,
+                 device_kind: str | None = None):
+        self.cfg = cfg
+        self.num_devices = num_devices
+        self.peak = peak_per_device if peak_per_device is not None else peak_flops_per_device(
+            device_kind)
+
+    def __call__(self, *, tokens: int, seq_len: int, seconds: float,
+                 passes: float = 1.0, real_tokens: int | None = None) -> dict[str, float]:
+        """``passes``: forward+backward equivalents per token (e.g. epochs)."""
+        flops = train_flops_per_token(self.cfg, seq_len) * tokens * passes
+        out = {"perf/tokens_per_s": tokens * passes / max(seconds, 1e-12),
+               "perf/step_time_s": seconds,
+               "perf/tflops_per_s_per_device": flops / max(seconds, 1e-12) / self.num_devices / 1e12}
+        if real_tokens is not None:
+            out["perf/real_tokens_per_s"] = real_tokens * passes / max(seconds, 1e-12)
+        u = mfu(flops, seconds, self.num_devices, self.peak)
+        if u is not None:
+            out["perf/mfu"] = u
+        return out
+
+
+class MetricsWriter:
+    """tensorboardX ``SummaryWriter`` + an optional JSON-lines file; both optional.
+
+    ``write(step, metrics)`` logs every finite scalar; non-scalars are skipped.
+    """
+
+    def __init__(self, logdir: str | None = None, jsonl_path: str | None = None,
+                 flush_secs: int = 30):
+        self._writer = None
+        self._jsonl = None
+        if logdir:
+            from tensorboardX import SummaryWriter
+            os.makedirs(logdir, exist_ok=True)
+            self._writer = SummaryWriter(logdir, flush_secs=flush_secs)
+        if jsonl_path:
+            os.makedirs(os.path.dirname(os.path.abspath(jsonl_path)), exist_ok=True)
+            self._jsonl = open(jsonl_path, "a")
+
+    def write(self, step: int, metrics: Mapping[str, Any]) -> None:
+        scalars = {}
+        for k, v in metrics.items():
+            try:
+                f = float(np.asarray(v))
+            except (TypeError, ValueError):
+                continue
+            if np.isfinite(f):
+                scalars[k] = f
+        if self._writer is not None:
+            for k, f in scalars.items():
+                self._writer.add_scalar(k, f, step)
+        if self._jsonl is not None:
+            self._jsonl.write(json.dumps({"step": int(step), "time": time.time(), **scalars}) + "\n")
+            self._jsonl.flush()
+
+    def flush(self) -> None:
+        if self._writer is not None:
+            self._writer.flush()
+
+    def close(self) -> None:
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None
+        if self._jsonl is not None:
+            self._jsonl.close()
+            self._jsonl = None
+
+    def __enter__(self) -> "MetricsWriter":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def batch_stats(prefix: str, x: np.ndarray, mask: np.ndarray | None = None) -> dict[str, float]:
+    """mean / std / min / max of ``x`` over ``mask`` (host-side NumPy)."""
+    x = np.asarray(x, np.float64)
+    if mask is not None:
+        x = x[np.asarray(mask) != 0]
+    if x.size == 0:
+        return {}
+    return {f"{prefix}/mean": float(x.mean()), f"{prefix}/std": float(x.std()),
+            f"{prefix}/min": float(x.min()), f"{prefix}/max": float(x.max())}
+
+
+__all__ = ["PEAK_BF16_FLOPS", "peak_flops_per_device", "matmul_params", "train_flops_per_token",
+           "forward_flops_per_token", "mfu", "Throughput", "MetricsWriter", "batch_stats"]

@@ -1,0 +1,198 @@
+"""The jitted PPO / GRPO optimiser step over one mini-batch, with explicit shardings.
+
+One call = one optimiser step of the policy (and of the critic, when there is one):
+
+    mini-batch arrays [n_micro, micro_batch, T]   (sharded P(None, ("data", "fsdp"), None))
+      -> lax.scan over the n_micro micro-batches: forward + backward, gradients summed in f32
+      -> clip_by_global_norm -> AdamW -> new params / optimiser state (donated buffers)
+
+Loss normalisation across micro-batches: every micro-batch loss is aggregated with the
+*mini-batch's* denominator (``denom``: the mini-batch's generated-token count for
+``token_mean``, its number of non-empty rows for the ``seq_mean_*`` modes), so the summed
+micro-batch losses / gradients equal the loss / gradient of the whole mini-batch in one piece
+(gradient accumulation is exact, not an average of per-micro-batch means), and zero-mask
+padding rows change nothing.
+
+Mini-batch keys (all ``[n_micro, mb, T]``): ``tokens`` int32, ``attention_mask`` int32,
+``loss_mask`` f32, ``old_logprobs``, ``advantages``; ``ref_logprobs`` (KL loss); ``returns``,
+``old_values`` (critic).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+import optax
+from flax import nnx
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+from agentrl_jax.algorithms import actor_loss, value_loss
+from agentrl_jax.algorithms.masked import as_mask
+from agentrl_jax.learner.config import LearnerConfig
+from agentrl_jax.learner.logprobs import logprobs_from_hidden, model_hidden
+from agentrl_jax.sharding.rules import BATCH_AXES
+
+Array = jax.Array
+
+#: metrics that are already normalised by the mini-batch denominator: summed over micro-batches.
+_ADDITIVE = ("pg_loss", "kl_loss", "entropy", "total_loss", "vf_loss")
+_MAXED = ("ratio_max",)
+_MINNED = ("ratio_min",)
+
+
+def minibatch_sharding(mesh: Mesh) -> NamedSharding:
+    """``[n_micro, micro_batch, T]``: rows of each micro-batch over data x fsdp."""
+    return NamedSharding(mesh, P(None, BATCH_AXES, None))
+
+
+def loss_denominator(loss_mask: Array, agg: str) -> Array:
+    """The whole mini-batch's normaliser for ``aggregate_loss(..., denom=)``."""
+    m = as_mask(loss_mask)
+    if agg.replace("-", "_") == "token_mean":
+        return jnp.maximum(jnp.sum(m), 1.0)
+    return jnp.maximum(jnp.sum(jnp.any(m > 0, axis=-1).astype(jnp.float32)), 1.0)
+
+
+def _combine(acc: dict[str, Array], new: dict[str, Array], weight: Array) -> dict[str, Array]:
+    out = {}
+    for k, v in new.items():
+        v = v.astype(jnp.float32)
+        if k in _ADDITIVE:
+            out[k] = acc[k] + v
+        elif k in _MAXED:
+            out[k] = jnp.maximum(acc[k], jnp.where(weight > 0, v, -jnp.inf))
+        elif k in _MINNED:
+            out[k] = jnp.minimum(acc[k], jnp.where(weight > 0, v, jnp.inf))
+        else:  # per-token means of one micro-batch: weight by its share of the tokens
+            out[k] = acc[k] + weight * v
+    return out
+
+
+def _init_metrics(shapes: dict[str, Any]) -> dict[str, Array]:
+    out = {}
+    for k in shapes:
+        if k in _MAXED:
+            out[k] = jnp.array(-jnp.inf, jnp.float32)
+        elif k in _MINNED:
+            out[k] = jnp.array(jnp.inf, jnp.float32)
+        else:
+            out[k] = jnp.array(0.0, jnp.float32)
+    return out
+
+
+def policy_loss_fn(graphdef: nnx.GraphDef, config: LearnerConfig
+                   ) -> Callable[[nnx.State, dict[str, Array], Array], tuple[Array, dict]]:
+    """``(params, micro_batch [mb, T] arrays, denom) -> (loss, metrics)``."""
+    kl_loss_coef = 0.0 if config.kl_in_reward else config.kl_coef
+
+    def fn(params, mb, denom):
+        model = nnx.merge(graphdef, params)
+        hidden = model_hidden(model, mb["tokens"], mb["attention_mask"], config.use_attention_mask)
+        lp, ent = logprobs_from_hidden(hidden, mb["tokens"], model.logits,
+                                       chunk_size=config.logprob_chunk_size,
+                                       temperature=config.temperature, with_entropy=True)
+        return actor_loss(
+            lp, mb["old_logprobs"], mb["advantages"], mb["loss_mask"],
+            policy_loss="ppo", ref_logprobs=mb.get("ref_logprobs"), kl_coef=kl_loss_coef,
+            kl_estimator=config.kl_estimator, entropy=ent, entropy_coef=config.entropy_coef,
+            agg=config.loss_agg_mode, max_len=config.loss_max_len, denom=denom,
+            clip_low=config.clip_ratio_low, clip_high=config.clip_ratio_high, dual_clip=config.dual_clip)
+    return fn
+
+
+def critic_loss_fn(graphdef: nnx.GraphDef, config: LearnerConfig):
+    """``(critic_params, micro_batch, denom) -> (value_coef * value_loss, metrics)``."""
+    def fn(params, mb, denom):
+        critic = nnx.merge(graphdef, params)
+        values = critic(mb["tokens"], mb["attention_mask"], config.use_attention_mask)
+        loss, metrics = value_loss(values, mb["old_values"], mb["returns"], mb["loss_mask"],
+                                   clip_range=config.value_clip, agg=config.loss_agg_mode,
+                                   max_len=config.loss_max_len, denom=denom)
+        return config.value_coef * loss, metrics
+    return fn
+
+
+def _accumulate_grads(loss_fn, params, param_shardings, minibatch, denom, token_weight):
+    """Sum of micro-batch gradients (f32) and combined metrics via ``lax.scan``."""
+    grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
+    zeros = jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), params)
+    if param_shardings is not None:
+        zeros = jax.lax.with_sharding_constraint(zeros, param_shardings)
+    first = jax.tree.map(lambda x: x[0], minibatch)
+    _, metric_shapes = jax.eval_shape(grad_fn, params, first, denom)[0]
+    init = (zeros, _init_metrics(metric_shapes))
+
+    def body(carry, xs):
+        gsum, msum = carry
+        mb, w = xs
+        (_, metrics), grads = grad_fn(params, mb, denom)
+        gsum = jax.tree.map(lambda a, g: a + g.astype(jnp.float32), gsum, grads)
+        if param_shardings is not None:
+            gsum = jax.lax.with_sharding_constraint(gsum, param_shardings)
+        return (gsum, _combine(msum, metrics, w)), None
+
+    (grads, metrics), _ = jax.lax.scan(body, init, (minibatch, token_weight))
+    return grads, metrics
+
+
+def make_train_step(*, config: LearnerConfig, mesh: Mesh,
+                    policy_graphdef: nnx.GraphDef, policy_tx: optax.GradientTransformation,
+                    policy_shardings: Any, policy_opt_shardings: Any,
+                    critic_graphdef: nnx.GraphDef | None = None,
+                    critic_tx: optax.GradientTransformation | None = None,
+                    critic_shardings: Any = None, critic_opt_shardings: Any = None,
+                    batch_keys: tuple[str, ...] = (), train_policy: bool = True,
+                    train_critic: bool = True):
+    """A jitted ``step(pparams, popt, cparams, copt, minibatch) -> (pparams, popt, cparams,
+    copt, metrics)`` with in/out ``NamedSharding``s and donated state buffers.
+
+    Without a critic pass ``None`` for ``cparams`` / ``copt``. ``batch_keys`` lists the
+    mini-batch dict's keys (their shardings are ``minibatch_sharding(mesh)``).
+    """
+    has_critic = critic_graphdef is not None
+    train_critic = train_critic and has_critic
+    pol_loss = policy_loss_fn(policy_graphdef, config)
+    crit_loss = critic_loss_fn(critic_graphdef, config) if has_critic else None
+    agg = config.loss_agg_mode
+    replicated = NamedSharding(mesh, P())
+
+    def step(pparams, popt, cparams, copt, minibatch):
+        m = as_mask(minibatch["loss_mask"])  # [n_micro, mb, T]
+        denom = loss_denominator(m.reshape(-1, m.shape[-1]), agg)
+        tokens_per_micro = jnp.sum(m, axis=(1, 2))
+        token_weight = tokens_per_micro / jnp.maximum(jnp.sum(tokens_per_micro), 1.0)
+        metrics: dict[str, Array] = {}
+        if train_policy:
+            grads, pm = _accumulate_grads(pol_loss, pparams, policy_shardings, minibatch, denom,
+                                          token_weight)
+            metrics.update({f"actor/{k}": v for k, v in pm.items()})
+            metrics["actor/grad_norm"] = optax.global_norm(grads)
+            updates, popt = policy_tx.update(grads, popt, pparams)
+            pparams = optax.apply_updates(pparams, updates)
+        if train_critic:
+            grads, cm = _accumulate_grads(crit_loss, cparams, critic_shardings, minibatch, denom,
+                                          token_weight)
+            metrics.update({f"critic/{k}": v for k, v in cm.items()})
+            metrics["critic/grad_norm"] = optax.global_norm(grads)
+            updates, copt = critic_tx.update(grads, copt, cparams)
+            cparams = optax.apply_updates(cparams, updates)
+        metrics["actor/num_tokens"] = jnp.sum(m)
+        return pparams, popt, cparams, copt, metrics
+
+    mb_sharding = minibatch_sharding(mesh)
+    in_shardings = (policy_shardings, policy_opt_shardings,
+                    critic_shardings if has_critic else None,
+                    critic_opt_shardings if has_critic else None,
+                    {k: mb_sharding for k in batch_keys})
+    out_shardings = (policy_shardings, policy_opt_shardings,
+                     critic_shardings if has_critic else None,
+                     critic_opt_shardings if has_critic else None,
+                     replicated)
+    return jax.jit(step, in_shardings=in_shardings, out_shardings=out_shardings,
+                   donate_argnums=(0, 1, 2, 3))
+
+
+__all__ = ["make_train_step", "minibatch_sharding", "loss_denominator", "policy_loss_fn",
+           "critic_loss_fn"]
