@@ -207,6 +207,7 @@ class _Seq:
         self.prompt_len = len(req.input_ids)
         self.cursor = 0  # next prompt position to prefill
         self.kv_len = 0  # positions 0..kv_len-1 of the slot row hold this sequence's KV
+        # (while decoding, the engine's per-slot buffers hold the output; filled on finish)
         self.cached_tokens = 0
         self.out_ids: list[int] = []
         self.logprobs: list[float] = []
@@ -308,6 +309,12 @@ class Engine(RolloutBackend):
         self._ints = np.zeros((c.max_batch, _STOP + c.max_stop_ids), np.int32)
         self._ints[:, _STOP:] = -1
         self._floats = np.zeros((c.max_batch, 3), np.float32)
+        # Outputs accumulate per slot on the host; copied to the sequence when it finishes.
+        self._out_tok = np.zeros((c.max_batch, c.max_length), np.int32)
+        self._out_lp = np.zeros((c.max_batch, c.max_length), np.float32)
+        self._out_raw = np.zeros((c.max_batch, c.max_length), np.float32)
+        self._out_len = np.zeros((c.max_batch,), np.int64)
+        self._has_stop_str = np.zeros((c.max_batch,), np.bool_)
         self._slots = SlotTable(c.max_batch)
         self._slot_seq: dict[int, _Seq] = {}
         self._waiting: collections.deque[_Request] = collections.deque()
@@ -701,6 +708,8 @@ class Engine(RolloutBackend):
         row[_STOP:] = -1
         row[_STOP:_STOP + len(seq.stop_ids)] = seq.stop_ids
         self._floats[s] = (sp.temperature, sp.top_p, sp.min_p)
+        self._out_len[s] = 0
+        self._has_stop_str[s] = bool(sp.stop)
 
     # ------------------------------------------------------------------------- prefill
     def _run_prefill(self) -> None:
@@ -771,48 +780,63 @@ class Engine(RolloutBackend):
             np.bool_(waiting_for_slot))
         toks, lps, raws, valid, steps = jax.device_get((*outs, steps))
         self.stats.decode_time_s += time.perf_counter() - t0
+        steps = int(steps)
         self.stats.decode_calls += 1
-        self.stats.decode_steps += int(steps)
-        counts = valid.sum(axis=0)
-        self.stats.decode_slot_steps += int(counts.sum())
-        for slot in np.flatnonzero(counts):
-            seq = self._slot_seq.get(int(slot))
-            n = int(counts[slot])
-            if seq is None or seq.state != _DECODE:  # finished on the host meanwhile
+        self.stats.decode_steps += steps
+        # Append the new tokens to the per-slot output buffers: one vectorised op per step.
+        for j in range(steps):
+            rows = np.flatnonzero(valid[j])
+            if rows.size == 0:
+                break
+            n = self._out_len[rows]
+            self._out_tok[rows, n] = toks[j, rows]
+            self._out_lp[rows, n] = lps[j, rows]
+            self._out_raw[rows, n] = raws[j, rows]
+            self._out_len[rows] = n + 1
+        counts = valid[:steps].sum(axis=0)
+        active = np.flatnonzero(counts)
+        if active.size == 0:
+            return
+        n = counts[active]
+        last = toks[n - 1, active]
+        ints = self._ints
+        ints[active, _TOK] = last
+        ints[active, _POS] += n
+        ints[active, _REM] -= n
+        ints[active, _CNT] += n
+        total = int(n.sum())
+        self.stats.decode_slot_steps += total
+        self.stats.generated_tokens += total
+        stop_hit = (ints[active, _STOP:] == last[:, None]).any(axis=1)
+        length_hit = ints[active, _REM] <= 0
+        attention = active[stop_hit | length_hit | self._has_stop_str[active]]
+        for slot in attention.tolist():  # only slots that (may) finish need Python work
+            seq = self._slot_seq.get(slot)
+            if seq is None or seq.state != _DECODE:
                 continue
-            new = toks[:n, slot].tolist()
-            seq.out_ids.extend(new)
-            seq.logprobs.extend(lps[:n, slot].tolist())
-            seq.logprobs_raw.extend(raws[:n, slot].tolist())
-            row = self._ints[slot]
-            row[_TOK] = new[-1]
-            row[_POS] += n
-            row[_REM] -= n
-            row[_CNT] += n
-            seq.kv_len = int(row[_POS])
-            self.stats.generated_tokens += n
-            if new[-1] in seq.stop_set:
-                self._finish(seq, "stop", int(new[-1]))
+            tok = int(ints[slot, _TOK])
+            if tok in seq.stop_set:
+                self._finish(seq, "stop", tok)
             elif seq.req.sampling.stop and self._check_stop_strings(seq):
                 pass  # finished inside
-            elif row[_REM] <= 0:
+            elif ints[slot, _REM] <= 0:
                 self._finish(seq, "length", None)
 
     def _check_stop_strings(self, seq: _Seq) -> bool:
-        sp = seq.req.sampling
+        sp, slot = seq.req.sampling, seq.slot
         stops = sp.stop or []
-        for j in range(seq.stop_checked, len(seq.out_ids)):
-            text = self.tokenizer.decode(seq.out_ids[:j + 1],
-                                         skip_special_tokens=sp.skip_special_tokens)
+        length = int(self._out_len[slot])
+        ids = self._out_tok[slot, :length].tolist()
+        for j in range(seq.stop_checked, length):
+            text = self.tokenizer.decode(ids[:j + 1], skip_special_tokens=sp.skip_special_tokens)
             hits = [(text.find(s), s) for s in stops if s in text]
             if hits:
                 index, matched = min(hits)
-                del seq.out_ids[j + 1:], seq.logprobs[j + 1:], seq.logprobs_raw[j + 1:]
-                seq.kv_len = min(seq.kv_len, seq.prompt_len + len(seq.out_ids))
+                self._out_len[slot] = j + 1  # drop the tokens decoded after the match
                 seq.stop_text = text if sp.no_stop_trim else text[:index]
                 self._finish(seq, "stop", matched)
                 return True
-        seq.stop_checked = len(seq.out_ids)
+        seq.stop_checked = length
         return False
 
     # ------------------------------------------------------------------------- finishing
@@ -834,10 +858,18 @@ class Engine(RolloutBackend):
             self._prefill_queue.remove(seq)
         if seq in self._fork_ready:
             self._fork_ready.remove(seq)
+        was_decoding = seq.state == _DECODE
         seq.state = _DONE
         if seq.slot is not None:
             slot = seq.slot
+            if was_decoding:  # collect the output from the slot buffers
+                length = int(self._out_len[slot])
+                seq.out_ids = self._out_tok[slot, :length].tolist()
+                seq.logprobs = self._out_lp[slot, :length].tolist()
+                seq.logprobs_raw = self._out_raw[slot, :length].tolist()
+                seq.kv_len = min(int(self._ints[slot, _POS]), seq.prompt_len + length)
             self._ints[slot, _ACT] = 0
+            self._has_stop_str[slot] = False
             self._slot_seq.pop(slot, None)
             session = req.session_id if (self.config.session_cache and seq.index == 0) else None
             tokens = None
@@ -890,6 +922,7 @@ class Engine(RolloutBackend):
         self._prefill_queue, self._fork_ready = [], []
         self._slot_seq.clear()
         self._ints[:, :_STOP] = 0
+        self._has_stop_str[:] = False
         self._slots = SlotTable(self.config.max_batch)
         try:
             self._cache = KVCache.zeros(self.model_config, self.config.max_batch,
