@@ -231,8 +231,18 @@ def test_gae_long_sequence_blocked_two_levels():
     np.testing.assert_allclose(out.returns, ret, rtol=1e-4, atol=2e-4)
 
 
-@pytest.mark.parametrize("d", [0.0, 0.37, 0.95, 1.0])
-def test_blocked_suffix_sum_multilevel(d):
+@pytest.mark.parametrize(
+    "d,kw",
+    [
+        (0.0, dict(chunk=4, direct_max=4)),  # 48 -> 12 -> 3: three levels
+        (0.37, dict(chunk=8, direct_max=8)),
+        (0.95, dict(chunk=4, direct_max=4)),
+        (0.95, {}),  # single chunk (T <= direct_max), factorised weights
+        (1.0, dict(chunk=8, direct_max=8)),
+        (0.95, dict(method="associative")),
+    ],
+)
+def test_blocked_suffix_sum_multilevel(d, kw):
     rng = np.random.default_rng(11)
     x = rng.normal(size=(2, B, T))
     m = multiturn_mask(rng, B, T)
@@ -241,10 +251,9 @@ def test_blocked_suffix_sum_multilevel(d):
     for t in reversed(range(T)):
         run = x[:, :, t] + np.where(m[:, t] > 0, d, 1.0) * run
         ref[:, :, t] = run
-    for kw in (dict(chunk=4, direct_max=4), dict(chunk=8, direct_max=8), {}, dict(method="associative")):
-        fn = jax.jit(functools.partial(masked_discounted_suffix_sum, discount=d, **kw))
-        got = fn(jnp.asarray(x, jnp.float32), m)
-        np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-5)
+    fn = jax.jit(functools.partial(masked_discounted_suffix_sum, discount=d, **kw))
+    got = fn(jnp.asarray(x, jnp.float32), m)
+    np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-5)
 
 
 def test_reverse_linear_recurrence_methods_agree():
@@ -261,7 +270,7 @@ def test_reverse_linear_recurrence_methods_agree():
         np.testing.assert_allclose(fn(a, b), ref, rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("method", ["auto", "scan"])
+@pytest.mark.parametrize("method", ["auto", "blocked", "associative"])
 def test_reinforce_pp(method):
     for seed in (4, 5):
         batch = make_batch(seed, fully_masked_rows=(0,))

@@ -128,7 +128,8 @@ def compute_advantages(
       whiten: whiten advantages over the batch's masked tokens (``gae``,
         ``reinforce_pp``; always on for ``reinforce_pp_baseline`` as in verl).
       method: recurrence implementation for ``gae`` / ``reinforce_pp``:
-        ``auto | blocked | associative | scan | pallas`` (see :data:`GAE_METHODS`).
+        ``auto | blocked | associative | scan | pallas`` (see :data:`GAE_METHODS`;
+        ``auto`` = ``scan`` on CPU, ``blocked`` on GPU/TPU).
       chunk: chunk length of the blocked scan.
 
     Returns:
@@ -162,6 +163,8 @@ _BLOCKED_MIN_LAM = 0.05
 
 def _resolve_gae_method(method: str, lam: float) -> str:
     if method == "auto":
+        if jax.default_backend() == "cpu":
+            return "scan"  # a sequential loop is the fastest thing on a CPU
         return "blocked" if lam >= _BLOCKED_MIN_LAM else "associative"
     if method not in GAE_METHODS:
         raise ValueError(f"unknown GAE method {method!r}; choices: {GAE_METHODS}")
@@ -215,7 +218,8 @@ def gae_advantages_raw(
         error grows like ``float_eps / lam``.
       * ``pallas``: GPU Pallas (Triton) kernel of the blocked scan
         (:mod:`.pallas_gae`; ``interpret`` mode elsewhere).
-      * ``auto``: ``blocked`` if ``lam >= 0.05`` else ``associative``.
+      * ``auto``: ``scan`` on CPU; on accelerators ``blocked`` if ``lam >= 0.05``
+        else ``associative``.
     """
     m = as_mask(loss_mask)
     r = jnp.asarray(token_rewards, jnp.float32) * m
@@ -404,7 +408,10 @@ def reinforce_pp(
     """
     m = as_mask(loss_mask)
     r = effective_token_rewards(rewards, m, token_rewards)
-    meth = "blocked" if method in ("auto", "pallas") else method
+    if method in ("auto", "pallas"):
+        meth = "scan" if jax.default_backend() == "cpu" else "blocked"
+    else:
+        meth = method
     G = masked_discounted_suffix_sum(r, m, gamma, method=meth, chunk=chunk) * m
     adv = masked_whiten(G, m) * m if whiten else G
     return AdvantageOutput(adv, G)
