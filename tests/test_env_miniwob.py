@@ -23,6 +23,8 @@ def test_parse_action_forms():
     typed = parse_action('type [5] "Hello \\"you\\""')
     assert (typed.kind, typed.ref, typed.text) == ("type", 5, 'Hello "you"')
     assert parse_action("type [5] plain words").text == "plain words"
+    assert parse_action('type [5] "half quoted').text == "half quoted"  # a ReAct parser ate one quote
+    assert parse_action("type [5] [in brackets]").text == "in brackets"
     assert parse_action('select [4] "Bobine"').text == "Bobine"
     assert parse_action("press [Enter]").text == "<Enter>"
     assert parse_action("press ctrl+a").text == "C-a"

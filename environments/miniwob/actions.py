@@ -39,16 +39,20 @@ class ParsedAction:
 
 
 def _unquote(text: str) -> str:
+    """The argument of ``type`` / ``select``: quotes or brackets around it are removed, also a
+    lone opening or closing quote (agent-side parsers often strip one end)."""
     text = text.strip()
     if len(text) >= 2 and text[0] == text[-1] == '"':
         try:
             return str(json.loads(text))
         except ValueError:
             return text[1:-1]
-    if len(text) >= 2 and text[0] == "[" and text[-1] == "]":
+    if len(text) >= 2 and ((text[0] == "[" and text[-1] == "]") or text[0] == text[-1] == "'"):
         return text[1:-1]
-    if len(text) >= 2 and text[0] == text[-1] == "'":
-        return text[1:-1]
+    if text[:1] in ('"', "'") and text[-1:] not in ('"', "'"):
+        return text[1:]
+    if text[-1:] in ('"', "'") and text[:1] not in ('"', "'"):
+        return text[:-1]
     return text
 
 

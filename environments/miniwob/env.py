@@ -98,6 +98,14 @@ class MiniWoBEnvironment(TextEnvironment):
         if not self._active:
             raise RuntimeError("step() before reset(), or after the episode ended")
         self._steps += 1
+        try:
+            return self._step(action)
+        except Exception:
+            self._active = False
+            self.browser.close()  # a browser in an unknown state is replaced at the next reset
+            raise
+
+    def _step(self, action: str) -> StepResult:
         info: dict[str, Any] = {"steps": self._steps, "invalid_action": False}
         parsed = parse_action(action)
         error = self._execute(parsed)
@@ -111,9 +119,7 @@ class MiniWoBEnvironment(TextEnvironment):
             success = raw > 0
             self._active = False
             info.update(success=success, score=raw, reason=meta.get("reason"))
-            observation = (
-                f"The episode is over: the task was {'completed' if success else 'failed'}."
-            )
+            observation = f"The episode is over: the task was {'completed' if success else 'failed'}."
             return StepResult(observation=observation, reward=1.0 if success else 0.0, done=True, info=info)
         observation = self._observe()
         if error:
