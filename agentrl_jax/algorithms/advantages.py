@@ -109,7 +109,7 @@ def compute_advantages(
     eps: float = 1e-6,
     whiten: bool = True,
     method: str = "auto",
-    chunk: int = 32,
+    chunk: int = 64,
 ) -> AdvantageOutput:
     """Single entry point: ``compute_advantages(cfg.adv_estimator, rewards=..., ...)``.
 
@@ -190,7 +190,7 @@ def gae_advantages_raw(
     gamma: float = 1.0,
     lam: float = 1.0,
     method: str = "auto",
-    chunk: int = 32,
+    chunk: int = 64,
 ) -> Array:
     """Un-whitened multi-turn GAE advantages ``A [B, T]`` (garbage-free: 0 on mask 0).
 
@@ -271,7 +271,7 @@ def gae(
     eps=1e-6,
     whiten=True,
     method="auto",
-    chunk=32,
+    chunk=64,
 ) -> AdvantageOutput:
     """GAE with the multi-turn masking rule (see :func:`gae_advantages_raw`).
 
@@ -317,7 +317,7 @@ def grpo(
     eps=1e-6,
     whiten=True,
     method="auto",
-    chunk=32,
+    chunk=64,
 ) -> AdvantageOutput:
     """GRPO: ``A_i = (R_i - mean_g) / (std_g + eps)`` broadcast on generated tokens.
 
@@ -346,7 +346,7 @@ def dr_grpo(
     eps=1e-6,
     whiten=True,
     method="auto",
-    chunk=32,
+    chunk=64,
 ) -> AdvantageOutput:
     """Dr.GRPO: ``A_i = R_i - mean_g`` (no std division; pair it with the
     ``seq_mean_token_sum_norm`` loss aggregation). verl: ``grpo`` with
@@ -371,7 +371,7 @@ def rloo(
     eps=1e-6,
     whiten=True,
     method="auto",
-    chunk=32,
+    chunk=64,
 ) -> AdvantageOutput:
     """RLOO: ``A_i = R_i - mean_{j != i} R_j = n/(n-1) * (R_i - mean_g)``; groups of
     one give 0 (verl leaves ``R_i`` there)."""
@@ -396,7 +396,7 @@ def reinforce_pp(
     eps=1e-6,
     whiten=True,
     method="auto",
-    chunk=32,
+    chunk=64,
 ) -> AdvantageOutput:
     """REINFORCE++: discounted return-to-go over generated tokens, whitened over the
     whole batch's masked tokens.
@@ -430,7 +430,7 @@ def reinforce_pp_baseline(
     eps=1e-6,
     whiten=True,
     method="auto",
-    chunk=32,
+    chunk=64,
 ) -> AdvantageOutput:
     """REINFORCE++-baseline: ``s_i = R_i - mean_g`` broadcast on generated tokens,
     then whitened over the batch's masked tokens (verl

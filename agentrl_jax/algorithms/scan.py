@@ -19,11 +19,13 @@ Three interchangeable implementations (all jit-able, static shapes, time = last 
   ``(y_c = S_start_of_chunk_without_carry, k_c = E_0)`` form the same recurrence
   one level up, ``X_c = y_c + d^{k_c} X_{c+1}``, solved recursively (one level is
   enough up to ``T = L * direct_max``). Because the exponents are exact integer
-  counts, weights ``d^(E_t - E_s) <= 1`` are computed without cancellation; at the
-  first level, when ``L*|log d| <= 60``, the weight factorises as
-  ``d^(E_t) * d^(-E_s)`` so there is no per-pair ``exp``.
-  On GPU this is a handful of fused elementwise / row-reduce kernels that each
-  stream the [B, T] arrays once.
+  counts, the weights ``d^(E_t - E_s) <= 1`` of every output are exact and each
+  output only sums its own ``s >= t`` terms (no cancellation). The factorised
+  matmul form needs ``L*|log d| <= 60`` (finite ``d^-E``) and a static ``d``; otherwise
+  (and at the carry levels, where exponents are large) the weights are formed
+  pairwise, ``[B, C, L, L]`` (small at the carry levels).
+  On GPU the first level is two skinny fp32 GEMMs plus elementwise kernels that
+  stream the ``[B, T]`` arrays once; the carry level works on ``[B, T/L]``.
 """
 
 from __future__ import annotations
@@ -87,12 +89,12 @@ def _log_discount(discount) -> tuple[Array | float, bool, float | None]:
     return jnp.maximum(logd, _LOG_ZERO), False, None
 
 
-def _suffix_counts(e: Array) -> Array:
-    """``E[..., t] = sum_{s >= t} e[..., s]`` along the last axis via an ``[L, L]``
-    masked reduce (one fused reduction, exact for small integers)."""
-    L = e.shape[-1]
-    tri = jnp.arange(L)[None, :] >= jnp.arange(L)[:, None]  # [t, s]: s >= t
-    return jnp.sum(jnp.where(tri, e[..., None, :], 0.0), axis=-1)
+_HI = lax.Precision.HIGHEST  # full fp32 dots (no TF32 / bf16 passes)
+
+
+def _upper(L: int) -> Array:
+    """``U[s, t] = 1 if s >= t`` (float32 ``[L, L]``): ``(x @ U)[t] = sum_{s >= t} x[s]``."""
+    return (jnp.arange(L)[:, None] >= jnp.arange(L)[None, :]).astype(jnp.float32)
 
 
 def _pow_suffix_sum(x: Array, e: Array, logd, L: int, direct_max: int, factorise_ok: bool) -> Array:
@@ -113,19 +115,21 @@ def _pow_suffix_sum(x: Array, e: Array, logd, L: int, direct_max: int, factorise
         e = jnp.pad(e, ((0, 0), (0, pad)))
     xs = x.reshape(K, B, C, Lc)
     es = e.reshape(B, C, Lc)
-    E = _suffix_counts(es)  # [B, C, Lc] (inclusive): coefficient exponent from t to chunk end
-    tri = jnp.arange(Lc)[None, :] >= jnp.arange(Lc)[:, None]  # [t, s]
-    # E_t - E_s = sum_{k in [t, s)} e_k = exponent of prod_{k=t}^{s-1} a_k, but E is
-    # inclusive of its own position: prod_{k=t}^{s-1} a_k = d^(E_t - E_s).
+    U = _upper(Lc)
+    # E_t = sum_{s >= t in chunk} e_s: a [B*C, L] @ [L, L] matmul (exact: small integers).
+    # prod_{k=t}^{s-1} a_k = d^(E_t - E_s) for s >= t.
+    E = jnp.einsum("bcs,st->bct", es, U, precision=_HI)
     if factorise_ok:
+        # d^(E_t - E_s) = d^E_t * d^-E_s: the whole chunk scan is one matmul with U.
         p = jnp.exp(E * logd)  # d^E_t  (<= 1)
-        q = jnp.exp(-E * logd)  # d^-E_s (<= d^-L, bounded by the caller's check)
-        inner = jnp.sum(jnp.where(tri, (q[None] * xs)[..., None, :], 0.0), axis=-1)
-        S_loc = p[None] * inner
+        q = jnp.exp(-E * logd)  # d^-E_s (<= d^-L, finite by the caller's check)
+        S_loc = p[None] * jnp.einsum("kbcs,st->kbct", q[None] * xs, U, precision=_HI)
     else:
+        # exact pairwise weights (any d, any exponents); materialises [B, C, L, L]
+        tri = U.T.astype(bool)  # [t, s]: s >= t
         diff = E[..., :, None] - E[..., None, :]  # [B, C, t, s]
         w = jnp.where(tri, jnp.exp(jnp.where(tri, diff, 0.0) * logd), 0.0)
-        S_loc = jnp.sum(w[None] * xs[..., None, :], axis=-1)
+        S_loc = jnp.einsum("bcts,kbcs->kbct", w, xs, precision=_HI)
     if C > 1:
         y = S_loc[..., 0]  # [K, B, C] chunk-start value without carry
         k = E[..., 0]  # [B, C] exponent of the whole chunk's coefficient product
@@ -142,7 +146,7 @@ def masked_discounted_suffix_sum(
     discount,
     *,
     method: str = "blocked",
-    chunk: int = 32,
+    chunk: int = 64,
     direct_max: int = 256,
 ) -> Array:
     """``S_t = x_t + (discount if mask_t else 1) * S_{t+1}``, ``S_T = 0``.
@@ -168,6 +172,8 @@ def masked_discounted_suffix_sum(
     elif method == "blocked":
         logd, static, abslog = _log_discount(discount)
         n = x.shape[-1]
+        if static and n <= direct_max and n * abslog > _FACTORISE_MAX_EXPONENT:
+            direct_max = chunk  # too long for one factorised chunk: cut it
         first_L = n if n <= direct_max else chunk
         factorise_ok = static and first_L * abslog <= _FACTORISE_MAX_EXPONENT
         out = _pow_suffix_sum(x, m, logd, chunk, direct_max, factorise_ok)
