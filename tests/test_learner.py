@@ -195,7 +195,9 @@ def test_gradient_accumulation_equals_full_batch(reference_run, base_state):
 def test_batch_checks(reference_run):
     learner = reference_run["learner"]
     bad = multiturn_batch(3)
-    bad["attention_mask"] = bad["attention_mask"][:, ::-1].copy()  # left padding
+    for key in ("tokens", "attention_mask", "loss_mask"):  # left padding
+        bad[key] = bad[key][:, ::-1].copy()
+    bad["loss_mask"][:, :3] = 0
     with pytest.raises(ValueError, match="right-padded"):
         learner.update(bad)
     bad = multiturn_batch(3)

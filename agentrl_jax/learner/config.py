@@ -54,6 +54,7 @@ class LearnerConfig:
     kl_estimator: str = "k3"  # k1 | k2 | k3 (low_var_kl)
     kl_in_reward: bool = False  # True: -kl_coef*KL on token rewards; False: KL loss term
     entropy_coef: float = 0.0
+    entropy_metric: bool = True  # compute the entropy in the train step even when entropy_coef=0
     # ------------------------------------------------------------------ critic
     critic: bool | None = None  # None: on iff advantage_estimator needs values (gae)
     critic_learning_rate: float = 1e-5

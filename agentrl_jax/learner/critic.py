@@ -25,8 +25,8 @@ class ValueModel(nnx.Module):
     def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs):
         # tie_word_embeddings=True: the backbone builds no lm_head (the critic never needs one).
         self.backbone = CausalLM(cfg.replace(tie_word_embeddings=True), rngs=rngs)
-        self.value_head = nnx.Linear(cfg.hidden_size, 1, use_bias=True,
-                                     dtype=jnp.dtype(cfg.dtype),
+        # float32 head (a [D, 1] matmul costs nothing): values are not rounded to bf16
+        self.value_head = nnx.Linear(cfg.hidden_size, 1, use_bias=True, dtype=jnp.float32,
                                      param_dtype=jnp.dtype(cfg.param_dtype),
                                      kernel_init=nnx.initializers.normal(0.02),
                                      bias_init=nnx.initializers.zeros_init(), rngs=rngs)

@@ -440,6 +440,27 @@ class Learner:
             self.writer.write(self.update_step, metrics)
         return metrics
 
+    def train_minibatch(self, minibatch: Mapping[str, Any], train_policy: bool = True,
+                        train_critic: bool | None = None) -> dict[str, jax.Array]:
+        """One optimiser step on a prepared mini-batch (no padding, advantages or shuffling).
+
+        ``minibatch``: arrays ``[n_micro, micro_batch_size, T]`` with the keys listed in
+        ``train_step.py`` (host arrays or arrays already placed with
+        ``minibatch_sharding(self.mesh)``). Returns the step's metrics as device scalars
+        (not synchronised: call ``jax.block_until_ready`` to time it). For benchmarks and
+        custom training loops; ``update`` is the normal entry point.
+        """
+        if train_critic is None:
+            train_critic = self.critic_params is not None
+        keys = tuple(sorted(minibatch))
+        step_fn = self._train_step(keys, train_policy, train_critic)
+        sh = minibatch_sharding(self.mesh)
+        mb = {k: jax.device_put(v, sh) for k, v in minibatch.items()}
+        (self.params, self.opt_state, self.critic_params, self.critic_opt_state,
+         metrics) = step_fn(self.params, self.opt_state, self.critic_params,
+                            self.critic_opt_state, mb)
+        return metrics
+
     # ------------------------------------------------------------------ models / export
     def policy_model(self) -> CausalLM:
         """The current policy as an nnx module (compute dtype, sharded float32 parameters)."""

@@ -31,7 +31,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 from agentrl_jax.algorithms import actor_loss, value_loss
 from agentrl_jax.algorithms.masked import as_mask
 from agentrl_jax.learner.config import LearnerConfig
-from agentrl_jax.learner.logprobs import logprobs_from_hidden, model_hidden
+from agentrl_jax.learner.logprobs import lm_head_f32, logprobs_from_hidden, model_hidden
 from agentrl_jax.sharding.rules import BATCH_AXES
 
 Array = jax.Array
@@ -82,17 +82,36 @@ def _init_metrics(shapes: dict[str, Any]) -> dict[str, Array]:
     return out
 
 
+def cast_params(params, dtype: str, keep_float32: tuple[str, ...] = ("value_head",)):
+    """Floating parameters cast to the compute dtype once, at the top of the loss.
+
+    Numerically the same as the casts inside every layer (the model computes in ``dtype``
+    anyway), but done on the *sharded* float32 master weights, so FSDP all-gathers move
+    compute-dtype (bf16: half the bytes) parameters; gradients flow back through the cast to
+    the float32 master weights.
+    """
+    dt = jnp.dtype(dtype)
+
+    def cast(path, p):
+        if not jnp.issubdtype(p.dtype, jnp.floating) or any(
+                getattr(k, "key", None) == keep for k in path for keep in keep_float32):
+            return p
+        return p.astype(dt)
+    return jax.tree_util.tree_map_with_path(cast, params)
+
+
 def policy_loss_fn(graphdef: nnx.GraphDef, config: LearnerConfig
                    ) -> Callable[[nnx.State, dict[str, Array], Array], tuple[Array, dict]]:
     """``(params, micro_batch [mb, T] arrays, denom) -> (loss, metrics)``."""
     kl_loss_coef = 0.0 if config.kl_in_reward else config.kl_coef
+    with_entropy = bool(config.entropy_coef) or config.entropy_metric
 
     def fn(params, mb, denom):
-        model = nnx.merge(graphdef, params)
+        model = nnx.merge(graphdef, cast_params(params, config.dtype))
         hidden = model_hidden(model, mb["tokens"], mb["attention_mask"], config.use_attention_mask)
-        lp, ent = logprobs_from_hidden(hidden, mb["tokens"], model.logits,
+        lp, ent = logprobs_from_hidden(hidden, mb["tokens"], lm_head_f32(model),
                                        chunk_size=config.logprob_chunk_size,
-                                       temperature=config.temperature, with_entropy=True)
+                                       temperature=config.temperature, with_entropy=with_entropy)
         return actor_loss(
             lp, mb["old_logprobs"], mb["advantages"], mb["loss_mask"],
             policy_loss="ppo", ref_logprobs=mb.get("ref_logprobs"), kl_coef=kl_loss_coef,
@@ -105,7 +124,7 @@ def policy_loss_fn(graphdef: nnx.GraphDef, config: LearnerConfig
 def critic_loss_fn(graphdef: nnx.GraphDef, config: LearnerConfig):
     """``(critic_params, micro_batch, denom) -> (value_coef * value_loss, metrics)``."""
     def fn(params, mb, denom):
-        critic = nnx.merge(graphdef, params)
+        critic = nnx.merge(graphdef, cast_params(params, config.dtype))
         values = critic(mb["tokens"], mb["attention_mask"], config.use_attention_mask)
         loss, metrics = value_loss(values, mb["old_values"], mb["returns"], mb["loss_mask"],
                                    clip_range=config.value_clip, agg=config.loss_agg_mode,
