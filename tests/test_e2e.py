@@ -52,7 +52,15 @@ def test_smoke_run_then_resume(tmp_path):
     resumed = [json.loads(line) for line in open(os.path.join(workdir,
                                                               "trajectories_train.jsonl"))]
     assert {t["step"] for t in resumed[8:]} == {2}
-    # the task cursor continued: step 2's tasks are the sampler's 5th and 6th draws
-    from agentrl_jax.agent.actor_pool import TaskRef
-    from agentrl_jax.training.task_sampler import TaskSampler
-    del TaskRef, TaskSampler  # (exactness of the cursor is unit-tested in test_agent.py)
+    # the task cursor continued where the first run stopped (5th and 6th draws of the sampler)
+    first_tasks = [t["task_id"] for t in trajectories[::2]]
+    assert [t["task_id"] for t in resumed[8::2]] not in (first_tasks[:2], first_tasks[2:])
+
+    # Asynchronous overlap: step 5's rollout runs while step 4 trains (staleness <= 1).
+    out = _run(workdir, "--config.train.total_steps=5", "--config.train.max_staleness=1")
+    assert "resumed at step 3" in out and "[step 5/5]" in out
+    metrics = [json.loads(line) for line in open(os.path.join(workdir, "metrics.jsonl"))]
+    train = [m for m in metrics if "train/horizon" in m]
+    assert [m["step"] for m in train] == [1, 2, 3, 4, 5]
+    assert train[-1]["rollout/stale_dropped"] == 0
+    assert os.path.isdir(os.path.join(workdir, "checkpoints", "5"))

@@ -98,28 +98,31 @@ class ActorPool:
                 for g, task in enumerate(tasks) for i in range(n_samples)]
 
     async def collect(self, tasks: Sequence[TaskRef], n_samples: int, horizon: int,
-                      policy_version: int = 0, seed: int | None = None, lockstep: bool = False
+                      policy_version: int = 0, seed: int | None = None, lockstep: bool = False,
+                      progress: Callable[[Trajectory], None] | None = None
                       ) -> tuple[list[Trajectory], RolloutStats]:
         """Run ``n_samples`` episodes of each task; trajectories come back in (group, sample)
         order, failed ones included (``Trajectory.ok`` is False for them)."""
         start = time.monotonic()
+        progress = progress or self.progress
         episodes = self.episodes_for(tasks, n_samples, horizon, policy_version, seed)
         if lockstep:
-            await self._run_lockstep(episodes)
+            await self._run_lockstep(episodes, progress)
         else:
             gate = asyncio.Semaphore(self.max_concurrency)
 
             async def run(episode: Episode) -> None:
                 async with gate:
                     await episode.run()
-                if self.progress:
-                    self.progress(episode.trajectory)
+                if progress:
+                    progress(episode.trajectory)
 
             await asyncio.gather(*(run(e) for e in episodes))
         trajectories = [e.trajectory for e in episodes]
         return trajectories, summarize(trajectories, time.monotonic() - start)
 
-    async def _run_lockstep(self, episodes: list[Episode]) -> None:
+    async def _run_lockstep(self, episodes: list[Episode],
+                            progress: Callable[[Trajectory], None] | None) -> None:
         """Synchronous rounds in waves of ``max_concurrency``: everyone generates, then everyone
         steps; a round lasts as long as its slowest member."""
         for first in range(0, len(episodes), self.max_concurrency):
@@ -134,6 +137,6 @@ class ActorPool:
                     await asyncio.gather(*(e.env_turn() for e in active if not e.finished))
             finally:
                 await asyncio.gather(*(e.close() for e in wave))
-            if self.progress:
+            if progress:
                 for e in wave:
-                    self.progress(e.trajectory)
+                    progress(e.trajectory)

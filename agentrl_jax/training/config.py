@@ -54,6 +54,9 @@ def base_config() -> ConfigDict:
     c.train.keep_checkpoints = 3
     c.train.eval_every = 50
     c.train.eval_before = True
+    c.train.eval_after = True
+    c.train.max_staleness = 0  # >= 1: next rollout overlaps the update (off-policy by <= N)
+    c.train.max_seconds = 0.0  # > 0: stop training after this many seconds (then eval_after)
     c.train.eval_tasks = 64
     c.train.eval_samples = 4  # k of Avg@k / Pass@k
     c.train.eval_horizon = 20

@@ -167,9 +167,24 @@ class Trainer:
                   f"({metrics['eval/seconds']:.0f} s)")
         return result
 
-    async def _sync_weights(self, backend: Any, learner: Any, step: int) -> None:
+    @staticmethod
+    async def _cancel(task: asyncio.Future) -> None:
+        """Cancel an in-flight rollout and wait until its episodes have closed their envs."""
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+    async def _sync_weights(self, backend: Any, learner: Any, step: int,
+                            copy: bool = False) -> None:
+        """Push the learner's weights to the rollout backend. Colocated (embedded) engines get
+        the arrays themselves (no copy), unless a rollout runs during the next update
+        (``copy``): the update donates its parameter buffers, so the engine needs its own."""
         if self.config.rollout.backend == "embedded":
-            await backend.update_weights(learner.params, version=str(step))
+            params = learner.params
+            if copy:
+                import jax
+                import jax.numpy as jnp
+                params = jax.tree.map(jnp.copy, params)
+            await backend.update_weights(params, version=str(step))
         else:
             await backend.update_weights(learner.policy_model(), version=str(step))
 
@@ -181,30 +196,57 @@ class Trainer:
         save_every = int(cfg.train.get("save_every", 1))
         if cfg.train.get("eval_before", False) and start_step == 0 and eval_tasks:
             await self._evaluate(pool, eval_tasks, 0, learner)
+        max_seconds = float(cfg.train.get("max_seconds", 0) or 0)
+        max_staleness = int(cfg.train.get("max_staleness", 0))
+        samples = int(cfg.train.samples_per_task)
+        loop_start = time.monotonic()
+        last_step = start_step
+        cursor_at: dict[int, int] = {}  # task cursor before step's tasks were drawn (resume)
+        weights_version = start_step  # the learner update the engine's weights come from
+
+        def launch(step: int) -> asyncio.Task:
+            horizon = self.schedule.horizon(step)
+            cursor_at[step] = sampler.cursor
+            tasks = sampler.next(int(cfg.train.tasks_per_step))
+            bar = self._progress_bar(len(tasks) * samples,
+                                     f"step {step + 1}/{total} rollout (horizon {horizon})")
+
+            async def rollout():
+                pool_progress = (lambda _t: bar.update(1)) if bar else None
+                trajectories, stats = await pool.collect(
+                    tasks, samples, horizon, policy_version=weights_version,
+                    seed=int(cfg.seed) + step, progress=pool_progress)
+                if bar:
+                    bar.close()
+                return horizon, trajectories, stats
+
+            return asyncio.ensure_future(rollout())
+
+        pending = launch(start_step) if start_step < total else None
         for step in range(start_step, total):
             t0 = time.monotonic()
-            horizon = self.schedule.horizon(step)
-            tasks = sampler.next(int(cfg.train.tasks_per_step))
-            bar = self._progress_bar(len(tasks) * int(cfg.train.samples_per_task),
-                                     f"step {step + 1}/{total} rollout (horizon {horizon})")
-            pool.progress = (lambda _t: bar.update(1)) if bar else None
-            trajectories, stats = await pool.collect(tasks, int(cfg.train.samples_per_task),
-                                                     horizon, policy_version=step,
-                                                     seed=int(cfg.seed) + step)
-            if bar:
-                bar.close()
+            horizon, trajectories, stats = await pending
+            pending = None
+            # Overlap: the next rollout runs (with the current weights) while this update trains.
+            if max_staleness >= 1 and step + 1 < total:
+                pending = launch(step + 1)
             self._log_trajectories(step, trajectories, "train")
-            ok = [t for t in trajectories if t.ok]
+            fresh = [t for t in trajectories if step - t.policy_version <= max_staleness]
+            ok = [t for t in fresh if t.ok]
             metrics: dict[str, float] = {"train/horizon": float(horizon),
-                                         "train/phase": float(self.schedule.phase(step))}
+                                         "train/phase": float(self.schedule.phase(step)),
+                                         "rollout/stale_dropped": float(len(trajectories)
+                                                                        - len(fresh))}
             metrics.update(stats.as_metrics())
             if ok:
                 batch = assemble_batch(ok, pad_id=int(cfg.model.get("pad_id", 0)))
                 update = await asyncio.to_thread(learner.update, batch, False)
                 metrics.update(update)
-                await self._sync_weights(backend, learner, step + 1)
+                await self._sync_weights(backend, learner, step + 1,
+                                         copy=max_staleness >= 1)
+                weights_version = step + 1
             else:
-                log.warning("step %d: every trajectory failed (%s); no update", step,
+                log.warning("step %d: no trajectory to train on (%s); no update", step,
                             stats.statuses)
                 learner.update_step += 1  # the step still counts, so the schedule moves on
             metrics["train/step_seconds"] = time.monotonic() - t0
@@ -215,15 +257,33 @@ class Trainer:
             self._say(f"[step {step + 1}/{total}] horizon={horizon} "
                       f"reward={stats.mean_reward:.3f} success={stats.success_rate:.2f} "
                       f"turns={stats.mean_turns:.1f} tokens={stats.generated_tokens} "
-                      f"dropped={stats.dropped} loss={metrics.get('loss', float('nan')):.4f} "
+                      f"dropped={stats.dropped} "
+                      f"pg_loss={metrics.get('actor/pg_loss', float('nan')):.4f} "
                       f"({metrics['train/step_seconds']:.1f} s)")
             if eval_every and (step + 1) % eval_every == 0 and eval_tasks:
+                if pending is not None:  # evaluate the new weights without a rollout in flight
+                    await self._cancel(pending)
+                    pending = None
+                    sampler.cursor = cursor_at[step + 1]
                 await self._evaluate(pool, eval_tasks, step + 1, learner)
-            if (step + 1) % save_every == 0 or step + 1 == total:
-                learner.save({"step": step + 1, "cursor": sampler.cursor}, step=step + 1,
-                             force=True)
+            out_of_time = bool(max_seconds) and time.monotonic() - loop_start > max_seconds
+            if (step + 1) % save_every == 0 or step + 1 == total or out_of_time:
+                cursor = cursor_at.get(step + 1, sampler.cursor)
+                learner.save({"step": step + 1, "cursor": cursor}, step=step + 1, force=True)
+            last_step = step + 1
+            if out_of_time:
+                self._say(f"time budget of {max_seconds:.0f} s reached after step {step + 1}; "
+                          "stopping")
+                break
+            if pending is None and step + 1 < total:
+                pending = launch(step + 1)
+        if pending is not None:
+            await self._cancel(pending)
+        if (cfg.train.get("eval_after", False) and eval_tasks
+                and not (self.evals and self.evals[-1][0] == last_step)):
+            await self._evaluate(pool, eval_tasks, last_step, learner)
         learner.wait()
-        return self._summary(start_step, total)
+        return self._summary(start_step, last_step)
 
     # ----------------------------------------------------------------------------- output
     def _summary(self, start_step: int, total: int) -> dict[str, Any]:
