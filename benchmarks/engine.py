@@ -36,6 +36,8 @@ from typing import Any
 
 import numpy as np
 
+# JAX and PyTorch share the GPU in this process: do not let XLA grab 75% of it up front.
+os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 SHAPES: dict[str, dict[str, Any]] = {
@@ -174,7 +176,8 @@ def bench_hf(cfg, args, batch_prompts) -> dict[str, Any]:
     hf_cfg.pop("torch_dtype", None)
     config = transformers.AutoConfig.for_model(**hf_cfg)
     torch.manual_seed(0)
-    model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch_dtype)
+    with torch.device(device):  # initialise the random weights directly on the device
+        model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch_dtype)
     model = model.to(device).eval()
     ids = torch.tensor(batch_prompts, dtype=torch.long, device=device)
     mask = torch.ones_like(ids)

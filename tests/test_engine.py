@@ -315,3 +315,41 @@ def test_smollm2_capital_of_france(smollm2):
     (res,) = engine.generate_sync(ids, SamplingParams(max_new_tokens=24, **GREEDY))
     assert "Paris" in res.text, res.text
     assert res.finish_reason == "stop" and res.matched_stop in engine.eos_token_ids
+
+
+def test_sample_tokens_distribution():
+    """The fused sampler draws from softmax(logits / T) restricted by top-k / top-p / min-p."""
+    import jax
+    import jax.numpy as jnp
+
+    from agentrl_jax.rollout.sampling import SAMPLE, SAMPLE_FILTERED, sample_tokens
+
+    probs = np.array([0.4, 0.3, 0.15, 0.1, 0.05], np.float32)
+    n = 4000
+    logits = jnp.asarray(np.tile(np.log(probs), (n, 1)))
+    keys = jnp.asarray(np.tile(np.array([0, 42], np.uint32), (n, 1)))
+    counter = jnp.arange(n, dtype=jnp.int32)  # distinct counters -> independent draws
+
+    def draw(mode, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0):
+        full = lambda v, dt: jnp.full((n,), v, dt)  # noqa: E731
+        fn = jax.jit(sample_tokens, static_argnums=(8,))
+        tok, lp, raw = fn(logits, full(temperature, jnp.float32), full(top_k, jnp.int32),
+                          full(top_p, jnp.float32), full(min_p, jnp.float32), keys,
+                          full(0, jnp.int32), counter, mode)
+        tok = np.asarray(tok)
+        return np.bincount(tok, minlength=5) / n, tok, np.asarray(lp), np.asarray(raw)
+
+    freq, tok, lp, raw = draw(SAMPLE)
+    np.testing.assert_allclose(freq, probs, atol=0.03)
+    np.testing.assert_allclose(raw, np.log(probs)[tok], atol=1e-5)
+    freq, tok, lp, raw = draw(SAMPLE, temperature=0.5)
+    tempered = probs ** 2 / (probs ** 2).sum()
+    np.testing.assert_allclose(freq, tempered, atol=0.03)
+    np.testing.assert_allclose(lp, np.log(tempered)[tok], atol=1e-5)  # tempered logprob
+    np.testing.assert_allclose(raw, np.log(probs)[tok], atol=1e-5)  # untempered
+    same, tok_f, _, _ = draw(SAMPLE_FILTERED)  # no truncation requested: identical draws
+    assert np.array_equal(tok_f, draw(SAMPLE)[1])
+    for kwargs in ({"top_k": 2}, {"top_p": 0.5}, {"min_p": 0.5}):
+        freq, *_ = draw(SAMPLE_FILTERED, **kwargs)
+        assert freq[2:].sum() == 0, kwargs
+        np.testing.assert_allclose(freq[:2], probs[:2] / probs[:2].sum(), atol=0.03)

@@ -50,7 +50,7 @@ from agentrl_jax.models.llama import CausalLM, KVCache, abstract_model
 from agentrl_jax.rollout.base import (BackendUnavailableError, GenerateResult, InvalidRequestError,
                                       OverloadedError, RolloutBackend, RolloutError, SamplingParams,
                                       check_input_ids)
-from agentrl_jax.rollout.sampling import sample_tokens, seed_to_key
+from agentrl_jax.rollout.sampling import GREEDY, SAMPLE, sample_tokens, sampling_mode, seed_to_key
 from agentrl_jax.rollout.slots import SlotTable
 
 log = logging.getLogger(__name__)
@@ -120,7 +120,7 @@ def _compiled(graphdef: Any, max_batch: int, max_length: int, decode_steps: int,
     (cached, so engines of the same shape share compilations)."""
     B, S, K, M = max_batch, max_length, decode_steps, max_stop_ids
 
-    def decode(state, cache: KVCache, ints, floats, num_steps, exit_on_finish):
+    def decode(state, cache: KVCache, ints, floats, num_steps, exit_on_finish, mode):
         model = nnx.merge(graphdef, state)
         top_k, keys = ints[:, _TOPK], jax.lax.bitcast_convert_type(ints[:, _KEY0:_KEY1 + 1],
                                                                    jnp.uint32)
@@ -141,7 +141,7 @@ def _compiled(graphdef: Any, max_batch: int, max_length: int, decode_steps: int,
             out = model(tokens[:, None], pos_in[:, None], cache, compute_logits=False)
             logits = model.logits(out.hidden[:, 0])
             tok, lp, lp_raw = sample_tokens(logits, temperature, top_k, top_p, min_p, keys,
-                                            sample_index, counter)
+                                            sample_index, counter, mode)
             tok = jnp.where(active, tok, 0)
             step = active.astype(jnp.int32)
             remaining = remaining - step
@@ -175,8 +175,8 @@ def _compiled(graphdef: Any, max_batch: int, max_length: int, decode_steps: int,
         return KVCache(keys=tuple(cp(k) for k in cache.keys),
                        values=tuple(cp(v) for v in cache.values))
 
-    return (jax.jit(decode, donate_argnums=(1,)), jax.jit(prefill, donate_argnums=(1,)),
-            jax.jit(copy_rows, donate_argnums=(0,)))
+    return (jax.jit(decode, donate_argnums=(1,), static_argnums=(6,)),
+            jax.jit(prefill, donate_argnums=(1,)), jax.jit(copy_rows, donate_argnums=(0,)))
 
 
 # ------------------------------------------------------------------------------ request state
@@ -375,8 +375,10 @@ class Engine(RolloutBackend):
         ints[:, _STOP:] = -1
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            self._cache, outs, _ = self._decode_fn(self._state, self._cache, ints, self._floats,
-                                                   np.int32(1), np.bool_(False))
+            for mode in (GREEDY, SAMPLE):  # top-k/p/min-p (SAMPLE_FILTERED): on first use
+                self._cache, outs, _ = self._decode_fn(self._state, self._cache, ints,
+                                                       self._floats, np.int32(1),
+                                                       np.bool_(False), mode)
             for chunk in c.chunk_buckets:
                 rows = c.prefill_rows(chunk)
                 self._cache = self._prefill_fn(
@@ -774,10 +776,14 @@ class Engine(RolloutBackend):
         c = self.config
         waiting_for_slot = bool(self._waiting) and self._slots.available < \
             self._waiting[0].sampling.n
+        act = self._ints[:, _ACT] > 0
+        f = self._floats
+        mode = sampling_mode(np.where(act, f[:, _TEMP], 0.0), self._ints[:, _TOPK], f[:, _TOPP],
+                             f[:, _MINP])
         t0 = time.perf_counter()
         self._cache, outs, steps = self._decode_fn(
             self._state, self._cache, self._ints, self._floats, np.int32(c.decode_steps),
-            np.bool_(waiting_for_slot))
+            np.bool_(waiting_for_slot), mode)
         toks, lps, raws, valid, steps = jax.device_get((*outs, steps))
         self.stats.decode_time_s += time.perf_counter() - t0
         steps = int(steps)

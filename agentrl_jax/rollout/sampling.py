@@ -1,7 +1,8 @@
 """Token sampling fused into the jitted decode step.
 
 Every function here is traced inside the engine's jitted decode loop; all per-slot parameters are
-arrays ``[B]`` so one compiled step serves any mix of greedy and sampled requests.
+arrays ``[B]`` so one compiled step serves any mix of greedy and sampled requests (the static
+``mode`` only removes work no row needs).
 
 Randomness is stateless and per request: the key of slot ``b`` at its ``c``-th generated token is
 ``fold_in(fold_in(key_b, sample_index_b), c)`` where ``key_b`` comes from the request seed, so a
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 
 def _filter_logits(scaled: jax.Array, top_k: jax.Array, top_p: jax.Array, min_p: jax.Array
@@ -29,7 +31,7 @@ def _filter_logits(scaled: jax.Array, top_k: jax.Array, top_p: jax.Array, min_p:
     sorted_desc = -jnp.sort(-scaled, axis=-1)  # [B, V]
     probs = jax.nn.softmax(sorted_desc, axis=-1)
     cum_before = jnp.cumsum(probs, axis=-1) - probs
-    keep = cum_before < top_p[:, None]
+    keep = (cum_before < top_p[:, None]) | (top_p[:, None] >= 1.0)  # exact no-op at top_p=1
     rank = jnp.arange(v)[None, :]
     keep &= (top_k[:, None] <= 0) | (rank < top_k[:, None])
     keep &= probs >= min_p[:, None] * probs[:, :1]
@@ -38,41 +40,57 @@ def _filter_logits(scaled: jax.Array, top_k: jax.Array, top_p: jax.Array, min_p:
     return jnp.where(scaled >= threshold[:, None], scaled, -jnp.inf)
 
 
+GREEDY, SAMPLE, SAMPLE_FILTERED = 0, 1, 2  # static sampling modes (one compile each)
+
+
+def sampling_mode(temperature: np.ndarray, top_k: np.ndarray, top_p: np.ndarray,
+                  min_p: np.ndarray) -> int:
+    """The cheapest static mode that serves every row (host-side, NumPy)."""
+    sampled = temperature > 0.0
+    if not sampled.any():
+        return GREEDY
+    if ((top_k > 0) | (top_p < 1.0) | (min_p > 0.0))[sampled].any():
+        return SAMPLE_FILTERED
+    return SAMPLE
+
+
 def sample_tokens(logits: jax.Array, temperature: jax.Array, top_k: jax.Array, top_p: jax.Array,
-                  min_p: jax.Array, keys: jax.Array, sample_index: jax.Array, counter: jax.Array
-                  ) -> tuple[jax.Array, jax.Array, jax.Array]:
+                  min_p: jax.Array, keys: jax.Array, sample_index: jax.Array, counter: jax.Array,
+                  mode: int = SAMPLE_FILTERED) -> tuple[jax.Array, jax.Array, jax.Array]:
     """Sample one token per row.
 
     logits [B, V] float32; temperature [B] (0 = greedy); keys [B, 2] uint32 raw threefry keys;
     sample_index, counter [B] int32. Returns ``(tokens [B] int32, logprob [B], logprob_raw [B])``.
 
-    The expensive parts are skipped with ``lax.cond`` when no row needs them: the Gumbel noise
-    when every row is greedy, the sort for top-k / top-p / min-p when no row truncates.
+    ``mode`` is static: ``GREEDY`` (argmax only: every row must be greedy), ``SAMPLE`` (Gumbel
+    noise; no row truncates), ``SAMPLE_FILTERED`` (also top-k / top-p / min-p, which sorts the
+    vocabulary). The engine picks the cheapest mode for the rows of each call, so the decode
+    step has no data-dependent control flow (on GPUs a ``lax.cond`` syncs with the host).
+    Rows are independent: the result of a row does not depend on the mode chosen for the call.
     """
     logits = logits.astype(jnp.float32)
     greedy = temperature <= 0.0
+    argmax = jnp.argmax(logits, axis=-1).astype(jnp.int32)
+    logprob_raw_all = jax.nn.logsumexp(logits, axis=-1)
+    if mode == GREEDY:
+        tokens = argmax
+        picked = jnp.take_along_axis(logits, tokens[:, None], axis=-1)[:, 0]
+        logprob_raw = picked - logprob_raw_all
+        return tokens, logprob_raw, logprob_raw
     safe_t = jnp.where(greedy, 1.0, temperature)
     scaled = logits / safe_t[:, None]
-    argmax = jnp.argmax(logits, axis=-1).astype(jnp.int32)
+    filtered = _filter_logits(scaled, top_k, top_p, min_p) if mode == SAMPLE_FILTERED else scaled
 
-    def sampled() -> jax.Array:
-        needs_filter = ~greedy & ((top_k > 0) | (top_p < 1.0) | (min_p > 0.0))
-        filtered = jax.lax.cond(jnp.any(needs_filter),
-                                lambda: _filter_logits(scaled, top_k, top_p, min_p),
-                                lambda: scaled)
+    def noise(key, idx, c):
+        key = jax.random.fold_in(jax.random.fold_in(key, idx), c)
+        return jax.random.gumbel(key, (logits.shape[-1],), jnp.float32)
 
-        def noise(key, idx, c):
-            key = jax.random.fold_in(jax.random.fold_in(key, idx), c)
-            return jax.random.gumbel(key, (logits.shape[-1],), jnp.float32)
-
-        gumbel = jax.vmap(noise)(keys, sample_index, counter)
-        return jnp.argmax(filtered + gumbel, axis=-1).astype(jnp.int32)
-
-    drawn = jax.lax.cond(jnp.any(~greedy), sampled, lambda: argmax)
+    gumbel = jax.vmap(noise)(keys, sample_index, counter)
+    drawn = jnp.argmax(filtered + gumbel, axis=-1).astype(jnp.int32)
     tokens = jnp.where(greedy, argmax, drawn)
     picked_raw = jnp.take_along_axis(logits, tokens[:, None], axis=-1)[:, 0]
     picked_scaled = jnp.take_along_axis(scaled, tokens[:, None], axis=-1)[:, 0]
-    logprob_raw = picked_raw - jax.nn.logsumexp(logits, axis=-1)
+    logprob_raw = picked_raw - logprob_raw_all
     logprob_t = picked_scaled - jax.nn.logsumexp(scaled, axis=-1)
     logprob = jnp.where(greedy, logprob_raw, logprob_t)
     return tokens, logprob, logprob_raw
@@ -84,4 +102,5 @@ def seed_to_key(seed: int) -> tuple[int, int]:
     return (seed >> 32) & 0xFFFFFFFF, seed & 0xFFFFFFFF
 
 
-__all__ = ["sample_tokens", "seed_to_key"]
+__all__ = ["sample_tokens", "sampling_mode", "seed_to_key", "GREEDY", "SAMPLE",
+           "SAMPLE_FILTERED"]
