@@ -64,8 +64,9 @@ def visible_objects(seen: Iterable[SeenCell]) -> list[VisibleObject]:
 
 
 def describe_object(obj: VisibleObject) -> str:
-    state = f"{obj.state} " if obj.state else ""
-    return f"a {state}{obj.color} {obj.kind} ({obj.name}) {relative_position(obj.forward, obj.right)}"
+    words = f"{obj.state} {obj.color} {obj.kind}" if obj.state else f"{obj.color} {obj.kind}"
+    article = "an" if words[0] in "aeiou" else "a"
+    return f"{article} {words} ({obj.name}) {relative_position(obj.forward, obj.right)}"
 
 
 def _blocking(cell: SeenCell | None) -> str | None:

@@ -1,0 +1,3 @@
+from environments.core.cli import main
+
+main("textcraft")

@@ -1,0 +1,8 @@
+"""The TextCraft family as registered in ``environments.registry``."""
+
+from environments.registry import Family
+from environments.textcraft.catalog import TextCraftCatalog
+from environments.textcraft.env import TextCraftEnv
+
+# A TextCraft step takes microseconds: serve it on the event loop.
+FAMILY = Family(name="textcraft", env_factory=TextCraftEnv, catalog_factory=TextCraftCatalog, inline=True)
