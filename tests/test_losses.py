@@ -245,6 +245,15 @@ def test_entropy_and_logprobs_vs_numpy():
         atol = 1e-5 if scale < 10 else 2e-3  # |z| ~ 1e4 in float32: ulp ~ 1e-3
         np.testing.assert_allclose(ent_fn(z), ref_ent, rtol=1e-5, atol=atol)
         np.testing.assert_allclose(lp_fn(z, tgt), ref_lp, rtol=1e-5, atol=atol)
+    # masked vocabulary entries (-inf logits): finite entropy and gradient
+    z, tgt = logits_case()
+    z[:, :, :10] = -np.inf
+    ls = np_log_softmax(z)
+    lsf = np.where(np.isfinite(ls), ls, 0.0)
+    ref_ent = -(np.exp(ls) * lsf).sum(-1)
+    np.testing.assert_allclose(ent_fn(z), ref_ent, rtol=1e-5, atol=1e-5)
+    g = jax.grad(lambda x: jnp.sum(entropy_from_logits(x)))(jnp.asarray(z))
+    assert np.all(np.isfinite(np.asarray(g)))
     z, tgt = logits_case()
     ls = np_log_softmax(z / 0.7)
     np.testing.assert_allclose(lp_fn(z, tgt, temperature=0.7), np.take_along_axis(ls, tgt[..., None], -1)[..., 0], rtol=1e-5, atol=1e-5)

@@ -285,6 +285,12 @@ def gae(
     m = as_mask(loss_mask)
     r = effective_token_rewards(rewards, m, token_rewards)
     V = jnp.asarray(values, jnp.float32)
+    if method == "pallas":
+        from . import pallas_gae
+
+        if pallas_gae.supported(gamma, lam):  # kernels with fused whitening statistics
+            adv, returns, _ = pallas_gae.gae_pallas_full(r, V, m, gamma=gamma, lam=lam, whiten=whiten)
+            return AdvantageOutput(adv, returns)
     A = gae_advantages_raw(r, V, m, gamma=gamma, lam=lam, method=method, chunk=chunk)
     returns = (A + V) * m
     adv = masked_whiten(A, m) * m if whiten else A

@@ -257,12 +257,18 @@ def log_probs_from_logits(logits: Array, targets: Array, *, temperature: float =
 
 
 def entropy_from_logits(logits: Array, *, temperature: float = 1.0) -> Array:
-    """Categorical entropy ``H = logsumexp(z) - sum softmax(z) * z`` -> ``[B, T]`` (stable
-    for large / -inf-free logits; float32 internally)."""
+    """Categorical entropy ``H = logsumexp(z) - sum softmax(z) * z`` -> ``[B, T]``
+    (stable for large logits; ``-inf`` logits allowed; float32 internally)."""
     z = _scaled(logits, temperature)
     lse = jax.nn.logsumexp(z, axis=-1)
     p = jnp.exp(z - lse[..., None])
-    return lse - jnp.sum(p * z, axis=-1)
+    return lse - jnp.sum(p * _finite(z), axis=-1)
+
+
+def _finite(z: Array) -> Array:
+    """``-inf`` logits (masked vocabulary entries) have ``p = 0``: use 0 instead of
+    ``0 * -inf = nan`` (also keeps the gradient finite)."""
+    return jnp.where(jnp.isneginf(z), 0.0, z)
 
 
 def log_probs_and_entropy(
@@ -285,7 +291,7 @@ def log_probs_and_entropy(
         lse = jax.nn.logsumexp(z, axis=-1)
         picked = jnp.take_along_axis(z, tgt_chunk[..., None].astype(jnp.int32), axis=-1)[..., 0]
         p = jnp.exp(z - lse[..., None])
-        return picked - lse, lse - jnp.sum(p * z, axis=-1)
+        return picked - lse, lse - jnp.sum(p * _finite(z), axis=-1)
 
     targets = jnp.asarray(targets)
     T = logits.shape[1]
