@@ -26,6 +26,7 @@ time for small kernels). Memory-bandwidth floor: read r, V, m + write A, returns
 20 bytes/token, divided by 3.0e12 B/s (H100 SXM device copy, measured).
 
     python benchmarks/advantages.py --batch 256 --time 4096 --repeats 50 --json out.json
+    # on the GPU, to tune: --blocked-chunks 32,128 --pallas-sweep
 """
 
 from __future__ import annotations
@@ -101,9 +102,9 @@ def gae_python_loop(r, V, m, gamma: float, lam: float):
     return masked_whiten(A, m), returns
 
 
-def make_jitted(method: str, gamma: float, lam: float):
+def make_jitted(method: str, gamma: float, lam: float, chunk: int = 64):
     def f(r, V, m):
-        A = gae_advantages_raw(r, V, m, gamma=gamma, lam=lam, method=method)
+        A = gae_advantages_raw(r, V, m, gamma=gamma, lam=lam, method=method, chunk=chunk)
         return masked_whiten(A, m) * m, (A + V) * m
 
     return jax.jit(f)
@@ -129,11 +130,11 @@ def make_scan_time_major(gamma: float, lam: float):
     return jax.jit(f)
 
 
-def make_pallas(gamma: float, lam: float, interpret: bool, precision: str):
+def make_pallas(gamma: float, lam: float, interpret: bool, precision: str, **tile):
     from agentrl_jax.algorithms.pallas_gae import gae_pallas_full
 
     def f(r, V, m):
-        adv, ret, _ = gae_pallas_full(r, V, m, gamma=gamma, lam=lam, interpret=interpret, precision=precision)
+        adv, ret, _ = gae_pallas_full(r, V, m, gamma=gamma, lam=lam, interpret=interpret, precision=precision, **tile)
         return adv, ret
 
     return f
@@ -196,6 +197,14 @@ def main(argv=None) -> dict:
         help="without a GPU, run the Pallas kernels in interpret mode up to this many tokens",
     )
     ap.add_argument("--check-lowering", action="store_true", help="lower the Pallas kernels for CUDA (no GPU needed)")
+    ap.add_argument(
+        "--blocked-chunks", default="", help="extra chunk lengths for the blocked scan, e.g. 32,128 (rows blocked_L<n>)"
+    )
+    ap.add_argument(
+        "--pallas-sweep",
+        action="store_true",
+        help="GPU: also time Pallas tile configs (block_rows x block_t x num_warps x precision), rows pallas_<cfg>",
+    )
     ap.add_argument("--json", default=None, help="write results here")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
@@ -230,7 +239,7 @@ def main(argv=None) -> dict:
             out = transform(out)
         results[name] = res
         outputs[name] = tuple(np.asarray(o) for o in out)
-        print(f"  {name:12s} median {res['median_ms']:10.3f} ms")
+        print(f"  {name:28s} median {res['median_ms']:10.3f} ms")
 
     # lax.scan always runs: it is the reference for the error columns
     run("scan", make_jitted("scan", g, lam), (r, V, m), args.repeats)
@@ -244,6 +253,9 @@ def main(argv=None) -> dict:
             run("blocked", make_jitted("blocked", g, lam), (r, V, m), args.repeats)
         else:
             notes["blocked"] = "skipped: lam == 0"
+    for ch in [int(c) for c in args.blocked_chunks.split(",") if c.strip()]:
+        if lam > 0:
+            run(f"blocked_L{ch}", make_jitted("blocked", g, lam, chunk=ch), (r, V, m), args.repeats)
     if "pallas" in variants:
         from agentrl_jax.algorithms import pallas_gae
 
@@ -251,6 +263,15 @@ def main(argv=None) -> dict:
             notes["pallas"] = "skipped: parameters outside the kernel's range (see pallas_gae.supported)"
         elif on_gpu:
             run("pallas", make_pallas(g, lam, False, args.pallas_precision), (r, V, m), args.repeats)
+            if args.pallas_sweep:
+                for br in (16, 32):
+                    for bt in (32, 64, 128):
+                        if not pallas_gae.supported(g, lam, bt):
+                            continue
+                        for nw in (2, 4, 8):
+                            for prec in ("ieee", "tf32x3"):
+                                cfg = dict(block_rows=br, block_t=bt, num_warps=nw)
+                                run(f"pallas_{br}x{bt}_w{nw}_{prec}", make_pallas(g, lam, False, prec, **cfg), (r, V, m), args.repeats)
         elif B * T <= args.interpret_max_tokens:
             run("pallas", make_pallas(g, lam, True, args.pallas_precision), (r, V, m), min(args.repeats, 2), pipelined=False)
             if "pallas" in results:
@@ -277,10 +298,11 @@ def main(argv=None) -> dict:
 
     loop_ms = results.get("loop", {}).get("median_ms")
     scan_ms = results.get("scan", {}).get("median_ms")
-    order = [v for v in ("loop", "scan", "scan_tmajor", "associative", "blocked", "pallas") if v in results]
+    fixed = ("loop", "scan", "scan_tmajor", "associative", "blocked", "pallas")
+    order = [v for v in fixed if v in results] + sorted(v for v in results if v not in fixed)
     print()
     hdr = (
-        f"{'variant':12s} {'median ms':>11s} {'pipelined ms':>13s} {'x vs loop':>10s} {'x vs scan':>10s} "
+        f"{'variant':28s} {'median ms':>11s} {'pipelined ms':>13s} {'x vs loop':>10s} {'x vs scan':>10s} "
         f"{'x floor':>8s} {'max|dA|':>9s} {'max|dR|':>9s}"
     )
     print(hdr)
@@ -292,7 +314,7 @@ def main(argv=None) -> dict:
         res["vs_scan"] = scan_ms / res["median_ms"] if scan_ms else None
         res["x_floor"] = best / floor_ms
         print(
-            f"{name:12s} {res['median_ms']:11.3f} {res.get('pipelined_ms', float('nan')):13.3f} "
+            f"{name:28s} {res['median_ms']:11.3f} {res.get('pipelined_ms', float('nan')):13.3f} "
             f"{(res['vs_loop'] or float('nan')):10.1f} {(res['vs_scan'] or float('nan')):10.2f} "
             f"{res['x_floor']:8.1f} {res.get('max_abs_err_adv', float('nan')):9.2e} {res.get('max_abs_err_ret', float('nan')):9.2e}"
         )
