@@ -353,3 +353,65 @@ def test_sample_tokens_distribution():
         freq, *_ = draw(SAMPLE_FILTERED, **kwargs)
         assert freq[2:].sum() == 0, kwargs
         np.testing.assert_allclose(freq[:2], probs[:2] / probs[:2].sum(), atol=0.03)
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen_bias_qknorm_tied_mqa"])
+def test_head_major_forward_matches_model(family):
+    """rollout.forward (head-major cache) == CausalLM (its own cache, and no cache)."""
+    import jax
+    import jax.numpy as jnp
+
+    from agentrl_jax.models.llama import KVCache
+    from agentrl_jax.rollout.forward import HeadMajorCache, forward
+
+    from agentrl_jax.models.llama import init_model
+
+    # Qwen2 q/k/v biases + Qwen3 q/k norms + tied embeddings + one KV head + head_dim != D/H.
+    cfg = {"llama": TINY,
+           "qwen_bias_qknorm_tied_mqa": TINY.replace(
+               model_type="qwen3", attention_bias=True, qk_norm=True, tie_word_embeddings=True,
+               head_dim=24, num_kv_heads=1)}[family]
+    model = init_model(cfg, 3)
+    graphdef, state = nnx.split(model)
+    rng = np.random.default_rng(0)
+    b, s = 3, 24
+    ids = rng.integers(3, cfg.vocab_size, size=(b, s)).astype(np.int32)
+
+    @jax.jit
+    def run(state, ids):
+        m = nnx.merge(graphdef, state)
+        full = m(ids).hidden
+        # chunk 1: positions 0..15 (row 2 only 0..9, the rest padded to S -> dropped)
+        pos1 = np.tile(np.arange(16, dtype=np.int32), (b, 1))
+        pos1[2, 10:] = 64
+        cache = HeadMajorCache.zeros(cfg, b, 64)
+        ref_cache = KVCache.zeros(cfg, b, 64)
+        h1, cache = forward(m, ids[:, :16], pos1, cache)
+        r1 = m(ids[:, :16], pos1, ref_cache)
+        # chunk 2: one decode step at position 16 for rows 0-1, 10 for row 2
+        pos2 = np.array([[16], [16], [10]], np.int32)
+        tok2 = jnp.stack([ids[0, 16], ids[1, 16], ids[2, 10]])[:, None]
+        h2, cache = forward(m, tok2, pos2, cache)
+        r2 = m(tok2, pos2, r1.cache)
+        return full, h1, r1.hidden, h2, r2.hidden
+
+    full, h1, r1, h2, r2 = map(np.asarray, run(state, ids))
+    np.testing.assert_allclose(h1[:2], full[:2, :16], atol=2e-5)
+    np.testing.assert_allclose(h1[2, :10], full[2, :10], atol=2e-5)
+    np.testing.assert_allclose(h1, r1, atol=2e-5)
+    np.testing.assert_allclose(h2[:2, 0], full[:2, 16], atol=2e-5)
+    np.testing.assert_allclose(h2[2, 0], full[2, 10], atol=2e-5)
+    np.testing.assert_allclose(h2, r2, atol=2e-5)
+
+
+def test_model_layout_engine(model):
+    """kv_layout='bskd' runs the model's own forward and cache: same greedy output."""
+    eng = make_engine(model, kv_layout="bskd", prefill_chunks=(64,))
+    try:
+        prompt = random_prompt(np.random.default_rng(12), 30)
+        (res,) = eng.generate_sync(prompt, SamplingParams(max_new_tokens=10, ignore_eos=True,
+                                                          **GREEDY))
+        assert res.output_ids == reference_greedy(model, prompt, 10)
+        check_logprobs(model, prompt, res)
+    finally:
+        eng.close()

@@ -3,7 +3,8 @@
 Design (see docs/ROLLOUT.md for the long version):
 
 * A fixed pool of ``max_batch`` slots; slot ``b`` owns row ``b`` of every layer's KV cache
-  ``[max_batch, max_length, K, Dh]``. Rows are indexed by absolute position.
+  ``[max_batch, K, max_length, Dh]`` (head-major, see ``forward.py``). Rows are indexed by
+  absolute position.
 * **Decode**: one jitted function runs up to ``decode_steps`` steps for all slots inside a
   ``lax.while_loop`` (static shapes ``[max_batch, 1]``), with sampling fused in and stop detection
   on device (stop token ids, token budget). It returns after ``decode_steps`` steps, when every
@@ -46,10 +47,11 @@ import numpy as np
 from flax import nnx
 
 from agentrl_jax.models.config import ModelConfig
-from agentrl_jax.models.llama import CausalLM, KVCache, abstract_model
+from agentrl_jax.models.llama import CausalLM, abstract_model
 from agentrl_jax.rollout.base import (BackendUnavailableError, GenerateResult, InvalidRequestError,
                                       OverloadedError, RolloutBackend, RolloutError, SamplingParams,
                                       check_input_ids)
+from agentrl_jax.rollout.forward import HEAD_MAJOR, SEQ_MAJOR, forward, map_cache, new_cache
 from agentrl_jax.rollout.sampling import GREEDY, SAMPLE, sample_tokens, sampling_mode, seed_to_key
 from agentrl_jax.rollout.slots import SlotTable
 
@@ -75,7 +77,9 @@ class EngineConfig:
     call (rows = prefill_tokens // chunk). decode_steps: decode steps per jitted call.
     max_stop_ids: stop token ids per request. max_queue: waiting requests beyond which
     ``generate`` raises ``OverloadedError``. copy_rows: KV rows copied per call for ``n > 1``.
-    session_cache: keep finished sessions' KV rows for prefix reuse.
+    session_cache: keep finished sessions' KV rows for prefix reuse. kv_layout: ``"bksd"``
+    (default) keeps the cache head-major ``[B, K, S, Dh]`` and runs ``rollout.forward`` (no
+    per-step cache transposes); ``"bskd"`` uses ``CausalLM``'s own cache layout and forward.
     """
 
     max_batch: int = 32
@@ -90,8 +94,12 @@ class EngineConfig:
     copy_rows: int = 8
     session_cache: bool = True
     seed: int = 0
+    kv_layout: str = HEAD_MAJOR
 
     def __post_init__(self) -> None:
+        if self.kv_layout not in (HEAD_MAJOR, SEQ_MAJOR):
+            raise ValueError(f"kv_layout must be {HEAD_MAJOR!r} (the engine's head-major cache) "
+                             f"or {SEQ_MAJOR!r} (the model's own cache and forward)")
         if self.max_batch < 1 or self.max_length < 2:
             raise ValueError("max_batch must be >= 1 and max_length >= 2")
         if self.decode_steps < 1:
@@ -115,12 +123,12 @@ class EngineConfig:
 # ---------------------------------------------------------------------------- jitted functions
 @functools.lru_cache(maxsize=16)
 def _compiled(graphdef: Any, max_batch: int, max_length: int, decode_steps: int,
-              max_stop_ids: int) -> tuple[Callable, Callable, Callable]:
+              max_stop_ids: int, kv_layout: str) -> tuple[Callable, Callable, Callable]:
     """The jitted decode / prefill / copy functions for one model structure and engine shape
     (cached, so engines of the same shape share compilations)."""
     B, S, K, M = max_batch, max_length, decode_steps, max_stop_ids
 
-    def decode(state, cache: KVCache, ints, floats, num_steps, exit_on_finish, mode):
+    def decode(state, cache, ints, floats, num_steps, exit_on_finish, mode):
         model = nnx.merge(graphdef, state)
         top_k, keys = ints[:, _TOPK], jax.lax.bitcast_convert_type(ints[:, _KEY0:_KEY1 + 1],
                                                                    jnp.uint32)
@@ -138,8 +146,8 @@ def _compiled(graphdef: Any, max_batch: int, max_length: int, decode_steps: int,
         def body(c):
             i, cache, tokens, positions, active, remaining, counter, finished_any, outs = c
             pos_in = jnp.where(active, positions, S)  # idle rows write nothing (position S)
-            out = model(tokens[:, None], pos_in[:, None], cache, compute_logits=False)
-            logits = model.logits(out.hidden[:, 0])
+            hidden, cache = forward(model, tokens[:, None], pos_in[:, None], cache)
+            logits = model.logits(hidden[:, 0])
             tok, lp, lp_raw = sample_tokens(logits, temperature, top_k, top_p, min_p, keys,
                                             sample_index, counter, mode)
             tok = jnp.where(active, tok, 0)
@@ -150,30 +158,25 @@ def _compiled(graphdef: Any, max_batch: int, max_length: int, decode_steps: int,
             o_tok, o_lp, o_raw, o_valid = outs
             outs = (o_tok.at[i].set(tok), o_lp.at[i].set(lp), o_raw.at[i].set(lp_raw),
                     o_valid.at[i].set(active))
-            return (i + 1, out.cache, jnp.where(active, tok, tokens), positions + step,
+            return (i + 1, cache, jnp.where(active, tok, tokens), positions + step,
                     active & ~done, remaining, counter + step, finished_any | jnp.any(done), outs)
 
         final = jax.lax.while_loop(cond, body, carry)
         steps, cache, outs = final[0], final[1], final[8]
         return cache, outs, steps
 
-    def prefill(state, cache: KVCache, slot_ids, tokens, positions):
+    def prefill(state, cache, slot_ids, tokens, positions):
         model = nnx.merge(graphdef, state)
-        sub = KVCache(keys=tuple(jnp.take(k, slot_ids, axis=0, mode="clip") for k in cache.keys),
-                      values=tuple(jnp.take(v, slot_ids, axis=0, mode="clip")
-                                   for v in cache.values))
-        out = model(tokens, positions, sub, compute_logits=False)
-        return KVCache(
-            keys=tuple(k.at[slot_ids].set(n, mode="drop") for k, n in zip(cache.keys,
-                                                                          out.cache.keys)),
-            values=tuple(v.at[slot_ids].set(n, mode="drop") for v, n in zip(cache.values,
-                                                                            out.cache.values)))
+        sub = map_cache(lambda x: jnp.take(x, slot_ids, axis=0, mode="clip"), cache)
+        _, sub = forward(model, tokens, positions, sub)
+        return type(cache)(
+            keys=tuple(k.at[slot_ids].set(n, mode="drop") for k, n in zip(cache.keys, sub.keys)),
+            values=tuple(v.at[slot_ids].set(n, mode="drop")
+                         for v, n in zip(cache.values, sub.values)))
 
-    def copy_rows(cache: KVCache, src, dst):
-        def cp(x):
-            return x.at[dst].set(jnp.take(x, src, axis=0, mode="clip"), mode="drop")
-        return KVCache(keys=tuple(cp(k) for k in cache.keys),
-                       values=tuple(cp(v) for v in cache.values))
+    def copy_rows(cache, src, dst):
+        return map_cache(lambda x: x.at[dst].set(jnp.take(x, src, axis=0, mode="clip"),
+                                                 mode="drop"), cache)
 
     return (jax.jit(decode, donate_argnums=(1,), static_argnums=(6,)),
             jax.jit(prefill, donate_argnums=(1,)), jax.jit(copy_rows, donate_argnums=(0,)))
@@ -299,8 +302,9 @@ class Engine(RolloutBackend):
         self.weight_version = "0"
         c = self.config
         self._decode_fn, self._prefill_fn, self._copy_fn = _compiled(
-            self.graphdef, c.max_batch, c.max_length, c.decode_steps, c.max_stop_ids)
-        self._cache = KVCache.zeros(self.model_config, c.max_batch, c.max_length)
+            self.graphdef, c.max_batch, c.max_length, c.decode_steps, c.max_stop_ids,
+            c.kv_layout)
+        self._cache = new_cache(c.kv_layout, self.model_config, c.max_batch, c.max_length)
         self.eos_token_ids = list(base_cfg.eos_token_ids)
         if not self.eos_token_ids and tokenizer is not None and tokenizer.eos_token_id is not None:
             self.eos_token_ids = [tokenizer.eos_token_id]
@@ -931,8 +935,8 @@ class Engine(RolloutBackend):
         self._has_stop_str[:] = False
         self._slots = SlotTable(self.config.max_batch)
         try:
-            self._cache = KVCache.zeros(self.model_config, self.config.max_batch,
-                                        self.config.max_length)
+            self._cache = new_cache(self.config.kv_layout, self.model_config,
+                                    self.config.max_batch, self.config.max_length)
         except Exception as e:  # noqa: BLE001
             self._error = f"cannot reallocate the KV cache after {message}: {e}"
 

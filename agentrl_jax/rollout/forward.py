@@ -1,0 +1,111 @@
+"""The engine's inference forward with a head-major KV cache ``[B, K, S, Dh]``.
+
+``CausalLM`` keeps its cache as ``[B, S, K, Dh]``; its attention contracts over ``Dh`` with
+``(B, K)`` as batch dimensions, and XLA then physically transposes every layer's cache to
+``[B, K, S, Dh]`` at every call (seen in the compiled HLO), roughly tripling the KV traffic of a
+memory-bound decode step. This forward is the same computation with the cache stored
+head-major, so the attention dots read it in place.
+
+Everything except the attention core is the model's own code: embedding, projections (with
+their biases), q/k norms, RoPE, MLP, norms and the LM head are the modules / functions of
+``agentrl_jax.models``; ``tests/test_engine.py`` checks this forward against ``CausalLM`` for
+Llama, Qwen2 (bias) and Qwen3 (q/k norm) configurations.
+
+Cache semantics are the model's: rows are indexed by absolute position, a call writes its
+keys / values at ``positions`` (positions ``>= S`` are dropped) and a query at position ``p``
+attends to cache positions ``0..p``.
+"""
+
+from __future__ import annotations
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+
+from agentrl_jax.models.config import ModelConfig
+from agentrl_jax.models.llama import CausalLM, KVCache
+from agentrl_jax.models.rope import apply_rope, inverse_frequencies, rope_cos_sin
+
+HEAD_MAJOR, SEQ_MAJOR = "bksd", "bskd"
+
+
+@flax.struct.dataclass
+class HeadMajorCache:
+    """Per-layer key/value caches, each ``[B, K, S, Dh]``."""
+
+    keys: tuple[jax.Array, ...]
+    values: tuple[jax.Array, ...]
+
+    @classmethod
+    def zeros(cls, config: ModelConfig, batch_size: int, max_length: int,
+              dtype: jnp.dtype | None = None) -> "HeadMajorCache":
+        dtype = dtype or jnp.dtype(config.dtype)
+        shape = (batch_size, config.num_kv_heads, max_length, config.head_dim)
+        return cls(keys=tuple(jnp.zeros(shape, dtype) for _ in range(config.num_layers)),
+                   values=tuple(jnp.zeros(shape, dtype) for _ in range(config.num_layers)))
+
+
+def new_cache(layout: str, config: ModelConfig, batch_size: int, max_length: int):
+    if layout == HEAD_MAJOR:
+        return HeadMajorCache.zeros(config, batch_size, max_length)
+    return KVCache.zeros(config, batch_size, max_length)
+
+
+def _attention(attn, x: jax.Array, cos: jax.Array, sin: jax.Array, positions: jax.Array,
+               cache_k: jax.Array, cache_v: jax.Array
+               ) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """The model's ``Attention`` with a head-major cache: returns (output, cache_k, cache_v)."""
+    cfg: ModelConfig = attn.cfg
+    b, t, _ = x.shape
+    h, kh, dh = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+    g = h // kh
+    q = attn.q_proj(x).reshape(b, t, h, dh)
+    k = attn.k_proj(x).reshape(b, t, kh, dh)
+    v = attn.v_proj(x).reshape(b, t, kh, dh)
+    if cfg.qk_norm:
+        q, k = attn.q_norm(q), attn.k_norm(k)
+    q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+    rows = jnp.arange(b)[:, None]
+    # Advanced indices (rows, positions) around a slice: the update is laid out [B, T, K, Dh].
+    cache_k = cache_k.at[rows, :, positions].set(k.astype(cache_k.dtype), mode="drop")
+    cache_v = cache_v.at[rows, :, positions].set(v.astype(cache_v.dtype), mode="drop")
+    s = cache_k.shape[2]
+    # Queries grouped per KV head: [B, K, G*T, Dh] (GQA without repeating keys / values).
+    qg = q.reshape(b, t, kh, g, dh).transpose(0, 2, 3, 1, 4).reshape(b, kh, g * t, dh)
+    scores = jnp.einsum("bkqd,bksd->bkqs", qg, cache_k.astype(q.dtype),
+                        preferred_element_type=jnp.float32) * (dh ** -0.5)
+    query_pos = jnp.broadcast_to(positions[:, None, :], (b, g, t)).reshape(b, 1, g * t, 1)
+    mask = jnp.arange(s)[None, None, None, :] <= query_pos
+    probs = jax.nn.softmax(jnp.where(mask, scores, -jnp.inf), axis=-1)
+    out = jnp.einsum("bkqs,bksd->bkqd", probs.astype(cache_v.dtype), cache_v,
+                     preferred_element_type=jnp.float32).astype(q.dtype)
+    out = out.reshape(b, kh, g, t, dh).transpose(0, 3, 1, 2, 4).reshape(b, t, h * dh)
+    return attn.o_proj(out), cache_k, cache_v
+
+
+def forward(model: CausalLM, input_ids: jax.Array, positions: jax.Array, cache
+            ) -> tuple[jax.Array, object]:
+    """Final-normed hidden states ``[B, T, D]`` and the updated cache (either layout)."""
+    if isinstance(cache, KVCache):
+        out = model(input_ids, positions, cache, compute_logits=False)
+        return out.hidden, out.cache
+    x = model.embed(input_ids)
+    cos, sin = rope_cos_sin(positions, inverse_frequencies(model.cfg))
+    keys, values = [], []
+    for i, layer in enumerate(model.layers):
+        attn_out, ck, cv = _attention(layer.attn, layer.input_norm(x), cos, sin, positions,
+                                      cache.keys[i], cache.values[i])
+        x = x + attn_out
+        x = x + layer.mlp(layer.post_attn_norm(x))
+        keys.append(ck)
+        values.append(cv)
+    return model.final_norm(x), HeadMajorCache(tuple(keys), tuple(values))
+
+
+def map_cache(fn, cache):
+    """Apply ``fn`` to every per-layer array of a cache (either layout); same type back."""
+    return type(cache)(keys=tuple(fn(k) for k in cache.keys),
+                       values=tuple(fn(v) for v in cache.values))
+
+
+__all__ = ["HeadMajorCache", "forward", "new_cache", "map_cache", "HEAD_MAJOR", "SEQ_MAJOR"]
