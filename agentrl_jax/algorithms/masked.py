@@ -128,7 +128,9 @@ class GroupStats(NamedTuple):
 
 def dense_group_index(group_ids: Array) -> Array:
     """Map arbitrary (unsorted, non-contiguous) integer group ids ``[B]`` to dense
-    ids in ``[0, B)`` so that static-size segment ops with ``num_segments = B`` work."""
+    ids in ``[0, B)`` so that static-size segment ops with ``num_segments = B`` work.
+
+    Ids must fit in int32 (JAX's default integer width): hash task uids into that range."""
     g = jnp.asarray(group_ids).reshape(-1)
     B = g.shape[0]
     _, inv = jnp.unique(g, return_inverse=True, size=B, fill_value=g.min() if B else 0)
