@@ -74,6 +74,9 @@ def parse_args(argv=None):
     p.add_argument("--scaling-mesh", choices=["fsdp", "data"], default="fsdp",
                    help="axis spanning the N devices in scaling mode")
     p.add_argument("--no-forward", action="store_true", help="skip the logprob forward row")
+    p.add_argument("--memory-analysis", action="store_true",
+                   help="also compile the step ahead of time and print XLA's memory analysis "
+                        "(argument / temp bytes; one extra compilation)")
     p.add_argument("--xla-flags", default="", help="extra XLA_FLAGS")
     p.add_argument("--json", default=None, help="write results to this JSON file")
     return p.parse_args(argv)
@@ -132,7 +135,7 @@ def main(argv=None) -> dict:
         shardings = state_shardings(abs_params, mesh)
         params = jax.jit(lambda: nnx.split(CausalLM(model_cfg, nnx.Rngs(0)), nnx.Param)[1],
                          out_shardings=shardings)()
-        learner = Learner(nnx.merge(graphdef, params), cfg, mesh=mesh)
+        learner = Learner(nnx.merge(graphdef, params), cfg, mesh=mesh, copy_model=False)
         del params
         return learner
 
@@ -156,6 +159,18 @@ def main(argv=None) -> dict:
         mb = minibatch(global_micro, rng)
         sh = minibatch_sharding(mesh)
         mb = {k: jax.device_put(v, sh) for k, v in mb.items()}
+        memory = None
+        if args.memory_analysis:
+            step_fn = learner._train_step(tuple(sorted(mb)), True, False)
+            ma = step_fn.lower(learner.params, learner.opt_state, None, None,
+                               mb).compile().memory_analysis()
+            if ma is not None:
+                memory = {k: getattr(ma, k) / 2**30 for k in (
+                    "argument_size_in_bytes", "output_size_in_bytes", "alias_size_in_bytes",
+                    "temp_size_in_bytes") if hasattr(ma, k)}
+                print(f"[{n_devices} device(s)] XLA memory analysis (GiB): "
+                      + ", ".join(f"{k.replace('_size_in_bytes', '')} {v:.2f}"
+                                  for k, v in memory.items()), flush=True)
         t0 = time.perf_counter()
         jax.block_until_ready(learner.train_minibatch(mb))
         compile_s = time.perf_counter() - t0
@@ -174,7 +189,7 @@ def main(argv=None) -> dict:
                "tflops_per_s_per_device": flops / step_s / n_devices / 1e12,
                "mfu": (flops / step_s / n_devices / peak) if peak else None,
                "loss": float(metrics["actor/pg_loss"]),
-               "grad_norm": float(metrics["actor/grad_norm"])}
+               "grad_norm": float(metrics["actor/grad_norm"]), "xla_memory_gb": memory}
         out = [row]
         try:
             mem = devices[0].memory_stats() or {}

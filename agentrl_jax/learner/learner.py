@@ -79,21 +79,24 @@ class Learner:
     """Holds and updates the policy (and critic / reference); see the module docstring.
 
     Args:
-      model: the policy (its parameters become the learner's: the arrays may be donated, do
-        not use ``model`` afterwards; get the current policy from ``policy_model()``).
+      model: the initial policy (get the current one from ``policy_model()``).
       config: ``LearnerConfig`` or a dict of its fields.
       mesh: device mesh (default: ``mesh_from_config(config.mesh)`` over all devices).
       reference: frozen reference policy for the KL term (default: a copy of ``model``).
       critic: value model (default: ``critic_from_policy(model)`` when the config needs one).
       checkpoint_dir / max_to_keep / async_checkpoint: orbax checkpointing (optional).
       log_dir: tensorboardX directory (optional); ``metrics_jsonl``: JSON-lines copy.
+      copy_model: copy the model's parameters (default). ``False`` adopts the arrays as they
+        are (no second copy in device memory; they are donated by the first step, so
+        ``model`` is unusable afterwards).
     """
 
     def __init__(self, model: CausalLM, config: LearnerConfig | Mapping[str, Any] | None = None,
                  *, mesh: Mesh | None = None, reference: CausalLM | None = None,
                  critic: ValueModel | None = None, checkpoint_dir: str | None = None,
                  max_to_keep: int | None = 3, async_checkpoint: bool = True,
-                 log_dir: str | None = None, metrics_jsonl: str | None = None):
+                 log_dir: str | None = None, metrics_jsonl: str | None = None,
+                 copy_model: bool = True):
         if config is None:
             config = LearnerConfig()
         elif not isinstance(config, LearnerConfig):
@@ -145,7 +148,8 @@ class Learner:
                                             out_shardings=self.critic_opt_shardings)(
                                                 self.critic_params)
 
-        self.params = jax.device_put(_copy_tree(params), self.param_shardings)
+        self.params = jax.device_put(_copy_tree(params) if copy_model else params,
+                                     self.param_shardings)
         self.opt_state = jax.jit(self.tx.init, out_shardings=self.opt_shardings)(self.params)
         self.update_step = 0  # completed update() calls (rollout batches)
 
@@ -428,7 +432,7 @@ class Learner:
         metrics["batch/padded_rows"] = float(rows)
         metrics["batch/padded_length"] = float(cols)
         metrics["batch/generated_tokens"] = float(real.sum())
-        passes = cfg.epochs * (1 + (values is not None))
+        passes = cfg.epochs * (int(train_policy) + int(values is not None))
         metrics.update(self.throughput(tokens=rows * cols, seq_len=cols, seconds=t_train,
                                        passes=passes,
                                        real_tokens=int((hb["attention_mask"] != 0).sum())))
