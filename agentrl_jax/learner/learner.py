@@ -330,8 +330,9 @@ class Learner:
         t0 = time.perf_counter()
         need_old = cfg.ratio_source == "recompute" or "rollout_logprobs" not in hb
         if need_old:
-            old_lp, ent = self._forward_rows(self._logprob_fn("float32"), self.params,
-                                             hb["tokens"], hb["attention_mask"])
+            old_lp, _ = self._forward_rows(
+                self._logprob_fn(str(jax.tree.leaves(self.params)[0].dtype)), self.params,
+                hb["tokens"], hb["attention_mask"])
         else:
             old_lp = hb["rollout_logprobs"]
         if "rollout_logprobs" in hb and need_old:
