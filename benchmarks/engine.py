@@ -80,7 +80,8 @@ def bench_engine(model, cfg, args, batch_prompts) -> dict[str, Any]:
     chunk = 1 << (args.prompt_len - 1).bit_length()
     config = EngineConfig(max_batch=args.batch, max_length=max_length, dtype=args.dtype,
                           decode_steps=args.decode_steps, prefill_chunks=(chunk,),
-                          prefill_tokens=max(chunk, args.prefill_tokens))
+                          prefill_tokens=max(chunk, args.prefill_tokens),
+                          kv_layout=args.kv_layout)
     t0 = time.perf_counter()
     engine = Engine(model, config)
     compile_s = time.perf_counter() - t0
@@ -233,7 +234,7 @@ def bench_prefix_reuse(model, cfg, args) -> dict[str, Any]:
     max_length = args.prompt_len + turns * (args.obs_tokens + args.turn_tokens) + 8
     chunk = 1 << (args.obs_tokens - 1).bit_length()
     config = EngineConfig(max_batch=sessions, max_length=max_length, dtype=args.dtype,
-                          decode_steps=args.decode_steps,
+                          decode_steps=args.decode_steps, kv_layout=args.kv_layout,
                           prefill_chunks=(chunk, 1 << (args.prompt_len - 1).bit_length(), 512),
                           prefill_tokens=max(2048, chunk))
     engine = Engine(model, config)
@@ -284,13 +285,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--shape", choices=sorted(SHAPES), default=None,
                    help="model shape (default smollm2-135m; tiny with --small)")
     p.add_argument("--small", action="store_true",
-                   help="CPU smoke run: tiny shape, batch 8, short prompts/outputs")
+                   help="CPU smoke run: tiny shape, batch 16, prompt 32, 64 new tokens")
     p.add_argument("--batch", type=int, default=None)
     p.add_argument("--prompt-len", type=int, default=None)
     p.add_argument("--new-tokens", type=int, default=None)
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default), or 1")
     p.add_argument("--dtype", choices=["bfloat16", "float32"], default="bfloat16")
     p.add_argument("--decode-steps", type=int, default=16)
+    p.add_argument("--kv-layout", choices=["bksd", "bskd"], default="bksd",
+                   help="engine KV cache: head-major (default) or the model's own layout")
     p.add_argument("--prefill-tokens", type=int, default=8192)
     p.add_argument("--bandwidth", type=float, default=3.0e12, help="bytes/s for the roofline")
     p.add_argument("--sessions", type=int, default=None)
@@ -302,9 +305,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = p.parse_args(argv)
     small = args.small
     args.shape = args.shape or ("tiny" if small else "smollm2-135m")
-    args.batch = args.batch or (8 if small else 256)
+    args.batch = args.batch or (16 if small else 256)
     args.prompt_len = args.prompt_len or (32 if small else 128)
-    args.new_tokens = args.new_tokens or (32 if small else 256)
+    args.new_tokens = args.new_tokens or (64 if small else 256)
     args.sessions = args.sessions or (4 if small else 32)
     skip = {s for s in args.skip.split(",") if s}
 
@@ -319,7 +322,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     report: dict[str, Any] = {
         "shape": args.shape, "config": {k: getattr(args, k) for k in (
             "batch", "prompt_len", "new_tokens", "temperature", "dtype", "decode_steps",
-            "prefill_tokens", "bandwidth")},
+            "prefill_tokens", "bandwidth", "kv_layout")},
         "num_parameters": cfg.num_parameters, "device": f"{device.platform}:{device.device_kind}",
         "jax_version": jax.__version__, "host": platform.node(),
         "init_s": time.perf_counter() - t0}

@@ -89,12 +89,15 @@ ENGINE_KW = dict(max_batch=8, max_length=REF_LEN, prefill_chunks=(16, 64), prefi
                  decode_steps=4)
 
 
-def make_engine(model: CausalLM | None = None, tokenizer=None, **overrides):
-    """An engine over the tiny model. Engines with the same shapes share compiled functions."""
+def make_engine(model: CausalLM | None = None, tokenizer=None, warmup: bool = True,
+                **overrides):
+    """An engine over the tiny model. Engines with the same shapes share compiled functions;
+    ``warmup=False`` compiles only the shapes actually used."""
     from agentrl_jax.rollout.engine import Engine, EngineConfig
 
     model = model if model is not None else tiny_model()
-    return Engine(model, EngineConfig(**{**ENGINE_KW, **overrides}), tokenizer=tokenizer)
+    return Engine(model, EngineConfig(**{**ENGINE_KW, **overrides}), tokenizer=tokenizer,
+                  warmup=warmup)
 
 
 def random_prompt(rng: np.random.Generator, length: int, vocab: int = TINY.vocab_size
@@ -115,8 +118,9 @@ def smollm2_engine():
         pretrained = load_pretrained("smollm2")
     except FileNotFoundError as e:
         pytest.skip(f"SmolLM2 not available: {e}")
+    # warmup=False: compile only what the tests use (greedy decode, one prefill bucket).
     return Engine(pretrained, EngineConfig(max_batch=2, max_length=256, prefill_chunks=(64,),
-                                           prefill_tokens=64, decode_steps=8))
+                                           prefill_tokens=64, decode_steps=8), warmup=False)
 
 
 def start_server(engine, **kwargs):

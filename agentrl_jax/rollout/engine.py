@@ -74,7 +74,9 @@ class EngineConfig:
     (``"bfloat16"`` or ``"float32"``; default: the model config's). weights_dtype: cast the
     parameters (a copy) to this dtype, e.g. ``"bfloat16"`` when the learner keeps f32 weights.
     prefill_chunks: chunk-size buckets of chunked prefill; prefill_tokens: tokens per prefill
-    call (rows = prefill_tokens // chunk). decode_steps: decode steps per jitted call.
+    call (rows = prefill_tokens // chunk); prefill_calls_per_step: prefill calls run before
+    each decode call while prompts wait (new requests join the running batch quickly, and a
+    flood of long prompts cannot stall decoding). decode_steps: decode steps per jitted call.
     max_stop_ids: stop token ids per request. max_queue: waiting requests beyond which
     ``generate`` raises ``OverloadedError``. copy_rows: KV rows copied per call for ``n > 1``.
     session_cache: keep finished sessions' KV rows for prefix reuse. kv_layout: ``"bksd"``
@@ -95,6 +97,7 @@ class EngineConfig:
     session_cache: bool = True
     seed: int = 0
     kv_layout: str = HEAD_MAJOR
+    prefill_calls_per_step: int = 4
 
     def __post_init__(self) -> None:
         if self.kv_layout not in (HEAD_MAJOR, SEQ_MAJOR):
@@ -634,7 +637,9 @@ class Engine(RolloutBackend):
 
     def _step(self) -> None:
         self._admit()
-        if self._prefill_queue:
+        for _ in range(self.config.prefill_calls_per_step):  # prefill first, bounded
+            if not self._prefill_queue:
+                break
             self._run_prefill()
         if self._fork_ready:
             self._run_forks()
