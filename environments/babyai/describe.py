@@ -6,8 +6,8 @@ color and type from the nearest (``1``) outwards; the macro actions use the same
 
 from __future__ import annotations
 
-import dataclasses
-from typing import Any, Iterable
+import functools
+from typing import Any, Iterable, NamedTuple
 
 from environments.babyai.view import SeenCell
 
@@ -15,8 +15,7 @@ OBJECT_TYPES = ("key", "ball", "box", "door", "goal", "lava")
 PICKABLE = ("key", "ball", "box")
 
 
-@dataclasses.dataclass(frozen=True)
-class VisibleObject:
+class VisibleObject(NamedTuple):
     name: str  # "red ball 1"
     kind: str  # "ball"
     color: str
@@ -31,6 +30,7 @@ def _steps(n: int, word: str) -> str:
     return f"{n} step{'s' if n != 1 else ''} {word}"
 
 
+@functools.lru_cache(maxsize=None)
 def relative_position(forward: int, right: int) -> str:
     """``2 steps forward and 1 step left`` (``right`` < 0 means left)."""
     parts = []
@@ -98,13 +98,12 @@ def describe(mission: str, seen: list[SeenCell], objects: list[VisibleObject], c
     if walls:
         lines.append(f"There is a wall {' and '.join(walls)}.")
 
-    # first blocking cell straight ahead
-    distance, ahead = 1, None
-    while (distance, 0) in by_offset:
-        ahead = _blocking(by_offset[(distance, 0)])
+    # first blocking cell straight ahead (absent cells there are empty: see view.agent_view)
+    ahead = None
+    for distance in range(1, max((c.forward for c in seen), default=0) + 1):
+        ahead = _blocking(by_offset.get((distance, 0)))
         if ahead:
             break
-        distance += 1
     if ahead:
         where = "right in front of you" if distance == 1 else f"{distance} steps ahead"
         lines.append(f"You are facing {ahead} {where}.")

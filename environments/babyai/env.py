@@ -24,7 +24,7 @@ from typing import Any
 from environments.babyai.describe import PICKABLE, VisibleObject, describe, visible_objects
 from environments.babyai.levels import make_level, parse_task_id
 from environments.babyai.planner import FORWARD, passable, plan_to_face
-from environments.babyai.view import DIR_TO_VEC, SeenCell, agent_view
+from environments.babyai.view import DIR_TO_VEC, SeenCell, Sight
 from environments.core.base import ResetResult, StepResult, TextEnvironment
 
 PRIMITIVES = {"turn left": 0, "turn right": 1, "move forward": 2, "pickup": 3, "drop": 4, "toggle": 5}
@@ -78,6 +78,7 @@ class BabyAIEnv(TextEnvironment):
         self._ended = False
         self._success = False
         self._actions: list[str] | None = None  # available actions, cached until the next step
+        self._sight: Sight | None = None
 
     # -- episode
 
@@ -90,6 +91,10 @@ class BabyAIEnv(TextEnvironment):
             self._level = level
         env = self._env
         env.reset(seed=level_seed)
+        if self._sight is None or self._sight.env is not env:
+            self._sight = Sight(env)
+        else:
+            self._sight.reset()
         self._task_id = task_id
         self._seen = bytearray(env.width * env.height)
         self._ended = self._success = False
@@ -134,6 +139,7 @@ class BabyAIEnv(TextEnvironment):
             self._env.close()
             self._env = None
             self._level = None
+            self._sight = None
 
     # -- views
 
@@ -165,11 +171,7 @@ class BabyAIEnv(TextEnvironment):
     def _look(self) -> None:
         """Recompute what the agent sees and remember the seen cells (for planning)."""
         env = self._env
-        self._view = agent_view(env)
-        width, height, seen = env.width, env.height, self._seen
-        for cell in self._view:
-            if 0 <= cell.x < width and 0 <= cell.y < height:
-                seen[cell.y * width + cell.x] = 1
+        self._view = self._sight.look(self._seen)
         self._objects = visible_objects(self._view)
         self._actions = None
 
@@ -198,7 +200,11 @@ class BabyAIEnv(TextEnvironment):
     # -- acting
 
     def _act(self, action: int) -> tuple[float, bool, bool]:
-        _, reward, terminated, truncated, _ = self._env.step(action)
+        env = self._env
+        _, reward, terminated, truncated, _ = env.step(action)
+        if action >= PICKUP:  # pickup / drop / toggle may change the cell in front (a door opens)
+            dx, dy = DIR_TO_VEC[env.agent_dir]
+            self._sight.refresh(int(env.agent_pos[0]) + dx, int(env.agent_pos[1]) + dy)
         self._look()
         return float(reward), bool(terminated), bool(truncated)
 

@@ -25,76 +25,95 @@ class SeenCell(NamedTuple):
     obj: Any  # a minigrid WorldObj, None for an empty cell, or _OUTSIDE
 
 
+_new = tuple.__new__  # builds a SeenCell without the Python-level NamedTuple.__new__ (hot loop)
+
+
 def _opaque(cell: Any) -> bool:
-    if cell is None:
-        return False
-    if cell is _OUTSIDE:
-        return True
-    return not cell.see_behind()
+    """Does this cell block the line of sight? (walls and closed doors do)"""
+    return cell is not None and not cell.see_behind()
 
 
-def agent_view(env: Any) -> list[SeenCell]:
-    """The cells of ``env``'s agent view that the agent can see (minigrid's visibility rule)."""
-    size = env.agent_view_size
-    half = size // 2
-    ax, ay = int(env.agent_pos[0]), int(env.agent_pos[1])
-    fx, fy = DIR_TO_VEC[env.agent_dir]
-    rx, ry = -fy, fx
-    grid = env.grid
-    width, height, cells = grid.width, grid.height, grid.grid
+class Sight:
+    """Line-of-sight computation for one episode of one environment.
 
-    # view[j][i]: column i (left to right), row j (far to near); the agent sits at (half, size - 1)
-    view: list[list[Any]] = []
-    for j in range(size):
-        forward = size - 1 - j
-        x0 = ax + forward * fx - half * rx
-        y0 = ay + forward * fy - half * ry
-        row = []
-        for i in range(size):
-            x, y = x0 + i * rx, y0 + i * ry
-            row.append(cells[y * width + x] if 0 <= x < width and 0 <= y < height else _OUTSIDE)
-        view.append(row)
-    under_agent = view[size - 1][half]
-    view[size - 1][half] = env.carrying  # as minigrid does: the agent's cell holds what it carries
+    Keeps a per-cell opacity map of the world grid (walls and closed doors). Only a toggle
+    changes it (a door opening or closing), so after every action that may change the cell in
+    front of the agent, call ``refresh(x, y)``; ``reset`` rebuilds it for a new episode.
+    """
 
-    if env.see_through_walls:
-        mask = [[True] * size for _ in range(size)]
-    else:
-        mask = _visibility(view, size, half)
-    view[size - 1][half] = under_agent  # report the world cell under the agent (e.g. an open door)
+    def __init__(self, env: Any) -> None:
+        self.env = env
+        self.opaque = bytearray()
+        self.reset()
 
-    seen = []
-    for j in range(size):
-        forward = size - 1 - j
-        x0 = ax + forward * fx - half * rx
-        y0 = ay + forward * fy - half * ry
-        row, row_mask = view[j], mask[j]
-        for i in range(size):
-            if row_mask[i]:
-                seen.append(SeenCell(x0 + i * rx, y0 + i * ry, forward, i - half, row[i]))
-    return seen
+    def reset(self) -> None:
+        grid = self.env.grid
+        self.opaque = bytearray(1 if _opaque(cell) else 0 for cell in grid.grid)
+
+    def refresh(self, x: int, y: int) -> None:
+        grid = self.env.grid
+        if 0 <= x < grid.width and 0 <= y < grid.height:
+            self.opaque[y * grid.width + x] = 1 if _opaque(grid.grid[y * grid.width + x]) else 0
+
+    def look(self, seen: bytearray | None = None) -> list[SeenCell]:
+        """The NON-EMPTY cells of the agent view that the agent can see, nearest rows first.
+
+        Visibility is minigrid's rule (``Grid.process_vis``): starting from the agent, sight
+        spreads sideways and forwards through cells that do not block it; cells beyond the grid
+        block it. Cells left out are empty or unseen; along the agent's own row and straight ahead
+        up to the first wall or closed door every cell is visible, so there an absent cell means an
+        empty one. ``seen`` (a width x height bytearray), if given, gets a 1 for every visible cell.
+        """
+        env = self.env
+        size = env.agent_view_size
+        half = size // 2
+        ax, ay = int(env.agent_pos[0]), int(env.agent_pos[1])
+        fx, fy = DIR_TO_VEC[env.agent_dir]
+        rx, ry = -fy, fx
+        grid = env.grid
+        width, height, cells, opaque = grid.width, grid.height, grid.grid, self.opaque
+        through = env.see_through_walls
+        visible: list[SeenCell] = []
+        columns = range(size)
+        mask = [True] * size if through else [False] * size
+        mask[half] = True
+        for forward in columns:
+            x0 = ax + forward * fx - half * rx
+            y0 = ay + forward * fy - half * ry
+            # index of each cell of this row in the world grid, -1 beyond it (blocks sight)
+            index = [
+                (y0 + i * ry) * width + x0 + i * rx if 0 <= x0 + i * rx < width and 0 <= y0 + i * ry < height else -1
+                for i in columns
+            ]
+            if through:
+                nxt = [True] * size
+            else:
+                # the agent's own cell never blocks: minigrid puts the carried object (never a
+                # wall or door) or nothing there
+                blocks = [k < 0 or (opaque[k] == 1 and not (forward == 0 and i == half)) for i, k in enumerate(index)]
+                nxt = [False] * size
+                for i in range(size - 1):  # left to right
+                    if mask[i] and not blocks[i]:
+                        mask[i + 1] = nxt[i] = nxt[i + 1] = True
+                for i in range(size - 1, 0, -1):  # right to left
+                    if mask[i] and not blocks[i]:
+                        mask[i - 1] = nxt[i] = nxt[i - 1] = True
+            for i in columns:
+                if mask[i]:
+                    k = index[i]
+                    if k < 0:
+                        visible.append(_new(SeenCell, (x0 + i * rx, y0 + i * ry, forward, i - half, _OUTSIDE)))
+                        continue
+                    if seen is not None:
+                        seen[k] = 1
+                    if cells[k] is not None:
+                        visible.append(_new(SeenCell, (x0 + i * rx, y0 + i * ry, forward, i - half, cells[k])))
+            if not any(nxt):
+                break
+            mask = nxt
+        return visible
 
 
-def _visibility(view: list[list[Any]], size: int, half: int) -> list[list[bool]]:
-    """minigrid's ``Grid.process_vis`` on the egocentric view (indices swapped to [row][col])."""
-    opaque = [[_opaque(cell) for cell in row] for row in view]
-    mask = [[False] * size for _ in range(size)]
-    mask[size - 1][half] = True
-    for j in reversed(range(size)):
-        row, row_opaque = mask[j], opaque[j]
-        above = mask[j - 1] if j > 0 else None
-        for i in range(size - 1):
-            if not row[i] or row_opaque[i]:
-                continue
-            row[i + 1] = True
-            if above is not None:
-                above[i + 1] = True
-                above[i] = True
-        for i in reversed(range(1, size)):
-            if not row[i] or row_opaque[i]:
-                continue
-            row[i - 1] = True
-            if above is not None:
-                above[i - 1] = True
-                above[i] = True
-    return mask
+def agent_view(env: Any, seen: bytearray | None = None) -> list[SeenCell]:
+    """One-off ``Sight(env).look(seen)`` (builds the opacity map each call)."""
+    return Sight(env).look(seen)

@@ -84,7 +84,7 @@ def _type_name(kind: type | tuple[type, ...]) -> str:
 
 def required(data: dict[str, Any], key: str, kind: type) -> Any:
     """``data[key]``, which must exist and be of ``kind`` (bools are not integers here)."""
-    if key not in data:
+    if data.get(key) is None:
         raise ProtocolError(400, f"missing field {key!r}")
     return optional(data, key, kind)
 
@@ -205,8 +205,8 @@ class EnvServer:
 
     async def create(self, request: web.Request) -> web.Response:
         data = await read_json(request)
-        task_id = self._task_from(data, needed=True)
         seed = optional(data, "seed", int)
+        task_id = self._task_from(data, needed=True)
         try:
             self.sessions.reserve()
         except CapacityError as error:
@@ -226,9 +226,10 @@ class EnvServer:
 
     async def reset(self, request: web.Request) -> web.Response:
         data = await read_json(request)
-        session = self._session(data)
-        task_id = self._task_from(data, needed=False)
+        required(data, "env_id", str)
         seed = optional(data, "seed", int)
+        task_id = self._task_from(data, needed=False)
+        session = self._session(data)
         async with session.lock:
             if session.closed:
                 raise ProtocolError(404, f"unknown env_id {session.env_id!r}")
@@ -243,8 +244,8 @@ class EnvServer:
 
     async def step(self, request: web.Request) -> web.Response:
         data = await read_json(request)
-        session = self._session(data)
         action = required(data, "action", str)
+        session = self._session(data)
         if self.family.inline:  # no await in between: calls on one session cannot interleave
             self._check_steppable(session)
             result = self._record_step(session, session.env.step(action))

@@ -1,0 +1,407 @@
+"""The environment HTTP protocol: server core, client, launcher, registry.
+
+Real server subprocesses (TextCraft: cheap to start and step) for the protocol and error cases,
+and an in-process server over a fake thread-pool family for the concurrency rules of the core.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+import threading
+import time
+
+import aiohttp
+import pytest
+from aiohttp.test_utils import TestServer
+
+from environments.core.base import InvalidTaskError, ResetResult, StepResult, TaskCatalog, TextEnvironment
+from environments.core.client import EnvClient, EnvConnectionError, EnvServerError
+from environments.core.server import build_app
+from environments.launcher import ServerStartError, free_port, start_env_server
+from environments.registry import Family, family_names, get_family
+
+pytestmark = pytest.mark.timeout(120)
+
+# a TextCraft goal of depth 1 in the test split, and the two actions that craft it
+QUICK_GOAL = "acacia_planks"
+QUICK_SOLUTION = ["get 1 acacia logs", "craft 4 acacia planks using 1 acacia logs"]
+
+
+# ------------------------------------------------------------------------------------ fixtures
+
+
+@pytest.fixture(scope="module")
+def server():
+    with start_env_server("textcraft", extra_args=["--max-sessions", "300", "--max-body", "65536"]) as proc:
+        yield proc
+
+
+@pytest.fixture(scope="module")
+def replica():
+    with start_env_server("textcraft") as proc:
+        yield proc
+
+
+@pytest.fixture(scope="module")
+def small_server():
+    with start_env_server("textcraft", extra_args=["--max-sessions", "3"]) as proc:
+        yield proc
+
+
+@pytest.fixture(scope="module")
+def reaping_server():
+    with start_env_server("textcraft", extra_args=["--idle-timeout", "0.4"]) as proc:
+        yield proc
+
+
+async def post(url: str, path: str, body: bytes | str | dict) -> tuple[int, dict, dict]:
+    """Raw POST (no EnvClient), returning status, JSON answer and headers."""
+    async with aiohttp.ClientSession() as http:
+        kwargs = {"json": body} if isinstance(body, dict) else {"data": body, "headers": {"Content-Type": "application/json"}}
+        async with http.post(url + path, **kwargs) as response:
+            assert response.content_type == "application/json"
+            return response.status, await response.json(), dict(response.headers)
+
+
+# --------------------------------------------------------------------------- basic endpoints
+
+
+async def test_health_tasks_and_stats(server):
+    async with EnvClient(server.url) as client:
+        assert (await client.health())["status"] == "ok"
+        train, test = await client.tasks("train"), await client.tasks("test")
+        assert len(train) + len(test) == 544 and not set(train) & set(test)
+        stats = await client.stats()
+        for key in ("live_sessions", "steps", "errors_total", "uptime_s", "invalid_actions", "sessions_reaped"):
+            assert key in stats
+
+
+async def test_create_by_id_and_by_split_index_step_reset_close(server):
+    async with EnvClient(server.url) as client:
+        test_ids = await client.tasks("test")
+        env_id, observation, info = await client.create(split="test", index=0)
+        assert info["task_id"] == test_ids[0] and "Goal: craft" in observation
+        assert {"max_steps", "instructions"} <= set(info)
+        env2, observation2, _ = await client.create(task_id=test_ids[0])
+        assert observation2 == observation  # deterministic task content
+        result = await client.step(env_id, "inventory")
+        assert isinstance(result, StepResult) and result.reward == 0.0 and not result.done
+        reset = await client.reset(env_id, task_id=QUICK_GOAL)
+        assert reset.info["task_id"] == QUICK_GOAL
+        assert await client.close(env_id) and await client.close(env2)
+        assert not await client.close(env_id)  # already gone
+
+
+# -------------------------------------------------------------------------------- error cases
+
+
+async def test_unknown_env_id_is_404(server):
+    for path, body in [("/step", {"env_id": "nope", "action": "inventory"}), ("/reset", {"env_id": "nope"}), ("/close", {"env_id": "nope"})]:
+        status, data, _ = await post(server.url, path, body)
+        assert status == 404 and "unknown env_id" in data["error"]
+    async with EnvClient(server.url) as client:
+        with pytest.raises(EnvServerError) as error:
+            await client.step("nope", "inventory")
+        assert error.value.status == 404
+
+
+async def test_unknown_task_is_404(server):
+    for body in [{"task_id": "no_such_item"}, {"split": "test", "index": 10**6}, {"split": "validation", "index": 0}, {"split": "test", "index": -1}]:
+        status, data, _ = await post(server.url, "/create", body)
+        assert status == 404, body
+        assert data["error"]
+    async with aiohttp.ClientSession() as http:
+        async with http.get(server.url + "/tasks", params={"split": "validation"}) as response:
+            assert response.status == 404 and "error" in await response.json()
+
+
+async def test_malformed_json_is_400(server):
+    for body in [b"{not json", b"[1, 2]", b"", b'"just a string"', b"\xff\xfe"]:
+        status, data, _ = await post(server.url, "/create", body)
+        assert status == 400 and data["error"], body
+
+
+@pytest.mark.parametrize(
+    "path, body",
+    [
+        ("/create", {}),
+        ("/create", {"task_id": 5}),
+        ("/create", {"split": "test"}),
+        ("/create", {"split": "test", "index": "3"}),
+        ("/create", {"split": "test", "index": True}),
+        ("/create", {"split": "test", "index": 1.5}),
+        ("/create", {"task_id": QUICK_GOAL, "seed": "7"}),
+        ("/create", {"task_id": QUICK_GOAL, "split": "test", "index": 0}),
+        ("/step", {"env_id": "x"}),
+        ("/step", {"action": "inventory"}),
+        ("/step", {"env_id": 12, "action": "inventory"}),
+        ("/step", {"env_id": "x", "action": ["get", "1"]}),
+        ("/reset", {}),
+        ("/close", {"env_id": None}),
+    ],
+)
+async def test_missing_or_wrongly_typed_fields_are_400(server, path, body):
+    status, data, _ = await post(server.url, path, body)
+    assert status == 400 and data["error"]
+
+
+async def test_wrong_types_on_a_live_session_are_400(server):
+    async with EnvClient(server.url) as client:
+        env_id, _, _ = await client.create(task_id=QUICK_GOAL)
+        status, data, _ = await post(server.url, "/step", {"env_id": env_id, "action": 3})
+        assert status == 400 and "action" in data["error"]
+        status, _, _ = await post(server.url, "/reset", {"env_id": env_id, "seed": "x"})
+        assert status == 400
+        assert (await client.step(env_id, "inventory")).observation.startswith("Inventory")
+        await client.close(env_id)
+
+
+async def test_oversized_body_is_413(server):
+    async with EnvClient(server.url) as client:
+        env_id, _, _ = await client.create(task_id=QUICK_GOAL)
+        status, data, _ = await post(server.url, "/step", {"env_id": env_id, "action": "x" * 100_000})
+        assert status == 413 and data["error"]
+        assert (await client.step(env_id, "inventory")).observation  # the session is unharmed
+        await client.close(env_id)
+
+
+async def test_unknown_route_is_404_and_wrong_method_405_as_json(server):
+    async with aiohttp.ClientSession() as http:
+        async with http.get(server.url + "/nope") as response:
+            assert response.status == 404 and "error" in await response.json()
+        async with http.get(server.url + "/step") as response:
+            assert response.status == 405 and "error" in await response.json()
+
+
+async def test_step_after_episode_end_is_409_until_reset(server):
+    async with EnvClient(server.url) as client:
+        env_id, _, _ = await client.create(task_id=QUICK_GOAL)
+        results = [await client.step(env_id, action) for action in QUICK_SOLUTION]
+        assert results[-1].done and results[-1].reward == 1.0 and results[-1].info["success"]
+        with pytest.raises(EnvServerError) as error:
+            await client.step(env_id, "inventory")
+        assert error.value.status == 409
+        await client.reset(env_id)
+        assert not (await client.step(env_id, "inventory")).done
+        await client.close(env_id)
+
+
+async def test_invalid_action_is_a_normal_step_and_counted(server):
+    async with EnvClient(server.url) as client:
+        before = (await client.stats())["invalid_actions"]
+        env_id, _, _ = await client.create(task_id=QUICK_GOAL)
+        result = await client.step(env_id, "dance wildly")
+        assert result.info["invalid_action"] is True and not result.done and result.observation
+        assert (await client.stats())["invalid_actions"] == before + 1
+        await client.close(env_id)
+
+
+async def test_capacity_is_503_with_retry_after(small_server):
+    async with EnvClient(small_server.url, retries=0) as client:
+        ids = [(await client.create(task_id=QUICK_GOAL)).env_id for _ in range(3)]
+        status, data, headers = await post(small_server.url, "/create", {"task_id": QUICK_GOAL})
+        assert status == 503 and "capacity" in data["error"] and int(headers["Retry-After"]) >= 1
+        with pytest.raises(EnvServerError) as error:
+            await client.create(task_id=QUICK_GOAL)
+        assert error.value.status == 503 and error.value.retry_after is not None
+        await client.close(ids[0])
+        ids[0] = (await client.create(task_id=QUICK_GOAL)).env_id  # a freed slot is usable again
+        for env_id in ids:
+            await client.close(env_id)
+        assert (await client.stats())["live_sessions"] == 0
+
+
+async def test_idle_sessions_are_reaped(reaping_server):
+    async with EnvClient(reaping_server.url) as client:
+        env_id, _, _ = await client.create(task_id=QUICK_GOAL)
+        await asyncio.sleep(1.2)
+        with pytest.raises(EnvServerError) as error:
+            await client.step(env_id, "inventory")
+        assert error.value.status == 404
+        stats = await client.stats()
+        assert stats["sessions_reaped"] >= 1 and stats["live_sessions"] == 0
+
+
+# ------------------------------------------------------------------------------- concurrency
+
+
+async def test_256_concurrent_sessions_on_one_server(server):
+    async with EnvClient(server.url, max_connections=256) as client:
+        goals = await client.tasks("train")
+        created = await asyncio.gather(*(client.create(task_id=goals[k % len(goals)]) for k in range(256)))
+        assert len({c.env_id for c in created}) == 256
+        assert (await client.stats())["live_sessions"] >= 256
+
+        async def play(env_id: str, k: int) -> list[StepResult]:
+            return [await client.step(env_id, action) for action in ("inventory", f"get {k % 5 + 1} stick", "inventory")]
+
+        results = await asyncio.gather(*(play(c.env_id, k) for k, c in enumerate(created)))
+        for k, steps in enumerate(results):
+            assert [s.info["steps"] for s in steps] == [1, 2, 3]  # each session saw only its own steps
+        await asyncio.gather(*(client.close(c.env_id) for c in created))
+        assert (await client.stats())["live_sessions"] == 0
+
+
+class _SlowEnv(TextEnvironment):
+    """A thread-pool family: steps sleep, and overlapping calls on one instance are detected."""
+
+    name = "slow"
+    closed: list["_SlowEnv"] = []
+
+    def __init__(self) -> None:
+        self._busy = threading.Lock()
+        self.n = 0
+
+    def reset(self, task_id: str, seed: int | None = None) -> ResetResult:
+        if task_id not in {"a", "b"}:
+            raise InvalidTaskError(f"no task {task_id!r}")
+        self.n = 0
+        return ResetResult("start", {"task_id": task_id, "max_steps": 10, "instructions": "say anything"})
+
+    def step(self, action: str) -> StepResult:
+        if not self._busy.acquire(blocking=False):
+            raise AssertionError("two calls ran at once on one instance")
+        try:
+            if action == "crash":
+                raise RuntimeError("boom")
+            time.sleep(0.1)
+            self.n += 1
+            return StepResult(f"step {self.n}", 0.0, False, False, {"steps": self.n})
+        finally:
+            self._busy.release()
+
+    def close(self) -> None:
+        _SlowEnv.closed.append(self)
+
+
+class _SlowCatalog(TaskCatalog):
+    def task_ids(self, split: str):
+        if split not in ("train", "test"):
+            raise InvalidTaskError(split)
+        return ["a"] if split == "train" else ["b"]
+
+
+SLOW = Family(name="slow", env_factory=_SlowEnv, catalog_factory=_SlowCatalog)
+
+
+async def test_core_serializes_one_instance_and_runs_instances_concurrently():
+    async with TestServer(build_app(SLOW, workers=8)) as test_server:
+        async with EnvClient(str(test_server.make_url(""))) as client:
+            one = (await client.create(task_id="a")).env_id
+            started = time.perf_counter()
+            results = await asyncio.gather(*(client.step(one, "x") for _ in range(4)))
+            serial = time.perf_counter() - started
+            assert sorted(r.info["steps"] for r in results) == [1, 2, 3, 4]
+            assert serial >= 0.38
+
+            many = [(await client.create(task_id="b")).env_id for _ in range(4)]
+            started = time.perf_counter()
+            await asyncio.gather(*(client.step(env_id, "x") for env_id in many))
+            assert time.perf_counter() - started < serial * 0.75
+
+
+async def test_core_reports_environment_errors_as_500_and_keeps_serving():
+    async with TestServer(build_app(SLOW)) as test_server:
+        async with EnvClient(str(test_server.make_url(""))) as client:
+            env_id = (await client.create(task_id="a")).env_id
+            with pytest.raises(EnvServerError) as error:
+                await client.step(env_id, "crash")
+            assert error.value.status == 500 and "boom" in error.value.message
+            assert (await client.step(env_id, "x")).info["steps"] == 1
+            stats = await client.stats()
+            assert stats["errors"].get("500") == 1
+
+
+async def test_core_closes_every_instance_on_shutdown_and_after_failed_create():
+    _SlowEnv.closed.clear()
+    async with TestServer(build_app(SLOW)) as test_server:
+        async with EnvClient(str(test_server.make_url(""))) as client:
+            with pytest.raises(EnvServerError) as error:
+                await client.create(task_id="missing")
+            assert error.value.status == 404 and len(_SlowEnv.closed) == 1  # the instance made for it
+            assert (await client.stats())["pending_creates"] == 0
+            for _ in range(3):
+                await client.create(task_id="a")
+    assert len(_SlowEnv.closed) == 4
+
+
+# ------------------------------------------------------------------------ client: replicas
+
+
+async def test_client_spreads_creates_over_replicas_and_routes_back(server, replica):
+    urls = [server.url, replica.url]
+    async with EnvClient(urls) as client:
+        live_before = [(await client.stats(replica=i))["live_sessions"] for i in range(2)]
+        created = [await client.create(task_id=QUICK_GOAL) for _ in range(6)]
+        owners = [client.replica_of(c.env_id) for c in created]
+        assert owners.count(urls[0]) == 3 and owners.count(urls[1]) == 3
+        live = [(await client.stats(replica=i))["live_sessions"] - live_before[i] for i in range(2)]
+        assert live == [3, 3]
+        # every env id goes back to the replica that holds it: a wrong route would be a 404
+        for c in created:
+            assert (await client.step(c.env_id, "inventory")).info["steps"] == 1
+            await client.reset(c.env_id)
+            assert await client.close(c.env_id)
+
+
+async def test_client_fails_over_a_dead_replica_on_create_but_never_retries_a_step(server):
+    dead = f"http://127.0.0.1:{free_port()}"
+    async with EnvClient([dead, server.url], retries=2, backoff=0.01, timeout=5) as client:
+        env_ids = [(await client.create(task_id=QUICK_GOAL)).env_id for _ in range(3)]
+        assert all(client.replica_of(e) == server.url for e in env_ids)
+        health = await client.health_all()
+        assert health[0] is None and health[1]["status"] == "ok"
+        for env_id in env_ids:
+            await client.close(env_id)
+        with pytest.raises(EnvConnectionError):
+            await client.step("0:whatever", "inventory")
+    async with EnvClient(dead, retries=1, backoff=0.01, timeout=5) as client:
+        with pytest.raises(EnvConnectionError):
+            await client.create(task_id=QUICK_GOAL)
+
+
+# ----------------------------------------------------------------------- launcher, registry
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+async def test_launcher_stop_leaves_no_process_behind():
+    proc = start_env_server("babyai")
+    try:
+        async with EnvClient(proc.url) as client:
+            for k in range(3):
+                await client.create(split="test", index=k)
+        assert _group_alive(proc.pid)
+    finally:
+        code = proc.stop()
+    assert code == 0  # SIGTERM -> graceful shutdown (every instance closed)
+    assert not _group_alive(proc.pid)
+    assert "Sampling rejected" not in proc.log_tail()
+
+
+def test_launcher_reports_a_server_that_dies_at_startup():
+    with pytest.raises(ServerStartError) as error:
+        start_env_server("no_such_family", startup_timeout=30)
+    assert "No module named environments.no_such_family" in str(error.value)  # the stderr tail
+    with pytest.raises(ServerStartError) as error:
+        start_env_server("textcraft", extra_args=["--max-sessions", "lots"], startup_timeout=30)
+    assert "invalid int value: 'lots'" in str(error.value)
+
+
+def test_registry_is_lazy_and_lists_the_families():
+    assert {"babyai", "textcraft"} <= set(family_names())
+    code = "import sys, environments.registry as r; r.family_names(); print('minigrid' in sys.modules, 'textcraft' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+    assert out == ["False", "False"]
+    assert get_family("textcraft").inline and get_family("babyai").name == "babyai"
+    with pytest.raises(KeyError):
+        get_family("no_such_family")
