@@ -279,3 +279,31 @@ async def test_openai_chat_smollm2():
     finally:
         await client.close()
         thread.stop()
+
+
+async def test_client_disconnect_aborts(served):
+    """A client that goes away cancels its handler, which aborts the engine request."""
+    url, engine, _ = served
+    engine.pause("in_place")
+    try:
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=0.5)) as session:
+            with pytest.raises(asyncio.TimeoutError):
+                await session.post(url + "/generate", json={
+                    "input_ids": [5, 6], "rid": "gone", "sampling_params": {"max_new_tokens": 50}})
+        for _ in range(300):
+            if "gone" not in engine._requests:
+                break
+            await asyncio.sleep(0.01)
+        assert "gone" not in engine._requests
+    finally:
+        engine.resume()
+    status, out, _ = await post_json(url + "/generate", {"input_ids": [1] * 3, "sampling_params":
+                                                         {"max_new_tokens": 1}})
+    assert status == 200
+    status, out, _ = await post_json(url + "/generate", raw=b"[" * 100_000 + b"]" * 100_000)
+    assert status in (400, 413)
+
+
+async def post_json(url, body=None, raw=None):
+    async with aiohttp.ClientSession() as session:
+        return await post(session, url, body, raw)

@@ -34,7 +34,6 @@ import dataclasses
 import functools
 import itertools
 import logging
-import os
 import threading
 import time
 import uuid

@@ -204,7 +204,7 @@ class RolloutServer:
             return {}
         try:
             body = json.loads(raw)
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        except (ValueError, RecursionError) as e:  # JSONDecodeError, UnicodeDecodeError, depth
             raise InvalidRequestError(f"request body is not valid JSON: {e}") from None
         if not isinstance(body, dict):
             raise InvalidRequestError(f"request body must be a JSON object, got "
@@ -635,7 +635,8 @@ class ServerThread:
         self._loop = loop
         asyncio.set_event_loop(loop)
         try:
-            self._runner = web.AppRunner(self.server.app(), access_log=None)
+            self._runner = web.AppRunner(self.server.app(), access_log=None,
+                                         handler_cancellation=True)
             loop.run_until_complete(self._runner.setup())
             site = web.TCPSite(self._runner, self.host, self.port)
             loop.run_until_complete(site.start())
@@ -701,7 +702,10 @@ def main(argv: list[str] | None = None) -> None:
                            served_model_name=args.served_model_name,
                            max_body_bytes=int(args.max_body_mb * 2**20))
     log.info("serving %s on http://%s:%d", pretrained.path, args.host, args.port)
-    web.run_app(server.app(), host=args.host, port=args.port, access_log=None, print=None)
+    # handler_cancellation: a client that disconnects cancels its handler, which aborts the
+    # request in the engine (frees its slot) instead of generating for nobody.
+    web.run_app(server.app(), host=args.host, port=args.port, access_log=None, print=None,
+                handler_cancellation=True)
     engine.close()
 
 
