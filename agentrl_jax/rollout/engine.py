@@ -299,6 +299,9 @@ class Engine(RolloutBackend):
         base_cfg: ModelConfig = model.cfg
         self.model_config = base_cfg.replace(dtype=self.config.dtype or base_cfg.dtype,
                                              remat=False)
+        if self.config.max_length > base_cfg.max_position_embeddings:
+            log.warning("max_length %d exceeds the model's max_position_embeddings %d",
+                        self.config.max_length, base_cfg.max_position_embeddings)
         self.graphdef, self._abstract_state = nnx.split(abstract_model(self.model_config))
         self._state = self._prepare_state(model)
         self.weight_version = "0"
