@@ -8,14 +8,14 @@ Two modes per session count:
 
 * ``closed``: every session steps again as soon as its previous step is answered (saturation:
   the highest throughput; latency is then queueing, ~ sessions / throughput);
-* ``paced``: the sessions together offer ``--rate`` steps/s (exponential think times, as agents
+* ``paced``: the sessions together offer ``--rates`` steps/s (exponential think times, as agents
   waiting on an LLM do) and we measure the latency each step sees at that load.
 
 Drivers: ``raw`` (a minimal keep-alive HTTP/1.1 client on asyncio streams, to measure the server
 rather than the client) or ``client`` (``environments.core.client.EnvClient``, what the actor pool
 uses; it costs more CPU per request on the load side).
 
-    python benchmarks/envs.py --families babyai,textcraft --sessions 1,64,256 --duration 5
+    python benchmarks/envs.py --families babyai,textcraft --sessions 1,64,256 --rates 2000,5000 --duration 5
 """
 
 from __future__ import annotations
@@ -221,9 +221,9 @@ async def _run_load(spec: LoadSpec, conn) -> dict[str, Any]:
                 _remember(state, await session.reset())
                 counts["resets"] += 1
 
-    started = time.perf_counter()
+    started, cpu_started = time.perf_counter(), time.process_time()
     await asyncio.gather(*(drive(k) for k in range(len(sessions))))
-    elapsed = time.perf_counter() - started
+    elapsed, load_cpu = time.perf_counter() - started, time.process_time() - cpu_started
     conn.send("done")
     await asyncio.gather(*(s.close() for s in sessions))
     if client is not None:
@@ -234,6 +234,7 @@ async def _run_load(spec: LoadSpec, conn) -> dict[str, Any]:
         **counts,
         "elapsed_s": elapsed,
         "steps_per_s": counts["steps"] / elapsed,
+        "load_cpu_us_per_step": load_cpu / max(1, counts["steps"]) * 1e6,
         "p50_ms": latencies[n // 2] * 1e3 if n else float("nan"),
         "p99_ms": latencies[min(n - 1, int(n * 0.99))] * 1e3 if n else float("nan"),
     }
@@ -302,32 +303,37 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--sessions", default="1,64,256")
     parser.add_argument("--duration", type=float, default=5.0, help="seconds per measurement")
     parser.add_argument("--driver", default="raw", choices=["raw", "client", "both"])
-    parser.add_argument("--rate", type=float, default=5000.0, help="offered steps/s of the paced runs (0: skip them)")
+    parser.add_argument("--rates", default="5000", help="comma-separated offered steps/s of the paced runs ('' or 0: none)")
+    parser.add_argument("--repeat", type=int, default=1, help="runs per configuration; the median run (by steps/s) is shown")
     parser.add_argument("--json", default=None, help="also write the results to this file")
     args = parser.parse_args(argv)
 
     families = args.families.split(",") if args.families else importable_families()
     session_counts = [int(s) for s in args.sessions.split(",")]
     drivers = ["raw", "client"] if args.driver == "both" else [args.driver]
+    rates = [float(r) for r in args.rates.split(",") if r.strip()]
     rows = []
-    print(f"# {os.cpu_count()} CPUs, families {families}, drivers {drivers}", flush=True)
-    print("| family | driver | sessions | mode | steps/s | p50 ms | p99 ms | server CPU us/step | server CPU util | resets |")
-    print("|---|---|---|---|---|---|---|---|---|---|", flush=True)
+    load = os.getloadavg()
+    print(f"# {os.cpu_count()} CPUs, load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}, families {families}", flush=True)
+    print("| family | driver | sessions | mode | steps/s | p50 ms | p99 ms | server CPU us/step | server CPU util | load-side CPU us/step | resets |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|", flush=True)
     for family in families:
         server = start_env_server(family, extra_args=["--max-sessions", str(max(session_counts) + 16), "--log-level", "WARNING"])
         try:
             for driver in drivers:
                 for n in session_counts:
-                    modes = [None] + ([args.rate] if args.rate and n > 1 else [])
+                    modes = [None] + ([r for r in rates if r > 0] if n > 1 else [])
                     for rate in modes:
-                        spec = LoadSpec(family, server.url, n, args.duration, driver, rate)
-                        result = measure(spec, server.pid)
+                        runs = [measure(LoadSpec(family, server.url, n, args.duration, driver, rate, seed=r), server.pid) for r in range(args.repeat)]
+                        runs.sort(key=lambda run: run["steps_per_s"])
+                        result = runs[len(runs) // 2]
                         mode = "closed" if rate is None else f"paced {rate:.0f}/s"
-                        row = {"family": family, "driver": driver, "sessions": n, "mode": mode, **result}
+                        row = {"family": family, "driver": driver, "sessions": n, "mode": mode, **result, "all_steps_per_s": [r["steps_per_s"] for r in runs]}
                         rows.append(row)
                         print(
                             f"| {family} | {driver} | {n} | {mode} | {result['steps_per_s']:.0f} | {result['p50_ms']:.2f} | "
-                            f"{result['p99_ms']:.2f} | {result['server_cpu_us_per_step']:.0f} | {result['server_cpu_util']:.2f} | {result['resets']} |",
+                            f"{result['p99_ms']:.2f} | {result['server_cpu_us_per_step']:.0f} | {result['server_cpu_util']:.2f} | "
+                            f"{result['load_cpu_us_per_step']:.0f} | {result['resets']} |",
                             flush=True,
                         )
         finally:

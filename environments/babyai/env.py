@@ -199,13 +199,18 @@ class BabyAIEnv(TextEnvironment):
 
     # -- acting
 
-    def _act(self, action: int) -> tuple[float, bool, bool]:
+    def _act(self, action: int, full: bool = True) -> tuple[float, bool, bool]:
+        """One minigrid step. ``full=False`` (inside a macro) only records the cells seen; the
+        macro calls ``_look`` once at its end."""
         env = self._env
         _, reward, terminated, truncated, _ = env.step(action)
         if action >= PICKUP:  # pickup / drop / toggle may change the cell in front (a door opens)
             dx, dy = DIR_TO_VEC[env.agent_dir]
             self._sight.refresh(int(env.agent_pos[0]) + dx, int(env.agent_pos[1]) + dy)
-        self._look()
+        if full:
+            self._look()
+        else:
+            self._sight.look(self._seen, collect=False)
         return float(reward), bool(terminated), bool(truncated)
 
     def _primitive_feedback(self, action: int) -> str:
@@ -235,6 +240,12 @@ class BabyAIEnv(TextEnvironment):
 
     def _macro(self, verb: str, target: VisibleObject) -> tuple[str, float, bool, bool]:
         """Expand a macro into primitive steps; returns (feedback, reward, terminated, truncated)."""
+        try:
+            return self._run_macro(verb, target)
+        finally:
+            self._look()
+
+    def _run_macro(self, verb: str, target: VisibleObject) -> tuple[str, float, bool, bool]:
         env = self._env
         width, height, seen = env.width, env.height, self._seen
         grid = env.grid
@@ -248,7 +259,7 @@ class BabyAIEnv(TextEnvironment):
             return f"You know no way to reach the {target.name} yet.", 0.0, False, False
         total, terminated, truncated = 0.0, False, False
         for n, action in enumerate(plan, 1):
-            reward, terminated, truncated = self._act(action)
+            reward, terminated, truncated = self._act(action, full=False)
             total += reward
             if (terminated or truncated) and n < len(plan):
                 return f"You moved towards the {target.name}.", total, terminated, truncated
@@ -268,7 +279,7 @@ class BabyAIEnv(TextEnvironment):
         for action in follow:
             if action == FORWARD and not passable(self._front()):
                 return feedback + " Something blocks the way.", total, terminated, truncated
-            reward, terminated, truncated = self._act(action)
+            reward, terminated, truncated = self._act(action, full=False)
             total += reward
             if terminated or truncated:
                 break

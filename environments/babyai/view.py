@@ -8,6 +8,7 @@ and encoding a sliced ``Grid`` each step, which is most of the cost of a minigri
 
 from __future__ import annotations
 
+import functools
 from typing import Any, NamedTuple
 
 # minigrid's DIR_TO_VEC: 0 east, 1 south, 2 west, 3 north
@@ -36,82 +37,118 @@ def _opaque(cell: Any) -> bool:
 class Sight:
     """Line-of-sight computation for one episode of one environment.
 
-    Keeps a per-cell opacity map of the world grid (walls and closed doors). Only a toggle
-    changes it (a door opening or closing), so after every action that may change the cell in
-    front of the agent, call ``refresh(x, y)``; ``reset`` rebuilds it for a new episode.
+    Keeps an opacity map of the world grid (walls and closed doors) padded by a view's width of
+    opaque "outside" cells on every side, so the view needs no bounds checks. Only a toggle changes
+    opacity (a door opening or closing): after an action that may change the cell in front of the
+    agent call ``refresh(x, y)``; ``reset`` rebuilds the map for a new episode.
     """
 
     def __init__(self, env: Any) -> None:
         self.env = env
-        self.opaque = bytearray()
         self.reset()
 
     def reset(self) -> None:
-        grid = self.env.grid
-        self.opaque = bytearray(1 if _opaque(cell) else 0 for cell in grid.grid)
+        env = self.env
+        width, height = env.grid.width, env.grid.height
+        pad = self.pad = env.agent_view_size
+        self.padded_width = pw = width + 2 * pad
+        self.opaque = bytearray(b"\x01" * (pw * (height + 2 * pad)))
+        self.inner = _padded_to_grid(width, height, pad)
+        cells, opaque = env.grid.grid, self.opaque
+        for y in range(height):
+            row = (y + pad) * pw + pad
+            for x in range(width):
+                opaque[row + x] = 1 if _opaque(cells[y * width + x]) else 0
+        self.offsets = _view_offsets(pw, env.agent_view_size)
 
     def refresh(self, x: int, y: int) -> None:
         grid = self.env.grid
         if 0 <= x < grid.width and 0 <= y < grid.height:
-            self.opaque[y * grid.width + x] = 1 if _opaque(grid.grid[y * grid.width + x]) else 0
+            cell = grid.grid[y * grid.width + x]
+            self.opaque[(y + self.pad) * self.padded_width + x + self.pad] = 1 if _opaque(cell) else 0
 
-    def look(self, seen: bytearray | None = None) -> list[SeenCell]:
+    def look(self, seen: bytearray | None = None, collect: bool = True) -> list[SeenCell]:
         """The NON-EMPTY cells of the agent view that the agent can see, nearest rows first.
 
         Visibility is minigrid's rule (``Grid.process_vis``): starting from the agent, sight
         spreads sideways and forwards through cells that do not block it; cells beyond the grid
         block it. Cells left out are empty or unseen; along the agent's own row and straight ahead
         up to the first wall or closed door every cell is visible, so there an absent cell means an
-        empty one. ``seen`` (a width x height bytearray), if given, gets a 1 for every visible cell.
+        empty one. ``seen`` (a width x height bytearray), if given, gets a 1 for every visible cell;
+        with ``collect=False`` only ``seen`` is updated and nothing is returned (cheaper).
         """
         env = self.env
         size = env.agent_view_size
         half = size // 2
         ax, ay = int(env.agent_pos[0]), int(env.agent_pos[1])
-        fx, fy = DIR_TO_VEC[env.agent_dir]
-        rx, ry = -fy, fx
-        grid = env.grid
-        width, height, cells, opaque = grid.width, grid.height, grid.grid, self.opaque
+        pw, pad, opaque, inner = self.padded_width, self.pad, self.opaque, self.inner
+        cells = env.grid.grid
+        base = (ay + pad) * pw + ax + pad
         through = env.see_through_walls
         visible: list[SeenCell] = []
-        columns = range(size)
         mask = [True] * size if through else [False] * size
         mask[half] = True
-        for forward in columns:
-            x0 = ax + forward * fx - half * rx
-            y0 = ay + forward * fy - half * ry
-            # index of each cell of this row in the world grid, -1 beyond it (blocks sight)
-            index = [
-                (y0 + i * ry) * width + x0 + i * rx if 0 <= x0 + i * rx < width and 0 <= y0 + i * ry < height else -1
-                for i in columns
-            ]
+        last = size - 1
+        for forward, row_offsets in enumerate(self.offsets[env.agent_dir]):
+            ks = [base + o for o in row_offsets]
             if through:
                 nxt = [True] * size
             else:
-                # the agent's own cell never blocks: minigrid puts the carried object (never a
-                # wall or door) or nothing there
-                blocks = [k < 0 or (opaque[k] == 1 and not (forward == 0 and i == half)) for i, k in enumerate(index)]
+                blocks = [opaque[k] for k in ks]
+                if forward == 0:
+                    blocks[half] = 0  # the agent's cell holds what it carries (never a wall or door)
                 nxt = [False] * size
-                for i in range(size - 1):  # left to right
+                for i in range(last):  # left to right
                     if mask[i] and not blocks[i]:
                         mask[i + 1] = nxt[i] = nxt[i + 1] = True
-                for i in range(size - 1, 0, -1):  # right to left
+                for i in range(last, 0, -1):  # right to left
                     if mask[i] and not blocks[i]:
                         mask[i - 1] = nxt[i] = nxt[i - 1] = True
-            for i in columns:
+            for i in range(size):
                 if mask[i]:
-                    k = index[i]
-                    if k < 0:
-                        visible.append(_new(SeenCell, (x0 + i * rx, y0 + i * ry, forward, i - half, _OUTSIDE)))
+                    g = inner[ks[i]]
+                    if g < 0:
+                        if collect:
+                            k = ks[i]
+                            visible.append(_new(SeenCell, (k % pw - pad, k // pw - pad, forward, i - half, _OUTSIDE)))
                         continue
                     if seen is not None:
-                        seen[k] = 1
-                    if cells[k] is not None:
-                        visible.append(_new(SeenCell, (x0 + i * rx, y0 + i * ry, forward, i - half, cells[k])))
-            if not any(nxt):
+                        seen[g] = 1
+                    if collect and cells[g] is not None:
+                        k = ks[i]
+                        visible.append(_new(SeenCell, (k % pw - pad, k // pw - pad, forward, i - half, cells[g])))
+            if True not in nxt:
                 break
             mask = nxt
         return visible
+
+
+@functools.lru_cache(maxsize=64)
+def _padded_to_grid(width: int, height: int, pad: int) -> tuple[int, ...]:
+    """Padded index -> grid index, or -1 for the padding outside the grid."""
+    padded_width = width + 2 * pad
+    inner = [-1] * (padded_width * (height + 2 * pad))
+    for y in range(height):
+        for x in range(width):
+            inner[(y + pad) * padded_width + x + pad] = y * width + x
+    return tuple(inner)
+
+
+@functools.lru_cache(maxsize=64)
+def _view_offsets(padded_width: int, size: int) -> tuple[tuple[tuple[int, ...], ...], ...]:
+    """For each direction, each row of the view (nearest first), the padded-index offsets of its
+    cells from the agent's cell, left to right."""
+    half = size // 2
+    table = []
+    for fx, fy in DIR_TO_VEC:
+        rx, ry = -fy, fx
+        table.append(
+            tuple(
+                tuple((forward * fy + (i - half) * ry) * padded_width + forward * fx + (i - half) * rx for i in range(size))
+                for forward in range(size)
+            )
+        )
+    return tuple(table)
 
 
 def agent_view(env: Any, seen: bytearray | None = None) -> list[SeenCell]:

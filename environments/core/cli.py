@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import logging
 import sys
 from typing import Sequence
@@ -48,6 +49,9 @@ def main(name: str, argv: Sequence[str] | None = None) -> None:
     args = parse_args(name, argv)
     logging.basicConfig(stream=sys.stderr, level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
     family = get_family(name)
+    # The server allocates many short-lived objects per request; fewer young-generation
+    # collections cut the per-step CPU by ~5% (measured on BabyAI).
+    gc.set_threshold(20_000, 20, 50)
     app = build_app(
         family,
         max_sessions=args.max_sessions,

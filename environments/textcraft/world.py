@@ -56,7 +56,12 @@ class CraftingWorld:
         depths = {name: tree.get_min_depth(name) for name in tree.itemid_recipes}
         self.goal_ids: tuple[str, ...] = tuple(sorted(name for name, depth in depths.items() if depth >= 1))
         self.depth = dict(depths)
-        self._item_uses = tree.collect_item_uses()
+        # recipe texts and, per ingredient, the recipes using it (sorted: sampling must not
+        # depend on set order), computed once instead of on every reset
+        self._text = {id(r): r.recipe_str for recipes in (*tree.itemid_recipes.values(), *tree.tag_recipes.values()) for r in recipes}
+        self._item_uses = {
+            name: sorted(uses, key=lambda r: self._text[id(r)]) for name, uses in tree.collect_item_uses().items()
+        }
 
     # -- lookups
 
@@ -102,14 +107,14 @@ class CraftingWorld:
     def commands(self, goal_id: str, seed: int) -> list[str]:
         """The crafting commands shown for ``goal_id``: its recipes plus distractors, shuffled."""
         rng = random.Random(seed)
+        text = self._text
         recipes = self.recipe_closure(goal_id)
-        needed = sorted({r.recipe_str for r in recipes})
+        needed = sorted({text[id(r)] for r in recipes})
         candidates: set[str] = set()
         for recipe in recipes:
             for ingredient in recipe.input_items:
-                uses = self._item_uses.get(ingredient.item_tag.name, [])
-                uses = sorted(uses, key=lambda r: r.recipe_str)
-                candidates.update(r.recipe_str for r in rng.sample(uses, min(len(uses), USES_PER_INPUT)))
+                uses = self._item_uses.get(ingredient.item_tag.name, ())
+                candidates.update(text[id(r)] for r in rng.sample(uses, min(len(uses), USES_PER_INPUT)))
         distractors = sorted(candidates - set(needed))
         lines = needed + rng.sample(distractors, min(len(distractors), MAX_DISTRACTORS))
         rng.shuffle(lines)
