@@ -180,6 +180,7 @@ class TestInProcess:
         assert passed.done and passed.reward == 1.0 and passed.info["success"] and passed.info["score"] > 0
 
     def test_close_kills_the_browser(self):
+        _browser_or_skip()
         from environments.miniwob.browser import pid_alive
         from environments.miniwob.env import MiniWoBEnvironment
 

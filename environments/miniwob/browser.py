@@ -56,7 +56,7 @@ class BrowserUnavailableError(RuntimeError):
 
 def chrome_paths() -> tuple[str, str]:
     """``(chromium binary, chromedriver)``: ``MINIWOB_CHROME_BINARY`` / ``MINIWOB_CHROMEDRIVER``, else
-    Debian's ``/usr/bin/chromium`` and ``/usr/bin/chromedriver`` (or whatever is on ``PATH``)."""
+    ``chromium`` / ``chromedriver`` on ``PATH`` (Debian's packages put them in /usr/bin)."""
     binary = os.environ.get("MINIWOB_CHROME_BINARY") or shutil.which("chromium") or shutil.which("chromium-browser")
     driver = os.environ.get("MINIWOB_CHROMEDRIVER") or shutil.which("chromedriver")
     if not binary or not Path(binary).exists():
