@@ -8,8 +8,9 @@ Two modes per session count:
 
 * ``closed``: every session steps again as soon as its previous step is answered (saturation:
   the highest throughput; latency is then queueing, ~ sessions / throughput);
-* ``paced``: the sessions together offer ``--rates`` steps/s (exponential think times, as agents
-  waiting on an LLM do) and we measure the latency each step sees at that load.
+* ``paced``: the sessions together offer ``--rates`` steps/s (each session's steps arrive as a
+  Poisson process, as agents waiting on an LLM do; a late answer is followed at once by the next
+  due step) and we measure the latency each step sees at that load.
 
 Drivers: ``raw`` (a minimal keep-alive HTTP/1.1 client on asyncio streams, to measure the server
 rather than the client) or ``client`` (``environments.core.client.EnvClient``, what the actor pool
@@ -161,7 +162,7 @@ class ClientSession:
 @dataclasses.dataclass
 class LoadSpec:
     family: str
-    url: str
+    urls: list[str]  # replicas of one family server
     sessions: int
     duration: float
     driver: str
@@ -171,20 +172,21 @@ class LoadSpec:
 
 async def _run_load(spec: LoadSpec, conn) -> dict[str, Any]:
     choose = ACTION_MIXES.get(spec.family, generic_action)
-    host, port = spec.url.split("//", 1)[1].rsplit(":", 1)
+    addresses = [url.split("//", 1)[1].rsplit(":", 1) for url in spec.urls]
     client = None
     if spec.driver == "client":
         from environments.core.client import EnvClient
 
-        client = EnvClient(spec.url, max_connections=spec.sessions + 4, timeout=120)
+        client = EnvClient(spec.urls, max_connections=spec.sessions + 4, timeout=120)
         sessions = [ClientSession(client) for _ in range(spec.sessions)]
     else:
-        sessions = [RawSession(host, int(port)) for _ in range(spec.sessions)]
+        # session k talks to replica k % R (what the client's least-loaded choice amounts to)
+        sessions = [RawSession(addresses[k % len(addresses)][0], int(addresses[k % len(addresses)][1])) for k in range(spec.sessions)]
     states: list[dict[str, Any]] = [{} for _ in sessions]
 
     import urllib.request
 
-    with urllib.request.urlopen(f"{spec.url}/tasks?split=train&limit=0") as response:
+    with urllib.request.urlopen(f"{spec.urls[0]}/tasks?split=train&limit=0") as response:
         n_tasks = jsonio.loads(response.read())["count"]
 
     async def create(k: int) -> None:
@@ -202,11 +204,13 @@ async def _run_load(spec: LoadSpec, conn) -> dict[str, Any]:
     async def drive(k: int) -> None:
         rng = random.Random(spec.seed * 100003 + k)
         session, state = sessions[k], states[k]
-        if mean_think:
-            await asyncio.sleep(rng.uniform(0, mean_think))
+        # paced: step k+1 is due an exponential interval after step k was due (Poisson arrivals
+        # per session), so the sessions together offer spec.rate steps/s whatever the latency
+        due = time.perf_counter() + (rng.uniform(0, mean_think) if mean_think else 0.0)
         while True:
             if mean_think:
-                await asyncio.sleep(rng.expovariate(1.0 / mean_think))
+                await asyncio.sleep(max(0.0, due - time.perf_counter()))
+                due += rng.expovariate(1.0 / mean_think)
             if time.perf_counter() >= stop:
                 return
             action = choose(rng, state)
@@ -261,7 +265,7 @@ def _cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def measure(spec: LoadSpec, server_pid: int) -> dict[str, Any]:
+def measure(spec: LoadSpec, server_pids: list[int]) -> dict[str, Any]:
     ctx = mp.get_context("spawn")
     parent, child = ctx.Pipe()
     process = ctx.Process(target=_load_process, args=(spec, child), daemon=True)
@@ -270,19 +274,19 @@ def measure(spec: LoadSpec, server_pid: int) -> dict[str, Any]:
     if message != "ready":
         process.join()
         raise RuntimeError(f"load process failed during setup: {message}")
-    cpu_before = _cpu_seconds(server_pid)
+    cpu_before = sum(_cpu_seconds(pid) for pid in server_pids)
     parent.send("go")
     message = parent.recv()
     if message != "done":
         process.join()
         raise RuntimeError(f"load process failed: {message}")
-    cpu = _cpu_seconds(server_pid) - cpu_before
+    cpu = sum(_cpu_seconds(pid) for pid in server_pids) - cpu_before
     result = parent.recv()
     process.join()
     if "error" in result:
         raise RuntimeError(result["error"])
     result["server_cpu_us_per_step"] = cpu / max(1, result["steps"]) * 1e6
-    result["server_cpu_util"] = cpu / result["elapsed_s"]
+    result["server_cpu_util"] = cpu / result["elapsed_s"]  # in cores, summed over replicas
     return result
 
 
@@ -304,6 +308,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--duration", type=float, default=5.0, help="seconds per measurement")
     parser.add_argument("--driver", default="raw", choices=["raw", "client", "both"])
     parser.add_argument("--rates", default="5000", help="comma-separated offered steps/s of the paced runs ('' or 0: none)")
+    parser.add_argument("--replicas", type=int, default=1, help="server processes per family (the client spreads sessions)")
     parser.add_argument("--repeat", type=int, default=1, help="runs per configuration; the median run (by steps/s) is shown")
     parser.add_argument("--json", default=None, help="also write the results to this file")
     args = parser.parse_args(argv)
@@ -315,16 +320,20 @@ def main(argv: list[str] | None = None) -> None:
     rows = []
     load = os.getloadavg()
     print(f"# {os.cpu_count()} CPUs, load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}, families {families}", flush=True)
+    print(f"# {args.replicas} server process(es) per family")
     print("| family | driver | sessions | mode | steps/s | p50 ms | p99 ms | server CPU us/step | server CPU util | load-side CPU us/step | resets |")
     print("|---|---|---|---|---|---|---|---|---|---|---|", flush=True)
     for family in families:
-        server = start_env_server(family, extra_args=["--max-sessions", str(max(session_counts) + 16), "--log-level", "WARNING"])
+        extra = ["--max-sessions", str(max(session_counts) + 16), "--log-level", "WARNING"]
+        servers = []
         try:
+            servers = [start_env_server(family, extra_args=extra) for _ in range(args.replicas)]
             for driver in drivers:
                 for n in session_counts:
                     modes = [None] + ([r for r in rates if r > 0] if n > 1 else [])
                     for rate in modes:
-                        runs = [measure(LoadSpec(family, server.url, n, args.duration, driver, rate, seed=r), server.pid) for r in range(args.repeat)]
+                        spec = [family, [s.url for s in servers], n, args.duration, driver, rate]
+                        runs = [measure(LoadSpec(*spec, seed=r), [s.pid for s in servers]) for r in range(args.repeat)]
                         runs.sort(key=lambda run: run["steps_per_s"])
                         result = runs[len(runs) // 2]
                         mode = "closed" if rate is None else f"paced {rate:.0f}/s"
@@ -337,7 +346,8 @@ def main(argv: list[str] | None = None) -> None:
                             flush=True,
                         )
         finally:
-            server.stop()
+            for server in servers:
+                server.stop()
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1))
 

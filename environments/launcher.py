@@ -44,6 +44,7 @@ class ServerProcess:
         self.port = port
         self.process = process
         self._log_file = log_file
+        self._final_log: str | None = None  # the output kept when stop() deletes the log file
 
     @property
     def url(self) -> str:
@@ -57,7 +58,9 @@ class ServerProcess:
         return self.process.poll() is None
 
     def log_tail(self, max_bytes: int = 4000) -> str:
-        """The end of the server's combined stdout/stderr."""
+        """The end of the server's combined stdout/stderr (also after ``stop()``)."""
+        if self._final_log is not None:
+            return self._final_log[-max_bytes:]
         try:
             self._log_file.flush()
             with open(self._log_file.name, "rb") as fh:
@@ -99,6 +102,8 @@ class ServerProcess:
                 self.process.wait()
         # children that ignored SIGTERM or were orphaned by it
         self._signal_group(signal.SIGKILL)
+        if self._final_log is None:
+            self._final_log = self.log_tail(1 << 20)
         with contextlib.suppress(OSError):
             self._log_file.close()
             os.unlink(self._log_file.name)
