@@ -94,14 +94,21 @@ def _pool(backend, clients, tokenizer, max_context=4096, max_new_tokens=64, conc
                      max_context=max_context, max_concurrency=concurrency)
 
 
-async def test_trajectories_are_token_exact_chat_renderings(servers, tokenizer):
-    """ids == tokenizer(apply_chat_template(full conversation)); mask == generated spans."""
-    backend = ScriptedBackend(tokenizer, "Thought: I should look around.\nAction: turn left")
+@pytest.mark.parametrize("style, prefix, reply", [
+    ("react", "", "Thought: I should look around.\nAction: turn left"),
+    ("action", "Action:", " turn left"),
+])
+async def test_trajectories_are_token_exact_chat_renderings(servers, tokenizer, style, prefix,
+                                                             reply):
+    """ids == tokenizer(apply_chat_template(full conversation)); mask == generated spans.
+    With a response prefix, the prefix ids open every assistant turn (mask 0)."""
+    backend = ScriptedBackend(tokenizer, reply)
     async with EnvClient(servers["babyai"].url) as babyai, \
             EnvClient(servers["textcraft"].url) as textcraft:
         babyai_tasks = (await babyai.tasks("test"))[:2]
         textcraft_tasks = (await textcraft.tasks("test"))[:2]
         pool = _pool(backend, {"babyai": babyai, "textcraft": textcraft}, tokenizer)
+        pool.prompt_style, pool.response_prefix = style, prefix
         tasks = [TaskRef("babyai", t) for t in babyai_tasks] + [TaskRef("textcraft", t)
                                                                 for t in textcraft_tasks]
         trajectories, stats = await pool.collect(tasks, n_samples=2, horizon=3)
@@ -119,7 +126,9 @@ async def test_trajectories_are_token_exact_chat_renderings(servers, tokenizer):
         assert generated == backend.ids * t.num_turns
         assert all(lp == -0.25 for lp, m in zip(t.logprobs, t.loss_mask) if m)
         assert all(lp == 0.0 for lp, m in zip(t.logprobs, t.loss_mask) if not m)
-        assert t.messages[2]["content"] == "Thought: I should look around.\nAction: turn left"
+        assert t.messages[2]["content"] == prefix + reply
+        if t.env == "babyai":  # "turn left" is a BabyAI action (TextCraft rejects it: valid step)
+            assert t.invalid_actions == 0
     # GRPO groups: two samples per task, same group id
     assert [t.group_id for t in trajectories] == [0, 0, 1, 1, 2, 2, 3, 3]
 

@@ -68,7 +68,8 @@ class ActorPool:
                  sampling: SamplingParams, max_context: int, max_concurrency: int = 64,
                  parser: Callable[[str], ParsedAction] = parse_react,
                  env_errors: tuple[type[BaseException], ...] | None = None,
-                 progress: Callable[[Trajectory], None] | None = None):
+                 progress: Callable[[Trajectory], None] | None = None,
+                 prompt_style: str = "react", response_prefix: str = ""):
         if env_errors is None:
             from environments.core.client import EnvConnectionError, EnvServerError
             env_errors = (EnvConnectionError, EnvServerError, OSError, asyncio.TimeoutError)
@@ -76,6 +77,7 @@ class ActorPool:
         self.sampling, self.max_context = sampling, max_context
         self.max_concurrency, self.parser, self.env_errors = max_concurrency, parser, env_errors
         self.progress = progress
+        self.prompt_style, self.response_prefix = prompt_style, response_prefix
 
     def _episode(self, task: TaskRef, group_id: int, sample_index: int, horizon: int,
                  policy_version: int, seed: int | None) -> Episode:
@@ -90,7 +92,8 @@ class ActorPool:
                        formatter=self.formatter, parser=self.parser, env_name=task.env,
                        task_id=task.task_id, group_id=group_id, sample_index=sample_index,
                        horizon=horizon, sampling=sampling, max_context=self.max_context,
-                       policy_version=policy_version, env_errors=self.env_errors)
+                       policy_version=policy_version, env_errors=self.env_errors,
+                       prompt_style=self.prompt_style, response_prefix=self.response_prefix)
 
     def episodes_for(self, tasks: Sequence[TaskRef], n_samples: int, horizon: int,
                      policy_version: int = 0, seed: int | None = None) -> list[Episode]:

@@ -29,12 +29,18 @@ class Episode:
                  parser: Callable[[str], ParsedAction], env_name: str, task_id: str,
                  group_id: int, sample_index: int, horizon: int, sampling: SamplingParams,
                  max_context: int, policy_version: int, seed: int | None = None,
-                 env_errors: tuple[type[BaseException], ...] = (Exception,)):
+                 env_errors: tuple[type[BaseException], ...] = (Exception,),
+                 prompt_style: str = "react", response_prefix: str = ""):
         self.env_client, self.backend, self.formatter, self.parser = (env_client, backend,
                                                                      formatter, parser)
         self.sampling, self.max_context, self.horizon = sampling, max_context, horizon
         self.seed = seed
         self.env_errors = env_errors
+        self.prompt_style = prompt_style
+        # Text that opens every assistant turn (e.g. "Action:"): part of the prompt side of the
+        # trajectory (loss mask 0); the model continues it.
+        self.response_prefix = response_prefix
+        self._prefix_ids = formatter.encode_text(response_prefix) if response_prefix else []
         self.session_id = f"ep-{uuid.uuid4().hex[:16]}"
         self.trajectory = Trajectory(env=env_name, task_id=task_id, group_id=group_id,
                                      sample_index=sample_index, horizon=horizon,
@@ -60,11 +66,12 @@ class Episode:
             self._finish(STATUS_ENV_ERROR, f"create: {e}")
             return
         self.env_id, observation, info = created
-        self.system = system_prompt(info.get("instructions", ""), self.trajectory.env)
+        self.system = system_prompt(info.get("instructions", ""), self.trajectory.env,
+                                    self.prompt_style)
         user = first_user_message(observation)
         self.trajectory.messages = [{"role": "system", "content": self.system},
                                     {"role": "user", "content": user}]
-        prompt = self.formatter.prompt_ids(self.system, user)
+        prompt = self.formatter.prompt_ids(self.system, user) + self._prefix_ids
         self.trajectory.prompt_length = len(prompt)
         self.trajectory.append(prompt, generated=False, turn=-1)
         if len(prompt) + MIN_NEW_TOKENS > self.max_context:
@@ -93,7 +100,7 @@ class Episode:
                     logprobs=[float(x) for x in result.output_logprobs])
         traj.num_turns += 1
         self._last_generated = list(result.output_ids)
-        text = self.formatter.decode(result.output_ids)
+        text = self.response_prefix + self.formatter.decode(result.output_ids)
         traj.messages.append({"role": "assistant", "content": text})
         if result.finish_reason == "length" and len(traj.token_ids) >= self.max_context:
             self._finish(STATUS_CONTEXT_LIMIT)
@@ -131,11 +138,12 @@ class Episode:
             self._finish(STATUS_MAX_TURNS)
             return
         obs_ids = self.formatter.observation_ids(self.system, observation, self._last_generated)
-        if len(traj.token_ids) + len(obs_ids) + MIN_NEW_TOKENS > self.max_context:
+        if (len(traj.token_ids) + len(obs_ids) + len(self._prefix_ids) + MIN_NEW_TOKENS
+                > self.max_context):
             self._finish(STATUS_CONTEXT_LIMIT)
             return
         traj.messages.append({"role": "user", "content": observation})
-        traj.append(obs_ids, generated=False, turn=traj.num_turns - 1)
+        traj.append(obs_ids + self._prefix_ids, generated=False, turn=traj.num_turns - 1)
 
     async def close(self) -> None:
         if self.env_id is not None:

@@ -40,6 +40,10 @@ def base_config() -> ConfigDict:
     c.rollout.decode_steps = 16
     c.rollout.parser = "react"
 
+    c.agent = ConfigDict()
+    c.agent.prompt_style = "react"  # react (Thought + Action) | action (Action only)
+    c.agent.response_prefix = ""  # text opening every assistant turn, e.g. "Action:"
+
     c.horizon = ConfigDict()
     c.horizon.type = "scaling_inter"  # scaling_inter | fixed
     c.horizon.phases = (6, 13, 20)

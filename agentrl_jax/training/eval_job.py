@@ -9,10 +9,6 @@ import json
 import os
 from typing import Any
 
-from agentrl_jax.agent.actor_pool import ActorPool, TaskRef
-from agentrl_jax.agent.chat import ChatFormatter
-from agentrl_jax.agent.parsing import get_parser
-from agentrl_jax.rollout.base import SamplingParams
 from agentrl_jax.training import services
 from agentrl_jax.training.evaluation import EvalResult, evaluate
 from agentrl_jax.training.trainer import load_policy
@@ -40,19 +36,9 @@ async def run_evaluation(config: Any, checkpoint_dir: str | None = None, step: i
                 params_source = learner.policy_model()
             backend = services.make_backend(config, params_source, tokenizer, model_path)
             astack.push_async_callback(backend.aclose)
-            r = config.rollout
-            pool = ActorPool(backend, clients,
-                             ChatFormatter(tokenizer, tuple(model.cfg.eos_token_ids) or None),
-                             SamplingParams(max_new_tokens=int(r.max_new_tokens),
-                                            temperature=float(r.temperature),
-                                            top_p=float(r.top_p), top_k=int(r.get("top_k", -1))),
-                             max_context=int(r.max_context),
-                             max_concurrency=int(r.max_concurrency),
-                             parser=get_parser(r.get("parser", "react")))
-            tasks = []
-            for name, client in clients.items():
-                ids = (await client.tasks(split))[:num_tasks]
-                tasks.extend(TaskRef(name, t) for t in ids)
+            pool = services.make_actor_pool(config, backend, clients, tokenizer,
+                                            model.cfg.eos_token_ids)
+            tasks = await services.task_refs(clients, split, num_tasks)
             result, trajectories = await evaluate(pool, tasks, k=k, horizon=horizon,
                                                   seed=int(config.seed))
     if output:

@@ -86,3 +86,42 @@ def make_backend(config: Any, model: Any, tokenizer: Any, model_path: str | None
             raise ValueError("rollout.backend='sglang' needs rollout.urls (comma-separated)")
         return create_backend("sglang", urls=urls)
     raise ValueError(f"unknown rollout backend {rollout.backend!r} (embedded, sglang)")
+
+
+def make_sampling(config: Any):
+    from agentrl_jax.rollout.base import SamplingParams
+
+    r = config.rollout
+    return SamplingParams(max_new_tokens=int(r.max_new_tokens), temperature=float(r.temperature),
+                          top_p=float(r.top_p), top_k=int(r.get("top_k", -1)))
+
+
+def make_actor_pool(config: Any, backend: Any, clients: Mapping[str, Any], tokenizer: Any,
+                    eos_token_ids: Sequence[int] = ()):
+    from agentrl_jax.agent.actor_pool import ActorPool
+    from agentrl_jax.agent.chat import ChatFormatter
+    from agentrl_jax.agent.parsing import get_parser
+
+    r = config.rollout
+    agent = config.get("agent", {}) or {}
+    return ActorPool(backend, clients, ChatFormatter(tokenizer, tuple(eos_token_ids) or None),
+                     make_sampling(config), max_context=int(r.max_context),
+                     max_concurrency=int(r.max_concurrency),
+                     parser=get_parser(r.get("parser", "react")),
+                     prompt_style=agent.get("prompt_style", "react"),
+                     response_prefix=agent.get("response_prefix", ""))
+
+
+async def task_refs(clients: Mapping[str, Any], split: str, limit: int | None = None) -> list:
+    """Task references of ``split`` for every environment. With ``limit``, an evenly spaced
+    sample of the split (a split is ordered by level/task, so the first N ids would all be one
+    level); the same ids every time."""
+    from agentrl_jax.agent.actor_pool import TaskRef
+
+    tasks = []
+    for name, client in clients.items():
+        ids = list(await client.tasks(split))
+        if limit is not None and len(ids) > limit:
+            ids = [ids[(i * len(ids)) // limit] for i in range(limit)]
+        tasks.extend(TaskRef(name, t) for t in ids)
+    return tasks

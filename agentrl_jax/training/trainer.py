@@ -23,10 +23,7 @@ from typing import Any
 import numpy as np
 
 from agentrl_jax.agent.actor_pool import ActorPool, RolloutStats, TaskRef
-from agentrl_jax.agent.chat import ChatFormatter
-from agentrl_jax.agent.parsing import get_parser
 from agentrl_jax.agent.trajectory import Trajectory
-from agentrl_jax.rollout.base import SamplingParams
 from agentrl_jax.training import services
 from agentrl_jax.training.batching import assemble_batch
 from agentrl_jax.training.evaluation import EvalResult, evaluate
@@ -86,22 +83,6 @@ class Trainer:
         with open(os.path.join(self.workdir, "config.json"), "w") as f:
             f.write(self.config.to_json_best_effort(indent=2))
 
-    def _sampling(self) -> SamplingParams:
-        r = self.config.rollout
-        return SamplingParams(max_new_tokens=int(r.max_new_tokens),
-                              temperature=float(r.temperature), top_p=float(r.top_p),
-                              top_k=int(r.get("top_k", -1)))
-
-    async def _tasks(self, clients: dict[str, Any], split: str, limit: int | None
-                     ) -> list[TaskRef]:
-        tasks: list[TaskRef] = []
-        for name, client in clients.items():
-            ids = await client.tasks(split)
-            if limit is not None and split != "train":
-                ids = ids[:limit]  # the test split's fixed order: a stable held-out sample
-            tasks.extend(TaskRef(name, t) for t in ids)
-        return tasks
-
     def _log_trajectories(self, step: int, trajectories: list[Trajectory], kind: str) -> None:
         path = os.path.join(self.workdir, f"trajectories_{kind}.jsonl")
         with open(path, "a") as f:
@@ -140,13 +121,10 @@ class Trainer:
                 backend = services.make_backend(cfg, learner.policy_model() if resumed else model,
                                                 tokenizer, model_path)
                 astack.push_async_callback(backend.aclose)
-                formatter = ChatFormatter(tokenizer, tuple(model.cfg.eos_token_ids) or None)
-                pool = ActorPool(backend, clients, formatter, self._sampling(),
-                                 max_context=int(cfg.rollout.max_context),
-                                 max_concurrency=int(cfg.rollout.max_concurrency),
-                                 parser=get_parser(cfg.rollout.get("parser", "react")))
-                train_tasks = await self._tasks(clients, "train", None)
-                eval_tasks = await self._tasks(clients, "test", int(cfg.train.eval_tasks))
+                pool = services.make_actor_pool(cfg, backend, clients, tokenizer,
+                                                model.cfg.eos_token_ids)
+                train_tasks = await services.task_refs(clients, "train")
+                eval_tasks = await services.task_refs(clients, "test", int(cfg.train.eval_tasks))
                 sampler = TaskSampler(train_tasks, seed=int(cfg.seed), cursor=cursor)
                 return await self._loop(learner, backend, pool, sampler, eval_tasks, start_step)
 
