@@ -74,3 +74,35 @@ def test_avg_and_pass_at_k_by_hand():
     assert r.pass_at_k == pytest.approx(2 / 3)
     assert r.dropped == 1 and r.num_tasks == 3
     assert r.mean_reward == pytest.approx((1.0 + 0.5 + 0.9) / 6)
+
+
+def test_observation_ids_fast_path_matches_rendering_and_falls_back_for_trimming_templates():
+    """The cached before/after split of the template equals a full render; a template that
+    transforms the content (here: trim) is detected and rendered every time."""
+    import copy
+
+    from agentrl_jax.agent.chat import ChatFormatter
+    from agentrl_jax.models.pretrained import resolve_model_path
+    from agentrl_jax.models.tokenizer import load_tokenizer
+
+    tokenizer = load_tokenizer(resolve_model_path("smollm2"))
+    observations = ["You see a red ball.", "  padded  \n", "{braces} and 'quotes'\n\nline"]
+    for template_kind in ("native", "trim"):
+        tok = copy.deepcopy(tokenizer)
+        if template_kind == "trim":
+            tok.chat_template = tok.chat_template.replace("message['content']",
+                                                          "message['content'] | trim")
+        formatter = ChatFormatter(tok)
+        for obs in observations:
+            full = tok.apply_chat_template(
+                [{"role": "system", "content": "S"}, {"role": "user", "content": "u"},
+                 {"role": "assistant", "content": "a"}, {"role": "user", "content": obs}],
+                tokenize=False, add_generation_prompt=True)
+            head = tok.apply_chat_template(
+                [{"role": "system", "content": "S"}, {"role": "user", "content": "u"},
+                 {"role": "assistant", "content": "a"}], tokenize=False)
+            # generated "a" without EOS: the suffix starts with the template's end-of-turn
+            expected = tok.encode(full[len(head) - len("<|im_end|>\n"):],
+                                  add_special_tokens=False)
+            assert formatter.observation_ids("S", obs, tok.encode("a")) == expected
+        assert (formatter._suffix_parts["S"] is None) == (template_kind == "trim")

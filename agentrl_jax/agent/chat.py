@@ -17,6 +17,8 @@ from __future__ import annotations
 from typing import Any
 
 _PLACEHOLDER = "\u2063AGENTRL_ASSISTANT_PLACEHOLDER\u2063"
+_OBSERVATION_MARKER = "\u2063AGENTRL_OBSERVATION\u2063"
+_PROBES = ("probe observation", "  two lines\nof {text} with 'quotes' and <tags>  ")
 
 
 class ChatFormatter:
@@ -28,6 +30,7 @@ class ChatFormatter:
             eos = tokenizer.eos_token_id
             eos_token_ids = () if eos is None else (eos,)
         self.eos_token_ids = tuple(eos_token_ids)
+        self._suffix_parts: dict[str | None, tuple[str, str] | None] = {}
 
     def _render(self, messages: list[dict[str, str]], add_generation_prompt: bool) -> str:
         return self.tokenizer.apply_chat_template(messages, tokenize=False,
@@ -50,6 +53,15 @@ class ChatFormatter:
         If the assistant turn ended with an EOS id (the template's end-of-turn token), the
         template's own end-of-turn text is not repeated.
         """
+        suffix = self._observation_suffix(system, observation)
+        if generated_ids and generated_ids[-1] in self.eos_token_ids:
+            eos_text = self.tokenizer.decode([generated_ids[-1]], skip_special_tokens=False)
+            if suffix.startswith(eos_text):
+                suffix = suffix[len(eos_text):]
+        return self.encode_text(suffix)
+
+    def _render_suffix(self, system: str | None, observation: str) -> str:
+        """Template text after an assistant turn, up to the next generation prompt."""
         messages = ([{"role": "system", "content": system}] if system else [])
         messages += [{"role": "user", "content": "x"},
                      {"role": "assistant", "content": _PLACEHOLDER},
@@ -59,12 +71,30 @@ class ChatFormatter:
         if cut < 0:
             raise ValueError("the chat template dropped the assistant message; cannot build "
                              "observation ids")
-        suffix = text[cut + len(_PLACEHOLDER):]
-        if generated_ids and generated_ids[-1] in self.eos_token_ids:
-            eos_text = self.tokenizer.decode([generated_ids[-1]], skip_special_tokens=False)
-            if suffix.startswith(eos_text):
-                suffix = suffix[len(eos_text):]
-        return self.encode_text(suffix)
+        return text[cut + len(_PLACEHOLDER):]
+
+    def _observation_suffix(self, system: str | None, observation: str) -> str:
+        """``_render_suffix`` without rendering the template every turn.
+
+        Most templates insert the user message verbatim: the suffix is then
+        ``before + observation + after``. That is checked once per system prompt on probe
+        strings (with newlines, quotes, braces); templates that transform the content fall back
+        to rendering every time.
+        """
+        if system not in self._suffix_parts:
+            parts = self._render_suffix(system, _OBSERVATION_MARKER).split(_OBSERVATION_MARKER)
+            fast = None
+            if len(parts) == 2:
+                before, after = parts
+                if all(self._render_suffix(system, p) == before + p + after for p in _PROBES):
+                    fast = (before, after)
+            if len(self._suffix_parts) > 64:
+                self._suffix_parts.clear()
+            self._suffix_parts[system] = fast
+        fast = self._suffix_parts[system]
+        if fast is None:
+            return self._render_suffix(system, observation)
+        return fast[0] + observation + fast[1]
 
     def decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=True)
