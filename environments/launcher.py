@@ -131,12 +131,15 @@ def start_env_server(
     *,
     startup_timeout: float = 120.0,
     env: dict[str, str] | None = None,
+    exit_with_parent: bool = True,
 ) -> ServerProcess:
     """Start ``python -m environments.<name>`` and wait until it is healthy.
 
     port: None picks a free port. extra_args: more server options, e.g.
     ``["--max-sessions", "64", "--idle-timeout", "300"]``. env: extra environment variables.
-    Raises ``ServerStartError`` (with the server's output tail) if it dies or stays unhealthy.
+    exit_with_parent: the server shuts itself down (within ~1 s) if this process dies without
+    calling ``stop()``. Raises ``ServerStartError`` (with the server's output tail) if it dies or
+    stays unhealthy.
     """
     port = free_port(host) if port is None else port
     child_env = dict(os.environ)
@@ -146,6 +149,8 @@ def start_env_server(
         child_env.update(env)
     log_file = tempfile.NamedTemporaryFile(prefix=f"envserver-{name}-", suffix=".log", delete=False)
     command = [sys.executable, "-m", f"environments.{name}", "--host", host, "--port", str(port), *extra_args]
+    if exit_with_parent:
+        command += ["--parent-pid", str(os.getpid())]
     process = subprocess.Popen(
         command,
         stdin=subprocess.DEVNULL,

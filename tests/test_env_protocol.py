@@ -389,6 +389,32 @@ async def test_launcher_stop_leaves_no_process_behind():
     assert "closed 3 sessions on shutdown" in log and "Sampling rejected" not in log
 
 
+def _running(pid: int) -> bool:
+    """The process exists and is not a zombie."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def test_server_exits_when_the_launching_process_dies_without_stopping_it():
+    code = "from environments.launcher import start_env_server; import time; s = start_env_server('textcraft'); print(s.pid, flush=True); time.sleep(120)"
+    parent = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        server_pid = int(parent.stdout.readline())
+        assert _running(server_pid)
+        parent.kill()  # SIGKILL: no chance to call stop()
+        parent.wait()
+        deadline = time.monotonic() + 10
+        while _running(server_pid) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not _running(server_pid)
+    finally:
+        parent.kill()
+        parent.stdout.close()
+
+
 def test_launcher_reports_a_server_that_dies_at_startup():
     with pytest.raises(ServerStartError) as error:
         start_env_server("no_such_family", startup_timeout=30)

@@ -27,6 +27,7 @@ def parse_args(name: str, argv: Sequence[str] | None = None) -> argparse.Namespa
     parser.add_argument("--idle-timeout", type=float, default=600.0, help="close sessions unused for this many seconds")
     parser.add_argument("--max-body", type=int, default=DEFAULT_MAX_BODY, help="largest request body in bytes (413 beyond)")
     parser.add_argument("--workers", type=int, default=32, help="threads for blocking environment calls")
+    parser.add_argument("--parent-pid", type=int, default=None, help="shut down when this process is gone (the launcher sets it)")
     parser.add_argument("--log-level", default="INFO")
     return parser.parse_args(argv)
 
@@ -58,6 +59,7 @@ def main(name: str, argv: Sequence[str] | None = None) -> None:
         idle_timeout=args.idle_timeout,
         max_body=args.max_body,
         workers=args.workers,
+        parent_pid=args.parent_pid,
     )
     logging.getLogger("environments.server").info("%s listening on http://%s:%d", name, args.host, args.port)
     web.run_app(

@@ -25,6 +25,8 @@ import asyncio
 import concurrent.futures
 import functools
 import logging
+import os
+import signal
 from typing import Any, Callable, TypeVar
 
 from aiohttp import web
@@ -112,8 +114,10 @@ class EnvServer:
         max_sessions: int = 1024,
         idle_timeout: float = 600.0,
         workers: int = 32,
+        parent_pid: int | None = None,
     ) -> None:
         self.family = family
+        self.parent_pid = parent_pid
         self.idle_timeout = idle_timeout
         self.sessions = SessionTable(max_sessions)
         self.stats = Stats()
@@ -121,7 +125,6 @@ class EnvServer:
         self._executor = concurrent.futures.ThreadPoolExecutor(
             max_workers=workers, thread_name_prefix=f"env-{family.name}"
         )
-        self._reaper: asyncio.Task | None = None
 
     # -- running environment code
 
@@ -136,14 +139,14 @@ class EnvServer:
 
     async def lifespan(self, app: web.Application):
         self.catalog = await self.call(self.family.catalog_factory)
-        self._reaper = asyncio.create_task(self._reap_forever())
+        background = [asyncio.create_task(self._reap_forever())]
+        if self.parent_pid is not None:
+            background.append(asyncio.create_task(self._exit_with_parent(self.parent_pid)))
         log.info("serving family %s", self.family.name)
         yield
-        self._reaper.cancel()
-        try:
-            await self._reaper
-        except asyncio.CancelledError:
-            pass
+        for task in background:
+            task.cancel()
+        await asyncio.gather(*background, return_exceptions=True)
         sessions = self.sessions.pop_all()
         await asyncio.gather(*(self._close_session(s) for s in sessions))
         self._executor.shutdown(wait=True, cancel_futures=True)
@@ -157,6 +160,15 @@ class EnvServer:
                 if self.sessions.pop(session.env_id) is session:
                     self.stats.sessions_reaped += 1
                     await self._close_session(session)
+
+    @staticmethod
+    async def _exit_with_parent(parent_pid: int) -> None:
+        """Shut down (SIGTERM to ourselves: a graceful exit) once the parent process is gone, so
+        a launcher that dies without stopping its servers leaves nothing behind."""
+        while os.getppid() == parent_pid:
+            await asyncio.sleep(1.0)
+        log.warning("parent process %d exited; shutting down", parent_pid)
+        os.kill(os.getpid(), signal.SIGTERM)
 
     async def _close_session(self, session: Session) -> None:
         if session.closed:
@@ -345,9 +357,10 @@ def build_app(
     idle_timeout: float = 600.0,
     max_body: int = DEFAULT_MAX_BODY,
     workers: int = 32,
+    parent_pid: int | None = None,
 ) -> web.Application:
-    """The aiohttp application serving ``family``."""
-    server = EnvServer(family, max_sessions=max_sessions, idle_timeout=idle_timeout, workers=workers)
+    """The aiohttp application serving ``family`` (``parent_pid``: exit when that process is gone)."""
+    server = EnvServer(family, max_sessions=max_sessions, idle_timeout=idle_timeout, workers=workers, parent_pid=parent_pid)
     app = web.Application(client_max_size=max_body, middlewares=[server.errors])
     app[SERVER_KEY] = server
     app.cleanup_ctx.append(server.lifespan)
