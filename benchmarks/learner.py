@@ -99,7 +99,6 @@ def main(argv=None) -> dict:
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
     import jax
-    import jax.numpy as jnp
     import numpy as np
     from flax import nnx
 

@@ -1,14 +1,8 @@
-"""BabyAI + PPO (critic, GAE) + ScalingInter-RL.
-"""
+"""BabyAI + PPO (critic, GAE) + ScalingInter-RL: the babyai_grpo_scaling experiment with PPO (critic + GAE) instead of GRPO."""
 
-from agentrl_jax.training.config import base_config, use_ppo
+from agentrl_jax.training.config import use_ppo
+from experiments.babyai_grpo_scaling import get_config as grpo_scaling_config
 
 
 def get_config():
-    c = base_config()
-    c.env.names = "babyai"
-    c.horizon.phases = (6, 13, 20)
-    c.horizon.steps_per_phase = 100
-    c.train.eval_horizon = 20
-    use_ppo(c)
-    return c
+    return use_ppo(grpo_scaling_config())

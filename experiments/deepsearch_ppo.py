@@ -1,14 +1,8 @@
-"""Deep search + PPO (critic, GAE) + ScalingInter-RL.
-"""
+"""Deep search + PPO (critic, GAE) + ScalingInter-RL: the deepsearch_grpo_scaling experiment with PPO (critic + GAE) instead of GRPO."""
 
-from agentrl_jax.training.config import base_config, use_ppo
+from agentrl_jax.training.config import use_ppo
+from experiments.deepsearch_grpo_scaling import get_config as grpo_scaling_config
 
 
 def get_config():
-    c = base_config()
-    c.env.names = "deepsearch"
-    c.horizon.phases = (5, 8, 10)
-    c.horizon.steps_per_phase = 100
-    c.train.eval_horizon = 30
-    use_ppo(c)
-    return c
+    return use_ppo(grpo_scaling_config())

@@ -1,14 +1,8 @@
-"""TextCraft + PPO (critic, GAE) + ScalingInter-RL.
-"""
+"""TextCraft + PPO (critic, GAE) + ScalingInter-RL: the textcraft_grpo_scaling experiment with PPO (critic + GAE) instead of GRPO."""
 
-from agentrl_jax.training.config import base_config, use_ppo
+from agentrl_jax.training.config import use_ppo
+from experiments.textcraft_grpo_scaling import get_config as grpo_scaling_config
 
 
 def get_config():
-    c = base_config()
-    c.env.names = "textcraft"
-    c.horizon.phases = (10, 20, 30)
-    c.horizon.steps_per_phase = 100
-    c.train.eval_horizon = 30
-    use_ppo(c)
-    return c
+    return use_ppo(grpo_scaling_config())

@@ -1,15 +1,8 @@
-"""Web navigation (MiniWoB++) + PPO (critic, GAE) + ScalingInter-RL.
-"""
+"""Web navigation (MiniWoB++) + PPO (critic, GAE) + ScalingInter-RL: the webnav_grpo_scaling experiment with PPO (critic + GAE) instead of GRPO."""
 
-from agentrl_jax.training.config import base_config, use_ppo
+from agentrl_jax.training.config import use_ppo
+from experiments.webnav_grpo_scaling import get_config as grpo_scaling_config
 
 
 def get_config():
-    c = base_config()
-    c.env.names = "miniwob"
-    c.horizon.phases = (8, 12, 15)
-    c.horizon.steps_per_phase = 80
-    c.train.eval_horizon = 15
-    c.rollout.max_concurrency = 8  # one headless Chromium per episode
-    use_ppo(c)
-    return c
+    return use_ppo(grpo_scaling_config())

@@ -17,7 +17,6 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from agentrl_jax.models.config import ModelConfig  # noqa: E402
 from agentrl_jax.models.llama import KVCache  # noqa: E402
 from agentrl_jax.models.safetensors_io import load_safetensors_model, save_hf_directory  # noqa: E402
 

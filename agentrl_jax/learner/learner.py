@@ -32,7 +32,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
-from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+from jax.sharding import Mesh
 
 from agentrl_jax.algorithms import compute_advantages, kl_estimate
 from agentrl_jax.learner.checkpoint import Checkpointer

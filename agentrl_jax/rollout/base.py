@@ -231,6 +231,24 @@ class RolloutBackend(abc.ABC):
         await self.aclose()
 
 
+class BatchedSamplesBackend(RolloutBackend):
+    """For backends whose native call returns ``n`` samples (``generate_n``): ``generate`` is
+    ``generate_n`` with ``n == 1``."""
+
+    async def generate(self, input_ids: list[int], sampling: SamplingParams | None = None,
+                       session_id: str | None = None, rid: str | None = None) -> GenerateResult:
+        sampling = sampling or SamplingParams()
+        if sampling.n != 1:
+            raise InvalidRequestError("generate() takes n == 1; use generate_n() for n > 1")
+        return (await self.generate_n(input_ids, sampling, session_id, rid))[0]
+
+    @abc.abstractmethod
+    async def generate_n(self, input_ids: list[int], sampling: SamplingParams | None = None,
+                         session_id: str | None = None, rid: str | None = None
+                         ) -> list[GenerateResult]:
+        """``sampling.n`` samples of one prompt, sharing its prefill."""
+
+
 # ------------------------------------------------------------------------------------ registry
 _REGISTRY: dict[str, Callable[..., RolloutBackend] | str] = {
     "embedded": "agentrl_jax.rollout.engine:EmbeddedBackend.from_config",

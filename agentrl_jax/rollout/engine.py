@@ -47,9 +47,9 @@ from flax import nnx
 
 from agentrl_jax.models.config import ModelConfig
 from agentrl_jax.models.llama import CausalLM, abstract_model
-from agentrl_jax.rollout.base import (BackendUnavailableError, GenerateResult, InvalidRequestError,
-                                      OverloadedError, RolloutBackend, RolloutError, SamplingParams,
-                                      check_input_ids)
+from agentrl_jax.rollout.base import (BackendUnavailableError, BatchedSamplesBackend,
+                                      GenerateResult, InvalidRequestError, OverloadedError,
+                                      RolloutError, SamplingParams, check_input_ids)
 from agentrl_jax.rollout.forward import HEAD_MAJOR, SEQ_MAJOR, forward, map_cache, new_cache
 from agentrl_jax.rollout.sampling import GREEDY, SAMPLE, sample_tokens, sampling_mode, seed_to_key
 from agentrl_jax.rollout.slots import SlotTable
@@ -276,7 +276,7 @@ def _to_state(params: Any, abstract_state: nnx.State) -> nnx.State:
     return state
 
 
-class Engine(RolloutBackend):
+class Engine(BatchedSamplesBackend):
     """The embedded continuous-batching engine (registry name ``embedded``).
 
     >>> engine = Engine(model, EngineConfig(max_batch=32, max_length=4096), tokenizer=tok)
@@ -460,13 +460,6 @@ class Engine(RolloutBackend):
             self._cv.notify()
         return future
 
-    async def generate(self, input_ids: list[int], sampling: SamplingParams | None = None,
-                       session_id: str | None = None, rid: str | None = None) -> GenerateResult:
-        sampling = sampling or SamplingParams()
-        if sampling.n != 1:
-            raise InvalidRequestError("generate() takes n == 1; use generate_n() for n > 1")
-        return (await self.generate_n(input_ids, sampling, session_id, rid))[0]
-
     async def generate_n(self, input_ids: list[int], sampling: SamplingParams | None = None,
                          session_id: str | None = None, rid: str | None = None
                          ) -> list[GenerateResult]:
@@ -568,7 +561,7 @@ class Engine(RolloutBackend):
         diff = {k: (getattr(mine, k), getattr(cfg, k)) for k in keys
                 if getattr(mine, k) != getattr(cfg, k)}
         if diff:
-            raise ValueError(f"checkpoint architecture differs from the served model: "
+            raise ValueError("checkpoint architecture differs from the served model: "
                              + ", ".join(f"{k}: {a} != {b}" for k, (a, b) in diff.items()))
 
     async def update_weights(self, params: Any = None, *, path: str | None = None,

@@ -33,7 +33,7 @@ from typing import Any
 import aiohttp
 
 from agentrl_jax.rollout.base import (BackendUnavailableError, GenerateResult, InvalidRequestError,
-                                      OverloadedError, RolloutBackend, RolloutError,
+                                      OverloadedError, BatchedSamplesBackend, RolloutError,
                                       SamplingParams)
 
 log = logging.getLogger(__name__)
@@ -51,7 +51,7 @@ class _Server:
     served: int = 0
 
 
-class SGLangBackend(RolloutBackend):
+class SGLangBackend(BatchedSamplesBackend):
     """Client of SGLang ``/generate`` servers (registry name ``sglang``).
 
     urls: base URLs (``http://host:port``). timeout: seconds per request (generation included).
@@ -209,13 +209,6 @@ class SGLangBackend(RolloutBackend):
         if session_id is not None and self.send_session_id:
             body["session_id"] = session_id
         return body
-
-    async def generate(self, input_ids: list[int], sampling: SamplingParams | None = None,
-                       session_id: str | None = None, rid: str | None = None) -> GenerateResult:
-        sampling = sampling or SamplingParams()
-        if sampling.n != 1:
-            raise InvalidRequestError("generate() takes n == 1; use generate_n() for n > 1")
-        return (await self.generate_n(input_ids, sampling, session_id, rid))[0]
 
     async def generate_n(self, input_ids: list[int], sampling: SamplingParams | None = None,
                          session_id: str | None = None, rid: str | None = None

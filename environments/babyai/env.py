@@ -170,7 +170,6 @@ class BabyAIEnv(TextEnvironment):
 
     def _look(self) -> None:
         """Recompute what the agent sees and remember the seen cells (for planning)."""
-        env = self._env
         self._view = self._sight.look(self._seen)
         self._objects = visible_objects(self._view)
         self._actions = None

@@ -1,0 +1,1 @@
+"""Experiment configs (ml-collections ``get_config()`` files), importable as a package."""
