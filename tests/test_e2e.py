@@ -64,3 +64,19 @@ def test_smoke_run_then_resume(tmp_path):
     assert [m["step"] for m in train] == [1, 2, 3, 4, 5]
     assert train[-1]["rollout/stale_dropped"] == 0
     assert os.path.isdir(os.path.join(workdir, "checkpoints", "5"))
+
+    # Evaluation of the trained checkpoint (Avg@k / Pass@k on held-out tasks).
+    output = os.path.join(workdir, "eval", "result.json")
+    env = dict(os.environ)
+    env.pop("XLA_FLAGS", None)
+    proc = subprocess.run(
+        [sys.executable, "launch/eval.py", "--config", "experiments/smoke.py", "--checkpoint",
+         os.path.join(workdir, "checkpoints"), "--k", "2", "--tasks", "2", "--horizon", "2",
+         "--output", output], cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "avg@2=" in proc.stdout and "pass@2=" in proc.stdout
+    result = json.load(open(output))
+    assert result["num_tasks"] == 4 and result["k"] == 2  # 2 BabyAI + 2 TextCraft test tasks
+    evaluated = [json.loads(line) for line in open(output.replace(".json", "_trajectories.jsonl"))]
+    assert len(evaluated) == 8 and all(t["horizon"] == 2 for t in evaluated)
+    assert 0.0 <= result["avg_at_k"] <= result["pass_at_k"] <= 1.0
