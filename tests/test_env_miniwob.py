@@ -4,9 +4,9 @@ expert through HTTP, and no leaked Chromium / chromedriver processes."""
 from __future__ import annotations
 
 import os
-import time
 
 import pytest
+from waiting import wait_until
 
 from environments.core.base import InvalidTaskError
 from environments.miniwob.actions import parse_action
@@ -111,15 +111,6 @@ def chrome_processes() -> set[int]:
         if state != "Z" and ("chrom" in name or "crashpad" in name):
             pids.add(int(entry))
     return pids
-
-
-def wait_until(predicate, timeout: float = 10.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.05)
-    return predicate()
 
 
 class TestInProcess:

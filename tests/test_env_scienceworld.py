@@ -13,6 +13,7 @@ import threading
 import time
 
 import pytest
+from waiting import wait_until
 
 scienceworld = pytest.importorskip("scienceworld", reason="the scienceworld package is not installed")
 if shutil.which("java") is None:
@@ -52,15 +53,6 @@ def scienceworld_jvms() -> set[int]:
         if "scienceworld.jar" in cmdline and stat[stat.rfind(")") + 2] != "Z":
             pids.add(int(entry))
     return pids
-
-
-def wait_until(predicate, timeout: float = 10.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.05)
-    return predicate()
 
 
 @pytest.fixture(scope="module")

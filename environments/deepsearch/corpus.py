@@ -72,7 +72,7 @@ def load_wiki_summaries(path: Path | None = None) -> list[Passage]:
     return passages
 
 
-def _read_jsonl(path: Path) -> Iterator[tuple[int, dict]]:
+def read_jsonl_records(path: Path) -> Iterator[tuple[int, dict]]:
     with open(path, encoding="utf-8") as fh:
         for number, line in enumerate(fh, 1):
             if not line.strip():
@@ -92,7 +92,7 @@ def load_jsonl_corpus(path: str | Path) -> list[Passage]:
     if not path.exists():
         raise CorpusError(f"corpus file {path} not found")
     passages = []
-    for number, record in _read_jsonl(path):
+    for number, record in read_jsonl_records(path):
         if "contents" in record:
             contents = str(record["contents"])
             head, sep, rest = contents.partition("\n")

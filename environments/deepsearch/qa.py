@@ -26,12 +26,11 @@ from __future__ import annotations
 import collections
 import dataclasses
 import hashlib
-import json
 import re
 from pathlib import Path
 from typing import Iterable, Sequence
 
-from environments.deepsearch.corpus import CorpusError, Passage
+from environments.deepsearch.corpus import CorpusError, Passage, read_jsonl_records
 from environments.deepsearch.scoring import contains_answer
 
 MIN_PREDICATE_WORDS = 8
@@ -125,25 +124,18 @@ def load_jsonl_qa(path: str | Path, split: str | None = None) -> list[QAItem]:
     if not path.exists():
         raise CorpusError(f"QA file {path} not found")
     items = []
-    with open(path, encoding="utf-8") as fh:
-        for number, line in enumerate(fh, 1):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as error:
-                raise CorpusError(f"{path}:{number}: not JSON: {error}") from None
-            question = record.get("question") if isinstance(record, dict) else None
-            answers = record.get("golden_answers", record.get("answers", record.get("answer")))
-            if isinstance(answers, str):
-                answers = [answers]
-            if not question or not answers:
-                raise CorpusError(f"{path}:{number}: a QA record needs 'question' and 'golden_answers'")
-            item_split = split or str(record.get("split") or hash_split(str(question)))
-            if item_split not in ("train", "test"):
-                raise CorpusError(f"{path}:{number}: split must be 'train' or 'test', not {item_split!r}")
-            item_id = str(record.get("id", f"{path.stem}-{number - 1}"))
-            items.append(QAItem(item_id, str(question), tuple(str(a) for a in answers), item_split))
+    for number, record in read_jsonl_records(path):
+        question = record.get("question")
+        answers = record.get("golden_answers", record.get("answers", record.get("answer")))
+        if isinstance(answers, str):
+            answers = [answers]
+        if not question or not answers:
+            raise CorpusError(f"{path}:{number}: a QA record needs 'question' and 'golden_answers'")
+        item_split = split or str(record.get("split") or hash_split(str(question)))
+        if item_split not in ("train", "test"):
+            raise CorpusError(f"{path}:{number}: split must be 'train' or 'test', not {item_split!r}")
+        item_id = str(record.get("id", f"{path.stem}-{number - 1}"))
+        items.append(QAItem(item_id, str(question), tuple(str(a) for a in answers), item_split))
     if not items:
         raise CorpusError(f"QA file {path} is empty")
     return items
