@@ -7,9 +7,11 @@ learner's jitted PPO/GRPO step (``Learner.train_minibatch``): chunked logprobs +
 hidden states, clipped policy loss, gradient accumulation over micro-batches, global-norm clip,
 AdamW. A second row times the forward-only logprob pass (old / reference logprobs).
 
-    python benchmarks/learner.py                       # GPU: 1.5B, T=4096, 1 device
-    python benchmarks/learner.py --micro-batch 2 --grad-accum 4 --remat-policy dots
-    python benchmarks/learner.py --devices 8           # scaling: same per-device batch, 1 vs 8
+    python benchmarks/learner.py                       # GPU: 1.5B, T=4096, 1 device, 2 x 2 micro
+    python benchmarks/learner.py --micro-batch 1 --grad-accum 4 --remat-policy dots
+    python benchmarks/learner.py --devices 2 --scaling-mesh data   # scaling: same per-device
+                                                       # batch, 1 vs N devices
+    python benchmarks/learner.py --profile             # + device time by kernel class
     python benchmarks/learner.py --small               # CPU smoke run (tiny model, T=256)
     python benchmarks/learner.py --small --devices 4   # CPU scaling smoke run (virtual devices)
     ... --json out.json
@@ -59,9 +61,11 @@ def parse_args(argv=None):
     p.add_argument("--small", action="store_true", help="tiny model, T=256 (CPU smoke run)")
     p.add_argument("--seq", type=int, default=None, help="sequence length (default 4096; small 256)")
     p.add_argument("--micro-batch", type=int, default=None,
-                   help="sequences per micro-batch PER DEVICE (default 1; small 2)")
-    p.add_argument("--grad-accum", type=int, default=4, help="micro-batches per optimiser step")
-    p.add_argument("--remat-policy", choices=sorted(REMAT_POLICIES), default="dots")
+                   help="sequences per micro-batch PER DEVICE (default 2; small 2)")
+    p.add_argument("--grad-accum", type=int, default=None,
+                   help="micro-batches per optimiser step (default 2; small 4)")
+    p.add_argument("--remat-policy", choices=sorted(REMAT_POLICIES), default=None,
+                   help="default none (1.5B at T=4096 fits without remat: 44 GB); small dots")
     p.add_argument("--attention", choices=["auto", "cudnn", "xla"], default="auto")
     p.add_argument("--dtype", choices=["bfloat16", "float32"], default=None,
                    help="compute dtype (default bfloat16; small float32 (bf16 is slow on CPU))")
@@ -77,6 +81,11 @@ def parse_args(argv=None):
     p.add_argument("--memory-analysis", action="store_true",
                    help="also compile the step ahead of time and print XLA's memory analysis "
                         "(argument / temp bytes; one extra compilation)")
+    p.add_argument("--profile", action="store_true",
+                   help="GPU: print the train step's device time by kernel class and top kernels "
+                        "(from a profiler trace of 2 steps)")
+    p.add_argument("--stack-dump-s", type=float, default=0.0,
+                   help="print every thread's Python stack every N seconds (diagnose hangs)")
     p.add_argument("--xla-flags", default="", help="extra XLA_FLAGS")
     p.add_argument("--json", default=None, help="write results to this JSON file")
     return p.parse_args(argv)
@@ -93,9 +102,43 @@ def setup_env(args) -> None:
         os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 
+def random_params(abstract, shardings, seed: int = 0, scale: float = 0.02):
+    """Random weights for the benchmark, one small jitted init per distinct (shape, dtype,
+    sharding), written straight into each parameter's sharding: ``N(0, scale^2)`` for matrices
+    and biases, ones for norm scales (vectors named ``scale``/``weight`` of a norm).
+
+    (Compiling the model's own initialiser for the whole 1.5B-parameter tree in one XLA
+    program took over 145 s on an H200 with jax 0.11.2, against 3 s for a 2-layer model.)
+    """
+    import jax
+    import jax.numpy as jnp
+
+    cache = {}
+
+    def init(path, leaf, sharding):
+        names = [str(getattr(k, "key", getattr(k, "name", k))) for k in path]
+        is_norm = any("norm" in n for n in names) and len(leaf.shape) == 1
+        key = (tuple(leaf.shape), jnp.dtype(leaf.dtype).name, sharding, is_norm)
+        if key not in cache:
+            shape, dtype = leaf.shape, leaf.dtype
+            if is_norm:
+                cache[key] = jax.jit(lambda k: jnp.ones(shape, dtype), out_shardings=sharding)
+            else:
+                cache[key] = jax.jit(
+                    lambda k: (scale * jax.random.normal(k, shape, jnp.float32)).astype(dtype),
+                    out_shardings=sharding)
+        return cache[key](jax.random.fold_in(jax.random.key(seed), hash(tuple(names)) % (2**31)))
+
+    return jax.tree_util.tree_map_with_path(init, abstract, shardings)
+
+
 def main(argv=None) -> dict:
     args = parse_args(argv)
     setup_env(args)
+    if args.stack_dump_s > 0:
+        import faulthandler
+
+        faulthandler.dump_traceback_later(args.stack_dump_s, repeat=True)
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
     import jax
@@ -112,7 +155,11 @@ def main(argv=None) -> dict:
     from agentrl_jax.sharding.rules import batch_sharding, state_shardings
 
     seq = args.seq or (256 if args.small else 4096)
-    micro = args.micro_batch or (2 if args.small else 1)
+    micro = args.micro_batch or 2
+    if args.grad_accum is None:
+        args.grad_accum = 4 if args.small else 2
+    if args.remat_policy is None:
+        args.remat_policy = "dots" if args.small else "none"
     steps = args.steps or (3 if args.small else 5)
     dtype = args.dtype or ("float32" if args.small else "bfloat16")
     platform = jax.devices()[0].platform
@@ -132,8 +179,7 @@ def main(argv=None) -> dict:
         abstract = nnx.eval_shape(lambda: CausalLM(model_cfg, nnx.Rngs(0)))
         graphdef, abs_params = nnx.split(abstract, nnx.Param)
         shardings = state_shardings(abs_params, mesh)
-        params = jax.jit(lambda: nnx.split(CausalLM(model_cfg, nnx.Rngs(0)), nnx.Param)[1],
-                         out_shardings=shardings)()
+        params = random_params(abs_params, shardings)
         learner = Learner(nnx.merge(graphdef, params), cfg, mesh=mesh, copy_model=False)
         del params
         return learner
@@ -153,7 +199,10 @@ def main(argv=None) -> dict:
         axes["data" if args.scaling_mesh == "data" else "fsdp"] = n_devices
         mesh = make_mesh(devices=devices, **axes)
         global_micro = micro * n_devices
+        t_build = time.perf_counter()
+        print(f"[{n_devices} device(s)] building the policy + optimiser state ...", flush=True)
         learner = build(mesh, global_micro)
+        print(f"[{n_devices} device(s)] built in {time.perf_counter() - t_build:.1f} s", flush=True)
         rng = np.random.default_rng(0)
         mb = minibatch(global_micro, rng)
         sh = minibatch_sharding(mesh)
@@ -170,9 +219,12 @@ def main(argv=None) -> dict:
                 print(f"[{n_devices} device(s)] XLA memory analysis (GiB): "
                       + ", ".join(f"{k.replace('_size_in_bytes', '')} {v:.2f}"
                                   for k, v in memory.items()), flush=True)
+        print(f"[{n_devices} device(s)] mesh {dict(mesh.shape)}: compiling the train step ...",
+              flush=True)
         t0 = time.perf_counter()
         jax.block_until_ready(learner.train_minibatch(mb))
         compile_s = time.perf_counter() - t0
+        print(f"[{n_devices} device(s)] first step (compile + run) {compile_s:.1f} s", flush=True)
         for _ in range(max(args.warmup - 1, 0)):
             jax.block_until_ready(learner.train_minibatch(mb))
         t0 = time.perf_counter()
@@ -189,6 +241,15 @@ def main(argv=None) -> dict:
                "mfu": (flops / step_s / n_devices / peak) if peak else None,
                "loss": float(metrics["actor/pg_loss"]),
                "grad_norm": float(metrics["actor/grad_norm"]), "xla_memory_gb": memory}
+        print(f"[{n_devices} device(s)] step {step_s:.4f} s, {tokens / step_s:.0f} tokens/s, "
+              f"MFU {100 * row['mfu']:.1f}%" if row["mfu"] else f"step {step_s:.4f} s", flush=True)
+        if args.profile:
+            from benchmarks.devtime import device_time, format_kernels
+
+            dt = device_time(lambda: learner.train_minibatch(mb), calls=2, top=25)
+            row["device_profile"] = dt
+            print(f"[{n_devices} device(s)] train step device profile:\n{format_kernels(dt)}",
+                  flush=True)
         out = [row]
         try:
             mem = devices[0].memory_stats() or {}

@@ -32,6 +32,7 @@ from agentrl_jax.algorithms import actor_loss, value_loss
 from agentrl_jax.algorithms.masked import as_mask
 from agentrl_jax.learner.config import LearnerConfig
 from agentrl_jax.learner.logprobs import lm_head_f32, logprobs_from_hidden, model_hidden
+from agentrl_jax.sharding.activations import activation_mesh
 from agentrl_jax.sharding.rules import BATCH_AXES
 
 Array = jax.Array
@@ -133,20 +134,27 @@ def critic_loss_fn(graphdef: nnx.GraphDef, config: LearnerConfig):
     return fn
 
 
-def _accumulate_grads(loss_fn, params, param_shardings, minibatch, denom, token_weight):
-    """Sum of micro-batch gradients (f32) and combined metrics via ``lax.scan``."""
+def _accumulate_grads(loss_fn, params, param_shardings, minibatch, denom, token_weight,
+                      compute_dtype: str):
+    """Sum of micro-batch gradients (f32) and combined metrics via ``lax.scan``.
+
+    The master weights are cast to the compute dtype once, before the micro-batch loop, and
+    the loss is differentiated with respect to that copy: the gradient of ``cast(p)`` with
+    respect to ``p`` is the identity on the (compute-dtype) cotangent, so this is exact, and
+    it saves a full read of the f32 weights and write of the cast copy per micro-batch."""
     grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
+    compute_params = cast_params(params, compute_dtype)
     zeros = jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), params)
     if param_shardings is not None:
         zeros = jax.lax.with_sharding_constraint(zeros, param_shardings)
     first = jax.tree.map(lambda x: x[0], minibatch)
-    _, metric_shapes = jax.eval_shape(grad_fn, params, first, denom)[0]
+    _, metric_shapes = jax.eval_shape(grad_fn, compute_params, first, denom)[0]
     init = (zeros, _init_metrics(metric_shapes))
 
     def body(carry, xs):
         gsum, msum = carry
         mb, w = xs
-        (_, metrics), grads = grad_fn(params, mb, denom)
+        (_, metrics), grads = grad_fn(compute_params, mb, denom)
         gsum = jax.tree.map(lambda a, g: a + g.astype(jnp.float32), gsum, grads)
         if param_shardings is not None:
             gsum = jax.lax.with_sharding_constraint(gsum, param_shardings)
@@ -178,6 +186,10 @@ def make_train_step(*, config: LearnerConfig, mesh: Mesh,
     replicated = NamedSharding(mesh, P())
 
     def step(pparams, popt, cparams, copt, minibatch):
+        with activation_mesh(mesh):
+            return _step(pparams, popt, cparams, copt, minibatch)
+
+    def _step(pparams, popt, cparams, copt, minibatch):
         m = as_mask(minibatch["loss_mask"])  # [n_micro, mb, T]
         denom = loss_denominator(m.reshape(-1, m.shape[-1]), agg)
         tokens_per_micro = jnp.sum(m, axis=(1, 2))
@@ -185,14 +197,14 @@ def make_train_step(*, config: LearnerConfig, mesh: Mesh,
         metrics: dict[str, Array] = {}
         if train_policy:
             grads, pm = _accumulate_grads(pol_loss, pparams, policy_shardings, minibatch, denom,
-                                          token_weight)
+                                          token_weight, config.dtype)
             metrics.update({f"actor/{k}": v for k, v in pm.items()})
             metrics["actor/grad_norm"] = optax.global_norm(grads)
             updates, popt = policy_tx.update(grads, popt, pparams)
             pparams = optax.apply_updates(pparams, updates)
         if train_critic:
             grads, cm = _accumulate_grads(crit_loss, cparams, critic_shardings, minibatch, denom,
-                                          token_weight)
+                                          token_weight, config.dtype)
             metrics.update({f"critic/{k}": v for k, v in cm.items()})
             metrics["critic/grad_norm"] = optax.global_norm(grads)
             updates, copt = critic_tx.update(grads, copt, cparams)

@@ -31,6 +31,7 @@ from flax import nnx
 
 from agentrl_jax.models.config import ModelConfig
 from agentrl_jax.models.rope import apply_rope, inverse_frequencies, rope_cos_sin
+from agentrl_jax.sharding.activations import constrain_attention_inputs
 
 
 @flax.struct.dataclass
@@ -108,6 +109,7 @@ class Attention(nnx.Module):
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         new_cache = None
         if cache_kv is None:
+            q, k, v = constrain_attention_inputs(q, k, v)
             if attention_mask is None:
                 out = jax.nn.dot_product_attention(q, k, v, is_causal=True,
                                                    implementation=cfg.attention_impl)
