@@ -5,11 +5,13 @@ Wall-clock timing of a small jitted function includes Python dispatch and the ho
 microseconds. :func:`device_time` runs the function under ``jax.profiler.trace``, reads the
 Chrome-format trace it writes (``*.trace.json.gz``) and returns, per call:
 
-* ``busy_ms``: the union of all kernel intervals on the device's streams (device busy time,
-  overlapping kernels counted once),
+* ``busy_ms``: the union of all kernel intervals on the device streams (device busy time,
+  overlapping kernels counted once; with several devices, the union over all of them),
 * ``span_ms``: first kernel start to last kernel end of one call (includes gaps between
   kernels, e.g. launch latency), median over calls,
-* ``kernels``: the top kernels by total time (name, ms per call, launches per call).
+* ``kernels``: the top kernels by total time (name, ms per call, launches per call) and
+  ``categories_ms`` (matmul / attention / collective / copy / other); both are summed over
+  devices (divide by the device count for per-device figures).
 
 Returns ``None`` where the trace has no device streams (CPU backend).
 

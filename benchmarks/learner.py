@@ -7,7 +7,7 @@ learner's jitted PPO/GRPO step (``Learner.train_minibatch``): chunked logprobs +
 hidden states, clipped policy loss, gradient accumulation over micro-batches, global-norm clip,
 AdamW. A second row times the forward-only logprob pass (old / reference logprobs).
 
-    python benchmarks/learner.py                       # GPU: 1.5B, T=4096, 1 device, 2 x 2 micro
+    python benchmarks/learner.py                       # GPU: 1.5B, T=4096, 1 device, 4 x 1 micro
     python benchmarks/learner.py --micro-batch 1 --grad-accum 4 --remat-policy dots
     python benchmarks/learner.py --devices 2 --scaling-mesh data   # scaling: same per-device
                                                        # batch, 1 vs N devices
@@ -61,11 +61,12 @@ def parse_args(argv=None):
     p.add_argument("--small", action="store_true", help="tiny model, T=256 (CPU smoke run)")
     p.add_argument("--seq", type=int, default=None, help="sequence length (default 4096; small 256)")
     p.add_argument("--micro-batch", type=int, default=None,
-                   help="sequences per micro-batch PER DEVICE (default 2; small 2)")
+                   help="sequences per micro-batch PER DEVICE (default 4; small 2)")
     p.add_argument("--grad-accum", type=int, default=None,
-                   help="micro-batches per optimiser step (default 2; small 4)")
+                   help="micro-batches per optimiser step (default 1; small 4)")
     p.add_argument("--remat-policy", choices=sorted(REMAT_POLICIES), default=None,
-                   help="default none (1.5B at T=4096 fits without remat: 44 GB); small dots")
+                   help="default none (1.5B, T=4096, 4 sequences fit without remat: 57 GB); "
+                        "small dots")
     p.add_argument("--attention", choices=["auto", "cudnn", "xla"], default="auto")
     p.add_argument("--dtype", choices=["bfloat16", "float32"], default=None,
                    help="compute dtype (default bfloat16; small float32 (bf16 is slow on CPU))")
@@ -155,9 +156,9 @@ def main(argv=None) -> dict:
     from agentrl_jax.sharding.rules import batch_sharding, state_shardings
 
     seq = args.seq or (256 if args.small else 4096)
-    micro = args.micro_batch or 2
+    micro = args.micro_batch or (2 if args.small else 4)
     if args.grad_accum is None:
-        args.grad_accum = 4 if args.small else 2
+        args.grad_accum = 4 if args.small else 1
     if args.remat_policy is None:
         args.remat_policy = "dots" if args.small else "none"
     steps = args.steps or (3 if args.small else 5)
