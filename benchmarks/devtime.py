@@ -87,7 +87,7 @@ def _union_length(intervals: list[tuple[float, float]]) -> float:
 _CATEGORIES = (
     ("collective", ("nccl", "all_reduce", "all-reduce", "allreduce", "reduce_scatter", "all_gather")),
     ("attention", ("cudnn", "fmha", "flash", "attention", "sdpa")),
-    ("matmul", ("gemm", "xmma", "cutlass", "cublas", "sm90_", "sm80_", "matmul", "dot")),
+    ("matmul", ("gemm", "xmma", "cutlass", "cublas", "nvjet", "sm90_", "sm80_", "matmul", "dot")),
     ("copy", ("memcpy", "memset", "copy")),
 )
 

@@ -1,0 +1,49 @@
+"""The profiler-trace parser behind the GPU device-time numbers (hand-built traces)."""
+
+from benchmarks.devtime import kernel_category, kernel_events, summarize
+
+
+def _trace(kernels, host=()):
+    """Chrome-trace events: a GPU process with one stream + an 'XLA Ops' summary line and a
+    host process."""
+    ev = [
+        {"ph": "M", "pid": 1, "name": "process_name", "args": {"name": "/device:GPU:0"}},
+        {"ph": "M", "pid": 1, "tid": 7, "name": "thread_name", "args": {"name": "Stream #7(Compute)"}},
+        {"ph": "M", "pid": 1, "tid": 9, "name": "thread_name", "args": {"name": "XLA Ops"}},
+        {"ph": "M", "pid": 2, "name": "process_name", "args": {"name": "/host:CPU"}},
+        {"ph": "M", "pid": 2, "tid": 1, "name": "thread_name", "args": {"name": "python3"}},
+    ]
+    for name, ts, dur in kernels:
+        ev.append({"ph": "X", "pid": 1, "tid": 7, "name": name, "ts": ts, "dur": dur})
+        ev.append({"ph": "X", "pid": 1, "tid": 9, "name": name, "ts": ts, "dur": dur})  # summary copy
+    for name, ts, dur in host:
+        ev.append({"ph": "X", "pid": 2, "tid": 1, "name": name, "ts": ts, "dur": dur})
+    return ev
+
+
+def test_union_busy_time_spans_and_top_kernels():
+    # two calls, 1000 us apart; in call 1 two kernels overlap by 5 us
+    kernels = [("gemm_a", 0.0, 10.0), ("fusion_b", 5.0, 10.0), ("fusion_b", 20.0, 4.0),
+               ("gemm_a", 1000.0, 10.0), ("fusion_b", 1012.0, 4.0)]
+    stats = summarize(_trace(kernels, host=[("PjitFunction", 0.0, 5000.0)]), calls=2)
+    # call 1: union [0, 15] + [20, 24] = 19 us; call 2: 10 + 4 = 14 us -> 16.5 us per call
+    assert abs(stats["busy_ms"] - 16.5e-3) < 1e-12
+    # spans: call 1 0..24 us, call 2 1000..1016 us -> median 20 us
+    assert abs(stats["span_ms"] - 20e-3) < 1e-12
+    assert stats["kernels_per_call"] == 2.5  # the 'XLA Ops' copies and host events not counted
+    top = {k["name"]: (k["ms"], k["launches"]) for k in stats["kernels"]}
+    assert top["gemm_a"] == (10e-3, 1.0) and abs(top["fusion_b"][0] - 9e-3) < 1e-12
+    assert abs(stats["categories_ms"]["matmul"] - 10e-3) < 1e-12
+
+
+def test_no_device_events_gives_none():
+    assert summarize(_trace([], host=[("x", 0.0, 1.0)]), calls=1) is None
+    assert kernel_events(_trace([], host=[("x", 0.0, 1.0)])) == []
+
+
+def test_kernel_categories():
+    assert kernel_category("ncclDevKernel_AllGather_RING_LL") == "collective"
+    assert kernel_category("cudnn_generated_fort_native_sdpa_sm90_flash_fprop") == "attention"
+    assert kernel_category("nvjet_sm90_tst_192x192_64x3_1x2_h_bz_coopB_NTN") == "matmul"  # cuBLAS
+    assert kernel_category("sm90_xmma_gemm_f32f32_tf32f32_f32_nt_n") == "matmul"
+    assert kernel_category("loop_add_fusion_61") == "other"
