@@ -6,8 +6,9 @@ Every variant computes the same thing as verl's ``compute_gae_advantage_return``
 ``m`` (all ``[B, T]`` float32, observation spans in the middle of each row), return
 ``whiten(A over m)`` and ``returns = A + V``. Variants:
 
-  loop           verl style: ``for t in reversed(range(T))`` over jax.numpy column ops,
-                 dispatched eagerly on the device (as verl does with torch)
+  torch_loop     verl's per-token loop in PyTorch on the same GPU (skipped without
+                 torch + CUDA); the "x vs loop" column uses it when present
+  loop           the same loop over jax.numpy column ops, dispatched eagerly
   scan           ``jax.lax.scan`` over time, jitted (inputs transposed to time-major
                  inside, as Tunix does)
   scan_tmajor    the same scan on inputs that are already time-major ``[T, B]``
@@ -113,6 +114,49 @@ def gae_python_loop(r, V, m, gamma: float, lam: float):
     return masked_whiten(A, m), returns
 
 
+def time_torch_loop(r_np, V_np, m_np, gamma: float, lam: float, repeats: int, device: str = "cuda"):
+    """verl's per-token GAE loop in PyTorch on the same GPU (the reference system's own
+    framework): ``for t in reversed(range(T))`` over CUDA column ops, then masked whitening.
+    Returns ``(timing dict, (whitened advantages, returns) as numpy)`` or raises ImportError /
+    RuntimeError without torch + CUDA."""
+    import torch
+
+    if device == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError("no CUDA device for torch")
+    dev = torch.device(device)
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+    r, V, m = (torch.from_numpy(x).to(dev) for x in (r_np, V_np, m_np))
+
+    def gae():
+        B, T = r.shape
+        nextvalues = torch.zeros(B, device=dev)
+        lastgaelam = torch.zeros(B, device=dev)
+        adv_rev = []
+        for t in reversed(range(T)):
+            delta = r[:, t] + gamma * nextvalues - V[:, t]
+            new_gae = delta + gamma * lam * lastgaelam
+            nextvalues = V[:, t] * m[:, t] + (1 - m[:, t]) * nextvalues
+            lastgaelam = new_gae * m[:, t] + (1 - m[:, t]) * lastgaelam
+            adv_rev.append(lastgaelam)
+        A = torch.stack(adv_rev[::-1], dim=1)
+        ret = A + V
+        n = m.sum()
+        mean = (A * m).sum() / n
+        var = (((A - mean) ** 2) * m).sum() / (n - 1)
+        return (A - mean) * torch.rsqrt(var + 1e-8) * m, ret * m
+
+    out = gae()
+    sync()
+    times = []
+    for _ in range(max(1, repeats)):
+        t0 = time.perf_counter()
+        out = gae()
+        sync()
+        times.append(time.perf_counter() - t0)
+    res = {"median_ms": statistics.median(times) * 1e3, "min_ms": min(times) * 1e3, "repeats": len(times)}
+    return res, tuple(o.cpu().numpy() for o in out)
+
+
 def make_jitted(method: str, gamma: float, lam: float, chunk: int = 64):
     def f(r, V, m):
         A = gae_advantages_raw(r, V, m, gamma=gamma, lam=lam, method=method, chunk=chunk)
@@ -197,8 +241,8 @@ def main(argv=None) -> dict:
     ap.add_argument("--lam", type=float, default=0.95)
     ap.add_argument(
         "--variants",
-        default="loop,scan,scan_tmajor,associative,blocked,pallas",
-        help="comma-separated subset of: loop,scan,scan_tmajor,associative,blocked,pallas",
+        default="torch_loop,loop,scan,scan_tmajor,associative,blocked,pallas",
+        help="comma-separated subset of: torch_loop,loop,scan,scan_tmajor,associative,blocked,pallas",
     )
     ap.add_argument("--pallas-precision", default="ieee", choices=["ieee", "tf32x3"])
     ap.add_argument(
@@ -306,6 +350,14 @@ def main(argv=None) -> dict:
             except Exception as e:
                 notes["pallas_lowering"] = f"Triton lowering FAILED: {type(e).__name__}: {e}"
             print(f"  {notes['pallas_lowering']}")
+    if "torch_loop" in variants:
+        try:
+            res, out = time_torch_loop(r_np, V_np, m_np, g, lam, max(args.loop_repeats, 3))
+            results["torch_loop"] = res
+            outputs["torch_loop"] = out
+            print(f"  {'torch_loop':28s} median {res['median_ms']:10.3f} ms", flush=True)
+        except (ImportError, RuntimeError) as e:
+            notes["torch_loop"] = f"skipped: {type(e).__name__}: {e}"
     if "loop" in variants:
         run("loop", lambda a, b, c: gae_python_loop(a, b, c, g, lam), (r, V, m), args.loop_repeats, pipelined=False)
 
@@ -317,9 +369,9 @@ def main(argv=None) -> dict:
         results[name]["max_abs_err_adv"] = float(np.max(np.abs((out[0] - ref[0]) * m_np)))
         results[name]["max_abs_err_ret"] = float(np.max(np.abs((out[1] - ref[1]) * m_np)))
 
-    loop_ms = results.get("loop", {}).get("median_ms")
+    loop_ms = results.get("torch_loop", results.get("loop", {})).get("median_ms")
     scan_ms = results.get("scan", {}).get("median_ms")
-    fixed = ("loop", "scan", "scan_tmajor", "associative", "blocked", "pallas")
+    fixed = ("torch_loop", "loop", "scan", "scan_tmajor", "associative", "blocked", "pallas")
     order = [v for v in fixed if v in results] + sorted(v for v in results if v not in fixed)
     print()
     hdr = (
