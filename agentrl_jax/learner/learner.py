@@ -19,6 +19,27 @@ reference logprobs (``kl_coef > 0``) and values (critic) in forward-only passes;
 penalty; advantages (``agentrl_jax.algorithms.compute_advantages``); then ``epochs`` x
 ``mini_batches`` jitted optimiser steps, each accumulating gradients over ``n_micro``
 micro-batches. Returns a flat ``dict[str, float]`` of metrics.
+
+Multi-process runs (``jax.distributed.initialize()``; the mesh spans every process's
+devices): batches are placed with ``agentrl_jax.sharding.placement`` and results read back
+with a cross-process gather, so every batch-consuming method works in any number of
+processes. Two ways to pass a batch (the ``process_local`` argument):
+
+- ``process_local=False`` (default): every process passes the same global batch.
+- ``process_local=True``: each process passes only its own rows. Row counts and lengths may
+  differ between processes (each is padded with zero-mask rows / columns to the largest,
+  agreed with ``agree_max``); losses are normalised by the global token count, so the update
+  equals the one on the concatenated batch (up to which rows share a mini-batch when
+  ``mini_batches > 1``: each mini-batch takes an equal share of every process's rows).
+  Group advantages (GRPO / RLOO / ...) are computed over the global batch, in jit; the caller
+  must keep all samples of a group on one process and give groups globally unique ids
+  (checked: an id seen on two processes raises ``ValueError`` on every process). The batch
+  sharding must give each process distinct rows (a ``tensor`` axis must not span processes).
+  Per-row outputs (``compute_logprobs`` / ``compute_values``) are this process's rows; the
+  metrics of ``update`` describe the global batch.
+
+Every method that takes a batch is a collective in a multi-process run: all processes must
+call it in the same order.
 """
 
 from __future__ import annotations
@@ -44,7 +65,12 @@ from agentrl_jax.learner.optim import make_optimizer, optimizer_step_count
 from agentrl_jax.learner.train_step import make_train_step, minibatch_sharding
 from agentrl_jax.models.config import ModelConfig
 from agentrl_jax.models.llama import CausalLM
+from agentrl_jax.sharding.activations import activation_mesh
 from agentrl_jax.sharding.mesh import mesh_from_config
+from agentrl_jax.sharding.placement import (agree_max, allgather_rows,
+                                            check_process_local_layout, place_global,
+                                            place_process_local, process_rows, to_host,
+                                            to_host_tree)
 from agentrl_jax.sharding.rules import BATCH_AXES, batch_sharding, state_shardings
 
 Batch = Mapping[str, Any]
@@ -72,14 +98,21 @@ def _copy_tree(tree, dtype=None):
 
 
 def _as_np(x, dtype) -> np.ndarray:
-    return np.asarray(jax.device_get(x)).astype(dtype, copy=False)
+    return to_host(x).astype(dtype, copy=False)
+
+
+def _local_mode(process_local: bool) -> bool:
+    """Whether batches hold only this process's rows (``process_local`` with > 1 process;
+    with one process the local rows are the global batch)."""
+    return bool(process_local) and jax.process_count() > 1
 
 
 class Learner:
     """Holds and updates the policy (and critic / reference); see the module docstring.
 
     Args:
-      model: the initial policy (get the current one from ``policy_model()``).
+      model: the initial policy (get the current one from ``policy_model()``). In a
+        multi-process run every process passes the same model (same parameter values).
       config: ``LearnerConfig`` or a dict of its fields.
       mesh: device mesh (default: ``mesh_from_config(config.mesh)`` over all devices).
       reference: frozen reference policy for the KL term (default: a copy of ``model``).
@@ -173,10 +206,11 @@ class Learner:
             bs = batch_sharding(mesh, 2)
 
             def fn(params, tokens, attention_mask):
-                lp, ent = token_logprobs(graphdef, params, tokens, attention_mask,
-                                         chunk_size=cfg.logprob_chunk_size,
-                                         temperature=cfg.temperature, with_entropy=True,
-                                         use_attention_mask=cfg.use_attention_mask)
+                with activation_mesh(mesh):
+                    lp, ent = token_logprobs(graphdef, params, tokens, attention_mask,
+                                             chunk_size=cfg.logprob_chunk_size,
+                                             temperature=cfg.temperature, with_entropy=True,
+                                             use_attention_mask=cfg.use_attention_mask)
                 return lp, ent
             return jax.jit(fn, in_shardings=(shardings, bs, bs), out_shardings=(bs, bs))
         return _cached(key, build)
@@ -188,7 +222,12 @@ class Learner:
             bs = batch_sharding(self.mesh, 2)
             fn = functools.partial(values_fn, self.critic_graphdef,
                                    use_attention_mask=self.config.use_attention_mask)
-            return jax.jit(lambda p, t, a: fn(p, t, a), in_shardings=(self.critic_shardings, bs, bs),
+            mesh = self.mesh
+
+            def traced(p, t, a):
+                with activation_mesh(mesh):
+                    return fn(p, t, a)
+            return jax.jit(traced, in_shardings=(self.critic_shardings, bs, bs),
                            out_shardings=bs)
         return _cached(key, build)
 
@@ -204,7 +243,9 @@ class Learner:
 
     # ------------------------------------------------------------------ padding
     def padded_shape(self, batch_size: int, seq_len: int) -> tuple[int, int]:
-        """``(B_pad, T_pad)`` that ``update`` uses for a ``[batch_size, seq_len]`` batch."""
+        """``(B_pad, T_pad)`` that ``update`` uses for a ``[batch_size, seq_len]`` batch
+        (global sizes: with process-local batches, ``batch_size`` is the number of processes
+        times the largest per-process row count, and each process holds ``B_pad / P`` rows)."""
         cfg = self.config
         per_mini = -(-batch_size // cfg.mini_batches)
         n_micro = -(-per_mini // cfg.micro_batch_size)
@@ -227,8 +268,58 @@ class Learner:
                 "attention_mask is not right-padded (real tokens must form a prefix of each row); "
                 "set LearnerConfig.use_attention_mask=True for arbitrary masks (slower)")
 
-    def _pad(self, batch: Batch, rows: int, cols: int) -> dict[str, np.ndarray]:
-        """Host arrays padded to ``[rows, cols]`` (zeros; fresh group ids on pad rows)."""
+    def _check_update_batch(self, batch: Batch, local: bool) -> None:
+        """Required keys and ``_check``. With process-local batches every process learns of
+        any process's failure (and raises), so none is left waiting in a collective."""
+        err: Exception | None = None
+        try:
+            for k in _REQUIRED:
+                if k not in batch and not (k in ("group_id", "reward") and "advantages" in batch):
+                    raise KeyError(f"batch lacks {k!r}")
+            self._check(batch)
+        except (KeyError, ValueError) as e:
+            err = e
+        if local and agree_max(int(err is not None)):
+            raise err or ValueError("the batch of another process failed validation")
+        if err is not None:
+            raise err
+
+    def _require_process_local_layout(self) -> int:
+        """Process-local batches: the number of processes ``P``; raises unless the batch
+        sharding gives every process distinct rows and ``P`` divides the row counts."""
+        n_proc = jax.process_count()
+        for name, n in (("micro_batch_size", self.config.micro_batch_size),
+                        ("logprob_batch_size", self.logprob_batch_size)):
+            if n % n_proc:
+                raise ValueError(f"process_local=True: {name}={n} must be a multiple of the "
+                                 f"number of processes {n_proc}")
+        check_process_local_layout(batch_sharding(self.mesh, 2), (self.batch_shards, 1))
+        return n_proc
+
+    def _agree_groups(self, group_id, rows_local: int) -> int:
+        """Process-local batches: raise (on every process) if a group id occurs on two
+        processes; return the first group id of this process's pad rows (globally unique)."""
+        ids = np.unique(np.asarray(group_id).astype(np.int64))
+        width = agree_max(ids.size)
+        row = np.zeros((1, width + 1), np.int32)  # [count, ids..., 0 padding]
+        row[0, 0] = ids.size
+        row[0, 1:1 + ids.size] = ids
+        table = allgather_rows(row)  # [P, width + 1]
+        per_proc = [r[1:1 + r[0]] for r in table]
+        seen = np.concatenate(per_proc)
+        uniq, counts = np.unique(seen, return_counts=True)
+        if np.any(counts > 1):
+            raise ValueError(
+                f"process_local=True: group ids {uniq[counts > 1][:8].tolist()} occur on more "
+                "than one process; keep all samples of a group on one process and give groups "
+                "globally unique ids (e.g. offset them by process_index * groups_per_process)")
+        first = int(seen.max()) + 1 if seen.size else 0
+        return first + jax.process_index() * rows_local
+
+    def _pad(self, batch: Batch, rows: int, cols: int,
+             first_pad_group: int | None = None) -> dict[str, np.ndarray]:
+        """Host arrays padded to ``[rows, cols]`` (zeros; fresh group ids on pad rows, from
+        ``first_pad_group`` or else the batch's largest id + 1)."""
         b, t = np.asarray(batch["tokens"]).shape
         if cols < t:
             raise ValueError(f"batch length {t} exceeds padded length {cols}")
@@ -250,46 +341,65 @@ class Learner:
             out["reward"] = r
         if "group_id" in batch:
             g = np.asarray(batch["group_id"]).astype(np.int64)
-            fresh = (g.max() + 1 if b else 0) + np.arange(rows - b)
+            start = first_pad_group if first_pad_group is not None else (g.max() + 1 if b else 0)
+            fresh = start + np.arange(rows - b)
             out["group_id"] = np.concatenate([g, fresh]).astype(np.int32)
         return out
 
     # ------------------------------------------------------------------ forward passes
-    def _forward_rows(self, fn, params, tokens: np.ndarray, attention_mask: np.ndarray):
-        """Run ``fn(params, tokens, mask)`` over row chunks of ``logprob_batch_size``."""
+    def _forward_rows(self, fn, params, tokens: np.ndarray, attention_mask: np.ndarray,
+                      local: bool = False):
+        """Run ``fn(params, tokens, mask)`` over row chunks of ``logprob_batch_size``.
+
+        ``local``: ``tokens`` are this process's rows (the same count on every process);
+        each chunk takes ``logprob_batch_size / P`` of them from every process, and the
+        outputs are this process's rows."""
         n = self.logprob_batch_size
+        step = n // self._require_process_local_layout() if local else n
         b = tokens.shape[0]
-        rows = -(-b // n) * n
+        rows = -(-b // step) * step
         if rows != b:
             tokens = np.pad(tokens, ((0, rows - b), (0, 0)))
             attention_mask = np.pad(attention_mask, ((0, rows - b), (0, 0)))
         bs = batch_sharding(self.mesh, 2)
         outs = []
-        for s in range(0, rows, n):
-            t = jax.device_put(tokens[s:s + n], bs)
-            a = jax.device_put(attention_mask[s:s + n], bs)
+        for s in range(0, rows, step):
+            if local:
+                shape = (n, tokens.shape[1])
+                t = place_process_local(tokens[s:s + step], bs, shape)
+                a = place_process_local(attention_mask[s:s + step], bs, shape)
+            else:
+                t = place_global(tokens[s:s + n], bs)
+                a = place_global(attention_mask[s:s + n], bs)
             outs.append(fn(params, t, a))
-        outs = jax.device_get(outs)
+        outs = jax.tree.map(process_rows, outs) if local else to_host_tree(outs)
         if isinstance(outs[0], tuple):
             return tuple(np.concatenate([o[i] for o in outs])[:b] for i in range(len(outs[0])))
         return np.concatenate(outs)[:b]
 
-    def _prepared_forward(self, batch: Batch, run) -> Any:
+    def _prepared_forward(self, batch: Batch, run, local: bool = False) -> Any:
         tokens = np.asarray(batch["tokens"])
         b, t = tokens.shape
         am = np.asarray(batch.get("attention_mask", np.ones_like(tokens)))
-        cols = bucket_length(t, self.config)
-        tp = np.zeros((b, cols), np.int32)
-        tp[:, :t] = tokens
-        ap = np.zeros((b, cols), np.int32)
-        ap[:, :t] = am
+        # process-local rows: every process runs the same number of chunks of the same shape
+        rows, width = (agree_max(b), agree_max(t)) if local else (b, t)
+        cols = bucket_length(width, self.config)
+        tp = np.zeros((rows, cols), np.int32)
+        tp[:b, :t] = tokens
+        ap = np.zeros((rows, cols), np.int32)
+        ap[:b, :t] = am
         out = run(tp, ap)
-        return tuple(o[:, :t] for o in out) if isinstance(out, tuple) else out[:, :t]
+        return tuple(o[:b, :t] for o in out) if isinstance(out, tuple) else out[:b, :t]
 
-    def compute_logprobs(self, batch: Batch, which: str = "policy", with_entropy: bool = False):
+    def compute_logprobs(self, batch: Batch, which: str = "policy", with_entropy: bool = False,
+                         process_local: bool = False):
         """Token-aligned ``logprobs [B, T]`` float32 NumPy (``(logprobs, entropy)`` with
         ``with_entropy``) of ``batch["tokens"]`` under the current policy (``which="policy"``)
-        or the frozen reference (``"reference"``). See ``logprobs.py`` for the alignment."""
+        or the frozen reference (``"reference"``). See ``logprobs.py`` for the alignment.
+
+        ``process_local``: ``batch`` holds this process's rows only (any count and length)
+        and the result is for those rows; otherwise every process passes the same batch and
+        gets the whole result."""
         if which == "policy":
             params = self.params
         elif which == "reference":
@@ -298,33 +408,71 @@ class Learner:
             params = self.ref_params
         else:
             raise ValueError(f"which must be 'policy' or 'reference', got {which!r}")
+        local = _local_mode(process_local)
         fn = self._logprob_fn(str(jax.tree.leaves(params)[0].dtype))
         lp, ent = self._prepared_forward(
-            batch, lambda t, a: self._forward_rows(fn, params, t, a))
+            batch, lambda t, a: self._forward_rows(fn, params, t, a, local), local)
         return (lp, ent) if with_entropy else lp
 
-    def compute_values(self, batch: Batch) -> np.ndarray:
-        """Token-aligned critic values ``[B, T]`` (``values[:, t] = V(tokens[:, :t])``)."""
+    def compute_values(self, batch: Batch, process_local: bool = False) -> np.ndarray:
+        """Token-aligned critic values ``[B, T]`` (``values[:, t] = V(tokens[:, :t])``);
+        ``process_local`` as in ``compute_logprobs``."""
         if self.critic_params is None:
             raise ValueError("this learner has no critic")
+        local = _local_mode(process_local)
         fn = self._value_fn()
         return self._prepared_forward(
-            batch, lambda t, a: self._forward_rows(fn, self.critic_params, t, a))
+            batch, lambda t, a: self._forward_rows(fn, self.critic_params, t, a, local), local)
+
+    def _advantages_global(self, hb: dict[str, np.ndarray], values, token_rewards):
+        """Process-local rows: advantages / returns of this process's rows, computed in jit
+        over the global batch (group statistics and whitening span every process)."""
+        cfg, mesh = self.config, self.mesh
+        args = {"rewards": hb["reward"], "loss_mask": hb["loss_mask"],
+                "group_ids": hb["group_id"]}
+        if values is not None:
+            args["values"] = values
+        if token_rewards is not None:
+            args["token_rewards"] = token_rewards
+        key = ("advantages", mesh, self._cfg_key, tuple(sorted(args)))
+
+        def build():  # closes over locals only
+            def fn(a):
+                return compute_advantages(cfg.advantage_estimator, **a, gamma=cfg.gamma,
+                                          lam=cfg.lam, **cfg.advantage_kwargs)
+            return jax.jit(fn, out_shardings=batch_sharding(mesh, 2))
+        placed = {k: place_process_local(np.asarray(v), batch_sharding(mesh, np.ndim(v)))
+                  for k, v in args.items()}
+        out = _cached(key, build)(placed)
+        return (process_rows(out.advantages).astype(np.float32, copy=False),
+                process_rows(out.returns).astype(np.float32, copy=False))
 
     # ------------------------------------------------------------------ update
-    def update(self, batch: Batch, log: bool = True) -> dict[str, float]:
-        """One RL update from a rollout batch; returns metrics (also written to the log)."""
+    def update(self, batch: Batch, log: bool = True, process_local: bool = False
+               ) -> dict[str, float]:
+        """One RL update from a rollout batch; returns metrics (also written to the log).
+
+        ``process_local``: ``batch`` holds only this process's rows (see the module
+        docstring: group ids globally unique, each group on one process); the metrics
+        describe the global batch. Default: every process passes the same global batch."""
         cfg = self.config
-        for k in _REQUIRED:
-            if k not in batch and not (k in ("group_id", "reward") and "advantages" in batch):
-                raise KeyError(f"batch lacks {k!r}")
-        self._check(batch)
+        local = _local_mode(process_local)
+        self._check_update_batch(batch, local)
         t_start = time.perf_counter()
         b, t = np.asarray(batch["tokens"]).shape
-        rows, cols = self.padded_shape(b, t)
-        hb = self._pad(batch, rows, cols)
+        n_proc = self._require_process_local_layout() if local else 1
+        if local:
+            t_all = agree_max(t)
+            rows, cols = self.padded_shape(agree_max(b) * n_proc, t_all)
+        else:
+            t_all = t
+            rows, cols = self.padded_shape(b, t)
+        rows_local = rows // n_proc  # this process's padded rows (all of them: rows)
+        first_pad_group = None
+        if local and "group_id" in batch and "advantages" not in batch:
+            first_pad_group = self._agree_groups(batch["group_id"], rows_local)
+        hb = self._pad(batch, rows_local, cols, first_pad_group)
         m = hb["loss_mask"]
-        metrics: dict[str, float] = {}
 
         # --- forward-only passes (old / reference logprobs, values)
         t0 = time.perf_counter()
@@ -332,36 +480,33 @@ class Learner:
         if need_old:
             old_lp, _ = self._forward_rows(
                 self._logprob_fn(str(jax.tree.leaves(self.params)[0].dtype)), self.params,
-                hb["tokens"], hb["attention_mask"])
+                hb["tokens"], hb["attention_mask"], local)
         else:
             old_lp = hb["rollout_logprobs"]
-        if "rollout_logprobs" in hb and need_old:
-            diff = (hb["rollout_logprobs"] - old_lp)[m > 0]
-            if diff.size:
-                metrics["rollout/logprob_abs_diff_mean"] = float(np.abs(diff).mean())
-                metrics["rollout/logprob_abs_diff_max"] = float(np.abs(diff).max())
         ref_lp = None
         if self.ref_params is not None:
             ref_lp, _ = self._forward_rows(
                 self._logprob_fn(cfg.reference_dtype), self.ref_params, hb["tokens"],
-                hb["attention_mask"])
+                hb["attention_mask"], local)
         values = None
         if self.critic_params is not None:
             values = self._forward_rows(self._value_fn(), self.critic_params, hb["tokens"],
-                                        hb["attention_mask"])
+                                        hb["attention_mask"], local)
         t_forward = time.perf_counter() - t0
 
         # --- rewards and advantages
         token_rewards = hb.get("token_rewards")
+        kl_tok = None
         if ref_lp is not None:
             kl_tok = np.asarray(kl_estimate(old_lp, ref_lp, cfg.kl_estimator))
-            metrics["actor/ref_kl"] = float((kl_tok * m).sum() / max(m.sum(), 1.0))
             if cfg.kl_in_reward:
                 base = token_rewards if token_rewards is not None else np.zeros_like(m)
                 token_rewards = base - cfg.kl_coef * kl_tok * m
         if "advantages" in hb:
             adv = hb["advantages"]
             ret = hb.get("returns", adv)
+        elif local:
+            adv, ret = self._advantages_global(hb, values, token_rewards)
         else:
             out = compute_advantages(
                 cfg.advantage_estimator, rewards=hb["reward"], loss_mask=m,
@@ -381,30 +526,77 @@ class Learner:
         train_policy = self.update_step >= cfg.critic_warmup_steps or values is None
         step_fn = self._train_step(keys, train_policy, values is not None)
 
-        # --- epochs x mini-batches of jitted optimiser steps
-        per_mini = rows // cfg.mini_batches
-        n_micro = per_mini // cfg.micro_batch_size
+        # --- epochs x mini-batches of jitted optimiser steps (with process-local rows, each
+        # mini-batch takes rows_local / mini_batches rows of every process)
+        per_mini = rows_local // cfg.mini_batches
+        n_micro = rows // cfg.mini_batches // cfg.micro_batch_size
+        micro = cfg.micro_batch_size // n_proc
         mb_sh = minibatch_sharding(self.mesh)
         rng = np.random.default_rng([cfg.seed, self.update_step])
         step_metrics = []
         lr_before = float(self.schedule(optimizer_step_count(self.opt_state) or 0))
         t0 = time.perf_counter()
         for _ in range(cfg.epochs):
-            order = rng.permutation(rows) if cfg.shuffle else np.arange(rows)
+            order = rng.permutation(rows_local) if cfg.shuffle else np.arange(rows_local)
             for k in range(cfg.mini_batches):
                 idx = order[k * per_mini:(k + 1) * per_mini]
-                mb = {name: jax.device_put(
-                    arr[idx].reshape(n_micro, cfg.micro_batch_size, *arr.shape[1:]), mb_sh)
-                    for name, arr in mb_data.items()}
+                mb = {}
+                for name, arr in mb_data.items():
+                    x = arr[idx].reshape(n_micro, micro, *arr.shape[1:])
+                    mb[name] = (place_process_local(
+                        x, mb_sh, (n_micro, cfg.micro_batch_size, *arr.shape[1:]))
+                        if local else place_global(x, mb_sh))
                 (self.params, self.opt_state, self.critic_params, self.critic_opt_state,
                  sm) = step_fn(self.params, self.opt_state, self.critic_params,
                                self.critic_opt_state, mb)
                 step_metrics.append(sm)
-        step_metrics = jax.device_get(step_metrics)
+        step_metrics = to_host_tree(step_metrics)
         t_train = time.perf_counter() - t0
         self.update_step += 1
 
+        # --- host views of the batch for metrics: the global batch's real rows [b_all, t_all]
+        diff_arrays = "rollout_logprobs" in hb and need_old
+        if local:
+            view = {"loss_mask": m, "attention_mask": hb["attention_mask"], "advantages": adv,
+                    "returns": ret, "real_row": np.arange(rows_local) < b}
+            for name, arr in (("reward", hb.get("reward")), ("values", values),
+                              ("kl", kl_tok), ("old_logprobs", old_lp if diff_arrays else None),
+                              ("rollout_logprobs", hb["rollout_logprobs"] if diff_arrays else None)):
+                if arr is not None:
+                    view[name] = np.asarray(arr)
+            view = allgather_rows(view)
+            sel = view["real_row"]
+            real = view["loss_mask"][sel, :t_all] != 0
+            seq_real = view["attention_mask"][sel, :t_all] != 0
+            mask_all, am_all = view["loss_mask"], view["attention_mask"]
+            adv_r, ret_r = view["advantages"][sel, :t_all], view["returns"][sel, :t_all]
+            val_r = view["values"][sel, :t_all] if values is not None else None
+            rew_r = view["reward"][sel] if "reward" in view else None
+            kl_all = view.get("kl")
+            if diff_arrays:
+                rollout_all, old_all = view["rollout_logprobs"], view["old_logprobs"]
+            b_all = int(sel.sum())
+        else:
+            real = np.asarray(batch["loss_mask"]) != 0
+            seq_real = np.asarray(batch["attention_mask"]) != 0
+            mask_all, am_all = m, hb["attention_mask"]
+            adv_r, ret_r = adv[:b, :t], ret[:b, :t]
+            val_r = values[:b, :t] if values is not None else None
+            rew_r = np.asarray(hb["reward"])[:b] if "reward" in hb else None
+            kl_all = kl_tok
+            if diff_arrays:
+                rollout_all, old_all = hb["rollout_logprobs"], old_lp
+            b_all = b
+
         # --- metrics
+        metrics: dict[str, float] = {}
+        if diff_arrays:
+            diff = (rollout_all - old_all)[mask_all > 0]
+            if diff.size:
+                metrics["rollout/logprob_abs_diff_mean"] = float(np.abs(diff).mean())
+                metrics["rollout/logprob_abs_diff_max"] = float(np.abs(diff).max())
+        if kl_all is not None:
+            metrics["actor/ref_kl"] = float((kl_all * mask_all).sum() / max(mask_all.sum(), 1.0))
         for name in step_metrics[0]:
             vals = np.array([s[name] for s in step_metrics], np.float64)
             if name.endswith("_max"):
@@ -417,26 +609,23 @@ class Learner:
         if self.critic_params is not None:
             metrics["critic/lr"] = float(self.critic_schedule(
                 optimizer_step_count(self.critic_opt_state) or 0))
-        real = np.asarray(batch["loss_mask"]) != 0
-        metrics.update(batch_stats("reward", np.asarray(hb["reward"])[:b]) if "reward" in hb else {})
-        metrics.update(batch_stats("advantages", adv[:b, :t], real))
-        metrics.update(batch_stats("returns", ret[:b, :t], real))
-        if values is not None:
-            metrics.update(batch_stats("critic/values", values[:b, :t], real))
-            r, v = ret[:b, :t][real], values[:b, :t][real]
+        metrics.update(batch_stats("reward", rew_r) if rew_r is not None else {})
+        metrics.update(batch_stats("advantages", adv_r, real))
+        metrics.update(batch_stats("returns", ret_r, real))
+        if val_r is not None:
+            metrics.update(batch_stats("critic/values", val_r, real))
+            r, v = ret_r[real], val_r[real]
             if r.size > 1 and np.var(r) > 0:
                 metrics["critic/explained_variance"] = float(1.0 - np.var(r - v) / np.var(r))
         metrics.update(batch_stats("response_length", real.sum(-1)))
-        metrics.update(batch_stats("sequence_length",
-                                   (np.asarray(batch["attention_mask"]) != 0).sum(-1)))
-        metrics["batch/rows"] = float(b)
+        metrics.update(batch_stats("sequence_length", seq_real.sum(-1)))
+        metrics["batch/rows"] = float(b_all)
         metrics["batch/padded_rows"] = float(rows)
         metrics["batch/padded_length"] = float(cols)
         metrics["batch/generated_tokens"] = float(real.sum())
         passes = cfg.epochs * (int(train_policy) + int(values is not None))
         metrics.update(self.throughput(tokens=rows * cols, seq_len=cols, seconds=t_train,
-                                       passes=passes,
-                                       real_tokens=int((hb["attention_mask"] != 0).sum())))
+                                       passes=passes, real_tokens=int((am_all != 0).sum())))
         metrics["perf/forward_time_s"] = t_forward
         metrics["perf/update_time_s"] = time.perf_counter() - t_start
         metrics["learner/update_step"] = float(self.update_step)
@@ -446,21 +635,35 @@ class Learner:
         return metrics
 
     def train_minibatch(self, minibatch: Mapping[str, Any], train_policy: bool = True,
-                        train_critic: bool | None = None) -> dict[str, jax.Array]:
+                        train_critic: bool | None = None, process_local: bool = False
+                        ) -> dict[str, jax.Array]:
         """One optimiser step on a prepared mini-batch (no padding, advantages or shuffling).
 
         ``minibatch``: arrays ``[n_micro, micro_batch_size, T]`` with the keys listed in
-        ``train_step.py`` (host arrays or arrays already placed with
-        ``minibatch_sharding(self.mesh)``). Returns the step's metrics as device scalars
-        (not synchronised: call ``jax.block_until_ready`` to time it). For benchmarks and
-        custom training loops; ``update`` is the normal entry point.
+        ``train_step.py`` (host arrays or global arrays already placed with
+        ``minibatch_sharding(self.mesh)``). ``process_local``: host arrays are this
+        process's ``[n_micro, micro_batch_size / P, T]`` share of every micro-batch. Returns
+        the step's metrics as (replicated) device scalars (not synchronised: call
+        ``jax.block_until_ready`` to time it). For benchmarks and custom training loops;
+        ``update`` is the normal entry point.
         """
         if train_critic is None:
             train_critic = self.critic_params is not None
+        local = _local_mode(process_local)
+        n_proc = self._require_process_local_layout() if local else 1
         keys = tuple(sorted(minibatch))
         step_fn = self._train_step(keys, train_policy, train_critic)
         sh = minibatch_sharding(self.mesh)
-        mb = {k: jax.device_put(v, sh) for k, v in minibatch.items()}
+        mb = {}
+        for k, v in minibatch.items():
+            if isinstance(v, jax.Array) and not (local and v.is_fully_addressable):
+                mb[k] = jax.device_put(v, sh)  # a global array already: reshard if needed
+            elif local:
+                v = np.asarray(v)
+                mb[k] = place_process_local(v, sh, (v.shape[0], v.shape[1] * n_proc,
+                                                    *v.shape[2:]))
+            else:
+                mb[k] = place_global(np.asarray(v), sh)
         (self.params, self.opt_state, self.critic_params, self.critic_opt_state,
          metrics) = step_fn(self.params, self.opt_state, self.critic_params,
                             self.critic_opt_state, mb)

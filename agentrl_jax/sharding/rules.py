@@ -12,8 +12,11 @@ import re
 from typing import Any, Sequence
 
 import jax
+import numpy as np
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+from agentrl_jax.sharding.placement import place_global, place_process_local
 
 log = logging.getLogger(__name__)
 
@@ -110,9 +113,20 @@ def batch_sharding(mesh: Mesh, ndim: int = 2) -> NamedSharding:
     return NamedSharding(mesh, P(BATCH_AXES, *([None] * (ndim - 1))))
 
 
-def shard_batch(batch: Any, mesh: Mesh) -> Any:
-    """``device_put`` every array of a pytree with its leading axis over ``data`` x ``fsdp``."""
-    return jax.tree.map(lambda x: jax.device_put(x, batch_sharding(mesh, max(x.ndim, 1))), batch)
+def shard_batch(batch: Any, mesh: Mesh, process_local: bool = False) -> Any:
+    """Place every array of a pytree with its leading axis over ``data`` x ``fsdp``.
+
+    Host arrays ``[B, ...]``: the same global batch on every process (default), or, with
+    ``process_local``, this process's ``[B / num_processes, ...]`` rows (see
+    ``agentrl_jax.sharding.placement``). ``jax.Array`` leaves are resharded as they are.
+    """
+    def place(x):
+        if isinstance(x, jax.Array):
+            return jax.device_put(x, batch_sharding(mesh, max(x.ndim, 1)))
+        x = np.asarray(x)
+        sharding = batch_sharding(mesh, max(x.ndim, 1))
+        return place_process_local(x, sharding) if process_local else place_global(x, sharding)
+    return jax.tree.map(place, batch)
 
 
 def replicated(mesh: Mesh) -> NamedSharding:
