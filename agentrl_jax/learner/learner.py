@@ -559,11 +559,10 @@ class Learner:
         if local:
             view = {"loss_mask": m, "attention_mask": hb["attention_mask"], "advantages": adv,
                     "returns": ret, "real_row": np.arange(rows_local) < b}
-            for name, arr in (("reward", hb.get("reward")), ("values", values),
-                              ("kl", kl_tok), ("old_logprobs", old_lp if diff_arrays else None),
-                              ("rollout_logprobs", hb["rollout_logprobs"] if diff_arrays else None)):
-                if arr is not None:
-                    view[name] = np.asarray(arr)
+            extra = {"reward": hb.get("reward"), "values": values, "kl": kl_tok}
+            if diff_arrays:
+                extra.update(old_logprobs=old_lp, rollout_logprobs=hb["rollout_logprobs"])
+            view.update({name: np.asarray(arr) for name, arr in extra.items() if arr is not None})
             view = allgather_rows(view)
             sel = view["real_row"]
             real = view["loss_mask"][sel, :t_all] != 0

@@ -145,5 +145,5 @@ def agree_max(value: int) -> int:
     return int(np.max(gathered))
 
 
-__all__ = ["place_global", "place_process_local", "check_process_local_layout", "process_rows", "to_host", "to_host_tree",
-           "allgather_rows", "agree_max"]
+__all__ = ["place_global", "place_process_local", "check_process_local_layout", "process_rows",
+           "to_host", "to_host_tree", "allgather_rows", "agree_max"]
