@@ -38,7 +38,7 @@ LOSS_KEYS = ("actor/pg_loss", "actor/kl_loss", "actor/entropy", "actor/total_los
              "response_length/mean", "sequence_length/max", "batch/rows",
              "batch/padded_rows", "batch/padded_length", "batch/generated_tokens")
 ROWS, LENGTH, GROUP = 12, 40, 3  # 4 groups of 3; process p holds rows [6p, 6p + 6)
-WORKER_TIMEOUT_S = 100
+WORKER_TIMEOUT_S = 300  # ~60 s alone on 2 cores; the margin is for a loaded machine (hangs only)
 
 
 def tiny_model():
