@@ -144,6 +144,10 @@ def _accumulate_grads(loss_fn, params, param_shardings, minibatch, denom, token_
     it saves a full read of the f32 weights and write of the cast copy per micro-batch."""
     grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
     compute_params = cast_params(params, compute_dtype)
+    if param_shardings is not None:
+        # keep the cast copy sharded like the master weights, so that FSDP all-gathers move
+        # compute-dtype bytes (without this XLA may gather the f32 weights and cast after)
+        compute_params = jax.lax.with_sharding_constraint(compute_params, param_shardings)
     zeros = jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), params)
     if param_shardings is not None:
         zeros = jax.lax.with_sharding_constraint(zeros, param_shardings)

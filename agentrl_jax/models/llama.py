@@ -31,7 +31,7 @@ from flax import nnx
 
 from agentrl_jax.models.config import ModelConfig
 from agentrl_jax.models.rope import apply_rope, inverse_frequencies, rope_cos_sin
-from agentrl_jax.sharding.activations import constrain_attention_inputs
+from agentrl_jax.sharding.activations import constrain_attention_inputs, constrain_batch_sharded
 
 
 @flax.struct.dataclass
@@ -139,7 +139,9 @@ class MLP(nnx.Module):
         self.down_proj = _linear(cfg, cfg.intermediate_size, cfg.hidden_size, False, rngs)
 
     def __call__(self, x: jax.Array) -> jax.Array:
-        return self.down_proj(jax.nn.silu(self.gate_proj(x)) * self.up_proj(x))
+        h = constrain_batch_sharded(jax.nn.silu(self.gate_proj(x)) * self.up_proj(x),
+                                    tensor_last=True)
+        return self.down_proj(h)
 
 
 class DecoderLayer(nnx.Module):
@@ -151,10 +153,11 @@ class DecoderLayer(nnx.Module):
         self.mlp = MLP(cfg, rngs)
 
     def __call__(self, x, cos, sin, positions, attention_mask, cache_kv):
+        x = constrain_batch_sharded(x)
         attn_out, new_cache = self.attn(self.input_norm(x), cos, sin, positions, attention_mask,
                                         cache_kv)
-        x = x + attn_out
-        x = x + self.mlp(self.post_attn_norm(x))
+        x = constrain_batch_sharded(x + attn_out)
+        x = constrain_batch_sharded(x + self.mlp(self.post_attn_norm(x)))
         return x, new_cache
 
 
