@@ -36,7 +36,13 @@ def main(argv: list[str]) -> int:
         raise app.UsageError("--config experiments/<name>.py is required")
     if _DISTRIBUTED.value:
         import jax
-        jax.distributed.initialize()
+
+        # The coordinator comes from JAX_COORDINATOR_ADDRESS or cluster auto-detection (SLURM,
+        # TPU VMs); JAX_NUM_PROCESSES / JAX_PROCESS_ID are read here for other launchers.
+        counts = {arg: int(os.environ[var]) for arg, var in (("num_processes", "JAX_NUM_PROCESSES"),
+                                                             ("process_id", "JAX_PROCESS_ID"))
+                  if os.environ.get(var)}
+        jax.distributed.initialize(**counts)
     workdir = _WORKDIR.value or os.path.join(
         "runs", os.path.splitext(os.path.basename(flags.FLAGS["config"].config_filename))[0])
     from agentrl_jax.training.trainer import Trainer

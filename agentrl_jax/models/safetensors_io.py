@@ -76,11 +76,35 @@ def save_hf_directory(model: CausalLM, directory: str, tokenizer: Any = None,
 
     Writes config.json, model.safetensors (or shards + index above 4 GiB),
     generation_config.json and, when given, the tokenizer files. Returns ``directory``.
+
+    Multi-process runs: when ``model``'s parameters are sharded over several processes, this
+    is a collective (every process calls it; the tensors are gathered to every process), only
+    process 0 writes, and every process returns once the directory is complete (a barrier).
+    A model whose arrays this process holds entirely is written by whoever calls this.
     """
+    import jax
+    from flax import nnx
+
     cfg: ModelConfig = model.cfg
     dtype = dtype or cfg.param_dtype
-    os.makedirs(directory, exist_ok=True)
+    collective = jax.process_count() > 1 and any(
+        isinstance(x, jax.Array) and not x.is_fully_addressable
+        for x in jax.tree.leaves(nnx.state(model, nnx.Param)))
     tensors = model_to_hf_tensors(model, dtype=dtype)
+    if collective:
+        from jax.experimental import multihost_utils
+        if jax.process_index() == 0:
+            _write_hf_directory(model, directory, tensors, tokenizer, dtype, generation_config)
+        multihost_utils.sync_global_devices(f"save_hf_directory:{os.path.abspath(directory)}")
+        return directory
+    return _write_hf_directory(model, directory, tensors, tokenizer, dtype, generation_config)
+
+
+def _write_hf_directory(model: CausalLM, directory: str, tensors: dict[str, np.ndarray],
+                        tokenizer: Any, dtype: str, generation_config: dict[str, Any] | None
+                        ) -> str:
+    cfg: ModelConfig = model.cfg
+    os.makedirs(directory, exist_ok=True)
     hf_config = cfg.to_hf_dict()
     hf_config["torch_dtype"] = dtype
     tmp_dir = directory.rstrip("/") + ".tmp-export"

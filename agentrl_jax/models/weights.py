@@ -106,12 +106,18 @@ def build_model(cfg: ModelConfig, names: Iterable[str], get_tensor: Callable[[st
 
 
 def model_to_hf_tensors(model: CausalLM, dtype: str = "float32") -> dict[str, np.ndarray]:
-    """Gather every parameter to host memory under its HF name (kernels transposed)."""
+    """Gather every parameter to host memory under its HF name (kernels transposed).
+
+    Parameters sharded over several processes are gathered with ``placement.to_host`` (a
+    collective: in a multi-process run every process must call this, in the same order, and
+    each gets the full tensors)."""
+    from agentrl_jax.sharding.placement import to_host
+
     np_dtype = jax.numpy.bfloat16 if dtype == "bfloat16" else np.dtype(dtype)
     out: dict[str, np.ndarray] = {}
     for path, variable in nnx.to_flat_state(nnx.state(model, nnx.Param)):
         name, transpose = hf_name(path)
-        array = np.asarray(jax.device_get(variable.get_value())).astype(np_dtype)
+        array = to_host(variable.get_value()).astype(np_dtype)
         out[name] = np.ascontiguousarray(array.T if transpose else array)
     return out
 

@@ -17,6 +17,9 @@ way the learner moves batch data in or results out; with one process they reduce
 - ``check_process_local_layout(sharding, shape)``: each process owns distinct rows.
 - ``agree_max(value)``: the max of an int over processes, so that shapes derived from local
   data (length bucket, padded rows) are the same on every process.
+- ``allgather_objects(obj)``: a JSON-able object from every process, as a list in process order.
+- ``local_replica(tree)``: the full value of every leaf on one local device of this process
+  (e.g. the learner's sharded parameters for this host's embedded rollout engine).
 
 Every function that talks to other processes is a collective: all processes must call it,
 in the same order, with arrays of the same shape.
@@ -145,5 +148,59 @@ def agree_max(value: int) -> int:
     return int(np.max(gathered))
 
 
+def allgather_objects(obj: Any) -> list[Any]:
+    """A JSON-able ``obj`` from every process, as a list in process order (``[obj]`` with one
+    process). For small per-process summaries (counts, per-episode scores), not bulk data."""
+    if jax.process_count() == 1:
+        return [obj]
+    import json
+    payload = np.frombuffer(json.dumps(obj).encode(), np.uint8)
+    width = agree_max(payload.size)
+    row = np.zeros((1, width + 4), np.uint8)
+    row[0, :4] = np.frombuffer(np.uint32(payload.size).tobytes(), np.uint8)
+    row[0, 4:4 + payload.size] = payload
+    table = allgather_rows(row)
+    out = []
+    for r in table:
+        n = int(np.frombuffer(r[:4].tobytes(), np.uint32)[0])
+        out.append(json.loads(r[4:4 + n].tobytes().decode()))
+    return out
+
+
+_REPLICATE: dict[Any, Any] = {}
+
+
+def local_replica(tree: Any, device: Any = None) -> Any:
+    """Every leaf's full value as a single-device array on ``device`` (default: this process's
+    first local device).
+
+    Leaves that span several processes are all-gathered on device by a jitted identity with a
+    fully replicated out-sharding over their mesh (a collective: every process must call this,
+    in the same order) and this process keeps the copy on ``device``; the replicated copies on
+    its other local devices are freed when the call returns. Leaves this process already holds
+    entirely are returned as they are (no copy). The result shares no buffer with a sharded
+    input, so donating the input afterwards (a learner update) leaves it valid.
+    """
+    device = device or jax.local_devices()[0]
+    leaves, treedef = jax.tree.flatten(tree)
+    spanning = [i for i, x in enumerate(leaves)
+                if isinstance(x, jax.Array) and not x.is_fully_addressable]
+    if spanning:
+        from jax.sharding import NamedSharding, PartitionSpec
+        mesh = leaves[spanning[0]].sharding.mesh
+        fn = _REPLICATE.get(mesh)
+        if fn is None:
+            fn = _REPLICATE[mesh] = jax.jit(  # an explicit copy: never forward an input buffer
+                lambda t: jax.tree.map(jax.numpy.copy, t),
+                out_shardings=NamedSharding(mesh, PartitionSpec()))
+        # Wait for the gather: a collective still running when the caller starts the next one
+        # (CPU runtimes may run both at once) would mismatch the processes' collectives.
+        full = jax.block_until_ready(fn([leaves[i] for i in spanning]))
+        for i, x in zip(spanning, full):
+            leaves[i] = next(s.data for s in x.addressable_shards if s.device == device)
+    return jax.tree.unflatten(treedef, leaves)
+
+
 __all__ = ["place_global", "place_process_local", "check_process_local_layout", "process_rows",
-           "to_host", "to_host_tree", "allgather_rows", "agree_max"]
+           "to_host", "to_host_tree", "allgather_rows", "agree_max", "allgather_objects",
+           "local_replica"]

@@ -6,6 +6,16 @@ advantages, PPO/GRPO updates) -> weight sync to the rollout backend (in place wh
 through a safetensors export for SGLang) -> logs (TensorBoard, metrics JSONL, trajectory JSONL)
 -> periodic evaluation -> checkpoint. Resuming restores params, optimizer, step and task cursor;
 the horizon is a pure function of the step, so it resumes exactly.
+
+Several JAX processes (``launch/run.py --distributed``, one per host) run as one big run
+(``training/distributed.py``): every process draws the same global task list, rolls out a
+contiguous block of its groups on its own environment servers and engine, and passes its share
+to ``Learner.update(..., process_local=True)`` with globally unique group ids; the updated
+parameters are gathered onto each host's devices for its embedded engine; rollout and
+evaluation numbers are aggregated over processes. Process 0 alone writes config.json,
+metrics (TensorBoard / metrics.jsonl), summary.json and prints progress; every process writes
+its own trajectories to ``trajectories_<kind>.process<i>.jsonl`` (one process:
+``trajectories_<kind>.jsonl``); all processes take part in orbax checkpoints.
 """
 
 from __future__ import annotations
@@ -24,9 +34,9 @@ import numpy as np
 
 from agentrl_jax.agent.actor_pool import ActorPool, RolloutStats, TaskRef
 from agentrl_jax.agent.trajectory import Trajectory
-from agentrl_jax.training import services
+from agentrl_jax.training import distributed, services
 from agentrl_jax.training.batching import assemble_batch
-from agentrl_jax.training.evaluation import EvalResult, evaluate
+from agentrl_jax.training.evaluation import EvalResult, evaluate, score_trajectories
 from agentrl_jax.training.schedule import HorizonSchedule
 from agentrl_jax.training.task_sampler import TaskSampler
 
@@ -72,7 +82,14 @@ class Trainer:
     def __init__(self, config: Any, workdir: str, progress: bool = True):
         self.config = config
         self.workdir = os.path.abspath(workdir)
-        self.show_progress = progress and sys.stderr.isatty() or bool(config.get("progress"))
+        self.process_index = distributed.process_index()
+        self.process_count = distributed.process_count()
+        self.multi_process = self.process_count > 1
+        self.is_main = self.process_index == 0
+        self.show_progress = self.is_main and (progress and sys.stderr.isatty()
+                                               or bool(config.get("progress")))
+        self.learner: Any = None
+        self.backend: Any = None
         os.makedirs(self.workdir, exist_ok=True)
         self.schedule = HorizonSchedule.from_config(dict(config.horizon))
         self.history: list[StepRecord] = []
@@ -80,11 +97,14 @@ class Trainer:
 
     # ----------------------------------------------------------------------------- set-up
     def _write_config(self) -> None:
+        if not self.is_main:
+            return
         with open(os.path.join(self.workdir, "config.json"), "w") as f:
             f.write(self.config.to_json_best_effort(indent=2))
 
     def _log_trajectories(self, step: int, trajectories: list[Trajectory], kind: str) -> None:
-        path = os.path.join(self.workdir, f"trajectories_{kind}.jsonl")
+        suffix = f".process{self.process_index}" if self.multi_process else ""
+        path = os.path.join(self.workdir, f"trajectories_{kind}{suffix}.jsonl")
         with open(path, "a") as f:
             for t in trajectories:
                 f.write(json.dumps(t.to_json(step)) + "\n")
@@ -106,21 +126,36 @@ class Trainer:
                 self._say(f"loading model {cfg.model.name}"
                           + (" (random init)" if cfg.model.get("random_init") else ""))
                 model, tokenizer, model_path = load_policy(cfg)
+                main = self.is_main  # the only process that writes metrics
                 learner = Learner(model, dict(cfg.learner),
                                   checkpoint_dir=os.path.join(self.workdir, "checkpoints"),
                                   max_to_keep=int(cfg.train.get("keep_checkpoints", 3)),
-                                  log_dir=os.path.join(self.workdir, "tensorboard"),
-                                  metrics_jsonl=os.path.join(self.workdir, "metrics.jsonl"))
+                                  log_dir=os.path.join(self.workdir, "tensorboard") if main
+                                  else None,
+                                  metrics_jsonl=os.path.join(self.workdir, "metrics.jsonl")
+                                  if main else None)
                 stack.callback(learner.close)
+                self.learner = learner
                 resumed = learner.restore_latest()
                 start_step = int(resumed["step"]) if resumed else 0
                 cursor = int(resumed.get("cursor", 0)) if resumed else 0
+                if self.multi_process:  # every process must resume at the same step and tasks
+                    seen = distributed.allgather_objects([start_step, cursor])
+                    if any(s != seen[0] for s in seen):
+                        raise RuntimeError(f"processes resumed at different (step, task cursor): "
+                                           f"{seen}; is the checkpoint directory shared?")
                 self._say("starting rollout backend "
                           f"{cfg.rollout.backend}" + (f" (resumed at step {start_step})"
                                                       if resumed else ""))
-                backend = services.make_backend(cfg, learner.policy_model() if resumed else model,
-                                                tokenizer, model_path)
+                if not resumed:
+                    policy = model
+                elif self.multi_process:  # this host's full copy of the sharded parameters
+                    policy = distributed.local_policy(learner)
+                else:
+                    policy = learner.policy_model()
+                backend = services.make_backend(cfg, policy, tokenizer, model_path)
                 astack.push_async_callback(backend.aclose)
+                self.backend = backend
                 pool = services.make_actor_pool(cfg, backend, clients, tokenizer,
                                                 model.cfg.eos_token_ids)
                 train_tasks = await services.task_refs(clients, "train")
@@ -131,9 +166,16 @@ class Trainer:
     async def _evaluate(self, pool: ActorPool, tasks: list[TaskRef], step: int,
                         learner: Any) -> EvalResult:
         t0 = time.monotonic()
-        result, trajectories = await evaluate(pool, tasks, k=int(self.config.train.eval_samples),
+        k = int(self.config.train.eval_samples)
+        lo, hi = distributed.share(len(tasks))  # this process's tasks (all of them: one process)
+        result, trajectories = await evaluate(pool, tasks[lo:hi], k=k,
                                               horizon=int(self.config.train.eval_horizon),
-                                              policy_version=step, seed=int(self.config.seed))
+                                              policy_version=step,
+                                              seed=distributed.sampling_seed(self.config.seed))
+        if self.multi_process:
+            for t in trajectories:
+                t.group_id += lo
+            result = score_trajectories(distributed.global_records(trajectories), k)
         self._log_trajectories(step, trajectories, "eval")
         metrics = result.as_metrics()
         metrics["eval/seconds"] = time.monotonic() - t0
@@ -156,6 +198,18 @@ class Trainer:
         """Push the learner's weights to the rollout backend. Colocated (embedded) engines get
         the arrays themselves (no copy), unless a rollout runs during the next update
         (``copy``): the update donates its parameter buffers, so the engine needs its own."""
+        if self.multi_process:
+            # Every host needs the full parameters on its own devices: gathered on device (a
+            # collective on every process), fresh buffers that the next update cannot donate.
+            if self.config.rollout.backend == "embedded":
+                await backend.update_weights(distributed.local_replica(learner.params),
+                                             version=str(step))
+            else:  # SGLang servers load one export: written and announced by process 0
+                policy = distributed.local_policy(learner)
+                if self.is_main:
+                    await backend.update_weights(policy, version=str(step))
+                distributed.barrier(f"sync_weights:{step}")
+            return
         if self.config.rollout.backend == "embedded":
             params = learner.params
             if copy:
@@ -185,7 +239,9 @@ class Trainer:
         def launch(step: int) -> asyncio.Task:
             horizon = self.schedule.horizon(step)
             cursor_at[step] = sampler.cursor
-            tasks = sampler.next(int(cfg.train.tasks_per_step))
+            tasks = sampler.next(int(cfg.train.tasks_per_step))  # the same on every process
+            lo, hi = distributed.share(len(tasks))  # this process's groups
+            tasks = tasks[lo:hi]
             bar = self._progress_bar(len(tasks) * samples,
                                      f"step {step + 1}/{total} rollout (horizon {horizon})")
 
@@ -193,7 +249,10 @@ class Trainer:
                 pool_progress = (lambda _t: bar.update(1)) if bar else None
                 trajectories, stats = await pool.collect(
                     tasks, samples, horizon, policy_version=weights_version,
-                    seed=int(cfg.seed) + step, progress=pool_progress)
+                    seed=distributed.sampling_seed(int(cfg.seed) + step),
+                    progress=pool_progress)
+                for t in trajectories:  # the global group index: unique over processes
+                    t.group_id += lo
                 if bar:
                     bar.close()
                 return horizon, trajectories, stats
@@ -211,14 +270,23 @@ class Trainer:
             self._log_trajectories(step, trajectories, "train")
             fresh = [t for t in trajectories if step - t.policy_version <= max_staleness]
             ok = [t for t in fresh if t.ok]
+            stale, trainable = len(trajectories) - len(fresh), len(ok)
+            if self.multi_process:  # global numbers (collectives, the same order everywhere)
+                counts = np.sum(distributed.allgather_objects([stale, trainable]), axis=0)
+                stale, trainable = int(counts[0]), int(counts[1])
+                stats = distributed.global_rollout_stats(trajectories, stats)
             metrics: dict[str, float] = {"train/horizon": float(horizon),
                                          "train/phase": float(self.schedule.phase(step)),
-                                         "rollout/stale_dropped": float(len(trajectories)
-                                                                        - len(fresh))}
+                                         "rollout/stale_dropped": float(stale)}
             metrics.update(stats.as_metrics())
-            if ok:
-                batch = assemble_batch(ok, pad_id=int(cfg.model.get("pad_id", 0)))
-                update = await asyncio.to_thread(learner.update, batch, False)
+            if trainable:
+                if self.multi_process:  # this process's rows (none: an empty share)
+                    batch = (assemble_batch(ok, pad_id=int(cfg.model.get("pad_id", 0))) if ok
+                             else distributed.empty_batch())
+                    update = await asyncio.to_thread(learner.update, batch, False, True)
+                else:
+                    batch = assemble_batch(ok, pad_id=int(cfg.model.get("pad_id", 0)))
+                    update = await asyncio.to_thread(learner.update, batch, False)
                 metrics.update(update)
                 await self._sync_weights(backend, learner, step + 1,
                                          copy=max_staleness >= 1)
@@ -245,6 +313,8 @@ class Trainer:
                     sampler.cursor = cursor_at[step + 1]
                 await self._evaluate(pool, eval_tasks, step + 1, learner)
             out_of_time = bool(max_seconds) and time.monotonic() - loop_start > max_seconds
+            if self.multi_process:  # stop together
+                out_of_time = distributed.agree_any(out_of_time)
             if (step + 1) % save_every == 0 or step + 1 == total or out_of_time:
                 cursor = cursor_at.get(step + 1, sampler.cursor)
                 learner.save({"step": step + 1, "cursor": cursor}, step=step + 1, force=True)
@@ -274,8 +344,11 @@ class Trainer:
             summary["mean_step_seconds"] = float(np.mean([h.seconds for h in self.history]))
         if self.evals:
             summary["evals"] = {step: dataclasses.asdict(r) for step, r in self.evals}
-        with open(os.path.join(self.workdir, "summary.json"), "w") as f:
-            json.dump(summary, f, indent=2, default=str)
+        if self.multi_process:
+            summary["process_count"] = self.process_count
+        if self.is_main:
+            with open(os.path.join(self.workdir, "summary.json"), "w") as f:
+                json.dump(summary, f, indent=2, default=str)
         lines = [f"run finished: steps {start_step}->{total}, final horizon "
                  f"{summary['final_horizon']}"]
         if self.history:
@@ -295,6 +368,8 @@ class Trainer:
         from tqdm import tqdm
         return tqdm(total=total, desc=desc, unit="ep", leave=False, file=sys.stderr)
 
-    @staticmethod
-    def _say(message: str) -> None:
-        print(message, flush=True)
+    def _say(self, message: str) -> None:
+        if self.is_main:
+            print(message, flush=True)
+        else:
+            log.info("[process %d] %s", self.process_index, message)
