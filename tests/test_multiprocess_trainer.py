@@ -8,8 +8,9 @@ out its own block of groups, and trains on it with ``update(..., process_local=T
 Phase 1 (this file run as a script, so it can look inside): 2 steps of 2 tasks x 2 samples
 (process 0 rolls out group 0, process 1 group 1), then the final evaluation (4 test tasks split
 2 / 2). Each worker saves its learner parameters (``to_host``), its engine's weights and its
-view of the run. Checked: both finish; both hold the same parameters, and each engine holds
-them on its own local device; the parameters moved; the logged global trajectory count is the
+view of the run, and both export the sharded policy with ``save_hf_directory`` (a
+collective; process 0 writes). Checked: both finish; both hold the same parameters, and each
+engine holds them on its own local device; the parameters moved; the export holds them; the logged global trajectory count is the
 sum of the per-process counts and what the config asks; process 0 alone wrote config, metrics,
 TensorBoard and summary files; eval aggregated over both.
 
@@ -82,6 +83,10 @@ def worker(process_id: int, coordinator: str, workdir: str, out: str) -> None:
                 for p, x in jax.tree_util.tree_flatten_with_path(tree)[0]}
 
     params = {k: to_host(v) for k, v in flat(trainer.learner.params).items()}  # collective
+    # the safetensors export of the sharded policy: a collective, process 0 writes
+    from agentrl_jax.models.safetensors_io import save_hf_directory
+    save_hf_directory(trainer.learner.policy_model(), os.path.join(workdir, "export"),
+                      dtype="float32")
     engine = flat(trainer.backend._state)
     results = {f"param{k}": v for k, v in params.items()}
     results.update({f"engine{k}": np.asarray(v) for k, v in engine.items()})
@@ -172,6 +177,15 @@ def test_two_process_trainer_then_resume(tmp_path):
     moved = max(np.abs(workers[0][f"param{n}"] - workers[0][f"initial{n}"]).max()
                 for n in names)
     assert moved > 1e-6, "the updates did not change the parameters"
+
+    # the export written by process 0 holds the trained parameters
+    import safetensors.numpy
+    exported = safetensors.numpy.load_file(os.path.join(workdir, "export", "model.safetensors"))
+    embed = [n for n in names if "embed" in n]
+    assert len(embed) == 1
+    np.testing.assert_array_equal(exported["model.embed_tokens.weight"],
+                                  workers[0][f"param{embed[0]}"])
+    assert not os.path.exists(os.path.join(workdir, "export.tmp-export"))
 
     # global rollout numbers: 2 tasks x 2 samples per step, one group on each process
     per_process = [_lines(os.path.join(workdir, f"trajectories_train.process{i}.jsonl"))
