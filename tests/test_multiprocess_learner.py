@@ -17,17 +17,14 @@ process training on its own rows only) still moves parameters by ~1e-3.
 
 from __future__ import annotations
 
-import os
-import socket
-import subprocess
 import sys
 import time
-from pathlib import Path
 
 import numpy as np
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
+from multiprocess_harness import Workers, free_port, init_worker, worker_env
+
 N_PROC = 2
 MESHES = {"data2xfsdp4": dict(data=2, fsdp=4, tensor=1),
           "fsdp4xtensor2": dict(data=1, fsdp=4, tensor=2)}
@@ -103,10 +100,7 @@ def run_steps(mesh_shape: dict[str, int], process_local: bool = False, process: 
 # ----------------------------------------------------------------- worker (a subprocess)
 def worker(process_id: int, coordinator: str, out: str) -> None:
     import jax
-    jax.config.update("jax_cpu_collectives_implementation", "gloo")
-    jax.distributed.initialize(coordinator, num_processes=N_PROC, process_id=process_id)
-    assert jax.process_count() == N_PROC and jax.device_count() == 8, jax.devices()
-    assert jax.local_device_count() == 4
+    init_worker(process_id, coordinator, N_PROC)
     results: dict[str, np.ndarray] = {}
     for mesh_name, shape in MESHES.items():
         for mode in MODES:
@@ -134,12 +128,6 @@ def worker(process_id: int, coordinator: str, out: str) -> None:
 
 
 # ----------------------------------------------------------------- the test (pytest process)
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     """Start the workers, compute the single-process references meanwhile, collect."""
@@ -147,39 +135,13 @@ def runs(tmp_path_factory):
     if len(jax.devices()) < 8:
         pytest.skip("needs 8 (virtual) devices for the single-process reference")
     tmp = tmp_path_factory.mktemp("multiprocess")
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4",
-               JAX_PLATFORMS="cpu",
-               PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
-    coordinator = f"127.0.0.1:{_free_port()}"
+    coordinator = f"127.0.0.1:{free_port()}"
     start = time.monotonic()
-    procs = []
-    for i in range(N_PROC):
-        log = open(tmp / f"worker{i}.log", "w+")
-        procs.append((subprocess.Popen(
-            [sys.executable, __file__, str(i), coordinator, str(tmp / f"worker{i}.npz")],
-            cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT), log))
-
+    procs = Workers([[sys.executable, __file__, str(i), coordinator, str(tmp / f"worker{i}.npz")]
+                     for i in range(N_PROC)], [worker_env()] * N_PROC,
+                    [tmp / f"worker{i}.log" for i in range(N_PROC)])
     reference = {name: run_steps(shape) for name, shape in MESHES.items()}
-
-    failed = []
-    for i, (proc, log) in enumerate(procs):
-        try:
-            rc = proc.wait(timeout=max(1.0, WORKER_TIMEOUT_S - (time.monotonic() - start)))
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            rc = f"timeout after {WORKER_TIMEOUT_S} s"
-        log.seek(0)
-        output = log.read()
-        log.close()
-        if rc != 0:
-            lines = [ln for ln in output.splitlines() if "Involuntary full rematerialization"
-                     not in ln and "[Gloo]" not in ln]
-            failed.append(f"worker {i}: exit {rc}\n" + "\n".join(lines[-60:]))
-    for proc, _ in procs:
-        if proc.poll() is None:
-            proc.kill()
-    if failed:
-        pytest.fail("\n\n".join(failed))
+    procs.wait(WORKER_TIMEOUT_S, tail=60)
     workers = [dict(np.load(tmp / f"worker{i}.npz")) for i in range(N_PROC)]
     print(f"\nworkers + references: {time.monotonic() - start:.1f} s")
     return reference, workers

@@ -26,16 +26,15 @@ from __future__ import annotations
 import glob
 import json
 import os
-import socket
-import subprocess
 import sys
-import time
-from pathlib import Path
 
 import numpy as np
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
+# also loaded by launch/run.py as its --config file, where tests/ is not on the path
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from multiprocess_harness import REPO, Workers, free_port, init_worker, worker_env  # noqa: E402
+
 N_PROC = 2
 TIMEOUT_S = 300  # per phase; the whole test takes about 85 s on 2 CPU cores
 OVERRIDES = {"train.total_steps": 2, "train.eval_tasks": 2, "train.eval_samples": 1,
@@ -66,8 +65,7 @@ def get_config():  # this file as launch/run.py's --config
 # ----------------------------------------------------------------- worker (a subprocess)
 def worker(process_id: int, coordinator: str, workdir: str, out: str) -> None:
     import jax
-    jax.distributed.initialize(coordinator, num_processes=N_PROC, process_id=process_id)
-    assert jax.process_count() == N_PROC and jax.device_count() == 8, jax.devices()
+    init_worker(process_id, coordinator, N_PROC)
     from flax import nnx
 
     from agentrl_jax.sharding.placement import to_host
@@ -102,54 +100,6 @@ def worker(process_id: int, coordinator: str, workdir: str, out: str) -> None:
 
 
 # ----------------------------------------------------------------- the test (pytest process)
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _env(**extra: str) -> dict[str, str]:
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4",
-               JAX_PLATFORMS="cpu",
-               PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
-    env.update(extra)
-    return env
-
-
-def _run_all(commands: list[list[str]], envs: list[dict], logs: list[Path]) -> list[str]:
-    """Start the processes, wait for all (killing all on a timeout); their outputs."""
-    start = time.monotonic()
-    procs = []
-    for cmd, env, log in zip(commands, envs, logs):
-        f = open(log, "w+")
-        procs.append((subprocess.Popen(cmd, cwd=REPO, env=env, stdout=f,
-                                       stderr=subprocess.STDOUT), f))
-    outputs, failed = [], []
-    for i, (proc, f) in enumerate(procs):
-        try:
-            rc = proc.wait(timeout=max(1.0, TIMEOUT_S - (time.monotonic() - start)))
-        except subprocess.TimeoutExpired:
-            rc = f"timeout after {TIMEOUT_S} s"
-            for p, _ in procs:
-                if p.poll() is None:
-                    p.kill()
-        f.seek(0)
-        output = f.read()
-        f.close()
-        outputs.append(output)
-        if rc != 0:
-            lines = [ln for ln in output.splitlines() if "Involuntary full rematerialization"
-                     not in ln and "[Gloo]" not in ln]
-            failed.append(f"process {i}: exit {rc}\n" + "\n".join(lines[-80:]))
-    for proc, _ in procs:
-        if proc.poll() is None:
-            proc.kill()
-    if failed:
-        pytest.fail("\n\n".join(failed))
-    print(f"\n{len(commands)} processes: {time.monotonic() - start:.1f} s")
-    return outputs
-
-
 def _lines(path: str) -> list[dict]:
     with open(path) as f:
         return [json.loads(line) for line in f]
@@ -158,11 +108,11 @@ def _lines(path: str) -> list[dict]:
 @pytest.mark.slow
 def test_two_process_trainer_then_resume(tmp_path):
     workdir = str(tmp_path / "run")
-    coordinator = f"127.0.0.1:{_free_port()}"
-    outputs = _run_all(
+    coordinator = f"127.0.0.1:{free_port()}"
+    outputs = Workers(
         [[sys.executable, __file__, str(i), coordinator, workdir, str(tmp_path / f"w{i}.npz")]
-         for i in range(N_PROC)], [_env()] * N_PROC,
-        [tmp_path / f"phase1_{i}.log" for i in range(N_PROC)])
+         for i in range(N_PROC)], [worker_env()] * N_PROC,
+        [tmp_path / f"phase1_{i}.log" for i in range(N_PROC)]).wait(TIMEOUT_S)
     workers = [dict(np.load(tmp_path / f"w{i}.npz")) for i in range(N_PROC)]
 
     # the same parameters on both processes, and in both engines (on their own device)
@@ -220,15 +170,15 @@ def test_two_process_trainer_then_resume(tmp_path):
 
     # Phase 2: launch/run.py --distributed resumes to step 3 with 1 task per step: process 1's
     # share is empty (a zero-row update on that process).
-    coordinator = f"127.0.0.1:{_free_port()}"
-    outputs = _run_all(
+    coordinator = f"127.0.0.1:{free_port()}"
+    outputs = Workers(
         [[sys.executable, "launch/run.py", "--config", __file__, "--workdir", workdir,
           "--distributed", "--config.train.total_steps=3", "--config.train.tasks_per_step=1",
           "--config.train.eval_after=False"]
          for _ in range(N_PROC)],
-        [_env(JAX_COORDINATOR_ADDRESS=coordinator, JAX_NUM_PROCESSES=str(N_PROC),
-              JAX_PROCESS_ID=str(i)) for i in range(N_PROC)],
-        [tmp_path / f"phase2_{i}.log" for i in range(N_PROC)])
+        [worker_env(JAX_COORDINATOR_ADDRESS=coordinator, JAX_NUM_PROCESSES=str(N_PROC),
+                    JAX_PROCESS_ID=str(i)) for i in range(N_PROC)],
+        [tmp_path / f"phase2_{i}.log" for i in range(N_PROC)]).wait(TIMEOUT_S)
     assert "resumed at step 2" in outputs[0] and "[step 3/3] horizon=3" in outputs[0]
     train = [m for m in _lines(os.path.join(workdir, "metrics.jsonl")) if "train/horizon" in m]
     assert [m["step"] for m in train] == [1, 2, 3]
