@@ -199,20 +199,19 @@ def make_train_step(*, config: LearnerConfig, mesh: Mesh,
         tokens_per_micro = jnp.sum(m, axis=(1, 2))
         token_weight = tokens_per_micro / jnp.maximum(jnp.sum(tokens_per_micro), 1.0)
         metrics: dict[str, Array] = {}
+        def optimise(loss_fn, params, shardings, opt, tx, prefix):
+            grads, ms = _accumulate_grads(loss_fn, params, shardings, minibatch, denom,
+                                          token_weight, config.dtype)
+            metrics.update({f"{prefix}/{k}": v for k, v in ms.items()})
+            metrics[f"{prefix}/grad_norm"] = optax.global_norm(grads)
+            updates, opt = tx.update(grads, opt, params)
+            return optax.apply_updates(params, updates), opt
+
         if train_policy:
-            grads, pm = _accumulate_grads(pol_loss, pparams, policy_shardings, minibatch, denom,
-                                          token_weight, config.dtype)
-            metrics.update({f"actor/{k}": v for k, v in pm.items()})
-            metrics["actor/grad_norm"] = optax.global_norm(grads)
-            updates, popt = policy_tx.update(grads, popt, pparams)
-            pparams = optax.apply_updates(pparams, updates)
+            pparams, popt = optimise(pol_loss, pparams, policy_shardings, popt, policy_tx, "actor")
         if train_critic:
-            grads, cm = _accumulate_grads(crit_loss, cparams, critic_shardings, minibatch, denom,
-                                          token_weight, config.dtype)
-            metrics.update({f"critic/{k}": v for k, v in cm.items()})
-            metrics["critic/grad_norm"] = optax.global_norm(grads)
-            updates, copt = critic_tx.update(grads, copt, cparams)
-            cparams = optax.apply_updates(cparams, updates)
+            cparams, copt = optimise(crit_loss, cparams, critic_shardings, copt, critic_tx,
+                                     "critic")
         metrics["actor/num_tokens"] = jnp.sum(m)
         return pparams, popt, cparams, copt, metrics
 
