@@ -66,6 +66,45 @@ def make_env_clients(urls: Mapping[str, Sequence[str]], config: Any,
     return clients
 
 
+#: share of the host's RAM the embedded engine's KV cache may take on the CPU backend.
+CPU_KV_RAM_FRACTION = 1 / 6
+
+
+def engine_slots(config: Any, model_config: Any, dtype: str | None = None,
+                 host_ram_bytes: int | None = None, backend: str | None = None) -> int:
+    """Decode slots (KV-cache rows) for the embedded engine.
+
+    ``min(rollout.max_batch, rollout.max_concurrency)``: a slot per episode that can be in
+    flight, and never more than the actor pool runs at once. On the CPU backend the KV cache
+    (``2 x layers x kv_heads x head_dim x max_context`` values per slot) lives in host RAM and
+    is additionally capped at :data:`CPU_KV_RAM_FRACTION` of it (a 24 GB machine, SmolLM2 at
+    4096 tokens in f32: about 21 slots of 189 MB instead of 64 slots = 12 GB, which the engine's
+    start-up peak of ~2x the cache did not survive). Requests beyond the slots wait in the
+    engine's queue; nothing is dropped.
+    """
+    import jax
+    import jax.numpy as jnp
+
+    r = config.rollout
+    slots = max(1, min(int(r.max_batch), int(r.max_concurrency)))
+    backend = backend or jax.default_backend()
+    if backend != "cpu":
+        return slots
+    if host_ram_bytes is None:
+        import os
+
+        host_ram_bytes = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    itemsize = jnp.dtype(dtype or model_config.dtype).itemsize
+    per_slot = (2 * model_config.num_layers * model_config.num_kv_heads * model_config.head_dim
+                * int(r.max_context) * itemsize)
+    fit = max(1, int(host_ram_bytes * CPU_KV_RAM_FRACTION // per_slot))
+    if fit < slots:
+        log.warning("embedded engine: %d decode slots instead of %d (KV cache %.1f GB of %.1f GB "
+                    "host RAM on CPU); further episodes wait for a free slot", fit, slots,
+                    fit * per_slot / 1e9, host_ram_bytes / 1e9)
+    return min(slots, fit)
+
+
 def make_backend(config: Any, model: Any, tokenizer: Any, model_path: str | None) -> Any:
     """The rollout backend named by ``config.rollout.backend``."""
     from agentrl_jax.rollout.base import create_backend
@@ -74,8 +113,11 @@ def make_backend(config: Any, model: Any, tokenizer: Any, model_path: str | None
     if rollout.backend == "embedded":
         from agentrl_jax.rollout.engine import Engine, EngineConfig
 
+        model_config = model.cfg if hasattr(model, "cfg") else None
+        slots = (engine_slots(config, model_config, rollout.get("engine_dtype") or None)
+                 if model_config is not None else int(rollout.max_batch))
         engine_config = EngineConfig(
-            max_batch=int(rollout.max_batch), max_length=int(rollout.max_context),
+            max_batch=slots, max_length=int(rollout.max_context),
             dtype=rollout.get("engine_dtype") or None,
             weights_dtype=rollout.get("engine_dtype") or None,
             decode_steps=int(rollout.get("decode_steps", 16)), seed=int(config.seed))
