@@ -4,7 +4,7 @@ from ml_collections import ConfigDict
 
 from agentrl_jax.models.config import ModelConfig
 from agentrl_jax.training.config import base_config
-from agentrl_jax.training.services import engine_slots
+from agentrl_jax.training.services import engine_slots, max_episodes_per_round
 
 # SmolLM2-135M's attention shape: 30 layers, 3 KV heads of 64
 SMOL = ModelConfig(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_layers=30,
@@ -37,3 +37,16 @@ def test_cpu_kv_cache_fits_a_sixth_of_host_ram():
     assert engine_slots(_config(), SMOL, host_ram_bytes=512 * 2**30, backend="cpu") == 64
     # never below one slot
     assert engine_slots(_config(), SMOL, host_ram_bytes=2**20, backend="cpu") == 1
+
+
+def test_slots_capped_by_the_episodes_a_round_can_have():
+    c = _config()
+    c.train.tasks_per_step, c.train.samples_per_task = 2, 2
+    c.train.eval_tasks, c.train.eval_samples = 4, 1
+    c.env.names = "babyai"
+    assert max_episodes_per_round(c) == 4
+    assert engine_slots(c, SMOL, backend="gpu") == 4
+    c.env.names = "babyai,textcraft"  # eval tasks per family: 2 x 4
+    assert max_episodes_per_round(c) == 8
+    c.train.tasks_per_step = 16  # 16 x 2 = 32 training episodes
+    assert engine_slots(c, SMOL, backend="gpu") == 32

@@ -70,12 +70,26 @@ def make_env_clients(urls: Mapping[str, Sequence[str]], config: Any,
 CPU_KV_RAM_FRACTION = 1 / 6
 
 
+def max_episodes_per_round(config: Any) -> int:
+    """Most episodes one rollout or evaluation round can have in flight: the larger of
+    ``tasks_per_step x samples_per_task`` and ``eval_tasks x eval_samples`` per environment
+    family (an upper bound; a large number when the config has no ``train`` section)."""
+    t = config.get("train", None)
+    if t is None:
+        return 1 << 30
+    n_envs = len(_as_list(config.env.names)) if "env" in config else 1
+    train = int(t.get("tasks_per_step", 1)) * int(t.get("samples_per_task", 1))
+    evals = int(t.get("eval_tasks", 0)) * int(t.get("eval_samples", 1)) * max(n_envs, 1)
+    return max(1, train, evals)
+
+
 def engine_slots(config: Any, model_config: Any, dtype: str | None = None,
                  host_ram_bytes: int | None = None, backend: str | None = None) -> int:
     """Decode slots (KV-cache rows) for the embedded engine.
 
-    ``min(rollout.max_batch, rollout.max_concurrency)``: a slot per episode that can be in
-    flight, and never more than the actor pool runs at once. On the CPU backend the KV cache
+    ``min(rollout.max_batch, rollout.max_concurrency, max_episodes_per_round)``: a slot per
+    episode that can be in flight, and never more than the actor pool runs at once or a round
+    has (decode reads every slot's whole KV row each step, so idle slots cost time too). On the CPU backend the KV cache
     (``2 x layers x kv_heads x head_dim x max_context`` values per slot) lives in host RAM and
     is additionally capped at :data:`CPU_KV_RAM_FRACTION` of it (a 24 GB machine, SmolLM2 at
     4096 tokens in f32: about 21 slots of 189 MB instead of 64 slots = 12 GB, which the engine's
@@ -86,7 +100,7 @@ def engine_slots(config: Any, model_config: Any, dtype: str | None = None,
     import jax.numpy as jnp
 
     r = config.rollout
-    slots = max(1, min(int(r.max_batch), int(r.max_concurrency)))
+    slots = max(1, min(int(r.max_batch), int(r.max_concurrency), max_episodes_per_round(config)))
     backend = backend or jax.default_backend()
     if backend != "cpu":
         return slots
