@@ -221,3 +221,38 @@ async def test_async_pool_does_not_wait_for_slow_episodes(servers, tokenizer):
 def test_jax_has_the_test_devices():
     assert len(jax.devices()) >= 1
     assert dataclasses.is_dataclass(SamplingParams)
+
+
+class SeedRecordingBackend(ScriptedBackend):
+    """Records the sampling seed of every generate call, per episode (session)."""
+
+    def __init__(self, tokenizer, reply):
+        super().__init__(tokenizer, reply)
+        self.seeds: dict[str, list[int | None]] = {}
+
+    async def generate(self, input_ids, sampling=None, session_id=None, rid=None):
+        self.seeds.setdefault(session_id, []).append(sampling.seed)
+        return await super().generate(input_ids, sampling, session_id, rid)
+
+
+async def test_every_turn_draws_fresh_randomness_and_runs_reproduce(servers, tokenizer):
+    """Each generation call of an episode gets its own seed (one seed reused over a
+    near-identical prompt makes the agent repeat its last turn), seeds differ across the
+    samples of a group, and the same run seed gives the same seeds again."""
+
+    async def seeds_of_run(seed):
+        backend = SeedRecordingBackend(tokenizer, "Action: turn left")
+        async with EnvClient(servers["babyai"].url) as client:
+            tasks = [TaskRef("babyai", t) for t in (await client.tasks("test"))[:2]]
+            pool = _pool(backend, {"babyai": client}, tokenizer)
+            trajectories, _ = await pool.collect(tasks, n_samples=2, horizon=4, seed=seed)
+        return [backend.seeds[t.episode_id] for t in trajectories]
+
+    first = await seeds_of_run(7)
+    assert all(len(s) == 4 for s in first)  # four turns each (turn left never ends BabyAI)
+    flat = [x for s in first for x in s]
+    assert None not in flat
+    assert len(set(flat)) == len(flat)  # no two calls share a seed: turns, samples, groups
+    assert await seeds_of_run(7) == first  # reproducible from the run seed
+    other = [x for s in await seeds_of_run(8) for x in s]
+    assert not set(other) & set(flat)

@@ -23,6 +23,7 @@ from agentrl_jax.agent.episode import Episode
 from agentrl_jax.agent.parsing import ParsedAction, parse_react
 from agentrl_jax.agent.trajectory import Trajectory
 from agentrl_jax.rollout.base import SamplingParams
+from agentrl_jax.rollout.sampling import derive_seed
 
 
 @dataclasses.dataclass(frozen=True)
@@ -86,8 +87,10 @@ class ActorPool:
                            f"(have {sorted(self.env_clients)})")
         sampling = self.sampling
         if sampling.seed is not None or seed is not None:
+            # the episode's base seed; Episode derives a fresh seed for every turn from it
             base = seed if seed is not None else sampling.seed
-            sampling = dataclasses.replace(sampling, seed=base * 1009 + group_id * 31 + sample_index)
+            sampling = dataclasses.replace(sampling,
+                                           seed=derive_seed(base, group_id, sample_index))
         return Episode(env_client=self.env_clients[task.env], backend=self.backend,
                        formatter=self.formatter, parser=self.parser, env_name=task.env,
                        task_id=task.task_id, group_id=group_id, sample_index=sample_index,

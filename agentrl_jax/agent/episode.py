@@ -18,6 +18,7 @@ from agentrl_jax.agent.prompts import first_user_message, system_prompt
 from agentrl_jax.agent.trajectory import (STATUS_CONTEXT_LIMIT, STATUS_DONE, STATUS_ENGINE_ERROR,
                                           STATUS_ENV_ERROR, STATUS_MAX_TURNS, Trajectory)
 from agentrl_jax.rollout.base import RolloutError, SamplingParams
+from agentrl_jax.rollout.sampling import derive_seed
 
 MIN_NEW_TOKENS = 8  # a turn with less room than this ends the episode with context_limit
 
@@ -53,6 +54,15 @@ class Episode:
         self._pending_action: ParsedAction | None = None
         self._start = time.monotonic()
 
+    def turn_seed(self, turn: int) -> int | None:
+        """The sampling seed of assistant turn ``turn``: derived from the episode's seed and the
+        turn index, so every generation call draws fresh randomness (reusing one seed would
+        replay the same random stream over a near-identical prompt, and the agent would repeat
+        its last turn) while the run stays reproducible. ``None`` (unseeded) stays ``None``."""
+        if self.sampling.seed is None:
+            return None
+        return derive_seed(self.sampling.seed, turn)
+
     def _finish(self, status: str, error: str | None = None) -> None:
         self.trajectory.status = status
         self.trajectory.error = error
@@ -85,7 +95,8 @@ class Episode:
             self._finish(STATUS_CONTEXT_LIMIT)
             return
         sampling = dataclasses.replace(self.sampling,
-                                       max_new_tokens=min(self.sampling.max_new_tokens, room))
+                                       max_new_tokens=min(self.sampling.max_new_tokens, room),
+                                       seed=self.turn_seed(traj.num_turns))
         try:
             result = await self.backend.generate(list(traj.token_ids), sampling,
                                                  session_id=self.session_id)
