@@ -38,10 +38,11 @@ from functools import partial
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from .kl import kl_estimate
 from .masked import as_mask, masked_mean
-from .registry import Registry
+from .registry import Registry, normalize_name
 
 Array = jax.Array
 Metrics = dict[str, Array]
@@ -89,9 +90,46 @@ def aggregate_loss(
     *,
     max_len: int | None = None,
     denom: Array | float | None = None,
+    token_weights: Array | None = None,
 ) -> Array:
-    """Reduce a per-token loss ``[B, T]`` to a scalar with ``mode`` (see module doc)."""
-    return LOSS_AGGREGATIONS.get(mode)(jnp.asarray(loss_mat, jnp.float32), as_mask(loss_mask), max_len=max_len, denom=denom)
+    """Reduce a per-token loss ``[B, T]`` to a scalar with ``mode`` (see module doc).
+
+    ``token_weights [B, T]`` (from :func:`aggregation_weights`): the reduction is
+    ``sum(loss_mat * token_weights)`` and ``mode`` / ``max_len`` / ``denom`` are ignored: the
+    weights already encode the mode over the whole batch (used for packed rows, where a row
+    holds several sequences)."""
+    loss_mat = jnp.asarray(loss_mat, jnp.float32)
+    if token_weights is not None:
+        return jnp.sum(loss_mat * jnp.asarray(token_weights, jnp.float32))
+    return LOSS_AGGREGATIONS.get(mode)(loss_mat, as_mask(loss_mask), max_len=max_len, denom=denom)
+
+
+def aggregation_weights(loss_mask, mode: str = "token_mean", max_len: int | None = None):
+    """Per-token weights ``w [B, T]`` (NumPy float32) with ``sum(l * w) == aggregate_loss(l,
+    loss_mask, mode, max_len=max_len)`` for every per-token loss ``l`` of the batch::
+
+        token_mean:               w = m / sum(m)
+        seq_mean_token_sum:       w = m / N                      (N: rows with any m > 0)
+        seq_mean_token_mean:      w = m / (N * sum_t m[b])
+        seq_mean_token_sum_norm:  w = m / (N * max_len)          (max_len defaults to T)
+
+    The weights stay attached to their tokens when rows are packed or split into
+    micro-batches, so any split sums to the whole batch's loss.
+    """
+    m = (np.asarray(loss_mask) != 0).astype(np.float64)
+    mode = normalize_name(mode)
+    n_rows = max(float(np.any(m > 0, axis=-1).sum()), 1.0)
+    if mode == "token_mean":
+        w = m / max(m.sum(), 1.0)
+    elif mode == "seq_mean_token_sum":
+        w = m / n_rows
+    elif mode == "seq_mean_token_mean":
+        w = m / (n_rows * np.maximum(m.sum(-1, keepdims=True), 1.0))
+    elif mode == "seq_mean_token_sum_norm":
+        w = m / (n_rows * (m.shape[-1] if max_len is None else max_len))
+    else:
+        raise ValueError(f"no token weights for loss aggregation {mode!r}")
+    return w.astype(np.float32)
 
 
 # ----------------------------------------------------------------- policy loss
@@ -121,6 +159,8 @@ def ppo_policy_loss(
     max_len: int | None = None,
     denom: Array | float | None = None,
     log_ratio_clamp: float = 20.0,
+    token_weights: Array | None = None,
+    is_weights: Array | None = None,
 ) -> tuple[Array, Metrics]:
     """PPO clipped surrogate with asymmetric bounds and optional dual clip.
 
@@ -137,6 +177,10 @@ def ppo_policy_loss(
         ``-A * c`` (Ye et al. 2019); ``None`` disables.
       agg, max_len, denom: see :func:`aggregate_loss`.
       log_ratio_clamp: ``logp - logp_old`` is clamped to ``[-x, x]`` before ``exp``.
+      token_weights: ``[B, T]`` aggregation weights (:func:`aggregation_weights`); replaces
+        ``agg`` / ``max_len`` / ``denom``.
+      is_weights: ``[B, T]`` importance weights multiplying each token's loss (truncated
+        importance sampling of the behaviour / learner mismatch: ``min(pi_old / mu, C)``).
 
     Returns:
       ``(loss, metrics)`` with metrics ``pg_loss``, ``pg_clipfrac`` (any clip active),
@@ -164,7 +208,10 @@ def ppo_policy_loss(
         loss_mat = jnp.where(A < 0, jnp.minimum(loss_mat, l3), loss_mat)
     else:
         dual_active = jnp.zeros_like(clipped)
-    loss = aggregate_loss(loss_mat, m, agg, max_len=max_len, denom=denom)
+    if is_weights is not None:
+        loss_mat = loss_mat * jax.lax.stop_gradient(jnp.asarray(is_weights, jnp.float32))
+    loss = aggregate_loss(loss_mat, m, agg, max_len=max_len, denom=denom,
+                          token_weights=token_weights)
     sg = jax.lax.stop_gradient
     metrics = {
         "pg_loss": sg(loss),
@@ -351,6 +398,7 @@ def actor_loss(
     agg: str = "token_mean",
     max_len: int | None = None,
     denom: Array | float | None = None,
+    token_weights: Array | None = None,
     **policy_kwargs,
 ) -> tuple[Array, Metrics]:
     """``total = pg_loss + kl_coef * kl_loss - entropy_coef * aggregate(entropy)``.
@@ -360,23 +408,28 @@ def actor_loss(
     ``ref_logprobs`` (needed when ``kl_coef != 0``) and ``entropy [B, T]`` (e.g. from
     :func:`log_probs_and_entropy`) are optional. AgentGym-RL uses ``ppo``, clip 0.2,
     ``kl_coef=1e-3`` with ``low_var_kl`` and ``entropy_coef=1e-3``.
+    ``token_weights [B, T]`` (:func:`aggregation_weights`) replace ``agg`` / ``max_len`` /
+    ``denom`` in every term.
     Metrics: the policy loss's metrics plus ``kl_loss``, ``entropy``, ``total_loss``.
     """
     m = as_mask(loss_mask)
     pg, metrics = get_policy_loss(policy_loss)(
-        logprobs, old_logprobs, advantages, m, agg=agg, max_len=max_len, denom=denom, **policy_kwargs
+        logprobs, old_logprobs, advantages, m, agg=agg, max_len=max_len, denom=denom,
+        token_weights=token_weights, **policy_kwargs
     )
     total = pg
     if ref_logprobs is not None:
         kl_mat = kl_estimate(logprobs, jax.lax.stop_gradient(ref_logprobs), kl_estimator)
-        kl = aggregate_loss(kl_mat, m, agg, max_len=max_len, denom=denom)
+        kl = aggregate_loss(kl_mat, m, agg, max_len=max_len, denom=denom,
+                            token_weights=token_weights)
         metrics["kl_loss"] = jax.lax.stop_gradient(kl)
         if kl_coef:
             total = total + kl_coef * kl
     elif kl_coef:
         raise ValueError("kl_coef != 0 needs ref_logprobs")
     if entropy is not None:
-        ent = aggregate_loss(entropy, m, agg, max_len=max_len, denom=denom)
+        ent = aggregate_loss(entropy, m, agg, max_len=max_len, denom=denom,
+                             token_weights=token_weights)
         metrics["entropy"] = jax.lax.stop_gradient(ent)
         if entropy_coef:
             total = total - entropy_coef * ent

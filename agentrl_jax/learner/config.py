@@ -38,6 +38,10 @@ class LearnerConfig:
     min_length_bucket: int = 128
     logprob_batch_size: int | None = None  # rows per compute_logprobs call (None: micro)
     logprob_chunk_size: int = 512  # positions per chunk when computing logits->logprobs
+    # > 0: pack trajectories end to end into rows of this many tokens (packed_update.py): one
+    # compiled shape per run, little padding; micro_batch_size / logprob_batch_size then count
+    # packed rows. Must be >= the longest trajectory (the rollout's max_context).
+    pack_length: int = 0
     # ------------------------------------------------------------------ RL loss
     advantage_estimator: str = "grpo"
     advantage_kwargs: Mapping[str, Any] = dataclasses.field(default_factory=dict)
@@ -49,6 +53,9 @@ class LearnerConfig:
     clip_ratio_high: float = 0.2  # clip-higher (DAPO): e.g. 0.28
     dual_clip: float | None = 3.0  # dual-clip constant c for A < 0; None = off
     ratio_source: str = "rollout"  # old logprobs: "rollout" (sampler) | "recompute"
+    # truncated importance sampling of the sampler / learner mismatch (packed updates): each
+    # token's policy loss is weighted by min(exp(learner_old - rollout), tis_cap); None = off
+    tis_cap: float | None = None
     temperature: float = 1.0  # sampling temperature; logits are divided by it
     kl_coef: float = 0.0
     kl_estimator: str = "k3"  # k1 | k2 | k3 (low_var_kl)
@@ -87,6 +94,8 @@ class LearnerConfig:
         check(self.logprob_chunk_size >= 1, "logprob_chunk_size must be >= 1")
         check(self.temperature > 0, "temperature must be > 0")
         check(self.min_length_bucket >= 1, "min_length_bucket must be >= 1")
+        check(self.pack_length >= 0, "pack_length must be >= 0 (0 = no packing)")
+        check(self.tis_cap is None or self.tis_cap > 0, "tis_cap must be > 0 or None")
         check(all(b >= 1 for b in self.length_buckets), "length_buckets must be positive")
         check(self.kl_estimator.lower() in ("k1", "k2", "k3", "low_var_kl", "kl", "mse", "abs"),
               "kl_estimator must be k1 / k2 / k3")

@@ -62,6 +62,8 @@ from agentrl_jax.learner.critic import ValueModel, critic_from_policy, values_fn
 from agentrl_jax.learner.logprobs import token_logprobs
 from agentrl_jax.learner.metrics import MetricsWriter, Throughput, batch_stats
 from agentrl_jax.learner.optim import make_optimizer, optimizer_step_count
+from agentrl_jax.learner.packed_step import PackedSteps
+from agentrl_jax.learner.packed_update import PackedUpdate
 from agentrl_jax.learner.train_step import make_train_step, minibatch_sharding
 from agentrl_jax.models.config import ModelConfig
 from agentrl_jax.models.llama import CausalLM
@@ -214,6 +216,38 @@ class Learner:
                 return lp, ent
             return jax.jit(fn, in_shardings=(shardings, bs, bs), out_shardings=(bs, bs))
         return _cached(key, build)
+
+    def _packed_logprob_fn(self, params_dtype: str):
+        """``(params, tokens, segment_ids, positions [R, P]) -> logprobs [R, P]`` of packed
+        rows (the learner's alignment; see ``logprobs.py``)."""
+        cfg = self.config
+        key = ("packed_logprobs", self.graphdef, self.mesh, params_dtype, cfg.logprob_chunk_size,
+               cfg.temperature)
+        graphdef, mesh, shardings = self.graphdef, self.mesh, self.param_shardings
+
+        def build():  # closes over locals only (never ``self``: the cache outlives learners)
+            bs = batch_sharding(mesh, 2)
+
+            def fn(params, tokens, segment_ids, positions):
+                with activation_mesh(mesh):
+                    lp, _ = token_logprobs(graphdef, params, tokens, None,
+                                           chunk_size=cfg.logprob_chunk_size,
+                                           temperature=cfg.temperature,
+                                           segment_ids=segment_ids, positions=positions)
+                return lp
+            return jax.jit(fn, in_shardings=(shardings, bs, bs, bs), out_shardings=bs)
+        return _cached(key, build)
+
+    def _row_sharding(self):
+        """``[rows, T]`` arrays: rows over data x fsdp."""
+        return batch_sharding(self.mesh, 2)
+
+    def _packed_steps(self, batch_keys: tuple[str, ...]) -> PackedSteps:
+        key = ("packed", self.graphdef, self._cfg_key, self.mesh, batch_keys)
+        return _cached(key, lambda: PackedSteps(
+            config=self.config, mesh=self.mesh, graphdef=self.graphdef, tx=self.tx,
+            param_shardings=self.param_shardings, opt_shardings=self.opt_shardings,
+            batch_keys=batch_keys))
 
     def _value_fn(self):
         key = ("values", self.critic_graphdef, self.mesh, self.config.use_attention_mask)
@@ -458,6 +492,11 @@ class Learner:
         cfg = self.config
         local = _local_mode(process_local)
         self._check_update_batch(batch, local)
+        if cfg.pack_length and not local and self.critic_params is None:
+            metrics = PackedUpdate(self)(batch)
+            if log and self.writer is not None:
+                self.writer.write(self.update_step, metrics)
+            return metrics
         t_start = time.perf_counter()
         b, t = np.asarray(batch["tokens"]).shape
         n_proc = self._require_process_local_layout() if local else 1

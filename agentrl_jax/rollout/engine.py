@@ -45,6 +45,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from agentrl_jax.learner.logprobs import lm_head_f32
 from agentrl_jax.models.config import ModelConfig
 from agentrl_jax.models.llama import CausalLM, abstract_model
 from agentrl_jax.rollout.base import (BackendUnavailableError, BatchedSamplesBackend,
@@ -132,6 +133,9 @@ def _compiled(graphdef: Any, max_batch: int, max_length: int, decode_steps: int,
 
     def decode(state, cache, ints, floats, num_steps, exit_on_finish, mode):
         model = nnx.merge(graphdef, state)
+        # the learner's LM head: compute-dtype operands, float32 logits (bf16-rounded logits
+        # would put ~0.06 of noise on a logit of 20 and skew the PPO ratio)
+        head = lm_head_f32(model)
         top_k, keys = ints[:, _TOPK], jax.lax.bitcast_convert_type(ints[:, _KEY0:_KEY1 + 1],
                                                                    jnp.uint32)
         sample_index, stop_ids = ints[:, _IDX], ints[:, _STOP:_STOP + M]
@@ -149,7 +153,7 @@ def _compiled(graphdef: Any, max_batch: int, max_length: int, decode_steps: int,
             i, cache, tokens, positions, active, remaining, counter, finished_any, outs = c
             pos_in = jnp.where(active, positions, S)  # idle rows write nothing (position S)
             hidden, cache = forward(model, tokens[:, None], pos_in[:, None], cache)
-            logits = model.logits(hidden[:, 0])
+            logits = head(hidden[:, 0])
             tok, lp, lp_raw = sample_tokens(logits, temperature, top_k, top_p, min_p, keys,
                                             sample_index, counter, mode)
             tok = jnp.where(active, tok, 0)

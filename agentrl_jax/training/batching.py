@@ -46,3 +46,21 @@ def assemble_batch(trajectories: Sequence[Trajectory], pad_id: int = 0,
         "group_id": np.asarray([t.group_id for t in trajectories], np.int32),
         "reward": np.asarray([t.reward for t in trajectories], np.float32),
     }
+
+
+def informative_groups(trajectories: Sequence[Trajectory], min_spread: float = 1e-6
+                       ) -> tuple[list[Trajectory], int]:
+    """Drop the groups whose rewards are all equal (spread <= ``min_spread``).
+
+    With group-relative advantages (GRPO, RLOO, Dr.GRPO) such a group has advantage 0 on every
+    token: it adds nothing to the policy gradient, yet with ``token_mean`` its tokens dilute
+    every other token's weight and cost a full forward + backward. In sparse-reward agent tasks
+    most early groups are all-failure, so dropping them both sharpens and speeds up the update
+    (DAPO's dynamic sampling, without re-sampling). Returns ``(kept, dropped_group_count)``;
+    kept trajectories stay in their input order.
+    """
+    rewards: dict[int, list[float]] = {}
+    for t in trajectories:
+        rewards.setdefault(t.group_id, []).append(float(t.reward))
+    flat = {g for g, r in rewards.items() if max(r) - min(r) <= min_spread}
+    return [t for t in trajectories if t.group_id not in flat], len(flat)

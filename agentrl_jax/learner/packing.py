@@ -1,0 +1,103 @@
+"""Sequence packing: many variable-length trajectories in a few fixed-length rows.
+
+A rollout batch holds ``B`` right-padded rows of very different lengths (a BabyAI batch
+averages ~1,000 tokens with a few near 4,096). Padding every row to one power-of-two bucket
+wastes most of the compute and compiles a new program whenever the bucket changes. Packing
+places the trajectories end to end in rows of one fixed length ``P`` (first-fit decreasing), so
+the learner always runs ``[rows, P]`` arrays: one compiled shape per run, little padding.
+
+Inside a packed row, trajectory ``j`` occupies ``[offset_j, offset_j + L_j)``; its tokens carry
+``segment_ids = j + 1`` (0 = padding) and ``positions = 0 .. L_j - 1``, so attention (segment
+mask + causal) and RoPE see exactly what they would see in an unpacked row. Per-token arrays
+keep the learner's alignment convention (``x[t]`` belongs to token ``t``): the log-prob of a
+segment's first token would be predicted across the segment boundary, but that token is a
+prompt token (loss mask 0) and the learner never uses it.
+
+All functions are host-side NumPy.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+
+@dataclasses.dataclass(frozen=True)
+class PackPlan:
+    """Where each source row goes: ``row[i]``, ``offset[i]``, ``length[i]`` (all ``[B]``),
+    into ``num_rows`` packed rows of ``pack_length`` tokens."""
+
+    row: np.ndarray
+    offset: np.ndarray
+    length: np.ndarray
+    num_rows: int
+    pack_length: int
+
+    @property
+    def efficiency(self) -> float:
+        """Real tokens / packed slots (1.0 = no padding)."""
+        return float(self.length.sum()) / max(self.num_rows * self.pack_length, 1)
+
+
+def plan_packing(lengths: np.ndarray, pack_length: int, row_multiple: int = 1) -> PackPlan:
+    """First-fit-decreasing bin packing of ``lengths [B]`` into rows of ``pack_length``.
+
+    ``row_multiple``: the number of rows is rounded up to a multiple of it (empty rows).
+    Raises ``ValueError`` for a sequence longer than ``pack_length``.
+    """
+    lengths = np.asarray(lengths, np.int64)
+    if lengths.size and lengths.max() > pack_length:
+        raise ValueError(f"a trajectory of {int(lengths.max())} tokens does not fit the pack "
+                         f"length {pack_length}; raise learner.pack_length (>= the rollout's "
+                         "max_context)")
+    order = np.argsort(-lengths, kind="stable")
+    free: list[int] = []  # remaining room per packed row
+    row = np.zeros(lengths.shape, np.int64)
+    offset = np.zeros(lengths.shape, np.int64)
+    for i in order:
+        n = int(lengths[i])
+        for r, room in enumerate(free):
+            if room >= n:
+                break
+        else:
+            r = len(free)
+            free.append(pack_length)
+        row[i], offset[i] = r, pack_length - free[r]
+        free[r] -= n
+    num_rows = max(len(free), 1)
+    num_rows = -(-num_rows // row_multiple) * row_multiple
+    return PackPlan(row=row, offset=offset, length=lengths, num_rows=num_rows,
+                    pack_length=pack_length)
+
+
+def pack(plan: PackPlan, x: np.ndarray, fill: float = 0) -> np.ndarray:
+    """``x [B, T, ...]`` (right-padded rows) -> ``[num_rows, pack_length, ...]``."""
+    x = np.asarray(x)
+    out = np.full((plan.num_rows, plan.pack_length, *x.shape[2:]), fill, x.dtype)
+    for i, (r, o, n) in enumerate(zip(plan.row, plan.offset, plan.length)):
+        out[r, o:o + n] = x[i, :n]
+    return out
+
+
+def unpack(plan: PackPlan, y: np.ndarray, width: int, fill: float = 0) -> np.ndarray:
+    """The inverse of :func:`pack`: ``[num_rows, pack_length, ...]`` -> ``[B, width, ...]``."""
+    y = np.asarray(y)
+    out = np.full((plan.row.size, width, *y.shape[2:]), fill, y.dtype)
+    for i, (r, o, n) in enumerate(zip(plan.row, plan.offset, plan.length)):
+        out[i, :n] = y[r, o:o + n]
+    return out
+
+
+def segment_layout(plan: PackPlan) -> tuple[np.ndarray, np.ndarray]:
+    """``(segment_ids, positions)``, both ``[num_rows, pack_length]`` int32: segment ``i + 1``
+    for source row ``i`` (0 on padding), positions restarting at 0 in every segment."""
+    seg = np.zeros((plan.num_rows, plan.pack_length), np.int32)
+    pos = np.zeros((plan.num_rows, plan.pack_length), np.int32)
+    for i, (r, o, n) in enumerate(zip(plan.row, plan.offset, plan.length)):
+        seg[r, o:o + n] = i + 1
+        pos[r, o:o + n] = np.arange(n)
+    return seg, pos
+
+
+__all__ = ["PackPlan", "plan_packing", "pack", "unpack", "segment_layout"]

@@ -1,0 +1,111 @@
+"""Sequence packing (learner/packing.py), aggregation weights and the packed update.
+
+References: a brute-force check of the packing plan, ``aggregate_loss`` (for the token
+weights, in float64 NumPy too), and the learner's padded update path on the same batch (the
+packed update must give the same parameters after one optimiser step).
+"""
+
+from __future__ import annotations
+
+import jax
+import numpy as np
+import pytest
+
+from agentrl_jax.algorithms import aggregate_loss, aggregation_weights
+from agentrl_jax.learner import Learner, LearnerConfig
+from agentrl_jax.learner.packed_update import behaviour_consistency
+from agentrl_jax.learner.packing import pack, plan_packing, segment_layout, unpack
+from tests.test_learner import TINY, base_state, fresh_model, multiturn_batch, one_device_mesh  # noqa: F401
+
+
+def test_plan_places_every_sequence_once_without_overlap():
+    rng = np.random.default_rng(0)
+    lengths = rng.integers(1, 100, 57)
+    plan = plan_packing(lengths, 128, row_multiple=4)
+    assert plan.num_rows % 4 == 0
+    used = np.zeros((plan.num_rows, 128), np.int32)
+    for r, o, n in zip(plan.row, plan.offset, plan.length):
+        assert 0 <= o and o + n <= 128
+        used[r, o:o + n] += 1
+    assert used.max() == 1 and used.sum() == lengths.sum()
+    # first-fit decreasing uses at most 11/9 OPT + 1 rows; OPT >= total / 128
+    assert len(set(plan.row.tolist())) <= int(11 / 9 * np.ceil(lengths.sum() / 128)) + 1
+
+
+def test_pack_unpack_round_trip_and_segments():
+    rng = np.random.default_rng(1)
+    lengths = np.array([5, 3, 7, 2, 8])
+    x = np.zeros((5, 8), np.float32)
+    for i, n in enumerate(lengths):
+        x[i, :n] = rng.normal(size=n)
+    plan = plan_packing(lengths, 10)
+    packed = pack(plan, x)
+    assert packed.shape == (plan.num_rows, 10)
+    np.testing.assert_array_equal(unpack(plan, packed, 8), x)
+    seg, pos = segment_layout(plan)
+    for i, (r, o, n) in enumerate(zip(plan.row, plan.offset, plan.length)):
+        assert (seg[r, o:o + n] == i + 1).all()
+        np.testing.assert_array_equal(pos[r, o:o + n], np.arange(n))
+    assert (seg == 0).sum() == plan.num_rows * 10 - lengths.sum()
+    with pytest.raises(ValueError, match="pack length"):
+        plan_packing(np.array([11]), 10)
+
+
+@pytest.mark.parametrize("mode", ["token_mean", "seq_mean_token_sum", "seq_mean_token_mean",
+                                  "seq_mean_token_sum_norm"])
+def test_aggregation_weights_reproduce_every_mode(mode):
+    rng = np.random.default_rng(2)
+    m = (rng.random((6, 11)) > 0.5).astype(np.float32)
+    m[3] = 0  # a fully masked row counts as no sequence
+    loss = rng.normal(size=(6, 11))
+    w = aggregation_weights(m, mode)
+    # float64 reference written from the definitions
+    rows = [b for b in range(6) if m[b].any()]
+    if mode == "token_mean":
+        ref = (loss * m).sum() / m.sum()
+    elif mode == "seq_mean_token_sum":
+        ref = sum((loss[b] * m[b]).sum() for b in rows) / len(rows)
+    elif mode == "seq_mean_token_mean":
+        ref = sum((loss[b] * m[b]).sum() / m[b].sum() for b in rows) / len(rows)
+    else:
+        ref = sum((loss[b] * m[b]).sum() for b in rows) / len(rows) / 11
+    assert (loss * w).sum() == pytest.approx(ref, rel=1e-6)
+    assert float(aggregate_loss(loss.astype(np.float32), m, mode)) == pytest.approx(ref, rel=1e-5)
+    # split into micro-batches, the weighted sums add up to the whole
+    assert sum((loss[s] * w[s]).sum() for s in (slice(0, 2), slice(2, 6))) == pytest.approx(ref)
+
+
+def test_behaviour_consistency_reports_the_first_step_ratio():
+    mask = np.array([[0, 1, 1, 0]], np.float32)
+    rollout = np.array([[0.0, -1.0, -2.0, -9.0]])
+    learner = np.array([[0.0, -1.0 + np.log(1.2), -2.0 - np.log(2.0), 5.0]])
+    m = behaviour_consistency(rollout, learner, mask)
+    assert m["rollout/behaviour_ratio_max"] == pytest.approx(1.2)
+    assert m["rollout/behaviour_ratio_min"] == pytest.approx(0.5)
+    assert m["rollout/logprob_abs_diff_max"] == pytest.approx(np.log(2.0))
+    assert m["rollout/behaviour_ratio_outside_10pct"] == pytest.approx(1.0)
+
+
+@pytest.mark.parametrize("agg", ["token_mean", "seq_mean_token_mean"])
+def test_packed_update_equals_the_padded_update(base_state, agg):  # noqa: F811
+    """One optimiser step on packed rows (segment-masked attention, restarted positions, token
+    weights, micro-batches of packed rows) gives the parameters of the padded path."""
+    batch = multiturn_batch(5, batch=6, length=30)
+    common = dict(dtype="float32", remat=False, learning_rate=1e-3, min_length_bucket=32,
+                  logprob_chunk_size=12, kl_coef=0.01, entropy_coef=0.01,
+                  ratio_source="recompute", loss_agg_mode=agg, shuffle=False)
+    mesh = one_device_mesh()
+    padded = Learner(fresh_model(base_state), LearnerConfig(micro_batch_size=2, **common),
+                     mesh=mesh)
+    packed = Learner(fresh_model(base_state),
+                     LearnerConfig(micro_batch_size=1, pack_length=48, **common), mesh=mesh)
+    m_pad = padded.update(batch)
+    m_pack = packed.update(batch)
+    assert m_pack["batch/packed_rows"] < 6  # rows were really packed
+    for a, b in zip(jax.tree.leaves(padded.params), jax.tree.leaves(packed.params)):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=2e-6, rtol=1e-4)
+    for key in ("actor/pg_loss", "actor/kl_loss", "actor/entropy"):
+        assert m_pack[key] == pytest.approx(m_pad[key], rel=1e-4, abs=1e-6), key
+    # same parameters sampled the (here: recomputed) logprobs: the first-step ratio is 1
+    assert m_pack["actor/ratio_max"] == pytest.approx(1.0, abs=1e-5)
+    assert m_pack["actor/ratio_min"] == pytest.approx(1.0, abs=1e-5)
