@@ -9,7 +9,8 @@ for a few steps per variant, in one process, and reads the per-step metrics it l
 Variants (each a set of config overrides on ``--config``):
   packed  the config as given (packed learner rows, flat groups skipped when the config does)
   padded  the previous learner path: rows padded to power-of-two length buckets, every group
-          trained (``learner.pack_length=0``, ``train.skip_flat_groups=False``)
+          trained, XLA / cuDNN causal attention (``learner.pack_length=0``,
+          ``train.skip_flat_groups=False``, ``learner.attention_impl=None``)
 
 Per step: ``step`` (wall, rollout included), ``rollout`` (actor pool wall), ``update``
 (learner.update: old / reference log-probs + optimiser steps), ``sync`` (weights to the engine),
@@ -33,7 +34,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 VARIANTS = {
     "packed": {},
-    "padded": {"learner.pack_length": 0, "train.skip_flat_groups": False},
+    "padded": {"learner.pack_length": 0, "train.skip_flat_groups": False,
+               "learner.attention_impl": None},
 }
 
 

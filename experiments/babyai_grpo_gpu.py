@@ -45,6 +45,7 @@ def get_config():
     c.learner.dtype = "bfloat16"
     c.learner.remat = False
     c.learner.pack_length = 3072
+    c.learner.attention_impl = "chunked"  # segment-masked flash-style attention (packed rows)
     c.learner.micro_batch_size = 8
     c.learner.logprob_batch_size = 16
     c.learner.mini_batches = 2

@@ -46,7 +46,6 @@ from __future__ import annotations
 
 import functools
 import json
-import time
 from typing import Any, Mapping
 
 import jax
@@ -55,40 +54,29 @@ import numpy as np
 from flax import nnx
 from jax.sharding import Mesh
 
-from agentrl_jax.algorithms import compute_advantages, kl_estimate
 from agentrl_jax.learner.checkpoint import Checkpointer
 from agentrl_jax.learner.config import LearnerConfig, bucket_length
+from agentrl_jax.learner.jit_cache import cached
 from agentrl_jax.learner.critic import ValueModel, critic_from_policy, values_fn
 from agentrl_jax.learner.logprobs import token_logprobs
-from agentrl_jax.learner.metrics import MetricsWriter, Throughput, batch_stats
-from agentrl_jax.learner.optim import make_optimizer, optimizer_step_count
+from agentrl_jax.learner.metrics import MetricsWriter, Throughput
+from agentrl_jax.learner.optim import make_optimizer
 from agentrl_jax.learner.packed_step import PackedSteps
 from agentrl_jax.learner.packed_update import PackedUpdate
+from agentrl_jax.learner.padded_update import PaddedUpdate
 from agentrl_jax.learner.train_step import make_train_step, minibatch_sharding
 from agentrl_jax.models.config import ModelConfig
 from agentrl_jax.models.llama import CausalLM
 from agentrl_jax.sharding.activations import activation_mesh
 from agentrl_jax.sharding.mesh import mesh_from_config
-from agentrl_jax.sharding.placement import (agree_max, allgather_rows,
-                                            check_process_local_layout, place_global,
-                                            place_process_local, process_rows, to_host,
+from agentrl_jax.sharding.placement import (agree_max, check_process_local_layout,
+                                            place_global, place_process_local, process_rows,
                                             to_host_tree)
 from agentrl_jax.sharding.rules import BATCH_AXES, batch_sharding, state_shardings
 
 Batch = Mapping[str, Any]
 
 _REQUIRED = ("tokens", "loss_mask", "attention_mask", "group_id", "reward")
-
-# Compiled functions shared by Learner objects with the same model / config / mesh (tests,
-# restarts in one process): a new Learner does not recompile.
-_JIT_CACHE: dict[Any, Any] = {}
-
-
-def _cached(key, build):
-    if key not in _JIT_CACHE:
-        _JIT_CACHE[key] = build()
-    return _JIT_CACHE[key]
-
 
 def _abstract(module_fn):
     return nnx.eval_shape(module_fn)
@@ -97,10 +85,6 @@ def _abstract(module_fn):
 def _copy_tree(tree, dtype=None):
     """A real copy (new buffers; never aliased by donation), optionally cast."""
     return jax.tree.map(lambda x: jnp.array(x, dtype=dtype or x.dtype, copy=True), tree)
-
-
-def _as_np(x, dtype) -> np.ndarray:
-    return to_host(x).astype(dtype, copy=False)
 
 
 def _local_mode(process_local: bool) -> bool:
@@ -215,7 +199,7 @@ class Learner:
                                              use_attention_mask=cfg.use_attention_mask)
                 return lp, ent
             return jax.jit(fn, in_shardings=(shardings, bs, bs), out_shardings=(bs, bs))
-        return _cached(key, build)
+        return cached(key, build)
 
     def _packed_logprob_fn(self, params_dtype: str):
         """``(params, tokens, segment_ids, positions [R, P]) -> logprobs [R, P]`` of packed
@@ -236,7 +220,7 @@ class Learner:
                                            segment_ids=segment_ids, positions=positions)
                 return lp
             return jax.jit(fn, in_shardings=(shardings, bs, bs, bs), out_shardings=bs)
-        return _cached(key, build)
+        return cached(key, build)
 
     def _row_sharding(self):
         """``[rows, T]`` arrays: rows over data x fsdp."""
@@ -244,7 +228,7 @@ class Learner:
 
     def _packed_steps(self, batch_keys: tuple[str, ...]) -> PackedSteps:
         key = ("packed", self.graphdef, self._cfg_key, self.mesh, batch_keys)
-        return _cached(key, lambda: PackedSteps(
+        return cached(key, lambda: PackedSteps(
             config=self.config, mesh=self.mesh, graphdef=self.graphdef, tx=self.tx,
             param_shardings=self.param_shardings, opt_shardings=self.opt_shardings,
             batch_keys=batch_keys))
@@ -263,12 +247,12 @@ class Learner:
                     return fn(p, t, a)
             return jax.jit(traced, in_shardings=(self.critic_shardings, bs, bs),
                            out_shardings=bs)
-        return _cached(key, build)
+        return cached(key, build)
 
     def _train_step(self, batch_keys: tuple[str, ...], train_policy: bool, train_critic: bool):
         key = ("train", self.graphdef, self.critic_graphdef, self._cfg_key, self.mesh, batch_keys,
                train_policy, train_critic)
-        return _cached(key, lambda: make_train_step(
+        return cached(key, lambda: make_train_step(
             config=self.config, mesh=self.mesh, policy_graphdef=self.graphdef, policy_tx=self.tx,
             policy_shardings=self.param_shardings, policy_opt_shardings=self.opt_shardings,
             critic_graphdef=self.critic_graphdef, critic_tx=self.critic_tx,
@@ -330,57 +314,6 @@ class Learner:
         check_process_local_layout(batch_sharding(self.mesh, 2), (self.batch_shards, 1))
         return n_proc
 
-    def _agree_groups(self, group_id, rows_local: int) -> int:
-        """Process-local batches: raise (on every process) if a group id occurs on two
-        processes; return the first group id of this process's pad rows (globally unique)."""
-        ids = np.unique(np.asarray(group_id).astype(np.int64))
-        width = agree_max(ids.size)
-        row = np.zeros((1, width + 1), np.int32)  # [count, ids..., 0 padding]
-        row[0, 0] = ids.size
-        row[0, 1:1 + ids.size] = ids
-        table = allgather_rows(row)  # [P, width + 1]
-        per_proc = [r[1:1 + r[0]] for r in table]
-        seen = np.concatenate(per_proc)
-        uniq, counts = np.unique(seen, return_counts=True)
-        if np.any(counts > 1):
-            raise ValueError(
-                f"process_local=True: group ids {uniq[counts > 1][:8].tolist()} occur on more "
-                "than one process; keep all samples of a group on one process and give groups "
-                "globally unique ids (e.g. offset them by process_index * groups_per_process)")
-        first = int(seen.max()) + 1 if seen.size else 0
-        return first + jax.process_index() * rows_local
-
-    def _pad(self, batch: Batch, rows: int, cols: int,
-             first_pad_group: int | None = None) -> dict[str, np.ndarray]:
-        """Host arrays padded to ``[rows, cols]`` (zeros; fresh group ids on pad rows, from
-        ``first_pad_group`` or else the batch's largest id + 1)."""
-        b, t = np.asarray(batch["tokens"]).shape
-        if cols < t:
-            raise ValueError(f"batch length {t} exceeds padded length {cols}")
-
-        def pad2(x, dtype):
-            out = np.zeros((rows, cols), dtype)
-            out[:b, :t] = np.asarray(x).astype(dtype, copy=False)
-            return out
-
-        out = {"tokens": pad2(batch["tokens"], np.int32),
-               "attention_mask": pad2(batch["attention_mask"], np.int32),
-               "loss_mask": pad2(np.asarray(batch["loss_mask"]) != 0, np.float32)}
-        for k in ("rollout_logprobs", "token_rewards", "advantages", "returns"):
-            if batch.get(k) is not None:
-                out[k] = pad2(batch[k], np.float32)
-        if "reward" in batch:
-            r = np.zeros((rows,), np.float32)
-            r[:b] = np.asarray(batch["reward"], np.float32)
-            out["reward"] = r
-        if "group_id" in batch:
-            g = np.asarray(batch["group_id"]).astype(np.int64)
-            start = first_pad_group if first_pad_group is not None else (g.max() + 1 if b else 0)
-            fresh = start + np.arange(rows - b)
-            out["group_id"] = np.concatenate([g, fresh]).astype(np.int32)
-        return out
-
-    # ------------------------------------------------------------------ forward passes
     def _forward_rows(self, fn, params, tokens: np.ndarray, attention_mask: np.ndarray,
                       local: bool = False):
         """Run ``fn(params, tokens, mask)`` over row chunks of ``logprob_batch_size``.
@@ -458,216 +391,23 @@ class Learner:
         return self._prepared_forward(
             batch, lambda t, a: self._forward_rows(fn, self.critic_params, t, a, local), local)
 
-    def _advantages_global(self, hb: dict[str, np.ndarray], values, token_rewards):
-        """Process-local rows: advantages / returns of this process's rows, computed in jit
-        over the global batch (group statistics and whitening span every process)."""
-        cfg, mesh = self.config, self.mesh
-        args = {"rewards": hb["reward"], "loss_mask": hb["loss_mask"],
-                "group_ids": hb["group_id"]}
-        if values is not None:
-            args["values"] = values
-        if token_rewards is not None:
-            args["token_rewards"] = token_rewards
-        key = ("advantages", mesh, self._cfg_key, tuple(sorted(args)))
-
-        def build():  # closes over locals only
-            def fn(a):
-                return compute_advantages(cfg.advantage_estimator, **a, gamma=cfg.gamma,
-                                          lam=cfg.lam, **cfg.advantage_kwargs)
-            return jax.jit(fn, out_shardings=batch_sharding(mesh, 2))
-        placed = {k: place_process_local(np.asarray(v), batch_sharding(mesh, np.ndim(v)))
-                  for k, v in args.items()}
-        out = _cached(key, build)(placed)
-        return (process_rows(out.advantages).astype(np.float32, copy=False),
-                process_rows(out.returns).astype(np.float32, copy=False))
-
-    # ------------------------------------------------------------------ update
     def update(self, batch: Batch, log: bool = True, process_local: bool = False
                ) -> dict[str, float]:
         """One RL update from a rollout batch; returns metrics (also written to the log).
 
+        Packed rows (``config.pack_length > 0``, single-process batches, no critic):
+        ``packed_update.PackedUpdate``; otherwise rows padded to length buckets:
+        ``padded_update.PaddedUpdate``.
+
         ``process_local``: ``batch`` holds only this process's rows (see the module
         docstring: group ids globally unique, each group on one process); the metrics
         describe the global batch. Default: every process passes the same global batch."""
-        cfg = self.config
         local = _local_mode(process_local)
         self._check_update_batch(batch, local)
-        if cfg.pack_length and not local and self.critic_params is None:
+        if self.config.pack_length and not local and self.critic_params is None:
             metrics = PackedUpdate(self)(batch)
-            if log and self.writer is not None:
-                self.writer.write(self.update_step, metrics)
-            return metrics
-        t_start = time.perf_counter()
-        b, t = np.asarray(batch["tokens"]).shape
-        n_proc = self._require_process_local_layout() if local else 1
-        if local:
-            t_all = agree_max(t)
-            rows, cols = self.padded_shape(agree_max(b) * n_proc, t_all)
         else:
-            t_all = t
-            rows, cols = self.padded_shape(b, t)
-        rows_local = rows // n_proc  # this process's padded rows (all of them: rows)
-        first_pad_group = None
-        if local and "group_id" in batch and "advantages" not in batch:
-            first_pad_group = self._agree_groups(batch["group_id"], rows_local)
-        hb = self._pad(batch, rows_local, cols, first_pad_group)
-        m = hb["loss_mask"]
-
-        # --- forward-only passes (old / reference logprobs, values)
-        t0 = time.perf_counter()
-        need_old = cfg.ratio_source == "recompute" or "rollout_logprobs" not in hb
-        if need_old:
-            old_lp, _ = self._forward_rows(
-                self._logprob_fn(str(jax.tree.leaves(self.params)[0].dtype)), self.params,
-                hb["tokens"], hb["attention_mask"], local)
-        else:
-            old_lp = hb["rollout_logprobs"]
-        ref_lp = None
-        if self.ref_params is not None:
-            ref_lp, _ = self._forward_rows(
-                self._logprob_fn(cfg.reference_dtype), self.ref_params, hb["tokens"],
-                hb["attention_mask"], local)
-        values = None
-        if self.critic_params is not None:
-            values = self._forward_rows(self._value_fn(), self.critic_params, hb["tokens"],
-                                        hb["attention_mask"], local)
-        t_forward = time.perf_counter() - t0
-
-        # --- rewards and advantages
-        token_rewards = hb.get("token_rewards")
-        kl_tok = None
-        if ref_lp is not None:
-            kl_tok = np.asarray(kl_estimate(old_lp, ref_lp, cfg.kl_estimator))
-            if cfg.kl_in_reward:
-                base = token_rewards if token_rewards is not None else np.zeros_like(m)
-                token_rewards = base - cfg.kl_coef * kl_tok * m
-        if "advantages" in hb:
-            adv = hb["advantages"]
-            ret = hb.get("returns", adv)
-        elif local:
-            adv, ret = self._advantages_global(hb, values, token_rewards)
-        else:
-            out = compute_advantages(
-                cfg.advantage_estimator, rewards=hb["reward"], loss_mask=m,
-                group_ids=hb["group_id"], values=values, token_rewards=token_rewards,
-                gamma=cfg.gamma, lam=cfg.lam, **cfg.advantage_kwargs)
-            adv, ret = _as_np(out.advantages, np.float32), _as_np(out.returns, np.float32)
-
-        mb_data = {"tokens": hb["tokens"], "attention_mask": hb["attention_mask"],
-                   "loss_mask": m, "old_logprobs": _as_np(old_lp, np.float32),
-                   "advantages": adv}
-        if ref_lp is not None and not cfg.kl_in_reward:
-            mb_data["ref_logprobs"] = _as_np(ref_lp, np.float32)
-        if values is not None:
-            mb_data["returns"] = ret
-            mb_data["old_values"] = _as_np(values, np.float32)
-        keys = tuple(sorted(mb_data))
-        train_policy = self.update_step >= cfg.critic_warmup_steps or values is None
-        step_fn = self._train_step(keys, train_policy, values is not None)
-
-        # --- epochs x mini-batches of jitted optimiser steps (with process-local rows, each
-        # mini-batch takes rows_local / mini_batches rows of every process)
-        per_mini = rows_local // cfg.mini_batches
-        n_micro = rows // cfg.mini_batches // cfg.micro_batch_size
-        micro = cfg.micro_batch_size // n_proc
-        mb_sh = minibatch_sharding(self.mesh)
-        rng = np.random.default_rng([cfg.seed, self.update_step])
-        step_metrics = []
-        lr_before = float(self.schedule(optimizer_step_count(self.opt_state) or 0))
-        t0 = time.perf_counter()
-        for _ in range(cfg.epochs):
-            order = rng.permutation(rows_local) if cfg.shuffle else np.arange(rows_local)
-            for k in range(cfg.mini_batches):
-                idx = order[k * per_mini:(k + 1) * per_mini]
-                mb = {}
-                for name, arr in mb_data.items():
-                    x = arr[idx].reshape(n_micro, micro, *arr.shape[1:])
-                    mb[name] = (place_process_local(
-                        x, mb_sh, (n_micro, cfg.micro_batch_size, *arr.shape[1:]))
-                        if local else place_global(x, mb_sh))
-                (self.params, self.opt_state, self.critic_params, self.critic_opt_state,
-                 sm) = step_fn(self.params, self.opt_state, self.critic_params,
-                               self.critic_opt_state, mb)
-                step_metrics.append(sm)
-        step_metrics = to_host_tree(step_metrics)
-        t_train = time.perf_counter() - t0
-        self.update_step += 1
-
-        # --- host views of the batch for metrics: the global batch's real rows [b_all, t_all]
-        diff_arrays = "rollout_logprobs" in hb and need_old
-        if local:
-            view = {"loss_mask": m, "attention_mask": hb["attention_mask"], "advantages": adv,
-                    "returns": ret, "real_row": np.arange(rows_local) < b}
-            extra = {"reward": hb.get("reward"), "values": values, "kl": kl_tok}
-            if diff_arrays:
-                extra.update(old_logprobs=old_lp, rollout_logprobs=hb["rollout_logprobs"])
-            view.update({name: np.asarray(arr) for name, arr in extra.items() if arr is not None})
-            view = allgather_rows(view)
-            sel = view["real_row"]
-            real = view["loss_mask"][sel, :t_all] != 0
-            seq_real = view["attention_mask"][sel, :t_all] != 0
-            mask_all, am_all = view["loss_mask"], view["attention_mask"]
-            adv_r, ret_r = view["advantages"][sel, :t_all], view["returns"][sel, :t_all]
-            val_r = view["values"][sel, :t_all] if values is not None else None
-            rew_r = view["reward"][sel] if "reward" in view else None
-            kl_all = view.get("kl")
-            if diff_arrays:
-                rollout_all, old_all = view["rollout_logprobs"], view["old_logprobs"]
-            b_all = int(sel.sum())
-        else:
-            real = np.asarray(batch["loss_mask"]) != 0
-            seq_real = np.asarray(batch["attention_mask"]) != 0
-            mask_all, am_all = m, hb["attention_mask"]
-            adv_r, ret_r = adv[:b, :t], ret[:b, :t]
-            val_r = values[:b, :t] if values is not None else None
-            rew_r = np.asarray(hb["reward"])[:b] if "reward" in hb else None
-            kl_all = kl_tok
-            if diff_arrays:
-                rollout_all, old_all = hb["rollout_logprobs"], old_lp
-            b_all = b
-
-        # --- metrics
-        metrics: dict[str, float] = {}
-        if diff_arrays:
-            diff = (rollout_all - old_all)[mask_all > 0]
-            if diff.size:
-                metrics["rollout/logprob_abs_diff_mean"] = float(np.abs(diff).mean())
-                metrics["rollout/logprob_abs_diff_max"] = float(np.abs(diff).max())
-        if kl_all is not None:
-            metrics["actor/ref_kl"] = float((kl_all * mask_all).sum() / max(mask_all.sum(), 1.0))
-        for name in step_metrics[0]:
-            vals = np.array([s[name] for s in step_metrics], np.float64)
-            if name.endswith("_max"):
-                metrics[name] = float(vals.max())
-            elif name.endswith("_min"):
-                metrics[name] = float(vals.min())
-            else:
-                metrics[name] = float(vals.mean())
-        metrics["actor/lr"] = lr_before
-        if self.critic_params is not None:
-            metrics["critic/lr"] = float(self.critic_schedule(
-                optimizer_step_count(self.critic_opt_state) or 0))
-        metrics.update(batch_stats("reward", rew_r) if rew_r is not None else {})
-        metrics.update(batch_stats("advantages", adv_r, real))
-        metrics.update(batch_stats("returns", ret_r, real))
-        if val_r is not None:
-            metrics.update(batch_stats("critic/values", val_r, real))
-            r, v = ret_r[real], val_r[real]
-            if r.size > 1 and np.var(r) > 0:
-                metrics["critic/explained_variance"] = float(1.0 - np.var(r - v) / np.var(r))
-        metrics.update(batch_stats("response_length", real.sum(-1)))
-        metrics.update(batch_stats("sequence_length", seq_real.sum(-1)))
-        metrics["batch/rows"] = float(b_all)
-        metrics["batch/padded_rows"] = float(rows)
-        metrics["batch/padded_length"] = float(cols)
-        metrics["batch/generated_tokens"] = float(real.sum())
-        passes = cfg.epochs * (int(train_policy) + int(values is not None))
-        metrics.update(self.throughput(tokens=rows * cols, seq_len=cols, seconds=t_train,
-                                       passes=passes, real_tokens=int((am_all != 0).sum())))
-        metrics["perf/forward_time_s"] = t_forward
-        metrics["perf/update_time_s"] = time.perf_counter() - t_start
-        metrics["learner/update_step"] = float(self.update_step)
-        metrics["learner/optimizer_step"] = float(optimizer_step_count(self.opt_state) or 0)
+            metrics = PaddedUpdate(self)(batch, local)
         if log and self.writer is not None:
             self.writer.write(self.update_step, metrics)
         return metrics

@@ -178,3 +178,18 @@ def batch_stats(prefix: str, x: np.ndarray, mask: np.ndarray | None = None) -> d
 
 __all__ = ["PEAK_BF16_FLOPS", "peak_flops_per_device", "matmul_params", "train_flops_per_token",
            "forward_flops_per_token", "mfu", "Throughput", "MetricsWriter", "batch_stats"]
+
+
+def reduce_step_metrics(step_metrics: list[Mapping[str, Any]]) -> dict[str, float]:
+    """One value per metric over the optimiser steps of an update: the max of ``*_max``, the
+    min of ``*_min`` and the mean of everything else."""
+    out: dict[str, float] = {}
+    for name in step_metrics[0]:
+        vals = np.array([s[name] for s in step_metrics], np.float64)
+        if name.endswith("_max"):
+            out[name] = float(vals.max())
+        elif name.endswith("_min"):
+            out[name] = float(vals.min())
+        else:
+            out[name] = float(vals.mean())
+    return out

@@ -23,8 +23,9 @@ from typing import Any, Mapping
 import jax
 import numpy as np
 
-from agentrl_jax.algorithms import aggregation_weights, compute_advantages, kl_estimate
-from agentrl_jax.learner.metrics import batch_stats
+from agentrl_jax.algorithms import (aggregation_weights, compute_advantages, kl_estimate,
+                                    kl_penalized_token_rewards)
+from agentrl_jax.learner.metrics import batch_stats, reduce_step_metrics
 from agentrl_jax.learner.optim import optimizer_step_count
 from agentrl_jax.learner.packing import PackPlan, pack, plan_packing, segment_layout, unpack
 from agentrl_jax.sharding.placement import place_global, to_host, to_host_tree
@@ -112,9 +113,9 @@ class PackedUpdate:
         if ref_lp is not None:
             kl_tok = np.asarray(kl_estimate(old_lp, ref_lp, cfg.kl_estimator)) * mask
             if cfg.kl_in_reward:
-                base = (np.asarray(token_rewards, np.float32) if token_rewards is not None
-                        else np.zeros_like(mask))
-                token_rewards = base - cfg.kl_coef * kl_tok
+                token_rewards = np.asarray(kl_penalized_token_rewards(
+                    token_rewards, old_lp, ref_lp, mask, cfg.kl_coef,
+                    estimator=cfg.kl_estimator))
         if batch.get("advantages") is not None:
             adv = np.asarray(batch["advantages"], np.float32)
         else:
@@ -159,7 +160,7 @@ class PackedUpdate:
         lr.update_step += 1
 
         # --- metrics
-        metrics.update(_mean_metrics(step_metrics))
+        metrics.update(reduce_step_metrics(step_metrics))
         if kl_tok is not None:
             metrics["actor/ref_kl"] = float(kl_tok.sum() / max(mask.sum(), 1.0))
         metrics["actor/lr"] = lr_before
@@ -211,19 +212,6 @@ class PackedUpdate:
         metric_sum = {f"actor/{k}": v for k, v in metric_sum.items()}
         metric_sum["actor/grad_norm"] = norm
         return metric_sum, plan.num_rows
-
-
-def _mean_metrics(step_metrics: list[dict[str, Any]]) -> dict[str, float]:
-    out: dict[str, float] = {}
-    for name in step_metrics[0]:
-        vals = np.array([s[name] for s in step_metrics], np.float64)
-        if name.endswith("_max"):
-            out[name] = float(vals.max())
-        elif name.endswith("_min"):
-            out[name] = float(vals.min())
-        else:
-            out[name] = float(vals.mean())
-    return out
 
 
 __all__ = ["PackedUpdate", "behaviour_consistency"]

@@ -1,0 +1,141 @@
+"""A learning run's figure and numbers, from its own files: curves (PNG) drawn from
+``metrics.jsonl`` and the held-out gain with a paired bootstrap 95% interval computed from
+``trajectories_eval.jsonl`` (evaluation at the first and the last evaluated step).
+
+    python benchmarks/learning_report.py runs/babyai_gpu --out docs/results/babyai_gpu
+    python benchmarks/learning_report.py runs/a runs/b --labels scaling,fixed --out docs/results/cmp
+
+Writes to ``--out``: ``curves.png``, ``gain.json`` (before / after Avg@k, the gain and its
+interval, number of tasks and samples) and copies of the runs' small files (``metrics.jsonl``,
+``summary.json``, ``config.json``) so every figure can be checked. Trajectory files are not
+copied (large); their eval rows are summarised in gain.json.
+
+The interval: tasks are resampled with replacement (10,000 draws, seeded), each draw's gain is
+the mean over its tasks of (after success rate - before success rate) on the same task: a
+paired bootstrap over held-out tasks, the unit the evaluation samples.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+from collections import defaultdict
+
+import numpy as np
+
+PANELS = (  # (title, metric keys tried in order, y label)
+    ("train reward", ("rollout/mean_reward",), "mean episode reward"),
+    ("train success", ("rollout/success_rate",), "success rate"),
+    ("held-out success", ("eval/avg@4", "eval/avg@1", "eval/avg@8"), "Avg@k"),
+    ("entropy", ("actor/entropy",), "nats / token"),
+    ("KL to reference", ("actor/ref_kl", "actor/ppo_kl"), "k3 / k1"),
+    ("sampler vs learner log-prob", ("rollout/logprob_abs_diff_mean",), "mean |diff|"),
+    ("step time", ("train/step_seconds",), "seconds"),
+    ("horizon", ("train/horizon",), "turns"),
+)
+
+
+def read_jsonl(path: str) -> list[dict]:
+    if not os.path.exists(path):
+        return []
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def series(rows: list[dict], keys: tuple[str, ...]) -> tuple[list[int], list[float], str]:
+    for key in keys:
+        pts = [(r["step"], r[key]) for r in rows if key in r]
+        if pts:
+            return [p[0] for p in pts], [p[1] for p in pts], key
+    return [], [], keys[0]
+
+
+def eval_success_by_task(run: str) -> dict[int, dict[str, list[float]]]:
+    """``{step: {task key: [success of each sample]}}`` from trajectories_eval*.jsonl."""
+    out: dict[int, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
+    names = [n for n in sorted(os.listdir(run)) if n.startswith("trajectories_eval")]
+    for name in names:
+        for t in read_jsonl(os.path.join(run, name)):
+            if t.get("status") in ("env_error", "engine_error"):
+                continue
+            ok = bool(t.get("success")) or float(t.get("reward", 0.0)) > 0
+            out[int(t["step"])][f"{t['env']}/{t['task_id']}"].append(float(ok))
+    return out
+
+
+def paired_bootstrap(before: dict[str, list[float]], after: dict[str, list[float]],
+                     draws: int = 10_000, seed: int = 0) -> dict[str, float]:
+    tasks = sorted(set(before) & set(after))
+    if not tasks:
+        return {}
+    b = np.array([np.mean(before[t]) for t in tasks])
+    a = np.array([np.mean(after[t]) for t in tasks])
+    diff = a - b
+    rng = np.random.default_rng(seed)
+    idx = rng.integers(0, len(tasks), (draws, len(tasks)))
+    boot = diff[idx].mean(axis=1)
+    lo, hi = np.percentile(boot, [2.5, 97.5])
+    return {"tasks": len(tasks), "samples_per_task": int(np.median([len(after[t]) for t in tasks])),
+            "before_avg": float(b.mean()), "after_avg": float(a.mean()),
+            "gain": float(diff.mean()), "gain_ci95_low": float(lo), "gain_ci95_high": float(hi)}
+
+
+def plot(runs: list[str], labels: list[str], path: str) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(2, 4, figsize=(18, 7.5))
+    for run, label in zip(runs, labels):
+        rows = read_jsonl(os.path.join(run, "metrics.jsonl"))
+        for ax, (title, keys, ylabel) in zip(axes.flat, PANELS):
+            x, y, key = series(rows, keys)
+            if x:
+                style = "o-" if len(x) < 12 else "-"
+                ax.plot(x, y, style, label=label, markersize=4)
+            ax.set_title(title)
+            ax.set_xlabel("step")
+            ax.set_ylabel(ylabel)
+            ax.grid(alpha=0.3)
+    for ax in axes.flat:
+        if ax.lines and len(runs) > 1:
+            ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=80)
+    plt.close(fig)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("runs", nargs="+")
+    p.add_argument("--labels", default=None)
+    p.add_argument("--out", required=True)
+    args = p.parse_args(argv)
+    labels = args.labels.split(",") if args.labels else [os.path.basename(r.rstrip("/"))
+                                                         for r in args.runs]
+    os.makedirs(args.out, exist_ok=True)
+    plot(args.runs, labels, os.path.join(args.out, "curves.png"))
+    report = {}
+    for run, label in zip(args.runs, labels):
+        evals = eval_success_by_task(run)
+        entry: dict = {"eval_steps": sorted(evals)}
+        if len(evals) >= 2:
+            first, last = min(evals), max(evals)
+            entry.update(paired_bootstrap(evals[first], evals[last]),
+                         before_step=first, after_step=last)
+        report[label] = entry
+        dest = os.path.join(args.out, label) if len(args.runs) > 1 else args.out
+        os.makedirs(dest, exist_ok=True)
+        for name in ("metrics.jsonl", "summary.json", "config.json"):
+            if os.path.exists(os.path.join(run, name)):
+                shutil.copy(os.path.join(run, name), os.path.join(dest, name))
+    with open(os.path.join(args.out, "gain.json"), "w") as f:
+        json.dump(report, f, indent=2)
+    print(json.dumps(report, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
