@@ -7,8 +7,9 @@
 
 Writes to ``--out``: ``curves.png``, ``gain.json`` (before / after Avg@k, the gain and its
 interval, number of tasks and samples) and copies of the runs' small files (``metrics.jsonl``,
-``summary.json``, ``config.json``) so every figure can be checked. Trajectory files are not
-copied (large); their eval rows are summarised in gain.json.
+``summary.json``, ``config.json``, and ``eval_episodes.jsonl`` when the run has it: one line
+per evaluation episode with its task, step, status and score) so every figure can be checked.
+Full trajectory files are not copied (large).
 
 The interval: tasks are resampled with replacement (10,000 draws, seeded), each draw's gain is
 the mean over its tasks of (after success rate - before success rate) on the same task: a
@@ -55,7 +56,8 @@ def series(rows: list[dict], keys: tuple[str, ...]) -> tuple[list[int], list[flo
 def eval_success_by_task(run: str) -> dict[int, dict[str, list[float]]]:
     """``{step: {task key: [success of each sample]}}`` from trajectories_eval*.jsonl."""
     out: dict[int, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
-    names = [n for n in sorted(os.listdir(run)) if n.startswith("trajectories_eval")]
+    names = [n for n in sorted(os.listdir(run))
+             if n.startswith("trajectories_eval") or n.startswith("eval_episodes")]
     for name in names:
         for t in read_jsonl(os.path.join(run, name)):
             if t.get("status") in ("env_error", "engine_error"):
@@ -128,7 +130,7 @@ def main(argv=None) -> int:
         report[label] = entry
         dest = os.path.join(args.out, label) if len(args.runs) > 1 else args.out
         os.makedirs(dest, exist_ok=True)
-        for name in ("metrics.jsonl", "summary.json", "config.json"):
+        for name in ("metrics.jsonl", "summary.json", "config.json", "eval_episodes.jsonl"):
             if os.path.exists(os.path.join(run, name)):
                 shutil.copy(os.path.join(run, name), os.path.join(dest, name))
     with open(os.path.join(args.out, "gain.json"), "w") as f:

@@ -1,0 +1,49 @@
+"""benchmarks/learning_report.py: the paired bootstrap interval on hand-computed cases."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import pytest
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "benchmarks"))
+import learning_report  # noqa: E402
+
+
+def test_constant_gain_has_a_point_interval():
+    before = {f"t{i}": [0.0, 0.0, 0.0, 1.0] for i in range(20)}
+    after = {f"t{i}": [0.0, 1.0, 1.0, 1.0] for i in range(20)}
+    r = learning_report.paired_bootstrap(before, after, draws=500)
+    assert r["gain"] == pytest.approx(0.5)
+    assert r["gain_ci95_low"] == pytest.approx(0.5) and r["gain_ci95_high"] == pytest.approx(0.5)
+    assert r["tasks"] == 20 and r["samples_per_task"] == 4
+
+
+def test_interval_covers_the_mean_and_only_paired_tasks_count():
+    before = {"a": [0.0], "b": [0.0], "c": [1.0], "d": [0.0], "only_before": [1.0]}
+    after = {"a": [1.0], "b": [0.0], "c": [1.0], "d": [1.0], "only_after": [0.0]}
+    r = learning_report.paired_bootstrap(before, after, draws=2000)
+    assert r["tasks"] == 4
+    assert r["gain"] == pytest.approx(0.5)  # diffs 1, 0, 0, 1
+    assert 0.0 <= r["gain_ci95_low"] < 0.5 < r["gain_ci95_high"] <= 1.0
+
+
+def test_report_from_run_files(tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    with open(run / "metrics.jsonl", "w") as f:
+        for step in (1, 2):
+            f.write(json.dumps({"step": step, "rollout/mean_reward": 0.1 * step}) + "\n")
+    with open(run / "eval_episodes.jsonl", "w") as f:
+        for step, ok in ((0, False), (2, True)):
+            for task in ("x", "y"):
+                f.write(json.dumps({"env": "babyai", "task_id": task, "step": step,
+                                    "status": "done", "success": ok, "reward": float(ok)}) + "\n")
+    out = tmp_path / "out"
+    learning_report.main([str(run), "--out", str(out)])
+    gain = json.loads((out / "gain.json").read_text())["run"]
+    assert gain["before_avg"] == 0.0 and gain["after_avg"] == 1.0 and gain["gain"] == 1.0
+    assert (out / "curves.png").stat().st_size > 1000
+    assert (out / "metrics.jsonl").exists()
