@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 
 import aiohttp
 import numpy as np
@@ -27,9 +28,11 @@ def tokenizer():
 
 
 @pytest.fixture(scope="module")
-def served(model, tokenizer):
+def served(model, tokenizer, tmp_path_factory):
     engine = make_engine(model, tokenizer, max_queue=64)
-    thread = start_server(engine, model_path="tiny-random", max_body_bytes=256 * 1024)
+    # weights load only from allowed directories: here every test's tmp_path
+    thread = start_server(engine, model_path="tiny-random", max_body_bytes=256 * 1024,
+                          weights_dirs=[str(tmp_path_factory.getbasetemp())])
     yield thread.url, engine, thread.server
     thread.stop()
     engine.close()
@@ -307,3 +310,241 @@ async def test_client_disconnect_aborts(served):
 async def post_json(url, body=None, raw=None):
     async with aiohttp.ClientSession() as session:
         return await post(session, url, body, raw)
+
+
+# ------------------------------------------------------------------ issue 12: limits and access
+def _checkpoint(model, path, config=None, index=None, tensors=True):
+    """A HF directory of ``model`` at ``path``, then optionally a replaced config.json / index."""
+    save_hf_directory(model, str(path))
+    if config is not None:
+        (path / "config.json").write_text(config)
+    if index is not None:
+        (path / "model.safetensors").rename(path / "shard.safetensors")
+        (path / "model.safetensors.index.json").write_text(index)
+    return str(path)
+
+
+async def test_weights_load_only_from_allowed_dirs_and_errors_reveal_nothing(model, tokenizer,
+                                                                              tmp_path, http):
+    """Issue 12: any client could load weights from any path, and the error said whether a
+    path existed; now only --weights-dir directories (+ the model's own) are loadable."""
+    allowed, outside = tmp_path / "allowed", tmp_path / "outside"
+    allowed.mkdir()
+    _checkpoint(model, outside / "ckpt")
+    (allowed / "escape").symlink_to(outside / "ckpt")
+    engine = make_engine(model, tokenizer)
+    thread = start_server(engine, weights_dirs=[str(allowed)])
+    try:
+        url = thread.url + "/update_weights_from_disk"
+        answers = []
+        for path in [outside / "ckpt", outside / "missing", "/etc", allowed / "escape",
+                     allowed / ".." / "outside" / "ckpt"]:
+            status, out, _ = await post(http, url, {"model_path": str(path)})
+            assert status == 400 and out["success"] is False, (path, out)
+            answers.append(out["message"].replace(repr(str(path)), "<path>"))
+        assert len(set(answers)) == 1 and "--weights-dir" in answers[0], answers
+        status, out, _ = await post(http, url, {"model_path": str(allowed / "missing")})
+        assert status == 400 and "not a directory" in out["message"]  # inside: may say so
+        status, out, _ = await post(http, url, {"model_path": _checkpoint(model, allowed / "ok")})
+        assert status == 200 and out["success"], out
+    finally:
+        thread.stop()
+        engine.close()
+
+
+@pytest.mark.parametrize("config,index,fragment", [
+    ("[1, 2]", None, "must be a JSON object"),
+    ('{"model_type": "llama", "vocab_size": 512, "hidden_size": 64, "intermediate_size": 128, '
+     '"num_hidden_layers": 2, "num_attention_heads": 0}', None, "invalid model config"),
+    ('{"model_type": "llama", "rope_scaling": [1], "vocab_size": 512, "hidden_size": 64, '
+     '"intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4}', None,
+     "invalid model config"),
+    (None, "[1, 2]", "must be a JSON object"),
+    (None, "{not json", "not valid JSON"),
+    (None, '{"weight_map": ["shard.safetensors"]}', "weight_map"),
+    (None, '{"weight_map": {"model.embed_tokens.weight": 5}}', "file names"),
+    (None, '{"weight_map": {"model.embed_tokens.weight": "/etc/passwd"}}', "relative path"),
+    (None, '{"weight_map": {"model.embed_tokens.weight": "../outside.safetensors"}}',
+     "relative path"),
+    (None, '{"weight_map": {"model.embed_tokens.weight": "link.safetensors"}}', "outside"),
+])
+async def test_malformed_checkpoints_are_400(served, http, model, tmp_path, config, index,
+                                             fragment):
+    """Issue 12: a config.json that is a list, a malformed index and index entries outside the
+    checkpoint were 500s (or opened files anywhere); now 400 naming the defect."""
+    url, _, _ = served
+    (tmp_path / "outside.safetensors").write_bytes(b"x")
+    path = _checkpoint(model, tmp_path / "ckpt", config=config, index=index)
+    (tmp_path / "ckpt" / "link.safetensors").symlink_to(tmp_path / "outside.safetensors")
+    status, out, _ = await post(http, url + "/update_weights_from_disk", {"model_path": path})
+    assert status == 400 and out["success"] is False and fragment in out["message"], out
+
+
+@pytest.mark.parametrize("route,body", [
+    ("/abort_request", {"abort_all": "no"}),
+    ("/abort_request", {"abort_all": 1}),
+    ("/update_weights_from_disk", {"model_path": "CKPT", "flush_cache": "false"}),
+    ("/update_weights_from_disk", {"model_path": "CKPT", "abort_all_requests": 0}),
+    ("/continue_generation", {"torch_empty_cache": "yes"}),
+    ("/pause_generation", {"mode": 3}),
+    ("/generate", {"input_ids": [1], "stream": 0}),
+])
+async def test_booleans_are_strict(served, http, model, tmp_path, route, body):
+    """Issue 12: {"abort_all": "no"} aborted every request; only JSON true / false count."""
+    url, engine, _ = served
+    if body.get("model_path") == "CKPT":  # a loadable checkpoint: only the boolean is wrong
+        body = {**body, "model_path": _checkpoint(model, tmp_path / "ckpt")}
+    status, out, _ = await post(http, url + route, body)
+    assert status == 400, out
+    assert not engine.paused
+
+
+async def test_lone_surrogates_are_400(served, http):
+    """Issue 12: {"text": "\\ud800"} was a 500 (the tokenizer cannot encode it)."""
+    url, _, _ = served
+    for route, raw in [("/generate", b'{"text": "\\ud800"}'),
+                       ("/generate", b'{"text": ["ok", "a\\udfffb"]}'),
+                       ("/v1/completions", b'{"prompt": "\\ud800", "max_tokens": 1}'),
+                       ("/v1/chat/completions",
+                        b'{"messages": [{"role": "user", "content": "\\ud800"}]}')]:
+        status, out, _ = await post(http, url + route, raw=raw)
+        assert status == 400, (route, out)
+
+
+async def test_client_chat_templates_refused_by_default(served, http):
+    """Issue 12: a client Jinja template was rendered on the event loop."""
+    url, _, _ = served
+    msgs = [{"role": "user", "content": "hi"}]
+    for kwargs, fragment in [({"chat_template": "{{ messages }}"}, "allow-request-chat-template"),
+                             ({"tokenize": True}, "cannot be set"),
+                             ({"return_dict": True}, "cannot be set")]:
+        status, out, _ = await post(http, url + "/v1/chat/completions", {
+            "messages": msgs, "max_tokens": 1, "chat_template_kwargs": kwargs})
+        assert status == 400 and fragment in out["error"]["message"], out
+
+
+async def test_client_chat_template_renders_off_loop_within_a_deadline(model, tokenizer, http):
+    engine = make_engine(model, tokenizer)
+    thread = start_server(engine, allow_request_chat_template=True, chat_template_timeout_s=1.0)
+    url = thread.url + "/v1/chat/completions"
+    msgs = [{"role": "user", "content": "hi"}]
+    try:
+        good = "{% for m in messages %}{{ m['content'] }}{% endfor %}|{{ eos_token }}"
+        status, out, _ = await post(http, url, {"messages": msgs, "max_tokens": 2,
+                                                "chat_template_kwargs": {"chat_template": good}})
+        assert status == 200, out
+        assert out["usage"]["prompt_tokens"] == len(tokenizer.encode("hi|<|im_end|>"))
+        slow = ("{% for a in range(100000) %}{% for b in range(100000) %}{{ '' }}"
+                "{% endfor %}{% endfor %}")
+        request = asyncio.create_task(post(http, url, {
+            "messages": msgs, "chat_template_kwargs": {"chat_template": slow}}))
+        latencies = []
+        while not request.done():  # the loop keeps serving while the template spins
+            started = time.perf_counter()
+            assert (await get(http, thread.url + "/health"))[0] == 200
+            latencies.append(time.perf_counter() - started)
+            await asyncio.sleep(0.05)
+        status, out, _ = await request
+        assert status == 400 and "within 1 s" in out["error"]["message"], out
+        assert max(latencies) < 0.5, latencies
+        assert thread.server.template_sandbox.kills == 1
+        status, out, _ = await post(http, url, {"messages": msgs, "max_tokens": 1,
+                                                "chat_template_kwargs": {"chat_template": good}})
+        assert status == 200, out  # a fresh renderer took over
+    finally:
+        thread.stop()
+        engine.close()
+
+
+async def test_large_bodies_are_bounded_and_do_not_stall_the_loop(model, tokenizer, http):
+    """Issue 12: a 15 MB body blocked /health for 0.7 s (a 7 MB text for 12 s)."""
+    engine = make_engine(model, tokenizer, max_queue=64)
+    thread = start_server(engine)  # the default body limit
+    bodies = [(json.dumps({"input_ids": [5] * 2_300_000}).encode(), 400),
+              (json.dumps({"text": "ab " * 2_300_000}).encode(), 400),
+              (json.dumps({"input_ids": [[5] * 50] * 45_000}).encode(), 400),
+              (json.dumps({"input_ids": [5] * 5_000_000}).encode(), 413)]
+    latencies: list[float] = []
+    done = asyncio.Event()
+
+    async def probe():
+        async with aiohttp.ClientSession() as probe_http:
+            while not done.is_set():
+                started = time.perf_counter()
+                async with probe_http.get(thread.url + "/health") as response:
+                    assert response.status == 200
+                latencies.append(time.perf_counter() - started)
+                await asyncio.sleep(0.01)
+
+    prober = asyncio.create_task(probe())
+    try:
+        for raw, expected in bodies:
+            status, out, _ = await post(http, thread.url + "/generate", raw=raw)
+            assert status == expected, out
+        assert "too large" in out["error"]["message"] and "8388608" in out["error"]["message"]
+    finally:
+        done.set()
+        await prober
+        thread.stop()
+        engine.close()
+    assert len(latencies) >= 5 and max(latencies) < 0.25, latencies
+
+
+async def test_api_key(served, model, tokenizer):
+    """Issue 12: any client could pause or abort; with --api-key only key holders can."""
+    _, engine, _ = served
+    thread = start_server(engine, api_key="sesame")
+    try:
+        async with aiohttp.ClientSession() as anon:
+            assert (await get(anon, thread.url + "/health"))[0] == 200  # open, as in SGLang
+            for route in ("/pause_generation", "/abort_request", "/generate",
+                          "/update_weights_from_disk"):
+                status, out, headers = await post(anon, thread.url + route, {"abort_all": True})
+                assert status == 401 and headers.get("WWW-Authenticate") == "Bearer", out
+            assert (await get(anon, thread.url + "/get_server_info"))[0] == 401
+        async with aiohttp.ClientSession(headers={"Authorization": "Bearer wrong"}) as bad:
+            assert (await post(bad, thread.url + "/generate", {"input_ids": [1]}))[0] == 401
+        async with aiohttp.ClientSession(headers={"Authorization": "Bearer sesame"}) as ok:
+            status, out, _ = await post(ok, thread.url + "/generate", {
+                "input_ids": [5, 6], "sampling_params": {"max_new_tokens": 1}})
+            assert status == 200, out
+        assert not engine.paused
+    finally:
+        thread.stop()
+
+
+def test_non_loopback_without_api_key_refuses_to_start(served):
+    from agentrl_jax.rollout.server import RolloutServer, ServerThread, main
+
+    _, engine, _ = served
+    with pytest.raises(ValueError, match="API key"):
+        ServerThread(RolloutServer(engine), host="0.0.0.0").start()
+    with pytest.raises(SystemExit, match="API key"):
+        main(["--host", "0.0.0.0", "--model", "/nonexistent"])  # refused before loading
+
+
+async def test_slow_requests_time_out_and_connections_are_limited(served):
+    """Issue 12: connections that sent headers and 8 bytes of body stayed open forever."""
+    _, engine, _ = served
+    thread = start_server(engine, read_timeout=0.5, max_connections=6)
+    port = int(thread.url.rsplit(":", 1)[1])
+    head = (b"POST /generate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b"Content-Length: 100\r\n\r\n{\"input_")
+    try:
+        slow = [await asyncio.open_connection("127.0.0.1", port) for _ in range(4)]
+        for _, writer in slow[:2]:
+            writer.write(head)          # headers, then 8 bytes of a 100-byte body
+        for _, writer in slow[2:]:
+            writer.write(head[:20])     # half a request line
+        extra = [await asyncio.open_connection("127.0.0.1", port) for _ in range(4)]
+        refused = await asyncio.gather(*(asyncio.wait_for(r.read(), 5) for r, _ in extra[2:]))
+        assert all(a.startswith(b"HTTP/1.1 503") for a in refused), refused
+        answers = await asyncio.gather(*(asyncio.wait_for(r.read(), 5) for r, _ in slow))
+        assert answers[0].startswith(b"HTTP/1.1 408") and answers[1].startswith(b"HTTP/1.1 408")
+        assert answers[2] == answers[3] == b""  # closed without an answer
+        for _, writer in slow + extra:
+            writer.close()
+        async with aiohttp.ClientSession() as http:  # slots are free again
+            assert (await get(http, thread.url + "/health"))[0] == 200
+    finally:
+        thread.stop()

@@ -24,10 +24,11 @@ def model():
 
 
 @pytest.fixture(scope="module")
-def servers(model):
+def servers(model, tmp_path_factory):
     tok = byte_tokenizer(TINY.vocab_size)
     engines = [make_engine(model, tok) for _ in range(2)]
-    threads = [start_server(e) for e in engines]
+    # the servers load weights only from allowed directories: every test's tmp_path
+    threads = [start_server(e, weights_dirs=[str(tmp_path_factory.getbasetemp())]) for e in engines]
     yield [t.url for t in threads], engines
     for t in threads:
         t.stop()

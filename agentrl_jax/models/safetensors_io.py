@@ -11,13 +11,44 @@ import numpy as np
 import safetensors
 import safetensors.numpy
 
-from agentrl_jax.models.config import ModelConfig
+from agentrl_jax.models.config import ModelConfig, UnsupportedModelError
 from agentrl_jax.models.llama import CausalLM
 from agentrl_jax.models.weights import CheckpointError, ShardingFn, build_model, model_to_hf_tensors
 
 SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
 MAX_SHARD_BYTES = 4 * 1024**3
+MAX_JSON_BYTES = 64 * 1024**2  # config.json / the index: far above any real one
+
+
+def _read_json_object(path: str, what: str) -> dict[str, Any]:
+    """The JSON object in ``path`` (``CheckpointError`` if it is not one, or is absurdly big)."""
+    if os.path.getsize(path) > MAX_JSON_BYTES:
+        raise CheckpointError(f"{path}: {what} is larger than {MAX_JSON_BYTES} bytes")
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+    except (ValueError, RecursionError) as e:  # JSONDecodeError, UnicodeDecodeError, nesting
+        raise CheckpointError(f"{path}: {what} is not valid JSON ({e})") from None
+    if not isinstance(data, dict):
+        raise CheckpointError(f"{path}: {what} must be a JSON object, got {type(data).__name__}")
+    return data
+
+
+def _shard_path(directory: str, file: Any, index_path: str) -> str:
+    """The path of index entry ``file``: a relative path that stays inside ``directory``.
+
+    Absolute paths, ``..`` components and symbolic links leading out of the checkpoint are
+    refused before anything is opened (a checkpoint must not make the loader read elsewhere)."""
+    if not isinstance(file, str) or not file or "\0" in file:
+        raise CheckpointError(f"{index_path}: weight_map values must be non-empty file names, got {file!r}")
+    if os.path.isabs(file) or ".." in file.replace("\\", "/").split("/"):
+        raise CheckpointError(f"{index_path}: shard {file!r} is not a relative path inside the checkpoint")
+    root = os.path.realpath(directory)
+    path = os.path.realpath(os.path.join(root, file))
+    if os.path.commonpath([root, path]) != root:
+        raise CheckpointError(f"{index_path}: shard {file!r} resolves outside the checkpoint directory")
+    return path
 
 
 def _tensor_locations(directory: str) -> dict[str, str]:
@@ -25,13 +56,15 @@ def _tensor_locations(directory: str) -> dict[str, str]:
     index_path = os.path.join(directory, INDEX_FILE)
     single_path = os.path.join(directory, SINGLE_FILE)
     if os.path.exists(index_path):
-        try:
-            with open(index_path) as f:
-                weight_map = json.load(f)["weight_map"]
-        except (json.JSONDecodeError, KeyError) as e:
-            raise CheckpointError(f"{index_path}: not a valid safetensors index ({e})") from e
-        locations = {name: os.path.join(directory, file) for name, file in weight_map.items()}
-        missing = sorted({p for p in locations.values() if not os.path.exists(p)})
+        weight_map = _read_json_object(index_path, "the safetensors index").get("weight_map")
+        if not isinstance(weight_map, dict) or not weight_map:
+            raise CheckpointError(f"{index_path}: not a valid safetensors index (no 'weight_map' object)")
+        shards: dict[str, str] = {}
+        for file in weight_map.values():
+            path = _shard_path(directory, file, index_path)  # validates the entry before using it as a key
+            shards[file] = path
+        locations = {name: shards[file] for name, file in weight_map.items()}
+        missing = sorted({f for f, p in shards.items() if not os.path.isfile(p)})
         if missing:
             raise CheckpointError(f"{index_path}: shard files missing: {missing}")
         return locations
@@ -50,7 +83,7 @@ def load_safetensors_model(directory: str, config: ModelConfig | None = None,
     """Load a HF directory (config.json + safetensors) into a ``CausalLM``."""
     if not os.path.isdir(directory):
         raise FileNotFoundError(f"model directory not found: {directory}")
-    cfg = config or ModelConfig.from_hf_file(directory, **config_overrides)
+    cfg = config or _read_config(directory, **config_overrides)
     locations = _tensor_locations(directory)
     handles: dict[str, Any] = {}
 
@@ -67,6 +100,21 @@ def load_safetensors_model(directory: str, config: ModelConfig | None = None,
                         sharding_fn=sharding_fn)
     handles.clear()
     return model, cfg
+
+
+def _read_config(directory: str, **overrides: Any) -> ModelConfig:
+    """``ModelConfig`` of ``directory/config.json``; any malformed content is a ``CheckpointError``
+    (or ``UnsupportedModelError``), never another exception type."""
+    path = os.path.join(directory, "config.json")
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"no config.json in {directory}")
+    hf = _read_json_object(path, "config.json")
+    try:
+        return ModelConfig.from_hf_dict(hf, **overrides)
+    except (CheckpointError, UnsupportedModelError):
+        raise
+    except Exception as e:  # noqa: BLE001 -- wrong types / values inside the file
+        raise CheckpointError(f"{path}: invalid model config ({type(e).__name__}: {e})") from None
 
 
 def save_hf_directory(model: CausalLM, directory: str, tokenizer: Any = None,

@@ -10,31 +10,58 @@ Follows the HTTP API of SGLang 0.5.x (``sglang.srt.entrypoints.http_server``): `
 
 Every malformed request gets a 4xx JSON ``{"error": {"message", "type", "code"}}``; a full
 admission queue gets 503 with ``Retry-After``.
+
+Limits (``environments.core.httpguard``): an optional API key (``--api-key``, as SGLang's:
+``Authorization: Bearer <key>`` on every route but ``/health*``; required to bind a
+non-loopback address), a body size limit (413), read timeouts for headers and bodies (408), a
+connection limit (503), weight loading confined to ``--weights-dir`` directories, and client
+chat templates refused unless ``--allow-request-chat-template`` (then rendered in a killable
+child process with a deadline). Bodies over ``INLINE_BYTES`` are parsed and validated on a
+worker thread, so one large request does not hold up the event loop.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import logging
 import os
 import threading
 import time
 import uuid
-from typing import Any
+from typing import Any, Callable, Sequence, TypeVar
 
 from aiohttp import web
 
 from agentrl_jax.rollout.base import (BackendUnavailableError, GenerateResult, InvalidRequestError,
                                       OverloadedError, SamplingParams)
+from agentrl_jax.rollout.chat_template_sandbox import TemplateBusy, TemplateError, TemplateSandbox
 from agentrl_jax.rollout.engine import Engine, EngineConfig
+from environments.core.httpguard import (DEFAULT_MAX_CONNECTIONS, DEFAULT_READ_TIMEOUT_S, GuardedSite,
+                                         GuardError, Limits, api_key_middleware, read_body,
+                                         require_key_off_loopback, run_app)
+
+try:  # orjson: ~2x faster, and it rejects lone surrogates (``"\ud800"``) while parsing
+    import orjson as _orjson
+except ImportError:  # pragma: no cover - depends on the environment
+    _orjson = None
 
 log = logging.getLogger(__name__)
 
+T = TypeVar("T")
+
 SGLANG_API_VERSION = "0.5.x"
 SERVER_VERSION = f"agentrl-jax 0.1.0 (SGLang {SGLANG_API_VERSION} HTTP API)"
-DEFAULT_MAX_BODY_BYTES = 32 * 1024 * 1024
+DEFAULT_MAX_BODY_BYTES = 8 * 1024 * 1024  # ~1M token ids: a batch of 256 full 4096-token prompts
+INLINE_BYTES = 256 * 1024  # bodies up to this are parsed and validated on the event loop
+API_KEY_ENV = "AGENTRL_ROLLOUT_API_KEY"
+# apply_chat_template's own parameters: not template variables, so not client-settable
+_RESERVED_TEMPLATE_KWARGS = frozenset({
+    "conversation", "tokenize", "padding", "truncation", "max_length",
+    "return_tensors", "return_dict", "return_assistant_tokens_mask", "tokenizer_kwargs",
+    "add_generation_prompt", "continue_final_message"})
 
 
 class HTTPError(Exception):
@@ -57,6 +84,13 @@ async def _error_middleware(request: web.Request, handler):
         return await handler(request)
     except HTTPError as e:
         return _error_response(e.status, e.message, e.type, e.headers)
+    except GuardError as e:  # body too large / too slow: answer, then close the connection
+        response = _error_response(e.status, e.message, "request_too_large" if e.status == 413
+                                   else "request_timeout", e.headers)
+        response.force_close()
+        return response
+    except TemplateBusy as e:
+        return _error_response(503, str(e), "overloaded", {"Retry-After": "1"})
     except InvalidRequestError as e:
         return _error_response(400, str(e))
     except OverloadedError as e:
@@ -65,7 +99,9 @@ async def _error_middleware(request: web.Request, handler):
     except BackendUnavailableError as e:
         return _error_response(503, str(e), "unavailable", {"Retry-After": "5"})
     except web.HTTPRequestEntityTooLarge as e:
-        return _error_response(413, f"request body too large: {e.text}", "request_too_large")
+        response = _error_response(413, f"request body too large: {e.text}", "request_too_large")
+        response.force_close()
+        return response
     except web.HTTPException as e:
         if e.status >= 400:
             return _error_response(e.status, e.reason or "error", "http_error")
@@ -87,6 +123,27 @@ def _expect(cond: bool, message: str) -> None:
         raise InvalidRequestError(message)
 
 
+def _parse_json_object(raw: bytes) -> dict:
+    """``raw`` as a JSON object (InvalidRequestError otherwise, lone surrogates included)."""
+    try:
+        body = _orjson.loads(raw) if _orjson is not None else json.loads(raw)
+    except (ValueError, RecursionError) as e:  # JSONDecodeError, UnicodeDecodeError, depth
+        raise InvalidRequestError(f"request body is not valid JSON: {e}") from None
+    if not isinstance(body, dict):
+        raise InvalidRequestError(f"request body must be a JSON object, got {_json_type(body)}")
+    return body
+
+
+def _check_unicode(text: str, where: str) -> None:
+    """Text must be encodable as UTF-8 (no lone surrogates such as ``"\\ud800"``)."""
+    if not text.isascii():
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:
+            raise InvalidRequestError(f"{where} is not valid Unicode (a lone surrogate "
+                                      f"code point)") from None
+
+
 def _check_fields(body: dict, allowed: set[str], where: str) -> None:
     unknown = sorted(set(body) - allowed)
     if unknown:
@@ -94,10 +151,63 @@ def _check_fields(body: dict, allowed: set[str], where: str) -> None:
                                   f"{sorted(allowed)}")
 
 
+_JSON_TYPE_NAMES = {bool: "boolean", int: "integer", float: "number", str: "string", list: "array",
+                    dict: "object", type(None): "null"}
+
+
+def _json_type(value: Any) -> str:
+    """The JSON name of ``value``'s type, for error messages."""
+    return _JSON_TYPE_NAMES.get(type(value), type(value).__name__)
+
+
+def _is_kind(value: Any, kinds: tuple[type, ...]) -> bool:
+    """``isinstance`` with JSON semantics: a boolean is only a ``bool`` (never an int or a
+    number) and an integer is also a ``float``."""
+    if isinstance(value, bool):
+        return bool in kinds
+    if isinstance(value, int) and float in kinds:
+        return True
+    return isinstance(value, kinds)
+
+
+@dataclasses.dataclass(frozen=True)
+class Field:
+    """One field of a request body: its JSON type(s), default, allowed values, requiredness."""
+
+    kinds: tuple[type, ...]
+    default: Any = None
+    choices: tuple[Any, ...] | None = None
+    required: bool = False
+
+
+def parse_body(body: dict, spec: dict[str, Field], where: str) -> dict[str, Any]:
+    """Check ``body`` against ``spec`` (unknown fields, types, choices: InvalidRequestError)
+    and return every field of ``spec``, defaults filled in (``null`` means the default)."""
+    _check_fields(body, set(spec), where)
+    out: dict[str, Any] = {}
+    for name, field in spec.items():
+        value = body.get(name)
+        if value is None:
+            _expect(not field.required, f"{where}: missing field {name!r}")
+            out[name] = field.default
+            continue
+        if not _is_kind(value, field.kinds):
+            wanted = " or ".join(_JSON_TYPE_NAMES[k] for k in field.kinds)
+            raise InvalidRequestError(f"{where}: {name} must be a {wanted}, got "
+                                      f"{_json_type(value)}")
+        if field.choices is not None and value not in field.choices:
+            raise InvalidRequestError(f"{where}: {name} must be one of {list(field.choices)}, "
+                                      f"got {value!r}")
+        out[name] = value
+    return out
+
+
 def _reject_unsupported(body: dict, unsupported: dict[str, Any], where: str) -> None:
     """Fields of the upstream API this server does not implement: accepted only at their
-    default value."""
+    default value (a boolean default only as a JSON boolean)."""
     for key, default in unsupported.items():
+        if isinstance(default, bool) and body.get(key) is not None:
+            _expect(isinstance(body[key], bool), f"{where}: {key} must be a boolean")
         if key in body and body[key] not in (default, None) and not (
                 isinstance(default, (list, dict)) and not body[key]):
             raise InvalidRequestError(f"{where}: {key}={body[key]!r} is not supported by this "
@@ -156,12 +266,70 @@ _GENERATE_UNSUPPORTED = {"stream": False, "top_logprobs_num": 0, "token_ids_logp
                          "return_routed_experts": False}
 
 
+# SGLang's UpdateWeightFromDiskReqInput, AbortReq, PauseGenerationReqInput,
+# ContinueGenerationReqInput (booleans are JSON booleans only: "no" is not false)
+_UPDATE_WEIGHTS_SPEC = {
+    "model_path": Field((str,), required=True),
+    "load_format": Field((str,), choices=("auto", "safetensors")),
+    "abort_all_requests": Field((bool,), False), "weight_version": Field((str, int)),
+    "flush_cache": Field((bool,), True), "is_async": Field((bool,), False),
+    "torch_empty_cache": Field((bool,), False), "keep_pause": Field((bool,), False),
+    "recapture_cuda_graph": Field((bool,), False), "token_step": Field((int,), 0),
+    "manual_load_format": Field((str, dict, list))}
+_ABORT_SPEC = {"rid": Field((str,)), "abort_all": Field((bool,), False),
+               "abort_message": Field((str,))}
+_PAUSE_SPEC = {"mode": Field((str,), "abort", ("abort", "retract", "in_place"))}
+_CONTINUE_SPEC = {"torch_empty_cache": Field((bool,), False)}
+
+
+def _token_char_bound(tokenizer: Any) -> int | None:
+    """An upper bound on the characters one token stands for (None: unknown), so that a text
+    that cannot fit the context is refused before it is tokenized."""
+    try:
+        vocab = tokenizer.get_vocab()
+    except Exception:  # noqa: BLE001 -- no tokenizer, or one without a vocabulary listing
+        return None
+    return 2 * max((len(t) for t in vocab), default=1) + 8
+
+
+def default_weights_dirs(model_path: str | None) -> list[str]:
+    """The directory of the served model: the model directory itself, or a model file's folder
+    (nothing for a model that is not on disk, e.g. a random one)."""
+    if not model_path or not os.path.exists(model_path):
+        return []
+    return [model_path if os.path.isdir(model_path) else os.path.dirname(os.path.abspath(model_path))]
+
+
+@dataclasses.dataclass
+class _GeneratePlan:
+    """A validated ``/generate`` request: what to submit and how to answer."""
+
+    prompts: list[list[int]]
+    samplings: list[SamplingParams]
+    rids: list[str | None]
+    sessions: list[str | None]
+    return_logprob: bool
+    text_in_lp: bool
+    batched: bool
+
+
 class RolloutServer:
-    """The aiohttp application around one ``Engine``."""
+    """The aiohttp application around one ``Engine``.
+
+    ``weights_dirs``: directories ``/update_weights_from_disk`` may load from, in addition to
+    the served model's own directory. ``api_key``: required as ``Authorization: Bearer`` on
+    every route but ``/health*``. ``allow_request_chat_template``: accept
+    ``chat_template_kwargs.chat_template`` (rendered in a child process within
+    ``chat_template_timeout_s``)."""
 
     def __init__(self, engine: Engine, model_path: str | None = None,
                  tokenizer_path: str | None = None, served_model_name: str | None = None,
-                 max_body_bytes: int = DEFAULT_MAX_BODY_BYTES):
+                 max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, *,
+                 api_key: str | None = None, weights_dirs: Sequence[str] = (),
+                 read_timeout: float = DEFAULT_READ_TIMEOUT_S,
+                 max_connections: int = DEFAULT_MAX_CONNECTIONS,
+                 allow_request_chat_template: bool = False,
+                 chat_template_timeout_s: float = 2.0):
         self.engine = engine
         self.tokenizer = engine.tokenizer
         self.model_path = model_path or engine.model_path or "random"
@@ -169,11 +337,24 @@ class RolloutServer:
         self.served_model_name = served_model_name or os.path.basename(
             str(self.model_path).rstrip("/")) or "default"
         self.max_body_bytes = max_body_bytes
+        self.limits = Limits(max_body=max_body_bytes, read_timeout=read_timeout,
+                             max_connections=max_connections, api_key=api_key)
+        self.weights_dirs = [os.path.realpath(d) for d in
+                             [*default_weights_dirs(model_path or engine.model_path), *weights_dirs]]
+        self.allow_request_chat_template = allow_request_chat_template
+        self.template_sandbox = TemplateSandbox(chat_template_timeout_s)
+        self._max_token_chars = _token_char_bound(self.tokenizer)
         self.started = time.time()
         self._weights_lock = asyncio.Lock()
 
     def app(self) -> web.Application:
-        app = web.Application(middlewares=[_error_middleware], client_max_size=self.max_body_bytes)
+        middlewares: list[Callable] = [_error_middleware]
+        if self.limits.api_key:
+            middlewares.insert(0, api_key_middleware(
+                self.limits.api_key, lambda status, message, headers: _error_response(
+                    status, message, "unauthorized", headers)))
+        app = web.Application(middlewares=middlewares, client_max_size=self.max_body_bytes)
+        app.on_cleanup.append(self._close_sandbox)
         r = app.router
         r.add_post("/generate", self.generate)
         r.add_get("/health", self.health)
@@ -195,26 +376,38 @@ class RolloutServer:
         r.add_post("/v1/chat/completions", self.v1_chat_completions)
         return app
 
+    async def _close_sandbox(self, app: web.Application) -> None:
+        await self.template_sandbox.close()
+
     # ------------------------------------------------------------------------- helpers
     async def _json(self, request: web.Request, required: bool = True) -> Any:
-        raw = await request.read()  # raises HTTPRequestEntityTooLarge above the limit
+        """The body as a JSON object. Over ``INLINE_BYTES`` it is parsed on a worker thread and
+        the request is marked ``large`` (its validation then runs off the loop too)."""
+        raw = await read_body(request, self.limits)
+        request["large"] = len(raw) > INLINE_BYTES
         if not raw.strip():
             if required:
                 raise InvalidRequestError("request body is empty; expected a JSON object")
             return {}
-        try:
-            body = json.loads(raw)
-        except (ValueError, RecursionError) as e:  # JSONDecodeError, UnicodeDecodeError, depth
-            raise InvalidRequestError(f"request body is not valid JSON: {e}") from None
-        if not isinstance(body, dict):
-            raise InvalidRequestError(f"request body must be a JSON object, got "
-                                      f"{type(body).__name__}")
-        return body
+        return await self._offload(request, _parse_json_object, raw)
+
+    @staticmethod
+    async def _offload(request: web.Request, fn: Callable[..., T], *args: Any) -> T:
+        """``fn(*args)`` inline for small requests, on a worker thread for large ones."""
+        if request.get("large"):
+            return await asyncio.to_thread(fn, *args)
+        return fn(*args)
 
     def _encode(self, text: Any, where: str) -> list[int]:
         _expect(isinstance(text, str), f"{where} must be a string")
         if self.tokenizer is None:
             raise InvalidRequestError("this server has no tokenizer: send input_ids, not text")
+        _check_unicode(text, where)
+        bound = self._max_token_chars
+        if bound is not None and len(text) > bound * self.engine.config.max_length:
+            raise InvalidRequestError(f"{where} has {len(text)} characters: more than the "
+                                      f"context length of {self.engine.config.max_length} "
+                                      f"tokens can hold")
         return list(self.tokenizer.encode(text))
 
     def _decode_token(self, token: int) -> str | None:
@@ -249,6 +442,32 @@ class RolloutServer:
     # ------------------------------------------------------------------------ /generate
     async def generate(self, request: web.Request) -> web.Response:
         body = await self._json(request)
+        plan = await self._offload(request, self._plan_generate, body)
+        results = await self._run(plan.prompts, plan.samplings, plan.rids, plan.sessions)
+        out = [self._generate_json(r, plan.return_logprob, plan.text_in_lp)
+               for per_prompt in results for r in per_prompt]
+        if not plan.batched and plan.samplings[0].n == 1:
+            return web.json_response(out[0])
+        return web.json_response(out)
+
+    def _check_batch(self, count: int) -> None:
+        """A batch larger than the admission queue could never be admitted whole."""
+        limit = self.engine.config.max_queue
+        _expect(count <= limit, f"a batch of {count} prompts exceeds the server's admission "
+                                f"queue ({limit} requests)")
+
+    def _check_ids(self, prompt: Any, where: str) -> None:
+        """A non-empty list of integers shorter than the context (length checked first, so a
+        huge list is refused without walking it)."""
+        _expect(isinstance(prompt, list) and len(prompt) > 0,
+                f"{where} must be a non-empty list of integers")
+        limit = self.engine.config.max_length
+        _expect(len(prompt) < limit, f"{where} has {len(prompt)} tokens: a prompt must be "
+                                     f"shorter than the context length {limit}")
+        _expect(all(_is_int(t) for t in prompt), f"{where} must be a non-empty list of integers")
+
+    def _plan_generate(self, body: dict) -> "_GeneratePlan":
+        """Validate a ``/generate`` body and tokenize its prompts (no engine call)."""
         _check_fields(body, _GENERATE_FIELDS, "/generate")
         _reject_unsupported(body, _GENERATE_UNSUPPORTED, "/generate")
         has_text, has_ids = body.get("text") is not None, body.get("input_ids") is not None
@@ -261,17 +480,18 @@ class RolloutServer:
             batched = isinstance(text, list)
             texts = text if batched else [text]
             _expect(len(texts) > 0, "text must not be an empty list")
-            prompts = [self._encode(t, f"text[{i}]") for i, t in enumerate(texts)]
+            self._check_batch(len(texts))
+            prompts = [self._encode(t, f"text[{i}]" if batched else "text")
+                       for i, t in enumerate(texts)]
         else:
             ids = body["input_ids"]
             _expect(isinstance(ids, list) and len(ids) > 0,
                     "input_ids must be a non-empty list of integers (or a list of such lists)")
             batched = isinstance(ids[0], list)
             prompts = ids if batched else [ids]
+            self._check_batch(len(prompts))
             for i, p in enumerate(prompts):
-                _expect(isinstance(p, list) and len(p) > 0 and all(_is_int(t) for t in p),
-                        f"input_ids[{i}] must be a non-empty list of integers" if batched
-                        else "input_ids must be a non-empty list of integers")
+                self._check_ids(p, f"input_ids[{i}]" if batched else "input_ids")
         count = len(prompts)
         raw_sp = body.get("sampling_params")
         if isinstance(raw_sp, list):
@@ -290,12 +510,8 @@ class RolloutServer:
         text_in_lp = body.get("return_text_in_logprobs", False)
         _expect(isinstance(return_logprob, bool), "return_logprob must be a boolean")
         _expect(isinstance(text_in_lp, bool), "return_text_in_logprobs must be a boolean")
-        results = await self._run(prompts, samplings, rids, sessions)
-        out = [self._generate_json(r, return_logprob, text_in_lp)
-               for per_prompt in results for r in per_prompt]
-        if not batched and samplings[0].n == 1:
-            return web.json_response(out[0])
-        return web.json_response(out)
+        return _GeneratePlan(prompts, samplings, rids, sessions, return_logprob, text_in_lp,
+                             batched)
 
     @staticmethod
     def _per_prompt(value: Any, count: int, name: str) -> list[Any]:
@@ -372,59 +588,66 @@ class RolloutServer:
 
     async def update_weights_from_disk(self, request: web.Request) -> web.Response:
         body = await self._json(request)
-        _check_fields(body, {"model_path", "load_format", "abort_all_requests", "weight_version",
-                             "flush_cache", "is_async", "torch_empty_cache", "keep_pause",
-                             "recapture_cuda_graph", "token_step", "manual_load_format"},
-                      "/update_weights_from_disk")
-        path = body.get("model_path")
-        _expect(isinstance(path, str) and path, "model_path must be a non-empty string")
-        load_format = body.get("load_format")
-        _expect(load_format in (None, "auto", "safetensors"),
-                f"load_format {load_format!r} is not supported (auto or safetensors)")
-        version = body.get("weight_version")
-        _expect(version is None or isinstance(version, (str, int)),
-                "weight_version must be a string")
-        if not os.path.isdir(path):
-            return web.json_response({"success": False, "num_paused_requests": 0,
-                                      "message": f"model_path {path!r} is not a directory"},
-                                     status=400)
+        args = parse_body(body, _UPDATE_WEIGHTS_SPEC, "/update_weights_from_disk")
+        path = args["model_path"]
+        _expect(bool(path), "model_path must be a non-empty string")
+        version = args["weight_version"]
+        resolved = self._allowed_weights_path(path)
+        if resolved is None:  # the same answer whether or not the path exists
+            return self._weights_failure(
+                f"model_path {path!r} is not inside a directory this server may load weights "
+                f"from (--weights-dir)")
+        if not os.path.isdir(resolved):
+            return self._weights_failure(f"model_path {path!r} is not a directory")
         async with self._weights_lock:
             try:
                 new_version = await self.engine.update_weights(
-                    path=path, version=None if version is None else str(version),
-                    flush_cache=bool(body.get("flush_cache", True)),
-                    abort_all=bool(body.get("abort_all_requests", False)))
+                    path=resolved, version=None if version is None else str(version),
+                    flush_cache=args["flush_cache"], abort_all=args["abort_all_requests"])
             except (ValueError, OSError, TypeError) as e:
-                return web.json_response({"success": False, "num_paused_requests": 0,
-                                          "message": f"failed to load {path}: {e}"}, status=400)
+                return self._weights_failure(f"failed to load {path}: {e}")
         self.model_path = path
         return web.json_response({"success": True, "num_paused_requests": 0,
                                   "message": f"Succeeded to update model weights "
                                              f"(weight_version {new_version})."})
 
+    def _allowed_weights_path(self, path: str) -> str | None:
+        """``path`` with symbolic links resolved, if it lies inside an allowed weights directory
+        (else None; nothing is checked on disk before that, so the answer never tells whether
+        a path outside exists)."""
+        if "\0" in path:
+            return None
+        resolved = os.path.realpath(path)
+        for root in self.weights_dirs:
+            if resolved == root or resolved.startswith(root.rstrip(os.sep) + os.sep):
+                return resolved
+        return None
+
+    @staticmethod
+    def _weights_failure(message: str) -> web.Response:
+        return web.json_response({"success": False, "num_paused_requests": 0,
+                                  "message": message}, status=400)
+
     async def abort_request(self, request: web.Request) -> web.Response:
         body = await self._json(request)
-        _check_fields(body, {"rid", "abort_all", "abort_message"}, "/abort_request")
-        if body.get("abort_all"):
+        args = parse_body(body, _ABORT_SPEC, "/abort_request")
+        if args["abort_all"]:
             n = self.engine.abort_all()
             return web.json_response({"aborted": n})
-        rid = body.get("rid")
+        rid = args["rid"]
         _expect(isinstance(rid, str) and rid, "rid must be a non-empty string")
         found = self.engine.abort(rid)
         return web.json_response({"aborted": int(found)})
 
     async def pause_generation(self, request: web.Request) -> web.Response:
         body = await self._json(request, required=False)
-        _check_fields(body, {"mode"}, "/pause_generation")
-        mode = body.get("mode", "abort")
-        _expect(mode in ("abort", "retract", "in_place"),
-                f"mode must be abort, retract or in_place, got {mode!r}")
+        mode = parse_body(body, _PAUSE_SPEC, "/pause_generation")["mode"]
         self.engine.pause(mode)
         return web.json_response({"message": f"Generation paused ({mode})."})
 
     async def continue_generation(self, request: web.Request) -> web.Response:
         body = await self._json(request, required=False)
-        _check_fields(body, {"torch_empty_cache"}, "/continue_generation")
+        parse_body(body, _CONTINUE_SPEC, "/continue_generation")
         self.engine.resume()
         return web.json_response({"message": "Generation continued."})
 
@@ -479,6 +702,14 @@ class RolloutServer:
 
     async def v1_completions(self, request: web.Request) -> web.Response:
         body = await self._json(request)
+        prompts, sampling, logprobs = await self._offload(request, self._plan_completions, body)
+        results = await self._run(prompts, [sampling] * len(prompts),
+                                  [None] * len(prompts), [body.get("session_id")] * len(prompts)
+                                  if len(prompts) == 1 else [None] * len(prompts))
+        return web.json_response(self._completions_json(body, results, logprobs))
+
+    def _plan_completions(self, body: dict) -> tuple[list[list[int]], SamplingParams, Any]:
+        """Validate a ``/v1/completions`` body: (prompts, sampling, logprobs)."""
         allowed = self._OPENAI_COMMON | {"prompt", "echo", "suffix", "best_of"}
         _check_fields(body, allowed, "/v1/completions")
         _reject_unsupported(body, {**self._OPENAI_UNSUPPORTED, "echo": False, "suffix": None},
@@ -488,11 +719,15 @@ class RolloutServer:
         if isinstance(prompt, str):
             prompts = [self._encode(prompt, "prompt")]
         elif isinstance(prompt, list) and prompt and all(_is_int(t) for t in prompt):
+            self._check_ids(prompt, "prompt")
             prompts = [prompt]
         elif isinstance(prompt, list) and prompt and all(isinstance(p, str) for p in prompt):
+            self._check_batch(len(prompt))
             prompts = [self._encode(p, f"prompt[{i}]") for i, p in enumerate(prompt)]
-        elif isinstance(prompt, list) and prompt and all(
-                isinstance(p, list) and p and all(_is_int(t) for t in p) for p in prompt):
+        elif isinstance(prompt, list) and prompt and all(isinstance(p, list) for p in prompt):
+            self._check_batch(len(prompt))
+            for i, p in enumerate(prompt):
+                self._check_ids(p, f"prompt[{i}]")
             prompts = prompt
         else:
             raise InvalidRequestError("prompt must be a string, a list of strings, a list of "
@@ -504,9 +739,13 @@ class RolloutServer:
         _expect(best_of in (None, body.get("n", 1)), "best_of != n is not supported")
         max_tokens = body.get("max_tokens", 16)
         sampling = self._openai_sampling(body, max_tokens)
-        results = await self._run(prompts, [sampling] * len(prompts),
-                                  [None] * len(prompts), [body.get("session_id")] * len(prompts)
-                                  if len(prompts) == 1 else [None] * len(prompts))
+        sid = body.get("session_id")
+        _expect(sid is None or isinstance(sid, str), "session_id must be a string")
+        return prompts, sampling, logprobs
+
+    def _completions_json(self, body: dict, results: list[list[GenerateResult]],
+                          logprobs: Any) -> dict[str, Any]:
+        """The OpenAI ``text_completion`` answer."""
         choices = []
         flat = [r for per in results for r in per]
         for i, r in enumerate(flat):
@@ -525,13 +764,29 @@ class RolloutServer:
         usage = {"prompt_tokens": sum(per[0].prompt_tokens for per in results),
                  "completion_tokens": sum(r.completion_tokens for r in flat)}
         usage["total_tokens"] = usage["prompt_tokens"] + usage["completion_tokens"]
-        return web.json_response({"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion",
-                                  "created": int(time.time()),
-                                  "model": body.get("model") or self.served_model_name,
-                                  "choices": choices, "usage": usage})
+        return {"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion",
+                "created": int(time.time()), "model": body.get("model") or self.served_model_name,
+                "choices": choices, "usage": usage}
 
     async def v1_chat_completions(self, request: web.Request) -> web.Response:
         body = await self._json(request)
+        messages, kwargs, template = await self._offload(request, self._plan_chat, body)
+        text = await self._render_chat(request, messages, kwargs, template)
+        ids = await self._offload(request, self._encode_rendered, text)
+        max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
+        if max_tokens is None:
+            max_tokens = self._max_tokens_default(len(ids))
+        sampling = self._openai_sampling(body, max_tokens)
+        logprobs = body.get("logprobs", False)
+        _expect(isinstance(logprobs, bool), "logprobs must be a boolean")
+        sid, rid = body.get("session_id"), body.get("rid")
+        _expect(sid is None or isinstance(sid, str), "session_id must be a string")
+        _expect(rid is None or isinstance(rid, str), "rid must be a string")
+        results = (await self._run([ids], [sampling], [rid], [sid]))[0]
+        return web.json_response(self._chat_json(body, results, logprobs))
+
+    def _plan_chat(self, body: dict) -> tuple[list[dict[str, str]], dict[str, Any], str | None]:
+        """Validate a chat body: (messages, template kwargs, client template or None)."""
         allowed = self._OPENAI_COMMON | {"messages", "max_completion_tokens", "top_logprobs",
                                          "tools", "tool_choice", "response_format",
                                          "parallel_tool_calls", "reasoning_effort",
@@ -550,39 +805,70 @@ class RolloutServer:
         messages = body.get("messages")
         _expect(isinstance(messages, list) and len(messages) > 0,
                 "messages must be a non-empty list")
-        clean = []
-        for i, m in enumerate(messages):
-            _expect(isinstance(m, dict) and isinstance(m.get("role"), str),
-                    f"messages[{i}] must be an object with a string 'role'")
-            content = m.get("content")
-            if isinstance(content, list):  # OpenAI content parts
-                parts = []
-                for part in content:
-                    _expect(isinstance(part, dict) and part.get("type") == "text"
-                            and isinstance(part.get("text"), str),
-                            f"messages[{i}].content: only text parts are supported")
-                    parts.append(part["text"])
-                content = "".join(parts)
-            _expect(isinstance(content, str), f"messages[{i}].content must be a string")
-            clean.append({"role": m["role"], "content": content})
-        kwargs = body.get("chat_template_kwargs") or {}
-        _expect(isinstance(kwargs, dict), "chat_template_kwargs must be an object")
+        clean = [self._chat_message(m, i) for i, m in enumerate(messages)]
+        raw_kwargs = body.get("chat_template_kwargs") or {}
+        _expect(isinstance(raw_kwargs, dict), "chat_template_kwargs must be an object")
+        kwargs = dict(raw_kwargs)
+        reserved = sorted(_RESERVED_TEMPLATE_KWARGS & set(kwargs))
+        _expect(not reserved, f"chat_template_kwargs: {reserved} cannot be set by a request")
+        template = kwargs.pop("chat_template", None)
+        if template is not None:
+            _expect(self.allow_request_chat_template,
+                    "chat_template_kwargs.chat_template: client-supplied chat templates are "
+                    "disabled on this server (start it with --allow-request-chat-template)")
+            _expect(isinstance(template, str) and template,
+                    "chat_template_kwargs.chat_template must be a non-empty string")
+        return clean, kwargs, template
+
+    @staticmethod
+    def _chat_message(m: Any, i: int) -> dict[str, str]:
+        """One message as ``{"role", "content"}`` (text content or OpenAI text parts)."""
+        _expect(isinstance(m, dict) and isinstance(m.get("role"), str),
+                f"messages[{i}] must be an object with a string 'role'")
+        content = m.get("content")
+        if isinstance(content, list):  # OpenAI content parts
+            parts = []
+            for part in content:
+                _expect(isinstance(part, dict) and part.get("type") == "text"
+                        and isinstance(part.get("text"), str),
+                        f"messages[{i}].content: only text parts are supported")
+                parts.append(part["text"])
+            content = "".join(parts)
+        _expect(isinstance(content, str), f"messages[{i}].content must be a string")
+        return {"role": m["role"], "content": content}
+
+    async def _render_chat(self, request: web.Request, messages: list[dict[str, str]],
+                           kwargs: dict[str, Any], template: str | None) -> str:
+        """The prompt text: the model's own template (trusted; on a worker thread for large
+        requests) or a client template (in the sandbox process, with a deadline)."""
+        max_chars = self.max_body_bytes + (self._max_token_chars or 64) * self.engine.config.max_length
+        if template is not None:
+            special = dict(getattr(self.tokenizer, "special_tokens_map", {}) or {})
+            try:
+                return await self.template_sandbox.render(template, messages,
+                                                          {**special, **kwargs}, max_chars)
+            except TemplateError as e:
+                raise InvalidRequestError(str(e)) from None
+        return await self._offload(request, self._apply_model_template, messages, kwargs)
+
+    def _apply_model_template(self, messages: list[dict[str, str]],
+                              kwargs: dict[str, Any]) -> str:
         try:
-            text = self.tokenizer.apply_chat_template(clean, tokenize=False,
+            text = self.tokenizer.apply_chat_template(messages, tokenize=False,
                                                       add_generation_prompt=True, **kwargs)
         except Exception as e:  # noqa: BLE001 -- template errors are the request's fault
             raise InvalidRequestError(f"cannot render the chat template: {e}") from None
-        ids = list(self.tokenizer.encode(text, add_special_tokens=False))
-        max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
-        if max_tokens is None:
-            max_tokens = self._max_tokens_default(len(ids))
-        sampling = self._openai_sampling(body, max_tokens)
-        logprobs = body.get("logprobs", False)
-        _expect(isinstance(logprobs, bool), "logprobs must be a boolean")
-        sid, rid = body.get("session_id"), body.get("rid")
-        _expect(sid is None or isinstance(sid, str), "session_id must be a string")
-        _expect(rid is None or isinstance(rid, str), "rid must be a string")
-        results = (await self._run([ids], [sampling], [rid], [sid]))[0]
+        _expect(isinstance(text, str), "the chat template did not render to text")
+        return text
+
+    def _encode_rendered(self, text: str) -> list[int]:
+        """Token ids of a rendered chat (its special tokens are already in the text)."""
+        _check_unicode(text, "the rendered chat")
+        return list(self.tokenizer.encode(text, add_special_tokens=False))
+
+    def _chat_json(self, body: dict, results: list[GenerateResult],
+                   logprobs: bool) -> dict[str, Any]:
+        """The OpenAI ``chat.completion`` answer."""
         choices = []
         for i, r in enumerate(results):
             choice: dict[str, Any] = {
@@ -598,10 +884,9 @@ class RolloutServer:
                                     "top_logprobs": []})
                 choice["logprobs"] = {"content": content}
             choices.append(choice)
-        return web.json_response({"id": f"chatcmpl-{uuid.uuid4().hex}",
-                                  "object": "chat.completion", "created": int(time.time()),
-                                  "model": body.get("model") or self.served_model_name,
-                                  "choices": choices, "usage": self._usage(results)})
+        return {"id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion",
+                "created": int(time.time()), "model": body.get("model") or self.served_model_name,
+                "choices": choices, "usage": self._usage(results)}
 
 
 # --------------------------------------------------------------------------- running it
@@ -622,6 +907,8 @@ class ServerThread:
         return f"http://{self.host}:{self.port}"
 
     def start(self, timeout: float = 30.0) -> str:
+        """Start serving (raises ``ValueError`` for a non-loopback host without an API key)."""
+        require_key_off_loopback(self.host, self.server.limits.api_key)
         self._thread = threading.Thread(target=self._run, name="rollout-server", daemon=True)
         self._thread.start()
         if not self._ready.wait(timeout):
@@ -635,12 +922,15 @@ class ServerThread:
         self._loop = loop
         asyncio.set_event_loop(loop)
         try:
+            limits = self.server.limits
             self._runner = web.AppRunner(self.server.app(), access_log=None,
-                                         handler_cancellation=True)
+                                         handler_cancellation=True, **limits.runner_kwargs())
             loop.run_until_complete(self._runner.setup())
-            site = web.TCPSite(self._runner, self.host, self.port)
+            site = GuardedSite(self._runner, self.host, self.port,
+                               max_connections=limits.max_connections,
+                               refusal_body=_REFUSAL_BODY)
             loop.run_until_complete(site.start())
-            self.port = site._server.sockets[0].getsockname()[1]  # the bound port (port=0)
+            self.port = site.port  # the bound port (port=0 picks one)
         except BaseException as e:  # noqa: BLE001
             self._error = e
             self._ready.set()
@@ -668,12 +958,31 @@ def build_server(model: str = "smollm2", max_batch: int = 32, max_length: int = 
     return RolloutServer(engine, model_path=pretrained.path)
 
 
-def main(argv: list[str] | None = None) -> None:
+_REFUSAL_BODY = json.dumps({"error": {"message": "too many connections; retry later",
+                                       "type": "overloaded", "code": 503}}).encode()
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description="SGLang-compatible rollout server (embedded JAX "
                                             "engine)")
     p.add_argument("--model", "--model-path", dest="model", default="smollm2",
                    help="known name (smollm2), HF directory or .gguf file")
-    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--host", default="127.0.0.1",
+                   help="interface to bind (default loopback; any other needs --api-key)")
+    p.add_argument("--api-key", default=os.environ.get(API_KEY_ENV) or None,
+                   help="require 'Authorization: Bearer <key>' on every route but /health* "
+                        f"(default: ${API_KEY_ENV})")
+    p.add_argument("--weights-dir", action="append", default=[],
+                   help="a directory /update_weights_from_disk may load from (repeatable; the "
+                        "served model's own directory always may)")
+    p.add_argument("--read-timeout", type=float, default=DEFAULT_READ_TIMEOUT_S,
+                   help="seconds allowed for a request's headers and for its body (408)")
+    p.add_argument("--max-connections", type=int, default=DEFAULT_MAX_CONNECTIONS,
+                   help="open connections at most (503 and closed beyond)")
+    p.add_argument("--allow-request-chat-template", action="store_true",
+                   help="accept chat_template_kwargs.chat_template (rendered in a child process)")
+    p.add_argument("--chat-template-timeout", type=float, default=2.0,
+                   help="seconds a client chat template may take to render")
     p.add_argument("--port", type=int, default=30000)
     p.add_argument("--max-batch", type=int, default=32, help="slots decoded together")
     p.add_argument("--max-length", type=int, default=4096, help="context length per slot")
@@ -686,9 +995,19 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--max-body-mb", type=float, default=DEFAULT_MAX_BODY_BYTES / 2**20)
     p.add_argument("--served-model-name", default=None)
     p.add_argument("--log-level", default="info")
-    args = p.parse_args(argv)
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:  # before the model is loaded: refuse at once
+        require_key_off_loopback(args.host, args.api_key)
+        Limits(max_body=int(args.max_body_mb * 2**20), read_timeout=args.read_timeout,
+               max_connections=args.max_connections, api_key=args.api_key)
+    except ValueError as e:
+        raise SystemExit(f"error: {e}") from None
     from agentrl_jax.models.pretrained import load_pretrained
 
     pretrained = load_pretrained(args.model)
@@ -700,13 +1019,20 @@ def main(argv: list[str] | None = None) -> None:
     engine = Engine(pretrained, config)
     server = RolloutServer(engine, model_path=pretrained.path,
                            served_model_name=args.served_model_name,
-                           max_body_bytes=int(args.max_body_mb * 2**20))
-    log.info("serving %s on http://%s:%d", pretrained.path, args.host, args.port)
+                           max_body_bytes=int(args.max_body_mb * 2**20), api_key=args.api_key,
+                           weights_dirs=args.weights_dir, read_timeout=args.read_timeout,
+                           max_connections=args.max_connections,
+                           allow_request_chat_template=args.allow_request_chat_template,
+                           chat_template_timeout_s=args.chat_template_timeout)
+    log.info("serving %s on http://%s:%d (weights may load from %s)", pretrained.path,
+             args.host, args.port, server.weights_dirs)
     # handler_cancellation: a client that disconnects cancels its handler, which aborts the
     # request in the engine (frees its slot) instead of generating for nobody.
-    web.run_app(server.app(), host=args.host, port=args.port, access_log=None, print=None,
-                handler_cancellation=True)
-    engine.close()
+    try:
+        run_app(server.app(), host=args.host, port=args.port, limits=server.limits,
+                refusal_body=_REFUSAL_BODY, handler_cancellation=True)
+    finally:
+        engine.close()
 
 
 if __name__ == "__main__":
