@@ -432,3 +432,128 @@ def test_registry_is_lazy_and_lists_the_families():
     assert get_family("textcraft").inline and get_family("babyai").name == "babyai"
     with pytest.raises(KeyError):
         get_family("no_such_family")
+
+
+# --------------------------------------------------------- issue 12: malformed input and limits
+
+
+@pytest.fixture(scope="module")
+def babyai_server():
+    with start_env_server("babyai") as proc:
+        yield proc
+
+
+@pytest.fixture(scope="module")
+def guarded_server():
+    with start_env_server("textcraft", extra_args=["--read-timeout", "0.5", "--max-connections", "8"]) as proc:
+        yield proc
+
+
+@pytest.fixture(scope="module")
+def keyed_server():
+    with start_env_server("textcraft", extra_args=["--api-key", "sesame"]) as proc:
+        yield proc
+
+
+BABYAI_TASK = "BabyAI-GoToLocal-v0/seed=7"
+HUGE = "9" * 5000  # int() of more than 4,300 digits raises ValueError
+
+
+async def test_huge_integers_in_task_ids_and_actions_are_4xx(server, babyai_server):
+    """Issue 12: 'ValueError: Exceeds the limit (4300 digits)' was a 500."""
+    for seed in (HUGE, "9" * 200):  # refused by the core (> 256 characters), by the family
+        status, data, _ = await post(babyai_server.url, "/create", {"task_id": f"BabyAI-GoToLocal-v0/seed={seed}"})
+        assert status in (400, 404), data
+    for url, task, action in [(babyai_server.url, BABYAI_TASK, f"go to red ball {HUGE}"), (server.url, QUICK_GOAL, f"get {HUGE} acacia logs"),
+                              (server.url, QUICK_GOAL, f"craft 4 acacia planks using {HUGE} acacia logs")]:
+        async with EnvClient(url) as client:
+            env_id, _, _ = await client.create(task_id=task)
+            result = await client.step(env_id, action)  # a normal step, not understood
+            assert result.info["invalid_action"] or result.observation.startswith("Wrong item format"), result
+            await client.close(env_id)
+
+
+@pytest.mark.parametrize("query", ["offset=" + "9" * 30, "offset=" + HUGE, "limit=" + "9" * 30, "offset=-1", "offset=%2B5", "offset=%205", "offset=5%0A", "offset=1_0", "offset=%D9%A5", "limit=x"])
+async def test_tasks_paging_needs_canonical_integers(server, query):
+    """Issue 12: GET /tasks?offset=<huge> was a 500 (orjson cannot encode it)."""
+    async with aiohttp.ClientSession() as http:
+        async with http.get(f"{server.url}/tasks?split=train&{query}") as response:
+            assert response.status == 400, (query, await response.text())
+
+
+async def test_tasks_paging_beyond_the_end_is_empty(server):
+    async with aiohttp.ClientSession() as http:
+        async with http.get(f"{server.url}/tasks?split=train&offset=1000000&limit=5") as response:
+            data = await response.json()
+    assert response.status == 200 and data["task_ids"] == [] and data["offset"] == 1000000
+
+
+@pytest.mark.parametrize("family, task", [
+    ("babyai", BABYAI_TASK + "\n"), ("babyai", " " + BABYAI_TASK), ("babyai", "BabyAI-GoToLocal-v0/seed=\u0667"),
+    ("babyai", "BabyAI-GoToLocal-v0/seed=07"), ("babyai", "BabyAI-GoToLocal-v0/seed=+7"), ("babyai", "BabyAI-GoToLocal-v\u0660/seed=7"),
+    ("textcraft", QUICK_GOAL + "\n"), ("textcraft", " " + QUICK_GOAL), ("textcraft", "acacia planks"), ("textcraft", "minecraft:" + QUICK_GOAL),
+    ("textcraft", "ACACIA_PLANKS"), ("textcraft", "x" * 300),
+])  # fmt: skip
+async def test_only_canonical_task_ids_are_accepted(server, babyai_server, family, task):
+    """Issue 12: a trailing newline, a leading space or non-ASCII digits named a task."""
+    url = babyai_server.url if family == "babyai" else server.url
+    status, data, _ = await post(url, "/create", {"task_id": task})
+    assert status in (400, 404), (task, data)
+    canonical = BABYAI_TASK if family == "babyai" else QUICK_GOAL
+    async with EnvClient(url) as client:
+        env_id, _, info = await client.create(task_id=canonical)
+        assert info["task_id"] == canonical
+        await client.close(env_id)
+
+
+async def _open(url: str, payload: bytes) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    host, port = url.removeprefix("http://").split(":")
+    reader, writer = await asyncio.open_connection(host, int(port))
+    writer.write(payload)
+    await writer.drain()
+    return reader, writer
+
+
+async def test_slow_requests_time_out(guarded_server):
+    """Issue 12: 300 connections that sent headers and 8 bytes of body were open after 100 s."""
+    head = b"POST /create HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{\"task_i"
+    slow = [await _open(guarded_server.url, head) for _ in range(3)] + [await _open(guarded_server.url, head[:25]) for _ in range(2)]
+    answers = await asyncio.gather(*(asyncio.wait_for(reader.read(), 10) for reader, _ in slow))
+    assert all(a.startswith(b"HTTP/1.1 408") for a in answers[:3]), answers
+    assert answers[3:] == [b"", b""]  # incomplete headers: closed without an answer
+    for _, writer in slow:
+        writer.close()
+    stats = await EnvClient(guarded_server.url).stats()
+    assert stats["errors"].get("408") >= 3
+
+
+async def test_connection_limit(guarded_server):
+    idle = [await _open(guarded_server.url, b"") for _ in range(11)]
+    refused = await asyncio.gather(*(asyncio.wait_for(reader.read(), 5) for reader, _ in idle[8:]))
+    assert all(a.startswith(b"HTTP/1.1 503") and b"too many connections" in a for a in refused), refused
+    for _, writer in idle:
+        writer.close()
+    await asyncio.sleep(0.2)
+    async with EnvClient(guarded_server.url) as client:  # the slots are free again
+        assert (await client.health())["status"] == "ok"
+
+
+async def test_api_key(keyed_server):
+    async with aiohttp.ClientSession() as http:
+        async with http.get(keyed_server.url + "/health") as response:
+            assert response.status == 200  # open: launchers and load balancers probe it
+        for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "sesame"}):
+            async with http.post(keyed_server.url + "/create", json={"task_id": QUICK_GOAL}, headers=headers) as response:
+                assert response.status == 401 and "API key" in (await response.json())["error"]
+            async with http.get(keyed_server.url + "/stats", headers=headers) as response:
+                assert response.status == 401
+    async with EnvClient(keyed_server.url, api_key="sesame") as client:
+        env_id, _, _ = await client.create(task_id=QUICK_GOAL)
+        assert await client.close(env_id)
+
+
+def test_non_loopback_without_api_key_refuses_to_start():
+    for host in ("0.0.0.0", "::"):
+        done = subprocess.run([sys.executable, "-m", "environments.textcraft", "--host", host, "--port", str(free_port())],
+                              capture_output=True, text=True, timeout=60)
+        assert done.returncode != 0 and "without an API key" in done.stderr, done.stderr

@@ -40,7 +40,8 @@ ALIASES = {
     "open": "toggle",
 }
 CHECK = "check available actions"
-MACRO_RE = re.compile(r"^(go to|pick up|go through) (?:the )?([a-z]+) ([a-z]+)(?: (\d+))?$")
+# the object number is 1 to 4 ASCII digits: a longer one names no visible object anyway
+MACRO_RE = re.compile(r"(go to|pick up|go through) (?:the )?([a-z]+) ([a-z]+)(?: ([0-9]{1,4}))?", re.ASCII)
 
 INSTRUCTIONS = (
     "You are an agent in a grid world of rooms. Each turn, answer with exactly one action.\n"
@@ -117,7 +118,7 @@ class BabyAIEnv(TextEnvironment):
         elif text == CHECK:
             feedback = "Available actions: " + ", ".join(self.available_actions()) + "."
         else:
-            match = MACRO_RE.match(text)
+            match = MACRO_RE.fullmatch(text)
             target = self._find(match) if match else None
             if target is None:
                 invalid = True

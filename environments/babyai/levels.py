@@ -7,7 +7,10 @@ import re
 
 from environments.core.base import InvalidTaskError
 
-TASK_ID_RE = re.compile(r"^(BabyAI-[A-Za-z0-9]+-v\d+)/seed=(\d+)$")
+MAX_SEED_DIGITS = 18  # seeds 0 .. 10**18 - 1
+# The canonical form only (matched with fullmatch): ASCII digits, no leading zero, no sign, no
+# surrounding whitespace -- so one task has exactly one id, and int() never sees thousands of digits.
+TASK_ID_RE = re.compile(rf"(BabyAI-[A-Za-z0-9]+-v[0-9]+)/seed=(0|[1-9][0-9]{{0,{MAX_SEED_DIGITS - 1}}})", re.ASCII)
 
 
 def _silence_minigrid() -> None:
@@ -43,10 +46,10 @@ def task_id(level: str, seed: int) -> str:
 
 
 def parse_task_id(task: str) -> tuple[str, int]:
-    """``"BabyAI-GoToLocal-v0/seed=123"`` -> ``("BabyAI-GoToLocal-v0", 123)``."""
-    match = TASK_ID_RE.match(task)
+    """``"BabyAI-GoToLocal-v0/seed=123"`` -> ``("BabyAI-GoToLocal-v0", 123)`` (canonical ids only)."""
+    match = TASK_ID_RE.fullmatch(task)
     if match is None or match.group(1) not in level_names():
-        raise InvalidTaskError(f"unknown BabyAI task {task!r}; expected '<BabyAI level id>/seed=<n>'")
+        raise InvalidTaskError(f"unknown BabyAI task {task[:100]!r}; expected '<BabyAI level id>/seed=<n>' (n: 0 to {MAX_SEED_DIGITS} digits, no leading zero)")
     return match.group(1), int(match.group(2))
 
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import os
 import time
 from typing import Any, Awaitable, Callable, NamedTuple, Sequence, TypeVar
 
@@ -30,6 +31,7 @@ T = TypeVar("T")
 
 _JSON_HEADERS = {"Content-Type": "application/json"}
 _DOWN_COOLDOWN_S = 5.0
+API_KEY_ENV = "AGENTRL_ENV_API_KEY"  # the servers' --api-key default reads the same variable
 
 
 class EnvServerError(Exception):
@@ -62,6 +64,8 @@ class EnvClient:
     retries: extra attempts for the calls that are safe to repeat.
     backoff: first retry delay in seconds (doubled on each attempt).
     max_connections: pooled keep-alive connections across all replicas.
+    api_key: sent as ``Authorization: Bearer <key>`` (servers started with ``--api-key``);
+      default: the ``AGENTRL_ENV_API_KEY`` environment variable, else none.
     """
 
     def __init__(
@@ -72,6 +76,7 @@ class EnvClient:
         retries: int = 3,
         backoff: float = 0.2,
         max_connections: int = 256,
+        api_key: str | None = None,
     ) -> None:
         self.urls = [urls.rstrip("/")] if isinstance(urls, str) else [u.rstrip("/") for u in urls]
         if not self.urls:
@@ -80,6 +85,8 @@ class EnvClient:
         self.retries = retries
         self.backoff = backoff
         self.max_connections = max_connections
+        api_key = api_key if api_key is not None else os.environ.get(API_KEY_ENV) or None
+        self._auth = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._http: aiohttp.ClientSession | None = None
         self._in_flight = [0] * len(self.urls)
         self._live = [0] * len(self.urls)  # sessions this client created and has not closed
@@ -104,7 +111,7 @@ class EnvClient:
         if self._http is None or self._http.closed:
             connector = aiohttp.TCPConnector(limit=self.max_connections, limit_per_host=0)
             timeout = aiohttp.ClientTimeout(total=self.timeout, connect=min(self.timeout, 10.0))
-            self._http = aiohttp.ClientSession(connector=connector, timeout=timeout)
+            self._http = aiohttp.ClientSession(connector=connector, timeout=timeout, headers=self._auth)
         return self._http
 
     # -- env ids and replica choice

@@ -26,12 +26,14 @@ import concurrent.futures
 import functools
 import logging
 import os
+import re
 import signal
 from typing import Any, Callable, TypeVar
 
 from aiohttp import web
 
 from environments.core import jsonio
+from environments.core.httpguard import DEFAULT_READ_TIMEOUT_S, GuardError, Limits, api_key_middleware, read_body
 from environments.core.base import InvalidTaskError, ResetResult, StepResult, TaskCatalog
 from environments.core.sessions import CapacityError, Session, SessionTable, Stats
 from environments.registry import Family
@@ -42,6 +44,9 @@ T = TypeVar("T")
 
 DEFAULT_MAX_BODY = 1 << 20  # 1 MiB: far above any action, far below what could hurt the server
 RETRY_AFTER_S = "1"
+MAX_TASK_ID_CHARS = 256  # far above any family's ids; longer ones are refused before the family sees them
+MAX_QUERY_INT = 10**12  # offsets / limits of GET /tasks
+_QUERY_INT = re.compile(r"[0-9]{1,13}")  # canonical non-negative decimal: no sign, space, "_" or non-ASCII digit
 
 SERVER_KEY = web.AppKey("env_server", object)
 
@@ -68,9 +73,10 @@ def error_response(status: int, message: str, headers: dict[str, str] | None = N
 # ---------------------------------------------------------------------------- request validation
 
 
-async def read_json(request: web.Request) -> dict[str, Any]:
-    """The request body as a JSON object (400 if malformed, 413 if over the size limit)."""
-    body = await request.read()  # raises HTTPRequestEntityTooLarge over client_max_size
+async def read_json(request: web.Request, limits: Limits) -> dict[str, Any]:
+    """The request body as a JSON object (400 if malformed, 413 over the size limit, 408 if it
+    does not arrive within the read timeout)."""
+    body = await read_body(request, limits)
     try:
         data = jsonio.loads(body) if body else None
     except ValueError as error:
@@ -78,6 +84,24 @@ async def read_json(request: web.Request) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise ProtocolError(400, "the body must be a JSON object")
     return data
+
+
+def query_int(request: web.Request, name: str, default: int | None) -> int | None:
+    """Query parameter ``name`` as a non-negative integer written canonically (400 otherwise)."""
+    raw = request.query.get(name)
+    if raw is None:
+        return default
+    if _QUERY_INT.fullmatch(raw) is None or int(raw) > MAX_QUERY_INT:
+        raise ProtocolError(400, f"{name!r} must be an integer in 0..{MAX_QUERY_INT} written with ASCII digits")
+    return int(raw)
+
+
+def task_id_field(data: dict[str, Any]) -> str | None:
+    """``data["task_id"]``: a string of at most ``MAX_TASK_ID_CHARS`` characters (or None)."""
+    task_id = optional(data, "task_id", str)
+    if task_id is not None and len(task_id) > MAX_TASK_ID_CHARS:
+        raise ProtocolError(400, f"field 'task_id' is longer than {MAX_TASK_ID_CHARS} characters")
+    return task_id
 
 
 def _type_name(kind: type | tuple[type, ...]) -> str:
@@ -115,9 +139,11 @@ class EnvServer:
         idle_timeout: float = 600.0,
         workers: int = 32,
         parent_pid: int | None = None,
+        limits: Limits | None = None,
     ) -> None:
         self.family = family
         self.parent_pid = parent_pid
+        self.limits = limits or Limits(max_body=DEFAULT_MAX_BODY)
         self.idle_timeout = idle_timeout
         self.sessions = SessionTable(max_sessions)
         self.stats = Stats()
@@ -184,7 +210,7 @@ class EnvServer:
 
     def _task_from(self, data: dict[str, Any], needed: bool) -> str | None:
         """The task id named by ``task_id`` or ``split``+``index`` (404 for unknown ones)."""
-        task_id = optional(data, "task_id", str)
+        task_id = task_id_field(data)
         split = optional(data, "split", str)
         index = optional(data, "index", int)
         if task_id is not None:
@@ -216,7 +242,7 @@ class EnvServer:
     # -- handlers
 
     async def create(self, request: web.Request) -> web.Response:
-        data = await read_json(request)
+        data = await read_json(request, self.limits)
         seed = optional(data, "seed", int)
         task_id = self._task_from(data, needed=True)
         try:
@@ -237,7 +263,7 @@ class EnvServer:
         return json_response(self._reset_payload(session, result))
 
     async def reset(self, request: web.Request) -> web.Response:
-        data = await read_json(request)
+        data = await read_json(request, self.limits)
         required(data, "env_id", str)
         seed = optional(data, "seed", int)
         task_id = self._task_from(data, needed=False)
@@ -255,7 +281,7 @@ class EnvServer:
         return json_response(self._reset_payload(session, result))
 
     async def step(self, request: web.Request) -> web.Response:
-        data = await read_json(request)
+        data = await read_json(request, self.limits)
         action = required(data, "action", str)
         session = self._session(data)
         if self.family.inline:  # no await in between: calls on one session cannot interleave
@@ -291,7 +317,7 @@ class EnvServer:
         return result
 
     async def close(self, request: web.Request) -> web.Response:
-        data = await read_json(request)
+        data = await read_json(request, self.limits)
         session = self._session(data)
         self.sessions.pop(session.env_id)
         async with session.lock:  # let a call in progress finish first
@@ -303,17 +329,12 @@ class EnvServer:
 
     async def tasks(self, request: web.Request) -> web.Response:
         split = request.query.get("split", "train")
-        try:
-            offset = int(request.query.get("offset", "0"))
-            limit = int(request.query["limit"]) if "limit" in request.query else None
-        except ValueError:
-            raise ProtocolError(400, "'offset' and 'limit' must be integers") from None
-        if offset < 0 or (limit is not None and limit < 0):
-            raise ProtocolError(400, "'offset' and 'limit' must be >= 0")
-        assert self.catalog is not None
+        offset = query_int(request, "offset", 0)
+        limit = query_int(request, "limit", None)
+        assert self.catalog is not None and offset is not None
         ids = self.catalog.task_ids(split)  # InvalidTaskError -> 404
         end = len(ids) if limit is None else min(len(ids), offset + limit)
-        page = [ids[i] for i in range(offset, end)]
+        page = [ids[i] for i in range(min(offset, end), end)]
         return json_response({"split": split, "count": len(ids), "offset": offset, "task_ids": page})
 
     async def stats_handler(self, request: web.Request) -> web.Response:
@@ -335,6 +356,11 @@ class EnvServer:
             return await handler(request)
         except ProtocolError as error:
             status, message, headers = error.status, error.message, error.headers
+        except GuardError as error:  # body too large or too slow: answer and close the connection
+            self.stats.errors[error.status] += 1
+            response = error_response(error.status, error.message, error.headers)
+            response.force_close()
+            return response
         except InvalidTaskError as error:
             status, message, headers = 404, str(error), None
         except web.HTTPException as error:  # unknown route 404, wrong method 405, body too large 413
@@ -358,10 +384,18 @@ def build_app(
     max_body: int = DEFAULT_MAX_BODY,
     workers: int = 32,
     parent_pid: int | None = None,
+    read_timeout: float = DEFAULT_READ_TIMEOUT_S,
+    api_key: str | None = None,
 ) -> web.Application:
-    """The aiohttp application serving ``family`` (``parent_pid``: exit when that process is gone)."""
-    server = EnvServer(family, max_sessions=max_sessions, idle_timeout=idle_timeout, workers=workers, parent_pid=parent_pid)
-    app = web.Application(client_max_size=max_body, middlewares=[server.errors])
+    """The aiohttp application serving ``family`` (``parent_pid``: exit when that process is gone;
+    ``read_timeout``: seconds allowed for a request body; ``api_key``: required as
+    ``Authorization: Bearer <key>`` on every route but ``/health``)."""
+    limits = Limits(max_body=max_body, read_timeout=read_timeout, api_key=api_key)
+    server = EnvServer(family, max_sessions=max_sessions, idle_timeout=idle_timeout, workers=workers, parent_pid=parent_pid, limits=limits)
+    middlewares: list[Callable] = [server.errors]
+    if api_key:
+        middlewares.insert(0, api_key_middleware(api_key, lambda status, message, headers: error_response(status, message, headers)))
+    app = web.Application(client_max_size=max_body, middlewares=middlewares)
     app[SERVER_KEY] = server
     app.cleanup_ctx.append(server.lifespan)
     app.router.add_post("/create", server.create)

@@ -16,8 +16,9 @@ import dataclasses
 import json
 import re
 
-_CLICK = re.compile(r"^click\s*\[?\s*(\d+)\s*\]?$", re.I)
-_TYPED = re.compile(r"^(type|select)\s*\[?\s*(\d+)\s*\]?\s*(.*)$", re.I | re.S)
+# element refs are 1 to 9 ASCII digits (a longer number is no element; int() of 4,300 digits raises)
+_CLICK = re.compile(r"^click\s*\[?\s*([0-9]{1,9})\s*\]?$", re.I)
+_TYPED = re.compile(r"^(type|select)\s*\[?\s*([0-9]{1,9})\s*\]?\s*(.*)$", re.I | re.S)
 _PRESS = re.compile(r"^press\s*\[?\s*([^\]]+?)\s*\]?$", re.I)
 
 _MODIFIERS = {"ctrl": "C-", "control": "C-", "shift": "S-", "alt": "A-", "meta": "M-", "cmd": "M-"}

@@ -45,7 +45,8 @@ TEST_SEED_BASE = 1_000_000
 DEFAULT_TRAIN_SEEDS = 1000
 DEFAULT_TEST_SEEDS = 50
 
-_TASK_ID = re.compile(r"^\s*(?P<task>(?:miniwob/)?[a-z0-9-]+)\s*(?:/\s*seed\s*=\s*(?P<seed>\d+)\s*)?$")
+# ASCII digits only, at most 18 (int() of thousands of digits raises, and non-ASCII digits are not an id)
+_TASK_ID = re.compile(r"^\s*(?P<task>(?:miniwob/)?[a-z0-9-]+)\s*(?:/\s*seed\s*=\s*(?P<seed>[0-9]{1,18})\s*)?$", re.ASCII)
 
 
 def parse_task_id(task_id: str, seed: int | None = None, tasks: Sequence[str] = SUPPORTED_TASKS) -> tuple[str, int]:

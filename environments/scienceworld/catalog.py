@@ -16,7 +16,8 @@ from typing import Sequence
 from environments.core.base import InvalidTaskError, TaskCatalog
 from environments.scienceworld.splits import SPLIT_NAMES, load_splits
 
-_TASK_ID = re.compile(r"^\s*(?P<task>[^/]+?)\s*/\s*var\s*=\s*(?P<var>\d+)\s*$")
+# ASCII digits only, at most 9 (int() of thousands of digits raises, and non-ASCII digits are not an id)
+_TASK_ID = re.compile(r"^\s*(?P<task>[^/]+?)\s*/\s*var\s*=\s*(?P<var>[0-9]{1,9})\s*$")
 
 
 def canonical_task_name(name: str) -> str:

@@ -23,9 +23,11 @@ from environments.core.base import InvalidTaskError, ResetResult, StepResult, Te
 from environments.textcraft.world import PREFIX, CraftingWorld, item_id, item_name, world
 
 MAX_STEPS = 50
+MAX_COUNT_DIGITS = 9  # counts in actions: a longer number is not understood (no int() of 4,300 digits)
 CRAFT_RE = re.compile(r"craft (.*) using (.*)")
-GET_RE = re.compile(r"get ([0-9]+) (.*)")
-COUNT_RE = re.compile(r"([0-9]+) (.*)")
+GET_RE = re.compile(rf"get ([0-9]{{1,{MAX_COUNT_DIGITS}}}) (.*)")
+COUNT_RE = re.compile(rf"([0-9]{{1,{MAX_COUNT_DIGITS}}}) (.*)")
+TASK_ID_RE = re.compile(r"[a-z0-9]+(?:_[a-z0-9]+)*", re.ASCII)  # the catalog's goal names, e.g. dark_oak_sign
 
 INSTRUCTIONS = (
     "You are in a Minecraft-like crafting game. Each turn, answer with exactly one action:\n"
@@ -64,9 +66,10 @@ class TextCraftEnv(TextEnvironment):
         self._commands: list[str] = []
 
     def reset(self, task_id: str, seed: int | None = None) -> ResetResult:
-        goal_id = item_id(task_id.replace("_", " ")) if not task_id.startswith(PREFIX) else task_id
-        if goal_id not in self._world.depth or self._world.depth[goal_id] < 1:
-            raise InvalidTaskError(f"unknown TextCraft goal {task_id!r}")
+        """Start goal ``task_id``, a goal name exactly as the catalog lists it (``dark_oak_sign``)."""
+        goal_id = PREFIX + task_id
+        if TASK_ID_RE.fullmatch(task_id) is None or self._world.depth.get(goal_id, 0) < 1:
+            raise InvalidTaskError(f"unknown TextCraft goal {task_id[:100]!r}; task ids are the catalog's goal names, e.g. 'dark_oak_sign'")
         self._task_id = goal_id.replace(PREFIX, "")
         self._goal_id = goal_id
         self._inventory = {}
