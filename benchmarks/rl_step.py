@@ -127,7 +127,20 @@ def main(argv=None) -> int:
     p.add_argument("--variants", default="packed,padded")
     p.add_argument("--workdir", default=None)
     p.add_argument("--json", default=None)
+    p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                   help="config override for every variant (Python literal), e.g. "
+                        "--set learner.attention_impl='pallas'")
     args = p.parse_args(argv)
+    import ast
+
+    for item in args.set:
+        key, value = item.split("=", 1)
+        try:
+            value = ast.literal_eval(value)
+        except (ValueError, SyntaxError):
+            pass  # a bare string
+        for overrides in VARIANTS.values():
+            overrides.setdefault(key, value)
     import jax
 
     workdir = args.workdir or tempfile.mkdtemp(prefix="rl_step_")

@@ -113,3 +113,30 @@ def test_packed_update_equals_the_padded_update(base_state, agg):  # noqa: F811
     # same parameters sampled the (here: recomputed) logprobs: the first-step ratio is 1
     assert m_pack["actor/ratio_max"] == pytest.approx(1.0, abs=1e-5)
     assert m_pack["actor/ratio_min"] == pytest.approx(1.0, abs=1e-5)
+
+
+def test_pallas_attention_matches_chunked_on_packed_rows():
+    """The GPU kernel (Pallas interpreter on CPU) against the pure-JAX blockwise attention:
+    GQA heads, three packed segments per row, values and gradients."""
+    import jax.numpy as jnp
+
+    from agentrl_jax.models.attention import chunked_causal_attention
+    from agentrl_jax.models.pallas_attention import pallas_causal_attention
+
+    rng = np.random.default_rng(0)
+    b, t, h, kh, d = 2, 64, 4, 2, 16
+    q = jnp.asarray(rng.normal(size=(b, t, h, d)), jnp.float32)
+    k = jnp.asarray(rng.normal(size=(b, t, kh, d)), jnp.float32)
+    v = jnp.asarray(rng.normal(size=(b, t, kh, d)), jnp.float32)
+    seg = jnp.asarray([[1] * 20 + [2] * 30 + [3] * 14, [1] * 64], jnp.int32)
+
+    def loss(fn, q, k, v):
+        return jnp.sum(fn(q, k, v) ** 2)
+
+    pallas = lambda q, k, v: pallas_causal_attention(q, k, v, seg, interpret=True)  # noqa: E731
+    chunked = lambda q, k, v: chunked_causal_attention(q, k, v, segment_ids=seg,  # noqa: E731
+                                                       block_size=16)
+    np.testing.assert_allclose(pallas(q, k, v), chunked(q, k, v), atol=2e-6)
+    for a, c in zip(jax.grad(lambda *x: loss(pallas, *x), argnums=(0, 1, 2))(q, k, v),
+                    jax.grad(lambda *x: loss(chunked, *x), argnums=(0, 1, 2))(q, k, v)):
+        np.testing.assert_allclose(a, c, atol=2e-5, rtol=1e-5)

@@ -1,0 +1,91 @@
+"""Attention for packed learner rows: forward + backward time of each implementation on one
+shape, side by side in one process (GPU).
+
+    python benchmarks/packed_attention.py                      # SmolLM2 heads, 8 x 3072, bf16
+    python benchmarks/packed_attention.py --batch 8 --length 4096 --heads 9 --kv-heads 3
+
+Rows: ``cudnn_causal`` (jax.nn.dot_product_attention, cuDNN, causal, no segments: the
+unpacked learner's attention, a lower bound), ``xla_masked`` (XLA with a [B, 1, T, T] segment
+mask), ``chunked`` (models/attention.py, pure JAX blockwise), ``pallas`` (models/
+pallas_attention.py, Triton flash attention with segment ids). Each row packs four sequences
+per row. Times: median of ``--repeats`` calls after a warm-up, synchronised.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--batch", type=int, default=8)
+    p.add_argument("--length", type=int, default=3072)
+    p.add_argument("--heads", type=int, default=9)
+    p.add_argument("--kv-heads", type=int, default=3)
+    p.add_argument("--head-dim", type=int, default=64)
+    p.add_argument("--repeats", type=int, default=10)
+    p.add_argument("--impls", default="cudnn_causal,xla_masked,chunked,pallas")
+    p.add_argument("--json", default=None)
+    args = p.parse_args(argv)
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    from agentrl_jax.models.attention import chunked_causal_attention
+    from agentrl_jax.models.pallas_attention import pallas_causal_attention
+
+    b, t, h, kh, d = args.batch, args.length, args.heads, args.kv_heads, args.head_dim
+    rng = np.random.default_rng(0)
+    q = jnp.asarray(rng.normal(size=(b, t, h, d)), jnp.bfloat16)
+    k = jnp.asarray(rng.normal(size=(b, t, kh, d)), jnp.bfloat16)
+    v = jnp.asarray(rng.normal(size=(b, t, kh, d)), jnp.bfloat16)
+    seg = jnp.asarray(np.repeat(np.arange(1, 5), t // 4)[None].repeat(b, 0), jnp.int32)
+
+    def xla_masked(q, k, v):
+        mask = jnp.tril(jnp.ones((t, t), jnp.bool_))[None, None] & (
+            seg[:, None, :, None] == seg[:, None, None, :])
+        return jax.nn.dot_product_attention(q, k, v, mask=mask)
+
+    impls = {
+        "cudnn_causal": lambda q, k, v: jax.nn.dot_product_attention(
+            q, k, v, is_causal=True, implementation="cudnn"),
+        "xla_masked": xla_masked,
+        "chunked": lambda q, k, v: chunked_causal_attention(q, k, v, segment_ids=seg),
+        "pallas": lambda q, k, v: pallas_causal_attention(q, k, v, seg),
+    }
+    rows = {}
+    print(f"device {jax.devices()[0].device_kind}; q [{b}, {t}, {h}, {d}] bf16, kv heads {kh}",
+          flush=True)
+    for name in args.impls.split(","):
+        fn = impls[name]
+        step = jax.jit(jax.value_and_grad(
+            lambda q, k, v, fn=fn: jnp.sum(fn(q, k, v).astype(jnp.float32) ** 2),
+            argnums=(0, 1, 2)))
+        try:
+            jax.block_until_ready(step(q, k, v))
+            times = []
+            for _ in range(args.repeats):
+                t0 = time.perf_counter()
+                jax.block_until_ready(step(q, k, v))
+                times.append(time.perf_counter() - t0)
+            rows[name] = statistics.median(times) * 1e3
+            print(f"{name:14s} fwd+bwd {rows[name]:8.2f} ms", flush=True)
+        except Exception as e:  # noqa: BLE001 -- report and go on with the other rows
+            rows[name] = None
+            print(f"{name:14s} failed: {type(e).__name__}: {str(e)[:200]}", flush=True)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"device": jax.devices()[0].device_kind, "shape": [b, t, h, kh, d],
+                       "ms": rows}, f, indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
