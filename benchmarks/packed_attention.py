@@ -6,7 +6,7 @@ shape, side by side in one process (GPU).
 
 Rows: ``cudnn_causal`` (jax.nn.dot_product_attention, cuDNN, causal, no segments: the
 unpacked learner's attention, a lower bound), ``xla_masked`` (XLA with a [B, 1, T, T] segment
-mask), ``chunked`` (models/attention.py, pure JAX blockwise), ``pallas`` (models/
+mask), ``chunked`` / ``chunked512`` (models/attention.py, pure JAX blockwise, blocks of 128 / 512), ``pallas`` (models/
 pallas_attention.py, Triton flash attention with segment ids). Each row packs four sequences
 per row. Times: median of ``--repeats`` calls after a warm-up, synchronised.
 """
@@ -31,7 +31,7 @@ def main(argv=None) -> int:
     p.add_argument("--kv-heads", type=int, default=3)
     p.add_argument("--head-dim", type=int, default=64)
     p.add_argument("--repeats", type=int, default=10)
-    p.add_argument("--impls", default="cudnn_causal,xla_masked,chunked,pallas")
+    p.add_argument("--impls", default="cudnn_causal,xla_masked,chunked,chunked512,pallas")
     p.add_argument("--json", default=None)
     args = p.parse_args(argv)
     import jax
@@ -57,7 +57,10 @@ def main(argv=None) -> int:
         "cudnn_causal": lambda q, k, v: jax.nn.dot_product_attention(
             q, k, v, is_causal=True, implementation="cudnn"),
         "xla_masked": xla_masked,
-        "chunked": lambda q, k, v: chunked_causal_attention(q, k, v, segment_ids=seg),
+        "chunked": lambda q, k, v: chunked_causal_attention(q, k, v, segment_ids=seg,
+                                                            block_size=128),
+        "chunked512": lambda q, k, v: chunked_causal_attention(q, k, v, segment_ids=seg,
+                                                               block_size=512),
         "pallas": lambda q, k, v: pallas_causal_attention(q, k, v, seg),
     }
     rows = {}
