@@ -147,16 +147,18 @@ def main(argv=None) -> int:
     device = jax.devices()[0]
     print(f"device: {device.device_kind} x {jax.device_count()}; config {args.config}",
           flush=True)
-    results = [run_variant(args.config, v, args.steps, workdir)
-               for v in args.variants.split(",") if v]
+    results = []
+    for v in args.variants.split(","):
+        if v:
+            results.append(run_variant(args.config, v, args.steps, workdir))
+            if args.json:  # after every variant: a later one may not finish
+                with open(args.json, "w") as f:
+                    json.dump({"device": device.device_kind, "config": args.config,
+                               "results": results}, f, indent=2)
     if len(results) >= 2:
         a, b = results[0]["summary"], results[1]["summary"]
         print(f"steady step ratio {results[1]['variant']} / {results[0]['variant']}: "
               f"{b['step_s'] / a['step_s']:.2f}x", flush=True)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"device": device.device_kind, "config": args.config,
-                       "results": results}, f, indent=2)
     return 0
 
 
