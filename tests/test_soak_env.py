@@ -1,0 +1,27 @@
+"""A short soak of the BabyAI server (``benchmarks/soak_env.py``): memory, file descriptors and
+threads stay flat over create / step / close storms (issue 12: RSS grew 139 -> 208 MB over four
+storms while ``gc.set_threshold(20_000, 20, 50)`` let closed levels pile up)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+
+from soak_env import run_soak  # noqa: E402
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def test_babyai_server_stays_flat_over_session_storms():
+    # 2,000 short sessions, 400 live at a time: each wave of closes leaves 400 minigrid levels
+    # (reference cycles) to the collector. Measured on 2 cores: +0.6 MB after the warm-up
+    # (before the fix: +8.7 MB and growing).
+    report = run_soak("babyai", steps=4000, sessions=2000, concurrency=400, warmup=0.4, interval=1.0,
+                      rss_margin_mb=3.0, rss_margin=0.02)
+    print(report.summary())
+    assert report.steps == 4000 and report.sessions == 2000
+    assert report.flat, report.summary()
