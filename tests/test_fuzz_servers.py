@@ -205,7 +205,7 @@ class EnvFuzzer:
         task = rng.choice(self.task_ids)
         if rng.random() < 0.3:  # the malformed ids of issue 12
             task = rng.choice([task + "\n", " " + task, task + " ", task.upper(), task.replace("1", "\u0661"), task + "9" * 5000,
-                               task.replace("=", "=0"), task.replace("_", " "), task[:-1]])  # fmt: skip
+                               task + "9" * 200, task.replace("=", "=0"), task.replace("_", " "), task[:-1]])  # fmt: skip
         return task
 
     def env_id(self, rng: random.Random) -> Any:
@@ -256,9 +256,10 @@ class EnvFuzzer:
 
 BABYAI_ACTIONS = ["turn left", "turn right", "move forward", "pickup", "drop", "toggle", "check available actions", "go to red ball",
                   "pick up blue key 2", "go through yellow door", "go to red ball 99999999999", "go to red ball \u0661", "GO TO  Red Ball",
-                  "jump", "", "\n", "go to red ball 1\n"]  # fmt: skip
+                  "jump", "", "\n", "go to red ball 1\n", "go to red ball " + "9" * 5000]  # fmt: skip
 TEXTCRAFT_ACTIONS = ["inventory", "get 1 acacia logs", "craft 4 acacia planks using 1 acacia logs", "get 99999999999999999999 stick",
-                     "get -1 stick", "get 1e3 stick", "craft 1 x using", "craft using ,,,", "get \u0663 stick", "craft 1 stick using 9" + "9" * 40 + " planks"]  # fmt: skip
+                     "get -1 stick", "get 1e3 stick", "craft 1 x using", "craft using ,,,", "get \u0663 stick", "craft 1 stick using 9" + "9" * 40 + " planks",
+                     "get " + "9" * 5000 + " stick"]  # fmt: skip
 DEEPSEARCH_ACTIONS = ["<search>capital of France</search>", "<search></search>", "<answer>Paris</answer>", "<answer></answer>",
                       "<search>" + "word " * 2000 + "</search>", "<SEARCH>x", "<search><answer>a</answer></search>", "no tool call",
                       "<answer>" + "\u00e9" * 500 + "</answer>"]  # fmt: skip
