@@ -490,6 +490,56 @@ async def test_large_bodies_are_bounded_and_do_not_stall_the_loop(model, tokeniz
     assert len(latencies) >= 5 and max(latencies) < 0.25, latencies
 
 
+async def _max_health_latency(url: str, until: asyncio.Future) -> float:
+    """Poll /health every 10 ms until ``until`` is done; the slowest answer in seconds."""
+    latencies = []
+    async with aiohttp.ClientSession() as probe_http:
+        while not until.done():
+            started = time.perf_counter()
+            async with probe_http.get(url + "/health") as response:
+                assert response.status == 200
+            latencies.append(time.perf_counter() - started)
+            await asyncio.sleep(0.01)
+    assert len(latencies) >= 3, latencies
+    return max(latencies)
+
+
+async def test_a_large_valid_batch_does_not_stall_the_loop(model, tokenizer, http):
+    """4,096 prompts of 127 ids (1.6 MB) held /health for 0.86 s while they were validated
+    and submitted (and two tasks made per prompt) on the event loop; here 2,048."""
+    engine = make_engine(model, tokenizer, max_queue=4096)
+    thread = start_server(engine)
+    engine.pause("in_place")
+    try:
+        raw = json.dumps({"input_ids": [[5] * 127] * 2048,
+                          "sampling_params": {"max_new_tokens": 1}}).encode()
+        request = asyncio.ensure_future(post(http, thread.url + "/generate", raw=raw))
+        queued = asyncio.get_running_loop().create_future()
+
+        async def watch_queue():
+            for _ in range(1000):
+                if engine.load()["waiting"] == 2048 or request.done():
+                    break
+                await asyncio.sleep(0.01)
+            await asyncio.sleep(0.2)
+            queued.set_result(None)
+
+        watcher = asyncio.ensure_future(watch_queue())
+        slowest = await _max_health_latency(thread.url, queued)
+        await watcher
+        assert engine.load()["waiting"] == 2048 and not request.done()
+        assert slowest < 0.25, slowest
+        engine.abort_all()
+        engine.resume()
+        status, out, _ = await request
+        assert status == 200 and len(out) == 2048
+        assert {o["meta_info"]["finish_reason"]["type"] for o in out} == {"abort"}
+    finally:
+        engine.resume()
+        thread.stop()
+        engine.close()
+
+
 async def test_api_key(served, model, tokenizer):
     """Issue 12: any client could pause or abort; with --api-key only key holders can."""
     _, engine, _ = served
