@@ -10,4 +10,5 @@ def get_config():
     c.horizon.phases = (5, 8, 10)
     c.horizon.steps_per_phase = 100
     c.train.eval_horizon = 30
+    c.rollout.max_new_tokens = 64  # "<search> query </search>" / "<answer> ... </answer>"
     return c

@@ -3,6 +3,11 @@
     python launch/eval.py --config experiments/babyai_grpo_scaling.py               # base model
     python launch/eval.py --config experiments/babyai_grpo_scaling.py \
         --checkpoint runs/babyai_grpo_scaling/checkpoints [--step 300] --k 4 --tasks 64
+
+The embedded engine gets a decode slot per episode of the evaluation (``k x tasks`` per
+environment, capped by ``rollout.max_batch`` / ``max_concurrency`` and, on CPU, by RAM); the
+config's ``train.*`` values do not size it. Progress: a bar on a terminal, a line every
+``--config.progress_seconds`` (30) otherwise. Ctrl-C stops cleanly (exit code 130).
 """
 
 from __future__ import annotations
@@ -33,11 +38,16 @@ def main(argv: list[str]) -> int:
     absl_logging.set_verbosity(absl_logging.WARNING)
     if _CONFIG.value is None:
         raise app.UsageError("--config is required")
-    from agentrl_jax.training.eval_job import evaluate_sync
+    try:
+        from agentrl_jax.training.eval_job import evaluate_sync
 
-    result = evaluate_sync(_CONFIG.value, _CHECKPOINT.value, _STEP.value, k=_K.value,
-                           num_tasks=_TASKS.value, horizon=_HORIZON.value, output=_OUTPUT.value,
-                           split=_SPLIT.value)
+        result = evaluate_sync(_CONFIG.value, _CHECKPOINT.value, _STEP.value, k=_K.value,
+                               num_tasks=_TASKS.value, horizon=_HORIZON.value,
+                               output=_OUTPUT.value, split=_SPLIT.value)
+    except KeyboardInterrupt:
+        print("evaluation interrupted (Ctrl-C); environment servers and rollout engine stopped",
+              file=sys.stderr, flush=True)
+        return 130
     print(f"avg@{result.k}={result.avg_at_k:.4f} pass@{result.k}={result.pass_at_k:.4f} "
           f"mean_reward={result.mean_reward:.4f} tasks={result.num_tasks} "
           f"dropped={result.dropped}")

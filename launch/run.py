@@ -4,8 +4,10 @@
     python launch/run.py --config experiments/smoke.py --config.train.total_steps=2
 
 With no URLs in the config it starts the environment servers and the embedded rollout engine on
-loopback and stops them on exit (Ctrl-C included). Re-running with the same --workdir resumes
-from the latest checkpoint. On several hosts (TPU pod, GPU cluster) pass --distributed.
+loopback and stops them on exit. Ctrl-C stops the run cleanly (one line, exit code 130).
+Re-running with the same --workdir resumes from the latest checkpoint; a run that already
+finished says so and exits (--eval_again evaluates its final policy again). On several hosts
+(TPU pod, GPU cluster) pass --distributed.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
+from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -25,6 +28,12 @@ _CONFIG = config_flags.DEFINE_config_file("config", None, "experiment config fil
 _WORKDIR = flags.DEFINE_string("workdir", None, "output directory (default runs/<config name>)")
 _DISTRIBUTED = flags.DEFINE_bool("distributed", False,
                                  "call jax.distributed.initialize() (multi-host runs)")
+_EVAL_AGAIN = flags.DEFINE_bool("eval_again", False,
+                                "a finished run: evaluate its final policy again (appends to its "
+                                "eval logs) instead of exiting")
+
+#: exit code of a run stopped by Ctrl-C (128 + SIGINT), as shells report it
+EXIT_INTERRUPTED = 130
 
 
 def main(argv: list[str]) -> int:
@@ -34,6 +43,15 @@ def main(argv: list[str]) -> int:
     config = _CONFIG.value
     if config is None:
         raise app.UsageError("--config experiments/<name>.py is required")
+    try:
+        return _train(config)
+    except KeyboardInterrupt:  # before the trainer existed (start-up)
+        print("interrupted (Ctrl-C) during start-up", file=sys.stderr, flush=True)
+        return EXIT_INTERRUPTED
+
+
+def _train(config: Any) -> int:
+    """Train ``config`` in the workdir (or say that its run already finished)."""
     if _DISTRIBUTED.value:
         import jax
 
@@ -47,7 +65,19 @@ def main(argv: list[str]) -> int:
         "runs", os.path.splitext(os.path.basename(flags.FLAGS["config"].config_filename))[0])
     from agentrl_jax.training.trainer import Trainer
 
-    Trainer(config, workdir).run()
+    trainer = Trainer(config, workdir, eval_again=_EVAL_AGAIN.value)
+    finished = trainer.finished_step()
+    if finished is not None and not _EVAL_AGAIN.value:
+        if trainer.is_main:
+            print(f"run already finished at step {finished} (workdir {trainer.workdir}); "
+                  "pass --eval_again to evaluate it again", flush=True)
+        return 0
+    try:
+        trainer.run()
+    except KeyboardInterrupt:
+        if trainer.is_main:
+            print(trainer.interrupted_message(), file=sys.stderr, flush=True)
+        return EXIT_INTERRUPTED
     return 0
 
 

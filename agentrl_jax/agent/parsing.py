@@ -12,8 +12,9 @@ import dataclasses
 import re
 from typing import Callable
 
-INVALID_FORMAT_FEEDBACK = ("Invalid response: no action found. Reply with a 'Thought: ...' line "
-                           "followed by one 'Action: ...' line.")
+# The same text for every prompt style (``react`` answers end with the Action line too).
+INVALID_FORMAT_FEEDBACK = ("Invalid response: no action found. Reply with one 'Action: ...' line "
+                           "naming one action.")
 MAX_ACTION_CHARS = 512
 
 

@@ -1,4 +1,11 @@
-"""System prompts: the environment's own instructions wrapped in a ReAct answer format."""
+"""System prompts: the environment's own instructions followed by an answer format.
+
+``action`` (the default, ``training/config.py``): one ``Action:`` line per turn; with
+``agent.response_prefix = "Action:"`` the model only completes the action, which the default
+SmolLM2-135M-Instruct does (``benchmarks/action_format.py``, docs/RESULTS.md). ``react``: a
+``Thought:`` line, then an ``Action:`` line, for models that can follow it
+(``training.config.use_react``).
+"""
 
 from __future__ import annotations
 
@@ -11,12 +18,28 @@ REACT_FORMAT = (
 
 ACTION_FORMAT = (
     "Each turn, reply with exactly one action, in this format:\n"
-    "Action: <the action>\n"
-    "For example:\nAction: turn left")
+    "Action: <the action>")
 
 # Answer formats by name (config ``agent.prompt_style``): ``react`` (reason, then act) and
 # ``action`` (act only; suits small models, often with ``agent.response_prefix = "Action:"``).
 ANSWER_FORMATS = {"react": REACT_FORMAT, "action": ACTION_FORMAT}
+
+# One example action per environment family for the ``action`` format. Small models copy the
+# example, so it must be an action of that environment (with BabyAI's "turn left" as the example
+# for every family, TextCraft accepted 4% of SmolLM2's actions); other families get none.
+ACTION_EXAMPLES = {"babyai": "turn left", "textcraft": "get 1 oak log",
+                   "scienceworld": "look around",
+                   "deepsearch": "<search> capital of France </search>"}
+
+
+def answer_format(style: str, env_name: str | None = None) -> str:
+    """The answer-format paragraph of ``style`` (``ANSWER_FORMATS``) for ``env_name``."""
+    if style not in ANSWER_FORMATS:
+        raise KeyError(f"unknown prompt style {style!r} (known: {sorted(ANSWER_FORMATS)})")
+    text = ANSWER_FORMATS[style]
+    if style == "action" and env_name in ACTION_EXAMPLES:
+        text += f"\nFor example:\nAction: {ACTION_EXAMPLES[env_name]}"
+    return text
 
 
 def system_prompt(instructions: str, env_name: str | None = None, style: str = "react") -> str:
@@ -25,10 +48,8 @@ def system_prompt(instructions: str, env_name: str | None = None, style: str = "
     instructions: the environment's description of its task and action syntax (``info`` of
     ``/create``); the answer format (``ANSWER_FORMATS[style]``) tells the model how to answer.
     """
-    if style not in ANSWER_FORMATS:
-        raise KeyError(f"unknown prompt style {style!r} (known: {sorted(ANSWER_FORMATS)})")
     head = f"You are an agent acting in the {env_name} environment.\n" if env_name else ""
-    return f"{head}{instructions.strip()}\n\n{ANSWER_FORMATS[style]}"
+    return f"{head}{instructions.strip()}\n\n{answer_format(style, env_name)}"
 
 
 def first_user_message(observation: str) -> str:

@@ -12,6 +12,7 @@ def base_config() -> ConfigDict:
     c = ConfigDict()
     c.seed = 0
     c.progress = False  # force progress bars even when stderr is not a terminal
+    c.progress_seconds = 30.0  # without a terminal: a progress line this often in long phases
 
     c.model = ConfigDict()
     c.model.name = "smollm2"  # known name, HF directory or .gguf path
@@ -31,7 +32,8 @@ def base_config() -> ConfigDict:
     c.rollout.urls = ""  # sglang servers, comma-separated
     c.rollout.max_batch = 64  # engine slots
     c.rollout.max_context = 4096  # tokens per episode (prompt + all turns)
-    c.rollout.max_new_tokens = 128  # per turn
+    c.rollout.max_new_tokens = 24  # per turn: one action line (react needs ~128, use_react)
+    c.rollout.stop = ("\n",)  # strings that end a turn: an action is one line
     c.rollout.temperature = 1.0
     c.rollout.top_p = 1.0
     c.rollout.top_k = -1
@@ -40,9 +42,13 @@ def base_config() -> ConfigDict:
     c.rollout.decode_steps = 16
     c.rollout.parser = "react"
 
+    # Answer format. The default model (SmolLM2-135M-Instruct) cannot follow a ReAct format at
+    # temperature 1 (4-6% parsable actions, most turns hit the token cap; docs/RESULTS.md,
+    # benchmarks/action_format.py), so each assistant turn is opened with "Action:", the model
+    # only completes the action and the turn ends at the line break. Larger models: use_react(c).
     c.agent = ConfigDict()
-    c.agent.prompt_style = "react"  # react (Thought + Action) | action (Action only)
-    c.agent.response_prefix = ""  # text opening every assistant turn, e.g. "Action:"
+    c.agent.prompt_style = "action"  # action (Action only) | react (Thought + Action)
+    c.agent.response_prefix = "Action:"  # text opening every assistant turn ("" for none)
 
     c.horizon = ConfigDict()
     c.horizon.type = "scaling_inter"  # scaling_inter | fixed
@@ -95,6 +101,19 @@ def use_ppo(c: ConfigDict) -> ConfigDict:
     c.learner.value_clip = 0.5
     c.train.samples_per_task = 1
     c.train.tasks_per_step = 64
+    return c
+
+
+def use_react(c: ConfigDict, max_new_tokens: int = 128) -> ConfigDict:
+    """ReAct answers (a ``Thought:`` line, then an ``Action:`` line) for models that follow
+    that format (check a model with ``benchmarks/action_format.py --model M --styles react``);
+    a turn then needs ~128 tokens. On the command line: ``--config.agent.prompt_style=react
+    --config.agent.response_prefix= --config.rollout.stop="()"
+    --config.rollout.max_new_tokens=128``."""
+    c.agent.prompt_style = "react"
+    c.agent.response_prefix = ""
+    c.rollout.max_new_tokens = max_new_tokens
+    c.rollout.stop = ()  # the Thought line comes first
     return c
 
 

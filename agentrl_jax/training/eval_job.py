@@ -1,4 +1,8 @@
-"""Evaluate a trained or untrained policy: Avg@k and Pass@k on an environment's test split."""
+"""Evaluate a trained or untrained policy: Avg@k and Pass@k on an environment's test split.
+
+The embedded engine is sized by what is evaluated (``k x tasks`` episodes), not by the config's
+``train.*`` values; every long phase reports progress (see ``training/progress.py``).
+"""
 
 from __future__ import annotations
 
@@ -7,48 +11,86 @@ import contextlib
 import dataclasses
 import json
 import os
-from typing import Any
+import time
+from typing import Any, Callable
 
 from agentrl_jax.training import services
 from agentrl_jax.training.evaluation import EvalResult, evaluate
+from agentrl_jax.training.progress import EpisodeProgress, format_seconds, progress_mode, timed
 from agentrl_jax.training.trainer import load_policy
+
+
+def _restore_policy(config: Any, model: Any, checkpoint_dir: str, step: int | None,
+                    stack: contextlib.ExitStack) -> tuple[Any, int]:
+    """The policy of checkpoint ``step`` (None: the latest) and that step."""
+    from agentrl_jax.learner.learner import Learner
+
+    learner = Learner(model, dict(config.learner), checkpoint_dir=checkpoint_dir)
+    stack.callback(learner.close)
+    latest = learner.checkpointer.latest_step()
+    if latest is None:
+        raise FileNotFoundError(f"no checkpoint in {checkpoint_dir}")
+    learner.restore(step)
+    return learner.policy_model(), int(latest if step is None else step)
+
+
+def _write_output(output: str, result: EvalResult, trajectories: list, checkpoint_dir: str | None,
+                  step: int | None, horizon: int, split: str) -> None:
+    os.makedirs(os.path.dirname(os.path.abspath(output)), exist_ok=True)
+    with open(output, "w") as f:
+        json.dump({"checkpoint": checkpoint_dir, "step": step, "horizon": horizon,
+                   "split": split, **dataclasses.asdict(result)}, f, indent=2)
+    with open(os.path.splitext(output)[0] + "_trajectories.jsonl", "w") as f:
+        for t in trajectories:
+            f.write(json.dumps(t.to_json()) + "\n")
 
 
 async def run_evaluation(config: Any, checkpoint_dir: str | None = None, step: int | None = None,
                          k: int = 4, num_tasks: int = 64, horizon: int | None = None,
-                         output: str | None = None, split: str = "test") -> EvalResult:
-    """Evaluate ``config``'s policy (restored from ``checkpoint_dir`` at ``step`` if given)."""
+                         output: str | None = None, split: str = "test",
+                         say: Callable[..., None] = print, progress: str | None = None,
+                         progress_interval_s: float | None = None) -> EvalResult:
+    """Evaluate ``config``'s policy (restored from ``checkpoint_dir`` at ``step`` if given).
+
+    ``k`` samples of each of the first ``num_tasks`` test tasks per environment (evenly spaced
+    over the split). ``progress``: ``bar`` / ``lines`` / ``off`` (default: a bar on a terminal,
+    lines every ``progress_interval_s`` (config ``progress_seconds``) otherwise).
+    """
     horizon = int(horizon or config.train.eval_horizon)
+    mode = progress or progress_mode(force_bar=bool(config.get("progress")))
+    interval = float(config.get("progress_seconds", 30.0) if progress_interval_s is None
+                     else progress_interval_s)
     with contextlib.ExitStack() as stack:
         async with contextlib.AsyncExitStack() as astack:
-            urls = services.start_env_services(config, stack)
+            with timed(say, f"starting environment servers {services.env_names(config)}"):
+                urls = services.start_env_services(config, stack)
+            say(services.describe_urls(urls))
             clients = services.make_env_clients(urls, config, astack)
-            model, tokenizer, model_path = load_policy(config)
-            params_source = model
+            tasks = await services.task_refs(clients, split, num_tasks)
+            episodes = k * len(tasks)
+            with timed(say, f"loading model {config.model.name}"):
+                model, tokenizer, model_path = load_policy(config)
+            policy = model
             if checkpoint_dir:
-                from agentrl_jax.learner.learner import Learner
-
-                learner = Learner(model, dict(config.learner), checkpoint_dir=checkpoint_dir)
-                stack.callback(learner.close)
-                if learner.checkpointer.latest_step() is None:
-                    raise FileNotFoundError(f"no checkpoint in {checkpoint_dir}")
-                learner.restore(step)
-                params_source = learner.policy_model()
-            backend = services.make_backend(config, params_source, tokenizer, model_path)
-            astack.push_async_callback(backend.aclose)
+                with timed(say, f"restoring checkpoint {checkpoint_dir}"
+                           + (f" step {step}" if step is not None else " (latest)")):
+                    policy, step = _restore_policy(config, model, checkpoint_dir, step, stack)
+            with timed(say, f"starting rollout backend {config.rollout.backend}"):
+                backend = services.make_backend(config, policy, tokenizer, model_path,
+                                                episodes=episodes)
+            astack.push_async_callback(services.close_backend, backend)
+            say(services.describe_backend(backend, episodes))
             pool = services.make_actor_pool(config, backend, clients, tokenizer,
                                             model.cfg.eos_token_ids)
-            tasks = await services.task_refs(clients, split, num_tasks)
-            result, trajectories = await evaluate(pool, tasks, k=k, horizon=horizon,
-                                                  seed=int(config.seed))
+            t0 = time.monotonic()
+            async with EpisodeProgress(episodes, f"eval ({split}, k={k})", mode, interval,
+                                       say) as bar:
+                result, trajectories = await evaluate(pool, tasks, k=k, horizon=horizon,
+                                                      seed=int(config.seed), progress=bar)
+            say(f"evaluated {len(tasks)} tasks x k={k} ({episodes} episodes, horizon "
+                f"{horizon}) in {format_seconds(time.monotonic() - t0)}")
     if output:
-        os.makedirs(os.path.dirname(os.path.abspath(output)), exist_ok=True)
-        with open(output, "w") as f:
-            json.dump({"checkpoint": checkpoint_dir, "step": step, "horizon": horizon,
-                       "split": split, **dataclasses.asdict(result)}, f, indent=2)
-        with open(os.path.splitext(output)[0] + "_trajectories.jsonl", "w") as f:
-            for t in trajectories:
-                f.write(json.dumps(t.to_json()) + "\n")
+        _write_output(output, result, trajectories, checkpoint_dir, step, horizon, split)
     return result
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections import defaultdict
-from typing import Sequence
+from typing import Callable, Sequence
 
 from agentrl_jax.agent.actor_pool import ActorPool, TaskRef
 from agentrl_jax.agent.trajectory import Trajectory
@@ -55,8 +55,11 @@ def score_trajectories(trajectories: Sequence[Trajectory], k: int) -> EvalResult
 
 
 async def evaluate(pool: ActorPool, tasks: Sequence[TaskRef], k: int, horizon: int,
-                   policy_version: int = 0, seed: int | None = 0
+                   policy_version: int = 0, seed: int | None = 0,
+                   progress: Callable[[Trajectory], None] | None = None
                    ) -> tuple[EvalResult, list[Trajectory]]:
+    """``k`` episodes of every task; ``progress`` is called with each finished episode."""
     trajectories, _ = await pool.collect(tasks, n_samples=k, horizon=horizon,
-                                         policy_version=policy_version, seed=seed)
+                                         policy_version=policy_version, seed=seed,
+                                         progress=progress)
     return score_trajectories(trajectories, k), trajectories

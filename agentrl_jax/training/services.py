@@ -7,6 +7,7 @@ everything is registered on an ``ExitStack`` that the trainer closes in ``finall
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 from typing import Any, Mapping, Sequence
@@ -84,12 +85,15 @@ def max_episodes_per_round(config: Any) -> int:
 
 
 def engine_slots(config: Any, model_config: Any, dtype: str | None = None,
-                 host_ram_bytes: int | None = None, backend: str | None = None) -> int:
+                 host_ram_bytes: int | None = None, backend: str | None = None,
+                 episodes: int | None = None) -> int:
     """Decode slots (KV-cache rows) for the embedded engine.
 
-    ``min(rollout.max_batch, rollout.max_concurrency, max_episodes_per_round)``: a slot per
-    episode that can be in flight, and never more than the actor pool runs at once or a round
-    has (decode reads every slot's whole KV row each step, so idle slots cost time too). On the CPU backend the KV cache
+    ``min(rollout.max_batch, rollout.max_concurrency, episodes)``: a slot per episode that can
+    be in flight, and never more than the actor pool runs at once or a round has (decode reads
+    every slot's whole KV row each step, so idle slots cost time too). ``episodes`` is the most
+    episodes one round of the caller has (``launch/eval.py``: ``k x tasks``); by default
+    :func:`max_episodes_per_round` of the config's ``train`` values. On the CPU backend the KV cache
     (``2 x layers x kv_heads x head_dim x max_context`` values per slot) lives in host RAM and
     is additionally capped at :data:`CPU_KV_RAM_FRACTION` of it (a 24 GB machine, SmolLM2 at
     4096 tokens in f32: about 21 slots of 189 MB instead of 64 slots = 12 GB, which the engine's
@@ -100,7 +104,9 @@ def engine_slots(config: Any, model_config: Any, dtype: str | None = None,
     import jax.numpy as jnp
 
     r = config.rollout
-    slots = max(1, min(int(r.max_batch), int(r.max_concurrency), max_episodes_per_round(config)))
+    if episodes is None:
+        episodes = max_episodes_per_round(config)
+    slots = max(1, min(int(r.max_batch), int(r.max_concurrency), int(episodes)))
     backend = backend or jax.default_backend()
     if backend != "cpu":
         return slots
@@ -119,8 +125,10 @@ def engine_slots(config: Any, model_config: Any, dtype: str | None = None,
     return min(slots, fit)
 
 
-def make_backend(config: Any, model: Any, tokenizer: Any, model_path: str | None) -> Any:
-    """The rollout backend named by ``config.rollout.backend``."""
+def make_backend(config: Any, model: Any, tokenizer: Any, model_path: str | None,
+                 episodes: int | None = None) -> Any:
+    """The rollout backend named by ``config.rollout.backend``; ``episodes``: the most episodes
+    one round has (sizes the embedded engine, see :func:`engine_slots`)."""
     from agentrl_jax.rollout.base import create_backend
 
     rollout = config.rollout
@@ -128,7 +136,8 @@ def make_backend(config: Any, model: Any, tokenizer: Any, model_path: str | None
         from agentrl_jax.rollout.engine import Engine, EngineConfig
 
         model_config = model.cfg if hasattr(model, "cfg") else None
-        slots = (engine_slots(config, model_config, rollout.get("engine_dtype") or None)
+        slots = (engine_slots(config, model_config, rollout.get("engine_dtype") or None,
+                              episodes=episodes)
                  if model_config is not None else int(rollout.max_batch))
         engine_config = EngineConfig(
             max_batch=slots, max_length=int(rollout.max_context),
@@ -144,12 +153,55 @@ def make_backend(config: Any, model: Any, tokenizer: Any, model_path: str | None
     raise ValueError(f"unknown rollout backend {rollout.backend!r} (embedded, sglang)")
 
 
+def describe_backend(backend: Any, episodes: int | None = None) -> str:
+    """One line: the rollout backend and its decode slots (embedded engine)."""
+    slots = getattr(getattr(backend, "config", None), "max_batch", None)
+    what = (f"rollout engine: {slots} decode slots" if slots is not None
+            else f"rollout backend: {type(backend).__name__}")
+    return what + (f" for {episodes} episodes per round" if episodes is not None else "")
+
+
+def describe_urls(urls: Mapping[str, Sequence[str]]) -> str:
+    """One line: every environment's server URLs."""
+    return "environment servers: " + ", ".join(f"{name} {' '.join(u)}"
+                                               for name, u in urls.items())
+
+
+async def close_backend(backend: Any, drain_timeout: float = 30.0) -> None:
+    """Close a rollout backend after what was in flight has been answered.
+
+    An interrupted rollout (Ctrl-C, a cancelled overlapping rollout) leaves abort requests in
+    the embedded engine's command queue; closing the engine before it ran them would fail each
+    request's future with "the engine was closed" and, with nobody awaiting them any more,
+    asyncio prints "Future exception was never retrieved" for each. So: abort everything, wait
+    for one engine command round trip (commands run in order, so the aborts are answered
+    first), then close.
+    """
+    abort_all = getattr(backend, "abort_all", None)
+    flush = getattr(backend, "flush_cache", None)
+    if abort_all is not None and flush is not None:
+        with contextlib.suppress(Exception):
+            abort_all()
+            await asyncio.wait_for(flush(), drain_timeout)
+    await backend.aclose()
+
+
 def make_sampling(config: Any):
     from agentrl_jax.rollout.base import SamplingParams
 
     r = config.rollout
     return SamplingParams(max_new_tokens=int(r.max_new_tokens), temperature=float(r.temperature),
-                          top_p=float(r.top_p), top_k=int(r.get("top_k", -1)))
+                          top_p=float(r.top_p), top_k=int(r.get("top_k", -1)),
+                          stop=stop_strings(r.get("stop", ())))
+
+
+def stop_strings(value: Any) -> list[str] | None:
+    """``rollout.stop`` as the sampler's ``stop`` list: a sequence of strings (``("\\n",)``
+    ends a turn at its first line break); empty or None: none."""
+    if value is None or value == "":
+        return None
+    items = [value] if isinstance(value, str) else list(value)
+    return [str(v) for v in items if str(v)] or None
 
 
 def make_actor_pool(config: Any, backend: Any, clients: Mapping[str, Any], tokenizer: Any,

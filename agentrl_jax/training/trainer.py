@@ -37,6 +37,7 @@ from agentrl_jax.agent.trajectory import Trajectory
 from agentrl_jax.training import distributed, services
 from agentrl_jax.training.batching import assemble_batch
 from agentrl_jax.training.evaluation import EvalResult, evaluate, score_trajectories
+from agentrl_jax.training.progress import BAR, LINES, OFF, EpisodeProgress, format_seconds, timed
 from agentrl_jax.training.schedule import HorizonSchedule
 from agentrl_jax.training.task_sampler import TaskSampler
 
@@ -67,6 +68,64 @@ def load_policy(config: Any):
     return pretrained.model, pretrained.tokenizer, pretrained.path
 
 
+SUMMARY_FILE = "summary.json"
+
+
+def read_summary(workdir: str) -> dict[str, Any]:
+    """``summary.json`` of ``workdir`` ({} when there is none or it is not a JSON object)."""
+    try:
+        with open(os.path.join(workdir, SUMMARY_FILE)) as f:
+            summary = json.load(f)
+    except (OSError, ValueError):
+        return {}
+    return summary if isinstance(summary, dict) else {}
+
+
+def merge_summary(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
+    """The summary of a run that was started again, from the previous one and this session's.
+
+    Fields only ``old`` has are kept; ``new`` wins elsewhere, except: ``evals`` are merged by
+    step (a step evaluated again takes the new result), ``start_step`` and ``first_reward`` stay
+    those of the first session, ``sessions`` (one record per invocation) are appended, and
+    ``mean_step_seconds`` is the mean over every session's steps.
+    """
+    merged = {**old, **new}
+    evals = {str(k): v for k, v in (old.get("evals") or {}).items()}
+    evals.update({str(k): v for k, v in (new.get("evals") or {}).items()})
+    if evals:
+        merged["evals"] = dict(sorted(evals.items(), key=lambda kv: int(kv[0])))
+    for key in ("start_step", "first_reward"):
+        if key in old:
+            merged[key] = old[key]
+    sessions = list(old.get("sessions") or []) + list(new.get("sessions") or [])
+    merged["sessions"] = sessions
+    timed_steps = [(s["steps"], s["mean_step_seconds"]) for s in sessions
+                   if s.get("steps") and s.get("mean_step_seconds") is not None]
+    if timed_steps:
+        merged["mean_step_seconds"] = (sum(n * t for n, t in timed_steps)
+                                       / sum(n for n, _ in timed_steps))
+    return merged
+
+
+def write_json_atomic(path: str, data: Any) -> None:
+    """Write ``data`` to ``path`` through a temporary file (never a half-written file)."""
+    tmp = f"{path}.tmp{os.getpid()}"
+    with open(tmp, "w") as f:
+        json.dump(data, f, indent=2, default=str)
+    os.replace(tmp, path)
+
+
+def checkpoint_steps(checkpoint_dir: str) -> list[int]:
+    """Steps of the finished checkpoints in ``checkpoint_dir`` (orbax names each by its step;
+    unfinished ones carry a temporary suffix), without starting orbax."""
+    try:
+        names = os.listdir(checkpoint_dir)
+    except OSError:
+        return []
+    return sorted(int(n) for n in names if n.isdigit()
+                  and os.path.isdir(os.path.join(checkpoint_dir, n)))
+
+
 @dataclasses.dataclass
 class StepRecord:
     step: int
@@ -79,7 +138,10 @@ class StepRecord:
 class Trainer:
     """Owns every component of a run; ``run()`` trains and returns a summary dict."""
 
-    def __init__(self, config: Any, workdir: str, progress: bool = True):
+    def __init__(self, config: Any, workdir: str, progress: bool = True,
+                 eval_again: bool = False):
+        """``progress=False``: no per-episode progress (bars or lines); ``eval_again``: a run
+        that already finished evaluates its final policy again (see :meth:`finished_step`)."""
         self.config = config
         self.workdir = os.path.abspath(workdir)
         self.process_index = distributed.process_index()
@@ -88,6 +150,18 @@ class Trainer:
         self.is_main = self.process_index == 0
         self.show_progress = self.is_main and (progress and sys.stderr.isatty()
                                                or bool(config.get("progress")))
+        # per-episode progress of rollouts and evaluations: a bar on a terminal, else lines
+        self.progress_mode = (BAR if self.show_progress else LINES if self.is_main and progress
+                              else OFF)
+        self.progress_seconds = float(config.get("progress_seconds", 30.0))
+        self.eval_again = eval_again
+        self.step_done = 0  # the last training step finished in this process
+        self.saved_step: int | None = None  # the last checkpoint step saved or restored
+        self._update_compiled = False
+        self._rollouts: set[asyncio.Future] = set()
+        self.saved_this_session = False
+        self.stopped = "total_steps"  # why training ended: total_steps | time_budget
+        self._started = time.time()
         self.learner: Any = None
         self.backend: Any = None
         os.makedirs(self.workdir, exist_ok=True)
@@ -110,8 +184,35 @@ class Trainer:
                 f.write(json.dumps(t.to_json(step)) + "\n")
 
     # ----------------------------------------------------------------------------- run
+    def finished_step(self) -> int | None:
+        """The final step if this workdir holds a finished run of this config, else None.
+
+        Finished: ``summary.json`` says the run ended at step >= ``train.total_steps`` with its
+        final evaluation done, and that step's checkpoint exists. (A run stopped by its time
+        budget is not finished: started again, it trains on.) With several processes, process
+        0's answer (it alone writes the summary) holds for all.
+        """
+        summary = read_summary(self.workdir)
+        step = summary.get("finished_step")
+        finished = (isinstance(step, int) and step >= int(self.config.train.total_steps)
+                    and step in checkpoint_steps(os.path.join(self.workdir, "checkpoints")))
+        answer = step if finished else None
+        if self.multi_process:
+            answer = distributed.allgather_objects([answer])[0][0]
+        return answer
+
     def run(self) -> dict[str, Any]:
         return asyncio.run(self._run())
+
+    def interrupted_message(self) -> str:
+        """The line printed when Ctrl-C stops the run."""
+        total = int(self.config.train.total_steps)
+        where = (f"after step {self.step_done}/{total}" if self.step_done
+                 else "before the first training step")
+        resume = (f"the same command resumes from the checkpoint of step {self.saved_step}"
+                  if self.saved_step else "the same command starts it again")
+        return (f"interrupted (Ctrl-C) {where}; environment servers and rollout engine stopped; "
+                f"{resume} (workdir {self.workdir})")
 
     async def _run(self) -> dict[str, Any]:
         from agentrl_jax.learner.learner import Learner
@@ -120,12 +221,13 @@ class Trainer:
         self._write_config()
         with contextlib.ExitStack() as stack:
             async with contextlib.AsyncExitStack() as astack:
-                self._say(f"starting environment servers: {services.env_names(cfg)}")
-                urls = services.start_env_services(cfg, stack)
+                with timed(self._say, f"starting environment servers {services.env_names(cfg)}"):
+                    urls = services.start_env_services(cfg, stack)
+                self._say(services.describe_urls(urls))
                 clients = services.make_env_clients(urls, cfg, astack)
-                self._say(f"loading model {cfg.model.name}"
-                          + (" (random init)" if cfg.model.get("random_init") else ""))
-                model, tokenizer, model_path = load_policy(cfg)
+                with timed(self._say, f"loading model {cfg.model.name}"
+                           + (" (random init)" if cfg.model.get("random_init") else "")):
+                    model, tokenizer, model_path = load_policy(cfg)
                 main = self.is_main  # the only process that writes metrics
                 learner = Learner(model, dict(cfg.learner),
                                   checkpoint_dir=os.path.join(self.workdir, "checkpoints"),
@@ -136,25 +238,31 @@ class Trainer:
                                   if main else None)
                 stack.callback(learner.close)
                 self.learner = learner
-                resumed = learner.restore_latest()
+                resumed = None
+                if learner.checkpointer.latest_step() is not None:
+                    with timed(self._say, "restoring the latest checkpoint"):
+                        resumed = learner.restore_latest()
                 start_step = int(resumed["step"]) if resumed else 0
+                self.saved_step = start_step or None
                 cursor = int(resumed.get("cursor", 0)) if resumed else 0
                 if self.multi_process:  # every process must resume at the same step and tasks
                     seen = distributed.allgather_objects([start_step, cursor])
                     if any(s != seen[0] for s in seen):
                         raise RuntimeError(f"processes resumed at different (step, task cursor): "
                                            f"{seen}; is the checkpoint directory shared?")
-                self._say("starting rollout backend "
-                          f"{cfg.rollout.backend}" + (f" (resumed at step {start_step})"
-                                                      if resumed else ""))
+                if resumed:
+                    self._say(f"resumed at step {start_step}")
                 if not resumed:
                     policy = model
                 elif self.multi_process:  # this host's full copy of the sharded parameters
                     policy = distributed.local_policy(learner)
                 else:
                     policy = learner.policy_model()
-                backend = services.make_backend(cfg, policy, tokenizer, model_path)
-                astack.push_async_callback(backend.aclose)
+                with timed(self._say, f"starting rollout backend {cfg.rollout.backend}"):
+                    backend = services.make_backend(cfg, policy, tokenizer, model_path)
+                astack.push_async_callback(services.close_backend, backend)
+                self._say(services.describe_backend(backend))
+                astack.push_async_callback(self._cancel_rollouts)  # runs first (LIFO)
                 self.backend = backend
                 pool = services.make_actor_pool(cfg, backend, clients, tokenizer,
                                                 model.cfg.eos_token_ids)
@@ -168,10 +276,13 @@ class Trainer:
         t0 = time.monotonic()
         k = int(self.config.train.eval_samples)
         lo, hi = distributed.share(len(tasks))  # this process's tasks (all of them: one process)
-        result, trajectories = await evaluate(pool, tasks[lo:hi], k=k,
-                                              horizon=int(self.config.train.eval_horizon),
-                                              policy_version=step,
-                                              seed=distributed.sampling_seed(self.config.seed))
+        async with EpisodeProgress((hi - lo) * k, f"eval at step {step}", self.progress_mode,
+                                   self.progress_seconds, self._say) as progress:
+            result, trajectories = await evaluate(pool, tasks[lo:hi], k=k,
+                                                  horizon=int(self.config.train.eval_horizon),
+                                                  policy_version=step,
+                                                  seed=distributed.sampling_seed(self.config.seed),
+                                                  progress=progress)
         if self.multi_process:
             for t in trajectories:
                 t.group_id += lo
@@ -184,7 +295,8 @@ class Trainer:
         self.evals.append((step, result))
         self._say(f"[eval step {step}] avg@{result.k}={result.avg_at_k:.3f} "
                   f"pass@{result.k}={result.pass_at_k:.3f} over {result.num_tasks} tasks "
-                  f"({metrics['eval/seconds']:.0f} s)")
+                  f"x {k} ({len(trajectories)} episodes, dropped {result.dropped}) in "
+                  f"{format_seconds(metrics['eval/seconds'])}")
         return result
 
     @staticmethod
@@ -242,22 +354,23 @@ class Trainer:
             tasks = sampler.next(int(cfg.train.tasks_per_step))  # the same on every process
             lo, hi = distributed.share(len(tasks))  # this process's groups
             tasks = tasks[lo:hi]
-            bar = self._progress_bar(len(tasks) * samples,
-                                     f"step {step + 1}/{total} rollout (horizon {horizon})")
+            desc = f"step {step + 1}/{total} rollout (horizon {horizon})"
 
             async def rollout():
-                pool_progress = (lambda _t: bar.update(1)) if bar else None
-                trajectories, stats = await pool.collect(
-                    tasks, samples, horizon, policy_version=weights_version,
-                    seed=distributed.sampling_seed(int(cfg.seed) + step),
-                    progress=pool_progress)
+                async with EpisodeProgress(len(tasks) * samples, desc, self.progress_mode,
+                                           self.progress_seconds, self._say) as progress:
+                    trajectories, stats = await pool.collect(
+                        tasks, samples, horizon, policy_version=weights_version,
+                        seed=distributed.sampling_seed(int(cfg.seed) + step),
+                        progress=progress)
                 for t in trajectories:  # the global group index: unique over processes
                     t.group_id += lo
-                if bar:
-                    bar.close()
                 return horizon, trajectories, stats
 
-            return asyncio.ensure_future(rollout())
+            task = asyncio.ensure_future(rollout())
+            self._rollouts.add(task)
+            task.add_done_callback(self._rollouts.discard)
+            return task
 
         pending = launch(start_step) if start_step < total else None
         for step in range(start_step, total):
@@ -283,10 +396,10 @@ class Trainer:
                 if self.multi_process:  # this process's rows (none: an empty share)
                     batch = (assemble_batch(ok, pad_id=int(cfg.model.get("pad_id", 0))) if ok
                              else distributed.empty_batch())
-                    update = await asyncio.to_thread(learner.update, batch, False, True)
+                    update = await self._update(learner, batch, True)
                 else:
                     batch = assemble_batch(ok, pad_id=int(cfg.model.get("pad_id", 0)))
-                    update = await asyncio.to_thread(learner.update, batch, False)
+                    update = await self._update(learner, batch, False)
                 metrics.update(update)
                 await self._sync_weights(backend, learner, step + 1,
                                          copy=max_staleness >= 1)
@@ -306,6 +419,7 @@ class Trainer:
                       f"dropped={stats.dropped} "
                       f"pg_loss={metrics.get('actor/pg_loss', float('nan')):.4f} "
                       f"({metrics['train/step_seconds']:.1f} s)")
+            self.step_done = step + 1
             if eval_every and (step + 1) % eval_every == 0 and eval_tasks:
                 if pending is not None:  # evaluate the new weights without a rollout in flight
                     await self._cancel(pending)
@@ -317,23 +431,63 @@ class Trainer:
                 out_of_time = distributed.agree_any(out_of_time)
             if (step + 1) % save_every == 0 or step + 1 == total or out_of_time:
                 cursor = cursor_at.get(step + 1, sampler.cursor)
-                learner.save({"step": step + 1, "cursor": cursor}, step=step + 1, force=True)
+                self._save(learner, step + 1, cursor)
             last_step = step + 1
             if out_of_time:
                 self._say(f"time budget of {max_seconds:.0f} s reached after step {step + 1}; "
                           "stopping")
+                self.stopped = "time_budget"
                 break
             if pending is None and step + 1 < total:
                 pending = launch(step + 1)
         if pending is not None:
             await self._cancel(pending)
-        if (cfg.train.get("eval_after", False) and eval_tasks
+        if ((cfg.train.get("eval_after", False) or self.eval_again) and eval_tasks
                 and not (self.evals and self.evals[-1][0] == last_step)):
             await self._evaluate(pool, eval_tasks, last_step, learner)
-        learner.wait()
+        if self.saved_this_session:
+            with timed(self._say, "finishing checkpoint writes"):
+                learner.wait()
         return self._summary(start_step, last_step)
 
+    async def _update(self, learner: Any, batch: Any, process_local: bool) -> dict[str, float]:
+        """``learner.update`` in a worker thread; the first one of this process compiles the
+        train step (minutes for a large model on CPU), which is announced."""
+        call = (lambda: learner.update(batch, False, True)) if process_local else \
+            (lambda: learner.update(batch, False))
+        if self._update_compiled:
+            return await asyncio.to_thread(call)
+        with timed(self._say, "compiling the train step (first update)"):
+            update = await asyncio.to_thread(call)
+        self._update_compiled = True
+        return update
+
+    def _save(self, learner: Any, step: int, cursor: int) -> None:
+        """Checkpoint ``step`` (the write finishes in the background)."""
+        with timed(self._say, f"saving checkpoint step {step}"):
+            learner.save({"step": step, "cursor": cursor}, step=step, force=True)
+        self.saved_step = step
+        self.saved_this_session = True
+
+    async def _cancel_rollouts(self) -> None:
+        """Cancel rollouts still in flight (an interrupted run) before the engine and the env
+        clients close under them."""
+        for task in list(self._rollouts):
+            await self._cancel(task)
+
     # ----------------------------------------------------------------------------- output
+    def _session_record(self, start_step: int, total: int) -> dict[str, Any]:
+        """What this invocation did (one entry of the summary's ``sessions``)."""
+        record: dict[str, Any] = {
+            "start_step": start_step, "final_step": total, "steps": len(self.history),
+            "stopped": self.stopped if self.history or total > start_step else "evaluate_only",
+            "evals": [step for step, _ in self.evals],
+            "seconds": round(time.time() - self._started, 1),
+            "ended": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+        if self.history:
+            record["mean_step_seconds"] = float(np.mean([h.seconds for h in self.history]))
+        return record
+
     def _summary(self, start_step: int, total: int) -> dict[str, Any]:
         summary: dict[str, Any] = {"workdir": self.workdir, "start_step": start_step,
                                    "final_step": total,
@@ -346,9 +500,14 @@ class Trainer:
             summary["evals"] = {step: dataclasses.asdict(r) for step, r in self.evals}
         if self.multi_process:
             summary["process_count"] = self.process_count
-        if self.is_main:
-            with open(os.path.join(self.workdir, "summary.json"), "w") as f:
-                json.dump(summary, f, indent=2, default=str)
+        summary["sessions"] = [self._session_record(start_step, total)]
+        # finished: trained to total_steps with the final evaluation (if any) done; started
+        # again, such a run says so and exits (launch/run.py, Trainer.finished_step)
+        if total >= int(self.config.train.total_steps):
+            summary["finished_step"] = total
+        if self.is_main:  # merged with what earlier sessions of this workdir wrote
+            summary = merge_summary(read_summary(self.workdir), summary)
+            write_json_atomic(os.path.join(self.workdir, SUMMARY_FILE), summary)
         lines = [f"run finished: steps {start_step}->{total}, final horizon "
                  f"{summary['final_horizon']}"]
         if self.history:
@@ -362,14 +521,8 @@ class Trainer:
         self._say("\n".join(lines))
         return summary
 
-    def _progress_bar(self, total: int, desc: str):
-        if not self.show_progress:
-            return None
-        from tqdm import tqdm
-        return tqdm(total=total, desc=desc, unit="ep", leave=False, file=sys.stderr)
-
-    def _say(self, message: str) -> None:
+    def _say(self, message: str, end: str = "\n") -> None:
         if self.is_main:
-            print(message, flush=True)
+            print(message, end=end, flush=True)
         else:
             log.info("[process %d] %s", self.process_index, message)

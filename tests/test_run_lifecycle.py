@@ -1,0 +1,226 @@
+"""The main job as a user meets it (issue 11): progress lines for every long phase, a finished run
+started again, ``summary.json`` merged across sessions, evaluation sized by ``k x tasks`` and
+Ctrl-C.
+
+One finished smoke run (tiny random model, real BabyAI + TextCraft servers, 1 step) is shared by
+the tests of this module; ``--config.progress_seconds=0`` makes the plain progress lines (what a
+CI log shows) appear on every change, so short phases show them too.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from urllib.parse import urlparse
+
+import pytest
+
+from agentrl_jax.training.services import engine_slots, max_episodes_per_round
+from agentrl_jax.training.trainer import checkpoint_steps, merge_summary
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SMOKE = ["--config", "experiments/smoke.py", "--config.progress_seconds=0"]
+
+
+def _env() -> dict[str, str]:
+    env = dict(os.environ)
+    env.pop("XLA_FLAGS", None)  # the job itself runs on the machine's real devices
+    return env
+
+
+def _launch(script: str, *args: str, timeout: float = 600) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, script, *args], cwd=REPO, env=_env(),
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def _ok(proc: subprocess.CompletedProcess) -> str:
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return proc.stdout
+
+
+def _lines(path: str) -> int:
+    with open(path) as f:
+        return sum(1 for _ in f)
+
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory) -> tuple[str, str]:
+    """(workdir, stdout) of a finished one-step smoke run (checkpoint 1, final eval at step 1)."""
+    workdir = str(tmp_path_factory.mktemp("lifecycle") / "run")
+    out = _ok(_launch("launch/run.py", *SMOKE, "--workdir", workdir,
+                      "--config.train.total_steps=1"))
+    return workdir, out
+
+
+# ----------------------------------------------------------------------------- progress
+@pytest.mark.slow
+def test_every_long_phase_reports_progress(finished_run):
+    _, out = finished_run
+    phases = ["starting environment servers ['babyai', 'textcraft']",
+              "loading model smollm2 (random init)", "starting rollout backend embedded",
+              "compiling the train step (first update)", "saving checkpoint step 1"]
+    for phase in phases:
+        start, end = out.find(f"{phase} ...\n"), out.find(f"{phase} ... done in ")
+        assert 0 <= start < end, f"{phase!r} not announced and timed:\n{out}"
+    # the compilation is announced before the first update and timed before its step line
+    assert out.find("compiling the train step (first update) ... done in") < out.find("[step 1/1]")
+    # per-episode progress of the rollout (2 tasks x 2 samples) and of the final evaluation
+    # (smoke: 2 test tasks of each of 2 environments, k=1), then one summary line
+    assert "step 1/1 rollout (horizon 2): 4/4 episodes" in out
+    assert "eval at step 1: 4/4 episodes" in out
+    assert "[eval step 1] avg@1=" in out and "over 4 tasks x 1 (4 episodes, dropped 0) in" in out
+    assert out.find("eval at step 1: 4/4 episodes") < out.find("[eval step 1]")
+
+
+# ----------------------------------------------------------------------------- finished runs
+@pytest.mark.slow
+def test_finished_run_started_again_says_so_and_exits(finished_run):
+    workdir, _ = finished_run
+    files = ["trajectories_eval.jsonl", "trajectories_train.jsonl", "metrics.jsonl"]
+    before = {f: _lines(os.path.join(workdir, f)) for f in files}
+    summary = open(os.path.join(workdir, "summary.json")).read()
+    t0 = time.monotonic()
+    out = _ok(_launch("launch/run.py", *SMOKE, "--workdir", workdir,
+                      "--config.train.total_steps=1", timeout=120))
+    assert out == (f"run already finished at step 1 (workdir {workdir}); pass --eval_again to "
+                   "evaluate it again\n")
+    assert time.monotonic() - t0 < 60  # no model load, no evaluation
+    assert {f: _lines(os.path.join(workdir, f)) for f in files} == before
+    assert open(os.path.join(workdir, "summary.json")).read() == summary
+
+
+@pytest.mark.slow
+def test_eval_again_evaluates_and_merges_the_summary(finished_run):
+    workdir, _ = finished_run
+    path = os.path.join(workdir, "summary.json")
+    summary = json.load(open(path))
+    assert summary["finished_step"] == 1 and list(summary["evals"]) == ["1"]
+    summary["note"] = "written by hand"  # a field no session writes must survive
+    json.dump(summary, open(path, "w"))
+    evals_before = _lines(os.path.join(workdir, "trajectories_eval.jsonl"))
+
+    out = _ok(_launch("launch/run.py", *SMOKE, "--workdir", workdir,
+                      "--config.train.total_steps=1", "--eval_again"))
+    assert "resumed at step 1" in out and "[eval step 1] avg@1=" in out
+    assert "compiling the train step" not in out and "[step " not in out  # no training
+    assert _lines(os.path.join(workdir, "trajectories_eval.jsonl")) == evals_before + 4
+
+    merged = json.load(open(path))
+    assert merged["note"] == "written by hand"
+    assert merged["start_step"] == 0 and merged["final_step"] == 1
+    assert merged["first_reward"] == summary["first_reward"]
+    assert merged["mean_step_seconds"] == summary["mean_step_seconds"]  # no new steps
+    assert list(merged["evals"]) == ["1"] and merged["evals"]["1"]["num_tasks"] == 4
+    assert [(s["start_step"], s["final_step"], s["steps"], s["stopped"], s["evals"])
+            for s in merged["sessions"]] == [(0, 1, 1, "total_steps", [1]),
+                                             (1, 1, 0, "evaluate_only", [1])]
+    assert checkpoint_steps(os.path.join(workdir, "checkpoints")) == [1]
+
+
+def test_merge_summary_keeps_old_fields_and_merges_evals():
+    old = {"workdir": "w", "start_step": 0, "final_step": 2, "first_reward": 0.1,
+           "last_reward": 0.2, "mean_step_seconds": 10.0, "custom": [1, 2],
+           "evals": {"0": {"avg_at_k": 0.0}, "2": {"avg_at_k": 0.25}},
+           "sessions": [{"start_step": 0, "final_step": 2, "steps": 2,
+                         "mean_step_seconds": 10.0}]}
+    new = {"workdir": "w", "start_step": 2, "final_step": 5, "first_reward": 0.3,
+           "last_reward": 0.5, "mean_step_seconds": 20.0, "finished_step": 5,
+           "evals": {2: {"avg_at_k": 0.5}, 5: {"avg_at_k": 0.75}},
+           "sessions": [{"start_step": 2, "final_step": 5, "steps": 3,
+                         "mean_step_seconds": 20.0}]}
+    merged = merge_summary(old, new)
+    assert merged["custom"] == [1, 2]  # only the old summary has it
+    assert (merged["start_step"], merged["first_reward"]) == (0, 0.1)  # the first session's
+    assert (merged["final_step"], merged["last_reward"], merged["finished_step"]) == (5, 0.5, 5)
+    # evals by step, a step evaluated again takes the new result; keys as JSON writes them
+    assert merged["evals"] == {"0": {"avg_at_k": 0.0}, "2": {"avg_at_k": 0.5},
+                               "5": {"avg_at_k": 0.75}}
+    assert [s["start_step"] for s in merged["sessions"]] == [0, 2]
+    assert merged["mean_step_seconds"] == pytest.approx((2 * 10.0 + 3 * 20.0) / 5)  # 16 s
+    assert merge_summary({}, new) == {**new, "evals": {"2": {"avg_at_k": 0.5},
+                                                       "5": {"avg_at_k": 0.75}}}
+
+
+# ----------------------------------------------------------------------------- launch/eval.py
+def test_eval_episodes_size_the_engine():
+    from agentrl_jax.models.config import ModelConfig
+
+    from experiments.smoke import get_config
+    tiny = ModelConfig(vocab_size=100, hidden_size=64, intermediate_size=128, num_layers=2,
+                       num_heads=4, num_kv_heads=2, head_dim=16)
+    c = get_config()
+    # smoke's own rounds: 2 tasks x 2 samples (train), 2 tasks x 1 sample x 2 envs (eval)
+    assert max_episodes_per_round(c) == 4
+    assert engine_slots(c, tiny, backend="gpu") == 4
+    assert engine_slots(c, tiny, backend="gpu", episodes=6) == 6  # eval --k 3 --tasks 1
+    assert engine_slots(c, tiny, backend="gpu", episodes=100) == 16  # rollout.max_batch
+    assert engine_slots(c, tiny, backend="gpu", episodes=1) == 1
+
+
+@pytest.mark.slow
+def test_eval_script_sized_by_k_and_tasks_with_progress(finished_run, tmp_path):
+    workdir, _ = finished_run
+    output = str(tmp_path / "eval.json")
+    out = _ok(_launch("launch/eval.py", *SMOKE, "--checkpoint",
+                      os.path.join(workdir, "checkpoints"), "--k", "3", "--tasks", "1",
+                      "--horizon", "2", "--output", output))
+    # 1 test task of each of the 2 environments x k=3: 6 episodes, 6 slots (the config's
+    # train.* values would give 4)
+    assert "rollout engine: 6 decode slots for 6 episodes per round" in out
+    for phase in ("loading model smollm2", "restoring checkpoint", "starting rollout backend"):
+        assert f"{phase}" in out and out.find(f"{phase}") < out.find("eval (test, k=3)")
+    assert "loading model smollm2 ... done in" in out
+    assert "eval (test, k=3): 6/6 episodes" in out
+    assert "evaluated 2 tasks x k=3 (6 episodes, horizon 2) in" in out
+    result = json.load(open(output))
+    assert (result["num_tasks"], result["k"], result["step"]) == (2, 3, 1)
+
+
+# ----------------------------------------------------------------------------- Ctrl-C
+def _port_open(url: str) -> bool:
+    parsed = urlparse(url)
+    with socket.socket() as s:
+        s.settimeout(2)
+        return s.connect_ex((parsed.hostname, parsed.port)) == 0
+
+
+@pytest.mark.slow
+def test_ctrl_c_stops_cleanly(tmp_path):
+    """SIGINT while the first rollout is in flight: one line on stderr, no traceback, no
+    unretrieved futures, the environment servers gone, exit code 130."""
+    stderr_path = tmp_path / "stderr.txt"
+    # 8-turn episodes of up to 100 tokens: the rollout lasts a few seconds
+    cmd = [sys.executable, "launch/run.py", *SMOKE, "--workdir", str(tmp_path / "run"),
+           "--config.train.total_steps=50", "--config.horizon.phases=(8,)",
+           "--config.rollout.max_new_tokens=100"]
+    with open(stderr_path, "w") as err:
+        proc = subprocess.Popen(cmd, cwd=REPO, env=_env(), stdout=subprocess.PIPE, stderr=err,
+                                text=True)
+        urls, rolling = [], False
+        try:
+            for line in proc.stdout:
+                if line.startswith("environment servers: "):
+                    urls = [w.rstrip(",") for w in line.split() if w.startswith("http://")]
+                if "rollout (horizon 8): 0/" in line:
+                    rolling = True
+                    break
+            assert rolling and urls, "the run ended before its first rollout"
+            assert all(_port_open(u) for u in urls)
+            proc.send_signal(signal.SIGINT)
+            proc.stdout.read()
+            code = proc.wait(timeout=180)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+    stderr = stderr_path.read_text()
+    assert code == 130, stderr
+    assert "Traceback" not in stderr and "never retrieved" not in stderr, stderr
+    lines = [ln for ln in stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("interrupted (Ctrl-C) before the first "
+                                                   "training step;"), stderr
+    assert not any(_port_open(u) for u in urls)  # the servers were stopped
