@@ -378,6 +378,12 @@ class Engine(BatchedSamplesBackend):
             state = jax.tree.map(
                 lambda x: x.astype(dt) if jnp.issubdtype(x.dtype, jnp.floating) and x.dtype != dt
                 else x, state)
+        current = getattr(self, "_state", None)
+        if current is not None:
+            # the compiled decode / prefill functions are keyed on their inputs' shardings: new
+            # weights laid out differently (e.g. a learner's NamedSharding) would recompile all
+            # of them on the next call (~20 s on a GPU); put them where the old ones live
+            state = jax.device_put(state, jax.tree.map(lambda x: x.sharding, current))
         return state
 
     def warmup(self) -> None:
