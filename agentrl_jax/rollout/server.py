@@ -41,7 +41,8 @@ from agentrl_jax.rollout.base import (BackendUnavailableError, GenerateResult, I
 from agentrl_jax.rollout.chat_template_sandbox import TemplateBusy, TemplateError, TemplateSandbox
 from agentrl_jax.rollout.engine import Engine, EngineConfig
 from environments.core.httpguard import (DEFAULT_MAX_CONNECTIONS, DEFAULT_READ_TIMEOUT_S, GuardedSite,
-                                         GuardError, Limits, api_key_middleware, read_body,
+                                         GuardError, Limits, api_key_middleware,
+                                         fit_connection_limit, read_body,
                                          require_key_off_loopback, run_app)
 
 try:  # orjson: ~2x faster, and it rejects lone surrogates (``"\ud800"``) while parsing
@@ -453,36 +454,36 @@ class RolloutServer:
                    session_ids: list[str | None]) -> list[list[GenerateResult]]:
         """Submit every prompt (all or nothing; on a worker thread for large requests) and
         await the results. A client that goes away aborts them all."""
-        rids = [str(rid) if rid is not None else uuid.uuid4().hex for rid in rids]
+        submitted: list[concurrent.futures.Future] = []
         cancelled = threading.Event()
         try:
-            futures = await self._offload(request, self._submit_all, prompts, samplings, rids,
-                                          session_ids, cancelled)
-            return await _wait_all(futures)
+            await self._offload(request, self._submit_all, prompts, samplings, rids,
+                                session_ids, submitted, cancelled)
+            return await _wait_all(submitted)
         except asyncio.CancelledError:  # client went away: free the slots
-            cancelled.set()  # a submitting thread stops and aborts what it submitted
-            for rid in rids:
-                self.engine.abort(rid)
+            cancelled.set()  # a submitting thread stops and aborts what it submitted since
+            for future in list(submitted):
+                self.engine.abort(future.rid)
             raise
 
     def _submit_all(self, prompts: list[list[int]], samplings: list[SamplingParams],
-                    rids: list[str], session_ids: list[str | None],
-                    cancelled: threading.Event) -> list[Any]:
-        """Validate every prompt, then submit them; on any failure (or ``cancelled``) abort the
-        ones already submitted."""
+                    rids: list[str | None], session_ids: list[str | None],
+                    submitted: list[concurrent.futures.Future],
+                    cancelled: threading.Event) -> None:
+        """Validate every prompt, then submit them into ``submitted``; on any failure, or once
+        ``cancelled`` is set, abort the ones submitted (the flag is checked after each submit,
+        so every request is aborted by this thread or by the cancelled handler)."""
         for ids, sp in zip(prompts, samplings):
             self.engine.validate(ids, sp)
-        futures = []
         try:
             for ids, sp, rid, sid in zip(prompts, samplings, rids, session_ids):
+                submitted.append(self.engine.submit(ids, sp, session_id=sid, rid=rid))
                 if cancelled.is_set():
                     raise asyncio.CancelledError
-                futures.append(self.engine.submit(ids, sp, session_id=sid, rid=rid))
         except BaseException:
-            for fut in futures:
-                self.engine.abort(fut.rid)
+            for future in submitted:
+                self.engine.abort(future.rid)
             raise
-        return futures
 
     # ------------------------------------------------------------------------ /generate
     async def generate(self, request: web.Request) -> web.Response:
@@ -1071,7 +1072,7 @@ def main(argv: list[str] | None = None) -> None:
                            served_model_name=args.served_model_name,
                            max_body_bytes=int(args.max_body_mb * 2**20), api_key=args.api_key,
                            weights_dirs=args.weights_dir, read_timeout=args.read_timeout,
-                           max_connections=args.max_connections,
+                           max_connections=fit_connection_limit(args.max_connections),
                            allow_request_chat_template=args.allow_request_chat_template,
                            chat_template_timeout_s=args.chat_template_timeout)
     log.info("serving %s on http://%s:%d (weights may load from %s)", pretrained.path,

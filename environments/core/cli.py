@@ -18,12 +18,11 @@ import sys
 from typing import Sequence
 
 from environments.core import jsonio
-from environments.core.httpguard import (DEFAULT_MAX_CONNECTIONS, DEFAULT_READ_TIMEOUT_S, Limits, raise_nofile_limit,
+from environments.core.httpguard import (DEFAULT_MAX_CONNECTIONS, DEFAULT_READ_TIMEOUT_S, Limits, fit_connection_limit,
                                          require_key_off_loopback, run_app)
 from environments.core.server import DEFAULT_MAX_BODY, build_app
 
 API_KEY_ENV = "AGENTRL_ENV_API_KEY"
-FD_RESERVE = 256  # descriptors kept for the family itself (files, pipes to a JVM or a browser driver)
 
 log = logging.getLogger("environments.server")
 
@@ -67,14 +66,6 @@ async def _freeze_startup_objects(app) -> None:
     gc.freeze()
 
 
-def connection_limit(wanted: int) -> int:
-    """``wanted``, or less when the open-file limit cannot be raised to hold it."""
-    available = raise_nofile_limit(wanted + FD_RESERVE) - FD_RESERVE
-    if available < wanted:
-        log.warning("open-file limit allows %d connections, not %d", max(available, 1), wanted)
-    return max(1, min(wanted, available))
-
-
 def main(name: str, argv: Sequence[str] | None = None) -> None:
     """Parse the command line and serve family ``name`` until SIGINT/SIGTERM."""
     from environments.registry import get_family
@@ -84,7 +75,7 @@ def main(name: str, argv: Sequence[str] | None = None) -> None:
     try:
         require_key_off_loopback(args.host, args.api_key)
         limits = Limits(max_body=args.max_body, read_timeout=args.read_timeout,
-                        max_connections=connection_limit(args.max_connections), api_key=args.api_key)
+                        max_connections=fit_connection_limit(args.max_connections), api_key=args.api_key)
     except ValueError as error:
         sys.exit(f"error: {error}")
     family = get_family(name)

@@ -281,6 +281,15 @@ def run_app(
         loop.close()
 
 
+def fit_connection_limit(wanted: int, reserve: int = 256) -> int:
+    """``wanted`` connections, or fewer when the open-file limit cannot be raised to hold them
+    plus ``reserve`` descriptors for the server's own files, pipes and threads."""
+    available = raise_nofile_limit(wanted + reserve) - reserve
+    if available < wanted:
+        log.warning("the open-file limit allows %d connections, not %d", max(available, 1), wanted)
+    return max(1, min(wanted, available))
+
+
 def raise_nofile_limit(wanted: int) -> int:
     """Raise the soft open-file limit towards ``wanted`` (within the hard limit); returns it."""
     try:
