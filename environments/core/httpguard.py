@@ -130,6 +130,8 @@ async def read_body(request: web.Request, limits: Limits) -> bytes:
     if length is not None and length > limits.max_body:
         raise GuardError(413, too_large_message(length, limits.max_body), close=True)
     try:
+        if request.content.is_eof():  # already received in full (the usual small body): no timer
+            return await request.read()
         return await asyncio.wait_for(request.read(), limits.read_timeout)
     except asyncio.TimeoutError:
         raise GuardError(408, f"the request body did not arrive within {limits.read_timeout:g} s", close=True) from None
