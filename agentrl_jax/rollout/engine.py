@@ -378,13 +378,14 @@ class Engine(BatchedSamplesBackend):
             state = jax.tree.map(
                 lambda x: x.astype(dt) if jnp.issubdtype(x.dtype, jnp.floating) and x.dtype != dt
                 else x, state)
+        # The compiled decode / prefill functions are keyed on their inputs' shardings and on
+        # whether the arrays are committed to them: new weights laid out differently (a
+        # learner's NamedSharding, or committed where the first weights were not) would
+        # recompile all of them on the next call (~30 s on an H100). Every state, the first one
+        # included, is committed to the first state's shardings.
         current = getattr(self, "_state", None)
-        if current is not None:
-            # the compiled decode / prefill functions are keyed on their inputs' shardings: new
-            # weights laid out differently (e.g. a learner's NamedSharding) would recompile all
-            # of them on the next call (~20 s on a GPU); put them where the old ones live
-            state = jax.device_put(state, jax.tree.map(lambda x: x.sharding, current))
-        return state
+        target = current if current is not None else state
+        return jax.device_put(state, jax.tree.map(lambda x: x.sharding, target))
 
     def warmup(self) -> None:
         """Compile every jitted shape (decode, each prefill bucket, row copy) with calls that
