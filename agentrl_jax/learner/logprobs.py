@@ -18,6 +18,14 @@ logits, their logsumexp, the target logit and (optionally) the entropy, and keep
 ``[B, c]`` results. The chunk body is wrapped in ``jax.checkpoint`` so the backward pass
 recomputes a chunk's logits instead of saving all of them (peak extra memory ~ one chunk's
 logits + its gradient, e.g. 512 x 151936 x 4 B = 311 MB per sequence for Qwen2.5).
+
+The chunk is at most ``chunk_size`` positions, and at most ``max_chunk_bytes`` of float32
+logits (``B x c x V x 4``) when that is set: by default on CPU (:func:`default_chunk_bytes`,
+32 MiB: 170 positions of one row or 21 of 8 rows at SmolLM2's V = 49152, where 512 positions
+of 8 rows would be 768 MiB per logits-sized temporary and the backward pass holds several),
+unbounded on accelerators.
+Positions are then split into equal chunks (``ceil(T / n)`` for the fewest ``n`` chunks that
+fit), so padding is at most ``n - 1`` positions.
 """
 
 from __future__ import annotations
@@ -30,6 +38,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from agentrl_jax.models.llama import CausalLM
+from agentrl_jax.sharding.activations import current_mesh
 
 Array = jax.Array
 
@@ -61,18 +70,48 @@ def _chunk_stats(logits_fn: Callable[[Array], Array], h: Array, tgt: Array, temp
     return lp, ent
 
 
+#: default ``max_chunk_bytes`` on CPU (bytes of one chunk's float32 logits)
+CPU_CHUNK_BYTES = 32 * 2**20
+
+
+def default_chunk_bytes() -> int | None:
+    """``CPU_CHUNK_BYTES`` on a CPU backend, else ``None`` (only ``chunk_size`` bounds)."""
+    mesh = current_mesh()
+    platform = mesh.devices.flat[0].platform if mesh is not None else jax.default_backend()
+    return CPU_CHUNK_BYTES if platform == "cpu" else None
+
+
+def chunk_length(t: int, rows: int, vocab: int, chunk_size: int,
+                 max_chunk_bytes: int | None) -> int:
+    """Positions per logits chunk: ``c = ceil(t / n)`` for the fewest chunks ``n`` with
+    ``c <= chunk_size`` and ``rows * c * vocab * 4 <= max_chunk_bytes`` (if set; >= 1)."""
+    c_max = max(1, min(chunk_size, t))
+    if max_chunk_bytes is not None:
+        c_max = max(1, min(c_max, max_chunk_bytes // max(1, rows * vocab * 4)))
+    n = -(-t // c_max)
+    return -(-t // n)
+
+
 def logprobs_from_hidden(hidden: Array, tokens: Array, logits_fn: Callable[[Array], Array], *,
                          chunk_size: int = 512, temperature: float = 1.0,
-                         with_entropy: bool = False) -> tuple[Array, Array | None]:
+                         with_entropy: bool = False, vocab_size: int | None = None,
+                         max_chunk_bytes: int | None | str = "auto"
+                         ) -> tuple[Array, Array | None]:
     """Token-aligned ``(logprobs [B, T], entropy [B, T] | None)`` from final hidden states.
 
     ``hidden [B, T, D]`` are the model's final-normed hidden states, ``logits_fn`` maps
     ``[..., D] -> [..., V]`` (the LM head). ``entropy[b, t]`` is the entropy of the distribution
-    that token ``t`` was drawn from (0 at ``t = 0``).
+    that token ``t`` was drawn from (0 at ``t = 0``). Chunks: :func:`chunk_length` with
+    ``max_chunk_bytes`` (``"auto"``: :func:`default_chunk_bytes`; ``vocab_size`` ``V``,
+    default: read from ``logits_fn``'s output shape).
     """
     b, t, d = hidden.shape
     targets = next_token_targets(tokens)
-    c = max(1, min(chunk_size, t))
+    if max_chunk_bytes == "auto":
+        max_chunk_bytes = default_chunk_bytes()
+    if vocab_size is None and max_chunk_bytes is not None:
+        vocab_size = jax.eval_shape(logits_fn, jax.ShapeDtypeStruct((1, d), hidden.dtype)).shape[-1]
+    c = chunk_length(t, b, vocab_size or 1, chunk_size, max_chunk_bytes)
     n = -(-t // c)
     pad = n * c - t
     if pad:
@@ -155,29 +194,45 @@ def lm_head_f32(model: CausalLM) -> Callable[[Array], Array]:
 
 
 def model_hidden(model: CausalLM, tokens: Array, attention_mask: Array | None,
-                 use_attention_mask: bool) -> Array:
-    """Final hidden states of a cache-less forward pass.
+                 use_attention_mask: bool, *, positions: Array | None = None,
+                 segment_ids: Array | None = None) -> Array:
+    """Final hidden states ``[B, T, D]`` of a cache-less forward pass over ``tokens [B, T]``.
 
     With right-padded rows (every row's real tokens form a prefix) the causal mask alone is
     exact for every real token, so by default no attention mask is passed: that keeps the
     fast causal attention path (cuDNN flash attention on GPU) instead of XLA's masked
     ``[B, H, T, T]`` attention. Padded positions then see real tokens, but their outputs are
     masked out of every loss.
+
+    Packed rows (several sequences end to end): ``segment_ids [B, T]`` int (a token attends
+    only to earlier-or-same tokens with its segment id; 0 may mark padding) and
+    ``positions [B, T]`` int32 (RoPE positions, restarting at 0 in each segment; default
+    ``0..T-1``).
     """
     mask = attention_mask if use_attention_mask else None
-    return model(tokens, attention_mask=mask, compute_logits=False).hidden
+    return model(tokens, positions=positions, attention_mask=mask, compute_logits=False,
+                 segment_ids=segment_ids).hidden
 
 
 def token_logprobs(graphdef: nnx.GraphDef, params: nnx.State, tokens: Array,
                    attention_mask: Array | None = None, *, chunk_size: int = 512,
                    temperature: float = 1.0, with_entropy: bool = False,
-                   use_attention_mask: bool = False) -> tuple[Array, Array | None]:
-    """Token-aligned log-probs (+ entropy) of the policy ``nnx.merge(graphdef, params)``."""
+                   use_attention_mask: bool = False, positions: Array | None = None,
+                   segment_ids: Array | None = None) -> tuple[Array, Array | None]:
+    """Token-aligned log-probs (+ entropy) of the policy ``nnx.merge(graphdef, params)``.
+
+    ``positions`` / ``segment_ids``: packed rows (see :func:`model_hidden`). The value at a
+    segment's first token is then scored by the previous segment's last hidden state, as
+    meaningless as ``logprobs[:, 0]``: keep ``loss_mask`` 0 there (a trajectory starts with a
+    prompt token)."""
     model = nnx.merge(graphdef, params)
-    hidden = model_hidden(model, tokens, attention_mask, use_attention_mask)
+    hidden = model_hidden(model, tokens, attention_mask, use_attention_mask,
+                          positions=positions, segment_ids=segment_ids)
     return logprobs_from_hidden(hidden, tokens, lm_head_f32(model), chunk_size=chunk_size,
-                                temperature=temperature, with_entropy=with_entropy)
+                                temperature=temperature, with_entropy=with_entropy,
+                                vocab_size=model.cfg.vocab_size)
 
 
 __all__ = ["logprobs_from_hidden", "token_logprobs", "model_hidden", "lm_head_f32", "head_logits",
-           "shift_right", "next_token_targets"]
+           "shift_right", "next_token_targets", "chunk_length", "default_chunk_bytes",
+           "CPU_CHUNK_BYTES"]

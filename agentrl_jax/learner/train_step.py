@@ -6,6 +6,10 @@ One call = one optimiser step of the policy (and of the critic, when there is on
       -> lax.scan over the n_micro micro-batches: forward + backward, gradients summed in f32
       -> clip_by_global_norm -> AdamW -> new params / optimiser state (donated buffers)
 
+On CPU each micro-batch is further split into passes of ``data x fsdp`` rows (one row on one
+device; ``pass_rows``) and passes without loss tokens (the learner's zero-mask padding rows)
+are skipped: the same sums, with activation memory of one row instead of ``micro_batch``.
+
 Loss normalisation across micro-batches: every micro-batch loss is aggregated with the
 *mini-batch's* denominator (``denom``: the mini-batch's generated-token count for
 ``token_mean``, its number of non-empty rows for the ``seq_mean_*`` modes), so the summed
@@ -15,7 +19,10 @@ padding rows change nothing.
 
 Mini-batch keys (all ``[n_micro, mb, T]``): ``tokens`` int32, ``attention_mask`` int32,
 ``loss_mask`` f32, ``old_logprobs``, ``advantages``; ``ref_logprobs`` (KL loss); ``returns``,
-``old_values`` (critic).
+``old_values`` (critic); ``positions`` int32 and ``segment_ids`` int32 (optional, packed rows:
+RoPE positions restarting at 0 in each sequence, and the sequence id of every token, which
+attends only to earlier-or-same tokens with its id; 0 may mark padding). The policy loss
+passes them to the model (``logprobs.model_hidden``); the critic does not take them yet.
 """
 
 from __future__ import annotations
@@ -109,15 +116,19 @@ def policy_loss_fn(graphdef: nnx.GraphDef, config: LearnerConfig
 
     def fn(params, mb, denom):
         model = nnx.merge(graphdef, cast_params(params, config.dtype))
-        hidden = model_hidden(model, mb["tokens"], mb["attention_mask"], config.use_attention_mask)
+        hidden = model_hidden(model, mb["tokens"], mb.get("attention_mask"),
+                              config.use_attention_mask, positions=mb.get("positions"),
+                              segment_ids=mb.get("segment_ids"))
         lp, ent = logprobs_from_hidden(hidden, mb["tokens"], lm_head_f32(model),
                                        chunk_size=config.logprob_chunk_size,
-                                       temperature=config.temperature, with_entropy=with_entropy)
+                                       temperature=config.temperature, with_entropy=with_entropy,
+                                       vocab_size=model.cfg.vocab_size)
         return actor_loss(
             lp, mb["old_logprobs"], mb["advantages"], mb["loss_mask"],
             policy_loss="ppo", ref_logprobs=mb.get("ref_logprobs"), kl_coef=kl_loss_coef,
             kl_estimator=config.kl_estimator, entropy=ent, entropy_coef=config.entropy_coef,
             agg=config.loss_agg_mode, max_len=config.loss_max_len, denom=denom,
+            token_weights=mb.get("loss_weights"), is_weights=mb.get("is_weights"),
             clip_low=config.clip_ratio_low, clip_high=config.clip_ratio_high, dual_clip=config.dual_clip)
     return fn
 
@@ -134,14 +145,58 @@ def critic_loss_fn(graphdef: nnx.GraphDef, config: LearnerConfig):
     return fn
 
 
+def pass_rows(config: LearnerConfig, mesh: Mesh) -> int:
+    """Rows per forward/backward pass: ``micro_batch_size``, except on CPU, where it is the
+    ``data x fsdp`` size (1 on one device).
+
+    On accelerators a micro-batch is one pass (parallel hardware wants the rows together). On
+    CPU more rows per pass only add memory (activations scale with the rows; the matmuls of
+    one 2048-token row already saturate the cores), and the learner pads a batch to whole
+    micro-batches with zero-mask rows (the README's CPU run: 4 rows padded to 8), which
+    :func:`_accumulate_grads` skips when they form passes of their own."""
+    shards = 1
+    for axis in BATCH_AXES:
+        shards *= mesh.shape.get(axis, 1)
+    if mesh.devices.flat[0].platform != "cpu" or config.micro_batch_size % shards:
+        return config.micro_batch_size
+    return shards
+
+
+def split_passes(minibatch: dict[str, Array], rows: int, mesh: Mesh | None) -> dict[str, Array]:
+    """``[n_micro, mb, ...]`` arrays -> ``[n_micro * mb / rows, rows, ...]`` passes.
+
+    Pass ``j`` of a micro-batch takes its rows ``j, j + k, j + 2k, ...`` (``k = mb / rows``):
+    a micro-batch's rows are split over the batch shards in contiguous blocks, so each pass
+    keeps ``rows / shards`` rows on every shard (no resharding). Row order does not matter:
+    every loss is normalised by the whole mini-batch's ``denom``."""
+    def split(x: Array) -> Array:
+        n, mb = x.shape[:2]
+        k = mb // rows
+        x = x.reshape(n, rows, k, *x.shape[2:]).swapaxes(1, 2)
+        x = x.reshape(n * k, rows, *x.shape[3:])
+        if mesh is not None and mesh.size > 1:
+            spec = P(None, BATCH_AXES, *([None] * (x.ndim - 2)))
+            x = jax.lax.with_sharding_constraint(x, NamedSharding(mesh, spec))
+        return x
+
+    first = next(iter(minibatch.values()))
+    if first.shape[1] == rows:
+        return minibatch
+    return {key: split(x) for key, x in minibatch.items()}
+
+
 def _accumulate_grads(loss_fn, params, param_shardings, minibatch, denom, token_weight,
-                      compute_dtype: str):
+                      compute_dtype: str, skip_empty: bool = False):
     """Sum of micro-batch gradients (f32) and combined metrics via ``lax.scan``.
 
     The master weights are cast to the compute dtype once, before the micro-batch loop, and
     the loss is differentiated with respect to that copy: the gradient of ``cast(p)`` with
     respect to ``p`` is the identity on the (compute-dtype) cotangent, so this is exact, and
-    it saves a full read of the f32 weights and write of the cast copy per micro-batch."""
+    it saves a full read of the f32 weights and write of the cast copy per micro-batch.
+
+    ``skip_empty``: a micro-batch without loss tokens is skipped (``lax.cond``): its loss,
+    gradient and metrics are exactly zero (every loss term is masked by ``loss_mask``, and its
+    ``token_weight`` of 0 hides it from the max / min / per-token metrics)."""
     grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
     compute_params = cast_params(params, compute_dtype)
     if param_shardings is not None:
@@ -155,14 +210,20 @@ def _accumulate_grads(loss_fn, params, param_shardings, minibatch, denom, token_
     _, metric_shapes = jax.eval_shape(grad_fn, compute_params, first, denom)[0]
     init = (zeros, _init_metrics(metric_shapes))
 
-    def body(carry, xs):
+    def accumulate(carry, mb, w):
         gsum, msum = carry
-        mb, w = xs
         (_, metrics), grads = grad_fn(compute_params, mb, denom)
         gsum = jax.tree.map(lambda a, g: a + g.astype(jnp.float32), gsum, grads)
         if param_shardings is not None:
             gsum = jax.lax.with_sharding_constraint(gsum, param_shardings)
-        return (gsum, _combine(msum, metrics, w)), None
+        return gsum, _combine(msum, metrics, w)
+
+    def body(carry, xs):
+        mb, w = xs
+        if not skip_empty:
+            return accumulate(carry, mb, w), None
+        has_tokens = jnp.any(as_mask(mb["loss_mask"]) > 0)
+        return jax.lax.cond(has_tokens, lambda c: accumulate(c, mb, w), lambda c: c, carry), None
 
     (grads, metrics), _ = jax.lax.scan(body, init, (minibatch, token_weight))
     return grads, metrics
@@ -184,6 +245,8 @@ def make_train_step(*, config: LearnerConfig, mesh: Mesh,
     """
     has_critic = critic_graphdef is not None
     train_critic = train_critic and has_critic
+    rows = pass_rows(config, mesh)
+    skip_empty = rows < config.micro_batch_size
     pol_loss = policy_loss_fn(policy_graphdef, config)
     crit_loss = critic_loss_fn(critic_graphdef, config) if has_critic else None
     agg = config.loss_agg_mode
@@ -196,12 +259,13 @@ def make_train_step(*, config: LearnerConfig, mesh: Mesh,
     def _step(pparams, popt, cparams, copt, minibatch):
         m = as_mask(minibatch["loss_mask"])  # [n_micro, mb, T]
         denom = loss_denominator(m.reshape(-1, m.shape[-1]), agg)
-        tokens_per_micro = jnp.sum(m, axis=(1, 2))
-        token_weight = tokens_per_micro / jnp.maximum(jnp.sum(tokens_per_micro), 1.0)
+        passes = split_passes(minibatch, rows, mesh)  # [n_pass, rows, T]
+        tokens_per_pass = jnp.sum(as_mask(passes["loss_mask"]), axis=(1, 2))
+        token_weight = tokens_per_pass / jnp.maximum(jnp.sum(tokens_per_pass), 1.0)
         metrics: dict[str, Array] = {}
         def optimise(loss_fn, params, shardings, opt, tx, prefix):
-            grads, ms = _accumulate_grads(loss_fn, params, shardings, minibatch, denom,
-                                          token_weight, config.dtype)
+            grads, ms = _accumulate_grads(loss_fn, params, shardings, passes, denom,
+                                          token_weight, config.dtype, skip_empty)
             metrics.update({f"{prefix}/{k}": v for k, v in ms.items()})
             metrics[f"{prefix}/grad_norm"] = optax.global_norm(grads)
             updates, opt = tx.update(grads, opt, params)
@@ -229,4 +293,4 @@ def make_train_step(*, config: LearnerConfig, mesh: Mesh,
 
 
 __all__ = ["make_train_step", "minibatch_sharding", "loss_denominator", "policy_loss_fn",
-           "critic_loss_fn"]
+           "critic_loss_fn", "pass_rows", "split_passes"]

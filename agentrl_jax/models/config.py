@@ -17,6 +17,7 @@ from typing import Any
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
+ATTENTION_IMPLS = (None, "chunked", "xla", "cudnn", "pallas")
 
 
 class UnsupportedModelError(ValueError):
@@ -33,9 +34,22 @@ class ModelConfig:
     remat_policy: with ``remat``, the name of a ``jax.checkpoint_policies`` policy deciding what
         each layer saves (e.g. ``"dots_with_no_batch_dims_saveable"`` keeps matmul outputs);
         ``None`` saves nothing (full recompute).
-    attention_impl: ``implementation`` passed to ``jax.nn.dot_product_attention`` on the
-        cache-less causal path without an attention mask (``None``: XLA; ``"cudnn"``: cuDNN
-        flash attention, GPU + bf16/fp16 only). Masked and cached attention always use XLA.
+    attention_impl: the cache-less (training / log-prob) attention: ``"chunked"``: blockwise
+        flash-style attention in pure JAX (``models/attention.py``: never a ``[T, T]`` tensor,
+        any backend, masks and ``segment_ids`` included); ``"xla"`` / ``"cudnn"``: passed to
+        ``jax.nn.dot_product_attention`` (cuDNN: GPU + bf16/fp16, causal without masks only;
+        masked calls use XLA with a ``[B, 1, T, T]`` mask); ``"pallas"``: JAX's Pallas (Triton)
+        flash attention on NVIDIA GPUs with ``segment_ids`` (``models/pallas_attention.py``;
+        packed rows, T a multiple of 32; calls with a key mask use ``"chunked"``); ``None``:
+        ``"chunked"`` on CPU,
+        XLA elsewhere. Cached (decode) attention always uses XLA.
+    attention_block_size: query / key block of the chunked attention (its largest temporary
+        is ``[B, H, block, block]`` float32).
+    remat_impl: with ``remat``, how the cache-less layer stack recomputes activations:
+        ``"checkpoint"`` (each layer under ``nnx.remat``, unrolled) or ``"scan"`` (one
+        ``lax.scan`` over stacked layer parameters, its step under ``jax.checkpoint``);
+        ``None``: ``"scan"`` on CPU, where XLA undoes ``"checkpoint"``'s remat, else
+        ``"checkpoint"`` (see ``llama.resolve_remat_impl``). Both honour ``remat_policy``.
     """
 
     vocab_size: int
@@ -61,6 +75,8 @@ class ModelConfig:
     remat: bool = False
     remat_policy: str | None = None
     attention_impl: str | None = None
+    attention_block_size: int = 128
+    remat_impl: str | None = None
 
     def __post_init__(self) -> None:
         if self.model_type not in SUPPORTED_MODEL_TYPES:
@@ -69,6 +85,12 @@ class ModelConfig:
         if self.num_heads % self.num_kv_heads:
             raise UnsupportedModelError(
                 f"num_heads={self.num_heads} is not a multiple of num_kv_heads={self.num_kv_heads}")
+        if self.attention_impl not in ATTENTION_IMPLS:
+            raise ValueError(f"attention_impl {self.attention_impl!r} is not one of {ATTENTION_IMPLS}")
+        if self.remat_impl not in (None, "checkpoint", "scan"):
+            raise ValueError(f"remat_impl {self.remat_impl!r} is not None, 'checkpoint' or 'scan'")
+        if self.attention_block_size < 1:
+            raise ValueError(f"attention_block_size must be >= 1, got {self.attention_block_size}")
         rope_type = self.rope_scaling_dict.get("rope_type", "default")
         if rope_type not in SUPPORTED_ROPE_TYPES:
             raise UnsupportedModelError(
