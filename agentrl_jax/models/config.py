@@ -86,7 +86,8 @@ class ModelConfig:
             raise UnsupportedModelError(
                 f"num_heads={self.num_heads} is not a multiple of num_kv_heads={self.num_kv_heads}")
         if self.attention_impl not in ATTENTION_IMPLS:
-            raise ValueError(f"attention_impl {self.attention_impl!r} is not one of {ATTENTION_IMPLS}")
+            raise ValueError(
+                f"attention_impl {self.attention_impl!r} is not one of {ATTENTION_IMPLS}")
         if self.remat_impl not in (None, "checkpoint", "scan"):
             raise ValueError(f"remat_impl {self.remat_impl!r} is not None, 'checkpoint' or 'scan'")
         if self.attention_block_size < 1:

@@ -247,9 +247,10 @@ def resolve_remat_impl(cfg: ModelConfig) -> str | None:
     zero-initialised loop buffers), early, so all layers' activations are live at once, as
     without remat (SmolLM2-135M, 8 x 2048 tokens, 4 layers: 19.5 GiB of temporaries with
     remat, 19.9 without; a custom VJP whose recomputation depends on the cotangent still left
-    6.4 GiB at 30 layers, from hoisted parameter- and constant-only buffers). A loop body cannot be hoisted that way: with ``"scan"`` only the
-    ``L`` layer inputs ``[B, T, D]``, the stacked parameters and one layer's activations are
-    live (the whole 30-layer step on 8 x 2048 tokens in one pass: 3.2 GiB).
+    6.4 GiB at 30 layers, from hoisted parameter- and constant-only buffers). A loop body
+    cannot be hoisted that way: with ``"scan"`` only the ``L`` layer inputs ``[B, T, D]``, the
+    stacked parameters and one layer's activations are live (the whole 30-layer step on
+    8 x 2048 tokens in one pass: 3.2 GiB).
     """
     if not cfg.remat:
         return None
