@@ -31,7 +31,7 @@ PANELS = (  # (title, metric keys tried in order, y label)
     ("train success", ("rollout/success_rate",), "success rate"),
     ("held-out success", ("eval/avg@4", "eval/avg@1", "eval/avg@8"), "Avg@k"),
     ("entropy", ("actor/entropy",), "nats / token"),
-    ("KL to reference", ("actor/ref_kl", "actor/ppo_kl"), "k3 / k1"),
+    ("KL (to reference; else old -> new)", ("actor/ref_kl", "actor/ppo_kl"), "nats"),
     ("sampler vs learner log-prob", ("rollout/logprob_abs_diff_mean",), "mean |diff|"),
     ("step time", ("train/step_seconds",), "seconds"),
     ("horizon", ("train/horizon",), "turns"),
