@@ -127,7 +127,11 @@ class Learner:
         if config.micro_batch_size % batch_shards:
             raise ValueError(f"micro_batch_size={config.micro_batch_size} must be a multiple of "
                              f"the data x fsdp mesh size {batch_shards}")
-        self.logprob_batch_size = config.logprob_batch_size or config.micro_batch_size
+        # default rows per forward-only call: a micro-batch; on CPU one row per batch shard, so
+        # that the padding rows of a padded batch form calls of their own, which are skipped
+        on_cpu = self.mesh.devices.flat[0].platform == "cpu"
+        self.logprob_batch_size = config.logprob_batch_size or (
+            batch_shards if on_cpu else config.micro_batch_size)
         if self.logprob_batch_size % batch_shards:
             raise ValueError(f"logprob_batch_size={self.logprob_batch_size} must be a multiple "
                              f"of the data x fsdp mesh size {batch_shards}")
@@ -329,17 +333,24 @@ class Learner:
             tokens = np.pad(tokens, ((0, rows - b), (0, 0)))
             attention_mask = np.pad(attention_mask, ((0, rows - b), (0, 0)))
         bs = batch_sharding(self.mesh, 2)
-        outs = []
+        outs: list[Any] = []
+        skipped = []  # single-process chunks of padding rows only: zeros, no forward pass
         for s in range(0, rows, step):
             if local:
                 shape = (n, tokens.shape[1])
                 t = place_process_local(tokens[s:s + step], bs, shape)
                 a = place_process_local(attention_mask[s:s + step], bs, shape)
+            elif s > 0 and not attention_mask[s:s + n].any():
+                skipped.append(len(outs))
+                outs.append(None)
+                continue
             else:
                 t = place_global(tokens[s:s + n], bs)
                 a = place_global(attention_mask[s:s + n], bs)
             outs.append(fn(params, t, a))
         outs = jax.tree.map(process_rows, outs) if local else to_host_tree(outs)
+        for i in skipped:
+            outs[i] = jax.tree.map(np.zeros_like, outs[0])
         if isinstance(outs[0], tuple):
             return tuple(np.concatenate([o[i] for o in outs])[:b] for i in range(len(outs[0])))
         return np.concatenate(outs)[:b]
