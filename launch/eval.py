@@ -26,7 +26,8 @@ _CONFIG = config_flags.DEFINE_config_file("config", None, "experiment config fil
 _CHECKPOINT = flags.DEFINE_string("checkpoint", None, "checkpoint directory (omit: base model)")
 _STEP = flags.DEFINE_integer("step", None, "checkpoint step (default: latest)")
 _K = flags.DEFINE_integer("k", 4, "samples per task (Avg@k / Pass@k)")
-_TASKS = flags.DEFINE_integer("tasks", 64, "test tasks per environment (first N of the split)")
+_TASKS = flags.DEFINE_integer("tasks", 64,
+                              "test tasks per environment (evenly spaced over the split)")
 _HORIZON = flags.DEFINE_integer("horizon", None, "turn limit (default config.train.eval_horizon)")
 _SPLIT = flags.DEFINE_string("split", "test", "task split")
 _OUTPUT = flags.DEFINE_string("output", None, "write the result JSON (+ trajectories) here")

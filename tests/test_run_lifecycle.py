@@ -43,6 +43,20 @@ def _ok(proc: subprocess.CompletedProcess) -> str:
     return proc.stdout
 
 
+def _work(path: str, first: int | None = None) -> tuple[int, int]:
+    """(assistant turns, generated tokens) of the (``first``) episodes logged in ``path``."""
+    episodes = [json.loads(line) for line in open(path)][:first]
+    return sum(t["num_turns"] for t in episodes), sum(sum(t["loss_mask"]) for t in episodes)
+
+
+def _last_count(out: str, prefix: str) -> tuple[int, int]:
+    """(turns, tokens) of the last progress line starting with ``prefix``:
+    ``"<prefix>, 8 turns, 192 tokens (1.2 s)"``."""
+    line = [ln for ln in out.splitlines() if ln.startswith(prefix)][-1]
+    words = line[len(prefix):].replace(",", " ").split()
+    return int(words[words.index("turns") - 1]), int(words[words.index("tokens") - 1])
+
+
 def _lines(path: str) -> int:
     with open(path) as f:
         return sum(1 for _ in f)
@@ -60,7 +74,7 @@ def finished_run(tmp_path_factory) -> tuple[str, str]:
 # ----------------------------------------------------------------------------- progress
 @pytest.mark.slow
 def test_every_long_phase_reports_progress(finished_run):
-    _, out = finished_run
+    workdir, out = finished_run
     phases = ["starting environment servers ['babyai', 'textcraft']",
               "loading model smollm2 (random init)", "starting rollout backend embedded",
               "compiling the train step (first update)", "saving checkpoint step 1"]
@@ -71,8 +85,10 @@ def test_every_long_phase_reports_progress(finished_run):
     assert out.find("compiling the train step (first update) ... done in") < out.find("[step 1/1]")
     # per-episode progress of the rollout (2 tasks x 2 samples) and of the final evaluation
     # (smoke: 2 test tasks of each of 2 environments, k=1), then one summary line
-    assert "step 1/1 rollout (horizon 2): 4/4 episodes" in out
-    assert "eval at step 1: 4/4 episodes" in out
+    assert _last_count(out, "step 1/1 rollout (horizon 2): 4/4 episodes") == _work(
+        os.path.join(workdir, "trajectories_train.jsonl"))
+    assert _last_count(out, "eval at step 1: 4/4 episodes") == _work(
+        os.path.join(workdir, "trajectories_eval.jsonl"), first=4)  # this run's episodes
     assert "[eval step 1] avg@1=" in out and "over 4 tasks x 1 (4 episodes, dropped 0) in" in out
     assert out.find("eval at step 1: 4/4 episodes") < out.find("[eval step 1]")
 
@@ -175,7 +191,8 @@ def test_eval_script_sized_by_k_and_tasks_with_progress(finished_run, tmp_path):
     for phase in ("loading model smollm2", "restoring checkpoint", "starting rollout backend"):
         assert f"{phase}" in out and out.find(f"{phase}") < out.find("eval (test, k=3)")
     assert "loading model smollm2 ... done in" in out
-    assert "eval (test, k=3): 6/6 episodes" in out
+    assert _last_count(out, "eval (test, k=3): 6/6 episodes") == _work(
+        output.replace(".json", "_trajectories.jsonl"))
     assert "evaluated 2 tasks x k=3 (6 episodes, horizon 2) in" in out
     result = json.load(open(output))
     assert (result["num_tasks"], result["k"], result["step"]) == (2, 3, 1)

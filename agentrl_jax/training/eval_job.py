@@ -16,7 +16,8 @@ from typing import Any, Callable
 
 from agentrl_jax.training import services
 from agentrl_jax.training.evaluation import EvalResult, evaluate
-from agentrl_jax.training.progress import EpisodeProgress, format_seconds, progress_mode, timed
+from agentrl_jax.training.progress import (EpisodeProgress, TurnCounter, format_seconds,
+                                           progress_mode, timed)
 from agentrl_jax.training.trainer import load_policy
 
 
@@ -80,11 +81,12 @@ async def run_evaluation(config: Any, checkpoint_dir: str | None = None, step: i
                                                 episodes=episodes)
             astack.push_async_callback(services.close_backend, backend)
             say(services.describe_backend(backend, episodes))
-            pool = services.make_actor_pool(config, backend, clients, tokenizer,
+            counter = TurnCounter(backend)
+            pool = services.make_actor_pool(config, counter, clients, tokenizer,
                                             model.cfg.eos_token_ids)
             t0 = time.monotonic()
             async with EpisodeProgress(episodes, f"eval ({split}, k={k})", mode, interval,
-                                       say) as bar:
+                                       say, counter=counter) as bar:
                 result, trajectories = await evaluate(pool, tasks, k=k, horizon=horizon,
                                                       seed=int(config.seed), progress=bar)
             say(f"evaluated {len(tasks)} tasks x k={k} ({episodes} episodes, horizon "

@@ -6,6 +6,9 @@
 * :class:`EpisodeProgress` counts the finished episodes of one round (rollout or evaluation):
   a tqdm bar on stderr when stderr is a terminal (or ``mode="bar"``), else plain lines on stdout
   (CI logs) every ``interval_s`` seconds, also while no episode finishes ("0/64 episodes").
+  With a :class:`TurnCounter` between the actor pool and the rollout backend it also shows the
+  assistant turns and tokens generated so far: a 20-turn episode of a small model on a CPU
+  takes minutes, and the turn count shows the round moving before the first episode ends.
 """
 
 from __future__ import annotations
@@ -60,15 +63,38 @@ def timed(say: Callable[..., None], what: str, inline: bool | None = None) -> It
     say(f" done in {took}" if inline else f"{what} ... done in {took}")
 
 
+class TurnCounter:
+    """A rollout backend that counts the ``generate`` calls (assistant turns) and generated
+    tokens passing through it; everything else is the wrapped backend's."""
+
+    def __init__(self, backend: Any):
+        self.backend = backend
+        self.turns = 0
+        self.tokens = 0
+
+    async def generate(self, *args: Any, **kwargs: Any) -> Any:
+        result = await self.backend.generate(*args, **kwargs)
+        self.turns += 1
+        self.tokens += len(result.output_ids)
+        return result
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.backend, name)
+
+
 class EpisodeProgress:
     """Finished episodes of one round; use ``async with`` and pass the instance (a callable
-    taking a trajectory) as the actor pool's ``progress`` callback."""
+    taking a trajectory) as the actor pool's ``progress`` callback. ``counter``: the pool's
+    :class:`TurnCounter` (turns and tokens of this round are shown too)."""
 
     def __init__(self, total: int, desc: str, mode: str = LINES, interval_s: float = 30.0,
-                 say: Callable[[str], None] = print, unit: str = "episodes"):
+                 say: Callable[[str], None] = print, unit: str = "episodes",
+                 counter: TurnCounter | None = None):
         self.total, self.desc, self.mode = int(total), desc, mode
         self.interval_s, self.say, self.unit = float(interval_s), say, unit
+        self.counter = counter
         self.done = 0
+        self._counted_before = (0, 0)  # the counter's (turns, tokens) when the round started
         self._start = self._last_line = time.monotonic()
         self._bar: Any = None
         self._ticker: asyncio.Task | None = None
@@ -80,8 +106,24 @@ class EpisodeProgress:
     def elapsed(self) -> float:
         return time.monotonic() - self._start
 
+    def turns(self) -> tuple[int, int] | None:
+        """(assistant turns, generated tokens) of this round so far, if counted."""
+        if self.counter is None:
+            return None
+        return (self.counter.turns - self._counted_before[0],
+                self.counter.tokens - self._counted_before[1])
+
     def line(self) -> str:
-        return f"{self.desc}: {self.done}/{self.total} {self.unit} ({format_seconds(self.elapsed)})"
+        turns = self.turns()
+        work = f", {turns[0]} turns, {turns[1]} tokens" if turns is not None else ""
+        return (f"{self.desc}: {self.done}/{self.total} {self.unit}{work} "
+                f"({format_seconds(self.elapsed)})")
+
+    def _refresh_bar(self) -> None:
+        turns = self.turns()
+        if turns is not None:
+            self._bar.set_postfix_str(f"{turns[0]} turns, {turns[1]} tokens", refresh=False)
+        self._bar.refresh()
 
     def update(self, n: int = 1) -> None:
         self.done += n
@@ -100,12 +142,14 @@ class EpisodeProgress:
         while True:
             await asyncio.sleep(1.0 if self._bar is not None else max(self.interval_s, 0.1))
             if self._bar is not None:
-                self._bar.refresh()
+                self._refresh_bar()
             elif time.monotonic() - self._last_line >= self.interval_s:
                 self._print_line()
 
     async def __aenter__(self) -> EpisodeProgress:
         self._start = self._last_line = time.monotonic()
+        if self.counter is not None:
+            self._counted_before = (self.counter.turns, self.counter.tokens)
         if self.mode == BAR:
             from tqdm import tqdm
             # a terminal that reports no size (a bare pty) gets 100 x 20, not a hidden bar

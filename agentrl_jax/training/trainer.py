@@ -37,7 +37,8 @@ from agentrl_jax.agent.trajectory import Trajectory
 from agentrl_jax.training import distributed, services
 from agentrl_jax.training.batching import assemble_batch
 from agentrl_jax.training.evaluation import EvalResult, evaluate, score_trajectories
-from agentrl_jax.training.progress import BAR, LINES, OFF, EpisodeProgress, format_seconds, timed
+from agentrl_jax.training.progress import (BAR, LINES, OFF, EpisodeProgress, TurnCounter,
+                                           format_seconds, timed)
 from agentrl_jax.training.schedule import HorizonSchedule
 from agentrl_jax.training.task_sampler import TaskSampler
 
@@ -159,6 +160,7 @@ class Trainer:
         self.saved_step: int | None = None  # the last checkpoint step saved or restored
         self._update_compiled = False
         self._rollouts: set[asyncio.Future] = set()
+        self.turn_counter: TurnCounter | None = None  # between the actor pool and the backend
         self.saved_this_session = False
         self.stopped = "total_steps"  # why training ended: total_steps | time_budget
         self._started = time.time()
@@ -264,7 +266,8 @@ class Trainer:
                 self._say(services.describe_backend(backend))
                 astack.push_async_callback(self._cancel_rollouts)  # runs first (LIFO)
                 self.backend = backend
-                pool = services.make_actor_pool(cfg, backend, clients, tokenizer,
+                self.turn_counter = TurnCounter(backend)
+                pool = services.make_actor_pool(cfg, self.turn_counter, clients, tokenizer,
                                                 model.cfg.eos_token_ids)
                 train_tasks = await services.task_refs(clients, "train")
                 eval_tasks = await services.task_refs(clients, "test", int(cfg.train.eval_tasks))
@@ -277,7 +280,8 @@ class Trainer:
         k = int(self.config.train.eval_samples)
         lo, hi = distributed.share(len(tasks))  # this process's tasks (all of them: one process)
         async with EpisodeProgress((hi - lo) * k, f"eval at step {step}", self.progress_mode,
-                                   self.progress_seconds, self._say) as progress:
+                                   self.progress_seconds, self._say,
+                                   counter=self.turn_counter) as progress:
             result, trajectories = await evaluate(pool, tasks[lo:hi], k=k,
                                                   horizon=int(self.config.train.eval_horizon),
                                                   policy_version=step,
@@ -358,7 +362,8 @@ class Trainer:
 
             async def rollout():
                 async with EpisodeProgress(len(tasks) * samples, desc, self.progress_mode,
-                                           self.progress_seconds, self._say) as progress:
+                                           self.progress_seconds, self._say,
+                                           counter=self.turn_counter) as progress:
                     trajectories, stats = await pool.collect(
                         tasks, samples, horizon, policy_version=weights_version,
                         seed=distributed.sampling_seed(int(cfg.seed) + step),
