@@ -66,6 +66,9 @@ def base_config() -> ConfigDict:
     c.train.eval_before = True
     c.train.eval_after = True
     c.train.max_staleness = 0  # >= 1: next rollout overlaps the update (off-policy by <= N)
+    # drop groups whose samples all scored the same (group advantages are 0 there; see
+    # training/batching.py::informative_groups); for group estimators (GRPO / RLOO / Dr.GRPO)
+    c.train.skip_flat_groups = False
     c.train.max_seconds = 0.0  # > 0: stop training after this many seconds (then eval_after)
     c.train.eval_tasks = 64
     c.train.eval_samples = 4  # k of Avg@k / Pass@k

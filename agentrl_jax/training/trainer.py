@@ -35,7 +35,7 @@ import numpy as np
 from agentrl_jax.agent.actor_pool import ActorPool, RolloutStats, TaskRef
 from agentrl_jax.agent.trajectory import Trajectory
 from agentrl_jax.training import distributed, services
-from agentrl_jax.training.batching import assemble_batch
+from agentrl_jax.training.batching import assemble_batch, informative_groups
 from agentrl_jax.training.evaluation import EvalResult, evaluate, score_trajectories
 from agentrl_jax.training.progress import (BAR, LINES, OFF, EpisodeProgress, TurnCounter,
                                            format_seconds, timed)
@@ -388,6 +388,9 @@ class Trainer:
             self._log_trajectories(step, trajectories, "train")
             fresh = [t for t in trajectories if step - t.policy_version <= max_staleness]
             ok = [t for t in fresh if t.ok]
+            flat_groups = 0
+            if cfg.train.get("skip_flat_groups", False):  # all-equal rewards: advantage 0
+                ok, flat_groups = informative_groups(ok)
             stale, trainable = len(trajectories) - len(fresh), len(ok)
             if self.multi_process:  # global numbers (collectives, the same order everywhere)
                 counts = np.sum(distributed.allgather_objects([stale, trainable]), axis=0)
@@ -395,7 +398,8 @@ class Trainer:
                 stats = distributed.global_rollout_stats(trajectories, stats)
             metrics: dict[str, float] = {"train/horizon": float(horizon),
                                          "train/phase": float(self.schedule.phase(step)),
-                                         "rollout/stale_dropped": float(stale)}
+                                         "rollout/stale_dropped": float(stale),
+                                         "rollout/flat_groups_skipped": float(flat_groups)}
             metrics.update(stats.as_metrics())
             if trainable:
                 if self.multi_process:  # this process's rows (none: an empty share)
@@ -406,13 +410,18 @@ class Trainer:
                     batch = assemble_batch(ok, pad_id=int(cfg.model.get("pad_id", 0)))
                     update = await self._update(learner, batch, False)
                 metrics.update(update)
+                t_sync = time.monotonic()
                 await self._sync_weights(backend, learner, step + 1,
                                          copy=max_staleness >= 1)
+                metrics["perf/weight_sync_s"] = time.monotonic() - t_sync
                 weights_version = step + 1
             else:
-                log.warning("step %d: no trajectory to train on (%s); no update", step,
-                            stats.statuses)
+                log.warning("step %d: no trajectory to train on (%s, %d flat groups); no update",
+                            step, stats.statuses, flat_groups)
                 learner.update_step += 1  # the step still counts, so the schedule moves on
+                # the weights did not change: they are version step + 1 as well (without this,
+                # every later rollout would be stamped one version behind and dropped as stale)
+                weights_version = step + 1
             metrics["train/step_seconds"] = time.monotonic() - t0
             if learner.writer is not None:
                 learner.writer.write(step + 1, metrics)
