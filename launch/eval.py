@@ -39,6 +39,18 @@ def main(argv: list[str]) -> int:
     absl_logging.set_verbosity(absl_logging.WARNING)
     if _CONFIG.value is None:
         raise app.UsageError("--config is required")
+    from agentrl_jax.training.validate import EXIT_BAD_CONFIG, ConfigError, check_config
+
+    try:  # the whole config and the flags, before any server or model starts
+        check_config(_CONFIG.value)
+        if _K.value < 1 or _TASKS.value < 1 or (_HORIZON.value is not None and _HORIZON.value < 1):
+            raise ConfigError([f"--{name}: must be an integer >= 1 (got {value})"
+                               for name, value in (("k", _K.value), ("tasks", _TASKS.value),
+                                                   ("horizon", _HORIZON.value))
+                               if value is not None and value < 1])
+    except ConfigError as error:
+        print(error, file=sys.stderr, flush=True)
+        return EXIT_BAD_CONFIG
     try:
         from agentrl_jax.training.eval_job import evaluate_sync
 

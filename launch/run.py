@@ -43,6 +43,13 @@ def main(argv: list[str]) -> int:
     config = _CONFIG.value
     if config is None:
         raise app.UsageError("--config experiments/<name>.py is required")
+    from agentrl_jax.training.validate import EXIT_BAD_CONFIG, ConfigError, check_config
+
+    try:  # the whole config, before any server, model or device starts
+        check_config(config)
+    except ConfigError as error:
+        print(error, file=sys.stderr, flush=True)
+        return EXIT_BAD_CONFIG
     try:
         return _train(config)
     except KeyboardInterrupt:  # before the trainer existed (start-up)
