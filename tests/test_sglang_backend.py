@@ -131,3 +131,50 @@ def test_launcher_without_sglang():
         pass
     with pytest.raises(RuntimeError, match="SGLang is not installed"):
         launch_sglang_server("/tmp/model", port=1)
+
+
+async def test_api_key_on_generation_and_weight_updates(model, tmp_path, monkeypatch):
+    """Issue 12: a server started with --api-key answers 401 to the backend unless it sends
+    ``Authorization: Bearer <key>`` (config ``rollout.api_key`` or $AGENTRL_ROLLOUT_API_KEY),
+    on generation and on ``update_weights`` (``/update_weights_from_disk`` + ``/flush_cache``)."""
+    from ml_collections import ConfigDict
+
+    from agentrl_jax.rollout.sglang_backend import API_KEY_ENV
+    from agentrl_jax.training import services
+
+    tok = byte_tokenizer(TINY.vocab_size)
+    engine = make_engine(model, tok)
+    thread = start_server(engine, api_key="sesame", weights_dirs=[str(tmp_path)])
+    other = tiny_model(seed=1)
+    prompt = random_prompt(np.random.default_rng(3), 8)
+    sp = SamplingParams(max_new_tokens=5, **GREEDY)
+    monkeypatch.delenv(API_KEY_ENV, raising=False)
+    try:
+        async with SGLangBackend([thread.url], max_retries=0) as anonymous:
+            with pytest.raises(InvalidRequestError, match="HTTP 401"):
+                await anonymous.generate(prompt, sp)
+        async with SGLangBackend([thread.url], api_key="wrong", max_retries=0,
+                                 export_dir=str(tmp_path), export_dtype="float32") as wrong:
+            with pytest.raises(Exception, match="401"):
+                await wrong.update_weights(other, version="1")
+        assert engine.weight_version == "0"  # nothing was loaded
+
+        config = ConfigDict({"rollout": {"backend": "sglang", "urls": thread.url,
+                                         "api_key": "sesame"}})
+        backend = services.make_backend(config, None, None, None)
+        backend.export_dir, backend.export_dtype = str(tmp_path), "float32"
+        async with backend:
+            res = await backend.generate(prompt, sp)
+            assert res.output_ids == reference_greedy(model, prompt, 5)
+            await backend.update_weights(other, version="7")
+            res = await backend.generate(prompt, sp)
+            assert res.output_ids == reference_greedy(other, prompt, 5)
+            assert res.weight_version == "7" and engine.weight_version == "7"
+
+        monkeypatch.setenv(API_KEY_ENV, "sesame")  # the environment variable, no config key
+        async with SGLangBackend([thread.url], max_retries=0) as from_env:
+            res = await from_env.generate(prompt, sp)
+            assert res.output_ids == reference_greedy(other, prompt, 5)
+    finally:
+        thread.stop()
+        engine.close()

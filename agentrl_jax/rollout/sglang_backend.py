@@ -11,6 +11,10 @@
   (``agentrl_jax.models.safetensors_io.save_hf_directory``) that every server can read (a shared
   filesystem when they run elsewhere), then calls ``POST /update_weights_from_disk`` and
   ``/flush_cache`` on each server.
+* Authentication: ``api_key`` (default: the ``AGENTRL_ROLLOUT_API_KEY`` environment variable,
+  which our server's ``--api-key`` also reads) is sent as ``Authorization: Bearer <key>`` on every
+  request (generation, weight updates, cache flushes, aborts, health), as SGLang's ``--api-key``
+  expects.
 * ``launch_sglang_server`` starts ``python -m sglang.launch_server`` when SGLang is installed.
 """
 
@@ -39,6 +43,7 @@ from agentrl_jax.rollout.base import (BackendUnavailableError, GenerateResult, I
 log = logging.getLogger(__name__)
 
 _RETRY_STATUS = (502, 503, 504)
+API_KEY_ENV = "AGENTRL_ROLLOUT_API_KEY"  # also the default of our server's --api-key
 
 
 @dataclasses.dataclass
@@ -58,7 +63,9 @@ class SGLangBackend(BatchedSamplesBackend):
     max_retries: attempts after the first on connection errors / 5xx overload. export_dir: where
     ``update_weights(params)`` writes the safetensors export (default: a temporary directory);
     it must be readable by every server. send_session_id: also send ``session_id`` in the body
-    (our server uses it for its prefix cache; SGLang ignores unknown fields).
+    (our server uses it for its prefix cache; SGLang ignores unknown fields). api_key: sent as
+    ``Authorization: Bearer <key>`` on every request (servers started with ``--api-key``);
+    default: the ``AGENTRL_ROLLOUT_API_KEY`` environment variable, else none.
     """
 
     name = "sglang"
@@ -68,7 +75,8 @@ class SGLangBackend(BatchedSamplesBackend):
                  max_backoff_s: float = 16.0, export_dir: str | None = None,
                  export_dtype: str | None = "bfloat16", tokenizer: Any = None,
                  send_session_id: bool = True, max_sessions: int = 100_000,
-                 down_time_s: float = 5.0, launched: list[subprocess.Popen] | None = None):
+                 down_time_s: float = 5.0, launched: list[subprocess.Popen] | None = None,
+                 api_key: str | None = None):
         if isinstance(urls, str):
             urls = [u for u in urls.split(",") if u]
         if not urls:
@@ -83,6 +91,8 @@ class SGLangBackend(BatchedSamplesBackend):
         self.send_session_id = send_session_id
         self.max_sessions = max_sessions
         self.down_time_s = down_time_s
+        api_key = api_key if api_key is not None else os.environ.get(API_KEY_ENV) or None
+        self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self.weight_version: str | None = None
         self._sticky: collections.OrderedDict[str, int] = collections.OrderedDict()
         self._session: aiohttp.ClientSession | None = None
@@ -106,7 +116,7 @@ class SGLangBackend(BatchedSamplesBackend):
     # ------------------------------------------------------------------------- plumbing
     def _http(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:
-            self._session = aiohttp.ClientSession(timeout=self.timeout)
+            self._session = aiohttp.ClientSession(timeout=self.timeout, headers=self._headers)
         return self._session
 
     def _pick(self, session_id: str | None, exclude: set[int]) -> int:

@@ -30,6 +30,7 @@ def base_config() -> ConfigDict:
     c.rollout = ConfigDict()
     c.rollout.backend = "embedded"  # embedded | sglang
     c.rollout.urls = ""  # sglang servers, comma-separated
+    c.rollout.api_key = ""  # sglang servers' --api-key ("": $AGENTRL_ROLLOUT_API_KEY, else none)
     c.rollout.max_batch = 64  # engine slots
     c.rollout.max_context = 4096  # tokens per episode (prompt + all turns)
     c.rollout.max_new_tokens = 24  # per turn: one action line (react needs ~128, use_react)

@@ -149,7 +149,8 @@ def make_backend(config: Any, model: Any, tokenizer: Any, model_path: str | None
         urls = _as_list(rollout.get("urls"))
         if not urls:
             raise ValueError("rollout.backend='sglang' needs rollout.urls (comma-separated)")
-        return create_backend("sglang", urls=urls)
+        # rollout.api_key (or $AGENTRL_ROLLOUT_API_KEY): servers started with --api-key
+        return create_backend("sglang", urls=urls, api_key=rollout.get("api_key") or None)
     raise ValueError(f"unknown rollout backend {rollout.backend!r} (embedded, sglang)")
 
 
