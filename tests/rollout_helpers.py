@@ -89,14 +89,14 @@ ENGINE_KW = dict(max_batch=8, max_length=REF_LEN, prefill_chunks=(16, 64), prefi
 
 
 def make_engine(model: CausalLM | None = None, tokenizer=None, warmup: bool = True,
-                **overrides):
+                devices=None, **overrides):
     """An engine over the tiny model. Engines with the same shapes share compiled functions;
     ``warmup=False`` compiles only the shapes actually used."""
     from agentrl_jax.rollout.engine import Engine, EngineConfig
 
     model = model if model is not None else tiny_model()
     return Engine(model, EngineConfig(**{**ENGINE_KW, **overrides}), tokenizer=tokenizer,
-                  warmup=warmup)
+                  warmup=warmup, devices=devices)
 
 
 def random_prompt(rng: np.random.Generator, length: int, vocab: int = TINY.vocab_size

@@ -23,6 +23,14 @@ Design (see docs/ROLLOUT.md for the long version):
   copy the KV row to the other samples' slots.
 * **Weights** are a jit argument (``graphdef`` is static), so ``update_weights`` swaps the
   reference -- no copy, no recompilation -- and drops cached prefixes.
+* **Placement**: an engine runs on one device or tensor-parallel on a device group
+  (``placement.py``); ``replicas.py`` runs one engine per device (group) behind one backend.
+* **Decode attention** reads only each slot's valid KV on GPUs (``decode_attention.py``).
+
+Modules by job: ``engine_config.py`` (shapes and knobs), ``compiled.py`` (the jitted device
+functions), ``requests.py`` (request / sequence bookkeeping, counters), ``placement.py``
+(devices and shardings), ``slots.py`` (slot table and prefix cache); this module is the
+scheduler and its thread.
 """
 
 from __future__ import annotations
@@ -31,253 +39,38 @@ import asyncio
 import collections
 import concurrent.futures
 import dataclasses
-import functools
 import itertools
 import logging
 import threading
 import time
 import uuid
 import warnings
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from agentrl_jax.learner.logprobs import lm_head_f32
 from agentrl_jax.models.config import ModelConfig
 from agentrl_jax.models.llama import CausalLM, abstract_model
 from agentrl_jax.rollout.base import (BackendUnavailableError, BatchedSamplesBackend,
                                       GenerateResult, InvalidRequestError, OverloadedError,
                                       RolloutError, SamplingParams, check_input_ids)
-from agentrl_jax.rollout.forward import HEAD_MAJOR, SEQ_MAJOR, forward, map_cache, new_cache
-from agentrl_jax.rollout.sampling import GREEDY, SAMPLE, sample_tokens, sampling_mode, seed_to_key
+from agentrl_jax.rollout.compiled import (ACT, CNT, IDX, KEY0, KEY1, MINP, POS, REM, STOP, TEMP,
+                                          TOK, TOPK, TOPP, compiled_functions)
+from agentrl_jax.rollout.decode_attention import ragged_blocks
+from agentrl_jax.rollout.engine_config import EngineConfig
+from agentrl_jax.rollout.forward import DENSE, RAGGED, RAGGED_INTERPRET, new_cache
+from agentrl_jax.rollout.placement import EnginePlacement, to_state
+from agentrl_jax.rollout.requests import (DECODE, DONE, FORK_WAIT, PREFILL, EngineStats, Request,
+                                          Seq)
+from agentrl_jax.rollout.sampling import GREEDY, SAMPLE, sampling_mode, seed_to_key
 from agentrl_jax.rollout.slots import SlotTable
 
 log = logging.getLogger(__name__)
 # CPU backends cannot always reuse donated buffers; that is harmless.
 warnings.filterwarnings("ignore", message="Some donated buffers were not usable")
-
-# Columns of the packed per-slot int32 array sent to the decode call.
-_TOK, _POS, _ACT, _REM, _TOPK, _CNT, _KEY0, _KEY1, _IDX, _STOP = range(10)
-# Columns of the packed float32 array.
-_TEMP, _TOPP, _MINP = range(3)
-
-
-@dataclasses.dataclass(frozen=True)
-class EngineConfig:
-    """Static engine shape and scheduling knobs.
-
-    max_batch: number of slots (sequences decoded together). max_length: KV-cache length per
-    slot (prompt + generated tokens must fit). dtype: compute / KV-cache dtype override
-    (``"bfloat16"`` or ``"float32"``; default: the model config's). weights_dtype: cast the
-    parameters (a copy) to this dtype, e.g. ``"bfloat16"`` when the learner keeps f32 weights.
-    prefill_chunks: chunk-size buckets of chunked prefill; prefill_tokens: tokens per prefill
-    call (rows = prefill_tokens // chunk); prefill_calls_per_step: prefill calls run before
-    each decode call while prompts wait (new requests join the running batch quickly, and a
-    flood of long prompts cannot stall decoding). decode_steps: decode steps per jitted call.
-    max_stop_ids: stop token ids per request. max_queue: waiting requests beyond which
-    ``generate`` raises ``OverloadedError``. copy_rows: KV rows copied per call for ``n > 1``.
-    session_cache: keep finished sessions' KV rows for prefix reuse. kv_layout: ``"bksd"``
-    (default) keeps the cache head-major ``[B, K, S, Dh]`` and runs ``rollout.forward`` (no
-    per-step cache transposes); ``"bskd"`` uses ``CausalLM``'s own cache layout and forward.
-    """
-
-    max_batch: int = 32
-    max_length: int = 2048
-    dtype: str | None = None
-    weights_dtype: str | None = None
-    prefill_chunks: tuple[int, ...] = (64, 256, 1024)
-    prefill_tokens: int = 4096
-    decode_steps: int = 16
-    max_stop_ids: int = 8
-    max_queue: int = 4096
-    copy_rows: int = 8
-    session_cache: bool = True
-    seed: int = 0
-    kv_layout: str = HEAD_MAJOR
-    prefill_calls_per_step: int = 4
-
-    def __post_init__(self) -> None:
-        if self.kv_layout not in (HEAD_MAJOR, SEQ_MAJOR):
-            raise ValueError(f"kv_layout must be {HEAD_MAJOR!r} (the engine's head-major cache) "
-                             f"or {SEQ_MAJOR!r} (the model's own cache and forward)")
-        if self.max_batch < 1 or self.max_length < 2:
-            raise ValueError("max_batch must be >= 1 and max_length >= 2")
-        if self.decode_steps < 1:
-            raise ValueError("decode_steps must be >= 1")
-        if not self.prefill_chunks or min(self.prefill_chunks) < 1:
-            raise ValueError("prefill_chunks must be non-empty positive sizes")
-        for name in ("dtype", "weights_dtype"):
-            value = getattr(self, name)
-            if value not in (None, "float32", "bfloat16", "float16"):
-                raise ValueError(f"{name} must be float32, bfloat16 or float16, got {value!r}")
-
-    @property
-    def chunk_buckets(self) -> tuple[int, ...]:
-        chunks = sorted({min(c, self.max_length) for c in self.prefill_chunks})
-        return tuple(chunks)
-
-    def prefill_rows(self, chunk: int) -> int:
-        return max(1, min(self.max_batch, self.prefill_tokens // chunk))
-
-
-# ---------------------------------------------------------------------------- jitted functions
-@functools.lru_cache(maxsize=16)
-def _compiled(graphdef: Any, max_batch: int, max_length: int, decode_steps: int,
-              max_stop_ids: int, kv_layout: str) -> tuple[Callable, Callable, Callable]:
-    """The jitted decode / prefill / copy functions for one model structure and engine shape
-    (cached, so engines of the same shape share compilations)."""
-    B, S, K, M = max_batch, max_length, decode_steps, max_stop_ids
-
-    def decode(state, cache, ints, floats, num_steps, exit_on_finish, mode):
-        model = nnx.merge(graphdef, state)
-        # the learner's LM head: compute-dtype operands, float32 logits (bf16-rounded logits
-        # would put ~0.06 of noise on a logit of 20 and skew the PPO ratio)
-        head = lm_head_f32(model)
-        top_k, keys = ints[:, _TOPK], jax.lax.bitcast_convert_type(ints[:, _KEY0:_KEY1 + 1],
-                                                                   jnp.uint32)
-        sample_index, stop_ids = ints[:, _IDX], ints[:, _STOP:_STOP + M]
-        temperature, top_p, min_p = floats[:, _TEMP], floats[:, _TOPP], floats[:, _MINP]
-        outputs = (jnp.zeros((K, B), jnp.int32), jnp.zeros((K, B), jnp.float32),
-                   jnp.zeros((K, B), jnp.float32), jnp.zeros((K, B), jnp.bool_))
-        carry = (jnp.int32(0), cache, ints[:, _TOK], ints[:, _POS], ints[:, _ACT] > 0,
-                 ints[:, _REM], ints[:, _CNT], jnp.bool_(False), outputs)
-
-        def cond(c):
-            i, _, _, _, active, _, _, finished_any, _ = c
-            return (i < num_steps) & jnp.any(active) & ~(exit_on_finish & finished_any)
-
-        def body(c):
-            i, cache, tokens, positions, active, remaining, counter, finished_any, outs = c
-            pos_in = jnp.where(active, positions, S)  # idle rows write nothing (position S)
-            hidden, cache = forward(model, tokens[:, None], pos_in[:, None], cache)
-            logits = head(hidden[:, 0])
-            tok, lp, lp_raw = sample_tokens(logits, temperature, top_k, top_p, min_p, keys,
-                                            sample_index, counter, mode)
-            tok = jnp.where(active, tok, 0)
-            step = active.astype(jnp.int32)
-            remaining = remaining - step
-            is_stop = jnp.any(tok[:, None] == stop_ids, axis=-1)
-            done = active & (is_stop | (remaining <= 0))
-            o_tok, o_lp, o_raw, o_valid = outs
-            outs = (o_tok.at[i].set(tok), o_lp.at[i].set(lp), o_raw.at[i].set(lp_raw),
-                    o_valid.at[i].set(active))
-            return (i + 1, cache, jnp.where(active, tok, tokens), positions + step,
-                    active & ~done, remaining, counter + step, finished_any | jnp.any(done), outs)
-
-        final = jax.lax.while_loop(cond, body, carry)
-        steps, cache, outs = final[0], final[1], final[8]
-        return cache, outs, steps
-
-    def prefill(state, cache, slot_ids, tokens, positions):
-        model = nnx.merge(graphdef, state)
-        sub = map_cache(lambda x: jnp.take(x, slot_ids, axis=0, mode="clip"), cache)
-        _, sub = forward(model, tokens, positions, sub)
-        return type(cache)(
-            keys=tuple(k.at[slot_ids].set(n, mode="drop") for k, n in zip(cache.keys, sub.keys)),
-            values=tuple(v.at[slot_ids].set(n, mode="drop")
-                         for v, n in zip(cache.values, sub.values)))
-
-    def copy_rows(cache, src, dst):
-        return map_cache(lambda x: x.at[dst].set(jnp.take(x, src, axis=0, mode="clip"),
-                                                 mode="drop"), cache)
-
-    return (jax.jit(decode, donate_argnums=(1,), static_argnums=(6,)),
-            jax.jit(prefill, donate_argnums=(1,)), jax.jit(copy_rows, donate_argnums=(0,)))
-
-
-# ------------------------------------------------------------------------------ request state
-_WAITING, _PREFILL, _FORK_WAIT, _DECODE, _DONE = "waiting", "prefill", "fork_wait", "decode", "done"
-
-
-class _Request:
-    def __init__(self, rid: str, input_ids: list[int], sampling: SamplingParams,
-                 session_id: str | None, future: concurrent.futures.Future, seed: int):
-        self.rid = rid
-        self.input_ids = input_ids
-        self.sampling = sampling
-        self.session_id = session_id
-        self.future = future
-        self.seed = seed
-        self.created = time.perf_counter()
-        self.aborted = False
-        self.seqs: list[_Seq] = []
-        self.results: list[GenerateResult | None] = [None] * sampling.n
-
-
-class _Seq:
-    def __init__(self, req: _Request, index: int, stop_ids: list[int]):
-        self.req = req
-        self.index = index
-        self.state = _WAITING
-        self.slot: int | None = None
-        self.prompt_len = len(req.input_ids)
-        self.cursor = 0  # next prompt position to prefill
-        self.kv_len = 0  # positions 0..kv_len-1 of the slot row hold this sequence's KV
-        # (while decoding, the engine's per-slot buffers hold the output; filled on finish)
-        self.cached_tokens = 0
-        self.out_ids: list[int] = []
-        self.logprobs: list[float] = []
-        self.logprobs_raw: list[float] = []
-        self.stop_ids = stop_ids
-        self.stop_set = set(stop_ids)
-        self.stop_checked = 0  # output tokens already checked against stop strings
-        self.forks: list[_Seq] = []
-        self.stop_text: str | None = None  # output text when a stop string matched
-
-
-@dataclasses.dataclass
-class EngineStats:
-    requests: int = 0
-    prompt_tokens: int = 0
-    cached_tokens: int = 0
-    prefill_tokens: int = 0  # prompt tokens actually prefilled (incl. the decode-fed last one)
-    generated_tokens: int = 0
-    prefill_calls: int = 0
-    prefill_time_s: float = 0.0
-    decode_calls: int = 0
-    decode_steps: int = 0
-    decode_time_s: float = 0.0
-    decode_slot_steps: int = 0  # sum over steps of active slots
-    copy_calls: int = 0
-    aborted: int = 0
-    weight_updates: int = 0
-
-    def as_dict(self) -> dict[str, Any]:
-        d = dataclasses.asdict(self)
-        d["mean_decode_step_ms"] = (1e3 * self.decode_time_s / self.decode_steps
-                                    if self.decode_steps else None)
-        d["mean_active_slots"] = (self.decode_slot_steps / self.decode_steps
-                                  if self.decode_steps else None)
-        return d
-
-
-def _to_state(params: Any, abstract_state: nnx.State) -> nnx.State:
-    """An nnx State of the engine's parameter structure from a model / State / pure dict."""
-    from agentrl_jax.models.pretrained import Pretrained
-
-    if isinstance(params, Pretrained):
-        params = params.model
-    if isinstance(params, nnx.Module):
-        state = nnx.state(params, nnx.Param)
-    elif isinstance(params, nnx.State):
-        state = params
-    elif isinstance(params, dict):
-        state = jax.tree.map(lambda x: x, abstract_state)
-        nnx.replace_by_pure_dict(state, params)
-    else:
-        raise TypeError(f"cannot load weights from a {type(params).__name__}: pass a CausalLM, "
-                        "an nnx.State or a pure dict of its parameters")
-    if jax.tree.structure(state) != jax.tree.structure(abstract_state):
-        raise ValueError("the given parameters do not have this engine's model structure")
-    for (path, want), got in zip(jax.tree_util.tree_leaves_with_path(abstract_state),
-                                 jax.tree.leaves(state)):
-        if tuple(want.shape) != tuple(got.shape):
-            raise ValueError(f"parameter {jax.tree_util.keystr(path)} has shape {got.shape}, "
-                             f"the engine's model needs {want.shape}")
-    return state
 
 
 class Engine(BatchedSamplesBackend):
@@ -285,12 +78,16 @@ class Engine(BatchedSamplesBackend):
 
     >>> engine = Engine(model, EngineConfig(max_batch=32, max_length=4096), tokenizer=tok)
     >>> result = await engine.generate(ids, SamplingParams(temperature=1.0), session_id="ep-7")
+
+    ``devices``: the device (group) the engine runs on (default: the first local device); a
+    group of several runs it tensor-parallel (``placement.py``).
     """
 
     name = "embedded"
 
     def __init__(self, model: CausalLM | Any, config: EngineConfig | None = None,
-                 tokenizer: Any = None, model_path: str | None = None, warmup: bool = True):
+                 tokenizer: Any = None, model_path: str | None = None, warmup: bool = True,
+                 devices: Sequence[Any] | None = None):
         from agentrl_jax.models.pretrained import Pretrained
 
         if isinstance(model, Pretrained):
@@ -306,21 +103,26 @@ class Engine(BatchedSamplesBackend):
         if self.config.max_length > base_cfg.max_position_embeddings:
             log.warning("max_length %d exceeds the model's max_position_embeddings %d",
                         self.config.max_length, base_cfg.max_position_embeddings)
+        self.placement = EnginePlacement(devices)
         self.graphdef, self._abstract_state = nnx.split(abstract_model(self.model_config))
+        self._state_shardings = self.placement.state_shardings(self._abstract_state)
         self._state = self._prepare_state(model)
         self.weight_version = "0"
         c = self.config
-        self._decode_fn, self._prefill_fn, self._copy_fn = _compiled(
+        self.decode_attention = self._resolve_decode_attention()
+        self._decode_fn, self._prefill_fn, self._copy_fn = compiled_functions(
             self.graphdef, c.max_batch, c.max_length, c.decode_steps, c.max_stop_ids,
-            c.kv_layout)
-        self._cache = new_cache(c.kv_layout, self.model_config, c.max_batch, c.max_length)
+            c.kv_layout, self.decode_attention)
+        self._cache_sharding = self.placement.cache_sharding(self.model_config.num_kv_heads,
+                                                             c.kv_layout)
+        self._cache = self._new_cache()
         self.eos_token_ids = list(base_cfg.eos_token_ids)
         if not self.eos_token_ids and tokenizer is not None and tokenizer.eos_token_id is not None:
             self.eos_token_ids = [tokenizer.eos_token_id]
         self.stats = EngineStats()
         # Host mirrors of the per-slot decode state.
-        self._ints = np.zeros((c.max_batch, _STOP + c.max_stop_ids), np.int32)
-        self._ints[:, _STOP:] = -1
+        self._ints = np.zeros((c.max_batch, STOP + c.max_stop_ids), np.int32)
+        self._ints[:, STOP:] = -1
         self._floats = np.zeros((c.max_batch, 3), np.float32)
         # Outputs accumulate per slot on the host; copied to the sequence when it finishes.
         self._out_tok = np.zeros((c.max_batch, c.max_length), np.int32)
@@ -329,16 +131,16 @@ class Engine(BatchedSamplesBackend):
         self._out_len = np.zeros((c.max_batch,), np.int64)
         self._has_stop_str = np.zeros((c.max_batch,), np.bool_)
         self._slots = SlotTable(c.max_batch)
-        self._slot_seq: dict[int, _Seq] = {}
-        self._waiting: collections.deque[_Request] = collections.deque()
-        self._prefill_queue: list[_Seq] = []
-        self._fork_ready: list[_Seq] = []
-        self._requests: dict[str, _Request] = {}
+        self._slot_seq: dict[int, Seq] = {}
+        self._waiting: collections.deque[Request] = collections.deque()
+        self._prefill_queue: list[Seq] = []
+        self._fork_ready: list[Seq] = []
+        self._requests: dict[str, Request] = {}
         self._rng = np.random.default_rng(c.seed)
         self._rid_counter = itertools.count()
         # Thread plumbing.
         self._cv = threading.Condition()
-        self._incoming: list[_Request] = []
+        self._incoming: list[Request] = []
         self._commands: list[tuple[Callable[[], Any], concurrent.futures.Future]] = []
         self._num_waiting = 0
         self._paused = False
@@ -371,28 +173,51 @@ class Engine(BatchedSamplesBackend):
             model = load_pretrained(model)
         return cls(model, config, tokenizer=tokenizer, warmup=warmup)
 
+    def _resolve_decode_attention(self) -> str:
+        """The decode attention this engine compiles: ``ragged`` (the Pallas kernel; in the
+        Pallas interpreter off GPUs, for tests) or ``dense``. Ragged needs the head-major
+        cache, one device (the kernel is not partitioned over a tensor-parallel group) and a
+        ``max_length`` divisible by 16; otherwise dense."""
+        c, platform = self.config, self.placement.platform
+        choice = c.resolved_decode_attention(platform)
+        if choice != RAGGED:
+            return DENSE
+        why = ("the seq-major cache layout" if c.kv_layout != "bksd" else
+               "tensor parallelism" if self.placement.tensor_parallel > 1 else
+               f"max_length={c.max_length} (not a multiple of 16)"
+               if ragged_blocks(c.max_length) is None else None)
+        if why is not None:
+            if c.decode_attention == RAGGED:
+                log.warning("ragged decode attention is not available with %s; using dense", why)
+            return DENSE
+        return RAGGED if platform == "gpu" else RAGGED_INTERPRET
+
+    def _new_cache(self):
+        """A zero KV cache, allocated directly in its sharding on the engine's devices."""
+        c = self.config
+        return jax.jit(lambda: new_cache(c.kv_layout, self.model_config, c.max_batch,
+                                         c.max_length), out_shardings=self._cache_sharding)()
+
     def _prepare_state(self, params: Any) -> nnx.State:
-        state = _to_state(params, self._abstract_state)
+        state = to_state(params, self._abstract_state)
         if self.config.weights_dtype:
             dt = jnp.dtype(self.config.weights_dtype)
             state = jax.tree.map(
                 lambda x: x.astype(dt) if jnp.issubdtype(x.dtype, jnp.floating) and x.dtype != dt
                 else x, state)
-        # The compiled decode / prefill functions are keyed on their inputs' shardings and on
-        # whether the arrays are committed to them: new weights laid out differently (a
-        # learner's NamedSharding, or committed where the first weights were not) would
-        # recompile all of them on the next call (~30 s on an H100). Every state, the first one
-        # included, is committed to the first state's shardings.
-        current = getattr(self, "_state", None)
-        target = current if current is not None else state
-        return jax.device_put(state, jax.tree.map(lambda x: x.sharding, target))
+        # Every state, the first one included, is committed to the engine's own shardings: the
+        # compiled decode / prefill functions are keyed on their inputs' shardings, and weights
+        # laid out otherwise (a learner's mesh, an uncommitted array) would recompile all of
+        # them on the next call (~30 s on an H100). Arrays already laid out so are not copied;
+        # arrays on other devices (a learner sharded over every GPU) are transferred.
+        return jax.device_put(state, self._state_shardings)
 
     def warmup(self) -> None:
         """Compile every jitted shape (decode, each prefill bucket, row copy) with calls that
         change nothing (all rows idle / padded)."""
         c = self.config
         ints = np.zeros_like(self._ints)
-        ints[:, _STOP:] = -1
+        ints[:, STOP:] = -1
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             for mode in (GREEDY, SAMPLE):  # top-k/p/min-p (SAMPLE_FILTERED): on first use
@@ -448,9 +273,9 @@ class Engine(BatchedSamplesBackend):
         future.rid = rid  # type: ignore[attr-defined]
         seed = sampling.seed if sampling.seed is not None else int(
             self._rng.integers(0, 2**63 - 1))
-        req = _Request(rid, ids, sampling, session_id, future, seed)
+        req = Request(rid, ids, sampling, session_id, future, seed)
         stop_ids = self._stop_ids(sampling)
-        req.seqs = [_Seq(req, i, stop_ids) for i in range(sampling.n)]
+        req.seqs = [Seq(req, i, stop_ids) for i in range(sampling.n)]
         if sampling.max_new_tokens == 0:
             future.set_result([self._result(s, "length", None) for s in req.seqs])
             return future
@@ -649,7 +474,7 @@ class Engine(BatchedSamplesBackend):
             self._run_prefill()
         if self._fork_ready:
             self._run_forks()
-        if any(s.state == _DECODE for s in self._slot_seq.values()):
+        if any(s.state == DECODE for s in self._slot_seq.values()):
             self._run_decode()
 
     # ----------------------------------------------------------------------- admission
@@ -680,12 +505,12 @@ class Engine(BatchedSamplesBackend):
             self.stats.cached_tokens += reuse
             for seq in req.seqs[1:]:
                 self._bind(seq, self._slots.acquire())
-                seq.state = _FORK_WAIT
+                seq.state = FORK_WAIT
                 seq.cached_tokens = L - 1
                 self.stats.cached_tokens += L - 1
                 first.forks.append(seq)
             if reuse < L - 1:
-                first.state = _PREFILL
+                first.state = PREFILL
                 self.stats.prefill_tokens += L - 1 - reuse
                 self._prefill_queue.append(first)
             else:
@@ -696,34 +521,34 @@ class Engine(BatchedSamplesBackend):
         with self._cv:
             self._num_waiting -= 1
 
-    def _bind(self, seq: _Seq, slot: int) -> None:
+    def _bind(self, seq: Seq, slot: int) -> None:
         seq.slot = slot
         self._slot_seq[slot] = seq
-        self._ints[slot, _ACT] = 0
+        self._ints[slot, ACT] = 0
 
-    def _prefill_done(self, seq: _Seq) -> None:
+    def _prefill_done(self, seq: Seq) -> None:
         if seq.forks:
             self._fork_ready.append(seq)
-            seq.state = _FORK_WAIT
+            seq.state = FORK_WAIT
         else:
             self._activate(seq)
 
-    def _activate(self, seq: _Seq) -> None:
+    def _activate(self, seq: Seq) -> None:
         """Make a prefilled sequence decodable: its first decode step feeds the last prompt
         token at position L-1 and samples the first new token."""
         req, s, sp = seq.req, seq.slot, seq.req.sampling
         L = seq.prompt_len
-        seq.state = _DECODE
+        seq.state = DECODE
         seq.kv_len = L - 1
         row = self._ints[s]
-        row[_TOK], row[_POS], row[_ACT] = req.input_ids[-1], L - 1, 1
-        row[_REM] = min(sp.max_new_tokens, self.config.max_length - L)
-        row[_TOPK] = sp.top_k if sp.top_k > 0 else 0
-        row[_CNT] = 0
-        row[_KEY0:_KEY1 + 1] = np.array(seed_to_key(req.seed), np.uint32).view(np.int32)
-        row[_IDX] = seq.index
-        row[_STOP:] = -1
-        row[_STOP:_STOP + len(seq.stop_ids)] = seq.stop_ids
+        row[TOK], row[POS], row[ACT] = req.input_ids[-1], L - 1, 1
+        row[REM] = min(sp.max_new_tokens, self.config.max_length - L)
+        row[TOPK] = sp.top_k if sp.top_k > 0 else 0
+        row[CNT] = 0
+        row[KEY0:KEY1 + 1] = np.array(seed_to_key(req.seed), np.uint32).view(np.int32)
+        row[IDX] = seq.index
+        row[STOP:] = -1
+        row[STOP:STOP + len(seq.stop_ids)] = seq.stop_ids
         self._floats[s] = (sp.temperature, sp.top_p, sp.min_p)
         self._out_len[s] = 0
         self._has_stop_str[s] = bool(sp.stop)
@@ -782,7 +607,7 @@ class Engine(BatchedSamplesBackend):
         for seq in self._fork_ready:
             self._activate(seq)
             for f in seq.forks:
-                if f.state == _FORK_WAIT:
+                if f.state == FORK_WAIT:
                     self._activate(f)
         self._fork_ready = []
 
@@ -791,10 +616,10 @@ class Engine(BatchedSamplesBackend):
         c = self.config
         waiting_for_slot = bool(self._waiting) and self._slots.available < \
             self._waiting[0].sampling.n
-        act = self._ints[:, _ACT] > 0
+        act = self._ints[:, ACT] > 0
         f = self._floats
-        mode = sampling_mode(np.where(act, f[:, _TEMP], 0.0), self._ints[:, _TOPK], f[:, _TOPP],
-                             f[:, _MINP])
+        mode = sampling_mode(np.where(act, f[:, TEMP], 0.0), self._ints[:, TOPK], f[:, TOPP],
+                             f[:, MINP])
         t0 = time.perf_counter()
         self._cache, outs, steps = self._decode_fn(
             self._state, self._cache, self._ints, self._floats, np.int32(c.decode_steps),
@@ -821,29 +646,29 @@ class Engine(BatchedSamplesBackend):
         n = counts[active]
         last = toks[n - 1, active]
         ints = self._ints
-        ints[active, _TOK] = last
-        ints[active, _POS] += n
-        ints[active, _REM] -= n
-        ints[active, _CNT] += n
+        ints[active, TOK] = last
+        ints[active, POS] += n
+        ints[active, REM] -= n
+        ints[active, CNT] += n
         total = int(n.sum())
         self.stats.decode_slot_steps += total
         self.stats.generated_tokens += total
-        stop_hit = (ints[active, _STOP:] == last[:, None]).any(axis=1)
-        length_hit = ints[active, _REM] <= 0
+        stop_hit = (ints[active, STOP:] == last[:, None]).any(axis=1)
+        length_hit = ints[active, REM] <= 0
         attention = active[stop_hit | length_hit | self._has_stop_str[active]]
         for slot in attention.tolist():  # only slots that (may) finish need Python work
             seq = self._slot_seq.get(slot)
-            if seq is None or seq.state != _DECODE:
+            if seq is None or seq.state != DECODE:
                 continue
-            tok = int(ints[slot, _TOK])
+            tok = int(ints[slot, TOK])
             if tok in seq.stop_set:
                 self._finish(seq, "stop", tok)
             elif seq.req.sampling.stop and self._check_stop_strings(seq):
                 pass  # finished inside
-            elif ints[slot, _REM] <= 0:
+            elif ints[slot, REM] <= 0:
                 self._finish(seq, "length", None)
 
-    def _check_stop_strings(self, seq: _Seq) -> bool:
+    def _check_stop_strings(self, seq: Seq) -> bool:
         sp, slot = seq.req.sampling, seq.slot
         stops = sp.stop or []
         length = int(self._out_len[slot])
@@ -861,26 +686,26 @@ class Engine(BatchedSamplesBackend):
         return False
 
     # ------------------------------------------------------------------------- finishing
-    def _abort_request(self, req: _Request) -> None:
+    def _abort_request(self, req: Request) -> None:
         if req.rid not in self._requests:
             return
         if req in self._waiting:
             self._waiting.remove(req)
             self._dequeued()
         for seq in req.seqs:
-            if seq.state != _DONE:
+            if seq.state != DONE:
                 self._finish(seq, "abort", None)
 
-    def _finish(self, seq: _Seq, reason: str, matched: int | str | None) -> None:
-        if seq.state == _DONE:
+    def _finish(self, seq: Seq, reason: str, matched: int | str | None) -> None:
+        if seq.state == DONE:
             return
         req = seq.req
-        if seq.state == _PREFILL and seq in self._prefill_queue:
+        if seq.state == PREFILL and seq in self._prefill_queue:
             self._prefill_queue.remove(seq)
         if seq in self._fork_ready:
             self._fork_ready.remove(seq)
-        was_decoding = seq.state == _DECODE
-        seq.state = _DONE
+        was_decoding = seq.state == DECODE
+        seq.state = DONE
         if seq.slot is not None:
             slot = seq.slot
             if was_decoding:  # collect the output from the slot buffers
@@ -888,8 +713,8 @@ class Engine(BatchedSamplesBackend):
                 seq.out_ids = self._out_tok[slot, :length].tolist()
                 seq.logprobs = self._out_lp[slot, :length].tolist()
                 seq.logprobs_raw = self._out_raw[slot, :length].tolist()
-                seq.kv_len = min(int(self._ints[slot, _POS]), seq.prompt_len + length)
-            self._ints[slot, _ACT] = 0
+                seq.kv_len = min(int(self._ints[slot, POS]), seq.prompt_len + length)
+            self._ints[slot, ACT] = 0
             self._has_stop_str[slot] = False
             self._slot_seq.pop(slot, None)
             session = req.session_id if (self.config.session_cache and seq.index == 0) else None
@@ -911,7 +736,7 @@ class Engine(BatchedSamplesBackend):
                 except concurrent.futures.InvalidStateError:
                     pass
 
-    def _result(self, seq: _Seq, reason: str, matched: int | str | None) -> GenerateResult:
+    def _result(self, seq: Seq, reason: str, matched: int | str | None) -> GenerateResult:
         req, sp = seq.req, seq.req.sampling
         text = None
         if self.tokenizer is not None:
@@ -942,12 +767,11 @@ class Engine(BatchedSamplesBackend):
         self._waiting.clear()
         self._prefill_queue, self._fork_ready = [], []
         self._slot_seq.clear()
-        self._ints[:, :_STOP] = 0
+        self._ints[:, :STOP] = 0
         self._has_stop_str[:] = False
         self._slots = SlotTable(self.config.max_batch)
         try:
-            self._cache = new_cache(self.config.kv_layout, self.model_config,
-                                    self.config.max_batch, self.config.max_length)
+            self._cache = self._new_cache()
         except Exception as e:  # noqa: BLE001
             self._error = f"cannot reallocate the KV cache after {message}: {e}"
 

@@ -25,8 +25,10 @@ import jax.numpy as jnp
 from agentrl_jax.models.config import ModelConfig
 from agentrl_jax.models.llama import CausalLM, KVCache
 from agentrl_jax.models.rope import apply_rope, inverse_frequencies, rope_cos_sin
+from agentrl_jax.rollout.decode_attention import ragged_decode_attention
 
 HEAD_MAJOR, SEQ_MAJOR = "bksd", "bskd"
+DENSE, RAGGED, RAGGED_INTERPRET = "dense", "ragged", "ragged_interpret"
 
 
 @flax.struct.dataclass
@@ -52,9 +54,11 @@ def new_cache(layout: str, config: ModelConfig, batch_size: int, max_length: int
 
 
 def _attention(attn, x: jax.Array, cos: jax.Array, sin: jax.Array, positions: jax.Array,
-               cache_k: jax.Array, cache_v: jax.Array
+               cache_k: jax.Array, cache_v: jax.Array, decode_attention: str = DENSE
                ) -> tuple[jax.Array, jax.Array, jax.Array]:
-    """The model's ``Attention`` with a head-major cache: returns (output, cache_k, cache_v)."""
+    """The model's ``Attention`` with a head-major cache: returns (output, cache_k, cache_v).
+    A one-token call (decode) with ``decode_attention`` ``ragged`` / ``ragged_interpret``
+    reads only each row's valid keys (``decode_attention.py``)."""
     cfg: ModelConfig = attn.cfg
     b, t, _ = x.shape
     h, kh, dh = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
@@ -70,6 +74,12 @@ def _attention(attn, x: jax.Array, cos: jax.Array, sin: jax.Array, positions: ja
     cache_k = cache_k.at[rows, :, positions].set(k.astype(cache_k.dtype), mode="drop")
     cache_v = cache_v.at[rows, :, positions].set(v.astype(cache_v.dtype), mode="drop")
     s = cache_k.shape[2]
+    if t == 1 and decode_attention in (RAGGED, RAGGED_INTERPRET):
+        pos = positions[:, 0]
+        lengths = jnp.where(pos < s, pos + 1, 0)  # rows at position >= S are idle: no keys
+        out = ragged_decode_attention(q[:, 0], cache_k, cache_v, lengths,
+                                      interpret=decode_attention == RAGGED_INTERPRET)
+        return attn.o_proj(out.reshape(b, 1, h * dh)), cache_k, cache_v
     # Queries grouped per KV head: [B, K, G*T, Dh] (GQA without repeating keys / values).
     qg = q.reshape(b, t, kh, g, dh).transpose(0, 2, 3, 1, 4).reshape(b, kh, g * t, dh)
     scores = jnp.einsum("bkqd,bksd->bkqs", qg, cache_k.astype(q.dtype),
@@ -83,9 +93,11 @@ def _attention(attn, x: jax.Array, cos: jax.Array, sin: jax.Array, positions: ja
     return attn.o_proj(out), cache_k, cache_v
 
 
-def forward(model: CausalLM, input_ids: jax.Array, positions: jax.Array, cache
-            ) -> tuple[jax.Array, object]:
-    """Final-normed hidden states ``[B, T, D]`` and the updated cache (either layout)."""
+def forward(model: CausalLM, input_ids: jax.Array, positions: jax.Array, cache,
+            decode_attention: str = DENSE) -> tuple[jax.Array, object]:
+    """Final-normed hidden states ``[B, T, D]`` and the updated cache (either layout).
+    ``decode_attention``: ``dense`` / ``ragged`` / ``ragged_interpret`` for one-token calls on
+    the head-major cache (see :func:`_attention`)."""
     if isinstance(cache, KVCache):
         out = model(input_ids, positions, cache, compute_logits=False)
         return out.hidden, out.cache
@@ -94,7 +106,7 @@ def forward(model: CausalLM, input_ids: jax.Array, positions: jax.Array, cache
     keys, values = [], []
     for i, layer in enumerate(model.layers):
         attn_out, ck, cv = _attention(layer.attn, layer.input_norm(x), cos, sin, positions,
-                                      cache.keys[i], cache.values[i])
+                                      cache.keys[i], cache.values[i], decode_attention)
         x = x + attn_out
         x = x + layer.mlp(layer.post_attn_norm(x))
         keys.append(ck)
@@ -108,4 +120,5 @@ def map_cache(fn, cache):
                        values=tuple(fn(v) for v in cache.values))
 
 
-__all__ = ["HeadMajorCache", "forward", "new_cache", "map_cache", "HEAD_MAJOR", "SEQ_MAJOR"]
+__all__ = ["HeadMajorCache", "forward", "new_cache", "map_cache", "HEAD_MAJOR", "SEQ_MAJOR",
+           "DENSE", "RAGGED", "RAGGED_INTERPRET"]

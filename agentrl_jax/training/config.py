@@ -41,6 +41,11 @@ def base_config() -> ConfigDict:
     c.rollout.max_concurrency = 64  # episodes in flight
     c.rollout.engine_dtype = ""  # "" = model dtype; "bfloat16" on GPU/TPU
     c.rollout.decode_steps = 16
+    # embedded engine placement: one replica per group of `tensor_parallel` local devices
+    # (0 = every group: all local accelerators decode; N = the first N groups)
+    c.rollout.engine_replicas = 0
+    c.rollout.tensor_parallel = 1
+    c.rollout.decode_attention = "auto"  # auto (ragged on GPU) | ragged | dense
     c.rollout.parser = "react"
 
     # Answer format. The default model (SmolLM2-135M-Instruct) cannot follow a ReAct format at

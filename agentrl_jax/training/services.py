@@ -125,6 +125,24 @@ def engine_slots(config: Any, model_config: Any, dtype: str | None = None,
     return min(slots, fit)
 
 
+def engine_device_groups(config: Any) -> list[list[Any]]:
+    """The local device groups the embedded engine runs on: ``rollout.tensor_parallel``
+    devices per replica, ``rollout.engine_replicas`` replicas (0: as many as the local
+    devices make)."""
+    import jax
+
+    from agentrl_jax.rollout.placement import device_groups
+
+    rollout = config.rollout
+    groups = device_groups(jax.local_devices(), int(rollout.get("tensor_parallel", 1)))
+    wanted = int(rollout.get("engine_replicas", 0))
+    if wanted > len(groups):
+        raise ValueError(f"rollout.engine_replicas={wanted} but this host has only "
+                         f"{len(groups)} group(s) of rollout.tensor_parallel="
+                         f"{rollout.get('tensor_parallel', 1)} local devices")
+    return groups[:wanted] if wanted > 0 else groups
+
+
 def make_backend(config: Any, model: Any, tokenizer: Any, model_path: str | None,
                  episodes: int | None = None) -> Any:
     """The rollout backend named by ``config.rollout.backend``; ``episodes``: the most episodes
@@ -139,12 +157,22 @@ def make_backend(config: Any, model: Any, tokenizer: Any, model_path: str | None
         slots = (engine_slots(config, model_config, rollout.get("engine_dtype") or None,
                               episodes=episodes)
                  if model_config is not None else int(rollout.max_batch))
+        groups = engine_device_groups(config)
+        per_replica = -(-slots // len(groups))  # sessions spread evenly over the replicas
         engine_config = EngineConfig(
-            max_batch=slots, max_length=int(rollout.max_context),
+            max_batch=per_replica, max_length=int(rollout.max_context),
             dtype=rollout.get("engine_dtype") or None,
             weights_dtype=rollout.get("engine_dtype") or None,
-            decode_steps=int(rollout.get("decode_steps", 16)), seed=int(config.seed))
-        return Engine(model, engine_config, tokenizer=tokenizer, model_path=model_path)
+            decode_steps=int(rollout.get("decode_steps", 16)), seed=int(config.seed),
+            decode_attention=str(rollout.get("decode_attention", "auto")))
+        if len(groups) == 1:
+            return Engine(model, engine_config, tokenizer=tokenizer, model_path=model_path,
+                          devices=groups[0])
+        from agentrl_jax.rollout.replicas import EngineReplicas
+
+        return EngineReplicas(model, engine_config, tokenizer=tokenizer, model_path=model_path,
+                              devices=[d for g in groups for d in g],
+                              tensor_parallel=len(groups[0]))
     if rollout.backend == "sglang":
         urls = _as_list(rollout.get("urls"))
         if not urls:
@@ -156,9 +184,13 @@ def make_backend(config: Any, model: Any, tokenizer: Any, model_path: str | None
 
 def describe_backend(backend: Any, episodes: int | None = None) -> str:
     """One line: the rollout backend and its decode slots (embedded engine)."""
-    slots = getattr(getattr(backend, "config", None), "max_batch", None)
+    slots = getattr(backend, "total_slots", None) or getattr(
+        getattr(backend, "config", None), "max_batch", None)
     what = (f"rollout engine: {slots} decode slots" if slots is not None
             else f"rollout backend: {type(backend).__name__}")
+    replicas = getattr(backend, "num_replicas", None)
+    if replicas:
+        what += f" on {replicas} replicas"
     return what + (f" for {episodes} episodes per round" if episodes is not None else "")
 
 

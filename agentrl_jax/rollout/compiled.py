@@ -1,0 +1,105 @@
+"""The engine's jitted device functions: fused multi-step decode, chunked prefill, row copy.
+
+The per-slot decode state travels as two packed arrays (one host-to-device copy per call):
+``ints [B, STOP + max_stop_ids]`` with the columns below and ``floats [B, 3]`` (temperature,
+top-p, min-p).
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from agentrl_jax.learner.logprobs import lm_head_f32
+from agentrl_jax.rollout.forward import DENSE, forward, map_cache
+from agentrl_jax.rollout.sampling import sample_tokens
+
+# Columns of the packed per-slot int32 array: last token, its position, active flag, tokens
+# left, top-k, sampled-token counter, PRNG key (2 words), sample index, stop ids (the rest).
+TOK, POS, ACT, REM, TOPK, CNT, KEY0, KEY1, IDX, STOP = range(10)
+# Columns of the packed float32 array.
+TEMP, TOPP, MINP = range(3)
+
+
+@functools.lru_cache(maxsize=16)
+def compiled_functions(graphdef: Any, max_batch: int, max_length: int, decode_steps: int,
+                       max_stop_ids: int, kv_layout: str, decode_attention: str = DENSE
+                       ) -> tuple[Callable, Callable, Callable]:
+    """The jitted ``decode`` / ``prefill`` / ``copy_rows`` functions for one model structure
+    and engine shape (cached, so engines of the same shape share compilations; jit itself keys
+    on the inputs' devices, so replicas on different devices compile their own executables).
+
+    ``decode(state, cache, ints [B, C], floats [B, 3], num_steps, exit_on_finish, mode)`` ->
+    ``(cache, (tokens, logprobs, raw logprobs, valid) each [decode_steps, B], steps)``;
+    ``prefill(state, cache, slot_ids [R], tokens [R, T], positions [R, T])`` -> cache;
+    ``copy_rows(cache, src [N], dst [N])`` -> cache (rows ``>= B`` are dropped)."""
+    B, S, K, M = max_batch, max_length, decode_steps, max_stop_ids
+
+    def decode(state, cache, ints, floats, num_steps, exit_on_finish, mode):
+        model = nnx.merge(graphdef, state)
+        # the learner's LM head: compute-dtype operands, float32 logits (bf16-rounded logits
+        # would put ~0.06 of noise on a logit of 20 and skew the PPO ratio)
+        head = lm_head_f32(model)
+        top_k, keys = ints[:, TOPK], jax.lax.bitcast_convert_type(ints[:, KEY0:KEY1 + 1],
+                                                                   jnp.uint32)
+        sample_index, stop_ids = ints[:, IDX], ints[:, STOP:STOP + M]
+        temperature, top_p, min_p = floats[:, TEMP], floats[:, TOPP], floats[:, MINP]
+        outputs = (jnp.zeros((K, B), jnp.int32), jnp.zeros((K, B), jnp.float32),
+                   jnp.zeros((K, B), jnp.float32), jnp.zeros((K, B), jnp.bool_))
+        carry = (jnp.int32(0), cache, ints[:, TOK], ints[:, POS], ints[:, ACT] > 0,
+                 ints[:, REM], ints[:, CNT], jnp.bool_(False), outputs)
+
+        def cond(c):
+            i, _, _, _, active, _, _, finished_any, _ = c
+            return (i < num_steps) & jnp.any(active) & ~(exit_on_finish & finished_any)
+
+        def body(c):
+            i, cache, tokens, positions, active, remaining, counter, finished_any, outs = c
+            pos_in = jnp.where(active, positions, S)  # idle rows write nothing (position S)
+            hidden, cache = forward(model, tokens[:, None], pos_in[:, None], cache,
+                                    decode_attention)
+            logits = head(hidden[:, 0])
+            tok, lp, lp_raw = sample_tokens(logits, temperature, top_k, top_p, min_p, keys,
+                                            sample_index, counter, mode)
+            tok = jnp.where(active, tok, 0)
+            step = active.astype(jnp.int32)
+            remaining = remaining - step
+            is_stop = jnp.any(tok[:, None] == stop_ids, axis=-1)
+            done = active & (is_stop | (remaining <= 0))
+            o_tok, o_lp, o_raw, o_valid = outs
+            outs = (o_tok.at[i].set(tok), o_lp.at[i].set(lp), o_raw.at[i].set(lp_raw),
+                    o_valid.at[i].set(active))
+            return (i + 1, cache, jnp.where(active, tok, tokens), positions + step,
+                    active & ~done, remaining, counter + step, finished_any | jnp.any(done), outs)
+
+        final = jax.lax.while_loop(cond, body, carry)
+        steps, cache, outs = final[0], final[1], final[8]
+        return cache, outs, steps
+
+    def prefill(state, cache, slot_ids, tokens, positions):
+        model = nnx.merge(graphdef, state)
+        sub = map_cache(lambda x: jnp.take(x, slot_ids, axis=0, mode="clip"), cache)
+        _, sub = forward(model, tokens, positions, sub)
+        return type(cache)(
+            keys=tuple(k.at[slot_ids].set(n, mode="drop") for k, n in zip(cache.keys, sub.keys)),
+            values=tuple(v.at[slot_ids].set(n, mode="drop")
+                         for v, n in zip(cache.values, sub.values)))
+
+    def copy_rows(cache, src, dst):
+        return map_cache(lambda x: x.at[dst].set(jnp.take(x, src, axis=0, mode="clip"),
+                                                 mode="drop"), cache)
+
+    return (jax.jit(decode, donate_argnums=(1,), static_argnums=(6,)),
+            jax.jit(prefill, donate_argnums=(1,)), jax.jit(copy_rows, donate_argnums=(0,)))
+
+
+# ------------------------------------------------------------------------------ request state
+_WAITING, _PREFILL, _FORK_WAIT, _DECODE, _DONE = "waiting", "prefill", "fork_wait", "decode", "done"
+
+
+__all__ = ["compiled_functions", "TOK", "POS", "ACT", "REM", "TOPK", "CNT", "KEY0", "KEY1",
+           "IDX", "STOP", "TEMP", "TOPP", "MINP"]

@@ -1,0 +1,87 @@
+"""The embedded engine's static configuration (shapes and scheduling knobs)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from agentrl_jax.rollout.forward import HEAD_MAJOR, SEQ_MAJOR
+
+DECODE_ATTENTION = ("auto", "ragged", "dense")
+
+
+@dataclasses.dataclass(frozen=True)
+class EngineConfig:
+    """Static engine shape and scheduling knobs.
+
+    max_batch: number of slots (sequences decoded together). max_length: KV-cache length per
+    slot (prompt + generated tokens must fit). dtype: compute / KV-cache dtype override
+    (``"bfloat16"`` or ``"float32"``; default: the model config's). weights_dtype: cast the
+    parameters (a copy) to this dtype, e.g. ``"bfloat16"`` when the learner keeps f32 weights.
+    prefill_chunks: chunk-size buckets of chunked prefill; prefill_tokens: tokens per prefill
+    call (rows = prefill_tokens // chunk); prefill_calls_per_step: prefill calls run before
+    each decode call while prompts wait (new requests join the running batch quickly, and a
+    flood of long prompts cannot stall decoding). decode_steps: decode steps per jitted call.
+    max_stop_ids: stop token ids per request. max_queue: waiting requests beyond which
+    ``generate`` raises ``OverloadedError``. copy_rows: KV rows copied per call for ``n > 1``.
+    session_cache: keep finished sessions' KV rows for prefix reuse. kv_layout: ``"bksd"``
+    (default) keeps the cache head-major ``[B, K, S, Dh]`` and runs ``rollout.forward`` (no
+    per-step cache transposes); ``"bskd"`` uses ``CausalLM``'s own cache layout and forward.
+    decode_attention: the decode step's attention over the head-major cache: ``"ragged"``
+    reads only each slot's valid KV (a Pallas flash-decoding kernel on GPU,
+    ``decode_attention.py``), ``"dense"`` reads every slot's whole ``max_length`` row (XLA),
+    ``"auto"``: ragged on a GPU, dense elsewhere.
+    """
+
+    max_batch: int = 32
+    max_length: int = 2048
+    dtype: str | None = None
+    weights_dtype: str | None = None
+    prefill_chunks: tuple[int, ...] = (64, 256, 1024)
+    prefill_tokens: int = 4096
+    decode_steps: int = 16
+    max_stop_ids: int = 8
+    max_queue: int = 4096
+    copy_rows: int = 8
+    session_cache: bool = True
+    seed: int = 0
+    kv_layout: str = HEAD_MAJOR
+    prefill_calls_per_step: int = 4
+    decode_attention: str = "auto"
+
+    def __post_init__(self) -> None:
+        if self.kv_layout not in (HEAD_MAJOR, SEQ_MAJOR):
+            raise ValueError(f"kv_layout must be {HEAD_MAJOR!r} (the engine's head-major cache) "
+                             f"or {SEQ_MAJOR!r} (the model's own cache and forward)")
+        if self.max_batch < 1 or self.max_length < 2:
+            raise ValueError("max_batch must be >= 1 and max_length >= 2")
+        if self.decode_steps < 1:
+            raise ValueError("decode_steps must be >= 1")
+        if not self.prefill_chunks or min(self.prefill_chunks) < 1:
+            raise ValueError("prefill_chunks must be non-empty positive sizes")
+        if self.decode_attention not in DECODE_ATTENTION:
+            raise ValueError(f"decode_attention must be one of {DECODE_ATTENTION}, "
+                             f"got {self.decode_attention!r}")
+        for name in ("dtype", "weights_dtype"):
+            value = getattr(self, name)
+            if value not in (None, "float32", "bfloat16", "float16"):
+                raise ValueError(f"{name} must be float32, bfloat16 or float16, got {value!r}")
+
+    @property
+    def chunk_buckets(self) -> tuple[int, ...]:
+        chunks = sorted({min(c, self.max_length) for c in self.prefill_chunks})
+        return tuple(chunks)
+
+    def prefill_rows(self, chunk: int) -> int:
+        return max(1, min(self.max_batch, self.prefill_tokens // chunk))
+
+
+
+    def resolved_decode_attention(self, platform: str) -> str:
+        """``ragged`` or ``dense`` for a device platform (``"gpu"``, ``"cpu"``, ``"tpu"``):
+        ``auto`` is ragged on GPUs (the Pallas Triton kernel), dense elsewhere."""
+        if self.decode_attention != "auto":
+            return self.decode_attention
+        return "ragged" if platform == "gpu" else "dense"
+
+
+__all__ = ["EngineConfig", "DECODE_ATTENTION"]

@@ -1,0 +1,229 @@
+"""Data-parallel rollout: one embedded engine per local device (group), behind one backend.
+
+On a host with several accelerators the rollout -- usually the larger half of an RL step --
+would otherwise decode on one of them while the others wait. ``EngineReplicas`` starts an
+:class:`~agentrl_jax.rollout.engine.Engine` on every group of ``tensor_parallel`` local
+devices (each with its own KV cache, scheduler thread and compiled functions) and routes
+requests:
+
+* **Sticky sessions.** A ``session_id`` is pinned to the replica that served its first request,
+  so a multi-turn episode always returns to the KV row holding its prefix (prefix reuse works
+  exactly as on one engine). A new session goes to the replica with the fewest requests in
+  flight (ties: the lowest index).
+* Requests without a session go to the least-loaded replica; the ``n`` samples of a request
+  stay together (they share one prefill).
+* ``update_weights`` reaches every replica (each gets its own copy on its devices, transferred
+  from wherever the learner keeps the parameters, in parallel) and returns once all have
+  swapped; ``flush_cache``, ``pause``, ``abort_all`` and ``close`` likewise.
+
+The actor pool sees one ``RolloutBackend``; nothing else changes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import concurrent.futures
+import logging
+from typing import Any, Sequence
+
+from agentrl_jax.rollout.base import (BackendUnavailableError, BatchedSamplesBackend,
+                                      GenerateResult, SamplingParams)
+from agentrl_jax.rollout.engine import Engine, EngineConfig
+from agentrl_jax.rollout.placement import device_groups
+from agentrl_jax.rollout.requests import merge_stats
+
+log = logging.getLogger(__name__)
+
+
+class EngineReplicas(BatchedSamplesBackend):
+    """``len(devices) // tensor_parallel`` engine replicas (registry name ``embedded`` with
+    ``replicas`` > 1 through ``training.services.make_backend``).
+
+    >>> backend = EngineReplicas(model, EngineConfig(max_batch=64), devices=jax.local_devices())
+    """
+
+    name = "embedded"
+
+    def __init__(self, model: Any, config: EngineConfig | None = None, tokenizer: Any = None,
+                 model_path: str | None = None, warmup: bool = True,
+                 devices: Sequence[Any] | None = None, tensor_parallel: int = 1,
+                 max_sessions: int = 1 << 16):
+        import jax
+
+        groups = device_groups(devices or jax.local_devices(), tensor_parallel)
+        # Build (and compile) the replicas concurrently: XLA compiles per device assignment,
+        # and compilation releases the GIL.
+        with concurrent.futures.ThreadPoolExecutor(len(groups)) as pool:
+            futures = [pool.submit(Engine, model, config, tokenizer, model_path, warmup, group)
+                       for group in groups]
+            replicas, errors = [], []
+            for f in futures:
+                try:
+                    replicas.append(f.result())
+                except Exception as e:  # noqa: BLE001 -- close the others, then raise
+                    errors.append(e)
+        if errors:
+            for r in replicas:
+                r.close()
+            raise errors[0]
+        self.replicas: list[Engine] = replicas
+        self.config = replicas[0].config
+        self.tokenizer = replicas[0].tokenizer
+        self.model_path = replicas[0].model_path
+        self.model_config = replicas[0].model_config
+        self._in_flight = [0] * len(replicas)
+        self._sessions: collections.OrderedDict[str, int] = collections.OrderedDict()
+        self._max_sessions = int(max_sessions)
+        self._rids: dict[str, int] = {}
+
+    # ----------------------------------------------------------------------------- routing
+    def replica_for(self, session_id: str | None) -> int:
+        """The replica index a request goes to (pins a new session to the least loaded)."""
+        if session_id is not None:
+            index = self._sessions.get(session_id)
+            if index is not None:
+                self._sessions.move_to_end(session_id)
+                return index
+        index = min(range(len(self.replicas)), key=lambda i: (self._in_flight[i], i))
+        if session_id is not None:
+            self._sessions[session_id] = index
+            while len(self._sessions) > self._max_sessions:  # forget the oldest sessions
+                self._sessions.popitem(last=False)
+        return index
+
+    async def generate_n(self, input_ids: list[int], sampling: SamplingParams | None = None,
+                         session_id: str | None = None, rid: str | None = None
+                         ) -> list[GenerateResult]:
+        index = self.replica_for(session_id)
+        engine = self.replicas[index]
+        sampling = sampling or SamplingParams()
+        future = engine.submit(input_ids, sampling, session_id, rid)
+        key = future.rid  # type: ignore[attr-defined]
+        self._rids[key] = index
+        self._in_flight[index] += 1
+        try:
+            return await asyncio.shield(asyncio.wrap_future(future))
+        except asyncio.CancelledError:
+            engine.abort(key)
+            raise
+        finally:
+            self._in_flight[index] -= 1
+            self._rids.pop(key, None)
+
+    def forget_session(self, session_id: str) -> None:
+        """Drop a finished session's pin (its cached KV row is evicted by LRU as usual)."""
+        self._sessions.pop(session_id, None)
+
+    # ------------------------------------------------------------------------- fan-out ops
+    async def _each(self, method: str, *args: Any, **kwargs: Any) -> list[Any]:
+        return list(await asyncio.gather(*(asyncio.to_thread(getattr(r, method), *args,
+                                                             **kwargs)
+                                           for r in self.replicas)))
+
+    async def update_weights(self, params: Any = None, *, path: str | None = None,
+                             version: str | None = None, flush_cache: bool = True,
+                             abort_all: bool = False) -> str:
+        if path is not None:  # read the checkpoint once, then place it on every replica
+            from agentrl_jax.models.safetensors_io import load_safetensors_model
+
+            params, cfg = await asyncio.to_thread(load_safetensors_model, path)
+            self.replicas[0]._check_compatible(cfg)
+        versions = await self._each("update_weights_sync", params, version=version,
+                                    flush_cache=flush_cache, abort_all=abort_all)
+        if flush_cache:
+            self._sessions.clear()
+        if len(set(versions)) != 1:
+            raise RuntimeError(f"replicas disagree on the weight version: {versions}")
+        return versions[0]
+
+    def update_weights_sync(self, params: Any = None, *, path: str | None = None,
+                            version: str | None = None, flush_cache: bool = True,
+                            abort_all: bool = False) -> str:
+        """Blocking :meth:`update_weights` (for scripts and the HTTP server's thread)."""
+        return asyncio.run(self.update_weights(params, path=path, version=version,
+                                               flush_cache=flush_cache, abort_all=abort_all))
+
+    async def flush_cache(self) -> int:
+        freed = await self._each("flush_cache_sync")
+        self._sessions.clear()
+        return sum(freed)
+
+    def flush_cache_sync(self) -> int:
+        self._sessions.clear()
+        return sum(r.flush_cache_sync() for r in self.replicas)
+
+    def abort(self, rid: str) -> bool:
+        index = self._rids.get(str(rid))
+        if index is not None:
+            return self.replicas[index].abort(rid)
+        return any(r.abort(rid) for r in self.replicas)
+
+    def abort_all(self) -> int:
+        return sum(r.abort_all() for r in self.replicas)
+
+    def pause(self, mode: str = "in_place") -> None:
+        for r in self.replicas:
+            r.pause(mode)
+
+    def resume(self) -> None:
+        for r in self.replicas:
+            r.resume()
+
+    @property
+    def paused(self) -> bool:
+        return all(r.paused for r in self.replicas)
+
+    async def health(self) -> bool:
+        return all([await r.health() for r in self.replicas])
+
+    def load(self) -> dict[str, int]:
+        loads = [r.load() for r in self.replicas]
+        return {k: sum(load[k] for load in loads) for k in loads[0]}
+
+    @property
+    def stats_dict(self) -> dict[str, Any]:
+        """Counters summed over replicas (``EngineStats.as_dict`` fields)."""
+        return merge_stats([r.stats.as_dict() for r in self.replicas])
+
+    @property
+    def weight_version(self) -> str:
+        return self.replicas[0].weight_version
+
+    @property
+    def vocab_size(self) -> int:
+        return self.replicas[0].vocab_size
+
+    @property
+    def max_length(self) -> int:
+        return self.replicas[0].max_length
+
+    @property
+    def num_replicas(self) -> int:
+        return len(self.replicas)
+
+    @property
+    def total_slots(self) -> int:
+        return sum(r.config.max_batch for r in self.replicas)
+
+    def close(self) -> None:
+        for r in self.replicas:
+            r.close()
+
+    async def aclose(self) -> None:
+        await self._each("close")
+
+    def validate(self, input_ids: Any, sampling: SamplingParams) -> list[int]:
+        return self.replicas[0].validate(input_ids, sampling)
+
+    def submit(self, input_ids: Any, sampling: SamplingParams | None = None,
+               session_id: str | None = None, rid: str | None = None
+               ) -> concurrent.futures.Future:
+        """Thread-safe submit to the routed replica (no in-flight accounting: for scripts)."""
+        if not self.replicas:
+            raise BackendUnavailableError("no replicas")
+        return self.replicas[self.replica_for(session_id)].submit(input_ids, sampling,
+                                                                   session_id, rid)
+
+
+__all__ = ["EngineReplicas"]

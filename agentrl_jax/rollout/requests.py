@@ -1,0 +1,95 @@
+"""The engine's per-request bookkeeping: requests, their sampled sequences, counters."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+import time
+from typing import Any
+
+from agentrl_jax.rollout.base import GenerateResult, SamplingParams
+
+# A sequence's states.
+WAITING, PREFILL, FORK_WAIT, DECODE, DONE = "waiting", "prefill", "fork_wait", "decode", "done"
+
+
+class Request:
+    """One ``generate`` call: its prompt, sampling parameters and ``n`` sequences."""
+
+    def __init__(self, rid: str, input_ids: list[int], sampling: SamplingParams,
+                 session_id: str | None, future: concurrent.futures.Future, seed: int):
+        self.rid = rid
+        self.input_ids = input_ids
+        self.sampling = sampling
+        self.session_id = session_id
+        self.future = future
+        self.seed = seed
+        self.created = time.perf_counter()
+        self.aborted = False
+        self.seqs: list[Seq] = []
+        self.results: list[GenerateResult | None] = [None] * sampling.n
+
+
+class Seq:
+    """One sampled sequence of a request: its slot, prefill cursor and outputs."""
+
+    def __init__(self, req: Request, index: int, stop_ids: list[int]):
+        self.req = req
+        self.index = index
+        self.state = WAITING
+        self.slot: int | None = None
+        self.prompt_len = len(req.input_ids)
+        self.cursor = 0  # next prompt position to prefill
+        self.kv_len = 0  # positions 0..kv_len-1 of the slot row hold this sequence's KV
+        # (while decoding, the engine's per-slot buffers hold the output; filled on finish)
+        self.cached_tokens = 0
+        self.out_ids: list[int] = []
+        self.logprobs: list[float] = []
+        self.logprobs_raw: list[float] = []
+        self.stop_ids = stop_ids
+        self.stop_set = set(stop_ids)
+        self.stop_checked = 0  # output tokens already checked against stop strings
+        self.forks: list[Seq] = []
+        self.stop_text: str | None = None  # output text when a stop string matched
+
+
+@dataclasses.dataclass
+class EngineStats:
+    """Cumulative engine counters (``as_dict`` adds per-step means)."""
+
+    requests: int = 0
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    prefill_tokens: int = 0  # prompt tokens actually prefilled (incl. the decode-fed last one)
+    generated_tokens: int = 0
+    prefill_calls: int = 0
+    prefill_time_s: float = 0.0
+    decode_calls: int = 0
+    decode_steps: int = 0
+    decode_time_s: float = 0.0
+    decode_slot_steps: int = 0  # sum over steps of active slots
+    copy_calls: int = 0
+    aborted: int = 0
+    weight_updates: int = 0
+
+    def as_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d["mean_decode_step_ms"] = (1e3 * self.decode_time_s / self.decode_steps
+                                    if self.decode_steps else None)
+        d["mean_active_slots"] = (self.decode_slot_steps / self.decode_steps
+                                  if self.decode_steps else None)
+        return d
+
+
+
+def merge_stats(stats: list[dict[str, Any]]) -> dict[str, Any]:
+    """The counters of several engines (replicas) summed; means recomputed."""
+    total = EngineStats()
+    for s in stats:
+        for f in dataclasses.fields(EngineStats):
+            setattr(total, f.name, getattr(total, f.name) + s[f.name])
+    return total.as_dict()
+
+
+__all__ = ["Request", "Seq", "EngineStats", "merge_stats", "WAITING", "PREFILL", "FORK_WAIT",
+           "DECODE", "DONE"]

@@ -1,0 +1,223 @@
+"""Engine placement: ragged decode attention, an engine on any device, tensor-parallel engines
+and data-parallel replicas with sticky sessions (8 virtual CPU devices, see conftest.py).
+
+References: a float64 NumPy loop for the attention; for the engines, the same tiny model's
+greedy continuation computed by a single-device engine with dense attention (itself checked
+against the model's own full forward in tests/test_engine.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from agentrl_jax.rollout.base import SamplingParams
+from agentrl_jax.rollout.decode_attention import (dense_decode_attention, ragged_blocks,
+                                                  ragged_decode_attention)
+from tests.rollout_helpers import make_engine, random_prompt, tiny_model
+
+
+def attention_reference(q, k, v, lengths):
+    """float64 loop: out[b,h] = softmax(q.k/sqrt(d) over s < len_b) . v; zeros when len 0."""
+    b_, h_, d = q.shape
+    kh = k.shape[1]
+    g = h_ // kh
+    out = np.zeros((b_, h_, d))
+    for b in range(b_):
+        for h in range(h_):
+            n = int(lengths[b])
+            if n == 0:
+                continue
+            keys = k[b, h // g, :n].astype(np.float64)
+            s = keys @ q[b, h].astype(np.float64) / np.sqrt(d)
+            p = np.exp(s - s.max())
+            out[b, h] = (p / p.sum()) @ v[b, h // g, :n].astype(np.float64)
+    return out
+
+
+@pytest.mark.parametrize("kv_heads,groups,length", [(3, 3, 384), (2, 6, 256)])
+def test_ragged_and_dense_decode_attention_match_a_float64_loop(kv_heads, groups, length):
+    rng = np.random.default_rng(kv_heads)
+    b, d = 5, 32
+    q = rng.standard_normal((b, kv_heads * groups, d)).astype(np.float32)
+    k = rng.standard_normal((b, kv_heads, length, d)).astype(np.float32)
+    v = rng.standard_normal((b, kv_heads, length, d)).astype(np.float32)
+    # empty, one key, a block boundary, past a boundary, the whole row
+    lengths = np.array([0, 1, 128, 129, length])
+    want = attention_reference(q, k, v, lengths)
+    args = [jnp.asarray(x) for x in (q, k, v, lengths)]
+    dense = np.asarray(dense_decode_attention(*args))
+    ragged = np.asarray(ragged_decode_attention(*args, interpret=True))
+    np.testing.assert_allclose(dense, want, atol=2e-5)
+    np.testing.assert_allclose(ragged, want, atol=2e-5)
+
+
+def test_ragged_attention_ignores_keys_past_each_rows_length():
+    """Garbage (huge values) past a row's length must not change its output: the kernel reads
+    only valid blocks and masks the rest of the last one."""
+    rng = np.random.default_rng(1)
+    q = rng.standard_normal((2, 4, 16)).astype(np.float32)
+    k = rng.standard_normal((2, 2, 256, 16)).astype(np.float32)
+    v = rng.standard_normal((2, 2, 256, 16)).astype(np.float32)
+    lengths = jnp.asarray([70, 200])
+    clean = np.asarray(ragged_decode_attention(jnp.asarray(q), jnp.asarray(k), jnp.asarray(v),
+                                               lengths, interpret=True))
+    k2, v2 = k.copy(), v.copy()
+    k2[0, :, 70:], v2[0, :, 70:] = 1e4, 1e4
+    k2[1, :, 200:], v2[1, :, 200:] = -1e4, 1e4
+    dirty = np.asarray(ragged_decode_attention(jnp.asarray(q), jnp.asarray(k2), jnp.asarray(v2),
+                                               lengths, interpret=True))
+    np.testing.assert_allclose(dirty, clean, atol=1e-6)
+
+
+def test_ragged_blocks_choose_whole_blocks():
+    assert ragged_blocks(384) == (128, 1)
+    assert ragged_blocks(3072) == (128, 12)  # 12 splits of 256
+    assert ragged_blocks(4096) == (128, 16)
+    assert ragged_blocks(48) == (16, 1)
+    assert ragged_blocks(1000) is None  # dense fallback
+
+
+def _greedy(engine, prompts, max_new=12, session=None):
+    sampling = SamplingParams(max_new_tokens=max_new, temperature=0.0, ignore_eos=True)
+    futures = [engine.submit(p, sampling, session_id=None if session is None else f"{session}{i}")
+               for i, p in enumerate(prompts)]
+    return [f.result(timeout=300)[0] for f in futures]
+
+
+@pytest.fixture(scope="module")
+def model():
+    return tiny_model(seed=3)
+
+
+@pytest.fixture(scope="module")
+def prompts():
+    rng = np.random.default_rng(0)
+    return [random_prompt(rng, n) for n in (5, 17, 33, 60)]
+
+
+@pytest.fixture(scope="module")
+def reference(model, prompts):
+    engine = make_engine(model, warmup=False, decode_attention="dense")
+    try:
+        return _greedy(engine, prompts)
+    finally:
+        engine.close()
+
+
+def _assert_same(results, reference, atol=2e-4):
+    for got, want in zip(results, reference):
+        assert got.output_ids == want.output_ids
+        np.testing.assert_allclose(got.output_logprobs, want.output_logprobs, atol=atol)
+
+
+def test_engine_with_ragged_attention_matches_dense(model, prompts, reference):
+    engine = make_engine(model, warmup=False, decode_attention="ragged")
+    try:
+        assert engine.decode_attention == "ragged_interpret"  # the Pallas interpreter on CPU
+        _assert_same(_greedy(engine, prompts), reference)
+    finally:
+        engine.close()
+
+
+def test_engine_runs_on_the_device_it_is_given(model, prompts, reference):
+    device = jax.devices()[5]
+    engine = make_engine(model, warmup=False, devices=[device])
+    try:
+        assert {d for x in jax.tree.leaves(engine._state) for d in x.devices()} == {device}
+        assert engine._cache.keys[0].devices() == {device}
+        _assert_same(_greedy(engine, prompts), reference)
+        assert engine._cache.keys[0].devices() == {device}  # the donated cache stays there
+    finally:
+        engine.close()
+
+
+def test_tensor_parallel_engine_matches_one_device(model, prompts, reference):
+    devices = jax.devices()[2:4]
+    engine = make_engine(model, warmup=False, devices=devices)
+    try:
+        assert engine.placement.tensor_parallel == 2
+        kernel = engine._state["layers"][0]["attn"]["q_proj"]["kernel"].value
+        # column-parallel: each device holds half of the q projection's output columns
+        assert {s.data.shape for s in kernel.addressable_shards} == {(64, 32)}
+        # the cache's 2 KV heads are split over the 2 devices
+        assert {s.data.shape for s in engine._cache.keys[0].addressable_shards} == {(8, 1, 128, 16)}
+        _assert_same(_greedy(engine, prompts), reference)
+    finally:
+        engine.close()
+
+
+def test_replicas_pin_sessions_and_sync_weights_everywhere(model, prompts, reference):
+    from agentrl_jax.rollout.replicas import EngineReplicas
+    from tests.rollout_helpers import ENGINE_KW
+    from agentrl_jax.rollout.engine import EngineConfig
+
+    backend = EngineReplicas(model, EngineConfig(**ENGINE_KW), warmup=False,
+                             devices=jax.devices()[:4])
+    try:
+        assert backend.num_replicas == 4
+        assert [r.placement.devices for r in backend.replicas] == [[d] for d in jax.devices()[:4]]
+
+        async def first_turns():
+            sampling = SamplingParams(max_new_tokens=12, temperature=0.0, ignore_eos=True)
+            return await asyncio.gather(*(backend.generate(p, sampling, session_id=f"ep{i}")
+                                          for i, p in enumerate(prompts)))
+
+        results = asyncio.run(first_turns())
+        _assert_same(results, reference)
+        # four sessions started together: least-loaded placement spreads them over 4 replicas
+        pinned = {f"ep{i}": backend.replica_for(f"ep{i}") for i in range(4)}
+        assert sorted(pinned.values()) == [0, 1, 2, 3]
+        # the second turn of each session returns to its replica and reuses the cached prefix
+        before = [r.stats.cached_tokens for r in backend.replicas]
+
+        async def second_turns():
+            sampling = SamplingParams(max_new_tokens=4, temperature=0.0, ignore_eos=True)
+            return await asyncio.gather(*(
+                backend.generate(p + r.output_ids + [7, 8], sampling, session_id=f"ep{i}")
+                for i, (p, r) in enumerate(zip(prompts, results))))
+
+        second = asyncio.run(second_turns())
+        for i, (p, r) in enumerate(zip(prompts, second)):
+            assert r.cached_tokens == len(p) + 12 - 1  # every token but the last one generated
+            replica = backend.replicas[pinned[f"ep{i}"]]
+            assert replica.stats.cached_tokens - before[pinned[f"ep{i}"]] >= r.cached_tokens
+
+        # new weights reach every replica: all of them now answer like an engine on them
+        other = tiny_model(seed=4)
+        asyncio.run(backend.update_weights(other, version="7"))
+        assert [r.weight_version for r in backend.replicas] == ["7"] * 4
+        want = _greedy_on(other, prompts)
+        for replica in backend.replicas:
+            _assert_same(_greedy(replica, prompts), want)
+            leaves = jax.tree.leaves(replica._state)
+            assert {d for x in leaves for d in x.devices()} == set(replica.placement.devices)
+    finally:
+        backend.close()
+
+
+def _greedy_on(model, prompts):
+    engine = make_engine(model, warmup=False)
+    try:
+        return _greedy(engine, prompts)
+    finally:
+        engine.close()
+
+
+def test_engine_device_groups_from_the_config():
+    from ml_collections import ConfigDict
+
+    from agentrl_jax.training.services import engine_device_groups
+
+    cfg = ConfigDict({"rollout": {"engine_replicas": 0, "tensor_parallel": 2}})
+    groups = engine_device_groups(cfg)
+    assert [len(g) for g in groups] == [2] * (len(jax.local_devices()) // 2)
+    cfg.rollout.engine_replicas = 1
+    assert len(engine_device_groups(cfg)) == 1
+    cfg.rollout.engine_replicas = 99
+    with pytest.raises(ValueError, match="engine_replicas=99"):
+        engine_device_groups(cfg)
