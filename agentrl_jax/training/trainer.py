@@ -34,6 +34,7 @@ import numpy as np
 
 from agentrl_jax.agent.actor_pool import ActorPool, RolloutStats, TaskRef
 from agentrl_jax.agent.trajectory import Trajectory
+from agentrl_jax.algorithms.advantages import is_turn_level
 from agentrl_jax.training import distributed, services
 from agentrl_jax.training.batching import assemble_batch, informative_groups
 from agentrl_jax.training.evaluation import EvalResult, evaluate, score_trajectories
@@ -125,6 +126,27 @@ def checkpoint_steps(checkpoint_dir: str) -> list[int]:
         return []
     return sorted(int(n) for n in names if n.isdigit()
                   and os.path.isdir(os.path.join(checkpoint_dir, n)))
+
+
+def engine_policy(learner: Any, overlap: bool) -> Any:
+    """The restored policy for a new embedded engine (a resumed run).
+
+    ``learner.policy_model()`` holds the learner's own parameter arrays, and an engine built
+    from it keeps them as they are (same shardings: no copy). The learner's update donates
+    those buffers, so with ``overlap`` (``train.max_staleness >= 1``: a rollout decodes while
+    the first update runs) the engine's weights would be deleted under it ("Array has been
+    deleted", every episode an engine_error; tests/test_resume_donation.py). Then the engine
+    gets a copy; otherwise (the update never runs during a rollout, and the weight sync
+    replaces the engine's weights before the next one) the arrays themselves.
+    """
+    policy = learner.policy_model()
+    if not overlap:
+        return policy
+    import jax
+    import jax.numpy as jnp
+    from flax import nnx
+
+    return nnx.merge(learner.graphdef, jax.tree.map(jnp.copy, learner.params))
 
 
 @dataclasses.dataclass
@@ -259,7 +281,8 @@ class Trainer:
                 elif self.multi_process:  # this host's full copy of the sharded parameters
                     policy = distributed.local_policy(learner)
                 else:
-                    policy = learner.policy_model()
+                    policy = engine_policy(learner,
+                                           overlap=int(cfg.train.get("max_staleness", 0)) >= 1)
                 with timed(self._say, f"starting rollout backend {cfg.rollout.backend}"):
                     backend = services.make_backend(cfg, policy, tokenizer, model_path)
                 astack.push_async_callback(services.close_backend, backend)
@@ -390,7 +413,8 @@ class Trainer:
             ok = [t for t in fresh if t.ok]
             flat_groups = 0
             if cfg.train.get("skip_flat_groups", False):  # all-equal rewards: advantage 0
-                ok, flat_groups = informative_groups(ok)
+                ok, flat_groups = informative_groups(
+                    ok, turn_level=is_turn_level(cfg.learner.advantage_estimator))
             stale, trainable = len(trajectories) - len(fresh), len(ok)
             if self.multi_process:  # global numbers (collectives, the same order everywhere)
                 counts = np.sum(distributed.allgather_objects([stale, trainable]), axis=0)
