@@ -16,7 +16,8 @@ from agentrl_jax.agent.chat import ChatFormatter
 from agentrl_jax.agent.parsing import INVALID_FORMAT_FEEDBACK, ParsedAction
 from agentrl_jax.agent.prompts import first_user_message, system_prompt
 from agentrl_jax.agent.trajectory import (STATUS_CONTEXT_LIMIT, STATUS_DONE, STATUS_ENGINE_ERROR,
-                                          STATUS_ENV_ERROR, STATUS_MAX_TURNS, Trajectory)
+                                          STATUS_ENV_ERROR, STATUS_MAX_TURNS, Trajectory,
+                                          anchor_state)
 from agentrl_jax.rollout.base import RolloutError, SamplingParams
 from agentrl_jax.rollout.sampling import derive_seed
 
@@ -52,6 +53,9 @@ class Episode:
         self.finished = False
         self._last_generated: list[int] = []
         self._pending_action: ParsedAction | None = None
+        # the environment state the next turn acts from (GiGPO anchor; unchanged by a turn
+        # whose reply had no action, since the environment was not stepped)
+        self._state: str = ""
         self._start = time.monotonic()
 
     def turn_seed(self, turn: int) -> int | None:
@@ -76,6 +80,7 @@ class Episode:
             self._finish(STATUS_ENV_ERROR, f"create: {e}")
             return
         self.env_id, observation, info = created
+        self._state = anchor_state(observation, info)
         self.system = system_prompt(info.get("instructions", ""), self.trajectory.env,
                                     self.prompt_style)
         user = first_user_message(observation)
@@ -110,6 +115,7 @@ class Episode:
         traj.append(list(result.output_ids), generated=True, turn=turn,
                     logprobs=[float(x) for x in result.output_logprobs])
         traj.num_turns += 1
+        traj.turn_states.append(self._state)
         self._last_generated = list(result.output_ids)
         text = self.response_prefix + self.formatter.decode(result.output_ids)
         traj.messages.append({"role": "assistant", "content": text})
@@ -141,6 +147,7 @@ class Episode:
             if "success" in step.info:
                 traj.success = bool(step.info["success"])
             observation = step.observation
+            self._state = anchor_state(observation, step.info)
             done = step.done or step.truncated
         if done:
             self._finish(STATUS_DONE)

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+import hashlib
+from typing import Any, Mapping
 
 # Status values. Trajectories with an *_error status are dropped from training (never trained on
 # as reward 0); the others are real outcomes of the policy.
@@ -14,6 +15,20 @@ STATUS_ENV_ERROR = "env_error"  # an environment server failed
 STATUS_ENGINE_ERROR = "engine_error"  # the rollout backend failed
 ERROR_STATUSES = (STATUS_ENV_ERROR, STATUS_ENGINE_ERROR)
 
+#: ``info`` key under which an environment may report its state (an opaque string equal for
+#: equal environment states); GiGPO's anchor states use it, else the observation text
+STATE_KEY = "state_key"
+
+
+def anchor_state(observation: str, info: Mapping[str, Any] | None = None) -> str:
+    """A 16-hex-digit digest naming the environment state an agent acts from: the
+    environment's own ``info["state_key"]`` when it reports one, else the observation text
+    (GiGPO's anchor state: turns of one task's episodes with equal digests form a step
+    group)."""
+    key = (info or {}).get(STATE_KEY)
+    text = f"key:{key}" if key is not None else f"obs:{observation}"
+    return hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=8).hexdigest()
+
 
 @dataclasses.dataclass
 class Trajectory:
@@ -23,6 +38,7 @@ class Trajectory:
     loss_mask [T]: 1 on ids the policy generated, 0 on prompt and observation ids.
     logprobs [T]: the engine's logprob of each generated id (0 elsewhere).
     turn_ids [T]: the turn index of each id (-1 for the prompt).
+    turn_states [num_turns]: the anchor state (``anchor_state``) each turn acted from.
     reward: the episode's total environment reward (the outcome score trained on).
     """
 
@@ -38,6 +54,7 @@ class Trajectory:
     prompt_length: int = 0
     messages: list[dict[str, str]] = dataclasses.field(default_factory=list)
     turn_rewards: list[float] = dataclasses.field(default_factory=list)
+    turn_states: list[str] = dataclasses.field(default_factory=list)
     reward: float = 0.0
     success: bool = False
     status: str = STATUS_DONE

@@ -6,12 +6,15 @@ losses, KL estimators. Everything is a pure, jit-able JAX function over
 from .advantages import (
     ADVANTAGE_ESTIMATORS,
     GAE_METHODS,
+    TURN_INPUTS,
     AdvantageOutput,
     compute_advantages,
     gae_advantages_raw,
     get_advantage_estimator,
+    is_turn_level,
     register_advantage_estimator,
 )
+from .gigpo import anchor_group_ids, gigpo, turn_returns  # registers "gigpo"
 from .kl import (
     KL_ESTIMATORS,
     get_kl_estimator,
@@ -58,6 +61,11 @@ __all__ = [
     "gae_advantages_raw",
     "get_advantage_estimator",
     "register_advantage_estimator",
+    "TURN_INPUTS",
+    "is_turn_level",
+    "anchor_group_ids",
+    "gigpo",
+    "turn_returns",
     "KL_ESTIMATORS",
     "get_kl_estimator",
     "kl_estimate",

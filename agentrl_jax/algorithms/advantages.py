@@ -45,7 +45,7 @@ from .masked import (
     masked_whiten,
     outcome_scores,
 )
-from .registry import Registry
+from .registry import Registry, normalize_name
 from .scan import masked_discounted_suffix_sum, reverse_linear_recurrence
 
 Array = jax.Array
@@ -58,6 +58,8 @@ __all__ = [
     "register_advantage_estimator",
     "gae_advantages_raw",
     "GAE_METHODS",
+    "TURN_INPUTS",
+    "is_turn_level",
 ]
 
 
@@ -76,18 +78,36 @@ ADVANTAGE_ESTIMATORS: Registry = Registry("advantage estimator")
 
 _STATIC = ("gamma", "lam", "eps", "whiten", "method", "chunk")
 
+#: per-turn inputs of the turn-level estimators (``gigpo``): ``turn_ids [B, T]``,
+#: ``turn_rewards [B, K]``, ``turn_anchors [B, K]`` (see ``training/batching.py``)
+TURN_INPUTS = ("turn_ids", "turn_rewards", "turn_anchors")
 
-def register_advantage_estimator(name: str, *, jit: bool = True, overwrite: bool = False):
+#: names (normalised) of the estimators that take :data:`TURN_INPUTS`
+_TURN_LEVEL: set[str] = set()
+
+
+def register_advantage_estimator(name: str, *, jit: bool = True, overwrite: bool = False,
+                                 static: tuple[str, ...] = (), turn_level: bool = False):
     """Decorator: register an estimator under ``name`` (jitted with the standard
-    static options unless ``jit=False``). The function must accept the keyword-only
-    signature of :func:`compute_advantages` (unused options may be ignored)."""
+    static options, plus ``static`` names of its own scalar options, unless
+    ``jit=False``). The function must accept the keyword-only signature of
+    :func:`compute_advantages` (unused options may be ignored). ``turn_level``: it
+    also takes the per-turn arrays :data:`TURN_INPUTS` (callers pass them only to
+    such estimators)."""
 
     def deco(fn: Callable) -> Callable:
-        f = jax.jit(fn, static_argnames=_STATIC) if jit else fn
+        f = jax.jit(fn, static_argnames=_STATIC + tuple(static)) if jit else fn
         ADVANTAGE_ESTIMATORS.register(name, f, overwrite=overwrite)
+        if turn_level:
+            _TURN_LEVEL.add(normalize_name(name))
         return f
 
     return deco
+
+
+def is_turn_level(name: str) -> bool:
+    """Whether estimator ``name`` takes the per-turn arrays (:data:`TURN_INPUTS`)."""
+    return normalize_name(name) in _TURN_LEVEL
 
 
 def get_advantage_estimator(name: str) -> Callable[..., AdvantageOutput]:
@@ -110,11 +130,16 @@ def compute_advantages(
     whiten: bool = True,
     method: str = "auto",
     chunk: int = 64,
+    turn_ids: Array | None = None,
+    turn_rewards: Array | None = None,
+    turn_anchors: Array | None = None,
+    **options,
 ) -> AdvantageOutput:
     """Single entry point: ``compute_advantages(cfg.adv_estimator, rewards=..., ...)``.
 
     Args:
-      name: ``gae | grpo | dr_grpo | rloo | reinforce_pp | reinforce_pp_baseline``
+      name: ``gae | grpo | dr_grpo | rloo | reinforce_pp | reinforce_pp_baseline |
+        gigpo``
         (aliases: ``reinforce_plus_plus``, ``reinforce_plus_plus_baseline``,
         ``drgrpo``) or any name added with :func:`register_advantage_estimator`.
       rewards: ``[B]`` outcome scores.
@@ -122,7 +147,8 @@ def compute_advantages(
       group_ids: ``[B]`` int task ids (group estimators).
       values: ``[B, T]`` critic values (``gae``).
       token_rewards: ``[B, T]`` optional per-token rewards (added on generated tokens).
-      gamma: discount per generated token (``gae``, ``reinforce_pp``).
+      gamma: discount per generated token (``gae``, ``reinforce_pp``); per turn
+        (``gigpo``).
       lam: GAE lambda.
       eps: ``grpo`` std epsilon: ``(R - mean) / (std + eps)``.
       whiten: whiten advantages over the batch's masked tokens (``gae``,
@@ -131,11 +157,18 @@ def compute_advantages(
         ``auto | blocked | associative | scan | pallas`` (see :data:`GAE_METHODS`;
         ``auto`` = ``scan`` on CPU, ``blocked`` on GPU/TPU).
       chunk: chunk length of the blocked scan.
+      turn_ids, turn_rewards, turn_anchors: per-turn inputs of the turn-level
+        estimators (``gigpo``; :data:`TURN_INPUTS`); ignored by the others, so a
+        caller may always pass what its batch holds.
+      options: the estimator's own static options (``gigpo``: ``omega``,
+        ``norm_std``).
 
     Returns:
       ``AdvantageOutput(advantages [B, T], returns [B, T])`` (float32).
     """
     fn = get_advantage_estimator(name)
+    if is_turn_level(name):
+        options.update(turn_ids=turn_ids, turn_rewards=turn_rewards, turn_anchors=turn_anchors)
     return fn(
         rewards=rewards,
         loss_mask=loss_mask,
@@ -148,6 +181,7 @@ def compute_advantages(
         whiten=whiten,
         method=method,
         chunk=chunk,
+        **options,
     )
 
 

@@ -23,8 +23,8 @@ from typing import Any, Mapping
 import jax
 import numpy as np
 
-from agentrl_jax.algorithms import (aggregation_weights, compute_advantages, kl_estimate,
-                                    kl_penalized_token_rewards)
+from agentrl_jax.algorithms import (TURN_INPUTS, aggregation_weights, compute_advantages,
+                                    kl_estimate, kl_penalized_token_rewards)
 from agentrl_jax.learner.metrics import batch_stats, reduce_step_metrics
 from agentrl_jax.learner.optim import optimizer_step_count
 from agentrl_jax.learner.packing import PackPlan, pack, plan_packing, segment_layout, unpack
@@ -119,10 +119,11 @@ class PackedUpdate:
         if batch.get("advantages") is not None:
             adv = np.asarray(batch["advantages"], np.float32)
         else:
+            turns = {k: np.asarray(batch[k]) for k in TURN_INPUTS if batch.get(k) is not None}
             out = compute_advantages(
                 cfg.advantage_estimator, rewards=np.asarray(batch["reward"], np.float32),
                 loss_mask=mask, group_ids=np.asarray(batch["group_id"]),
-                token_rewards=token_rewards, gamma=cfg.gamma, lam=cfg.lam,
+                token_rewards=token_rewards, gamma=cfg.gamma, lam=cfg.lam, **turns,
                 **cfg.advantage_kwargs)
             adv = to_host(out.advantages).astype(np.float32)
 

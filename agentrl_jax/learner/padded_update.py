@@ -19,7 +19,8 @@ from typing import Any
 import jax
 import numpy as np
 
-from agentrl_jax.algorithms import compute_advantages, kl_estimate, kl_penalized_token_rewards
+from agentrl_jax.algorithms import (TURN_INPUTS, compute_advantages, is_turn_level, kl_estimate,
+                                    kl_penalized_token_rewards)
 from agentrl_jax.learner.jit_cache import cached
 from agentrl_jax.learner.metrics import batch_stats, reduce_step_metrics
 from agentrl_jax.learner.optim import optimizer_step_count
@@ -34,6 +35,11 @@ Batch = Any
 
 def _as_np(x, dtype) -> np.ndarray:
     return to_host(x).astype(dtype, copy=False)
+
+
+def _turn_inputs(hb: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The per-turn arrays of a turn-level estimator (GiGPO) that ``hb`` holds."""
+    return {k: hb[k] for k in TURN_INPUTS if k in hb}
 
 
 class PaddedUpdate:
@@ -58,7 +64,11 @@ class PaddedUpdate:
         first_pad_group = None
         if local and "group_id" in batch and "advantages" not in batch:
             first_pad_group = self._agree_groups(batch["group_id"], rows_local)
-        hb = self._pad(batch, rows_local, cols, first_pad_group)
+        turn_slots = None  # the turn axis of the per-turn arrays (GiGPO), agreed by processes
+        if is_turn_level(cfg.advantage_estimator) and "advantages" not in batch:
+            k = np.shape(batch["turn_anchors"])[1] if "turn_anchors" in batch else 0
+            turn_slots = agree_max(k) if local else k
+        hb = self._pad(batch, rows_local, cols, first_pad_group, turn_slots)
         m = hb["loss_mask"]
 
         # --- forward-only passes (old / reference logprobs, values)
@@ -98,7 +108,7 @@ class PaddedUpdate:
             out = compute_advantages(
                 cfg.advantage_estimator, rewards=hb["reward"], loss_mask=m,
                 group_ids=hb["group_id"], values=values, token_rewards=token_rewards,
-                gamma=cfg.gamma, lam=cfg.lam, **cfg.advantage_kwargs)
+                gamma=cfg.gamma, lam=cfg.lam, **_turn_inputs(hb), **cfg.advantage_kwargs)
             adv, ret = _as_np(out.advantages, np.float32), _as_np(out.returns, np.float32)
 
         mb_data = {"tokens": hb["tokens"], "attention_mask": hb["attention_mask"],
@@ -231,10 +241,13 @@ class PaddedUpdate:
         first = int(seen.max()) + 1 if seen.size else 0
         return first + jax.process_index() * rows_local
 
-    def _pad(self, batch: Batch, rows: int, cols: int,
-             first_pad_group: int | None = None) -> dict[str, np.ndarray]:
+    def _pad(self, batch: Batch, rows: int, cols: int, first_pad_group: int | None = None,
+             turn_slots: int | None = None) -> dict[str, np.ndarray]:
         """Host arrays padded to ``[rows, cols]`` (zeros; fresh group ids on pad rows, from
-        ``first_pad_group`` or else the batch's largest id + 1)."""
+        ``first_pad_group`` or else the batch's largest id + 1). ``turn_slots``: also the
+        per-turn arrays (``turn_ids [rows, cols]``, ``turn_rewards`` / ``turn_anchors``
+        ``[rows, turn_slots]``), -1 (no turn) on padding; a batch without them (a process's
+        empty share) gets all -1."""
         b, t = np.asarray(batch["tokens"]).shape
         if cols < t:
             raise ValueError(f"batch length {t} exceeds padded length {cols}")
@@ -254,6 +267,16 @@ class PaddedUpdate:
             r = np.zeros((rows,), np.float32)
             r[:b] = np.asarray(batch["reward"], np.float32)
             out["reward"] = r
+        if turn_slots is not None:
+            def pad_turns(key, width, dtype, fill):
+                out = np.full((rows, width), fill, dtype)
+                if batch.get(key) is not None:
+                    x = np.asarray(batch[key]).astype(dtype, copy=False)
+                    out[:b, :x.shape[1]] = x
+                return out
+            out["turn_ids"] = pad_turns("turn_ids", cols, np.int32, -1)
+            out["turn_rewards"] = pad_turns("turn_rewards", turn_slots, np.float32, 0)
+            out["turn_anchors"] = pad_turns("turn_anchors", turn_slots, np.int32, -1)
         if "group_id" in batch:
             g = np.asarray(batch["group_id"]).astype(np.int64)
             start = first_pad_group if first_pad_group is not None else (g.max() + 1 if b else 0)
@@ -272,6 +295,7 @@ class PaddedUpdate:
             args["values"] = values
         if token_rewards is not None:
             args["token_rewards"] = token_rewards
+        args.update(_turn_inputs(hb))
         key = ("advantages", mesh, lr._cfg_key, tuple(sorted(args)))
 
         def build():  # closes over locals only

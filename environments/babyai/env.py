@@ -187,7 +187,18 @@ class BabyAIEnv(TextEnvironment):
             "steps": int(self._env.step_count),
             "invalid_action": invalid,
             "available_actions": self.available_actions(),
+            "state_key": self.state_key(),
         }
+
+    def state_key(self) -> str:
+        """Names the simulator state (equal for equal states of one task): minigrid's own
+        ``hash()`` of the grid (objects, doors), the agent's position and direction, plus what
+        it carries. The step count is not part of it (GiGPO's anchor states, see
+        docs/ALGORITHMS.md)."""
+        env = self._env
+        carrying = env.carrying
+        held = f"{carrying.color} {carrying.type}" if carrying is not None else "-"
+        return f"{env.hash()}|{held}"
 
     def _front(self) -> Any:
         env = self._env

@@ -87,6 +87,7 @@ class TextCraftEnv(TextEnvironment):
             "success": False,
             "steps": 0,
             "invalid_action": False,
+            "state_key": self.state_key(),
         }
         return ResetResult(observation=observation, info=info)
 
@@ -159,4 +160,11 @@ class TextCraftEnv(TextEnvironment):
         return "Inventory: " + " ".join(f"[{item_name(k)}] ({v})" for k, v in self._inventory.items())
 
     def _info(self, invalid: bool) -> dict[str, Any]:
-        return {"task_id": self._task_id, "success": self._success, "steps": self._steps, "invalid_action": invalid}
+        return {"task_id": self._task_id, "success": self._success, "steps": self._steps, "invalid_action": invalid,
+                "state_key": self.state_key()}
+
+    def state_key(self) -> str:
+        """Names the game state within a task: the inventory (sorted), the only thing actions change
+        (the goal and the crafting commands are the task's). The step count is not part of it
+        (GiGPO's anchor states, see docs/ALGORITHMS.md)."""
+        return ";".join(f"{k}={v}" for k, v in sorted(self._inventory.items())) or "empty"
