@@ -81,7 +81,8 @@ class ActorPool:
         self.prompt_style, self.response_prefix = prompt_style, response_prefix
 
     def _episode(self, task: TaskRef, group_id: int, sample_index: int, horizon: int,
-                 policy_version: int, seed: int | None) -> Episode:
+                 policy_version: int, seed: int | None,
+                 version_fn: Callable[[], int] | None = None) -> Episode:
         if task.env not in self.env_clients:
             raise KeyError(f"no environment client for {task.env!r} "
                            f"(have {sorted(self.env_clients)})")
@@ -96,22 +97,27 @@ class ActorPool:
                        task_id=task.task_id, group_id=group_id, sample_index=sample_index,
                        horizon=horizon, sampling=sampling, max_context=self.max_context,
                        policy_version=policy_version, env_errors=self.env_errors,
-                       prompt_style=self.prompt_style, response_prefix=self.response_prefix)
+                       prompt_style=self.prompt_style, response_prefix=self.response_prefix,
+                       version_fn=version_fn)
 
     def episodes_for(self, tasks: Sequence[TaskRef], n_samples: int, horizon: int,
-                     policy_version: int = 0, seed: int | None = None) -> list[Episode]:
-        return [self._episode(task, g, i, horizon, policy_version, seed)
+                     policy_version: int = 0, seed: int | None = None,
+                     version_fn: Callable[[], int] | None = None) -> list[Episode]:
+        return [self._episode(task, g, i, horizon, policy_version, seed, version_fn)
                 for g, task in enumerate(tasks) for i in range(n_samples)]
 
     async def collect(self, tasks: Sequence[TaskRef], n_samples: int, horizon: int,
                       policy_version: int = 0, seed: int | None = None, lockstep: bool = False,
-                      progress: Callable[[Trajectory], None] | None = None
+                      progress: Callable[[Trajectory], None] | None = None,
+                      version_fn: Callable[[], int] | None = None
                       ) -> tuple[list[Trajectory], RolloutStats]:
         """Run ``n_samples`` episodes of each task; trajectories come back in (group, sample)
-        order, failed ones included (``Trajectory.ok`` is False for them)."""
+        order, failed ones included (``Trajectory.ok`` is False for them). ``policy_version``:
+        the weights version at the start; ``version_fn``: the version served now, read before
+        every turn (weights that change mid-rollout; each turn records its version)."""
         start = time.monotonic()
         progress = progress or self.progress
-        episodes = self.episodes_for(tasks, n_samples, horizon, policy_version, seed)
+        episodes = self.episodes_for(tasks, n_samples, horizon, policy_version, seed, version_fn)
         if lockstep:
             await self._run_lockstep(episodes, progress)
         else:

@@ -32,11 +32,17 @@ class Episode:
                  group_id: int, sample_index: int, horizon: int, sampling: SamplingParams,
                  max_context: int, policy_version: int, seed: int | None = None,
                  env_errors: tuple[type[BaseException], ...] = (Exception,),
-                 prompt_style: str = "react", response_prefix: str = ""):
+                 prompt_style: str = "react", response_prefix: str = "",
+                 version_fn: Callable[[], int] | None = None):
+        """``version_fn``: the weights version the backend serves now, read when a turn starts
+        (default: ``policy_version`` throughout). Weights only get newer, so that is the oldest
+        version any token of the turn can come from, also when they change mid-turn; it is
+        the turn's entry of ``trajectory.turn_versions``."""
         self.env_client, self.backend, self.formatter, self.parser = (env_client, backend,
                                                                      formatter, parser)
         self.sampling, self.max_context, self.horizon = sampling, max_context, horizon
         self.seed = seed
+        self.version_fn = version_fn
         self.env_errors = env_errors
         self.prompt_style = prompt_style
         # Text that opens every assistant turn (e.g. "Action:"): part of the prompt side of the
@@ -102,6 +108,7 @@ class Episode:
         sampling = dataclasses.replace(self.sampling,
                                        max_new_tokens=min(self.sampling.max_new_tokens, room),
                                        seed=self.turn_seed(traj.num_turns))
+        version = self.version_fn() if self.version_fn is not None else traj.policy_version
         try:
             result = await self.backend.generate(list(traj.token_ids), sampling,
                                                  session_id=self.session_id)
@@ -116,6 +123,7 @@ class Episode:
                     logprobs=[float(x) for x in result.output_logprobs])
         traj.num_turns += 1
         traj.turn_states.append(self._state)
+        traj.turn_versions.append(version)
         self._last_generated = list(result.output_ids)
         text = self.response_prefix + self.formatter.decode(result.output_ids)
         traj.messages.append({"role": "assistant", "content": text})

@@ -40,6 +40,10 @@ class Trajectory:
     turn_ids [T]: the turn index of each id (-1 for the prompt).
     turn_states [num_turns]: the anchor state (``anchor_state``) each turn acted from.
     reward: the episode's total environment reward (the outcome score trained on).
+    policy_version: the weights version (learner updates done) the episode started with.
+    turn_versions [num_turns]: the weights version of each assistant turn: the oldest version
+      that produced any of its tokens (weights can change mid-episode, even mid-turn, when a
+      rollout overlaps an update). ``oldest_version`` decides staleness.
     """
 
     env: str
@@ -62,12 +66,24 @@ class Trajectory:
     invalid_actions: int = 0
     horizon: int = 0
     policy_version: int = 0
+    turn_versions: list[int] = dataclasses.field(default_factory=list)
     error: str | None = None
     elapsed_s: float = 0.0
 
     @property
     def ok(self) -> bool:
         return self.status not in ERROR_STATUSES
+
+    @property
+    def oldest_version(self) -> int:
+        """The oldest weights version any turn was generated with (the start version when no
+        turn was generated)."""
+        return min(self.turn_versions) if self.turn_versions else self.policy_version
+
+    @property
+    def mixed_versions(self) -> bool:
+        """Whether the turns come from more than one weights version."""
+        return len(set(self.turn_versions)) > 1
 
     @property
     def num_generated(self) -> int:
