@@ -116,16 +116,18 @@ class MetricsWriter:
     """tensorboardX ``SummaryWriter`` + an optional JSON-lines file; both optional.
 
     ``write(step, metrics)`` logs every finite scalar; non-scalars are skipped.
+    ``purge_step`` (a resumed run): TensorBoard discards the events this logdir already holds
+    at steps >= it (they are logged again).
     """
 
     def __init__(self, logdir: str | None = None, jsonl_path: str | None = None,
-                 flush_secs: int = 30):
+                 flush_secs: int = 30, purge_step: int | None = None):
         self._writer = None
         self._jsonl = None
         if logdir:
             from tensorboardX import SummaryWriter
             os.makedirs(logdir, exist_ok=True)
-            self._writer = SummaryWriter(logdir, flush_secs=flush_secs)
+            self._writer = SummaryWriter(logdir, flush_secs=flush_secs, purge_step=purge_step)
         if jsonl_path:
             os.makedirs(os.path.dirname(os.path.abspath(jsonl_path)), exist_ok=True)
             self._jsonl = open(jsonl_path, "a")

@@ -35,7 +35,7 @@ import numpy as np
 from agentrl_jax.agent.actor_pool import ActorPool, RolloutStats, TaskRef
 from agentrl_jax.agent.trajectory import Trajectory
 from agentrl_jax.algorithms.advantages import is_turn_level
-from agentrl_jax.training import distributed, services
+from agentrl_jax.training import distributed, runlog, services
 from agentrl_jax.training.batching import assemble_batch, informative_groups
 from agentrl_jax.training.evaluation import EvalResult, evaluate, score_trajectories
 from agentrl_jax.training.progress import (BAR, LINES, OFF, EpisodeProgress, TurnCounter,
@@ -215,6 +215,24 @@ class Trainer:
             for t in trajectories:
                 f.write(json.dumps(t.to_json(step)) + "\n")
 
+    def _rewind_logs(self, step: int) -> None:
+        """Rewind this process's per-step logs to checkpoint ``step`` (``training/runlog.py``);
+        the evaluation of ``step`` is dropped too when this session runs it again (the opening
+        evaluation of a run at step 0, the final one of a run killed during it)."""
+        train = self.config.train
+        evaluates = int(train.get("eval_tasks", 0)) > 0
+        redo_eval = evaluates and (
+            step == 0 and bool(train.get("eval_before", False))
+            or step >= int(train.total_steps) and bool(train.get("eval_after", False))
+            and not self.eval_again)
+        suffix = f".process{self.process_index}" if self.multi_process else ""
+        dropped = runlog.rewind_run_logs(self.workdir, step, redo_eval, metrics=self.is_main,
+                                         trajectory_suffix=suffix)
+        if dropped:
+            self._say(f"logs rewound to step {step}: dropped "
+                      + ", ".join(f"{n} rows of {name}" for name, n in dropped.items())
+                      + " (written after that checkpoint; those steps run again)")
+
     # ----------------------------------------------------------------------------- run
     def finished_step(self) -> int | None:
         """The final step if this workdir holds a finished run of this config, else None.
@@ -248,6 +266,7 @@ class Trainer:
 
     async def _run(self) -> dict[str, Any]:
         from agentrl_jax.learner.learner import Learner
+        from agentrl_jax.learner.metrics import MetricsWriter
 
         cfg = self.config
         self._write_config()
@@ -260,14 +279,9 @@ class Trainer:
                 with timed(self._say, f"loading model {cfg.model.name}"
                            + (" (random init)" if cfg.model.get("random_init") else "")):
                     model, tokenizer, model_path = load_policy(cfg)
-                main = self.is_main  # the only process that writes metrics
                 learner = Learner(model, dict(cfg.learner),
                                   checkpoint_dir=os.path.join(self.workdir, "checkpoints"),
-                                  max_to_keep=int(cfg.train.get("keep_checkpoints", 3)),
-                                  log_dir=os.path.join(self.workdir, "tensorboard") if main
-                                  else None,
-                                  metrics_jsonl=os.path.join(self.workdir, "metrics.jsonl")
-                                  if main else None)
+                                  max_to_keep=int(cfg.train.get("keep_checkpoints", 3)))
                 stack.callback(learner.close)
                 self.learner = learner
                 resumed = None
@@ -276,6 +290,14 @@ class Trainer:
                         resumed = learner.restore_latest()
                 start_step = int(resumed["step"]) if resumed else 0
                 self.saved_step = start_step or None
+                # the logs hold each step once: rows the steps after the checkpoint wrote before
+                # a kill are dropped (they are logged again); then the metrics writer opens
+                self._rewind_logs(start_step)
+                if self.is_main:  # the only process that writes metrics
+                    learner.writer = MetricsWriter(
+                        os.path.join(self.workdir, "tensorboard"),
+                        os.path.join(self.workdir, runlog.METRICS_FILE),
+                        purge_step=start_step + 1 if start_step else None)
                 cursor = int(resumed.get("cursor", 0)) if resumed else 0
                 if self.multi_process:  # every process must resume at the same step and tasks
                     seen = distributed.allgather_objects([start_step, cursor])
