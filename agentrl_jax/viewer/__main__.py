@@ -1,0 +1,143 @@
+"""The trajectory viewer's command line.
+
+    python -m agentrl_jax.viewer runs/babyai [runs/other ...]            # serve the page
+    python -m agentrl_jax.viewer runs/babyai --export out.html --status done --limit 20
+    python -m agentrl_jax.viewer runs/babyai --print --search "pick up" --limit 3
+
+Serving: a local web page at http://127.0.0.1:8765/ (``--host`` / ``--port``; loopback by
+default, nothing fetched from the network) with the runs side by side, the episode browser, one
+episode turn by turn and token by token, and the before / after comparison; it follows runs that
+are still training. ``--export FILE.html`` writes one self-contained HTML file of the episodes
+chosen by the filter options (of run ``--run``) instead; ``--print`` prints them as text.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import sys
+
+from agentrl_jax.viewer.index import SORT_KEYS, Query, default_cache_dir
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m agentrl_jax.viewer",
+                                description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter,
+                                epilog=__doc__.split("\n\n", 1)[1])
+    p.add_argument("runs", nargs="+", metavar="RUN_DIR", help="run directories (--workdir)")
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default loopback)")
+    p.add_argument("--port", type=int, default=8765, help="port (0: any free port)")
+    p.add_argument("--cache", default=None,
+                   help=f"index cache directory (default {default_cache_dir()})")
+    p.add_argument("--no-cache", action="store_true",
+                   help="keep the index in a temporary directory (rebuilt every start)")
+    p.add_argument("--no-tokenizer", action="store_true",
+                   help="do not load the runs' tokenizers (token view shows ids)")
+    p.add_argument("--poll", type=float, default=1.0,
+                   help="seconds between checks for new episodes (live view)")
+    out = p.add_argument_group("export / print (instead of serving)")
+    out.add_argument("--export", metavar="FILE.html", help="write a self-contained HTML file")
+    out.add_argument("--print", action="store_true", dest="print_text",
+                     help="print the chosen episodes turn by turn")
+    out.add_argument("--run", type=int, default=0, help="which RUN_DIR (0-based)")
+    out.add_argument("--kind", choices=("train", "eval", "other"), action="append")
+    out.add_argument("--env", action="append", help="environment (repeatable)")
+    out.add_argument("--task", help="task id contains this (case-insensitive)")
+    out.add_argument("--status", action="append",
+                     help="done / max_turns / context_limit / env_error / engine_error")
+    out.add_argument("--step-min", type=int)
+    out.add_argument("--step-max", type=int)
+    out.add_argument("--reward-min", type=float)
+    out.add_argument("--reward-max", type=float)
+    out.add_argument("--turns-min", type=int)
+    out.add_argument("--turns-max", type=int)
+    out.add_argument("--success", choices=("yes", "no"))
+    out.add_argument("--invalid", choices=("yes", "no"), help="with / without invalid actions")
+    out.add_argument("--search", help="text in the episode (replies, observations, errors)")
+    out.add_argument("--sort", choices=SORT_KEYS, default="order")
+    out.add_argument("--desc", action="store_true", help="sort descending")
+    out.add_argument("--offset", type=int, default=0)
+    out.add_argument("--limit", type=int, default=50)
+    out.add_argument("--no-tokens", action="store_true", help="export without the token view")
+    return p
+
+
+def query_from_args(a: argparse.Namespace) -> Query:
+    yes_no = {"yes": True, "no": False, None: None}
+    return Query(kinds=tuple(a.kind) if a.kind else None, envs=tuple(a.env) if a.env else None,
+                 task=a.task, statuses=tuple(a.status) if a.status else None,
+                 step_min=a.step_min, step_max=a.step_max, reward_min=a.reward_min,
+                 reward_max=a.reward_max, turns_min=a.turns_min, turns_max=a.turns_max,
+                 success=yes_no[a.success], invalid=yes_no[a.invalid], search=a.search,
+                 sort=a.sort, descending=a.desc, offset=max(a.offset, 0),
+                 limit=max(a.limit, 1))
+
+
+async def serve(viewer, host: str, port: int, poll: float) -> None:
+    from aiohttp import web
+
+    from agentrl_jax.viewer.server import make_app
+
+    runner = web.AppRunner(make_app(viewer, poll_s=poll), access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, host, port)
+    await site.start()
+    bound = runner.addresses[0][1] if runner.addresses else port
+    shown = host if ":" not in host else f"[{host}]"
+    print(f"viewer: http://{shown}:{bound}/  ({len(viewer.runs)} run(s); Ctrl-C stops)",
+          flush=True)
+    try:
+        await asyncio.Event().wait()
+    finally:
+        await runner.cleanup()
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = build_parser().parse_args(argv)
+    missing = [r for r in a.runs if not os.path.isdir(r)]
+    if missing:
+        print(f"not a directory: {', '.join(missing)}", file=sys.stderr)
+        return 2
+    from agentrl_jax.viewer.api import Viewer
+
+    cache = None if a.no_cache else (a.cache or default_cache_dir())
+    viewer = Viewer(a.runs, cache_dir=cache, load_tokenizer=not a.no_tokenizer)
+    try:
+        if a.export or a.print_text:
+            if not 0 <= a.run < len(a.runs):
+                print(f"--run {a.run}: there are {len(a.runs)} run directories", file=sys.stderr)
+                return 2
+            viewer.update()
+            q = query_from_args(a)
+            if a.export:
+                from agentrl_jax.viewer.export import MAX_EPISODES, write_export
+
+                if q.limit > MAX_EPISODES:
+                    print(f"--limit {q.limit}: an export holds at most {MAX_EPISODES}",
+                          file=sys.stderr)
+                    return 2
+                n = write_export(viewer, a.run, q, a.export, tokens=not a.no_tokens)
+                print(f"wrote {n} episodes to {a.export}")
+            if a.print_text:
+                page = viewer.episodes(a.run, q, preview=False)
+                print(f"{page['total']} matching episodes; showing {len(page['rows'])}")
+                for r in page["rows"]:
+                    print()
+                    print(viewer.render(a.run, r["file"], r["row"]))
+            return 0
+        try:
+            asyncio.run(serve(viewer, a.host, a.port, a.poll))
+        except KeyboardInterrupt:
+            print("viewer stopped", file=sys.stderr)
+        except OSError as e:
+            print(f"cannot serve on {a.host}:{a.port}: {e}", file=sys.stderr)
+            return 1
+        return 0
+    finally:
+        viewer.close()
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
