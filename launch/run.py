@@ -85,6 +85,10 @@ def _train(config: Any) -> int:
         if trainer.is_main:
             print(trainer.interrupted_message(), file=sys.stderr, flush=True)
         return EXIT_INTERRUPTED
+    if trainer.is_main:  # report.md + PNG curves in the workdir (never fails the run)
+        from agentrl_jax.training.report import write_report_safely
+
+        write_report_safely(trainer.workdir)
     return 0
 
 
