@@ -69,6 +69,7 @@ def render_html(data: dict[str, Any]) -> str:
 <meta charset="utf-8">
 <meta name="viewport" content="width=device-width, initial-scale=1">
 <title>{html.escape(data['title'])}</title>
+<link rel="icon" href="data:,">
 <style>
 {_static('style.css')}
 </style>

@@ -207,7 +207,8 @@ async def static(request: web.Request) -> web.StreamResponse:
                                      "Cache-Control": "no-cache"})
 
 
-def make_app(viewer: Viewer, index_in_background: bool = True, poll_s: float = 1.0) -> web.Application:
+def make_app(viewer: Viewer, index_in_background: bool = True,
+             poll_s: float = 1.0) -> web.Application:
     """The aiohttp application for ``viewer``. ``index_in_background``: start the indexer
     thread with the app (otherwise call ``viewer.update()`` yourself)."""
     app = web.Application(middlewares=[_errors])
@@ -244,3 +245,48 @@ def make_app(viewer: Viewer, index_in_background: bool = True, poll_s: float = 1
     app.router.add_get("/api/compare", api_compare)
     app.router.add_get("/api/export", api_export)
     return app
+
+
+class BackgroundServer:
+    """The viewer served from a thread of this process (tests, notebooks, scripts):
+
+        with BackgroundServer(viewer) as url:   # http://127.0.0.1:<free port>/
+            ...
+    """
+
+    def __init__(self, viewer: Viewer, host: str = "127.0.0.1", port: int = 0,
+                 poll_s: float = 1.0):
+        self.viewer, self.host, self.port, self.poll_s = viewer, host, port, poll_s
+        self.url: str | None = None
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="viewer-http",
+                                        daemon=True)
+        self._runner: web.AppRunner | None = None
+
+    async def _start(self) -> str:
+        self._runner = web.AppRunner(make_app(self.viewer, poll_s=self.poll_s),
+                                     access_log=None)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, self.host, self.port)
+        await site.start()
+        port = self._runner.addresses[0][1]
+        return f"http://{self.host}:{port}/"
+
+    def start(self) -> str:
+        self._thread.start()
+        self.url = asyncio.run_coroutine_threadsafe(self._start(), self._loop).result(60)
+        return self.url
+
+    def stop(self) -> None:
+        if self._runner is not None:
+            asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self._loop).result(60)
+            self._runner = None
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(10)
+        self._loop.close()
+
+    def __enter__(self) -> str:
+        return self.start()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()
