@@ -4,6 +4,11 @@
 in its own process group, waits until ``GET /health`` answers, and returns a ``ServerProcess``;
 ``stop()`` sends SIGTERM to the whole group (the server closes every instance), then SIGKILL
 after a grace period, so no environment process (a JVM, a browser) outlives it.
+
+``ServerSupervisor`` watches servers started here and restarts one that dies (``restart()``: a
+fresh process on the same port, so clients keep their URL), up to ``max_restarts`` times per
+server; past that it gives up on the server and reports it (``failures``). The sessions a dead
+server held are gone: their episodes end with an ``env_error`` status.
 """
 
 from __future__ import annotations
@@ -15,11 +20,12 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.error
 import urllib.request
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
 _REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -38,13 +44,19 @@ def free_port(host: str = "127.0.0.1") -> int:
 class ServerProcess:
     """A running family server. Use as a context manager or call ``stop()``."""
 
-    def __init__(self, name: str, host: str, port: int, process: subprocess.Popen, log_file) -> None:
+    def __init__(self, name: str, host: str, port: int, process: subprocess.Popen, log_file,
+                 spawn: Callable[[], tuple[subprocess.Popen, object]] | None = None,
+                 startup_timeout: float = 120.0) -> None:
         self.name = name
         self.host = host
         self.port = port
         self.process = process
         self._log_file = log_file
         self._final_log: str | None = None  # the output kept when stop() deletes the log file
+        self._spawn = spawn  # starts the same command again (restart)
+        self._startup_timeout = startup_timeout
+        self.restarts = 0
+        self.previous_exit_codes: list[int | None] = []  # of the processes restart() replaced
 
     @property
     def url(self) -> str:
@@ -109,6 +121,28 @@ class ServerProcess:
             os.unlink(self._log_file.name)
         return self.process.returncode
 
+    def restart(self) -> None:
+        """Replace a dead (or live) server process by a fresh one with the same command on the
+        same port, and wait until it is healthy (``ServerStartError`` otherwise). Whatever the
+        old process group left behind is killed; its sessions are lost."""
+        if self._spawn is None:
+            raise RuntimeError(f"{self.name} server was not started by start_env_server")
+        self._signal_group(signal.SIGKILL)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.process.wait(timeout=5.0)
+        self.previous_exit_codes.append(self.process.returncode)
+        with contextlib.suppress(OSError):
+            self._log_file.close()
+            os.unlink(self._log_file.name)
+        self.process, self._log_file = self._spawn()
+        self._final_log = None
+        self.restarts += 1
+        try:
+            self.wait_healthy(self._startup_timeout)
+        except ServerStartError:
+            self._signal_group(signal.SIGKILL)  # dead for the supervisor's next look
+            raise
+
     def _signal_group(self, sig: int) -> None:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(self.process.pid, sig)
@@ -147,23 +181,117 @@ def start_env_server(
     child_env["PYTHONUNBUFFERED"] = "1"
     if env:
         child_env.update(env)
-    log_file = tempfile.NamedTemporaryFile(prefix=f"envserver-{name}-", suffix=".log", delete=False)
     command = [sys.executable, "-m", f"environments.{name}", "--host", host, "--port", str(port), *extra_args]
     if exit_with_parent:
         command += ["--parent-pid", str(os.getpid())]
-    process = subprocess.Popen(
-        command,
-        stdin=subprocess.DEVNULL,
-        stdout=log_file,
-        stderr=subprocess.STDOUT,
-        env=child_env,
-        cwd=str(_REPO_ROOT),
-        start_new_session=True,  # its own process group: stop() reaches every descendant
-    )
-    server = ServerProcess(name, host, port, process, log_file)
+
+    def spawn() -> tuple[subprocess.Popen, object]:
+        log_file = tempfile.NamedTemporaryFile(prefix=f"envserver-{name}-", suffix=".log", delete=False)
+        process = subprocess.Popen(
+            command,
+            stdin=subprocess.DEVNULL,
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+            env=child_env,
+            cwd=str(_REPO_ROOT),
+            start_new_session=True,  # its own process group: stop() reaches every descendant
+        )
+        return process, log_file
+
+    process, log_file = spawn()
+    server = ServerProcess(name, host, port, process, log_file, spawn=spawn,
+                           startup_timeout=startup_timeout)
     try:
         server.wait_healthy(startup_timeout)
     except BaseException:
         server.stop()
         raise
     return server
+
+
+class ServerSupervisor:
+    """Restarts the servers it watches when they die, up to ``max_restarts`` times each.
+
+    A background thread checks every ``poll_interval`` seconds whether each server's process is
+    alive; a dead one is restarted on its port (``ServerProcess.restart``) while it has
+    restarts left (a failed restart attempt counts as one), otherwise it is given up on and
+    listed in ``failures``. ``on_event`` gets one line per death, restart and give-up (from
+    the supervisor's thread). Stop the supervisor before stopping the servers (``stop()``);
+    as a context manager it starts and stops itself.
+    """
+
+    def __init__(self, servers: Sequence[ServerProcess], max_restarts: int = 3,
+                 poll_interval: float = 0.5, on_event: Callable[[str], None] | None = None) -> None:
+        if max_restarts < 0:
+            raise ValueError(f"max_restarts must be >= 0, got {max_restarts}")
+        self.servers = list(servers)
+        self.max_restarts = max_restarts
+        self.poll_interval = poll_interval
+        self.on_event = on_event
+        self.events: list[str] = []
+        self._failures: dict[int, str] = {}  # index of a given-up server -> why
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    @property
+    def failures(self) -> list[str]:
+        """One line per server that died and could not be restarted (restarts exhausted)."""
+        with self._lock:
+            return list(self._failures.values())
+
+    def start(self) -> ServerSupervisor:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._watch, name="env-server-supervisor", daemon=True)
+            self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+
+    def __enter__(self) -> ServerSupervisor:
+        return self.start()
+
+    def __exit__(self, *exc_info) -> None:
+        self.stop()
+
+    def _event(self, message: str) -> None:
+        self.events.append(message)
+        if self.on_event is not None:
+            with contextlib.suppress(Exception):
+                self.on_event(message)
+
+    def check_once(self) -> None:
+        """One pass over the servers: restart (or give up on) each dead one."""
+        for i, server in enumerate(self.servers):
+            if self._stop.is_set():
+                return
+            if i in self._failures or server.alive():
+                continue
+            code = server.process.returncode
+            if server.restarts >= self.max_restarts:
+                why = (f"{server.name} server {server.url} died (exit code {code}) after "
+                       f"{server.restarts} restart(s); env.max_restarts={self.max_restarts} "
+                       "reached, not restarting it")
+                with self._lock:
+                    self._failures[i] = why
+                self._event(why)
+                continue
+            self._event(f"{server.name} server {server.url} died (exit code {code}); restarting it "
+                        f"(restart {server.restarts + 1} of at most {self.max_restarts})")
+            t0 = time.monotonic()
+            try:
+                server.restart()
+            except (ServerStartError, OSError) as error:
+                self._event(f"{server.name} server {server.url}: restart failed: "
+                            f"{str(error).splitlines()[0]}")
+                continue
+            self._event(f"{server.name} server {server.url} restarted (pid {server.pid}) in "
+                        f"{time.monotonic() - t0:.1f} s")
+
+    def _watch(self) -> None:
+        while not self._stop.wait(self.poll_interval):
+            self.check_once()

@@ -61,6 +61,10 @@ def main(argv: list[str]) -> int:
         print("evaluation interrupted (Ctrl-C); environment servers and rollout engine stopped",
               file=sys.stderr, flush=True)
         return 130
+    if not result.valid:  # errors (dead servers, a failed engine): no success number
+        print(f"evaluation is not a result: {result.describe_failure()}", file=sys.stderr,
+              flush=True)
+        return 3
     print(f"avg@{result.k}={result.avg_at_k:.4f} pass@{result.k}={result.pass_at_k:.4f} "
           f"mean_reward={result.mean_reward:.4f} tasks={result.num_tasks} "
           f"dropped={result.dropped}")

@@ -79,12 +79,18 @@ def _train(config: Any) -> int:
             print(f"run already finished at step {finished} (workdir {trainer.workdir}); "
                   "pass --eval_again to evaluate it again", flush=True)
         return 0
+    from agentrl_jax.training.trainer import EXIT_RUN_FAILED, RunFailure
+
     try:
         trainer.run()
     except KeyboardInterrupt:
         if trainer.is_main:
             print(trainer.interrupted_message(), file=sys.stderr, flush=True)
         return EXIT_INTERRUPTED
+    except RunFailure as failure:  # dead environment servers, env errors, no valid result
+        if trainer.is_main:
+            print(f"run failed: {failure}", file=sys.stderr, flush=True)
+        return EXIT_RUN_FAILED
     if trainer.is_main:  # report.md + PNG curves in the workdir (never fails the run)
         from agentrl_jax.training.report import write_report_safely
 

@@ -26,6 +26,7 @@ def base_config() -> ConfigDict:
     c.env.server_args = ConfigDict()  # <name>: extra server flags, e.g. "--max-sessions 512"
     c.env.replicas = 1
     c.env.timeout = 120.0
+    c.env.max_restarts = 3  # a server started here that dies is restarted this often at most
 
     c.rollout = ConfigDict()
     c.rollout.backend = "embedded"  # embedded | sglang
@@ -79,6 +80,13 @@ def base_config() -> ConfigDict:
     c.train.eval_tasks = 64
     c.train.eval_samples = 4  # k of Avg@k / Pass@k
     c.train.eval_horizon = 20
+    # an evaluation is a result only if at least this share of its tasks was scored (a task is
+    # scored when one of its episodes finished without an environment / engine error)
+    c.train.eval_min_scored = 0.9
+    # stop the run (exit code 3) when more than this share of the episodes of the last
+    # env_error_window rollouts ended with env_error (environment servers failing)
+    c.train.max_env_error_rate = 0.5
+    c.train.env_error_window = 10
 
     # LearnerConfig fields (agentrl_jax/learner/config.py); the paper's GRPO settings.
     c.learner = ConfigDict()

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 log = logging.getLogger(__name__)
 
@@ -31,10 +31,25 @@ def env_names(config: Any) -> list[str]:
 
 
 def start_env_services(config: Any, stack: contextlib.ExitStack) -> dict[str, list[str]]:
-    """URLs per environment: from ``config.env.urls.<name>`` or servers started here."""
-    from environments.launcher import start_env_server
+    """URLs per environment: from ``config.env.urls.<name>`` or servers started here (and
+    supervised: see :func:`start_supervised_env_services`)."""
+    return start_supervised_env_services(config, stack)[0]
+
+
+def start_supervised_env_services(config: Any, stack: contextlib.ExitStack,
+                                  on_event: Callable[[str], None] | None = None
+                                  ) -> tuple[dict[str, list[str]], Any]:
+    """``(urls per environment, supervisor)``. URLs come from ``config.env.urls.<name>`` or
+    from servers started here on loopback; those are watched by an
+    ``environments.launcher.ServerSupervisor`` that restarts a server that dies, on the same
+    port, at most ``config.env.max_restarts`` times per server (its ``failures`` list the
+    servers given up on; ``on_event`` gets a line per death / restart). The supervisor is None
+    when no server was started here. Everything stops when ``stack`` closes (the supervisor
+    first)."""
+    from environments.launcher import ServerSupervisor, start_env_server
 
     urls: dict[str, list[str]] = {}
+    started = []
     configured: Mapping[str, Any] = dict(config.env.get("urls", {}) or {})
     server_args: Mapping[str, Any] = dict(config.env.get("server_args", {}) or {})
     for name in env_names(config):
@@ -49,9 +64,15 @@ def start_env_services(config: Any, stack: contextlib.ExitStack) -> dict[str, li
         for _ in range(replicas):
             server = start_env_server(name, extra_args=[a for arg in extra for a in arg.split()])
             stack.callback(server.stop)
+            started.append(server)
             log.info("started %s environment server at %s", name, server.url)
             urls[name].append(server.url)
-    return urls
+    supervisor = None
+    if started:
+        supervisor = ServerSupervisor(started, max_restarts=int(config.env.get("max_restarts", 3)),
+                                      on_event=on_event or log.warning).start()
+        stack.callback(supervisor.stop)  # before the servers stop (LIFO)
+    return urls, supervisor
 
 
 def make_env_clients(urls: Mapping[str, Sequence[str]], config: Any,

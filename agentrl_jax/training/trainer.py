@@ -21,6 +21,7 @@ its own trajectories to ``trajectories_<kind>.process<i>.jsonl`` (one process:
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import dataclasses
 import json
@@ -33,7 +34,7 @@ from typing import Any
 import numpy as np
 
 from agentrl_jax.agent.actor_pool import ActorPool, RolloutStats, TaskRef
-from agentrl_jax.agent.trajectory import Trajectory
+from agentrl_jax.agent.trajectory import STATUS_ENV_ERROR, Trajectory
 from agentrl_jax.algorithms.advantages import is_turn_level
 from agentrl_jax.training import distributed, runlog, services
 from agentrl_jax.training.batching import assemble_batch, informative_groups
@@ -128,6 +129,18 @@ def checkpoint_steps(checkpoint_dir: str) -> list[int]:
                   and os.path.isdir(os.path.join(checkpoint_dir, n)))
 
 
+class RunFailure(RuntimeError):
+    """The run cannot go on or its result does not count: an environment server died and could
+    not be restarted (``env.max_restarts``), too many episodes ended with ``env_error``
+    (``train.max_env_error_rate`` over ``train.env_error_window`` steps), or the final
+    evaluation scored too few of its tasks (``train.eval_min_scored``). ``launch/run.py``
+    prints the message and exits with :data:`EXIT_RUN_FAILED`."""
+
+
+#: exit code of ``launch/run.py`` for a :class:`RunFailure`
+EXIT_RUN_FAILED = 3
+
+
 def engine_policy(learner: Any, overlap: bool) -> Any:
     """The restored policy for a new embedded engine (a resumed run).
 
@@ -196,6 +209,10 @@ class Trainer:
         self._started = time.time()
         self.learner: Any = None
         self.backend: Any = None
+        self.supervisor: Any = None  # restarts the environment servers started here
+        # (env_error episodes, episodes) of the last train.env_error_window rollouts
+        self._env_errors: collections.deque[tuple[int, int]] = collections.deque(
+            maxlen=int(config.train.get("env_error_window", 10)))
         os.makedirs(self.workdir, exist_ok=True)
         self.schedule = HorizonSchedule.from_config(dict(config.horizon))
         self.history: list[StepRecord] = []
@@ -273,7 +290,8 @@ class Trainer:
         with contextlib.ExitStack() as stack:
             async with contextlib.AsyncExitStack() as astack:
                 with timed(self._say, f"starting environment servers {services.env_names(cfg)}"):
-                    urls = services.start_env_services(cfg, stack)
+                    urls, self.supervisor = services.start_supervised_env_services(
+                        cfg, stack, on_event=lambda line: log.warning("%s", line))
                 self._say(services.describe_urls(urls))
                 clients = services.make_env_clients(urls, cfg, astack)
                 with timed(self._say, f"loading model {cfg.model.name}"
@@ -331,6 +349,7 @@ class Trainer:
                         learner: Any) -> EvalResult:
         t0 = time.monotonic()
         k = int(self.config.train.eval_samples)
+        min_scored = float(self.config.train.get("eval_min_scored", 0.9))
         lo, hi = distributed.share(len(tasks))  # this process's tasks (all of them: one process)
         async with EpisodeProgress((hi - lo) * k, f"eval at step {step}", self.progress_mode,
                                    self.progress_seconds, self._say,
@@ -339,22 +358,62 @@ class Trainer:
                                                   horizon=int(self.config.train.eval_horizon),
                                                   policy_version=step,
                                                   seed=distributed.sampling_seed(self.config.seed),
-                                                  progress=progress)
+                                                  progress=progress, min_scored=min_scored)
         if self.multi_process:
             for t in trajectories:
                 t.group_id += lo
-            result = score_trajectories(distributed.global_records(trajectories), k)
+            result = score_trajectories(distributed.global_records(trajectories), k, min_scored)
         self._log_trajectories(step, trajectories, "eval")
         metrics = result.as_metrics()
         metrics["eval/seconds"] = time.monotonic() - t0
         if learner.writer is not None:
             learner.writer.write(step, metrics)
         self.evals.append((step, result))
+        if not result.valid:
+            log.warning("evaluation at step %d is not a result: %s (train.eval_min_scored=%g)",
+                        step, result.describe_failure(), min_scored)
+            self._say(f"[eval step {step}] NOT A RESULT: {result.describe_failure()}; "
+                      f"{len(trajectories)} episodes in {format_seconds(metrics['eval/seconds'])}")
+            return result
         self._say(f"[eval step {step}] avg@{result.k}={result.avg_at_k:.3f} "
                   f"pass@{result.k}={result.pass_at_k:.3f} over {result.num_tasks} tasks "
                   f"x {k} ({len(trajectories)} episodes, dropped {result.dropped}) in "
                   f"{format_seconds(metrics['eval/seconds'])}")
         return result
+
+    def _check_env_errors(self, step: int, trajectories: list[Trajectory],
+                          stats: RolloutStats) -> None:
+        """Warn about the env_error episodes of ``step``'s rollout; raise ``RunFailure`` when
+        an environment server is dead for good or the env_error rate over the last
+        ``train.env_error_window`` rollouts exceeds ``train.max_env_error_rate``. ``stats``:
+        the global rollout statistics (the same on every process)."""
+        errors = int(stats.statuses.get(STATUS_ENV_ERROR, 0))
+        failed = [t for t in trajectories if t.status == STATUS_ENV_ERROR]
+        if errors:
+            per_env = collections.Counter(t.env for t in failed)
+            log.warning("step %d: %d of %d episodes ended with env_error (%s); first error: %s",
+                        step + 1, errors, stats.episodes,
+                        ", ".join(f"{env} {n}" for env, n in sorted(per_env.items())) or "other "
+                        "processes", failed[0].error if failed else "on another process")
+        self._env_errors.append((errors, int(stats.episodes)))
+        dead = self.supervisor.failures if self.supervisor is not None else []
+        if self.multi_process:
+            dead = [line for lines in distributed.allgather_objects(dead) for line in lines]
+        resume = (f"the same command resumes from the checkpoint of step {self.saved_step}"
+                  if self.saved_step else "the same command starts it again")
+        if dead:
+            raise RunFailure(f"stopped at step {step + 1}: {'; '.join(dead)}; {resume} "
+                             f"(workdir {self.workdir})")
+        total_errors = sum(e for e, _ in self._env_errors)
+        total = sum(n for _, n in self._env_errors)
+        max_rate = float(self.config.train.get("max_env_error_rate", 0.5))
+        if total and total_errors / total > max_rate:
+            raise RunFailure(
+                f"stopped at step {step + 1}: {total_errors} of {total} episodes of the last "
+                f"{len(self._env_errors)} rollout(s) ended with env_error (rate "
+                f"{total_errors / total:.2f} > train.max_env_error_rate={max_rate:g}); last "
+                f"error: {failed[-1].error if failed else 'on another process'}; {resume} "
+                f"(workdir {self.workdir})")
 
     @staticmethod
     async def _cancel(task: asyncio.Future) -> None:
@@ -457,6 +516,7 @@ class Trainer:
                                          "rollout/mixed_version_episodes": float(mixed),
                                          "rollout/flat_groups_skipped": float(flat_groups)}
             metrics.update(stats.as_metrics())
+            self._check_env_errors(step, trajectories, stats)
             if trainable:
                 if self.multi_process:  # this process's rows (none: an empty share)
                     batch = (assemble_batch(ok, pad_id=int(cfg.model.get("pad_id", 0))) if ok
@@ -518,7 +578,13 @@ class Trainer:
         if self.saved_this_session:
             with timed(self._say, "finishing checkpoint writes"):
                 learner.wait()
-        return self._summary(start_step, last_step)
+        summary = self._summary(start_step, last_step)
+        final = self.evals[-1] if self.evals else None
+        if final is not None and final[0] == last_step and not final[1].valid:
+            raise RunFailure(f"the evaluation at step {last_step} is not a result: "
+                             f"{final[1].describe_failure()}; the same command evaluates it "
+                             f"again (workdir {self.workdir})")
+        return summary
 
     async def _update(self, learner: Any, batch: Any, process_local: bool) -> dict[str, float]:
         """``learner.update`` in a worker thread; the first one of this process compiles the
@@ -573,10 +639,16 @@ class Trainer:
         summary["sessions"] = [self._session_record(start_step, total)]
         # finished: trained to total_steps with the final evaluation (if any) done; started
         # again, such a run says so and exits (launch/run.py, Trainer.finished_step)
-        if total >= int(self.config.train.total_steps):
+        final_eval = self.evals[-1][1] if self.evals and self.evals[-1][0] == total else None
+        if final_eval is not None and not final_eval.valid:
+            summary["final_eval_invalid"] = final_eval.describe_failure()
+        elif total >= int(self.config.train.total_steps):
             summary["finished_step"] = total
         if self.is_main:  # merged with what earlier sessions of this workdir wrote
+            invalid = "final_eval_invalid" in summary
             summary = merge_summary(read_summary(self.workdir), summary)
+            if not invalid:  # an earlier session's invalid final evaluation was redone
+                summary.pop("final_eval_invalid", None)
             write_json_atomic(os.path.join(self.workdir, SUMMARY_FILE), summary)
         lines = [f"run finished: steps {start_step}->{total}, final horizon "
                  f"{summary['final_horizon']}"]
@@ -585,7 +657,8 @@ class Trainer:
                          f"{summary['last_reward']:.3f}; {summary['mean_step_seconds']:.1f} s/step")
         for step, r in self.evals:
             lines.append(f"  eval @ step {step}: avg@{r.k}={r.avg_at_k:.3f} "
-                         f"pass@{r.k}={r.pass_at_k:.3f} ({r.num_tasks} tasks)")
+                         f"pass@{r.k}={r.pass_at_k:.3f} ({r.num_tasks} tasks)" if r.valid else
+                         f"  eval @ step {step}: not a result: {r.describe_failure()}")
         lines.append(f"  outputs: {self.workdir} (checkpoints/, tensorboard/, metrics.jsonl, "
                      "trajectories_*.jsonl, summary.json)")
         self._say("\n".join(lines))
