@@ -72,16 +72,17 @@ def dtype_bytes(dtype: str) -> int:
 
 
 # --------------------------------------------------------------------------------- engine
-def bench_engine(model, cfg, args, batch_prompts) -> dict[str, Any]:
+def bench_engine(model, cfg, args, batch_prompts, decode_attention: str = "auto"
+                 ) -> dict[str, Any]:
     from agentrl_jax.rollout.base import SamplingParams
     from agentrl_jax.rollout.engine import Engine, EngineConfig
 
-    max_length = args.prompt_len + args.new_tokens
+    max_length = args.max_length or (args.prompt_len + args.new_tokens)
     chunk = 1 << (args.prompt_len - 1).bit_length()
     config = EngineConfig(max_batch=args.batch, max_length=max_length, dtype=args.dtype,
                           decode_steps=args.decode_steps, prefill_chunks=(chunk,),
                           prefill_tokens=max(chunk, args.prefill_tokens),
-                          kv_layout=args.kv_layout)
+                          kv_layout=args.kv_layout, decode_attention=decode_attention)
     t0 = time.perf_counter()
     engine = Engine(model, config)
     compile_s = time.perf_counter() - t0
@@ -109,6 +110,7 @@ def bench_engine(model, cfg, args, batch_prompts) -> dict[str, Any]:
     decode_s = after["decode_time_s"] - before["decode_time_s"]
     slot_steps = after["decode_slot_steps"] - before["decode_slot_steps"]
     return {"tokens_per_s": generated / wall, "wall_s": wall, "generated_tokens": generated,
+            "decode_attention": engine.decode_attention,
             "compile_s": compile_s, "decode_steps": steps,
             "decode_calls": after["decode_calls"] - before["decode_calls"],
             "decode_step_ms": 1e3 * decode_s / max(steps, 1),
@@ -297,6 +299,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--kv-layout", choices=["bksd", "bskd"], default="bksd",
                    help="engine KV cache: head-major (default) or the model's own layout")
     p.add_argument("--prefill-tokens", type=int, default=8192)
+    p.add_argument("--decode-attention", default="auto",
+                   help="comma list of the engine's decode attentions to run side by side: "
+                        "auto, ragged, dense (e.g. dense,ragged)")
+    p.add_argument("--max-length", type=int, default=0,
+                   help="KV-cache row length (default prompt + new tokens); an RL engine "
+                        "allocates the whole episode context, e.g. 4096")
     p.add_argument("--bandwidth", type=float, default=3.0e12, help="bytes/s for the roofline")
     p.add_argument("--sessions", type=int, default=None)
     p.add_argument("--turns", type=int, default=10)
@@ -324,7 +332,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     report: dict[str, Any] = {
         "shape": args.shape, "config": {k: getattr(args, k) for k in (
             "batch", "prompt_len", "new_tokens", "temperature", "dtype", "decode_steps",
-            "prefill_tokens", "bandwidth", "kv_layout")},
+            "prefill_tokens", "bandwidth", "kv_layout", "decode_attention", "max_length")},
         "num_parameters": cfg.num_parameters, "device": f"{device.platform}:{device.device_kind}",
         "jax_version": jax.__version__, "host": platform.node(),
         "init_s": time.perf_counter() - t0}
@@ -334,9 +342,16 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
           f"{args.batch}, prompt {args.prompt_len}, new {args.new_tokens}, on "
           f"{report['device']}", flush=True)
     if "engine" not in skip:
-        report["engine"] = bench_engine(model, cfg, args, batch_prompts)
-        report["roofline"] = roofline(cfg, args, report["engine"])
-        print(f"engine done: {report['engine']['tokens_per_s']:.0f} tok/s", flush=True)
+        for i, variant in enumerate(args.decode_attention.split(",")):
+            key = "engine" if i == 0 else f"engine_{variant}"
+            report[key] = bench_engine(model, cfg, args, batch_prompts, variant)
+            report["roofline" if i == 0 else f"roofline_{variant}"] = roofline(
+                cfg, args, report[key])
+            print(f"engine ({report[key]['decode_attention']} decode attention) done: "
+                  f"{report[key]['tokens_per_s']:.0f} tok/s, decode step "
+                  f"{report[key]['decode_step_ms']:.3f} ms "
+                  f"({report['roofline' if i == 0 else f'roofline_{variant}']['ratio_to_roofline']:.2f}x "
+                  f"roofline)", flush=True)
     if "naive" not in skip:
         report["naive_jax"] = bench_naive(model, cfg, args, batch_prompts)
         print(f"naive done: {report['naive_jax']['tokens_per_s']:.0f} tok/s", flush=True)
