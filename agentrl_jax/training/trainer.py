@@ -61,8 +61,10 @@ def load_policy(config: Any):
 
         path = resolve_model_path(mc.name)
         tokenizer = load_tokenizer(path)
-        shape = dict(random_init)
-        cfg = ModelConfig(vocab_size=len(tokenizer), eos_token_id=tokenizer.eos_token_id,
+        # the tokenizer's vocabulary unless the shape names its own (a larger one: ids past
+        # the tokenizer decode to nothing, as for a benchmark of a bigger model's shape)
+        shape = {"vocab_size": len(tokenizer), **dict(random_init)}
+        cfg = ModelConfig(eos_token_id=tokenizer.eos_token_id,
                           pad_token_id=tokenizer.pad_token_id,
                           bos_token_id=tokenizer.bos_token_id, dtype=mc.get("dtype", "float32"),
                           **shape)
@@ -335,6 +337,12 @@ class Trainer:
                     backend = services.make_backend(cfg, policy, tokenizer, model_path)
                 astack.push_async_callback(services.close_backend, backend)
                 self._say(services.describe_backend(backend))
+                if resumed and cfg.rollout.backend != "embedded":
+                    # SGLang servers outlive the trainer: they still serve whatever was synced
+                    # last (possibly a step after the checkpoint, or the base model)
+                    with timed(self._say, f"loading the step-{start_step} weights into the "
+                                          "rollout servers"):
+                        await self._sync_weights(backend, learner, start_step)
                 astack.push_async_callback(self._cancel_rollouts)  # runs first (LIFO)
                 self.backend = backend
                 self.turn_counter = TurnCounter(backend)
