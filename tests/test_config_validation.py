@@ -141,3 +141,26 @@ def test_run_py_refuses_a_bad_config_before_starting_anything(tmp_path):
     assert "starting environment servers" not in proc.stdout and proc.stdout == ""
     assert not workdir.exists()  # nothing was started or written
     assert seconds < 15, seconds  # ~1.8 s on the 2-core VM (Python + jax import)
+
+
+def test_random_init_shapes_are_checked_by_the_model_configs_field_types():
+    """A real model shape (strings, floats, booleans) is valid; bad sizes, types and unknown
+    keys are each reported (the paper-scale benchmark config uses such a shape)."""
+    import sys
+
+    from agentrl_jax.training.validate import config_problems
+
+    sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parents[1]))
+    from experiments.paper_scale_7b import get_config
+
+    config = get_config()
+    assert config_problems(config) == []
+    config.model.random_init.num_layers = 0
+    config.model.random_init.qk_norm = 1
+    config.model.random_init.bogus = 3
+    problems = config_problems(config)
+    assert any(p.startswith("model.random_init.num_layers: must be an integer >= 1")
+               for p in problems)
+    assert any(p.startswith("model.random_init.qk_norm: must be true or false") for p in problems)
+    assert any(p.startswith("model.random_init.bogus: is not a ModelConfig field")
+               for p in problems)

@@ -163,9 +163,26 @@ def _check_model(c: _Checker) -> None:
              required=False)
     random_init = _get(m, "random_init")
     if random_init:
+        import dataclasses
+
+        from agentrl_jax.models.config import ModelConfig
+
+        fields = {f.name: f for f in dataclasses.fields(ModelConfig)}
         for key, value in dict(random_init).items():
-            if not _is_int(value) or value < 1:
-                c.bad(f"model.random_init.{key}", f"must be an integer >= 1 (got {value!r})")
+            field = fields.get(key)
+            kind = None if field is None else str(field.type)  # "int", "bool", "float", ...
+            where = f"model.random_init.{key}"
+            if field is None:
+                c.bad(where, "is not a ModelConfig field (known: " + ", ".join(sorted(fields))
+                      + ")")
+            elif kind == "bool" and not isinstance(value, bool):
+                c.bad(where, f"must be true or false (got {value!r})")
+            elif kind == "int" and (not _is_int(value) or value < 1):
+                c.bad(where, f"must be an integer >= 1 (got {value!r})")
+            elif kind == "float" and (not _is_num(value) or value <= 0):
+                c.bad(where, f"must be a number > 0 (got {value!r})")
+            elif kind == "str" and not isinstance(value, str):
+                c.bad(where, f"must be a string (got {value!r})")
 
 
 def _check_env(c: _Checker) -> None:
