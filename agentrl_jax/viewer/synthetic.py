@@ -105,12 +105,21 @@ def write_synthetic_run(run_dir: str, train_episodes: int, eval_steps: tuple[int
                         eval_tasks: int = 8, eval_samples: int = 2, seed: int = 0,
                         group_size: int = 4, horizon: int = 6,
                         encode: Callable[[str], list[int]] | None = None,
-                        episode_kwargs: dict | None = None, config: dict | None = None) -> str:
+                        episode_kwargs: dict | None = None, config: dict | None = None,
+                        fast_json: bool = False) -> str:
     """Write a synthetic run to ``run_dir`` and return it: ``train_episodes`` training episodes
     (groups of ``group_size``, 2 environments, ``group_size x 4`` episodes per step), an
     evaluation of ``eval_tasks x eval_samples`` episodes at each of ``eval_steps``, a metrics
-    row per step and per evaluation, ``config.json`` and ``summary.json``."""
+    row per step and per evaluation, ``config.json`` and ``summary.json``. ``fast_json``: write
+    the episode lines with orjson (the same JSON without spaces; 10x faster for big runs)."""
     rng = random.Random(seed)
+    if fast_json:
+        import orjson
+
+        def dumps(x: dict) -> str:
+            return orjson.dumps(x).decode()
+    else:
+        dumps = json.dumps
     os.makedirs(run_dir, exist_ok=True)
     kw = dict(episode_kwargs or {})
     per_step = group_size * 4
@@ -127,7 +136,7 @@ def write_synthetic_run(run_dir: str, train_episodes: int, eval_steps: tuple[int
                     if n == train_episodes:
                         break
                     ep = make_episode(rng, env, task, g, s, step, horizon, encode, **kw)
-                    f.write(json.dumps(ep) + "\n")
+                    f.write(dumps(ep) + "\n")
                     n += 1
     evals = {}
     with open(os.path.join(run_dir, "trajectories_eval.jsonl"), "w") as f:
@@ -139,7 +148,7 @@ def write_synthetic_run(run_dir: str, train_episodes: int, eval_steps: tuple[int
                         else f"textcraft/test-{task_i}")
                 for s in range(eval_samples):
                     ep = make_episode(rng, env, task, task_i, s, step, horizon, encode, **kw)
-                    f.write(json.dumps(ep) + "\n")
+                    f.write(dumps(ep) + "\n")
                     total += 1
                     ok += bool(ep["success"] or ep["reward"] > 0)
             evals[str(step)] = {"k": eval_samples, "num_tasks": eval_tasks,
