@@ -4,15 +4,19 @@ update, and the latency of result pages and episode views through its HTTP API.
     python benchmarks/viewer_index.py --episodes 100000 --dir /tmp/viewer_bench --out result.json
 
 Writes a synthetic run (``agentrl_jax/viewer/synthetic.py``: the trainer's record layout,
-system prompt 250 words, observations 50 words, up to 10 turns (~20 kB a line), fake token ids and log-probabilities) unless ``--dir`` already
-holds one of that size, then measures (wall clock, this machine):
+system prompt 250 words, observations 50 words, up to 10 turns (~18 kB a line), fake token ids
+and log-probabilities) unless ``--dir`` already holds one of that size, then measures (wall
+clock, this machine):
 
 * ``build_s``: a cold index build of every trajectory file (no cache);
 * ``reload_s``: a new process's index from the on-disk cache (nothing to parse);
 * ``append_1000_s``: indexing 1,000 episodes appended to the training file (the live view);
 * per query: the first answer (``first_ms``: filter + sort computed) and the median of 10
   repeats (``median_ms``: the sorted result cached, the page read from the file by offset),
-  through ``GET /api/episodes`` (page of 50 with previews) or ``/api/episode``.
+  through ``GET /api/episodes`` (page of 50 with previews) or ``/api/episode``;
+* ``--browser``: in headless Chromium, the time from a user action (open the list, next / last
+  page, a status filter, a sort, a typed search, open an episode, its token view) to the new
+  content on screen.
 """
 
 from __future__ import annotations
@@ -54,12 +58,66 @@ def fetch_ms(url: str) -> tuple[float, int]:
     return 1000 * (time.perf_counter() - t0), len(body)
 
 
+def browser_timings(url: str, repeats: int = 3) -> list[dict]:
+    """Milliseconds from a user action to the new content rendered, measured inside the page
+    (``performance.now()``; the page marks the end of every render), in headless Chromium."""
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from viewer_screenshots import browser
+
+    driver = browser(1360, 900)
+    driver.set_script_timeout(600)
+    rendered = "document.body.dataset.rendered !== before"
+    actions = (  # (name, JavaScript doing it, JavaScript condition: done)
+        ("open the episode list", "location.hash = '#episodes?run=0'",
+         rendered + " && document.getElementById('range')"),
+        ("next page", "document.querySelectorAll('.pager button')[2].click()", rendered),
+        ("last page", "document.querySelectorAll('.pager button')[3].click()", rendered),
+        ("status filter 'done'",
+         "document.querySelector('input[name=status][value=done]').click()", rendered),
+        ("sort by reward, descending",
+         "const f = document.querySelector('form.filters'); f.elements.sort.value = 'reward';"
+         "f.elements.order.value = 'desc'; f.dispatchEvent(new Event('change'))", rendered),
+        ("text search 'locked door'",
+         "const q = document.querySelector('input[name=q]'); q.value = 'locked door';"
+         "q.dispatchEvent(new Event('change', {bubbles: true}))", rendered),
+        ("open an episode (turns)", "document.querySelector('table.list tbody tr').click()",
+         rendered + " && document.querySelector('.turn[data-turn]')"),
+        ("its token view", "document.querySelector('.tabs button[data-tab=tokens]').click()",
+         rendered + " && document.querySelector('#tokens .tok')"),
+    )
+    results = []
+    try:
+        for _ in range(repeats):
+            driver.get(url + "#runs")
+            time.sleep(1.0)
+            for name, action, cond in actions:
+                ms = driver.execute_async_script(
+                    "const done = arguments[arguments.length - 1];"
+                    "const before = document.body.dataset.rendered; const t0 = performance.now();"
+                    f"{action};"
+                    f"(function check() {{ if ({cond}) done(performance.now() - t0);"
+                    " else setTimeout(check, 1); })();")
+                results.append({"action": name, "ms": ms})
+    finally:
+        driver.quit()
+    summary = []
+    for name, _, _ in actions:
+        ms = [r["ms"] for r in results if r["action"] == name]
+        # the first round computes every filter / sort / search; later rounds hit the caches
+        summary.append({"action": name, "first_ms": ms[0], "median_ms": statistics.median(ms)})
+        print(f"browser: {name:36s} first {ms[0]:7.0f} ms   median {statistics.median(ms):7.0f}"
+              " ms", flush=True)
+    return summary
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--episodes", type=int, default=100_000)
     p.add_argument("--dir", default=None, help="run directory (default: a temporary one)")
     p.add_argument("--out", default=None, help="write the numbers as JSON here")
     p.add_argument("--repeats", type=int, default=10)
+    p.add_argument("--browser", action="store_true",
+                   help="also time the page in headless Chromium (paging, a filter, a search)")
     a = p.parse_args(argv)
     run = a.dir or tempfile.mkdtemp(prefix="viewer_bench_")
     train = os.path.join(run, "trajectories_train.jsonl")
@@ -107,6 +165,8 @@ def main(argv: list[str] | None = None) -> int:
                             "max_ms": max(rest), "bytes": size})
             print(f"{name:48s} first {first:8.1f} ms   median {statistics.median(rest):7.1f} ms"
                   f"   ({size / 1e3:.0f} kB)", flush=True)
+        if a.browser:
+            out["browser"] = browser_timings(url)
         # the live view: 1,000 new episodes appended, then indexed
         import random
         rng = random.Random(1)

@@ -99,10 +99,11 @@ def open_view(driver, url: str, hash_: str) -> None:
 
 
 def range_total(driver) -> int | None:
-    els = driver.find_elements(By.ID, "range")
-    if not els:
+    text = driver.execute_script(  # (re-rendered elements go stale: read it in the page)
+        "const e = document.getElementById('range'); return e ? e.textContent : null")
+    if text is None:
         return None
-    text = els[0].text  # "1–50 of 360 episodes" or "0 episodes"
+    # "1–50 of 360 episodes" or "0 episodes"
     return int(text.split(" of ")[1].split()[0]) if " of " in text else 0
 
 

@@ -75,7 +75,8 @@ async def test_pages_match_the_index_and_the_files(client, run_dir):
     status, metrics = await get(c, "/api/metrics?run=0")
     reward = next(p for p in metrics["curves"] if p["title"] == "train reward")
     rows = read_episodes(os.path.join(run_dir, "metrics.jsonl"))
-    assert reward["values"] == [r["rollout/mean_reward"] for r in rows if "rollout/mean_reward" in r]
+    assert reward["values"] == [r["rollout/mean_reward"] for r in rows
+                                if "rollout/mean_reward" in r]
 
 
 BAD = [  # (url, status, words the message must contain)

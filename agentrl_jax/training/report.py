@@ -251,7 +251,7 @@ def build_report(run_dir: str, curves_name: str | None = CURVES_FILE,
             statuses = {k.split("/")[-1]: int(v) for k, v in last.items()
                         if k.startswith("rollout/status/")}
             if statuses:
-                lines.append(f"| last step's episodes by status | "
+                lines.append("| last step's episodes by status | "
                              + ", ".join(f"{k} {v}" for k, v in sorted(statuses.items())) + " |")
         lines.append("")
     else:

@@ -107,7 +107,7 @@ async function viewRuns(el) {
   for (const [label, f] of sum) h += `<tr><th>${label}</th>${runs.map(r => `<td>${show(f(r.summary))}</td>`).join("")}</tr>`;
   h += `<tr><th>episodes</th>${runs.map(r => `<td>${r.files.map(f => `${esc(f.name)}: ${f.episodes}`).join("<br>") || "<span class=muted>none yet</span>"}</td>`).join("")}</tr></table>`;
 
-  h += `<h2>Learning curves</h2><div class="legend">${runs.map((r, i) => `<span><i style="background:${COLORS[i % COLORS.length]}"></i>${esc(r.name)}</span>`).join("")}</div>`;
+  h += `<h2 id="curves">Learning curves</h2><div class="legend">${runs.map((r, i) => `<span><i style="background:${COLORS[i % COLORS.length]}"></i>${esc(r.name)}</span>`).join("")}</div>`;
   const panels = metrics[0] ? metrics[0].curves.map(c => [c.title, c.ylabel]) : [];
   const extra = localStorage.getItem("viewer.extraMetric") || "";
   h += `<div class="charts" id="charts">`;
@@ -381,7 +381,11 @@ async function viewCompare(el, params) {
   }
   const tasks = cmp.tasks;
   const mean = side => { const v = tasks.map(t => t[side].success_rate).filter(x => x != null); return v.length ? v.reduce((a, b) => a + b, 0) / v.length : null; };
-  h += `evaluation at step <b>${cmp.before}</b> (before) vs step <b>${cmp.after}</b> (after): ${tasks.length} tasks, success ${pct(mean("before"))} → ${pct(mean("after"))}</div>`;
+  const deltas = tasks.map(t => t.before.success_rate != null && t.after.success_rate != null ? t.after.success_rate - t.before.success_rate : null);
+  const count = f => deltas.filter(d => d != null && f(d)).length;
+  h += `evaluation at step <b>${cmp.before}</b> (before) vs step <b>${cmp.after}</b> (after): ${tasks.length} tasks, success ${pct(mean("before"))} → ${pct(mean("after"))};
+    <span class="delta-pos">${count(d => d > 0)} better</span>, <span class="delta-neg">${count(d => d < 0)} worse</span>, ${count(d => d === 0)} unchanged.
+    <label>sort <select id="cmp-sort">${[["task", "by task"], ["change", "by change (largest gain first)"], ["loss", "by change (largest loss first)"]].map(([v, l]) => `<option value="${v}" ${params.get("sort") === v ? "selected" : ""}>${l}</option>`).join("")}</select></label></div>`;
   const ti = params.has("task") ? +params.get("task") : null;
   if (ti != null && tasks[ti]) {
     const t = tasks[ti], sample = +(params.get("sample") || 0);
@@ -400,8 +404,12 @@ async function viewCompare(el, params) {
     h += `</div>`;
   } else {
     h += `<table class="list compare"><thead><tr><th>env</th><th>task</th><th class=num>success before</th><th class=num>success after</th><th class=num>change</th><th class=num>reward before</th><th class=num>reward after</th></tr></thead><tbody>`;
-    tasks.forEach((t, i) => {
-      const d = t.before.success_rate != null && t.after.success_rate != null ? t.after.success_rate - t.before.success_rate : null;
+    const order = tasks.map((_, i) => i);
+    const key = i => deltas[i] == null ? -Infinity : deltas[i];
+    if (params.get("sort") === "change") order.sort((a, b) => key(b) - key(a) || a - b);
+    if (params.get("sort") === "loss") order.sort((a, b) => (deltas[a] ?? Infinity) - (deltas[b] ?? Infinity) || a - b);
+    order.forEach(i => {
+      const t = tasks[i], d = deltas[i];
       h += `<tr data-task="${i}"><td>${esc(t.env)}</td><td>${esc(t.task_id)}</td><td class=num>${pct(t.before.success_rate)}</td><td class=num>${pct(t.after.success_rate)}</td>
         <td class="num ${d > 0 ? "delta-pos" : d < 0 ? "delta-neg" : ""}">${d == null ? "–" : (d > 0 ? "+" : "") + (100 * d).toFixed(1)}</td><td class=num>${fmt(t.before.mean_reward)}</td><td class=num>${fmt(t.after.mean_reward)}</td></tr>`;
     });
@@ -410,6 +418,8 @@ async function viewCompare(el, params) {
   el.innerHTML = h;
   $$("table.compare tbody tr", el).forEach(tr => tr.onclick = () => go("compare", {run, task: tr.dataset.task}));
   bindRunSelect(el, "cmp-run", "compare");
+  const cs = $("#cmp-sort", el);
+  if (cs) cs.onchange = () => go("compare", {run, sort: cs.value});
 }
 
 function bindRunSelect(el, id, view) {
