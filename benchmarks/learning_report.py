@@ -14,6 +14,16 @@ Full trajectory files are not copied (large).
 The interval: tasks are resampled with replacement (10,000 draws, seeded), each draw's gain is
 the mean over its tasks of (after success rate - before success rate) on the same task: a
 paired bootstrap over held-out tasks, the unit the evaluation samples.
+
+Comparisons between runs evaluated on the same held-out tasks (``--diff``, comma-separated
+``B:A`` pairs of labels, each optionally ``@first``, ``@last`` (default) or ``@<step>``): the
+difference B - A with the same paired bootstrap, e.g. GiGPO against GRPO after training, or an
+SFT policy against the base model (the RL run's step-0 evaluation)::
+
+    python benchmarks/learning_report.py runs/grpo runs/gigpo runs/sft --labels grpo,gigpo,sft \
+        --diff gigpo:grpo,sft:grpo@first --out docs/results/cmp
+
+They go to ``gain.json`` under ``"differences"``.
 """
 
 from __future__ import annotations
@@ -84,6 +94,36 @@ def paired_bootstrap(before: dict[str, list[float]], after: dict[str, list[float
             "gain": float(diff.mean()), "gain_ci95_low": float(lo), "gain_ci95_high": float(hi)}
 
 
+def eval_at(evals: dict[int, dict[str, list[float]]], which: str) -> tuple[int, dict]:
+    """``(step, per-task successes)`` of ``which``: ``first``, ``last`` or a step number."""
+    if not evals:
+        raise ValueError("the run has no evaluation episodes")
+    step = (min(evals) if which == "first" else max(evals) if which == "last" else int(which))
+    if step not in evals:
+        raise ValueError(f"no evaluation at step {step} (steps {sorted(evals)})")
+    return step, evals[step]
+
+
+def differences(spec: str, evals_by_label: dict[str, dict]) -> dict[str, dict]:
+    """The ``--diff`` comparisons: ``"B:A,..."`` -> ``{"B:A": paired bootstrap of B - A}``."""
+    out = {}
+    for pair in [p.strip() for p in spec.split(",") if p.strip()]:
+        sides = pair.split(":")
+        if len(sides) != 2:
+            raise ValueError(f"--diff takes B:A pairs, got {pair!r}")
+        picked = []
+        for side in sides:
+            label, _, which = side.partition("@")
+            if label not in evals_by_label:
+                raise ValueError(f"--diff names {label!r}; labels are {sorted(evals_by_label)}")
+            picked.append((label, *eval_at(evals_by_label[label], which or "last")))
+        (b_label, b_step, b), (a_label, a_step, a) = picked
+        entry = paired_bootstrap(a, b)
+        entry.update(a=a_label, a_step=a_step, b=b_label, b_step=b_step)
+        out[pair] = entry
+    return out
+
+
 def plot(runs: list[str], labels: list[str], path: str) -> None:
     import matplotlib
     matplotlib.use("Agg")
@@ -114,14 +154,18 @@ def main(argv=None) -> int:
     p.add_argument("runs", nargs="+")
     p.add_argument("--labels", default=None)
     p.add_argument("--out", required=True)
+    p.add_argument("--diff", default="", help="B:A pairs of labels (label[@first|@last|@step]): "
+                   "the paired difference B - A on their common held-out tasks")
     args = p.parse_args(argv)
     labels = args.labels.split(",") if args.labels else [os.path.basename(r.rstrip("/"))
                                                          for r in args.runs]
     os.makedirs(args.out, exist_ok=True)
     plot(args.runs, labels, os.path.join(args.out, "curves.png"))
     report = {}
+    evals_by_label = {}
     for run, label in zip(args.runs, labels):
         evals = eval_success_by_task(run)
+        evals_by_label[label] = evals
         entry: dict = {"eval_steps": sorted(evals)}
         if len(evals) >= 2:
             first, last = min(evals), max(evals)
@@ -133,6 +177,8 @@ def main(argv=None) -> int:
         for name in ("metrics.jsonl", "summary.json", "config.json", "eval_episodes.jsonl"):
             if os.path.exists(os.path.join(run, name)):
                 shutil.copy(os.path.join(run, name), os.path.join(dest, name))
+    if args.diff:
+        report["differences"] = differences(args.diff, evals_by_label)
     with open(os.path.join(args.out, "gain.json"), "w") as f:
         json.dump(report, f, indent=2)
     print(json.dumps(report, indent=2))

@@ -47,3 +47,33 @@ def test_report_from_run_files(tmp_path):
     assert gain["before_avg"] == 0.0 and gain["after_avg"] == 1.0 and gain["gain"] == 1.0
     assert (out / "curves.png").stat().st_size > 1000
     assert (out / "metrics.jsonl").exists()
+
+
+def test_differences_between_runs(tmp_path):
+    """--diff B:A pairs the runs' evaluations by task: B's last minus A's first / last."""
+    def run(name, evals):
+        d = tmp_path / name
+        d.mkdir()
+        with open(d / "trajectories_eval.jsonl", "w") as f:
+            for step, successes in evals.items():
+                for task, ok in successes.items():
+                    for o in ok:
+                        f.write(json.dumps({"env": "babyai", "task_id": task, "step": step,
+                                            "status": "done", "success": bool(o),
+                                            "reward": float(o)}) + "\n")
+        return str(d)
+
+    a = run("a", {0: {"x": [0, 0], "y": [0, 0], "z": [1, 0]},
+                  5: {"x": [1, 0], "y": [0, 0], "z": [1, 1]}})
+    b = run("b", {7: {"x": [1, 1], "y": [1, 0], "z": [1, 1], "w": [1, 1]}})
+    out = tmp_path / "out"
+    learning_report.main([a, b, "--labels", "a,b", "--diff", "b:a,b:a@first",
+                          "--out", str(out)])
+    diffs = json.loads((out / "gain.json").read_text())["differences"]
+    last, first = diffs["b:a"], diffs["b:a@first"]
+    # per task (x, y, z): b = 1, .5, 1; a@5 = .5, 0, 1; a@0 = 0, 0, .5 ("w" is not paired)
+    assert last["tasks"] == 3 and last["gain"] == pytest.approx((0.5 + 0.5 + 0) / 3)
+    assert (last["a_step"], last["b_step"]) == (5, 7)
+    assert first["gain"] == pytest.approx((1 + 0.5 + 0.5) / 3) and first["a_step"] == 0
+    with pytest.raises(ValueError, match="labels"):
+        learning_report.differences("c:a", {"a": {}})

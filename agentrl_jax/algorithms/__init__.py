@@ -34,9 +34,11 @@ from .losses import (
     entropy_from_logits,
     entropy_from_logits_chunked,
     get_policy_loss,
+    is_supervised,
     log_probs_and_entropy,
     log_probs_from_logits,
     ppo_policy_loss,
+    sft_policy_loss,
     value_loss,
 )
 from .masked import (
@@ -82,6 +84,8 @@ __all__ = [
     "entropy_from_logits",
     "entropy_from_logits_chunked",
     "get_policy_loss",
+    "is_supervised",
+    "sft_policy_loss",
     "log_probs_and_entropy",
     "log_probs_from_logits",
     "ppo_policy_loss",

@@ -17,6 +17,7 @@ Policy loss (PPO clipped surrogate, verl ``compute_policy_loss_vanilla`` semanti
 (+ ``dual_clip=3``; this is what verl's ``vanilla`` always does), ``clip_higher``
 (``clip_low=0.2, clip_high=0.28``, DAPO). All three are the same function
 :func:`ppo_policy_loss` with different defaults; every keyword can be overridden.
+``sft``: the supervised loss of behaviour cloning, ``-A * logp`` (:func:`sft_policy_loss`).
 
 Aggregation modes (``LOSS_AGGREGATIONS``; ``-`` and ``_`` spellings accepted)::
 
@@ -228,13 +229,56 @@ def ppo_policy_loss(
     return loss, metrics
 
 
+def sft_policy_loss(
+    logprobs: Array,
+    old_logprobs: Array | None,
+    advantages: Array,
+    loss_mask: Array,
+    *,
+    agg: str = "token_mean",
+    max_len: int | None = None,
+    denom: Array | float | None = None,
+    token_weights: Array | None = None,
+    is_weights: Array | None = None,
+) -> tuple[Array, Metrics]:
+    """Supervised (behaviour-cloning) loss: the weighted negative log-likelihood of the masked
+    tokens, ``l = -A * logp`` aggregated like the policy losses.
+
+    With ``advantages = loss_mask`` (what ``training/sft.py`` passes) this is the NLL of the
+    assistant tokens only (prompt and observation tokens have mask 0), per token for
+    ``token_mean``. ``old_logprobs`` and ``is_weights`` are not used (no ratio).
+    Metrics: ``pg_loss`` (the loss) and ``nll`` (the unweighted aggregated NLL).
+    """
+    del old_logprobs, is_weights
+    m = as_mask(loss_mask)
+    lp = jnp.asarray(logprobs, jnp.float32)
+    A = jax.lax.stop_gradient(jnp.asarray(advantages, jnp.float32))
+    loss = aggregate_loss(-A * lp, m, agg, max_len=max_len, denom=denom,
+                          token_weights=token_weights)
+    nll = aggregate_loss(-lp, m, agg, max_len=max_len, denom=denom, token_weights=token_weights)
+    return loss, {"pg_loss": jax.lax.stop_gradient(loss), "nll": jax.lax.stop_gradient(nll)}
+
+
+#: policy losses without an importance ratio (no old log-probs needed): the learner skips the
+#: "old" log-prob pass for them
+SUPERVISED_LOSSES = frozenset({"sft"})
+
+
 POLICY_LOSSES.register("ppo", partial(ppo_policy_loss, clip_low=0.2, clip_high=None, dual_clip=None))
 POLICY_LOSSES.register("ppo_dual_clip", partial(ppo_policy_loss, clip_low=0.2, clip_high=None, dual_clip=3.0))
 POLICY_LOSSES.register("clip_higher", partial(ppo_policy_loss, clip_low=0.2, clip_high=0.28, dual_clip=None))
 
 
+POLICY_LOSSES.register("sft", sft_policy_loss)
+
+
+def is_supervised(name: str) -> bool:
+    """Whether policy loss ``name`` is supervised (:data:`SUPERVISED_LOSSES`)."""
+    return normalize_name(name) in SUPERVISED_LOSSES
+
+
 def get_policy_loss(name: str) -> Callable[..., tuple[Array, Metrics]]:
-    """``ppo | ppo_dual_clip | clip_higher`` (or any registered name)."""
+    """``ppo | ppo_dual_clip | clip_higher | sft`` (or any registered name)."""
     return POLICY_LOSSES.get(name)
 
 

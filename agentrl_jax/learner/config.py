@@ -43,6 +43,10 @@ class LearnerConfig:
     # packed rows. Must be >= the longest trajectory (the rollout's max_context).
     pack_length: int = 0
     # ------------------------------------------------------------------ RL loss
+    # the policy loss (algorithms.POLICY_LOSSES): "ppo" (clipped surrogate; clip_ratio_* and
+    # dual_clip below) or "sft" (supervised: weighted NLL of the masked tokens, no ratio, no
+    # old log-prob pass; behaviour cloning, training/sft.py)
+    policy_loss: str = "ppo"
     advantage_estimator: str = "grpo"
     advantage_kwargs: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     gamma: float = 1.0
@@ -99,6 +103,9 @@ class LearnerConfig:
         check(all(b >= 1 for b in self.length_buckets), "length_buckets must be positive")
         check(self.kl_estimator.lower() in ("k1", "k2", "k3", "low_var_kl", "kl", "mse", "abs"),
               "kl_estimator must be k1 / k2 / k3")
+        from agentrl_jax.algorithms.losses import POLICY_LOSSES
+        check(self.policy_loss in POLICY_LOSSES,
+              f"policy_loss must be one of {sorted(POLICY_LOSSES)}")
         object.__setattr__(self, "length_buckets", tuple(sorted(int(b) for b in self.length_buckets)))
         object.__setattr__(self, "mesh", dict(self.mesh))
         object.__setattr__(self, "advantage_kwargs", dict(self.advantage_kwargs))

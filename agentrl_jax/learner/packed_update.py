@@ -24,7 +24,7 @@ import jax
 import numpy as np
 
 from agentrl_jax.algorithms import (TURN_INPUTS, aggregation_weights, compute_advantages,
-                                    kl_estimate, kl_penalized_token_rewards)
+                                    is_supervised, kl_estimate, kl_penalized_token_rewards)
 from agentrl_jax.learner.metrics import batch_stats, reduce_step_metrics
 from agentrl_jax.learner.optim import optimizer_step_count
 from agentrl_jax.learner.packing import PackPlan, pack, plan_packing, segment_layout, unpack
@@ -100,7 +100,12 @@ class PackedUpdate:
         seg, pos = segment_layout(plan)
         packed_tokens = pack(plan, tokens)
         param_dtype = str(jax.tree.leaves(lr.params)[0].dtype)
-        old_lp = unpack(plan, self._logprobs(lr.params, param_dtype, packed_tokens, seg, pos), t)
+        supervised = is_supervised(cfg.policy_loss)  # no ratio: no "old" log-prob pass
+        if supervised and lr.ref_params is None:
+            old_lp = np.zeros((b, t), np.float32)
+        else:
+            old_lp = unpack(plan, self._logprobs(lr.params, param_dtype, packed_tokens, seg,
+                                                 pos), t)
         ref_lp = None
         if lr.ref_params is not None:
             ref_lp = unpack(plan, self._logprobs(lr.ref_params, cfg.reference_dtype,
@@ -133,7 +138,7 @@ class PackedUpdate:
         if ref_lp is not None and not cfg.kl_in_reward:
             per_token["ref_logprobs"] = ref_lp
         metrics: dict[str, float] = {}
-        if rollout_lp is not None:
+        if rollout_lp is not None and not supervised:
             metrics.update(behaviour_consistency(rollout_lp, old_lp, mask))
             if cfg.tis_cap:
                 is_w = np.minimum(np.exp(np.clip(old_lp - rollout_lp, -20.0, 20.0)),

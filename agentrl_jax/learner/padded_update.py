@@ -19,8 +19,8 @@ from typing import Any
 import jax
 import numpy as np
 
-from agentrl_jax.algorithms import (TURN_INPUTS, compute_advantages, is_turn_level, kl_estimate,
-                                    kl_penalized_token_rewards)
+from agentrl_jax.algorithms import (TURN_INPUTS, compute_advantages, is_supervised,
+                                    is_turn_level, kl_estimate, kl_penalized_token_rewards)
 from agentrl_jax.learner.jit_cache import cached
 from agentrl_jax.learner.metrics import batch_stats, reduce_step_metrics
 from agentrl_jax.learner.optim import optimizer_step_count
@@ -73,8 +73,13 @@ class PaddedUpdate:
 
         # --- forward-only passes (old / reference logprobs, values)
         t0 = time.perf_counter()
-        need_old = cfg.ratio_source == "recompute" or "rollout_logprobs" not in hb
-        if need_old:
+        # a supervised loss has no ratio: no "old" log-prob pass (unless the KL needs one)
+        skip_old = is_supervised(cfg.policy_loss) and lr.ref_params is None
+        need_old = not skip_old and (cfg.ratio_source == "recompute"
+                                     or "rollout_logprobs" not in hb)
+        if skip_old:
+            old_lp = np.zeros(hb["tokens"].shape, np.float32)
+        elif need_old:
             old_lp, _ = lr._forward_rows(
                 lr._logprob_fn(str(jax.tree.leaves(lr.params)[0].dtype)), lr.params,
                 hb["tokens"], hb["attention_mask"], local)

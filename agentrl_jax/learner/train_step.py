@@ -35,7 +35,7 @@ import optax
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from agentrl_jax.algorithms import actor_loss, value_loss
+from agentrl_jax.algorithms import actor_loss, is_supervised, value_loss
 from agentrl_jax.algorithms.masked import as_mask
 from agentrl_jax.learner.config import LearnerConfig
 from agentrl_jax.learner.logprobs import lm_head_f32, logprobs_from_hidden, model_hidden
@@ -45,7 +45,7 @@ from agentrl_jax.sharding.rules import BATCH_AXES
 Array = jax.Array
 
 #: metrics that are already normalised by the mini-batch denominator: summed over micro-batches.
-_ADDITIVE = ("pg_loss", "kl_loss", "entropy", "total_loss", "vf_loss")
+_ADDITIVE = ("pg_loss", "kl_loss", "entropy", "total_loss", "vf_loss", "nll")
 _MAXED = ("ratio_max",)
 _MINNED = ("ratio_min",)
 
@@ -124,12 +124,16 @@ def policy_loss_fn(graphdef: nnx.GraphDef, config: LearnerConfig
                                        temperature=config.temperature, with_entropy=with_entropy,
                                        vocab_size=model.cfg.vocab_size)
         return actor_loss(
-            lp, mb["old_logprobs"], mb["advantages"], mb["loss_mask"],
-            policy_loss="ppo", ref_logprobs=mb.get("ref_logprobs"), kl_coef=kl_loss_coef,
-            kl_estimator=config.kl_estimator, entropy=ent, entropy_coef=config.entropy_coef,
-            agg=config.loss_agg_mode, max_len=config.loss_max_len, denom=denom,
-            token_weights=mb.get("loss_weights"), is_weights=mb.get("is_weights"),
-            clip_low=config.clip_ratio_low, clip_high=config.clip_ratio_high, dual_clip=config.dual_clip)
+            lp, mb.get("old_logprobs"), mb["advantages"], mb["loss_mask"],
+            policy_loss=config.policy_loss, ref_logprobs=mb.get("ref_logprobs"),
+            kl_coef=kl_loss_coef, kl_estimator=config.kl_estimator, entropy=ent,
+            entropy_coef=config.entropy_coef, agg=config.loss_agg_mode,
+            max_len=config.loss_max_len, denom=denom, token_weights=mb.get("loss_weights"),
+            is_weights=mb.get("is_weights"), **clip)
+    supervised = is_supervised(config.policy_loss)
+    clip = {} if supervised else dict(clip_low=config.clip_ratio_low,
+                                      clip_high=config.clip_ratio_high,
+                                      dual_clip=config.dual_clip)
     return fn
 
 

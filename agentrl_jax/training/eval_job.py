@@ -50,12 +50,14 @@ async def run_evaluation(config: Any, checkpoint_dir: str | None = None, step: i
                          k: int = 4, num_tasks: int = 64, horizon: int | None = None,
                          output: str | None = None, split: str = "test",
                          say: Callable[..., None] = print, progress: str | None = None,
-                         progress_interval_s: float | None = None) -> EvalResult:
+                         progress_interval_s: float | None = None,
+                         trajectories_out: list | None = None) -> EvalResult:
     """Evaluate ``config``'s policy (restored from ``checkpoint_dir`` at ``step`` if given).
 
     ``k`` samples of each of the first ``num_tasks`` test tasks per environment (evenly spaced
     over the split). ``progress``: ``bar`` / ``lines`` / ``off`` (default: a bar on a terminal,
     lines every ``progress_interval_s`` (config ``progress_seconds``) otherwise).
+    ``trajectories_out``: a list that receives the evaluation's trajectories.
     """
     horizon = int(horizon or config.train.eval_horizon)
     mode = progress or progress_mode(force_bar=bool(config.get("progress")))
@@ -93,6 +95,8 @@ async def run_evaluation(config: Any, checkpoint_dir: str | None = None, step: i
                 f"{horizon}) in {format_seconds(time.monotonic() - t0)}")
     if output:
         _write_output(output, result, trajectories, checkpoint_dir, step, horizon, split)
+    if trajectories_out is not None:
+        trajectories_out.extend(trajectories)
     return result
 
 

@@ -1,0 +1,314 @@
+"""Behaviour cloning (SFT) on recorded expert episodes, with the RL learner and checkpoints.
+
+    python launch/record_experts.py --env babyai --episodes 2000 --out runs/experts \
+        --config experiments/babyai_sft.py
+    python launch/sft.py --config experiments/babyai_sft.py --workdir runs/babyai_sft
+    python launch/run.py --config experiments/babyai_grpo_gpu.py \
+        --config.model.name=runs/babyai_sft/model          # RL from the SFT policy
+
+Data: the trajectories ``launch/record_experts.py`` wrote (``sft.data``: a directory holding
+``<env>.jsonl`` for every environment of ``env.names``, or comma-separated ``.jsonl`` files),
+recorded through the RL rollout path, so their token ids are exactly the layout RL trains on.
+Data recorded with another tokenizer or answer format is refused (``<env>.meta.json``).
+``sft.only_success`` keeps the successful episodes.
+
+Loss: the learner's ``sft`` policy loss (``learner.policy_loss="sft"``,
+``algorithms.losses.sft_policy_loss``) with ``advantages = loss_mask``: the NLL of the
+assistant tokens only (prompt, observation and response-prefix tokens have mask 0), per token
+with ``loss_agg_mode="token_mean"``. Each step is one ``Learner.update`` on ``sft.batch_size``
+episodes (packed rows with ``learner.pack_length``), in a seeded order that is reshuffled every
+epoch and is a function of the step, so a resumed run sees the same batches.
+
+Outputs in the workdir: ``checkpoints/`` (the learner's orbax format; the same command resumes
+from the latest), ``metrics.jsonl`` / ``tensorboard/`` (``actor/nll`` per step), ``model/`` (a
+HF safetensors directory with the tokenizer: what ``--config.model.name=`` of ``launch/run.py``
+and ``launch/eval.py`` load), ``trajectories_eval.jsonl`` (the held-out evaluation after
+training, ``eval_job``) and ``summary.json``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import sys
+import time
+from typing import Any, Sequence
+
+import numpy as np
+
+from agentrl_jax.training.experts import META_SUFFIX, answer_format, tokenizer_fingerprint
+from agentrl_jax.training.progress import (BAR, LINES, EpisodeProgress, format_seconds,
+                                           timed)
+
+EXPORT_DIR = "model"
+
+
+def data_files(data: str, envs: Sequence[str]) -> list[str]:
+    """The ``.jsonl`` files of ``sft.data``: a directory (``<env>.jsonl`` per environment) or
+    comma-separated files."""
+    paths = [p.strip() for p in str(data).split(",") if p.strip()]
+    if not paths:
+        raise ValueError("sft.data names no expert data (record it with "
+                         "launch/record_experts.py)")
+    files = []
+    for p in paths:
+        if os.path.isdir(p):
+            for env in envs:
+                f = os.path.join(p, f"{env}.jsonl")
+                if not os.path.exists(f):
+                    raise FileNotFoundError(
+                        f"no {env} expert data in {p}: python launch/record_experts.py --env "
+                        f"{env} --out {p} --config <this SFT config>")
+                files.append(f)
+        elif os.path.exists(p):
+            files.append(p)
+        else:
+            raise FileNotFoundError(f"expert data {p} not found")
+    return files
+
+
+def check_meta(path: str, fingerprint: str, fmt: dict[str, Any]) -> None:
+    """Raise unless ``path`` was recorded with this tokenizer and answer format."""
+    meta_path = path[:-len(".jsonl")] + META_SUFFIX if path.endswith(".jsonl") else None
+    if meta_path is None or not os.path.exists(meta_path):
+        raise FileNotFoundError(f"{path} has no {META_SUFFIX} next to it: record the data with "
+                                "launch/record_experts.py")
+    with open(meta_path) as f:
+        meta = json.load(f)
+    problems = []
+    if meta.get("tokenizer") != fingerprint:
+        problems.append(f"tokenizer {meta.get('tokenizer')} (model {meta.get('model')}) != "
+                        f"{fingerprint}")
+    for key in ("prompt_style", "response_prefix", "stop"):
+        if meta.get(key) != fmt[key]:
+            problems.append(f"{key} {meta.get(key)!r} != {fmt[key]!r}")
+    if problems:
+        raise ValueError(f"{path} was recorded with another token layout than this config's "
+                         f"({'; '.join(problems)}); record it again with this config")
+
+
+def load_expert_data(files: Sequence[str], fingerprint: str, fmt: dict[str, Any],
+                     only_success: bool = True, max_length: int | None = None
+                     ) -> tuple[list[dict[str, Any]], dict[str, int]]:
+    """Trainable episodes ``{"token_ids", "loss_mask", "env", "task_id"}`` and counts
+    (read, kept, failed, error, too_long, empty)."""
+    items: list[dict[str, Any]] = []
+    counts = dict(read=0, kept=0, failed=0, error=0, too_long=0, empty=0)
+    for path in files:
+        check_meta(path, fingerprint, fmt)
+        with open(path) as f:
+            for line in f:
+                if not line.strip():
+                    continue
+                t = json.loads(line)
+                counts["read"] += 1
+                if t["status"] in ("env_error", "engine_error"):
+                    counts["error"] += 1
+                    continue
+                if only_success and not (t.get("success") or float(t.get("reward", 0)) > 0):
+                    counts["failed"] += 1
+                    continue
+                if not any(t["loss_mask"]):
+                    counts["empty"] += 1
+                    continue
+                if max_length is not None and len(t["token_ids"]) > max_length:
+                    counts["too_long"] += 1
+                    continue
+                items.append({"token_ids": np.asarray(t["token_ids"], np.int32),
+                              "loss_mask": np.asarray(t["loss_mask"], np.float32),
+                              "env": t["env"], "task_id": t["task_id"]})
+    counts["kept"] = len(items)
+    return items, counts
+
+
+def sft_batch(items: Sequence[dict[str, Any]], pad_id: int = 0) -> dict[str, np.ndarray]:
+    """Right-padded learner batch; ``advantages = loss_mask`` (the ``sft`` loss weights)."""
+    length = max(len(it["token_ids"]) for it in items)
+    b = len(items)
+    tokens = np.full((b, length), pad_id, np.int32)
+    mask = np.zeros((b, length), np.float32)
+    attn = np.zeros((b, length), np.int32)
+    for i, it in enumerate(items):
+        n = len(it["token_ids"])
+        tokens[i, :n] = it["token_ids"]
+        mask[i, :n] = it["loss_mask"]
+        attn[i, :n] = 1
+    return {"tokens": tokens, "loss_mask": mask, "attention_mask": attn, "advantages": mask}
+
+
+def batch_rows(step: int, n: int, batch_size: int, seed: int) -> np.ndarray:
+    """The episodes of SFT step ``step``: epoch ``e = step // ceil(n / batch_size)`` walks a
+    permutation seeded by ``(seed, e)``."""
+    per_epoch = -(-n // batch_size)
+    epoch, j = divmod(step, per_epoch)
+    order = np.random.default_rng([seed, epoch]).permutation(n)
+    return order[j * batch_size:(j + 1) * batch_size]
+
+
+class SFTRun:
+    """One behaviour-cloning run (see the module docstring); ``run()`` returns the summary."""
+
+    def __init__(self, config: Any, workdir: str, progress: bool = True):
+        self.config = config
+        self.workdir = os.path.abspath(workdir)
+        self.progress_mode = (BAR if progress and (sys.stderr.isatty() or config.get("progress"))
+                              else LINES)
+        self.export_dir = os.path.join(self.workdir, EXPORT_DIR)
+        os.makedirs(self.workdir, exist_ok=True)
+
+    def _say(self, message: str, end: str = "\n") -> None:
+        print(message, end=end, flush=True)
+
+    def run(self) -> dict[str, Any]:
+        return asyncio.run(self._run())
+
+    def total_steps(self, n: int) -> int:
+        s = self.config.sft
+        steps = int(s.get("steps", 0) or 0)
+        return steps or int(s.get("epochs", 1)) * -(-n // int(s.batch_size))
+
+    async def _run(self) -> dict[str, Any]:
+        from agentrl_jax.learner.learner import Learner
+        from agentrl_jax.training import services
+        from agentrl_jax.training.trainer import load_policy, write_json_atomic
+
+        cfg, s = self.config, self.config.sft
+        with open(os.path.join(self.workdir, "config.json"), "w") as f:
+            f.write(cfg.to_json_best_effort(indent=2))
+        with timed(self._say, f"loading model {cfg.model.name}"
+                   + (" (random init)" if cfg.model.get("random_init") else "")):
+            model, tokenizer, _ = load_policy(cfg)
+        pack = int(cfg.learner.get("pack_length", 0) or 0)
+        files = data_files(s.data, services.env_names(cfg))
+        items, counts = load_expert_data(files, tokenizer_fingerprint(tokenizer),
+                                         answer_format(cfg), bool(s.get("only_success", True)),
+                                         max_length=pack or None)
+        if not items:
+            raise ValueError(f"no trainable expert episode in {files} ({counts})")
+        total = self.total_steps(len(items))
+        tokens = sum(int(it["loss_mask"].sum()) for it in items)
+        self._say(f"expert data: {counts['kept']} episodes ({tokens} assistant tokens) from "
+                  f"{', '.join(files)}; dropped {counts['failed']} failed, {counts['error']} "
+                  f"errors, {counts['too_long']} longer than {pack}, {counts['empty']} empty; "
+                  f"{total} steps of {int(s.batch_size)} episodes")
+        learner = Learner(model, dict(cfg.learner),
+                          checkpoint_dir=os.path.join(self.workdir, "checkpoints"),
+                          max_to_keep=int(s.get("keep_checkpoints", 2)),
+                          log_dir=os.path.join(self.workdir, "tensorboard"),
+                          metrics_jsonl=os.path.join(self.workdir, "metrics.jsonl"))
+        try:
+            start = 0
+            if learner.checkpointer.latest_step() is not None:
+                with timed(self._say, "restoring the latest checkpoint"):
+                    start = int((learner.restore_latest() or {}).get("step", 0))
+                self._say(f"resumed at step {start}")
+            last = await self._train(learner, items, start, total, int(cfg.model.get("pad_id", 0)))
+            if last > start or not os.path.exists(os.path.join(self.export_dir, "config.json")):
+                learner.wait()
+                with timed(self._say, f"exporting the policy to {self.export_dir}"):
+                    from agentrl_jax.models.safetensors_io import save_hf_directory
+
+                    save_hf_directory(learner.policy_model(), self.export_dir, tokenizer,
+                                      dtype="float32")
+        finally:
+            learner.close()
+        evals = {}
+        if s.get("eval_after", True) and int(cfg.train.get("eval_tasks", 0)):
+            evals[last] = await self._evaluate(last)
+        summary = {"workdir": self.workdir, "final_step": last, "total_steps": total,
+                   "data": counts, "data_files": files, "assistant_tokens": tokens,
+                   "model": self.export_dir, "evals": evals}
+        if last >= total:
+            summary["finished_step"] = last
+        write_json_atomic(os.path.join(self.workdir, "summary.json"), summary)
+        self._say(f"SFT finished: step {last}/{total}; policy in {self.export_dir}"
+                  + "".join(f"; eval @ step {k}: avg@{v['k']}={v['avg_at_k']:.3f} "
+                            f"pass@{v['k']}={v['pass_at_k']:.3f} ({v['num_tasks']} tasks)"
+                            for k, v in evals.items()))
+        return summary
+
+    async def _train(self, learner: Any, items: list[dict[str, Any]], start: int, total: int,
+                     pad_id: int) -> int:
+        """Steps ``start .. total`` (or until ``sft.max_seconds``); returns the last step."""
+        s = self.config.sft
+        bs, seed = int(s.batch_size), int(self.config.seed)
+        max_seconds = float(s.get("max_seconds", 0) or 0)
+        save_every = int(s.get("save_every", 0) or 0)
+        log_every = max(int(s.get("log_every", 10) or 10), 1)
+        per_epoch = -(-len(items) // bs)
+        t_start = time.monotonic()
+        step = start
+        async with EpisodeProgress(total - start, "sft", self.progress_mode,
+                                   float(self.config.get("progress_seconds", 30.0)), self._say,
+                                   unit="steps") as bar:
+            compiled = False
+            while step < total:
+                t0 = time.monotonic()
+                rows = batch_rows(step, len(items), bs, seed)
+                batch = sft_batch([items[i] for i in rows], pad_id)
+                if compiled:
+                    metrics = await asyncio.to_thread(learner.update, batch, False)
+                else:
+                    with timed(self._say, "compiling the train step (first update)"):
+                        metrics = await asyncio.to_thread(learner.update, batch, False)
+                    compiled = True
+                step += 1
+                metrics.update({"sft/epoch": step / per_epoch, "sft/episodes": float(len(rows)),
+                                "train/step_seconds": time.monotonic() - t0})
+                learner.writer.write(step, metrics)
+                bar.update()
+                if step % log_every == 0 or step == total:
+                    self._say(f"[sft step {step}/{total}] nll={metrics.get('actor/nll', 0):.4f} "
+                              f"epoch={metrics['sft/epoch']:.2f} "
+                              f"grad_norm={metrics.get('actor/grad_norm', 0):.3f} "
+                              f"({metrics['train/step_seconds']:.2f} s)")
+                out_of_time = bool(max_seconds) and time.monotonic() - t_start > max_seconds
+                if (save_every and step % save_every == 0) or step == total or out_of_time:
+                    learner.save({"step": step}, step=step, force=True)
+                if out_of_time:
+                    self._say(f"time budget of {max_seconds:.0f} s reached after step {step}")
+                    break
+        self._say(f"trained {step - start} steps in "
+                  f"{format_seconds(time.monotonic() - t_start)}")
+        return step
+
+    async def _evaluate(self, step: int) -> dict[str, Any]:
+        """The exported policy on the held-out split (``eval_job``, the RL evaluation's tasks
+        and sampling); episodes go to ``trajectories_eval.jsonl`` at ``step``."""
+        import dataclasses
+
+        from agentrl_jax.training.eval_job import run_evaluation
+
+        cfg = self.config.copy_and_resolve_references()
+        with cfg.unlocked() if hasattr(cfg, "unlocked") else contextlib.nullcontext():
+            cfg.model.name = self.export_dir
+            cfg.model.random_init = {}
+        trajectories: list = []
+        t = self.config.train
+        result = await run_evaluation(cfg, k=int(t.eval_samples), num_tasks=int(t.eval_tasks),
+                                      horizon=int(t.eval_horizon), say=self._say,
+                                      progress=self.progress_mode,
+                                      trajectories_out=trajectories)
+        with open(os.path.join(self.workdir, "trajectories_eval.jsonl"), "a") as f:
+            for tr in trajectories:
+                f.write(json.dumps(tr.to_json(step)) + "\n")
+        from agentrl_jax.learner.metrics import MetricsWriter
+
+        writer = MetricsWriter(None, os.path.join(self.workdir, "metrics.jsonl"))
+        writer.write(step, result.as_metrics())
+        writer.close()
+        return dataclasses.asdict(result)
+
+
+def finished_step(workdir: str) -> int | None:
+    """The final step of a finished SFT run in ``workdir`` (its policy exported), else None."""
+    try:
+        with open(os.path.join(workdir, "summary.json")) as f:
+            summary = json.load(f)
+    except (OSError, ValueError):
+        return None
+    step = summary.get("finished_step")
+    exported = os.path.exists(os.path.join(workdir, EXPORT_DIR, "config.json"))
+    return step if isinstance(step, int) and exported else None

@@ -1,0 +1,63 @@
+"""Record expert episodes for behaviour cloning (SFT), through the same HTTP protocol, prompts,
+chat template and answer format as RL (``agentrl_jax/training/experts.py``).
+
+    python launch/record_experts.py --env babyai --episodes 2000 --out runs/experts \
+        --config experiments/babyai_sft.py
+    python launch/record_experts.py --env textcraft --episodes 426 --out runs/experts \
+        --config experiments/textcraft_sft.py
+
+Writes ``<out>/<env>.jsonl`` (one trajectory per line) and ``<out>/<env>.meta.json``. The
+token ids are the config's model tokenizer's; record with the config you fine-tune with. Experts:
+babyai (minigrid's BabyAIBot), textcraft (the recipe expert), scienceworld (gold paths),
+miniwob (the rule-based expert). Nothing is shipped: the data is made by this command.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from absl import app, flags  # noqa: E402
+from absl import logging as absl_logging  # noqa: E402
+from ml_collections import config_flags  # noqa: E402
+
+_CONFIG = config_flags.DEFINE_config_file("config", None, "experiment config file (the SFT "
+                                          "config: its model tokenizer and answer format)")
+_ENV = flags.DEFINE_string("env", None, "environment family: babyai | textcraft | "
+                           "scienceworld | miniwob")
+_EPISODES = flags.DEFINE_integer("episodes", 100, "episodes to record (one per task, tasks "
+                                 "evenly spaced over the split)")
+_OUT = flags.DEFINE_string("out", None, "output directory")
+_SPLIT = flags.DEFINE_string("split", "train", "task split")
+_HORIZON = flags.DEFINE_integer("horizon", None, "turn limit (default: the config's "
+                                "sft.record_horizon, else train.eval_horizon)")
+_OFFSET = flags.DEFINE_integer("offset", 0, "start position in the split (other tasks)")
+
+
+def main(argv: list[str]) -> int:
+    del argv
+    logging.basicConfig(level=logging.WARNING)
+    absl_logging.set_verbosity(absl_logging.WARNING)
+    if _ENV.value is None or _OUT.value is None:
+        raise app.UsageError("--env and --out are required")
+    config = _CONFIG.value
+    if config is None:
+        from agentrl_jax.training.config import base_config
+        config = base_config()
+    horizon = _HORIZON.value or (config.get("sft", {}) or {}).get("record_horizon") or None
+    from agentrl_jax.training.experts import record_experts_sync
+
+    try:
+        meta = record_experts_sync(config, _ENV.value, _EPISODES.value, _OUT.value,
+                                   split=_SPLIT.value, horizon=horizon, offset=_OFFSET.value)
+    except KeyboardInterrupt:
+        print("recording interrupted (Ctrl-C); environment servers stopped", file=sys.stderr)
+        return 130
+    return 0 if meta["successful"] else 1
+
+
+if __name__ == "__main__":
+    app.run(main)

@@ -1,0 +1,59 @@
+"""Behaviour cloning (SFT) on recorded expert episodes (``agentrl_jax/training/sft.py``).
+
+    python launch/record_experts.py --env babyai --episodes 2000 --out runs/experts \
+        --config experiments/babyai_sft.py
+    python launch/sft.py --config experiments/babyai_sft.py --workdir runs/babyai_sft
+    python launch/run.py --config experiments/babyai_grpo_gpu.py \
+        --config.model.name=runs/babyai_sft/model
+
+The loss is the NLL of the assistant tokens only, through the RL learner (sharded, packed rows,
+orbax checkpoints). The same command resumes from the latest checkpoint; a finished run says so
+and exits. Outputs: checkpoints/, metrics.jsonl, tensorboard/, model/ (HF directory: what
+``--config.model.name=`` starts RL or evaluation from), trajectories_eval.jsonl, summary.json.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from absl import app, flags  # noqa: E402
+from absl import logging as absl_logging  # noqa: E402
+from ml_collections import config_flags  # noqa: E402
+
+_CONFIG = config_flags.DEFINE_config_file("config", None, "SFT experiment config file",
+                                          lock_config=True)
+_WORKDIR = flags.DEFINE_string("workdir", None, "output directory (default runs/<config name>)")
+
+
+def main(argv: list[str]) -> int:
+    del argv
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    absl_logging.set_verbosity(absl_logging.WARNING)
+    config = _CONFIG.value
+    if config is None or "sft" not in config:
+        raise app.UsageError("--config experiments/<name>_sft.py (with an sft section) is "
+                             "required")
+    workdir = _WORKDIR.value or os.path.join(
+        "runs", os.path.splitext(os.path.basename(flags.FLAGS["config"].config_filename))[0])
+    from agentrl_jax.training.sft import SFTRun, finished_step
+
+    done = finished_step(workdir)
+    if done is not None:
+        print(f"SFT run already finished at step {done} (workdir {os.path.abspath(workdir)}); "
+              f"its policy: {os.path.join(workdir, 'model')}", flush=True)
+        return 0
+    try:
+        SFTRun(config, workdir).run()
+    except KeyboardInterrupt:
+        print(f"interrupted (Ctrl-C); the same command resumes from the latest checkpoint "
+              f"(workdir {os.path.abspath(workdir)})", file=sys.stderr, flush=True)
+        return 130
+    return 0
+
+
+if __name__ == "__main__":
+    app.run(main)

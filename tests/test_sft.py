@@ -1,0 +1,167 @@
+"""Behaviour cloning: expert episodes recorded through the RL path have the RL token layout, the
+SFT loss is the NLL of the assistant tokens only (against HF transformers on the same weights,
+with a mask derived independently from the rendered text), and an SFT run's exported policy is
+what an RL run loads; the same command resumes from the SFT checkpoint.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+
+def _config(data_dir: str, steps: int):
+    """The smoke SFT config on TextCraft (short expert episodes), packed rows of 1024 tokens
+    (the learners run on one device: ``one_device``)."""
+    from experiments.smoke_sft import get_config
+
+    c = get_config()
+    c.env.names = "textcraft"
+    c.sft.data = data_dir
+    c.sft.steps = steps
+    c.sft.eval_after = False
+    c.sft.batch_size = 2
+    c.rollout.max_context = 1024
+    c.learner.pack_length = 1024
+    c.learner.micro_batch_size = 1
+    c.learner.logprob_batch_size = 1
+    return c
+
+
+@pytest.fixture
+def one_device(monkeypatch):
+    """Learners built from a config get a one-device mesh (the suite has 8 virtual devices,
+    and a packed micro-batch per device would be 8 rows of 49k-vocabulary logits)."""
+    import jax
+
+    from agentrl_jax.learner import learner as learner_module
+    from agentrl_jax.sharding.mesh import make_mesh
+
+    monkeypatch.setattr(learner_module, "mesh_from_config",
+                        lambda _cfg: make_mesh(devices=jax.devices()[:1]))
+
+
+@pytest.fixture(scope="module")
+def recorded(tmp_path_factory):
+    """Four TextCraft expert episodes recorded with the smoke SFT config (SmolLM2 tokenizer)."""
+    from agentrl_jax.training.experts import record_experts_sync
+
+    out = str(tmp_path_factory.mktemp("experts"))
+    c = _config(out, 2)
+    meta = record_experts_sync(c, "textcraft", 4, out, horizon=12, say=lambda *a, **k: None)
+    with open(os.path.join(out, "textcraft.jsonl")) as f:
+        trajectories = [json.loads(line) for line in f]
+    return out, meta, trajectories
+
+
+def _assistant_mask_from_text(tokenizer, traj, prefix: str) -> list[int]:
+    """Independent of the recorder: render the conversation with the chat template, find each
+    assistant message's text after the response prefix by character offsets, and mark the
+    tokens whose characters lie inside it."""
+    text = tokenizer.apply_chat_template(traj["messages"], tokenize=False,
+                                         add_generation_prompt=False)
+    enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+    spans, pos = [], 0
+    for m in traj["messages"]:
+        at = text.index(m["content"], pos)
+        pos = at + len(m["content"])
+        if m["role"] == "assistant":
+            assert m["content"].startswith(prefix)
+            spans.append((at + len(prefix), pos))
+    mask = [int(any(a <= s and e <= b for a, b in spans) and e > s)
+            for s, e in enc["offset_mapping"]]
+    return enc["input_ids"], mask
+
+
+def test_recorded_episodes_have_the_rl_layout(recorded):
+    """Token ids = the chat template's rendering of the messages; the loss mask covers exactly
+    each action's tokens after the "Action:" prefix, ending with the turn's stop (newline)."""
+    from agentrl_jax.models.pretrained import resolve_model_path
+    from agentrl_jax.models.tokenizer import load_tokenizer
+
+    _, meta, trajectories = recorded
+    assert meta["response_prefix"] == "Action:" and meta["stop"] == ["\n"]
+    assert meta["successful"] == 4
+    tok = load_tokenizer(resolve_model_path("smollm2"))
+    for t in trajectories:
+        assert t["status"] not in ("env_error", "engine_error"), t["error"]
+        ids, mask = _assistant_mask_from_text(tok, t, "Action:")
+        n = len(t["token_ids"])
+        assert t["token_ids"] == ids[:n]
+        assert t["loss_mask"] == mask[:n]
+        spans = tok.decode([i for i, m in zip(t["token_ids"], t["loss_mask"]) if m])
+        actions = [m["content"][len("Action:"):] for m in t["messages"] if m["role"] == "assistant"]
+        assert spans == "".join(actions) and all(a.endswith("\n") for a in actions)
+
+
+def _hf_assistant_nll(model, trajectories, tmp_path) -> list[float]:
+    """Per assistant token NLL under HF transformers' Llama with ``model``'s weights, the mask
+    derived from the rendered text (``_assistant_mask_from_text``)."""
+    from agentrl_jax.models.pretrained import resolve_model_path
+    from agentrl_jax.models.safetensors_io import save_hf_directory
+    from agentrl_jax.models.tokenizer import load_tokenizer
+
+    hf_dir = save_hf_directory(model, str(tmp_path / "hf_initial"))
+    hf = transformers.AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32)
+    tok = load_tokenizer(resolve_model_path("smollm2"))
+    nll = []
+    for t in trajectories:
+        ids, mask = _assistant_mask_from_text(tok, t, "Action:")
+        ids, mask = ids[:len(t["token_ids"])], mask[:len(t["token_ids"])]
+        with torch.no_grad():
+            logp = torch.log_softmax(hf(torch.tensor([ids])).logits[0].double(), -1)
+        nll += [-float(logp[i - 1, ids[i]]) for i in range(1, len(ids)) if mask[i]]
+    return nll
+
+
+def test_sft_nll_export_and_resume(recorded, tmp_path, capsys, one_device):
+    """* The loss of the first SFT step (before its update) is the mean NLL of the step's
+      assistant tokens under HF transformers with the initial weights (mask from the text).
+    * Two SFT steps, then the same command with three steps resumes at step 2.
+    * The exported HF directory holds the learner's parameters and is what ``load_policy``
+      (launch/run.py's model loading, ``--config.model.name=<workdir>/model``) gives."""
+    import jax
+    from flax import nnx
+
+    from agentrl_jax.learner import Learner
+    from agentrl_jax.training.sft import SFTRun, batch_rows, finished_step
+    from agentrl_jax.training.trainer import load_policy
+
+    data, _, trajectories = recorded
+    c = _config(data, 2)
+    first = [trajectories[i] for i in batch_rows(0, len(trajectories), 2, int(c.seed))]
+    nll = _hf_assistant_nll(load_policy(c)[0], first, tmp_path)
+    work = str(tmp_path / "sft")
+    SFTRun(c, work, progress=False).run()
+    assert finished_step(work) == 2
+    summary = SFTRun(_config(data, 3), work, progress=False).run()
+    assert "resumed at step 2" in capsys.readouterr().out
+    assert summary["final_step"] == 3 and finished_step(work) == 3
+    rows = [json.loads(line) for line in open(os.path.join(work, "metrics.jsonl"))]
+    assert [r["step"] for r in rows] == [1, 2, 3] and all("actor/nll" in r for r in rows)
+    assert rows[0]["batch/generated_tokens"] == len(nll)
+    assert rows[0]["actor/nll"] == pytest.approx(np.mean(nll), rel=1e-4)
+    assert rows[0]["actor/pg_loss"] == pytest.approx(np.mean(nll), rel=1e-4)
+    assert rows[2]["actor/nll"] < rows[0]["actor/nll"]  # lr 1e-3: the NLL falls
+
+    c = _config(data, 3)
+    restored = Learner(load_policy(c)[0], dict(c.learner),
+                       checkpoint_dir=os.path.join(work, "checkpoints"))
+    restored.restore()
+    rl = _config(data, 3)
+    rl.model.name = os.path.join(work, "model")
+    rl.model.random_init = {}
+    model, tokenizer, path = load_policy(rl)
+    assert path == os.path.join(work, "model") and len(tokenizer) == len(load_policy(c)[1])
+    ours = jax.tree.leaves(nnx.state(model, nnx.Param))
+    ref = jax.tree.leaves(restored.params)
+    assert len(ours) == len(ref)
+    for a, b in zip(ours, ref):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    restored.close()
