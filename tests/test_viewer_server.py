@@ -134,6 +134,21 @@ async def test_bad_requests_are_4xx_with_a_message(client):
     assert not wrong
 
 
+async def test_non_finite_numbers_in_run_files_are_null(client, run_dir):
+    c, _ = client
+    with open(os.path.join(run_dir, "summary.json")) as f:
+        summary = json.load(f)
+    summary["first_reward"] = float("nan")
+    summary["evals"]["0"]["mean_reward"] = float("inf")
+    with open(os.path.join(run_dir, "summary.json"), "w") as f:
+        json.dump(summary, f)  # Python writes NaN / Infinity literals
+    r = await c.get("/api/runs")
+    assert r.status == 200
+    text = await r.text()
+    assert "NaN" not in text and "Infinity" not in text
+    assert json.loads(text)["runs"][0]["summary"]["first_reward"] is None
+
+
 async def test_random_garbage_never_gives_a_5xx(client):
     c, _ = client
     rng = random.Random(0)

@@ -202,7 +202,10 @@ class Viewer:
         step = int(rows["step"][row])
         rewards, trained = [], []
         for i in same:
-            member = ep if int(i) == row else f.read(int(i))
+            try:
+                member = ep if int(i) == row else f.read(int(i))
+            except RuntimeError as e:  # the file changed under the index
+                return {"value": None, "note": f"group not readable: {e}"}
             versions = member.get("turn_versions") or [member.get("policy_version") or 0]
             ok = (member.get("status") not in episode_mod.ERROR_STATUSES
                   and step - int(min(versions)) <= staleness  # the trainer's staleness rule

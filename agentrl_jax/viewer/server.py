@@ -79,8 +79,23 @@ def _json(data: Any, status: int = 200) -> web.Response:
 
 
 def _dumps(data: Any) -> str:
+    """Strict JSON (browsers reject NaN / Infinity): non-finite numbers become null."""
     import json
-    return json.dumps(data, allow_nan=False, default=_default)
+    try:
+        return json.dumps(data, allow_nan=False, default=_default)
+    except ValueError:
+        return json.dumps(_finite(data), allow_nan=False, default=_default)
+
+
+def _finite(x: Any) -> Any:
+    import math
+    if isinstance(x, float):
+        return x if math.isfinite(x) else None
+    if isinstance(x, dict):
+        return {k: _finite(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_finite(v) for v in x]
+    return x
 
 
 def _default(x: Any) -> Any:
