@@ -111,6 +111,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--max-context", type=int, default=2048)
     p.add_argument("--env-servers-per-device", type=int, default=2)
     p.add_argument("--dtype", choices=["bfloat16", "float32"], default="bfloat16")
+    p.add_argument("--decode-attention", default="auto", choices=["auto", "ragged", "dense"])
     p.add_argument("--skip", default="", help="comma list of: engine,actor_pool")
     p.add_argument("--json", default=None)
     args = p.parse_args(argv)
@@ -156,7 +157,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         max_length = max(args.max_context, args.prompt_len + args.new_tokens)
         config = EngineConfig(max_batch=args.episodes_per_device, max_length=max_length,
                               dtype=args.dtype, weights_dtype=args.dtype,
-                              prefill_chunks=(64, 256, 1024), prefill_tokens=8192)
+                              prefill_chunks=(64, 256, 1024), prefill_tokens=8192,
+                              decode_attention=args.decode_attention)
         t0 = time.perf_counter()
         backend = EngineReplicas(model, config, tokenizer=tokenizer, devices=devices[:n])
         run: dict[str, Any] = {"start_s": time.perf_counter() - t0, "episodes": episodes}

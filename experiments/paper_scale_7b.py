@@ -42,5 +42,4 @@ def get_config():
     c.learner.micro_batch_size = 4
     c.learner.logprob_batch_size = 8
     c.learner.mini_batches = 1
-    c.learner.tis_cap = 0.0
     return c
