@@ -1,0 +1,112 @@
+"""A step in which every episode fails must not stop training (issue 12, the exact case).
+
+With the default ``max_staleness=0``, a step whose episodes all failed did no update; the
+weights version then stayed one behind the step counter, every later rollout was stamped one
+version behind and dropped as stale, and training never updated again. Here the trainer's real
+loop (``Trainer._loop``: staleness filter, batch assembly, update / weight-sync bookkeeping)
+runs against a recording learner and backend and an actor pool whose first rollout fails
+entirely (engine errors); the reference is the hand-written sequence of updates and weight
+versions.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from agentrl_jax.agent.actor_pool import TaskRef, summarize
+from agentrl_jax.agent.trajectory import Trajectory
+from agentrl_jax.training.config import base_config
+from agentrl_jax.training.task_sampler import TaskSampler
+from agentrl_jax.training.trainer import Trainer
+
+
+class Writer:
+    def __init__(self):
+        self.rows: list[tuple[int, dict]] = []
+
+    def write(self, step, metrics):
+        self.rows.append((step, dict(metrics)))
+
+
+class RecordingLearner:
+    """The learner's interface as the trainer uses it; records every update and save."""
+
+    def __init__(self):
+        self.updates: list[int] = []  # rows per update
+        self.update_step = 0
+        self.writer = Writer()
+        self.params: dict = {}
+        self.saved: list[int] = []
+
+    def update(self, batch, log=True, process_local=False):
+        self.updates.append(int(batch["tokens"].shape[0]))
+        self.update_step += 1
+        return {"actor/pg_loss": 0.0}
+
+    def save(self, extra, step=None, force=False):
+        self.saved.append(step)
+
+    def wait(self):
+        pass
+
+
+class RecordingBackend:
+    def __init__(self):
+        self.versions: list[str] = []
+
+    async def update_weights(self, params=None, *, version=None, **kwargs):
+        self.versions.append(version)
+
+
+class FailingFirstRolloutPool:
+    """Every episode of the first rollout fails (engine_error); later ones finish, with
+    rewards that differ within each group."""
+
+    def __init__(self):
+        self.rollouts = 0
+
+    async def collect(self, tasks, n_samples, horizon, policy_version=0, seed=None,
+                      progress=None, version_fn=None, lockstep=False):
+        self.rollouts += 1
+        out = []
+        for g, task in enumerate(tasks):
+            for i in range(n_samples):
+                t = Trajectory(env=task.env, task_id=task.task_id, group_id=g, sample_index=i,
+                               horizon=horizon, policy_version=policy_version)
+                if self.rollouts == 1:
+                    t.status, t.error = "engine_error", "generate: the engine failed"
+                else:
+                    version = version_fn() if version_fn is not None else policy_version
+                    t.append([5, 6, 7], generated=False, turn=-1)
+                    t.append([8, 9], generated=True, turn=0, logprobs=[-0.5, -0.5])
+                    t.num_turns, t.turn_versions, t.turn_states = 1, [version], ["s"]
+                    t.turn_rewards, t.reward, t.status = [float(i)], float(i), "max_turns"
+                out.append(t)
+        return out, summarize(out, 0.1)
+
+
+def test_a_step_where_every_episode_failed_leaves_later_steps_training(tmp_path):
+    c = base_config()
+    c.train.total_steps = 4
+    c.train.tasks_per_step = 2
+    c.train.samples_per_task = 2
+    c.train.save_every = 100
+    c.train.eval_tasks = 0
+    c.train.eval_before = c.train.eval_after = False
+    assert c.train.max_staleness == 0 and c.rollout.backend == "embedded"
+    trainer = Trainer(c, str(tmp_path), progress=False)
+    learner, backend, pool = RecordingLearner(), RecordingBackend(), FailingFirstRolloutPool()
+    sampler = TaskSampler([TaskRef("babyai", str(i)) for i in range(20)], seed=0)
+
+    asyncio.run(trainer._loop(learner, backend, pool, sampler, [], 0))
+
+    assert pool.rollouts == 4
+    assert learner.updates == [4, 4, 4]  # steps 2, 3, 4: every episode trained on
+    assert backend.versions == ["2", "3", "4"]  # each update's weights, numbered by step
+    assert learner.update_step == 4 and learner.saved == [4]
+    rows = {step: m for step, m in learner.writer.rows}
+    assert sorted(rows) == [1, 2, 3, 4]
+    assert rows[1]["rollout/status/engine_error"] == 4 and "actor/pg_loss" not in rows[1]
+    for step in (2, 3, 4):  # before the fix: 4 stale episodes dropped, no update, forever
+        assert rows[step]["rollout/stale_dropped"] == 0, rows[step]
+        assert rows[step]["actor/pg_loss"] == 0.0
