@@ -44,7 +44,8 @@ def test_every_experiment_config_is_valid():
                    if not p.endswith("__init__.py"))
     assert "smoke" in names and len(names) >= 10
     for name in names:
-        assert config_problems(importlib.import_module(f"experiments.{name}").get_config()) == [], name
+        config = importlib.import_module(f"experiments.{name}").get_config()
+        assert config_problems(config) == [], name
     assert config_problems(base_config()) == []
 
 
