@@ -70,6 +70,7 @@ def main(argv: list[str] | None = None) -> int:
             for r in viewer.runs:
                 r.tokenizer()
             with BackgroundServer(viewer) as url:
+                driver.get("about:blank")
                 driver.get(url + "#" + view)
                 time.sleep(3.0)  # data loaded, charts drawn
                 if scroll:

@@ -94,6 +94,7 @@ def wait(driver, fn, timeout=20.0):
 
 
 def open_view(driver, url: str, hash_: str) -> None:
+    driver.get("about:blank")  # a new page load (same URL, new #hash would not reload)
     driver.get(url + hash_)
     wait(driver, lambda d: d.execute_script("return document.body.dataset.rendered"))
 
