@@ -160,7 +160,10 @@ def main(argv=None) -> int:
     labels = args.labels.split(",") if args.labels else [os.path.basename(r.rstrip("/"))
                                                          for r in args.runs]
     os.makedirs(args.out, exist_ok=True)
-    plot(args.runs, labels, os.path.join(args.out, "curves.png"))
+    try:
+        plot(args.runs, labels, os.path.join(args.out, "curves.png"))
+    except ImportError as e:  # the numbers do not need matplotlib
+        print(f"no curves.png ({e}); pip install matplotlib for the figure")
     report = {}
     evals_by_label = {}
     for run, label in zip(args.runs, labels):
