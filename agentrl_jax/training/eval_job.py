@@ -89,8 +89,9 @@ async def run_evaluation(config: Any, checkpoint_dir: str | None = None, step: i
             t0 = time.monotonic()
             async with EpisodeProgress(episodes, f"eval ({split}, k={k})", mode, interval,
                                        say, counter=counter) as bar:
-                result, trajectories = await evaluate(pool, tasks, k=k, horizon=horizon,
-                                                      seed=int(config.seed), progress=bar)
+                result, trajectories = await evaluate(
+                    pool, tasks, k=k, horizon=horizon, seed=int(config.seed), progress=bar,
+                    min_scored=float(config.train.get("eval_min_scored", 0.9)))
             say(f"evaluated {len(tasks)} tasks x k={k} ({episodes} episodes, horizon "
                 f"{horizon}) in {format_seconds(time.monotonic() - t0)}")
     if output:
