@@ -325,3 +325,35 @@ async def test_export_endpoint_and_cli(client, run_dir, tmp_path):
     assert [x["row"] for x in rows] == want
     _no_external_references(out.read_text())
     assert viewer_main([run_dir, "--export", str(out), "--limit", "5000", "--no-cache"]) == 2
+
+
+@pytest.mark.parametrize("env_name,task,actions", [
+    ("babyai", "BabyAI-GoToObj-v0/seed=1",
+     ["fly away", "turn left", "go to purple door 7", "move forward", "pick up the moon",
+      "turn right"]),
+    ("textcraft", "dark_oak_sign",
+     ["fly away", "inventory", "craft 1 diamond using 3 stick", "get 1 oak log", "dance",
+      "inventory"]),
+])
+def test_rejections_of_the_real_environments_are_located(env_name, task, actions):
+    """The viewer flags exactly the turns the real environment servers call invalid."""
+    from agentrl_jax.viewer.episode import parser_for, turns
+
+    if env_name == "babyai":
+        from environments.babyai.env import BabyAIEnv as Env
+    else:
+        from environments.textcraft.env import TextCraftEnv as Env
+    env = Env()
+    first = env.reset(task)
+    messages = [{"role": "system", "content": "instructions"},
+                {"role": "user", "content": first.observation}]
+    flags = []
+    for a in actions:
+        step = env.step(a)
+        messages += [{"role": "assistant", "content": f"Action: {a}"},
+                     {"role": "user", "content": step.observation}]
+        flags.append(bool(step.info["invalid_action"]))
+    assert any(flags) and not all(flags)
+    view = turns({"messages": messages, "invalid_actions": sum(flags)}, parser_for("react"))
+    assert [t["rejected"] for t in view["turns"]] == flags
+    assert view["unlocated_invalid"] == 0 and view["format_invalid"] == 0

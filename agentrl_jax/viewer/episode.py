@@ -35,6 +35,8 @@ ERROR_STATUSES = ("env_error", "engine_error")
 #: how the environment servers answer an action they do not understand (environments/*/env.py)
 REJECTION_PATTERNS = (
     re.compile(r"'.*' is not a valid action here\.", re.S),  # BabyAI
+    re.compile(r"^You do not see a [^\n]*\."),  # BabyAI: an object not in view
+    re.compile(r"^The episode has ended\."),  # BabyAI, TextCraft: a step after the end
     re.compile(r"^Could not execute "),  # TextCraft
     re.compile(r"^(No known action matches that input\.|Unknown action\.)"),  # ScienceWorld
     re.compile(r"^Invalid action: "),  # MiniWoB++ (web navigation), deep search
