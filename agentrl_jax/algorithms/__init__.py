@@ -6,15 +6,18 @@ losses, KL estimators. Everything is a pure, jit-able JAX function over
 from .advantages import (
     ADVANTAGE_ESTIMATORS,
     GAE_METHODS,
+    LOGPROB_INPUTS,
     TURN_INPUTS,
     AdvantageOutput,
     compute_advantages,
     gae_advantages_raw,
     get_advantage_estimator,
+    is_logprob_level,
     is_turn_level,
     register_advantage_estimator,
 )
 from .gigpo import anchor_group_ids, gigpo, turn_returns  # registers "gigpo"
+from .dpo import dpo  # registers "dpo"
 from .kl import (
     KL_ESTIMATORS,
     get_kl_estimator,
@@ -65,6 +68,9 @@ __all__ = [
     "register_advantage_estimator",
     "TURN_INPUTS",
     "is_turn_level",
+    "LOGPROB_INPUTS",
+    "is_logprob_level",
+    "dpo",
     "anchor_group_ids",
     "gigpo",
     "turn_returns",

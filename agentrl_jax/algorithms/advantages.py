@@ -60,6 +60,8 @@ __all__ = [
     "GAE_METHODS",
     "TURN_INPUTS",
     "is_turn_level",
+    "LOGPROB_INPUTS",
+    "is_logprob_level",
 ]
 
 
@@ -85,21 +87,32 @@ TURN_INPUTS = ("turn_ids", "turn_rewards", "turn_anchors")
 #: names (normalised) of the estimators that take :data:`TURN_INPUTS`
 _TURN_LEVEL: set[str] = set()
 
+#: log-prob inputs of the preference estimators (``dpo``): ``logprobs [B, T]`` (the current
+#: policy's, before the update) and ``ref_logprobs [B, T]`` (the frozen reference's)
+LOGPROB_INPUTS = ("logprobs", "ref_logprobs")
+
+#: names (normalised) of the estimators that take :data:`LOGPROB_INPUTS`
+_LOGPROB_LEVEL: set[str] = set()
+
 
 def register_advantage_estimator(name: str, *, jit: bool = True, overwrite: bool = False,
-                                 static: tuple[str, ...] = (), turn_level: bool = False):
+                                 static: tuple[str, ...] = (), turn_level: bool = False,
+                                 logprob_level: bool = False):
     """Decorator: register an estimator under ``name`` (jitted with the standard
     static options, plus ``static`` names of its own scalar options, unless
     ``jit=False``). The function must accept the keyword-only signature of
     :func:`compute_advantages` (unused options may be ignored). ``turn_level``: it
     also takes the per-turn arrays :data:`TURN_INPUTS` (callers pass them only to
-    such estimators)."""
+    such estimators). ``logprob_level``: it takes :data:`LOGPROB_INPUTS` (the learner
+    then computes reference log-probs and passes both)."""
 
     def deco(fn: Callable) -> Callable:
         f = jax.jit(fn, static_argnames=_STATIC + tuple(static)) if jit else fn
         ADVANTAGE_ESTIMATORS.register(name, f, overwrite=overwrite)
         if turn_level:
             _TURN_LEVEL.add(normalize_name(name))
+        if logprob_level:
+            _LOGPROB_LEVEL.add(normalize_name(name))
         return f
 
     return deco
@@ -108,6 +121,11 @@ def register_advantage_estimator(name: str, *, jit: bool = True, overwrite: bool
 def is_turn_level(name: str) -> bool:
     """Whether estimator ``name`` takes the per-turn arrays (:data:`TURN_INPUTS`)."""
     return normalize_name(name) in _TURN_LEVEL
+
+
+def is_logprob_level(name: str) -> bool:
+    """Whether estimator ``name`` takes policy / reference log-probs (:data:`LOGPROB_INPUTS`)."""
+    return normalize_name(name) in _LOGPROB_LEVEL
 
 
 def get_advantage_estimator(name: str) -> Callable[..., AdvantageOutput]:
@@ -133,6 +151,8 @@ def compute_advantages(
     turn_ids: Array | None = None,
     turn_rewards: Array | None = None,
     turn_anchors: Array | None = None,
+    logprobs: Array | None = None,
+    ref_logprobs: Array | None = None,
     **options,
 ) -> AdvantageOutput:
     """Single entry point: ``compute_advantages(cfg.adv_estimator, rewards=..., ...)``.
@@ -160,8 +180,10 @@ def compute_advantages(
       turn_ids, turn_rewards, turn_anchors: per-turn inputs of the turn-level
         estimators (``gigpo``; :data:`TURN_INPUTS`); ignored by the others, so a
         caller may always pass what its batch holds.
+      logprobs, ref_logprobs: ``[B, T]`` policy (before the update) and reference
+        log-probs of the preference estimators (``dpo``); ignored by the others.
       options: the estimator's own static options (``gigpo``: ``omega``,
-        ``norm_std``).
+        ``norm_std``; ``dpo``: ``beta``).
 
     Returns:
       ``AdvantageOutput(advantages [B, T], returns [B, T])`` (float32).
@@ -169,6 +191,8 @@ def compute_advantages(
     fn = get_advantage_estimator(name)
     if is_turn_level(name):
         options.update(turn_ids=turn_ids, turn_rewards=turn_rewards, turn_anchors=turn_anchors)
+    if is_logprob_level(name):
+        options.update(logprobs=logprobs, ref_logprobs=ref_logprobs)
     return fn(
         rewards=rewards,
         loss_mask=loss_mask,

@@ -106,6 +106,11 @@ class LearnerConfig:
         from agentrl_jax.algorithms.losses import POLICY_LOSSES
         check(self.policy_loss in POLICY_LOSSES,
               f"policy_loss must be one of {sorted(POLICY_LOSSES)}")
+        if self.advantage_estimator.lower().replace("-", "_") == "dpo":  # exact DPO gradient
+            check(self.policy_loss == "sft"
+                  and self.loss_agg_mode.replace("-", "_") == "seq_mean_token_sum",
+                  "advantage_estimator='dpo' needs policy_loss='sft' and "
+                  "loss_agg_mode='seq_mean_token_sum' (algorithms/dpo.py)")
         object.__setattr__(self, "length_buckets", tuple(sorted(int(b) for b in self.length_buckets)))
         object.__setattr__(self, "mesh", dict(self.mesh))
         object.__setattr__(self, "advantage_kwargs", dict(self.advantage_kwargs))
@@ -119,7 +124,9 @@ class LearnerConfig:
 
     @property
     def use_reference(self) -> bool:
-        return self.kl_coef > 0
+        """A frozen reference model: for the KL term, or for a preference estimator (dpo)."""
+        from agentrl_jax.algorithms.advantages import is_logprob_level
+        return self.kl_coef > 0 or is_logprob_level(self.advantage_estimator)
 
     def replace(self, **changes: Any) -> "LearnerConfig":
         return dataclasses.replace(self, **changes)

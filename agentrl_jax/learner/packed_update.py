@@ -24,7 +24,8 @@ import jax
 import numpy as np
 
 from agentrl_jax.algorithms import (TURN_INPUTS, aggregation_weights, compute_advantages,
-                                    is_supervised, kl_estimate, kl_penalized_token_rewards)
+                                    is_logprob_level, is_supervised, kl_estimate,
+                                    kl_penalized_token_rewards)
 from agentrl_jax.learner.metrics import batch_stats, reduce_step_metrics
 from agentrl_jax.learner.optim import optimizer_step_count
 from agentrl_jax.learner.packing import PackPlan, pack, plan_packing, segment_layout, unpack
@@ -125,6 +126,8 @@ class PackedUpdate:
             adv = np.asarray(batch["advantages"], np.float32)
         else:
             turns = {k: np.asarray(batch[k]) for k in TURN_INPUTS if batch.get(k) is not None}
+            if is_logprob_level(cfg.advantage_estimator):  # dpo: policy and reference log-probs
+                turns.update(logprobs=old_lp, ref_logprobs=ref_lp)
             out = compute_advantages(
                 cfg.advantage_estimator, rewards=np.asarray(batch["reward"], np.float32),
                 loss_mask=mask, group_ids=np.asarray(batch["group_id"]),

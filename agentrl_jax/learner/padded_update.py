@@ -19,8 +19,9 @@ from typing import Any
 import jax
 import numpy as np
 
-from agentrl_jax.algorithms import (TURN_INPUTS, compute_advantages, is_supervised,
-                                    is_turn_level, kl_estimate, kl_penalized_token_rewards)
+from agentrl_jax.algorithms import (TURN_INPUTS, compute_advantages, is_logprob_level,
+                                    is_supervised, is_turn_level, kl_estimate,
+                                    kl_penalized_token_rewards)
 from agentrl_jax.learner.jit_cache import cached
 from agentrl_jax.learner.metrics import batch_stats, reduce_step_metrics
 from agentrl_jax.learner.optim import optimizer_step_count
@@ -75,7 +76,8 @@ class PaddedUpdate:
         t0 = time.perf_counter()
         # a supervised loss has no ratio: no "old" log-prob pass (unless the KL needs one)
         skip_old = is_supervised(cfg.policy_loss) and lr.ref_params is None
-        need_old = not skip_old and (cfg.ratio_source == "recompute"
+        preference = is_logprob_level(cfg.advantage_estimator)  # dpo: needs pi's own log-probs
+        need_old = not skip_old and (cfg.ratio_source == "recompute" or preference
                                      or "rollout_logprobs" not in hb)
         if skip_old:
             old_lp = np.zeros(hb["tokens"].shape, np.float32)
@@ -104,16 +106,19 @@ class PaddedUpdate:
             if cfg.kl_in_reward:
                 token_rewards = np.asarray(kl_penalized_token_rewards(
                     token_rewards, old_lp, ref_lp, m, cfg.kl_coef, estimator=cfg.kl_estimator))
+        lp_inputs = ({"logprobs": _as_np(old_lp, np.float32),
+                      "ref_logprobs": _as_np(ref_lp, np.float32)} if preference else {})
         if "advantages" in hb:
             adv = hb["advantages"]
             ret = hb.get("returns", adv)
         elif local:
-            adv, ret = self._advantages_global(hb, values, token_rewards)
+            adv, ret = self._advantages_global(hb, values, token_rewards, lp_inputs)
         else:
             out = compute_advantages(
                 cfg.advantage_estimator, rewards=hb["reward"], loss_mask=m,
                 group_ids=hb["group_id"], values=values, token_rewards=token_rewards,
-                gamma=cfg.gamma, lam=cfg.lam, **_turn_inputs(hb), **cfg.advantage_kwargs)
+                gamma=cfg.gamma, lam=cfg.lam, **_turn_inputs(hb), **lp_inputs,
+                **cfg.advantage_kwargs)
             adv, ret = _as_np(out.advantages, np.float32), _as_np(out.returns, np.float32)
 
         mb_data = {"tokens": hb["tokens"], "attention_mask": hb["attention_mask"],
@@ -289,7 +294,8 @@ class PaddedUpdate:
             out["group_id"] = np.concatenate([g, fresh]).astype(np.int32)
         return out
 
-    def _advantages_global(self, hb: dict[str, np.ndarray], values, token_rewards):
+    def _advantages_global(self, hb: dict[str, np.ndarray], values, token_rewards,
+                           lp_inputs: dict[str, np.ndarray] | None = None):
         """Process-local rows: advantages / returns of this process's rows, computed in jit
         over the global batch (group statistics and whitening span every process)."""
         lr = self.learner
@@ -301,6 +307,7 @@ class PaddedUpdate:
         if token_rewards is not None:
             args["token_rewards"] = token_rewards
         args.update(_turn_inputs(hb))
+        args.update(lp_inputs or {})
         key = ("advantages", mesh, lr._cfg_key, tuple(sorted(args)))
 
         def build():  # closes over locals only
