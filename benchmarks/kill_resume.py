@@ -5,9 +5,10 @@
 Runs ``launch/run.py --config experiments/smoke.py`` (tiny random model, real BabyAI and
 TextCraft servers) in a fresh workdir, kills it with SIGKILL ``--kills`` times at points drawn
 at random (a phase: during a rollout, an update or a checkpoint save, then a random delay of up
-to 0.5 s after the line that opens that phase), starting it again after each kill, then lets the
+to 0.5 s after the line that opens that phase, in the first or second step the session
+runs), starting it again after each kill, then lets the
 last session finish with ``train.max_staleness=1`` (every update after the resume but the last
-overlaps a rollout). The run has ``kills + 2`` steps. Then it checks (``check_run``): the run
+overlaps a rollout). The run has ``2 x kills + 2`` steps. Then it checks (``check_run``): the run
 finished; every step appears exactly once in ``metrics.jsonl`` and ``trajectories_train.jsonl``
 and the final evaluation once in ``trajectories_eval.jsonl``; no episode failed (no env_error /
 engine_error) and every turn is within the staleness bound of its step; the checkpoint of the
@@ -136,20 +137,33 @@ def rows(path: str) -> list[dict[str, Any]]:
     return [json.loads(line) for line in open(path)] if os.path.exists(path) else []
 
 
-#: Kill points: (phase, regex of the line that opens it). A session is killed at the first
-#: match, i.e. in the first step it runs, so each session moves the checkpoint on by at most one
-#: step: a run of ``kills + 2`` steps always reaches every kill point and leaves the last
-#: session at least two steps (one update overlapping a rollout).
-KILL_POINTS = {
-    "rollout": r"^step \d+/\d+ rollout \(horizon \d+\): \d+/\d+ episodes, [1-9]\d* turns",
-    "update": r"^step \d+/\d+ rollout \(horizon \d+\): (\d+)/\1 episodes",
-    "save": r"^saving checkpoint step \d+ \.\.\.$",
-    # the save of a step >= 2: checkpoint step - 1 is complete by then (restored, or saved in
-    # this session: orbax finishes a save before it starts the next), so the next session
-    # resumes from a checkpoint
-    "later save": r"^saving checkpoint step ([2-9]|\d\d+) \.\.\.$",
-    "first update": r"^compiling the train step \(first update\) \.\.\.$",
-}
+PHASES = ("rollout", "update", "save", "later save", "first update")
+
+
+def kill_point(phase: str, step: int, total: int) -> str:
+    """The regex of the line that opens ``phase`` of training step ``step`` (1-based) of a run
+    of ``total`` steps: the rollout (a progress line with a generated turn), the update (the
+    rollout's last progress line: every episode done), the checkpoint save; ``later save``: the
+    save of a step >= 2, by which time checkpoint ``step - 1`` is complete (restored, or saved
+    in this session: orbax finishes one save before it starts the next), so the next session
+    resumes from a checkpoint; ``first update``: the session's first update (its compilation)."""
+    if phase == "rollout":
+        return rf"^step {step}/{total} rollout \(horizon \d+\): \d+/\d+ episodes, [1-9]\d* turns"
+    if phase == "update":
+        return rf"^step {step}/{total} rollout \(horizon \d+\): (\d+)/\1 episodes"
+    if phase in ("save", "later save"):
+        return rf"^saving checkpoint step {step} \.\.\.$"
+    if phase == "first update":
+        return r"^compiling the train step \(first update\) \.\.\.$"
+    raise ValueError(f"unknown phase {phase!r}; known: {PHASES}")
+
+
+def target_step(phase: str, checkpoint: int, offset: int, total: int) -> int:
+    """The step a session that resumes from ``checkpoint`` is killed in: ``offset`` steps after
+    its first (at least 2 for ``later save``), at most ``total - 1``. A session moves the
+    checkpoint on by at most ``offset + 1`` steps, so with offsets <= 1 a run of
+    ``2 x kills + 2`` steps reaches every kill point and leaves the last session >= 2 steps."""
+    return min(max(checkpoint + 1 + offset, 2 if phase == "later save" else 1), total - 1)
 
 
 def resumed_at(output: str) -> int:
@@ -185,28 +199,33 @@ def check_run(workdir: str, total: int, overlap_from: int) -> dict[str, Any]:
     return {"train_rows": len(train_rows), "episodes": len(episodes), "eval_episodes": len(evals)}
 
 
-def kill_and_resume(workdir: str, cache: str | None, kills: list[tuple[str, float]],
-                    say=print) -> dict[str, Any]:
-    """Kill a smoke run of ``len(kills) + 2`` steps at each ``(phase, delay)`` of ``kills``
-    (``KILL_POINTS``, then ``delay`` seconds), starting it again after each kill, then let the
-    last session finish with ``max_staleness=1`` and check the run. Returns a report (one
-    record per session)."""
-    total = len(kills) + 2
+def kill_and_resume(workdir: str, cache: str | None, kills: list[tuple[str, float, int]],
+                    total: int | None = None, say=print) -> dict[str, Any]:
+    """Kill a smoke run of ``total`` steps (default ``2 x len(kills) + 2``) once per
+    ``(phase, delay, offset)`` of ``kills``: ``delay`` seconds after the line that opens
+    ``phase`` of step ``target_step(phase, latest checkpoint, offset, total)``, starting it
+    again after each kill; then let the last session finish with ``max_staleness=1`` and check
+    the run. Returns a report (one record per session)."""
+    from agentrl_jax.training.trainer import checkpoint_steps
+
+    total = total or 2 * len(kills) + 2
     sessions = []
-    for phase, delay in kills:
+    for phase, delay, offset in kills:
+        checkpoint = max(checkpoint_steps(os.path.join(workdir, "checkpoints")), default=0)
+        step = target_step(phase, checkpoint, offset, total)
         run = Run(workdir, cache, f"--config.train.total_steps={total}")
-        run.wait_for(KILL_POINTS[phase])
+        run.wait_for(kill_point(phase, step, total))
         time.sleep(delay)
         servers = children(run.proc.pid, "environments.")
         last = run.lines[-1]
         run.kill()
         wait_gone(servers)
         dropped = re.search(r"^logs rewound to step \d+: dropped (.*) \(written", run.output, re.M)
-        sessions.append({"killed": phase, "delay_s": round(delay, 3), "last_line": last,
-                         "resumed_at": resumed_at(run.output),
+        sessions.append({"killed": phase, "step": step, "delay_s": round(delay, 3),
+                         "last_line": last, "resumed_at": resumed_at(run.output),
                          "rewound": dropped.group(1) if dropped else None,
                          "seconds": round(time.monotonic() - run.started, 1)})
-        say(f"session {len(sessions)}: {sessions[-1]}")
+        say(f"session {len(sessions)}: {sessions[-1]}", flush=True)
     run = Run(workdir, cache, f"--config.train.total_steps={total}",
               "--config.train.max_staleness=1")
     code = run.finish()
@@ -218,7 +237,7 @@ def kill_and_resume(workdir: str, cache: str | None, kills: list[tuple[str, floa
                      "rewound": dropped.group(1) if dropped else None,
                      "overlapped_updates": total - start - 1,
                      "seconds": round(time.monotonic() - run.started, 1)})
-    say(f"session {len(sessions)}: {sessions[-1]}")
+    say(f"session {len(sessions)}: {sessions[-1]}", flush=True)
     counts = check_run(workdir, total, overlap_from=start)
     return {"steps": total, "sessions": sessions, "check": counts}
 
@@ -227,12 +246,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--kills", type=int, default=6)
     parser.add_argument("--seed", type=int, default=1)
-    parser.add_argument("--phases", default="rollout,update,save,first update")
+    parser.add_argument("--phases", default="rollout,update,save,first update",
+                        help=f"comma-separated, from {', '.join(PHASES)}")
     parser.add_argument("--json", default=None, help="write the report here")
     args = parser.parse_args()
     rng = random.Random(args.seed)
     phases = [p.strip() for p in args.phases.split(",")]
-    kills = [(rng.choice(phases), rng.uniform(0.0, 0.5)) for _ in range(args.kills)]
+    kills = [(rng.choice(phases), rng.uniform(0.0, 0.5), rng.randint(0, 1))
+             for _ in range(args.kills)]
     t0 = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="kill-resume-") as tmp:
         report = kill_and_resume(os.path.join(tmp, "run"), os.path.join(tmp, "jax_cache"), kills)

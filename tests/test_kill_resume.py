@@ -39,13 +39,13 @@ def jax_cache(tmp_path_factory) -> str:
 
 @pytest.mark.slow
 def test_trainer_killed_at_random_points_resumes_with_every_step_once(tmp_path, jax_cache):
-    # kill 1 during a rollout or the first update, kill 2 during the save of a step >= 2 (so
-    # that the last session resumes from a checkpoint), each a random delay (up to 0.5 s)
-    # after the line that opens the phase; then the rest with overlapped updates
+    # kill 1 during a rollout (of step 1 or 2) or the first update, kill 2 during the save of a
+    # step >= 2 (so that the last session resumes from a checkpoint), each a random delay (up
+    # to 0.5 s) after the line that opens the phase; then the rest with overlapped updates
     rng = random.Random(SEED)
-    kills = [(rng.choice(["rollout", "first update"]), rng.uniform(0, 0.5)),
-             ("later save", rng.uniform(0, 0.5))]
-    report = kill_and_resume(str(tmp_path / "run"), jax_cache, kills)
+    kills = [(rng.choice(["rollout", "first update"]), rng.uniform(0, 0.5), rng.randint(0, 1)),
+             ("later save", rng.uniform(0, 0.5), 0)]
+    report = kill_and_resume(str(tmp_path / "run"), jax_cache, kills, total=4)
     # kill_and_resume checked the run: finished, each step once in metrics.jsonl and
     # trajectories_*.jsonl, no failed episode, every turn within its staleness bound
     assert report["steps"] == 4 and report["check"] == {"train_rows": 4, "episodes": 16,
