@@ -34,6 +34,8 @@ import time
 from typing import Any
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if REPO not in sys.path:  # run as a script
+    sys.path.insert(0, REPO)
 SMOKE = ["launch/run.py", "--config", "experiments/smoke.py", "--config.progress_seconds=0"]
 
 
