@@ -110,3 +110,13 @@ def test_a_step_where_every_episode_failed_leaves_later_steps_training(tmp_path)
     for step in (2, 3, 4):  # before the fix: 4 stale episodes dropped, no update, forever
         assert rows[step]["rollout/stale_dropped"] == 0, rows[step]
         assert rows[step]["actor/pg_loss"] == 0.0
+
+
+def test_config_json_leaves_the_api_key_out(tmp_path):
+    c = base_config()
+    c.rollout.api_key = "sesame"
+    trainer = Trainer(c, str(tmp_path), progress=False)
+    trainer._write_config()
+    text = open(tmp_path / "config.json").read()
+    assert "sesame" not in text and '"api_key": "<redacted>"' in text
+    assert c.rollout.api_key == "sesame"  # the run itself keeps it

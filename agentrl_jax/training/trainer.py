@@ -222,10 +222,16 @@ class Trainer:
 
     # ----------------------------------------------------------------------------- set-up
     def _write_config(self) -> None:
+        """``config.json`` of the workdir, without secrets (``rollout.api_key``)."""
         if not self.is_main:
             return
+        config = self.config
+        if config.get("rollout", {}).get("api_key"):
+            config = config.copy_and_resolve_references()
+            with config.unlocked():
+                config.rollout.api_key = "<redacted>"
         with open(os.path.join(self.workdir, "config.json"), "w") as f:
-            f.write(self.config.to_json_best_effort(indent=2))
+            f.write(config.to_json_best_effort(indent=2))
 
     def _log_trajectories(self, step: int, trajectories: list[Trajectory], kind: str) -> None:
         suffix = f".process{self.process_index}" if self.multi_process else ""
