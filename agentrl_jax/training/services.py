@@ -146,6 +146,54 @@ def engine_slots(config: Any, model_config: Any, dtype: str | None = None,
     return min(slots, fit)
 
 
+#: chunked-prefill buckets of the embedded engine on the CPU backend (one sequence per call)
+CPU_PREFILL_CHUNKS = (64, 256)
+
+
+def engine_prefill(platform: str) -> dict[str, Any]:
+    """``EngineConfig`` prefill fields for the engine's device ``platform``.
+
+    A prefill call computes all of its ``rows x chunk`` token positions, each attending over
+    the slot's whole ``max_length`` KV row, whatever share of them is real. Accelerators do
+    that padding in parallel almost for free: the engine's defaults (up to 4096 positions a
+    call, chunks up to 1024) stay. A CPU pays for every position: a multi-turn agent sends
+    one sequence with a ~150-token observation at a time, which the defaults ran as a
+    ``[4, 256]`` call (7.8 s of CPU for SmolLM2 at ``max_length`` 4096 on a 2-core VM) where
+    ``[1, 256]`` takes 1.8 s. On CPU: one sequence per call (``prefill_tokens`` = the smallest
+    chunk) and chunks of :data:`CPU_PREFILL_CHUNKS` (two compiled prefill shapes, not three).
+    """
+    if platform != "cpu":
+        return {}
+    return {"prefill_chunks": CPU_PREFILL_CHUNKS, "prefill_tokens": min(CPU_PREFILL_CHUNKS)}
+
+
+#: the learner's length buckets on the CPU backend: multiples of this many tokens
+CPU_LENGTH_BUCKET = 256
+
+
+def learner_settings(config: Any, platform: str | None = None) -> dict[str, Any]:
+    """``config.learner`` as the dict ``Learner`` takes, with length buckets for the backend.
+
+    The learner pads every row to a length bucket and computes the padding too. On
+    accelerators the default powers of two stay (few compiled shapes; padding is cheap in
+    parallel). On the CPU backend, when the config lists no buckets and does not pack rows,
+    the buckets are multiples of :data:`CPU_LENGTH_BUCKET` up to ``rollout.max_context``: a
+    new bucket compiles in ~15 s of CPU, while a power of two can double the work (the README's
+    taste run: 4 rows of at most 1,153 tokens cost 208 s of CPU per update padded to 2048 and
+    114 s padded to 1280, SmolLM2 on a 2-core VM).
+    """
+    import jax
+
+    settings = dict(config.learner)
+    platform = platform or jax.default_backend()
+    if platform == "cpu" and not settings.get("length_buckets") and not settings.get(
+            "pack_length"):
+        top = int(config.rollout.max_context)
+        settings["length_buckets"] = tuple(range(CPU_LENGTH_BUCKET, top + CPU_LENGTH_BUCKET,
+                                                 CPU_LENGTH_BUCKET))
+    return settings
+
+
 def engine_device_groups(config: Any) -> list[list[Any]]:
     """The local device groups the embedded engine runs on: ``rollout.tensor_parallel``
     devices per replica, ``rollout.engine_replicas`` replicas (0: as many as the local
@@ -185,7 +233,8 @@ def make_backend(config: Any, model: Any, tokenizer: Any, model_path: str | None
             dtype=rollout.get("engine_dtype") or None,
             weights_dtype=rollout.get("engine_dtype") or None,
             decode_steps=int(rollout.get("decode_steps", 16)), seed=int(config.seed),
-            decode_attention=str(rollout.get("decode_attention", "auto")))
+            decode_attention=str(rollout.get("decode_attention", "auto")),
+            **engine_prefill(groups[0][0].platform))
         if len(groups) == 1:
             return Engine(model, engine_config, tokenizer=tokenizer, model_path=model_path,
                           devices=groups[0])

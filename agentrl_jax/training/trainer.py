@@ -36,7 +36,7 @@ import numpy as np
 from agentrl_jax.agent.actor_pool import ActorPool, RolloutStats, TaskRef
 from agentrl_jax.agent.trajectory import STATUS_ENV_ERROR, Trajectory
 from agentrl_jax.algorithms.advantages import is_turn_level
-from agentrl_jax.training import distributed, runlog, services
+from agentrl_jax.training import distributed, hostmem, runlog, services
 from agentrl_jax.training.batching import assemble_batch, informative_groups
 from agentrl_jax.training.evaluation import EvalResult, evaluate, score_trajectories
 from agentrl_jax.training.progress import (BAR, LINES, OFF, EpisodeProgress, TurnCounter,
@@ -305,7 +305,7 @@ class Trainer:
                 with timed(self._say, f"loading model {cfg.model.name}"
                            + (" (random init)" if cfg.model.get("random_init") else "")):
                     model, tokenizer, model_path = load_policy(cfg)
-                learner = Learner(model, dict(cfg.learner),
+                learner = Learner(model, services.learner_settings(cfg),
                                   checkpoint_dir=os.path.join(self.workdir, "checkpoints"),
                                   max_to_keep=int(cfg.train.get("keep_checkpoints", 3)))
                 stack.callback(learner.close)
@@ -357,6 +357,9 @@ class Trainer:
                 train_tasks = await services.task_refs(clients, "train")
                 eval_tasks = await services.task_refs(clients, "test", int(cfg.train.eval_tasks))
                 sampler = TaskSampler(train_tasks, seed=int(cfg.seed), cursor=cursor)
+                # the loaded weights: the engine's until the first weight sync, then unused (the
+                # learner holds its own copies); kept by these names they would stay in memory
+                del model, policy
                 return await self._loop(learner, backend, pool, sampler, eval_tasks, start_step)
 
     async def _evaluate(self, pool: ActorPool, tasks: list[TaskRef], step: int,
@@ -545,6 +548,7 @@ class Trainer:
                                          copy=max_staleness >= 1)
                 metrics["perf/weight_sync_s"] = time.monotonic() - t_sync
                 weights_version = step + 1
+                hostmem.release_freed_memory()  # the update's temporaries
             else:
                 log.warning("step %d: no trajectory to train on (%s, %d flat groups); no update",
                             step, stats.statuses, flat_groups)
@@ -586,10 +590,19 @@ class Trainer:
                 pending = launch(step + 1)
         if pending is not None:
             await self._cancel(pending)
+        writes_pending = self.saved_this_session
         if ((cfg.train.get("eval_after", False) or self.eval_again) and eval_tasks
                 and not (self.evals and self.evals[-1][0] == last_step)):
+            import jax
+
+            if writes_pending and jax.default_backend() == "cpu":
+                # in host RAM the write's buffers would add to the evaluation's memory
+                with timed(self._say, "finishing checkpoint writes"):
+                    learner.wait()
+                writes_pending = False
+            hostmem.release_freed_memory()
             await self._evaluate(pool, eval_tasks, last_step, learner)
-        if self.saved_this_session:
+        if writes_pending:
             with timed(self._say, "finishing checkpoint writes"):
                 learner.wait()
         summary = self._summary(start_step, last_step)
