@@ -11,8 +11,8 @@ last session finish with ``train.max_staleness=1`` (every update after the resum
 overlaps a rollout). The run has ``2 x kills + 2`` steps. Then it checks (``check_run``): the run
 finished; every step appears exactly once in ``metrics.jsonl`` and ``trajectories_train.jsonl``
 and the final evaluation once in ``trajectories_eval.jsonl``; no episode failed (no env_error /
-engine_error) and every turn is within the staleness bound of its step; the checkpoint of the
-last step exists.
+engine_error) and every turn is within the staleness bound of its step; each step's horizon is
+the schedule's; the checkpoint of the last step exists.
 
 ``tests/test_kill_resume.py`` uses the same pieces (``Run``, ``check_run``) with two kills.
 """
@@ -176,10 +176,16 @@ def resumed_at(output: str) -> int:
 def check_run(workdir: str, total: int, overlap_from: int) -> dict[str, Any]:
     """Check a finished run (see the module docstring); ``overlap_from``: the first rollout
     step (0-based) of the session with ``max_staleness=1``. Returns counts for the report."""
+    from agentrl_jax.training.schedule import HorizonSchedule
+    from experiments.smoke import get_config
+
+    schedule = HorizonSchedule.from_config(dict(get_config().horizon))
     metrics = rows(os.path.join(workdir, "metrics.jsonl"))
     train_rows = [m for m in metrics if "train/horizon" in m]
     assert [m["step"] for m in train_rows] == list(range(1, total + 1)), \
         [m["step"] for m in train_rows]
+    # each step's horizon is the schedule's, across resumes
+    assert [m["train/horizon"] for m in train_rows] == [schedule.horizon(s) for s in range(total)]
     for m in train_rows:
         assert m.get("rollout/status/engine_error", 0) == 0, m
         assert m.get("rollout/status/env_error", 0) == 0, m
@@ -189,6 +195,7 @@ def check_run(workdir: str, total: int, overlap_from: int) -> dict[str, Any]:
     per_step = collections.Counter(t["step"] for t in episodes)
     assert per_step == {s: 4 for s in range(total)}, per_step
     for t in episodes:
+        assert t["horizon"] == schedule.horizon(t["step"]), (t["step"], t["horizon"])
         assert t["status"] in ("done", "max_turns", "context_limit"), (t["step"], t["status"])
         bound = 1 if t["step"] >= overlap_from else 0
         assert t["turn_versions"] and all(0 <= t["step"] - v <= bound
