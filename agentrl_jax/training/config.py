@@ -43,7 +43,7 @@ def base_config() -> ConfigDict:
     c.rollout.engine_dtype = ""  # "" = model dtype; "bfloat16" on GPU/TPU
     c.rollout.decode_steps = 16
     # embedded engine placement: one replica per group of `tensor_parallel` local devices
-    # (0 = every group: all local accelerators decode; N = the first N groups)
+    # (0 = every group: all local accelerators decode, one engine on CPU; N = the first N)
     c.rollout.engine_replicas = 0
     c.rollout.tensor_parallel = 1
     c.rollout.decode_attention = "auto"  # auto (ragged on GPU) | ragged | dense

@@ -197,14 +197,18 @@ def learner_settings(config: Any, platform: str | None = None) -> dict[str, Any]
 def engine_device_groups(config: Any) -> list[list[Any]]:
     """The local device groups the embedded engine runs on: ``rollout.tensor_parallel``
     devices per replica, ``rollout.engine_replicas`` replicas (0: as many as the local
-    devices make)."""
+    accelerators make; on the CPU backend one, since its "devices" are slices of the same
+    cores and each replica would hold its own KV cache in host RAM)."""
     import jax
 
     from agentrl_jax.rollout.placement import device_groups
 
     rollout = config.rollout
-    groups = device_groups(jax.local_devices(), int(rollout.get("tensor_parallel", 1)))
+    devices = jax.local_devices()
+    groups = device_groups(devices, int(rollout.get("tensor_parallel", 1)))
     wanted = int(rollout.get("engine_replicas", 0))
+    if wanted == 0 and devices[0].platform == "cpu":
+        wanted = 1
     if wanted > len(groups):
         raise ValueError(f"rollout.engine_replicas={wanted} but this host has only "
                          f"{len(groups)} group(s) of rollout.tensor_parallel="
