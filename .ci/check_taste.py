@@ -117,9 +117,9 @@ def main(argv: list[str] | None = None) -> int:
     wall = time.monotonic() - t0
     usage = resource.getrusage(resource.RUSAGE_CHILDREN)
     peak_gb = usage.ru_maxrss * 1024 / 1e9
-    print(f"[taste] exit code {rc}; wall {wall / 60:.1f} min, CPU {(usage.ru_utime + usage.ru_stime) / 60:.1f} min "
-          f"(user + sys), peak RSS {peak_gb:.2f} GB; load average at the end {_load()}",
-          flush=True)
+    cpu = usage.ru_utime + usage.ru_stime
+    print(f"[taste] exit code {rc}; wall {wall / 60:.1f} min, CPU {cpu / 60:.1f} min (user + sys), "
+          f"peak RSS {peak_gb:.2f} GB; load average at the end {_load()}", flush=True)
     problems = [] if rc == 0 else [f"exit code {rc}"]
     problems += check_summary(workdir, total_steps)
     if wall > args.max_seconds:
