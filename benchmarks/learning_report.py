@@ -79,19 +79,18 @@ def eval_success_by_task(run: str) -> dict[int, dict[str, list[float]]]:
 
 def paired_bootstrap(before: dict[str, list[float]], after: dict[str, list[float]],
                      draws: int = 10_000, seed: int = 0) -> dict[str, float]:
-    tasks = sorted(set(before) & set(after))
-    if not tasks:
+    """The run report's paired bootstrap (``agentrl_jax.training.report``) in this script's
+    ``gain.json`` field names, plus the median samples per task."""
+    from agentrl_jax.training.report import paired_bootstrap as bootstrap
+
+    r = bootstrap(before, after, draws=draws, seed=seed)
+    if not r:
         return {}
-    b = np.array([np.mean(before[t]) for t in tasks])
-    a = np.array([np.mean(after[t]) for t in tasks])
-    diff = a - b
-    rng = np.random.default_rng(seed)
-    idx = rng.integers(0, len(tasks), (draws, len(tasks)))
-    boot = diff[idx].mean(axis=1)
-    lo, hi = np.percentile(boot, [2.5, 97.5])
-    return {"tasks": len(tasks), "samples_per_task": int(np.median([len(after[t]) for t in tasks])),
-            "before_avg": float(b.mean()), "after_avg": float(a.mean()),
-            "gain": float(diff.mean()), "gain_ci95_low": float(lo), "gain_ci95_high": float(hi)}
+    tasks = sorted(set(before) & set(after))
+    return {"tasks": r["tasks"],
+            "samples_per_task": int(np.median([len(after[t]) for t in tasks])),
+            "before_avg": r["before"], "after_avg": r["after"], "gain": r["gain"],
+            "gain_ci95_low": r["ci95_low"], "gain_ci95_high": r["ci95_high"]}
 
 
 def eval_at(evals: dict[int, dict[str, list[float]]], which: str) -> tuple[int, dict]:

@@ -17,6 +17,8 @@ from __future__ import annotations
 import math
 from typing import Any, Callable, Iterable
 
+from agentrl_jax.training.services import _as_list
+
 #: exit code of ``launch/run.py`` / ``launch/eval.py`` for an invalid config (as for bad usage)
 EXIT_BAD_CONFIG = 2
 
@@ -54,14 +56,6 @@ def _is_int(x: Any) -> bool:
 def _is_num(x: Any) -> bool:
     return (isinstance(x, (int, float)) and not isinstance(x, bool)
             and math.isfinite(float(x)))
-
-
-def _as_list(value: Any) -> list[str]:
-    if value is None:
-        return []
-    if isinstance(value, str):
-        return [v.strip() for v in value.split(",") if v.strip()]
-    return [str(v) for v in value]
 
 
 class _Checker:
