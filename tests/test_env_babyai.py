@@ -210,3 +210,33 @@ def test_splits_are_deterministic_and_disjoint():
     assert all(parse_task_id(t)[1] >= TEST_SEED_BASE for t in test)
     assert {parse_task_id(t)[0] for t in test[:96]} == set(level_names())  # every level early on
     assert catalog.resolve("test", 5) == test[5]
+
+
+def test_state_key_equals_minigrid_hash_while_the_grid_changes():
+    """The cached grid digest gives minigrid's own ``env.hash()`` at every step: after moves,
+    pickups, drops, door toggles and macros, on many levels (the key's reference: the
+    uncached ``f"{env.hash()}|{held}"``)."""
+    env = BabyAIEnv()
+    rng = random.Random(7)
+    catalog = BabyAICatalog()
+    checked = changed = grid_changes = 0
+    for k in range(40):
+        result = env.reset(catalog.task_ids("train")[k * 13])
+        actions = result.info["available_actions"]
+        for _ in range(30):
+            grid_before = env._env.grid.encode().tobytes()
+            macros = [a for a in actions if a.startswith(("go through", "pick up", "go to"))]
+            step = env.step(rng.choice(["toggle", "toggle", "pickup", "drop", "move forward",
+                                        "turn left", "turn right", *macros]))
+            raw = env._env
+            held = f"{raw.carrying.color} {raw.carrying.type}" if raw.carrying is not None else "-"
+            before = step.info["state_key"]
+            assert before == f"{raw.hash()}|{held}"
+            assert env.state_key() == before
+            checked += 1
+            changed += before != result.info["state_key"]
+            grid_changes += raw.grid.encode().tobytes() != grid_before
+            actions = step.info["available_actions"]
+            if step.done or step.truncated:
+                break
+    assert checked > 500 and changed > 100 and grid_changes > 20

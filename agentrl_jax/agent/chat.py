@@ -10,10 +10,22 @@ The observation ids are found with the template itself: render a conversation wh
 assistant message is a unique placeholder followed by the new user message; everything after the
 placeholder is the suffix. This works for any template (ChatML, Llama-3, Qwen, ...); nothing is
 hard-coded.
+
+Tokenising is the largest host cost of a turn (docs/PERFORMANCE.md, "Host cost of a turn"), so
+text is encoded by ``SegmentEncoder`` where the tokenizer allows it: a HF fast tokenizer splits
+text at its added (special) tokens *first* and encodes each piece between them on its own, so
+``encode(text)`` is the concatenation of the pieces' encodings. The encoder does that split
+itself and caches the pieces (the system prompt, ``"assistant\n"``, repeated observations), so
+only new text is run through BPE. It is used only when the split provably matches (no added
+token strips whitespace or needs a word boundary, probe texts encode identically); otherwise the
+tokenizer's own ``encode`` runs, as before. The first prompt is likewise built from the template
+rendered once per system prompt (checked on probe texts, as the observation suffix is).
 """
 
 from __future__ import annotations
 
+import collections
+import re
 from typing import Any
 
 _PLACEHOLDER = "\u2063AGENTRL_ASSISTANT_PLACEHOLDER\u2063"
@@ -21,29 +33,141 @@ _OBSERVATION_MARKER = "\u2063AGENTRL_OBSERVATION\u2063"
 _PROBES = ("probe observation", "  two lines\nof {text} with 'quotes' and <tags>  ")
 
 
-class ChatFormatter:
-    """Renders chat messages into token ids with a HF tokenizer's chat template."""
+_ENCODER_PROBES = (
+    "plain words and 12345 digits", " leading space", "trailing space ", "\n\nnew\nlines\n",
+    "<|im_start|>user\nhi<|im_end|>\n", "x<|im_end|><|im_start|>y", "\u00e9\u4e2d\U0001f600 'quoted' <tag>",
+    "Action: turn left\n", "  \t mixed   whitespace  ")
 
-    def __init__(self, tokenizer: Any, eos_token_ids: tuple[int, ...] | None = None):
+
+class SegmentEncoder:
+    """``encode(text)`` of a HF fast tokenizer, computed piecewise with a cache.
+
+    A fast tokenizer first cuts ``text`` at its added tokens (matched literally), then
+    normalises, pre-tokenises and BPE-encodes each piece between them independently. So
+    ``encode(text) == concat(encode(piece) or [added id] for piece in split(text))``; the split
+    is done here with one regular expression over the added tokens' contents (longest first, as
+    the tokenizer matches them) and each piece's ids are cached (LRU, ``cache_size`` pieces).
+
+    ``build`` returns None when that identity cannot be relied on: not a fast tokenizer, an
+    added token with ``lstrip`` / ``rstrip`` / ``single_word`` / ``normalized`` set (they change
+    the text around the match), or a probe text that encodes differently.
+    """
+
+    def __init__(self, backend: Any, added: dict[str, int], cache_size: int = 8192):
+        self._backend = backend
+        self._added = added
+        pattern = "|".join(re.escape(t) for t in sorted(added, key=len, reverse=True))
+        self._split = re.compile(f"({pattern})") if pattern else None
+        self._cache: collections.OrderedDict[str, tuple[int, ...]] = collections.OrderedDict()
+        self._cache_size = int(cache_size)
+
+    @classmethod
+    def build(cls, tokenizer: Any, cache_size: int = 8192) -> SegmentEncoder | None:
+        backend = getattr(tokenizer, "backend_tokenizer", None) or getattr(tokenizer, "_tokenizer",
+                                                                           None)
+        decoder = getattr(tokenizer, "added_tokens_decoder", None)
+        if backend is None or not hasattr(backend, "encode") or not isinstance(decoder, dict):
+            return None
+        added: dict[str, int] = {}
+        for token_id, token in decoder.items():
+            content = getattr(token, "content", None)
+            if not isinstance(content, str) or not content:
+                return None
+            if (getattr(token, "lstrip", True) or getattr(token, "rstrip", True)
+                    or getattr(token, "single_word", True) or getattr(token, "normalized", True)):
+                return None
+            added[content] = int(token_id)
+        encoder = cls(backend, added, cache_size)
+        for probe in _ENCODER_PROBES:
+            if encoder.encode(probe) != list(tokenizer.encode(probe, add_special_tokens=False)):
+                return None
+        return encoder
+
+    def _piece(self, piece: str) -> tuple[int, ...]:
+        cache = self._cache
+        ids = cache.get(piece)
+        if ids is not None:
+            cache.move_to_end(piece)
+            return ids
+        ids = tuple(self._backend.encode(piece, add_special_tokens=False).ids)
+        cache[piece] = ids
+        if len(cache) > self._cache_size:
+            cache.popitem(last=False)
+        return ids
+
+    def encode(self, text: str) -> list[int]:
+        if self._split is None:
+            return list(self._piece(text)) if text else []
+        out: list[int] = []
+        added = self._added
+        # re.split with a capturing group alternates text pieces and added-token matches
+        for i, piece in enumerate(self._split.split(text)):
+            if i % 2:
+                out.append(added[piece])
+            elif piece:
+                out.extend(self._piece(piece))
+        return out
+
+
+class ChatFormatter:
+    """Renders chat messages into token ids with a HF tokenizer's chat template.
+
+    ``fast=False`` turns off the piecewise encoder and the cached prompt template (every call
+    then renders the template and runs the tokenizer on the whole text, the reference path).
+    """
+
+    def __init__(self, tokenizer: Any, eos_token_ids: tuple[int, ...] | None = None,
+                 fast: bool = True):
         self.tokenizer = tokenizer
         if eos_token_ids is None:
             eos = tokenizer.eos_token_id
             eos_token_ids = () if eos is None else (eos,)
         self.eos_token_ids = tuple(eos_token_ids)
+        self.fast = fast
         self._suffix_parts: dict[str | None, tuple[str, str] | None] = {}
+        self._prompt_parts: dict[str | None, tuple[str, str] | None] = {}
+        self._eos_text: dict[int, str] = {}
+        self._encoder = SegmentEncoder.build(tokenizer) if fast else None
 
     def _render(self, messages: list[dict[str, str]], add_generation_prompt: bool) -> str:
         return self.tokenizer.apply_chat_template(messages, tokenize=False,
                                                   add_generation_prompt=add_generation_prompt)
 
     def encode_text(self, text: str) -> list[int]:
+        if self._encoder is not None:
+            return self._encoder.encode(text)
         return list(self.tokenizer.encode(text, add_special_tokens=False))
+
+    def _render_prompt(self, system: str | None, user: str) -> str:
+        messages = ([{"role": "system", "content": system}] if system else [])
+        messages.append({"role": "user", "content": user})
+        return self._render(messages, add_generation_prompt=True)
 
     def prompt_ids(self, system: str | None, user: str) -> list[int]:
         """Ids of ``[system, user]`` followed by the assistant generation prompt."""
-        messages = ([{"role": "system", "content": system}] if system else [])
-        messages.append({"role": "user", "content": user})
-        return self.encode_text(self._render(messages, add_generation_prompt=True))
+        if not self.fast:
+            return self.encode_text(self._render_prompt(system, user))
+        if system not in self._prompt_parts:
+            if len(self._prompt_parts) > 64:
+                self._prompt_parts.clear()
+            self._prompt_parts[system] = self._verbatim_parts(
+                lambda content: self._render_prompt(system, content))
+        parts = self._prompt_parts[system]
+        text = (self._render_prompt(system, user) if parts is None
+                else parts[0] + user + parts[1])
+        return self.encode_text(text)
+
+    @staticmethod
+    def _verbatim_parts(render: Any) -> tuple[str, str] | None:
+        """``(before, after)`` if ``render(content) == before + content + after`` for every
+        probe content (the template inserts the message verbatim), else None."""
+        parts = render(_OBSERVATION_MARKER).split(_OBSERVATION_MARKER)
+        if len(parts) != 2:
+            return None
+        before, after = parts
+        if all(render(p) == before + p + after for p in _PROBES):
+            return before, after
+        return None
 
     def observation_ids(self, system: str | None, observation: str,
                         generated_ids: list[int]) -> list[int]:
@@ -55,7 +179,11 @@ class ChatFormatter:
         """
         suffix = self._observation_suffix(system, observation)
         if generated_ids and generated_ids[-1] in self.eos_token_ids:
-            eos_text = self.tokenizer.decode([generated_ids[-1]], skip_special_tokens=False)
+            eos = generated_ids[-1]
+            eos_text = self._eos_text.get(eos)
+            if eos_text is None:
+                eos_text = self.tokenizer.decode([eos], skip_special_tokens=False)
+                self._eos_text[eos] = eos_text
             if suffix.startswith(eos_text):
                 suffix = suffix[len(eos_text):]
         return self.encode_text(suffix)
@@ -82,12 +210,7 @@ class ChatFormatter:
         to rendering every time.
         """
         if system not in self._suffix_parts:
-            parts = self._render_suffix(system, _OBSERVATION_MARKER).split(_OBSERVATION_MARKER)
-            fast = None
-            if len(parts) == 2:
-                before, after = parts
-                if all(self._render_suffix(system, p) == before + p + after for p in _PROBES):
-                    fast = (before, after)
+            fast = self._verbatim_parts(lambda content: self._render_suffix(system, content))
             if len(self._suffix_parts) > 64:
                 self._suffix_parts.clear()
             self._suffix_parts[system] = fast

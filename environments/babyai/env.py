@@ -18,6 +18,7 @@ counted in minigrid steps, so a macro costs as many steps as its expansion.
 
 from __future__ import annotations
 
+import hashlib
 import re
 from typing import Any
 
@@ -80,6 +81,9 @@ class BabyAIEnv(TextEnvironment):
         self._success = False
         self._actions: list[str] | None = None  # available actions, cached until the next step
         self._sight: Sight | None = None
+        # sha256 state of minigrid's ``hash()`` after the grid part (the grid changes only on
+        # reset and pickup / drop / toggle): ``state_key`` adds the agent's pose to a copy
+        self._grid_hash: Any = None
 
     # -- episode
 
@@ -97,6 +101,7 @@ class BabyAIEnv(TextEnvironment):
         else:
             self._sight.reset()
         self._task_id = task_id
+        self._grid_hash = None
         self._seen = bytearray(env.width * env.height)
         self._ended = self._success = False
         self._look()
@@ -194,11 +199,23 @@ class BabyAIEnv(TextEnvironment):
         """Names the simulator state (equal for equal states of one task): minigrid's own
         ``hash()`` of the grid (objects, doors), the agent's position and direction, plus what
         it carries. The step count is not part of it (GiGPO's anchor states, see
-        docs/ALGORITHMS.md)."""
+        docs/ALGORITHMS.md).
+
+        ``env.hash()`` encodes the whole grid in Python on every call (a third of a server's
+        time per step); the grid part of the digest is kept until the grid can change (reset,
+        pickup, drop, toggle) and only the agent's pose is hashed per call: the same string
+        (tests/test_env_babyai.py checks it against ``env.hash()``)."""
         env = self._env
+        if self._grid_hash is None:
+            grid_hash = hashlib.sha256()
+            grid_hash.update(str(env.grid.encode().tolist()).encode("utf8"))
+            self._grid_hash = grid_hash
+        digest = self._grid_hash.copy()
+        digest.update(str(env.agent_pos).encode("utf8"))
+        digest.update(str(env.agent_dir).encode("utf8"))
         carrying = env.carrying
         held = f"{carrying.color} {carrying.type}" if carrying is not None else "-"
-        return f"{env.hash()}|{held}"
+        return f"{digest.hexdigest()[:16]}|{held}"
 
     def _front(self) -> Any:
         env = self._env
@@ -216,6 +233,7 @@ class BabyAIEnv(TextEnvironment):
         env = self._env
         _, reward, terminated, truncated, _ = env.step(action)
         if action >= PICKUP:  # pickup / drop / toggle may change the cell in front (a door opens)
+            self._grid_hash = None
             dx, dy = DIR_TO_VEC[env.agent_dir]
             self._sight.refresh(int(env.agent_pos[0]) + dx, int(env.agent_pos[1]) + dy)
         if full:

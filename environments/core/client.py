@@ -12,6 +12,13 @@ are never retried: a step that timed out may have been applied, so the caller de
 
 Errors: an answer with a 4xx/5xx status raises ``EnvServerError(status, message)``; a connection
 failure or timeout raises ``EnvConnectionError``.
+
+Batching: ``create``, ``step`` and ``close`` calls made in the same event-loop iteration for one replica are
+sent as one ``POST /batch`` (each call still gets its own answer or error) when the replica says
+so in ``/health`` (``"batch": true``: families with cheap inline steps) and ``batch`` is not
+False. Under many concurrent episodes that turns dozens of small HTTP exchanges into one, on
+both sides (docs/PERFORMANCE.md, "Host cost of a turn"). A replica without ``/batch`` (an older
+server) is asked call by call.
 """
 
 from __future__ import annotations
@@ -31,6 +38,10 @@ T = TypeVar("T")
 
 _JSON_HEADERS = {"Content-Type": "application/json"}
 _DOWN_COOLDOWN_S = 5.0
+# calls per POST /batch (the server takes up to 1024): enough to spread the HTTP cost, few enough
+# that the first answers of a burst are not held back long (32 BabyAI creates take ~40 ms)
+_BATCH_MAX_CALLS = 32
+_BATCH_MAX_BYTES = 256 << 10  # request body bytes per batch (servers refuse > 1 MiB by default)
 API_KEY_ENV = "AGENTRL_ENV_API_KEY"  # the servers' --api-key default reads the same variable
 
 
@@ -66,6 +77,8 @@ class EnvClient:
     max_connections: pooled keep-alive connections across all replicas.
     api_key: sent as ``Authorization: Bearer <key>`` (servers started with ``--api-key``);
       default: the ``AGENTRL_ENV_API_KEY`` environment variable, else none.
+    batch: group the ``create`` / ``step`` / ``close`` calls of one loop iteration into ``POST /batch``:
+      None (default) where the replica's ``/health`` asks for it, False never, True always.
     """
 
     def __init__(
@@ -77,6 +90,7 @@ class EnvClient:
         backoff: float = 0.2,
         max_connections: int = 256,
         api_key: str | None = None,
+        batch: bool | None = None,
     ) -> None:
         self.urls = [urls.rstrip("/")] if isinstance(urls, str) else [u.rstrip("/") for u in urls]
         if not self.urls:
@@ -92,6 +106,14 @@ class EnvClient:
         self._live = [0] * len(self.urls)  # sessions this client created and has not closed
         self._down_until = [0.0] * len(self.urls)
         self._round_robin = itertools.count()
+        self.batch = batch
+        # per replica: None = not known yet (asked with the first create), then True / False
+        self._batch_ok: list[bool | None] = [None if batch is None else batch] * len(self.urls)
+        self._batch_probe: list[asyncio.Future | None] = [None] * len(self.urls)
+        self._queued: list[list[tuple[dict[str, Any], asyncio.Future]]] = [[] for _ in self.urls]
+        self._flush_pending = [False] * len(self.urls)
+        self._batch_tasks: set[asyncio.Task] = set()
+        self.batches_sent = 0  # POST /batch requests sent (tests, benchmarks)
 
     # -- lifecycle
 
@@ -103,6 +125,8 @@ class EnvClient:
 
     async def aclose(self) -> None:
         """Close the connection pool (the server-side sessions are left alone)."""
+        if self._batch_tasks:
+            await asyncio.gather(*list(self._batch_tasks), return_exceptions=True)
         if self._http is not None:
             await self._http.close()
             self._http = None
@@ -184,6 +208,103 @@ class EnvClient:
             await asyncio.sleep(delay)
         raise AssertionError("unreachable")  # pragma: no cover
 
+    # -- batching
+
+    async def _learn_batching(self, replica: int) -> None:
+        """Ask ``/health`` once whether the replica wants batched calls (False if it cannot
+        say)."""
+        if self._batch_ok[replica] is not None:
+            return
+        probe = self._batch_probe[replica]
+        if probe is None:
+            probe = self._batch_probe[replica] = asyncio.ensure_future(self._call(replica, "GET", "/health"))
+        try:
+            health = await asyncio.shield(probe)
+        except (EnvConnectionError, EnvServerError):
+            self._batch_probe[replica] = None  # ask again with the next create
+            return
+        self._batch_ok[replica] = bool(health.get("batch", False))
+
+    async def _queue(self, replica: int, op: str, payload: dict[str, Any], path: str) -> dict[str, Any]:
+        """``payload`` for ``path``, sent alone or in this loop iteration's batch."""
+        if not self._batch_ok[replica]:
+            return await self._call(replica, "POST", path, payload)
+        future: asyncio.Future = asyncio.get_running_loop().create_future()
+        self._queued[replica].append(({"op": op, **payload}, future))
+        if not self._flush_pending[replica]:
+            self._flush_pending[replica] = True
+            asyncio.get_running_loop().call_soon(self._flush, replica)
+        self._in_flight[replica] += 1  # replica choice counts queued calls as in flight
+        try:
+            return await future
+        finally:
+            self._in_flight[replica] -= 1
+
+    def _flush(self, replica: int) -> None:
+        self._flush_pending[replica] = False
+        queued, self._queued[replica] = self._queued[replica], []
+        chunk: list[tuple[dict[str, Any], asyncio.Future]] = []
+        size = 0
+        for item in queued:
+            encoded = len(item[0].get("action", "")) * 6 + 96  # an upper bound of its JSON bytes
+            if chunk and (len(chunk) >= _BATCH_MAX_CALLS or size + encoded > _BATCH_MAX_BYTES):
+                self._send(replica, chunk)
+                chunk, size = [], 0
+            chunk.append(item)
+            size += encoded
+        if chunk:
+            self._send(replica, chunk)
+
+    def _send(self, replica: int, chunk: list[tuple[dict[str, Any], asyncio.Future]]) -> None:
+        task = asyncio.ensure_future(self._send_batch(replica, chunk))
+        self._batch_tasks.add(task)
+        task.add_done_callback(self._batch_tasks.discard)
+
+    async def _send_batch(self, replica: int, chunk: list[tuple[dict[str, Any], asyncio.Future]]) -> None:
+        paths = {"create": "/create", "step": "/step", "close": "/close"}
+        try:
+            if len(chunk) == 1:  # alone: the plain call (no batch envelope)
+                call, future = chunk[0]
+                payload = {k: v for k, v in call.items() if k != "op"}
+                try:
+                    result = await self._call(replica, "POST", paths[call["op"]], payload)
+                except (EnvConnectionError, EnvServerError) as error:
+                    _settle(future, error=error)
+                else:
+                    _settle(future, result=result)
+                return
+            try:
+                self.batches_sent += 1
+                answer = await self._call(replica, "POST", "/batch", {"calls": [call for call, _ in chunk]})
+                results = answer.get("results")
+                if not isinstance(results, list) or len(results) != len(chunk):
+                    raise EnvServerError(200, f"malformed /batch answer from {self.urls[replica]}")
+            except EnvServerError as error:
+                if error.status in (404, 405):  # an older server without /batch: nothing was applied
+                    self._batch_ok[replica] = False
+                    await asyncio.gather(*(self._send_batch(replica, [item]) for item in chunk))
+                    return
+                for _, future in chunk:
+                    _settle(future, error=EnvServerError(error.status, error.message, error.retry_after))
+                return
+            except EnvConnectionError as error:
+                for _, future in chunk:
+                    _settle(future, error=EnvConnectionError(str(error)))
+                return
+            for (_, future), entry in zip(chunk, results):
+                status = entry.get("status") if isinstance(entry, dict) else None
+                body = entry.get("body") if isinstance(entry, dict) else None
+                if status == 200 and isinstance(body, dict):
+                    _settle(future, result=body)
+                else:
+                    message = body.get("error") if isinstance(body, dict) else None
+                    _settle(future, error=EnvServerError(int(status or 500), str(message or entry), entry.get("retry_after") if isinstance(entry, dict) else None))
+        except BaseException as error:  # cancelled or a bug: never leave a caller waiting
+            for _, future in chunk:
+                _settle(future, error=EnvConnectionError(f"batch to {self.urls[replica]} failed: {error!r}"))
+            if not isinstance(error, Exception):
+                raise
+
     # -- protocol
 
     async def create(
@@ -194,7 +315,13 @@ class EnvClient:
 
         async def attempt() -> CreateResult:
             replica = self._pick_replica()  # _call counts it in flight before its first await
-            data = await self._call(replica, "POST", "/create", payload)
+            if self._batch_ok[replica] is None:
+                self._in_flight[replica] += 1  # hold the pick while /health is asked
+                try:
+                    await self._learn_batching(replica)
+                finally:
+                    self._in_flight[replica] -= 1
+            data = await self._queue(replica, "create", payload, "/create")
             self._live[replica] += 1
             return CreateResult(self._encode(replica, data["env_id"]), data["observation"], data.get("info", {}))
 
@@ -203,7 +330,7 @@ class EnvClient:
     async def step(self, env_id: str, action: str) -> StepResult:
         """Apply one action (never retried)."""
         replica, server_id = self._decode(env_id)
-        data = await self._call(replica, "POST", "/step", {"env_id": server_id, "action": action})
+        data = await self._queue(replica, "step", {"env_id": server_id, "action": action}, "/step")
         return StepResult(
             observation=data["observation"],
             reward=float(data["reward"]),
@@ -230,7 +357,7 @@ class EnvClient:
         """Close an instance; ``False`` if the server did not know it (already closed or reaped)."""
         replica, server_id = self._decode(env_id)
         try:
-            await self._call(replica, "POST", "/close", {"env_id": server_id})
+            await self._queue(replica, "close", {"env_id": server_id}, "/close")
         except EnvServerError as error:
             if error.status != 404:
                 raise
@@ -278,6 +405,15 @@ def _task_payload(
     if seed is not None:
         payload["seed"] = seed
     return payload
+
+
+def _settle(future: asyncio.Future, result: Any = None, error: BaseException | None = None) -> None:
+    if future.done():  # the caller was cancelled
+        return
+    if error is not None:
+        future.set_exception(error)
+    else:
+        future.set_result(result)
 
 
 def _seconds(value: str | None) -> float | None:

@@ -6,6 +6,8 @@ Endpoints (all bodies and answers are JSON; see docs/ENVIRONMENTS.md):
 * ``POST /step {"env_id", "action"}`` -> ``{"observation", "reward", "done", "truncated", "info"}``
 * ``POST /reset {"env_id" [, "task_id" | "split"+"index"] [, "seed"]}`` -> like ``/create``
 * ``POST /close {"env_id"}`` -> ``{"closed": true}``
+* ``POST /batch {"calls": [{"op": "step", "env_id", "action"}, ...]}`` -> ``{"results": [{"status",
+  "body"}, ...]}``: several of the calls above in one request (``EnvServer.batch``)
 * ``GET /health``, ``GET /tasks?split=train|test[&offset=&limit=]``, ``GET /stats``
 
 Errors are ``{"error": message}`` with a 4xx/5xx status, never a 200: unknown env id or task 404,
@@ -46,6 +48,7 @@ DEFAULT_MAX_BODY = 1 << 20  # 1 MiB: far above any action, far below what could 
 RETRY_AFTER_S = "1"
 MAX_TASK_ID_CHARS = 256  # far above any family's ids; longer ones are refused before the family sees them
 MAX_QUERY_INT = 10**12  # offsets / limits of GET /tasks
+MAX_BATCH_CALLS = 1024  # calls in one POST /batch
 _QUERY_INT = re.compile(r"[0-9]{1,13}")  # canonical non-negative decimal: no sign, space, "_" or non-ASCII digit
 
 SERVER_KEY = web.AppKey("env_server", object)
@@ -242,7 +245,20 @@ class EnvServer:
     # -- handlers
 
     async def create(self, request: web.Request) -> web.Response:
-        data = await read_json(request, self.limits)
+        return json_response(await self.op_create(await read_json(request, self.limits)))
+
+    async def reset(self, request: web.Request) -> web.Response:
+        return json_response(await self.op_reset(await read_json(request, self.limits)))
+
+    async def step(self, request: web.Request) -> web.Response:
+        return json_response(await self.op_step(await read_json(request, self.limits)))
+
+    async def close(self, request: web.Request) -> web.Response:
+        return json_response(await self.op_close(await read_json(request, self.limits)))
+
+    # -- operations (a request body in, an answer body out; errors raise)
+
+    async def op_create(self, data: dict[str, Any]) -> dict[str, Any]:
         seed = optional(data, "seed", int)
         task_id = self._task_from(data, needed=True)
         try:
@@ -260,10 +276,9 @@ class EnvServer:
         finally:
             self.sessions.release()
         self.stats.sessions_created += 1
-        return json_response(self._reset_payload(session, result))
+        return self._reset_payload(session, result)
 
-    async def reset(self, request: web.Request) -> web.Response:
-        data = await read_json(request, self.limits)
+    async def op_reset(self, data: dict[str, Any]) -> dict[str, Any]:
         required(data, "env_id", str)
         seed = optional(data, "seed", int)
         task_id = self._task_from(data, needed=False)
@@ -278,10 +293,9 @@ class EnvServer:
             session.finished, session.steps = False, 0
             session.touch()
         self.stats.resets += 1
-        return json_response(self._reset_payload(session, result))
+        return self._reset_payload(session, result)
 
-    async def step(self, request: web.Request) -> web.Response:
-        data = await read_json(request, self.limits)
+    async def op_step(self, data: dict[str, Any]) -> dict[str, Any]:
         action = required(data, "action", str)
         session = self._session(data)
         if self.family.inline:  # no await in between: calls on one session cannot interleave
@@ -291,15 +305,13 @@ class EnvServer:
             async with session.lock:
                 self._check_steppable(session)
                 result = self._record_step(session, await self.call(session.env.step, action))
-        return json_response(
-            {
-                "observation": result.observation,
-                "reward": float(result.reward),
-                "done": bool(result.done),
-                "truncated": bool(result.truncated),
-                "info": result.info,
-            }
-        )
+        return {
+            "observation": result.observation,
+            "reward": float(result.reward),
+            "done": bool(result.done),
+            "truncated": bool(result.truncated),
+            "info": result.info,
+        }
 
     def _check_steppable(self, session: Session) -> None:
         if session.closed:
@@ -316,16 +328,65 @@ class EnvServer:
             self.stats.invalid_actions += 1
         return result
 
-    async def close(self, request: web.Request) -> web.Response:
-        data = await read_json(request, self.limits)
+    async def op_close(self, data: dict[str, Any]) -> dict[str, Any]:
         session = self._session(data)
         self.sessions.pop(session.env_id)
         async with session.lock:  # let a call in progress finish first
             await self._close_session(session)
-        return json_response({"closed": True, "env_id": session.env_id})
+        return {"closed": True, "env_id": session.env_id}
+
+    async def batch(self, request: web.Request) -> web.Response:
+        """``POST /batch {"calls": [{"op": "create"|"reset"|"step"|"close", ...body}, ...]}``:
+        several calls in one request (the client's way to save the per-request HTTP cost of
+        small steps). Each call is answered as if it were its own request: ``{"results":
+        [{"status": 200, "body": answer} | {"status": 4xx/5xx, "body": {"error": message}
+        [, "retry_after": s]}, ...]}`` in call order. Calls run one after the other for inline
+        families and concurrently otherwise (calls on one instance stay serialized by its lock)."""
+        data = await read_json(request, self.limits)
+        calls = data.get("calls")
+        if not isinstance(calls, list):
+            raise ProtocolError(400, "field 'calls' must be a list")
+        if len(calls) > MAX_BATCH_CALLS:
+            raise ProtocolError(400, f"at most {MAX_BATCH_CALLS} calls per batch, got {len(calls)}")
+        if self.family.inline:
+            results = [await self._batch_call(call) for call in calls]
+        else:
+            results = list(await asyncio.gather(*(self._batch_call(call) for call in calls)))
+        self.stats.batches += 1
+        return json_response({"results": results})
+
+    async def _batch_call(self, call: Any) -> dict[str, Any]:
+        op = call.get("op") if isinstance(call, dict) else None
+        try:
+            if not isinstance(call, dict):
+                raise ProtocolError(400, "each call must be a JSON object")
+            handler = self._ops.get(op) if isinstance(op, str) else None
+            if handler is None:
+                raise ProtocolError(400, f"field 'op' must be one of {sorted(self._ops)}, got {op!r}")
+            return {"status": 200, "body": await handler(call)}
+        except ProtocolError as error:
+            status, message, headers = error.status, error.message, error.headers
+        except InvalidTaskError as error:
+            status, message, headers = 404, str(error), None
+        except Exception as error:  # a bug in an environment: report it, keep serving
+            log.exception("batched %s failed", op)
+            status, message, headers = 500, f"{type(error).__name__}: {error}", None
+        self.stats.errors[status] += 1
+        entry: dict[str, Any] = {"status": status, "body": {"error": message}}
+        if headers and "Retry-After" in headers:
+            entry["retry_after"] = float(headers["Retry-After"])
+        return entry
+
+    @property
+    def _ops(self) -> dict[str, Callable[[dict[str, Any]], Any]]:
+        return {"create": self.op_create, "reset": self.op_reset, "step": self.op_step, "close": self.op_close}
 
     async def health(self, request: web.Request) -> web.Response:
-        return json_response({"status": "ok", "family": self.family.name, "live_sessions": len(self.sessions)})
+        # "batch": whether clients should group calls into POST /batch (cheap inline steps;
+        # slow families answer a batch only when its slowest call is done, so they are not)
+        return json_response(
+            {"status": "ok", "family": self.family.name, "live_sessions": len(self.sessions), "batch": bool(self.family.inline)}
+        )
 
     async def tasks(self, request: web.Request) -> web.Response:
         split = request.query.get("split", "train")
@@ -402,6 +463,7 @@ def build_app(
     app.router.add_post("/step", server.step)
     app.router.add_post("/reset", server.reset)
     app.router.add_post("/close", server.close)
+    app.router.add_post("/batch", server.batch)
     app.router.add_get("/health", server.health)
     app.router.add_get("/tasks", server.tasks)
     app.router.add_get("/stats", server.stats_handler)

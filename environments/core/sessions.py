@@ -44,6 +44,7 @@ class Stats:
     sessions_reaped: int = 0
     steps: int = 0
     resets: int = 0
+    batches: int = 0
     invalid_actions: int = 0
     errors: collections.Counter = dataclasses.field(default_factory=collections.Counter)
 
@@ -55,6 +56,7 @@ class Stats:
             "sessions_reaped": self.sessions_reaped,
             "steps": self.steps,
             "resets": self.resets,
+            "batches": self.batches,
             "invalid_actions": self.invalid_actions,
             "errors_total": sum(self.errors.values()),
             "errors": {str(status): n for status, n in sorted(self.errors.items())},

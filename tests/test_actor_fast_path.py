@@ -1,0 +1,202 @@
+"""The cheaper turn path gives the reference path's trajectories, bit for bit.
+
+Reference: ``ChatFormatter(fast=False)`` (the template rendered and the tokenizer run on every
+prompt and observation, as before) with ``EnvClient(batch=False)`` (one HTTP request per call).
+Fast path: the piecewise cached encoder + ``POST /batch``. Both play the same seeded BabyAI
+episodes on a real server with a deterministic backend; every content field of every trajectory
+must match. Also: the piecewise encoder against the tokenizer on random texts with special
+tokens, and ``/batch`` answers and errors call by call.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+
+import aiohttp
+import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestServer
+
+from agentrl_jax.agent.actor_pool import ActorPool, TaskRef
+from agentrl_jax.agent.chat import ChatFormatter, SegmentEncoder
+from agentrl_jax.agent.parsing import get_parser
+from agentrl_jax.models.pretrained import resolve_model_path
+from agentrl_jax.models.tokenizer import load_tokenizer
+from agentrl_jax.rollout.base import GenerateResult, RolloutBackend, SamplingParams
+from environments.core.client import EnvClient, EnvServerError
+from environments.launcher import start_env_server
+
+ACTIONS = ("turn left", "move forward", "turn right", "pickup", "go to red ball 1",
+           "dance wildly", "toggle", "go through blue door 1")
+CONTENT_FIELDS = ("env", "task_id", "group_id", "sample_index", "token_ids", "loss_mask",
+                  "logprobs", "turn_ids", "prompt_length", "messages", "turn_rewards",
+                  "turn_states", "reward", "success", "status", "num_turns", "invalid_actions",
+                  "horizon", "policy_version", "turn_versions", "error")
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return load_tokenizer(resolve_model_path("smollm2"))
+
+
+@pytest.fixture(scope="module")
+def babyai():
+    server = start_env_server("babyai")
+    yield server
+    server.stop()
+
+
+class SeededBackend(RolloutBackend):
+    """`` <action>`` + EOS (or, one turn in five, a reply without EOS or without an action),
+    chosen by the request's sampling seed; logprobs a function of seed and position."""
+
+    name = "seeded"
+
+    def __init__(self, tokenizer):
+        eos = tokenizer.eos_token_id
+        self.replies = [tokenizer.encode(" " + a, add_special_tokens=False) + [eos]
+                        for a in ACTIONS]
+        self.replies.append(tokenizer.encode(" turn left", add_special_tokens=False))  # no EOS
+        self.replies.append(tokenizer.encode("\n\n", add_special_tokens=False) + [eos])
+
+    async def generate(self, input_ids, sampling=None, session_id=None, rid=None):
+        await asyncio.sleep(0)
+        ids = list(self.replies[sampling.seed % len(self.replies)])
+        return GenerateResult(output_ids=ids,
+                              output_logprobs=[-((sampling.seed >> i) % 1000) / 997.0
+                                               for i in range(len(ids))],
+                              finish_reason="stop", prompt_tokens=len(input_ids))
+
+    async def update_weights(self, params=None, *, path=None, version=None):
+        return None
+
+    async def health(self):
+        return True
+
+    async def aclose(self):
+        return None
+
+
+async def _collect(tokenizer, url, fast: bool, tasks, n_samples=2, horizon=7, seed=11):
+    async with EnvClient(url, batch=None if fast else False) as client:
+        pool = ActorPool(SeededBackend(tokenizer), {"babyai": client},
+                         ChatFormatter(tokenizer, fast=fast),
+                         SamplingParams(max_new_tokens=32, stop=["\n"]), max_context=1500,
+                         max_concurrency=32, parser=get_parser("react"), prompt_style="action",
+                         response_prefix="Action:")
+        trajectories, _ = await pool.collect(tasks, n_samples, horizon, seed=seed)
+        return trajectories, client.batches_sent
+
+
+async def test_fast_path_trajectories_equal_the_reference_path(tokenizer, babyai):
+    async with EnvClient(babyai.url) as client:
+        ids = await client.tasks("train")
+    tasks = [TaskRef("babyai", ids[(i * 7919) % len(ids)]) for i in range(24)]
+    reference, ref_batches = await _collect(tokenizer, babyai.url, False, tasks)
+    fast, fast_batches = await _collect(tokenizer, babyai.url, True, tasks)
+    assert ref_batches == 0 and fast_batches > 0  # the fast run really used POST /batch
+    assert len(reference) == len(fast) == 48
+    statuses = set()
+    for a, b in zip(reference, fast):
+        for field in CONTENT_FIELDS:
+            assert getattr(a, field) == getattr(b, field), (a.task_id, field)
+        statuses.add(a.status)
+        # and both are the model's own chat template over the whole conversation
+        rendered = tokenizer.apply_chat_template(a.messages, tokenize=False,
+                                                 add_generation_prompt=False)
+        full = tokenizer.encode(rendered, add_special_tokens=False)
+        assert full[:len(a.token_ids)] == a.token_ids or a.status == "context_limit"
+    assert {"max_turns", "context_limit"} & statuses
+    assert sum(t.invalid_actions for t in reference) > 0
+
+
+def test_segment_encoder_equals_the_tokenizer_on_random_texts(tokenizer):
+    encoder = SegmentEncoder.build(tokenizer)
+    assert encoder is not None
+    rng = random.Random(3)
+    alphabet = list("ab cd\n\t  ,.'\"<>|_0123456789é中😀") + ["<|im_start|>", "<|im_end|>",
+                                                          "<|endoftext|>", "<|im", "|>",
+                                                          " Action:", "user\n", "\n\n"]
+    for _ in range(400):
+        text = "".join(rng.choice(alphabet) for _ in range(rng.randint(0, 40)))
+        assert encoder.encode(text) == tokenizer.encode(text, add_special_tokens=False), text
+        assert encoder.encode(text) == tokenizer.encode(text, add_special_tokens=False)  # cached
+
+
+def test_segment_encoder_is_refused_for_tokens_that_strip_whitespace(tokenizer):
+    class Stripping:
+        """An added token with ``lstrip``: matching it eats the whitespace before it."""
+
+        content, lstrip, rstrip, single_word, normalized = "<x>", True, False, False, False
+
+    class Wrapped:
+        backend_tokenizer = tokenizer.backend_tokenizer
+        added_tokens_decoder = {5: Stripping()}
+        encode = tokenizer.encode
+
+    assert SegmentEncoder.build(Wrapped()) is None
+
+
+async def test_batch_answers_each_call_as_its_own_request(babyai):
+    async with aiohttp.ClientSession() as http:
+        async def post(path, body):
+            async with http.post(babyai.url + path, json=body) as r:
+                return r.status, await r.json()
+
+        status, created = await post("/create", {"task_id": "BabyAI-GoToRedBallGrey-v0/seed=1"})
+        assert status == 200
+        env_id = created["env_id"]
+        status, answer = await post("/batch", {"calls": [
+            {"op": "step", "env_id": env_id, "action": "turn left"},
+            {"op": "step", "env_id": "nope", "action": "turn left"},
+            {"op": "jump"},
+            7,
+            {"op": "step", "env_id": env_id},
+            {"op": "step", "env_id": env_id, "action": "turn right"},
+            {"op": "create", "task_id": "no-such-level/seed=1"},
+            {"op": "close", "env_id": env_id},
+            {"op": "step", "env_id": env_id, "action": "turn left"}]})
+        assert status == 200
+        codes = [r["status"] for r in answer["results"]]
+        assert codes == [200, 404, 400, 400, 400, 200, 404, 200, 404]
+        first, second = answer["results"][0]["body"], answer["results"][5]["body"]
+        assert first["info"]["steps"] == 1 and second["info"]["steps"] == 2
+        assert "unknown env_id" in answer["results"][1]["body"]["error"]
+        assert (await post("/batch", {"calls": "x"}))[0] == 400
+        assert (await post("/batch", {"calls": [{}] * 1025}))[0] == 400
+        async with http.get(babyai.url + "/health") as r:
+            assert (await r.json())["batch"] is True
+
+
+async def test_client_falls_back_to_single_calls_on_a_server_without_batch():
+    """An older server (no /batch, 404) gets every call on its own, and nothing is lost."""
+    steps: list[str] = []
+
+    async def health(request):
+        return web.json_response({"status": "ok", "batch": True})
+
+    async def create(request):
+        return web.json_response({"env_id": "e1", "observation": "o", "info": {}})
+
+    async def step(request):
+        body = await request.json()
+        steps.append(body["action"])
+        if body["action"] == "bad":
+            return web.json_response({"error": "nope"}, status=409)
+        return web.json_response({"observation": body["action"], "reward": 0.0, "done": False})
+
+    app = web.Application()
+    app.router.add_get("/health", health)
+    app.router.add_post("/create", create)
+    app.router.add_post("/step", step)
+    async with TestServer(app) as server:
+        async with EnvClient(str(server.make_url(""))) as client:
+            env_id = (await client.create(task_id="t")).env_id
+            results = await asyncio.gather(*(client.step(env_id, a) for a in ("a", "b", "c")))
+            assert [r.observation for r in results] == ["a", "b", "c"]
+            assert client.batches_sent == 1 and client._batch_ok[0] is False
+            with pytest.raises(EnvServerError) as error:
+                await asyncio.gather(client.step(env_id, "bad"), client.step(env_id, "d"))
+            assert error.value.status == 409
+    assert sorted(steps) == ["a", "b", "bad", "c", "d"]
