@@ -9,7 +9,8 @@ Follows the HTTP API of SGLang 0.5.x (``sglang.srt.entrypoints.http_server``): `
     python -m agentrl_jax.rollout.server --model smollm2 --port 30000
 
 Every malformed request gets a 4xx JSON ``{"error": {"message", "type", "code"}}``; a full
-admission queue gets 503 with ``Retry-After``.
+admission queue gets 503 with ``Retry-After``. Request bodies are declared pydantic models
+(``api_models.py``); their validation errors are 400s naming the failing fields.
 
 Limits (``environments.core.httpguard``): an optional API key (``--api-key``, as SGLang's:
 ``Authorization: Bearer <key>`` on every route but ``/health*``; required to bind a
@@ -35,7 +36,12 @@ import uuid
 from typing import Any, Callable, Sequence, TypeVar
 
 from aiohttp import web
+from pydantic import BaseModel
 
+from agentrl_jax.rollout.api_models import (AbortRequest, ChatCompletionRequest,
+                                            CompletionRequest, ContinueRequest, GenerateRequest,
+                                            PauseRequest, UpdateWeightsRequest, json_type,
+                                            validate_request)
 from agentrl_jax.rollout.base import (BackendUnavailableError, GenerateResult, InvalidRequestError,
                                       OverloadedError, SamplingParams)
 from agentrl_jax.rollout.chat_template_sandbox import TemplateBusy, TemplateError, TemplateSandbox
@@ -53,6 +59,7 @@ except ImportError:  # pragma: no cover - depends on the environment
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
+M = TypeVar("M", bound=BaseModel)
 
 SGLANG_API_VERSION = "0.5.x"
 SERVER_VERSION = f"agentrl-jax 0.1.0 (SGLang {SGLANG_API_VERSION} HTTP API)"
@@ -60,11 +67,6 @@ DEFAULT_MAX_BODY_BYTES = 8 * 1024 * 1024  # ~1M token ids: a batch of 256 full 4
 INLINE_BYTES = 256 * 1024  # bodies up to this are parsed and validated on the event loop
 API_KEY_ENV = "AGENTRL_ROLLOUT_API_KEY"
 _LARGE = web.RequestKey("large_body", bool)  # set by _json: validate this request off the loop
-# apply_chat_template's own parameters: not template variables, so not client-settable
-_RESERVED_TEMPLATE_KWARGS = frozenset({
-    "conversation", "tokenize", "padding", "truncation", "max_length",
-    "return_tensors", "return_dict", "return_assistant_tokens_mask", "tokenizer_kwargs",
-    "add_generation_prompt", "continue_final_message"})
 
 
 class HTTPError(Exception):
@@ -117,10 +119,8 @@ async def _error_middleware(request: web.Request, handler):
 
 
 # ------------------------------------------------------------------------------ validation
-def _is_int(x: Any) -> bool:
-    return isinstance(x, int) and not isinstance(x, bool)
-
-
+# Request bodies are declared in api_models.py (pydantic); what is left here is JSON parsing
+# and the checks that need the tokenizer.
 def _expect(cond: bool, message: str) -> None:
     if not cond:
         raise InvalidRequestError(message)
@@ -133,7 +133,7 @@ def _parse_json_object(raw: bytes) -> dict:
     except (ValueError, RecursionError) as e:  # JSONDecodeError, UnicodeDecodeError, depth
         raise InvalidRequestError(f"request body is not valid JSON: {e}") from None
     if not isinstance(body, dict):
-        raise InvalidRequestError(f"request body must be a JSON object, got {_json_type(body)}")
+        raise InvalidRequestError(f"request body must be a JSON object, got {json_type(body)}")
     return body
 
 
@@ -145,13 +145,6 @@ def _check_unicode(text: str, where: str) -> None:
         except UnicodeEncodeError:
             raise InvalidRequestError(f"{where} is not valid Unicode (a lone surrogate "
                                       f"code point)") from None
-
-
-def _check_fields(body: dict, allowed: set[str], where: str) -> None:
-    unknown = sorted(set(body) - allowed)
-    if unknown:
-        raise InvalidRequestError(f"{where}: unknown field(s) {unknown}; supported fields: "
-                                  f"{sorted(allowed)}")
 
 
 async def _wait_all(futures: list[concurrent.futures.Future]) -> list[Any]:
@@ -183,137 +176,6 @@ async def _wait_all(futures: list[concurrent.futures.Future]) -> list[Any]:
         future.add_done_callback(one_done)
     await all_done
     return [future.result() for future in futures]
-
-
-_JSON_TYPE_NAMES = {bool: "boolean", int: "integer", float: "number", str: "string", list: "array",
-                    dict: "object", type(None): "null"}
-
-
-def _json_type(value: Any) -> str:
-    """The JSON name of ``value``'s type, for error messages."""
-    return _JSON_TYPE_NAMES.get(type(value), type(value).__name__)
-
-
-def _is_kind(value: Any, kinds: tuple[type, ...]) -> bool:
-    """``isinstance`` with JSON semantics: a boolean is only a ``bool`` (never an int or a
-    number) and an integer is also a ``float``."""
-    if isinstance(value, bool):
-        return bool in kinds
-    if isinstance(value, int) and float in kinds:
-        return True
-    return isinstance(value, kinds)
-
-
-@dataclasses.dataclass(frozen=True)
-class Field:
-    """One field of a request body: its JSON type(s), default, allowed values, requiredness."""
-
-    kinds: tuple[type, ...]
-    default: Any = None
-    choices: tuple[Any, ...] | None = None
-    required: bool = False
-
-
-def parse_body(body: dict, spec: dict[str, Field], where: str) -> dict[str, Any]:
-    """Check ``body`` against ``spec`` (unknown fields, types, choices: InvalidRequestError)
-    and return every field of ``spec``, defaults filled in (``null`` means the default)."""
-    _check_fields(body, set(spec), where)
-    out: dict[str, Any] = {}
-    for name, field in spec.items():
-        value = body.get(name)
-        if value is None:
-            _expect(not field.required, f"{where}: missing field {name!r}")
-            out[name] = field.default
-            continue
-        if not _is_kind(value, field.kinds):
-            wanted = " or ".join(_JSON_TYPE_NAMES[k] for k in field.kinds)
-            raise InvalidRequestError(f"{where}: {name} must be a {wanted}, got "
-                                      f"{_json_type(value)}")
-        if field.choices is not None and value not in field.choices:
-            raise InvalidRequestError(f"{where}: {name} must be one of {list(field.choices)}, "
-                                      f"got {value!r}")
-        out[name] = value
-    return out
-
-
-def _reject_unsupported(body: dict, unsupported: dict[str, Any], where: str) -> None:
-    """Fields of the upstream API this server does not implement: accepted only at their
-    default value (a boolean default only as a JSON boolean)."""
-    for key, default in unsupported.items():
-        if isinstance(default, bool) and body.get(key) is not None:
-            _expect(isinstance(body[key], bool), f"{where}: {key} must be a boolean")
-        if key in body and body[key] not in (default, None) and not (
-                isinstance(default, (list, dict)) and not body[key]):
-            raise InvalidRequestError(f"{where}: {key}={body[key]!r} is not supported by this "
-                                      f"server (only the default {default!r})")
-
-
-_SAMPLING_SUPPORTED = {"max_new_tokens", "temperature", "top_p", "top_k", "min_p", "stop",
-                       "stop_token_ids", "ignore_eos", "n", "skip_special_tokens",
-                       "no_stop_trim", "sampling_seed", "seed"}
-_SAMPLING_UNSUPPORTED = {"frequency_penalty": 0.0, "presence_penalty": 0.0,
-                         "repetition_penalty": 1.0, "min_new_tokens": 0, "json_schema": None,
-                         "regex": None, "ebnf": None, "structural_tag": None, "stop_regex": None,
-                         "custom_params": None, "logit_bias": None,
-                         "spaces_between_special_tokens": True, "stream_interval": None}
-
-
-def parse_sampling_params(raw: Any, where: str = "sampling_params") -> SamplingParams:
-    """SGLang ``sampling_params`` dict -> SamplingParams (raises InvalidRequestError)."""
-    if raw is None:
-        raw = {}
-    _expect(isinstance(raw, dict), f"{where} must be an object, got {type(raw).__name__}")
-    _check_fields(raw, _SAMPLING_SUPPORTED | set(_SAMPLING_UNSUPPORTED), where)
-    _reject_unsupported(raw, _SAMPLING_UNSUPPORTED, where)
-    kwargs = {k: v for k, v in raw.items() if k in _SAMPLING_SUPPORTED and v is not None}
-    seed = kwargs.pop("sampling_seed", None)
-    seed = kwargs.pop("seed", seed)
-    if seed is not None:
-        kwargs["seed"] = seed
-    if "stop" in kwargs:
-        stop = kwargs["stop"]
-        _expect(isinstance(stop, (str, list)), f"{where}.stop must be a string or a list")
-        kwargs["stop"] = [stop] if isinstance(stop, str) else stop
-        if not kwargs["stop"]:
-            kwargs.pop("stop")
-    for key in ("temperature", "top_p", "min_p"):
-        if _is_int(kwargs.get(key)):
-            kwargs[key] = float(kwargs[key])
-    sampling = SamplingParams(**kwargs)
-    sampling.validate()
-    return sampling
-
-
-# ---------------------------------------------------------------------------------- server
-_GENERATE_FIELDS = {"text", "input_ids", "sampling_params", "return_logprob", "rid",
-                    "session_id", "session_params", "return_text_in_logprobs", "stream",
-                    "logprob_start_len", "top_logprobs_num", "token_ids_logprob", "lora_path",
-                    "lora_id", "custom_logit_processor", "return_hidden_states", "image_data",
-                    "audio_data", "video_data", "input_embeds", "log_metrics", "modalities",
-                    "priority", "extra_key", "bootstrap_host", "bootstrap_port",
-                    "bootstrap_room", "data_parallel_rank", "no_logs", "return_routed_experts"}
-_GENERATE_UNSUPPORTED = {"stream": False, "top_logprobs_num": 0, "token_ids_logprob": None,
-                         "lora_path": None, "lora_id": None, "custom_logit_processor": None,
-                         "return_hidden_states": False, "image_data": None, "audio_data": None,
-                         "video_data": None, "input_embeds": None, "modalities": None,
-                         "bootstrap_host": None, "bootstrap_port": None, "bootstrap_room": None,
-                         "return_routed_experts": False}
-
-
-# SGLang's UpdateWeightFromDiskReqInput, AbortReq, PauseGenerationReqInput,
-# ContinueGenerationReqInput (booleans are JSON booleans only: "no" is not false)
-_UPDATE_WEIGHTS_SPEC = {
-    "model_path": Field((str,), required=True),
-    "load_format": Field((str,), choices=("auto", "safetensors")),
-    "abort_all_requests": Field((bool,), False), "weight_version": Field((str, int)),
-    "flush_cache": Field((bool,), True), "is_async": Field((bool,), False),
-    "torch_empty_cache": Field((bool,), False), "keep_pause": Field((bool,), False),
-    "recapture_cuda_graph": Field((bool,), False), "token_step": Field((int,), 0),
-    "manual_load_format": Field((str, dict, list))}
-_ABORT_SPEC = {"rid": Field((str,)), "abort_all": Field((bool,), False),
-               "abort_message": Field((str,))}
-_PAUSE_SPEC = {"mode": Field((str,), "abort", ("abort", "retract", "in_place"))}
-_CONTINUE_SPEC = {"torch_empty_cache": Field((bool,), False)}
 
 
 def _token_char_bound(tokenizer: Any) -> int | None:
@@ -432,11 +294,19 @@ class RolloutServer:
             return await asyncio.to_thread(fn, *args)
         return fn(*args)
 
-    def _encode(self, text: Any, where: str) -> list[int]:
-        _expect(isinstance(text, str), f"{where} must be a string")
+    def _validate(self, model: type[M], body: Any, where: str) -> M:
+        """``body`` checked against its declared model (api_models.py) with this server's
+        limits; ``InvalidRequestError`` (400) naming the failing fields otherwise."""
+        context = {"max_length": self.engine.config.max_length,
+                   "max_queue": self.engine.config.max_queue,
+                   "allow_request_chat_template": self.allow_request_chat_template}
+        return validate_request(model, body, where, context)
+
+    def _encode(self, text: str, where: str) -> list[int]:
+        """Token ids of a (validated) prompt text; a text longer than the context could hold
+        is refused before it is tokenized."""
         if self.tokenizer is None:
             raise InvalidRequestError("this server has no tokenizer: send input_ids, not text")
-        _check_unicode(text, where)
         bound = self._max_token_chars
         if bound is not None and len(text) > bound * self.engine.config.max_length:
             raise InvalidRequestError(f"{where} has {len(text)} characters: more than the "
@@ -500,80 +370,17 @@ class RolloutServer:
             return web.json_response(out[0])
         return web.json_response(out)
 
-    def _check_batch(self, count: int) -> None:
-        """A batch larger than the admission queue could never be admitted whole."""
-        limit = self.engine.config.max_queue
-        _expect(count <= limit, f"a batch of {count} prompts exceeds the server's admission "
-                                f"queue ({limit} requests)")
-
-    def _check_ids(self, prompt: Any, where: str) -> None:
-        """A non-empty list of integers shorter than the context (length checked first, so a
-        huge list is refused without walking it)."""
-        _expect(isinstance(prompt, list) and len(prompt) > 0,
-                f"{where} must be a non-empty list of integers")
-        limit = self.engine.config.max_length
-        _expect(len(prompt) < limit, f"{where} has {len(prompt)} tokens: a prompt must be "
-                                     f"shorter than the context length {limit}")
-        _expect(all(_is_int(t) for t in prompt), f"{where} must be a non-empty list of integers")
-
     def _plan_generate(self, body: dict) -> "_GeneratePlan":
         """Validate a ``/generate`` body and tokenize its prompts (no engine call)."""
-        _check_fields(body, _GENERATE_FIELDS, "/generate")
-        _reject_unsupported(body, _GENERATE_UNSUPPORTED, "/generate")
-        has_text, has_ids = body.get("text") is not None, body.get("input_ids") is not None
-        _expect(has_text != has_ids, "/generate needs exactly one of 'text' or 'input_ids'")
-        if body.get("return_logprob") and body.get("logprob_start_len", -1) not in (-1, None):
-            raise InvalidRequestError("input-token logprobs (logprob_start_len >= 0) are not "
-                                      "supported; only output_token_logprobs")
-        if has_text:
-            text = body["text"]
-            batched = isinstance(text, list)
-            texts = text if batched else [text]
-            _expect(len(texts) > 0, "text must not be an empty list")
-            self._check_batch(len(texts))
-            prompts = [self._encode(t, f"text[{i}]" if batched else "text")
-                       for i, t in enumerate(texts)]
+        req = self._validate(GenerateRequest, body, "/generate")
+        if req.text is not None:
+            prompts = [self._encode(t, f"text[{i}]" if req.batched else "text")
+                       for i, t in enumerate(req.texts())]
         else:
-            ids = body["input_ids"]
-            _expect(isinstance(ids, list) and len(ids) > 0,
-                    "input_ids must be a non-empty list of integers (or a list of such lists)")
-            batched = isinstance(ids[0], list)
-            prompts = ids if batched else [ids]
-            self._check_batch(len(prompts))
-            for i, p in enumerate(prompts):
-                self._check_ids(p, f"input_ids[{i}]" if batched else "input_ids")
-        count = len(prompts)
-        raw_sp = body.get("sampling_params")
-        if isinstance(raw_sp, list):
-            _expect(len(raw_sp) == count, f"sampling_params has {len(raw_sp)} entries for "
-                                          f"{count} prompts")
-            samplings = [parse_sampling_params(s, f"sampling_params[{i}]")
-                         for i, s in enumerate(raw_sp)]
-        else:
-            samplings = [parse_sampling_params(raw_sp)] * count
-        rids = self._per_prompt(body.get("rid"), count, "rid")
-        session = body.get("session_id")
-        if session is None and isinstance(body.get("session_params"), dict):
-            session = body["session_params"].get("id")
-        sessions = self._per_prompt(session, count, "session_id")
-        return_logprob = body.get("return_logprob", False)
-        text_in_lp = body.get("return_text_in_logprobs", False)
-        _expect(isinstance(return_logprob, bool), "return_logprob must be a boolean")
-        _expect(isinstance(text_in_lp, bool), "return_text_in_logprobs must be a boolean")
-        return _GeneratePlan(prompts, samplings, rids, sessions, return_logprob, text_in_lp,
-                             batched)
-
-    @staticmethod
-    def _per_prompt(value: Any, count: int, name: str) -> list[Any]:
-        if value is None:
-            return [None] * count
-        if isinstance(value, list):
-            _expect(len(value) == count, f"{name} has {len(value)} entries for {count} prompts")
-            _expect(all(isinstance(v, str) for v in value), f"{name} entries must be strings")
-            return value
-        _expect(isinstance(value, str), f"{name} must be a string")
-        _expect(count == 1, f"a batch of {count} prompts needs a list of {count} {name}s")
-        return [value]
+            prompts = req.token_ids()
+        return _GeneratePlan(prompts, req.samplings(), req.per_prompt("rid"),
+                             req.per_prompt("session_id"), req.return_logprob,
+                             req.return_text_in_logprobs, req.batched)
 
     def _generate_json(self, r: GenerateResult, return_logprob: bool, text_in_lp: bool
                        ) -> dict[str, Any]:
@@ -638,10 +445,8 @@ class RolloutServer:
 
     async def update_weights_from_disk(self, request: web.Request) -> web.Response:
         body = await self._json(request)
-        args = parse_body(body, _UPDATE_WEIGHTS_SPEC, "/update_weights_from_disk")
-        path = args["model_path"]
-        _expect(bool(path), "model_path must be a non-empty string")
-        version = args["weight_version"]
+        args = self._validate(UpdateWeightsRequest, body, "/update_weights_from_disk")
+        path, version = args.model_path, args.weight_version
         resolved = self._allowed_weights_path(path)
         if resolved is None:  # the same answer whether or not the path exists
             return self._weights_failure(
@@ -653,7 +458,7 @@ class RolloutServer:
             try:
                 new_version = await self.engine.update_weights(
                     path=resolved, version=None if version is None else str(version),
-                    flush_cache=args["flush_cache"], abort_all=args["abort_all_requests"])
+                    flush_cache=args.flush_cache, abort_all=args.abort_all_requests)
             except (ValueError, OSError, TypeError) as e:
                 return self._weights_failure(f"failed to load {path}: {e}")
         self.model_path = path
@@ -680,24 +485,22 @@ class RolloutServer:
 
     async def abort_request(self, request: web.Request) -> web.Response:
         body = await self._json(request)
-        args = parse_body(body, _ABORT_SPEC, "/abort_request")
-        if args["abort_all"]:
+        args = self._validate(AbortRequest, body, "/abort_request")
+        if args.abort_all:
             n = self.engine.abort_all()
             return web.json_response({"aborted": n})
-        rid = args["rid"]
-        _expect(isinstance(rid, str) and rid, "rid must be a non-empty string")
-        found = self.engine.abort(rid)
+        found = self.engine.abort(args.rid)
         return web.json_response({"aborted": int(found)})
 
     async def pause_generation(self, request: web.Request) -> web.Response:
         body = await self._json(request, required=False)
-        mode = parse_body(body, _PAUSE_SPEC, "/pause_generation")["mode"]
+        mode = self._validate(PauseRequest, body, "/pause_generation").mode
         self.engine.pause(mode)
         return web.json_response({"message": f"Generation paused ({mode})."})
 
     async def continue_generation(self, request: web.Request) -> web.Response:
         body = await self._json(request, required=False)
-        parse_body(body, _CONTINUE_SPEC, "/continue_generation")
+        self._validate(ContinueRequest, body, "/continue_generation")
         self.engine.resume()
         return web.json_response({"message": "Generation continued."})
 
@@ -711,32 +514,6 @@ class RolloutServer:
             "id": self.served_model_name, "object": "model", "created": int(self.started),
             "owned_by": "agentrl-jax", "root": self.model_path,
             "max_model_len": self.engine.config.max_length}]})
-
-    _OPENAI_COMMON = {"model", "max_tokens", "temperature", "top_p", "n", "stop", "seed",
-                      "stream", "stream_options", "user", "frequency_penalty", "presence_penalty",
-                      "logit_bias", "logprobs", "top_k", "min_p", "ignore_eos", "stop_token_ids",
-                      "skip_special_tokens", "no_stop_trim", "session_id", "rid",
-                      "repetition_penalty", "min_tokens", "metadata", "store", "service_tier"}
-    _OPENAI_UNSUPPORTED = {"stream": False, "frequency_penalty": 0.0, "presence_penalty": 0.0,
-                           "logit_bias": None, "repetition_penalty": 1.0, "min_tokens": 0,
-                           "stream_options": None}
-
-    def _openai_sampling(self, body: dict, max_tokens: Any) -> SamplingParams:
-        n = body.get("n", 1)
-        _expect(_is_int(n) and n >= 1, "n must be an integer >= 1")
-        _expect(max_tokens is None or (_is_int(max_tokens) and max_tokens >= 0),
-                "max_tokens must be a non-negative integer")
-        raw = {"max_new_tokens": max_tokens, "temperature": body.get("temperature"),
-               "top_p": body.get("top_p"), "n": n, "stop": body.get("stop"),
-               "seed": body.get("seed"), "top_k": body.get("top_k"),
-               "min_p": body.get("min_p"), "ignore_eos": body.get("ignore_eos"),
-               "stop_token_ids": body.get("stop_token_ids"),
-               "skip_special_tokens": body.get("skip_special_tokens"),
-               "no_stop_trim": body.get("no_stop_trim")}
-        return parse_sampling_params({k: v for k, v in raw.items() if v is not None}, "request")
-
-    def _check_model(self, body: dict) -> None:
-        _expect(isinstance(body.get("model", ""), str), "model must be a string")
 
     @staticmethod
     def _usage(results: list[GenerateResult]) -> dict[str, Any]:
@@ -752,50 +529,25 @@ class RolloutServer:
 
     async def v1_completions(self, request: web.Request) -> web.Response:
         body = await self._json(request)
-        prompts, sampling, logprobs = await self._offload(request, self._plan_completions, body)
-        results = await self._run(request, prompts, [sampling] * len(prompts),
-                                  [None] * len(prompts), [body.get("session_id")] * len(prompts)
-                                  if len(prompts) == 1 else [None] * len(prompts))
-        answer = await self._offload(request, self._completions_json, body, results, logprobs)
+        req, prompts = await self._offload(request, self._plan_completions, body)
+        sessions = [req.session_id] if len(prompts) == 1 else [None] * len(prompts)
+        results = await self._run(request, prompts, [req.sampling(req.max_tokens)] * len(prompts),
+                                  [None] * len(prompts), sessions)
+        answer = await self._offload(request, self._completions_json, req, results)
         return web.json_response(answer)
 
-    def _plan_completions(self, body: dict) -> tuple[list[list[int]], SamplingParams, Any]:
-        """Validate a ``/v1/completions`` body: (prompts, sampling, logprobs)."""
-        allowed = self._OPENAI_COMMON | {"prompt", "echo", "suffix", "best_of"}
-        _check_fields(body, allowed, "/v1/completions")
-        _reject_unsupported(body, {**self._OPENAI_UNSUPPORTED, "echo": False, "suffix": None},
-                            "/v1/completions")
-        self._check_model(body)
-        prompt = body.get("prompt")
-        if isinstance(prompt, str):
-            prompts = [self._encode(prompt, "prompt")]
-        elif isinstance(prompt, list) and prompt and all(_is_int(t) for t in prompt):
-            self._check_ids(prompt, "prompt")
-            prompts = [prompt]
-        elif isinstance(prompt, list) and prompt and all(isinstance(p, str) for p in prompt):
-            self._check_batch(len(prompt))
-            prompts = [self._encode(p, f"prompt[{i}]") for i, p in enumerate(prompt)]
-        elif isinstance(prompt, list) and prompt and all(isinstance(p, list) for p in prompt):
-            self._check_batch(len(prompt))
-            for i, p in enumerate(prompt):
-                self._check_ids(p, f"prompt[{i}]")
-            prompts = prompt
-        else:
-            raise InvalidRequestError("prompt must be a string, a list of strings, a list of "
-                                      "token ids or a list of token-id lists")
-        logprobs = body.get("logprobs")
-        _expect(logprobs is None or (_is_int(logprobs) and 0 <= logprobs <= 1),
-                "logprobs must be 0 or 1 (top alternatives are not supported)")
-        best_of = body.get("best_of")
-        _expect(best_of in (None, body.get("n", 1)), "best_of != n is not supported")
-        max_tokens = body.get("max_tokens", 16)
-        sampling = self._openai_sampling(body, max_tokens)
-        sid = body.get("session_id")
-        _expect(sid is None or isinstance(sid, str), "session_id must be a string")
-        return prompts, sampling, logprobs
+    def _plan_completions(self, body: dict) -> tuple[CompletionRequest, list[list[int]]]:
+        """Validate a ``/v1/completions`` body and tokenize its prompts."""
+        req = self._validate(CompletionRequest, body, "/v1/completions")
+        texts, ids = req.prompts()
+        if texts is not None:
+            single = isinstance(req.prompt, str)
+            ids = [self._encode(t, "prompt" if single else f"prompt[{i}]")
+                   for i, t in enumerate(texts)]
+        return req, ids  # type: ignore[return-value]
 
-    def _completions_json(self, body: dict, results: list[list[GenerateResult]],
-                          logprobs: Any) -> dict[str, Any]:
+    def _completions_json(self, req: CompletionRequest,
+                          results: list[list[GenerateResult]]) -> dict[str, Any]:
         """The OpenAI ``text_completion`` answer."""
         choices = []
         flat = [r for per in results for r in per]
@@ -803,7 +555,7 @@ class RolloutServer:
             choice: dict[str, Any] = {"index": i, "text": r.text or "",
                                       "finish_reason": r.finish_reason, "logprobs": None,
                                       "matched_stop": r.matched_stop}
-            if logprobs is not None:
+            if req.logprobs is not None:
                 tokens = [self._decode_token(t) or "" for t in r.output_ids]
                 offsets, pos = [], 0
                 for t in tokens:
@@ -816,77 +568,28 @@ class RolloutServer:
                  "completion_tokens": sum(r.completion_tokens for r in flat)}
         usage["total_tokens"] = usage["prompt_tokens"] + usage["completion_tokens"]
         return {"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion",
-                "created": int(time.time()), "model": body.get("model") or self.served_model_name,
+                "created": int(time.time()), "model": req.model or self.served_model_name,
                 "choices": choices, "usage": usage}
 
     async def v1_chat_completions(self, request: web.Request) -> web.Response:
         body = await self._json(request)
-        messages, kwargs, template = await self._offload(request, self._plan_chat, body)
-        text = await self._render_chat(request, messages, kwargs, template)
+        req = await self._offload(request, self._plan_chat, body)
+        kwargs, template = req.template()
+        text = await self._render_chat(request, req.conversation(), kwargs, template)
         ids = await self._offload(request, self._encode_rendered, text)
-        max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
+        max_tokens = req.requested_max_tokens()
         if max_tokens is None:
             max_tokens = self._max_tokens_default(len(ids))
-        sampling = self._openai_sampling(body, max_tokens)
-        logprobs = body.get("logprobs", False)
-        _expect(isinstance(logprobs, bool), "logprobs must be a boolean")
-        sid, rid = body.get("session_id"), body.get("rid")
-        _expect(sid is None or isinstance(sid, str), "session_id must be a string")
-        _expect(rid is None or isinstance(rid, str), "rid must be a string")
-        results = (await self._run(request, [ids], [sampling], [rid], [sid]))[0]
-        return web.json_response(self._chat_json(body, results, logprobs))
+        results = (await self._run(request, [ids], [req.sampling(max_tokens)], [req.rid],
+                                   [req.session_id]))[0]
+        return web.json_response(self._chat_json(req, results))
 
-    def _plan_chat(self, body: dict) -> tuple[list[dict[str, str]], dict[str, Any], str | None]:
-        """Validate a chat body: (messages, template kwargs, client template or None)."""
-        allowed = self._OPENAI_COMMON | {"messages", "max_completion_tokens", "top_logprobs",
-                                         "tools", "tool_choice", "response_format",
-                                         "parallel_tool_calls", "reasoning_effort",
-                                         "chat_template_kwargs", "continue_final_message"}
-        _check_fields(body, allowed, "/v1/chat/completions")
-        _reject_unsupported(body, {**self._OPENAI_UNSUPPORTED, "tools": None,
-                                   "tool_choice": None, "top_logprobs": 0,
-                                   "parallel_tool_calls": None, "reasoning_effort": None,
-                                   "continue_final_message": False}, "/v1/chat/completions")
-        rf = body.get("response_format")
-        _expect(rf is None or rf == {"type": "text"},
-                "response_format other than {'type': 'text'} is not supported")
-        self._check_model(body)
+    def _plan_chat(self, body: dict) -> ChatCompletionRequest:
+        """Validate a chat body (the template is rendered afterwards)."""
+        req = self._validate(ChatCompletionRequest, body, "/v1/chat/completions")
         if self.tokenizer is None:
             raise InvalidRequestError("this server has no tokenizer, chat is unavailable")
-        messages = body.get("messages")
-        _expect(isinstance(messages, list) and len(messages) > 0,
-                "messages must be a non-empty list")
-        clean = [self._chat_message(m, i) for i, m in enumerate(messages)]
-        raw_kwargs = body.get("chat_template_kwargs") or {}
-        _expect(isinstance(raw_kwargs, dict), "chat_template_kwargs must be an object")
-        kwargs = dict(raw_kwargs)
-        reserved = sorted(_RESERVED_TEMPLATE_KWARGS & set(kwargs))
-        _expect(not reserved, f"chat_template_kwargs: {reserved} cannot be set by a request")
-        template = kwargs.pop("chat_template", None)
-        if template is not None:
-            _expect(self.allow_request_chat_template,
-                    "chat_template_kwargs.chat_template: client-supplied chat templates are "
-                    "disabled on this server (start it with --allow-request-chat-template)")
-            _expect(isinstance(template, str) and template,
-                    "chat_template_kwargs.chat_template must be a non-empty string")
-        return clean, kwargs, template
-
-    @staticmethod
-    def _chat_message(m: Any, i: int) -> dict[str, str]:
-        """One message as ``{"role", "content"}`` (text content or OpenAI text parts)."""
-        _expect(isinstance(m, dict) and isinstance(m.get("role"), str),
-                f"messages[{i}] must be an object with a string 'role'")
-        content = m.get("content")
-        if isinstance(content, list):  # OpenAI content parts
-            parts = []
-            for part in content:
-                _expect(isinstance(part, dict) and part.get("type") == "text"
-                        and isinstance(part.get("text"), str),
-                        f"messages[{i}].content: only text parts are supported")
-                parts.append(part["text"])
-            content = "".join(parts)
-        _expect(isinstance(content, str), f"messages[{i}].content must be a string")
-        return {"role": m["role"], "content": content}
+        return req
 
     async def _render_chat(self, request: web.Request, messages: list[dict[str, str]],
                            kwargs: dict[str, Any], template: str | None) -> str:
@@ -917,8 +620,8 @@ class RolloutServer:
         _check_unicode(text, "the rendered chat")
         return list(self.tokenizer.encode(text, add_special_tokens=False))
 
-    def _chat_json(self, body: dict, results: list[GenerateResult],
-                   logprobs: bool) -> dict[str, Any]:
+    def _chat_json(self, req: ChatCompletionRequest,
+                   results: list[GenerateResult]) -> dict[str, Any]:
         """The OpenAI ``chat.completion`` answer."""
         choices = []
         for i, r in enumerate(results):
@@ -927,7 +630,7 @@ class RolloutServer:
                                         "tool_calls": None},
                 "logprobs": None, "finish_reason": r.finish_reason,
                 "matched_stop": r.matched_stop}
-            if logprobs:
+            if req.logprobs:
                 content = []
                 for lp, t in zip(r.output_logprobs, r.output_ids):
                     s = self._decode_token(t) or ""
@@ -936,7 +639,7 @@ class RolloutServer:
                 choice["logprobs"] = {"content": content}
             choices.append(choice)
         return {"id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion",
-                "created": int(time.time()), "model": body.get("model") or self.served_model_name,
+                "created": int(time.time()), "model": req.model or self.served_model_name,
                 "choices": choices, "usage": self._usage(results)}
 
 
