@@ -27,6 +27,7 @@ observation tokens and generating ``--turn-tokens`` tokens, ``--sessions`` sessi
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
@@ -74,6 +75,8 @@ def dtype_bytes(dtype: str) -> int:
 # --------------------------------------------------------------------------------- engine
 def bench_engine(model, cfg, args, batch_prompts, decode_attention: str = "auto"
                  ) -> dict[str, Any]:
+    import jax
+
     from agentrl_jax.rollout.base import SamplingParams
     from agentrl_jax.rollout.engine import Engine, EngineConfig
 
@@ -95,12 +98,16 @@ def bench_engine(model, cfg, args, batch_prompts, decode_attention: str = "auto"
         for f in [engine.submit(p, warm) for p in batch_prompts]:
             f.result()
         before = engine.stats.as_dict()
-        t0 = time.perf_counter()
-        engine.pause("in_place")  # admit the whole batch at once (not one by one as submitted)
-        futures = [engine.submit(p, sampling) for p in batch_prompts]
-        engine.resume()
-        results = [f.result()[0] for f in futures]
-        wall = time.perf_counter() - t0
+        profile_dir = getattr(args, "profile", None)
+        trace = (jax.profiler.trace(os.path.join(profile_dir, decode_attention))
+                 if profile_dir else contextlib.nullcontext())
+        with trace:  # --profile: an XLA device trace of the timed round (xprof / TensorBoard)
+            t0 = time.perf_counter()
+            engine.pause("in_place")  # admit the whole batch at once (not one by one)
+            futures = [engine.submit(p, sampling) for p in batch_prompts]
+            engine.resume()
+            results = [f.result()[0] for f in futures]
+            wall = time.perf_counter() - t0
         after = engine.stats.as_dict()
     finally:
         engine.close()
@@ -312,6 +319,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--turn-tokens", type=int, default=30)
     p.add_argument("--skip", default="", help="comma list of: engine,naive,hf,reuse")
     p.add_argument("--json", default=None, help="write the results here")
+    p.add_argument("--profile", default=None,
+                   help="write a jax.profiler device trace of each engine variant's timed "
+                        "round under this directory (read it with xprof / TensorBoard)")
     args = p.parse_args(argv)
     small = args.small
     args.shape = args.shape or ("tiny" if small else "smollm2-135m")

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from agentrl_jax.rollout.base import SamplingParams
-from agentrl_jax.rollout.decode_attention import (dense_decode_attention, ragged_blocks,
+from agentrl_jax.rollout.decode_attention import (dense_decode_attention, ragged_tiling,
                                                   ragged_decode_attention)
 from tests.rollout_helpers import make_engine, random_prompt, tiny_model
 
@@ -74,12 +74,16 @@ def test_ragged_attention_ignores_keys_past_each_rows_length():
     np.testing.assert_allclose(dirty, clean, atol=1e-6)
 
 
-def test_ragged_blocks_choose_whole_blocks():
-    assert ragged_blocks(384) == (128, 1)
-    assert ragged_blocks(3072) == (128, 12)  # 12 splits of 256
-    assert ragged_blocks(4096) == (128, 16)
-    assert ragged_blocks(48) == (16, 1)
-    assert ragged_blocks(1000) is None  # dense fallback
+def test_ragged_tiling_chooses_whole_blocks():
+    assert ragged_tiling(384) == (32, 1, 2, 3)  # a short row: one split of 32-key blocks
+    assert ragged_tiling(3072) == (64, 3, 4, 2)  # 3 splits of 1024 = 16 blocks each
+    assert ragged_tiling(4096) == (64, 4, 4, 2)
+    assert ragged_tiling(48) == (16, 1, 2, 3)
+    assert ragged_tiling(1000) is None  # dense fallback
+    for length in (384, 3072, 4096, 48, 2048 + 1024 * 3):
+        t = ragged_tiling(length)
+        split = length // t.k_splits
+        assert length % t.k_splits == 0 and split % t.block_k == 0 and split >= 16
 
 
 def _greedy(engine, prompts, max_new=12, session=None):

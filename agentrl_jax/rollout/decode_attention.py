@@ -21,6 +21,8 @@ Both return ``[B, H, Dh]`` in the query dtype; scores and the softmax are float3
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import jax
 import jax.numpy as jnp
 
@@ -45,19 +47,35 @@ def dense_decode_attention(q: jax.Array, cache_k: jax.Array, cache_v: jax.Array,
     return out.reshape(b, h, dh).astype(q.dtype)
 
 
-def ragged_blocks(max_length: int, target_split: int = 256) -> tuple[int, int] | None:
-    """``(block_k, k_splits)`` for a cache of ``max_length`` positions: the largest block of
-    (128, 64, 32, 16) that divides it, and the most splits of whole blocks that keep each split
-    ``>= target_split`` positions (one split when the row is short). None when no block divides
-    ``max_length`` (the engine then uses the dense attention)."""
-    for block_k in (128, 64, 32, 16):
+class RaggedTiling(NamedTuple):
+    """The ragged kernel's grid: ``block_k`` keys per loop step, ``k_splits`` splits of the row
+    (programs that run in parallel and are combined in XLA), Triton ``num_warps`` and
+    ``num_stages`` (software-pipelined loads)."""
+
+    block_k: int
+    k_splits: int
+    num_warps: int
+    num_stages: int
+
+
+def ragged_tiling(max_length: int, long_split: int = 1024) -> RaggedTiling | None:
+    """The tiling for a cache row of ``max_length`` positions, or None when no block of 16+
+    positions divides it (the engine then uses the dense attention).
+
+    From the sweep ``benchmarks/decode_attention.py`` on an H100 (docs/PERFORMANCE.md): a short
+    row (``<= long_split``) is one split of 32-key blocks with 2 warps and 3 stages (32 us per
+    layer at SmolLM2's shape, batch 256, row 384; 37 us with 128-key blocks); a long row is cut
+    into splits of ``>= long_split`` keys in 64-key blocks with 4 warps and 2 stages (79 us at
+    row 4096 with lengths 256..1536; 85 us with 16 splits of 256)."""
+    if max_length <= long_split:
+        block_k = next((b for b in (32, 16) if max_length % b == 0), None)
+        return None if block_k is None else RaggedTiling(block_k, 1, 2, 3)
+    for block_k in (64, 128, 32, 16):
         if max_length % block_k == 0:
             blocks = max_length // block_k
             splits = max((d for d in range(1, blocks + 1)
-                          if blocks % d == 0 and max_length // d >= min(target_split,
-                                                                        max_length)),
-                         default=1)
-            return block_k, splits
+                          if blocks % d == 0 and max_length // d >= long_split), default=1)
+            return RaggedTiling(block_k, splits, 4, 2)
     return None
 
 
@@ -68,19 +86,19 @@ def ragged_decode_attention(q: jax.Array, cache_k: jax.Array, cache_v: jax.Array
 
     b, h, dh = q.shape
     kh, s = cache_k.shape[1], cache_k.shape[2]
-    blocks = ragged_blocks(s)
-    if blocks is None:
+    tiling = ragged_tiling(s)
+    if tiling is None:
         raise ValueError(f"ragged decode attention needs a cache length divisible by 16, got {s}")
-    block_k, k_splits = blocks
     g = h // kh
     rows_q = q.reshape(b * kh, g, dh)
     rows_k = cache_k.reshape(b * kh, s, dh)
     rows_v = cache_v.reshape(b * kh, s, dh)
     rows_len = jnp.repeat(lengths.astype(jnp.int32), kh)
     out = mqa(rows_q, rows_k.astype(q.dtype), rows_v.astype(q.dtype), kv_seq_len=rows_len,
-              sm_scale=dh ** -0.5, block_h=16, block_k=block_k, k_splits=k_splits,
-              interpret=interpret)
+              sm_scale=dh ** -0.5, block_h=16, block_k=tiling.block_k,
+              k_splits=tiling.k_splits, num_warps=tiling.num_warps,
+              num_stages=tiling.num_stages, interpret=interpret)
     return out.reshape(b, h, dh).astype(q.dtype)
 
 
-__all__ = ["dense_decode_attention", "ragged_decode_attention", "ragged_blocks"]
+__all__ = ["dense_decode_attention", "ragged_decode_attention", "ragged_tiling", "RaggedTiling"]

@@ -59,7 +59,7 @@ from agentrl_jax.rollout.base import (BackendUnavailableError, BatchedSamplesBac
                                       RolloutError, SamplingParams, check_input_ids)
 from agentrl_jax.rollout.compiled import (ACT, CNT, IDX, KEY0, KEY1, MINP, POS, REM, STOP, TEMP,
                                           TOK, TOPK, TOPP, compiled_functions)
-from agentrl_jax.rollout.decode_attention import ragged_blocks
+from agentrl_jax.rollout.decode_attention import ragged_tiling
 from agentrl_jax.rollout.engine_config import EngineConfig
 from agentrl_jax.rollout.forward import DENSE, RAGGED, RAGGED_INTERPRET, new_cache
 from agentrl_jax.rollout.placement import EnginePlacement, to_state
@@ -185,7 +185,7 @@ class Engine(BatchedSamplesBackend):
         why = ("the seq-major cache layout" if c.kv_layout != "bksd" else
                "tensor parallelism" if self.placement.tensor_parallel > 1 else
                f"max_length={c.max_length} (not a multiple of 16)"
-               if ragged_blocks(c.max_length) is None else None)
+               if ragged_tiling(c.max_length) is None else None)
         if why is not None:
             if c.decode_attention == RAGGED:
                 log.warning("ragged decode attention is not available with %s; using dense", why)
