@@ -150,7 +150,7 @@ def instrument(pool: Any, timers: StageTimers) -> None:
 
 async def run_pool(mode: str, tokenizer: Any, urls: list[str], episodes: int, turns: int,
                    concurrency: int, seed: int, timers: StageTimers | None,
-                   profile: str | None = None, pool_workers: int = 0) -> tuple[list, dict]:
+                   profile: str | None = None, workers: int = 0) -> tuple[list, dict]:
     """One measured ``collect`` (after a short warm-up) in ``mode``; returns trajectories and
     numbers."""
     from agentrl_jax.agent.actor_pool import ActorPool, TaskRef
@@ -162,13 +162,16 @@ async def run_pool(mode: str, tokenizer: Any, urls: list[str], episodes: int, tu
         ids = list(await client.tasks("train"))
         tasks = [TaskRef("babyai", ids[(i * 7919) % len(ids)]) for i in range(episodes)]
         backend = InstantBackend(tokenizer)
+        extra = {"workers": workers} if workers else {}  # older revisions have no workers
         pool = ActorPool(backend, {"babyai": client}, ChatFormatter(tokenizer),
                          SamplingParams(max_new_tokens=64, temperature=1.0, stop=["\n"]),
                          max_context=2048, max_concurrency=concurrency,
                          parser=get_parser("react"), prompt_style="action",
-                         response_prefix="Action:")
+                         response_prefix="Action:", **extra)
         await pool.collect(tasks[:8], 1, 2, seed=seed + 1)  # warm-up (connections, caches)
-        if timers is not None:
+        worker_pids = [p.pid for p in pool._group._processes] if workers else []
+        w0 = sum(cpu_seconds(pid) for pid in worker_pids)
+        if timers is not None and not workers:
             instrument(pool, timers)
         profiler = None
         if profile:
@@ -178,6 +181,9 @@ async def run_pool(mode: str, tokenizer: Any, urls: list[str], episodes: int, tu
         t0, c0 = time.perf_counter(), time.process_time()
         trajectories, stats = await pool.collect(tasks, 1, turns, seed=seed)
         wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+        cpu += sum(cpu_seconds(pid) for pid in worker_pids) - w0  # actor CPU of all processes
+        if workers:
+            pool.close()
         if profiler is not None:
             profiler.disable()
             profiler.dump_stats(profile)
@@ -193,7 +199,7 @@ def measure(args: argparse.Namespace, mode: str, tokenizer: Any, servers: list) 
     s0 = sum(cpu_seconds(s.pid) for s in servers)
     _, out = asyncio.run(run_pool(mode, tokenizer, [s.url for s in servers], args.episodes,
                                   args.turns, args.concurrency, args.seed, timers,
-                                  args.profile))
+                                  args.profile, args.workers))
     server_cpu = sum(cpu_seconds(s.pid) for s in servers) - s0
     n = max(out["turns"], 1)
     out["actor_cpu_ms_per_turn"] = 1000 * out["actor_cpu_s"] / n
@@ -217,6 +223,8 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--turns", type=int, default=6)
     p.add_argument("--concurrency", type=int, default=256)
     p.add_argument("--env-servers", type=int, default=1)
+    p.add_argument("--workers", type=int, default=0,
+                   help="actor worker processes (ActorPool(workers=N)); 0 = in-process")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--modes", default="baseline")
     p.add_argument("--no-stages", dest="stages", action="store_false",
@@ -285,7 +293,8 @@ def compare(args: argparse.Namespace, argv: list[str]) -> dict:
     sha = subprocess.run(["git", "rev-parse", "--short", args.compare_ref], cwd=here, check=True,
                          capture_output=True, text=True).stdout.strip()
     rest = _strip(argv, {"--compare-ref": True, "--repeats": True, "--json": True,
-                         "--profile": True, "--modes": True})
+                         "--profile": True, "--modes": True, "--workers": True})
+    new_only = ["--workers", str(args.workers)] if args.workers else []
     results: dict[str, list[dict]] = {f"ref {sha}": [], "working tree": []}
     with tempfile.TemporaryDirectory(prefix="actor_host_ref_") as ref_dir:
         archive = subprocess.run(["git", "archive", sha], cwd=here, check=True,
@@ -298,8 +307,8 @@ def compare(args: argparse.Namespace, argv: list[str]) -> dict:
                 out_json = os.path.join(ref_dir, f"run_{r}_{mode}.json")
                 env = dict(os.environ, PYTHONPATH=root)
                 subprocess.run([sys.executable, os.path.join(root, "benchmarks", "actor_host.py"),
-                                *rest, "--modes", mode, "--json", out_json], cwd=root, env=env,
-                               check=True)
+                                *rest, *(new_only if mode == "after" else []), "--modes", mode,
+                                "--json", out_json], cwd=root, env=env, check=True)
                 with open(out_json) as f:
                     results[label].append(json.load(f)["runs"][0])
     summary: dict[str, Any] = {"settings": vars(args), "nproc": os.cpu_count(), "ref": sha,

@@ -9,7 +9,8 @@ episodes on each device, so 4 devices run 4x the episodes) is run twice:
 * ``engine``: the replicas alone -- every episode's prompt submitted at once, ``--new-tokens``
   tokens generated each (EOS ignored); generated tokens / wall s.
 * ``actor_pool``: the whole rollout path -- the actor pool playing BabyAI episodes of
-  ``--turns`` turns on real environment servers (``--env-servers-per-device`` replicas each),
+  ``--turns`` turns on real environment servers (``--env-servers-per-device`` replicas each;
+  ``--actor-workers-per-device`` worker processes play the episodes, 0 = this process),
   each turn one generation of up to ``--turn-tokens`` tokens (stop at a line break, as the
   default answer format does) through the replicas with sticky sessions; generated tokens /
   wall s and turns / s.
@@ -57,7 +58,8 @@ def engine_throughput(backend, n_prompts: int, prompt_len: int, new_tokens: int,
 
 
 def actor_pool_throughput(backend, tokenizer, episodes: int, turns: int, turn_tokens: int,
-                          env_servers: int, max_context: int) -> dict[str, Any]:
+                          env_servers: int, max_context: int, workers: int = 0
+                          ) -> dict[str, Any]:
     from agentrl_jax.agent.actor_pool import ActorPool, TaskRef
     from agentrl_jax.agent.chat import ChatFormatter
     from agentrl_jax.agent.parsing import get_parser
@@ -77,11 +79,15 @@ def actor_pool_throughput(backend, tokenizer, episodes: int, turns: int, turn_to
                                                 stop=["\n"]),
                                  max_context=max_context, max_concurrency=episodes,
                                  parser=get_parser("react"), prompt_style="action",
-                                 response_prefix="Action:")
-                await pool.collect(tasks[:max(8, episodes // 16)], 1, 2)  # warm-up
-                t0 = time.perf_counter()
-                trajectories, stats = await pool.collect(tasks, 1, turns)
-                wall = time.perf_counter() - t0
+                                 response_prefix="Action:", workers=workers)
+                try:
+                    # warm-up (also starts the worker processes)
+                    await pool.collect(tasks[:max(8, episodes // 16)], 1, 2)
+                    t0 = time.perf_counter()
+                    trajectories, stats = await pool.collect(tasks, 1, turns)
+                    wall = time.perf_counter() - t0
+                finally:
+                    pool.close()
                 n_turns = sum(t.num_turns for t in trajectories)
                 errors = sorted({t.error for t in trajectories if t.error})
                 if errors:
@@ -90,7 +96,9 @@ def actor_pool_throughput(backend, tokenizer, episodes: int, turns: int, turn_to
                 return {"tokens_per_s": generated / wall, "wall_s": wall,
                         "generated_tokens": generated, "turns": n_turns,
                         "turns_per_s": n_turns / wall, "episodes": stats.episodes,
-                        "dropped": stats.dropped}
+                        "dropped": stats.dropped, "actor_workers": workers,
+                        "env_servers": env_servers,
+                        "env_batches": getattr(client, "batches_sent", None)}
         return asyncio.run(run())
     finally:
         for s in servers:
@@ -110,6 +118,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--new-tokens", type=int, default=256)
     p.add_argument("--max-context", type=int, default=2048)
     p.add_argument("--env-servers-per-device", type=int, default=2)
+    p.add_argument("--actor-workers-per-device", type=int, default=0,
+                   help="actor pool worker processes per device (ActorPool(workers=...)); "
+                        "0 = the pool runs in this process")
     p.add_argument("--dtype", choices=["bfloat16", "float32"], default="bfloat16")
     p.add_argument("--decode-attention", default="auto", choices=["auto", "ragged", "dense"])
     p.add_argument("--skip", default="", help="comma list of: engine,actor_pool")
@@ -171,7 +182,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             if "actor_pool" not in skip:
                 run["actor_pool"] = actor_pool_throughput(
                     backend, tokenizer, episodes, args.turns, args.turn_tokens,
-                    n * args.env_servers_per_device, args.max_context)
+                    n * args.env_servers_per_device, args.max_context,
+                    workers=n * args.actor_workers_per_device)
                 a = run["actor_pool"]
                 print(f"{n} devices, actor pool + BabyAI: {a['tokens_per_s']:,.0f} tok/s, "
                       f"{a['turns_per_s']:,.0f} turns/s ({a['episodes']} episodes, "

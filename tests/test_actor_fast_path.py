@@ -200,3 +200,43 @@ async def test_client_falls_back_to_single_calls_on_a_server_without_batch():
                 await asyncio.gather(client.step(env_id, "bad"), client.step(env_id, "d"))
             assert error.value.status == 409
     assert sorted(steps) == ["a", "b", "bad", "c", "d"]
+
+
+async def test_worker_processes_give_the_in_process_trajectories(tokenizer, babyai):
+    """``ActorPool(workers=2)``: the same episodes played in two spawned processes, the backend
+    here; every content field equals the in-process run's, versions come from ``version_fn``
+    read here, and progress sees every episode."""
+    async with EnvClient(babyai.url) as client:
+        ids = await client.tasks("train")
+    tasks = [TaskRef("babyai", ids[(i * 104729) % len(ids)]) for i in range(10)]
+    reference, _ = await _collect(tokenizer, babyai.url, True, tasks, n_samples=3)
+    calls = []
+    async with EnvClient(babyai.url) as client:
+        backend = SeededBackend(tokenizer)
+        generate = backend.generate
+
+        async def counted(*a, **k):
+            calls.append(k.get("session_id"))
+            return await generate(*a, **k)
+
+        backend.generate = counted
+        pool = ActorPool(backend, {"babyai": client}, ChatFormatter(tokenizer),
+                         SamplingParams(max_new_tokens=32, stop=["\n"]), max_context=1500,
+                         max_concurrency=32, parser=get_parser("react"), prompt_style="action",
+                         response_prefix="Action:", workers=2)
+        seen = []
+        try:
+            fast, stats = await pool.collect(tasks, 3, 7, seed=11, progress=seen.append)
+            n_calls = len(calls)
+            again, _ = await pool.collect(tasks[:2], 3, 7, seed=11, policy_version=4,
+                                          version_fn=lambda: 9)
+        finally:
+            pool.close()
+    assert len(fast) == len(reference) == 30 and len(seen) == 30 and stats.episodes == 30
+    assert sum(t.num_turns for t in fast) == n_calls  # every turn went through this process
+    for a, b in zip(reference, fast):
+        for field in CONTENT_FIELDS:
+            assert getattr(a, field) == getattr(b, field), (a.task_id, field)
+    for a, b in zip(reference[:6], again):
+        assert a.token_ids == b.token_ids and b.policy_version == 4
+        assert b.turn_versions == [9] * b.num_turns

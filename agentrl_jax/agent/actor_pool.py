@@ -8,6 +8,10 @@ rounds (every episode generates, then every episode steps) for comparison.
 
 Failures: an environment or engine failure ends that episode with status ``env_error`` /
 ``engine_error``; it is counted and dropped from training, never scored as reward 0.
+
+``workers=N`` runs the episodes of asynchronous collects in ``N`` worker processes (the backend
+stays here; ``agentrl_jax.agent.workers``): one process's host work caps the rollout at a few
+hundred turns per second, too few for several GPUs' engines.
 """
 
 from __future__ import annotations
@@ -70,7 +74,7 @@ class ActorPool:
                  parser: Callable[[str], ParsedAction] = parse_react,
                  env_errors: tuple[type[BaseException], ...] | None = None,
                  progress: Callable[[Trajectory], None] | None = None,
-                 prompt_style: str = "react", response_prefix: str = ""):
+                 prompt_style: str = "react", response_prefix: str = "", workers: int = 0):
         if env_errors is None:
             from environments.core.client import EnvConnectionError, EnvServerError
             env_errors = (EnvConnectionError, EnvServerError, OSError, asyncio.TimeoutError)
@@ -79,6 +83,34 @@ class ActorPool:
         self.max_concurrency, self.parser, self.env_errors = max_concurrency, parser, env_errors
         self.progress = progress
         self.prompt_style, self.response_prefix = prompt_style, response_prefix
+        if workers < 0:
+            raise ValueError(f"workers must be >= 0, got {workers}")
+        self.workers = int(workers)
+        self._group: Any = None
+
+    def _worker_group(self) -> Any:
+        if self._group is None:
+            from agentrl_jax.agent.workers import WorkerGroup, WorkerSetup
+            missing = [n for n, c in self.env_clients.items() if not hasattr(c, "config")]
+            if missing:
+                raise TypeError(f"workers need EnvClient-like clients with config(); {missing} "
+                                "have none")
+            per_worker = -(-self.max_concurrency // self.workers)
+            setup = WorkerSetup(
+                tokenizer=self.formatter.tokenizer, eos_token_ids=self.formatter.eos_token_ids,
+                fast_format=self.formatter.fast,
+                env_clients={n: c.config() for n, c in self.env_clients.items()},
+                sampling=self.sampling, max_context=self.max_context,
+                max_concurrency=per_worker, parser=self.parser,
+                prompt_style=self.prompt_style, response_prefix=self.response_prefix)
+            self._group = WorkerGroup(self.workers, setup)
+        return self._group
+
+    def close(self) -> None:
+        """Stop the worker processes (``workers > 0``); a later collect starts new ones."""
+        if self._group is not None:
+            self._group.close()
+            self._group = None
 
     def _episode(self, task: TaskRef, group_id: int, sample_index: int, horizon: int,
                  policy_version: int, seed: int | None,
@@ -117,6 +149,15 @@ class ActorPool:
         every turn (weights that change mid-rollout; each turn records its version)."""
         start = time.monotonic()
         progress = progress or self.progress
+        if self.workers and not lockstep:
+            for task in tasks:
+                if task.env not in self.env_clients:
+                    raise KeyError(f"no environment client for {task.env!r} "
+                                   f"(have {sorted(self.env_clients)})")
+            specs = [(task, g, i) for g, task in enumerate(tasks) for i in range(n_samples)]
+            trajectories = await self._worker_group().collect(
+                self.backend, specs, horizon, policy_version, seed, progress, version_fn)
+            return trajectories, summarize(trajectories, time.monotonic() - start)
         episodes = self.episodes_for(tasks, n_samples, horizon, policy_version, seed, version_fn)
         if lockstep:
             await self._run_lockstep(episodes, progress)

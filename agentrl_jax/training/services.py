@@ -324,7 +324,9 @@ def make_actor_pool(config: Any, backend: Any, clients: Mapping[str, Any], token
                      max_concurrency=int(r.max_concurrency),
                      parser=get_parser(r.get("parser", "react")),
                      prompt_style=agent.get("prompt_style", "react"),
-                     response_prefix=agent.get("response_prefix", ""))
+                     response_prefix=agent.get("response_prefix", ""),
+                     # episodes in N spawned processes, the backend here (docs/ROLLOUT.md)
+                     workers=int(r.get("actor_workers", 0) or 0))
 
 
 async def task_refs(clients: Mapping[str, Any], split: str, limit: int | None = None) -> list:

@@ -115,6 +115,13 @@ class EnvClient:
         self._batch_tasks: set[asyncio.Task] = set()
         self.batches_sent = 0  # POST /batch requests sent (tests, benchmarks)
 
+    def config(self) -> dict[str, Any]:
+        """Keyword arguments that build an equivalent client (e.g. in another process)."""
+        api_key = self._auth.get("Authorization", "")[len("Bearer "):] or None
+        return {"urls": list(self.urls), "timeout": self.timeout, "retries": self.retries,
+                "backoff": self.backoff, "max_connections": self.max_connections,
+                "api_key": api_key, "batch": self.batch}
+
     # -- lifecycle
 
     async def __aenter__(self) -> EnvClient:

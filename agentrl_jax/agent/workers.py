@@ -1,0 +1,294 @@
+"""Episodes in worker processes: the actor pool's host work spread over CPU cores.
+
+One Python process tops out at a few hundred agent turns per second (chat formatting, tokenising,
+environment HTTP, bookkeeping; docs/PERFORMANCE.md), which starves several GPUs' engines. With
+``ActorPool(workers=N)`` the episodes of a ``collect`` run in ``N`` spawned processes; the
+rollout backend (the embedded engine, weights in memory) stays in this process. A worker plays
+its episodes exactly as ``ActorPool`` does in-process (the same ``Episode`` code, its own
+``ChatFormatter`` and ``EnvClient``s) and sends each generation request here over a Unix socket:
+
+* worker -> here: ``("gen", request, job, session, start, new_ids, sampling)``: the episode's token
+  ids are ``ids[:start] + new_ids`` (only the ids added since its previous request travel; this
+  side keeps each session's ids); ``("done", index, trajectory)`` when an episode ends.
+* here -> worker: ``("run", [(index, task, group, sample), ...], horizon, policy_version,
+  seed)``; ``("res", request, result, version)`` / ``("err", request, message)``.
+
+``version`` is ``version_fn()`` read here right before ``backend.generate`` (what the in-process
+episode reads right before its call), so ``turn_versions`` mean the same. Trajectories are the
+in-process ones, field for field (tests/test_actor_fast_path.py). Workers start on the first
+``collect`` (a few seconds: they import the tokenizer) and live until ``close()`` or this
+process ends.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import multiprocessing
+import os
+import pickle
+import struct
+import tempfile
+from typing import Any, Callable
+
+from agentrl_jax.rollout.base import GenerateResult, RolloutError
+
+_HEADER = struct.Struct("!I")
+
+
+async def _read(reader: asyncio.StreamReader) -> Any:
+    size = _HEADER.unpack(await reader.readexactly(_HEADER.size))[0]
+    return pickle.loads(await reader.readexactly(size))
+
+
+def _write(writer: asyncio.StreamWriter, message: Any) -> None:
+    data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+    writer.write(_HEADER.pack(len(data)) + data)
+
+
+@dataclasses.dataclass
+class WorkerSetup:
+    """What a worker needs to build its own pool (pickled once at start)."""
+
+    tokenizer: Any
+    eos_token_ids: tuple[int, ...]
+    fast_format: bool
+    env_clients: dict[str, dict[str, Any]]  # name -> EnvClient keyword arguments
+    sampling: Any
+    max_context: int
+    max_concurrency: int
+    parser: Callable
+    prompt_style: str
+    response_prefix: str
+
+
+class _RemoteBackend:
+    """The worker's backend: forwards ``generate`` to the parent process."""
+
+    def __init__(self, writer: asyncio.StreamWriter):
+        self.writer = writer
+        self.pending: dict[int, asyncio.Future] = {}
+        self.sent: dict[str, int] = {}  # session -> ids already known to the parent
+        self.versions: dict[str, list[int]] = {}  # session -> version of each answered turn
+        self.jobs: dict[str, int] = {}  # session -> the parent's job (its version_fn)
+        self._next = 0
+
+    async def generate(self, input_ids, sampling=None, session_id=None, rid=None):
+        start = self.sent.get(session_id, 0)
+        request = self._next
+        self._next += 1
+        future = asyncio.get_running_loop().create_future()
+        self.pending[request] = future
+        _write(self.writer, ("gen", request, self.jobs.get(session_id, -1), session_id, start,
+                             list(input_ids[start:]), sampling))
+        self.sent[session_id] = len(input_ids)
+        result, version = await future
+        if result.finish_reason != "abort":
+            self.versions.setdefault(session_id, []).append(version)
+        return result
+
+
+async def _worker(path: str) -> None:
+    from agentrl_jax.agent.actor_pool import ActorPool
+    from agentrl_jax.agent.chat import ChatFormatter
+    from environments.core.client import EnvClient
+
+    reader, writer = await asyncio.open_unix_connection(path)
+    setup: WorkerSetup = await _read(reader)
+    backend = _RemoteBackend(writer)
+    clients = {name: EnvClient(**kw) for name, kw in setup.env_clients.items()}
+    pool = ActorPool(backend, clients,
+                     ChatFormatter(setup.tokenizer, setup.eos_token_ids or None,
+                                   fast=setup.fast_format),
+                     setup.sampling, setup.max_context, setup.max_concurrency, setup.parser,
+                     prompt_style=setup.prompt_style, response_prefix=setup.response_prefix)
+    jobs: set[asyncio.Task] = set()
+
+    async def run(specs, horizon: int, policy_version: int, seed: int | None) -> None:
+        gate = asyncio.Semaphore(setup.max_concurrency)
+
+        async def one(index, task, group, sample) -> None:
+            episode = pool._episode(task, group, sample, horizon, policy_version, seed)
+            session = episode.session_id
+            backend.jobs[session] = index >> 32
+            try:
+                async with gate:
+                    await episode.run()
+            finally:
+                traj = episode.trajectory
+                traj.turn_versions = backend.versions.pop(session, [])[:traj.num_turns]
+                backend.sent.pop(session, None)
+                backend.jobs.pop(session, None)
+            _write(writer, ("done", index, traj))
+
+        await asyncio.gather(*(one(*s) for s in specs))
+
+    try:
+        while True:
+            message = await _read(reader)
+            kind = message[0]
+            if kind == "res":
+                future = backend.pending.pop(message[1], None)
+                if future is not None and not future.done():
+                    future.set_result((message[2], message[3]))
+            elif kind == "err":
+                future = backend.pending.pop(message[1], None)
+                if future is not None and not future.done():
+                    future.set_exception(RolloutError(message[2]))
+            elif kind == "run":
+                task = asyncio.ensure_future(run(*message[1:]))
+                jobs.add(task)
+                task.add_done_callback(jobs.discard)
+            elif kind == "stop":
+                break
+    except (asyncio.IncompleteReadError, ConnectionError):
+        pass  # the parent is gone
+    finally:
+        for task in jobs:
+            task.cancel()
+        for client in clients.values():
+            await client.aclose()
+
+
+def worker_main(path: str) -> None:
+    """Entry point of a spawned worker process."""
+    try:
+        import uvloop
+        uvloop.install()
+    except ImportError:
+        pass
+    asyncio.run(_worker(path))
+
+
+class WorkerGroup:
+    """``n`` worker processes and the parent side of their protocol (one per ``ActorPool``)."""
+
+    def __init__(self, n: int, setup: WorkerSetup):
+        if n < 1:
+            raise ValueError("workers must be >= 1")
+        self.n, self.setup = n, setup
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._server: asyncio.AbstractServer | None = None
+        self._writers: list[asyncio.StreamWriter] = []
+        self._processes: list[Any] = []
+        self._dir: tempfile.TemporaryDirectory | None = None
+        self._ids: dict[str, list[int]] = {}
+        self._jobs: dict[int, tuple[list, asyncio.Future, int, Callable | None,
+                                    Callable | None]] = {}
+        self._next_job = 0
+        self._tasks: set[asyncio.Task] = set()
+        self._serving: set[asyncio.Task] = set()
+        self.backend: Any = None
+
+    async def _start(self) -> None:
+        loop = asyncio.get_running_loop()
+        if self._loop is loop and self._writers:
+            return
+        self.close()
+        self._loop = loop
+        self._dir = tempfile.TemporaryDirectory(prefix="agentrl-actors-")
+        path = os.path.join(self._dir.name, "sock")
+        connected: asyncio.Queue = asyncio.Queue()
+
+        async def accept(reader, writer) -> None:
+            self._serving.add(asyncio.current_task())
+            _write(writer, self.setup)
+            await connected.put(writer)
+            await self._serve(reader, writer)
+
+        self._server = await asyncio.start_unix_server(accept, path=path)
+        ctx = multiprocessing.get_context("spawn")
+        for _ in range(self.n):
+            process = ctx.Process(target=worker_main, args=(path,), daemon=True)
+            process.start()
+            self._processes.append(process)
+        for _ in range(self.n):
+            self._writers.append(await asyncio.wait_for(connected.get(), timeout=300))
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while True:
+                message = await _read(reader)
+                if message[0] == "gen":
+                    task = asyncio.ensure_future(self._generate(writer, *message[1:]))
+                    self._tasks.add(task)
+                    task.add_done_callback(self._tasks.discard)
+                elif message[0] == "done":
+                    self._finish(message[1], message[2])
+        except asyncio.CancelledError:
+            return
+        except (asyncio.IncompleteReadError, ConnectionError) as error:
+            for _, future, *_ in self._jobs.values():
+                if not future.done():
+                    future.set_exception(RolloutError(f"an actor worker died: {error!r}"))
+
+    async def _generate(self, writer, request: int, job: int, session: str, start: int,
+                        new_ids: list[int], sampling: Any) -> None:
+        ids = self._ids.setdefault(session, [])
+        del ids[start:]
+        ids.extend(new_ids)
+        try:
+            _, _, policy_version, _, version_fn = self._jobs[job]
+            version = version_fn() if version_fn is not None else policy_version
+            result: GenerateResult = await self.backend.generate(list(ids), sampling,
+                                                                  session_id=session)
+        except Exception as error:  # noqa: BLE001 -- the episode turns it into engine_error
+            _write(writer, ("err", request, f"{type(error).__name__}: {error}"))
+            return
+        _write(writer, ("res", request, result, version))
+
+    def _finish(self, index: int, trajectory: Any) -> None:
+        job = self._jobs.get(index >> 32)
+        if job is None:
+            return
+        slots, future, _, progress, _ = job
+        slots[index & 0xFFFFFFFF] = trajectory
+        self._ids.pop(trajectory.episode_id, None)
+        if progress is not None:
+            progress(trajectory)
+        if all(t is not None for t in slots) and not future.done():
+            future.set_result(slots)
+
+    async def collect(self, backend: Any, specs: list[tuple], horizon: int,
+                      policy_version: int, seed: int | None,
+                      progress: Callable | None, version_fn: Callable | None) -> list:
+        """Run episodes ``specs`` ((task, group, sample) each) over the workers; the
+        trajectories in ``specs`` order."""
+        await self._start()
+        self.backend = backend
+        job = self._next_job
+        self._next_job += 1
+        future = asyncio.get_running_loop().create_future()
+        slots: list = [None] * len(specs)
+        self._jobs[job] = (slots, future, policy_version, progress, version_fn)
+        try:
+            if not specs:
+                return []
+            for w, writer in enumerate(self._writers):
+                mine = [((job << 32) | i, *spec) for i, spec in enumerate(specs)
+                        if i % self.n == w]
+                if mine:
+                    _write(writer, ("run", mine, horizon, policy_version, seed))
+            return await future
+        finally:
+            del self._jobs[job]
+
+    def close(self) -> None:
+        for writer in self._writers:
+            try:
+                _write(writer, ("stop",))
+                writer.close()
+            except Exception:  # noqa: BLE001 -- the loop may be gone
+                pass
+        for process in self._processes:
+            process.join(timeout=5)
+            if process.is_alive():
+                process.terminate()
+        for task in self._serving:
+            task.cancel()
+        self._serving = set()
+        if self._server is not None:
+            self._server.close()
+        if self._dir is not None:
+            self._dir.cleanup()
+        self._writers, self._processes, self._server, self._dir = [], [], None, None
