@@ -10,6 +10,13 @@ Writes ``<out>/<env>.jsonl`` (one trajectory per line) and ``<out>/<env>.meta.js
 token ids are the config's model tokenizer's; record with the config you fine-tune with. Experts:
 babyai (minigrid's BabyAIBot), textcraft (the recipe expert), scienceworld (gold paths),
 miniwob (the rule-based expert). Nothing is shipped: the data is made by this command.
+
+``--workers N`` records with N processes (the experts are CPU-bound Python; e.g. 16 on a
+64-core machine), each killed after ``--timeout`` seconds (the parts that finished are kept).
+A progress line every ``--progress-every`` episodes; one expert action is limited to
+``--act-timeout`` seconds (BabyAIBot never returns on most UnlockToUnlock levels: such episodes
+end as failed). JAX runs on the CPU here (``JAX_PLATFORMS=cpu`` unless set): recording never
+uses the accelerator. Exit code 1 when no episode succeeded.
 """
 
 from __future__ import annotations
@@ -19,6 +26,7 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+os.environ.setdefault("JAX_PLATFORMS", "cpu")  # before anything imports jax: no GPU is needed
 
 from absl import app, flags  # noqa: E402
 from absl import logging as absl_logging  # noqa: E402
@@ -35,6 +43,14 @@ _SPLIT = flags.DEFINE_string("split", "train", "task split")
 _HORIZON = flags.DEFINE_integer("horizon", None, "turn limit (default: the config's "
                                 "sft.record_horizon, else train.eval_horizon)")
 _OFFSET = flags.DEFINE_integer("offset", 0, "start position in the split (other tasks)")
+_WORKERS = flags.DEFINE_integer("workers", 1, "worker processes (each with its own "
+                                "environment server)")
+_TIMEOUT = flags.DEFINE_float("timeout", 0.0, "with --workers > 1: kill workers still running "
+                              "after this many seconds, keep the finished parts (0: no limit)")
+_ACT_TIMEOUT = flags.DEFINE_float("act_timeout", 10.0, "wall-clock limit of one expert action "
+                                  "(seconds; the episode fails past it; 0: none)")
+_PROGRESS_EVERY = flags.DEFINE_integer("progress_every", 100, "a progress line every this many "
+                                       "episodes (per worker)")
 
 
 def main(argv: list[str]) -> int:
@@ -48,11 +64,15 @@ def main(argv: list[str]) -> int:
         from agentrl_jax.training.config import base_config
         config = base_config()
     horizon = _HORIZON.value or (config.get("sft", {}) or {}).get("record_horizon") or None
-    from agentrl_jax.training.experts import record_experts_sync
+    from agentrl_jax.training.experts import record_experts_parallel
 
     try:
-        meta = record_experts_sync(config, _ENV.value, _EPISODES.value, _OUT.value,
-                                   split=_SPLIT.value, horizon=horizon, offset=_OFFSET.value)
+        meta = record_experts_parallel(config, _ENV.value, _EPISODES.value, _OUT.value,
+                                       workers=_WORKERS.value, split=_SPLIT.value,
+                                       horizon=horizon, offset=_OFFSET.value,
+                                       progress_every=_PROGRESS_EVERY.value,
+                                       act_timeout_s=_ACT_TIMEOUT.value or None,
+                                       shard_timeout_s=_TIMEOUT.value or None)
     except KeyboardInterrupt:
         print("recording interrupted (Ctrl-C); environment servers stopped", file=sys.stderr)
         return 130

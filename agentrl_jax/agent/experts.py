@@ -21,16 +21,112 @@ Experts by environment family (``EXPERT_POLICIES``), each reading what the agent
   expert.py``).
 
 An expert with no action left (``None``) or that fails (minigrid's bot asserts on some
-levels) ends its episode as an ``engine_error``: such episodes are counted and never trained
-on.
+levels) ends its episode as an ``engine_error``: such episodes are counted
+(``ExpertBackend.failures``, by exception type) and never trained on.
+
+An expert never hangs the recorder. Experts run synchronously on the recorder's event loop, so
+one call that does not return would stop every episode and every progress line (what happened
+on BabyAI: minigrid's ``BabyAIBot`` loops forever on most ``BabyAI-UnlockToUnlock-v0`` seeds,
+12 of 1,500 sampled train tasks, pushing subgoals without end: 126,904 after 20 s). Two caps:
+
+* :class:`BoundedSubgoalStack` replaces the bot's subgoal stack: more than ``max_len`` subgoals
+  (normal episodes peak at 16) or more than ``max_reads`` reads of the stack in one call
+  (normal: at most 9) raise :class:`ExpertStuck`;
+* every ``act`` call (the expert's construction included) runs under a wall-clock deadline
+  (``ExpertBackend(act_timeout_s=...)``, :func:`call_with_deadline`): past it,
+  :class:`ExpertTimeout` is raised inside the call (``SIGALRM``; main thread only).
+
+Either ends the episode as an ``engine_error`` with the reason in its ``error``.
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable, Mapping, Protocol
+import collections
+import signal
+import threading
+import time
+from typing import Any, Callable, Mapping, Protocol, TypeVar
 
 from agentrl_jax.agent.trajectory import Trajectory
 from agentrl_jax.rollout.base import GenerateResult, RolloutBackend, RolloutError
+
+
+T = TypeVar("T")
+
+
+class ExpertStuck(RuntimeError):
+    """An expert that cannot produce its next action in bounded work."""
+
+
+class ExpertTimeout(ExpertStuck):
+    """An expert call that ran past its wall-clock deadline."""
+
+
+class BoundedSubgoalStack(list):
+    """A list for ``BabyAIBot.stack`` that raises :class:`ExpertStuck` instead of growing
+    without end: on ``append`` past ``max_len`` subgoals, and on the ``max_reads``-th read
+    (``stack[-1]``: one per iteration of the bot's ``while self.stack`` planning loop) since the
+    last :meth:`reset` (called before each ``replan``). The bot only appends, pops and reads
+    the top, so a plan that cycles without growing is caught by the read budget."""
+
+    def __init__(self, items: Any = (), max_len: int = 200, max_reads: int = 2000):
+        super().__init__(items)
+        if max_len < 1 or max_reads < 1:
+            raise ValueError(f"max_len and max_reads must be >= 1 (got {max_len}, {max_reads})")
+        self.max_len, self.max_reads = int(max_len), int(max_reads)
+        self.reads = 0
+
+    def reset(self) -> None:
+        self.reads = 0
+
+    def append(self, item: Any) -> None:
+        if len(self) >= self.max_len:
+            raise ExpertStuck(f"the bot's plan grew past {self.max_len} subgoals "
+                              f"(top: {type(super().__getitem__(-1)).__name__})")
+        super().append(item)
+
+    def __getitem__(self, index: Any) -> Any:
+        self.reads += 1
+        if self.reads > self.max_reads:
+            raise ExpertStuck(f"the bot replanned more than {self.max_reads} times for one "
+                              f"action ({len(self)} subgoals)")
+        return super().__getitem__(index)
+
+
+def call_with_deadline(fn: Callable[[], T], seconds: float | None) -> T:
+    """``fn()``, interrupted by :class:`ExpertTimeout` after ``seconds`` of wall time.
+
+    Uses ``SIGALRM`` (``setitimer``), so it only limits calls on the main thread of a POSIX
+    process (the recorder's event loop); elsewhere, or with ``seconds`` None / <= 0, ``fn`` runs
+    without a limit. The exception is raised between Python bytecodes, so pure-Python loops
+    (minigrid's bot) are interrupted; a single long C call finishes first. A real-time timer
+    already pending (e.g. pytest-timeout's) keeps its due time: if it is due first, its own
+    handler runs then; otherwise it is re-armed with what is left of it afterwards."""
+    if (not seconds or seconds <= 0 or not hasattr(signal, "setitimer")
+            or threading.current_thread() is not threading.main_thread()):
+        return fn()
+    t0 = time.monotonic()
+    outer_due = 0.0  # seconds from t0 to a pending outer timer (0: none)
+
+    def on_alarm(signum: int, frame: Any) -> None:
+        if outer_due and time.monotonic() - t0 >= outer_due - 1e-3 and callable(previous):
+            signal.signal(signal.SIGALRM, previous)
+            previous(signum, frame)
+            return
+        raise ExpertTimeout(f"no action within {seconds:g} s")
+
+    previous = signal.signal(signal.SIGALRM, on_alarm)
+    outer_due, outer_interval = signal.setitimer(signal.ITIMER_REAL, float(seconds))
+    if 0 < outer_due < seconds:
+        signal.setitimer(signal.ITIMER_REAL, outer_due)
+    try:
+        return fn()
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+        if outer_due:
+            left = outer_due - (time.monotonic() - t0)
+            signal.setitimer(signal.ITIMER_REAL, max(left, 1e-3), outer_interval)
 
 
 class ExpertPolicy(Protocol):
@@ -41,18 +137,23 @@ class ExpertPolicy(Protocol):
 
 
 class BabyAIExpertPolicy:
-    """``BabyAIBot`` on a local replica; each call first mirrors the previous action."""
+    """``BabyAIBot`` on a local replica; each call first mirrors the previous action. The
+    bot's subgoal stack is a :class:`BoundedSubgoalStack` (the bot never returns on some
+    levels)."""
 
-    def __init__(self, task_id: str):
+    def __init__(self, task_id: str, max_subgoals: int = 200, max_replans: int = 2000):
         from environments.babyai.expert import BabyAIBotExpert
 
         self.expert = BabyAIBotExpert(task_id)
+        self.stack = BoundedSubgoalStack(self.expert.bot.stack, max_subgoals, max_replans)
+        self.expert.bot.stack = self.stack
         self._acted = False
 
     def act(self, observation: str) -> str | None:
         if self._acted:
             self.expert.mirror()
         self._acted = True
+        self.stack.reset()
         return self.expert.act()
 
 
@@ -123,20 +224,29 @@ class ExpertBackend(RolloutBackend):
     ``sessions`` maps each episode's session id to its trajectory (filled by the caller
     before the episode runs, e.g. :class:`~agentrl_jax.training.experts.ExpertPool`); the
     expert of a session is created on its first turn from the trajectory's environment and
-    task, and sees the trajectory's latest user message (the observation)."""
+    task, and sees the trajectory's latest user message (the observation).
+
+    ``act_timeout_s``: the wall-clock limit of one expert call (its construction included;
+    :func:`call_with_deadline`); None or 0: none. ``failures`` counts the failed calls by
+    exception type (``ExpertStuck``, ``ExpertTimeout``, the bot's ``AssertionError``, ...)."""
 
     name = "expert"
 
     def __init__(self, formatter: Any, response_prefix: str, stop: str | None,
                  eos_token_id: int | None,
-                 policies: Mapping[str, Callable[[str], ExpertPolicy]] = EXPERT_POLICIES):
+                 policies: Mapping[str, Callable[[str], ExpertPolicy]] = EXPERT_POLICIES,
+                 act_timeout_s: float | None = 10.0):
         if stop is None and eos_token_id is None:
             raise ValueError("an expert turn needs a stop string or an EOS token to end with")
+        if act_timeout_s is not None and act_timeout_s < 0:
+            raise ValueError(f"act_timeout_s must be >= 0 or None (got {act_timeout_s})")
         self.formatter, self.response_prefix, self.stop = formatter, response_prefix, stop
         self.eos_token_id = eos_token_id
         self.policies = dict(policies)
+        self.act_timeout_s = act_timeout_s
         self.sessions: dict[str, Trajectory] = {}
         self._experts: dict[str, ExpertPolicy] = {}
+        self.failures: collections.Counter[str] = collections.Counter()
 
     def expert_for(self, session_id: str) -> ExpertPolicy:
         if session_id not in self._experts:
@@ -153,12 +263,16 @@ class ExpertBackend(RolloutBackend):
         traj = self.sessions[session_id]
         observation = next(m["content"] for m in reversed(traj.messages) if m["role"] == "user")
         try:
-            action = self.expert_for(session_id).act(observation)
+            action = call_with_deadline(lambda: self.expert_for(session_id).act(observation),
+                                        self.act_timeout_s)
         except RolloutError:
             raise
         except Exception as e:  # noqa: BLE001 -- an expert's own failure ends only its episode
+            self.failures[type(e).__name__] += 1
+            self._experts.pop(session_id, None)  # a stuck expert's state is not reused
             raise RolloutError(f"the expert failed: {type(e).__name__}: {e}") from e
         if action is None:
+            self.failures["no_action"] += 1
             raise RolloutError("the expert has no action")
         ids = self.formatter.encode_text(reply_text(action, self.response_prefix, self.stop))
         if self.stop is None:

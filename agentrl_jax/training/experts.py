@@ -14,15 +14,26 @@ same prompts, same chat template, same answer format (``agent.prompt_style``,
 
 The token ids are those of the config's model tokenizer; ``training/sft.py`` refuses data
 recorded with another tokenizer or answer format (record again with the SFT config).
+
+Progress: a line (flushed) every ``progress_every`` finished episodes and every
+``progress_seconds`` (30). An expert call is capped (``act_timeout_s``, and BabyAIBot's plan
+is bounded: ``agent/experts.py``), so a stuck expert fails its episode instead of freezing the
+recorder. :func:`record_experts_parallel` splits the tasks over worker processes (experts are
+CPU-bound Python on one event loop: one process records ~40-80 BabyAI episodes/s), each with
+its own environment server and a wall-clock limit, and merges their files into the same
+``<env>.jsonl`` / ``<env>.meta.json`` (same tasks, same order as one process would record).
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import hashlib
 import json
+import multiprocessing
 import os
+import shutil
 import time
 from typing import Any, Callable
 
@@ -32,6 +43,11 @@ from agentrl_jax.agent.experts import EXPERT_POLICIES, ExpertBackend
 from agentrl_jax.agent.trajectory import Trajectory
 
 META_SUFFIX = ".meta.json"
+
+
+def say_flush(*args: Any, **kwargs: Any) -> None:
+    """``print`` that flushes (a recorder's log is a file on the GPU machines)."""
+    print(*args, **kwargs, flush=True)
 
 
 def tokenizer_fingerprint(tokenizer: Any) -> str:
@@ -80,9 +96,15 @@ def sample_tasks(ids: list[str], n: int, seed: int = 0, offset: int = 0) -> list
 
 async def record_experts(config: Any, env: str, episodes: int, out_dir: str, *,
                          split: str = "train", horizon: int | None = None, offset: int = 0,
-                         say: Callable[..., None] = print) -> dict[str, Any]:
+                         say: Callable[..., None] = say_flush, progress_every: int = 100,
+                         act_timeout_s: float | None = 10.0,
+                         shard: tuple[int, int] | None = None) -> dict[str, Any]:
     """Record ``episodes`` expert episodes of ``env`` (see the module docstring); returns the
-    meta record (also written next to the trajectories)."""
+    meta record (also written next to the trajectories). ``progress_every``: a progress line
+    every this many finished episodes (0: time-based lines only); ``act_timeout_s``: the
+    wall-clock limit of one expert action (``ExpertBackend``); ``shard=(start, stop)``: only
+    positions ``start:stop`` of the ``episodes`` tasks (a worker of
+    :func:`record_experts_parallel`)."""
     from agentrl_jax.models.pretrained import resolve_model_path
     from agentrl_jax.models.tokenizer import load_tokenizer
     from agentrl_jax.training import services
@@ -110,12 +132,15 @@ async def record_experts(config: Any, env: str, episodes: int, out_dir: str, *,
             ids = list(await clients[env].tasks(split))
             tasks = [TaskRef(env, t) for t in sample_tasks(ids, episodes, int(config.seed),
                                                            offset)]
-            if len(tasks) < episodes:
+            if len(tasks) < episodes and (shard is None or shard[0] == 0):
                 say(f"the {split} split of {env} has {len(ids)} tasks: recording {len(tasks)} "
                     "episodes (one per task; the experts are deterministic)")
+            if shard is not None:
+                tasks = tasks[shard[0]:shard[1]]
             formatter = ChatFormatter(tokenizer)
             backend = ExpertBackend(formatter, fmt["response_prefix"],
-                                    stops[0] if stops else None, tokenizer.eos_token_id)
+                                    stops[0] if stops else None, tokenizer.eos_token_id,
+                                    act_timeout_s=act_timeout_s)
             pool = ExpertPool(backend, clients, formatter, services.make_sampling(sub),
                               max_context=fmt["max_context"],
                               max_concurrency=int(sub.rollout.max_concurrency),
@@ -124,9 +149,19 @@ async def record_experts(config: Any, env: str, episodes: int, out_dir: str, *,
             async with EpisodeProgress(len(tasks), f"recording {env} experts",
                                        progress_mode(force_bar=bool(config.get("progress"))),
                                        float(config.get("progress_seconds", 30.0)), say) as bar:
+                finished = collections.Counter()
+
                 def progress(t: Trajectory) -> None:
                     backend.end_session(t.episode_id)  # frees the expert's replica
                     bar(t)
+                    finished["wins" if t.ok and (t.success or t.reward > 0) else "other"] += 1
+                    done = sum(finished.values())
+                    if progress_every > 0 and (done % progress_every == 0 or done == len(tasks)):
+                        failed = sum(backend.failures.values())
+                        why = f" {dict(backend.failures)}" if failed else ""
+                        say(f"recording {env} experts: {done}/{len(tasks)} episodes, "
+                            f"{finished['wins']} successful, {failed} expert failures{why} "
+                            f"({format_seconds(time.monotonic() - t0)})")
                 trajectories, stats = await pool.collect(tasks, 1, horizon, progress=progress)
     with open(path, "w") as f:
         for t in trajectories:
@@ -141,6 +176,8 @@ async def record_experts(config: Any, env: str, episodes: int, out_dir: str, *,
             else 0.0,
             "assistant_tokens_successful": sum(t.num_generated for t in wins),
             "tokens_successful": sum(len(t.token_ids) for t in wins),
+            "expert_failures": dict(backend.failures),
+            **({"shard": list(shard)} if shard is not None else {}),
             "seconds": round(time.monotonic() - t0, 1),
             "recorded": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
     with open(os.path.join(out_dir, f"{env}{META_SUFFIX}"), "w") as f:
@@ -155,3 +192,164 @@ async def record_experts(config: Any, env: str, episodes: int, out_dir: str, *,
 
 def record_experts_sync(*args: Any, **kwargs: Any) -> dict[str, Any]:
     return asyncio.run(record_experts(*args, **kwargs))
+
+
+#: environment of the worker processes: one thread per numeric library (many workers on many
+#: cores), and JAX on the CPU (a recorder never needs the accelerator, which the GPU jobs next
+#: to it hold)
+WORKER_ENV = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
+              "TOKENIZERS_PARALLELISM": "false", "JAX_PLATFORMS": "cpu"}
+
+
+def shard_bounds(episodes: int, workers: int) -> list[tuple[int, int]]:
+    """``workers`` contiguous, non-empty ``(start, stop)`` ranges covering ``0..episodes`` with
+    sizes differing by at most one."""
+    if episodes < 1 or workers < 1:
+        raise ValueError(f"episodes and workers must be >= 1 (got {episodes}, {workers})")
+    workers = min(workers, episodes)
+    return [(episodes * k // workers, episodes * (k + 1) // workers) for k in range(workers)]
+
+
+def _record_shard(config: Any, env: str, episodes: int, out_dir: str, kwargs: dict) -> None:
+    """A worker process of :func:`record_experts_parallel` (its lines prefixed with the shard)."""
+    start, stop = kwargs["shard"]
+    prefix = f"[shard {start}:{stop}] "
+
+    def say(message: str = "", **kw: Any) -> None:
+        say_flush(prefix + str(message), **kw)
+
+    asyncio.run(record_experts(config, env, episodes, out_dir, say=say, **kwargs))
+
+
+def merge_shard_metas(metas: list[dict[str, Any]]) -> dict[str, Any]:
+    """One meta record for the concatenation of the shards' trajectories: counts summed,
+    rates and means recomputed (``mean_turns_successful`` weighted by successful episodes)."""
+    if not metas:
+        raise ValueError("no shard to merge")
+    out = {k: v for k, v in metas[0].items() if k not in ("shard", "seconds", "recorded")}
+    statuses: collections.Counter = collections.Counter()
+    failures: collections.Counter = collections.Counter()
+    for m in metas:
+        statuses.update(m.get("statuses", {}))
+        failures.update(m.get("expert_failures", {}))
+    episodes = sum(int(m["episodes"]) for m in metas)
+    wins = sum(int(m["successful"]) for m in metas)
+    out.update(episodes=episodes, statuses=dict(statuses), successful=wins,
+               success_rate=wins / max(episodes, 1),
+               mean_turns_successful=(sum(m["mean_turns_successful"] * m["successful"]
+                                          for m in metas) / wins) if wins else 0.0,
+               assistant_tokens_successful=sum(int(m["assistant_tokens_successful"])
+                                               for m in metas),
+               tokens_successful=sum(int(m["tokens_successful"]) for m in metas),
+               expert_failures=dict(failures))
+    return out
+
+
+def record_experts_parallel(config: Any, env: str, episodes: int, out_dir: str, *,
+                            workers: int = 1, split: str = "train", horizon: int | None = None,
+                            offset: int = 0, say: Callable[..., None] = say_flush,
+                            progress_every: int = 100, act_timeout_s: float | None = 10.0,
+                            shard_timeout_s: float | None = None) -> dict[str, Any]:
+    """:func:`record_experts` over ``workers`` processes (``spawn``; each with its own
+    environment server and :data:`WORKER_ENV`), each recording a contiguous part of the same
+    task list; the parts are concatenated in order into ``<out_dir>/<env>.jsonl``, so the file
+    holds the episodes one process would have recorded, in the same order.
+
+    A worker still running ``shard_timeout_s`` seconds after the start is killed (its server
+    exits with it); the parts that finished are kept and the meta record lists the missing
+    ones under ``failed_shards`` (with ``episodes_requested``). Raises ``RuntimeError`` when no
+    part finished. ``workers <= 1`` records in this process (no time limit)."""
+    if workers <= 1:
+        return asyncio.run(record_experts(config, env, episodes, out_dir, split=split,
+                                          horizon=horizon, offset=offset, say=say,
+                                          progress_every=progress_every,
+                                          act_timeout_s=act_timeout_s))
+    from agentrl_jax.training.progress import format_seconds
+
+    t0 = time.monotonic()
+    bounds = shard_bounds(episodes, workers)
+    parts_dir = os.path.join(out_dir, f".{env}.shards")
+    shutil.rmtree(parts_dir, ignore_errors=True)
+    os.makedirs(parts_dir)
+    ctx = multiprocessing.get_context("spawn")
+    saved = {k: os.environ.get(k) for k in WORKER_ENV}
+    os.environ.update({k: os.environ.get(k) or v for k, v in WORKER_ENV.items()})
+    procs = []
+    try:
+        for k, (start, stop) in enumerate(bounds):
+            kwargs = dict(split=split, horizon=horizon, offset=offset,
+                          progress_every=progress_every, act_timeout_s=act_timeout_s,
+                          shard=(start, stop))
+            p = ctx.Process(target=_record_shard, name=f"record-{env}-{k}",
+                            args=(config, env, episodes, os.path.join(parts_dir, str(k)),
+                                  kwargs))
+            p.start()
+            procs.append(p)
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+    say(f"recording {episodes} {env} expert episodes with {len(procs)} worker processes "
+        f"({bounds[0][1] - bounds[0][0]}-{bounds[-1][1] - bounds[-1][0]} episodes each)"
+        + (f", {shard_timeout_s:.0f} s limit" if shard_timeout_s else ""))
+    failed: dict[int, str] = {}
+    running = set(range(len(procs)))
+    try:
+        while running:
+            for k in sorted(running):
+                procs[k].join(timeout=0.2 / max(len(running), 1))
+                if procs[k].exitcode is not None:
+                    running.discard(k)
+                    if procs[k].exitcode != 0:
+                        failed[k] = f"exit code {procs[k].exitcode}"
+                    say(f"recording {env}: worker {k} ({bounds[k][0]}:{bounds[k][1]}) "
+                        f"{'finished' if k not in failed else 'FAILED: ' + failed[k]}; "
+                        f"{len(procs) - len(running)}/{len(procs)} done "
+                        f"({format_seconds(time.monotonic() - t0)})")
+            if shard_timeout_s and time.monotonic() - t0 > shard_timeout_s:
+                for k in sorted(running):
+                    procs[k].kill()
+                    procs[k].join(5)
+                    failed[k] = f"killed after {shard_timeout_s:.0f} s"
+                    say(f"recording {env}: worker {k} ({bounds[k][0]}:{bounds[k][1]}) "
+                        f"{failed[k]}")
+                running.clear()
+    finally:
+        for p in procs:
+            if p.is_alive():
+                p.kill()
+                p.join(5)
+    metas, path = [], os.path.join(out_dir, f"{env}.jsonl")
+    with open(path + ".tmp", "w") as out:
+        for k in range(len(procs)):
+            part = os.path.join(parts_dir, str(k))
+            meta_path = os.path.join(part, f"{env}{META_SUFFIX}")
+            if k in failed or not os.path.exists(meta_path):
+                failed.setdefault(k, "no output")
+                continue
+            with open(meta_path) as f:
+                metas.append(json.load(f))
+            with open(os.path.join(part, f"{env}.jsonl")) as f:
+                shutil.copyfileobj(f, out)
+    if not metas:
+        os.remove(path + ".tmp")
+        raise RuntimeError(f"no {env} recording worker finished: {failed}")
+    os.replace(path + ".tmp", path)
+    shutil.rmtree(parts_dir, ignore_errors=True)
+    meta = merge_shard_metas(metas)
+    meta.update(workers=len(procs), episodes_requested=episodes,
+                failed_shards=[{"shard": list(bounds[k]), "reason": r}
+                               for k, r in sorted(failed.items())],
+                seconds=round(time.monotonic() - t0, 1),
+                recorded=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
+    with open(os.path.join(out_dir, f"{env}{META_SUFFIX}"), "w") as f:
+        json.dump(meta, f, indent=2)
+    say(f"recorded {meta['episodes']} {env} expert episodes with {len(procs)} workers in "
+        f"{format_seconds(meta['seconds'])}: {meta['successful']} successful "
+        f"({100 * meta['success_rate']:.1f}%), {meta['mean_turns_successful']:.1f} turns per "
+        f"successful episode; statuses {meta['statuses']}; expert failures "
+        f"{meta['expert_failures']}"
+        + (f"; MISSING parts {meta['failed_shards']}" if failed else "") + f" -> {path}")
+    return meta
