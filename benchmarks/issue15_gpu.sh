@@ -1,25 +1,37 @@
 #!/usr/bin/env bash
-# Issue 15 measurements: GiGPO against GRPO (BabyAI, TextCraft; same budget and seeds), and
-# base -> SFT -> SFT+RL (BabyAI, TextCraft), each RL / SFT run sized for ~8 minutes on one H100;
-# then the comparisons with benchmarks/learning_report.py (paired bootstrap 95% intervals over
-# the held-out tasks x 4 samples: 128 BabyAI test tasks, all 118 TextCraft test goals).
+# Issue 15 measurements: base -> SFT -> SFT+RL and GiGPO against GRPO (same budget and seeds) on
+# BabyAI and TextCraft, every final evaluation on the held-out tasks x 4 samples (128 BabyAI test
+# tasks; TextCraft's test split is 118 goals: all of them), then the differences with paired
+# bootstrap 95% intervals over tasks (benchmarks/learning_report.py).
 #
-#   bash benchmarks/issue15_gpu.sh --gpus 4                 # one job per GPU (CUDA_VISIBLE_DEVICES)
-#   bash benchmarks/issue15_gpu.sh --gpus 1 --per-gpu 2     # two jobs at a time on one GPU
-#   bash benchmarks/issue15_gpu.sh --stage wave1            # one stage: record | wave1 | wave2 | report
-#   bash benchmarks/issue15_gpu.sh --smoke --out /tmp/i15   # CPU check of the whole script (tiny model)
+#   bash benchmarks/issue15_gpu.sh --stage wave1,report --gpus 4 --budget 540   # call 1 (~9 min)
+#   bash benchmarks/issue15_gpu.sh --stage wave2,report --gpus 4 --budget 540   # call 2 (~7.5 min)
+#   bash benchmarks/issue15_gpu.sh --gpus 2 --per-gpu 2     # 4 lanes on 2 GPUs (2 jobs per GPU)
+#   bash benchmarks/issue15_gpu.sh --smoke --out /tmp/i15   # CPU check of everything (tiny model)
 #
-# Stages (all by default, in this order; each skips what is already done, so the script can be
-# run again after an interruption, or stage by stage under a per-command time limit):
-#   record  expert episodes (CPU only): BabyAIBot on 2000 BabyAI train tasks, the recipe expert
-#           on the 426 TextCraft train goals (launch/record_experts.py), ~2-4 minutes
-#   wave1   babyai_grpo, babyai_gigpo, babyai_sft, textcraft_sft            (~8-9 min with 4 GPUs)
-#   wave2   textcraft_grpo, textcraft_gigpo, babyai_sft_grpo, textcraft_sft_grpo  (needs wave1's SFT)
-#   report  <out>/report_babyai/gain.json, <out>/report_textcraft/gain.json (+ curves.png)
+# Stages (--stage: all, or a comma-separated list, run in this order; a job already done, i.e.
+# with a marker in <out>/.done, is skipped, so a stage can be run again after an interruption):
+#   record  expert episodes on the CPU (launch/record_experts.py, --record-workers processes):
+#           BabyAIBot on --babyai-experts (2000) BabyAI train tasks, the recipe expert on the 426
+#           TextCraft train goals (~30 s; wave1 records what is missing itself)
+#   wave1   per environment E (babyai, textcraft) two lanes (one GPU each with --gpus 4):
+#             lane A: record E -> E_sft (SFT for --sft-seconds, 90) -> E_sft_grpo
+#             lane B: E_base (the base model on the held-out tasks)  -> E_sft_gigpo
+#           E_sft_grpo / E_sft_gigpo start together from E_sft's policy, evaluate it (step 0),
+#           train --rl-sft-seconds (110, less if the budget is short: the same for both) and
+#           evaluate again.                                           ~8.5 min on 4 GPUs
+#   wave2   BabyAI GRPO and GiGPO from the base model, --rl-seconds (210) each, seed 0 on lanes
+#           0/1 and (--wave2-pair2) a second pair on lanes 2/3: babyai_seed1 (seed 1; default),
+#           textcraft_base (TextCraft GRPO / GiGPO from the base model) or none.  ~7 min
+#   report  <results>/report_babyai/gain.json, <results>/report_textcraft/gain.json (+ curves)
 #
-# The RL runs train for --rl-seconds (300) after their opening evaluation, then evaluate again;
-# GRPO and GiGPO runs of an environment are launched next to each other, so with --per-gpu > 1
-# they share a GPU equally. Logs: <out>/logs/<run>.log. Exit code 1 if any job failed.
+# Every job runs under `timeout` (its cap, and with --budget S no later than S seconds after the
+# start minus 25 s for the report); its wall time goes to <results>/timings.jsonl. After each job
+# its small files (metrics.jsonl, summary.json, config.json, eval_episodes.jsonl: one line per
+# evaluation episode with task, step, status, success, the input of the paired bootstrap) and a
+# filtered copy of its log are copied to <results>/<job>/ and <results>/logs/, so they exist even
+# if a later job or the call itself is cut short. Runs (checkpoints, full trajectories) stay in
+# --out. Exit code 1 if any job failed or was skipped.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -27,10 +39,18 @@ GPUS=4
 PER_GPU=1
 STAGE=all
 OUT=runs/issue15
+RESULTS=
 SMOKE=0
-RL_SECONDS=300
+BUDGET=0
+RL_SECONDS=210
+SFT_SECONDS=90
+RL_SFT_SECONDS=110
 BABYAI_EXPERTS=2000
 TEXTCRAFT_EXPERTS=426
+RECORD_WORKERS=$(( $(nproc) / 4 ))
+[ "$RECORD_WORKERS" -gt 16 ] && RECORD_WORKERS=16
+[ "$RECORD_WORKERS" -lt 1 ] && RECORD_WORKERS=1
+WAVE2_PAIR2=babyai_seed1
 PY=${PYTHON:-python3}
 
 while [ $# -gt 0 ]; do
@@ -39,29 +59,53 @@ while [ $# -gt 0 ]; do
     --per-gpu) PER_GPU=$2; shift 2 ;;
     --stage) STAGE=$2; shift 2 ;;
     --out) OUT=$2; shift 2 ;;
+    --results) RESULTS=$2; shift 2 ;;
+    --budget) BUDGET=$2; shift 2 ;;
     --rl-seconds) RL_SECONDS=$2; shift 2 ;;
+    --sft-seconds) SFT_SECONDS=$2; shift 2 ;;
+    --rl-sft-seconds) RL_SFT_SECONDS=$2; shift 2 ;;
     --babyai-experts) BABYAI_EXPERTS=$2; shift 2 ;;
+    --record-workers) RECORD_WORKERS=$2; shift 2 ;;
+    --wave2-pair2) WAVE2_PAIR2=$2; shift 2 ;;
     --smoke) SMOKE=1; shift ;;
-    -h|--help) sed -n '2,26p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,38p' "$0"; exit 0 ;;
     *) echo "unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
 done
-case "$STAGE" in all|record|wave1|wave2|report) ;; *) echo "unknown stage $STAGE" >&2; exit 2 ;; esac
+[ "$STAGE" = all ] && STAGE=record,wave1,wave2,report
+for s in ${STAGE//,/ }; do
+  case "$s" in record|wave1|wave2|report) ;; *) echo "unknown stage $s" >&2; exit 2 ;; esac
+done
+case "$WAVE2_PAIR2" in babyai_seed1|textcraft_base|none) ;;
+  *) echo "--wave2-pair2: babyai_seed1 | textcraft_base | none" >&2; exit 2 ;; esac
+has_stage() { [[ ",$STAGE," == *",$1,"* ]]; }
 
+RESULTS=${RESULTS:-$OUT/results}
 LOGS=$OUT/logs
 EXPERTS=$OUT/experts
-mkdir -p "$LOGS"
-FAILED=()
+mkdir -p "$LOGS" "$RESULTS/logs" "$OUT/.done" "$OUT/.lanes"
+rm -f "$OUT"/.done/*.failed
+T0=$(date +%s)
+REPORT_RESERVE=25
 
 # ------------------------------------------------------------------ per-run command-line overrides
-MODEL=()        # model for the runs that start from the base model
-RL_ARGS=(--config.train.max_seconds="$RL_SECONDS")
-SFT_ARGS=(--config.sft.data="$EXPERTS")
+MODEL=()        # model of the runs that start from the base model
+RL_ARGS=(--config.train.save_every=100000)
+SFT_ARGS=(--config.sft.data="$EXPERTS" --config.sft.max_seconds="$SFT_SECONDS"
+          --config.sft.eval_after=False)
 RECORD_ARGS=()
+EVAL_ARGS=(--k 4 --tasks 128)
+# job caps (seconds): fixed overheads measured on H100 (start ~60 s, compile ~30 s, evaluations
+# ~35 s each, the SFT data and export ~10 s) plus the training time
+CAP_RECORD=180
+CAP_SFT=$(( SFT_SECONDS + 150 ))
+CAP_EVAL=200
+RL_OVERHEAD=200   # an RL run's time besides training: start, two evaluations, compile, save (~190 s)
+RL_SLACK=60       # an RL job's cap: its training time + RL_OVERHEAD + RL_SLACK
 if [ "$SMOKE" = 1 ]; then
   # CPU, tiny random model (SmolLM2's tokenizer), a couple of steps and episodes per run
   export JAX_PLATFORMS=cpu
-  GPUS=1; PER_GPU=1; BABYAI_EXPERTS=12; TEXTCRAFT_EXPERTS=6
+  GPUS=1; PER_GPU=1; BABYAI_EXPERTS=12; TEXTCRAFT_EXPERTS=6; RECORD_WORKERS=2
   TINY=$OUT/tiny_model
   if [ ! -f "$TINY/config.json" ]; then
     "$PY" - "$TINY" <<'EOF'
@@ -85,154 +129,226 @@ EOF
          --config.learner.pack_length=2048 --config.learner.micro_batch_size=1
          --config.learner.logprob_batch_size=1 --config.train.eval_tasks=2
          --config.train.eval_samples=1 --config.train.eval_horizon=2)
-  RL_ARGS=(--config.train.max_seconds=0 --config.train.total_steps=2
+  RL_ARGS=(--config.train.save_every=100000 --config.train.total_steps=2
            --config.train.tasks_per_step=2 --config.train.samples_per_task=2 "${SMALL[@]}")
+  RL_SECONDS=0; RL_SFT_SECONDS=0; RL_OVERHEAD=0; RL_SLACK=900
   SFT_ARGS=(--config.sft.data="$EXPERTS" --config.sft.steps=2 --config.sft.batch_size=4
-            "${SMALL[@]}")
+            --config.sft.eval_after=False "${SMALL[@]}")
   RECORD_ARGS=(--config.rollout.max_context=2048)
+  EVAL_ARGS=(--k 1 --tasks 2 "${SMALL[@]}")
+  CAP_RECORD=600; CAP_SFT=900; CAP_EVAL=900
 fi
-SLOTS=$((GPUS * PER_GPU))
+LANES=$(( GPUS * PER_GPU ))
 MEM_FRACTION=$(awk "BEGIN {printf \"%.2f\", 0.9 / $PER_GPU}")
 
+say() { echo "[t=$(( $(date +%s) - T0 ))s] $*"; }
+time_left() {  # seconds a job starting now may run (a large number without --budget)
+  if [ "$BUDGET" -gt 0 ]; then echo $(( BUDGET - REPORT_RESERVE - ($(date +%s) - T0) )); else echo 100000; fi
+}
+
 # ------------------------------------------------------------------ jobs
-declare -A JOB_PID=()
-RUNNING=()
-
-job_env() {  # the environment of slot $1
-  if [ "$SMOKE" = 1 ]; then return; fi
-  echo "CUDA_VISIBLE_DEVICES=$(( $1 % GPUS ))"
-  if [ "$PER_GPU" -gt 1 ]; then
-    echo "XLA_PYTHON_CLIENT_MEM_FRACTION=$MEM_FRACTION"
+collect() {  # collect NAME: the job's small files and log -> $RESULTS
+  local name=$1
+  if [ -d "$OUT/$name" ]; then
+    timeout 120 "$PY" benchmarks/learning_report.py "$OUT/$name" --labels "$name" --collect \
+      --out "$RESULTS" > /dev/null 2>> "$RESULTS/logs/collect.err" || say "collect $name failed"
   fi
+  grep -v "Sampling rejected\|Some donated buffers\|warnings.warn(\"Some donated" "$LOGS/$name.log" \
+    2>/dev/null | cut -c1-2000 | tail -n 600 > "$RESULTS/logs/$name.log"
 }
 
-reap() {  # wait for one running job, record a failure
-  local pid status name
-  wait -n -p pid "${RUNNING[@]}"
-  status=$?
-  name=${JOB_PID[$pid]}
-  local left=() p
-  for p in "${RUNNING[@]}"; do [ "$p" != "$pid" ] && left+=("$p"); done
-  RUNNING=("${left[@]}")
-  if [ "$status" -ne 0 ]; then
-    echo "FAILED: $name (exit $status; $LOGS/$name.log)"
-    FAILED+=("$name")
-  else
-    echo "done: $name"
+timing() {  # timing NAME LANE GPU START END EXIT CAP STATUS (times from this call's start, T0)
+  printf '{"job": "%s", "lane": %s, "gpu": "%s", "start_s": %s, "end_s": %s, "seconds": %s, "exit": %s, "timeout_s": %s, "status": "%s", "call_t0": %s, "stages": "%s"}\n' \
+    "$1" "$2" "$3" "$(( $4 - T0 ))" "$(( $5 - T0 ))" "$(( $5 - $4 ))" "$6" "$7" "$8" "$T0" "$STAGE" \
+    >> "$RESULTS/timings.jsonl"
+}
+
+run_job() {  # run_job NAME LANE CAP CPU|GPU CMD...: on lane LANE (one job at a time per lane)
+  local name=$1 lane=$(( $2 % LANES )) cap=$3 kind=$4; shift 4
+  local gpu=$(( lane % GPUS )) fd left t start end rc status
+  if [ -f "$OUT/.done/$name" ]; then say "skip $name (done before)"; return 0; fi
+  exec {fd}> "$OUT/.lanes/$lane"
+  flock "$fd"
+  left=$(time_left); t=$cap; [ "$left" -lt "$t" ] && t=$left
+  if [ "$t" -lt 30 ]; then
+    say "SKIPPED $name: $t s left of the budget"
+    now=$(date +%s); timing "$name" "$lane" "$gpu" "$now" "$now" -1 "$t" skipped
+    touch "$OUT/.done/$name.failed"; exec {fd}>&-; return 1
   fi
+  local envs=()
+  if [ "$kind" = GPU ] && [ "$SMOKE" != 1 ]; then
+    envs+=(CUDA_VISIBLE_DEVICES=$gpu)
+    [ "$PER_GPU" -gt 1 ] && envs+=(XLA_PYTHON_CLIENT_MEM_FRACTION=$MEM_FRACTION)
+  fi
+  [ "$kind" = CPU ] && envs+=(JAX_PLATFORMS=cpu CUDA_VISIBLE_DEVICES=)
+  say "start: $name (lane $lane$([ "$kind" = GPU ] && echo ", GPU $gpu"), limit $t s) -> $LOGS/$name.log"
+  start=$(date +%s)
+  env "${envs[@]}" timeout -k 15 "$t" "$@" > "$LOGS/$name.log" 2>&1
+  rc=$?
+  end=$(date +%s)
+  exec {fd}>&-
+  if [ "$rc" -eq 0 ]; then status=ok; touch "$OUT/.done/$name"
+  elif [ "$rc" -eq 124 ] || [ "$rc" -eq 137 ]; then status=timeout; touch "$OUT/.done/$name.failed"
+  else status=failed; touch "$OUT/.done/$name.failed"; fi
+  timing "$name" "$lane" "$gpu" "$start" "$end" "$rc" "$t" "$status"
+  collect "$name"
+  say "$([ "$status" = ok ] && echo done || echo "FAILED ($status)"): $name in $(( end - start )) s (exit $rc)$([ "$status" = ok ] || echo "; $RESULTS/logs/$name.log: $(tail -n 1 "$LOGS/$name.log" | cut -c1-300)")"
+  [ "$rc" -eq 0 ]
 }
 
-SLOT=0
-launch() {  # launch NAME CMD...: runs when a slot is free; output to $LOGS/NAME.log
-  local name=$1; shift
-  while [ "${#RUNNING[@]}" -ge "$SLOTS" ]; do reap; done
-  local envs=($(job_env $SLOT))
-  SLOT=$(( (SLOT + 1) % SLOTS ))
-  echo "start: $name ${envs[*]} -> $LOGS/$name.log"
-  env "${envs[@]}" "$@" > "$LOGS/$name.log" 2>&1 &
-  JOB_PID[$!]=$name
-  RUNNING+=($!)
+wait_for() {  # wait_for NAME: until job NAME is done (0) or failed / out of time (1)
+  while :; do
+    [ -f "$OUT/.done/$1" ] && return 0
+    [ -f "$OUT/.done/$1.failed" ] && return 1
+    [ "$(time_left)" -lt 30 ] && return 1
+    sleep 2
+  done
 }
 
-wait_all() {
-  while [ "${#RUNNING[@]}" -gt 0 ]; do reap; done
+record() {  # record ENV CONFIG EPISODES LANE
+  local env=$1 config=$2 episodes=$3 lane=$4 workers=$RECORD_WORKERS
+  if [ -f "$EXPERTS/$env.meta.json" ]; then touch "$OUT/.done/record_$env"; return 0; fi
+  # at least ~100 episodes per worker (a worker's start costs a few seconds)
+  [ $(( episodes / 100 + 1 )) -lt "$workers" ] && [ "$SMOKE" != 1 ] && workers=$(( episodes / 100 + 1 ))
+  run_job "record_$env" "$lane" "$CAP_RECORD" CPU "$PY" launch/record_experts.py --env "$env" \
+    --episodes "$episodes" --out "$EXPERTS" --config "experiments/$config.py" \
+    --workers "$workers" --timeout $(( CAP_RECORD - 30 )) --progress_every 250 \
+    "${MODEL[@]}" "${RECORD_ARGS[@]}"
+  local rc=$?
+  [ -f "$EXPERTS/$env.meta.json" ] && cp "$EXPERTS/$env.meta.json" "$RESULTS/experts_$env.meta.json"
+  return $rc
 }
 
-rl() {  # rl NAME CONFIG [extra args]
-  local name=$1 config=$2; shift 2
-  launch "$name" "$PY" launch/run.py --config "experiments/$config.py" --workdir "$OUT/$name" \
-    "${MODEL[@]}" "${RL_ARGS[@]}" "$@"
+rl_seconds_after() {  # the training seconds of an RL pair whose runs start now (same for both)
+  local want=$1 marker=$2 left
+  # measured from the end of the job both runs wait for, so both lanes compute the same number
+  left=$(( BUDGET - REPORT_RESERVE - ($(stat -c %Y "$marker") - T0) - RL_OVERHEAD ))
+  if [ "$BUDGET" -gt 0 ] && [ "$left" -lt "$want" ]; then echo "$left"; else echo "$want"; fi
 }
 
-sft() {  # sft NAME CONFIG
-  local name=$1 config=$2
-  launch "$name" "$PY" launch/sft.py --config "experiments/$config.py" --workdir "$OUT/$name" \
-    "${MODEL[@]}" "${SFT_ARGS[@]}"
+sft_rl() {  # sft_rl ENV ALGO LANE: ENV_sft_ALGO from ENV_sft's policy
+  local env=$1 algo=$2 lane=$3 secs
+  if ! wait_for "${env}_sft"; then
+    say "SKIPPED ${env}_sft_$algo: no SFT policy (${env}_sft failed or out of time)"
+    touch "$OUT/.done/${env}_sft_$algo.failed"; return 1
+  fi
+  secs=$(rl_seconds_after "$RL_SFT_SECONDS" "$OUT/.done/${env}_sft")
+  if [ "$SMOKE" != 1 ] && [ "$secs" -lt 30 ]; then
+    say "SKIPPED ${env}_sft_$algo: $secs s of training left"; touch "$OUT/.done/${env}_sft_$algo.failed"
+    return 1
+  fi
+  run_job "${env}_sft_$algo" "$lane" $(( secs + RL_OVERHEAD + RL_SLACK )) GPU "$PY" launch/run.py \
+    --config "experiments/${env}_sft_${algo}_gpu.py" --workdir "$OUT/${env}_sft_$algo" \
+    --config.model.name="$OUT/${env}_sft/model" --config.train.max_seconds="$secs" "${RL_ARGS[@]}"
 }
 
-sft_rl() {  # sft_rl NAME CONFIG SFT_NAME
-  local name=$1 config=$2 sft_name=$3
-  if [ ! -f "$OUT/$sft_name/model/config.json" ]; then
-    echo "FAILED: $name (no SFT policy in $OUT/$sft_name/model: run wave1 first)"
-    FAILED+=("$name")
+lane_a() {  # lane_a ENV EPISODES LANE: record -> SFT -> SFT+GRPO
+  local env=$1 episodes=$2 lane=$3
+  record "$env" "${env}_sft_gpu" "$episodes" "$lane" || { touch "$OUT/.done/${env}_sft.failed"; return 1; }
+  run_job "${env}_sft" "$lane" "$CAP_SFT" GPU "$PY" launch/sft.py \
+    --config "experiments/${env}_sft_gpu.py" --workdir "$OUT/${env}_sft" "${MODEL[@]}" "${SFT_ARGS[@]}"
+  sft_rl "$env" grpo "$lane"
+}
+
+lane_b() {  # lane_b ENV LANE: base-model evaluation -> SFT+GiGPO
+  local env=$1 lane=$2
+  run_job "${env}_base" "$lane" "$CAP_EVAL" GPU "$PY" launch/eval.py \
+    --config "experiments/${env}_grpo_gpu.py" --output "$OUT/${env}_base/eval.json" \
+    "${MODEL[@]}" "${EVAL_ARGS[@]}"
+  sft_rl "$env" gigpo "$lane"
+}
+
+rl_base() {  # rl_base NAME CONFIG LANE [args]: RL from the base model for --rl-seconds
+  local name=$1 config=$2 lane=$3 secs=$RL_SECONDS; shift 3
+  local left=$(( $(time_left) - RL_OVERHEAD ))
+  # both runs of a pair start together: the same shortened budget
+  if [ "$BUDGET" -gt 0 ] && [ "$SMOKE" != 1 ] && [ "$left" -lt "$secs" ]; then secs=$left; fi
+  run_job "$name" "$lane" $(( secs + RL_OVERHEAD + RL_SLACK )) GPU "$PY" launch/run.py \
+    --config "experiments/$config.py" --workdir "$OUT/$name" "${MODEL[@]}" \
+    --config.train.max_seconds="$secs" "${RL_ARGS[@]}" "$@"
+}
+
+report() {  # report ENV LABELS DIFFS: learning_report on the collected results
+  local env=$1 labels=$2 diffs=$3 runs=() l
+  for l in ${labels//,/ }; do runs+=("$RESULTS/${env}_$l"); done
+  say "report $env -> $RESULTS/report_$env"
+  if ! timeout 300 "$PY" benchmarks/learning_report.py "${runs[@]}" --labels "$labels" \
+      --diff "$diffs" --out "$RESULTS/report_$env" > "$RESULTS/logs/report_$env.log" 2>&1; then
+    say "FAILED: report $env ($RESULTS/logs/report_$env.log)"; tail -n 3 "$RESULTS/logs/report_$env.log"
+    REPORT_FAILED=1
     return
   fi
-  launch "$name" "$PY" launch/run.py --config "experiments/$config.py" --workdir "$OUT/$name" \
-    "${RL_ARGS[@]}" --config.model.name="$OUT/$sft_name/model"
-}
-
-record() {  # record ENV CONFIG EPISODES
-  local env=$1 config=$2 episodes=$3
-  if [ -f "$EXPERTS/$env.meta.json" ]; then
-    echo "expert data for $env exists ($EXPERTS/$env.meta.json)"
-    return
-  fi
-  echo "recording $episodes $env expert episodes -> $EXPERTS ($LOGS/record_$env.log)"
-  if ! JAX_PLATFORMS=cpu "$PY" launch/record_experts.py --env "$env" --episodes "$episodes" \
-      --out "$EXPERTS" --config "experiments/$config.py" "${MODEL[@]}" "${RECORD_ARGS[@]}" \
-      > "$LOGS/record_$env.log" 2>&1; then
-    echo "FAILED: recording $env ($LOGS/record_$env.log)"
-    FAILED+=("record_$env")
-    rm -f "$EXPERTS/$env.meta.json"
-  fi
-  tail -n 1 "$LOGS/record_$env.log"
-}
-
-report() {  # report ENV
-  local env=$1
-  echo "report $env -> $OUT/report_$env"
-  if ! "$PY" benchmarks/learning_report.py "$OUT/${env}_grpo" "$OUT/${env}_gigpo" \
-      "$OUT/${env}_sft" "$OUT/${env}_sft_grpo" --labels grpo,gigpo,sft,sft_grpo \
-      --diff "gigpo:grpo,sft:grpo@first,sft_grpo:sft,sft_grpo:grpo@first,sft_grpo:grpo" \
-      --out "$OUT/report_$env" > "$LOGS/report_$env.log" 2>&1; then
-    echo "FAILED: report $env ($LOGS/report_$env.log)"
-    FAILED+=("report_$env")
-    return
-  fi
-  "$PY" - "$OUT/report_$env/gain.json" <<'EOF'
+  "$PY" - "$RESULTS/report_$env/gain.json" <<'EOF'
 import json, sys
 r = json.load(open(sys.argv[1]))
 def line(name, e):
     if "gain" not in e:
-        return f"  {name}: no pair of evaluations"
+        return f"  {name}: {e.get('missing', 'no pair of evaluations')}"
     return (f"  {name}: {e['before_avg']:.3f} -> {e['after_avg']:.3f}  diff {100 * e['gain']:+.1f} "
             f"points, 95% CI [{100 * e['gain_ci95_low']:+.1f}, {100 * e['gain_ci95_high']:+.1f}] "
             f"({e['tasks']} tasks x {e['samples_per_task']})")
 for label, e in r.items():
     if label != "differences":
-        print(line(f"{label} (first -> last evaluation)", e))
+        steps = e.get("avg_by_step", {})
+        print(f"  {label}: " + (", ".join(f"step {k}: {v:.3f}" for k, v in steps.items())
+                                or e.get("missing", "no evaluation")))
 for pair, e in r.get("differences", {}).items():
-    print(line(f"{pair} ({e['a']}@{e['a_step']} -> {e['b']}@{e['b_step']})", e))
+    where = f" ({e['b']}@{e['b_step']} - {e['a']}@{e['a_step']})" if "b" in e else ""
+    print(line(pair + where, e))
 EOF
 }
 
-echo "issue 15 runs in $OUT: $SLOTS job slot(s) on $GPUS GPU(s) ($PER_GPU per GPU), stage $STAGE" \
-  "$([ "$SMOKE" = 1 ] && echo '(smoke: CPU, tiny model)')"
-T0=$(date +%s)
-if [ "$STAGE" = all ] || [ "$STAGE" = record ]; then
-  record babyai babyai_sft_gpu "$BABYAI_EXPERTS"
-  record textcraft textcraft_sft_gpu "$TEXTCRAFT_EXPERTS"
+echo "issue 15 in $OUT (results: $RESULTS): $LANES lane(s) on $GPUS GPU(s) ($PER_GPU per GPU)," \
+  "stages $STAGE$([ "$BUDGET" -gt 0 ] && echo ", budget $BUDGET s")$([ "$SMOKE" = 1 ] && echo ' (smoke: CPU, tiny model)')"
+if has_stage record; then
+  record babyai babyai_sft_gpu "$BABYAI_EXPERTS" 0 &
+  record textcraft textcraft_sft_gpu "$TEXTCRAFT_EXPERTS" 2 &
+  wait
 fi
-if [ "$STAGE" = all ] || [ "$STAGE" = wave1 ]; then
-  rl babyai_grpo babyai_grpo_gpu
-  rl babyai_gigpo babyai_gigpo_gpu
-  sft babyai_sft babyai_sft_gpu
-  sft textcraft_sft textcraft_sft_gpu
-  wait_all
+if has_stage wave1; then
+  lane_a babyai "$BABYAI_EXPERTS" 0 &
+  lane_b babyai 1 &
+  lane_a textcraft "$TEXTCRAFT_EXPERTS" 2 &
+  lane_b textcraft 3 &
+  wait
 fi
-if [ "$STAGE" = all ] || [ "$STAGE" = wave2 ]; then
-  rl textcraft_grpo textcraft_grpo_gpu
-  rl textcraft_gigpo textcraft_gigpo_gpu
-  sft_rl babyai_sft_grpo babyai_sft_grpo_gpu babyai_sft
-  sft_rl textcraft_sft_grpo textcraft_sft_grpo_gpu textcraft_sft
-  wait_all
+if has_stage wave2; then
+  rl_base babyai_grpo babyai_grpo_gpu 0 &
+  rl_base babyai_gigpo babyai_gigpo_gpu 1 &
+  case "$WAVE2_PAIR2" in
+    babyai_seed1)
+      rl_base babyai_grpo_s1 babyai_grpo_gpu 2 --config.seed=1 &
+      rl_base babyai_gigpo_s1 babyai_gigpo_gpu 3 --config.seed=1 & ;;
+    textcraft_base)
+      rl_base textcraft_grpo textcraft_grpo_gpu 2 &
+      rl_base textcraft_gigpo textcraft_gigpo_gpu 3 & ;;
+  esac
+  wait
 fi
-if [ "$STAGE" = all ] || [ "$STAGE" = report ]; then
-  report babyai
-  report textcraft
+REPORT_FAILED=0
+if has_stage report; then
+  # sft = the SFT policy (step-0 evaluation of the run that continues from it); a second
+  # evaluation of the same policy (sft_gigpo@first) and of the base model (grpo@first) are
+  # controls: their differences show the evaluation's own sampling noise
+  report babyai base,sft_grpo,sft_gigpo,grpo,gigpo,grpo_s1,gigpo_s1 \
+    "sft_grpo@first:base,sft_grpo:sft_grpo@first,sft_gigpo:sft_gigpo@first,sft_gigpo:sft_grpo,sft_grpo:base,gigpo:grpo,gigpo_s1:grpo_s1,sft_gigpo@first:sft_grpo@first,grpo@first:base"
+  report textcraft base,sft_grpo,sft_gigpo,grpo,gigpo \
+    "sft_grpo@first:base,sft_grpo:sft_grpo@first,sft_gigpo:sft_gigpo@first,sft_gigpo:sft_grpo,sft_grpo:base,gigpo:grpo,sft_gigpo@first:sft_grpo@first"
 fi
-echo "finished in $(( $(date +%s) - T0 )) s"
-if [ "${#FAILED[@]}" -gt 0 ]; then
-  echo "failed: ${FAILED[*]}"
+say "finished"
+if [ -f "$RESULTS/timings.jsonl" ]; then
+  "$PY" - "$RESULTS/timings.jsonl" "$T0" <<'EOF'
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
+rows = [r for r in rows if r.get("call_t0") == int(sys.argv[2])]
+print("job timings of this call (s, from its start):" if rows else "no job ran in this call")
+for r in rows:
+    print(f"  {r['job']:<22} lane {r['lane']} GPU {r['gpu']}  {r['start_s']:>5} -> {r['end_s']:>5}"
+          f"  {r['seconds']:>4} s  limit {r['timeout_s']:>5}  {r['status']} (exit {r['exit']})")
+EOF
+fi
+FAILED=$(cd "$OUT/.done" && ls -- *.failed 2>/dev/null | sed 's/\.failed$//' | tr '\n' ' ')
+if [ -n "$FAILED" ] || [ "$REPORT_FAILED" = 1 ]; then
+  echo "failed or skipped: ${FAILED}$([ "$REPORT_FAILED" = 1 ] && echo ' report')"
   exit 1
 fi

@@ -23,7 +23,19 @@ SFT policy against the base model (the RL run's step-0 evaluation)::
     python benchmarks/learning_report.py runs/grpo runs/gigpo runs/sft --labels grpo,gigpo,sft \
         --diff gigpo:grpo,sft:grpo@first --out docs/results/cmp
 
-They go to ``gain.json`` under ``"differences"``.
+They go to ``gain.json`` under ``"differences"``. A run directory that is missing or has no
+evaluation episodes gets ``{"missing": why}`` (and so does every difference naming it): the
+other numbers are still computed.
+
+Evaluation episodes are read from ``trajectories_eval*.jsonl`` (a run's full files) or
+``*_trajectories.jsonl`` (``launch/eval.py --output X.json``: step 0), else from
+``eval_episodes*.jsonl`` (the small per-episode files this script writes), never both.
+``--collect`` only copies each run's small files, with ``eval_episodes.jsonl`` extracted from
+its full trajectories, to ``--out/<label>/`` (what a GPU machine sends back; the report can be
+made from those directories later)::
+
+    python benchmarks/learning_report.py runs/a runs/b --labels a,b --collect --out small/
+    python benchmarks/learning_report.py small/a small/b --labels a,b --diff b:a --out cmp/
 """
 
 from __future__ import annotations
@@ -32,9 +44,12 @@ import argparse
 import json
 import os
 import shutil
+import sys
 from collections import defaultdict
 
 import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # agentrl_jax
 
 PANELS = (  # (title, metric keys tried in order, y label)
     ("train reward", ("rollout/mean_reward",), "mean episode reward"),
@@ -63,18 +78,65 @@ def series(rows: list[dict], keys: tuple[str, ...]) -> tuple[list[int], list[flo
     return [], [], keys[0]
 
 
-def eval_success_by_task(run: str) -> dict[int, dict[str, list[float]]]:
-    """``{step: {task key: [success of each sample]}}`` from trajectories_eval*.jsonl."""
-    out: dict[int, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
-    names = [n for n in sorted(os.listdir(run))
-             if n.startswith("trajectories_eval") or n.startswith("eval_episodes")]
-    for name in names:
-        for t in read_jsonl(os.path.join(run, name)):
-            if t.get("status") in ("env_error", "engine_error"):
-                continue
-            ok = bool(t.get("success")) or float(t.get("reward", 0.0)) > 0
-            out[int(t["step"])][f"{t['env']}/{t['task_id']}"].append(float(ok))
+#: the fields of an evaluation episode kept in ``eval_episodes.jsonl``
+EPISODE_FIELDS = ("env", "task_id", "group_id", "sample_index", "step", "status", "reward",
+                  "success", "num_turns", "invalid_actions")
+SMALL_FILES = ("metrics.jsonl", "summary.json", "config.json", "eval.json")
+
+
+def eval_episode_files(run: str) -> list[str]:
+    """The files holding ``run``'s evaluation episodes: the full trajectory files if any,
+    else the small ``eval_episodes*.jsonl`` (never both: they hold the same episodes)."""
+    if not os.path.isdir(run):
+        return []
+    names = sorted(os.listdir(run))
+    full = [n for n in names if n.endswith(".jsonl") and (
+        n.startswith("trajectories_eval") or n.endswith("_trajectories.jsonl"))]
+    small = [n for n in names if n.startswith("eval_episodes") and n.endswith(".jsonl")]
+    return [os.path.join(run, n) for n in (full or small)]
+
+
+def eval_episodes(run: str) -> list[dict]:
+    """``run``'s evaluation episodes, each reduced to :data:`EPISODE_FIELDS` (``step`` 0 when
+    the file has none: ``launch/eval.py``'s output)."""
+    out = []
+    for path in eval_episode_files(run):
+        for t in read_jsonl(path):
+            e = {k: t.get(k) for k in EPISODE_FIELDS}
+            e["step"] = int(t.get("step") or 0)
+            out.append(e)
     return out
+
+
+def eval_success_by_task(run: str) -> dict[int, dict[str, list[float]]]:
+    """``{step: {task key: [success of each sample]}}`` of ``run``'s evaluation episodes
+    (episodes with an env / engine error are left out)."""
+    out: dict[int, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
+    for t in eval_episodes(run):
+        if t.get("status") in ("env_error", "engine_error"):
+            continue
+        ok = bool(t.get("success")) or float(t.get("reward") or 0.0) > 0
+        out[int(t["step"])][f"{t['env']}/{t['task_id']}"].append(float(ok))
+    return out
+
+
+def collect_run(run: str, dest: str) -> int:
+    """Copy ``run``'s small files to ``dest`` and write its evaluation episodes there as
+    ``eval_episodes.jsonl``; returns the number of episodes (0: none, nothing written)."""
+    os.makedirs(dest, exist_ok=True)
+    for name in SMALL_FILES:
+        src = os.path.join(run, name)
+        if os.path.exists(src) and os.path.abspath(src) != os.path.abspath(
+                os.path.join(dest, name)):
+            shutil.copy(src, os.path.join(dest, name))
+    episodes = eval_episodes(run)
+    if episodes:
+        tmp = os.path.join(dest, "eval_episodes.jsonl.tmp")
+        with open(tmp, "w") as f:
+            for e in episodes:
+                f.write(json.dumps(e) + "\n")
+        os.replace(tmp, os.path.join(dest, "eval_episodes.jsonl"))
+    return len(episodes)
 
 
 def paired_bootstrap(before: dict[str, list[float]], after: dict[str, list[float]],
@@ -110,14 +172,23 @@ def differences(spec: str, evals_by_label: dict[str, dict]) -> dict[str, dict]:
         sides = pair.split(":")
         if len(sides) != 2:
             raise ValueError(f"--diff takes B:A pairs, got {pair!r}")
-        picked = []
+        picked, missing = [], []
         for side in sides:
             label, _, which = side.partition("@")
             if label not in evals_by_label:
                 raise ValueError(f"--diff names {label!r}; labels are {sorted(evals_by_label)}")
-            picked.append((label, *eval_at(evals_by_label[label], which or "last")))
+            try:
+                picked.append((label, *eval_at(evals_by_label[label], which or "last")))
+            except ValueError as e:
+                missing.append(f"{label}: {e}")
+        if missing:
+            out[pair] = {"missing": "; ".join(missing)}
+            continue
         (b_label, b_step, b), (a_label, a_step, a) = picked
         entry = paired_bootstrap(a, b)
+        if not entry:
+            entry = {"missing": f"no task evaluated by both {b_label}@{b_step} and "
+                                f"{a_label}@{a_step}"}
         entry.update(a=a_label, a_step=a_step, b=b_label, b_step=b_step)
         out[pair] = entry
     return out
@@ -155,10 +226,20 @@ def main(argv=None) -> int:
     p.add_argument("--out", required=True)
     p.add_argument("--diff", default="", help="B:A pairs of labels (label[@first|@last|@step]): "
                    "the paired difference B - A on their common held-out tasks")
+    p.add_argument("--collect", action="store_true", help="only copy each run's small files "
+                   "and evaluation episodes to --out/<label>/")
     args = p.parse_args(argv)
     labels = args.labels.split(",") if args.labels else [os.path.basename(r.rstrip("/"))
                                                          for r in args.runs]
+    if len(labels) != len(args.runs):
+        p.error(f"{len(args.runs)} runs but {len(labels)} labels")
     os.makedirs(args.out, exist_ok=True)
+    if args.collect:
+        for run, label in zip(args.runs, labels):
+            n = collect_run(run, os.path.join(args.out, label))
+            print(f"{label}: {n} evaluation episodes from {run}"
+                  + ("" if os.path.isdir(run) else " (no such directory)"))
+        return 0
     try:
         plot(args.runs, labels, os.path.join(args.out, "curves.png"))
     except ImportError as e:  # the numbers do not need matplotlib
@@ -169,16 +250,20 @@ def main(argv=None) -> int:
         evals = eval_success_by_task(run)
         evals_by_label[label] = evals
         entry: dict = {"eval_steps": sorted(evals)}
+        if not evals:
+            entry["missing"] = (f"no run directory {run}" if not os.path.isdir(run)
+                                else f"no evaluation episodes in {run}")
+        else:
+            entry["avg_by_step"] = {str(k): float(np.mean([np.mean(v) for v in evals[k].values()]))
+                                    for k in sorted(evals)}
         if len(evals) >= 2:
             first, last = min(evals), max(evals)
             entry.update(paired_bootstrap(evals[first], evals[last]),
                          before_step=first, after_step=last)
         report[label] = entry
         dest = os.path.join(args.out, label) if len(args.runs) > 1 else args.out
-        os.makedirs(dest, exist_ok=True)
-        for name in ("metrics.jsonl", "summary.json", "config.json", "eval_episodes.jsonl"):
-            if os.path.exists(os.path.join(run, name)):
-                shutil.copy(os.path.join(run, name), os.path.join(dest, name))
+        if os.path.isdir(run):
+            collect_run(run, dest)
     if args.diff:
         report["differences"] = differences(args.diff, evals_by_label)
     with open(os.path.join(args.out, "gain.json"), "w") as f:

@@ -77,3 +77,59 @@ def test_differences_between_runs(tmp_path):
     assert first["gain"] == pytest.approx((1 + 0.5 + 0.5) / 3) and first["a_step"] == 0
     with pytest.raises(ValueError, match="labels"):
         learning_report.differences("c:a", {"a": {}})
+
+
+def _write(path, episodes):
+    with open(path, "w") as f:
+        for e in episodes:
+            f.write(json.dumps(e) + "\n")
+
+
+def _episodes(step, successes, extra=None):
+    """``successes``: {task: [0/1 per sample]}; one line per sample (full-trajectory fields in
+    ``extra``: token ids and the like, which --collect drops)."""
+    return [{"env": "babyai", "task_id": task, "step": step, "status": "done",
+             "success": bool(o), "reward": float(o), "sample_index": i, **(extra or {})}
+            for task, ok in successes.items() for i, o in enumerate(ok)]
+
+
+def test_collect_then_report_and_missing_runs(tmp_path):
+    """--collect writes eval_episodes.jsonl (small fields only) from a run's full trajectories;
+    a run holding both kinds of file counts its episodes once; launch/eval.py's output (no
+    step) is step 0; a missing run or one without evaluations gets "missing" and so do the
+    differences naming it, while the others are computed."""
+    grpo, base, empty = tmp_path / "grpo", tmp_path / "base", tmp_path / "empty"
+    for d in (grpo, base, empty):
+        d.mkdir()
+    big = {"token_ids": list(range(50)), "messages": [{"role": "user", "content": "x" * 100}]}
+    _write(grpo / "trajectories_eval.jsonl", _episodes(0, {"x": [0, 0], "y": [0, 1]}, big)
+           + _episodes(9, {"x": [1, 1], "y": [1, 1]}, big))
+    (grpo / "summary.json").write_text("{}")
+    base_eps = _episodes(0, {"x": [0, 0], "y": [1, 1]})
+    for e in base_eps:
+        del e["step"]
+    _write(base / "eval_trajectories.jsonl", base_eps)  # launch/eval.py --output eval.json
+    (base / "eval.json").write_text("{}")
+    small = tmp_path / "small"
+    learning_report.main([str(grpo), str(base), str(empty), str(tmp_path / "nope"),
+                          "--labels", "grpo,base,empty,nope", "--collect", "--out", str(small)])
+    lines = (small / "grpo" / "eval_episodes.jsonl").read_text().splitlines()
+    assert len(lines) == 8 and "token_ids" not in lines[0] and "messages" not in lines[0]
+    assert (small / "grpo" / "summary.json").exists() and (small / "base" / "eval.json").exists()
+    assert not (small / "empty" / "eval_episodes.jsonl").exists()
+    # both the full and the small file in one directory: counted once
+    _write(grpo / "eval_episodes.jsonl", [json.loads(x) for x in lines])
+    assert sum(len(v) for v in learning_report.eval_success_by_task(str(grpo))[9].values()) == 4
+    out = tmp_path / "out"
+    learning_report.main([str(small / "grpo"), str(small / "base"), str(small / "empty"),
+                          str(tmp_path / "nope"), "--labels", "grpo,base,empty,nope",
+                          "--diff", "grpo:base,grpo@first:base,empty:grpo,grpo:nope",
+                          "--out", str(out)])
+    r = json.loads((out / "gain.json").read_text())
+    assert r["grpo"]["gain"] == pytest.approx(0.75) and r["grpo"]["after_avg"] == 1.0
+    assert r["base"]["eval_steps"] == [0] and r["base"]["avg_by_step"] == {"0": 0.5}
+    assert "missing" in r["empty"] and "no run directory" in r["nope"]["missing"]
+    d = r["differences"]
+    assert d["grpo:base"]["gain"] == pytest.approx(0.5)  # x: 1 - 0, y: 1 - 1
+    assert d["grpo@first:base"]["gain"] == pytest.approx(-0.25)  # x: 0 - 0, y: .5 - 1
+    assert "missing" in d["empty:grpo"] and "missing" in d["grpo:nope"]
