@@ -68,7 +68,7 @@ while [ $# -gt 0 ]; do
     --record-workers) RECORD_WORKERS=$2; shift 2 ;;
     --wave2-pair2) WAVE2_PAIR2=$2; shift 2 ;;
     --smoke) SMOKE=1; shift ;;
-    -h|--help) sed -n '2,38p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,34p' "$0"; exit 0 ;;
     *) echo "unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
 done
