@@ -13,10 +13,16 @@ Variants (each a set of config overrides on ``--config``):
           ``train.skip_flat_groups=False``, ``learner.attention_impl=None``)
 
 Per step: ``step`` (wall, rollout included), ``rollout`` (actor pool wall), ``update``
-(learner.update: old / reference log-probs + optimiser steps), ``sync`` (weights to the engine),
-``host`` (the rest: batch assembly, logging). Steady state = the median over steps 2..N; the
-first step's extra time (``first - steady``) is compilation. Rollout throughput = generated
-tokens / rollout wall; learner throughput = real (unpadded) tokens / update time.
+(learner.update: old / reference log-probs + optimiser steps) = ``logprob`` (the forward-only
+log-prob passes, ``forward`` in earlier files) + ``optimizer`` (the rest: forward + backward +
+AdamW over the micro-batches), ``sync`` (weights to the engine), ``host`` (the rest: batch
+assembly, logging). Steady state = the median over steps 2..N; the first step's extra time
+(``first - steady``) is compilation. Rollout throughput = generated tokens / rollout wall;
+learner throughput = real (unpadded) tokens / update time.
+
+The JSON also records the visible devices, each device's peak memory
+(``memory_stats()['peak_bytes_in_use']``, where the backend reports it) and, when a variant
+fails (e.g. out of device memory), its error, with exit code 1; what ran before is kept.
 """
 
 from __future__ import annotations
@@ -68,9 +74,11 @@ def step_rows(metrics_path: str) -> list[dict]:
             update = m.get("perf/update_time_s", 0.0)
             sync = m.get("perf/weight_sync_s", 0.0)
             step = m["train/step_seconds"]
+            forward = m.get("perf/forward_time_s", 0.0)
             rows.append({
                 "step": m["step"], "step_s": step, "rollout_s": rollout, "update_s": update,
-                "forward_s": m.get("perf/forward_time_s", 0.0), "sync_s": sync,
+                "forward_s": forward, "logprob_s": forward, "optimizer_s": update - forward,
+                "sync_s": sync,
                 "host_s": step - rollout - update - sync,
                 "generated_tokens": m.get("rollout/generated_tokens", 0.0),
                 "real_tokens": m.get("batch/real_tokens",
@@ -79,7 +87,11 @@ def step_rows(metrics_path: str) -> list[dict]:
                 "reward": m.get("rollout/mean_reward", 0.0),
                 "ratio_min": m.get("rollout/behaviour_ratio_min"),
                 "ratio_max": m.get("rollout/behaviour_ratio_max"),
-                "lp_diff_mean": m.get("rollout/logprob_abs_diff_mean")})
+                "lp_diff_mean": m.get("rollout/logprob_abs_diff_mean"),
+                "statuses": {k.split("/", 2)[2]: v for k, v in m.items()
+                             if k.startswith("rollout/status/")},
+                "flat_groups_skipped": m.get("rollout/flat_groups_skipped", 0.0),
+                "updated": "perf/update_time_s" in m})
     return rows
 
 
@@ -89,31 +101,62 @@ def summarise(rows: list[dict]) -> dict:
     def med(key):
         return statistics.median(r[key] for r in steady)
 
-    out = {k: med(k) for k in ("step_s", "rollout_s", "update_s", "forward_s", "sync_s",
-                               "host_s")}
+    out = {k: med(k) for k in ("step_s", "rollout_s", "update_s", "forward_s", "logprob_s",
+                               "optimizer_s", "sync_s", "host_s")}
     out["first_step_s"] = rows[0]["step_s"]
     out["compile_s_estimate"] = rows[0]["step_s"] - out["step_s"]
     out["rollout_tokens_per_s"] = med("generated_tokens") / max(out["rollout_s"], 1e-9)
     upd = [r["real_tokens"] / r["update_s"] for r in steady if r["update_s"] > 0]
     out["learner_real_tokens_per_s"] = statistics.median(upd) if upd else 0.0
     out["episodes"] = med("episodes")
+    out["steps_with_update"] = sum(bool(r["updated"]) for r in rows)
     return out
 
 
-def run_variant(config_path: str, name: str, steps: int, workdir: str) -> dict:
+def device_memory() -> list[dict]:
+    """Per visible device: peak and current bytes in use and the allocator's limit (GiB),
+    where the backend reports them (GPUs do; CPU: None)."""
+    import jax
+
+    out = []
+    for d in jax.local_devices():
+        try:
+            stats = d.memory_stats() or {}
+        except Exception:  # noqa: BLE001 -- backends without memory stats
+            stats = {}
+        gib = {k: (stats[k] / 2 ** 30 if k in stats else None)
+               for k in ("peak_bytes_in_use", "bytes_in_use", "bytes_limit")}
+        out.append({"device": str(d), **gib})
+    return out
+
+
+def run_variant(config_path: str, name: str, steps: int, workdir: str,
+                checkpoint: bool = False) -> dict:
     from agentrl_jax.training.trainer import Trainer
+
+    class BenchTrainer(Trainer):
+        """The trainer without its checkpoint of the last step (taken after the step's time
+        is measured, but a Qwen2.5-7B shape's parameters + AdamW are 85 GiB to write)."""
+
+        def _save(self, learner, step, cursor):
+            if checkpoint:
+                super()._save(learner, step, cursor)
 
     config = load_config(config_path, steps, VARIANTS[name])
     out = os.path.join(workdir, name)
     shutil.rmtree(out, ignore_errors=True)
     t0 = time.perf_counter()
-    Trainer(config, out, progress=False).run()
+    BenchTrainer(config, out, progress=False).run()
     rows = step_rows(os.path.join(out, "metrics.jsonl"))
-    result = {"variant": name, "wall_s": time.perf_counter() - t0, "steps": rows,
-              "summary": summarise(rows)}
+    result = {"variant": name, "wall_s": time.perf_counter() - t0, "steps": rows}
+    if not rows:
+        raise RuntimeError(f"variant {name}: the trainer logged no step ({out}/metrics.jsonl)")
+    result["summary"] = summarise(rows)
+    result["memory"] = device_memory()
     s = result["summary"]
     print(f"[{name}] steady step {s['step_s']:.2f} s = rollout {s['rollout_s']:.2f} + update "
-          f"{s['update_s']:.2f} (forward {s['forward_s']:.2f}) + sync {s['sync_s']:.2f} + host "
+          f"{s['update_s']:.2f} (logprob {s['logprob_s']:.2f} + optimizer "
+          f"{s['optimizer_s']:.2f}) + sync {s['sync_s']:.2f} + host "
           f"{s['host_s']:.2f}; first step {s['first_step_s']:.1f} s (compile ~"
           f"{s['compile_s_estimate']:.1f} s); rollout {s['rollout_tokens_per_s']:.0f} gen tok/s; "
           f"learner {s['learner_real_tokens_per_s']:.0f} real tok/s", flush=True)
@@ -127,6 +170,9 @@ def main(argv=None) -> int:
     p.add_argument("--variants", default="packed,padded")
     p.add_argument("--workdir", default=None)
     p.add_argument("--json", default=None)
+    p.add_argument("--label", default="", help="free text stored in the JSON (e.g. '4 GPUs')")
+    p.add_argument("--checkpoint", action="store_true",
+                   help="let the trainer save its final checkpoint (off: a benchmark)")
     p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
                    help="config override for every variant (Python literal), e.g. "
                         "--set learner.attention_impl='pallas'")
@@ -147,14 +193,46 @@ def main(argv=None) -> int:
     device = jax.devices()[0]
     print(f"device: {device.device_kind} x {jax.device_count()}; config {args.config}",
           flush=True)
-    results = []
+    header = {"device": device.device_kind, "num_devices": jax.device_count(),
+              "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
+              "config": args.config, "steps": args.steps, "overrides": args.set,
+              "label": args.label, "checkpoint": args.checkpoint}
+    results: list[dict] = []
+    failed = False
+
+    def save() -> None:
+        if args.json:  # after every variant: a later one may not finish
+            with open(args.json, "w") as f:
+                json.dump({**header, "results": results}, f, indent=2)
+
+    save()
     for v in args.variants.split(","):
-        if v:
-            results.append(run_variant(args.config, v, args.steps, workdir))
-            if args.json:  # after every variant: a later one may not finish
-                with open(args.json, "w") as f:
-                    json.dump({"device": device.device_kind, "config": args.config,
-                               "results": results}, f, indent=2)
+        if not v:
+            continue
+        t0 = time.perf_counter()
+        try:
+            results.append(run_variant(args.config, v, args.steps, workdir, args.checkpoint))
+        except BaseException as e:  # noqa: BLE001 -- recorded (an OOM is a result), re-raised
+            failed = True
+            msg = f"{type(e).__name__}: {e}"
+            print(f"[{v}] FAILED after {time.perf_counter() - t0:.1f} s: {msg[:2000]}",
+                  flush=True)
+            try:  # the steps it finished before failing
+                partial = step_rows(os.path.join(workdir, v, "metrics.jsonl"))
+            except (OSError, ValueError):
+                partial = []
+            results.append({"variant": v, "wall_s": time.perf_counter() - t0,
+                            "steps": partial, "error": msg[:20000],
+                            "out_of_memory": "RESOURCE_EXHAUSTED" in msg
+                            or "out of memory" in msg.lower(),
+                            "memory": device_memory()})
+            save()
+            if isinstance(e, (KeyboardInterrupt, SystemExit)):
+                raise
+            continue
+        save()
+    if failed:
+        return 1
     if len(results) >= 2:
         a, b = results[0]["summary"], results[1]["summary"]
         print(f"steady step ratio {results[1]['variant']} / {results[0]['variant']}: "

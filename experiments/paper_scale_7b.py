@@ -2,18 +2,46 @@
 BabyAI, 32 tasks x 8 samples, a fixed 13-turn horizon.
 
 Timed with ``benchmarks/rl_step.py --config experiments/paper_scale_7b.py --variants packed``
-on 1, 2 and 4 GPUs (``CUDA_VISIBLE_DEVICES``): the learner shards over every visible GPU
-(``learner.mesh``: FSDP) and the embedded engine runs a bf16 replica on each of them
-(``rollout.engine_replicas=0``). Random weights: actions are rarely valid, rewards are 0 and
+(``benchmarks/scaling_step_gpu.sh`` runs it) on the GPUs of ``CUDA_VISIBLE_DEVICES``: the
+learner shards over every visible GPU (``learner.mesh``: FSDP) and the embedded engine runs a
+bf16 replica on each of them (``rollout.engine_replicas=0``). Only 4 (or more) H100 80GB fit
+it; 1 and 2 do not (table below). Random weights: actions are rarely valid, rewards are 0 and
 every episode runs 13 turns of up to 24 tokens; ``train.skip_flat_groups`` is off so that the
 update runs (on zero advantages) and is timed. Results: docs/PERFORMANCE.md.
 
-Memory: float32 master weights + AdamW + float32 gradients are 16 bytes x 7.6 B parameters =
-122 GB before activations, sharded over the GPUs, plus a 15 GB bf16 engine replica and its KV
-cache on each GPU.
+Memory (:func:`memory_estimate`; ``python3 experiments/paper_scale_7b.py`` prints the table):
+float32 master weights + AdamW + the float32 gradient accumulator are 16 bytes x 7.62 B
+parameters = 113 GiB, sharded over the GPUs, plus on each GPU a whole 14.2 GiB bfloat16 engine
+replica and its KV cache (256 slots x 2,048 tokens x 56 KiB = 28 GiB, split over the replicas).
+The policy is created directly in the learner's sharding (``init_model(..., mesh=...)``) and
+the engine's first weights are cast from those shards: no GPU ever holds the float32 model.
+
+GiB per H100 (JAX may use 75.1 at ``XLA_PYTHON_CLIENT_MEM_FRACTION=0.95``; at the default
+0.75, 59.3: below the 4-GPU step's estimated peak)::
+
+    GPUs  master  AdamW  grads  engine  KV    lower bound  peak   verdict
+    1     28.4    56.7   28.4   14.2    28.0  155.7        192.3  does not fit
+    2     14.2    28.4   14.2   14.2    14.0   84.9        103.2  does not fit
+    4      7.1    14.2    7.1   14.2     7.0   49.6         60.2  fits
+
+(lower bound: what must be live during an update; peak adds the update's transients -- the
+bf16 compute copy, a micro-batch's gradients, activations -- or, at a weight sync, the new
+replica next to the old one and the one bf16 cast of the learner's shards.) An estimate, not
+a measurement: benchmarks/rl_step.py records each GPU's measured peak.
 """
 
-from experiments.babyai_grpo_gpu import get_config as babyai_gpu_config
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+from typing import Any, Mapping
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from experiments.babyai_grpo_gpu import get_config as babyai_gpu_config  # noqa: E402
 
 QWEN25_7B = dict(model_type="qwen2", vocab_size=152064, hidden_size=3584,
                  intermediate_size=18944, num_layers=28, num_heads=28, num_kv_heads=4,
@@ -43,3 +71,136 @@ def get_config():
     c.learner.logprob_batch_size = 8
     c.learner.mini_batches = 1
     return c
+
+
+GIB = 1024 ** 3
+#: what JAX can allocate on one H100 80GB (79.1 GiB reported as total) at
+#: XLA_PYTHON_CLIENT_MEM_FRACTION=0.95 (benchmarks/scaling_step_gpu.sh sets it; the default
+#: 0.75 would leave 59 GiB)
+H100_USABLE_GIB = 79.1 * 0.95
+_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+
+
+def parameter_count(shape: Mapping[str, Any]) -> int:
+    """Parameters of a Llama / Qwen2 decoder of ``shape`` (the ``QWEN25_7B`` keys):
+    ``V*D`` embedding (+ ``D*V`` untied head) + ``D`` final norm + per layer: q/o ``D*H*Dh``
+    each, k/v ``D*K*Dh`` each (+ biases ``(H + 2K)*Dh``), MLP ``3*D*F``, two norms ``2*D``."""
+    v, d, f = shape["vocab_size"], shape["hidden_size"], shape["intermediate_size"]
+    h, k, dh, n = shape["num_heads"], shape["num_kv_heads"], shape["head_dim"], shape["num_layers"]
+    layer = 2 * d * h * dh + 2 * d * k * dh + 3 * d * f + 2 * d
+    if shape.get("attention_bias"):
+        layer += (h + 2 * k) * dh
+    return v * d * (1 if shape.get("tie_word_embeddings") else 2) + d + n * layer
+
+
+def memory_estimate(num_gpus: int, config: Any = None,
+                    usable_gib: float = H100_USABLE_GIB) -> dict[str, Any]:
+    """Device memory per GPU (GiB) of ``config`` (default: this experiment) on ``num_gpus``
+    GPUs of one host: the learner FSDP over all of them, one engine replica on each.
+
+    With ``N`` parameters and ``g`` GPUs, per GPU:
+
+    * ``master``: float32 parameters, ``4N/g``; ``adamw``: two float32 moments, ``8N/g``;
+    * ``grad_accumulator``: the float32 gradient sum of a mini-batch, ``4N/g`` (update only);
+    * ``reference``: a frozen reference policy when the config uses one (``kl_coef > 0``),
+      ``bytes(reference_dtype) * N/g``; 0 here;
+    * ``engine_weights``: the whole replica in ``rollout.engine_dtype``, ``bytes * N``;
+    * ``kv_cache``: ``ceil(slots/g)`` rows of ``max_context`` tokens x ``2 L K Dh`` values;
+    * ``update_transients``: the compute-dtype copy of the parameters and a micro-batch's
+      gradients in it, ``2 x bytes(learner.dtype) x N/g``, plus activations (rough: the ``L``
+      saved layer inputs ``[rows, pack_length, D]`` and ~3 layers' worth of MLP activations
+      ``[rows, pack_length, F]``, ``rows = ceil(micro_batch_size / g)``);
+    * ``sync_transients``: at a weight sync, the new replica next to the old one plus the
+      single cast of the learner's shards to the engine dtype, ``bytes * N (1 + 1/g)``.
+
+    ``lower_bound`` = what must be live at once during an update whatever XLA does:
+    master + AdamW + accumulator + reference + engine weights + KV cache. ``peak`` = the larger
+    of the update peak (lower bound + update transients) and the sync peak (no accumulator;
+    + sync transients). ``verdict``: ``"does not fit"`` when the lower bound exceeds
+    ``usable_gib`` (conclusive: skip), ``"fits"`` when the peak is below 90% of it, else
+    ``"tight"`` (try; may run out of memory).
+    """
+    from agentrl_jax.models.config import ModelConfig
+    from agentrl_jax.training import services
+
+    c = config if config is not None else get_config()
+    shape = dict(c.model.random_init)
+    n = parameter_count(shape)
+    g = int(num_gpus)
+    mcfg = ModelConfig(**shape)
+    engine_dtype = c.rollout.get("engine_dtype") or c.model.get("dtype", "float32")
+    eb = _BYTES[engine_dtype]
+    lb = _BYTES[c.learner.get("dtype", "float32")]
+    slots = services.engine_slots(c, mcfg, engine_dtype, backend="gpu")
+    replica_slots = math.ceil(slots / g)
+    kv_per_token = 2 * mcfg.num_layers * mcfg.num_kv_heads * mcfg.head_dim * eb
+    rows = math.ceil(int(c.learner.micro_batch_size) / g)
+    t = int(c.learner.get("pack_length", 0) or c.rollout.max_context)
+    activations = rows * t * (mcfg.num_layers * mcfg.hidden_size * lb
+                              + 3 * mcfg.intermediate_size * lb * 3)
+    uses_reference = float(c.learner.get("kl_coef", 0.0)) > 0
+    parts = {
+        "master": 4 * n / g,
+        "adamw": 8 * n / g,
+        "grad_accumulator": 4 * n / g,
+        "reference": (_BYTES[c.learner.get("reference_dtype", "float32")] * n / g
+                      if uses_reference else 0.0),
+        "engine_weights": eb * n,
+        "kv_cache": replica_slots * int(c.rollout.max_context) * kv_per_token,
+        "update_transients": 2 * lb * n / g + activations,
+        "sync_transients": eb * n * (1 + 1 / g),
+    }
+    parts = {k: v / GIB for k, v in parts.items()}
+    lower = sum(parts[k] for k in ("master", "adamw", "grad_accumulator", "reference",
+                                   "engine_weights", "kv_cache"))
+    update_peak = lower + parts["update_transients"]
+    sync_peak = lower - parts["grad_accumulator"] + parts["sync_transients"]
+    peak = max(update_peak, sync_peak)
+    if lower > usable_gib:
+        verdict = "does not fit"
+        reason = (f"{g} GPU(s): at least {lower:.1f} GiB must be live per GPU during an update "
+                  f"(master {parts['master']:.1f} + AdamW {parts['adamw']:.1f} + gradients "
+                  f"{parts['grad_accumulator']:.1f} + engine replica "
+                  f"{parts['engine_weights']:.1f} + KV cache {parts['kv_cache']:.1f}"
+                  + (f" + reference {parts['reference']:.1f}" if uses_reference else "")
+                  + f") > {usable_gib:.1f} GiB usable")
+    elif peak < 0.9 * usable_gib:
+        verdict, reason = "fits", f"{g} GPU(s): estimated peak {peak:.1f} GiB of {usable_gib:.1f}"
+    else:
+        verdict = "tight"
+        reason = (f"{g} GPU(s): estimated peak {peak:.1f} GiB, within 10% of (or above) "
+                  f"{usable_gib:.1f} GiB usable: may run out of memory")
+    return {"num_gpus": g, "parameters": n, "engine_slots_per_gpu": replica_slots,
+            "uses_reference": uses_reference, "parts_gib": parts, "lower_bound_gib": lower,
+            "update_peak_gib": update_peak, "sync_peak_gib": sync_peak, "peak_gib": peak,
+            "usable_gib": usable_gib, "verdict": verdict, "reason": reason}
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Print the per-GPU memory table; ``--gpus N --check``: exit 3 when N GPUs cannot fit."""
+    p = argparse.ArgumentParser(description=main.__doc__)
+    p.add_argument("--gpus", default="1,2,4")
+    p.add_argument("--check", action="store_true",
+                   help="one GPU count: exit 3 if the estimate says it does not fit")
+    p.add_argument("--json", default=None)
+    args = p.parse_args(argv)
+    rows = [memory_estimate(int(g)) for g in args.gpus.split(",")]
+    keys = list(rows[0]["parts_gib"])
+    print(f"Qwen2.5-7B shape, {rows[0]['parameters'] / 1e9:.2f} B parameters; GiB per GPU")
+    print("| GPUs | " + " | ".join(keys) + " | lower bound | peak | verdict |")
+    print("|---" * (len(keys) + 4) + "|")
+    for r in rows:
+        print(f"| {r['num_gpus']} | " + " | ".join(f"{r['parts_gib'][k]:.1f}" for k in keys)
+              + f" | {r['lower_bound_gib']:.1f} | {r['peak_gib']:.1f} | {r['verdict']} |")
+    for r in rows:
+        print(r["reason"])
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(rows if len(rows) > 1 else rows[0], f, indent=2)
+    if args.check:
+        return 3 if any(r["verdict"] == "does not fit" for r in rows) else 0
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

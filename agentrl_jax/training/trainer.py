@@ -47,9 +47,14 @@ from agentrl_jax.training.task_sampler import TaskSampler
 log = logging.getLogger(__name__)
 
 
-def load_policy(config: Any):
+def load_policy(config: Any, mesh: Any = None):
     """(model, tokenizer, path) from ``config.model``: a pretrained checkpoint, or a random
-    model of ``config.model.random_init`` shape that uses the named checkpoint's tokenizer."""
+    model of ``config.model.random_init`` shape that uses the named checkpoint's tokenizer.
+
+    ``mesh``: create every parameter directly in the learner's sharding over this mesh
+    (``agentrl_jax.sharding.rules.DEFAULT_RULES``), random or loaded, so that no device ever
+    holds the whole model (the Learner built on the same mesh adopts the arrays as they are).
+    ``None``: whole on the default device."""
     from agentrl_jax.models.pretrained import load_pretrained, resolve_model_path
     from agentrl_jax.models.tokenizer import load_tokenizer
 
@@ -68,9 +73,41 @@ def load_policy(config: Any):
                           pad_token_id=tokenizer.pad_token_id,
                           bos_token_id=tokenizer.bos_token_id, dtype=mc.get("dtype", "float32"),
                           **shape)
-        return init_model(cfg, seed=int(config.seed)), tokenizer, None
-    pretrained = load_pretrained(mc.name, dtype=mc.get("dtype", "float32"))
+        return init_model(cfg, seed=int(config.seed), mesh=mesh), tokenizer, None
+    shard = None
+    if mesh is not None:
+        from agentrl_jax.sharding.rules import sharding_fn
+        shard = sharding_fn(mesh)
+    pretrained = load_pretrained(mc.name, sharding_fn=shard, dtype=mc.get("dtype", "float32"))
     return pretrained.model, pretrained.tokenizer, pretrained.path
+
+
+def load_learner(config: Any, checkpoint_dir: str | None = None, max_to_keep: int = 3,
+                 multi_process: bool = False) -> tuple[Any, Any, Any, str | None]:
+    """(learner, model, tokenizer, model_path): the policy of ``config.model`` and the
+    ``Learner`` over it, as the trainer builds them.
+
+    In one process the policy is created (random) or loaded (pretrained) directly in the
+    learner's parameter shardings over ``config.learner.mesh``, and the learner adopts those
+    arrays (``copy_model=False``): no device holds the whole float32 model at any time, and
+    there is one copy of the parameters, not two. ``model`` then shares the learner's
+    arrays; it is the embedded engine's first weights (which the engine casts to its dtype and
+    places on its own devices), so it must not be used after the first update, which donates
+    them. With ``train.max_staleness >= 1`` a rollout runs during the first update: the learner
+    copies the parameters then (``copy_model=True``) so that ``model`` stays valid for the
+    engine. With several processes the policy is loaded whole on each process (its engine
+    takes it from there) and the learner copies it into its global sharding, as before.
+    """
+    from agentrl_jax.learner.learner import Learner
+    from agentrl_jax.sharding.mesh import mesh_from_config
+
+    settings = services.learner_settings(config)
+    mesh = None if multi_process else mesh_from_config(settings.get("mesh"))
+    model, tokenizer, model_path = load_policy(config, mesh=mesh)
+    overlap = int(config.train.get("max_staleness", 0)) >= 1
+    learner = Learner(model, settings, mesh=mesh, checkpoint_dir=checkpoint_dir,
+                      max_to_keep=max_to_keep, copy_model=mesh is None or overlap)
+    return learner, model, tokenizer, model_path
 
 
 SUMMARY_FILE = "summary.json"
@@ -290,7 +327,6 @@ class Trainer:
                 f"{resume} (workdir {self.workdir})")
 
     async def _run(self) -> dict[str, Any]:
-        from agentrl_jax.learner.learner import Learner
         from agentrl_jax.learner.metrics import MetricsWriter
 
         cfg = self.config
@@ -304,10 +340,10 @@ class Trainer:
                 clients = services.make_env_clients(urls, cfg, astack)
                 with timed(self._say, f"loading model {cfg.model.name}"
                            + (" (random init)" if cfg.model.get("random_init") else "")):
-                    model, tokenizer, model_path = load_policy(cfg)
-                learner = Learner(model, services.learner_settings(cfg),
-                                  checkpoint_dir=os.path.join(self.workdir, "checkpoints"),
-                                  max_to_keep=int(cfg.train.get("keep_checkpoints", 3)))
+                    learner, model, tokenizer, model_path = load_learner(
+                        cfg, checkpoint_dir=os.path.join(self.workdir, "checkpoints"),
+                        max_to_keep=int(cfg.train.get("keep_checkpoints", 3)),
+                        multi_process=self.multi_process)
                 stack.callback(learner.close)
                 self.learner = learner
                 resumed = None

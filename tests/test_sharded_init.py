@@ -1,0 +1,292 @@
+"""Policies created in the learner's sharding, and the engine's first weights taken from them
+(issue 13: a Qwen2.5-7B-shaped random policy ran out of memory on GPU 0 because the whole
+float32 model was first created there, then kept as the engine's first weights).
+
+8 virtual CPU devices (conftest.py). References: the same initialiser run unsharded (jitted:
+bitwise; eager: within 2 float32 ulps), the partition rules' own ``state_shardings``, the
+saved checkpoint's NumPy values, and the byte counts of every live array.
+"""
+
+from __future__ import annotations
+
+import gc
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from agentrl_jax.models.config import ModelConfig
+from agentrl_jax.models.llama import CausalLM, init_model
+from agentrl_jax.sharding.mesh import make_mesh
+from agentrl_jax.sharding.rules import state_shardings
+from agentrl_jax.training import services
+from agentrl_jax.training.config import base_config
+from agentrl_jax.training.trainer import load_learner
+
+# every dimension divisible by 8, so that every matrix is split over all 8 devices
+SHAPE = dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_layers=2, num_heads=4,
+             num_kv_heads=2, head_dim=16, attention_bias=True, tie_word_embeddings=False)
+# a matrix at least this big is "big": it must never be whole on one device in float32
+BIG = 2048
+
+
+@pytest.fixture(autouse=True, scope="module")
+def cached_tokenizers():
+    """One tokenizer load per path for the module (SmolLM2's GGUF tokenizer takes seconds)."""
+    import functools
+
+    import agentrl_jax.models.tokenizer as tokenizer_module
+
+    original = tokenizer_module.load_tokenizer
+    tokenizer_module.load_tokenizer = functools.lru_cache(maxsize=None)(original)
+    yield
+    tokenizer_module.load_tokenizer = original
+
+
+def tiny_cfg() -> ModelConfig:
+    return ModelConfig(**SHAPE)
+
+
+def leaves(model) -> list[jax.Array]:
+    return jax.tree.leaves(nnx.state(model, nnx.Param))
+
+
+def shard_bytes(x: jax.Array) -> set[int]:
+    return {s.data.nbytes for s in x.addressable_shards}
+
+
+@pytest.mark.parametrize("axes", [dict(fsdp=8), dict(fsdp=4, tensor=2), dict(data=2, fsdp=4)])
+def test_sharded_random_init_has_the_unsharded_values_and_is_split_at_creation(axes):
+    cfg = tiny_cfg()
+    mesh = make_mesh(**axes)
+    sharded = init_model(cfg, seed=3, mesh=mesh)
+    eager = init_model(cfg, seed=3)  # the old path: whole, on device 0
+    jitted = jax.jit(lambda: nnx.split(CausalLM(cfg, rngs=nnx.Rngs(3)))[1])()
+    want_shardings = jax.tree.leaves(state_shardings(nnx.state(eager, nnx.Param), mesh))
+    for x, e, j, sh in zip(leaves(sharded), leaves(eager), jax.tree.leaves(jitted),
+                           want_shardings, strict=True):
+        assert x.shape == e.shape and x.dtype == e.dtype == jnp.float32
+        # the same random bits: bitwise equal to the unsharded jitted initialiser ...
+        np.testing.assert_array_equal(np.asarray(x), np.asarray(j))
+        # ... and within 2 ulps of the eager one (normal * 0.02 fused vs op by op)
+        ulp = np.spacing(np.float32(max(float(np.abs(np.asarray(e)).max()), 1e-30)))
+        np.testing.assert_allclose(np.asarray(x), np.asarray(e), rtol=0, atol=2 * ulp)
+        # created in the partition rules' sharding, not moved there later
+        assert x.sharding == sh, (x.sharding, sh)
+        if x.size >= BIG:
+            # a big matrix: every device holds exactly its 1/shards part, none the whole
+            split = int(np.prod([mesh.shape[a] for a in jax.tree.leaves(tuple(sh.spec))
+                                 if a is not None]))
+            assert split == (8 if "data" not in axes else 4)
+            assert shard_bytes(x) == {x.nbytes // split}
+    # sanity: the norms are ones, a projection is N(0, 0.02)
+    w = np.asarray(sharded.layers[0].mlp.up_proj.kernel[...])
+    assert 0.015 < w.std() < 0.025 and abs(w.mean()) < 0.005
+    np.testing.assert_array_equal(np.asarray(sharded.final_norm.scale[...]), 1.0)
+
+
+def test_the_7b_shape_initialises_abstractly_in_its_sharding():
+    """The paper-scale shape: the sharded initialiser's output is laid out so that on 4
+    devices each holds a quarter of every big matrix (checked on the compiled function's
+    output shardings, nothing allocated), and the parameter count is Qwen2.5-7B's."""
+    from experiments.paper_scale_7b import QWEN25_7B, parameter_count
+    from agentrl_jax.models.llama import abstract_model
+
+    cfg = ModelConfig(**QWEN25_7B)
+    abstract = nnx.state(abstract_model(cfg), nnx.Param)
+    n = sum(x.size for x in jax.tree.leaves(abstract))
+    assert n == parameter_count(QWEN25_7B) == 7_615_616_512
+    mesh = make_mesh(fsdp=4, devices=jax.devices()[:4])
+    shardings = state_shardings(abstract, mesh)
+    big = 0
+    for x, sh in zip(jax.tree.leaves(abstract), jax.tree.leaves(shardings), strict=True):
+        if x.size >= 1 << 20:
+            shard = sh.shard_shape(x.shape)
+            assert int(np.prod(shard)) * 4 == x.size, (x.shape, shard)
+            big += x.size
+    assert big / n > 0.999  # what is not split (norms, biases) is < 0.1% of the model
+
+
+def test_memory_estimate_of_the_7b_step_by_hand():
+    """experiments/paper_scale_7b.memory_estimate against the arithmetic written out: N =
+    7,615,616,512 parameters; KV per token 2 x 28 layers x 4 KV heads x 128 x 2 bytes (bf16);
+    256 slots over the replicas; 2,048 tokens a slot."""
+    from experiments.paper_scale_7b import memory_estimate
+
+    n, gib = 7_615_616_512, 2 ** 30
+    kv_token = 2 * 28 * 4 * 128 * 2
+    by_gpus = {g: memory_estimate(g) for g in (1, 2, 4)}
+    for g, e in by_gpus.items():
+        p = e["parts_gib"]
+        assert e["parameters"] == n and not e["uses_reference"]  # kl_coef = 0
+        assert p["master"] == pytest.approx(4 * n / g / gib)
+        assert p["adamw"] == pytest.approx(8 * n / g / gib)
+        assert p["grad_accumulator"] == pytest.approx(4 * n / g / gib)
+        assert p["engine_weights"] == pytest.approx(2 * n / gib)  # whole, bf16, every GPU
+        assert p["kv_cache"] == pytest.approx(-(-256 // g) * 2048 * kv_token / gib)
+        assert e["lower_bound_gib"] == pytest.approx(
+            (16 * n / g + 2 * n + -(-256 // g) * 2048 * kv_token) / gib)
+    # 4 GPUs: 49.6 GiB must be live (7.1 + 14.2 + 7.1 + 14.2 + 7.0)
+    assert by_gpus[4]["lower_bound_gib"] == pytest.approx(49.6, abs=0.05)
+    assert [by_gpus[g]["verdict"] for g in (1, 2, 4)] == ["does not fit", "does not fit", "fits"]
+    assert "84.9 GiB" in by_gpus[2]["reason"]
+    # at JAX's default memory fraction (0.75) even 4 GPUs are not a safe fit
+    assert memory_estimate(4, usable_gib=79.1 * 0.75)["verdict"] == "tight"
+
+
+def _config(tmp_model_dir: str | None = None, **rollout):
+    c = base_config()
+    if tmp_model_dir:
+        c.model.name = tmp_model_dir
+    else:
+        c.model.random_init = dict(SHAPE)
+    c.rollout.max_context = 64  # one prefill shape to compile
+    c.rollout.max_batch = 4
+    c.rollout.max_concurrency = 4
+    c.rollout.decode_steps = 2
+    c.rollout.engine_dtype = "bfloat16"
+    c.train.tasks_per_step = 2
+    c.train.samples_per_task = 2
+    for k, v in rollout.items():
+        c.rollout[k] = v
+    return c
+
+
+def _full_f32_copies(shapes: set[tuple[int, ...]]) -> list[str]:
+    """Live float32 arrays of a big parameter's shape that some device holds whole."""
+    found = []
+    for x in jax.live_arrays():
+        if x.is_deleted() or x.dtype != jnp.float32 or tuple(x.shape) not in shapes:
+            continue
+        if max(shard_bytes(x)) == x.nbytes:
+            found.append(f"{x.shape} {x.sharding}")
+    return found
+
+
+def _check_setup(cfg, expect_values=None, monkeypatch=None):
+    given: list[list[jax.Array]] = []  # what each replica's engine was handed, per call
+    if monkeypatch is not None:
+        from agentrl_jax.rollout.engine import Engine
+
+        original = Engine._prepare_state
+
+        def spy(self, params):
+            given.append(jax.tree.leaves(nnx.state(params, nnx.Param)
+                                         if isinstance(params, nnx.Module) else params))
+            return original(self, params)
+
+        monkeypatch.setattr(Engine, "_prepare_state", spy)
+    learner, model, tokenizer, path = load_learner(cfg)
+    params = leaves(model)
+    big_shapes = {tuple(x.shape) for x in params if x.size >= BIG}
+    assert len(big_shapes) >= 4
+    # the learner adopted the model's arrays: one copy of the parameters, all sharded
+    assert [id(x) for x in jax.tree.leaves(learner.params)] == [id(x) for x in params]
+    for x in params:
+        if x.size >= BIG:
+            assert shard_bytes(x) == {x.nbytes // 8}
+    if expect_values is not None:
+        for x, want in zip(params, expect_values, strict=True):
+            np.testing.assert_array_equal(np.asarray(x), want)
+    assert _full_f32_copies(big_shapes) == []
+    # the engine's first weights are the model, as in the trainer (policy = model)
+    backend = services.make_backend(cfg, model, tokenizer, path)
+    try:
+        replicas = getattr(backend, "replicas", [backend])
+        if monkeypatch is not None and len(replicas) > 1:
+            # cast once for all replicas: each engine got the same bfloat16 arrays (sharded
+            # like the learner's), so its own cast was a no-op
+            assert len(given) == len(replicas)
+            assert all(x.dtype == jnp.bfloat16 for got in given for x in got)
+            assert all([id(x) for x in got] == [id(x) for x in given[0]] for got in given)
+            assert all(len(x.sharding.device_set) == 8 for x in given[0] if x.size >= BIG)
+            given.clear()  # (they would keep the cast arrays alive)
+        del model, params
+        gc.collect()
+        assert _full_f32_copies(big_shapes) == []
+        learner_f32 = [np.asarray(x) for x in jax.tree.leaves(learner.params)]
+        for r in replicas:
+            state = jax.tree.leaves(r._state)
+            for x, want in zip(state, learner_f32, strict=True):
+                # each replica: the learner's values cast to bfloat16, whole on its device
+                assert x.dtype == jnp.bfloat16
+                assert len(x.sharding.device_set) == 1
+                np.testing.assert_array_equal(np.asarray(x),
+                                              np.asarray(jnp.asarray(want, jnp.bfloat16)))
+        # and no bfloat16 copy sharded over the learner's mesh survives the replicas' start
+        leftover = [x for x in jax.live_arrays() if not x.is_deleted()
+                    and x.dtype == jnp.bfloat16 and len(x.sharding.device_set) == 8
+                    and tuple(x.shape) in big_shapes]
+        assert leftover == []
+        # a weight sync (f32 sharded learner params -> bf16 replicas) keeps that true
+        asyncio_run(backend.update_weights(learner.params, version="1"))
+        given.clear()  # (the trace of the sync: dropped, it holds the cast arrays)
+        gc.collect()
+        assert _full_f32_copies(big_shapes) == []
+        for r in replicas:
+            assert all(x.dtype == jnp.bfloat16 for x in jax.tree.leaves(r._state))
+    finally:
+        backend.close()
+        learner.close()
+    return replicas
+
+
+def asyncio_run(coro):
+    import asyncio
+    return asyncio.run(coro)
+
+
+def test_trainer_setup_random_policy_keeps_no_whole_float32_copy(monkeypatch):
+    """load_learner + make_backend as the trainer calls them, two bf16 engine replicas (on
+    devices 0 and 1): every float32 parameter stays split over the 8 devices; each replica
+    holds the learner's values in bfloat16; the sharded bfloat16 cast does not outlive the
+    start-up, nor a weight sync."""
+    replicas = _check_setup(_config(engine_replicas=2), monkeypatch=monkeypatch)
+    assert len(replicas) == 2
+    assert [next(iter(jax.tree.leaves(r._state)[0].sharding.device_set)) for r in replicas] \
+        == jax.devices()[:2]
+
+
+def test_trainer_setup_pretrained_policy_is_loaded_in_the_learner_sharding(tmp_path):
+    """A pretrained (HF safetensors) policy goes straight from the files to the learner's
+    shardings (no whole copy on device 0), with the file's values."""
+    import agentrl_jax.models.tokenizer as tokenizer_module
+    from agentrl_jax.models.pretrained import resolve_model_path
+    from agentrl_jax.models.safetensors_io import save_hf_directory
+
+    tok = tokenizer_module.load_tokenizer(resolve_model_path("smollm2"))
+    source = init_model(ModelConfig(**SHAPE, eos_token_id=tok.eos_token_id,
+                                    pad_token_id=tok.pad_token_id), seed=7)
+    save_hf_directory(source, str(tmp_path / "m"), tok)
+    # copies: on CPU np.asarray is a view that would keep the device buffer (and array) alive
+    want = [np.array(x, copy=True) for x in leaves(source)]
+    del source
+    gc.collect()  # nnx modules hold reference cycles
+    assert _full_f32_copies({tuple(w.shape) for w in want if w.size >= BIG}) == []
+    _check_setup(_config(str(tmp_path / "m")), expect_values=want)
+
+
+@pytest.mark.parametrize("staleness", [0, 1])
+def test_learner_adopts_the_arrays_unless_a_rollout_overlaps_the_first_update(staleness):
+    """With ``train.max_staleness >= 1`` a rollout decodes during the first update, which
+    donates the learner's parameters: the learner then copies them (the engine keeps the
+    model's own buffers); otherwise it adopts them (one copy)."""
+    cfg = _config()
+    cfg.train.max_staleness = staleness
+    learner, model, _, _ = load_learner(cfg)
+    try:
+        mine = {s.data.unsafe_buffer_pointer() for x in leaves(model)
+                for s in x.addressable_shards}
+        theirs = {s.data.unsafe_buffer_pointer() for x in jax.tree.leaves(learner.params)
+                  for s in x.addressable_shards}
+        if staleness:
+            assert not mine & theirs
+        else:
+            assert mine == theirs
+        for x, y in zip(leaves(model), jax.tree.leaves(learner.params), strict=True):
+            assert x.sharding == y.sharding
+            np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+    finally:
+        learner.close()
