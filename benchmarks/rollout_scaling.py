@@ -36,6 +36,15 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from benchmarks.engine import SHAPES, model_config  # noqa: E402
 
 
+def prefill_kv_buckets(value: str) -> tuple[int, ...] | None:
+    """``--prefill-kv-buckets`` as ``EngineConfig.prefill_kv_buckets``."""
+    if value == "auto":
+        return None
+    if value == "whole":
+        return ()
+    return tuple(int(x) for x in value.split(",") if x)
+
+
 def engine_throughput(backend, n_prompts: int, prompt_len: int, new_tokens: int,
                       vocab: int) -> dict[str, Any]:
     import numpy as np
@@ -124,6 +133,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--dtype", choices=["bfloat16", "float32"], default="bfloat16")
     p.add_argument("--decode-attention", default="auto", choices=["auto", "ragged", "dense"])
     p.add_argument("--skip", default="", help="comma list of: engine,actor_pool")
+    p.add_argument("--prefill-kv-buckets", default="auto",
+                   help="auto (the engine's default: powers of two from 512), whole (every "
+                        "prefill attends over the whole row: the previous engine) or a comma "
+                        "list of lengths")
     p.add_argument("--json", default=None)
     args = p.parse_args(argv)
     if args.small:
@@ -169,7 +182,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         config = EngineConfig(max_batch=args.episodes_per_device, max_length=max_length,
                               dtype=args.dtype, weights_dtype=args.dtype,
                               prefill_chunks=(64, 256, 1024), prefill_tokens=8192,
-                              decode_attention=args.decode_attention)
+                              decode_attention=args.decode_attention,
+                              prefill_kv_buckets=prefill_kv_buckets(args.prefill_kv_buckets))
         t0 = time.perf_counter()
         backend = EngineReplicas(model, config, tokenizer=tokenizer, devices=devices[:n])
         run: dict[str, Any] = {"start_s": time.perf_counter() - t0, "episodes": episodes}

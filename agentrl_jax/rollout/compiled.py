@@ -15,7 +15,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from agentrl_jax.learner.logprobs import lm_head_f32
-from agentrl_jax.rollout.forward import DENSE, forward, map_cache
+from agentrl_jax.rollout.forward import DENSE, HEAD_MAJOR, forward, map_cache
 from agentrl_jax.rollout.sampling import sample_tokens
 
 # Columns of the packed per-slot int32 array: last token, its position, active flag, tokens
@@ -35,7 +35,8 @@ def compiled_functions(graphdef: Any, max_batch: int, max_length: int, decode_st
 
     ``decode(state, cache, ints [B, C], floats [B, 3], num_steps, exit_on_finish, mode)`` ->
     ``(cache, (tokens, logprobs, raw logprobs, valid) each [decode_steps, B], steps)``;
-    ``prefill(state, cache, slot_ids [R], tokens [R, T], positions [R, T])`` -> cache;
+    ``prefill(state, cache, slot_ids [R], tokens [R, T], positions [R, T], kv_len)`` -> cache
+    (static ``kv_len``: the rows' first ``kv_len`` positions are read and written);
     ``copy_rows(cache, src [N], dst [N])`` -> cache (rows ``>= B`` are dropped)."""
     B, S, K, M = max_batch, max_length, decode_steps, max_stop_ids
 
@@ -80,21 +81,34 @@ def compiled_functions(graphdef: Any, max_batch: int, max_length: int, decode_st
         steps, cache, outs = final[0], final[1], final[8]
         return cache, outs, steps
 
-    def prefill(state, cache, slot_ids, tokens, positions):
+    seq_axis = 2 if kv_layout == HEAD_MAJOR else 1  # [B, K, S, Dh] or [B, S, K, Dh]
+
+    def prefill(state, cache, slot_ids, tokens, positions, kv_len):
+        # Only the first kv_len positions of the rows are gathered, attended over and written
+        # back: the caller picks kv_len > every real position (padding positions are
+        # max_length: dropped), so later positions are neither read nor changed.
         model = nnx.merge(graphdef, state)
-        sub = map_cache(lambda x: jnp.take(x, slot_ids, axis=0, mode="clip"), cache)
-        _, sub = forward(model, tokens, positions, sub)
-        return type(cache)(
-            keys=tuple(k.at[slot_ids].set(n, mode="drop") for k, n in zip(cache.keys, sub.keys)),
-            values=tuple(v.at[slot_ids].set(n, mode="drop")
-                         for v, n in zip(cache.values, sub.values)))
+        head = (slice(None),) * seq_axis + (slice(0, kv_len),)
+
+        def rows(x):
+            return jax.lax.slice_in_dim(jnp.take(x, slot_ids, axis=0, mode="clip"), 0, kv_len,
+                                        axis=seq_axis)
+
+        _, sub = forward(model, tokens, positions, map_cache(rows, cache))
+
+        def put(x, new):
+            return x.at[(slot_ids,) + head[1:]].set(new, mode="drop")
+
+        return type(cache)(keys=tuple(put(k, n) for k, n in zip(cache.keys, sub.keys)),
+                           values=tuple(put(v, n) for v, n in zip(cache.values, sub.values)))
 
     def copy_rows(cache, src, dst):
         return map_cache(lambda x: x.at[dst].set(jnp.take(x, src, axis=0, mode="clip"),
                                                  mode="drop"), cache)
 
     return (jax.jit(decode, donate_argnums=(1,), static_argnums=(6,)),
-            jax.jit(prefill, donate_argnums=(1,)), jax.jit(copy_rows, donate_argnums=(0,)))
+            jax.jit(prefill, donate_argnums=(1,), static_argnums=(5,)),
+            jax.jit(copy_rows, donate_argnums=(0,)))
 
 
 # ------------------------------------------------------------------------------ request state

@@ -224,12 +224,11 @@ class Engine(BatchedSamplesBackend):
                 self._cache, outs, _ = self._decode_fn(self._state, self._cache, ints,
                                                        self._floats, np.int32(1),
                                                        np.bool_(False), mode)
-            for chunk in c.chunk_buckets:
-                rows = c.prefill_rows(chunk)
+            for chunk, rows, kv in c.prefill_shapes():
                 self._cache = self._prefill_fn(
                     self._state, self._cache, np.full((rows,), c.max_batch, np.int32),
                     np.zeros((rows, chunk), np.int32),
-                    np.full((rows, chunk), c.max_length, np.int32))
+                    np.full((rows, chunk), c.max_length, np.int32), kv)
             n = c.copy_rows
             self._cache = self._copy_fn(self._cache, np.zeros((n,), np.int32),
                                         np.full((n,), c.max_batch, np.int32))
@@ -575,8 +574,9 @@ class Engine(BatchedSamplesBackend):
             tokens[r, :n] = seq.req.input_ids[seq.cursor:seq.cursor + n]
             positions[r, :n] = np.arange(seq.cursor, seq.cursor + n)
             counts.append(n)
+        kv = c.prefill_kv(chunk, max(seq.cursor + n for seq, n in zip(batch, counts)))
         t0 = time.perf_counter()
-        self._cache = self._prefill_fn(self._state, self._cache, slot_ids, tokens, positions)
+        self._cache = self._prefill_fn(self._state, self._cache, slot_ids, tokens, positions, kv)
         self.stats.prefill_calls += 1
         done = []
         for seq, n in zip(batch, counts):

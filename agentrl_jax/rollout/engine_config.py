@@ -7,6 +7,8 @@ import dataclasses
 from agentrl_jax.rollout.forward import HEAD_MAJOR, SEQ_MAJOR
 
 DECODE_ATTENTION = ("auto", "ragged", "dense")
+#: the smallest default prefill KV bucket (``EngineConfig.prefill_kv_buckets``)
+MIN_PREFILL_KV = 512
 
 
 @dataclasses.dataclass(frozen=True)
@@ -29,7 +31,11 @@ class EngineConfig:
     decode_attention: the decode step's attention over the head-major cache: ``"ragged"``
     reads only each slot's valid KV (a Pallas flash-decoding kernel on GPU,
     ``decode_attention.py``), ``"dense"`` reads every slot's whole ``max_length`` row (XLA),
-    ``"auto"``: ragged on a GPU, dense elsewhere.
+    ``"auto"``: ragged on a GPU, dense elsewhere. prefill_kv_buckets: a prefill call attends
+    over (and gathers / writes back) only the first ``kv`` positions of its slots' rows, ``kv``
+    the smallest of these lengths that holds every row's last prefilled position (``max_length``
+    is always the last bucket); ``None``: powers of two from :data:`MIN_PREFILL_KV` below
+    ``max_length``; ``()``: every call attends over the whole row (the previous engine).
     """
 
     max_batch: int = 32
@@ -47,6 +53,7 @@ class EngineConfig:
     kv_layout: str = HEAD_MAJOR
     prefill_calls_per_step: int = 4
     decode_attention: str = "auto"
+    prefill_kv_buckets: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
         if self.kv_layout not in (HEAD_MAJOR, SEQ_MAJOR):
@@ -61,6 +68,9 @@ class EngineConfig:
         if self.decode_attention not in DECODE_ATTENTION:
             raise ValueError(f"decode_attention must be one of {DECODE_ATTENTION}, "
                              f"got {self.decode_attention!r}")
+        if self.prefill_kv_buckets is not None and any(
+                int(b) < 1 for b in self.prefill_kv_buckets):
+            raise ValueError("prefill_kv_buckets must be positive lengths")
         for name in ("dtype", "weights_dtype"):
             value = getattr(self, name)
             if value not in (None, "float32", "bfloat16", "float16"):
@@ -74,6 +84,30 @@ class EngineConfig:
     def prefill_rows(self, chunk: int) -> int:
         return max(1, min(self.max_batch, self.prefill_tokens // chunk))
 
+    @property
+    def kv_buckets(self) -> tuple[int, ...]:
+        """The KV lengths prefill calls are compiled for, ascending, ending at ``max_length``."""
+        if self.prefill_kv_buckets is None:
+            below, b = [], MIN_PREFILL_KV
+            while b < self.max_length:
+                below.append(b)
+                b *= 2
+        else:
+            below = [int(b) for b in self.prefill_kv_buckets if int(b) < self.max_length]
+        return tuple(sorted(set(below))) + (self.max_length,)
+
+    def prefill_kv(self, chunk: int, needed: int) -> int:
+        """The KV length of a prefill call in chunk bucket ``chunk`` whose rows reach position
+        ``needed - 1``: the smallest bucket ``>= max(needed, chunk)`` (so a chunk's compiled
+        shapes are only those with ``kv >= chunk``)."""
+        floor = max(needed, min(chunk, self.max_length))
+        return next(b for b in self.kv_buckets if b >= floor)
+
+    def prefill_shapes(self) -> list[tuple[int, int, int]]:
+        """Every ``(chunk, rows, kv)`` a prefill call can have (what warm-up compiles)."""
+        return [(chunk, self.prefill_rows(chunk), kv) for chunk in self.chunk_buckets
+                for kv in self.kv_buckets if kv >= chunk]
+
 
 
     def resolved_decode_attention(self, platform: str) -> str:
@@ -84,4 +118,4 @@ class EngineConfig:
         return "ragged" if platform == "gpu" else "dense"
 
 
-__all__ = ["EngineConfig", "DECODE_ATTENTION"]
+__all__ = ["EngineConfig", "DECODE_ATTENTION", "MIN_PREFILL_KV"]

@@ -160,11 +160,15 @@ def engine_prefill(platform: str) -> dict[str, Any]:
     one sequence with a ~150-token observation at a time, which the defaults ran as a
     ``[4, 256]`` call (7.8 s of CPU for SmolLM2 at ``max_length`` 4096 on a 2-core VM) where
     ``[1, 256]`` takes 1.8 s. On CPU: one sequence per call (``prefill_tokens`` = the smallest
-    chunk) and chunks of :data:`CPU_PREFILL_CHUNKS` (two compiled prefill shapes, not three).
+    chunk) and chunks of :data:`CPU_PREFILL_CHUNKS` (two compiled prefill shapes, not three),
+    each attending over the whole row (``prefill_kv_buckets=()``): the KV-length buckets an
+    accelerator uses (``EngineConfig.prefill_kv_buckets``) would compile four times the prefill
+    shapes, each a long CPU compile; not measured on CPU yet, so not enabled there.
     """
     if platform != "cpu":
         return {}
-    return {"prefill_chunks": CPU_PREFILL_CHUNKS, "prefill_tokens": min(CPU_PREFILL_CHUNKS)}
+    return {"prefill_chunks": CPU_PREFILL_CHUNKS, "prefill_tokens": min(CPU_PREFILL_CHUNKS),
+            "prefill_kv_buckets": ()}
 
 
 #: the learner's length buckets on the CPU backend: multiples of this many tokens
