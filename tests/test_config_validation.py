@@ -66,6 +66,10 @@ def test_every_experiment_config_is_valid():
                                  "embedded, sglang"),
     ("train__max_staleness", -1, "train.max_staleness: must be an integer >= 0"),
     ("learner__mini_batches", 0, "learner.mini_batches: must be an integer >= 1"),
+    ("rollout__prefill_kv_buckets", "512,x", "rollout.prefill_kv_buckets: "
+                                             "rollout.prefill_kv_buckets must be '', 'auto'"),
+    ("rollout__prefill_kv_buckets", "0,512", "rollout.prefill_kv_buckets: "
+                                             "rollout.prefill_kv_buckets: lengths must be >= 1"),
 ])
 def test_each_bad_key_is_reported_on_one_line(key, value, line):
     problems = _problems(**{key: value})

@@ -47,6 +47,9 @@ def base_config() -> ConfigDict:
     c.rollout.engine_replicas = 0
     c.rollout.tensor_parallel = 1
     c.rollout.decode_attention = "auto"  # auto (ragged on GPU) | ragged | dense
+    # prefill attends over a KV-length bucket of each row: "" (off: the whole row), "auto"
+    # (powers of two from 512) or a comma list of lengths; more prefill shapes to compile
+    c.rollout.prefill_kv_buckets = ""
     c.rollout.parser = "react"
 
     # Answer format. The default model (SmolLM2-135M-Instruct) cannot follow a ReAct format at

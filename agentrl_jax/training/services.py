@@ -171,6 +171,25 @@ def engine_prefill(platform: str) -> dict[str, Any]:
             "prefill_kv_buckets": ()}
 
 
+def prefill_kv_buckets(value: Any) -> tuple[int, ...] | None:
+    """``rollout.prefill_kv_buckets`` as ``EngineConfig.prefill_kv_buckets``: ``""`` -> ``()``
+    (the whole row), ``"auto"`` -> ``None`` (powers of two), ``"512,1024"`` / a sequence ->
+    those lengths."""
+    if value in (None, "", ()):
+        return ()
+    if value == "auto":
+        return None
+    items = value.split(",") if isinstance(value, str) else list(value)
+    try:
+        lengths = tuple(int(x) for x in items if str(x).strip())
+    except ValueError:
+        raise ValueError(f"rollout.prefill_kv_buckets must be '', 'auto' or a comma list of "
+                         f"lengths, got {value!r}") from None
+    if not lengths or min(lengths) < 1:
+        raise ValueError(f"rollout.prefill_kv_buckets: lengths must be >= 1, got {value!r}")
+    return lengths
+
+
 #: the learner's length buckets on the CPU backend: multiples of this many tokens
 CPU_LENGTH_BUCKET = 256
 
@@ -236,13 +255,15 @@ def make_backend(config: Any, model: Any, tokenizer: Any, model_path: str | None
                  if model_config is not None else int(rollout.max_batch))
         groups = engine_device_groups(config)
         per_replica = -(-slots // len(groups))  # sessions spread evenly over the replicas
-        engine_config = EngineConfig(
+        engine_kwargs = dict(
             max_batch=per_replica, max_length=int(rollout.max_context),
             dtype=rollout.get("engine_dtype") or None,
             weights_dtype=rollout.get("engine_dtype") or None,
             decode_steps=int(rollout.get("decode_steps", 16)), seed=int(config.seed),
             decode_attention=str(rollout.get("decode_attention", "auto")),
-            **engine_prefill(groups[0][0].platform))
+            prefill_kv_buckets=prefill_kv_buckets(rollout.get("prefill_kv_buckets", "")))
+        engine_kwargs.update(engine_prefill(groups[0][0].platform))
+        engine_config = EngineConfig(**engine_kwargs)
         if len(groups) == 1:
             return Engine(model, engine_config, tokenizer=tokenizer, model_path=model_path,
                           devices=groups[0])

@@ -223,6 +223,14 @@ def _check_rollout(c: _Checker) -> int | None:
         c.bad(full, f"must be -1 (off) or an integer >= 1 (got {top_k!r})")
     c.int_at_least(r, "rollout", "max_concurrency", 1)
     c.int_at_least(r, "rollout", "decode_steps", 1, default=16, required=False)
+    _, kv_buckets, present = c.value(r, "rollout", "prefill_kv_buckets", "", required=False)
+    if present:
+        from agentrl_jax.training.services import prefill_kv_buckets
+
+        try:
+            prefill_kv_buckets(kv_buckets)
+        except (ValueError, TypeError) as e:
+            c.bad("rollout.prefill_kv_buckets", str(e))
     c.choice(r, "rollout", "engine_dtype", ENGINE_DTYPES, kind="dtype", default="",
              required=False)
     c.choice(r, "rollout", "parser", PARSERS, kind="action parser", default="react",
