@@ -188,11 +188,14 @@ async def soak_server(
     rss_margin_mb: float = 8.0,
     rss_margin: float = 0.05,
     max_seconds: float = 1800.0,
+    batch: bool | None = None,
 ) -> SoakReport:
-    """Drive the server at ``url`` (process ``pid``) and judge flatness (see the module doc)."""
+    """Drive the server at ``url`` (process ``pid``) and judge flatness (see the module doc).
+    ``batch``: the client's ``POST /batch`` grouping (``EnvClient(batch=...)``; None: as the
+    server's ``/health`` says)."""
     if sessions < 1 or steps < sessions:
         raise ValueError("need sessions >= 1 and steps >= sessions")
-    async with EnvClient(url, max_connections=concurrency, timeout=60) as client:
+    async with EnvClient(url, max_connections=concurrency, timeout=60, batch=batch) as client:
         train_size = len(await client.tasks("train"))
         soak = _Soak(client, pid, sessions, steps // sessions, seed)
         warm_sessions = min(sessions, max(1, int(sessions * warmup), concurrency))
