@@ -154,10 +154,23 @@ def _config(tmp_model_dir: str | None = None, **rollout):
     return c
 
 
-def _full_f32_copies(shapes: set[tuple[int, ...]]) -> list[str]:
-    """Live float32 arrays of a big parameter's shape that some device holds whole."""
+def _preexisting() -> list[jax.Array]:
+    """The arrays alive now (held, so that their ids stay theirs): what other tests left alive
+    (module fixtures, caches) is not this test's to judge."""
+    return list(jax.live_arrays())
+
+
+def _new_live_arrays(before: list[jax.Array]) -> list[jax.Array]:
+    """Live arrays that are not in ``before``."""
+    old = {id(x) for x in before}
+    return [x for x in jax.live_arrays() if id(x) not in old]
+
+
+def _full_f32_copies(shapes: set[tuple[int, ...]], before: list[jax.Array]) -> list[str]:
+    """Live float32 arrays of a big parameter's shape, created since ``before``, that some
+    device holds whole."""
     found = []
-    for x in jax.live_arrays():
+    for x in _new_live_arrays(before):
         if x.is_deleted() or x.dtype != jnp.float32 or tuple(x.shape) not in shapes:
             continue
         if max(shard_bytes(x)) == x.nbytes:
@@ -165,7 +178,8 @@ def _full_f32_copies(shapes: set[tuple[int, ...]]) -> list[str]:
     return found
 
 
-def _check_setup(cfg, expect_values=None, monkeypatch=None):
+def _check_setup(cfg, expect_values=None, monkeypatch=None, before=None):
+    before = _preexisting() if before is None else before
     given: list[list[jax.Array]] = []  # what each replica's engine was handed, per call
     if monkeypatch is not None:
         from agentrl_jax.rollout.engine import Engine
@@ -190,7 +204,7 @@ def _check_setup(cfg, expect_values=None, monkeypatch=None):
     if expect_values is not None:
         for x, want in zip(params, expect_values, strict=True):
             np.testing.assert_array_equal(np.asarray(x), want)
-    assert _full_f32_copies(big_shapes) == []
+    assert _full_f32_copies(big_shapes, before) == []
     # the engine's first weights are the model, as in the trainer (policy = model)
     backend = services.make_backend(cfg, model, tokenizer, path)
     try:
@@ -205,7 +219,7 @@ def _check_setup(cfg, expect_values=None, monkeypatch=None):
             given.clear()  # (they would keep the cast arrays alive)
         del model, params
         gc.collect()
-        assert _full_f32_copies(big_shapes) == []
+        assert _full_f32_copies(big_shapes, before) == []
         learner_f32 = [np.asarray(x) for x in jax.tree.leaves(learner.params)]
         for r in replicas:
             state = jax.tree.leaves(r._state)
@@ -216,7 +230,7 @@ def _check_setup(cfg, expect_values=None, monkeypatch=None):
                 np.testing.assert_array_equal(np.asarray(x),
                                               np.asarray(jnp.asarray(want, jnp.bfloat16)))
         # and no bfloat16 copy sharded over the learner's mesh survives the replicas' start
-        leftover = [x for x in jax.live_arrays() if not x.is_deleted()
+        leftover = [x for x in _new_live_arrays(before) if not x.is_deleted()
                     and x.dtype == jnp.bfloat16 and len(x.sharding.device_set) == 8
                     and tuple(x.shape) in big_shapes]
         assert leftover == []
@@ -224,7 +238,7 @@ def _check_setup(cfg, expect_values=None, monkeypatch=None):
         asyncio_run(backend.update_weights(learner.params, version="1"))
         given.clear()  # (the trace of the sync: dropped, it holds the cast arrays)
         gc.collect()
-        assert _full_f32_copies(big_shapes) == []
+        assert _full_f32_copies(big_shapes, before) == []
         for r in replicas:
             assert all(x.dtype == jnp.bfloat16 for x in jax.tree.leaves(r._state))
     finally:
@@ -256,6 +270,7 @@ def test_trainer_setup_pretrained_policy_is_loaded_in_the_learner_sharding(tmp_p
     from agentrl_jax.models.pretrained import resolve_model_path
     from agentrl_jax.models.safetensors_io import save_hf_directory
 
+    before = _preexisting()
     tok = tokenizer_module.load_tokenizer(resolve_model_path("smollm2"))
     source = init_model(ModelConfig(**SHAPE, eos_token_id=tok.eos_token_id,
                                     pad_token_id=tok.pad_token_id), seed=7)
@@ -264,8 +279,8 @@ def test_trainer_setup_pretrained_policy_is_loaded_in_the_learner_sharding(tmp_p
     want = [np.array(x, copy=True) for x in leaves(source)]
     del source
     gc.collect()  # nnx modules hold reference cycles
-    assert _full_f32_copies({tuple(w.shape) for w in want if w.size >= BIG}) == []
-    _check_setup(_config(str(tmp_path / "m")), expect_values=want)
+    assert _full_f32_copies({tuple(w.shape) for w in want if w.size >= BIG}, before) == []
+    _check_setup(_config(str(tmp_path / "m")), expect_values=want, before=before)
 
 
 @pytest.mark.parametrize("staleness", [0, 1])
