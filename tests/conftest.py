@@ -9,3 +9,18 @@ import os
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+import pytest  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def compile_cache_env(tmp_path_factory) -> dict[str, str]:
+    """Environment variables that give the subprocesses a test session starts (``launch/run.py``,
+    ``launch/eval.py``, multi-process workers) one shared JAX persistent compilation cache, so a
+    resumed or repeated smoke run does not compile its programs again. The cache changes only
+    how long a start-up takes, not what runs; the pytest process itself does not use it (these
+    variables are passed to the subprocesses only, never set in ``os.environ``)."""
+    return {"JAX_COMPILATION_CACHE_DIR": str(tmp_path_factory.mktemp("jax_compile_cache")),
+            "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
+            "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "-1"}
