@@ -1,6 +1,9 @@
 """End to end on CPU: the smoke config trains against real BabyAI and TextCraft servers, writes a
 checkpoint, TensorBoard events and trajectory JSONL, and a second run resumes at the right step
-and horizon."""
+and horizon.
+
+The four subprocesses share a JAX compilation cache (``compile_cache_env``, tests/conftest.py):
+the resumed runs and the evaluation load the programs the first run compiled."""
 
 from __future__ import annotations
 
@@ -15,8 +18,8 @@ import pytest
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def _run(workdir: str, *overrides: str) -> str:
-    env = dict(os.environ)
+def _run(workdir: str, cache_env: dict[str, str], *overrides: str) -> str:
+    env = dict(os.environ, **cache_env)
     env.pop("XLA_FLAGS", None)  # the job itself runs on the machine's real devices
     cmd = [sys.executable, "launch/run.py", "--config", "experiments/smoke.py",
            "--workdir", workdir, *overrides]
@@ -26,9 +29,9 @@ def _run(workdir: str, *overrides: str) -> str:
 
 
 @pytest.mark.slow
-def test_smoke_run_then_resume(tmp_path):
+def test_smoke_run_then_resume(tmp_path, compile_cache_env):
     workdir = str(tmp_path / "run")
-    out = _run(workdir, "--config.train.total_steps=2")
+    out = _run(workdir, compile_cache_env, "--config.train.total_steps=2")
     assert "[step 2/2]" in out and "run finished" in out
     assert os.path.isdir(os.path.join(workdir, "checkpoints", "2"))
     assert glob.glob(os.path.join(workdir, "tensorboard", "events.out.tfevents.*"))
@@ -42,7 +45,7 @@ def test_smoke_run_then_resume(tmp_path):
         assert len(t["token_ids"]) == len(t["loss_mask"]) == len(t["logprobs"])
         assert sum(t["loss_mask"]) > 0 and t["horizon"] == 2
 
-    out = _run(workdir, "--config.train.total_steps=3")
+    out = _run(workdir, compile_cache_env, "--config.train.total_steps=3")
     assert "resumed at step 2" in out and "[step 3/3] horizon=3" in out
     metrics = [json.loads(line) for line in open(os.path.join(workdir, "metrics.jsonl"))]
     steps = [m["step"] for m in metrics if "train/horizon" in m]
@@ -57,7 +60,8 @@ def test_smoke_run_then_resume(tmp_path):
     assert [t["task_id"] for t in resumed[8::2]] not in (first_tasks[:2], first_tasks[2:])
 
     # Asynchronous overlap: step 5's rollout runs while step 4 trains (staleness <= 1).
-    out = _run(workdir, "--config.train.total_steps=5", "--config.train.max_staleness=1")
+    out = _run(workdir, compile_cache_env, "--config.train.total_steps=5",
+               "--config.train.max_staleness=1")
     assert "resumed at step 3" in out and "[step 5/5]" in out
     metrics = [json.loads(line) for line in open(os.path.join(workdir, "metrics.jsonl"))]
     train = [m for m in metrics if "train/horizon" in m]
@@ -67,7 +71,7 @@ def test_smoke_run_then_resume(tmp_path):
 
     # Evaluation of the trained checkpoint (Avg@k / Pass@k on held-out tasks).
     output = os.path.join(workdir, "eval", "result.json")
-    env = dict(os.environ)
+    env = dict(os.environ, **compile_cache_env)
     env.pop("XLA_FLAGS", None)
     proc = subprocess.run(
         [sys.executable, "launch/eval.py", "--config", "experiments/smoke.py", "--checkpoint",

@@ -15,9 +15,10 @@ import os
 from test_e2e import _run
 
 
-def test_steps_without_an_update_leave_later_rollouts_fresh(tmp_path):
+def test_steps_without_an_update_leave_later_rollouts_fresh(tmp_path, compile_cache_env):
     workdir = str(tmp_path / "run")
-    out = _run(workdir, "--config.train.total_steps=3", "--config.train.skip_flat_groups=True")
+    out = _run(workdir, compile_cache_env, "--config.train.total_steps=3",
+               "--config.train.skip_flat_groups=True")
     assert "run finished" in out
     rows = [json.loads(line) for line in open(os.path.join(workdir, "metrics.jsonl"))]
     steps = [m for m in rows if "train/horizon" in m]
