@@ -10,7 +10,8 @@
   episodes it held end as ``env_error`` (with a warning) and the run goes on; killed again with
   no restart left (``env.max_restarts=1``), the run stops with a clear message and exit code 3.
 
-The runs share a JAX compilation cache (one per test module) so that restarts do not compile
+The runs share the test session's JAX compilation cache (``compile_cache_env``,
+tests/conftest.py, also used by tests/test_e2e.py's smoke runs) so that restarts do not compile
 everything again. ``benchmarks/kill_resume.py`` runs longer campaigns of random kills.
 """
 
@@ -32,9 +33,10 @@ from kill_resume import Run, children, kill_and_resume, rows, wait_gone  # noqa:
 SEED = 12
 
 
-@pytest.fixture(scope="module")
-def jax_cache(tmp_path_factory) -> str:
-    return str(tmp_path_factory.mktemp("jax_cache"))
+@pytest.fixture
+def jax_cache(compile_cache_env) -> str:
+    """The test session's JAX compilation cache directory (tests/conftest.py)."""
+    return compile_cache_env["JAX_COMPILATION_CACHE_DIR"]
 
 
 @pytest.mark.slow
