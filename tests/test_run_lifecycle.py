@@ -27,14 +27,17 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SMOKE = ["--config", "experiments/smoke.py", "--config.progress_seconds=0"]
 
 
-def _env() -> dict[str, str]:
-    env = dict(os.environ)
+def _env(cache_env: dict[str, str]) -> dict[str, str]:
+    """The subprocesses' environment: the session's JAX compilation cache (``cache_env``,
+    tests/conftest.py), so the runs after the first load its programs instead of compiling."""
+    env = dict(os.environ, **cache_env)
     env.pop("XLA_FLAGS", None)  # the job itself runs on the machine's real devices
     return env
 
 
-def _launch(script: str, *args: str, timeout: float = 600) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, script, *args], cwd=REPO, env=_env(),
+def _launch(script: str, cache_env: dict[str, str], *args: str,
+            timeout: float = 600) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, script, *args], cwd=REPO, env=_env(cache_env),
                           capture_output=True, text=True, timeout=timeout)
 
 
@@ -63,10 +66,10 @@ def _lines(path: str) -> int:
 
 
 @pytest.fixture(scope="module")
-def finished_run(tmp_path_factory) -> tuple[str, str]:
+def finished_run(tmp_path_factory, compile_cache_env) -> tuple[str, str]:
     """(workdir, stdout) of a finished one-step smoke run (checkpoint 1, final eval at step 1)."""
     workdir = str(tmp_path_factory.mktemp("lifecycle") / "run")
-    out = _ok(_launch("launch/run.py", *SMOKE, "--workdir", workdir,
+    out = _ok(_launch("launch/run.py", compile_cache_env, *SMOKE, "--workdir", workdir,
                       "--config.train.total_steps=1"))
     return workdir, out
 
@@ -95,13 +98,13 @@ def test_every_long_phase_reports_progress(finished_run):
 
 # ----------------------------------------------------------------------------- finished runs
 @pytest.mark.slow
-def test_finished_run_started_again_says_so_and_exits(finished_run):
+def test_finished_run_started_again_says_so_and_exits(finished_run, compile_cache_env):
     workdir, _ = finished_run
     files = ["trajectories_eval.jsonl", "trajectories_train.jsonl", "metrics.jsonl"]
     before = {f: _lines(os.path.join(workdir, f)) for f in files}
     summary = open(os.path.join(workdir, "summary.json")).read()
     t0 = time.monotonic()
-    out = _ok(_launch("launch/run.py", *SMOKE, "--workdir", workdir,
+    out = _ok(_launch("launch/run.py", compile_cache_env, *SMOKE, "--workdir", workdir,
                       "--config.train.total_steps=1", timeout=120))
     assert out == (f"run already finished at step 1 (workdir {workdir}); pass --eval_again to "
                    "evaluate it again\n")
@@ -111,7 +114,7 @@ def test_finished_run_started_again_says_so_and_exits(finished_run):
 
 
 @pytest.mark.slow
-def test_eval_again_evaluates_and_merges_the_summary(finished_run):
+def test_eval_again_evaluates_and_merges_the_summary(finished_run, compile_cache_env):
     workdir, _ = finished_run
     path = os.path.join(workdir, "summary.json")
     summary = json.load(open(path))
@@ -120,7 +123,7 @@ def test_eval_again_evaluates_and_merges_the_summary(finished_run):
     json.dump(summary, open(path, "w"))
     evals_before = _lines(os.path.join(workdir, "trajectories_eval.jsonl"))
 
-    out = _ok(_launch("launch/run.py", *SMOKE, "--workdir", workdir,
+    out = _ok(_launch("launch/run.py", compile_cache_env, *SMOKE, "--workdir", workdir,
                       "--config.train.total_steps=1", "--eval_again"))
     assert "resumed at step 1" in out and "[eval step 1] avg@1=" in out
     assert "compiling the train step" not in out and "[step " not in out  # no training
@@ -179,10 +182,11 @@ def test_eval_episodes_size_the_engine():
 
 
 @pytest.mark.slow
-def test_eval_script_sized_by_k_and_tasks_with_progress(finished_run, tmp_path):
+def test_eval_script_sized_by_k_and_tasks_with_progress(finished_run, tmp_path,
+                                                        compile_cache_env):
     workdir, _ = finished_run
     output = str(tmp_path / "eval.json")
-    out = _ok(_launch("launch/eval.py", *SMOKE, "--checkpoint",
+    out = _ok(_launch("launch/eval.py", compile_cache_env, *SMOKE, "--checkpoint",
                       os.path.join(workdir, "checkpoints"), "--k", "3", "--tasks", "1",
                       "--horizon", "2", "--output", output))
     # 1 test task of each of the 2 environments x k=3: 6 episodes, 6 slots (the config's
@@ -207,7 +211,7 @@ def _port_open(url: str) -> bool:
 
 
 @pytest.mark.slow
-def test_ctrl_c_stops_cleanly(tmp_path):
+def test_ctrl_c_stops_cleanly(tmp_path, compile_cache_env):
     """SIGINT while the first rollout is in flight: one line on stderr, no traceback, no
     unretrieved futures, the environment servers gone, exit code 130."""
     stderr_path = tmp_path / "stderr.txt"
@@ -216,8 +220,8 @@ def test_ctrl_c_stops_cleanly(tmp_path):
            "--config.train.total_steps=50", "--config.horizon.phases=(8,)",
            "--config.rollout.max_new_tokens=100"]
     with open(stderr_path, "w") as err:
-        proc = subprocess.Popen(cmd, cwd=REPO, env=_env(), stdout=subprocess.PIPE, stderr=err,
-                                text=True)
+        proc = subprocess.Popen(cmd, cwd=REPO, env=_env(compile_cache_env),
+                                stdout=subprocess.PIPE, stderr=err, text=True)
         urls, rolling = [], False
         try:
             for line in proc.stdout:
