@@ -67,9 +67,14 @@ def test_greedy_answer_names_paris_and_logits_match_transformers(smollm2, hf_ggu
     model, tokenizer = smollm2.model, smollm2.tokenizer
     prompt = encode_chat(tokenizer, QUESTION)
     forward = nnx.jit(lambda m, x: m(x).logits)
+    # Greedy decoding with one compiled shape: the prompt and the answer so far, right-padded
+    # to the final length (prompt + 10); attention is causal, so the logits at position n - 1
+    # depend on tokens 0..n-1 only, not on the padding after them.
+    length = len(prompt) + 10
     ids = list(prompt)
     for _ in range(10):
-        ids.append(int(jnp.argmax(forward(model, jnp.asarray([ids]))[0, -1])))
+        padded = jnp.asarray([ids + [0] * (length - len(ids))])
+        ids.append(int(jnp.argmax(forward(model, padded)[0, len(ids) - 1])))
     answer = tokenizer.decode(ids[len(prompt):], skip_special_tokens=True)
     assert "Paris" in answer, answer
 
