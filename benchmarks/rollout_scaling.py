@@ -36,15 +36,6 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from benchmarks.engine import SHAPES, model_config  # noqa: E402
 
 
-def prefill_kv_buckets(value: str) -> tuple[int, ...] | None:
-    """``--prefill-kv-buckets`` as ``EngineConfig.prefill_kv_buckets``."""
-    if value == "auto":
-        return None
-    if value == "whole":
-        return ()
-    return tuple(int(x) for x in value.split(",") if x)
-
-
 def engine_throughput(backend, n_prompts: int, prompt_len: int, new_tokens: int,
                       vocab: int) -> dict[str, Any]:
     import numpy as np
@@ -158,6 +149,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     from agentrl_jax.models.tokenizer import load_tokenizer
     from agentrl_jax.rollout.engine import EngineConfig
     from agentrl_jax.rollout.replicas import EngineReplicas
+    from agentrl_jax.training.services import prefill_kv_buckets
 
     cfg = model_config(args.shape, args.dtype)
     if cfg.vocab_size < 49152:
@@ -183,7 +175,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                               dtype=args.dtype, weights_dtype=args.dtype,
                               prefill_chunks=(64, 256, 1024), prefill_tokens=8192,
                               decode_attention=args.decode_attention,
-                              prefill_kv_buckets=prefill_kv_buckets(args.prefill_kv_buckets))
+                              prefill_kv_buckets=prefill_kv_buckets(
+                                  "" if args.prefill_kv_buckets == "whole"
+                                  else args.prefill_kv_buckets))
         t0 = time.perf_counter()
         backend = EngineReplicas(model, config, tokenizer=tokenizer, devices=devices[:n])
         run: dict[str, Any] = {"start_s": time.perf_counter() - t0, "episodes": episodes}

@@ -88,7 +88,8 @@ def compiled_functions(graphdef: Any, max_batch: int, max_length: int, decode_st
         # back: the caller picks kv_len > every real position (padding positions are
         # max_length: dropped), so later positions are neither read nor changed.
         model = nnx.merge(graphdef, state)
-        head = (slice(None),) * seq_axis + (slice(0, kv_len),)
+        # rows slot_ids, positions 0..kv_len-1 of a [B, K, S, Dh] or [B, S, K, Dh] array
+        index = (slot_ids,) + (slice(None),) * (seq_axis - 1) + (slice(0, kv_len),)
 
         def rows(x):
             return jax.lax.slice_in_dim(jnp.take(x, slot_ids, axis=0, mode="clip"), 0, kv_len,
@@ -97,7 +98,7 @@ def compiled_functions(graphdef: Any, max_batch: int, max_length: int, decode_st
         _, sub = forward(model, tokens, positions, map_cache(rows, cache))
 
         def put(x, new):
-            return x.at[(slot_ids,) + head[1:]].set(new, mode="drop")
+            return x.at[index].set(new, mode="drop")
 
         return type(cache)(keys=tuple(put(k, n) for k, n in zip(cache.keys, sub.keys)),
                            values=tuple(put(v, n) for v, n in zip(cache.values, sub.values)))

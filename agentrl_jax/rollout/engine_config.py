@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 from agentrl_jax.rollout.forward import HEAD_MAJOR, SEQ_MAJOR
 
@@ -86,7 +87,7 @@ class EngineConfig:
     def prefill_rows(self, chunk: int) -> int:
         return max(1, min(self.max_batch, self.prefill_tokens // chunk))
 
-    @property
+    @functools.cached_property
     def kv_buckets(self) -> tuple[int, ...]:
         """The KV lengths prefill calls are compiled for, ascending, ending at ``max_length``."""
         if self.prefill_kv_buckets is None:

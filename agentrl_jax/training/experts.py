@@ -45,6 +45,12 @@ from agentrl_jax.agent.trajectory import Trajectory
 META_SUFFIX = ".meta.json"
 
 
+def _write_meta(out_dir: str, env: str, meta: dict[str, Any]) -> None:
+    """``<out_dir>/<env>.meta.json``: what a recording holds and how it went."""
+    with open(os.path.join(out_dir, f"{env}{META_SUFFIX}"), "w") as f:
+        json.dump(meta, f, indent=2)
+
+
 def say_flush(*args: Any, **kwargs: Any) -> None:
     """``print`` that flushes (a recorder's log is a file on the GPU machines)."""
     print(*args, **kwargs, flush=True)
@@ -180,8 +186,7 @@ async def record_experts(config: Any, env: str, episodes: int, out_dir: str, *,
             **({"shard": list(shard)} if shard is not None else {}),
             "seconds": round(time.monotonic() - t0, 1),
             "recorded": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
-    with open(os.path.join(out_dir, f"{env}{META_SUFFIX}"), "w") as f:
-        json.dump(meta, f, indent=2)
+    _write_meta(out_dir, env, meta)
     say(f"recorded {len(trajectories)} {env} expert episodes ({split} split, horizon {horizon}) "
         f"in {format_seconds(meta['seconds'])}: {len(wins)} successful "
         f"({100 * meta['success_rate']:.1f}%), {meta['mean_turns_successful']:.1f} turns and "
@@ -344,8 +349,7 @@ def record_experts_parallel(config: Any, env: str, episodes: int, out_dir: str, 
                                for k, r in sorted(failed.items())],
                 seconds=round(time.monotonic() - t0, 1),
                 recorded=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
-    with open(os.path.join(out_dir, f"{env}{META_SUFFIX}"), "w") as f:
-        json.dump(meta, f, indent=2)
+    _write_meta(out_dir, env, meta)
     say(f"recorded {meta['episodes']} {env} expert episodes with {len(procs)} workers in "
         f"{format_seconds(meta['seconds'])}: {meta['successful']} successful "
         f"({100 * meta['success_rate']:.1f}%), {meta['mean_turns_successful']:.1f} turns per "
