@@ -57,6 +57,31 @@ def test_deadline_interrupts_a_python_loop_and_restores_the_handler():
     assert signal.getsignal(signal.SIGALRM) is before
 
 
+@pytest.mark.timeout(30)
+def test_deadline_fires_again_when_its_timeout_is_swallowed():
+    """Python drops an exception raised in a finaliser; the call must still end: the first
+    ExpertTimeout is caught here (as a finaliser would lose it), the repeated signal ends it."""
+    from agentrl_jax.agent.experts import DEADLINE_RETRY_S
+
+    swallowed = []
+
+    def spin() -> None:
+        while True:
+            try:
+                while True:
+                    pass
+            except ExpertTimeout:
+                if swallowed:
+                    raise
+                swallowed.append(time.monotonic())
+
+    t0 = time.monotonic()
+    with pytest.raises(ExpertTimeout):
+        call_with_deadline(spin, 0.2)
+    assert len(swallowed) == 1
+    assert time.monotonic() - t0 < 0.2 + DEADLINE_RETRY_S + 1.0
+
+
 def test_deadline_keeps_an_outer_timer():
     """A pending outer SIGALRM timer (pytest-timeout uses one) keeps its due time: re-armed
     with what is left when the call ends first, its own handler run when it is due first."""

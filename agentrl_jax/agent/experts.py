@@ -93,6 +93,10 @@ class BoundedSubgoalStack(list):
         return super().__getitem__(index)
 
 
+#: seconds between repeated deadline signals once a call is past its deadline
+DEADLINE_RETRY_S = 0.5
+
+
 def call_with_deadline(fn: Callable[[], T], seconds: float | None) -> T:
     """``fn()``, interrupted by :class:`ExpertTimeout` after ``seconds`` of wall time.
 
@@ -101,14 +105,22 @@ def call_with_deadline(fn: Callable[[], T], seconds: float | None) -> T:
     without a limit. The exception is raised between Python bytecodes, so pure-Python loops
     (minigrid's bot) are interrupted; a single long C call finishes first. A real-time timer
     already pending (e.g. pytest-timeout's) keeps its due time: if it is due first, its own
-    handler runs then; otherwise it is re-armed with what is left of it afterwards."""
+    handler runs then; otherwise it is re-armed with what is left of it afterwards.
+
+    Past the deadline the timer fires again every :data:`DEADLINE_RETRY_S` until the call has
+    ended: an ``ExpertTimeout`` raised while the interpreter runs a finaliser (``__del__``, a gc
+    callback) is printed and dropped by Python, and a one-shot timer then left the call running
+    for ever (seen as a hung test in a CI run)."""
     if (not seconds or seconds <= 0 or not hasattr(signal, "setitimer")
             or threading.current_thread() is not threading.main_thread()):
         return fn()
     t0 = time.monotonic()
     outer_due = 0.0  # seconds from t0 to a pending outer timer (0: none)
+    ended = False
 
     def on_alarm(signum: int, frame: Any) -> None:
+        if ended:
+            return
         if outer_due and time.monotonic() - t0 >= outer_due - 1e-3 and callable(previous):
             signal.signal(signal.SIGALRM, previous)
             previous(signum, frame)
@@ -116,12 +128,14 @@ def call_with_deadline(fn: Callable[[], T], seconds: float | None) -> T:
         raise ExpertTimeout(f"no action within {seconds:g} s")
 
     previous = signal.signal(signal.SIGALRM, on_alarm)
-    outer_due, outer_interval = signal.setitimer(signal.ITIMER_REAL, float(seconds))
+    outer_due, outer_interval = signal.setitimer(signal.ITIMER_REAL, float(seconds),
+                                                 DEADLINE_RETRY_S)
     if 0 < outer_due < seconds:
         signal.setitimer(signal.ITIMER_REAL, outer_due)
     try:
         return fn()
     finally:
+        ended = True
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous)
         if outer_due:
