@@ -4,10 +4,11 @@ BabyAI, 32 tasks x 8 samples, a fixed 13-turn horizon.
 Timed with ``benchmarks/rl_step.py --config experiments/paper_scale_7b.py --variants packed``
 (``benchmarks/scaling_step_gpu.sh`` runs it) on the GPUs of ``CUDA_VISIBLE_DEVICES``: the
 learner shards over every visible GPU (``learner.mesh``: FSDP) and the embedded engine runs a
-bf16 replica on each of them (``rollout.engine_replicas=0``). Only 4 (or more) H100 80GB fit
-it; 1 and 2 do not (table below). Random weights: actions are rarely valid, rewards are 0 and
-every episode runs 13 turns of up to 24 tokens; ``train.skip_flat_groups`` is off so that the
-update runs (on zero advantages) and is timed. Results: docs/PERFORMANCE.md.
+bf16 replica on each of them (``rollout.engine_replicas=0``). 4 (or more) H100 80GB fit it,
+1 and 2 do not; 2 (or more) H200 141GB fit it (table below). Random weights: actions are
+rarely valid, rewards are 0 and every episode runs 13 turns of up to 24 tokens;
+``train.skip_flat_groups`` is off so that the update runs (on zero advantages) and is timed.
+Results: docs/PERFORMANCE.md.
 
 Memory (:func:`memory_estimate`; ``python3 experiments/paper_scale_7b.py`` prints the table):
 float32 master weights + AdamW + the float32 gradient accumulator are 16 bytes x 7.62 B
@@ -16,13 +17,19 @@ replica and its KV cache (256 slots x 2,048 tokens x 56 KiB = 28 GiB, split over
 The policy is created directly in the learner's sharding (``init_model(..., mesh=...)``) and
 the engine's first weights are cast from those shards: no GPU ever holds the float32 model.
 
-GiB per H100 (JAX may use 75.1 at ``XLA_PYTHON_CLIENT_MEM_FRACTION=0.95``; at the default
-0.75, 59.3: below the 4-GPU step's estimated peak)::
+GiB per GPU; the verdicts are for an H100 80GB (79.1 GiB total; JAX may use 75.1 at
+``XLA_PYTHON_CLIENT_MEM_FRACTION=0.95``; at the default 0.75, 59.3: below the 4-GPU step's
+estimated peak). The usable memory is ``--gpu-memory-gib`` (the card's total, GiB; default the
+H100's 79.1) x ``--mem-fraction`` (0.95)::
 
     GPUs  master  AdamW  grads  engine  KV    lower bound  peak   verdict
     1     28.4    56.7   28.4   14.2    28.0  155.7        192.3  does not fit
     2     14.2    28.4   14.2   14.2    14.0   84.9        103.2  does not fit
     4      7.1    14.2    7.1   14.2     7.0   49.6         60.2  fits
+
+H200 141GB (``--gpu-memory-gib 140.4``: nvidia-smi's 143771 MiB, which
+``benchmarks/scaling_step_gpu.sh`` passes; 133.4 GiB usable): 1 GPU does not fit (155.7), 2 and
+4 fit (peaks 103.2 and 60.2, below 90% of 133.4).
 
 (lower bound: what must be live during an update; peak adds the update's transients -- the
 bf16 compute copy, a micro-batch's gradients, activations -- or, at a weight sync, the new
@@ -74,10 +81,13 @@ def get_config():
 
 
 GIB = 1024 ** 3
-#: what JAX can allocate on one H100 80GB (79.1 GiB reported as total) at
-#: XLA_PYTHON_CLIENT_MEM_FRACTION=0.95 (benchmarks/scaling_step_gpu.sh sets it; the default
-#: 0.75 would leave 59 GiB)
-H100_USABLE_GIB = 79.1 * 0.95
+#: the total memory of one H100 80GB as JAX reports it (GiB); nvidia-smi's 81559 MiB is 79.6
+H100_TOTAL_GIB = 79.1
+#: the share of it JAX may allocate: XLA_PYTHON_CLIENT_MEM_FRACTION, which
+#: benchmarks/scaling_step_gpu.sh sets to 0.95 (the default 0.75 would leave 59 GiB of an H100)
+DEFAULT_MEM_FRACTION = 0.95
+#: what JAX can allocate on one H100 80GB at that fraction (the default ``usable_gib``)
+H100_USABLE_GIB = H100_TOTAL_GIB * DEFAULT_MEM_FRACTION
 _BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 
 
@@ -93,10 +103,15 @@ def parameter_count(shape: Mapping[str, Any]) -> int:
     return v * d * (1 if shape.get("tie_word_embeddings") else 2) + d + n * layer
 
 
-def memory_estimate(num_gpus: int, config: Any = None,
-                    usable_gib: float = H100_USABLE_GIB) -> dict[str, Any]:
+def memory_estimate(num_gpus: int, config: Any = None, usable_gib: float | None = None,
+                    gpu_memory_gib: float = H100_TOTAL_GIB,
+                    mem_fraction: float = DEFAULT_MEM_FRACTION) -> dict[str, Any]:
     """Device memory per GPU (GiB) of ``config`` (default: this experiment) on ``num_gpus``
     GPUs of one host: the learner FSDP over all of them, one engine replica on each.
+
+    The memory JAX may use on each GPU: ``usable_gib`` when given, else ``gpu_memory_gib``
+    (the card's total, default an H100 80GB's) x ``mem_fraction``
+    (``XLA_PYTHON_CLIENT_MEM_FRACTION``).
 
     With ``N`` parameters and ``g`` GPUs, per GPU:
 
@@ -123,6 +138,8 @@ def memory_estimate(num_gpus: int, config: Any = None,
     from agentrl_jax.models.config import ModelConfig
     from agentrl_jax.training import services
 
+    if usable_gib is None:
+        usable_gib = gpu_memory_gib * mem_fraction
     c = config if config is not None else get_config()
     shape = dict(c.model.random_init)
     n = parameter_count(shape)
@@ -173,6 +190,7 @@ def memory_estimate(num_gpus: int, config: Any = None,
     return {"num_gpus": g, "parameters": n, "engine_slots_per_gpu": replica_slots,
             "uses_reference": uses_reference, "parts_gib": parts, "lower_bound_gib": lower,
             "update_peak_gib": update_peak, "sync_peak_gib": sync_peak, "peak_gib": peak,
+            "gpu_memory_gib": gpu_memory_gib, "mem_fraction": usable_gib / gpu_memory_gib,
             "usable_gib": usable_gib, "verdict": verdict, "reason": reason}
 
 
@@ -182,11 +200,24 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--gpus", default="1,2,4")
     p.add_argument("--check", action="store_true",
                    help="one GPU count: exit 3 if the estimate says it does not fit")
+    p.add_argument("--gpu-memory-gib", type=float, default=H100_TOTAL_GIB,
+                   help="the card's total memory as JAX / nvidia-smi report it, GiB (default "
+                        f"{H100_TOTAL_GIB}: an H100 80GB; an H200 141GB: 140.4)")
+    p.add_argument("--mem-fraction", type=float, default=DEFAULT_MEM_FRACTION,
+                   help="the share of it JAX may use (XLA_PYTHON_CLIENT_MEM_FRACTION; "
+                        f"default {DEFAULT_MEM_FRACTION})")
     p.add_argument("--json", default=None)
     args = p.parse_args(argv)
-    rows = [memory_estimate(int(g)) for g in args.gpus.split(",")]
+    if not args.gpu_memory_gib > 0:
+        p.error("--gpu-memory-gib must be > 0")
+    if not 0 < args.mem_fraction <= 1:
+        p.error("--mem-fraction must be in (0, 1]")
+    rows = [memory_estimate(int(g), gpu_memory_gib=args.gpu_memory_gib,
+                            mem_fraction=args.mem_fraction) for g in args.gpus.split(",")]
     keys = list(rows[0]["parts_gib"])
-    print(f"Qwen2.5-7B shape, {rows[0]['parameters'] / 1e9:.2f} B parameters; GiB per GPU")
+    print(f"Qwen2.5-7B shape, {rows[0]['parameters'] / 1e9:.2f} B parameters; GiB per GPU; "
+          f"usable {rows[0]['usable_gib']:.1f} GiB = card {args.gpu_memory_gib:.1f} GiB x "
+          f"memory fraction {args.mem_fraction:g}")
     print("| GPUs | " + " | ".join(keys) + " | lower bound | peak | verdict |")
     print("|---" * (len(keys) + 4) + "|")
     for r in rows:
