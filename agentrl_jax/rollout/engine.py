@@ -67,6 +67,7 @@ from agentrl_jax.rollout.requests import (DECODE, DONE, FORK_WAIT, PREFILL, Engi
                                           Seq)
 from agentrl_jax.rollout.sampling import GREEDY, SAMPLE, sampling_mode, seed_to_key
 from agentrl_jax.rollout.slots import SlotTable
+from agentrl_jax.rollout.stop_strings import find_stop, may_complete_mask, slots_to_check
 
 log = logging.getLogger(__name__)
 # CPU backends cannot always reuse donated buffers; that is harmless.
@@ -130,6 +131,8 @@ class Engine(BatchedSamplesBackend):
         self._out_raw = np.zeros((c.max_batch, c.max_length), np.float32)
         self._out_len = np.zeros((c.max_batch,), np.int64)
         self._has_stop_str = np.zeros((c.max_batch,), np.bool_)
+        # Per slot with stop strings: which tokens may complete a match (stop_strings.py).
+        self._stop_masks: list[np.ndarray | None] = [None] * c.max_batch
         self._slots = SlotTable(c.max_batch)
         self._slot_seq: dict[int, Seq] = {}
         self._waiting: collections.deque[Request] = collections.deque()
@@ -551,6 +554,8 @@ class Engine(BatchedSamplesBackend):
         self._floats[s] = (sp.temperature, sp.top_p, sp.min_p)
         self._out_len[s] = 0
         self._has_stop_str[s] = bool(sp.stop)
+        self._stop_masks[s] = (may_complete_mask(self.tokenizer, sp.stop, sp.skip_special_tokens)
+                               if sp.stop else None)
 
     # ------------------------------------------------------------------------- prefill
     def _run_prefill(self) -> None:
@@ -655,7 +660,11 @@ class Engine(BatchedSamplesBackend):
         self.stats.generated_tokens += total
         stop_hit = (ints[active, STOP:] == last[:, None]).any(axis=1)
         length_hit = ints[active, REM] <= 0
-        attention = active[stop_hit | length_hit | self._has_stop_str[active]]
+        check = self._has_stop_str[active]  # stop strings: only if a new token may complete one
+        if check.any():
+            check[check] = slots_to_check(toks[:steps], valid[:steps], active[check],
+                                          self._stop_masks)
+        attention = active[stop_hit | length_hit | check]
         for slot in attention.tolist():  # only slots that (may) finish need Python work
             seq = self._slot_seq.get(slot)
             if seq is None or seq.state != DECODE:
@@ -670,20 +679,17 @@ class Engine(BatchedSamplesBackend):
 
     def _check_stop_strings(self, seq: Seq) -> bool:
         sp, slot = seq.req.sampling, seq.slot
-        stops = sp.stop or []
         length = int(self._out_len[slot])
-        ids = self._out_tok[slot, :length].tolist()
-        for j in range(seq.stop_checked, length):
-            text = self.tokenizer.decode(ids[:j + 1], skip_special_tokens=sp.skip_special_tokens)
-            hits = [(text.find(s), s) for s in stops if s in text]
-            if hits:
-                index, matched = min(hits)
-                self._out_len[slot] = j + 1  # drop the tokens decoded after the match
-                seq.stop_text = text if sp.no_stop_trim else text[:index]
-                self._finish(seq, "stop", matched)
-                return True
-        seq.stop_checked = length
-        return False
+        hit = find_stop(self.tokenizer, self._out_tok[slot, :length], seq.stop_checked,
+                        sp.stop or [], sp.skip_special_tokens, self._stop_masks[slot])
+        if hit is None:
+            seq.stop_checked = length
+            return False
+        j, text, index, matched = hit
+        self._out_len[slot] = j + 1  # drop the tokens decoded after the match
+        seq.stop_text = text if sp.no_stop_trim else text[:index]
+        self._finish(seq, "stop", matched)
+        return True
 
     # ------------------------------------------------------------------------- finishing
     def _abort_request(self, req: Request) -> None:
