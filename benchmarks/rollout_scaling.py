@@ -17,7 +17,9 @@ episodes on each device, so 4 devices run 4x the episodes) is run twice:
 
 Weights are random (the shapes of ``benchmarks/engine.py``), so actions are rarely valid and
 every episode runs its whole horizon; the SmolLM2 tokenizer formats the chat. Reported:
-throughput per device count and the speed-up over one device.
+throughput per device count and the speed-up over one device. ``--replicas processes`` runs
+each device's engine in its own rollout-server process (``EngineServers``) instead of a thread
+of this process, and also times one weight sync (export + every server loading it).
 """
 
 from __future__ import annotations
@@ -36,6 +38,18 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from benchmarks.engine import SHAPES, model_config  # noqa: E402
 
 
+def run_in_loop(coro, backend):
+    """``asyncio.run(coro)``, closing ``backend``'s HTTP session (rollout-server clients)
+    before the loop ends: the backend is used from several successive loops here."""
+    async def main():
+        try:
+            return await coro
+        finally:
+            if hasattr(backend, "close_http"):
+                await backend.close_http()
+    return asyncio.run(main())
+
+
 def engine_throughput(backend, n_prompts: int, prompt_len: int, new_tokens: int,
                       vocab: int) -> dict[str, Any]:
     import numpy as np
@@ -52,8 +66,8 @@ def engine_throughput(backend, n_prompts: int, prompt_len: int, new_tokens: int,
         results = await asyncio.gather(*(backend.generate(p, params) for p in prompts))
         return time.perf_counter() - t0, sum(len(r.output_ids) for r in results)
 
-    asyncio.run(run(warm))
-    wall, tokens = asyncio.run(run(sampling))
+    run_in_loop(run(warm), backend)
+    wall, tokens = run_in_loop(run(sampling), backend)
     return {"tokens_per_s": tokens / wall, "wall_s": wall, "generated_tokens": tokens}
 
 
@@ -99,7 +113,7 @@ def actor_pool_throughput(backend, tokenizer, episodes: int, turns: int, turn_to
                         "dropped": stats.dropped, "actor_workers": workers,
                         "env_servers": env_servers,
                         "env_batches": getattr(client, "batches_sent", None)}
-        return asyncio.run(run())
+        return run_in_loop(run(), backend)
     finally:
         for s in servers:
             s.stop()
@@ -128,6 +142,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                    help="auto (the engine's default: powers of two from 512), whole (every "
                         "prefill attends over the whole row: the previous engine) or a comma "
                         "list of lengths")
+    p.add_argument("--replicas", default="threads", choices=["threads", "processes"],
+                   help="threads: one engine thread per device in this process "
+                        "(EngineReplicas); processes: one rollout-server process per device "
+                        "(EngineServers, rollout.backend='engine_servers')")
     p.add_argument("--json", default=None)
     args = p.parse_args(argv)
     if args.small:
@@ -148,14 +166,20 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     from agentrl_jax.models.pretrained import resolve_model_path
     from agentrl_jax.models.tokenizer import load_tokenizer
     from agentrl_jax.rollout.engine import EngineConfig
+    from agentrl_jax.rollout.engine_servers import EngineServers
     from agentrl_jax.rollout.replicas import EngineReplicas
+    from agentrl_jax.rollout.requests import merge_stats
     from agentrl_jax.training.services import prefill_kv_buckets
 
     cfg = model_config(args.shape, args.dtype)
     if cfg.vocab_size < 49152:
         raise SystemExit(f"--shape {args.shape}: the SmolLM2 tokenizer needs a vocabulary of "
                          ">= 49152 ids")
-    model = init_model(cfg, seed=0)
+    if args.replicas == "processes":  # the weights are only exported from here
+        with jax.default_device(jax.devices("cpu")[0]):
+            model = init_model(cfg, seed=0)
+    else:
+        model = init_model(cfg, seed=0)
     tokenizer = load_tokenizer(resolve_model_path("smollm2"))
     devices = jax.local_devices()
     report: dict[str, Any] = {"shape": args.shape, "settings": vars(args),
@@ -179,8 +203,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                                   "" if args.prefill_kv_buckets == "whole"
                                   else args.prefill_kv_buckets))
         t0 = time.perf_counter()
-        backend = EngineReplicas(model, config, tokenizer=tokenizer, devices=devices[:n])
-        run: dict[str, Any] = {"start_s": time.perf_counter() - t0, "episodes": episodes}
+        if args.replicas == "processes":
+            backend = EngineServers(model, config, [[i] for i in range(n)],
+                                    devices[0].platform, tokenizer=tokenizer)
+        else:
+            backend = EngineReplicas(model, config, tokenizer=tokenizer, devices=devices[:n])
+        run: dict[str, Any] = {"start_s": time.perf_counter() - t0, "episodes": episodes,
+                               "replicas": args.replicas}
         try:
             if "engine" not in skip:
                 run["engine"] = engine_throughput(backend, episodes, args.prompt_len,
@@ -196,7 +225,17 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 print(f"{n} devices, actor pool + BabyAI: {a['tokens_per_s']:,.0f} tok/s, "
                       f"{a['turns_per_s']:,.0f} turns/s ({a['episodes']} episodes, "
                       f"{a['turns']} turns, {a['wall_s']:.1f} s)", flush=True)
-            run["engine_stats"] = backend.stats_dict
+            if args.replicas == "processes":
+                per_server = run_in_loop(backend.server_stats(), backend)
+                run["engine_stats"] = merge_stats(per_server)
+                run["engine_stats_per_replica"] = per_server
+                t1 = time.perf_counter()
+                run_in_loop(backend.update_weights(model), backend)
+                run["weight_sync_s"] = time.perf_counter() - t1
+                print(f"{n} devices: weight sync to every server {run['weight_sync_s']:.2f} s",
+                      flush=True)
+            else:
+                run["engine_stats"] = backend.stats_dict
         finally:
             backend.close()
         report["runs"][str(n)] = run

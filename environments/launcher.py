@@ -166,13 +166,16 @@ def start_env_server(
     startup_timeout: float = 120.0,
     env: dict[str, str] | None = None,
     exit_with_parent: bool = True,
+    module: str | None = None,
 ) -> ServerProcess:
     """Start ``python -m environments.<name>`` and wait until it is healthy.
 
     port: None picks a free port. extra_args: more server options, e.g.
     ``["--max-sessions", "64", "--idle-timeout", "300"]``. env: extra environment variables.
     exit_with_parent: the server shuts itself down (within ~1 s) if this process dies without
-    calling ``stop()``. Raises ``ServerStartError`` (with the server's output tail) if it dies or
+    calling ``stop()``. module: run ``python -m <module>`` instead (another server with the
+    same ``--host/--port/--parent-pid`` flags and ``GET /health``, e.g. the rollout server).
+    Raises ``ServerStartError`` (with the server's output tail) if it dies or
     stays unhealthy.
     """
     port = free_port(host) if port is None else port
@@ -181,7 +184,7 @@ def start_env_server(
     child_env["PYTHONUNBUFFERED"] = "1"
     if env:
         child_env.update(env)
-    command = [sys.executable, "-m", f"environments.{name}", "--host", host, "--port", str(port), *extra_args]
+    command = [sys.executable, "-m", module or f"environments.{name}", "--host", host, "--port", str(port), *extra_args]
     if exit_with_parent:
         command += ["--parent-pid", str(os.getpid())]
 

@@ -63,7 +63,7 @@ def test_every_experiment_config_is_valid():
     ("learner__kl_estimator", "k9", "learner.kl_estimator: unknown KL estimator 'k9'"),
     ("rollout__top_p", 0.0, "rollout.top_p: must be a finite number in (0, 1]"),
     ("rollout__backend", "vllm", "rollout.backend: unknown rollout backend 'vllm'; known: "
-                                 "embedded, sglang"),
+                                 "embedded, engine_servers, sglang"),
     ("train__max_staleness", -1, "train.max_staleness: must be an integer >= 0"),
     ("learner__mini_batches", 0, "learner.mini_batches: must be an integer >= 1"),
     ("rollout__prefill_kv_buckets", "512,x", "rollout.prefill_kv_buckets: "

@@ -253,6 +253,7 @@ class BatchedSamplesBackend(RolloutBackend):
 _REGISTRY: dict[str, Callable[..., RolloutBackend] | str] = {
     "embedded": "agentrl_jax.rollout.engine:EmbeddedBackend.from_config",
     "sglang": "agentrl_jax.rollout.sglang_backend:SGLangBackend.from_config",
+    "engine_servers": "agentrl_jax.rollout.engine_servers:EngineServers.from_config",
 }
 
 
@@ -277,7 +278,7 @@ def _resolve(factory: Callable[..., RolloutBackend] | str) -> Callable[..., Roll
 
 
 def create_backend(name_or_config: str | dict[str, Any], **config: Any) -> RolloutBackend:
-    """Build a backend by registry name (``embedded``, ``sglang``) or from a config dict whose
+    """Build a backend by registry name (``embedded``, ``engine_servers``, ``sglang``) or from a config dict whose
     ``name`` (or ``backend``) key selects it; remaining keys go to the factory."""
     if isinstance(name_or_config, dict):
         config = {**name_or_config, **config}

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from typing import Any
 
 from agentrl_jax.rollout.forward import HEAD_MAJOR, SEQ_MAJOR
 
@@ -111,8 +112,6 @@ class EngineConfig:
         return [(chunk, self.prefill_rows(chunk), kv) for chunk in self.chunk_buckets
                 for kv in self.kv_buckets if kv >= chunk]
 
-
-
     def resolved_decode_attention(self, platform: str) -> str:
         """``ragged`` or ``dense`` for a device platform (``"gpu"``, ``"cpu"``, ``"tpu"``):
         ``auto`` is ragged on GPUs (the Pallas Triton kernel), dense elsewhere."""
@@ -121,4 +120,24 @@ class EngineConfig:
         return "ragged" if platform == "gpu" else "dense"
 
 
-__all__ = ["EngineConfig", "DECODE_ATTENTION", "MIN_PREFILL_KV"]
+def parse_prefill_kv_buckets(value: Any, name: str = "prefill_kv_buckets"
+                             ) -> tuple[int, ...] | None:
+    """A configured / command-line ``value`` as ``EngineConfig.prefill_kv_buckets``: ``""`` ->
+    ``()`` (the whole row), ``"auto"`` -> ``None`` (powers of two), ``"512,1024"`` / a sequence
+    -> those lengths. ``name`` names the setting in the ``ValueError``."""
+    if value in (None, "", ()):
+        return ()
+    if value == "auto":
+        return None
+    items = value.split(",") if isinstance(value, str) else list(value)
+    try:
+        lengths = tuple(int(x) for x in items if str(x).strip())
+    except ValueError:
+        raise ValueError(f"{name} must be '', 'auto' or a comma list of lengths, "
+                         f"got {value!r}") from None
+    if not lengths or min(lengths) < 1:
+        raise ValueError(f"{name}: lengths must be >= 1, got {value!r}")
+    return lengths
+
+
+__all__ = ["EngineConfig", "DECODE_ATTENTION", "MIN_PREFILL_KV", "parse_prefill_kv_buckets"]

@@ -46,10 +46,11 @@ from agentrl_jax.rollout.base import (BackendUnavailableError, GenerateResult, I
                                       OverloadedError, SamplingParams)
 from agentrl_jax.rollout.chat_template_sandbox import TemplateBusy, TemplateError, TemplateSandbox
 from agentrl_jax.rollout.engine import Engine, EngineConfig
+from agentrl_jax.rollout.engine_config import DECODE_ATTENTION, parse_prefill_kv_buckets
 from environments.core.httpguard import (DEFAULT_MAX_CONNECTIONS, DEFAULT_READ_TIMEOUT_S, GuardedSite,
                                          GuardError, Limits, api_key_middleware,
                                          fit_connection_limit, read_body,
-                                         require_key_off_loopback, run_app)
+                                         exit_with_parent, require_key_off_loopback, run_app)
 
 try:  # orjson: ~2x faster, and it rejects lone surrogates (``"\ud800"``) while parsing
     import orjson as _orjson
@@ -746,6 +747,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--prefill-chunks", default="64,256,1024")
     p.add_argument("--prefill-tokens", type=int, default=4096)
     p.add_argument("--max-queue", type=int, default=4096)
+    p.add_argument("--seed", type=int, default=0, help="sampling seed of requests without one")
+    p.add_argument("--decode-attention", choices=list(DECODE_ATTENTION), default="auto",
+                   help="auto (ragged on GPU), ragged or dense (EngineConfig.decode_attention)")
+    p.add_argument("--prefill-kv-buckets", default="",
+                   help="'' (whole row), 'auto' or a comma list of lengths "
+                        "(EngineConfig.prefill_kv_buckets)")
+    p.add_argument("--parent-pid", type=int, default=None,
+                   help="shut down when this process is gone (engine_servers sets it)")
     p.add_argument("--max-body-mb", type=float, default=DEFAULT_MAX_BODY_BYTES / 2**20)
     p.add_argument("--served-model-name", default=None)
     p.add_argument("--log-level", default="info")
@@ -768,7 +777,9 @@ def main(argv: list[str] | None = None) -> None:
     config = EngineConfig(max_batch=args.max_batch, max_length=args.max_length, dtype=args.dtype,
                           weights_dtype=args.weights_dtype, decode_steps=args.decode_steps,
                           prefill_chunks=tuple(int(x) for x in args.prefill_chunks.split(",")),
-                          prefill_tokens=args.prefill_tokens, max_queue=args.max_queue)
+                          prefill_tokens=args.prefill_tokens, max_queue=args.max_queue,
+                          seed=args.seed, decode_attention=args.decode_attention,
+                          prefill_kv_buckets=parse_prefill_kv_buckets(args.prefill_kv_buckets))
     log.info("compiling the engine (%s)", config)
     engine = Engine(pretrained, config)
     server = RolloutServer(engine, model_path=pretrained.path,
@@ -782,8 +793,15 @@ def main(argv: list[str] | None = None) -> None:
              args.host, args.port, server.weights_dirs)
     # handler_cancellation: a client that disconnects cancels its handler, which aborts the
     # request in the engine (frees its slot) instead of generating for nobody.
+    app = server.app()
+    if args.parent_pid is not None:
+        async def watch_parent(app: web.Application):
+            task = asyncio.create_task(exit_with_parent(args.parent_pid))
+            yield
+            task.cancel()
+        app.cleanup_ctx.append(watch_parent)
     try:
-        run_app(server.app(), host=args.host, port=args.port, limits=server.limits,
+        run_app(app, host=args.host, port=args.port, limits=server.limits,
                 refusal_body=_REFUSAL_BODY, handler_cancellation=True)
     finally:
         engine.close()

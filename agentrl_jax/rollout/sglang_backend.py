@@ -96,6 +96,7 @@ class SGLangBackend(BatchedSamplesBackend):
         self.weight_version: str | None = None
         self._sticky: collections.OrderedDict[str, int] = collections.OrderedDict()
         self._session: aiohttp.ClientSession | None = None
+        self._session_loop: asyncio.AbstractEventLoop | None = None
         self._launched = list(launched or [])
         self._rr = 0
 
@@ -115,8 +116,12 @@ class SGLangBackend(BatchedSamplesBackend):
 
     # ------------------------------------------------------------------------- plumbing
     def _http(self) -> aiohttp.ClientSession:
-        if self._session is None or self._session.closed:
+        """The HTTP session of the running event loop (a new one when the backend is used
+        from another loop, e.g. successive ``asyncio.run`` calls)."""
+        loop = asyncio.get_running_loop()
+        if self._session is None or self._session.closed or self._session_loop is not loop:
             self._session = aiohttp.ClientSession(timeout=self.timeout, headers=self._headers)
+            self._session_loop = loop
         return self._session
 
     def _pick(self, session_id: str | None, exclude: set[int]) -> int:
@@ -348,9 +353,16 @@ class SGLangBackend(BatchedSamplesBackend):
     def load(self) -> list[dict[str, Any]]:
         return [dataclasses.asdict(s) for s in self.servers]
 
-    async def aclose(self) -> None:
-        if self._session is not None and not self._session.closed:
+    async def close_http(self) -> None:
+        """Close this event loop's HTTP session (call it before the loop ends when the backend
+        will be used from another loop; the next request opens a new session)."""
+        if (self._session is not None and not self._session.closed
+                and self._session_loop is asyncio.get_running_loop()):
             await self._session.close()
+        self._session = None
+
+    async def aclose(self) -> None:
+        await self.close_http()
         for proc in self._launched:
             if proc.poll() is None:
                 proc.terminate()

@@ -29,7 +29,7 @@ def base_config() -> ConfigDict:
     c.env.max_restarts = 3  # a server started here that dies is restarted this often at most
 
     c.rollout = ConfigDict()
-    c.rollout.backend = "embedded"  # embedded | sglang
+    c.rollout.backend = "embedded"  # embedded | engine_servers (a process per replica) | sglang
     c.rollout.urls = ""  # sglang servers, comma-separated
     c.rollout.api_key = ""  # sglang servers' --api-key ("": $AGENTRL_ROLLOUT_API_KEY, else none)
     c.rollout.max_batch = 64  # engine slots

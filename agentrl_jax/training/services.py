@@ -175,19 +175,9 @@ def prefill_kv_buckets(value: Any) -> tuple[int, ...] | None:
     """``rollout.prefill_kv_buckets`` as ``EngineConfig.prefill_kv_buckets``: ``""`` -> ``()``
     (the whole row), ``"auto"`` -> ``None`` (powers of two), ``"512,1024"`` / a sequence ->
     those lengths."""
-    if value in (None, "", ()):
-        return ()
-    if value == "auto":
-        return None
-    items = value.split(",") if isinstance(value, str) else list(value)
-    try:
-        lengths = tuple(int(x) for x in items if str(x).strip())
-    except ValueError:
-        raise ValueError(f"rollout.prefill_kv_buckets must be '', 'auto' or a comma list of "
-                         f"lengths, got {value!r}") from None
-    if not lengths or min(lengths) < 1:
-        raise ValueError(f"rollout.prefill_kv_buckets: lengths must be >= 1, got {value!r}")
-    return lengths
+    from agentrl_jax.rollout.engine_config import parse_prefill_kv_buckets
+
+    return parse_prefill_kv_buckets(value, "rollout.prefill_kv_buckets")
 
 
 #: the learner's length buckets on the CPU backend: multiples of this many tokens
@@ -242,11 +232,16 @@ def engine_device_groups(config: Any) -> list[list[Any]]:
 def make_backend(config: Any, model: Any, tokenizer: Any, model_path: str | None,
                  episodes: int | None = None) -> Any:
     """The rollout backend named by ``config.rollout.backend``; ``episodes``: the most episodes
-    one round has (sizes the embedded engine, see :func:`engine_slots`)."""
+    one round has (sizes the embedded engine, see :func:`engine_slots`).
+
+    ``embedded``: one engine per local device group in this process (``EngineReplicas`` when
+    there are several); ``engine_servers``: the same engines, each in its own server process
+    (``rollout/engine_servers.py``: no GIL shared between replicas; weights sync through a
+    safetensors export); ``sglang``: external servers at ``rollout.urls``."""
     from agentrl_jax.rollout.base import create_backend
 
     rollout = config.rollout
-    if rollout.backend == "embedded":
+    if rollout.backend in ("embedded", "engine_servers"):
         from agentrl_jax.rollout.engine import Engine, EngineConfig
 
         model_config = model.cfg if hasattr(model, "cfg") else None
@@ -264,6 +259,16 @@ def make_backend(config: Any, model: Any, tokenizer: Any, model_path: str | None
             prefill_kv_buckets=prefill_kv_buckets(rollout.get("prefill_kv_buckets", "")))
         engine_kwargs.update(engine_prefill(groups[0][0].platform))
         engine_config = EngineConfig(**engine_kwargs)
+        if rollout.backend == "engine_servers":
+            import jax
+
+            from agentrl_jax.rollout.engine_servers import EngineServers
+
+            local = jax.local_devices()  # a server's devices: positions in this list
+            return EngineServers(model, engine_config, [[local.index(d) for d in g]
+                                                        for g in groups],
+                                 groups[0][0].platform, tokenizer=tokenizer,
+                                 api_key=rollout.get("api_key") or None)
         if len(groups) == 1:
             return Engine(model, engine_config, tokenizer=tokenizer, model_path=model_path,
                           devices=groups[0])
@@ -278,7 +283,8 @@ def make_backend(config: Any, model: Any, tokenizer: Any, model_path: str | None
             raise ValueError("rollout.backend='sglang' needs rollout.urls (comma-separated)")
         # rollout.api_key (or $AGENTRL_ROLLOUT_API_KEY): servers started with --api-key
         return create_backend("sglang", urls=urls, api_key=rollout.get("api_key") or None)
-    raise ValueError(f"unknown rollout backend {rollout.backend!r} (embedded, sglang)")
+    raise ValueError(f"unknown rollout backend {rollout.backend!r} (embedded, engine_servers, "
+                     "sglang)")
 
 
 def describe_backend(backend: Any, episodes: int | None = None) -> str:

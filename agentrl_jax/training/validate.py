@@ -22,7 +22,7 @@ from agentrl_jax.training.services import _as_list
 #: exit code of ``launch/run.py`` / ``launch/eval.py`` for an invalid config (as for bad usage)
 EXIT_BAD_CONFIG = 2
 
-ROLLOUT_BACKENDS = ("embedded", "sglang")
+ROLLOUT_BACKENDS = ("embedded", "engine_servers", "sglang")
 HORIZON_TYPES = ("scaling_inter", "fixed")
 ENGINE_DTYPES = ("", "float32", "bfloat16")
 

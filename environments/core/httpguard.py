@@ -14,6 +14,7 @@
 
 ``run_app`` serves an application with all of the above until SIGINT / SIGTERM (what the CLIs
 use); ``GuardedSite`` is the listening site alone (for ``AppRunner`` users such as tests).
+``exit_with_parent`` shuts a server down once the process that launched it is gone.
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ import dataclasses
 import hmac
 import ipaddress
 import logging
+import os
+import signal
 import socket
 from typing import Any, Awaitable, Callable
 
@@ -307,3 +310,12 @@ def raise_nofile_limit(wanted: int) -> int:
         except (ValueError, OSError):
             pass
     return soft
+
+
+async def exit_with_parent(parent_pid: int, interval: float = 1.0) -> None:
+    """Shut down (SIGTERM to ourselves: a graceful exit) once the parent process ``parent_pid``
+    is gone, so a launcher that dies without stopping its servers leaves nothing behind."""
+    while os.getppid() == parent_pid:
+        await asyncio.sleep(interval)
+    log.warning("parent process %d exited; shutting down", parent_pid)
+    os.kill(os.getpid(), signal.SIGTERM)

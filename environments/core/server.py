@@ -27,15 +27,14 @@ import asyncio
 import concurrent.futures
 import functools
 import logging
-import os
 import re
-import signal
 from typing import Any, Callable, TypeVar
 
 from aiohttp import web
 
 from environments.core import jsonio
-from environments.core.httpguard import DEFAULT_READ_TIMEOUT_S, GuardError, Limits, api_key_middleware, read_body
+from environments.core.httpguard import (DEFAULT_READ_TIMEOUT_S, GuardError, Limits, api_key_middleware,
+                                         exit_with_parent, read_body)
 from environments.core.base import InvalidTaskError, ResetResult, StepResult, TaskCatalog
 from environments.core.sessions import CapacityError, Session, SessionTable, Stats
 from environments.registry import Family
@@ -170,7 +169,7 @@ class EnvServer:
         self.catalog = await self.call(self.family.catalog_factory)
         background = [asyncio.create_task(self._reap_forever())]
         if self.parent_pid is not None:
-            background.append(asyncio.create_task(self._exit_with_parent(self.parent_pid)))
+            background.append(asyncio.create_task(exit_with_parent(self.parent_pid)))
         log.info("serving family %s", self.family.name)
         yield
         for task in background:
@@ -189,15 +188,6 @@ class EnvServer:
                 if self.sessions.pop(session.env_id) is session:
                     self.stats.sessions_reaped += 1
                     await self._close_session(session)
-
-    @staticmethod
-    async def _exit_with_parent(parent_pid: int) -> None:
-        """Shut down (SIGTERM to ourselves: a graceful exit) once the parent process is gone, so
-        a launcher that dies without stopping its servers leaves nothing behind."""
-        while os.getppid() == parent_pid:
-            await asyncio.sleep(1.0)
-        log.warning("parent process %d exited; shutting down", parent_pid)
-        os.kill(os.getpid(), signal.SIGTERM)
 
     async def _close_session(self, session: Session) -> None:
         if session.closed:
