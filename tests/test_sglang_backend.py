@@ -178,3 +178,48 @@ async def test_api_key_on_generation_and_weight_updates(model, tmp_path, monkeyp
     finally:
         thread.stop()
         engine.close()
+
+
+async def test_many_concurrent_requests_reach_the_server_at_once():
+    """256 concurrent episodes must put 256 requests in the servers' schedulers, not
+    aiohttp's default 100 at a time (half-empty decode batches). The stub server answers only
+    once ``wanted`` requests are open at the same time."""
+    from aiohttp import web
+
+    wanted = 150
+    arrived = asyncio.Event()
+    open_now, most = 0, 0
+
+    async def generate(request: web.Request) -> web.Response:
+        nonlocal open_now, most
+        body = await request.json()
+        open_now += 1
+        most = max(most, open_now)
+        if open_now >= wanted:
+            arrived.set()
+        try:
+            await asyncio.wait_for(arrived.wait(), 5.0)
+        except asyncio.TimeoutError:
+            return web.json_response({"error": {"message": "never all open"}}, status=400)
+        finally:
+            open_now -= 1
+        return web.json_response({"output_ids": [7], "text": "x", "meta_info": {
+            "id": body["rid"], "finish_reason": {"type": "length"}, "prompt_tokens": 3,
+            "output_token_logprobs": [[-0.5, 7, None]]}})
+
+    app = web.Application()
+    app.router.add_post("/generate", generate)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    url = f"http://127.0.0.1:{runner.addresses[0][1]}"
+    try:
+        async with SGLangBackend([url], max_retries=0) as backend:
+            results = await asyncio.gather(*[backend.generate([1, 2, 3], SamplingParams(
+                max_new_tokens=1), session_id=f"s{i}") for i in range(wanted)])
+        assert most == wanted and all(r.output_ids == [7] for r in results)
+        with pytest.raises(ValueError, match="max_connections"):
+            SGLangBackend([url], max_connections=-1)
+    finally:
+        await runner.cleanup()

@@ -66,6 +66,8 @@ class SGLangBackend(BatchedSamplesBackend):
     (our server uses it for its prefix cache; SGLang ignores unknown fields). api_key: sent as
     ``Authorization: Bearer <key>`` on every request (servers started with ``--api-key``);
     default: the ``AGENTRL_ROLLOUT_API_KEY`` environment variable, else none.
+    max_connections: requests in flight at once over all servers (0: no limit; every
+    concurrent episode's request reaches a server's scheduler at once).
     """
 
     name = "sglang"
@@ -76,7 +78,7 @@ class SGLangBackend(BatchedSamplesBackend):
                  export_dtype: str | None = "bfloat16", tokenizer: Any = None,
                  send_session_id: bool = True, max_sessions: int = 100_000,
                  down_time_s: float = 5.0, launched: list[subprocess.Popen] | None = None,
-                 api_key: str | None = None):
+                 api_key: str | None = None, max_connections: int = 0):
         if isinstance(urls, str):
             urls = [u for u in urls.split(",") if u]
         if not urls:
@@ -91,6 +93,9 @@ class SGLangBackend(BatchedSamplesBackend):
         self.send_session_id = send_session_id
         self.max_sessions = max_sessions
         self.down_time_s = down_time_s
+        if max_connections < 0:
+            raise ValueError(f"max_connections must be >= 0 (0: no limit), got {max_connections}")
+        self.max_connections = max_connections
         api_key = api_key if api_key is not None else os.environ.get(API_KEY_ENV) or None
         self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self.weight_version: str | None = None
@@ -120,7 +125,11 @@ class SGLangBackend(BatchedSamplesBackend):
         from another loop, e.g. successive ``asyncio.run`` calls)."""
         loop = asyncio.get_running_loop()
         if self._session is None or self._session.closed or self._session_loop is not loop:
-            self._session = aiohttp.ClientSession(timeout=self.timeout, headers=self._headers)
+            # aiohttp's default connector allows 100 connections in all: 256 concurrent
+            # episodes would reach the servers 100 at a time (half-empty decode batches)
+            connector = aiohttp.TCPConnector(limit=self.max_connections)
+            self._session = aiohttp.ClientSession(timeout=self.timeout, headers=self._headers,
+                                                  connector=connector)
             self._session_loop = loop
         return self._session
 
