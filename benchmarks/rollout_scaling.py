@@ -236,6 +236,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                       flush=True)
             else:
                 run["engine_stats"] = backend.stats_dict
+                run["engine_stats_per_replica"] = [r.stats.as_dict() for r in backend.replicas]
         finally:
             backend.close()
         report["runs"][str(n)] = run

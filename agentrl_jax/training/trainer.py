@@ -379,9 +379,10 @@ class Trainer:
                     backend = services.make_backend(cfg, policy, tokenizer, model_path)
                 astack.push_async_callback(services.close_backend, backend)
                 self._say(services.describe_backend(backend))
-                if resumed and cfg.rollout.backend != "embedded":
+                if resumed and cfg.rollout.backend == "sglang":
                     # SGLang servers outlive the trainer: they still serve whatever was synced
-                    # last (possibly a step after the checkpoint, or the base model)
+                    # last (possibly a step after the checkpoint, or the base model); engine
+                    # servers were just started from the restored policy
                     with timed(self._say, f"loading the step-{start_step} weights into the "
                                           "rollout servers"):
                         await self._sync_weights(backend, learner, start_step)
@@ -485,9 +486,11 @@ class Trainer:
             if self.config.rollout.backend == "embedded":
                 await backend.update_weights(distributed.local_replica(learner.params),
                                              version=str(step))
-            else:  # SGLang servers load one export: written and announced by process 0
+            else:
+                # External SGLang servers load one export, written and announced by process 0;
+                # engine servers belong to their process: each process updates its own.
                 policy = distributed.local_policy(learner)
-                if self.is_main:
+                if self.is_main or self.config.rollout.backend == "engine_servers":
                     await backend.update_weights(policy, version=str(step))
                 distributed.barrier(f"sync_weights:{step}")
             return
