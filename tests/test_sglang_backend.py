@@ -223,3 +223,45 @@ async def test_many_concurrent_requests_reach_the_server_at_once():
             SGLangBackend([url], max_connections=-1)
     finally:
         await runner.cleanup()
+
+
+async def test_new_sessions_spread_by_count_even_when_one_server_is_faster():
+    """Sticky sessions fill each server's cache: a server that answers faster must not collect
+    more new sessions (with least-in-flight routing alone the fast stub gets most of them)."""
+    from aiohttp import web
+
+    delays = [0.001, 0.05]  # the first stub answers 50x faster
+
+    def stub(delay: float):
+        async def generate(request: web.Request) -> web.Response:
+            body = await request.json()
+            await asyncio.sleep(delay)
+            return web.json_response({"output_ids": [7], "meta_info": {
+                "id": body["rid"], "finish_reason": {"type": "length"}, "prompt_tokens": 3,
+                "output_token_logprobs": [[-0.5, 7, None]]}})
+        app = web.Application()
+        app.router.add_post("/generate", generate)
+        return app
+
+    runners = []
+    for delay in delays:
+        runner = web.AppRunner(stub(delay))
+        await runner.setup()
+        await web.TCPSite(runner, "127.0.0.1", 0).start()
+        runners.append(runner)
+    urls = [f"http://127.0.0.1:{r.addresses[0][1]}" for r in runners]
+    try:
+        async with SGLangBackend(urls, max_retries=0) as backend:
+            async def episode(i: int) -> None:
+                await asyncio.sleep(0.002 * i)  # episodes start one after another
+                for _ in range(3):
+                    await backend.generate([1, 2, 3], SamplingParams(max_new_tokens=1),
+                                           session_id=f"ep{i}")
+            await asyncio.gather(*[episode(i) for i in range(60)])
+            assert backend.pinned_sessions() == [30, 30]
+            assert [s.served for s in backend.servers] == [90, 90]  # each session stayed put
+            backend.end_session("ep0")
+            assert sum(backend.pinned_sessions()) == 59
+    finally:
+        for runner in runners:
+            await runner.cleanup()

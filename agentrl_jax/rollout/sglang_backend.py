@@ -1,8 +1,10 @@
 """Rollout backend over one or several SGLang-API servers (real SGLang, or our own server).
 
 * Routing: a request of a known ``session_id`` goes to the server that served the session
-  before (sticky, so that server's prefix / radix cache hits); otherwise to the healthy server
-  with the fewest requests in flight.
+  before (sticky, so that server's prefix / radix cache hits); a new session to the healthy
+  server with the fewest sessions pinned (then the fewest requests in flight), so no server
+  holds more sessions than its cache has rows while another has room; a request without a
+  session to the healthy server with the fewest requests in flight.
 * Robustness: connection errors, 502/503/504 answers and timeouts are retried with exponential
   backoff (honouring ``Retry-After``), on another server when the first one is marked down;
   a 4xx answer raises ``InvalidRequestError`` at once.
@@ -100,6 +102,7 @@ class SGLangBackend(BatchedSamplesBackend):
         self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self.weight_version: str | None = None
         self._sticky: collections.OrderedDict[str, int] = collections.OrderedDict()
+        self._pinned = [0] * len(self.servers)  # sessions in _sticky per server
         self._session: aiohttp.ClientSession | None = None
         self._session_loop: asyncio.AbstractEventLoop | None = None
         self._launched = list(launched or [])
@@ -146,16 +149,43 @@ class SGLangBackend(BatchedSamplesBackend):
         if not candidates:
             candidates = [i for i in range(len(self.servers)) if i not in exclude] or \
                 list(range(len(self.servers)))
-        least = min(self.servers[i].inflight for i in candidates)
-        ties = [i for i in candidates if self.servers[i].inflight == least]
+        # a new session goes where the fewest sessions are pinned (each server caches one KV
+        # prefix per session: more sessions than slots evict each other's prefixes), then to
+        # the fewest requests in flight; a request without a session by load alone
+        def load(i: int) -> tuple[int, int]:
+            pinned = self._pinned[i] if session_id is not None else 0
+            return pinned, self.servers[i].inflight
+
+        least = min(load(i) for i in candidates)
+        ties = [i for i in candidates if load(i) == least]
         self._rr += 1
         choice = ties[self._rr % len(ties)]
         if session_id is not None:
-            self._sticky[session_id] = choice
-            self._sticky.move_to_end(session_id)
-            while len(self._sticky) > self.max_sessions:
-                self._sticky.popitem(last=False)
+            self._pin(session_id, choice)
         return choice
+
+    def _pin(self, session_id: str, server: int) -> None:
+        """Pin ``session_id`` to ``server`` (the least recently used pin beyond
+        ``max_sessions`` is forgotten)."""
+        self._unpin(session_id)
+        self._sticky[session_id] = server
+        self._pinned[server] += 1
+        while len(self._sticky) > self.max_sessions:
+            _, old = self._sticky.popitem(last=False)
+            self._pinned[old] -= 1
+
+    def _unpin(self, session_id: str) -> None:
+        server = self._sticky.pop(session_id, None)
+        if server is not None:
+            self._pinned[server] -= 1
+
+    def end_session(self, session_id: str) -> None:
+        """Forget a finished session's pin (its server may evict the cached prefix)."""
+        self._unpin(session_id)
+
+    def pinned_sessions(self) -> list[int]:
+        """Sessions pinned to each server (those seen in the last ``max_sessions``)."""
+        return list(self._pinned)
 
     def _mark_down(self, i: int) -> None:
         s = self.servers[i]
@@ -201,7 +231,7 @@ class SGLangBackend(BatchedSamplesBackend):
                 self._mark_down(i)
                 tried.add(i)
                 if session_id is not None:
-                    self._sticky.pop(session_id, None)
+                    self._unpin(session_id)
             finally:
                 s.inflight -= 1
             if attempt == self.max_retries:
@@ -294,6 +324,7 @@ class SGLangBackend(BatchedSamplesBackend):
         await asyncio.gather(*[self._post_one(i, "/flush_cache", {})
                                for i in range(len(self.servers))])
         self._sticky.clear()
+        self._pinned = [0] * len(self.servers)
 
     async def update_weights(self, params: Any = None, *, path: str | None = None,
                              version: str | None = None, tokenizer: Any = None,
