@@ -1,7 +1,8 @@
 """One rollout-server process per device group (rollout/engine_servers.py), on CPU.
 
-Two real server processes serve a tiny random model: their greedy outputs must equal a plain
-argmax loop over the same weights, a session must stay on its server (and reuse its KV prefix
+Two real server processes serve a tiny random model (one on a single device, one
+tensor-parallel over two): their greedy outputs must equal a plain argmax loop over the same
+weights, a session must stay on its server (and reuse its KV prefix
 there), sessions must spread over both servers, a weight update must reach both, and closing
 must stop the processes and remove the weight exports.
 """
@@ -55,9 +56,23 @@ def test_device_environment_maps_through_the_visible_gpus(monkeypatch):
         device_environment([0], "gpu", 1.5)
 
 
+def test_server_refuses_more_tensor_parallel_devices_than_it_has():
+    import subprocess
+    import sys
+
+    env = dict(os.environ, JAX_PLATFORMS="cpu",
+               XLA_FLAGS="--xla_force_host_platform_device_count=2")
+    proc = subprocess.run([sys.executable, "-m", "agentrl_jax.rollout.server", "--model",
+                           "/nonexistent", "--tensor-parallel", "3"], env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode != 0
+    assert "--tensor-parallel 3: this process has 2 local device(s)" in proc.stderr
+
+
 @pytest.fixture(scope="module")
 def servers():
-    backend = EngineServers(tiny_model(seed=0), CONFIG, [[0], [0]], "cpu",
+    # the second server shards its engine over 2 devices (tensor parallel)
+    backend = EngineServers(tiny_model(seed=0), CONFIG, [[0], [1, 2]], "cpu",
                             tokenizer=byte_tokenizer(TINY.vocab_size), startup_timeout=300)
     yield backend
     backend.close()
@@ -77,6 +92,8 @@ def test_two_server_processes_generate_what_the_weights_say(servers):
     for prompt, result in zip(prompts, results):
         assert result.output_ids == reference_greedy(model, prompt, 8)
     assert servers.num_replicas == 2 and servers.total_slots == 8
+    devices = [info["devices"] for info in asyncio.run(servers.server_info())]
+    assert [len(d) for d in devices] == [1, 2]  # the second server is tensor parallel
     assert all(s.served > 0 for s in servers.servers)  # 4 sessions spread over both
 
 

@@ -13,7 +13,8 @@ episode returns to the server holding its KV prefix; retries; least-loaded routi
   directory in shared memory (``/dev/shm`` when it has room, else the temporary directory);
   every server loads it and may later load weights from that directory only.
 * **Placement.** Server ``i`` sees only its group's GPUs (``CUDA_VISIBLE_DEVICES``, mapped
-  through this process's own list); on CPU every server is a one-device CPU process (tests).
+  through this process's own list) and shards its engine over them (``--tensor-parallel``);
+  on CPU a server is a CPU process with as many virtual devices as its group has (tests).
   Servers do not preallocate GPU memory (``XLA_PYTHON_CLIENT_PREALLOCATE=false``) unless
   ``mem_fraction`` is given: a trainer process that preallocated 75% of each GPU leaves the
   servers the rest.
@@ -68,7 +69,8 @@ def device_environment(group: Sequence[int], platform: str,
     """Environment variables that give a server process only the devices ``group`` (local
     device ids of this process: positions in its own ``CUDA_VISIBLE_DEVICES`` list)."""
     if platform == "cpu":
-        return {"JAX_PLATFORMS": "cpu", "XLA_FLAGS": "--xla_force_host_platform_device_count=1"}
+        return {"JAX_PLATFORMS": "cpu",
+                "XLA_FLAGS": f"--xla_force_host_platform_device_count={len(group)}"}
     if platform != "gpu":
         raise ValueError(f"engine server processes support GPU and CPU devices, not {platform!r}"
                          " (on TPU use rollout.backend='embedded')")
@@ -129,13 +131,14 @@ class EngineServers(SGLangBackend):
                                         tokenizer=tokenizer, dtype=dtype)
             flags = server_flags(config) + ["--model", initial, "--weights-dir", export_root,
                                             "--log-level", "warning"]
-            envs = [device_environment(g, platform, mem_fraction) for g in self.groups]
             # start every server at once (each loads and compiles for a while), then wait
-            with concurrent.futures.ThreadPoolExecutor(len(envs)) as pool:
-                futures = [pool.submit(start_env_server, "rollout", extra_args=flags, env=env,
+            with concurrent.futures.ThreadPoolExecutor(len(self.groups)) as pool:
+                futures = [pool.submit(start_env_server, "rollout",
+                                       extra_args=flags + ["--tensor-parallel", str(len(g))],
+                                       env=device_environment(g, platform, mem_fraction),
                                        startup_timeout=startup_timeout,
                                        module="agentrl_jax.rollout.server")
-                           for env in envs]
+                           for g in self.groups]
                 errors = []
                 for f in futures:
                     try:
@@ -182,11 +185,14 @@ class EngineServers(SGLangBackend):
     def total_slots(self) -> int:
         return self.config.max_batch * len(self.processes)
 
+    async def server_info(self) -> list[dict[str, Any]]:
+        """Each server's ``/get_server_info`` (engine config, devices, ``stats`` counters)."""
+        return list(await asyncio.gather(*[self._get_json(i, "/get_server_info")
+                                           for i in range(len(self.servers))]))
+
     async def server_stats(self) -> list[dict[str, Any]]:
         """Each server's engine counters (``/get_server_info`` ``stats``)."""
-        infos = await asyncio.gather(*[self._get_json(i, "/get_server_info")
-                                       for i in range(len(self.servers))])
-        return [info.get("stats", {}) for info in infos]
+        return [info.get("stats", {}) for info in await self.server_info()]
 
     async def _get_json(self, i: int, path: str) -> dict[str, Any]:
         import json

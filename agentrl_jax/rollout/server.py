@@ -438,6 +438,7 @@ class RolloutServer:
                               for k, v in vars(cfg).items()},
             "dtype": self.engine.model_config.dtype, "weight_version": self.engine.weight_version,
             "paused": self.engine.paused, "load": self.engine.load(),
+            "devices": [str(d) for d in self.engine.placement.devices],
             "stats": self.engine.stats.as_dict(), "uptime_s": time.time() - self.started})
 
     async def flush_cache(self, request: web.Request) -> web.Response:
@@ -753,6 +754,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--prefill-kv-buckets", default="",
                    help="'' (whole row), 'auto' or a comma list of lengths "
                         "(EngineConfig.prefill_kv_buckets)")
+    p.add_argument("--tensor-parallel", type=int, default=1,
+                   help="shard the engine over this process's first N local devices")
     p.add_argument("--parent-pid", type=int, default=None,
                    help="shut down when this process is gone (engine_servers sets it)")
     p.add_argument("--max-body-mb", type=float, default=DEFAULT_MAX_BODY_BYTES / 2**20)
@@ -771,6 +774,12 @@ def main(argv: list[str] | None = None) -> None:
                max_connections=args.max_connections, api_key=args.api_key)
     except ValueError as e:
         raise SystemExit(f"error: {e}") from None
+    import jax
+
+    devices = jax.local_devices()
+    if not 1 <= args.tensor_parallel <= len(devices):
+        raise SystemExit(f"error: --tensor-parallel {args.tensor_parallel}: this process has "
+                         f"{len(devices)} local device(s)")
     from agentrl_jax.models.pretrained import load_pretrained
 
     pretrained = load_pretrained(args.model)
@@ -780,8 +789,8 @@ def main(argv: list[str] | None = None) -> None:
                           prefill_tokens=args.prefill_tokens, max_queue=args.max_queue,
                           seed=args.seed, decode_attention=args.decode_attention,
                           prefill_kv_buckets=parse_prefill_kv_buckets(args.prefill_kv_buckets))
-    log.info("compiling the engine (%s)", config)
-    engine = Engine(pretrained, config)
+    log.info("compiling the engine (%s) on %d device(s)", config, args.tensor_parallel)
+    engine = Engine(pretrained, config, devices=devices[:args.tensor_parallel])
     server = RolloutServer(engine, model_path=pretrained.path,
                            served_model_name=args.served_model_name,
                            max_body_bytes=int(args.max_body_mb * 2**20), api_key=args.api_key,
