@@ -143,7 +143,7 @@ class EngineServers(SGLangBackend):
                 for f in futures:
                     try:
                         self.processes.append(f.result())
-                    except Exception as e:  # noqa: BLE001 -- reported together below
+                    except Exception as e:  # noqa: BLE001 -- the first one is raised below
                         errors.append(e)
                 if errors:
                     raise errors[0]
