@@ -1,12 +1,14 @@
-"""Compile time of the sharded random initialiser (``init_model(cfg, seed, mesh=...)``).
+"""Time to create a sharded random model (``init_model(cfg, seed, mesh=...)``) over all local devices.
 
-    python benchmarks/init_compile.py --shape qwen2.5-7b --variants key_argument
-    python benchmarks/init_compile.py --shape qwen2.5-1.5b --variants constant_seed,key_argument
+    python benchmarks/init_compile.py --shape qwen2.5-7b --variants init_host
+    python benchmarks/init_compile.py --shape qwen2.5-1.5b --variants constant_seed,key_argument,init_host
 
-``constant_seed``: the seed closed over by the jitted initialiser (every input of the program is
-a compile-time constant, so XLA may try to constant-fold the random draws: a Qwen2.5-7B shape
-took 5 min 49 s to compile on an H200); ``key_argument``: the PRNG key passed as an argument (what
-``init_model`` does). Only ``lower().compile()`` is timed: nothing is allocated or run.
+Compile only (nothing allocated or run): ``constant_seed``, the seed closed over by the jitted
+initialiser (``init_model(..., initialise_on="device")``; a Qwen2.5-7B shape took 5 min 49 s
+to compile on an H200); ``key_argument``, the PRNG key passed as an argument instead.
+Whole calls, until every parameter is on its devices: ``init_device`` and ``init_host``
+(``init_model(..., initialise_on=...)``: drawn under jit in the sharding, or on the host CPU
+then placed slice by slice).
 """
 
 from __future__ import annotations
@@ -49,7 +51,7 @@ def main() -> None:
     _, abstract_state = nnx.split(abstract_model(cfg))
     shardings = state_shardings(abstract_state, mesh, DEFAULT_RULES)
     report = {"shape": args.shape, "device": f"{devices[0].device_kind} x {len(devices)}",
-              "compile_s": {}}
+              "seconds": {}}
     for variant in args.variants.split(","):
         t0 = time.perf_counter()
         if variant == "constant_seed":
@@ -60,10 +62,17 @@ def main() -> None:
             fn = jax.jit(lambda key: nnx.split(CausalLM(cfg, rngs=nnx.Rngs(key)))[1],
                          out_shardings=shardings)
             fn.lower(jax.random.key(0)).compile()
+        elif variant in ("init_device", "init_host"):
+            from agentrl_jax.models.llama import init_model
+
+            model = init_model(cfg, 0, mesh, initialise_on=variant.removeprefix("init_"))
+            jax.block_until_ready(nnx.state(model))
+            del model
         else:
             raise SystemExit(f"unknown variant {variant!r}")
-        report["compile_s"][variant] = time.perf_counter() - t0
-        print(f"{args.shape} {variant}: compiled in {report['compile_s'][variant]:.1f} s on "
+        report["seconds"][variant] = time.perf_counter() - t0
+        what = "created" if variant.startswith("init_") else "compiled"
+        print(f"{args.shape} {variant}: {what} in {report['seconds'][variant]:.1f} s on "
               f"{report['device']}", flush=True)
     if args.json:
         with open(args.json, "w") as f:

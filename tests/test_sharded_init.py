@@ -57,11 +57,14 @@ def shard_bytes(x: jax.Array) -> set[int]:
     return {s.data.nbytes for s in x.addressable_shards}
 
 
+@pytest.mark.parametrize("initialise_on", ["device", "host"])
 @pytest.mark.parametrize("axes", [dict(fsdp=8), dict(fsdp=4, tensor=2), dict(data=2, fsdp=4)])
-def test_sharded_random_init_has_the_unsharded_values_and_is_split_at_creation(axes):
+def test_sharded_random_init_has_the_unsharded_values_and_is_split_at_creation(axes, initialise_on):
+    """``device``: drawn under jit in the sharding; ``host``: drawn on the host CPU, then each
+    device gets its slice (what GPUs use: the device program compiles for minutes there)."""
     cfg = tiny_cfg()
     mesh = make_mesh(**axes)
-    sharded = init_model(cfg, seed=3, mesh=mesh)
+    sharded = init_model(cfg, seed=3, mesh=mesh, initialise_on=initialise_on)
     eager = init_model(cfg, seed=3)  # the old path: whole, on device 0
     jitted = jax.jit(lambda: nnx.split(CausalLM(cfg, rngs=nnx.Rngs(3)))[1])()
     want_shardings = jax.tree.leaves(state_shardings(nnx.state(eager, nnx.Param), mesh))
@@ -85,6 +88,11 @@ def test_sharded_random_init_has_the_unsharded_values_and_is_split_at_creation(a
     w = np.asarray(sharded.layers[0].mlp.up_proj.kernel[...])
     assert 0.015 < w.std() < 0.025 and abs(w.mean()) < 0.005
     np.testing.assert_array_equal(np.asarray(sharded.final_norm.scale[...]), 1.0)
+
+
+def test_an_unknown_initialise_on_is_refused():
+    with pytest.raises(ValueError, match="initialise_on must be"):
+        init_model(tiny_cfg(), mesh=make_mesh(fsdp=8), initialise_on="gpu")
 
 
 def test_the_7b_shape_initialises_abstractly_in_its_sharding():

@@ -27,6 +27,7 @@ from typing import NamedTuple
 import flax.struct
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 
 from agentrl_jax.models.attention import chunked_causal_attention
@@ -345,21 +346,35 @@ class CausalLM(nnx.Module):
 
 
 def init_model(cfg: ModelConfig, seed: int = 0, mesh: jax.sharding.Mesh | None = None,
-               rules=None) -> CausalLM:
+               rules=None, initialise_on: str = "auto") -> CausalLM:
     """A randomly initialised model (weights ~ N(0, 0.02), norms 1).
 
     Without ``mesh`` every parameter is created whole on the default device. With ``mesh``
-    the parameters are created directly in their ``NamedSharding`` over it
+    the parameters end up in their ``NamedSharding`` over it
     (``agentrl_jax.sharding.rules.state_shardings`` with ``rules``, default the learner's
-    ``DEFAULT_RULES``): the initialiser runs under ``jax.jit`` with those ``out_shardings``, so
-    each device computes and holds only its own shard and no device ever holds the whole model
-    (a Qwen2.5-7B shape is 30 GB of float32). The values are those of the unsharded call with
-    the same ``seed``: the same ``nnx.Rngs`` key stream draws the same random bits, and with
-    ``jax_threefry_partitionable`` (the default) a sharded draw computes each shard's part of
-    them. Bitwise equal to the same initialiser jitted without shardings, whatever the mesh;
-    within 2 float32 ulps of the eager (``mesh=None``) call, whose ``normal(key) * 0.02`` XLA
-    evaluates op by op instead of fused (tests/test_sharded_init.py checks both).
+    ``DEFAULT_RULES``) and no accelerator ever holds the whole model (a Qwen2.5-7B shape is
+    30 GB of float32). ``initialise_on`` says where the random numbers are drawn:
+
+    - ``"device"``: the initialiser runs under ``jax.jit`` with those ``out_shardings``, so each
+      device computes only its own shard. Fast to run, but XLA's GPU compiler takes minutes
+      over this one program of a few hundred random draws (5 min 49 s for the 7B shape on an
+      H200, docs/PERFORMANCE.md).
+    - ``"host"``: the same jitted initialiser runs on the host CPU (it compiles in seconds
+      there; the host holds the whole float32 model once), then each parameter is placed in its
+      sharding with ``jax.make_array_from_callback``, every device receiving only its slice
+      (multi-process runs too: each process places its own devices' slices).
+    - ``"auto"`` (default): ``"host"`` when the mesh's devices are accelerators, else
+      ``"device"``.
+
+    The values are those of the unsharded call with the same ``seed``: the same ``nnx.Rngs``
+    key stream draws the same random bits, and with ``jax_threefry_partitionable`` (the
+    default) a sharded draw computes each shard's part of them. Bitwise equal to the same
+    initialiser jitted without shardings on the same platform, whatever the mesh; within 2
+    float32 ulps of the eager (``mesh=None``) call, whose ``normal(key) * 0.02`` XLA evaluates
+    op by op instead of fused (tests/test_sharded_init.py checks both).
     """
+    if initialise_on not in ("auto", "device", "host"):
+        raise ValueError(f"initialise_on must be 'auto', 'device' or 'host', got {initialise_on!r}")
     if mesh is None:
         return CausalLM(cfg, rngs=nnx.Rngs(seed))
     from agentrl_jax.sharding.rules import DEFAULT_RULES, state_shardings
@@ -370,8 +385,20 @@ def init_model(cfg: ModelConfig, seed: int = 0, mesh: jax.sharding.Mesh | None =
     def init() -> nnx.State:
         return nnx.split(CausalLM(cfg, rngs=nnx.Rngs(seed)))[1]
 
-    state = jax.jit(init, out_shardings=shardings)()
-    return nnx.merge(graphdef, state)
+    if initialise_on == "auto":
+        initialise_on = "device" if mesh.devices.flat[0].platform == "cpu" else "host"
+    if initialise_on == "device":
+        return nnx.merge(graphdef, jax.jit(init, out_shardings=shardings)())
+    with jax.default_device(jax.local_devices(backend="cpu")[0]):
+        host_state = jax.jit(init)()
+    host_leaves, treedef = jax.tree.flatten(host_state)
+    sharding_leaves = treedef.flatten_up_to(shardings)
+    placed = []
+    for index, sharding in enumerate(sharding_leaves):
+        host = np.asarray(host_leaves[index])
+        host_leaves[index] = None  # free each host copy once it is placed
+        placed.append(jax.make_array_from_callback(host.shape, sharding, lambda idx, h=host: h[idx]))
+    return nnx.merge(graphdef, jax.tree.unflatten(treedef, placed))
 
 
 def abstract_model(cfg: ModelConfig) -> CausalLM:
