@@ -169,3 +169,13 @@ def test_random_init_shapes_are_checked_by_the_model_configs_field_types():
     assert any(p.startswith("model.random_init.qk_norm: must be true or false") for p in problems)
     assert any(p.startswith("model.random_init.bogus: is not a ModelConfig field")
                for p in problems)
+
+
+def test_model_label_names_a_random_models_shape_and_tokenizer():
+    from agentrl_jax.training.config import model_label
+
+    assert model_label("smollm2", {}) == "smollm2"
+    assert model_label("qwen2.5-1.5b", None) == "qwen2.5-1.5b"
+    assert (model_label("smollm2", dict(num_layers=28, hidden_size=3584, num_heads=28))
+            == "random 28 layers x 3584 hidden (tokenizer of smollm2)")
+    assert model_label("smollm2", dict(vocab_size=512)) == "random model (tokenizer of smollm2)"

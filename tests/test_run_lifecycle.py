@@ -79,7 +79,7 @@ def finished_run(tmp_path_factory, compile_cache_env) -> tuple[str, str]:
 def test_every_long_phase_reports_progress(finished_run):
     workdir, out = finished_run
     phases = ["starting environment servers ['babyai', 'textcraft']",
-              "loading model smollm2 (random init)", "starting rollout backend embedded",
+              "loading model random 2 layers x 64 hidden (tokenizer of smollm2)", "starting rollout backend embedded",
               "compiling the train step (first update)", "saving checkpoint step 1"]
     for phase in phases:
         start, end = out.find(f"{phase} ...\n"), out.find(f"{phase} ... done in ")

@@ -141,3 +141,15 @@ def use_fixed_horizon(c: ConfigDict, turns: int) -> ConfigDict:
     c.horizon.type = "fixed"
     c.horizon.turns = turns
     return c
+
+
+def model_label(name: str, random_init) -> str:
+    """How progress lines and reports name the policy: ``name``, or for ``model.random_init``
+    a random model's shape and whose tokenizer it uses, e.g. ``"random 28 layers x 3584 hidden
+    (tokenizer of smollm2)"``."""
+    if not random_init:
+        return str(name)
+    shape = dict(random_init)
+    parts = [f"{shape[key]} {word}" for key, word in (("num_layers", "layers"),
+                                                      ("hidden_size", "hidden")) if key in shape]
+    return f"random {' x '.join(parts) or 'model'} (tokenizer of {name})"

@@ -26,6 +26,8 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from agentrl_jax.training.config import model_label
+
 REPORT_FILE = "report.md"
 CURVES_FILE = "report_curves.png"
 ERROR_STATUSES = ("env_error", "engine_error")
@@ -210,8 +212,7 @@ def build_report(run_dir: str, curves_name: str | None = CURVES_FILE,
              f"Workdir `{run_dir}`; written {time.strftime('%Y-%m-%d %H:%M')}."
              f" Browse every episode: `python -m agentrl_jax.viewer {run_dir}`.", ""]
     if cfg:
-        items = [("model", _cfg(cfg, "model.name")
-                  + (" (random init)" if _cfg(cfg, "model.random_init") else "")
+        items = [("model", model_label(_cfg(cfg, "model.name"), _cfg(cfg, "model.random_init"))
                   if _cfg(cfg, "model.name") else None),
                  ("environments", _cfg(cfg, "env.names")),
                  ("algorithm", _cfg(cfg, "learner.advantage_estimator")),

@@ -38,6 +38,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from agentrl_jax.training.config import model_label
 from agentrl_jax.training.experts import META_SUFFIX, answer_format, tokenizer_fingerprint
 from agentrl_jax.training.progress import (BAR, LINES, EpisodeProgress, format_seconds,
                                            timed)
@@ -177,8 +178,8 @@ class SFTRun:
         cfg, s = self.config, self.config.sft
         with open(os.path.join(self.workdir, "config.json"), "w") as f:
             f.write(cfg.to_json_best_effort(indent=2))
-        with timed(self._say, f"loading model {cfg.model.name}"
-                   + (" (random init)" if cfg.model.get("random_init") else "")):
+        with timed(self._say, "loading model "
+                   + model_label(cfg.model.name, cfg.model.get("random_init"))):
             model, tokenizer, _ = load_policy(cfg)
         pack = int(cfg.learner.get("pack_length", 0) or 0)
         files = data_files(s.data, services.env_names(cfg))

@@ -38,6 +38,7 @@ from agentrl_jax.agent.trajectory import STATUS_ENV_ERROR, Trajectory
 from agentrl_jax.algorithms.advantages import is_turn_level
 from agentrl_jax.training import distributed, hostmem, runlog, services
 from agentrl_jax.training.batching import assemble_batch, informative_groups
+from agentrl_jax.training.config import model_label
 from agentrl_jax.training.evaluation import EvalResult, evaluate, score_trajectories
 from agentrl_jax.training.progress import (BAR, LINES, OFF, EpisodeProgress, TurnCounter,
                                            format_seconds, timed)
@@ -338,8 +339,8 @@ class Trainer:
                         cfg, stack, on_event=lambda line: log.warning("%s", line))
                 self._say(services.describe_urls(urls))
                 clients = services.make_env_clients(urls, cfg, astack)
-                with timed(self._say, f"loading model {cfg.model.name}"
-                           + (" (random init)" if cfg.model.get("random_init") else "")):
+                with timed(self._say, "loading model "
+                           + model_label(cfg.model.name, cfg.model.get("random_init"))):
                     learner, model, tokenizer, model_path = load_learner(
                         cfg, checkpoint_dir=os.path.join(self.workdir, "checkpoints"),
                         max_to_keep=int(cfg.train.get("keep_checkpoints", 3)),
