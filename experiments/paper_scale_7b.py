@@ -4,8 +4,10 @@ BabyAI, 32 tasks x 8 samples, a fixed 13-turn horizon.
 Timed with ``benchmarks/rl_step.py --config experiments/paper_scale_7b.py --variants packed``
 (``benchmarks/scaling_step_gpu.sh`` runs it) on the GPUs of ``CUDA_VISIBLE_DEVICES``: the
 learner shards over every visible GPU (``learner.mesh``: FSDP) and the embedded engine runs a
-bf16 replica on each of them (``rollout.engine_replicas=0``). 4 (or more) H100 80GB fit it,
-1 and 2 do not; 2 (or more) H200 141GB fit it (table below). Random weights: actions are
+bf16 replica on each of them (``rollout.engine_replicas=0``). By the estimate below 4 (or more)
+H100 80GB fit it, 1 and 2 do not, and 2 (or more) H200 141GB fit it; but on 4 H200s the
+measured peak was 110.5 GiB per GPU against the estimated 60.2 (docs/PERFORMANCE.md, session 7:
+steady step 67.3 s), so the estimate misses a large term and "4 H100 fit" is unverified. Random weights: actions are
 rarely valid, rewards are 0 and every episode runs 13 turns of up to 24 tokens;
 ``train.skip_flat_groups`` is off so that the update runs (on zero advantages) and is timed.
 Results: docs/PERFORMANCE.md.
