@@ -229,7 +229,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 per_server = run_in_loop(backend.server_stats(), backend)
                 run["engine_stats"] = merge_stats(per_server)
                 run["engine_stats_per_replica"] = per_server
-                run["pinned_sessions"] = backend.pinned_sessions()
+                run["sessions_placed"] = backend.sessions_placed()
+                run["pinned_sessions"] = backend.pinned_sessions()  # not ended: 0 after a rollout
                 t1 = time.perf_counter()
                 run_in_loop(backend.update_weights(model), backend)
                 run["weight_sync_s"] = time.perf_counter() - t1

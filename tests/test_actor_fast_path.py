@@ -220,6 +220,8 @@ async def test_worker_processes_give_the_in_process_trajectories(tokenizer, baby
             return await generate(*a, **k)
 
         backend.generate = counted
+        ended: list[str] = []
+        backend.end_session = ended.append  # the parent ends each session the workers finish
         pool = ActorPool(backend, {"babyai": client}, ChatFormatter(tokenizer),
                          SamplingParams(max_new_tokens=32, stop=["\n"]), max_context=1500,
                          max_concurrency=32, parser=get_parser("react"), prompt_style="action",
@@ -234,6 +236,7 @@ async def test_worker_processes_give_the_in_process_trajectories(tokenizer, baby
             pool.close()
     assert len(fast) == len(reference) == 30 and len(seen) == 30 and stats.episodes == 30
     assert sum(t.num_turns for t in fast) == n_calls  # every turn went through this process
+    assert sorted(ended) == sorted(t.episode_id for t in fast + again)  # each once
     for a, b in zip(reference, fast):
         for field in CONTENT_FIELDS:
             assert getattr(a, field) == getattr(b, field), (a.task_id, field)

@@ -218,6 +218,36 @@ async def test_async_pool_does_not_wait_for_slow_episodes(servers, tokenizer):
     assert async_stats.wall_s < lock_stats.wall_s
 
 
+async def test_every_finished_episode_ends_its_session_once(servers, tokenizer):
+    """Each episode ends its session exactly once, after its last generation (so the backend
+    may free the session's cached prefix and pin), failed or not, in async and lock-step."""
+
+    class Ending(ScriptedBackend):
+        def __init__(self, *a):
+            super().__init__(*a)
+            self.order: list[tuple[str, str]] = []
+
+        async def generate(self, input_ids, sampling=None, session_id=None, rid=None):
+            self.order.append(("generate", session_id))
+            return await super().generate(input_ids, sampling, session_id, rid)
+
+        def end_session(self, session_id):
+            self.order.append(("end", session_id))
+
+    backend = Ending(tokenizer, "Thought: go\nAction: turn left")
+    async with EnvClient(servers["babyai"].url) as client:
+        tasks = [TaskRef("babyai", t) for t in (await client.tasks("test"))[:3]]
+        pool = _pool(backend, {"babyai": client}, tokenizer, concurrency=4)
+        trajectories, _ = await pool.collect(tasks, n_samples=2, horizon=3)
+        more, _ = await pool.collect(tasks[:1], n_samples=2, horizon=2, lockstep=True)
+    episode_ids = [t.episode_id for t in trajectories + more]
+    ended = [sid for what, sid in backend.order if what == "end"]
+    assert sorted(ended) == sorted(episode_ids) and len(set(ended)) == 8
+    for sid in episode_ids:
+        events = [what for what, s in backend.order if s == sid]
+        assert events[-1] == "end" and events.count("generate") >= 1
+
+
 def test_jax_has_the_test_devices():
     assert len(jax.devices()) >= 1
     assert dataclasses.is_dataclass(SamplingParams)

@@ -128,6 +128,12 @@ def test_prefix_reuse_multiturn(engine, model):
     assert engine.flush_cache_sync() >= 1
     (r5,) = engine.generate_sync(edited, sampling, session_id="episode-1")
     assert r5.cached_tokens == 0
+    # An ended session's cached row is freed: nothing left to reuse.
+    (r6,) = engine.generate_sync(edited, sampling, session_id="episode-1")
+    assert r6.cached_tokens == len(edited) - 1
+    engine.end_session("episode-1")
+    (r7,) = engine.generate_sync(edited, sampling, session_id="episode-1")
+    assert r7.cached_tokens == 0
 
 
 def test_join_and_leave_mid_generation(engine, model):

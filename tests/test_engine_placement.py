@@ -191,6 +191,14 @@ def test_replicas_pin_sessions_and_sync_weights_everywhere(model, prompts, refer
             replica = backend.replicas[pinned[f"ep{i}"]]
             assert replica.stats.cached_tokens - before[pinned[f"ep{i}"]] >= r.cached_tokens
 
+        # an ended session loses its pin and its replica's cached row
+        replica = backend.replicas[pinned["ep0"]]
+        cached_before = replica.load()["cached_slots"]
+        backend.end_session("ep0")
+        _greedy(replica, prompts[:1])  # runs after the queued end_session
+        assert replica.load()["cached_slots"] == cached_before - 1
+        assert "ep0" not in backend._sessions
+
         # new weights reach every replica: all of them now answer like an engine on them
         other = tiny_model(seed=4)
         asyncio.run(backend.update_weights(other, version="7"))

@@ -259,9 +259,11 @@ async def test_new_sessions_spread_by_count_even_when_one_server_is_faster():
                                            session_id=f"ep{i}")
             await asyncio.gather(*[episode(i) for i in range(60)])
             assert backend.pinned_sessions() == [30, 30]
+            assert backend.sessions_placed() == [30, 30]
             assert [s.served for s in backend.servers] == [90, 90]  # each session stayed put
             backend.end_session("ep0")
             assert sum(backend.pinned_sessions()) == 59
+            assert backend.sessions_placed() == [30, 30]
     finally:
         for runner in runners:
             await runner.cleanup()

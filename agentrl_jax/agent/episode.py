@@ -180,6 +180,9 @@ class Episode:
                 pass  # the server may be gone; its reaper cleans up
         if not self.finished:  # an exception or cancellation interrupted the episode
             self._finish(STATUS_ENV_ERROR, "episode interrupted")
+        end_session = getattr(self.backend, "end_session", None)  # duck-typed backends may lack it
+        if end_session is not None:
+            end_session(self.session_id)
 
     async def run(self) -> Trajectory:
         """The whole episode, asynchronously (no waiting on other episodes)."""

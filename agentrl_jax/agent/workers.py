@@ -244,6 +244,9 @@ class WorkerGroup:
         slots, future, _, progress, _ = job
         slots[index & 0xFFFFFFFF] = trajectory
         self._ids.pop(trajectory.episode_id, None)
+        end_session = getattr(self.backend, "end_session", None)
+        if end_session is not None:
+            end_session(trajectory.episode_id)
         if progress is not None:
             progress(trajectory)
         if all(t is not None for t in slots) and not future.done():

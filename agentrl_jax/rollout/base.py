@@ -220,6 +220,11 @@ class RolloutBackend(abc.ABC):
     async def flush_cache(self) -> None:
         """Drop cached prefixes."""
 
+    def end_session(self, session_id: str) -> None:
+        """A finished episode: its session's cached prefix and routing pin may go (so that a
+        live session's prefix is not evicted in its place). Returns at once; safe to call from
+        the event loop. Default: nothing to free."""
+
     @abc.abstractmethod
     async def aclose(self) -> None:
         """Release resources (engine thread, HTTP sessions, launched servers)."""

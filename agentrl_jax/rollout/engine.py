@@ -327,6 +327,15 @@ class Engine(BatchedSamplesBackend):
             self._cv.notify()
         return True
 
+    def end_session(self, session_id: str) -> None:
+        """Free the KV row cached for a finished session (thread-safe, returns at once)."""
+        with self._cv:
+            if self._closed:
+                return
+            self._commands.append((lambda: self._slots.forget_session(session_id),
+                                   concurrent.futures.Future()))
+            self._cv.notify()
+
     def abort_all(self) -> int:
         with self._cv:
             rids = list(self._requests)

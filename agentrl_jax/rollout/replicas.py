@@ -149,9 +149,11 @@ class EngineReplicas(BatchedSamplesBackend):
             self._in_flight[index] -= 1
             self._rids.pop(key, None)
 
-    def forget_session(self, session_id: str) -> None:
-        """Drop a finished session's pin (its cached KV row is evicted by LRU as usual)."""
-        self._sessions.pop(session_id, None)
+    def end_session(self, session_id: str) -> None:
+        """Drop a finished session's pin and free its replica's cached KV row."""
+        index = self._sessions.pop(session_id, None)
+        if index is not None:
+            self.replicas[index].end_session(session_id)
 
     # ------------------------------------------------------------------------- fan-out ops
     async def _each(self, method: str, *args: Any, **kwargs: Any) -> list[Any]:

@@ -103,6 +103,7 @@ class SGLangBackend(BatchedSamplesBackend):
         self.weight_version: str | None = None
         self._sticky: collections.OrderedDict[str, int] = collections.OrderedDict()
         self._pinned = [0] * len(self.servers)  # sessions in _sticky per server
+        self._placed = [0] * len(self.servers)  # sessions ever pinned to each server
         self._session: aiohttp.ClientSession | None = None
         self._session_loop: asyncio.AbstractEventLoop | None = None
         self._launched = list(launched or [])
@@ -170,6 +171,7 @@ class SGLangBackend(BatchedSamplesBackend):
         self._unpin(session_id)
         self._sticky[session_id] = server
         self._pinned[server] += 1
+        self._placed[server] += 1
         while len(self._sticky) > self.max_sessions:
             _, old = self._sticky.popitem(last=False)
             self._pinned[old] -= 1
@@ -184,8 +186,12 @@ class SGLangBackend(BatchedSamplesBackend):
         self._unpin(session_id)
 
     def pinned_sessions(self) -> list[int]:
-        """Sessions pinned to each server (those seen in the last ``max_sessions``)."""
+        """Live sessions pinned to each server (not ended, seen in the last ``max_sessions``)."""
         return list(self._pinned)
+
+    def sessions_placed(self) -> list[int]:
+        """Sessions pinned to each server since the start (a failed-over one counts again)."""
+        return list(self._placed)
 
     def _mark_down(self, i: int) -> None:
         s = self.servers[i]
