@@ -243,3 +243,68 @@ async def test_worker_processes_give_the_in_process_trajectories(tokenizer, baby
     for a, b in zip(reference[:6], again):
         assert a.token_ids == b.token_ids and b.policy_version == 4
         assert b.turn_versions == [9] * b.num_turns
+
+
+async def test_workers_post_straight_to_http_rollout_servers(tokenizer, babyai):
+    """With an HTTP backend (``client_spec()``) the worker processes send their requests to
+    the rollout servers themselves: nothing is relayed through this process, the trajectories
+    equal an in-process run's over the same server, and turn versions follow ``version_fn``
+    as it changes during the job."""
+    from agentrl_jax.rollout.sglang_backend import SGLangBackend
+
+    seeded = SeededBackend(tokenizer)
+    state = {"requests": 0, "sessions": set(), "version": 0}
+
+    async def generate(request: web.Request) -> web.Response:
+        body = await request.json()
+        state["requests"] += 1
+        state["sessions"].add(body.get("session_id"))
+        if state["requests"] == 60:
+            state["version"] = 1  # new weights arrive mid-job
+        (result,) = await seeded.generate_n(body["input_ids"], SamplingParams(
+            seed=body["sampling_params"]["sampling_seed"]))
+        return web.json_response({"output_ids": result.output_ids, "meta_info": {
+            "id": body["rid"], "finish_reason": {"type": "stop"},
+            "prompt_tokens": len(body["input_ids"]),
+            "output_token_logprobs": [[lp, t, None] for lp, t in zip(result.output_logprobs,
+                                                                      result.output_ids)]}})
+
+    app = web.Application()
+    app.router.add_post("/generate", generate)
+    server = TestServer(app, host="127.0.0.1")
+    await server.start_server()
+    async with EnvClient(babyai.url) as client:
+        ids = await client.tasks("train")
+    tasks = [TaskRef("babyai", ids[(i * 7919) % len(ids)]) for i in range(8)]
+
+    async def collect(workers: int):
+        async with EnvClient(babyai.url) as client, \
+                SGLangBackend([str(server.make_url("")).rstrip("/")], max_retries=0) as backend:
+            pool = ActorPool(backend, {"babyai": client}, ChatFormatter(tokenizer),
+                             SamplingParams(max_new_tokens=32, stop=["\n"]), max_context=1500,
+                             max_concurrency=32, parser=get_parser("react"),
+                             prompt_style="action", response_prefix="Action:", workers=workers)
+            try:
+                out, _ = await pool.collect(tasks, 2, 7, seed=11,
+                                            version_fn=lambda: state["version"])
+            finally:
+                pool.close()
+            return out, backend.servers[0].served, sum(backend.sessions_placed())
+
+    try:
+        reference, ref_served, _ = await collect(0)
+        n_turns = sum(t.num_turns for t in reference)
+        assert ref_served == state["requests"] == n_turns > 60
+        state.update(requests=0, version=0, sessions=set())
+        direct, served_here, placed_here = await collect(2)
+    finally:
+        await server.close()
+    assert served_here == placed_here == 0  # nothing went through this process's client
+    assert state["requests"] == n_turns and len(state["sessions"]) == 16  # all 16 episodes
+    for a, b in zip(reference, direct):
+        for field in CONTENT_FIELDS:
+            if field != "turn_versions":
+                assert getattr(a, field) == getattr(b, field), (a.task_id, field)
+        assert b.turn_versions == sorted(b.turn_versions) and set(b.turn_versions) <= {0, 1}
+    versions = [v for t in direct for v in t.turn_versions]
+    assert len(versions) == n_turns and 0 in versions and 1 in versions

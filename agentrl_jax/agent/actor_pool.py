@@ -74,7 +74,8 @@ class ActorPool:
                  parser: Callable[[str], ParsedAction] = parse_react,
                  env_errors: tuple[type[BaseException], ...] | None = None,
                  progress: Callable[[Trajectory], None] | None = None,
-                 prompt_style: str = "react", response_prefix: str = "", workers: int = 0):
+                 prompt_style: str = "react", response_prefix: str = "", workers: int = 0,
+                 direct_workers: bool = True):
         if env_errors is None:
             from environments.core.client import EnvConnectionError, EnvServerError
             env_errors = (EnvConnectionError, EnvServerError, OSError, asyncio.TimeoutError)
@@ -86,6 +87,9 @@ class ActorPool:
         if workers < 0:
             raise ValueError(f"workers must be >= 0, got {workers}")
         self.workers = int(workers)
+        # workers post to HTTP rollout servers themselves when the backend can say how
+        # (``client_spec()``: SGLangBackend, EngineServers); else every request is relayed here
+        self.direct_workers = bool(direct_workers)
         self._group: Any = None
 
     def _worker_group(self) -> Any:
@@ -102,7 +106,9 @@ class ActorPool:
                 env_clients={n: c.config() for n, c in self.env_clients.items()},
                 sampling=self.sampling, max_context=self.max_context,
                 max_concurrency=per_worker, parser=self.parser,
-                prompt_style=self.prompt_style, response_prefix=self.response_prefix)
+                prompt_style=self.prompt_style, response_prefix=self.response_prefix,
+                direct=self.backend.client_spec()
+                if self.direct_workers and hasattr(self.backend, "client_spec") else None)
             self._group = WorkerGroup(self.workers, setup)
         return self._group
 

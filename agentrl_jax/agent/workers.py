@@ -11,10 +11,23 @@ its episodes exactly as ``ActorPool`` does in-process (the same ``Episode`` code
   ids are ``ids[:start] + new_ids`` (only the ids added since its previous request travel; this
   side keeps each session's ids); ``("done", index, trajectory)`` when an episode ends.
 * here -> worker: ``("run", [(index, task, group, sample), ...], horizon, policy_version,
-  seed)``; ``("res", request, result, version)`` / ``("err", request, message)``.
+  seed, version)``; ``("res", request, result, version)`` / ``("err", request, message)``;
+  ``("ver", job, version)``.
 
 ``version`` is ``version_fn()`` read here right before ``backend.generate`` (what the in-process
-episode reads right before its call), so ``turn_versions`` mean the same. Trajectories are the
+episode reads right before its call), so ``turn_versions`` mean the same.
+
+**Direct mode.** When the backend is an HTTP client of rollout servers (``SGLangBackend``,
+``EngineServers``: it has ``client_spec()``), relaying every request through this process would
+make it the bottleneck (one event loop doing every turn's HTTP request: the SmolLM2 shape on 4
+H200s kept the servers' decode batches less than half full, docs/PERFORMANCE.md). Each worker
+then builds its own client from ``client_spec()`` and posts to the servers itself (sticky
+sessions per worker; its sessions end in its own client). Turn versions: the ``run`` message
+carries ``version_fn()`` as read when the job starts, and while the job runs this side reads
+``version_fn()`` every ``VERSION_POLL_S`` and sends each change as ``("ver", job, version)``; a
+worker stamps a turn with the version it knows right before its request (in relay mode the
+version is read here when the request arrives: both up to a message hop from the exact
+moment). Trajectories are the
 in-process ones, field for field (tests/test_actor_fast_path.py). Workers start on the first
 ``collect`` (a few seconds: they import the tokenizer) and live until ``close()`` or this
 process ends.
@@ -34,6 +47,7 @@ from typing import Any, Callable
 from agentrl_jax.rollout.base import GenerateResult, RolloutError
 
 _HEADER = struct.Struct("!I")
+VERSION_POLL_S = 0.005  # direct mode: how often version_fn is read while a job runs
 
 
 async def _read(reader: asyncio.StreamReader) -> Any:
@@ -60,6 +74,7 @@ class WorkerSetup:
     parser: Callable
     prompt_style: str
     response_prefix: str
+    direct: dict[str, Any] | None = None  # SGLangBackend kwargs: post to the servers directly
 
 
 class _RemoteBackend:
@@ -87,6 +102,36 @@ class _RemoteBackend:
             self.versions.setdefault(session_id, []).append(version)
         return result
 
+    def forget(self, session: str) -> list[int]:
+        """An ended episode's turn versions; its bookkeeping is dropped."""
+        self.sent.pop(session, None)
+        self.jobs.pop(session, None)
+        return self.versions.pop(session, [])
+
+
+class _DirectBackend:
+    """The worker's backend in direct mode: its own HTTP client of the rollout servers."""
+
+    def __init__(self, client: Any):
+        self.client = client
+        self.versions: dict[str, list[int]] = {}
+        self.jobs: dict[str, int] = {}
+        self.job_versions: dict[int, int] = {}  # job -> the version served now (from "ver")
+
+    async def generate(self, input_ids, sampling=None, session_id=None, rid=None):
+        version = self.job_versions.get(self.jobs.get(session_id, -1), -1)
+        result = await self.client.generate(input_ids, sampling, session_id=session_id, rid=rid)
+        if result.finish_reason != "abort":
+            self.versions.setdefault(session_id, []).append(version)
+        return result
+
+    def end_session(self, session_id: str) -> None:
+        self.client.end_session(session_id)
+
+    def forget(self, session: str) -> list[int]:
+        self.jobs.pop(session, None)
+        return self.versions.pop(session, [])
+
 
 async def _worker(path: str) -> None:
     from agentrl_jax.agent.actor_pool import ActorPool
@@ -95,7 +140,11 @@ async def _worker(path: str) -> None:
 
     reader, writer = await asyncio.open_unix_connection(path)
     setup: WorkerSetup = await _read(reader)
-    backend = _RemoteBackend(writer)
+    if setup.direct is not None:
+        from agentrl_jax.rollout.sglang_backend import SGLangBackend
+        backend: Any = _DirectBackend(SGLangBackend(**setup.direct))
+    else:
+        backend = _RemoteBackend(writer)
     clients = {name: EnvClient(**kw) for name, kw in setup.env_clients.items()}
     pool = ActorPool(backend, clients,
                      ChatFormatter(setup.tokenizer, setup.eos_token_ids or None,
@@ -104,8 +153,10 @@ async def _worker(path: str) -> None:
                      prompt_style=setup.prompt_style, response_prefix=setup.response_prefix)
     jobs: set[asyncio.Task] = set()
 
-    async def run(specs, horizon: int, policy_version: int, seed: int | None) -> None:
+    async def run(specs, horizon: int, policy_version: int, seed: int | None,
+                  version: int) -> None:
         gate = asyncio.Semaphore(setup.max_concurrency)
+        job = specs[0][0] >> 32
 
         async def one(index, task, group, sample) -> None:
             episode = pool._episode(task, group, sample, horizon, policy_version, seed)
@@ -116,12 +167,14 @@ async def _worker(path: str) -> None:
                     await episode.run()
             finally:
                 traj = episode.trajectory
-                traj.turn_versions = backend.versions.pop(session, [])[:traj.num_turns]
-                backend.sent.pop(session, None)
-                backend.jobs.pop(session, None)
+                traj.turn_versions = backend.forget(session)[:traj.num_turns]
             _write(writer, ("done", index, traj))
 
-        await asyncio.gather(*(one(*s) for s in specs))
+        try:
+            await asyncio.gather(*(one(*s) for s in specs))
+        finally:
+            if isinstance(backend, _DirectBackend):
+                backend.job_versions.pop(job, None)
 
     try:
         while True:
@@ -136,9 +189,14 @@ async def _worker(path: str) -> None:
                 if future is not None and not future.done():
                     future.set_exception(RolloutError(message[2]))
             elif kind == "run":
+                if isinstance(backend, _DirectBackend):  # before any "ver" of this job
+                    backend.job_versions[message[1][0][0] >> 32] = message[-1]
                 task = asyncio.ensure_future(run(*message[1:]))
                 jobs.add(task)
                 task.add_done_callback(jobs.discard)
+            elif kind == "ver" and isinstance(backend, _DirectBackend):
+                if message[1] in backend.job_versions:  # not a job that has finished here
+                    backend.job_versions[message[1]] = message[2]
             elif kind == "stop":
                 break
     except (asyncio.IncompleteReadError, ConnectionError):
@@ -148,6 +206,8 @@ async def _worker(path: str) -> None:
             task.cancel()
         for client in clients.values():
             await client.aclose()
+        if isinstance(backend, _DirectBackend):
+            await backend.client.aclose()
 
 
 def worker_main(path: str) -> None:
@@ -264,17 +324,33 @@ class WorkerGroup:
         future = asyncio.get_running_loop().create_future()
         slots: list = [None] * len(specs)
         self._jobs[job] = (slots, future, policy_version, progress, version_fn)
+        poll = None
         try:
             if not specs:
                 return []
+            version = version_fn() if version_fn is not None else policy_version
             for w, writer in enumerate(self._writers):
                 mine = [((job << 32) | i, *spec) for i, spec in enumerate(specs)
                         if i % self.n == w]
                 if mine:
-                    _write(writer, ("run", mine, horizon, policy_version, seed))
+                    _write(writer, ("run", mine, horizon, policy_version, seed, version))
+            if self.setup.direct is not None and version_fn is not None:
+                poll = asyncio.ensure_future(self._send_versions(job, version_fn, version))
             return await future
         finally:
+            if poll is not None:
+                poll.cancel()
             del self._jobs[job]
+
+    async def _send_versions(self, job: int, version_fn: Callable[[], int], last: int) -> None:
+        """Direct mode: every change of ``version_fn()`` while ``job`` runs, to every worker."""
+        while True:
+            await asyncio.sleep(VERSION_POLL_S)
+            version = version_fn()
+            if version != last:
+                last = version
+                for writer in self._writers:
+                    _write(writer, ("ver", job, version))
 
     def close(self) -> None:
         for writer in self._writers:

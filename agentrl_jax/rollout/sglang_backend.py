@@ -100,6 +100,11 @@ class SGLangBackend(BatchedSamplesBackend):
         self.max_connections = max_connections
         api_key = api_key if api_key is not None else os.environ.get(API_KEY_ENV) or None
         self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self._client_kwargs = dict(
+            urls=[s.url for s in self.servers], timeout=timeout, connect_timeout=connect_timeout,
+            max_retries=max_retries, backoff_s=backoff_s, max_backoff_s=max_backoff_s,
+            send_session_id=send_session_id, max_sessions=max_sessions, down_time_s=down_time_s,
+            api_key=api_key or "", max_connections=max_connections)
         self.weight_version: str | None = None
         self._sticky: collections.OrderedDict[str, int] = collections.OrderedDict()
         self._pinned = [0] * len(self.servers)  # sessions in _sticky per server
@@ -122,6 +127,12 @@ class SGLangBackend(BatchedSamplesBackend):
         if not urls:
             raise ValueError("sglang backend needs 'urls' (or 'launch')")
         return cls(urls, launched=launched, **kwargs)
+
+    def client_spec(self) -> dict[str, Any]:
+        """Keyword arguments for an ``SGLangBackend`` that reaches the same servers the same
+        way (no weight export, no launched servers): actor worker processes build one each and
+        send their episodes' requests straight to the servers (agentrl_jax/agent/workers.py)."""
+        return dict(self._client_kwargs)
 
     # ------------------------------------------------------------------------- plumbing
     def _http(self) -> aiohttp.ClientSession:

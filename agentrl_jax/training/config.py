@@ -51,6 +51,11 @@ def base_config() -> ConfigDict:
     # (powers of two from 512) or a comma list of lengths; more prefill shapes to compile
     c.rollout.prefill_kv_buckets = ""
     c.rollout.parser = "react"
+    # episodes in N spawned worker processes (0: in the trainer's process; docs/ROLLOUT.md);
+    # with an HTTP backend (engine_servers, sglang) the workers post to the servers themselves
+    # unless actor_workers_direct is False (then every request is relayed by the trainer)
+    c.rollout.actor_workers = 0
+    c.rollout.actor_workers_direct = True
 
     # Answer format. The default model (SmolLM2-135M-Instruct) cannot follow a ReAct format at
     # temperature 1 (4-6% parsable actions, most turns hit the token cap; docs/RESULTS.md,

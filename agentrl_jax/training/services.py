@@ -357,7 +357,9 @@ def make_actor_pool(config: Any, backend: Any, clients: Mapping[str, Any], token
                      prompt_style=agent.get("prompt_style", "react"),
                      response_prefix=agent.get("response_prefix", ""),
                      # episodes in N spawned processes, the backend here (docs/ROLLOUT.md)
-                     workers=int(r.get("actor_workers", 0) or 0))
+                     workers=int(r.get("actor_workers", 0) or 0),
+                     # workers post to HTTP rollout servers themselves (engine_servers, sglang)
+                     direct_workers=bool(r.get("actor_workers_direct", True)))
 
 
 async def task_refs(clients: Mapping[str, Any], split: str, limit: int | None = None) -> list:
