@@ -72,7 +72,8 @@ def engine_throughput(backend, n_prompts: int, prompt_len: int, new_tokens: int,
 
 
 def actor_pool_throughput(backend, tokenizer, episodes: int, turns: int, turn_tokens: int,
-                          env_servers: int, max_context: int, workers: int = 0
+                          env_servers: int, max_context: int, workers: int = 0,
+                          direct_workers: bool = True
                           ) -> dict[str, Any]:
     from agentrl_jax.agent.actor_pool import ActorPool, TaskRef
     from agentrl_jax.agent.chat import ChatFormatter
@@ -93,7 +94,8 @@ def actor_pool_throughput(backend, tokenizer, episodes: int, turns: int, turn_to
                                                 stop=["\n"]),
                                  max_context=max_context, max_concurrency=episodes,
                                  parser=get_parser("react"), prompt_style="action",
-                                 response_prefix="Action:", workers=workers)
+                                 response_prefix="Action:", workers=workers,
+                                 direct_workers=direct_workers)
                 try:
                     # warm-up (also starts the worker processes)
                     await pool.collect(tasks[:max(8, episodes // 16)], 1, 2)
@@ -146,6 +148,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                    help="threads: one engine thread per device in this process "
                         "(EngineReplicas); processes: one rollout-server process per device "
                         "(EngineServers, rollout.backend='engine_servers')")
+    p.add_argument("--relay-workers", action="store_true",
+                   help="with --replicas processes: actor workers relay every request through "
+                        "this process (the default: they post to the engine servers directly)")
     p.add_argument("--json", default=None)
     args = p.parse_args(argv)
     if args.small:
@@ -220,7 +225,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 run["actor_pool"] = actor_pool_throughput(
                     backend, tokenizer, episodes, args.turns, args.turn_tokens,
                     n * args.env_servers_per_device, args.max_context,
-                    workers=n * args.actor_workers_per_device)
+                    workers=n * args.actor_workers_per_device,
+                    direct_workers=not args.relay_workers)
                 a = run["actor_pool"]
                 print(f"{n} devices, actor pool + BabyAI: {a['tokens_per_s']:,.0f} tok/s, "
                       f"{a['turns_per_s']:,.0f} turns/s ({a['episodes']} episodes, "
