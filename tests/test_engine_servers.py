@@ -115,6 +115,23 @@ def test_a_session_returns_to_its_server_and_reuses_its_prefix(servers):
     assert second.cached_tokens >= len(prompt)  # its KV prefix was still there
     assert second.output_ids == reference_greedy(model, follow, 6)
 
+    async def end_it():
+        def cached(infos):
+            return sum(info["load"]["cached_slots"] for info in infos)
+
+        before = cached(await servers.server_info())
+        servers.end_session("episode-7")  # posts /close_session in the background
+        assert servers.pinned_sessions() == [0, 0]
+        for _ in range(100):
+            after = cached(await servers.server_info())
+            if after < before:
+                break
+            await asyncio.sleep(0.05)
+        return before, after
+
+    before, after = asyncio.run(end_it())
+    assert after == before - 1  # the episode's cached row is free on its server
+
 
 def test_weight_update_reaches_every_server_then_close_stops_them(servers):
     """(Last in this file: it closes the module's servers.)"""

@@ -316,7 +316,7 @@ class InferenceFuzzer:
         r = rng.random()
         if r < 0.06:
             return Request("POST", rng.choice(["/generate", "/v1/completions", "/v1/chat/completions", "/update_weights_from_disk",
-                                               "/abort_request", "/pause_generation"]),
+                                               "/abort_request", "/pause_generation", "/close_session"]),
                            rng.choice(RAW_BODIES), rng.choice(["application/json", "text/plain", None]))  # fmt: skip
         if r < 0.12:
             path = rng.choice(["/health", "/health_generate", "/get_model_info", "/get_server_info", "/v1/models", "/flush_cache",

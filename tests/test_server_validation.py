@@ -155,6 +155,9 @@ ADMIN = [
     ("/abort_request", {"abort_all": 1}, "abort_all"),
     ("/abort_request", {"rid": "r", "abort_message": 3}, "abort_message"),
     ("/abort_request", {"rid": "r", "bogus": 1}, "bogus"),
+    ("/close_session", {}, "session_id"), ("/close_session", {"session_id": 5}, "session_id"),
+    ("/close_session", {"session_id": ""}, "session_id"),
+    ("/close_session", {"session_id": "ep-1", "bogus": 1}, "bogus"),
     ("/pause_generation", {"mode": "sideways"}, "mode"), ("/pause_generation", {"mode": 3}, "mode"),
     ("/continue_generation", {"torch_empty_cache": "yes"}, "torch_empty_cache"),
 ]

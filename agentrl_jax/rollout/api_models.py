@@ -579,6 +579,13 @@ class AbortRequest(Request):
         return self
 
 
+class CloseSessionRequest(Request):
+    """SGLang's ``CloseSessionReqInput``: here, a finished episode's ``session_id`` whose
+    cached prefix the engine may free."""
+
+    session_id: Annotated[StrictStr, Field(min_length=1)]
+
+
 class PauseRequest(Request):
     """SGLang's ``PauseGenerationReqInput``."""
 
@@ -654,5 +661,6 @@ def validate_request(model: type[M], body: Any, where: str,
 
 __all__ = ["Request", "SamplingParamsRequest", "GenerateRequest", "OpenAIRequest",
            "CompletionRequest", "ChatCompletionRequest", "ChatMessage", "TextPart",
-           "UpdateWeightsRequest", "AbortRequest", "PauseRequest", "ContinueRequest",
+           "UpdateWeightsRequest", "AbortRequest", "CloseSessionRequest", "PauseRequest",
+           "ContinueRequest",
            "RESERVED_TEMPLATE_KWARGS", "validate_request", "json_type", "error_message", "one_of"]

@@ -151,6 +151,7 @@ class EngineServers(SGLangBackend):
             self._stop_servers()
             shutil.rmtree(export_root, ignore_errors=True)
             raise
+        kwargs.setdefault("close_sessions", True)  # our servers free an ended episode's prefix
         super().__init__([p.url for p in self.processes], export_dir=export_root,
                          export_dtype=dtype, tokenizer=tokenizer, **kwargs)
         log.info("engine servers: %d processes (%s), weights via %s", len(self.processes),

@@ -3,7 +3,8 @@
 Follows the HTTP API of SGLang 0.5.x (``sglang.srt.entrypoints.http_server``): ``/generate``,
 ``/health``, ``/health_generate``, ``/get_model_info``, ``/get_server_info``, ``/flush_cache``,
 ``/update_weights_from_disk``, ``/abort_request``, ``/pause_generation``,
-``/continue_generation`` and the OpenAI-compatible ``/v1/models``, ``/v1/completions`` and
+``/continue_generation``, ``/close_session`` (here: free a finished episode's cached prefix)
+and the OpenAI-compatible ``/v1/models``, ``/v1/completions`` and
 ``/v1/chat/completions`` (non-streaming). See docs/ROLLOUT.md for the field-by-field coverage.
 
     python -m agentrl_jax.rollout.server --model smollm2 --port 30000
@@ -39,7 +40,8 @@ from aiohttp import web
 from pydantic import BaseModel
 
 from agentrl_jax.rollout.api_models import (AbortRequest, ChatCompletionRequest,
-                                            CompletionRequest, ContinueRequest, GenerateRequest,
+                                            CloseSessionRequest, CompletionRequest,
+                                            ContinueRequest, GenerateRequest,
                                             PauseRequest, UpdateWeightsRequest, json_type,
                                             validate_request)
 from agentrl_jax.rollout.base import (BackendUnavailableError, GenerateResult, InvalidRequestError,
@@ -264,6 +266,7 @@ class RolloutServer:
         r.add_route("POST", "/flush_cache", self.flush_cache)
         r.add_post("/update_weights_from_disk", self.update_weights_from_disk)
         r.add_post("/abort_request", self.abort_request)
+        r.add_post("/close_session", self.close_session)
         r.add_post("/pause_generation", self.pause_generation)
         r.add_post("/continue_generation", self.continue_generation)
         r.add_post("/release_memory_occupation", self.not_supported)
@@ -493,6 +496,13 @@ class RolloutServer:
             return web.json_response({"aborted": n})
         found = self.engine.abort(args.rid)
         return web.json_response({"aborted": int(found)})
+
+    async def close_session(self, request: web.Request) -> web.Response:
+        """A finished episode: free its session's cached KV row (``Engine.end_session``)."""
+        body = await self._json(request)
+        session_id = self._validate(CloseSessionRequest, body, "/close_session").session_id
+        self.engine.end_session(session_id)
+        return web.json_response({"success": True})
 
     async def pause_generation(self, request: web.Request) -> web.Response:
         body = await self._json(request, required=False)

@@ -69,7 +69,10 @@ class SGLangBackend(BatchedSamplesBackend):
     ``Authorization: Bearer <key>`` on every request (servers started with ``--api-key``);
     default: the ``AGENTRL_ROLLOUT_API_KEY`` environment variable, else none.
     max_connections: requests in flight at once over all servers (0: no limit; every
-    concurrent episode's request reaches a server's scheduler at once).
+    concurrent episode's request reaches a server's scheduler at once). close_sessions:
+    ``end_session`` also posts ``/close_session`` to the session's server (our rollout
+    server frees the episode's cached prefix; SGLang's own sessions API means something else,
+    so off by default; ``EngineServers`` turns it on).
     """
 
     name = "sglang"
@@ -80,7 +83,8 @@ class SGLangBackend(BatchedSamplesBackend):
                  export_dtype: str | None = "bfloat16", tokenizer: Any = None,
                  send_session_id: bool = True, max_sessions: int = 100_000,
                  down_time_s: float = 5.0, launched: list[subprocess.Popen] | None = None,
-                 api_key: str | None = None, max_connections: int = 0):
+                 api_key: str | None = None, max_connections: int = 0,
+                 close_sessions: bool = False):
         if isinstance(urls, str):
             urls = [u for u in urls.split(",") if u]
         if not urls:
@@ -98,13 +102,16 @@ class SGLangBackend(BatchedSamplesBackend):
         if max_connections < 0:
             raise ValueError(f"max_connections must be >= 0 (0: no limit), got {max_connections}")
         self.max_connections = max_connections
+        self.close_sessions = close_sessions
+        self._closing: set[asyncio.Task] = set()
         api_key = api_key if api_key is not None else os.environ.get(API_KEY_ENV) or None
         self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._client_kwargs = dict(
             urls=[s.url for s in self.servers], timeout=timeout, connect_timeout=connect_timeout,
             max_retries=max_retries, backoff_s=backoff_s, max_backoff_s=max_backoff_s,
             send_session_id=send_session_id, max_sessions=max_sessions, down_time_s=down_time_s,
-            api_key=api_key or "", max_connections=max_connections)
+            api_key=api_key or "", max_connections=max_connections,
+            close_sessions=close_sessions)
         self.weight_version: str | None = None
         self._sticky: collections.OrderedDict[str, int] = collections.OrderedDict()
         self._pinned = [0] * len(self.servers)  # sessions in _sticky per server
@@ -193,8 +200,24 @@ class SGLangBackend(BatchedSamplesBackend):
             self._pinned[server] -= 1
 
     def end_session(self, session_id: str) -> None:
-        """Forget a finished session's pin (its server may evict the cached prefix)."""
+        """Forget a finished session's pin; with ``close_sessions`` also tell its server (in
+        the background, errors ignored) that the cached prefix may go."""
+        server = self._sticky.get(session_id)
         self._unpin(session_id)
+        if self.close_sessions and server is not None:
+            try:
+                task = asyncio.get_running_loop().create_task(self._close_session(server,
+                                                                                   session_id))
+            except RuntimeError:  # no running loop: the prefix ages out by LRU instead
+                return
+            self._closing.add(task)
+            task.add_done_callback(self._closing.discard)
+
+    async def _close_session(self, server: int, session_id: str) -> None:
+        try:
+            await self._post_one(server, "/close_session", {"session_id": session_id})
+        except Exception as error:  # noqa: BLE001 -- only a cache hint
+            log.debug("close_session %s on %s: %r", session_id, self.servers[server].url, error)
 
     def pinned_sessions(self) -> list[int]:
         """Live sessions pinned to each server (not ended, seen in the last ``max_sessions``)."""
@@ -419,6 +442,9 @@ class SGLangBackend(BatchedSamplesBackend):
         self._session = None
 
     async def aclose(self) -> None:
+        loop = asyncio.get_running_loop()
+        await asyncio.gather(*[t for t in self._closing if t.get_loop() is loop],
+                             return_exceptions=True)  # the last sessions' close requests
         await self.close_http()
         for proc in self._launched:
             if proc.poll() is None:
