@@ -191,6 +191,12 @@ def test_replicas_pin_sessions_and_sync_weights_everywhere(model, prompts, refer
             replica = backend.replicas[pinned[f"ep{i}"]]
             assert replica.stats.cached_tokens - before[pinned[f"ep{i}"]] >= r.cached_tokens
 
+        # new sessions go where the fewest live sessions are, even when nothing is in flight
+        # (least-in-flight alone would pin all four to replica 0)
+        assert [backend.replica_for(f"idle{i}") for i in range(4)] == [0, 1, 2, 3]
+        for i in range(4):
+            backend.end_session(f"idle{i}")
+
         # an ended session loses its pin and its replica's cached row
         replica = backend.replicas[pinned["ep0"]]
         cached_before = replica.load()["cached_slots"]

@@ -8,8 +8,9 @@ requests:
 
 * **Sticky sessions.** A ``session_id`` is pinned to the replica that served its first request,
   so a multi-turn episode always returns to the KV row holding its prefix (prefix reuse works
-  exactly as on one engine). A new session goes to the replica with the fewest requests in
-  flight (ties: the lowest index).
+  exactly as on one engine). A new session goes to the replica with the fewest live sessions
+  (pinned and not ended: each replica caches one KV row per session), then the fewest requests
+  in flight (ties: the lowest index).
 * Requests without a session go to the least-loaded replica; the ``n`` samples of a request
   stay together (they share one prefill).
 * ``update_weights`` reaches every replica (each gets its own copy on its devices, transferred
@@ -111,23 +112,28 @@ class EngineReplicas(BatchedSamplesBackend):
         self.model_path = replicas[0].model_path
         self.model_config = replicas[0].model_config
         self._in_flight = [0] * len(replicas)
+        self._live = [0] * len(replicas)  # pinned (not ended) sessions per replica
         self._sessions: collections.OrderedDict[str, int] = collections.OrderedDict()
         self._max_sessions = int(max_sessions)
         self._rids: dict[str, int] = {}
 
     # ----------------------------------------------------------------------------- routing
     def replica_for(self, session_id: str | None) -> int:
-        """The replica index a request goes to (pins a new session to the least loaded)."""
-        if session_id is not None:
-            index = self._sessions.get(session_id)
-            if index is not None:
-                self._sessions.move_to_end(session_id)
-                return index
-        index = min(range(len(self.replicas)), key=lambda i: (self._in_flight[i], i))
-        if session_id is not None:
-            self._sessions[session_id] = index
-            while len(self._sessions) > self._max_sessions:  # forget the oldest sessions
-                self._sessions.popitem(last=False)
+        """The replica index a request goes to: a known session's own; a new session's is the
+        one with the fewest live sessions, then the fewest requests in flight (each replica
+        caches one KV row per session); a request without a session by load alone."""
+        if session_id is None:
+            return min(range(len(self.replicas)), key=lambda i: (self._in_flight[i], i))
+        index = self._sessions.get(session_id)
+        if index is not None:
+            self._sessions.move_to_end(session_id)
+            return index
+        index = min(range(len(self.replicas)),
+                    key=lambda i: (self._live[i], self._in_flight[i], i))
+        self._sessions[session_id] = index
+        self._live[index] += 1
+        while len(self._sessions) > self._max_sessions:  # forget the oldest sessions
+            self._live[self._sessions.popitem(last=False)[1]] -= 1
         return index
 
     async def generate_n(self, input_ids: list[int], sampling: SamplingParams | None = None,
@@ -149,10 +155,16 @@ class EngineReplicas(BatchedSamplesBackend):
             self._in_flight[index] -= 1
             self._rids.pop(key, None)
 
+    def _forget_sessions(self) -> None:
+        """Drop every pin (the caches were flushed: no replica holds a prefix any more)."""
+        self._sessions.clear()
+        self._live = [0] * len(self.replicas)
+
     def end_session(self, session_id: str) -> None:
         """Drop a finished session's pin and free its replica's cached KV row."""
         index = self._sessions.pop(session_id, None)
         if index is not None:
+            self._live[index] -= 1
             self.replicas[index].end_session(session_id)
 
     # ------------------------------------------------------------------------- fan-out ops
@@ -173,7 +185,7 @@ class EngineReplicas(BatchedSamplesBackend):
         versions = await self._each("update_weights_sync", params, version=version,
                                     flush_cache=flush_cache, abort_all=abort_all)
         if flush_cache:
-            self._sessions.clear()
+            self._forget_sessions()
         if len(set(versions)) != 1:
             raise RuntimeError(f"replicas disagree on the weight version: {versions}")
         return versions[0]
@@ -187,11 +199,11 @@ class EngineReplicas(BatchedSamplesBackend):
 
     async def flush_cache(self) -> int:
         freed = await self._each("flush_cache_sync")
-        self._sessions.clear()
+        self._forget_sessions()
         return sum(freed)
 
     def flush_cache_sync(self) -> int:
-        self._sessions.clear()
+        self._forget_sessions()
         return sum(r.flush_cache_sync() for r in self.replicas)
 
     def abort(self, rid: str) -> bool:
