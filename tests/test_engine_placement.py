@@ -241,3 +241,53 @@ def test_engine_device_groups_from_the_config():
     cfg.rollout.engine_replicas = 99
     with pytest.raises(ValueError, match="engine_replicas=99"):
         engine_device_groups(cfg)
+
+
+def test_weights_sharded_over_the_replicas_devices_reach_them_by_one_all_gather(prompts):
+    """A learner's FSDP parameters over exactly the replicas' devices: each single-device
+    replica gets a whole copy from one compiled all-gather (no host round trip; what
+    EngineReplicas.update_weights uses on accelerators), bitwise the learner's values, and an
+    engine given its copy keeps those very buffers (no further copy)."""
+    from flax import nnx
+
+    from agentrl_jax.rollout.engine import EngineConfig
+    from agentrl_jax.rollout.placement import to_state
+    from agentrl_jax.rollout.replicas import EngineReplicas, gather_to_replicas
+    from agentrl_jax.sharding.mesh import make_mesh
+    from agentrl_jax.sharding.rules import state_shardings
+    from tests.rollout_helpers import ENGINE_KW
+
+    devices = jax.devices()[:4]
+    learner = tiny_model(seed=5)
+    state = nnx.state(learner, nnx.Param)
+    sharded = jax.device_put(state, state_shardings(state, make_mesh(fsdp=4, devices=devices)))
+    assert any(len({s.device for s in x.addressable_shards}) == 4
+               and x.addressable_shards[0].data.size < x.size for x in jax.tree.leaves(sharded))
+    assert gather_to_replicas(sharded, [[d] for d in devices]) is None  # CPU: transfers
+    copies = gather_to_replicas(sharded, [[d] for d in devices], on_cpu=True)
+    assert copies is not None and len(copies) == 4
+    for device, copy in zip(devices, copies):
+        for x, want in zip(jax.tree.leaves(copy), jax.tree.leaves(state), strict=True):
+            assert x.devices() == {device} and x.shape == want.shape
+            np.testing.assert_array_equal(np.asarray(x), np.asarray(want))
+    # not applicable: replicas on other devices, or several devices per replica
+    assert gather_to_replicas(sharded, [[d] for d in jax.devices()[4:8]], on_cpu=True) is None
+    assert gather_to_replicas(sharded, [devices[:2], devices[2:]], on_cpu=True) is None
+
+    backend = EngineReplicas(tiny_model(seed=0), EngineConfig(**ENGINE_KW), warmup=False,
+                             devices=devices)
+    try:
+        asyncio.run(backend.update_weights(nnx.merge(nnx.graphdef(learner), sharded),
+                                           version="3"))
+        want = _greedy_on(learner, prompts)
+        for replica, device in zip(backend.replicas, devices):
+            leaves = jax.tree.leaves(replica._state)
+            assert all(x.devices() == {device} for x in leaves)
+            _assert_same(_greedy(replica, prompts), want)
+        # an engine given its gathered copy keeps those very buffers (no second copy)
+        mine = to_state(copies[1], backend.replicas[1]._abstract_state)
+        backend.replicas[1].update_weights_sync(mine, version="4")
+        assert ([x.unsafe_buffer_pointer() for x in jax.tree.leaves(backend.replicas[1]._state)]
+                == [x.unsafe_buffer_pointer() for x in jax.tree.leaves(mine)])
+    finally:
+        backend.close()
