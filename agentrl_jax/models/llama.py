@@ -211,17 +211,36 @@ def _run_layer(layer: DecoderLayer, x, cos, sin, positions, attention_mask, cach
     return layer(x, cos, sin, positions, attention_mask, cache_kv, segment_ids)
 
 
-_run_layer_remat = nnx.remat(_run_layer)
-_REMAT_BY_POLICY: dict[str, object] = {}
+_REMAT_BY_POLICY: dict[str | None, object] = {}
 
 
 def _remat_layer_fn(policy: str | None):
-    """``_run_layer`` under ``nnx.remat`` with the named ``jax.checkpoint_policies`` policy."""
-    if policy is None:
-        return _run_layer_remat
+    """A cache-less ``_run_layer`` whose layer runs under ``jax.checkpoint`` with the named
+    ``jax.checkpoint_policies`` policy (``None``: save nothing but the inputs).
+
+    The checkpointed function takes the layer's parameters (``nnx.split`` outside it), the
+    residual stream and the rotary tables as arguments and closes over ``positions``, the
+    attention mask and the segment ids. With those passed as arguments too (as ``nnx.remat``
+    passes every argument), the Shardy partitioner lost the batch split of an FSDP mesh in the
+    backward pass: every device recomputed and differentiated the whole micro-batch against
+    hidden-sharded weights and all-reduced the partial sums (tests/test_fsdp_remat.py, 4
+    devices: 24 all-reduces and dots over all ``R*T`` tokens, against 4 all-reduces and
+    ``R*T/4``-token dots this way and without remat).
+    """
     if policy not in _REMAT_BY_POLICY:
-        _REMAT_BY_POLICY[policy] = nnx.remat(_run_layer,
-                                             policy=getattr(jax.checkpoint_policies, policy))
+        saveable = None if policy is None else getattr(jax.checkpoint_policies, policy)
+
+        def run(layer: DecoderLayer, x, cos, sin, positions, attention_mask, cache_kv,
+                segment_ids=None):
+            graphdef, state = nnx.split(layer)
+
+            def apply(state, x, cos, sin):
+                return _apply_layer(graphdef, state, x, cos, sin, positions, attention_mask,
+                                    segment_ids)
+
+            return jax.checkpoint(apply, policy=saveable)(state, x, cos, sin), cache_kv
+
+        _REMAT_BY_POLICY[policy] = run
     return _REMAT_BY_POLICY[policy]
 
 
