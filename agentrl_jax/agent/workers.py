@@ -27,9 +27,10 @@ carries ``version_fn()`` as read when the job starts, and while the job runs thi
 ``version_fn()`` every ``VERSION_POLL_S`` and sends each change as ``("ver", job, version)``; a
 worker stamps a turn with the version it knows right before its request (in relay mode the
 version is read here when the request arrives: both up to a message hop from the exact
-moment). Trajectories are the
-in-process ones, field for field (tests/test_actor_fast_path.py). Workers start on the first
-``collect`` (a few seconds: they import the tokenizer) and live until ``close()`` or this
+moment).
+
+Trajectories are the in-process ones, field for field (tests/test_actor_fast_path.py; in direct
+mode too, turn versions aside). Workers start on the first ``collect`` (a few seconds: they import the tokenizer) and live until ``close()`` or this
 process ends.
 """
 
