@@ -106,6 +106,9 @@ def test_deadline_keeps_an_outer_timer():
 
         with pytest.raises(Outer):
             call_with_deadline(spin, 5.0)
+        # the one-shot outer timer was spent by its own handler: nothing is left armed (a
+        # re-armed 1 ms remainder fired a second Outer into the caller: a flaky CI failure)
+        assert signal.getitimer(signal.ITIMER_REAL)[0] == 0
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, before)

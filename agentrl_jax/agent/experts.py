@@ -116,13 +116,15 @@ def call_with_deadline(fn: Callable[[], T], seconds: float | None) -> T:
         return fn()
     t0 = time.monotonic()
     outer_due = 0.0  # seconds from t0 to a pending outer timer (0: none)
-    ended = False
+    ended = outer_fired = False
 
     def on_alarm(signum: int, frame: Any) -> None:
+        nonlocal outer_fired
         if ended:
             return
         if outer_due and time.monotonic() - t0 >= outer_due - 1e-3 and callable(previous):
             signal.signal(signal.SIGALRM, previous)
+            outer_fired = True  # its one due time is spent: not re-armed afterwards
             previous(signum, frame)
             return
         raise ExpertTimeout(f"no action within {seconds:g} s")
@@ -138,9 +140,11 @@ def call_with_deadline(fn: Callable[[], T], seconds: float | None) -> T:
         ended = True
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous)
-        if outer_due:
+        if outer_due and not outer_fired:
             left = outer_due - (time.monotonic() - t0)
             signal.setitimer(signal.ITIMER_REAL, max(left, 1e-3), outer_interval)
+        elif outer_fired and outer_interval:  # a periodic outer timer goes on from here
+            signal.setitimer(signal.ITIMER_REAL, outer_interval, outer_interval)
 
 
 class ExpertPolicy(Protocol):
