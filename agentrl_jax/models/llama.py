@@ -32,7 +32,7 @@ from flax import nnx
 
 from agentrl_jax.models.attention import chunked_causal_attention
 from agentrl_jax.models.config import ModelConfig
-from agentrl_jax.models.pallas_attention import pallas_causal_attention
+from agentrl_jax.models.pallas_attention import sharded_pallas_causal_attention
 from agentrl_jax.models.rope import apply_rope, inverse_frequencies, rope_cos_sin
 from agentrl_jax.sharding.activations import (constrain_attention_inputs, constrain_batch_sharded,
                                               current_mesh)
@@ -159,8 +159,8 @@ def causal_attention(q: jax.Array, k: jax.Array, v: jax.Array, attention_mask: j
     """
     impl = resolve_attention_impl(cfg.attention_impl)
     if impl == "pallas" and attention_mask is None:  # GPU Triton flash attention (packed rows)
-        return pallas_causal_attention(q, k, v, segment_ids,
-                                       interpret=jax.default_backend() == "cpu")
+        return sharded_pallas_causal_attention(q, k, v, segment_ids,
+                                               interpret=jax.default_backend() == "cpu")
     if impl in ("chunked", "pallas"):
         return chunked_causal_attention(q, k, v, segment_ids=segment_ids, kv_mask=attention_mask,
                                         block_size=cfg.attention_block_size)
