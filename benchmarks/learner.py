@@ -198,6 +198,8 @@ def main(argv=None) -> dict:
                 "old_logprobs": np.full(shape, -8.0, np.float32) * lm,
                 "advantages": rng.standard_normal(shape).astype(np.float32) * lm}
 
+    used_devices: set[int] = set()
+
     def run(n_devices: int) -> dict:
         devices = jax.devices()[:n_devices]
         axes = {"data": 1, "fsdp": 1, "tensor": 1}
@@ -256,9 +258,16 @@ def main(argv=None) -> dict:
             print(f"[{n_devices} device(s)] train step device profile:\n{format_kernels(dt)}",
                   flush=True)
         out = [row]
+        # memory_stats' peak is the process's: a device an earlier row ran on carries that
+        # row's peak, so read the devices only this row used where there are any
+        fresh = [d for d in devices if d.id not in used_devices]
+        used_devices.update(d.id for d in devices)
         try:
-            mem = devices[0].memory_stats() or {}
-            row["peak_memory_gb"] = mem.get("peak_bytes_in_use", 0) / 2**30 or None
+            peaks = [(d.memory_stats() or {}).get("peak_bytes_in_use", 0) for d in
+                     (fresh or devices)]
+            row["peak_memory_gb"] = max(peaks) / 2**30 or None
+            row["peak_memory_from"] = ("devices only this row used" if fresh else
+                                       "process peak of devices earlier rows used too")
         except Exception:
             row["peak_memory_gb"] = None
         if not args.no_forward:

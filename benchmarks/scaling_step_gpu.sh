@@ -369,8 +369,11 @@ def load(name, n, stage):
 
 def ratios(base, other, n):
     """base / other per phase (a speed-up: > 1 = faster on more GPUs) and the step's
-    scaling efficiency speed-up / (n_other / n_base)."""
+    scaling efficiency speed-up / (n_other / n_base). None unless both runs have a steady
+    step: a run's only step includes its compilation and is no speed to compare."""
     if not (base.get("summary") and other.get("summary")):
+        return None
+    if not (base.get("steady_steps") and other.get("steady_steps")):
         return None
     b, o = base["summary"], other["summary"]
     res = {f"speedup_{k[:-2]}": (b[k] / o[k] if o.get(k) else None) for k in PHASES}
