@@ -16,9 +16,9 @@
 #   (b) experiments/paper_scale_7b.py (a Qwen2.5-7B-shaped random policy, bf16 engine replica
 #       per GPU, f32 master weights + AdamW, 32 tasks x 8 samples, 13 turns) on 4, 2, 1 GPUs
 #       (those the machine has), each only where the memory arithmetic
-#       (experiments/paper_scale_7b.py memory_estimate, for this machine's card memory: an
-#       H100 80GB fits 4 GPUs only, an H200 141GB 2 and 4) does not rule it out -- otherwise
-#       skipped with the printed reason.
+#       (experiments/paper_scale_7b.py memory_estimate, for this machine's card memory) does
+#       not rule it out -- otherwise skipped with the printed reason (an H100 80GB: 1 and 2
+#       ruled out, 4 tight and tried; an H200 141GB: 1 ruled out).
 #
 #   bash benchmarks/scaling_step_gpu.sh OUT_DIR
 #   GPU_COUNTS=2 STAGES=big bash benchmarks/scaling_step_gpu.sh OUT_DIR   # the 2-GPU 7B step only

@@ -4,10 +4,10 @@ BabyAI, 32 tasks x 8 samples, a fixed 13-turn horizon.
 Timed with ``benchmarks/rl_step.py --config experiments/paper_scale_7b.py --variants packed``
 (``benchmarks/scaling_step_gpu.sh`` runs it) on the GPUs of ``CUDA_VISIBLE_DEVICES``: the
 learner shards over every visible GPU (``learner.mesh``: FSDP) and the embedded engine runs a
-bf16 replica on each of them (``rollout.engine_replicas=0``). By the estimate below 4 (or more)
-H100 80GB fit it, 1 and 2 do not, and 2 (or more) H200 141GB fit it; but on 4 H200s the
-measured peak was 110.5 GiB per GPU against the estimated 60.2 (docs/PERFORMANCE.md, session 7:
-steady step 67.3 s), so the estimate misses a large term and "4 H100 fit" is unverified. Random weights: actions are
+bf16 replica on each of them (``rollout.engine_replicas=0``). By the estimate below 1 and 2
+H100 80GB cannot hold it and 4 are tight, and 2 (or more) H200 141GB fit it. Measured: 4 H200s
+ran it (steady step 67.3 s, peak 110.5 GiB per GPU, 2026-11-26); 4 H100s ran out of memory at
+the first update (2026-11-27; docs/PERFORMANCE.md). Random weights: actions are
 rarely valid, rewards are 0 and every episode runs 13 turns of up to 24 tokens;
 ``train.skip_flat_groups`` is off so that the update runs (on zero advantages) and is timed.
 Results: docs/PERFORMANCE.md.
@@ -26,12 +26,14 @@ H100's 79.1) x ``--mem-fraction`` (0.95)::
 
     GPUs  master  AdamW  grads  engine  KV    lower bound  peak   verdict
     1     28.4    56.7   28.4   14.2    28.0  155.7        192.3  does not fit
-    2     14.2    28.4   14.2   14.2    14.0   84.9        103.2  does not fit
-    4      7.1    14.2    7.1   14.2     7.0   49.6         60.2  fits
+    2     14.2    28.4   14.2   14.2    14.0   84.9        110.3  does not fit
+    4      7.1    14.2    7.1   14.2     7.0   49.6         69.4  tight
 
 H200 141GB (``--gpu-memory-gib 140.4``: nvidia-smi's 143771 MiB, which
 ``benchmarks/scaling_step_gpu.sh`` passes; 133.4 GiB usable): 1 GPU does not fit (155.7), 2 and
-4 fit (peaks 103.2 and 60.2, below 90% of 133.4).
+4 fit (peaks 110.3 and 69.4, below 90% of 133.4). Measured: 4 H200s ran the step (peak 110.5
+GiB a GPU, 2026-11-26, before a remat fix that splits the backward's batch); 4 H100s ran out of
+memory at the first update (2026-11-27, after that fix; docs/PERFORMANCE.md).
 
 (lower bound: what must be live during an update; peak adds the update's transients -- the
 bf16 compute copy, a micro-batch's gradients, activations -- or, at a weight sync, the new
@@ -123,10 +125,16 @@ def memory_estimate(num_gpus: int, config: Any = None, usable_gib: float | None 
       ``bytes(reference_dtype) * N/g``; 0 here;
     * ``engine_weights``: the whole replica in ``rollout.engine_dtype``, ``bytes * N``;
     * ``kv_cache``: ``ceil(slots/g)`` rows of ``max_context`` tokens x ``2 L K Dh`` values;
-    * ``update_transients``: the compute-dtype copy of the parameters and a micro-batch's
-      gradients in it, ``2 x bytes(learner.dtype) x N/g``, plus activations (rough: the ``L``
-      saved layer inputs ``[rows, pack_length, D]`` and ~3 layers' worth of MLP activations
-      ``[rows, pack_length, F]``, ``rows = ceil(micro_batch_size / g)``);
+    * ``update_transients``: the compute-dtype weights of *every* layer, gathered,
+      ``bytes(learner.dtype) x N``, a micro-batch's gradient shard in that dtype,
+      ``bytes(learner.dtype) x N/g``, and activations (rough: the ``L`` saved layer inputs
+      ``[rows, pack_length, D]`` and ~3 layers' worth of MLP activations ``[rows, pack_length,
+      F]``, ``rows = ceil(micro_batch_size / g)``). Calibrated on a measurement: on 4 H100s
+      (2026-11-27, ``docs/results/scaling_s8/qwen7b_4gpu_h100/``) the micro-batch step asked
+      XLA for one 17.1 GiB scratch buffer, which a sharded compute copy (``2 x bytes x N/g``
+      = 7.1 GiB with the activations' 2.1: this estimate's form until then) cannot explain and
+      the gathered weights (14.2) + activations (2.1) nearly do -- as if XLA kept each layer's
+      gathered weights from the forward pass to the backward; not confirmed on a GPU profile;
     * ``sync_transients``: at a weight sync, the new replica next to the old one plus the
       single cast of the learner's shards to the engine dtype, ``bytes * N (1 + 1/g)``.
 
@@ -166,7 +174,7 @@ def memory_estimate(num_gpus: int, config: Any = None, usable_gib: float | None 
                       if uses_reference else 0.0),
         "engine_weights": eb * n,
         "kv_cache": replica_slots * int(c.rollout.max_context) * kv_per_token,
-        "update_transients": 2 * lb * n / g + activations,
+        "update_transients": lb * n + lb * n / g + activations,
         "sync_transients": eb * n * (1 + 1 / g),
     }
     parts = {k: v / GIB for k, v in parts.items()}
