@@ -18,7 +18,7 @@
 #       (those the machine has), each only where the memory arithmetic
 #       (experiments/paper_scale_7b.py memory_estimate, for this machine's card memory) does
 #       not rule it out -- otherwise skipped with the printed reason (an H100 80GB: 1 and 2
-#       ruled out, 4 tight and tried; an H200 141GB: 1 ruled out).
+#       ruled out; an H200 141GB: 1 ruled out).
 #
 #   bash benchmarks/scaling_step_gpu.sh OUT_DIR
 #   GPU_COUNTS=2 STAGES=big bash benchmarks/scaling_step_gpu.sh OUT_DIR   # the 2-GPU 7B step only

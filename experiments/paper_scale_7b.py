@@ -5,7 +5,8 @@ Timed with ``benchmarks/rl_step.py --config experiments/paper_scale_7b.py --vari
 (``benchmarks/scaling_step_gpu.sh`` runs it) on the GPUs of ``CUDA_VISIBLE_DEVICES``: the
 learner shards over every visible GPU (``learner.mesh``: FSDP) and the embedded engine runs a
 bf16 replica on each of them (``rollout.engine_replicas=0``). By the estimate below 1 and 2
-H100 80GB cannot hold it and 4 are tight, and 2 (or more) H200 141GB fit it. Measured: 4 H200s
+H100 80GB cannot hold it and 4 can (with the KV cache freed during the update), and 2 (or
+more) H200 141GB can. Measured: 4 H200s
 ran it (steady step 67.3 s, peak 110.5 GiB per GPU, 2026-11-26); 4 H100s ran out of memory at
 the first update (2026-11-27; docs/PERFORMANCE.md). Random weights: actions are
 rarely valid, rewards are 0 and every episode runs 13 turns of up to 24 tokens;
@@ -25,13 +26,14 @@ estimated peak). The usable memory is ``--gpu-memory-gib`` (the card's total, Gi
 H100's 79.1) x ``--mem-fraction`` (0.95)::
 
     GPUs  master  AdamW  grads  engine  KV    lower bound  peak   verdict
-    1     28.4    56.7   28.4   14.2    28.0  155.7        192.3  does not fit
-    2     14.2    28.4   14.2   14.2    14.0   84.9        110.3  does not fit
-    4      7.1    14.2    7.1   14.2     7.0   49.6         69.4  tight
+    1     28.4    56.7   28.4   14.2    28.0  127.7        164.3  does not fit
+    2     14.2    28.4   14.2   14.2    14.0   70.9         96.3  does not fit
+    4      7.1    14.2    7.1   14.2     7.0   42.6         62.4  fits
 
-H200 141GB (``--gpu-memory-gib 140.4``: nvidia-smi's 143771 MiB, which
-``benchmarks/scaling_step_gpu.sh`` passes; 133.4 GiB usable): 1 GPU does not fit (155.7), 2 and
-4 fit (peaks 110.3 and 69.4, below 90% of 133.4). Measured: 4 H200s ran the step (peak 110.5
+(the KV cache is released during the update: ``rollout.release_kv_during_update``; without
+it 4 GPUs are 49.6 / 69.4, "tight"). H200 141GB (``--gpu-memory-gib 140.4``: nvidia-smi's
+143771 MiB, which ``benchmarks/scaling_step_gpu.sh`` passes; 133.4 GiB usable): 1 GPU does not
+fit (164.3), 2 and 4 fit (peaks 96.3 and 62.4, below 90% of 133.4). Measured: 4 H200s ran the step (peak 110.5
 GiB a GPU, 2026-11-26, before a remat fix that splits the backward's batch); 4 H100s ran out of
 memory at the first update (2026-11-27, after that fix; docs/PERFORMANCE.md).
 
@@ -76,6 +78,8 @@ def get_config():
     c.train.max_seconds = 0.0
     c.train.eval_before = False
     c.train.eval_after = False
+    # the engines' KV cache (7 GiB a GPU on 4 GPUs) is freed while the learner updates
+    c.rollout.release_kv_during_update = True
     c.learner.dtype = "bfloat16"  # compute dtype; the master weights stay float32
     c.learner.pack_length = 4096
     c.learner.micro_batch_size = 4
@@ -138,12 +142,14 @@ def memory_estimate(num_gpus: int, config: Any = None, usable_gib: float | None 
     * ``sync_transients``: at a weight sync, the new replica next to the old one plus the
       single cast of the learner's shards to the engine dtype, ``bytes * N (1 + 1/g)``.
 
-    ``lower_bound`` = what must be live at once during an update whatever XLA does:
-    master + AdamW + accumulator + reference + engine weights + KV cache. ``peak`` = the larger
-    of the update peak (lower bound + update transients) and the sync peak (no accumulator;
-    + sync transients). ``verdict``: ``"does not fit"`` when the lower bound exceeds
-    ``usable_gib`` (conclusive: skip), ``"fits"`` when the peak is below 90% of it, else
-    ``"tight"`` (try; may run out of memory).
+    ``lower_bound`` = what must be live at once whatever XLA does: master + AdamW +
+    accumulator + reference + engine weights + KV cache during an update; with
+    ``rollout.release_kv_during_update`` the larger of that without the KV cache and the
+    rollout's (the same without the accumulator, with the KV cache). ``peak`` = the larger of
+    the update peak (update's live set + update transients) and the sync peak (no
+    accumulator; + sync transients). ``verdict``: ``"does not fit"`` when the lower bound
+    exceeds ``usable_gib`` (conclusive) or the peak does (estimated): skipped; ``"fits"`` when
+    the peak is below 90% of it, else ``"tight"`` (try; may run out of memory).
     """
     from agentrl_jax.models.config import ModelConfig
     from agentrl_jax.training import services
@@ -178,19 +184,30 @@ def memory_estimate(num_gpus: int, config: Any = None, usable_gib: float | None 
         "sync_transients": eb * n * (1 + 1 / g),
     }
     parts = {k: v / GIB for k, v in parts.items()}
-    lower = sum(parts[k] for k in ("master", "adamw", "grad_accumulator", "reference",
-                                   "engine_weights", "kv_cache"))
-    update_peak = lower + parts["update_transients"]
-    sync_peak = lower - parts["grad_accumulator"] + parts["sync_transients"]
+    # rollout.release_kv_during_update: the KV cache is freed for the update and the weight
+    # sync (the next rollout allocates it again), so it is live only while the grads are not
+    releases_kv = bool(c.rollout.get("release_kv_during_update", False))
+    kv_in_update = 0.0 if releases_kv else parts["kv_cache"]
+    held = sum(parts[k] for k in ("master", "adamw", "reference", "engine_weights"))
+    lower = max(held + parts["grad_accumulator"] + kv_in_update, held + parts["kv_cache"])
+    update_peak = held + parts["grad_accumulator"] + kv_in_update + parts["update_transients"]
+    sync_peak = held + kv_in_update + parts["sync_transients"]
     peak = max(update_peak, sync_peak)
+    kv_text = (f" + KV cache {parts['kv_cache']:.1f}" if not releases_kv else
+               " (KV cache released)")
     if lower > usable_gib:
         verdict = "does not fit"
         reason = (f"{g} GPU(s): at least {lower:.1f} GiB must be live per GPU during an update "
                   f"(master {parts['master']:.1f} + AdamW {parts['adamw']:.1f} + gradients "
                   f"{parts['grad_accumulator']:.1f} + engine replica "
-                  f"{parts['engine_weights']:.1f} + KV cache {parts['kv_cache']:.1f}"
+                  f"{parts['engine_weights']:.1f}{kv_text}"
                   + (f" + reference {parts['reference']:.1f}" if uses_reference else "")
                   + f") > {usable_gib:.1f} GiB usable")
+    elif peak > usable_gib:
+        verdict = "does not fit"
+        reason = (f"{g} GPU(s): estimated peak {peak:.1f} GiB > {usable_gib:.1f} GiB usable "
+                  f"(update transients {parts['update_transients']:.1f}: an estimate "
+                  "calibrated on one measurement)")
     elif peak < 0.9 * usable_gib:
         verdict, reason = "fits", f"{g} GPU(s): estimated peak {peak:.1f} GiB of {usable_gib:.1f}"
     else:
@@ -198,7 +215,8 @@ def memory_estimate(num_gpus: int, config: Any = None, usable_gib: float | None 
         reason = (f"{g} GPU(s): estimated peak {peak:.1f} GiB, within 10% of (or above) "
                   f"{usable_gib:.1f} GiB usable: may run out of memory")
     return {"num_gpus": g, "parameters": n, "engine_slots_per_gpu": replica_slots,
-            "uses_reference": uses_reference, "parts_gib": parts, "lower_bound_gib": lower,
+            "uses_reference": uses_reference, "releases_kv_during_update": releases_kv,
+            "parts_gib": parts, "lower_bound_gib": lower,
             "update_peak_gib": update_peak, "sync_peak_gib": sync_peak, "peak_gib": peak,
             "gpu_memory_gib": gpu_memory_gib, "mem_fraction": usable_gib / gpu_memory_gib,
             "usable_gib": usable_gib, "verdict": verdict, "reason": reason}

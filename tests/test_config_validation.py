@@ -77,6 +77,20 @@ def test_each_bad_key_is_reported_on_one_line(key, value, line):
     assert problems[0].startswith(line), problems
 
 
+def test_kv_release_during_update_needs_no_overlap():
+    c = _smoke()
+    c.rollout.release_kv_during_update = True
+    assert config_problems(c) == []
+    c.train.max_staleness = 1
+    assert config_problems(c) == ["rollout.release_kv_during_update: needs train.max_staleness "
+                                  "= 0 (with 1 the next rollout decodes during the update)"]
+    d = c.to_dict()  # a plain mapping (a ConfigDict refuses the type change itself)
+    d["train"]["max_staleness"] = 0
+    d["rollout"]["release_kv_during_update"] = "yes"
+    assert config_problems(d) == ["rollout.release_kv_during_update: must be True or False "
+                                  "(got 'yes')"]
+
+
 def test_unknown_advantage_estimator_lists_the_registry():
     problems = _problems(learner__advantage_estimator="ppo2")
     assert len(problems) == 1

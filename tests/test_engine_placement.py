@@ -218,6 +218,45 @@ def test_replicas_pin_sessions_and_sync_weights_everywhere(model, prompts, refer
         backend.close()
 
 
+def test_kv_cache_released_while_idle_comes_back_for_the_next_request(model, prompts,
+                                                                      reference):
+    """release_kv_cache frees every replica's cache (the bytes of [max_batch, max_length] K and
+    V rows of every layer), drops cached prefixes and pins, refuses while a request runs; the
+    next request allocates a zero cache and answers exactly as before."""
+    from agentrl_jax.rollout.engine import EngineConfig
+    from agentrl_jax.rollout.replicas import EngineReplicas
+    from tests.rollout_helpers import ENGINE_KW
+
+    backend = EngineReplicas(model, EngineConfig(**ENGINE_KW), warmup=False,
+                             devices=jax.devices()[:2])
+    try:
+        first = backend.replicas[0]
+        _assert_same(_greedy(first, prompts, session="a"), reference)
+        assert first.load()["cached_slots"] == len(prompts)
+        backend.replica_for("pinned")
+        c, m = first.config, first.model_config
+        row_bytes = c.max_length * m.num_kv_heads * m.head_dim * 4  # float32 K or V, one layer
+        expected = 2 * m.num_layers * c.max_batch * row_bytes * backend.num_replicas
+        assert asyncio.run(backend.release_kv_cache()) == expected
+        assert all(r._cache is None for r in backend.replicas) and not backend._sessions
+        assert first.load()["cached_slots"] == 0
+        assert asyncio.run(backend.release_kv_cache()) == 0  # nothing left to free
+        _assert_same(_greedy(first, prompts), reference)  # a fresh cache, same answers
+        assert (first.stats.kv_releases, first.stats.kv_allocations) == (1, 1)
+        assert first._cache is not None and backend.replicas[1]._cache is None
+
+        # a request submitted before the release: the engine thread queues it first, so the
+        # release is refused, and the request finishes normally
+        slow = first.submit(prompts[3], SamplingParams(max_new_tokens=40, temperature=0.0,
+                                                       ignore_eos=True))
+        with pytest.raises(RuntimeError, match="requests are running"):
+            first.release_kv_cache_sync()
+        assert len(slow.result(timeout=300)[0].output_ids) == 40
+        assert first._cache is not None
+    finally:
+        backend.close()
+
+
 def _greedy_on(model, prompts):
     engine = make_engine(model, warmup=False)
     try:

@@ -120,3 +120,46 @@ def test_config_json_leaves_the_api_key_out(tmp_path):
     text = open(tmp_path / "config.json").read()
     assert "sesame" not in text and '"api_key": "<redacted>"' in text
     assert c.rollout.api_key == "sesame"  # the run itself keeps it
+
+
+def test_kv_cache_released_before_each_update_when_configured(tmp_path):
+    """rollout.release_kv_during_update: the trainer frees the engine's KV cache after each
+    rollout and before the learner update (then syncs weights); no release on a step without
+    an update, none at all when the key is off."""
+    events: list[str] = []
+
+    class Learner(RecordingLearner):
+        def update(self, batch, log=True, process_local=False):
+            events.append("update")
+            return super().update(batch, log, process_local)
+
+    class Backend(RecordingBackend):
+        async def release_kv_cache(self):
+            events.append("release")
+            return 3 * 2 ** 29
+
+        async def update_weights(self, params=None, *, version=None, **kwargs):
+            events.append("sync")
+            await super().update_weights(params, version=version, **kwargs)
+
+    for release in (True, False):
+        events.clear()
+        c = base_config()
+        c.train.total_steps = 3
+        c.train.tasks_per_step = c.train.samples_per_task = 2
+        c.train.save_every = 100
+        c.train.eval_tasks = 0
+        c.train.eval_before = c.train.eval_after = False
+        c.rollout.release_kv_during_update = release
+        trainer = Trainer(c, str(tmp_path / str(release)), progress=False)
+        learner = Learner()
+        sampler = TaskSampler([TaskRef("babyai", str(i)) for i in range(20)], seed=0)
+        asyncio.run(trainer._loop(learner, Backend(), FailingFirstRolloutPool(), sampler, [], 0))
+        rows = {step: m for step, m in learner.writer.rows}
+        if release:  # step 1 failed entirely: no update, no release
+            assert events == ["release", "update", "sync"] * 2
+            assert "rollout/kv_released_gib" not in rows[1]
+            assert [rows[s]["rollout/kv_released_gib"] for s in (2, 3)] == [1.5, 1.5]
+        else:
+            assert events == ["update", "sync"] * 2
+            assert all("rollout/kv_released_gib" not in m for m in rows.values())

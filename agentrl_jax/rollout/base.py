@@ -220,6 +220,13 @@ class RolloutBackend(abc.ABC):
     async def flush_cache(self) -> None:
         """Drop cached prefixes."""
 
+    async def release_kv_cache(self) -> int:
+        """Free the KV cache while no request runs (between a rollout and the next one, e.g.
+        during the learner's update on the same accelerators); every cached prefix goes with
+        it, and the next request allocates the cache again. Returns the bytes freed. Default:
+        nothing held here (0)."""
+        return 0
+
     def end_session(self, session_id: str) -> None:
         """A finished episode: its session's cached prefix and routing pin may go (so that a
         live session's prefix is not evicted in its place). Returns at once; safe to call from

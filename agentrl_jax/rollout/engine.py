@@ -422,6 +422,32 @@ class Engine(BatchedSamplesBackend):
         """Drop every cached session prefix; returns how many slots were freed."""
         return self._call_in_engine(self._slots.flush).result()
 
+    def release_kv_cache_sync(self) -> int:
+        """Free the KV cache (``[max_batch, max_length]`` rows of every layer) while the
+        engine is idle; cached prefixes are dropped and the next request allocates a zero
+        cache again (``stats.kv_allocations``). Returns the bytes freed (0 when already
+        released). Raises ``RuntimeError`` while a request is queued or running."""
+
+        def release() -> int:
+            if self._slot_seq or self._waiting or self._prefill_queue or self._fork_ready:
+                raise RuntimeError("cannot release the KV cache while requests are running "
+                                   f"({len(self._slot_seq)} running, {len(self._waiting)} "
+                                   "waiting)")
+            if self._cache is None:
+                return 0
+            freed = sum(int(x.nbytes) for x in jax.tree.leaves(self._cache))
+            self._slots.flush()
+            for x in jax.tree.leaves(self._cache):
+                x.delete()
+            self._cache = None
+            self.stats.kv_releases += 1
+            return freed
+
+        return self._call_in_engine(release).result()
+
+    async def release_kv_cache(self) -> int:
+        return await asyncio.to_thread(self.release_kv_cache_sync)
+
     async def flush_cache(self) -> int:
         return await asyncio.to_thread(self.flush_cache_sync)
 
@@ -478,6 +504,11 @@ class Engine(BatchedSamplesBackend):
         self._shutdown()
 
     def _step(self) -> None:
+        if self._cache is None:  # released (release_kv_cache) while the engine was idle
+            if not self._waiting:  # woken by a command only: stay released
+                return
+            self._cache = self._new_cache()
+            self.stats.kv_allocations += 1
         self._admit()
         for _ in range(self.config.prefill_calls_per_step):  # prefill first, bounded
             if not self._prefill_queue:

@@ -253,6 +253,13 @@ class EngineReplicas(BatchedSamplesBackend):
         self._forget_sessions()
         return sum(r.flush_cache_sync() for r in self.replicas)
 
+    async def release_kv_cache(self) -> int:
+        """Every replica frees its KV cache (:meth:`Engine.release_kv_cache_sync`); the pins
+        go with the cached prefixes. Returns the bytes freed over all replicas."""
+        freed = await self._each("release_kv_cache_sync")
+        self._forget_sessions()
+        return sum(freed)
+
     def abort(self, rid: str) -> bool:
         index = self._rids.get(str(rid))
         if index is not None:

@@ -71,6 +71,8 @@ class EngineStats:
     copy_calls: int = 0
     aborted: int = 0
     weight_updates: int = 0
+    kv_releases: int = 0  # release_kv_cache calls that freed the cache
+    kv_allocations: int = 0  # re-allocations of a released cache (by the next request)
 
     def as_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)

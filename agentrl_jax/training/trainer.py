@@ -575,6 +575,9 @@ class Trainer:
             metrics.update(stats.as_metrics())
             self._check_env_errors(step, trajectories, stats)
             if trainable:
+                if cfg.rollout.get("release_kv_during_update", False) and max_staleness == 0:
+                    freed = await backend.release_kv_cache()  # no rollout runs until the sync
+                    metrics["rollout/kv_released_gib"] = freed / 2 ** 30
                 if self.multi_process:  # this process's rows (none: an empty share)
                     batch = (assemble_batch(ok, pad_id=int(cfg.model.get("pad_id", 0))) if ok
                              else distributed.empty_batch())

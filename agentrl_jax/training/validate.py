@@ -288,7 +288,14 @@ def _check_train(c: _Checker) -> None:
     c.int_at_least(t, "train", "save_every", 1, default=1, required=False)
     c.int_at_least(t, "train", "keep_checkpoints", 1, default=3, required=False)
     c.int_at_least(t, "train", "eval_every", 0, default=0, required=False)
-    c.int_at_least(t, "train", "max_staleness", 0, default=0, required=False)
+    staleness = c.int_at_least(t, "train", "max_staleness", 0, default=0, required=False)
+    r = _get(c.config, "rollout")
+    release = _get(r, "release_kv_during_update", False) if r is not None else False
+    if not isinstance(release, bool):
+        c.bad("rollout.release_kv_during_update", f"must be True or False (got {release!r})")
+    elif release and staleness:
+        c.bad("rollout.release_kv_during_update", "needs train.max_staleness = 0 (with "
+              f"{staleness} the next rollout decodes during the update)")
     c.number(t, "train", "max_seconds", lambda x: x >= 0, ">= 0 (0: no limit)", default=0.0,
              required=False)
     c.int_at_least(t, "train", "eval_tasks", 0, default=0, required=False)
