@@ -576,7 +576,11 @@ class Trainer:
             self._check_env_errors(step, trajectories, stats)
             if trainable:
                 if cfg.rollout.get("release_kv_during_update", False) and max_staleness == 0:
-                    freed = await backend.release_kv_cache()  # no rollout runs until the sync
+                    try:  # no rollout runs until the sync
+                        freed = await backend.release_kv_cache()
+                    except RuntimeError as e:  # a request still running (e.g. not yet aborted)
+                        log.warning("step %d: KV cache kept for the update: %s", step, e)
+                        freed = 0
                     metrics["rollout/kv_released_gib"] = freed / 2 ** 30
                 if self.multi_process:  # this process's rows (none: an empty share)
                     batch = (assemble_batch(ok, pad_id=int(cfg.model.get("pad_id", 0))) if ok
