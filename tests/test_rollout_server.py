@@ -7,6 +7,7 @@ import json
 import time
 
 import aiohttp
+import jax
 import numpy as np
 import pytest
 
@@ -164,8 +165,23 @@ async def test_admin_endpoints(served, http):
     assert status == 200
     status, models = await get(http, url + "/v1/models")
     assert status == 200 and models["data"][0]["id"] == "tiny-random"
+    # SGLang's memory saver, for the KV cache only: frees it (a second time: nothing left),
+    # re-allocates it; other tags and bad bodies are 400
+    kv_bytes = sum(int(x.nbytes) for x in jax.tree.leaves(engine._cache))
+    status, out, _ = await post(http, url + "/release_memory_occupation", {"tags": ["kv_cache"]})
+    assert status == 200 and out == {"success": True, "released": ["kv_cache"],
+                                     "bytes": kv_bytes}
+    assert engine._cache is None
     status, out, _ = await post(http, url + "/release_memory_occupation", {})
-    assert status == 501
+    assert status == 200 and out["bytes"] == 0
+    status, out, _ = await post(http, url + "/resume_memory_occupation", {"tags": None})
+    assert status == 200 and out["bytes"] == kv_bytes and engine._cache is not None
+    for body, message in (({"tags": ["weights"]}, "releases only its KV cache"),
+                          ({"tags": ["vram"]}, "unknown tag 'vram'"),
+                          ({"tags": "kv_cache"}, "tags"), ({"nope": 1}, "nope")):
+        status, out, _ = await post(http, url + "/release_memory_occupation", body)
+        assert status == 400 and message in out["error"]["message"], (body, out)
+    assert engine._cache is not None
 
 
 async def test_abort_and_pause(served, http):
@@ -179,6 +195,10 @@ async def test_abort_and_pause(served, http):
         if "abort-me" in engine._requests:
             break
         await asyncio.sleep(0.01)
+    # a queued request: the KV cache cannot be released under it
+    status, out, _ = await post(http, url + "/release_memory_occupation", {})
+    assert status == 409 and "requests are running" in out["error"]["message"]
+    assert engine._cache is not None
     status, out, _ = await post(http, url + "/abort_request", {"rid": "abort-me"})
     assert status == 200 and out["aborted"] == 1
     status, out, _ = await task

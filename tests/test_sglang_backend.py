@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import socket
 
+import jax
 import numpy as np
 import pytest
 
@@ -74,6 +75,26 @@ async def test_sticky_sessions_hit_prefix_cache(servers, model):
         for (s, h), r in zip(turn2.items(), second):
             assert r.cached_tokens == len(h) - 3  # the session's own server had its prefix
             assert r.output_ids == reference_greedy(model, h, 4)
+
+
+async def test_kv_cache_released_on_every_server_and_resumed(servers, model):
+    """release_kv_cache posts SGLang's /release_memory_occupation (tags ["kv_cache"]) to each
+    server: both engines drop their caches (the bytes they report are summed) and the pins
+    go; resume_kv_cache allocates them again; generation is unchanged."""
+    urls, engines = servers
+    async with SGLangBackend(urls) as backend:
+        sp = SamplingParams(max_new_tokens=4, **GREEDY)
+        prompt = random_prompt(np.random.default_rng(2), 9)
+        await asyncio.gather(*[backend.generate(prompt, sp, session_id=f"kv-{i}")
+                               for i in range(2)])
+        assert backend._sticky
+        kv = [sum(int(x.nbytes) for x in jax.tree.leaves(e._cache)) for e in engines]
+        assert await backend.release_kv_cache() == sum(kv)
+        assert all(e._cache is None for e in engines) and not backend._sticky
+        assert await backend.resume_kv_cache() == sum(kv)
+        assert all(e._cache is not None for e in engines)
+        res = await backend.generate(prompt, sp)
+        assert res.output_ids == reference_greedy(model, prompt, 4) and res.cached_tokens == 0
 
 
 async def test_least_loaded_spreads_requests(servers):

@@ -124,7 +124,8 @@ def test_config_json_leaves_the_api_key_out(tmp_path):
 
 def test_kv_cache_released_before_each_update_when_configured(tmp_path):
     """rollout.release_kv_during_update: the trainer frees the engine's KV cache after each
-    rollout and before the learner update (then syncs weights); a refused release (a request
+    rollout and before the learner update, syncs weights, then has the cache allocated again
+    for the next rollout; a refused release (a request
     still running) leaves the cache and the step goes on; no release on a step without an
     update, none at all when the key is off."""
     events: list[str] = []
@@ -145,6 +146,10 @@ def test_kv_cache_released_before_each_update_when_configured(tmp_path):
             events.append("sync")
             await super().update_weights(params, version=version, **kwargs)
 
+        async def resume_kv_cache(self):
+            events.append("resume")
+            return 0
+
     for release in (True, False):
         events.clear()
         c = base_config()
@@ -160,7 +165,7 @@ def test_kv_cache_released_before_each_update_when_configured(tmp_path):
         asyncio.run(trainer._loop(learner, Backend(), FailingFirstRolloutPool(), sampler, [], 0))
         rows = {step: m for step, m in learner.writer.rows}
         if release:  # step 1 failed entirely: no update, no release
-            assert events == ["release", "update", "sync"] * 2
+            assert events == ["release", "update", "sync", "resume"] * 2
             assert "rollout/kv_released_gib" not in rows[1]
             assert [rows[s]["rollout/kv_released_gib"] for s in (2, 3)] == [1.5, 0.0]
         else:

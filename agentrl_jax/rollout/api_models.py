@@ -586,6 +586,29 @@ class CloseSessionRequest(Request):
     session_id: Annotated[StrictStr, Field(min_length=1)]
 
 
+MEMORY_TAGS = ("kv_cache", "weights", "cuda_graph")  # SGLang's memory-saver tags
+
+
+class MemoryOccupationRequest(Request):
+    """SGLang's ``ReleaseMemoryOccupationReqInput`` / ``ResumeMemoryOccupationReqInput``.
+    ``tags``: what to release / resume, of SGLang's ``kv_cache``, ``weights``, ``cuda_graph``;
+    ``null`` = what this server can: only its KV cache (the weights stay loaded), so a tag
+    other than ``kv_cache`` is refused."""
+
+    null_is_default = True
+    tags: list[StrictStr] | None = None
+
+    @model_validator(mode="after")
+    def _kv_only(self) -> "MemoryOccupationRequest":
+        for tag in self.tags or ():
+            if tag not in MEMORY_TAGS:
+                raise _fail(f"unknown tag {tag!r}; known: {', '.join(MEMORY_TAGS)}")
+            if tag != "kv_cache":
+                raise _fail(f"tag {tag!r}: this engine releases only its KV cache "
+                            "(tags ['kv_cache'] or null); its weights stay loaded")
+        return self
+
+
 class PauseRequest(Request):
     """SGLang's ``PauseGenerationReqInput``."""
 
@@ -661,6 +684,7 @@ def validate_request(model: type[M], body: Any, where: str,
 
 __all__ = ["Request", "SamplingParamsRequest", "GenerateRequest", "OpenAIRequest",
            "CompletionRequest", "ChatCompletionRequest", "ChatMessage", "TextPart",
-           "UpdateWeightsRequest", "AbortRequest", "CloseSessionRequest", "PauseRequest",
+           "UpdateWeightsRequest", "AbortRequest", "CloseSessionRequest", "MemoryOccupationRequest",
+           "MEMORY_TAGS", "PauseRequest",
            "ContinueRequest",
            "RESERVED_TEMPLATE_KWARGS", "validate_request", "json_type", "error_message", "one_of"]

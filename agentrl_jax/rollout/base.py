@@ -227,6 +227,12 @@ class RolloutBackend(abc.ABC):
         nothing held here (0)."""
         return 0
 
+    async def resume_kv_cache(self) -> int:
+        """Allocate a released KV cache again before the next rollout (a server that cannot
+        serve while released, as SGLang's memory saver, needs this); returns the bytes
+        allocated. Default: nothing to do (0)."""
+        return 0
+
     def end_session(self, session_id: str) -> None:
         """A finished episode: its session's cached prefix and routing pin may go (so that a
         live session's prefix is not evicted in its place). Returns at once; safe to call from

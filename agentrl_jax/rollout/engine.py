@@ -448,6 +448,22 @@ class Engine(BatchedSamplesBackend):
     async def release_kv_cache(self) -> int:
         return await asyncio.to_thread(self.release_kv_cache_sync)
 
+    def resume_kv_cache_sync(self) -> int:
+        """Allocate a released KV cache now (else the next request does); returns its bytes
+        (0 when it was not released)."""
+
+        def resume() -> int:
+            if self._cache is not None:
+                return 0
+            self._cache = self._new_cache()
+            self.stats.kv_allocations += 1
+            return sum(int(x.nbytes) for x in jax.tree.leaves(self._cache))
+
+        return self._call_in_engine(resume).result()
+
+    async def resume_kv_cache(self) -> int:
+        return await asyncio.to_thread(self.resume_kv_cache_sync)
+
     async def flush_cache(self) -> int:
         return await asyncio.to_thread(self.flush_cache_sync)
 

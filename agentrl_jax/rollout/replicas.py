@@ -260,6 +260,9 @@ class EngineReplicas(BatchedSamplesBackend):
         self._forget_sessions()
         return sum(freed)
 
+    async def resume_kv_cache(self) -> int:
+        return sum(await self._each("resume_kv_cache_sync"))
+
     def abort(self, rid: str) -> bool:
         index = self._rids.get(str(rid))
         if index is not None:

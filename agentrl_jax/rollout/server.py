@@ -3,8 +3,9 @@
 Follows the HTTP API of SGLang 0.5.x (``sglang.srt.entrypoints.http_server``): ``/generate``,
 ``/health``, ``/health_generate``, ``/get_model_info``, ``/get_server_info``, ``/flush_cache``,
 ``/update_weights_from_disk``, ``/abort_request``, ``/pause_generation``,
-``/continue_generation``, ``/close_session`` (here: free a finished episode's cached prefix)
-and the OpenAI-compatible ``/v1/models``, ``/v1/completions`` and
+``/continue_generation``, ``/close_session`` (here: free a finished episode's cached prefix),
+``/release_memory_occupation`` / ``/resume_memory_occupation`` (the KV cache only) and the
+OpenAI-compatible ``/v1/models``, ``/v1/completions`` and
 ``/v1/chat/completions`` (non-streaming). See docs/ROLLOUT.md for the field-by-field coverage.
 
     python -m agentrl_jax.rollout.server --model smollm2 --port 30000
@@ -42,8 +43,8 @@ from pydantic import BaseModel
 from agentrl_jax.rollout.api_models import (AbortRequest, ChatCompletionRequest,
                                             CloseSessionRequest, CompletionRequest,
                                             ContinueRequest, GenerateRequest,
-                                            PauseRequest, UpdateWeightsRequest, json_type,
-                                            validate_request)
+                                            MemoryOccupationRequest, PauseRequest,
+                                            UpdateWeightsRequest, json_type, validate_request)
 from agentrl_jax.rollout.base import (BackendUnavailableError, GenerateResult, InvalidRequestError,
                                       OverloadedError, SamplingParams)
 from agentrl_jax.rollout.chat_template_sandbox import TemplateBusy, TemplateError, TemplateSandbox
@@ -269,8 +270,8 @@ class RolloutServer:
         r.add_post("/close_session", self.close_session)
         r.add_post("/pause_generation", self.pause_generation)
         r.add_post("/continue_generation", self.continue_generation)
-        r.add_post("/release_memory_occupation", self.not_supported)
-        r.add_post("/resume_memory_occupation", self.not_supported)
+        r.add_post("/release_memory_occupation", self.release_memory_occupation)
+        r.add_post("/resume_memory_occupation", self.resume_memory_occupation)
         r.add_get("/v1/models", self.v1_models)
         r.add_post("/v1/completions", self.v1_completions)
         r.add_post("/v1/chat/completions", self.v1_chat_completions)
@@ -504,6 +505,25 @@ class RolloutServer:
         self.engine.end_session(session_id)
         return web.json_response({"success": True})
 
+    async def release_memory_occupation(self, request: web.Request) -> web.Response:
+        """SGLang's memory saver, for the KV cache only (``Engine.release_kv_cache``): 409
+        while requests run."""
+        body = await self._json(request, required=False)
+        self._validate(MemoryOccupationRequest, body, "/release_memory_occupation")
+        try:
+            freed = await self.engine.release_kv_cache()
+        except RuntimeError as e:
+            return _error_response(409, str(e), "conflict")
+        return web.json_response({"success": True, "released": ["kv_cache"],
+                                  "bytes": freed})
+
+    async def resume_memory_occupation(self, request: web.Request) -> web.Response:
+        body = await self._json(request, required=False)
+        self._validate(MemoryOccupationRequest, body, "/resume_memory_occupation")
+        allocated = await self.engine.resume_kv_cache()
+        return web.json_response({"success": True, "resumed": ["kv_cache"],
+                                  "bytes": allocated})
+
     async def pause_generation(self, request: web.Request) -> web.Response:
         body = await self._json(request, required=False)
         mode = self._validate(PauseRequest, body, "/pause_generation").mode
@@ -515,10 +535,6 @@ class RolloutServer:
         self._validate(ContinueRequest, body, "/continue_generation")
         self.engine.resume()
         return web.json_response({"message": "Generation continued."})
-
-    async def not_supported(self, request: web.Request) -> web.Response:
-        return _error_response(501, f"{request.path} is not supported by the embedded engine",
-                               "not_implemented")
 
     # ------------------------------------------------------------------------- OpenAI
     async def v1_models(self, request: web.Request) -> web.Response:

@@ -366,6 +366,25 @@ class SGLangBackend(BatchedSamplesBackend):
         self._sticky.clear()
         self._pinned = [0] * len(self.servers)
 
+    async def release_kv_cache(self) -> int:
+        """``POST /release_memory_occupation {"tags": ["kv_cache"]}`` on every server (a real
+        SGLang server frees memory only when started with ``--enable-memory-saver``); cached
+        prefixes go, so do the pins. Returns the bytes the servers report freed (SGLang
+        reports none: 0)."""
+        out = await asyncio.gather(*[self._post_one(i, "/release_memory_occupation",
+                                                    {"tags": ["kv_cache"]})
+                                     for i in range(len(self.servers))])
+        self._sticky.clear()
+        self._pinned = [0] * len(self.servers)
+        return sum(int(o.get("bytes", 0)) if isinstance(o, dict) else 0 for o in out)
+
+    async def resume_kv_cache(self) -> int:
+        """``POST /resume_memory_occupation {"tags": ["kv_cache"]}`` on every server."""
+        out = await asyncio.gather(*[self._post_one(i, "/resume_memory_occupation",
+                                                    {"tags": ["kv_cache"]})
+                                     for i in range(len(self.servers))])
+        return sum(int(o.get("bytes", 0)) if isinstance(o, dict) else 0 for o in out)
+
     async def update_weights(self, params: Any = None, *, path: str | None = None,
                              version: str | None = None, tokenizer: Any = None,
                              flush_cache: bool = True, abort_all: bool = False) -> str:

@@ -47,9 +47,10 @@ def base_config() -> ConfigDict:
     c.rollout.engine_replicas = 0
     c.rollout.tensor_parallel = 1
     c.rollout.decode_attention = "auto"  # auto (ragged on GPU) | ragged | dense
-    # free the embedded engine's KV cache during each learner update (it is re-allocated by
-    # the next rollout; cached prefixes go): the update gets that memory on shared devices.
-    # Only without overlap (train.max_staleness = 0); other backends ignore it
+    # free the engines' KV cache during each learner update (allocated again after the weight
+    # sync; cached prefixes go): the update gets that memory on shared devices. Only without
+    # overlap (train.max_staleness = 0); engine servers and SGLang get /release_memory_occupation
+    # (SGLang frees memory only with --enable-memory-saver)
     c.rollout.release_kv_during_update = False
     # prefill attends over a KV-length bucket of each row: "" (off: the whole row), "auto"
     # (powers of two from 512) or a comma list of lengths; more prefill shapes to compile
