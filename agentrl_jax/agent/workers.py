@@ -154,8 +154,8 @@ async def _worker(path: str) -> None:
                      prompt_style=setup.prompt_style, response_prefix=setup.response_prefix)
     jobs: set[asyncio.Task] = set()
 
-    async def run(specs, horizon: int, policy_version: int, seed: int | None,
-                  version: int) -> None:
+    async def run(specs, horizon: int, policy_version: int, seed: int | None) -> None:
+        """Play one job's episodes (its start version was recorded on receipt)."""
         gate = asyncio.Semaphore(setup.max_concurrency)
         job = specs[0][0] >> 32
 
@@ -192,7 +192,7 @@ async def _worker(path: str) -> None:
             elif kind == "run":
                 if isinstance(backend, _DirectBackend):  # before any "ver" of this job
                     backend.job_versions[message[1][0][0] >> 32] = message[-1]
-                task = asyncio.ensure_future(run(*message[1:]))
+                task = asyncio.ensure_future(run(*message[1:5]))
                 jobs.add(task)
                 task.add_done_callback(jobs.discard)
             elif kind == "ver" and isinstance(backend, _DirectBackend):
