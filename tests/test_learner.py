@@ -366,3 +366,43 @@ def test_flops_and_peak_table():
     assert peak_flops_per_device("TPU v4") == 275e12
     assert peak_flops_per_device("TPU v6 lite") == 918e12
     assert peak_flops_per_device("cpu") is None
+
+
+@needs_8
+def test_bf16_logprob_pass_casts_first_with_the_same_values(base_state):
+    """The learner's log-prob pass casts the sharded float32 master weights to the compute
+    dtype before the forward, as the update does (so that on GPUs FSDP can gather bfloat16
+    weights: half the bytes; XLA:CPU gathers float32 for the update too, so the gathered dtype
+    is not checked here), and the log-probs equal the uncast pass's exactly on an FSDP mesh
+    (the model computes in bfloat16 either way)."""
+    from agentrl_jax.learner.logprobs import token_logprobs
+    from agentrl_jax.sharding.activations import activation_mesh
+    from agentrl_jax.sharding.rules import batch_sharding
+
+    cfg = LearnerConfig(dtype="bfloat16", remat=False, learning_rate=1e-3, micro_batch_size=4,
+                        min_length_bucket=32, logprob_chunk_size=12)
+    mesh = make_mesh(fsdp=4, devices=jax.devices()[:4])
+    learner = Learner(fresh_model(base_state), cfg, mesh=mesh)
+    assert jax.tree.leaves(learner.params)[0].dtype == jnp.float32
+    batch = multiturn_batch(3, batch=4)
+    tokens, mask = batch["tokens"], batch["attention_mask"]
+    fn = learner._logprob_fn("float32")
+    # inside the jitted pass, every use of a float32 parameter is its cast to bfloat16 (before:
+    # the log-prob head's scan read the float32 output matrix too)
+    inner = jax.make_jaxpr(fn)(learner.params, tokens, mask).jaxpr.eqns[0].params["jaxpr"].jaxpr
+    param_vars = {id(v) for v in inner.invars[:len(jax.tree.leaves(learner.params))]}
+    uses = {(e.primitive.name, str(e.params.get("new_dtype"))) for e in inner.eqns
+            if any(id(v) in param_vars for v in e.invars)}
+    assert uses == {("convert_element_type", "bfloat16")}, uses
+    lp, _ = fn(learner.params, tokens, mask)
+
+    def uncast(params, tokens, mask):  # the pass as it was: float32 weights into the model
+        with activation_mesh(mesh):
+            return token_logprobs(learner.graphdef, params, tokens, mask,
+                                  chunk_size=cfg.logprob_chunk_size, temperature=cfg.temperature,
+                                  use_attention_mask=cfg.use_attention_mask)[0]
+    rows = batch_sharding(mesh, 2)
+    want = jax.jit(uncast, in_shardings=(learner.param_shardings, rows, rows))(
+        learner.params, tokens, mask)
+    assert np.isfinite(np.asarray(want)).all()
+    np.testing.assert_array_equal(np.asarray(lp), np.asarray(want))

@@ -64,7 +64,7 @@ from agentrl_jax.learner.optim import make_optimizer
 from agentrl_jax.learner.packed_step import PackedSteps
 from agentrl_jax.learner.packed_update import PackedUpdate
 from agentrl_jax.learner.padded_update import PaddedUpdate
-from agentrl_jax.learner.train_step import make_train_step, minibatch_sharding
+from agentrl_jax.learner.train_step import cast_params, make_train_step, minibatch_sharding
 from agentrl_jax.models.config import ModelConfig
 from agentrl_jax.models.llama import CausalLM
 from agentrl_jax.sharding.activations import activation_mesh
@@ -187,8 +187,8 @@ class Learner:
     # ------------------------------------------------------------------ jitted functions
     def _logprob_fn(self, params_dtype: str):
         cfg = self.config
-        key = ("logprobs", self.graphdef, self.mesh, params_dtype, cfg.logprob_chunk_size,
-               cfg.temperature, cfg.use_attention_mask)
+        key = ("logprobs", self.graphdef, self.mesh, params_dtype, cfg.dtype,
+               cfg.logprob_chunk_size, cfg.temperature, cfg.use_attention_mask)
 
         graphdef, mesh, shardings = self.graphdef, self.mesh, self.param_shardings
 
@@ -197,7 +197,10 @@ class Learner:
 
             def fn(params, tokens, attention_mask):
                 with activation_mesh(mesh):
-                    lp, ent = token_logprobs(graphdef, params, tokens, attention_mask,
+                    # cast where the shards live, as the update does: the model computes in
+                    # cfg.dtype anyway (same values), and FSDP gathers half the bytes (bf16)
+                    lp, ent = token_logprobs(graphdef, cast_params(params, cfg.dtype), tokens,
+                                             attention_mask,
                                              chunk_size=cfg.logprob_chunk_size,
                                              temperature=cfg.temperature, with_entropy=True,
                                              use_attention_mask=cfg.use_attention_mask)
@@ -209,16 +212,17 @@ class Learner:
         """``(params, tokens, segment_ids, positions [R, P]) -> logprobs [R, P]`` of packed
         rows (the learner's alignment; see ``logprobs.py``)."""
         cfg = self.config
-        key = ("packed_logprobs", self.graphdef, self.mesh, params_dtype, cfg.logprob_chunk_size,
-               cfg.temperature)
+        key = ("packed_logprobs", self.graphdef, self.mesh, params_dtype, cfg.dtype,
+               cfg.logprob_chunk_size, cfg.temperature)
         graphdef, mesh, shardings = self.graphdef, self.mesh, self.param_shardings
 
         def build():  # closes over locals only (never ``self``: the cache outlives learners)
             bs = batch_sharding(mesh, 2)
 
             def fn(params, tokens, segment_ids, positions):
-                with activation_mesh(mesh):
-                    lp, _ = token_logprobs(graphdef, params, tokens, None,
+                with activation_mesh(mesh):  # compute-dtype cast: see _logprob_fn
+                    lp, _ = token_logprobs(graphdef, cast_params(params, cfg.dtype), tokens,
+                                           None,
                                            chunk_size=cfg.logprob_chunk_size,
                                            temperature=cfg.temperature,
                                            segment_ids=segment_ids, positions=positions)
