@@ -15,6 +15,7 @@ from agentrl_jax.algorithms import aggregate_loss, aggregation_weights
 from agentrl_jax.learner import Learner, LearnerConfig
 from agentrl_jax.learner.packed_update import behaviour_consistency
 from agentrl_jax.learner.packing import pack, plan_packing, segment_layout, unpack
+from agentrl_jax.sharding.mesh import make_mesh
 from tests.test_learner import TINY, base_state, fresh_model, multiturn_batch, one_device_mesh  # noqa: F401
 
 
@@ -127,7 +128,6 @@ def test_pallas_attention_is_split_over_the_mesh(axes):
     from agentrl_jax.models.pallas_attention import (pallas_causal_attention,
                                                      sharded_pallas_causal_attention)
     from agentrl_jax.sharding.activations import activation_mesh
-    from agentrl_jax.sharding.mesh import make_mesh
 
     mesh = make_mesh(data=axes.get("data", 1), fsdp=axes["fsdp"], tensor=axes.get("tensor", 1),
                      devices=jax.devices()[:4])
@@ -160,6 +160,26 @@ def test_pallas_attention_is_split_over_the_mesh(axes):
     np.testing.assert_allclose(np.asarray(out),
                                np.asarray(pallas_causal_attention(q, k, v, seg, interpret=True)),
                                atol=1e-6)
+
+
+@pytest.mark.skipif(len(jax.devices()) < 4, reason="needs 4 (virtual) devices")
+def test_packed_update_with_pallas_attention_on_fsdp_equals_one_device(base_state):  # noqa: F811
+    """The learner's packed update with the Pallas kernel (interpreter on CPU) inside
+    shard_map and per-layer remat, FSDP over 4 devices, gives the parameters of the
+    blockwise-attention update on one device."""
+    batch = multiturn_batch(5, batch=8, length=30)
+    common = dict(dtype="float32", remat=True, learning_rate=0.1, adam_eps=1.0,
+                  min_length_bucket=32, logprob_chunk_size=12, ratio_source="recompute",
+                  shuffle=False, pack_length=64, micro_batch_size=4)
+    one = Learner(fresh_model(base_state), LearnerConfig(attention_impl="chunked", **common),
+                  mesh=one_device_mesh())
+    fsdp = Learner(fresh_model(base_state), LearnerConfig(attention_impl="pallas", **common),
+                   mesh=make_mesh(fsdp=4, devices=jax.devices()[:4]))
+    m_one, m_fsdp = one.update(batch), fsdp.update(batch)
+    assert m_fsdp["batch/packed_rows"] == 4  # 8 sequences in 4 packed rows, one per device
+    for a, b in zip(jax.tree.leaves(one.params), jax.tree.leaves(fsdp.params)):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=2e-6, rtol=1e-4)
+    assert m_fsdp["actor/pg_loss"] == pytest.approx(m_one["actor/pg_loss"], rel=1e-4, abs=1e-6)
 
 
 def test_pallas_attention_matches_chunked_on_packed_rows():
