@@ -593,9 +593,9 @@ class Trainer:
                 t_sync = time.monotonic()
                 await self._sync_weights(backend, learner, step + 1,
                                          copy=max_staleness >= 1)
+                metrics["perf/weight_sync_s"] = time.monotonic() - t_sync
                 if "rollout/kv_released_gib" in metrics:  # before the next rollout
                     await backend.resume_kv_cache()
-                metrics["perf/weight_sync_s"] = time.monotonic() - t_sync
                 weights_version = step + 1
                 hostmem.release_freed_memory()  # the update's temporaries
             else:
