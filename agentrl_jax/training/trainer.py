@@ -27,9 +27,7 @@ import dataclasses
 import json
 import logging
 import os
-import signal
 import sys
-import threading
 import time
 from typing import Any
 
@@ -509,40 +507,6 @@ class Trainer:
 
     async def _loop(self, learner: Any, backend: Any, pool: ActorPool, sampler: TaskSampler,
                     eval_tasks: list[TaskRef], start_step: int) -> dict[str, Any]:
-        """The training steps, with Ctrl-C noted as well as delivered (see ``_watch_sigint``)."""
-        with self._watch_sigint():
-            return await self._steps(learner, backend, pool, sampler, eval_tasks, start_step)
-
-    @contextlib.contextmanager
-    def _watch_sigint(self):
-        """Record a SIGINT before passing it on to the handler in place (asyncio.run's, which
-        cancels the main task). A cancellation can be lost on its way (an awaited task that
-        ends normally after being cancelled takes it with it: a Ctrl-C during the first
-        rollout was once ignored and the run went on to its last step), so the step loop also
-        checks the record at each step boundary (``_stop_if_interrupted``)."""
-        self._interrupted = False
-        previous = signal.getsignal(signal.SIGINT)
-        if threading.current_thread() is not threading.main_thread() or not callable(previous):
-            yield
-            return
-
-        def on_sigint(signum: int, frame: Any) -> None:
-            self._interrupted = True
-            previous(signum, frame)
-
-        signal.signal(signal.SIGINT, on_sigint)
-        try:
-            yield
-        finally:
-            if signal.getsignal(signal.SIGINT) is on_sigint:
-                signal.signal(signal.SIGINT, previous)
-
-    def _stop_if_interrupted(self) -> None:
-        if getattr(self, "_interrupted", False):
-            raise KeyboardInterrupt
-
-    async def _steps(self, learner: Any, backend: Any, pool: ActorPool, sampler: TaskSampler,
-                     eval_tasks: list[TaskRef], start_step: int) -> dict[str, Any]:
         cfg = self.config
         total = int(cfg.train.total_steps)
         eval_every = int(cfg.train.get("eval_every", 0))
@@ -584,11 +548,9 @@ class Trainer:
 
         pending = launch(start_step) if start_step < total else None
         for step in range(start_step, total):
-            self._stop_if_interrupted()
             t0 = time.monotonic()
             horizon, trajectories, stats = await pending
             pending = None
-            self._stop_if_interrupted()
             # Overlap: the next rollout runs (with the current weights) while this update trains.
             if max_staleness >= 1 and step + 1 < total:
                 pending = launch(step + 1)
