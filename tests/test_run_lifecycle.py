@@ -220,7 +220,11 @@ def test_ctrl_c_stops_cleanly(tmp_path, compile_cache_env):
            "--config.train.total_steps=50", "--config.horizon.phases=(8,)",
            "--config.rollout.max_new_tokens=100"]
     with open(stderr_path, "w") as err:
+        # the child starts with SIGINT's default action whatever the suite inherited (a suite
+        # run in the background, e.g. `nohup ... &`, has SIGINT ignored, and Python then never
+        # installs its Ctrl-C handler: the run would train on to its last step)
         proc = subprocess.Popen(cmd, cwd=REPO, env=_env(compile_cache_env),
+                                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
                                 stdout=subprocess.PIPE, stderr=err, text=True)
         urls, rolling = [], False
         try:
