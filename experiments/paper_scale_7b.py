@@ -6,10 +6,8 @@ Timed with ``benchmarks/rl_step.py --config experiments/paper_scale_7b.py --vari
 learner shards over every visible GPU (``learner.mesh``: FSDP) and the embedded engine runs a
 bf16 replica on each of them (``rollout.engine_replicas=0``). By the estimate below 1 and 2
 H100 80GB cannot hold it and 4 can (with the KV cache freed during the update), and 2 (or
-more) H200 141GB can. Measured: 4 H200s
-ran it (steady step 67.3 s, peak 110.5 GiB per GPU, 2026-11-26); 4 H100s ran out of memory at
-the first update (2026-11-27; docs/PERFORMANCE.md). Random weights: actions are
-rarely valid, rewards are 0 and every episode runs 13 turns of up to 24 tokens;
+more) H200 141GB can (measured runs: below the table). Random weights: actions are rarely
+valid, rewards are 0 and every episode runs 13 turns of up to 24 tokens;
 ``train.skip_flat_groups`` is off so that the update runs (on zero advantages) and is timed.
 Results: docs/PERFORMANCE.md.
 
@@ -33,9 +31,10 @@ H100's 79.1) x ``--mem-fraction`` (0.95)::
 (the KV cache is released during the update: ``rollout.release_kv_during_update``; without
 it 4 GPUs are 49.6 / 69.4, "tight"). H200 141GB (``--gpu-memory-gib 140.4``: nvidia-smi's
 143771 MiB, which ``benchmarks/scaling_step_gpu.sh`` passes; 133.4 GiB usable): 1 GPU does not
-fit (164.3), 2 and 4 fit (peaks 96.3 and 62.4, below 90% of 133.4). Measured: 4 H200s ran the step (peak 110.5
-GiB a GPU, 2026-11-26, before a remat fix that splits the backward's batch); 4 H100s ran out of
-memory at the first update (2026-11-27, after that fix; docs/PERFORMANCE.md).
+fit (164.3), 2 and 4 fit (peaks 96.3 and 62.4, below 90% of 133.4). Measured: 4 H200s ran the
+step (steady 67.3 s, peak 110.5 GiB a GPU, 2026-11-26, before a remat fix that splits the
+backward's batch); 4 H100s ran out of memory at the first update (2026-11-27, after that fix,
+before the KV release; docs/PERFORMANCE.md).
 
 (lower bound: what must be live during an update; peak adds the update's transients -- the
 bf16 compute copy, a micro-batch's gradients, activations -- or, at a weight sync, the new

@@ -74,6 +74,10 @@ log = logging.getLogger(__name__)
 warnings.filterwarnings("ignore", message="Some donated buffers were not usable")
 
 
+def _nbytes(tree: Any) -> int:
+    return sum(int(x.nbytes) for x in jax.tree.leaves(tree))
+
+
 class Engine(BatchedSamplesBackend):
     """The embedded continuous-batching engine (registry name ``embedded``).
 
@@ -435,7 +439,7 @@ class Engine(BatchedSamplesBackend):
                                    "waiting)")
             if self._cache is None:
                 return 0
-            freed = sum(int(x.nbytes) for x in jax.tree.leaves(self._cache))
+            freed = _nbytes(self._cache)
             self._slots.flush()
             for x in jax.tree.leaves(self._cache):
                 x.delete()
@@ -452,14 +456,15 @@ class Engine(BatchedSamplesBackend):
         """Allocate a released KV cache now (else the next request does); returns its bytes
         (0 when it was not released)."""
 
-        def resume() -> int:
-            if self._cache is not None:
-                return 0
-            self._cache = self._new_cache()
-            self.stats.kv_allocations += 1
-            return sum(int(x.nbytes) for x in jax.tree.leaves(self._cache))
+        return self._call_in_engine(self._reallocate_cache).result()
 
-        return self._call_in_engine(resume).result()
+    def _reallocate_cache(self) -> int:
+        """(Engine thread.) A zero KV cache in place of a released one; returns its bytes."""
+        if self._cache is not None:
+            return 0
+        self._cache = self._new_cache()
+        self.stats.kv_allocations += 1
+        return _nbytes(self._cache)
 
     async def resume_kv_cache(self) -> int:
         return await asyncio.to_thread(self.resume_kv_cache_sync)
@@ -523,8 +528,7 @@ class Engine(BatchedSamplesBackend):
         if self._cache is None:  # released (release_kv_cache) while the engine was idle
             if not self._waiting:  # woken by a command only: stay released
                 return
-            self._cache = self._new_cache()
-            self.stats.kv_allocations += 1
+            self._reallocate_cache()
         self._admit()
         for _ in range(self.config.prefill_calls_per_step):  # prefill first, bounded
             if not self._prefill_queue:

@@ -371,17 +371,18 @@ class SGLangBackend(BatchedSamplesBackend):
         SGLang server frees memory only when started with ``--enable-memory-saver``); cached
         prefixes go, so do the pins. Returns the bytes the servers report freed (SGLang
         reports none: 0)."""
-        out = await asyncio.gather(*[self._post_one(i, "/release_memory_occupation",
-                                                    {"tags": ["kv_cache"]})
-                                     for i in range(len(self.servers))])
+        freed = await self._kv_cache_call("/release_memory_occupation")
         self._sticky.clear()
         self._pinned = [0] * len(self.servers)
-        return sum(int(o.get("bytes", 0)) if isinstance(o, dict) else 0 for o in out)
+        return freed
 
     async def resume_kv_cache(self) -> int:
         """``POST /resume_memory_occupation {"tags": ["kv_cache"]}`` on every server."""
-        out = await asyncio.gather(*[self._post_one(i, "/resume_memory_occupation",
-                                                    {"tags": ["kv_cache"]})
+        return await self._kv_cache_call("/resume_memory_occupation")
+
+    async def _kv_cache_call(self, path: str) -> int:
+        """``path`` with tags ``["kv_cache"]`` on every server; the bytes they report, summed."""
+        out = await asyncio.gather(*[self._post_one(i, path, {"tags": ["kv_cache"]})
                                      for i in range(len(self.servers))])
         return sum(int(o.get("bytes", 0)) if isinstance(o, dict) else 0 for o in out)
 
