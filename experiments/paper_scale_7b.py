@@ -34,9 +34,9 @@ it 4 GPUs are 49.6 / 69.4, "tight"). H200 141GB (``--gpu-memory-gib 140.4``: nvi
 fit (164.3), 2 and 4 fit (peaks 96.3 and 62.4, below 90% of 133.4). Measured (2026-11-27,
 this config as it is, H200s; docs/PERFORMANCE.md, "session 9"): 2 GPUs steady 57.5 s, peak
 86.4 GiB a GPU (estimate 96.3); 4 GPUs with JAX's memory capped at an H100's 75.1 GiB
-(``XLA_PYTHON_CLIENT_MEM_FRACTION=0.535``) steady 37.3 s, peak 54.7 GiB (estimate 62.4). Earlier,
-before the remat fix, the KV release and the bf16 log-prob weights: 4 H200s 67.3 s with a
-110.5 GiB peak, and 4 H100s out of memory at the first update.
+(``XLA_PYTHON_CLIENT_MEM_FRACTION=0.535``) steady 37.3 s, peak 54.7 GiB (estimate 62.4).
+Earlier: 4 H200s 67.3 s with a 110.5 GiB peak (before the remat fix), and 4 H100s out of
+memory at the first update (before the KV release and the bf16 log-prob weights).
 
 (lower bound: what must be live during an update; peak adds the update's transients -- the
 bf16 compute copy, a micro-batch's gradients, activations -- or, at a weight sync, the new
