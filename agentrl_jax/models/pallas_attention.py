@@ -21,6 +21,9 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+from jax.sharding import PartitionSpec as P
+
+from agentrl_jax.sharding.activations import attention_spec, current_mesh
 
 
 def pallas_causal_attention(q: jax.Array, k: jax.Array, v: jax.Array,
@@ -56,10 +59,6 @@ def sharded_pallas_causal_attention(q: jax.Array, k: jax.Array, v: jax.Array,
     heads, so the result equals the unsplit kernel's. Without a mesh, on one device, or when
     the batch does not divide over the batch axes, the plain kernel (XLA then places it).
     """
-    from jax.sharding import PartitionSpec as P
-
-    from agentrl_jax.sharding.activations import attention_spec, current_mesh
-
     mesh = current_mesh()
     spec = None
     if mesh is not None and mesh.size > 1:

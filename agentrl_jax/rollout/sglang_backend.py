@@ -363,6 +363,10 @@ class SGLangBackend(BatchedSamplesBackend):
     async def flush_cache(self) -> None:
         await asyncio.gather(*[self._post_one(i, "/flush_cache", {})
                                for i in range(len(self.servers))])
+        self._forget_sessions()
+
+    def _forget_sessions(self) -> None:
+        """The servers' cached prefixes are gone: drop every session's routing pin."""
         self._sticky.clear()
         self._pinned = [0] * len(self.servers)
 
@@ -372,8 +376,7 @@ class SGLangBackend(BatchedSamplesBackend):
         prefixes go, so do the pins. Returns the bytes the servers report freed (SGLang
         reports none: 0)."""
         freed = await self._kv_cache_call("/release_memory_occupation")
-        self._sticky.clear()
-        self._pinned = [0] * len(self.servers)
+        self._forget_sessions()
         return freed
 
     async def resume_kv_cache(self) -> int:
