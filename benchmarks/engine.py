@@ -73,8 +73,8 @@ def dtype_bytes(dtype: str) -> int:
 
 
 # --------------------------------------------------------------------------------- engine
-def bench_engine(model, cfg, args, batch_prompts, decode_attention: str = "auto"
-                 ) -> dict[str, Any]:
+def bench_engine(model, cfg, args, batch_prompts, decode_attention: str = "auto",
+                 decode_gemm: str = "xla") -> dict[str, Any]:
     import jax
 
     from agentrl_jax.rollout.base import SamplingParams
@@ -85,7 +85,8 @@ def bench_engine(model, cfg, args, batch_prompts, decode_attention: str = "auto"
     config = EngineConfig(max_batch=args.batch, max_length=max_length, dtype=args.dtype,
                           decode_steps=args.decode_steps, prefill_chunks=(chunk,),
                           prefill_tokens=max(chunk, args.prefill_tokens),
-                          kv_layout=args.kv_layout, decode_attention=decode_attention)
+                          kv_layout=args.kv_layout, decode_attention=decode_attention,
+                          decode_gemm=decode_gemm)
     t0 = time.perf_counter()
     engine = Engine(model, config)
     compile_s = time.perf_counter() - t0
@@ -117,7 +118,7 @@ def bench_engine(model, cfg, args, batch_prompts, decode_attention: str = "auto"
     decode_s = after["decode_time_s"] - before["decode_time_s"]
     slot_steps = after["decode_slot_steps"] - before["decode_slot_steps"]
     return {"tokens_per_s": generated / wall, "wall_s": wall, "generated_tokens": generated,
-            "decode_attention": engine.decode_attention,
+            "decode_attention": engine.decode_attention, "decode_gemm": engine.decode_gemm,
             "compile_s": compile_s, "decode_steps": steps,
             "decode_calls": after["decode_calls"] - before["decode_calls"],
             "decode_step_ms": 1e3 * decode_s / max(steps, 1),
@@ -309,6 +310,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--decode-attention", default="auto",
                    help="comma list of the engine's decode attentions to run side by side: "
                         "auto, ragged, dense (e.g. dense,ragged)")
+    p.add_argument("--decode-gemm", default="auto",
+                   help="comma list of the engine's decode GEMM variants (EngineConfig."
+                        "decode_gemm): auto, xla, merged, merged_cublas; every one is run with "
+                        "every --decode-attention")
     p.add_argument("--max-length", type=int, default=0,
                    help="KV-cache row length (default prompt + new tokens); an RL engine "
                         "allocates the whole episode context, e.g. 4096")
@@ -342,7 +347,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     report: dict[str, Any] = {
         "shape": args.shape, "config": {k: getattr(args, k) for k in (
             "batch", "prompt_len", "new_tokens", "temperature", "dtype", "decode_steps",
-            "prefill_tokens", "bandwidth", "kv_layout", "decode_attention", "max_length")},
+            "prefill_tokens", "bandwidth", "kv_layout", "decode_attention", "decode_gemm",
+            "max_length")},
         "num_parameters": cfg.num_parameters, "device": f"{device.platform}:{device.device_kind}",
         "jax_version": jax.__version__, "host": platform.node(),
         "init_s": time.perf_counter() - t0}
@@ -352,12 +358,16 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
           f"{args.batch}, prompt {args.prompt_len}, new {args.new_tokens}, on "
           f"{report['device']}", flush=True)
     if "engine" not in skip:
-        for i, variant in enumerate(args.decode_attention.split(",")):
+        variants = [(a, g) for a in args.decode_attention.split(",")
+                    for g in args.decode_gemm.split(",")]
+        for i, (attention, gemm) in enumerate(variants):
+            variant = attention if gemm == "auto" else f"{attention}_{gemm}"
             key = "engine" if i == 0 else f"engine_{variant}"
-            report[key] = bench_engine(model, cfg, args, batch_prompts, variant)
+            report[key] = bench_engine(model, cfg, args, batch_prompts, attention, gemm)
             report["roofline" if i == 0 else f"roofline_{variant}"] = roofline(
                 cfg, args, report[key])
-            print(f"engine ({report[key]['decode_attention']} decode attention) done: "
+            print(f"engine ({report[key]['decode_attention']} decode attention, "
+                  f"{report[key]['decode_gemm']} GEMMs) done: "
                   f"{report[key]['tokens_per_s']:.0f} tok/s, decode step "
                   f"{report[key]['decode_step_ms']:.3f} ms "
                   f"({report['roofline' if i == 0 else f'roofline_{variant}']['ratio_to_roofline']:.2f}x "

@@ -15,7 +15,8 @@ import jax.numpy as jnp
 from flax import nnx
 
 from agentrl_jax.learner.logprobs import lm_head_f32
-from agentrl_jax.rollout.forward import DENSE, HEAD_MAJOR, forward, map_cache
+from agentrl_jax.rollout.forward import (DECODE_GEMM, DENSE, HEAD_MAJOR, forward, map_cache,
+                                         merge_projections)
 from agentrl_jax.rollout.sampling import sample_tokens
 
 # Columns of the packed per-slot int32 array: last token, its position, active flag, tokens
@@ -27,8 +28,8 @@ TEMP, TOPP, MINP = range(3)
 
 @functools.lru_cache(maxsize=16)
 def compiled_functions(graphdef: Any, max_batch: int, max_length: int, decode_steps: int,
-                       max_stop_ids: int, kv_layout: str, decode_attention: str = DENSE
-                       ) -> tuple[Callable, Callable, Callable]:
+                       max_stop_ids: int, kv_layout: str, decode_attention: str = DENSE,
+                       decode_gemm: str = "xla") -> tuple[Callable, Callable, Callable]:
     """The jitted ``decode`` / ``prefill`` / ``copy_rows`` functions for one model structure
     and engine shape (cached, so engines of the same shape share compilations; jit itself keys
     on the inputs' devices, so replicas on different devices compile their own executables).
@@ -37,7 +38,10 @@ def compiled_functions(graphdef: Any, max_batch: int, max_length: int, decode_st
     ``(cache, (tokens, logprobs, raw logprobs, valid) each [decode_steps, B], steps)``;
     ``prefill(state, cache, slot_ids [R], tokens [R, T], positions [R, T], kv_len)`` -> cache
     (static ``kv_len``: the rows' first ``kv_len`` positions are read and written);
-    ``copy_rows(cache, src [N], dst [N])`` -> cache (rows ``>= B`` are dropped)."""
+    ``copy_rows(cache, src [N], dst [N])`` -> cache (rows ``>= B`` are dropped).
+    ``decode_gemm``: one of :data:`DECODE_GEMM` (the decode call only)."""
+    if decode_gemm not in DECODE_GEMM:
+        raise ValueError(f"decode_gemm must be one of {DECODE_GEMM}, got {decode_gemm!r}")
     B, S, K, M = max_batch, max_length, decode_steps, max_stop_ids
 
     def decode(state, cache, ints, floats, num_steps, exit_on_finish, mode):
@@ -45,6 +49,7 @@ def compiled_functions(graphdef: Any, max_batch: int, max_length: int, decode_st
         # the learner's LM head: compute-dtype operands, float32 logits (bf16-rounded logits
         # would put ~0.06 of noise on a logit of 20 and skew the PPO ratio)
         head = lm_head_f32(model)
+        merged = None if decode_gemm == "xla" else merge_projections(model)
         top_k, keys = ints[:, TOPK], jax.lax.bitcast_convert_type(ints[:, KEY0:KEY1 + 1],
                                                                    jnp.uint32)
         sample_index, stop_ids = ints[:, IDX], ints[:, STOP:STOP + M]
@@ -62,7 +67,7 @@ def compiled_functions(graphdef: Any, max_batch: int, max_length: int, decode_st
             i, cache, tokens, positions, active, remaining, counter, finished_any, outs = c
             pos_in = jnp.where(active, positions, S)  # idle rows write nothing (position S)
             hidden, cache = forward(model, tokens[:, None], pos_in[:, None], cache,
-                                    decode_attention)
+                                    decode_attention, merged)
             logits = head(hidden[:, 0])
             tok, lp, lp_raw = sample_tokens(logits, temperature, top_k, top_p, min_p, keys,
                                             sample_index, counter, mode)
@@ -107,7 +112,9 @@ def compiled_functions(graphdef: Any, max_batch: int, max_length: int, decode_st
         return map_cache(lambda x: x.at[dst].set(jnp.take(x, src, axis=0, mode="clip"),
                                                  mode="drop"), cache)
 
-    return (jax.jit(decode, donate_argnums=(1,), static_argnums=(6,)),
+    options = ({"xla_gpu_enable_triton_gemm": False} if decode_gemm == "merged_cublas"
+               else None)
+    return (jax.jit(decode, donate_argnums=(1,), static_argnums=(6,), compiler_options=options),
             jax.jit(prefill, donate_argnums=(1,), static_argnums=(5,)),
             jax.jit(copy_rows, donate_argnums=(0,)))
 

@@ -115,9 +115,11 @@ class Engine(BatchedSamplesBackend):
         self.weight_version = "0"
         c = self.config
         self.decode_attention = self._resolve_decode_attention()
+        self.decode_gemm = c.resolved_decode_gemm(self.placement.platform,
+                                                  self.placement.tensor_parallel)
         self._decode_fn, self._prefill_fn, self._copy_fn = compiled_functions(
             self.graphdef, c.max_batch, c.max_length, c.decode_steps, c.max_stop_ids,
-            c.kv_layout, self.decode_attention)
+            c.kv_layout, self.decode_attention, self.decode_gemm)
         self._cache_sharding = self.placement.cache_sharding(self.model_config.num_kv_heads,
                                                              c.kv_layout)
         self._cache = self._new_cache()

@@ -6,7 +6,8 @@ import dataclasses
 import functools
 from typing import Any
 
-from agentrl_jax.rollout.forward import HEAD_MAJOR, SEQ_MAJOR
+from agentrl_jax.rollout.forward import (DECODE_GEMM, HEAD_MAJOR, MERGED_CUBLAS, SEQ_MAJOR,
+                                         XLA_GEMM)
 
 DECODE_ATTENTION = ("auto", "ragged", "dense")
 #: the smallest default prefill KV bucket (``EngineConfig.prefill_kv_buckets``)
@@ -33,7 +34,14 @@ class EngineConfig:
     decode_attention: the decode step's attention over the head-major cache: ``"ragged"``
     reads only each slot's valid KV (a Pallas flash-decoding kernel on GPU,
     ``decode_attention.py``), ``"dense"`` reads every slot's whole ``max_length`` row (XLA),
-    ``"auto"``: ragged on a GPU, dense elsewhere. prefill_kv_buckets: a prefill call attends
+    ``"auto"``: ragged on a GPU, dense elsewhere. decode_gemm: the decode step's GEMMs
+    (``forward.DECODE_GEMM``): ``"xla"`` the model's separate projections, ``"merged"`` q/k/v
+    and gate/up as one GEMM each on weights concatenated once per decode call,
+    ``"merged_cublas"`` that with cuBLAS for every GEMM (head-major cache only; measured in
+    docs/PERFORMANCE.md), ``"auto"``: ``merged_cublas`` for a one-GPU engine with the
+    head-major cache (H100: decode step 4.43 -> 3.70 ms for Qwen2.5-1.5B, 2.20 -> 1.95 ms for
+    SmolLM2 at batch 256), ``xla`` otherwise (the concatenation would gather a
+    tensor-parallel engine's sharded weights at every call). prefill_kv_buckets: a prefill call attends
     over (and gathers / writes back) only the first ``kv`` positions of its slots' rows, ``kv``
     the smallest of these lengths that holds every row's last prefilled position (``max_length``
     is always the last bucket); ``None``: powers of two from :data:`MIN_PREFILL_KV` below
@@ -57,6 +65,7 @@ class EngineConfig:
     kv_layout: str = HEAD_MAJOR
     prefill_calls_per_step: int = 4
     decode_attention: str = "auto"
+    decode_gemm: str = "auto"
     prefill_kv_buckets: tuple[int, ...] | None = ()
 
     def __post_init__(self) -> None:
@@ -72,6 +81,11 @@ class EngineConfig:
         if self.decode_attention not in DECODE_ATTENTION:
             raise ValueError(f"decode_attention must be one of {DECODE_ATTENTION}, "
                              f"got {self.decode_attention!r}")
+        if self.decode_gemm not in DECODE_GEMM + ("auto",):
+            raise ValueError(f"decode_gemm must be 'auto' or one of {DECODE_GEMM}, "
+                             f"got {self.decode_gemm!r}")
+        if self.decode_gemm not in ("auto", "xla") and self.kv_layout != HEAD_MAJOR:
+            raise ValueError(f"decode_gemm={self.decode_gemm!r} needs kv_layout={HEAD_MAJOR!r}")
         if self.prefill_kv_buckets is not None and any(
                 int(b) < 1 for b in self.prefill_kv_buckets):
             raise ValueError("prefill_kv_buckets must be positive lengths")
@@ -118,6 +132,15 @@ class EngineConfig:
         if self.decode_attention != "auto":
             return self.decode_attention
         return "ragged" if platform == "gpu" else "dense"
+
+    def resolved_decode_gemm(self, platform: str, tensor_parallel: int) -> str:
+        """One of ``forward.DECODE_GEMM`` for an engine on ``tensor_parallel`` devices of
+        ``platform``: ``auto`` is ``merged_cublas`` for one GPU with the head-major cache,
+        ``xla`` otherwise; an explicit choice is kept."""
+        if self.decode_gemm != "auto":
+            return self.decode_gemm
+        one_gpu = platform == "gpu" and tensor_parallel == 1 and self.kv_layout == HEAD_MAJOR
+        return MERGED_CUBLAS if one_gpu else XLA_GEMM
 
 
 def parse_prefill_kv_buckets(value: Any, name: str = "prefill_kv_buckets"

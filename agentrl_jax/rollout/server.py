@@ -50,6 +50,7 @@ from agentrl_jax.rollout.base import (BackendUnavailableError, GenerateResult, I
 from agentrl_jax.rollout.chat_template_sandbox import TemplateBusy, TemplateError, TemplateSandbox
 from agentrl_jax.rollout.engine import Engine, EngineConfig
 from agentrl_jax.rollout.engine_config import DECODE_ATTENTION, parse_prefill_kv_buckets
+from agentrl_jax.rollout.forward import DECODE_GEMM
 from environments.core.httpguard import (DEFAULT_MAX_CONNECTIONS, DEFAULT_READ_TIMEOUT_S, GuardedSite,
                                          GuardError, Limits, api_key_middleware,
                                          fit_connection_limit, read_body,
@@ -777,6 +778,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0, help="sampling seed of requests without one")
     p.add_argument("--decode-attention", choices=list(DECODE_ATTENTION), default="auto",
                    help="auto (ragged on GPU), ragged or dense (EngineConfig.decode_attention)")
+    p.add_argument("--decode-gemm", choices=["auto", *DECODE_GEMM], default="auto",
+                   help="auto (merged q/k/v and gate/up on cuBLAS for one GPU), xla, merged or "
+                        "merged_cublas (EngineConfig.decode_gemm)")
     p.add_argument("--prefill-kv-buckets", default="",
                    help="'' (whole row), 'auto' or a comma list of lengths "
                         "(EngineConfig.prefill_kv_buckets)")
@@ -814,6 +818,7 @@ def main(argv: list[str] | None = None) -> None:
                           prefill_chunks=tuple(int(x) for x in args.prefill_chunks.split(",")),
                           prefill_tokens=args.prefill_tokens, max_queue=args.max_queue,
                           seed=args.seed, decode_attention=args.decode_attention,
+                          decode_gemm=args.decode_gemm,
                           prefill_kv_buckets=parse_prefill_kv_buckets(args.prefill_kv_buckets))
     log.info("compiling the engine (%s) on %d device(s)", config, args.tensor_parallel)
     engine = Engine(pretrained, config, devices=devices[:args.tensor_parallel])

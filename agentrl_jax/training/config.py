@@ -47,6 +47,9 @@ def base_config() -> ConfigDict:
     c.rollout.engine_replicas = 0
     c.rollout.tensor_parallel = 1
     c.rollout.decode_attention = "auto"  # auto (ragged on GPU) | ragged | dense
+    # decode GEMMs: auto (merged q/k/v and gate/up on cuBLAS for a one-GPU engine) | xla |
+    # merged | merged_cublas (EngineConfig.decode_gemm)
+    c.rollout.decode_gemm = "auto"
     # free the engines' KV cache during each learner update (allocated again after the weight
     # sync; cached prefixes go): the update gets that memory on shared devices. Only without
     # overlap (train.max_staleness = 0); engine servers and SGLang get /release_memory_occupation

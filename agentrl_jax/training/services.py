@@ -256,6 +256,7 @@ def make_backend(config: Any, model: Any, tokenizer: Any, model_path: str | None
             weights_dtype=rollout.get("engine_dtype") or None,
             decode_steps=int(rollout.get("decode_steps", 16)), seed=int(config.seed),
             decode_attention=str(rollout.get("decode_attention", "auto")),
+            decode_gemm=str(rollout.get("decode_gemm", "auto")),
             prefill_kv_buckets=prefill_kv_buckets(rollout.get("prefill_kv_buckets", "")))
         engine_kwargs.update(engine_prefill(groups[0][0].platform))
         engine_config = EngineConfig(**engine_kwargs)
