@@ -10,9 +10,9 @@ For each model shape (``benchmarks/engine.py``'s ``SHAPES``) the GEMMs of one de
 Each contender runs ``L`` independent GEMMs (distinct inputs and weights, so nothing stays in
 L2 and XLA cannot merge them) inside a ``fori_loop`` of ``--iters`` iterations (device-side
 timing, see :func:`time_loop`); the time per GEMM is the median call time, less the same loop
-without GEMMs, / (iterations x ``L``). Bandwidth = (weights + input + output bytes) / time; the decode step's bandwidth roofline
-for a GEMM is its bytes / ``--bandwidth``. A Pallas tiling is timed only after its output
-matches XLA's on the same inputs (relative max error <= 2e-2, bf16).
+without GEMMs, / (iterations x ``L``). Bandwidth = (weights + input + output bytes) / time;
+a GEMM's bandwidth roofline is those bytes / ``--bandwidth``. A Pallas tiling is timed only
+after its output matches XLA's on the same inputs (relative max error <= 2e-2, bf16).
 """
 
 from __future__ import annotations

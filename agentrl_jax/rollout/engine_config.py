@@ -41,13 +41,14 @@ class EngineConfig:
     docs/PERFORMANCE.md), ``"auto"``: ``merged_cublas`` for a one-GPU engine with the
     head-major cache (H100: decode step 4.43 -> 3.70 ms for Qwen2.5-1.5B, 2.20 -> 1.95 ms for
     SmolLM2 at batch 256), ``xla`` otherwise (the concatenation would gather a
-    tensor-parallel engine's sharded weights at every call). prefill_kv_buckets: a prefill call attends
-    over (and gathers / writes back) only the first ``kv`` positions of its slots' rows, ``kv``
-    the smallest of these lengths that holds every row's last prefilled position (``max_length``
-    is always the last bucket); ``None``: powers of two from :data:`MIN_PREFILL_KV` below
-    ``max_length``; ``()`` (the default): every call attends over the whole row. Buckets cut
-    prefill time (SmolLM2 actor-pool rollout on an H100, rows of 2048: 3.99 -> 3.26 s, rollout
-    7.63 -> 7.12 s) but multiply the prefill shapes compiled at start-up (docs/PERFORMANCE.md).
+    tensor-parallel engine's sharded weights at every call). prefill_kv_buckets: a prefill call
+    attends over (and gathers / writes back) only the first ``kv`` positions of its slots'
+    rows, ``kv`` the smallest of these lengths that holds every row's last prefilled position
+    (``max_length`` is always the last bucket); ``None``: powers of two from
+    :data:`MIN_PREFILL_KV` below ``max_length``; ``()`` (the default): every call attends over
+    the whole row. Buckets cut prefill time (SmolLM2 actor-pool rollout on an H100, rows of
+    2048: 3.99 -> 3.26 s, rollout 7.63 -> 7.12 s) but multiply the prefill shapes compiled at
+    start-up (docs/PERFORMANCE.md).
     """
 
     max_batch: int = 32

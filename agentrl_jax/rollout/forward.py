@@ -186,4 +186,5 @@ def map_cache(fn, cache):
 
 
 __all__ = ["HeadMajorCache", "MergedProjections", "forward", "merge_projections", "new_cache",
-           "map_cache", "DECODE_GEMM", "XLA_GEMM", "MERGED_GEMM", "MERGED_CUBLAS", "HEAD_MAJOR", "SEQ_MAJOR", "DENSE", "RAGGED", "RAGGED_INTERPRET"]
+           "map_cache", "DECODE_GEMM", "XLA_GEMM", "MERGED_GEMM", "MERGED_CUBLAS", "HEAD_MAJOR",
+           "SEQ_MAJOR", "DENSE", "RAGGED", "RAGGED_INTERPRET"]
