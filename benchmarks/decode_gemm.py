@@ -54,6 +54,20 @@ def gemms(shape: dict[str, Any]) -> dict[str, tuple[int, int, int]]:
             "lm_head": (d, shape["vocab_size"], 1)}
 
 
+def split_k_dot(splits: int) -> Callable:
+    """``x [M, K] @ w [K, N]`` as ``splits`` K-slices in one batched GEMM (``[splits, M, N]``
+    float32 partials) summed in XLA: more thread blocks for a GEMM with few output tiles."""
+    import jax.numpy as jnp
+
+    def dot(x, w):
+        m, k = x.shape
+        parts = jnp.einsum("msk,skn->smn", x.reshape(m, splits, k // splits),
+                           w.reshape(splits, k // splits, w.shape[1]),
+                           preferred_element_type=jnp.float32)
+        return parts.sum(axis=0).astype(x.dtype)
+    return dot
+
+
 def time_loop(matmul: Callable, xs: tuple, ws: tuple, repeats: int, iters: int,
               options: dict | None = None) -> float:
     """Seconds per ``matmul`` call, timed on the device: ``iters`` iterations of a
@@ -126,6 +140,18 @@ def bench_gemm(m: int, k: int, n: int, tilings: list[tuple], args, deadline: flo
             except Exception as e:  # noqa: BLE001 - a failed contender is reported, not fatal
                 row["variants"][name] = dict(error=f"{type(e).__name__}: {str(e)[:200]}")
     ref0 = np.asarray(ref_out[0], np.float32)
+    cublas = {"xla_gpu_enable_triton_gemm": False}
+    for splits in (2, 4) if k >= 2 * n else ():  # K-heavy GEMMs (the down projection)
+        name = f"xla_cublas_splitk{splits}"
+        if k % splits or args.small:
+            continue
+        out0 = np.asarray(jax.jit(split_k_dot(splits), compiler_options=cublas)(xs[0], ws[0]),
+                          np.float32)
+        err = float(np.abs(out0 - ref0).max() / max(np.abs(ref0).max(), 1e-6))
+        if err > 2e-2:
+            row["variants"][name] = dict(error=f"mismatch vs XLA: rel max err {err:.3g}")
+            continue
+        record(name, time_loop(split_k_dot(splits), xs, ws, args.repeats, args.iters, cublas))
     for t in tilings:
         tiling = MatmulTiling(*t)
         name = "pallas_" + "_".join(map(str, t))
@@ -176,6 +202,8 @@ def main() -> None:
                    help="also XLA with --xla_gpu_exhaustive_tiling_search (slow to compile)")
     p.add_argument("--deadline-s", type=float, default=480.0,
                    help="skip remaining contenders after this many seconds")
+    p.add_argument("--gemms", default="", help="comma list (qkv,o,gate_up,down,lm_head); "
+                                                   "empty: all")
     p.add_argument("--json", default=None)
     args = p.parse_args()
 
@@ -195,9 +223,11 @@ def main() -> None:
     for shape in shapes:
         rows = {}
         print(f"# {shape}: batch {batch}, {dev.platform}:{getattr(dev, 'device_kind', '')}")
-        print(f"| gemm | K x N | roofline us | xla us | cublas us | best pallas us (tiling) |"
-              f" exhaustive us |")
+        print(f"| gemm | K x N | roofline us | xla us | cublas us | cublas split-K 2 / 4 us |"
+              f" best pallas us (tiling) | exhaustive us |")
         for name, (k, n, per_step) in gemms(SHAPES[shape]).items():
+            if args.gemms and name not in args.gemms.split(","):
+                continue
             row = bench_gemm(batch, k, n, tilings, args, deadline)
             row["per_step"] = per_step
             rows[name] = row
@@ -205,7 +235,8 @@ def main() -> None:
             us = lambda key: f"{v[key]['us']:.2f}" if "us" in v.get(key, {}) else "-"  # noqa
             best = row["best_pallas"]
             print(f"| {name} | {k} x {n} | {row['roofline_us']:.2f} | {us('xla')} | "
-                  f"{us('xla_cublas')} | {us(best) if best else '-'} "
+                  f"{us('xla_cublas')} | {us('xla_cublas_splitk2')} / "
+                  f"{us('xla_cublas_splitk4')} | {us(best) if best else '-'} "
                   f"({best or 'none'}) | {us('xla_exhaustive')} |", flush=True)
         step = {}
         for key in ("roofline", "xla", "best"):
