@@ -455,6 +455,33 @@ def test_merged_decode_gemm_engine(model, gemm):
         eng.close()
 
 
+def test_merged_weights_follow_weight_updates_and_kv_release(model):
+    """The merged decode weights are built once per weight version: an update rebuilds them
+    (the new model's greedy tokens come out), release_kv_cache frees them with the cache (the
+    bytes returned count both) and the next request rebuilds both."""
+    eng = make_engine(model, decode_gemm="merged", prefill_chunks=(64,), warmup=False)
+    other = tiny_model(seed=7)
+    sp = SamplingParams(max_new_tokens=8, ignore_eos=True, **GREEDY)
+    prompt = random_prompt(np.random.default_rng(21), 15)
+    try:
+        merged_before = eng._merged
+        eng.update_weights_sync(other)
+        assert eng._merged is not merged_before
+        (res,) = eng.generate_sync(prompt, sp)
+        assert res.output_ids == reference_greedy(other, prompt, 8)
+        cfg, c = TINY, eng.config
+        kv = 2 * cfg.num_layers * c.max_batch * c.max_length * cfg.num_kv_heads * cfg.head_dim * 4
+        per_layer = cfg.hidden_size * ((cfg.num_heads + 2 * cfg.num_kv_heads) * cfg.head_dim
+                                       + 2 * cfg.intermediate_size)
+        assert eng.release_kv_cache_sync() == kv + cfg.num_layers * per_layer * 4  # float32
+        assert eng._cache is None and eng._merged is None
+        (res,) = eng.generate_sync(prompt, sp)
+        assert res.output_ids == reference_greedy(other, prompt, 8)
+        assert eng._merged is not None
+    finally:
+        eng.close()
+
+
 def test_decode_gemm_config():
     """``auto`` is merged_cublas only for a one-GPU head-major engine; bad values fail."""
     from agentrl_jax.rollout.engine import EngineConfig

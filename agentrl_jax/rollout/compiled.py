@@ -29,27 +29,32 @@ TEMP, TOPP, MINP = range(3)
 @functools.lru_cache(maxsize=16)
 def compiled_functions(graphdef: Any, max_batch: int, max_length: int, decode_steps: int,
                        max_stop_ids: int, kv_layout: str, decode_attention: str = DENSE,
-                       decode_gemm: str = "xla") -> tuple[Callable, Callable, Callable]:
-    """The jitted ``decode`` / ``prefill`` / ``copy_rows`` functions for one model structure
-    and engine shape (cached, so engines of the same shape share compilations; jit itself keys
-    on the inputs' devices, so replicas on different devices compile their own executables).
+                       decode_gemm: str = "xla"
+                       ) -> tuple[Callable, Callable, Callable, Callable]:
+    """The jitted ``decode`` / ``prefill`` / ``copy_rows`` / ``merge`` functions for one model
+    structure and engine shape (cached, so engines of the same shape share compilations; jit
+    itself keys on the inputs' devices, so replicas on different devices compile their own
+    executables).
 
-    ``decode(state, cache, ints [B, C], floats [B, 3], num_steps, exit_on_finish, mode)`` ->
-    ``(cache, (tokens, logprobs, raw logprobs, valid) each [decode_steps, B], steps)``;
+    ``decode((state, merged), cache, ints [B, C], floats [B, 3], num_steps, exit_on_finish,
+    mode)`` -> ``(cache, (tokens, logprobs, raw logprobs, valid) each [decode_steps, B], steps)``;
     ``prefill(state, cache, slot_ids [R], tokens [R, T], positions [R, T], kv_len)`` -> cache
     (static ``kv_len``: the rows' first ``kv_len`` positions are read and written);
-    ``copy_rows(cache, src [N], dst [N])`` -> cache (rows ``>= B`` are dropped).
-    ``decode_gemm``: one of :data:`DECODE_GEMM` (the decode call only)."""
+    ``copy_rows(cache, src [N], dst [N])`` -> cache (rows ``>= B`` are dropped);
+    ``merge(state)`` -> ``merged``: the q/k/v and gate/up weights concatenated
+    (``forward.merge_projections``; None for ``decode_gemm="xla"``), built by the engine once per
+    weight version and passed to every decode call. ``decode_gemm``: one of
+    :data:`DECODE_GEMM` (the decode call only)."""
     if decode_gemm not in DECODE_GEMM:
         raise ValueError(f"decode_gemm must be one of {DECODE_GEMM}, got {decode_gemm!r}")
     B, S, K, M = max_batch, max_length, decode_steps, max_stop_ids
 
-    def decode(state, cache, ints, floats, num_steps, exit_on_finish, mode):
+    def decode(weights, cache, ints, floats, num_steps, exit_on_finish, mode):
+        state, merged = weights
         model = nnx.merge(graphdef, state)
         # the learner's LM head: compute-dtype operands, float32 logits (bf16-rounded logits
         # would put ~0.06 of noise on a logit of 20 and skew the PPO ratio)
         head = lm_head_f32(model)
-        merged = None if decode_gemm == "xla" else merge_projections(model)
         top_k, keys = ints[:, TOPK], jax.lax.bitcast_convert_type(ints[:, KEY0:KEY1 + 1],
                                                                    jnp.uint32)
         sample_index, stop_ids = ints[:, IDX], ints[:, STOP:STOP + M]
@@ -114,9 +119,12 @@ def compiled_functions(graphdef: Any, max_batch: int, max_length: int, decode_st
 
     options = ({"xla_gpu_enable_triton_gemm": False} if decode_gemm == "merged_cublas"
                else None)
+    def merge(state):
+        return None if decode_gemm == "xla" else merge_projections(nnx.merge(graphdef, state))
+
     return (jax.jit(decode, donate_argnums=(1,), static_argnums=(6,), compiler_options=options),
             jax.jit(prefill, donate_argnums=(1,), static_argnums=(5,)),
-            jax.jit(copy_rows, donate_argnums=(0,)))
+            jax.jit(copy_rows, donate_argnums=(0,)), jax.jit(merge))
 
 
 # ------------------------------------------------------------------------------ request state

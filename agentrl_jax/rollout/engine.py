@@ -117,9 +117,12 @@ class Engine(BatchedSamplesBackend):
         self.decode_attention = self._resolve_decode_attention()
         self.decode_gemm = c.resolved_decode_gemm(self.placement.platform,
                                                   self.placement.tensor_parallel)
-        self._decode_fn, self._prefill_fn, self._copy_fn = compiled_functions(
+        self._decode_fn, self._prefill_fn, self._copy_fn, self._merge_fn = compiled_functions(
             self.graphdef, c.max_batch, c.max_length, c.decode_steps, c.max_stop_ids,
             c.kv_layout, self.decode_attention, self.decode_gemm)
+        # the decode GEMMs' concatenated weights (decode_gemm merged*), one copy per weight
+        # version; freed with the KV cache (release_kv_cache) and rebuilt with it
+        self._merged = self._merge_fn(self._state)
         self._cache_sharding = self.placement.cache_sharding(self.model_config.num_kv_heads,
                                                              c.kv_layout)
         self._cache = self._new_cache()
@@ -230,9 +233,9 @@ class Engine(BatchedSamplesBackend):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             for mode in (GREEDY, SAMPLE):  # top-k/p/min-p (SAMPLE_FILTERED): on first use
-                self._cache, outs, _ = self._decode_fn(self._state, self._cache, ints,
-                                                       self._floats, np.int32(1),
-                                                       np.bool_(False), mode)
+                self._cache, outs, _ = self._decode_fn((self._state, self._merged),
+                                                       self._cache, ints, self._floats,
+                                                       np.int32(1), np.bool_(False), mode)
             for chunk, rows, kv in c.prefill_shapes():
                 self._cache = self._prefill_fn(
                     self._state, self._cache, np.full((rows,), c.max_batch, np.int32),
@@ -393,11 +396,12 @@ class Engine(BatchedSamplesBackend):
             params, cfg = load_safetensors_model(path)
             self._check_compatible(cfg)
         state = self._prepare_state(params)
+        merged = self._merge_fn(state)
         if abort_all:
             self.abort_all()
 
         def swap() -> str:
-            self._state = state
+            self._state, self._merged = state, merged
             if flush_cache:
                 self._slots.flush()
             self.stats.weight_updates += 1
@@ -441,11 +445,11 @@ class Engine(BatchedSamplesBackend):
                                    "waiting)")
             if self._cache is None:
                 return 0
-            freed = _nbytes(self._cache)
+            freed = _nbytes(self._cache) + _nbytes(self._merged)
             self._slots.flush()
-            for x in jax.tree.leaves(self._cache):
+            for x in jax.tree.leaves((self._cache, self._merged)):
                 x.delete()
-            self._cache = None
+            self._cache = self._merged = None
             self.stats.kv_releases += 1
             return freed
 
@@ -465,8 +469,10 @@ class Engine(BatchedSamplesBackend):
         if self._cache is not None:
             return 0
         self._cache = self._new_cache()
+        if self._merged is None:
+            self._merged = self._merge_fn(self._state)
         self.stats.kv_allocations += 1
-        return _nbytes(self._cache)
+        return _nbytes(self._cache) + _nbytes(self._merged)
 
     async def resume_kv_cache(self) -> int:
         return await asyncio.to_thread(self.resume_kv_cache_sync)
@@ -689,7 +695,8 @@ class Engine(BatchedSamplesBackend):
                              f[:, MINP])
         t0 = time.perf_counter()
         self._cache, outs, steps = self._decode_fn(
-            self._state, self._cache, self._ints, self._floats, np.int32(c.decode_steps),
+            (self._state, self._merged), self._cache, self._ints, self._floats,
+            np.int32(c.decode_steps),
             np.bool_(waiting_for_slot), mode)
         toks, lps, raws, valid, steps = jax.device_get((*outs, steps))
         self.stats.decode_time_s += time.perf_counter() - t0

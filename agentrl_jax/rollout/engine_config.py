@@ -36,12 +36,13 @@ class EngineConfig:
     ``decode_attention.py``), ``"dense"`` reads every slot's whole ``max_length`` row (XLA),
     ``"auto"``: ragged on a GPU, dense elsewhere. decode_gemm: the decode step's GEMMs
     (``forward.DECODE_GEMM``): ``"xla"`` the model's separate projections, ``"merged"`` q/k/v
-    and gate/up as one GEMM each on weights concatenated once per decode call,
-    ``"merged_cublas"`` that with cuBLAS for every GEMM (head-major cache only; measured in
-    docs/PERFORMANCE.md), ``"auto"``: ``merged_cublas`` for a one-GPU engine with the
-    head-major cache (H100: decode step 4.43 -> 3.70 ms for Qwen2.5-1.5B, 2.20 -> 1.95 ms for
-    SmolLM2 at batch 256), ``xla`` otherwise (the concatenation would gather a
-    tensor-parallel engine's sharded weights at every call). prefill_kv_buckets: a prefill call
+    and gate/up as one GEMM each on concatenated weights (built once per weight version and
+    kept beside the weights: + the q/k/v and gate/up weights' bytes, freed with the KV cache by
+    ``release_kv_cache``), ``"merged_cublas"`` that with cuBLAS for every GEMM (head-major
+    cache only; measured in docs/PERFORMANCE.md), ``"auto"``: ``merged_cublas`` for a
+    one-GPU engine with the head-major cache (H100, batch 256: decode step 4.64 -> 3.78 ms for
+    Qwen2.5-1.5B, 2.20 -> 1.91 ms for SmolLM2), ``xla`` otherwise (concatenating a
+    tensor-parallel engine's sharded weights would gather them). prefill_kv_buckets: a prefill call
     attends over (and gathers / writes back) only the first ``kv`` positions of its slots'
     rows, ``kv`` the smallest of these lengths that holds every row's last prefilled position
     (``max_length`` is always the last bucket); ``None``: powers of two from

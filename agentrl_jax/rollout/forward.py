@@ -32,7 +32,7 @@ from agentrl_jax.rollout.decode_attention import ragged_decode_attention
 HEAD_MAJOR, SEQ_MAJOR = "bksd", "bskd"
 DENSE, RAGGED, RAGGED_INTERPRET = "dense", "ragged", "ragged_interpret"
 # The decode step's GEMMs: the model's separate projections (XLA merges and tiles them),
-# q/k/v and gate/up weights concatenated once per decode call (:func:`merge_projections`), or
+# q/k/v and gate/up weights concatenated once per weight version (:func:`merge_projections`), or
 # that with cuBLAS for every GEMM of the decode call (XLA's Triton GEMMs off).
 DECODE_GEMM = ("xla", "merged", "merged_cublas")
 XLA_GEMM, MERGED_GEMM, MERGED_CUBLAS = DECODE_GEMM
@@ -49,8 +49,9 @@ class MergedProjections(NamedTuple):
 
 def merge_projections(model: CausalLM) -> tuple[MergedProjections, ...]:
     """Every layer's q/k/v and gate/up kernels concatenated (``[D, N]`` layout, the model's
-    param dtype). Built once per decode call, outside its step loop: inside the loop XLA merges
-    the separate GEMMs itself but concatenates the weights inside the GEMM kernel at every step
+    param dtype). The engine builds them once per weight version (``compiled_functions``'s
+    ``merge``): left to itself, XLA merges the separate GEMMs of a decode step but concatenates
+    the weights inside the GEMM kernel at every step
     (Qwen2.5-1.5B's gate/up GEMM: 49.9 us in the engine vs 31.6 us on a pre-concatenated
     weight, ``benchmarks/decode_gemm.py``)."""
     merged = []
