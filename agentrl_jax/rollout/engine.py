@@ -396,12 +396,17 @@ class Engine(BatchedSamplesBackend):
             params, cfg = load_safetensors_model(path)
             self._check_compatible(cfg)
         state = self._prepare_state(params)
-        merged = self._merge_fn(state)
         if abort_all:
             self.abort_all()
 
         def swap() -> str:
-            self._state, self._merged = state, merged
+            self._state = state
+            # the old merged weights go before the new ones are built (between engine steps:
+            # no decode call is using them), so a sync holds one merged copy, not two
+            if self._merged is not None:
+                for x in jax.tree.leaves(self._merged):
+                    x.delete()
+                self._merged = self._merge_fn(state)
             if flush_cache:
                 self._slots.flush()
             self.stats.weight_updates += 1
