@@ -60,6 +60,8 @@ from agentrl_jax.learner.jit_cache import cached
 from agentrl_jax.learner.critic import ValueModel, critic_from_policy, values_fn
 from agentrl_jax.learner.logprobs import token_logprobs
 from agentrl_jax.learner.metrics import MetricsWriter, Throughput
+from agentrl_jax.learner.offload import (init_opt_state, offload_parts, opt_state_shardings,
+                                         require_host_memory)
 from agentrl_jax.learner.optim import make_optimizer
 from agentrl_jax.learner.packed_step import PackedSteps
 from agentrl_jax.learner.packed_update import PackedUpdate
@@ -108,6 +110,12 @@ class Learner:
       copy_model: copy the model's parameters (default). ``False`` adopts the arrays as they
         are (no second copy in device memory; they are donated by the first step, so
         ``model`` is unusable afterwards).
+
+    With ``config.offload_optimizer_state`` the optimiser states (``opt_state``,
+    ``critic_opt_state``) live in pinned host memory (``opt_shardings`` have
+    ``memory_kind="pinned_host"``), both update paths move them to the device leaf by leaf
+    inside their jitted step (``offload.py``), and ``save`` / ``restore`` keep them there;
+    construction raises ``ValueError`` on a backend without that memory kind.
     """
 
     def __init__(self, model: CausalLM, config: LearnerConfig | Mapping[str, Any] | None = None,
@@ -144,8 +152,12 @@ class Learner:
                                   nnx.Param)[0]
         params = nnx.state(model, nnx.Param)
         self.param_shardings = state_shardings(params, self.mesh)
+        if config.offload_optimizer_state:  # fail before any state is built
+            require_host_memory(self.mesh)
         self.tx, self.schedule = make_optimizer(config)
-        self.opt_shardings = state_shardings(jax.eval_shape(self.tx.init, params), self.mesh)
+        # offload_optimizer_state: the same shardings in pinned host memory (offload.py)
+        self.opt_shardings = opt_state_shardings(
+            config, state_shardings(jax.eval_shape(self.tx.init, params), self.mesh))
 
         # reference and critic are built from the model before its buffers can be donated
         self.ref_params = None
@@ -164,16 +176,17 @@ class Learner:
             self.critic_shardings = state_shardings(cparams, self.mesh)
             self.critic_tx, self.critic_schedule = make_optimizer(
                 config, peak_lr=config.critic_learning_rate)
-            self.critic_opt_shardings = state_shardings(
-                jax.eval_shape(self.critic_tx.init, cparams), self.mesh)
+            self.critic_opt_shardings = opt_state_shardings(config, state_shardings(
+                jax.eval_shape(self.critic_tx.init, cparams), self.mesh))
             self.critic_params = jax.device_put(_copy_tree(cparams), self.critic_shardings)
-            self.critic_opt_state = jax.jit(self.critic_tx.init,
-                                            out_shardings=self.critic_opt_shardings)(
-                                                self.critic_params)
+            self.critic_opt_state = init_opt_state(
+                self.critic_tx, offload_parts(config, config.critic_learning_rate),
+                self.critic_params, self.critic_opt_shardings)
 
         self.params = jax.device_put(_copy_tree(params) if copy_model else params,
                                      self.param_shardings)
-        self.opt_state = jax.jit(self.tx.init, out_shardings=self.opt_shardings)(self.params)
+        self.opt_state = init_opt_state(self.tx, offload_parts(config), self.params,
+                                        self.opt_shardings)
         self.update_step = 0  # completed update() calls (rollout batches)
 
         self.checkpointer = (Checkpointer(checkpoint_dir, max_to_keep=max_to_keep,

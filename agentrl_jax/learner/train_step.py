@@ -39,6 +39,7 @@ from agentrl_jax.algorithms import actor_loss, is_supervised, value_loss
 from agentrl_jax.algorithms.masked import as_mask
 from agentrl_jax.learner.config import LearnerConfig
 from agentrl_jax.learner.logprobs import lm_head_f32, logprobs_from_hidden, model_hidden
+from agentrl_jax.learner.offload import make_update_fn, offload_parts
 from agentrl_jax.sharding.activations import activation_mesh
 from agentrl_jax.sharding.rules import BATCH_AXES
 
@@ -245,7 +246,11 @@ def make_train_step(*, config: LearnerConfig, mesh: Mesh,
     copt, metrics)`` with in/out ``NamedSharding``s and donated state buffers.
 
     Without a critic pass ``None`` for ``cparams`` / ``copt``. ``batch_keys`` lists the
-    mini-batch dict's keys (their shardings are ``minibatch_sharding(mesh)``).
+    mini-batch dict's keys (their shardings are ``minibatch_sharding(mesh)``). With
+    ``config.offload_optimizer_state`` the ``*_opt_shardings`` are pinned-host shardings and
+    the optimiser states are updated leaf by leaf (``offload.leafwise_update``); the
+    transformations must then be ``optim.make_optimizer(config)``'s (the critic's with
+    ``peak_lr=config.critic_learning_rate``).
     """
     has_critic = critic_graphdef is not None
     train_critic = train_critic and has_critic
@@ -255,6 +260,11 @@ def make_train_step(*, config: LearnerConfig, mesh: Mesh,
     crit_loss = critic_loss_fn(critic_graphdef, config) if has_critic else None
     agg = config.loss_agg_mode
     replicated = NamedSharding(mesh, P())
+    # (params, opt, grads) -> (params, opt); with offload_optimizer_state the optimiser states
+    # are in pinned host memory and updated leaf by leaf on the device (offload.py)
+    pol_update = make_update_fn(policy_tx, offload_parts(config), policy_opt_shardings)
+    crit_update = (make_update_fn(critic_tx, offload_parts(config, config.critic_learning_rate),
+                                  critic_opt_shardings) if has_critic else None)
 
     def step(pparams, popt, cparams, copt, minibatch):
         with activation_mesh(mesh):
@@ -267,18 +277,18 @@ def make_train_step(*, config: LearnerConfig, mesh: Mesh,
         tokens_per_pass = jnp.sum(as_mask(passes["loss_mask"]), axis=(1, 2))
         token_weight = tokens_per_pass / jnp.maximum(jnp.sum(tokens_per_pass), 1.0)
         metrics: dict[str, Array] = {}
-        def optimise(loss_fn, params, shardings, opt, tx, prefix):
+        def optimise(loss_fn, params, shardings, opt, update, prefix):
             grads, ms = _accumulate_grads(loss_fn, params, shardings, passes, denom,
                                           token_weight, config.dtype, skip_empty)
             metrics.update({f"{prefix}/{k}": v for k, v in ms.items()})
             metrics[f"{prefix}/grad_norm"] = optax.global_norm(grads)
-            updates, opt = tx.update(grads, opt, params)
-            return optax.apply_updates(params, updates), opt
+            return update(grads, opt, params)
 
         if train_policy:
-            pparams, popt = optimise(pol_loss, pparams, policy_shardings, popt, policy_tx, "actor")
+            pparams, popt = optimise(pol_loss, pparams, policy_shardings, popt, pol_update,
+                                     "actor")
         if train_critic:
-            cparams, copt = optimise(crit_loss, cparams, critic_shardings, copt, critic_tx,
+            cparams, copt = optimise(crit_loss, cparams, critic_shardings, copt, crit_update,
                                      "critic")
         metrics["actor/num_tokens"] = jnp.sum(m)
         return pparams, popt, cparams, copt, metrics
