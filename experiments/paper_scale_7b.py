@@ -21,8 +21,10 @@ The policy is created directly in the learner's sharding (``init_model(..., mesh
 the engine's first weights are cast from those shards: no GPU ever holds the float32 model.
 On 1 GPU (``CUDA_VISIBLE_DEVICES`` names one; :func:`get_config`) the AdamW moments, 8 bytes x
 N = 56.7 GiB, stay in pinned host memory and visit the GPU one parameter leaf at a time during
-the optimiser step (``agentrl_jax/learner/offload.py``): 2 x 8 bytes per parameter (122 GB)
-cross the host link each optimiser step, and the host needs 56.7 GiB of page-locked RAM.
+the optimiser step (a host loop of per-leaf jitted calls, ``agentrl_jax/learner/offload.py``;
+the config uses packed rows, ``pack_length`` 4096, whose ``apply`` this replaces): 2 x 8
+bytes per parameter (122 GB) cross the host link each optimiser step, and the host needs
+56.7 GiB of page-locked RAM.
 
 GiB per GPU; the verdicts are for an H100 80GB (79.1 GiB total; JAX may use 75.1 at
 ``XLA_PYTHON_CLIENT_MEM_FRACTION=0.95``; at the default 0.75, 59.3: below the 4-GPU step's
@@ -37,14 +39,15 @@ H100's 79.1) x ``--mem-fraction`` (0.95)::
 
 (the KV cache is released during the update: ``rollout.release_kv_during_update``; without
 it 4 GPUs are 49.6 / 69.4, "tight"). The offloaded row is the config's for 1 GPU: AdamW 0 on
-the GPU, plus 8.1 GiB of moments assumed in flight during the optimiser step (two leaves of
-the 152064 x 3584 embedding's size), which is below the update's transients (36.6), so the
-peak is the forward / backward's: 164.3 - 56.7 = 107.6. Its transfer schedule and peak are
-estimates, not yet measured on a GPU. H200 141GB (``--gpu-memory-gib 140.4``: nvidia-smi's
-143771 MiB, which ``benchmarks/scaling_step_gpu.sh`` passes; 133.4 GiB usable): 1 GPU fits
-only offloaded (107.6; 164.3 without), 2 and 4 fit (peaks 96.3 and 62.4, below 90% of
-133.4). Measured (2026-11-27, this config as it is on 2 and 4 GPUs, H200s;
-docs/PERFORMANCE.md, "session 9"): 2 GPUs steady 57.5 s, peak 86.4 GiB a GPU (estimate 96.3);
+the GPU, plus 8.1 GiB of moments assumed in flight during the optimiser step (twice the
+moments of the 152064 x 3584 embedding: the largest leaf's, copied in and updated), which is
+below the update's transients (36.6), so the peak is the forward / backward's: 164.3 - 56.7 =
+107.6. Its transfer schedule and peak are estimates, not yet measured on a GPU. H200 141GB
+(``--gpu-memory-gib 140.4``: nvidia-smi's 143771 MiB, which ``benchmarks/scaling_step_gpu.sh``
+passes; 133.4 GiB usable): 1 GPU fits only offloaded (107.6; 164.3 without), 2 and 4 fit
+(peaks 96.3 and 62.4, below 90% of 133.4). Measured (2026-11-27, this config as it is on 2
+and 4 GPUs, H200s; docs/PERFORMANCE.md, "session 9"): 2 GPUs steady 57.5 s, peak 86.4 GiB a
+GPU (estimate 96.3);
 4 GPUs with JAX's memory capped at an H100's 75.1 GiB (``XLA_PYTHON_CLIENT_MEM_FRACTION=0.535``)
 steady 37.3 s, peak 54.7 GiB (estimate 62.4).
 Earlier: 4 H200s 67.3 s with a 110.5 GiB peak (before the remat fix), and 4 H100s out of
@@ -162,10 +165,10 @@ def memory_estimate(num_gpus: int, config: Any = None, usable_gib: float | None 
       with ``learner.offload_optimizer_state`` (then ``8N/g`` of pinned host memory per GPU,
       ``host_adamw_gib``);
     * ``adamw_in_flight`` (offload only): the moments on the GPU while the optimiser step
-      updates them leaf by leaf (``agentrl_jax/learner/offload.py``): assumed two leaves at a
-      time (one being updated in place, the next one's copy in flight), of the largest leaf
-      (the ``V x D`` embedding / LM head), ``2 x 8 x V D / g``. An assumption about XLA's
-      schedule of the host -> device copies, not measured;
+      updates them leaf by leaf (``agentrl_jax/learner/offload.py``: one jitted call per
+      leaf, so one leaf's moments at a time): assumed twice the moments of the largest leaf
+      (the ``V x D`` embedding / LM head: the copy in and the updated moments before they go
+      back), ``2 x 8 x V D / g``. An upper-bound assumption, not measured;
     * ``grad_accumulator``: the float32 gradient sum of a mini-batch, ``4N/g`` (update only);
     * ``reference``: a frozen reference policy when the config uses one (``kl_coef > 0``),
       ``bytes(reference_dtype) * N/g``; 0 here;

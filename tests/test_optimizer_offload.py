@@ -1,17 +1,19 @@
 """``learner.offload_optimizer_state``: the AdamW state in pinned host memory (offload.py).
 
 The independent reference is the same learner without offload (its whole ``tx.update`` on the
-device). The offloaded update calls optax's own AdamW one parameter leaf at a time; XLA compiles
-the two programs differently (e.g. it rewrites ``m / bias_correction`` into a multiply by the
-reciprocal in one of them), so they agree to float32 rounding, not bit for bit:
+device, in one jitted program). The offloaded update is a host loop: optax's clip over the whole
+gradient tree in one jitted call, then optax's own AdamW in one jitted call per parameter leaf;
+XLA compiles these programs differently from the fused one (e.g. it rewrites
+``m / bias_correction`` into a multiply by the reciprocal in one of them), so they agree to
+float32 rounding, not bit for bit:
 
 * one optimiser step from the same state: parameters and moments agree to 1e-6 of each
-  leaf's largest entry (measured: parameters within 3.7e-9, moments equal);
+  leaf's largest entry (measured, packed: parameters within 3.7e-9, moments equal);
 * after several steps, AdamW amplifies those ulps where a gradient is ~0 (its first steps move
   a weight by ~lr * sign(grad)): single entries are bounded by 0.1 * lr and the mean difference
   must be tiny -- the criterion tests/test_learner.py applies to sharded-vs-single-device runs
-  (measured after 3 packed steps: entries within 5.3e-8, mean 3.4e-10; the padded run with a
-  critic on 2 devices came out bit-identical).
+  (measured after 3 packed steps: entries within 6.0e-8, mean 3.0e-10; the padded run with a
+  critic on 2 devices, after 4 steps: within 2.5e-8, mean 2.8e-10).
 
 A resumed offloaded run, by contrast, runs the very same programs on the very same numbers, so
 checkpoint -> restore -> next step must equal the uninterrupted offloaded run exactly.
@@ -28,7 +30,10 @@ import numpy as np
 import pytest
 from flax import nnx
 
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
 from agentrl_jax.learner import Learner, LearnerConfig, offload
+from agentrl_jax.learner.optim import make_optimizer, optimizer_parts, optimizer_step_count
 from agentrl_jax.models.config import ModelConfig
 from agentrl_jax.models.llama import init_model
 from agentrl_jax.sharding.mesh import make_mesh
@@ -196,6 +201,89 @@ def test_padded_path_with_critic_and_fsdp_matches_no_offload(initial_state):
         assert_steps_close(off["params"][step], ref["params"][step])
         assert_steps_close(off["opt"][step], ref["opt"][step])
     assert off["metrics"][1]["learner/optimizer_step"] == 4
+
+
+def test_update_waits_for_the_async_save_before_donating(initial_state, tmp_path,
+                                                         monkeypatch):
+    """save -> update at once: the update donates the pinned-host state, which the async save
+    may still reference (fails on GPU); the learner waits for the save first."""
+    learner = Learner(model(initial_state), PACKED.replace(offload_optimizer_state=True),
+                      mesh=make_mesh(devices=jax.devices()[:1]), checkpoint_dir=str(tmp_path))
+    alive_at_wait = []
+    real_wait = learner.checkpointer.wait
+
+    def wait():  # the state must not have been donated yet
+        alive_at_wait.append(not any(x.is_deleted() for x in jax.tree.leaves(learner.opt_state)))
+        real_wait()
+    monkeypatch.setattr(learner.checkpointer, "wait", wait)
+    learner.save({"cursor": 0})
+    learner.update(batch(1))
+    assert alive_at_wait and all(alive_at_wait)
+    learner.close()
+
+
+# ----------------------------------------------------------------- the per-leaf host loop
+def _spec(shape: tuple[int, ...]) -> P:
+    """Matrices split over ``x`` on their first axis; vectors and scalars replicated."""
+    return P("x", None) if len(shape) == 2 else P()
+
+
+def _synthetic(mesh, seed: int):
+    """A parameter tree with repeated leaf shapes (matrices FSDP-sharded over ``x``, vectors
+    replicated): ``(params, grads, shardings)``; gradients large enough that the clip acts."""
+    shapes = {"embed": (16, 8), "layers": [{"w": (8, 12), "u": (8, 12), "norm": (8,),
+                                             "bias": (12,)} for _ in range(3)],
+              "head": (8, 16)}
+    rng = np.random.default_rng(seed)
+    is_shape = lambda x: isinstance(x, tuple)  # noqa: E731
+    shardings = jax.tree.map(lambda s: NamedSharding(mesh, _spec(s)), shapes, is_leaf=is_shape)
+
+    def make(scale):
+        return jax.tree.map(lambda s, sh: jax.device_put(
+            (rng.standard_normal(s) * scale).astype(np.float32), sh), shapes, shardings,
+            is_leaf=is_shape)
+    return make(1.0), [make(10.0) for _ in range(2)], shardings
+
+
+def test_update_is_a_host_loop_of_per_leaf_calls():
+    """LeafwiseUpdate on a synthetic tree: one leaf_step call per parameter leaf per step,
+    one executable per distinct (shape, sharding), every leaf updated; the result is
+    tx.update's (clip + AdamW + weight-decay mask + step count) within one-step rounding."""
+    mesh = Mesh(np.array(jax.devices()[:2]), ("x",))
+    config = LearnerConfig(learning_rate=LR, weight_decay=0.01, grad_clip=1.0,
+                           offload_optimizer_state=True)
+    params, grads, p_sh = _synthetic(mesh, seed=0)
+    tx, _ = make_optimizer(config)
+    dev_sh = jax.tree.map(lambda x: NamedSharding(mesh, _spec(x.shape)),
+                          jax.eval_shape(tx.init, params))
+    host_sh = offload.host_shardings(dev_sh)
+    parts = optimizer_parts(config)
+    ref = offload.make_update_fn(tx, None, p_sh, dev_sh)
+    off = offload.make_update_fn(tx, parts, p_sh, host_sh)
+    assert isinstance(off, offload.LeafwiseUpdate)
+
+    def copy(tree):  # new buffers in the same shardings (the updates donate theirs)
+        return jax.tree.map(lambda x: jax.device_put(np.asarray(x), x.sharding), tree)
+    ref_state = offload.init_opt_state(tx, None, params, dev_sh)
+    off_state = offload.init_opt_state(tx, parts, params, host_sh)
+    ref_params, off_params = copy(params), copy(params)
+    n_leaves = len(jax.tree.leaves(params))
+    for step, g in enumerate(grads):
+        before = host(off_params)
+        ref_params, ref_state, ref_norm = ref(ref_params, ref_state, copy(g))
+        off_params, off_state, off_norm = off(off_params, off_state, copy(g))
+        assert off.leaf_calls == (step + 1) * n_leaves
+        assert all(not np.array_equal(x, y) for x, y in zip(host(off_params), before))
+        assert kinds(off_state) == {"pinned_host"} and kinds(off_params) == {"device"}
+        assert float(off_norm) > config.grad_clip  # the clip acted
+        np.testing.assert_allclose(float(off_norm), float(ref_norm), rtol=1e-6)
+        assert_one_step_close(host(off_params), host(ref_params))
+        assert_one_step_close(host(off_state), host(ref_state))
+    assert optimizer_step_count(off_state) == 2
+    # 5 distinct (shape, sharding): (16, 8), (8, 12), (8, 16) over x; (8,), (12,) replicated
+    distinct = {(x.shape, x.dtype, x.sharding) for x in jax.tree.leaves(params)}
+    assert len(distinct) == 5 and len(off._steps) <= len(distinct)
+    assert off.executables() <= len(distinct)
 
 
 # ----------------------------------------------------------------- errors and validation

@@ -177,7 +177,8 @@ def test_memory_estimate_of_the_7b_step_by_hand():
 def test_memory_estimate_with_the_optimizer_state_offloaded(monkeypatch):
     """One GPU: the experiment keeps the AdamW moments in pinned host memory
     (learner.offload_optimizer_state), so 8N bytes leave the GPU and, during the optimiser
-    step, two leaves of the largest (V x D = 152064 x 3584) moments' size are assumed on it."""
+    step, twice the moments of the largest leaf (V x D = 152064 x 3584) are assumed on it (its
+    copy in and the updated moments: offload.py updates one leaf per jitted call)."""
     from experiments.paper_scale_7b import get_config, memory_estimate
 
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)

@@ -30,9 +30,9 @@ class LearnerConfig:
     adam_eps: float = 1e-8
     grad_clip: float | None = 1.0  # global-norm clip; None / 0 = off
     # True: keep the optimiser state (AdamW mu / nu, step count) in pinned host memory and move
-    # it to the device leaf by leaf inside the jitted update only (offload.py); frees 8 bytes /
-    # parameter of device memory at the cost of 16 bytes / parameter of host <-> device traffic
-    # per optimiser step. Needs a backend with the "pinned_host" memory kind.
+    # it to the device one parameter leaf per jitted call of the update (offload.py); frees 8
+    # bytes / parameter of device memory at the cost of 16 bytes / parameter of host <-> device
+    # traffic per optimiser step. Needs a backend with the "pinned_host" memory kind.
     offload_optimizer_state: bool = False
     # ------------------------------------------------------------------ batching
     micro_batch_size: int = 8  # sequences per forward/backward (global, all devices)

@@ -113,9 +113,11 @@ class Learner:
 
     With ``config.offload_optimizer_state`` the optimiser states (``opt_state``,
     ``critic_opt_state``) live in pinned host memory (``opt_shardings`` have
-    ``memory_kind="pinned_host"``), both update paths move them to the device leaf by leaf
-    inside their jitted step (``offload.py``), and ``save`` / ``restore`` keep them there;
-    construction raises ``ValueError`` on a backend without that memory kind.
+    ``memory_kind="pinned_host"``), both update paths update them with a host loop of
+    per-parameter-leaf jitted calls (``offload.LeafwiseUpdate``), ``save`` / ``restore`` keep
+    them there, and an optimiser step first waits for an in-flight async save
+    (:meth:`_before_donating_opt_state`); construction raises ``ValueError`` on a backend
+    without that memory kind.
     """
 
     def __init__(self, model: CausalLM, config: LearnerConfig | Mapping[str, Any] | None = None,
@@ -279,6 +281,17 @@ class Learner:
             critic_graphdef=self.critic_graphdef, critic_tx=self.critic_tx,
             critic_shardings=self.critic_shardings, critic_opt_shardings=self.critic_opt_shardings,
             batch_keys=batch_keys, train_policy=train_policy, train_critic=train_critic))
+
+    def _before_donating_opt_state(self) -> None:
+        """Called before every optimiser step (which donates the optimiser states): with
+        ``offload_optimizer_state``, wait for an in-flight async checkpoint save. The save
+        may still reference the pinned-host state buffers it is writing, and donating them
+        then fails on GPU (``INVALID_ARGUMENT: Donation requested for buffer with external
+        reference``; seen on an H100). Waiting, rather than not donating, keeps a single
+        copy of the moments in host RAM. Without offload the states are device arrays, which
+        the save has copied to the host before returning: no wait (as before)."""
+        if self.config.offload_optimizer_state and self.checkpointer is not None:
+            self.checkpointer.wait()
 
     # ------------------------------------------------------------------ padding
     def padded_shape(self, batch_size: int, seq_len: int) -> tuple[int, int]:
@@ -470,6 +483,7 @@ class Learner:
                                                     *v.shape[2:]))
             else:
                 mb[k] = place_global(np.asarray(v), sh)
+        self._before_donating_opt_state()
         (self.params, self.opt_state, self.critic_params, self.critic_opt_state,
          metrics) = step_fn(self.params, self.opt_state, self.critic_params,
                             self.critic_opt_state, mb)

@@ -44,7 +44,7 @@ class OptimizerParts(NamedTuple):
     ``clip``: ``clip_by_global_norm`` (``None`` without ``grad_clip``): stateless, but needs
     every gradient (the global norm). ``adamw``: element-wise per parameter given its shared
     scalar state (the step count), so it can run one parameter leaf at a time
-    (``offload.leafwise_update``). ``make_optimizer``'s ``tx`` is ``chain(clip, adamw)`` (or
+    (``offload.LeafwiseUpdate``). ``make_optimizer``'s ``tx`` is ``chain(clip, adamw)`` (or
     ``chain(adamw)``), whose state is ``(clip_state, adamw_state)`` (or ``(adamw_state,)``).
     """
 
