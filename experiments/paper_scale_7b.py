@@ -6,9 +6,11 @@ Timed with ``benchmarks/rl_step.py --config experiments/paper_scale_7b.py --vari
 learner shards over every visible GPU (``learner.mesh``: FSDP) and the embedded engine runs a
 bf16 replica on each of them (``rollout.engine_replicas=0``). By the estimate below 1 and 2
 H100 80GB cannot hold it and 4 can (with the KV cache freed during the update), and 2 (or
-more) H200 141GB can (measured runs: below the table). Random weights: actions are rarely
-valid, rewards are 0 and every episode runs 13 turns of up to 24 tokens;
-``train.skip_flat_groups`` is off so that the update runs (on zero advantages) and is timed.
+more) H200 141GB can (measured runs: below the table); 1 H200 can by the estimate only with
+the AdamW moments in host memory (``learner.offload_optimizer_state``, which this config turns
+on for 1 GPU; not yet run). Random weights: actions are rarely valid, rewards are 0 and every
+episode runs 13 turns of up to 24 tokens; ``train.skip_flat_groups`` is off so that the update
+runs (on zero advantages) and is timed.
 Results: docs/PERFORMANCE.md.
 
 Memory (:func:`memory_estimate`; ``python3 experiments/paper_scale_7b.py`` prints the table):
@@ -17,24 +19,37 @@ parameters = 113 GiB, sharded over the GPUs, plus on each GPU a whole 14.2 GiB b
 replica and its KV cache (256 slots x 2,048 tokens x 56 KiB = 28 GiB, split over the replicas).
 The policy is created directly in the learner's sharding (``init_model(..., mesh=...)``) and
 the engine's first weights are cast from those shards: no GPU ever holds the float32 model.
+On 1 GPU (``CUDA_VISIBLE_DEVICES`` names one; :func:`get_config`) the AdamW moments, 8 bytes x
+N = 56.7 GiB, stay in pinned host memory and visit the GPU one parameter leaf at a time during
+the optimiser step (a host loop of per-leaf jitted calls, ``agentrl_jax/learner/offload.py``;
+the config uses packed rows, ``pack_length`` 4096, whose ``apply`` this replaces): 2 x 8
+bytes per parameter (122 GB) cross the host link each optimiser step, and the host needs
+56.7 GiB of page-locked RAM.
 
 GiB per GPU; the verdicts are for an H100 80GB (79.1 GiB total; JAX may use 75.1 at
 ``XLA_PYTHON_CLIENT_MEM_FRACTION=0.95``; at the default 0.75, 59.3: below the 4-GPU step's
 estimated peak). The usable memory is ``--gpu-memory-gib`` (the card's total, GiB; default the
 H100's 79.1) x ``--mem-fraction`` (0.95)::
 
-    GPUs  master  AdamW  grads  engine  KV    lower bound  peak   verdict
-    1     28.4    56.7   28.4   14.2    28.0  127.7        164.3  does not fit
-    2     14.2    28.4   14.2   14.2    14.0   70.9         96.3  does not fit
-    4      7.1    14.2    7.1   14.2     7.0   42.6         62.4  fits
+    GPUs  master  AdamW      grads  engine  KV    lower bound  peak   verdict
+    1     28.4    56.7       28.4   14.2    28.0  127.7        164.3  does not fit
+    1     28.4    0 (+8.1)   28.4   14.2    28.0   70.9        107.6  does not fit  (offloaded)
+    2     14.2    28.4       14.2   14.2    14.0   70.9         96.3  does not fit
+    4      7.1    14.2        7.1   14.2     7.0   42.6         62.4  fits
 
 (the KV cache is released during the update: ``rollout.release_kv_during_update``; without
-it 4 GPUs are 49.6 / 69.4, "tight"). H200 141GB (``--gpu-memory-gib 140.4``: nvidia-smi's
-143771 MiB, which ``benchmarks/scaling_step_gpu.sh`` passes; 133.4 GiB usable): 1 GPU does not
-fit (164.3), 2 and 4 fit (peaks 96.3 and 62.4, below 90% of 133.4). Measured (2026-11-27,
-this config as it is, H200s; docs/PERFORMANCE.md, "session 9"): 2 GPUs steady 57.5 s, peak
-86.4 GiB a GPU (estimate 96.3); 4 GPUs with JAX's memory capped at an H100's 75.1 GiB
-(``XLA_PYTHON_CLIENT_MEM_FRACTION=0.535``) steady 37.3 s, peak 54.7 GiB (estimate 62.4).
+it 4 GPUs are 49.6 / 69.4, "tight"). The offloaded row is the config's for 1 GPU: AdamW 0 on
+the GPU, plus 8.1 GiB of moments assumed in flight during the optimiser step (twice the
+moments of the 152064 x 3584 embedding: the largest leaf's, copied in and updated), which is
+below the update's transients (36.6), so the peak is the forward / backward's: 164.3 - 56.7 =
+107.6. Its transfer schedule and peak are estimates, not yet measured on a GPU. H200 141GB
+(``--gpu-memory-gib 140.4``: nvidia-smi's 143771 MiB, which ``benchmarks/scaling_step_gpu.sh``
+passes; 133.4 GiB usable): 1 GPU fits only offloaded (107.6; 164.3 without), 2 and 4 fit
+(peaks 96.3 and 62.4, below 90% of 133.4). Measured (2026-11-27, this config as it is on 2
+and 4 GPUs, H200s; docs/PERFORMANCE.md, "session 9"): 2 GPUs steady 57.5 s, peak 86.4 GiB a
+GPU (estimate 96.3);
+4 GPUs with JAX's memory capped at an H100's 75.1 GiB (``XLA_PYTHON_CLIENT_MEM_FRACTION=0.535``)
+steady 37.3 s, peak 54.7 GiB (estimate 62.4).
 Earlier: 4 H200s 67.3 s with a 110.5 GiB peak (before the remat fix), and 4 H100s out of
 memory at the first update (before the KV release and the bf16 log-prob weights).
 
@@ -63,7 +78,25 @@ QWEN25_7B = dict(model_type="qwen2", vocab_size=152064, hidden_size=3584,
                  attention_bias=True, max_position_embeddings=32768)
 
 
-def get_config():
+def visible_gpu_count() -> int | None:
+    """GPUs the run will use: the entries of ``CUDA_VISIBLE_DEVICES`` (how
+    ``benchmarks/scaling_step_gpu.sh`` gives a run its GPUs), ``None`` when it is unset (then
+    all of the machine's, a number this config does not know without starting JAX)."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is None:
+        return None
+    return len([d for d in visible.split(",") if d.strip()])
+
+
+def get_config(num_gpus: int | None = None):
+    """The experiment's config for ``num_gpus`` GPUs (default :func:`visible_gpu_count`).
+
+    On one GPU the AdamW moments are kept in pinned host memory
+    (``learner.offload_optimizer_state``; see :func:`memory_estimate`); with more, or an
+    unknown count, they stay on the GPUs (``--set learner.offload_optimizer_state=True`` turns
+    it on by hand)."""
+    if num_gpus is None:
+        num_gpus = visible_gpu_count()
     c = babyai_gpu_config()
     c.model.random_init = dict(QWEN25_7B)
     c.model.dtype = "bfloat16"
@@ -86,6 +119,9 @@ def get_config():
     c.learner.micro_batch_size = 4
     c.learner.logprob_batch_size = 8
     c.learner.mini_batches = 1
+    # one GPU cannot hold the float32 master weights, gradients and AdamW moments (113 GiB)
+    # next to the engine replica: the moments (57 GiB) go to pinned host memory
+    c.learner.offload_optimizer_state = num_gpus == 1
     return c
 
 
@@ -115,7 +151,8 @@ def parameter_count(shape: Mapping[str, Any]) -> int:
 def memory_estimate(num_gpus: int, config: Any = None, usable_gib: float | None = None,
                     gpu_memory_gib: float = H100_TOTAL_GIB,
                     mem_fraction: float = DEFAULT_MEM_FRACTION) -> dict[str, Any]:
-    """Device memory per GPU (GiB) of ``config`` (default: this experiment) on ``num_gpus``
+    """Device memory per GPU (GiB) of ``config`` (default: this experiment's config for
+    ``num_gpus``, :func:`get_config`: optimiser state offloaded on 1 GPU) on ``num_gpus``
     GPUs of one host: the learner FSDP over all of them, one engine replica on each.
 
     The memory JAX may use on each GPU: ``usable_gib`` when given, else ``gpu_memory_gib``
@@ -124,7 +161,14 @@ def memory_estimate(num_gpus: int, config: Any = None, usable_gib: float | None 
 
     With ``N`` parameters and ``g`` GPUs, per GPU:
 
-    * ``master``: float32 parameters, ``4N/g``; ``adamw``: two float32 moments, ``8N/g``;
+    * ``master``: float32 parameters, ``4N/g``; ``adamw``: two float32 moments, ``8N/g``, or 0
+      with ``learner.offload_optimizer_state`` (then ``8N/g`` of pinned host memory per GPU,
+      ``host_adamw_gib``);
+    * ``adamw_in_flight`` (offload only): the moments on the GPU while the optimiser step
+      updates them leaf by leaf (``agentrl_jax/learner/offload.py``: one jitted call per
+      leaf, so one leaf's moments at a time): assumed twice the moments of the largest leaf
+      (the ``V x D`` embedding / LM head: the copy in and the updated moments before they go
+      back), ``2 x 8 x V D / g``. An upper-bound assumption, not measured;
     * ``grad_accumulator``: the float32 gradient sum of a mini-batch, ``4N/g`` (update only);
     * ``reference``: a frozen reference policy when the config uses one (``kl_coef > 0``),
       ``bytes(reference_dtype) * N/g``; 0 here;
@@ -147,8 +191,9 @@ def memory_estimate(num_gpus: int, config: Any = None, usable_gib: float | None 
     accumulator + reference + engine weights + KV cache during an update; with
     ``rollout.release_kv_during_update`` the larger of that without the KV cache and the
     rollout's (the same without the accumulator, with the KV cache). ``peak`` = the larger of
-    the update peak (update's live set + update transients) and the sync peak (no
-    accumulator; + sync transients). ``verdict``: ``"does not fit"`` when the lower bound
+    the update peak (update's live set + the larger of the update transients and, offloaded,
+    the optimiser step's moments in flight) and the sync peak (no accumulator; + sync
+    transients). ``verdict``: ``"does not fit"`` when the lower bound
     exceeds ``usable_gib`` (conclusive) or the peak does (estimated): skipped; ``"fits"`` when
     the peak is below 90% of it, else ``"tight"`` (try; may run out of memory).
     """
@@ -157,7 +202,7 @@ def memory_estimate(num_gpus: int, config: Any = None, usable_gib: float | None 
 
     if usable_gib is None:
         usable_gib = gpu_memory_gib * mem_fraction
-    c = config if config is not None else get_config()
+    c = config if config is not None else get_config(num_gpus=num_gpus)
     shape = dict(c.model.random_init)
     n = parameter_count(shape)
     g = int(num_gpus)
@@ -173,9 +218,13 @@ def memory_estimate(num_gpus: int, config: Any = None, usable_gib: float | None 
     activations = rows * t * (mcfg.num_layers * mcfg.hidden_size * lb
                               + 3 * mcfg.intermediate_size * lb * 3)
     uses_reference = float(c.learner.get("kl_coef", 0.0)) > 0
+    offloads = bool(c.learner.get("offload_optimizer_state", False))
+    largest_leaf = max(shape["vocab_size"] * shape["hidden_size"],
+                       shape["hidden_size"] * shape["intermediate_size"])
     parts = {
         "master": 4 * n / g,
-        "adamw": 8 * n / g,
+        "adamw": 0.0 if offloads else 8 * n / g,
+        "adamw_in_flight": 2 * 8 * largest_leaf / g if offloads else 0.0,
         "grad_accumulator": 4 * n / g,
         "reference": (_BYTES[c.learner.get("reference_dtype", "float32")] * n / g
                       if uses_reference else 0.0),
@@ -191,15 +240,17 @@ def memory_estimate(num_gpus: int, config: Any = None, usable_gib: float | None 
     kv_in_update = 0.0 if releases_kv else parts["kv_cache"]
     held = sum(parts[k] for k in ("master", "adamw", "reference", "engine_weights"))
     lower = max(held + parts["grad_accumulator"] + kv_in_update, held + parts["kv_cache"])
-    update_peak = held + parts["grad_accumulator"] + kv_in_update + parts["update_transients"]
+    update_peak = held + parts["grad_accumulator"] + kv_in_update + max(
+        parts["update_transients"], parts["adamw_in_flight"])
     sync_peak = held + kv_in_update + parts["sync_transients"]
     peak = max(update_peak, sync_peak)
     kv_text = (f" + KV cache {parts['kv_cache']:.1f}" if not releases_kv else
                " (KV cache released)")
+    adamw_text = "0 (offloaded to host memory)" if offloads else f"{parts['adamw']:.1f}"
     if lower > usable_gib:
         verdict = "does not fit"
         reason = (f"{g} GPU(s): at least {lower:.1f} GiB must be live per GPU during an update "
-                  f"(master {parts['master']:.1f} + AdamW {parts['adamw']:.1f} + gradients "
+                  f"(master {parts['master']:.1f} + AdamW {adamw_text} + gradients "
                   f"{parts['grad_accumulator']:.1f} + engine replica "
                   f"{parts['engine_weights']:.1f}{kv_text}"
                   + (f" + reference {parts['reference']:.1f}" if uses_reference else "")
@@ -217,6 +268,8 @@ def memory_estimate(num_gpus: int, config: Any = None, usable_gib: float | None 
                   f"{usable_gib:.1f} GiB usable: may run out of memory")
     return {"num_gpus": g, "parameters": n, "engine_slots_per_gpu": replica_slots,
             "uses_reference": uses_reference, "releases_kv_during_update": releases_kv,
+            "offloads_optimizer_state": offloads,
+            "host_adamw_gib": 8 * n / g / GIB if offloads else 0.0,
             "parts_gib": parts, "lower_bound_gib": lower,
             "update_peak_gib": update_peak, "sync_peak_gib": sync_peak, "peak_gib": peak,
             "gpu_memory_gib": gpu_memory_gib, "mem_fraction": usable_gib / gpu_memory_gib,
@@ -254,6 +307,10 @@ def main(argv: list[str] | None = None) -> int:
               + f" | {r['lower_bound_gib']:.1f} | {r['peak_gib']:.1f} | {r['verdict']} |")
     for r in rows:
         print(r["reason"])
+        if r["offloads_optimizer_state"]:
+            print(f"{r['num_gpus']} GPU(s): AdamW moments offloaded "
+                  "(learner.offload_optimizer_state): "
+                  f"{r['host_adamw_gib']:.1f} GiB of pinned host memory per GPU")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows if len(rows) > 1 else rows[0], f, indent=2)

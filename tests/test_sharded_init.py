@@ -122,11 +122,16 @@ def test_memory_estimate_of_the_7b_step_by_hand():
     """experiments/paper_scale_7b.memory_estimate against the arithmetic written out: N =
     7,615,616,512 parameters; KV per token 2 x 28 layers x 4 KV heads x 128 x 2 bytes (bf16);
     256 slots over the replicas; 2,048 tokens a slot."""
-    from experiments.paper_scale_7b import memory_estimate
+    from experiments.paper_scale_7b import get_config, memory_estimate
+
+    def estimate(g: int, **kwargs):  # AdamW on the GPUs (the offloaded 1-GPU case: below)
+        c = get_config(num_gpus=g)
+        c.learner.offload_optimizer_state = False
+        return memory_estimate(g, c, **kwargs)
 
     n, gib = 7_615_616_512, 2 ** 30
     kv_token = 2 * 28 * 4 * 128 * 2
-    by_gpus = {g: memory_estimate(g) for g in (1, 2, 4)}
+    by_gpus = {g: estimate(g) for g in (1, 2, 4)}
     for g, e in by_gpus.items():
         p = e["parts_gib"]
         assert e["parameters"] == n and not e["uses_reference"]  # kl_coef = 0
@@ -156,8 +161,9 @@ def test_memory_estimate_of_the_7b_step_by_hand():
     assert "127.7 GiB must be live" in by_gpus[1]["reason"]
     assert "estimated peak 96.3 GiB > 75.1" in by_gpus[2]["reason"]
     # an H200 141GB: 2 and 4 fit
-    assert [memory_estimate(g, gpu_memory_gib=140.4)["verdict"] for g in (1, 2, 4)] == [
+    assert [estimate(g, gpu_memory_gib=140.4)["verdict"] for g in (1, 2, 4)] == [
         "does not fit", "fits", "fits"]
+    assert by_gpus[2] == memory_estimate(2)  # the experiment's own 2-GPU config: no offload
     # without the release (as the 4 H100s ran out of memory, 2026-11-27): KV live in the
     # update, 49.6 / 69.4 GiB, tight
     from experiments.paper_scale_7b import get_config
@@ -166,6 +172,39 @@ def test_memory_estimate_of_the_7b_step_by_hand():
     e = memory_estimate(4, c)
     assert (round(e["lower_bound_gib"], 1), round(e["peak_gib"], 1), e["verdict"]) == (
         49.6, 69.4, "tight")
+
+
+def test_memory_estimate_with_the_optimizer_state_offloaded(monkeypatch):
+    """One GPU: the experiment keeps the AdamW moments in pinned host memory
+    (learner.offload_optimizer_state), so 8N bytes leave the GPU and, during the optimiser
+    step, twice the moments of the largest leaf (V x D = 152064 x 3584) are assumed on it (its
+    copy in and the updated moments: offload.py updates one leaf per jitted call)."""
+    from experiments.paper_scale_7b import get_config, memory_estimate
+
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    assert not get_config().learner.offload_optimizer_state  # GPU count unknown: off
+    for visible, offloads in (("3", True), ("0,1", False), ("0,1,2,3", False)):
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
+        assert get_config().learner.offload_optimizer_state is offloads, visible
+    assert get_config(num_gpus=1).learner.offload_optimizer_state
+    assert not get_config(num_gpus=4).learner.offload_optimizer_state
+
+    n, gib = 7_615_616_512, 2 ** 30
+    e = memory_estimate(1)
+    p = e["parts_gib"]
+    assert e["offloads_optimizer_state"] and p["adamw"] == 0.0
+    assert e["host_adamw_gib"] == pytest.approx(8 * n / gib)
+    assert p["adamw_in_flight"] == pytest.approx(2 * 8 * 152064 * 3584 / gib)
+    kv = 256 * 2048 * (2 * 28 * 4 * 128 * 2)
+    # master 4N + gradients 4N + engine 2N (KV released in the update) vs the rollout's
+    assert e["lower_bound_gib"] == pytest.approx(max(10 * n, 6 * n + kv) / gib)
+    assert e["update_peak_gib"] == pytest.approx(10 * n / gib + p["update_transients"])
+    assert p["update_transients"] > p["adamw_in_flight"]  # the forward / backward's peak
+    assert round(e["peak_gib"], 1) == 107.6
+    assert e["verdict"] == "does not fit" and "107.6 GiB > 75.1" in e["reason"]  # an H100
+    assert memory_estimate(1, gpu_memory_gib=140.4)["verdict"] == "fits"  # an H200
+    for g in (2, 4):
+        assert not memory_estimate(g)["offloads_optimizer_state"]
 
 
 def _config(tmp_model_dir: str | None = None, **rollout):

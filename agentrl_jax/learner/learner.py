@@ -60,6 +60,8 @@ from agentrl_jax.learner.jit_cache import cached
 from agentrl_jax.learner.critic import ValueModel, critic_from_policy, values_fn
 from agentrl_jax.learner.logprobs import token_logprobs
 from agentrl_jax.learner.metrics import MetricsWriter, Throughput
+from agentrl_jax.learner.offload import (init_opt_state, offload_parts, opt_state_shardings,
+                                         require_host_memory)
 from agentrl_jax.learner.optim import make_optimizer
 from agentrl_jax.learner.packed_step import PackedSteps
 from agentrl_jax.learner.packed_update import PackedUpdate
@@ -108,6 +110,14 @@ class Learner:
       copy_model: copy the model's parameters (default). ``False`` adopts the arrays as they
         are (no second copy in device memory; they are donated by the first step, so
         ``model`` is unusable afterwards).
+
+    With ``config.offload_optimizer_state`` the optimiser states (``opt_state``,
+    ``critic_opt_state``) live in pinned host memory (``opt_shardings`` have
+    ``memory_kind="pinned_host"``), both update paths update them with a host loop of
+    per-parameter-leaf jitted calls (``offload.LeafwiseUpdate``), ``save`` / ``restore`` keep
+    them there, and an optimiser step first waits for an in-flight async save
+    (:meth:`_before_donating_opt_state`); construction raises ``ValueError`` on a backend
+    without that memory kind.
     """
 
     def __init__(self, model: CausalLM, config: LearnerConfig | Mapping[str, Any] | None = None,
@@ -144,8 +154,12 @@ class Learner:
                                   nnx.Param)[0]
         params = nnx.state(model, nnx.Param)
         self.param_shardings = state_shardings(params, self.mesh)
+        if config.offload_optimizer_state:  # fail before any state is built
+            require_host_memory(self.mesh)
         self.tx, self.schedule = make_optimizer(config)
-        self.opt_shardings = state_shardings(jax.eval_shape(self.tx.init, params), self.mesh)
+        # offload_optimizer_state: the same shardings in pinned host memory (offload.py)
+        self.opt_shardings = opt_state_shardings(
+            config, state_shardings(jax.eval_shape(self.tx.init, params), self.mesh))
 
         # reference and critic are built from the model before its buffers can be donated
         self.ref_params = None
@@ -164,16 +178,17 @@ class Learner:
             self.critic_shardings = state_shardings(cparams, self.mesh)
             self.critic_tx, self.critic_schedule = make_optimizer(
                 config, peak_lr=config.critic_learning_rate)
-            self.critic_opt_shardings = state_shardings(
-                jax.eval_shape(self.critic_tx.init, cparams), self.mesh)
+            self.critic_opt_shardings = opt_state_shardings(config, state_shardings(
+                jax.eval_shape(self.critic_tx.init, cparams), self.mesh))
             self.critic_params = jax.device_put(_copy_tree(cparams), self.critic_shardings)
-            self.critic_opt_state = jax.jit(self.critic_tx.init,
-                                            out_shardings=self.critic_opt_shardings)(
-                                                self.critic_params)
+            self.critic_opt_state = init_opt_state(
+                self.critic_tx, offload_parts(config, config.critic_learning_rate),
+                self.critic_params, self.critic_opt_shardings)
 
         self.params = jax.device_put(_copy_tree(params) if copy_model else params,
                                      self.param_shardings)
-        self.opt_state = jax.jit(self.tx.init, out_shardings=self.opt_shardings)(self.params)
+        self.opt_state = init_opt_state(self.tx, offload_parts(config), self.params,
+                                        self.opt_shardings)
         self.update_step = 0  # completed update() calls (rollout batches)
 
         self.checkpointer = (Checkpointer(checkpoint_dir, max_to_keep=max_to_keep,
@@ -266,6 +281,17 @@ class Learner:
             critic_graphdef=self.critic_graphdef, critic_tx=self.critic_tx,
             critic_shardings=self.critic_shardings, critic_opt_shardings=self.critic_opt_shardings,
             batch_keys=batch_keys, train_policy=train_policy, train_critic=train_critic))
+
+    def _before_donating_opt_state(self) -> None:
+        """Called before every optimiser step (which donates the optimiser states): with
+        ``offload_optimizer_state``, wait for an in-flight async checkpoint save. The save
+        may still reference the pinned-host state buffers it is writing, and donating them
+        then fails on GPU (``INVALID_ARGUMENT: Donation requested for buffer with external
+        reference``; seen on an H100). Waiting, rather than not donating, keeps a single
+        copy of the moments in host RAM. Without offload the states are device arrays, which
+        the save has copied to the host before returning: no wait (as before)."""
+        if self.config.offload_optimizer_state and self.checkpointer is not None:
+            self.checkpointer.wait()
 
     # ------------------------------------------------------------------ padding
     def padded_shape(self, batch_size: int, seq_len: int) -> tuple[int, int]:
@@ -457,6 +483,7 @@ class Learner:
                                                     *v.shape[2:]))
             else:
                 mb[k] = place_global(np.asarray(v), sh)
+        self._before_donating_opt_state()
         (self.params, self.opt_state, self.critic_params, self.critic_opt_state,
          metrics) = step_fn(self.params, self.opt_state, self.critic_params,
                             self.critic_opt_state, mb)

@@ -8,6 +8,8 @@ scales or biases, as in verl / HF Trainer.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import jax
 import optax
 
@@ -36,16 +38,40 @@ def _decay_mask(params):
     return jax.tree.map(lambda p: getattr(p, "ndim", 0) >= 2, params)
 
 
+class OptimizerParts(NamedTuple):
+    """The two stages of the optimiser, kept apart for the leaf-wise (offloaded) update.
+
+    ``clip``: ``clip_by_global_norm`` (``None`` without ``grad_clip``): stateless, but needs
+    every gradient (the global norm). ``adamw``: element-wise per parameter given its shared
+    scalar state (the step count), so it can run one parameter leaf at a time
+    (``offload.LeafwiseUpdate``). ``make_optimizer``'s ``tx`` is ``chain(clip, adamw)`` (or
+    ``chain(adamw)``), whose state is ``(clip_state, adamw_state)`` (or ``(adamw_state,)``).
+    """
+
+    clip: optax.GradientTransformation | None
+    adamw: optax.GradientTransformation
+    schedule: optax.Schedule
+
+
+def optimizer_parts(config: LearnerConfig, peak_lr: float | None = None) -> OptimizerParts:
+    """The clip and AdamW stages of ``make_optimizer(config, peak_lr)``."""
+    schedule = make_schedule(config, peak_lr)
+    clip = optax.clip_by_global_norm(config.grad_clip) if config.grad_clip else None
+    adamw = optax.adamw(schedule, b1=config.adam_b1, b2=config.adam_b2, eps=config.adam_eps,
+                        weight_decay=config.weight_decay, mask=_decay_mask)
+    return OptimizerParts(clip, adamw, schedule)
+
+
+def chain_parts(parts: OptimizerParts) -> optax.GradientTransformation:
+    """``chain(clip, adamw)`` (``chain(adamw)`` without clipping): the learner's ``tx``."""
+    return optax.chain(*([parts.clip] if parts.clip is not None else []), parts.adamw)
+
+
 def make_optimizer(config: LearnerConfig, peak_lr: float | None = None
                    ) -> tuple[optax.GradientTransformation, optax.Schedule]:
     """``(tx, schedule)``: global-norm clipping (if ``grad_clip``) then AdamW(schedule)."""
-    schedule = make_schedule(config, peak_lr)
-    parts = []
-    if config.grad_clip:
-        parts.append(optax.clip_by_global_norm(config.grad_clip))
-    parts.append(optax.adamw(schedule, b1=config.adam_b1, b2=config.adam_b2, eps=config.adam_eps,
-                             weight_decay=config.weight_decay, mask=_decay_mask))
-    return optax.chain(*parts), schedule
+    parts = optimizer_parts(config, peak_lr)
+    return chain_parts(parts), parts.schedule
 
 
 def optimizer_step_count(opt_state) -> int | None:
@@ -57,4 +83,5 @@ def optimizer_step_count(opt_state) -> int | None:
     return None
 
 
-__all__ = ["make_schedule", "make_optimizer", "optimizer_step_count"]
+__all__ = ["OptimizerParts", "chain_parts", "make_schedule", "make_optimizer",
+           "optimizer_parts", "optimizer_step_count"]

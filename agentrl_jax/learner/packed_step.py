@@ -10,9 +10,13 @@ functions that never change shape:
     apply(params, opt_state, grad_sum) -> params, opt_state, grad_norm               (donated)
 
 and the learner calls ``accumulate`` once per micro-batch, then ``apply`` once per optimiser
-step. The loss of a micro-batch is ``sum(l * token_weights)`` with weights normalised over the
-whole mini-batch (``algorithms.aggregation_weights``), so the summed micro-batch gradients are
-exactly the mini-batch gradient, for every loss aggregation mode.
+step. With ``offload_optimizer_state``, ``opt_state`` stays in pinned host memory and
+``apply`` is not one jitted program but ``offload.LeafwiseUpdate`` (same signature and
+donation): a jitted clip over the whole gradient tree, then a host loop of one jitted call per
+parameter leaf, each bringing only that leaf's moments to the device. The loss of a
+micro-batch is ``sum(l * token_weights)`` with weights normalised over the whole mini-batch
+(``algorithms.aggregation_weights``), so the summed micro-batch gradients are exactly the
+mini-batch gradient, for every loss aggregation mode.
 
 Micro-batch keys (``[micro_batch_size, pack_length]``): ``tokens``, ``positions``,
 ``segment_ids`` (int32), ``loss_mask``, ``loss_weights``, ``old_logprobs``, ``advantages``
@@ -32,6 +36,7 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from agentrl_jax.learner.config import LearnerConfig
+from agentrl_jax.learner.offload import LeafwiseUpdate, offload_parts
 from agentrl_jax.learner.train_step import _combine, _init_metrics, cast_params, policy_loss_fn
 from agentrl_jax.sharding.activations import activation_mesh
 from agentrl_jax.sharding.rules import BATCH_AXES
@@ -79,10 +84,14 @@ class PackedSteps:
             accumulate, in_shardings=(param_shardings, param_shardings, replicated, mb_sh,
                                       replicated),
             out_shardings=(param_shardings, replicated), donate_argnums=(1, 2))
-        self.apply = jax.jit(apply, in_shardings=(param_shardings, opt_shardings,
-                                                  param_shardings),
-                             out_shardings=(param_shardings, opt_shardings, replicated),
-                             donate_argnums=(0, 1, 2))
+        parts = offload_parts(config)
+        if parts is None:
+            self.apply = jax.jit(apply, in_shardings=(param_shardings, opt_shardings,
+                                                      param_shardings),
+                                 out_shardings=(param_shardings, opt_shardings, replicated),
+                                 donate_argnums=(0, 1, 2))
+        else:  # opt_state in pinned host memory: a host loop of per-leaf jitted calls
+            self.apply = LeafwiseUpdate(parts, param_shardings, opt_shardings)
         self._zeros = jax.jit(lambda p: jax.tree.map(lambda x: jnp.zeros(x.shape, jnp.float32),
                                                      p), out_shardings=param_shardings)
         self._mesh = mesh

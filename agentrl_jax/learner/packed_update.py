@@ -217,6 +217,7 @@ class PackedUpdate:
                 grads, metric_sum = steps.zero_state(lr.params, micro)
             share = np.float32(arrays["loss_mask"][s:s + mb].sum() / total)
             grads, metric_sum = steps.accumulate(lr.params, grads, metric_sum, micro, share)
+        lr._before_donating_opt_state()
         lr.params, lr.opt_state, norm = steps.apply(lr.params, lr.opt_state, grads)
         metric_sum = {f"actor/{k}": v for k, v in metric_sum.items()}
         metric_sum["actor/grad_norm"] = norm

@@ -153,6 +153,7 @@ class PaddedUpdate:
                     mb[name] = (place_process_local(
                         x, mb_sh, (n_micro, cfg.micro_batch_size, *arr.shape[1:]))
                         if local else place_global(x, mb_sh))
+                lr._before_donating_opt_state()
                 (lr.params, lr.opt_state, lr.critic_params, lr.critic_opt_state,
                  sm) = step_fn(lr.params, lr.opt_state, lr.critic_params,
                                lr.critic_opt_state, mb)

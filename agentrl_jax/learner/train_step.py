@@ -39,6 +39,8 @@ from agentrl_jax.algorithms import actor_loss, is_supervised, value_loss
 from agentrl_jax.algorithms.masked import as_mask
 from agentrl_jax.learner.config import LearnerConfig
 from agentrl_jax.learner.logprobs import lm_head_f32, logprobs_from_hidden, model_hidden
+from agentrl_jax.learner.offload import LeafwiseUpdate
+from agentrl_jax.learner.optim import optimizer_parts
 from agentrl_jax.sharding.activations import activation_mesh
 from agentrl_jax.sharding.rules import BATCH_AXES
 
@@ -246,14 +248,20 @@ def make_train_step(*, config: LearnerConfig, mesh: Mesh,
 
     Without a critic pass ``None`` for ``cparams`` / ``copt``. ``batch_keys`` lists the
     mini-batch dict's keys (their shardings are ``minibatch_sharding(mesh)``).
+
+    With ``config.offload_optimizer_state`` the step is not one jitted program:
+    :func:`_offloaded_train_step` (same signature, donation and results).
     """
+    if config.offload_optimizer_state:
+        return _offloaded_train_step(
+            config=config, mesh=mesh, policy_graphdef=policy_graphdef,
+            policy_shardings=policy_shardings, policy_opt_shardings=policy_opt_shardings,
+            critic_graphdef=critic_graphdef, critic_shardings=critic_shardings,
+            critic_opt_shardings=critic_opt_shardings, batch_keys=batch_keys,
+            train_policy=train_policy, train_critic=train_critic)
     has_critic = critic_graphdef is not None
     train_critic = train_critic and has_critic
-    rows = pass_rows(config, mesh)
-    skip_empty = rows < config.micro_batch_size
-    pol_loss = policy_loss_fn(policy_graphdef, config)
-    crit_loss = critic_loss_fn(critic_graphdef, config) if has_critic else None
-    agg = config.loss_agg_mode
+    grads_of = _grads_fn(config, mesh, policy_graphdef, critic_graphdef)
     replicated = NamedSharding(mesh, P())
 
     def step(pparams, popt, cparams, copt, minibatch):
@@ -261,24 +269,18 @@ def make_train_step(*, config: LearnerConfig, mesh: Mesh,
             return _step(pparams, popt, cparams, copt, minibatch)
 
     def _step(pparams, popt, cparams, copt, minibatch):
-        m = as_mask(minibatch["loss_mask"])  # [n_micro, mb, T]
-        denom = loss_denominator(m.reshape(-1, m.shape[-1]), agg)
-        passes = split_passes(minibatch, rows, mesh)  # [n_pass, rows, T]
-        tokens_per_pass = jnp.sum(as_mask(passes["loss_mask"]), axis=(1, 2))
-        token_weight = tokens_per_pass / jnp.maximum(jnp.sum(tokens_per_pass), 1.0)
+        m, grads_and_metrics = grads_of(minibatch)
         metrics: dict[str, Array] = {}
-        def optimise(loss_fn, params, shardings, opt, tx, prefix):
-            grads, ms = _accumulate_grads(loss_fn, params, shardings, passes, denom,
-                                          token_weight, config.dtype, skip_empty)
-            metrics.update({f"{prefix}/{k}": v for k, v in ms.items()})
-            metrics[f"{prefix}/grad_norm"] = optax.global_norm(grads)
+        def optimise(which, params, shardings, opt, tx, prefix):
+            grads = grads_and_metrics(which, params, shardings, prefix, metrics)
             updates, opt = tx.update(grads, opt, params)
             return optax.apply_updates(params, updates), opt
 
         if train_policy:
-            pparams, popt = optimise(pol_loss, pparams, policy_shardings, popt, policy_tx, "actor")
+            pparams, popt = optimise("policy", pparams, policy_shardings, popt, policy_tx,
+                                     "actor")
         if train_critic:
-            cparams, copt = optimise(crit_loss, cparams, critic_shardings, copt, critic_tx,
+            cparams, copt = optimise("critic", cparams, critic_shardings, copt, critic_tx,
                                      "critic")
         metrics["actor/num_tokens"] = jnp.sum(m)
         return pparams, popt, cparams, copt, metrics
@@ -294,6 +296,86 @@ def make_train_step(*, config: LearnerConfig, mesh: Mesh,
                      replicated)
     return jax.jit(step, in_shardings=in_shardings, out_shardings=out_shardings,
                    donate_argnums=(0, 1, 2, 3))
+
+
+def _grads_fn(config: LearnerConfig, mesh: Mesh, policy_graphdef: nnx.GraphDef,
+              critic_graphdef: nnx.GraphDef | None):
+    """Traced inside a jitted step: ``grads_of(minibatch) -> (loss_mask [n_micro, mb, T],
+    grads_and_metrics)``, where ``grads_and_metrics(which, params, shardings, prefix,
+    metrics)`` returns the mini-batch gradient of ``which`` (``"policy"`` / ``"critic"``;
+    float32, the parameters' tree) and adds its metrics (``prefix/...``, ``prefix/grad_norm``
+    = ``global_norm(grads)`` before clipping) to the dict ``metrics``."""
+    rows = pass_rows(config, mesh)
+    skip_empty = rows < config.micro_batch_size
+    losses = {"policy": policy_loss_fn(policy_graphdef, config),
+              "critic": (critic_loss_fn(critic_graphdef, config)
+                         if critic_graphdef is not None else None)}
+    agg = config.loss_agg_mode
+
+    def grads_of(minibatch):
+        m = as_mask(minibatch["loss_mask"])  # [n_micro, mb, T]
+        denom = loss_denominator(m.reshape(-1, m.shape[-1]), agg)
+        passes = split_passes(minibatch, rows, mesh)  # [n_pass, rows, T]
+        tokens_per_pass = jnp.sum(as_mask(passes["loss_mask"]), axis=(1, 2))
+        token_weight = tokens_per_pass / jnp.maximum(jnp.sum(tokens_per_pass), 1.0)
+
+        def grads_and_metrics(which, params, shardings, prefix, metrics):
+            grads, ms = _accumulate_grads(losses[which], params, shardings, passes, denom,
+                                          token_weight, config.dtype, skip_empty)
+            metrics.update({f"{prefix}/{k}": v for k, v in ms.items()})
+            metrics[f"{prefix}/grad_norm"] = optax.global_norm(grads)
+            return grads
+        return m, grads_and_metrics
+    return grads_of
+
+
+def _offloaded_train_step(*, config: LearnerConfig, mesh: Mesh,
+                          policy_graphdef: nnx.GraphDef, policy_shardings: Any,
+                          policy_opt_shardings: Any, critic_graphdef: nnx.GraphDef | None,
+                          critic_shardings: Any, critic_opt_shardings: Any,
+                          batch_keys: tuple[str, ...], train_policy: bool, train_critic: bool):
+    """``make_train_step`` with ``offload_optimizer_state``: the optimiser states are in
+    pinned host memory (``*_opt_shardings``), so the step is a Python function of the same
+    signature and donation: one jitted call for the gradients and metrics
+    (``grads(pparams, cparams, minibatch) -> (pgrads, cgrads, metrics)``: the fused step
+    without its optimiser update), then ``offload.LeafwiseUpdate`` for the policy and the
+    critic (a host loop of per-leaf jitted calls). The transformations are
+    ``optim.make_optimizer(config)``'s (the critic's with ``peak_lr=critic_learning_rate``)."""
+    has_critic = critic_graphdef is not None
+    train_critic = train_critic and has_critic
+    grads_of = _grads_fn(config, mesh, policy_graphdef, critic_graphdef)
+
+    def grads(pparams, cparams, minibatch):
+        with activation_mesh(mesh):
+            m, grads_and_metrics = grads_of(minibatch)
+            metrics: dict[str, Array] = {}
+            pgrads = (grads_and_metrics("policy", pparams, policy_shardings, "actor", metrics)
+                      if train_policy else None)
+            cgrads = (grads_and_metrics("critic", cparams, critic_shardings, "critic", metrics)
+                      if train_critic else None)
+            metrics["actor/num_tokens"] = jnp.sum(m)
+            return pgrads, cgrads, metrics
+
+    grads_jit = jax.jit(grads, in_shardings=(policy_shardings,
+                                             critic_shardings if has_critic else None,
+                                             {k: minibatch_sharding(mesh) for k in batch_keys}),
+                        out_shardings=(policy_shardings if train_policy else None,
+                                       critic_shardings if train_critic else None,
+                                       NamedSharding(mesh, P())))
+    pol_update = (LeafwiseUpdate(optimizer_parts(config), policy_shardings,
+                                 policy_opt_shardings) if train_policy else None)
+    crit_update = (LeafwiseUpdate(optimizer_parts(config, config.critic_learning_rate),
+                                  critic_shardings, critic_opt_shardings)
+                   if train_critic else None)
+
+    def step(pparams, popt, cparams, copt, minibatch):
+        pgrads, cgrads, metrics = grads_jit(pparams, cparams, minibatch)
+        if pol_update is not None:
+            pparams, popt, _ = pol_update(pparams, popt, pgrads)
+        if crit_update is not None:
+            cparams, copt, _ = crit_update(cparams, copt, cgrads)
+        return pparams, popt, cparams, copt, metrics
+    return step
 
 
 __all__ = ["make_train_step", "minibatch_sharding", "loss_denominator", "policy_loss_fn",

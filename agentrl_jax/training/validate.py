@@ -350,6 +350,9 @@ def _check_learner(c: _Checker, max_context: int | None) -> None:
     c.int_at_least(lr, "learner", "warmup_steps", 0, required=False)
     c.int_at_least(lr, "learner", "min_length_bucket", 1, required=False)
     pack = c.int_at_least(lr, "learner", "pack_length", 0, required=False)
+    offload = _get(lr, "offload_optimizer_state", False)
+    if not isinstance(offload, bool):
+        c.bad("learner.offload_optimizer_state", f"must be True or False (got {offload!r})")
     if pack and max_context is not None and pack < max_context:
         c.bad("learner.pack_length", f"must be 0 (off) or >= rollout.max_context={max_context} "
                                      f"(a packed row holds a whole trajectory; got {pack})")
