@@ -42,7 +42,8 @@ it 4 GPUs are 49.6 / 69.4, "tight"). The offloaded row is the config's for 1 GPU
 the GPU, plus 8.1 GiB of moments assumed in flight during the optimiser step (twice the
 moments of the 152064 x 3584 embedding: the largest leaf's, copied in and updated), which is
 below the update's transients (36.6), so the peak is the forward / backward's: 164.3 - 56.7 =
-107.6. Its transfer schedule and peak are estimates, not yet measured on a GPU. H200 141GB
+107.6. An estimate: the per-leaf schedule's peak matched its estimate on a synthetic
+1.9 B-parameter tree on an H100 (docs/LEARNER.md), the 7B step has not run on 1 GPU. H200 141GB
 (``--gpu-memory-gib 140.4``: nvidia-smi's 143771 MiB, which ``benchmarks/scaling_step_gpu.sh``
 passes; 133.4 GiB usable): 1 GPU fits only offloaded (107.6; 164.3 without), 2 and 4 fit
 (peaks 96.3 and 62.4, below 90% of 133.4). Measured (2026-11-27, this config as it is on 2

@@ -222,6 +222,39 @@ def test_update_waits_for_the_async_save_before_donating(initial_state, tmp_path
     learner.close()
 
 
+def test_step_after_a_save_or_restore_donates_fresh_copies(initial_state, tmp_path):
+    """Orbax may keep references to the pinned-host buffers it saved or restored, and donating
+    them fails on GPU even after the save finished (seen on an H100): after a save or a
+    restore, the next step gets copies (new buffers, same values, same memory); other steps
+    donate the state as it is."""
+    learner = Learner(model(initial_state), PACKED.replace(offload_optimizer_state=True),
+                      mesh=make_mesh(devices=jax.devices()[:1]), checkpoint_dir=str(tmp_path))
+
+    def pointers():
+        return [x.unsafe_buffer_pointer() for x in jax.tree.leaves(learner.opt_state)]
+
+    learner._before_donating_opt_state()  # nothing saved yet: no copy
+    before = pointers()
+    assert pointers() == before
+    learner.save({"cursor": 0})
+    saved = host(learner.opt_state)
+    learner._before_donating_opt_state()
+    after = pointers()
+    assert all(a != b for a, b in zip(after, before))
+    assert all(np.array_equal(x, y) for x, y in zip(host(learner.opt_state), saved))
+    assert kinds(learner.opt_state) == {"pinned_host"}
+    learner._before_donating_opt_state()  # copied once per save
+    assert pointers() == after
+    learner.update(batch(1))
+    learner.wait()
+    learner.restore_latest()
+    restored = pointers()
+    learner._before_donating_opt_state()
+    assert all(a != b for a, b in zip(pointers(), restored))
+    learner.update(batch(2))  # runs on the copies
+    learner.close()
+
+
 # ----------------------------------------------------------------- the per-leaf host loop
 def _spec(shape: tuple[int, ...]) -> P:
     """Matrices split over ``x`` on their first axis; vectors and scalars replicated."""

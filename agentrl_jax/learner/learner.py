@@ -194,6 +194,9 @@ class Learner:
         self.checkpointer = (Checkpointer(checkpoint_dir, max_to_keep=max_to_keep,
                                           async_save=async_checkpoint)
                              if checkpoint_dir else None)
+        # offload_optimizer_state: the host-resident states were handed to orbax (a save or a
+        # restore) and may still be referenced by it (see _before_donating_opt_state)
+        self._opt_state_shared = False
         self.writer = MetricsWriter(log_dir, metrics_jsonl) if (log_dir or metrics_jsonl) else None
         self.throughput = Throughput(self.model_config, num_devices=self.mesh.size,
                                      device_kind=self.mesh.devices.flat[0].device_kind)
@@ -284,14 +287,24 @@ class Learner:
 
     def _before_donating_opt_state(self) -> None:
         """Called before every optimiser step (which donates the optimiser states): with
-        ``offload_optimizer_state``, wait for an in-flight async checkpoint save. The save
-        may still reference the pinned-host state buffers it is writing, and donating them
-        then fails on GPU (``INVALID_ARGUMENT: Donation requested for buffer with external
-        reference``; seen on an H100). Waiting, rather than not donating, keeps a single
-        copy of the moments in host RAM. Without offload the states are device arrays, which
-        the save has copied to the host before returning: no wait (as before)."""
-        if self.config.offload_optimizer_state and self.checkpointer is not None:
+        ``offload_optimizer_state``, wait for an in-flight async checkpoint save, and after a
+        save or a restore give the step fresh copies of the pinned-host states. Orbax keeps
+        references to the host buffers it wrote or read, even once the save has finished, and
+        donating such a buffer fails on GPU (``INVALID_ARGUMENT: Donation requested for buffer
+        with external reference``; seen on an H100 with and without the wait). The copy is a
+        host-to-host ``device_put`` per leaf (no device memory), once per checkpoint: host RAM
+        holds two copies of the moments until orbax lets go of the old ones. Without offload
+        the states are device arrays, which the save has copied to the host before returning:
+        nothing to do (as before)."""
+        if not self.config.offload_optimizer_state:
+            return
+        if self.checkpointer is not None:
             self.checkpointer.wait()
+        if self._opt_state_shared:
+            self.opt_state = _fresh_copy(self.opt_state)
+            if self.critic_opt_state is not None:
+                self.critic_opt_state = _fresh_copy(self.critic_opt_state)
+            self._opt_state_shared = False
 
     # ------------------------------------------------------------------ padding
     def padded_shape(self, batch_size: int, seq_len: int) -> tuple[int, int]:
@@ -519,8 +532,10 @@ class Learner:
         if self.checkpointer is None:
             raise ValueError("Learner was built without checkpoint_dir")
         state = {"learner": self.trainer_state(), "extra": dict(extra_state or {})}
-        return self.checkpointer.save(self.update_step if step is None else step, self._trees(),
-                                      state, force=force)
+        saved = self.checkpointer.save(self.update_step if step is None else step,
+                                       self._trees(), state, force=force)
+        self._opt_state_shared |= bool(saved)
+        return saved
 
     def restore(self, step: int | None = None) -> dict[str, Any]:
         """Load checkpoint ``step`` (None: latest) into this learner; returns ``extra_state``."""
@@ -533,6 +548,7 @@ class Learner:
             self.critic_params = trees["critic_params"]
             self.critic_opt_state = trees["critic_opt_state"]
         self.update_step = int(state.get("learner", {}).get("update_step", 0))
+        self._opt_state_shared = True
         return dict(state.get("extra", {}))
 
     def restore_latest(self) -> dict[str, Any] | None:
@@ -551,6 +567,13 @@ class Learner:
             self.checkpointer.close()
         if self.writer is not None:
             self.writer.close()
+
+
+def _fresh_copy(tree: Any) -> Any:
+    """A copy of every array of ``tree`` in its own sharding and memory (``device_put`` with
+    ``may_alias=False``: for pinned-host arrays a host-side copy), so nothing else holds a
+    reference to the new buffers."""
+    return jax.tree.map(lambda x: jax.device_put(x, x.sharding, may_alias=False), tree)
 
 
 __all__ = ["Learner"]
