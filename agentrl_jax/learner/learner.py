@@ -115,9 +115,9 @@ class Learner:
     ``critic_opt_state``) live in pinned host memory (``opt_shardings`` have
     ``memory_kind="pinned_host"``), both update paths update them with a host loop of
     per-parameter-leaf jitted calls (``offload.LeafwiseUpdate``), ``save`` / ``restore`` keep
-    them there, and an optimiser step first waits for an in-flight async save
-    (:meth:`_before_donating_opt_state`); construction raises ``ValueError`` on a backend
-    without that memory kind.
+    them there, and an optimiser step first waits for an in-flight async save and, after a
+    save or a restore, works on fresh copies of the states (:meth:`_before_donating_opt_state`);
+    construction raises ``ValueError`` on a backend without that memory kind.
     """
 
     def __init__(self, model: CausalLM, config: LearnerConfig | Mapping[str, Any] | None = None,
