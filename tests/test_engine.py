@@ -57,6 +57,16 @@ def check_logprobs(model, prompt: list[int], result: GenerateResult, temperature
         np.testing.assert_allclose(result.output_logprobs, raw, atol=ATOL)
 
 
+def check_greedy(eng, model, seed: int, prompt_len: int, new_tokens: int) -> None:
+    """One greedy request on ``eng``: its tokens == the no-cache reference's, its logprobs ==
+    the teacher-forced full forward's (:func:`check_logprobs`)."""
+    prompt = random_prompt(np.random.default_rng(seed), prompt_len)
+    (res,) = eng.generate_sync(prompt, SamplingParams(max_new_tokens=new_tokens,
+                                                      ignore_eos=True, **GREEDY))
+    assert res.output_ids == reference_greedy(model, prompt, new_tokens)
+    check_logprobs(model, prompt, res)
+
+
 def test_greedy_matches_reference_alone(engine, model):
     rng = np.random.default_rng(1)
     for length, max_new in [(1, 12), (7, 20), (40, 30), (70, 16)]:  # chunk buckets 16 / 64
@@ -446,11 +456,7 @@ def test_merged_decode_gemm_engine(model, gemm):
     eng = make_engine(model, decode_gemm=gemm, prefill_chunks=(64,), warmup=False)
     try:
         assert eng.decode_gemm == gemm
-        prompt = random_prompt(np.random.default_rng(13), 20)
-        (res,) = eng.generate_sync(prompt, SamplingParams(max_new_tokens=12, ignore_eos=True,
-                                                          **GREEDY))
-        assert res.output_ids == reference_greedy(model, prompt, 12)
-        check_logprobs(model, prompt, res)
+        check_greedy(eng, model, seed=13, prompt_len=20, new_tokens=12)
     finally:
         eng.close()
 
@@ -502,11 +508,7 @@ def test_model_layout_engine(model):
     """kv_layout='bskd' runs the model's own forward and cache: same greedy output."""
     eng = make_engine(model, kv_layout="bskd", prefill_chunks=(64,), warmup=False)
     try:
-        prompt = random_prompt(np.random.default_rng(12), 30)
-        (res,) = eng.generate_sync(prompt, SamplingParams(max_new_tokens=10, ignore_eos=True,
-                                                          **GREEDY))
-        assert res.output_ids == reference_greedy(model, prompt, 10)
-        check_logprobs(model, prompt, res)
+        check_greedy(eng, model, seed=12, prompt_len=30, new_tokens=10)
     finally:
         eng.close()
 

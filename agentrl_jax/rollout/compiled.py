@@ -120,11 +120,12 @@ def compiled_functions(graphdef: Any, max_batch: int, max_length: int, decode_st
     options = ({"xla_gpu_enable_triton_gemm": False} if decode_gemm == "merged_cublas"
                else None)
     def merge(state):
-        return None if decode_gemm == "xla" else merge_projections(nnx.merge(graphdef, state))
+        return merge_projections(nnx.merge(graphdef, state))
 
     return (jax.jit(decode, donate_argnums=(1,), static_argnums=(6,), compiler_options=options),
             jax.jit(prefill, donate_argnums=(1,), static_argnums=(5,)),
-            jax.jit(copy_rows, donate_argnums=(0,)), jax.jit(merge))
+            jax.jit(copy_rows, donate_argnums=(0,)),
+            (lambda state: None) if decode_gemm == "xla" else jax.jit(merge))
 
 
 # ------------------------------------------------------------------------------ request state
