@@ -372,6 +372,35 @@ def test_sample_tokens_distribution():
         np.testing.assert_allclose(freq[:2], probs[:2] / probs[:2].sum(), atol=0.03)
 
 
+def test_logsumexp_and_argmax_in_one_pass_match_numpy():
+    """The sampler's one-pass reduction against float64 NumPy: logsumexp, max and argmax
+    (first index on ties), rows with -inf entries and a row of only -inf."""
+    import jax
+
+    from agentrl_jax.rollout.sampling import logsumexp_and_argmax
+
+    def logsumexp(a, axis):
+        top = a.max(axis=axis, keepdims=True)
+        safe = np.where(np.isfinite(top), top, 0.0)
+        return (safe + np.log(np.exp(a - safe).sum(axis=axis, keepdims=True))).squeeze(axis)
+
+    rng = np.random.default_rng(0)
+    x = (rng.standard_normal((6, 5000)) * 8).astype(np.float32)
+    x[1, [17, 4000]] = 60.0  # a tie: the first index wins
+    y = x.copy() + rng.standard_normal(x.shape).astype(np.float32)  # a different argmax input
+    y[2, :2500] = -np.inf
+    x[3, ::2] = -np.inf
+    x[4] = -np.inf
+    y[4] = -np.inf
+    lse, top, idx = jax.jit(logsumexp_and_argmax)(x, y)
+    np.testing.assert_allclose(np.asarray(lse), logsumexp(x.astype(np.float64), axis=1),
+                               rtol=1e-6)
+    np.testing.assert_array_equal(np.asarray(idx), np.argmax(y, axis=1))
+    np.testing.assert_array_equal(np.asarray(top), y.max(axis=1))
+    _, _, same = logsumexp_and_argmax(x, x)
+    assert int(same[1]) == 17
+
+
 def test_head_major_forward_matches_model():
     """rollout.forward (head-major cache) == CausalLM (its own cache, and no cache) on the
     architecture features the Llama engine tests above do not cover."""

@@ -18,7 +18,8 @@ import pytest
 from agentrl_jax.rollout.base import SamplingParams
 from agentrl_jax.rollout.decode_attention import (dense_decode_attention, ragged_tiling,
                                                   ragged_decode_attention)
-from tests.rollout_helpers import make_engine, random_prompt, tiny_model
+from agentrl_jax.rollout.fused_decode_attention import fused_decode_attention
+from tests.rollout_helpers import TINY, make_engine, random_prompt, tiny_model
 
 
 def attention_reference(q, k, v, lengths):
@@ -74,6 +75,53 @@ def test_ragged_attention_ignores_keys_past_each_rows_length():
     np.testing.assert_allclose(dirty, clean, atol=1e-6)
 
 
+def rope_reference(x, cos, sin):
+    """float64 rotate-half RoPE of ``x [..., Dh]`` with ``cos / sin [Dh]``."""
+    half = x.shape[-1] // 2
+    return x * cos + np.concatenate([-x[..., half:], x[..., :half]], axis=-1) * sin
+
+
+@pytest.mark.parametrize("kv_heads,groups,length,rope", [(3, 3, 384, True), (2, 6, 3072, True),
+                                                         (2, 6, 384, False)])
+def test_fused_attention_writes_the_new_keys_and_matches_a_float64_loop(kv_heads, groups,
+                                                                        length, rope):
+    """The fused kernel (one split at 384, three splits of 1024 at 3072) takes each slot's
+    stacked q/k/v heads, rotates q and k (RoPE; or takes them rotated), writes the new key /
+    value at the slot's position, leaves every other cache entry as it was, and attends over
+    positions 0..p (the new key included); a slot at position >= S is idle: output 0, no
+    write."""
+    rng = np.random.default_rng(kv_heads + length)
+    b, d = 6, 32
+    h = kv_heads * groups
+    qkv = rng.standard_normal((b, h + 2 * kv_heads, d)).astype(np.float32)
+    k = rng.standard_normal((b, kv_heads, length, d)).astype(np.float32)
+    v = rng.standard_normal((b, kv_heads, length, d)).astype(np.float32)
+    # first position, a block boundary, past it, the last position of a split, the row's last
+    # position, idle
+    positions = np.array([0, 32, 33, length // 3 - 1 if length > 1024 else 200, length - 1,
+                          length])
+    angles = positions[:, None] * 10000.0 ** (-np.arange(0, d, 2) / d)
+    angles = np.concatenate([angles, angles], axis=-1)
+    cos, sin = np.cos(angles), np.sin(angles)
+    q, k_new, v_new = qkv[:, :h], qkv[:, h:h + kv_heads], qkv[:, h + kv_heads:]
+    if rope:
+        q = rope_reference(q.astype(np.float64), cos[:, None], sin[:, None])
+        k_new = rope_reference(k_new.astype(np.float64), cos[:, None], sin[:, None])
+    want_k, want_v = k.copy(), v.copy()
+    for row, p in enumerate(positions):
+        if p < length:
+            want_k[row, :, p], want_v[row, :, p] = k_new[row], v_new[row]
+    lengths = np.where(positions < length, positions + 1, 0)
+    want = attention_reference(q, want_k, want_v, lengths)
+    tables = (jnp.asarray(cos, jnp.float32), jnp.asarray(sin, jnp.float32)) if rope else None
+    out, got_k, got_v = fused_decode_attention(
+        *(jnp.asarray(x) for x in (qkv, k, v, positions)), num_heads=h, rope=tables,
+        interpret=True)
+    np.testing.assert_allclose(np.asarray(out), want, atol=2e-5)
+    np.testing.assert_allclose(np.asarray(got_k), want_k, rtol=0, atol=2e-6)  # RoPE rounding
+    np.testing.assert_array_equal(np.asarray(got_v), want_v)
+
+
 def test_ragged_tiling_chooses_whole_blocks():
     assert ragged_tiling(384) == (32, 1, 2, 3)  # a short row: one split of 32-key blocks
     assert ragged_tiling(3072) == (64, 3, 4, 2)  # 3 splits of 1024 = 16 blocks each
@@ -123,6 +171,30 @@ def test_engine_with_ragged_attention_matches_dense(model, prompts, reference):
     engine = make_engine(model, warmup=False, decode_attention="ragged")
     try:
         assert engine.decode_attention == "ragged_interpret"  # the Pallas interpreter on CPU
+        _assert_same(_greedy(engine, prompts), reference)
+    finally:
+        engine.close()
+
+
+@pytest.fixture(scope="module")
+def model_dh32():
+    """The fused kernel needs a head dim divisible by 32 (the tiny model's is 16)."""
+    return tiny_model(seed=3, cfg=TINY.replace(head_dim=32))
+
+
+@pytest.mark.parametrize("decode_gemm", ["xla", "merged"])
+def test_engine_with_fused_attention_matches_dense(model_dh32, prompts, decode_gemm):
+    """Both fused paths: q/k/v projected and rotated in XLA then stacked (``xla``), and the
+    merged q/k/v GEMM's output rotated inside the kernel (``merged``)."""
+    dense = make_engine(model_dh32, warmup=False, decode_attention="dense")
+    try:
+        reference = _greedy(dense, prompts)
+    finally:
+        dense.close()
+    engine = make_engine(model_dh32, warmup=False, decode_attention="ragged_fused",
+                         decode_gemm=decode_gemm)
+    try:
+        assert engine.decode_attention == "ragged_fused_interpret"
         _assert_same(_greedy(engine, prompts), reference)
     finally:
         engine.close()

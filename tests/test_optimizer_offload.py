@@ -87,7 +87,12 @@ def model(initial_state):
 
 
 def host(tree):
-    return [np.asarray(x) for x in jax.tree.leaves(jax.device_get(tree))]
+    """NumPy copies of the leaves, fetched through device-memory copies: ``device_get`` of a
+    pinned-host array keeps a host view of its buffer on the array, and the next update, which
+    donates the optimiser state, then fails on GPU ("Donation requested for buffer with
+    external reference", seen on an H200)."""
+    return [np.asarray(jax.device_get(jax.device_put(x, x.sharding.with_memory_kind("device"))))
+            for x in jax.tree.leaves(tree)]
 
 
 def kinds(tree) -> set[str]:

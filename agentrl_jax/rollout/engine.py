@@ -60,8 +60,10 @@ from agentrl_jax.rollout.base import (BackendUnavailableError, BatchedSamplesBac
 from agentrl_jax.rollout.compiled import (ACT, CNT, IDX, KEY0, KEY1, MINP, POS, REM, STOP, TEMP,
                                           TOK, TOPK, TOPP, compiled_functions)
 from agentrl_jax.rollout.decode_attention import ragged_tiling
+from agentrl_jax.rollout.fused_decode_attention import BLOCK_H as FUSED_BLOCK_H
 from agentrl_jax.rollout.engine_config import EngineConfig
-from agentrl_jax.rollout.forward import DENSE, RAGGED, RAGGED_INTERPRET, new_cache
+from agentrl_jax.rollout.forward import (DENSE, FUSED, FUSED_INTERPRET, RAGGED, RAGGED_INTERPRET,
+                                         new_cache)
 from agentrl_jax.rollout.placement import EnginePlacement, to_state
 from agentrl_jax.rollout.requests import (DECODE, DONE, FORK_WAIT, PREFILL, EngineStats, Request,
                                           Seq)
@@ -186,22 +188,29 @@ class Engine(BatchedSamplesBackend):
         return cls(model, config, tokenizer=tokenizer, warmup=warmup)
 
     def _resolve_decode_attention(self) -> str:
-        """The decode attention this engine compiles: ``ragged`` (the Pallas kernel; in the
-        Pallas interpreter off GPUs, for tests) or ``dense``. Ragged needs the head-major
-        cache, one device (the kernel is not partitioned over a tensor-parallel group) and a
-        ``max_length`` divisible by 16; otherwise dense."""
+        """The decode attention this engine compiles: ``ragged_fused`` / ``ragged`` (the Pallas
+        kernels; in the Pallas interpreter off GPUs, for tests) or ``dense``. The kernels need
+        the head-major cache, one device (they are not partitioned over a tensor-parallel
+        group) and a ``max_length`` divisible by 16; otherwise dense."""
         c, platform = self.config, self.placement.platform
         choice = c.resolved_decode_attention(platform)
-        if choice != RAGGED:
+        if choice not in (RAGGED, FUSED):
             return DENSE
         why = ("the seq-major cache layout" if c.kv_layout != "bksd" else
                "tensor parallelism" if self.placement.tensor_parallel > 1 else
                f"max_length={c.max_length} (not a multiple of 16)"
                if ragged_tiling(c.max_length) is None else None)
         if why is not None:
-            if c.decode_attention == RAGGED:
-                log.warning("ragged decode attention is not available with %s; using dense", why)
+            if c.decode_attention in (RAGGED, FUSED):
+                log.warning("%s decode attention is not available with %s; using dense",
+                            c.decode_attention, why)
             return DENSE
+        mc = self.model_config
+        if choice == FUSED and (mc.num_heads // mc.num_kv_heads > FUSED_BLOCK_H
+                                or mc.head_dim % 32):
+            choice = RAGGED  # a shape the fused kernel's tiles do not cover
+        if choice == FUSED:
+            return FUSED if platform == "gpu" else FUSED_INTERPRET
         return RAGGED if platform == "gpu" else RAGGED_INTERPRET
 
     def _new_cache(self):

@@ -9,7 +9,7 @@ from typing import Any
 from agentrl_jax.rollout.forward import (DECODE_GEMM, HEAD_MAJOR, MERGED_CUBLAS, SEQ_MAJOR,
                                          XLA_GEMM)
 
-DECODE_ATTENTION = ("auto", "ragged", "dense")
+DECODE_ATTENTION = ("auto", "ragged_fused", "ragged", "dense")
 #: the smallest default prefill KV bucket (``EngineConfig.prefill_kv_buckets``)
 MIN_PREFILL_KV = 512
 
@@ -33,8 +33,10 @@ class EngineConfig:
     per-step cache transposes); ``"bskd"`` uses ``CausalLM``'s own cache layout and forward.
     decode_attention: the decode step's attention over the head-major cache: ``"ragged"``
     reads only each slot's valid KV (a Pallas flash-decoding kernel on GPU,
-    ``decode_attention.py``), ``"dense"`` reads every slot's whole ``max_length`` row (XLA),
-    ``"auto"``: ragged on a GPU, dense elsewhere. decode_gemm: the decode step's GEMMs
+    ``decode_attention.py``), ``"ragged_fused"`` is that kernel also writing the step's keys /
+    values into the cache (``fused_decode_attention.py``: no per-layer scatters), ``"dense"``
+    reads every slot's whole ``max_length`` row (XLA), ``"auto"``: ragged_fused on a GPU,
+    dense elsewhere. decode_gemm: the decode step's GEMMs
     (``forward.DECODE_GEMM``): ``"xla"`` the model's separate projections, ``"merged"`` q/k/v
     and gate/up as one GEMM each on concatenated weights (built once per weight version and
     kept beside the weights: + the q/k/v and gate/up weights' bytes, freed with the KV cache by
@@ -129,11 +131,12 @@ class EngineConfig:
                 for kv in self.kv_buckets if kv >= chunk]
 
     def resolved_decode_attention(self, platform: str) -> str:
-        """``ragged`` or ``dense`` for a device platform (``"gpu"``, ``"cpu"``, ``"tpu"``):
-        ``auto`` is ragged on GPUs (the Pallas Triton kernel), dense elsewhere."""
+        """``ragged_fused``, ``ragged`` or ``dense`` for a device platform (``"gpu"``,
+        ``"cpu"``, ``"tpu"``): ``auto`` is ragged_fused on GPUs (the Pallas Triton kernel),
+        dense elsewhere."""
         if self.decode_attention != "auto":
             return self.decode_attention
-        return "ragged" if platform == "gpu" else "dense"
+        return "ragged_fused" if platform == "gpu" else "dense"
 
     def resolved_decode_gemm(self, platform: str, tensor_parallel: int) -> str:
         """One of ``forward.DECODE_GEMM`` for an engine on ``tensor_parallel`` devices of

@@ -28,9 +28,12 @@ from agentrl_jax.models.config import ModelConfig
 from agentrl_jax.models.llama import CausalLM, KVCache
 from agentrl_jax.models.rope import apply_rope, inverse_frequencies, rope_cos_sin
 from agentrl_jax.rollout.decode_attention import ragged_decode_attention
+from agentrl_jax.rollout.fused_decode_attention import fused_decode_attention
 
 HEAD_MAJOR, SEQ_MAJOR = "bksd", "bskd"
 DENSE, RAGGED, RAGGED_INTERPRET = "dense", "ragged", "ragged_interpret"
+# ragged attention whose kernel also writes the step's keys / values (fused_decode_attention.py)
+FUSED, FUSED_INTERPRET = "ragged_fused", "ragged_fused_interpret"
 # The decode step's GEMMs: the model's separate projections (XLA merges and tiles them),
 # q/k/v and gate/up weights concatenated once per weight version (:func:`merge_projections`), or
 # that with cuBLAS for every GEMM of the decode call (XLA's Triton GEMMs off).
@@ -96,17 +99,48 @@ def new_cache(layout: str, config: ModelConfig, batch_size: int, max_length: int
     return KVCache.zeros(config, batch_size, max_length)
 
 
+def _fused_decode(attn, x: jax.Array, cos: jax.Array, sin: jax.Array, positions: jax.Array,
+                  cache_k: jax.Array, cache_v: jax.Array, merged: MergedProjections | None,
+                  interpret: bool) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """A decode step (``x [B, 1, D]``) through :func:`fused_decode_attention`: with merged
+    projections and no q/k norms the q/k/v GEMM's output goes to the kernel as it is and the
+    kernel applies RoPE; otherwise q/k/v are projected, normed and rotated here and stacked."""
+    cfg: ModelConfig = attn.cfg
+    b = x.shape[0]
+    h, kh, dh = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+    if merged is not None and not cfg.qk_norm:
+        qkv = _merged_linear(x[:, 0], merged.qkv, merged.qkv_bias, jnp.dtype(cfg.dtype))
+        rope = (cos[:, 0], sin[:, 0])
+    else:
+        q = attn.q_proj(x).reshape(b, 1, h, dh)
+        k = attn.k_proj(x).reshape(b, 1, kh, dh)
+        v = attn.v_proj(x).reshape(b, 1, kh, dh)
+        if cfg.qk_norm:
+            q, k = attn.q_norm(q), attn.k_norm(k)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        qkv, rope = jnp.concatenate([q[:, 0], k[:, 0], v[:, 0]], axis=1), None
+    out, cache_k, cache_v = fused_decode_attention(
+        qkv.reshape(b, h + 2 * kh, dh), cache_k, cache_v, positions[:, 0], num_heads=h,
+        rope=rope, interpret=interpret)
+    return attn.o_proj(out.reshape(b, 1, h * dh)), cache_k, cache_v
+
+
 def _attention(attn, x: jax.Array, cos: jax.Array, sin: jax.Array, positions: jax.Array,
                cache_k: jax.Array, cache_v: jax.Array, decode_attention: str = DENSE,
                merged: MergedProjections | None = None
                ) -> tuple[jax.Array, jax.Array, jax.Array]:
     """The model's ``Attention`` with a head-major cache: returns (output, cache_k, cache_v).
     A one-token call (decode) with ``decode_attention`` ``ragged`` / ``ragged_interpret``
-    reads only each row's valid keys (``decode_attention.py``); ``merged``: q/k/v as one GEMM."""
+    reads only each row's valid keys (``decode_attention.py``), with ``ragged_fused`` /
+    ``ragged_fused_interpret`` the same kernel also writes the new keys / values
+    (``fused_decode_attention.py``; no scatters); ``merged``: q/k/v as one GEMM."""
     cfg: ModelConfig = attn.cfg
     b, t, _ = x.shape
     h, kh, dh = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
     g = h // kh
+    if t == 1 and decode_attention in (FUSED, FUSED_INTERPRET):
+        return _fused_decode(attn, x, cos, sin, positions, cache_k, cache_v, merged,
+                             interpret=decode_attention == FUSED_INTERPRET)
     if merged is None:
         q = attn.q_proj(x).reshape(b, t, h, dh)
         k = attn.k_proj(x).reshape(b, t, kh, dh)
@@ -188,4 +222,4 @@ def map_cache(fn, cache):
 
 __all__ = ["HeadMajorCache", "MergedProjections", "forward", "merge_projections", "new_cache",
            "map_cache", "DECODE_GEMM", "XLA_GEMM", "MERGED_GEMM", "MERGED_CUBLAS", "HEAD_MAJOR",
-           "SEQ_MAJOR", "DENSE", "RAGGED", "RAGGED_INTERPRET"]
+           "SEQ_MAJOR", "DENSE", "RAGGED", "RAGGED_INTERPRET", "FUSED", "FUSED_INTERPRET"]

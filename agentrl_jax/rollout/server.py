@@ -777,7 +777,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-queue", type=int, default=4096)
     p.add_argument("--seed", type=int, default=0, help="sampling seed of requests without one")
     p.add_argument("--decode-attention", choices=list(DECODE_ATTENTION), default="auto",
-                   help="auto (ragged on GPU), ragged or dense (EngineConfig.decode_attention)")
+                   help="auto (ragged_fused on GPU), ragged_fused, ragged or dense "
+                        "(EngineConfig.decode_attention)")
     p.add_argument("--decode-gemm", choices=["auto", *DECODE_GEMM], default="auto",
                    help="auto (merged q/k/v and gate/up on cuBLAS for one GPU), xla, merged or "
                         "merged_cublas (EngineConfig.decode_gemm)")

@@ -46,7 +46,8 @@ def base_config() -> ConfigDict:
     # (0 = every group: all local accelerators decode, one engine on CPU; N = the first N)
     c.rollout.engine_replicas = 0
     c.rollout.tensor_parallel = 1
-    c.rollout.decode_attention = "auto"  # auto (ragged on GPU) | ragged | dense
+    # auto (ragged_fused on GPU) | ragged_fused | ragged | dense
+    c.rollout.decode_attention = "auto"
     # decode GEMMs: auto (merged q/k/v and gate/up on cuBLAS for a one-GPU engine) | xla |
     # merged | merged_cublas (EngineConfig.decode_gemm)
     c.rollout.decode_gemm = "auto"
