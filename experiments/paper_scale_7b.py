@@ -8,7 +8,7 @@ bf16 replica on each of them (``rollout.engine_replicas=0``). By the estimate be
 H100 80GB cannot hold it and 4 can (with the KV cache freed during the update), and 2 (or
 more) H200 141GB can (measured runs: below the table); 1 H200 can by the estimate only with
 the AdamW moments in host memory (``learner.offload_optimizer_state``, which this config turns
-on for 1 GPU; not yet run). Random weights: actions are rarely valid, rewards are 0 and every
+on for 1 GPU; measured on one H200: below). Random weights: actions are rarely valid, rewards are 0 and every
 episode runs 13 turns of up to 24 tokens; ``train.skip_flat_groups`` is off so that the update
 runs (on zero advantages) and is timed.
 Results: docs/PERFORMANCE.md.
@@ -43,14 +43,16 @@ the GPU, plus 8.1 GiB of moments assumed in flight during the optimiser step (tw
 moments of the 152064 x 3584 embedding: the largest leaf's, copied in and updated), which is
 below the update's transients (36.6), so the peak is the forward / backward's: 164.3 - 56.7 =
 107.6. An estimate: the per-leaf schedule's peak matched its estimate on a synthetic
-1.9 B-parameter tree on an H100 (docs/LEARNER.md), the 7B step has not run on 1 GPU. H200 141GB
+1.9 B-parameter tree on an H100 (docs/LEARNER.md); the 7B step on one H200 peaked at 91.9 GiB
+(below). H200 141GB
 (``--gpu-memory-gib 140.4``: nvidia-smi's 143771 MiB, which ``benchmarks/scaling_step_gpu.sh``
 passes; 133.4 GiB usable): 1 GPU fits only offloaded (107.6; 164.3 without), 2 and 4 fit
 (peaks 96.3 and 62.4, below 90% of 133.4). Measured (2026-11-27, this config as it is on 2
 and 4 GPUs, H200s; docs/PERFORMANCE.md, "session 9"): 2 GPUs steady 57.5 s, peak 86.4 GiB a
 GPU (estimate 96.3);
 4 GPUs with JAX's memory capped at an H100's 75.1 GiB (``XLA_PYTHON_CLIENT_MEM_FRACTION=0.535``)
-steady 37.3 s, peak 54.7 GiB (estimate 62.4).
+steady 37.3 s, peak 54.7 GiB (estimate 62.4); 1 GPU (one H200, the moments offloaded,
+2026-11-27, session 11): steady 93.6 s, peak 91.9 GiB (estimate 107.6: above an H100's 75.1).
 Earlier: 4 H200s 67.3 s with a 110.5 GiB peak (before the remat fix), and 4 H100s out of
 memory at the first update (before the KV release and the bf16 log-prob weights).
 
