@@ -60,10 +60,10 @@ from agentrl_jax.rollout.base import (BackendUnavailableError, BatchedSamplesBac
 from agentrl_jax.rollout.compiled import (ACT, CNT, IDX, KEY0, KEY1, MINP, POS, REM, STOP, TEMP,
                                           TOK, TOPK, TOPP, compiled_functions)
 from agentrl_jax.rollout.decode_attention import ragged_tiling
-from agentrl_jax.rollout.fused_decode_attention import BLOCK_H as FUSED_BLOCK_H
 from agentrl_jax.rollout.engine_config import EngineConfig
 from agentrl_jax.rollout.forward import (DENSE, FUSED, FUSED_INTERPRET, RAGGED, RAGGED_INTERPRET,
                                          new_cache)
+from agentrl_jax.rollout.fused_decode_attention import BLOCK_H as FUSED_BLOCK_H
 from agentrl_jax.rollout.placement import EnginePlacement, to_state
 from agentrl_jax.rollout.requests import (DECODE, DONE, FORK_WAIT, PREFILL, EngineStats, Request,
                                           Seq)
@@ -191,7 +191,9 @@ class Engine(BatchedSamplesBackend):
         """The decode attention this engine compiles: ``ragged_fused`` / ``ragged`` (the Pallas
         kernels; in the Pallas interpreter off GPUs, for tests) or ``dense``. The kernels need
         the head-major cache, one device (they are not partitioned over a tensor-parallel
-        group) and a ``max_length`` divisible by 16; otherwise dense."""
+        group) and a ``max_length`` divisible by 16; otherwise dense. The fused kernel also
+        needs at most 16 query heads per KV head and a head dim divisible by 32; otherwise
+        ragged."""
         c, platform = self.config, self.placement.platform
         choice = c.resolved_decode_attention(platform)
         if choice not in (RAGGED, FUSED):

@@ -33,8 +33,9 @@ class EngineConfig:
     per-step cache transposes); ``"bskd"`` uses ``CausalLM``'s own cache layout and forward.
     decode_attention: the decode step's attention over the head-major cache: ``"ragged"``
     reads only each slot's valid KV (a Pallas flash-decoding kernel on GPU,
-    ``decode_attention.py``), ``"ragged_fused"`` is that kernel also writing the step's keys /
-    values into the cache (``fused_decode_attention.py``: no per-layer scatters), ``"dense"``
+    ``decode_attention.py``), ``"ragged_fused"`` the same attention in one Pallas kernel that
+    also applies RoPE and writes the step's keys / values into the cache
+    (``fused_decode_attention.py``: no per-layer scatters or RoPE fusions), ``"dense"``
     reads every slot's whole ``max_length`` row (XLA), ``"auto"``: ragged_fused on a GPU,
     dense elsewhere. decode_gemm: the decode step's GEMMs
     (``forward.DECODE_GEMM``): ``"xla"`` the model's separate projections, ``"merged"`` q/k/v

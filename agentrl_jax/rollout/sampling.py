@@ -138,5 +138,5 @@ def seed_to_key(seed: int) -> tuple[int, int]:
     return (seed >> 32) & 0xFFFFFFFF, seed & 0xFFFFFFFF
 
 
-__all__ = ["sample_tokens", "logsumexp_and_argmax", "sampling_mode", "seed_to_key", "derive_seed", "GREEDY", "SAMPLE",
-           "SAMPLE_FILTERED"]
+__all__ = ["sample_tokens", "logsumexp_and_argmax", "sampling_mode", "seed_to_key", "derive_seed",
+           "GREEDY", "SAMPLE", "SAMPLE_FILTERED"]
