@@ -25,6 +25,9 @@ import pytest
 
 from multiprocess_harness import Workers, free_port, init_worker, worker_env
 
+# the module's 2-process runs take ~75 s on 2 cores (a shared fixture): the integration suite
+pytestmark = pytest.mark.slow
+
 N_PROC = 2
 MESHES = {"data2xfsdp4": dict(data=2, fsdp=4, tensor=1),
           "fsdp4xtensor2": dict(data=1, fsdp=4, tensor=2)}
