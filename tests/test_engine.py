@@ -7,6 +7,7 @@ Tiny random models (2 layers, d=64) with peaked output distributions; one engine
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 
 import numpy as np
@@ -333,8 +334,10 @@ def test_smollm2_capital_of_france(smollm2):
     assert res.finish_reason == "stop" and res.matched_stop in engine.eos_token_ids
 
 
-def test_sample_tokens_distribution():
-    """The fused sampler draws from softmax(logits / T) restricted by top-k / top-p / min-p."""
+@pytest.mark.parametrize("one_pass", [False, True])
+def test_sample_tokens_distribution(one_pass):
+    """The fused sampler draws from softmax(logits / T) restricted by top-k / top-p / min-p,
+    with XLA's separate reductions and with the one-pass reduction (the GPU engine's)."""
     import jax
     import jax.numpy as jnp
 
@@ -346,7 +349,7 @@ def test_sample_tokens_distribution():
     keys = jnp.asarray(np.tile(np.array([0, 42], np.uint32), (n, 1)))
     counter = jnp.arange(n, dtype=jnp.int32)  # distinct counters -> independent draws
 
-    fn = jax.jit(sample_tokens, static_argnums=(8,))
+    fn = jax.jit(functools.partial(sample_tokens, one_pass=one_pass), static_argnums=(8,))
 
     def draw(mode, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0):
         full = lambda v, dt: jnp.full((n,), v, dt)  # noqa: E731

@@ -29,7 +29,7 @@ TEMP, TOPP, MINP = range(3)
 @functools.lru_cache(maxsize=16)
 def compiled_functions(graphdef: Any, max_batch: int, max_length: int, decode_steps: int,
                        max_stop_ids: int, kv_layout: str, decode_attention: str = DENSE,
-                       decode_gemm: str = "xla"
+                       decode_gemm: str = "xla", one_pass_sampler: bool = False
                        ) -> tuple[Callable, Callable, Callable, Callable]:
     """The jitted ``decode`` / ``prefill`` / ``copy_rows`` / ``merge`` functions for one model
     structure and engine shape (cached, so engines of the same shape share compilations; jit
@@ -44,7 +44,8 @@ def compiled_functions(graphdef: Any, max_batch: int, max_length: int, decode_st
     ``merge(state)`` -> ``merged``: the q/k/v and gate/up weights concatenated
     (``forward.merge_projections``; None for ``decode_gemm="xla"``), built by the engine once per
     weight version and passed to every decode call. ``decode_gemm``: one of
-    :data:`DECODE_GEMM` (the decode call only)."""
+    :data:`DECODE_GEMM` (the decode call only); ``one_pass_sampler``: ``sample_tokens``'s
+    ``one_pass`` (the engine turns it on for GPUs)."""
     if decode_gemm not in DECODE_GEMM:
         raise ValueError(f"decode_gemm must be one of {DECODE_GEMM}, got {decode_gemm!r}")
     B, S, K, M = max_batch, max_length, decode_steps, max_stop_ids
@@ -75,7 +76,8 @@ def compiled_functions(graphdef: Any, max_batch: int, max_length: int, decode_st
                                     decode_attention, merged)
             logits = head(hidden[:, 0])
             tok, lp, lp_raw = sample_tokens(logits, temperature, top_k, top_p, min_p, keys,
-                                            sample_index, counter, mode)
+                                            sample_index, counter, mode,
+                                            one_pass=one_pass_sampler)
             tok = jnp.where(active, tok, 0)
             step = active.astype(jnp.int32)
             remaining = remaining - step

@@ -121,7 +121,8 @@ class Engine(BatchedSamplesBackend):
                                                   self.placement.tensor_parallel)
         self._decode_fn, self._prefill_fn, self._copy_fn, self._merge_fn = compiled_functions(
             self.graphdef, c.max_batch, c.max_length, c.decode_steps, c.max_stop_ids,
-            c.kv_layout, self.decode_attention, self.decode_gemm)
+            c.kv_layout, self.decode_attention, self.decode_gemm,
+            one_pass_sampler=self.placement.platform == "gpu")
         # the decode GEMMs' concatenated weights (decode_gemm merged*), one copy per weight
         # version; freed with the KV cache (release_kv_cache) and rebuilt with it
         self._merged = self._merge_fn(self._state)

@@ -71,6 +71,14 @@ def logsumexp_and_argmax(lse_of: jax.Array, argmax_of: jax.Array
     return m + jnp.log(s), best, idx
 
 
+def _logsumexp_and_argmax_xla(lse_of: jax.Array, argmax_of: jax.Array
+                              ) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """What :func:`logsumexp_and_argmax` returns, as XLA's separate reductions."""
+    argmax = jnp.argmax(argmax_of, axis=-1).astype(jnp.int32)
+    top = jnp.take_along_axis(argmax_of, argmax[:, None], axis=-1)[:, 0]
+    return jax.nn.logsumexp(lse_of.astype(jnp.float32), axis=-1), top, argmax
+
+
 GREEDY, SAMPLE, SAMPLE_FILTERED = 0, 1, 2  # static sampling modes (one compile each)
 
 
@@ -87,7 +95,8 @@ def sampling_mode(temperature: np.ndarray, top_k: np.ndarray, top_p: np.ndarray,
 
 def sample_tokens(logits: jax.Array, temperature: jax.Array, top_k: jax.Array, top_p: jax.Array,
                   min_p: jax.Array, keys: jax.Array, sample_index: jax.Array, counter: jax.Array,
-                  mode: int = SAMPLE_FILTERED) -> tuple[jax.Array, jax.Array, jax.Array]:
+                  mode: int = SAMPLE_FILTERED, one_pass: bool = False
+                  ) -> tuple[jax.Array, jax.Array, jax.Array]:
     """Sample one token per row.
 
     logits [B, V] float32; temperature [B] (0 = greedy); keys [B, 2] uint32 raw threefry keys;
@@ -98,10 +107,15 @@ def sample_tokens(logits: jax.Array, temperature: jax.Array, top_k: jax.Array, t
     vocabulary). The engine picks the cheapest mode for the rows of each call, so the decode
     step has no data-dependent control flow (on GPUs a ``lax.cond`` syncs with the host).
     Rows are independent: the result of a row does not depend on the mode chosen for the call.
+    ``one_pass`` (static): the log-sum-exps and argmaxes as :func:`logsumexp_and_argmax`, one
+    read of the logits per pair (the engine's choice on GPUs: -67 us a decode step for
+    Qwen2.5-1.5B at batch 256 on an H100); off, XLA's separate reductions (on CPUs the
+    variadic reduction is ~3x slower: 6.4 vs 1.9 ms for 16 x 49152 logits).
     """
     logits = logits.astype(jnp.float32)
     greedy = temperature <= 0.0
-    logprob_raw_all, top, argmax = logsumexp_and_argmax(logits, logits)
+    lse_and_argmax = logsumexp_and_argmax if one_pass else _logsumexp_and_argmax_xla
+    logprob_raw_all, top, argmax = lse_and_argmax(logits, logits)
     if mode == GREEDY:
         logprob_raw = top - logprob_raw_all  # the argmax token's logit is the row's maximum
         return argmax, logprob_raw, logprob_raw
@@ -114,7 +128,7 @@ def sample_tokens(logits: jax.Array, temperature: jax.Array, top_k: jax.Array, t
         return jax.random.gumbel(key, (logits.shape[-1],), jnp.float32)
 
     gumbel = jax.vmap(noise)(keys, sample_index, counter)
-    scaled_lse, _, drawn = logsumexp_and_argmax(scaled, filtered + gumbel)
+    scaled_lse, _, drawn = lse_and_argmax(scaled, filtered + gumbel)
     tokens = jnp.where(greedy, argmax, drawn)
     picked_raw = jnp.take_along_axis(logits, tokens[:, None], axis=-1)[:, 0]
     picked_scaled = jnp.take_along_axis(scaled, tokens[:, None], axis=-1)[:, 0]
