@@ -200,6 +200,24 @@ def test_engine_with_fused_attention_matches_dense(model_dh32, prompts, decode_g
         engine.close()
 
 
+def test_fused_attention_falls_back_to_ragged_for_shapes_its_tiles_miss(model):
+    """The tiny model's head dim (16) is not a multiple of 32: the engine compiles the ragged
+    kernel instead, and the kernel itself refuses the shape with the same reason."""
+    from agentrl_jax.rollout.fused_decode_attention import unsupported_shape
+
+    assert unsupported_shape(4, 2, 16) is not None and unsupported_shape(12, 2, 128) is None
+    assert unsupported_shape(34, 2, 64) is not None  # 17 query heads per KV head
+    engine = make_engine(model, warmup=False, decode_attention="ragged_fused")
+    try:
+        assert engine.decode_attention == "ragged_interpret"
+    finally:
+        engine.close()
+    with pytest.raises(ValueError, match="divisible by 32"):
+        fused_decode_attention(jnp.zeros((1, 8, 16)), jnp.zeros((1, 2, 32, 16)),
+                               jnp.zeros((1, 2, 32, 16)), jnp.zeros((1,), jnp.int32),
+                               num_heads=4, interpret=True)
+
+
 def test_engine_runs_on_the_device_it_is_given(model, prompts, reference):
     device = jax.devices()[5]
     engine = make_engine(model, warmup=False, devices=[device])

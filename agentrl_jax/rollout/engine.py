@@ -63,7 +63,7 @@ from agentrl_jax.rollout.decode_attention import ragged_tiling
 from agentrl_jax.rollout.engine_config import EngineConfig
 from agentrl_jax.rollout.forward import (DENSE, FUSED, FUSED_INTERPRET, RAGGED, RAGGED_INTERPRET,
                                          new_cache)
-from agentrl_jax.rollout.fused_decode_attention import BLOCK_H as FUSED_BLOCK_H
+from agentrl_jax.rollout.fused_decode_attention import unsupported_shape
 from agentrl_jax.rollout.placement import EnginePlacement, to_state
 from agentrl_jax.rollout.requests import (DECODE, DONE, FORK_WAIT, PREFILL, EngineStats, Request,
                                           Seq)
@@ -209,9 +209,8 @@ class Engine(BatchedSamplesBackend):
                             c.decode_attention, why)
             return DENSE
         mc = self.model_config
-        if choice == FUSED and (mc.num_heads // mc.num_kv_heads > FUSED_BLOCK_H
-                                or mc.head_dim % 32):
-            choice = RAGGED  # a shape the fused kernel's tiles do not cover
+        if choice == FUSED and unsupported_shape(mc.num_heads, mc.num_kv_heads, mc.head_dim):
+            choice = RAGGED
         if choice == FUSED:
             return FUSED if platform == "gpu" else FUSED_INTERPRET
         return RAGGED if platform == "gpu" else RAGGED_INTERPRET

@@ -44,6 +44,17 @@ BLOCK_H = 16  # query heads per program, padded (Triton's smallest dot tile)
 _NEG = 0.7 * float(jnp.finfo(jnp.float32).min)  # "minus infinity" that keeps exp() finite
 
 
+def unsupported_shape(num_heads: int, num_kv_heads: int, head_dim: int) -> str | None:
+    """Why the kernel's tiles do not cover this attention shape, or None when they do: at most
+    :data:`BLOCK_H` query heads per KV head, a head dim divisible by 32 (each half feeds a dot
+    of at least 16)."""
+    groups = num_heads // num_kv_heads
+    if groups > BLOCK_H or head_dim % 32:
+        return (f"fused decode attention needs <= {BLOCK_H} query heads per KV head and a head "
+                f"dim divisible by 32 (got {groups}, {head_dim})")
+    return None
+
+
 def _rotate(x1: jax.Array, x2: jax.Array, cos: jax.Array, sin: jax.Array
             ) -> tuple[jax.Array, jax.Array]:
     """Rotate-half RoPE on the two halves of the last axis (float32):
@@ -163,9 +174,9 @@ def fused_decode_attention(qkv: jax.Array, cache_k: jax.Array, cache_v: jax.Arra
     if heads_all != num_heads + 2 * kh or num_heads % kh:
         raise ValueError(f"qkv must hold {num_heads} query heads and {kh} key and value heads "
                          f"(got {heads_all} heads)")
-    if g > BLOCK_H or dh % 32:
-        raise ValueError(f"fused decode attention needs <= {BLOCK_H} query heads per KV head "
-                         f"and a head dim divisible by 32 (got {g}, {dh})")
+    why = unsupported_shape(num_heads, kh, dh)
+    if why is not None:
+        raise ValueError(why)
     tiling = ragged_tiling(s)
     if tiling is None:
         raise ValueError(f"fused decode attention needs a cache length divisible by 16, got {s}")
@@ -229,4 +240,4 @@ def fused_decode_attention(qkv: jax.Array, cache_k: jax.Array, cache_v: jax.Arra
             new_v.reshape(cache_v.shape))
 
 
-__all__ = ["fused_decode_attention", "BLOCK_H"]
+__all__ = ["fused_decode_attention", "unsupported_shape", "BLOCK_H"]
