@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import time
 
@@ -12,6 +13,7 @@ import numpy as np
 import pytest
 
 from agentrl_jax.models.safetensors_io import save_hf_directory
+from environments.core.httpguard import freeze_startup_objects
 from rollout_helpers import (TINY, byte_tokenizer, make_engine, random_prompt, reference_greedy,
                              smollm2_engine, start_server, tiny_model)
 
@@ -43,6 +45,17 @@ def served(model, tokenizer, tmp_path_factory):
 async def http():
     async with aiohttp.ClientSession() as session:
         yield session
+
+
+@pytest.fixture
+async def startup_heap_frozen():
+    """The heap as a served process has it: the rollout server's main freezes its start-up
+    objects (``freeze_startup_objects``), so full collections scan only what requests made.
+    This pytest process carries the whole suite's objects (~1M by here); a full collection of
+    them holds the GIL for 0.4-1.8 s and stalls any event loop, whatever the server does."""
+    await freeze_startup_objects()
+    yield
+    gc.unfreeze()
 
 
 async def post(http, url, body=None, raw: bytes | None = None):
@@ -443,7 +456,8 @@ async def test_client_chat_templates_refused_by_default(served, http):
         assert status == 400 and fragment in out["error"]["message"], out
 
 
-async def test_client_chat_template_renders_off_loop_within_a_deadline(model, tokenizer, http):
+async def test_client_chat_template_renders_off_loop_within_a_deadline(model, tokenizer, http,
+                                                                       startup_heap_frozen):
     engine = make_engine(model, tokenizer)
     thread = start_server(engine, allow_request_chat_template=True, chat_template_timeout_s=1.0)
     url = thread.url + "/v1/chat/completions"
@@ -476,7 +490,8 @@ async def test_client_chat_template_renders_off_loop_within_a_deadline(model, to
         engine.close()
 
 
-async def test_large_bodies_are_bounded_and_do_not_stall_the_loop(model, tokenizer, http):
+async def test_large_bodies_are_bounded_and_do_not_stall_the_loop(model, tokenizer, http,
+                                                                  startup_heap_frozen):
     """Issue 12: a 15 MB body blocked /health for 0.7 s (a 7 MB text for 12 s)."""
     engine = make_engine(model, tokenizer, max_queue=64)
     thread = start_server(engine)  # the default body limit
@@ -524,7 +539,8 @@ async def _max_health_latency(url: str, until: asyncio.Future) -> float:
     return max(latencies)
 
 
-async def test_a_large_valid_batch_does_not_stall_the_loop(model, tokenizer, http):
+async def test_a_large_valid_batch_does_not_stall_the_loop(model, tokenizer, http,
+                                                           startup_heap_frozen):
     """4,096 prompts of 127 ids (1.6 MB) held /health for 0.86 s while they were validated
     and submitted (and two tasks made per prompt) on the event loop; here 2,048."""
     engine = make_engine(model, tokenizer, max_queue=4096)

@@ -53,7 +53,8 @@ from agentrl_jax.rollout.engine_config import DECODE_ATTENTION, parse_prefill_kv
 from agentrl_jax.rollout.forward import DECODE_GEMM
 from environments.core.httpguard import (DEFAULT_MAX_CONNECTIONS, DEFAULT_READ_TIMEOUT_S, GuardedSite,
                                          GuardError, Limits, api_key_middleware,
-                                         fit_connection_limit, read_body,
+                                         fit_connection_limit, freeze_startup_objects,
+                                         read_body,
                                          exit_with_parent, require_key_off_loopback, run_app)
 
 try:  # orjson: ~2x faster, and it rejects lone surrogates (``"\ud800"``) while parsing
@@ -835,6 +836,7 @@ def main(argv: list[str] | None = None) -> None:
     # handler_cancellation: a client that disconnects cancels its handler, which aborts the
     # request in the engine (frees its slot) instead of generating for nobody.
     app = server.app()
+    app.on_startup.append(freeze_startup_objects)  # the model, compiled engine, modules
     if args.parent_pid is not None:
         async def watch_parent(app: web.Application):
             task = asyncio.create_task(exit_with_parent(args.parent_pid))

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import gc
 import logging
 import os
 import sys
@@ -19,7 +18,7 @@ from typing import Sequence
 
 from environments.core import jsonio
 from environments.core.httpguard import (DEFAULT_MAX_CONNECTIONS, DEFAULT_READ_TIMEOUT_S, Limits, fit_connection_limit,
-                                         require_key_off_loopback, run_app)
+                                         freeze_startup_objects, require_key_off_loopback, run_app)
 from environments.core.server import DEFAULT_MAX_BODY, build_app
 
 API_KEY_ENV = "AGENTRL_ENV_API_KEY"
@@ -54,18 +53,6 @@ def new_event_loop() -> asyncio.AbstractEventLoop:
     return uvloop.new_event_loop()
 
 
-async def _freeze_startup_objects(app) -> None:
-    """Move the objects made at start-up (modules, catalog, indexes: they live as long as the
-    process) out of the collector's generations, so full collections only scan request-made ones.
-
-    The collector keeps its default thresholds: a family's closed instances are reference cycles
-    (a minigrid level: rooms <-> neighbours, instructions <-> env), which only the collector
-    frees, and rarer full collections (``gc.set_threshold(20_000, 20, 50)`` was used here) let
-    them pile up: BabyAI's RSS grew 139 -> 208 MB over four create/close storms."""
-    gc.collect()
-    gc.freeze()
-
-
 def main(name: str, argv: Sequence[str] | None = None) -> None:
     """Parse the command line and serve family ``name`` until SIGINT/SIGTERM."""
     from environments.registry import get_family
@@ -89,7 +76,7 @@ def main(name: str, argv: Sequence[str] | None = None) -> None:
         read_timeout=args.read_timeout,
         api_key=args.api_key,
     )
-    app.on_startup.append(_freeze_startup_objects)
+    app.on_startup.append(freeze_startup_objects)
     log.info("%s listening on http://%s:%d", name, args.host, args.port)
     refusal = jsonio.dumps({"error": f"too many connections (limit {limits.max_connections}); retry later"})
     run_app(app, host=args.host, port=args.port, limits=limits, refusal_body=refusal, loop=new_event_loop(), shutdown_timeout=10.0)
