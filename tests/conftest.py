@@ -24,3 +24,19 @@ def compile_cache_env(tmp_path_factory) -> dict[str, str]:
     return {"JAX_COMPILATION_CACHE_DIR": str(tmp_path_factory.mktemp("jax_compile_cache")),
             "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
             "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "-1"}
+
+
+@pytest.fixture
+def startup_heap_frozen():
+    """The heap as a served process has it: servers freeze their start-up objects
+    (``environments.core.httpguard.freeze_heap``), so full collections scan only what
+    requests made. This pytest process carries the whole suite's objects (~1M by the middle of
+    the suite); a full collection of them holds the GIL for 0.4-1.8 s (measured on the 2-core CI
+    box) and stalls any event loop or timed call, whatever the code under test does."""
+    import gc
+
+    from environments.core.httpguard import freeze_heap
+
+    freeze_heap()
+    yield
+    gc.unfreeze()

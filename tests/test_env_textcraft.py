@@ -104,7 +104,7 @@ def test_crafting_rules_agree_with_the_original_package():
     assert compared > 300
 
 
-def test_package_defects_are_worked_around():
+def test_package_defects_are_worked_around(startup_heap_frozen):
     env = TextCraftEnv()
     before = sum(len(v) for v in world()._tree.itemid_recipes.values())
     goal = "dark_oak_sign"

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import gc
 import json
 import time
 
@@ -13,7 +12,6 @@ import numpy as np
 import pytest
 
 from agentrl_jax.models.safetensors_io import save_hf_directory
-from environments.core.httpguard import freeze_startup_objects
 from rollout_helpers import (TINY, byte_tokenizer, make_engine, random_prompt, reference_greedy,
                              smollm2_engine, start_server, tiny_model)
 
@@ -45,17 +43,6 @@ def served(model, tokenizer, tmp_path_factory):
 async def http():
     async with aiohttp.ClientSession() as session:
         yield session
-
-
-@pytest.fixture
-async def startup_heap_frozen():
-    """The heap as a served process has it: the rollout server's main freezes its start-up
-    objects (``freeze_startup_objects``), so full collections scan only what requests made.
-    This pytest process carries the whole suite's objects (~1M by here); a full collection of
-    them holds the GIL for 0.4-1.8 s and stalls any event loop, whatever the server does."""
-    await freeze_startup_objects()
-    yield
-    gc.unfreeze()
 
 
 async def post(http, url, body=None, raw: bytes | None = None):

@@ -287,10 +287,10 @@ def run_app(
         loop.close()
 
 
-async def freeze_startup_objects(app: web.Application | None = None) -> None:
+def freeze_heap() -> None:
     """Move the objects made at start-up (modules, compiled functions, a model, catalogs: they
     live as long as the process) out of the collector's generations, so that a full collection
-    scans only the objects requests made. An ``on_startup`` hook for a server's application.
+    scans only the objects requests made.
 
     Without it a full collection walks the whole start-up heap while holding the GIL, and the
     event loop (and every other thread) waits for it: a pytest process that had run most of the
@@ -302,6 +302,11 @@ async def freeze_startup_objects(app: web.Application | None = None) -> None:
     139 -> 208 MB over four create/close storms."""
     gc.collect()
     gc.freeze()
+
+
+async def freeze_startup_objects(app: web.Application | None = None) -> None:
+    """``freeze_heap`` as an ``on_startup`` hook for a server's application."""
+    freeze_heap()
 
 
 def fit_connection_limit(wanted: int, reserve: int = 256) -> int:
