@@ -31,14 +31,17 @@ GiB per GPU; the verdicts are for an H100 80GB (79.1 GiB total; JAX may use 75.1
 estimated peak). The usable memory is ``--gpu-memory-gib`` (the card's total, GiB; default the
 H100's 79.1) x ``--mem-fraction`` (0.95)::
 
-    GPUs  master  AdamW      grads  engine  KV    lower bound  peak   verdict
-    1     28.4    56.7       28.4   14.2    28.0  127.7        164.3  does not fit
-    1     28.4    0 (+8.1)   28.4   14.2    28.0   70.9        107.6  does not fit  (offloaded)
-    2     14.2    28.4       14.2   14.2    14.0   70.9         96.3  does not fit
-    4      7.1    14.2        7.1   14.2     7.0   42.6         62.4  fits
+    GPUs  master  AdamW      grads  engine  KV    merged  lower bound  peak   verdict
+    1     28.4    56.7       28.4   14.2    28.0  7.9     135.2        164.3  does not fit
+    1     28.4    0 (+8.1)   28.4   14.2    28.0  7.9      78.5        107.6  does not fit  (offloaded)
+    2     14.2    28.4       14.2   14.2    14.0  7.9      78.7         96.3  does not fit
+    4      7.1    14.2        7.1   14.2     7.0  7.9      50.4         62.4  fits
 
-(the KV cache is released during the update: ``rollout.release_kv_during_update``; without
-it 4 GPUs are 49.6 / 69.4, "tight"). The offloaded row is the config's for 1 GPU: AdamW 0 on
+(``merged``: the decode GEMMs' concatenated q|k|v and gate|up weights a one-GPU replica keeps,
+built and freed with the KV cache; the KV cache and they are released during the update:
+``rollout.release_kv_during_update``; without it 4 GPUs are 57.5 / 77.3, "does not fit"). The
+lower bounds of 1 and 2 GPUs are the rollout's live set (no gradients; KV cache and merged
+weights) and exceed an H100's 75.1 whatever XLA does. The offloaded row is the config's for 1 GPU: AdamW 0 on
 the GPU, plus 8.1 GiB of moments assumed in flight during the optimiser step (twice the
 moments of the 152064 x 3584 embedding: the largest leaf's, copied in and updated), which is
 below the update's transients (36.6), so the peak is the forward / backward's: 164.3 - 56.7 =
@@ -56,7 +59,7 @@ steady 37.3 s, peak 54.7 GiB (estimate 62.4); 1 GPU (one H200, the moments offlo
 Earlier: 4 H200s 67.3 s with a 110.5 GiB peak (before the remat fix), and 4 H100s out of
 memory at the first update (before the KV release and the bf16 log-prob weights).
 
-(lower bound: what must be live during an update; peak adds the update's transients -- the
+(lower bound: what must be live during an update or a rollout; peak adds the update's transients -- the
 bf16 compute copy, a micro-batch's gradients, activations -- or, at a weight sync, the new
 replica next to the old one and the one bf16 cast of the learner's shards.) An estimate, not
 a measurement: benchmarks/rl_step.py records each GPU's measured peak.
@@ -177,6 +180,10 @@ def memory_estimate(num_gpus: int, config: Any = None, usable_gib: float | None 
       ``bytes(reference_dtype) * N/g``; 0 here;
     * ``engine_weights``: the whole replica in ``rollout.engine_dtype``, ``bytes * N``;
     * ``kv_cache``: ``ceil(slots/g)`` rows of ``max_context`` tokens x ``2 L K Dh`` values;
+    * ``engine_merged``: the decode GEMMs' concatenated weights that a one-GPU replica keeps
+      beside its own (``rollout.decode_gemm`` ``auto`` -> ``merged_cublas``): every layer's
+      q|k|v ``[D, (H + 2K) Dh]`` (+ bias) and gate|up ``[D, 2F]`` in the engine dtype; built and
+      freed with the KV cache, so live exactly when it is (0 for ``xla`` GEMMs);
     * ``update_transients``: the compute-dtype weights of *every* layer, gathered,
       ``bytes(learner.dtype) x N``, a micro-batch's gradient shard in that dtype,
       ``bytes(learner.dtype) x N/g``, and activations (rough: the ``L`` saved layer inputs
@@ -191,7 +198,7 @@ def memory_estimate(num_gpus: int, config: Any = None, usable_gib: float | None 
       single cast of the learner's shards to the engine dtype, ``bytes * N (1 + 1/g)``.
 
     ``lower_bound`` = what must be live at once whatever XLA does: master + AdamW +
-    accumulator + reference + engine weights + KV cache during an update; with
+    accumulator + reference + engine weights + KV cache (+ merged weights) during an update; with
     ``rollout.release_kv_during_update`` the larger of that without the KV cache and the
     rollout's (the same without the accumulator, with the KV cache). ``peak`` = the larger of
     the update peak (update's live set + the larger of the update transients and, offloaded,
@@ -201,6 +208,8 @@ def memory_estimate(num_gpus: int, config: Any = None, usable_gib: float | None 
     the peak is below 90% of it, else ``"tight"`` (try; may run out of memory).
     """
     from agentrl_jax.models.config import ModelConfig
+    from agentrl_jax.rollout.engine_config import EngineConfig
+    from agentrl_jax.rollout.forward import XLA_GEMM
     from agentrl_jax.training import services
 
     if usable_gib is None:
@@ -216,6 +225,11 @@ def memory_estimate(num_gpus: int, config: Any = None, usable_gib: float | None 
     slots = services.engine_slots(c, mcfg, engine_dtype, backend="gpu")
     replica_slots = math.ceil(slots / g)
     kv_per_token = 2 * mcfg.num_layers * mcfg.num_kv_heads * mcfg.head_dim * eb
+    decode_gemm = EngineConfig(decode_gemm=str(c.rollout.get("decode_gemm", "auto"))
+                               ).resolved_decode_gemm("gpu", int(c.rollout.get("tensor_parallel", 1)))
+    qkv_width = (mcfg.num_heads + 2 * mcfg.num_kv_heads) * mcfg.head_dim
+    merged_per_layer = (mcfg.hidden_size * (qkv_width + 2 * mcfg.intermediate_size)
+                        + (qkv_width if mcfg.attention_bias else 0))
     rows = math.ceil(int(c.learner.micro_batch_size) / g)
     t = int(c.learner.get("pack_length", 0) or c.rollout.max_context)
     activations = rows * t * (mcfg.num_layers * mcfg.hidden_size * lb
@@ -233,31 +247,41 @@ def memory_estimate(num_gpus: int, config: Any = None, usable_gib: float | None 
                       if uses_reference else 0.0),
         "engine_weights": eb * n,
         "kv_cache": replica_slots * int(c.rollout.max_context) * kv_per_token,
+        "engine_merged": (0.0 if decode_gemm == XLA_GEMM
+                          else eb * mcfg.num_layers * merged_per_layer),
         "update_transients": lb * n + lb * n / g + activations,
         "sync_transients": eb * n * (1 + 1 / g),
     }
     parts = {k: v / GIB for k, v in parts.items()}
     # rollout.release_kv_during_update: the KV cache is freed for the update and the weight
     # sync (the next rollout allocates it again), so it is live only while the grads are not
+    # (the merged decode weights are built and freed with it)
     releases_kv = bool(c.rollout.get("release_kv_during_update", False))
-    kv_in_update = 0.0 if releases_kv else parts["kv_cache"]
+    with_kv = parts["kv_cache"] + parts["engine_merged"]
+    kv_in_update = 0.0 if releases_kv else with_kv
     held = sum(parts[k] for k in ("master", "adamw", "reference", "engine_weights"))
-    lower = max(held + parts["grad_accumulator"] + kv_in_update, held + parts["kv_cache"])
-    update_peak = held + parts["grad_accumulator"] + kv_in_update + max(
+    update_live = held + parts["grad_accumulator"] + kv_in_update
+    lower = max(update_live, held + with_kv)
+    update_peak = update_live + max(
         parts["update_transients"], parts["adamw_in_flight"])
     sync_peak = held + kv_in_update + parts["sync_transients"]
     peak = max(update_peak, sync_peak)
-    kv_text = (f" + KV cache {parts['kv_cache']:.1f}" if not releases_kv else
-               " (KV cache released)")
     adamw_text = "0 (offloaded to host memory)" if offloads else f"{parts['adamw']:.1f}"
+    reference_text = f" + reference {parts['reference']:.1f}" if uses_reference else ""
+    kv_text = (f" + KV cache {parts['kv_cache']:.1f} + merged decode weights "
+               f"{parts['engine_merged']:.1f}")
     if lower > usable_gib:
         verdict = "does not fit"
-        reason = (f"{g} GPU(s): at least {lower:.1f} GiB must be live per GPU during an update "
-                  f"(master {parts['master']:.1f} + AdamW {adamw_text} + gradients "
-                  f"{parts['grad_accumulator']:.1f} + engine replica "
-                  f"{parts['engine_weights']:.1f}{kv_text}"
-                  + (f" + reference {parts['reference']:.1f}" if uses_reference else "")
-                  + f") > {usable_gib:.1f} GiB usable")
+        if update_live >= lower:
+            phase = (f"an update (master {parts['master']:.1f} + AdamW {adamw_text} + gradients "
+                     f"{parts['grad_accumulator']:.1f} + engine replica "
+                     f"{parts['engine_weights']:.1f}"
+                     + (" (KV cache released)" if releases_kv else kv_text))
+        else:
+            phase = (f"a rollout (master {parts['master']:.1f} + AdamW {adamw_text} + engine "
+                     f"replica {parts['engine_weights']:.1f}{kv_text}")
+        reason = (f"{g} GPU(s): at least {lower:.1f} GiB must be live per GPU during "
+                  f"{phase}{reference_text}) > {usable_gib:.1f} GiB usable")
     elif peak > usable_gib:
         verdict = "does not fit"
         reason = (f"{g} GPU(s): estimated peak {peak:.1f} GiB > {usable_gib:.1f} GiB usable "
