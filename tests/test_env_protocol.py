@@ -287,7 +287,7 @@ class _SlowCatalog(TaskCatalog):
 SLOW = Family(name="slow", env_factory=_SlowEnv, catalog_factory=_SlowCatalog)
 
 
-async def test_core_serializes_one_instance_and_runs_instances_concurrently():
+async def test_core_serializes_one_instance_and_runs_instances_concurrently(startup_heap_frozen):
     async with TestServer(build_app(SLOW, workers=8)) as test_server:
         async with EnvClient(str(test_server.make_url(""))) as client:
             one = (await client.create(task_id="a")).env_id

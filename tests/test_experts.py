@@ -122,7 +122,7 @@ def test_deadline_keeps_an_outer_timer():
     assert out == [3]
 
 
-def test_raw_bot_hangs_and_bounded_policy_fails_fast():
+def test_raw_bot_hangs_and_bounded_policy_fails_fast(startup_heap_frozen):
     """The raw bot does not return within 3 s on STUCK_TASK (its plan grows without end); the
     policy with the bounded stack raises ExpertStuck in well under a second."""
     from environments.babyai.expert import BabyAIBotExpert
