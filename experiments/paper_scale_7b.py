@@ -41,8 +41,8 @@ H100's 79.1) x ``--mem-fraction`` (0.95)::
 built and freed with the KV cache; the KV cache and they are released during the update:
 ``rollout.release_kv_during_update``; without it 4 GPUs are 57.5 / 77.3, "does not fit"). The
 lower bounds of 1 and 2 GPUs are the rollout's live set (no gradients; KV cache and merged
-weights) and exceed an H100's 75.1 whatever XLA does. The offloaded row is the config's for 1 GPU: AdamW 0 on
-the GPU, plus 8.1 GiB of moments assumed in flight during the optimiser step (twice the
+weights) and exceed an H100's 75.1 whatever XLA does. The offloaded row is the config's for 1
+GPU: AdamW 0 on the GPU, plus 8.1 GiB of moments assumed in flight during the optimiser step (twice the
 moments of the 152064 x 3584 embedding: the largest leaf's, copied in and updated), which is
 below the update's transients (36.6), so the peak is the forward / backward's: 164.3 - 56.7 =
 107.6. An estimate: the per-leaf schedule's peak matched its estimate on a synthetic
@@ -59,9 +59,9 @@ steady 37.3 s, peak 54.7 GiB (estimate 62.4); 1 GPU (one H200, the moments offlo
 Earlier: 4 H200s 67.3 s with a 110.5 GiB peak (before the remat fix), and 4 H100s out of
 memory at the first update (before the KV release and the bf16 log-prob weights).
 
-(lower bound: what must be live during an update or a rollout; peak adds the update's transients -- the
-bf16 compute copy, a micro-batch's gradients, activations -- or, at a weight sync, the new
-replica next to the old one and the one bf16 cast of the learner's shards.) An estimate, not
+(lower bound: what must be live during an update or a rollout; peak adds the update's
+transients -- the bf16 compute copy, a micro-batch's gradients, activations -- or, at a weight
+sync, the new replica next to the old one and the one bf16 cast of the learner's shards.) An estimate, not
 a measurement: benchmarks/rl_step.py records each GPU's measured peak.
 """
 
@@ -225,8 +225,9 @@ def memory_estimate(num_gpus: int, config: Any = None, usable_gib: float | None 
     slots = services.engine_slots(c, mcfg, engine_dtype, backend="gpu")
     replica_slots = math.ceil(slots / g)
     kv_per_token = 2 * mcfg.num_layers * mcfg.num_kv_heads * mcfg.head_dim * eb
+    tensor_parallel = int(c.rollout.get("tensor_parallel", 1))
     decode_gemm = EngineConfig(decode_gemm=str(c.rollout.get("decode_gemm", "auto"))
-                               ).resolved_decode_gemm("gpu", int(c.rollout.get("tensor_parallel", 1)))
+                               ).resolved_decode_gemm("gpu", tensor_parallel)
     qkv_width = (mcfg.num_heads + 2 * mcfg.num_kv_heads) * mcfg.head_dim
     merged_per_layer = (mcfg.hidden_size * (qkv_width + 2 * mcfg.intermediate_size)
                         + (qkv_width if mcfg.attention_bias else 0))
@@ -262,8 +263,7 @@ def memory_estimate(num_gpus: int, config: Any = None, usable_gib: float | None 
     held = sum(parts[k] for k in ("master", "adamw", "reference", "engine_weights"))
     update_live = held + parts["grad_accumulator"] + kv_in_update
     lower = max(update_live, held + with_kv)
-    update_peak = update_live + max(
-        parts["update_transients"], parts["adamw_in_flight"])
+    update_peak = update_live + max(parts["update_transients"], parts["adamw_in_flight"])
     sync_peak = held + kv_in_update + parts["sync_transients"]
     peak = max(update_peak, sync_peak)
     adamw_text = "0 (offloaded to host memory)" if offloads else f"{parts['adamw']:.1f}"
