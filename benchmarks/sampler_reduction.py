@@ -1,6 +1,6 @@
 """The sampler's log-sum-exp + max + argmax over ``[B, V]`` float32 logits: one variadic
 reduction (``sampling.logsumexp_and_argmax``, what GPU engines use) vs XLA's separate reductions
-(``jax.nn.logsumexp``, ``jnp.max``, ``jnp.argmax``, what CPU engines keep), side by side on the
+(``sampling.logsumexp_and_argmax_separate``, what CPU engines keep), side by side on the
 default JAX device.
 
     python3 benchmarks/sampler_reduction.py                      # V = 49152 (SmolLM2)
@@ -31,10 +31,10 @@ def main(argv: list[str] | None = None) -> list[dict]:
     import jax
     import jax.numpy as jnp
 
-    from agentrl_jax.rollout.sampling import logsumexp_and_argmax
+    from agentrl_jax.rollout.sampling import logsumexp_and_argmax, logsumexp_and_argmax_separate
 
     one_pass = jax.jit(lambda x: logsumexp_and_argmax(x, x))
-    separate = jax.jit(lambda x: (jax.nn.logsumexp(x, -1), jnp.max(x, -1), jnp.argmax(x, -1)))
+    separate = jax.jit(lambda x: logsumexp_and_argmax_separate(x, x))
 
     def timed(fn, x) -> float:
         jax.block_until_ready(fn(x))

@@ -71,9 +71,10 @@ def logsumexp_and_argmax(lse_of: jax.Array, argmax_of: jax.Array
     return m + jnp.log(s), best, idx
 
 
-def _logsumexp_and_argmax_xla(lse_of: jax.Array, argmax_of: jax.Array
-                              ) -> tuple[jax.Array, jax.Array, jax.Array]:
-    """What :func:`logsumexp_and_argmax` returns, as XLA's separate reductions."""
+def logsumexp_and_argmax_separate(lse_of: jax.Array, argmax_of: jax.Array
+                                  ) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """What :func:`logsumexp_and_argmax` returns, as XLA's separate reductions (the CPU
+    engine's choice)."""
     argmax = jnp.argmax(argmax_of, axis=-1).astype(jnp.int32)
     top = jnp.take_along_axis(argmax_of, argmax[:, None], axis=-1)[:, 0]
     return jax.nn.logsumexp(lse_of.astype(jnp.float32), axis=-1), top, argmax
@@ -110,11 +111,11 @@ def sample_tokens(logits: jax.Array, temperature: jax.Array, top_k: jax.Array, t
     ``one_pass`` (static): the log-sum-exps and argmaxes as :func:`logsumexp_and_argmax`, one
     read of the logits per pair (the engine's choice on GPUs: -67 us a decode step for
     Qwen2.5-1.5B at batch 256 on an H100); off, XLA's separate reductions (on CPUs the
-    variadic reduction is 1.4-3.3x slower, ``benchmarks/sampler_reduction.py``).
+    variadic reduction is 1.4-2.8x slower, ``benchmarks/sampler_reduction.py``).
     """
     logits = logits.astype(jnp.float32)
     greedy = temperature <= 0.0
-    lse_and_argmax = logsumexp_and_argmax if one_pass else _logsumexp_and_argmax_xla
+    lse_and_argmax = logsumexp_and_argmax if one_pass else logsumexp_and_argmax_separate
     logprob_raw_all, top, argmax = lse_and_argmax(logits, logits)
     if mode == GREEDY:
         logprob_raw = top - logprob_raw_all  # the argmax token's logit is the row's maximum
@@ -152,5 +153,5 @@ def seed_to_key(seed: int) -> tuple[int, int]:
     return (seed >> 32) & 0xFFFFFFFF, seed & 0xFFFFFFFF
 
 
-__all__ = ["sample_tokens", "logsumexp_and_argmax", "sampling_mode", "seed_to_key", "derive_seed",
-           "GREEDY", "SAMPLE", "SAMPLE_FILTERED"]
+__all__ = ["sample_tokens", "logsumexp_and_argmax", "logsumexp_and_argmax_separate",
+           "sampling_mode", "seed_to_key", "derive_seed", "GREEDY", "SAMPLE", "SAMPLE_FILTERED"]
