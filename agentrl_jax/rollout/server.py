@@ -270,8 +270,8 @@ class RolloutServer:
     def app(self, host: str = "127.0.0.1") -> web.Application:
         """The application for a server bound to ``host`` (whose names ``Host`` headers may
         use). Read-only routes are GET, every state-changing one POST only."""
-        middlewares: list[Callable] = [
-            request_guard_middleware(hosts_for(host, self.allowed_hosts), _refused), _error_middleware]
+        guard = request_guard_middleware(hosts_for(host, self.allowed_hosts), _refused)
+        middlewares: list[Callable] = [guard, _error_middleware]
         if self.limits.api_key:
             middlewares.insert(1, api_key_middleware(
                 self.limits.api_key, lambda status, message, headers: _error_response(

@@ -186,7 +186,8 @@ def refusal(request: web.Request, hosts: frozenset[str] | None) -> tuple[int, st
     ``Content-Type``."""
     host = request.headers.get("Host")
     if hosts is not None and host is not None and host_name(host) not in hosts:
-        return 421, f"Host {host[:100]!r} is not a name of this server (it answers to {', '.join(sorted(hosts))})"
+        return 421, (f"Host {host[:100]!r} is not a name of this server: use the address it serves on "
+                     "(or start it with --allowed-host NAME)")
     origin = request.headers.get("Origin")
     if origin is not None and (host is None or origin.lower() not in (f"http://{host.lower()}", f"https://{host.lower()}")):
         return 403, f"cross-origin request refused (Origin {origin[:100]!r}): this server takes no requests from web pages"
