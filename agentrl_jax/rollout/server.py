@@ -324,8 +324,10 @@ class RolloutServer:
     def _validate(self, model: type[M], body: Any, where: str) -> M:
         """``body`` checked against its declared model (api_models.py) with this server's
         limits; ``InvalidRequestError`` (400) naming the failing fields otherwise."""
-        context = {"max_length": self.engine.config.max_length,
-                   "max_queue": self.engine.config.max_queue,
+        cfg = self.engine.config
+        context = {"max_length": cfg.max_length, "max_queue": cfg.max_queue,
+                   "max_batch": cfg.max_batch, "max_stop_ids": cfg.max_stop_ids,
+                   "vocab_size": self.engine.vocab_size,
                    "allow_request_chat_template": self.allow_request_chat_template}
         return validate_request(model, body, where, context)
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 import math
 from typing import Any, Callable, Iterable
 
+from agentrl_jax.rollout import sampling_limits as limits
 from agentrl_jax.training.services import _as_list
 
 #: exit code of ``launch/run.py`` / ``launch/eval.py`` for an invalid config (as for bad usage)
@@ -106,6 +107,16 @@ class _Checker:
             self.bad(full, f"must be a finite number {what} (got {v!r})")
             return None
         return float(v)
+
+    def sampling(self, section: Any, limit: Any, required: bool = False) -> None:
+        """``rollout.<name>`` within the range of the sampling parameter ``limit`` (a
+        ``sampling_limits.Limit``: the same range the rollout server checks)."""
+        full, v, present = self.value(section, "rollout", limit.name,
+                                      None if required else limit.default, required)
+        if present:
+            problem = limit.problem(v)
+            if problem is not None:
+                self.bad(full, problem)
 
     def choice(self, section: Any, prefix: str, key: str, known: Iterable[str],
                normalize: Callable[[str], str] = lambda s: s, kind: str = "value",
@@ -216,11 +227,12 @@ def _check_rollout(c: _Checker) -> int | None:
     if max_context is not None and max_new is not None and max_new >= max_context:
         c.bad("rollout.max_new_tokens", f"must be < rollout.max_context={max_context} "
                                         f"(got {max_new})")
-    c.number(r, "rollout", "temperature", lambda x: x >= 0, ">= 0 (0: greedy)")
-    c.number(r, "rollout", "top_p", lambda x: 0 < x <= 1, "in (0, 1]")
-    full, top_k, present = c.value(r, "rollout", "top_k", -1, required=False)
-    if present and (not _is_int(top_k) or (top_k != -1 and top_k < 1)):
-        c.bad(full, f"must be -1 (off) or an integer >= 1 (got {top_k!r})")
+    elif max_new is not None:
+        c.sampling(r, limits.MAX_NEW_TOKENS)
+    # the sampling ranges the rollout server and every backend apply (sampling_limits.py)
+    c.sampling(r, limits.TEMPERATURE, required=True)
+    c.sampling(r, limits.TOP_P, required=True)
+    c.sampling(r, limits.TOP_K)
     c.int_at_least(r, "rollout", "max_concurrency", 1)
     c.int_at_least(r, "rollout", "decode_steps", 1, default=16, required=False)
     _, kv_buckets, present = c.value(r, "rollout", "prefill_kv_buckets", "", required=False)
@@ -239,6 +251,11 @@ def _check_rollout(c: _Checker) -> int | None:
     if present and stop is not None and not isinstance(stop, str) and not all(
             isinstance(s, str) for s in stop):
         c.bad(full, f"must be a string or a sequence of strings (got {stop!r})")
+    elif present and stop:
+        problem = limits.stop_problem([s for s in ([stop] if isinstance(stop, str) else stop)
+                                       if s])  # empty strings are dropped (stop_strings)
+        if problem is not None:
+            c.bad(full, problem)
     api_key = _get(r, "api_key")
     if api_key is not None and not isinstance(api_key, str):
         c.bad("rollout.api_key", f"must be a string (got {type(api_key).__name__})")
