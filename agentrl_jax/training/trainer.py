@@ -581,9 +581,9 @@ class Trainer:
             self._check_env_errors(step, trajectories, stats)
             failed = self.failed_steps.record(usable, stats.statuses, trajectories)
             if failed:  # the same cause (e.g. sampling parameters the backend rejects) again
-                resume = (f"the same command resumes from the checkpoint of step "
-                          f"{self.saved_step}" if self.saved_step else
-                          "the same command starts it again")
+                resume = (f"once that is fixed, the same command resumes from the checkpoint "
+                          f"of step {self.saved_step}" if self.saved_step else
+                          "once that is fixed, the same command starts it again")
                 raise RunFailure(f"stopped at step {step + 1}: {failed}; {resume} "
                                  f"(workdir {self.workdir})")
             if trainable:
