@@ -266,6 +266,7 @@ async def test_a_failing_request_fails_alone(served, alone, monkeypatch, stage):
     message = out["error"]["message"]
     assert "request 'poison' failed in the engine" in message, message
     assert f"injected failure in {stage}" in message and "engine step failed" not in message
+    assert out["error"]["type"] == "request_failed"  # answered as such, not as an unhandled error
     assert [s for s, _ in answers] == [200] * 4, answers
     assert [o["output_ids"] for _, o in answers] == alone
     load = engine.load()

@@ -54,7 +54,7 @@ from agentrl_jax.rollout.api_models import (AbortRequest, ChatCompletionRequest,
                                             MemoryOccupationRequest, PauseRequest,
                                             UpdateWeightsRequest, json_type, validate_request)
 from agentrl_jax.rollout.base import (BackendUnavailableError, GenerateResult, InvalidRequestError,
-                                      OverloadedError, SamplingParams)
+                                      OverloadedError, RequestFailedError, SamplingParams)
 from agentrl_jax.rollout.chat_template_sandbox import TemplateBusy, TemplateError, TemplateSandbox
 from agentrl_jax.rollout.engine import Engine, EngineConfig
 from agentrl_jax.rollout.engine_config import DECODE_ATTENTION, parse_prefill_kv_buckets
@@ -119,6 +119,8 @@ async def _error_middleware(request: web.Request, handler):
         return _error_response(503, str(e), "overloaded", {"Retry-After": "1"})
     except InvalidRequestError as e:
         return _error_response(400, str(e))
+    except RequestFailedError as e:  # one request failed alone; the engine logged its cause
+        return _error_response(500, str(e), "request_failed")
     except OverloadedError as e:
         return _error_response(503, str(e), "overloaded",
                                {"Retry-After": str(max(1, round(e.retry_after)))})
