@@ -118,3 +118,38 @@ def test_single_reference_run_pairs_with_every_seed_and_bad_input_is_refused():
         seed_stats.seed_level({0: {}})
     assert seed_stats.fmt_points({"mean": 0.043, "ci95_low": 0.01, "ci95_high": 0.078},
                                  signed=True) == "+4.3 [+1.0, +7.8]"
+
+
+def test_learning_report_groups_seeds_and_reports_them(tmp_path):
+    import json
+
+    import learning_report
+
+    def run(name: str, steps: dict[int, dict[str, list[int]]]) -> str:
+        d = tmp_path / name
+        d.mkdir()
+        with open(d / "eval_episodes.jsonl", "w") as f:
+            for step, tasks in steps.items():
+                for task, oks in tasks.items():
+                    for ok in oks:
+                        f.write(json.dumps({"env": "e", "task_id": task, "step": step,
+                                            "status": "done", "success": bool(ok)}) + "\n")
+        return str(d)
+
+    runs = [run("base", {0: {"1": [0, 0], "2": [0, 1]}}),                     # 0.25
+            run("rl", {0: {"1": [0, 0], "2": [0, 1]}, 5: {"1": [1, 1], "2": [0, 1]}}),  # 0.75
+            run("rl_s1", {0: {"1": [0, 0], "2": [0, 1]}, 4: {"1": [1, 0], "2": [0, 0]}}),  # 0.25
+            str(tmp_path / "never_ran_s2")]
+    out = tmp_path / "out"
+    assert learning_report.main([*runs, "--seeds", "--diff", "rl:base,rl:rl@first",
+                                 "--out", str(out)]) == 0
+    r = json.load(open(out / "gain.json"))["seed_level"]
+    assert r["configurations"]["rl"]["labels"] == {"0": "rl", "1": "rl_s1"}
+    last = r["configurations"]["rl"]["last"]
+    assert last["n_seeds"] == 2 and last["mean"] == pytest.approx(0.5)
+    assert last["steps"] == {"0": 5, "1": 4} and last["std"] == pytest.approx(np.sqrt(0.125))
+    assert r["configurations"]["base"]["last"]["single_seed"]
+    assert "never_ran" in r["configurations"]["never_ran"]["missing"][0]
+    d = r["differences"]["rl:base"]
+    assert d["paired_seeds"] and d["pairs"] == [[0, 0], [1, 0]] and d["mean"] == pytest.approx(0.25)
+    assert r["differences"]["rl:rl@first"]["per_pair"] == {"0:0": 0.5, "1:1": 0.0}
