@@ -98,8 +98,10 @@ has_stage() { [[ ",$STAGE," == *",$1,"* ]]; }
 RESULTS=${RESULTS:-$OUT/results}
 LOGS=$OUT/logs
 EXPERTS=$OUT/experts
-mkdir -p "$LOGS" "$RESULTS/logs" "$OUT/.done" "$OUT/.lanes"
-rm -f "$OUT"/.done/*.failed
+if [ "$DRY_RUN" != 1 ]; then  # a dry run writes nothing
+  mkdir -p "$LOGS" "$RESULTS/logs" "$OUT/.done" "$OUT/.lanes"
+  rm -f "$OUT"/.done/*.failed
+fi
 T0=$(date +%s)
 REPORT_RESERVE=25
 
