@@ -14,7 +14,10 @@
 # the suffix _sN (none for seed 0: babyai_sft_grpo, babyai_sft_grpo_s1, ...), the label form
 # `learning_report.py --seeds` groups; the base-model evaluation and the expert recordings do not
 # depend on the training seed and run once. --dry-run prints each job (lane, GPU, time cap,
-# command) instead of running it; jobs already done are listed as skipped.
+# command) instead of running it; jobs already done are listed as skipped. --fixed-length (for
+# runs that must be comparable across calls, e.g. seeds) never shortens a run to fit --budget:
+# a job whose cap does not fit in the time left is skipped, to run in a later call; a job that
+# failed before is started again in a fresh work directory (the old one moved to <out>/.attempts).
 #
 # Stages (--stage: all, or a comma-separated list, run in this order; a job already done, i.e.
 # with a marker in <out>/.done, is skipped, so a stage can be run again after an interruption):
@@ -62,6 +65,7 @@ RECORD_WORKERS=$(( $(nproc) / 4 ))
 WAVE2_PAIR2=babyai_seed1
 SEED=0
 DRY_RUN=0
+FIXED_LENGTH=0
 PY=${PYTHON:-python3}
 
 while [ $# -gt 0 ]; do
@@ -81,6 +85,7 @@ while [ $# -gt 0 ]; do
     --smoke) SMOKE=1; shift ;;
     --seed) SEED=$2; shift 2 ;;
     --dry-run) DRY_RUN=1; shift ;;
+    --fixed-length) FIXED_LENGTH=1; shift ;;
     -h|--help) sed -n '2,44p' "$0"; exit 0 ;;
     *) echo "unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
@@ -193,6 +198,13 @@ run_job() {  # run_job NAME LANE CAP CPU|GPU CMD...: on lane LANE (one job at a 
   exec {fd}> "$OUT/.lanes/$lane"
   flock "$fd"
   left=$(time_left); t=$cap; [ "$left" -lt "$t" ] && t=$left
+  if [ "$FIXED_LENGTH" = 1 ] && [ "$left" -lt "$cap" ]; then
+    say "SKIPPED $name: its cap ($cap s) does not fit in the $left s left (--fixed-length)"
+    touch "$OUT/.done/$name.failed"; exec {fd}>&-; return 1
+  fi
+  if [ "$FIXED_LENGTH" = 1 ] && [ -e "$OUT/$name" ]; then  # an earlier attempt: start afresh
+    mkdir -p "$OUT/.attempts" && mv "$OUT/$name" "$OUT/.attempts/$name.$(date +%s)"
+  fi
   if [ "$t" -lt 30 ]; then
     say "SKIPPED $name: $t s left of the budget"
     now=$(date +%s); timing "$name" "$lane" "$gpu" "$now" "$now" -1 "$t" skipped
@@ -245,7 +257,7 @@ record() {  # record ENV CONFIG EPISODES LANE
 
 rl_seconds_after() {  # the training seconds of an RL pair whose runs start now (same for both)
   local want=$1 marker=$2 left
-  [ -f "$marker" ] || { echo "$want"; return; }  # --dry-run: not run
+  [ -f "$marker" ] && [ "$FIXED_LENGTH" != 1 ] || { echo "$want"; return; }  # dry run / fixed
   # measured from the end of the job both runs wait for, so both lanes compute the same number
   left=$(( BUDGET - REPORT_RESERVE - ($(stat -c %Y "$marker") - T0) - RL_OVERHEAD ))
   if [ "$BUDGET" -gt 0 ] && [ "$left" -lt "$want" ]; then echo "$left"; else echo "$want"; fi
@@ -287,7 +299,9 @@ rl_base() {  # rl_base NAME CONFIG LANE [args]: RL from the base model for --rl-
   local name=$1 config=$2 lane=$3 secs=$RL_SECONDS; shift 3
   local left=$(( $(time_left) - RL_OVERHEAD ))
   # both runs of a pair start together: the same shortened budget
-  if [ "$BUDGET" -gt 0 ] && [ "$SMOKE" != 1 ] && [ "$left" -lt "$secs" ]; then secs=$left; fi
+  if [ "$BUDGET" -gt 0 ] && [ "$SMOKE" != 1 ] && [ "$FIXED_LENGTH" != 1 ] && [ "$left" -lt "$secs" ]; then
+    secs=$left
+  fi
   run_job "$name" "$lane" $(( secs + RL_OVERHEAD + RL_SLACK )) GPU "$PY" launch/run.py \
     --config "experiments/$config.py" --workdir "$OUT/$name" "${MODEL[@]}" \
     --config.train.max_seconds="$secs" "${RL_ARGS[@]}" "$@"

@@ -14,7 +14,9 @@ Stage ``jobs``: for each seed in ``--seeds`` (0,1,2), one call of ``benchmarks/i
 job logic: every job under ``timeout`` (its cap, and no later than ``--budget``), a done marker
 in ``<out>/.done`` (a job done before is skipped, so the command resumes after a cut-off), and
 right after each job its small files (config.json, metrics.jsonl, summary.json,
-eval_episodes.jsonl) and log copied to ``<results>/<job>/``. The jobs per seed: BabyAI and
+eval_episodes.jsonl) and log copied to ``<results>/<job>/``. Runs keep their full length
+(``--fixed-length``): a job that does not fit in the budget left is not started, so the seeds
+stay comparable; run the same command again (a later call) to go on. The jobs per seed: BabyAI and
 TextCraft SFT, SFT+GRPO and SFT+GiGPO (wave1; the base-model evaluations and expert recordings
 once), BabyAI GRPO (RL only, ScalingInter-RL 6 -> 13 -> 20) and GiGPO from the base model and
 GRPO with a fixed 6-turn and a fixed 20-turn horizon at the same wall time (wave2).
@@ -71,7 +73,8 @@ def job_commands(args: argparse.Namespace, budget_left: int | None) -> list[list
     for s in args.seeds:
         cmd = ["bash", os.path.join(ROOT, "benchmarks", "issue15_gpu.sh"), "--seed", str(s),
                "--stage", args.waves, "--wave2-pair2", args.pair2, "--out", args.out,
-               "--results", args.results, "--gpus", str(args.gpus), "--per-gpu", str(args.per_gpu)]
+               "--results", args.results, "--gpus", str(args.gpus), "--per-gpu", str(args.per_gpu),
+               "--fixed-length"]
         if budget_left is not None:
             cmd += ["--budget", str(budget_left)]
         cmd += ["--smoke"] * args.smoke + ["--dry-run"] * args.dry_run
