@@ -190,7 +190,11 @@ timing() {  # timing NAME LANE GPU START END EXIT CAP STATUS (times from this ca
 run_job() {  # run_job NAME LANE CAP CPU|GPU CMD...: on lane LANE (one job at a time per lane)
   local name=$1 lane=$(( $2 % LANES )) cap=$3 kind=$4; shift 4
   local gpu=$(( lane % GPUS )) fd left t start end rc status
-  if [ -f "$OUT/.done/$name" ]; then say "skip $name (done before)"; return 0; fi
+  if [ -f "$OUT/.done/$name" ]; then
+    # done, but its small files never reached $RESULTS (a copy cut short): copy them now
+    [ "$DRY_RUN" != 1 ] && [ -d "$OUT/$name" ] && [ ! -d "$RESULTS/$name" ] && collect "$name"
+    say "skip $name (done before)"; return 0
+  fi
   if [ "$DRY_RUN" = 1 ]; then
     echo "plan: $name  lane $lane$([ "$kind" = GPU ] && echo ", GPU $gpu" || echo ", CPU")  cap $cap s: $*"
     return 0

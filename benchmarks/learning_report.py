@@ -42,7 +42,8 @@ Several training seeds of one configuration (``--seeds``): labels ``<name>_s<k>`
 ``"seed_level"``: per configuration the mean over seeds, the spread (min, max, std) and a
 two-level bootstrap 95% interval (seeds, then tasks within each seed) of its first and last
 evaluations, and the ``--diff`` pairs between configurations, paired over tasks and over the
-seeds both sides share (``benchmarks/seed_stats.py`` states the formulas). With one seed the
+seeds both sides share (``base``, one evaluation of the untrained model, pairs with every seed;
+``benchmarks/seed_stats.py`` states the formulas). With one seed the
 interval is flagged as covering evaluation sampling only::
 
     python benchmarks/learning_report.py r/grpo r/grpo_s1 r/grpo_s2 r/gigpo r/gigpo_s1 \
@@ -223,12 +224,15 @@ def seed_groups(labels: list[str]) -> dict[str, dict[int, str]]:
 
 
 def seed_level_report(evals_by_label: dict[str, dict], spec: str = "",
-                      draws: int = 10_000) -> dict:
+                      draws: int = 10_000, references: frozenset[str] = frozenset({"base"})
+                      ) -> dict:
     """``--seeds``: per configuration (:func:`seed_groups`) the seed-level statistics
     (``seed_stats.seed_level``: mean over seeds, spread, two-level bootstrap interval) of its
     first and last evaluations, and the ``--diff`` pairs that name configurations
-    (``seed_stats.seed_level_difference``; ``@last`` is each seed's own last evaluation).
-    A configuration or seed without evaluations is listed under ``"missing"``."""
+    (``seed_stats.seed_level_difference``; ``@last`` is each seed's own last evaluation; a
+    configuration in ``references``, one untrained run such as the base model, pairs with every
+    seed of the other side, other seeds pair seed by seed). A configuration or seed without
+    evaluations is listed under ``"missing"``."""
     from seed_stats import seed_level, seed_level_difference
 
     groups = seed_groups(list(evals_by_label))
@@ -262,7 +266,8 @@ def seed_level_report(evals_by_label: dict[str, dict], spec: str = "",
             out["differences"][pair] = {"missing": "; ".join(b_miss + a_miss)}
             continue
         try:
-            entry = seed_level_difference(b, a, draws)
+            ref = "a" if an in references else "b" if bn in references else None
+            entry = seed_level_difference(b, a, draws, reference=ref)
         except ValueError as e:
             entry = {"missing": str(e)}
         entry.update(b_steps=b_steps, a_steps=a_steps)
@@ -304,7 +309,7 @@ def main(argv=None) -> int:
     p.add_argument("--out", required=True)
     p.add_argument("--seeds", action="store_true", help="also the seed-level statistics: labels "
                    "<name>_s<k> are training seed k of <name> (a label without it: seed 0); "
-                   "adds \"seed_level\" (mean over seeds, spread, two-level bootstrap) to gain.json")
+                   "adds seed_level (mean over seeds, spread, two-level bootstrap) to gain.json")
     p.add_argument("--diff", default="", help="B:A pairs of labels (label[@first|@last|@step]): "
                    "the paired difference B - A on their common held-out tasks")
     p.add_argument("--collect", action="store_true", help="only copy each run's small files "

@@ -52,13 +52,15 @@ COLUMNS = {"base": (("{p}_base", "first"), ("{p}_grpo", "first")),
            "RL only": (("{p}_grpo", "last"),),
            "SFT+RL": (("{p}_sft_grpo", "last"),)}
 #: comparisons (name, alternatives of "B[@which]:A[@which]"), per family prefix
-COMPARISONS = (("SFT - base", ("{p}_sft_grpo@first:{p}_base", "{p}_sft_grpo@first:{p}_grpo@first")),
+COMPARISONS = (("SFT - base",
+                 ("{p}_sft_grpo@first:{p}_base", "{p}_sft_grpo@first:{p}_grpo@first")),
                ("SFT+GRPO - SFT", ("{p}_sft_grpo:{p}_sft_grpo@first",)),
                ("SFT+GiGPO - SFT", ("{p}_sft_gigpo:{p}_sft_gigpo@first",)),
                ("SFT+GiGPO - SFT+GRPO", ("{p}_sft_gigpo:{p}_sft_grpo",)),
                ("RL only - base", ("{p}_grpo:{p}_grpo@first",)),
                ("GiGPO - GRPO (RL only)", ("{p}_gigpo:{p}_grpo",)),
-               ("ScalingInter-RL - fixed 6 turns", ("{p}_hscaling:{p}_fixed6", "{p}_grpo:{p}_fixed6")),
+               ("ScalingInter-RL - fixed 6 turns",
+                ("{p}_hscaling:{p}_fixed6", "{p}_grpo:{p}_fixed6")),
                ("ScalingInter-RL - fixed 20 turns",
                 ("{p}_hscaling:{p}_fixed20", "{p}_grpo:{p}_fixed20")),
                ("control: the SFT policy evaluated twice",
@@ -156,7 +158,8 @@ def build_table(runs: dict[str, str], draws: int = 10_000) -> dict:
                 labels = [lab for j in jobs for lab in _group(runs, j)]
                 if not all(_group(runs, j) for j in jobs):
                     continue
-                entry = learning_report.seed_level_report(load(labels), spec, draws)[
+                refs = frozenset(j for j in jobs if j.endswith("_base"))  # untrained: no seed
+                entry = learning_report.seed_level_report(load(labels), spec, draws, refs)[
                     "differences"].get(spec)
                 if entry and "missing" not in entry:
                     comps[name] = {**entry, "spec": spec}
@@ -183,7 +186,8 @@ def markdown(table: dict, runs: dict[str, str]) -> str:
             lines.append(f"| {family} | " + " | ".join(["no runs yet"] * len(cols)) + " |")
         else:
             lines.append(f"| {family} | " + " | ".join(_cell(cells[c]) for c in cols) + " |")
-    lines += ["", "| comparison | family | B - A, points (95% CI) | per seed |", "|---|---|---|---|"]
+    lines += ["", "| comparison | family | B - A, points (95% CI) | per seed |",
+              "|---|---|---|---|"]
     for family, _ in FAMILIES:
         for name, e in table["comparisons"][family].items():
             per = ", ".join(f"{100 * v:+.1f}" for v in e["per_pair"].values()) \

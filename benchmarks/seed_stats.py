@@ -21,12 +21,13 @@ is v_{s,t} = mean_j x_{s,t,j} (a success rate) and the seed's score m_s = mean_t
   alone and covers evaluation sampling only (``single_seed`` True, ``interval_covers`` says so).
 
 A difference B - A works on per-task differences d_{s,t} = v^B_{s,t} - v^A_{s,t} over the tasks
-both sides evaluated (paired over tasks) when seeds can be paired: both sides ran the same set of
-seeds (seed s of B against seed s of A: they share the seed, e.g. the same SFT policy), or one
-side has a single run (a fixed reference such as the base model, paired with every seed of the
-other). The two-level bootstrap then runs on the d_{s,t}. Otherwise (different seed sets) the
-two sides are bootstrapped independently (seeds and tasks each) and the interval is that of the
-difference of the two draws.
+both sides evaluated (paired over tasks) when seeds can be paired: seed s of B against seed s of
+A for the seeds both sides ran (they share the seed, e.g. the same SFT policy; seeds only one
+side ran are left out and listed), or, when one side is a *reference* with a single run (an
+untrained policy such as the base model, whose evaluation has no training seed), that run
+against every seed of the other side. The two-level bootstrap then runs on the d_{s,t}.
+Otherwise (no seed in common) the two sides are bootstrapped independently (seeds and tasks
+each) and the interval is that of the difference of the two draws.
 """
 
 from __future__ import annotations
@@ -102,27 +103,28 @@ def seed_level(per_seed: Mapping[int, Mapping[str, Sequence[float]]], draws: int
             "ci95_low": lo, "ci95_high": hi, **_covers(len(seeds))}
 
 
-def seed_pairs(b_seeds: Sequence[int], a_seeds: Sequence[int]) -> list[tuple[int, int]] | None:
+def seed_pairs(b_seeds: Sequence[int], a_seeds: Sequence[int],
+               reference: str | None = None) -> list[tuple[int, int]] | None:
     """The ``(seed of B, seed of A)`` pairs of a paired difference, ``None`` when the seeds
-    cannot be paired: the same seed sets pair seed by seed; a side with one run pairs with
-    every seed of the other side."""
+    cannot be paired. ``reference`` ``"a"`` / ``"b"``: that side, if it has a single run, pairs
+    with every seed of the other side; otherwise the seeds both sides ran pair seed by seed."""
     b, a = sorted(b_seeds), sorted(a_seeds)
-    if b == a:
-        return list(zip(b, a))
-    if len(a) == 1:
+    if reference == "a" and len(a) == 1:
         return [(s, a[0]) for s in b]
-    if len(b) == 1:
+    if reference == "b" and len(b) == 1:
         return [(b[0], s) for s in a]
-    return None
+    return [(s, s) for s in sorted(set(a) & set(b))] or None
 
 
 def seed_level_difference(b: Mapping[int, Mapping[str, Sequence[float]]],
                           a: Mapping[int, Mapping[str, Sequence[float]]],
-                          draws: int = 10_000, seed: int = 0) -> dict:
+                          draws: int = 10_000, seed: int = 0,
+                          reference: str | None = None) -> dict:
     """B - A over seeds (module docstring): ``mean`` (mean over seed pairs of the mean
     per-task difference; unpaired: mean_B - mean_A), the spread of the per-pair differences,
-    the two-level 95% interval, ``paired_seeds`` and the number of tasks per pair."""
-    pairs = seed_pairs(list(b), list(a))
+    the two-level 95% interval, ``paired_seeds``, the number of tasks per pair and
+    ``left_out_seeds`` (seeds of one side only). ``reference``: :func:`seed_pairs`."""
+    pairs = seed_pairs(list(b), list(a), reference)
     if pairs is None:
         eb, ea = seed_level(b, draws, seed), seed_level(a, draws, seed + 1)
         vb = [np.array(list(task_values(b[s]).values())) for s in eb["seeds"]]
@@ -144,9 +146,12 @@ def seed_level_difference(b: Mapping[int, Mapping[str, Sequence[float]]],
         per_pair[f"{sb}:{sa}"] = float(d.mean())
         tasks[f"{sb}:{sa}"] = len(common)
     lo, hi = _interval(hierarchical_draws(units, draws, seed))
+    used_b, used_a = {p[0] for p in pairs}, {p[1] for p in pairs}
+    left_out = {"b": sorted(set(b) - used_b), "a": sorted(set(a) - used_a)}
     return {"paired_seeds": True, "pairs": [list(p) for p in pairs], "n_seeds": len(pairs),
             "per_pair": per_pair, "tasks": tasks, **spread(list(per_pair.values())),
-            "ci95_low": lo, "ci95_high": hi, **_covers(len(pairs))}
+            "ci95_low": lo, "ci95_high": hi, **_covers(len(pairs)),
+            **({"left_out_seeds": left_out} if left_out["a"] or left_out["b"] else {})}
 
 
 def fmt_points(entry: Mapping, signed: bool = False) -> str:

@@ -11,23 +11,16 @@ import pytest
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "benchmarks"))
 import results_table  # noqa: E402
-
-
-def write_run(path, steps: dict[int, dict[str, list[int]]]) -> None:
-    os.makedirs(path)
-    with open(os.path.join(path, "eval_episodes.jsonl"), "w") as f:
-        for step, tasks in steps.items():
-            for task, oks in tasks.items():
-                for ok in oks:
-                    f.write(json.dumps({"env": "babyai", "task_id": task, "step": step,
-                                        "status": "done", "success": bool(ok)}) + "\n")
+from test_seed_stats import write_run  # noqa: E402
 
 
 def test_table_from_runs_with_seeds_and_missing_families(tmp_path):
     res = tmp_path / "results"
     write_run(res / "babyai_base", {0: {"1": [0, 0], "2": [0, 1]}})                  # 25
-    write_run(res / "babyai_sft_grpo", {0: {"1": [1, 1], "2": [0, 1]}, 9: {"1": [1, 1], "2": [1, 1]}})
-    write_run(res / "babyai_sft_grpo_s1", {0: {"1": [1, 0], "2": [0, 1]}, 8: {"1": [1, 1], "2": [0, 0]}})
+    write_run(res / "babyai_sft_grpo", {0: {"1": [1, 1], "2": [0, 1]},           # 75 -> 100
+                                        9: {"1": [1, 1], "2": [1, 1]}})
+    write_run(res / "babyai_sft_grpo_s1", {0: {"1": [1, 0], "2": [0, 1]},        # 50 -> 50
+                                           8: {"1": [1, 1], "2": [0, 0]}})
     (res / "babyai_sft").mkdir()  # no evaluation episodes: not a run of the table
     doc = tmp_path / "RESULTS.md"
     doc.write_text(f"# Results\n\n{results_table.BEGIN}\nold\n{results_table.END}\n\n## History\n")

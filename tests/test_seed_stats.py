@@ -4,6 +4,7 @@ computations and an exact enumeration of every bootstrap resample of tiny cases.
 from __future__ import annotations
 
 import itertools
+import json
 import math
 import os
 import sys
@@ -109,9 +110,14 @@ def test_paired_difference_pairs_tasks_within_a_seed_and_seeds_across_sides():
 def test_single_reference_run_pairs_with_every_seed_and_bad_input_is_refused():
     base = {0: {"x": [0, 0], "y": [0, 1]}}
     b = {0: {"x": [1, 1], "y": [0, 1]}, 1: {"x": [1, 0], "y": [0, 1]}}
-    d = seed_stats.seed_level_difference(b, base, draws=2_000)
+    d = seed_stats.seed_level_difference(b, base, draws=2_000, reference="a")
     assert d["pairs"] == [[0, 0], [1, 0]] and d["per_pair"] == {"0:0": 0.5, "1:0": 0.25}
-    assert seed_stats.seed_pairs([0, 1], [1, 2]) is None
+    assert "left_out_seeds" not in d
+    # not a reference: only the seed both sides ran pairs, the other is listed as left out
+    d = seed_stats.seed_level_difference(b, base, draws=2_000)
+    assert d["pairs"] == [[0, 0]] and d["left_out_seeds"] == {"b": [1], "a": []}
+    assert seed_stats.seed_pairs([0, 1], [1, 2]) == [(1, 1)]
+    assert seed_stats.seed_pairs([0, 1], [2, 3]) is None
     with pytest.raises(ValueError, match="no task evaluated by both"):
         seed_stats.seed_level_difference({0: {"x": [1]}}, {0: {"z": [1]}})
     with pytest.raises(ValueError):
@@ -120,21 +126,24 @@ def test_single_reference_run_pairs_with_every_seed_and_bad_input_is_refused():
                                  signed=True) == "+4.3 [+1.0, +7.8]"
 
 
-def test_learning_report_groups_seeds_and_reports_them(tmp_path):
-    import json
+def write_run(path, steps: dict[int, dict[str, list[int]]]) -> str:
+    """A run directory at ``path`` with ``eval_episodes.jsonl``: ``{step: {task: [success of
+    each sample]}}`` (what ``learning_report.py`` reads)."""
+    os.makedirs(path)
+    with open(os.path.join(path, "eval_episodes.jsonl"), "w") as f:
+        for step, tasks in steps.items():
+            for task, oks in tasks.items():
+                for ok in oks:
+                    f.write(json.dumps({"env": "babyai", "task_id": task, "step": step,
+                                        "status": "done", "success": bool(ok)}) + "\n")
+    return str(path)
 
+
+def test_learning_report_groups_seeds_and_reports_them(tmp_path):
     import learning_report
 
     def run(name: str, steps: dict[int, dict[str, list[int]]]) -> str:
-        d = tmp_path / name
-        d.mkdir()
-        with open(d / "eval_episodes.jsonl", "w") as f:
-            for step, tasks in steps.items():
-                for task, oks in tasks.items():
-                    for ok in oks:
-                        f.write(json.dumps({"env": "e", "task_id": task, "step": step,
-                                            "status": "done", "success": bool(ok)}) + "\n")
-        return str(d)
+        return write_run(tmp_path / name, steps)
 
     runs = [run("base", {0: {"1": [0, 0], "2": [0, 1]}}),                     # 0.25
             run("rl", {0: {"1": [0, 0], "2": [0, 1]}, 5: {"1": [1, 1], "2": [0, 1]}}),  # 0.75
