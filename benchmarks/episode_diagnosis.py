@@ -6,9 +6,9 @@ how episodes ended (``context_limit`` = the history outgrew ``rollout.max_contex
     python benchmarks/episode_diagnosis.py runs/families/sciworld_grpo --out diag.json
     python benchmarks/episode_diagnosis.py runs/families/experts/scienceworld.jsonl
 
-Inputs: run directories (their ``trajectories_eval*.jsonl``, or ``--train`` for
-``trajectories.jsonl``) or trajectory JSONL files (``Trajectory.to_json`` lines, e.g. recorded
-expert episodes). Per group (file, step), with T = all turns of its episodes:
+Inputs: run directories (their ``trajectories_eval*.jsonl``, or with ``--train``
+``trajectories_train*.jsonl``) or trajectory JSONL files (``Trajectory.to_json`` lines, e.g.
+recorded expert episodes). Per group (file, step), with T = all turns of its episodes:
 
 * ``valid_action_share`` = 1 - sum(invalid_actions) / T (an invalid action is a reply the
   parser could not read, or a command the environment rejected);
@@ -40,7 +40,7 @@ def trajectory_files(source: str, train: bool = False) -> list[str]:
     file itself."""
     if os.path.isfile(source):
         return [source]
-    pattern = "trajectories.jsonl" if train else "trajectories_eval*.jsonl"
+    pattern = "trajectories_train*.jsonl" if train else "trajectories_eval*.jsonl"
     files = sorted(glob.glob(os.path.join(source, pattern)))
     if not files and not train:  # launch/eval.py --output X.json writes X_trajectories.jsonl
         files = sorted(glob.glob(os.path.join(source, "*_trajectories.jsonl")))
@@ -93,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("sources", nargs="+", help="run directories or trajectory JSONL files")
     p.add_argument("--train", action="store_true", help="a run's training rollouts "
-                   "(trajectories.jsonl) instead of its evaluations")
+                   "(trajectories_train*.jsonl) instead of its evaluations")
     p.add_argument("--out", default=None, help="write the JSON here as well")
     args = p.parse_args(argv)
     result = diagnose(args.sources, args.train)

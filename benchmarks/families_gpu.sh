@@ -15,8 +15,10 @@
 #           SFT policy: its step-0 evaluation is the SFT policy's, the last one SFT + RL)
 #   lane B: F_grpo: RL from the base model (experiments/F_grpo_gpu.py); its step-0 evaluation is
 #           the base model's, the last one RL alone
-# Both RL runs train for --rl-seconds, less if --budget is short. Stages (--stage: all, or a
-# comma-separated list): record (experts only, CPU), wave1 (the lanes), report
+# Both RL runs train for --rl-seconds, less if --budget is short. wave2 (optional, after wave1
+# in the same --out): per family two longer RL runs from F_sft's policy, --rl-long-seconds each,
+# seeds 0 and 1 (F_sft_grpo_long, F_sft_grpo_long_s1: lanes A and B). Stages (--stage: all =
+# record,wave1,report, or a comma-separated list): record (experts only, CPU), wave1, wave2, report
 # (<results>/report_F/gain.json and curves.png; ScienceWorld also report_F_score, its 0-100 score,
 # and success counted as score 100 only). A job with a marker in <out>/.done is skipped. Each job
 # runs under `timeout`; its wall time goes to <results>/timings.jsonl and its small files
@@ -33,6 +35,7 @@ SMOKE=0
 BUDGET=0
 FAMILIES=deepsearch,sciworld
 RL_SECONDS=150
+RL_LONG_SECONDS=300
 SFT_SECONDS=100
 RECORD_WORKERS=$(( $(nproc) / 4 ))
 [ "$RECORD_WORKERS" -gt 16 ] && RECORD_WORKERS=16
@@ -49,17 +52,18 @@ while [ $# -gt 0 ]; do
     --budget) BUDGET=$2; shift 2 ;;
     --families) FAMILIES=$2; shift 2 ;;
     --rl-seconds) RL_SECONDS=$2; shift 2 ;;
+    --rl-long-seconds) RL_LONG_SECONDS=$2; shift 2 ;;
     --sft-seconds) SFT_SECONDS=$2; shift 2 ;;
     --experts) EXPERT_EPISODES[${2%%=*}]=${2#*=}; shift 2 ;;   # --experts sciworld=300
     --record-workers) RECORD_WORKERS=$2; shift 2 ;;
     --smoke) SMOKE=1; shift ;;
-    -h|--help) sed -n '2,26p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,29p' "$0"; exit 0 ;;
     *) echo "unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
 done
 [ "$STAGE" = all ] && STAGE=record,wave1,report
 for s in ${STAGE//,/ }; do
-  case "$s" in record|wave1|report) ;; *) echo "unknown stage $s" >&2; exit 2 ;; esac
+  case "$s" in record|wave1|wave2|report) ;; *) echo "unknown stage $s" >&2; exit 2 ;; esac
 done
 has_stage() { [[ ",$STAGE," == *",$1,"* ]]; }
 env_of() {  # the environment family of a config prefix
@@ -221,13 +225,26 @@ lane_b() {  # lane_b FAMILY LANE: GRPO from the base model (step 0 = the base mo
     --config.train.max_seconds="$secs" "${RL_ARGS[@]}" ${FAMILY_ARGS[$fam]:-}
 }
 
+lane_long() {  # lane_long FAMILY LANE SEED: longer RL from F_sft's policy
+  local fam=$1 lane=$2 seed=$3 secs=$RL_LONG_SECONDS name left
+  name=${fam}_sft_grpo_long$([ "$seed" = 0 ] || echo "_s$seed")
+  if [ ! -f "$OUT/.done/${fam}_sft" ]; then say "SKIPPED $name: no ${fam}_sft"; return 1; fi
+  left=$(( $(time_left) - RL_OVERHEAD ))
+  if [ "$BUDGET" -gt 0 ] && [ "$SMOKE" != 1 ] && [ "$left" -lt "$secs" ]; then secs=$left; fi
+  run_job "$name" "$lane" $(( secs + RL_OVERHEAD + RL_SLACK )) GPU "$PY" launch/run.py \
+    --config "experiments/${fam}_sft_grpo_gpu.py" --workdir "$OUT/$name" \
+    --config.model.name="$OUT/${fam}_sft/model" --config.train.max_seconds="$secs" \
+    --config.seed="$seed" "${RL_ARGS[@]}" ${FAMILY_ARGS[$fam]:-}
+}
+
 report() {  # report FAMILY [--metric M SUFFIX]
   local fam=$1 metric=${2:-success} suffix=${3:-} dest
   dest=$RESULTS/report_${fam}${suffix}
   say "report $fam ($metric) -> $dest"
   if ! timeout 300 "$PY" benchmarks/learning_report.py "$RESULTS/${fam}_grpo" \
-      "$RESULTS/${fam}_sft_grpo" --labels grpo,sft_grpo --metric "$metric" \
-      --diff "sft_grpo@first:grpo@first,sft_grpo:sft_grpo@first,sft_grpo:grpo@first,grpo:grpo@first,sft_grpo:grpo" \
+      "$RESULTS/${fam}_sft_grpo" "$RESULTS/${fam}_sft_grpo_long" "$RESULTS/${fam}_sft_grpo_long_s1" \
+      --labels grpo,sft_grpo,long,long_s1 --metric "$metric" \
+      --diff "sft_grpo@first:grpo@first,sft_grpo:sft_grpo@first,sft_grpo:grpo@first,grpo:grpo@first,sft_grpo:grpo,long:sft_grpo@first,long_s1:sft_grpo@first,long:grpo@first,long_s1:grpo@first" \
       --out "$dest" > "$RESULTS/logs/report_${fam}${suffix}.log" 2>&1; then
     say "FAILED: report $fam ($RESULTS/logs/report_${fam}${suffix}.log)"
     tail -n 3 "$RESULTS/logs/report_${fam}${suffix}.log"; REPORT_FAILED=1; return
@@ -237,15 +254,19 @@ import json, sys
 r = json.load(open(sys.argv[1]))
 names = {"sft_grpo@first:grpo@first": "SFT - base", "sft_grpo:sft_grpo@first": "SFT+RL - SFT",
          "sft_grpo:grpo@first": "SFT+RL - base", "grpo:grpo@first": "RL - base",
-         "sft_grpo:grpo": "SFT+RL - RL"}
-for label in ("grpo", "sft_grpo"):
+         "sft_grpo:grpo": "SFT+RL - RL", "long:sft_grpo@first": "SFT+RL(long) - SFT",
+         "long_s1:sft_grpo@first": "SFT+RL(long, seed 1) - SFT",
+         "long:grpo@first": "SFT+RL(long) - base", "long_s1:grpo@first": "SFT+RL(long, seed 1) - base"}
+for label in ("grpo", "sft_grpo", "long", "long_s1"):
     e = r.get(label, {})
     steps = e.get("avg_by_step", {})
-    print(f"  {label}: " + (", ".join(f"step {k}: {v:.3f}" for k, v in steps.items())
-                            or e.get("missing", "no evaluation")))
+    if steps or label in ("grpo", "sft_grpo"):
+        print(f"  {label}: " + (", ".join(f"step {k}: {v:.3f}" for k, v in steps.items())
+                                or e.get("missing", "no evaluation")))
 for pair, e in r.get("differences", {}).items():
     if "gain" not in e:
-        print(f"  {names.get(pair, pair)}: {e.get('missing')}")
+        if "long" not in pair:
+            print(f"  {names.get(pair, pair)}: {e.get('missing')}")
         continue
     print(f"  {names.get(pair, pair)}: {e['before_avg']:.3f} -> {e['after_avg']:.3f}  diff "
           f"{100 * e['gain']:+.1f} points, 95% CI [{100 * e['gain_ci95_low']:+.1f}, "
@@ -263,6 +284,15 @@ if has_stage wave1; then
   for f in "${FAM_LIST[@]}"; do
     lane_a "$f" $(( 2 * i )) &
     lane_b "$f" $(( 2 * i + 1 )) &
+    i=$(( i + 1 ))
+  done
+  wait
+fi
+if has_stage wave2; then
+  i=0
+  for f in "${FAM_LIST[@]}"; do
+    lane_long "$f" $(( 2 * i )) 0 &
+    lane_long "$f" $(( 2 * i + 1 )) 1 &
     i=$(( i + 1 ))
   done
   wait
