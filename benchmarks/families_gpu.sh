@@ -89,6 +89,8 @@ RECORD_ARGS=()
 CAP_RECORD=900
 CAP_SFT=$(( SFT_SECONDS + 150 ))
 RL_OVERHEAD=230   # an RL run's time besides training: start, two evaluations, compile, save
+# ScienceWorld's evaluations (512 episodes of up to 30 turns) take ~1.5 min each on an H100
+declare -A FAMILY_OVERHEAD=([sciworld]=330)
 RL_SLACK=60
 if [ "$SMOKE" = 1 ]; then
   export JAX_PLATFORMS=cpu
@@ -194,8 +196,10 @@ record() {  # record FAMILY LANE
   [ -f "$EXPERTS/$env.meta.json" ]
 }
 
-rl_seconds_now() {  # training seconds of an RL run that starts now
-  local left=$(( $(time_left) - RL_OVERHEAD ))
+overhead() { if [ "$SMOKE" = 1 ]; then echo 0; else echo "${FAMILY_OVERHEAD[$1]:-$RL_OVERHEAD}"; fi; }
+
+rl_seconds_now() {  # rl_seconds_now FAMILY: training seconds of an RL run that starts now
+  local left=$(( $(time_left) - $(overhead "$1") ))
   if [ "$BUDGET" -gt 0 ] && [ "$SMOKE" != 1 ] && [ "$left" -lt "$RL_SECONDS" ]; then echo "$left"
   else echo "$RL_SECONDS"; fi
 }
@@ -206,12 +210,12 @@ lane_a() {  # lane_a FAMILY LANE: record -> SFT -> SFT+GRPO
   run_job "${fam}_sft" "$lane" "$CAP_SFT" GPU "$PY" launch/sft.py \
     --config "experiments/${fam}_sft_gpu.py" --workdir "$OUT/${fam}_sft" "${MODEL[@]}" \
     "${SFT_ARGS[@]}" ${FAMILY_ARGS[$fam]:-} || return 1
-  secs=$(rl_seconds_now)
+  secs=$(rl_seconds_now "$fam")
   if [ "$SMOKE" != 1 ] && [ "$secs" -lt 30 ]; then
     say "SKIPPED ${fam}_sft_grpo: $secs s of training left"; touch "$OUT/.done/${fam}_sft_grpo.failed"
     return 1
   fi
-  run_job "${fam}_sft_grpo" "$lane" $(( secs + RL_OVERHEAD + RL_SLACK )) GPU "$PY" launch/run.py \
+  run_job "${fam}_sft_grpo" "$lane" $(( secs + $(overhead "$fam") + RL_SLACK )) GPU "$PY" launch/run.py \
     --config "experiments/${fam}_sft_grpo_gpu.py" --workdir "$OUT/${fam}_sft_grpo" \
     --config.model.name="$OUT/${fam}_sft/model" --config.train.max_seconds="$secs" "${RL_ARGS[@]}" \
     ${FAMILY_ARGS[$fam]:-}
@@ -219,8 +223,8 @@ lane_a() {  # lane_a FAMILY LANE: record -> SFT -> SFT+GRPO
 
 lane_b() {  # lane_b FAMILY LANE: GRPO from the base model (step 0 = the base model)
   local fam=$1 lane=$2 secs
-  secs=$(rl_seconds_now)
-  run_job "${fam}_grpo" "$lane" $(( secs + RL_OVERHEAD + RL_SLACK )) GPU "$PY" launch/run.py \
+  secs=$(rl_seconds_now "$fam")
+  run_job "${fam}_grpo" "$lane" $(( secs + $(overhead "$fam") + RL_SLACK )) GPU "$PY" launch/run.py \
     --config "experiments/${fam}_grpo_gpu.py" --workdir "$OUT/${fam}_grpo" "${MODEL[@]}" \
     --config.train.max_seconds="$secs" "${RL_ARGS[@]}" ${FAMILY_ARGS[$fam]:-}
 }
@@ -229,9 +233,9 @@ lane_long() {  # lane_long FAMILY LANE SEED: longer RL from F_sft's policy
   local fam=$1 lane=$2 seed=$3 secs=$RL_LONG_SECONDS name left
   name=${fam}_sft_grpo_long$([ "$seed" = 0 ] || echo "_s$seed")
   if [ ! -f "$OUT/.done/${fam}_sft" ]; then say "SKIPPED $name: no ${fam}_sft"; return 1; fi
-  left=$(( $(time_left) - RL_OVERHEAD ))
+  left=$(( $(time_left) - $(overhead "$fam") ))
   if [ "$BUDGET" -gt 0 ] && [ "$SMOKE" != 1 ] && [ "$left" -lt "$secs" ]; then secs=$left; fi
-  run_job "$name" "$lane" $(( secs + RL_OVERHEAD + RL_SLACK )) GPU "$PY" launch/run.py \
+  run_job "$name" "$lane" $(( secs + $(overhead "$fam") + RL_SLACK )) GPU "$PY" launch/run.py \
     --config "experiments/${fam}_sft_grpo_gpu.py" --workdir "$OUT/$name" \
     --config.model.name="$OUT/${fam}_sft/model" --config.train.max_seconds="$secs" \
     --config.seed="$seed" "${RL_ARGS[@]}" ${FAMILY_ARGS[$fam]:-}

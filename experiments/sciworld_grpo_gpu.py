@@ -7,10 +7,11 @@ bonus or KL term, float32 sampler and learner, truncated importance sampling). T
 the simulator's score gain / 100 (an episode's rewards sum to its final score / 100), so
 partial progress is rewarded; ``success`` is a score of 100.
 
-Simulators: each is a JVM (~2 GB), borrowed per episode from a pool; two server processes of 16
-JVMs each, and at most 32 episodes in flight (a pool's waiting borrowers are bounded: more
-episodes than simulators would fail). Evaluation: 128 of the 1,819 held-out test variations
-(evenly spaced, so every task type is in) x 4 samples, 30 turns.
+Simulators: each is a JVM (~2 GB), borrowed per episode from a pool; four server processes of 16
+JVMs each, and at most 64 episodes in flight (a pool's waiting borrowers are bounded: more
+episodes than simulators would fail); a 64-core machine runs two such jobs side by side.
+Evaluation: 128 of the 1,819 held-out test variations (evenly spaced, so every task type is in)
+x 4 samples, 30 turns: ~1.5 minutes on an H100 (docs/RESULTS.md).
 """
 
 from experiments.babyai_grpo_gpu import get_config as babyai_config
@@ -20,10 +21,10 @@ def get_config():
     c = babyai_config()
     c.env.names = "scienceworld"
     c.env.server_args = {"scienceworld": "--pool-size 16 --max-sessions 1024 --max-steps 100"}
-    c.env.replicas = 2
+    c.env.replicas = 4
     c.horizon.phases = (10, 20, 30)
     c.horizon.steps_per_phase = 4
-    c.rollout.max_concurrency = 32
+    c.rollout.max_concurrency = 64
     c.rollout.max_batch = 64
     c.rollout.max_context = 6144
     c.rollout.max_new_tokens = 32
