@@ -10,7 +10,7 @@ partial progress is rewarded; ``success`` is a score of 100.
 Simulators: each is a JVM (~2 GB), borrowed per episode from a pool; four server processes of 16
 JVMs each, and at most 64 episodes in flight (a pool's waiting borrowers are bounded: more
 episodes than simulators would fail); a 64-core machine runs two such jobs side by side.
-Evaluation: 128 of the 1,819 held-out test variations (evenly spaced, so every task type is in)
+Evaluation: 128 of the 1,819 held-out test variations (evenly spaced: 26 of the 30 task types)
 x 4 samples, 30 turns: ~1.5 minutes on an H100 (docs/RESULTS.md).
 """
 
