@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Base -> SFT -> SFT+GRPO (ScalingInter-RL) on the families without a learning result yet: deep
-# search and ScienceWorld (MiniWoB++ with --families ...,webnav where a browser runs), every
+# search and ScienceWorld (webnav, MiniWoB++, is mapped but has no *_gpu configs yet), every
 # evaluation on held-out tasks x 4 samples, then the differences with paired bootstrap 95%
 # intervals over tasks (benchmarks/learning_report.py). The sibling of issue15_gpu.sh.
 #
@@ -57,7 +57,7 @@ while [ $# -gt 0 ]; do
     --experts) EXPERT_EPISODES[${2%%=*}]=${2#*=}; shift 2 ;;   # --experts sciworld=300
     --record-workers) RECORD_WORKERS=$2; shift 2 ;;
     --smoke) SMOKE=1; shift ;;
-    -h|--help) sed -n '2,29p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,26p' "$0"; exit 0 ;;
     *) echo "unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
 done
