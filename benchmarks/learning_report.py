@@ -13,7 +13,10 @@ Full trajectory files are not copied (large).
 
 The interval: tasks are resampled with replacement (10,000 draws, seeded), each draw's gain is
 the mean over its tasks of (after success rate - before success rate) on the same task: a
-paired bootstrap over held-out tasks, the unit the evaluation samples.
+paired bootstrap over held-out tasks, the unit the evaluation samples. ``--metric`` picks
+what an episode counts as: ``success`` (default: the success flag or a positive reward),
+``strict_success`` (the flag alone; on ScienceWorld a positive reward is any partial score) or
+``reward`` (the episode reward: ScienceWorld's 0-100 score / 100).
 
 Comparisons between runs evaluated on the same held-out tasks (``--diff``, comma-separated
 ``B:A`` pairs of labels, each optionally ``@first``, ``@last`` (default) or ``@<step>``): the
@@ -121,15 +124,32 @@ def eval_episodes(run: str) -> list[dict]:
     return out
 
 
-def eval_success_by_task(run: str) -> dict[int, dict[str, list[float]]]:
-    """``{step: {task key: [success of each sample]}}`` of ``run``'s evaluation episodes
-    (episodes with an env / engine error are left out)."""
+#: what ``--metric`` scores an evaluation episode with
+METRICS = ("success", "strict_success", "reward")
+
+
+def episode_value(t: dict, metric: str = "success") -> float:
+    """One evaluation episode's value: ``success`` = 1.0 if it succeeded or earned a positive
+    reward (the binary-reward families, where both agree), ``strict_success`` = its
+    ``success`` flag alone (ScienceWorld: score 100, not any partial score), ``reward`` = its
+    episode reward (ScienceWorld: final score / 100 in [0, 1])."""
+    if metric == "success":
+        return float(bool(t.get("success")) or float(t.get("reward") or 0.0) > 0)
+    if metric == "strict_success":
+        return float(bool(t.get("success")))
+    if metric == "reward":
+        return float(t.get("reward") or 0.0)
+    raise ValueError(f"unknown metric {metric!r} (one of {METRICS})")
+
+
+def eval_success_by_task(run: str, metric: str = "success") -> dict[int, dict[str, list[float]]]:
+    """``{step: {task key: [value of each sample]}}`` of ``run``'s evaluation episodes, each
+    valued by :func:`episode_value` (episodes with an env / engine error are left out)."""
     out: dict[int, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
     for t in eval_episodes(run):
         if t.get("status") in ("env_error", "engine_error"):
             continue
-        ok = bool(t.get("success")) or float(t.get("reward") or 0.0) > 0
-        out[int(t["step"])][f"{t['env']}/{t['task_id']}"].append(float(ok))
+        out[int(t["step"])][f"{t['env']}/{t['task_id']}"].append(episode_value(t, metric))
     return out
 
 
@@ -314,6 +334,10 @@ def main(argv=None) -> int:
                    "the paired difference B - A on their common held-out tasks")
     p.add_argument("--collect", action="store_true", help="only copy each run's small files "
                    "and evaluation episodes to --out/<label>/")
+    p.add_argument("--metric", choices=METRICS, default="success", help="what an evaluation "
+                   "episode counts as: success (or a positive reward; default), strict_success "
+                   "(the success flag alone) or reward (the episode reward, e.g. ScienceWorld's "
+                   "score / 100)")
     args = p.parse_args(argv)
     labels = args.labels.split(",") if args.labels else [os.path.basename(r.rstrip("/"))
                                                          for r in args.runs]
@@ -333,9 +357,9 @@ def main(argv=None) -> int:
     report = {}
     evals_by_label = {}
     for run, label in zip(args.runs, labels):
-        evals = eval_success_by_task(run)
+        evals = eval_success_by_task(run, args.metric)
         evals_by_label[label] = evals
-        entry: dict = {"eval_steps": sorted(evals)}
+        entry: dict = {"metric": args.metric, "eval_steps": sorted(evals)}
         if not evals:
             entry["missing"] = (f"no run directory {run}" if not os.path.isdir(run)
                                 else f"no evaluation episodes in {run}")

@@ -157,6 +157,24 @@ class ServerProcess:
         return f"ServerProcess({self.name!r}, url={self.url!r}, pid={self.pid}, alive={self.alive()})"
 
 
+def server_environment(env: dict[str, str] | None = None, accelerator: bool = False
+                       ) -> dict[str, str]:
+    """The environment variables of a server process: this process's, the repository on
+    ``PYTHONPATH``, unbuffered output, then ``env``. Without ``accelerator`` (every environment
+    server) JAX is kept on the CPU (``JAX_PLATFORMS=cpu`` unless ``env`` sets it): a server
+    needs no accelerator, and one that imports JAX (the deep-search server does, through bm25s)
+    otherwise initialises the GPU it inherits and preallocates most of its memory, so the
+    trainer's engine on that GPU ran out of memory at start (seen on an H100)."""
+    child_env = dict(os.environ)
+    child_env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(_REPO_ROOT), child_env.get("PYTHONPATH")]))
+    child_env["PYTHONUNBUFFERED"] = "1"
+    if not accelerator:
+        child_env["JAX_PLATFORMS"] = "cpu"
+    if env:
+        child_env.update(env)
+    return child_env
+
+
 def start_env_server(
     name: str,
     port: int | None = None,
@@ -179,11 +197,7 @@ def start_env_server(
     stays unhealthy.
     """
     port = free_port(host) if port is None else port
-    child_env = dict(os.environ)
-    child_env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(_REPO_ROOT), child_env.get("PYTHONPATH")]))
-    child_env["PYTHONUNBUFFERED"] = "1"
-    if env:
-        child_env.update(env)
+    child_env = server_environment(env, accelerator=module is not None)
     command = [sys.executable, "-m", module or f"environments.{name}", "--host", host, "--port", str(port), *extra_args]
     if exit_with_parent:
         command += ["--parent-pid", str(os.getpid())]

@@ -9,7 +9,8 @@ chat template and answer format as RL (``agentrl_jax/training/experts.py``).
 Writes ``<out>/<env>.jsonl`` (one trajectory per line) and ``<out>/<env>.meta.json``. The
 token ids are the config's model tokenizer's; record with the config you fine-tune with. Experts:
 babyai (minigrid's BabyAIBot), textcraft (the recipe expert), scienceworld (gold paths),
-miniwob (the rule-based expert). Nothing is shipped: the data is made by this command.
+miniwob (the rule-based expert), deepsearch (the retrieval oracle). Nothing is shipped: the
+data is made by this command.
 
 ``--workers N`` records with N processes (the experts are CPU-bound Python; e.g. 16 on a
 64-core machine), each killed after ``--timeout`` seconds (the parts that finished are kept).
@@ -35,7 +36,7 @@ from ml_collections import config_flags  # noqa: E402
 _CONFIG = config_flags.DEFINE_config_file("config", None, "experiment config file (the SFT "
                                           "config: its model tokenizer and answer format)")
 _ENV = flags.DEFINE_string("env", None, "environment family: babyai | textcraft | "
-                           "scienceworld | miniwob")
+                           "scienceworld | miniwob | deepsearch")
 _EPISODES = flags.DEFINE_integer("episodes", 100, "episodes to record (one per task, tasks "
                                  "evenly spaced over the split)")
 _OUT = flags.DEFINE_string("out", None, "output directory")

