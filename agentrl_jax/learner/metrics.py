@@ -118,47 +118,66 @@ class EventFileWriter:
     tensorboardX's ``SummaryWriter`` hands every event to a writer thread through a bounded
     queue; when a write fails (a full disk) that thread dies and the next ``put`` on the full
     queue blocks its caller forever. Here each :meth:`write` appends one ``Event`` (all the
-    step's scalars in one ``Summary``) with tensorboardX's own record writer and flushes it to
-    disk, so a failed write raises ``OSError`` (with the file's name) where it happened.
-    ``purge_step``: the ``SessionLog.START`` event at that step that makes TensorBoard hide
-    the events this logdir holds at steps >= it (as ``SummaryWriter(purge_step=...)``).
+    step's scalars in one ``Summary``, built with tensorboardX's ``scalar``) to an unbuffered
+    file, so a refused write raises ``OSError`` (naming the file) where it happened and
+    nothing is left in a buffer to fail again at close. Records use the TFRecord framing that
+    TensorBoard reads: ``len (u64) | masked crc32c(len) (u32) | event | masked crc32c(event)``
+    (tensorboardX's ``masked_crc32c``); the file is ``events.out.tfevents.<time>.<host>``.
+    ``purge_step``: the ``SessionLog.START`` event at that step that makes TensorBoard hide the
+    events this logdir holds at steps >= it (as ``SummaryWriter(purge_step=...)``).
     """
 
     def __init__(self, logdir: str, purge_step: int | None = None):
-        from tensorboardX.event_file_writer import EventsWriter
+        import socket
+
         from tensorboardX.proto.event_pb2 import Event, SessionLog
 
         os.makedirs(logdir, exist_ok=True)
-        self._events = EventsWriter(os.path.join(logdir, "events"))
-        self.path = self._events._file_name
+        self.path = os.path.join(logdir, f"events.out.tfevents.{int(time.time())}."
+                                         f"{socket.gethostname()}")
+        self._file = self._guard(lambda: open(self.path, "ab", buffering=0))
+        self._append(Event(wall_time=time.time(), file_version="brain.Event:2"))
         if purge_step is not None:
-            self._guard(lambda: (
-                self._events.write_event(Event(step=purge_step, file_version="brain.Event:2")),
-                self._events.write_event(Event(step=purge_step,
-                                               session_log=SessionLog(status=SessionLog.START))),
-                self._events.flush()))
+            self._append(Event(step=purge_step, file_version="brain.Event:2"))
+            self._append(Event(step=purge_step, session_log=SessionLog(status=SessionLog.START)))
 
-    def _guard(self, write) -> None:
+    def _guard(self, write):
         try:
-            write()
+            return write()
         except OSError as error:  # a failed write of an open file names no file
             if error.filename:
                 raise
             raise type(error)(error.errno, error.strerror or str(error), self.path) from error
 
+    def _append(self, event: Any) -> None:
+        import struct
+
+        from tensorboardX.record_writer import masked_crc32c
+
+        data = event.SerializeToString()
+        header = struct.pack("Q", len(data))
+        record = memoryview(header + struct.pack("I", masked_crc32c(header)) + data
+                            + struct.pack("I", masked_crc32c(data)))
+
+        def write() -> None:
+            done = 0
+            while done < len(record):  # a raw file may take part of it
+                done += self._file.write(record[done:])
+
+        self._guard(write)
+
     def write(self, step: int, scalars: Mapping[str, float]) -> None:
-        """One event at ``step`` holding ``scalars`` (tag -> value), flushed to disk."""
+        """One event at ``step`` holding ``scalars`` (tag -> value)."""
         from tensorboardX.proto.event_pb2 import Event
         from tensorboardX.proto.summary_pb2 import Summary
         from tensorboardX.summary import scalar
 
         # tensorboardX's scalar summaries (its tag clean-up: "eval/avg@4" -> "eval/avg_4")
         summary = Summary(value=[scalar(k, v).value[0] for k, v in scalars.items()])
-        event = Event(wall_time=time.time(), step=int(step), summary=summary)
-        self._guard(lambda: (self._events.write_event(event), self._events.flush()))
+        self._append(Event(wall_time=time.time(), step=int(step), summary=summary))
 
     def close(self) -> None:
-        self._guard(self._events.close)
+        self._file.close()
 
 
 class MetricsWriter:
@@ -210,19 +229,17 @@ class MetricsWriter:
         """Nothing to do: every write is flushed."""
 
     def close(self) -> None:
-        """Close both files (the second even when closing the first fails; that error is
-        raised after)."""
+        """Close both files. Never raises for a full disk: every row was flushed by its write
+        (a refused one raised there), so nothing is lost here."""
         writer, jsonl = self._writer, self._jsonl
         self._writer = self._jsonl = None
-        try:
-            if writer is not None:
-                writer.close()
-        finally:
-            if jsonl is not None:
-                try:
-                    jsonl.close()
-                except OSError:  # its rows were flushed at each write; nothing is lost here
-                    pass
+        if writer is not None:
+            writer.close()
+        if jsonl is not None:
+            try:
+                jsonl.close()
+            except OSError:  # a row refused by its write is still in the buffer: drop it
+                pass
 
     def __enter__(self) -> "MetricsWriter":
         return self

@@ -289,9 +289,12 @@ class Trainer:
             return asyncio.run(self._run())
         except BaseException as error:
             failure = self._storage_failure(error)
-            self._record_session(failure or error)
-            if failure is not None:
-                raise failure from None
+            problem = self._record_session(failure or error)
+            if failure is not None:  # on a full disk the summary may be refused too
+                raise (storage.StorageFailure(f"{failure}; {problem}") if problem
+                       else failure) from None
+            if problem:
+                log.warning("%s", problem)
             raise
         finally:
             storage.unquiet(quiet)
@@ -304,25 +307,25 @@ class Trainer:
         if not isinstance(error, Exception):
             return None
         checkpoints = os.path.join(self.workdir, "checkpoints")
-        if self.is_main and self.learner is not None and self.learner.checkpointer is not None:
-            self.learner.checkpointer.remove_partial()
         message = storage.failure_message(
             error, step_done=max(self.step_done, self.start_step or 0),
             total=int(self.config.train.total_steps),
             last_checkpoint=max(checkpoint_steps(checkpoints), default=None),
             workdir=self.workdir)
-        return storage.StorageFailure(message) if message else None
+        if message is None:
+            return None
+        if self.is_main and self.learner is not None and self.learner.checkpointer is not None:
+            self.learner.checkpointer.remove_partial()  # (the learner closed: no write runs)
+        return storage.StorageFailure(message)
 
-    def _record_session(self, error: BaseException) -> None:
-        """Append this session's record, ended by ``error``, to ``summary.json`` (process 0;
-        best effort: a full disk may refuse it, which is logged)."""
+    def _record_session(self, error: BaseException) -> str | None:
+        """Append this session's record, ended by ``error``, to ``summary.json`` (process 0).
+        Best effort: returns why it was not written (a full disk), else ``None``."""
         if not self.is_main:
-            return
+            return None
         start = self.start_step if self.start_step is not None else 0
         record = {**self._session_record(start, max(self.step_done, start)), **outcome(error)}
-        problem = append_session(self.workdir, record)
-        if problem:
-            log.warning("%s", problem)
+        return append_session(self.workdir, record)
 
     def interrupted_message(self) -> str:
         """The line printed when Ctrl-C stops the run."""
