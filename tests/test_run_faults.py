@@ -370,8 +370,11 @@ def test_checkpoint_save_on_a_full_tmpfs_fails_named_and_keeps_the_last_good_one
     ck.save(1, {"params": _tree(1000)}, {"step": 1})
     ck.wait()
     ck.save(2, {"params": _tree(2_000_000, 1)}, {"step": 2})  # 8 MB of noise into 3 MB
+    t0 = time.monotonic()
     with pytest.raises(CheckpointSaveError) as error:
-        ck.wait()
+        while time.monotonic() - t0 < 30:  # check() never blocks: poll it as the trainer does
+            ck.check()
+            time.sleep(0.05)
     assert error.value.step == 2 and error.value.path == os.path.join(directory, "2")
     assert storage.reason(storage.storage_error(error.value)) == "No space left on device"
     assert any(".orbax-checkpoint-tmp" in n for n in os.listdir(directory))
@@ -497,3 +500,30 @@ def test_a_refused_write_ends_the_trainer_in_one_line(tmp_path):
     assert os.listdir(checkpoints) == ["1"]  # the partial checkpoint is gone
     (record,) = read_summary(trainer.workdir)["sessions"]
     assert record["stopped"] == "storage_failed" and record["error"] == str(failure.value)
+
+
+def test_watched_work_stops_as_soon_as_the_check_fails():
+    import asyncio
+
+    calls = []
+
+    def check():
+        calls.append(time.monotonic())
+        if len(calls) == 3:
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+    async def work(seconds):
+        await asyncio.sleep(seconds)
+        return "done"
+
+    async def main():
+        assert await storage.watched(work(0.05), check, interval_s=0.02) == "done"
+        calls.clear()
+        t0 = time.monotonic()
+        with pytest.raises(OSError):
+            await storage.watched(work(60), check, interval_s=0.05)
+        return time.monotonic() - t0, asyncio.all_tasks()
+
+    seconds, left = asyncio.run(main())
+    assert len(calls) == 3 and seconds < 5  # the third check, not the end of the work
+    assert len(left) == 1  # only main itself: the work and the watcher were cancelled

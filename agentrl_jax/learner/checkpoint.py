@@ -164,6 +164,24 @@ class Checkpointer:
         return trees, dict(restored[TRAINER_STATE] or {})
 
     # ---------------------------------------------------------------- lifecycle
+    def check(self) -> None:
+        """Raise :class:`CheckpointSaveError` if the background write has failed already;
+        returns at once otherwise (while the write runs, or when it succeeded).
+
+        Orbax reports a failed write only from a blocking ``wait_until_finished``; its save
+        runs in a finalize thread that keeps the exception, so a finished thread with one
+        means that the wait returns (raises) at once. (Read through the manager's
+        ``_finalize_thread``; an orbax without it reports the failure at the next save.)
+        """
+        ref = getattr(self._manager, "_finalize_thread", None)
+        try:
+            failed = ref is not None and bool(ref.map(
+                lambda t: t is not None and not t.is_alive() and t.exception is not None))
+        except Exception:  # another orbax layout: leave it to the next save
+            failed = False
+        if failed:
+            self.wait()
+
     def wait(self) -> None:
         """Block until the background write is durable; :class:`CheckpointSaveError` if it
         failed."""

@@ -15,11 +15,12 @@ failure out of the log (the one line says it all).
 
 from __future__ import annotations
 
+import asyncio
 import errno
 import logging
 import os
 import re
-from typing import Iterator
+from typing import Any, Awaitable, Callable, Iterator
 
 #: exit code of ``launch/run.py`` when the workdir could not be written (disk full, ...)
 EXIT_STORAGE_FAILED = 4
@@ -170,3 +171,30 @@ def failure_message(error: BaseException, *, step_done: int, total: int,
     return (f"{what}; {last}; environment servers and rollout engine stopped; {resume} "
             f"(workdir {workdir})")
 
+
+
+async def watched(work: Awaitable[Any], check: Callable[[], None],
+                  interval_s: float = 1.0) -> Any:
+    """``await work``, calling ``check`` (in a worker thread) every ``interval_s`` seconds
+    meanwhile; when ``check`` raises (a checkpoint's background write failed), ``work`` is
+    cancelled and that error raised at once, instead of at the next save, a step later."""
+    main = asyncio.ensure_future(work)
+
+    async def watch() -> None:
+        while True:
+            await asyncio.sleep(interval_s)
+            await asyncio.to_thread(check)
+
+    watcher = asyncio.ensure_future(watch())
+    try:
+        await asyncio.wait({main, watcher}, return_when=asyncio.FIRST_COMPLETED)
+        if main.done():
+            return main.result()
+        main.cancel()
+        await asyncio.gather(main, return_exceptions=True)
+        return watcher.result()  # raises check's error
+    finally:
+        for task in (watcher, main):
+            if not task.done():
+                task.cancel()
+            await asyncio.gather(task, return_exceptions=True)

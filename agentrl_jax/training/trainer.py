@@ -409,7 +409,11 @@ class Trainer:
                 # the loaded weights: the engine's until the first weight sync, then unused (the
                 # learner holds its own copies); kept by these names they would stay in memory
                 del model, policy
-                return await self._loop(learner, backend, pool, sampler, eval_tasks, start_step)
+                loop = self._loop(learner, backend, pool, sampler, eval_tasks, start_step)
+                if self.multi_process:  # a failed save surfaces at the next one, everywhere
+                    return await loop
+                # a failed background save stops the run at once (storage.watched)
+                return await storage.watched(loop, learner.checkpointer.check)
 
     async def _evaluate(self, pool: ActorPool, tasks: list[TaskRef], step: int,
                         learner: Any) -> EvalResult:
