@@ -95,6 +95,7 @@ class Checkpointer:
                                                create=True, cleanup_tmp_directories=True)
         self._manager = ocp.CheckpointManager(self.directory, options=options)
         self._pending: int | None = None  # the step whose background write may still run
+        self._reported: CheckpointSaveError | None = None  # the failed save raised last
 
     # ---------------------------------------------------------------- save
     def save(self, step: int, trees: Mapping[str, Any], trainer_state: Mapping[str, Any],
@@ -184,13 +185,18 @@ class Checkpointer:
 
     def wait(self) -> None:
         """Block until the background write is durable; :class:`CheckpointSaveError` if it
-        failed."""
+        failed. A failure is raised once: orbax keeps its finalize thread's exception and
+        would raise it again at every later wait (and at ``close``)."""
         pending, self._pending = self._pending, None
         try:
             self._manager.wait_until_finished()
         except Exception as error:
-            raise CheckpointSaveError(pending, self.step_path(pending) if pending is not None
-                                      else self.directory, error) from error
+            if self._reported is not None and error is self._reported.__cause__:
+                return  # reported already
+            self._reported = CheckpointSaveError(
+                pending, self.step_path(pending) if pending is not None else self.directory,
+                error)
+            raise self._reported from error
 
     def close(self) -> None:
         try:
