@@ -25,7 +25,7 @@ import types
 import numpy as np
 import pytest
 
-from agentrl_jax.learner.metrics import EventFileWriter, MetricsWriter
+from agentrl_jax.learner.metrics import MetricsWriter
 from agentrl_jax.training import storage
 from agentrl_jax.training.summary import append_session, merge_summary, outcome, read_summary
 from agentrl_jax.training.workdir_lock import (LOCK_FILE, WorkdirBusy, WorkdirLock,

@@ -37,15 +37,15 @@ from agentrl_jax.agent.actor_pool import ActorPool, RolloutStats, TaskRef
 from agentrl_jax.agent.trajectory import STATUS_ENV_ERROR, Trajectory
 from agentrl_jax.algorithms.advantages import is_turn_level
 from agentrl_jax.training import distributed, hostmem, runlog, services, storage
-from agentrl_jax.training.summary import append_session, outcome
 from agentrl_jax.training.batching import assemble_batch, informative_groups
 from agentrl_jax.training.config import model_label
 from agentrl_jax.training.evaluation import EvalResult, evaluate, score_trajectories
 from agentrl_jax.training.progress import (BAR, LINES, OFF, EpisodeProgress, TurnCounter,
                                            format_seconds, timed)
 from agentrl_jax.training.schedule import HorizonSchedule
-from agentrl_jax.training.summary import (SUMMARY_FILE, merge_summary,  # noqa: F401
-                                          read_summary, write_json_atomic)
+from agentrl_jax.training.summary import (SUMMARY_FILE, append_session,  # noqa: F401
+                                          merge_summary, outcome, read_summary,
+                                          write_json_atomic)
 from agentrl_jax.training.task_sampler import TaskSampler
 
 log = logging.getLogger(__name__)
