@@ -74,6 +74,10 @@ def _train(config: Any) -> int:
         jax.distributed.initialize(**counts)
     workdir = _WORKDIR.value or os.path.join(
         "runs", os.path.splitext(os.path.basename(flags.FLAGS["config"].config_filename))[0])
+    from agentrl_jax.training.storage import DropClosedLoopTracebacks
+
+    # for the whole job: orbax's threads may print these after the trainer returned
+    sys.stderr = DropClosedLoopTracebacks(sys.stderr)
     lock, code = _lock_workdir(workdir)
     if code is not None:
         return code

@@ -527,3 +527,27 @@ def test_watched_work_stops_as_soon_as_the_check_fails():
     seconds, left = asyncio.run(main())
     assert len(calls) == 3 and seconds < 5  # the third check, not the end of the work
     assert len(left) == 1  # only main itself: the work and the watcher were cancelled
+
+
+def test_stderr_drops_only_tracebacks_of_a_closed_event_loop():
+    import io
+
+    out = io.StringIO()
+    stream = storage.DropClosedLoopTracebacks(out)
+    closed = ['Traceback (most recent call last):\n',
+              '  File "/usr/lib/python3.11/asyncio/base_events.py", line 806, in '
+              'call_soon_threadsafe\n', '    self._check_closed()\n',
+              '  File "/usr/lib/python3.11/asyncio/base_events.py", line 519, in _check_closed\n',
+              "    raise RuntimeError('Event loop is closed')\n", "RuntimeError", ": ",
+              "Event loop is closed", "\n"]
+    other = ['Traceback (most recent call last):\n', '  File "x.py", line 1, in <module>\n',
+             "    f()\n", "RuntimeError: Event loop is closed\n"]  # raised from our own code
+    for piece in ["line before\n", *closed, *other, *closed, "line after\n"]:
+        stream.write(piece)
+    assert out.getvalue() == "line before\n" + "".join(other) + "line after\n"
+    # tracebacks of different threads, written at once, are judged each on its own
+    out.seek(0), out.truncate()
+    thread = threading.Thread(target=lambda: [stream.write(p) for p in closed[:4]])
+    thread.start(), thread.join()
+    stream.write("main thread\n")
+    assert out.getvalue() == "main thread\n"

@@ -20,7 +20,9 @@ import errno
 import logging
 import os
 import re
-from typing import Any, Awaitable, Callable, Iterator
+import sys
+import threading
+from typing import Any, Awaitable, Callable, Iterator, TextIO
 
 #: exit code of ``launch/run.py`` when the workdir could not be written (disk full, ...)
 EXIT_STORAGE_FAILED = 4
@@ -102,6 +104,9 @@ class QuietStorageErrors(logging.Filter):
     """Drops log records (orbax's thread tracebacks, through absl) about a refused write: the
     trainer reports the failure itself, in one line. Other records pass."""
 
+    #: the ``sys.stderr`` that :func:`quiet_storage_errors` wrapped (``None``: none)
+    stderr: TextIO | None = None
+
     def filter(self, record: logging.LogRecord) -> bool:
         try:
             text = record.getMessage()
@@ -123,20 +128,72 @@ def _mentions_storage_error(text: str) -> bool:
 
 #: the loggers whose records :func:`quiet_storage_errors` filters (orbax logs through absl)
 QUIET_LOGGERS = ("absl", "orbax")
+_TRACEBACK = "Traceback (most recent call last):"
+_CLOSED_LOOP = "RuntimeError: Event loop is closed"
+
+
+class DropClosedLoopTracebacks:
+    """A text stream (``sys.stderr``) that drops one kind of traceback: ``RuntimeError: Event
+    loop is closed`` raised inside asyncio's ``call_soon_threadsafe`` and printed by native
+    code.
+
+    When one write of an orbax save fails (a full disk), orbax closes the event loop that ran
+    the save while tensorstore still has the other writes in flight; each of them, finishing,
+    calls ``call_soon_threadsafe`` on the closed loop from a tensorstore thread, which prints
+    that traceback (tens of them for one save of a small model). They say nothing the one-line
+    failure does not. Each thread's traceback is held until its last line decides: the
+    exact kind above (every frame in ``asyncio/base_events.py``) is dropped, anything else is
+    written as it was.
+    """
+
+    def __init__(self, stream: TextIO):
+        self.stream = stream
+        self._local = threading.local()
+
+    def write(self, text: str) -> int:
+        held = getattr(self._local, "held", None)
+        if held is None:
+            if not text.startswith(_TRACEBACK):
+                return self.stream.write(text)
+            held = self._local.held = []
+        held.append(text)
+        block = "".join(held)
+        lines = block.split("\n")
+        last = lines[-2] if block.endswith("\n") and len(lines) > 2 else None
+        if last is None or last.startswith(" "):
+            return len(text)  # the traceback goes on
+        self._local.held = None
+        frames = [ln for ln in lines[1:-2] if ln.startswith("  File ")]
+        if last == _CLOSED_LOOP and frames and all("asyncio/base_events.py" in ln
+                                                   for ln in frames):
+            return len(text)
+        self.stream.write(block)
+        return len(text)
+
+    def flush(self) -> None:
+        self.stream.flush()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.stream, name)
 
 
 def quiet_storage_errors() -> QuietStorageErrors:
-    """Install a :class:`QuietStorageErrors` on :data:`QUIET_LOGGERS` (remove it with
-    :func:`unquiet`)."""
+    """Install a :class:`QuietStorageErrors` on :data:`QUIET_LOGGERS` and a
+    :class:`DropClosedLoopTracebacks` on ``sys.stderr`` (remove both with :func:`unquiet`)."""
     quiet = QuietStorageErrors()
     for name in QUIET_LOGGERS:
         logging.getLogger(name).addFilter(quiet)
+    if not isinstance(sys.stderr, DropClosedLoopTracebacks):
+        quiet.stderr = sys.stderr
+        sys.stderr = DropClosedLoopTracebacks(sys.stderr)
     return quiet
 
 
 def unquiet(quiet: QuietStorageErrors) -> None:
     for name in QUIET_LOGGERS:
         logging.getLogger(name).removeFilter(quiet)
+    if quiet.stderr is not None and isinstance(sys.stderr, DropClosedLoopTracebacks):
+        sys.stderr = quiet.stderr
 
 
 def failure_message(error: BaseException, *, step_done: int, total: int,
