@@ -8,6 +8,16 @@
 #   bash benchmarks/issue15_gpu.sh --stage wave2,report --gpus 4 --budget 540   # call 2 (~7.5 min)
 #   bash benchmarks/issue15_gpu.sh --gpus 2 --per-gpu 2     # 4 lanes on 2 GPUs (2 jobs per GPU)
 #   bash benchmarks/issue15_gpu.sh --smoke --out /tmp/i15   # CPU check of everything (tiny model)
+#   bash benchmarks/issue15_gpu.sh --seed 1 --stage wave1,wave2 --dry-run   # print the job plan
+#
+# --seed N (default 0) trains every SFT and RL run with --config.seed=N and names its jobs with
+# the suffix _sN (none for seed 0: babyai_sft_grpo, babyai_sft_grpo_s1, ...), the label form
+# `learning_report.py --seeds` groups; the base-model evaluation and the expert recordings do not
+# depend on the training seed and run once. --dry-run prints each job (lane, GPU, time cap,
+# command) instead of running it; jobs already done are listed as skipped. --fixed-length (for
+# runs that must be comparable across calls, e.g. seeds) never shortens a run to fit --budget:
+# a job whose cap does not fit in the time left is skipped, to run in a later call; a job that
+# failed before is started again in a fresh work directory (the old one moved to <out>/.attempts).
 #
 # Stages (--stage: all, or a comma-separated list, run in this order; a job already done, i.e.
 # with a marker in <out>/.done, is skipped, so a stage can be run again after an interruption):
@@ -22,7 +32,9 @@
 #           evaluate again.                                           ~8.5 min on 4 GPUs
 #   wave2   BabyAI GRPO and GiGPO from the base model, --rl-seconds (210) each, seed 0 on lanes
 #           0/1 and (--wave2-pair2) a second pair on lanes 2/3: babyai_seed1 (seed 1; default),
-#           textcraft_base (TextCraft GRPO / GiGPO from the base model) or none.  ~7 min
+#           textcraft_base (TextCraft GRPO / GiGPO from the base model), horizons (BabyAI GRPO
+#           with a fixed 6-turn and a fixed 20-turn horizon, babyai_fixed6 / babyai_fixed20:
+#           against babyai_grpo's ScalingInter-RL 6 -> 13 -> 20 at equal wall time) or none.
 #   report  <results>/report_babyai/gain.json, <results>/report_textcraft/gain.json (+ curves)
 #
 # Every job runs under `timeout` (its cap, and with --budget S no later than S seconds after the
@@ -51,6 +63,9 @@ RECORD_WORKERS=$(( $(nproc) / 4 ))
 [ "$RECORD_WORKERS" -gt 16 ] && RECORD_WORKERS=16
 [ "$RECORD_WORKERS" -lt 1 ] && RECORD_WORKERS=1
 WAVE2_PAIR2=babyai_seed1
+SEED=0
+DRY_RUN=0
+FIXED_LENGTH=0
 PY=${PYTHON:-python3}
 
 while [ $# -gt 0 ]; do
@@ -68,7 +83,10 @@ while [ $# -gt 0 ]; do
     --record-workers) RECORD_WORKERS=$2; shift 2 ;;
     --wave2-pair2) WAVE2_PAIR2=$2; shift 2 ;;
     --smoke) SMOKE=1; shift ;;
-    -h|--help) sed -n '2,34p' "$0"; exit 0 ;;
+    --seed) SEED=$2; shift 2 ;;
+    --dry-run) DRY_RUN=1; shift ;;
+    --fixed-length) FIXED_LENGTH=1; shift ;;
+    -h|--help) sed -n '2,44p' "$0"; exit 0 ;;
     *) echo "unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -76,15 +94,19 @@ done
 for s in ${STAGE//,/ }; do
   case "$s" in record|wave1|wave2|report) ;; *) echo "unknown stage $s" >&2; exit 2 ;; esac
 done
-case "$WAVE2_PAIR2" in babyai_seed1|textcraft_base|none) ;;
-  *) echo "--wave2-pair2: babyai_seed1 | textcraft_base | none" >&2; exit 2 ;; esac
+case "$WAVE2_PAIR2" in babyai_seed1|textcraft_base|horizons|none) ;;
+  *) echo "--wave2-pair2: babyai_seed1 | textcraft_base | horizons | none" >&2; exit 2 ;; esac
+[[ "$SEED" =~ ^[0-9]+$ ]] || { echo "--seed takes a number, got $SEED" >&2; exit 2; }
+SUF=$([ "$SEED" -gt 0 ] && echo "_s$SEED")  # job-name suffix of this training seed
 has_stage() { [[ ",$STAGE," == *",$1,"* ]]; }
 
 RESULTS=${RESULTS:-$OUT/results}
 LOGS=$OUT/logs
 EXPERTS=$OUT/experts
-mkdir -p "$LOGS" "$RESULTS/logs" "$OUT/.done" "$OUT/.lanes"
-rm -f "$OUT"/.done/*.failed
+if [ "$DRY_RUN" != 1 ]; then  # a dry run writes nothing
+  mkdir -p "$LOGS" "$RESULTS/logs" "$OUT/.done" "$OUT/.lanes"
+  rm -f "$OUT"/.done/*.failed
+fi
 T0=$(date +%s)
 REPORT_RESERVE=25
 
@@ -107,7 +129,7 @@ if [ "$SMOKE" = 1 ]; then
   export JAX_PLATFORMS=cpu
   GPUS=1; PER_GPU=1; BABYAI_EXPERTS=12; TEXTCRAFT_EXPERTS=6; RECORD_WORKERS=2
   TINY=$OUT/tiny_model
-  if [ ! -f "$TINY/config.json" ]; then
+  if [ ! -f "$TINY/config.json" ] && [ "$DRY_RUN" != 1 ]; then
     "$PY" - "$TINY" <<'EOF'
 import sys
 from agentrl_jax.models.config import ModelConfig
@@ -138,6 +160,8 @@ EOF
   EVAL_ARGS=(--k 1 --tasks 2 "${SMALL[@]}")
   CAP_RECORD=600; CAP_SFT=900; CAP_EVAL=900
 fi
+RL_ARGS+=(--config.seed="$SEED")
+SFT_ARGS+=(--config.seed="$SEED")
 LANES=$(( GPUS * PER_GPU ))
 MEM_FRACTION=$(awk "BEGIN {printf \"%.2f\", 0.9 / $PER_GPU}")
 
@@ -166,10 +190,25 @@ timing() {  # timing NAME LANE GPU START END EXIT CAP STATUS (times from this ca
 run_job() {  # run_job NAME LANE CAP CPU|GPU CMD...: on lane LANE (one job at a time per lane)
   local name=$1 lane=$(( $2 % LANES )) cap=$3 kind=$4; shift 4
   local gpu=$(( lane % GPUS )) fd left t start end rc status
-  if [ -f "$OUT/.done/$name" ]; then say "skip $name (done before)"; return 0; fi
+  if [ -f "$OUT/.done/$name" ]; then
+    # done, but its small files never reached $RESULTS (a copy cut short): copy them now
+    [ "$DRY_RUN" != 1 ] && [ -d "$OUT/$name" ] && [ ! -d "$RESULTS/$name" ] && collect "$name"
+    say "skip $name (done before)"; return 0
+  fi
+  if [ "$DRY_RUN" = 1 ]; then
+    echo "plan: $name  lane $lane$([ "$kind" = GPU ] && echo ", GPU $gpu" || echo ", CPU")  cap $cap s: $*"
+    return 0
+  fi
   exec {fd}> "$OUT/.lanes/$lane"
   flock "$fd"
   left=$(time_left); t=$cap; [ "$left" -lt "$t" ] && t=$left
+  if [ "$FIXED_LENGTH" = 1 ] && [ "$left" -lt "$cap" ]; then
+    say "SKIPPED $name: its cap ($cap s) does not fit in the $left s left (--fixed-length)"
+    touch "$OUT/.done/$name.failed"; exec {fd}>&-; return 1
+  fi
+  if [ "$FIXED_LENGTH" = 1 ] && [ -e "$OUT/$name" ]; then  # an earlier attempt: start afresh
+    mkdir -p "$OUT/.attempts" && mv "$OUT/$name" "$OUT/.attempts/$name.$(date +%s)"
+  fi
   if [ "$t" -lt 30 ]; then
     say "SKIPPED $name: $t s left of the budget"
     now=$(date +%s); timing "$name" "$lane" "$gpu" "$now" "$now" -1 "$t" skipped
@@ -197,6 +236,7 @@ run_job() {  # run_job NAME LANE CAP CPU|GPU CMD...: on lane LANE (one job at a 
 }
 
 wait_for() {  # wait_for NAME: until job NAME is done (0) or failed / out of time (1)
+  [ "$DRY_RUN" = 1 ] && return 0
   while :; do
     [ -f "$OUT/.done/$1" ] && return 0
     [ -f "$OUT/.done/$1.failed" ] && return 1
@@ -221,32 +261,33 @@ record() {  # record ENV CONFIG EPISODES LANE
 
 rl_seconds_after() {  # the training seconds of an RL pair whose runs start now (same for both)
   local want=$1 marker=$2 left
+  [ -f "$marker" ] && [ "$FIXED_LENGTH" != 1 ] || { echo "$want"; return; }  # dry run / fixed
   # measured from the end of the job both runs wait for, so both lanes compute the same number
   left=$(( BUDGET - REPORT_RESERVE - ($(stat -c %Y "$marker") - T0) - RL_OVERHEAD ))
   if [ "$BUDGET" -gt 0 ] && [ "$left" -lt "$want" ]; then echo "$left"; else echo "$want"; fi
 }
 
-sft_rl() {  # sft_rl ENV ALGO LANE: ENV_sft_ALGO from ENV_sft's policy
-  local env=$1 algo=$2 lane=$3 secs
-  if ! wait_for "${env}_sft"; then
-    say "SKIPPED ${env}_sft_$algo: no SFT policy (${env}_sft failed or out of time)"
-    touch "$OUT/.done/${env}_sft_$algo.failed"; return 1
+sft_rl() {  # sft_rl ENV ALGO LANE: ENV_sft_ALGO from ENV_sft's policy (this seed's)
+  local env=$1 algo=$2 lane=$3 secs sft="${1}_sft$SUF" job="${1}_sft_$2$SUF"
+  if ! wait_for "$sft"; then
+    say "SKIPPED $job: no SFT policy ($sft failed or out of time)"
+    touch "$OUT/.done/$job.failed"; return 1
   fi
-  secs=$(rl_seconds_after "$RL_SFT_SECONDS" "$OUT/.done/${env}_sft")
+  secs=$(rl_seconds_after "$RL_SFT_SECONDS" "$OUT/.done/$sft")
   if [ "$SMOKE" != 1 ] && [ "$secs" -lt 30 ]; then
-    say "SKIPPED ${env}_sft_$algo: $secs s of training left"; touch "$OUT/.done/${env}_sft_$algo.failed"
+    say "SKIPPED $job: $secs s of training left"; touch "$OUT/.done/$job.failed"
     return 1
   fi
-  run_job "${env}_sft_$algo" "$lane" $(( secs + RL_OVERHEAD + RL_SLACK )) GPU "$PY" launch/run.py \
-    --config "experiments/${env}_sft_${algo}_gpu.py" --workdir "$OUT/${env}_sft_$algo" \
-    --config.model.name="$OUT/${env}_sft/model" --config.train.max_seconds="$secs" "${RL_ARGS[@]}"
+  run_job "$job" "$lane" $(( secs + RL_OVERHEAD + RL_SLACK )) GPU "$PY" launch/run.py \
+    --config "experiments/${env}_sft_${algo}_gpu.py" --workdir "$OUT/$job" \
+    --config.model.name="$OUT/$sft/model" --config.train.max_seconds="$secs" "${RL_ARGS[@]}"
 }
 
 lane_a() {  # lane_a ENV EPISODES LANE: record -> SFT -> SFT+GRPO
   local env=$1 episodes=$2 lane=$3
-  record "$env" "${env}_sft_gpu" "$episodes" "$lane" || { touch "$OUT/.done/${env}_sft.failed"; return 1; }
-  run_job "${env}_sft" "$lane" "$CAP_SFT" GPU "$PY" launch/sft.py \
-    --config "experiments/${env}_sft_gpu.py" --workdir "$OUT/${env}_sft" "${MODEL[@]}" "${SFT_ARGS[@]}"
+  record "$env" "${env}_sft_gpu" "$episodes" "$lane" || { touch "$OUT/.done/${env}_sft$SUF.failed"; return 1; }
+  run_job "${env}_sft$SUF" "$lane" "$CAP_SFT" GPU "$PY" launch/sft.py \
+    --config "experiments/${env}_sft_gpu.py" --workdir "$OUT/${env}_sft$SUF" "${MODEL[@]}" "${SFT_ARGS[@]}"
   sft_rl "$env" grpo "$lane"
 }
 
@@ -262,7 +303,9 @@ rl_base() {  # rl_base NAME CONFIG LANE [args]: RL from the base model for --rl-
   local name=$1 config=$2 lane=$3 secs=$RL_SECONDS; shift 3
   local left=$(( $(time_left) - RL_OVERHEAD ))
   # both runs of a pair start together: the same shortened budget
-  if [ "$BUDGET" -gt 0 ] && [ "$SMOKE" != 1 ] && [ "$left" -lt "$secs" ]; then secs=$left; fi
+  if [ "$BUDGET" -gt 0 ] && [ "$SMOKE" != 1 ] && [ "$FIXED_LENGTH" != 1 ] && [ "$left" -lt "$secs" ]; then
+    secs=$left
+  fi
   run_job "$name" "$lane" $(( secs + RL_OVERHEAD + RL_SLACK )) GPU "$PY" launch/run.py \
     --config "experiments/$config.py" --workdir "$OUT/$name" "${MODEL[@]}" \
     --config.train.max_seconds="$secs" "${RL_ARGS[@]}" "$@"
@@ -273,7 +316,7 @@ report() {  # report ENV LABELS DIFFS: learning_report on the collected results
   for l in ${labels//,/ }; do runs+=("$RESULTS/${env}_$l"); done
   say "report $env -> $RESULTS/report_$env"
   if ! timeout 300 "$PY" benchmarks/learning_report.py "${runs[@]}" --labels "$labels" \
-      --diff "$diffs" --out "$RESULTS/report_$env" > "$RESULTS/logs/report_$env.log" 2>&1; then
+      --diff "$diffs" --seeds --out "$RESULTS/report_$env" > "$RESULTS/logs/report_$env.log" 2>&1; then
     say "FAILED: report $env ($RESULTS/logs/report_$env.log)"; tail -n 3 "$RESULTS/logs/report_$env.log"
     REPORT_FAILED=1
     return
@@ -313,15 +356,20 @@ if has_stage wave1; then
   wait
 fi
 if has_stage wave2; then
-  rl_base babyai_grpo babyai_grpo_gpu 0 &
-  rl_base babyai_gigpo babyai_gigpo_gpu 1 &
+  rl_base "babyai_grpo$SUF" babyai_grpo_gpu 0 &
+  rl_base "babyai_gigpo$SUF" babyai_gigpo_gpu 1 &
   case "$WAVE2_PAIR2" in
+    horizons)
+      rl_base "babyai_fixed6$SUF" babyai_grpo_gpu 2 --config.horizon.type=fixed \
+        --config.horizon.turns=6 &
+      rl_base "babyai_fixed20$SUF" babyai_grpo_gpu 3 --config.horizon.type=fixed \
+        --config.horizon.turns=20 & ;;
     babyai_seed1)
       rl_base babyai_grpo_s1 babyai_grpo_gpu 2 --config.seed=1 &
       rl_base babyai_gigpo_s1 babyai_gigpo_gpu 3 --config.seed=1 & ;;
     textcraft_base)
-      rl_base textcraft_grpo textcraft_grpo_gpu 2 &
-      rl_base textcraft_gigpo textcraft_gigpo_gpu 3 & ;;
+      rl_base "textcraft_grpo$SUF" textcraft_grpo_gpu 2 &
+      rl_base "textcraft_gigpo$SUF" textcraft_gigpo_gpu 3 & ;;
   esac
   wait
 fi

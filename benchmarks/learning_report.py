@@ -36,6 +36,18 @@ made from those directories later)::
 
     python benchmarks/learning_report.py runs/a runs/b --labels a,b --collect --out small/
     python benchmarks/learning_report.py small/a small/b --labels a,b --diff b:a --out cmp/
+
+Several training seeds of one configuration (``--seeds``): labels ``<name>_s<k>`` are seed k of
+``<name>`` (a label without the suffix is seed 0). ``gain.json`` then also holds
+``"seed_level"``: per configuration the mean over seeds, the spread (min, max, std) and a
+two-level bootstrap 95% interval (seeds, then tasks within each seed) of its first and last
+evaluations, and the ``--diff`` pairs between configurations, paired over tasks and over the
+seeds both sides share (``base``, one evaluation of the untrained model, pairs with every seed;
+``benchmarks/seed_stats.py`` states the formulas). With one seed the
+interval is flagged as covering evaluation sampling only::
+
+    python benchmarks/learning_report.py r/grpo r/grpo_s1 r/grpo_s2 r/gigpo r/gigpo_s1 \
+        r/gigpo_s2 --seeds --diff gigpo:grpo --out cmp/
 """
 
 from __future__ import annotations
@@ -43,6 +55,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
 import sys
 from collections import defaultdict
@@ -194,6 +207,76 @@ def differences(spec: str, evals_by_label: dict[str, dict]) -> dict[str, dict]:
     return out
 
 
+SEED_SUFFIX = re.compile(r"^(?P<name>.+)_s(?P<seed>\d+)$")
+
+
+def seed_groups(labels: list[str]) -> dict[str, dict[int, str]]:
+    """``--seeds``: ``{configuration: {training seed: label}}``; a label ``<name>_s<k>`` is
+    seed k of ``<name>``, a label without that suffix is seed 0 of itself."""
+    groups: dict[str, dict[int, str]] = defaultdict(dict)
+    for label in labels:
+        m = SEED_SUFFIX.match(label)
+        name, s = (m["name"], int(m["seed"])) if m else (label, 0)
+        if s in groups[name]:
+            raise ValueError(f"{label!r} and {groups[name][s]!r} are both seed {s} of {name!r}")
+        groups[name][s] = label
+    return dict(groups)
+
+
+def seed_level_report(evals_by_label: dict[str, dict], spec: str = "",
+                      draws: int = 10_000, references: frozenset[str] = frozenset({"base"})
+                      ) -> dict:
+    """``--seeds``: per configuration (:func:`seed_groups`) the seed-level statistics
+    (``seed_stats.seed_level``: mean over seeds, spread, two-level bootstrap interval) of its
+    first and last evaluations, and the ``--diff`` pairs that name configurations
+    (``seed_stats.seed_level_difference``; ``@last`` is each seed's own last evaluation; a
+    configuration in ``references``, one untrained run such as the base model, pairs with every
+    seed of the other side, other seeds pair seed by seed). A configuration or seed without
+    evaluations is listed under ``"missing"``."""
+    from seed_stats import seed_level, seed_level_difference
+
+    groups = seed_groups(list(evals_by_label))
+
+    def at(name: str, which: str) -> tuple[dict[int, dict], dict[int, int], list[str]]:
+        per_seed, steps, missing = {}, {}, []
+        for s, label in sorted(groups[name].items()):
+            try:
+                steps[s], per_seed[s] = eval_at(evals_by_label[label], which)
+            except ValueError as e:
+                missing.append(f"{label}: {e}")
+        return per_seed, steps, missing
+
+    out: dict = {"configurations": {}, "differences": {}}
+    for name in groups:
+        entry: dict = {"labels": groups[name]}
+        for which in ("first", "last"):
+            per_seed, steps, missing = at(name, which)
+            if per_seed:
+                entry[which] = {**seed_level(per_seed, draws), "steps": steps}
+            if missing:
+                entry.setdefault("missing", []).extend(missing)
+        out["configurations"][name] = entry
+    for pair in [p.strip() for p in spec.split(",") if p.strip()]:
+        sides = [side.partition("@") for side in pair.split(":")]
+        if len(sides) != 2 or any(name not in groups for name, _, _ in sides):
+            continue  # names a single label, not a configuration: in "differences" above
+        (bn, _, bw), (an, _, aw) = sides
+        (b, b_steps, b_miss), (a, a_steps, a_miss) = at(bn, bw or "last"), at(an, aw or "last")
+        if not b or not a:
+            out["differences"][pair] = {"missing": "; ".join(b_miss + a_miss)}
+            continue
+        try:
+            ref = "a" if an in references else "b" if bn in references else None
+            entry = seed_level_difference(b, a, draws, reference=ref)
+        except ValueError as e:
+            entry = {"missing": str(e)}
+        entry.update(b_steps=b_steps, a_steps=a_steps)
+        if b_miss or a_miss:
+            entry["left_out"] = b_miss + a_miss
+        out["differences"][pair] = entry
+    return out
+
+
 def plot(runs: list[str], labels: list[str], path: str) -> None:
     import matplotlib
     matplotlib.use("Agg")
@@ -224,6 +307,9 @@ def main(argv=None) -> int:
     p.add_argument("runs", nargs="+")
     p.add_argument("--labels", default=None)
     p.add_argument("--out", required=True)
+    p.add_argument("--seeds", action="store_true", help="also the seed-level statistics: labels "
+                   "<name>_s<k> are training seed k of <name> (a label without it: seed 0); "
+                   "adds seed_level (mean over seeds, spread, two-level bootstrap) to gain.json")
     p.add_argument("--diff", default="", help="B:A pairs of labels (label[@first|@last|@step]): "
                    "the paired difference B - A on their common held-out tasks")
     p.add_argument("--collect", action="store_true", help="only copy each run's small files "
@@ -266,6 +352,8 @@ def main(argv=None) -> int:
             collect_run(run, dest)
     if args.diff:
         report["differences"] = differences(args.diff, evals_by_label)
+    if args.seeds:
+        report["seed_level"] = seed_level_report(evals_by_label, args.diff)
     with open(os.path.join(args.out, "gain.json"), "w") as f:
         json.dump(report, f, indent=2)
     print(json.dumps(report, indent=2))

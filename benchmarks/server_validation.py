@@ -84,8 +84,8 @@ def load_old_server(rev: str) -> types.ModuleType:
 def stand_in(module: types.ModuleType) -> Any:
     """A ``RolloutServer`` of ``module`` without an engine: only what validation reads."""
     server = module.RolloutServer.__new__(module.RolloutServer)
-    server.engine = types.SimpleNamespace(config=types.SimpleNamespace(
-        max_length=MAX_LENGTH, max_queue=MAX_QUEUE, max_batch=32))
+    server.engine = types.SimpleNamespace(vocab_size=VOCAB, config=types.SimpleNamespace(
+        max_length=MAX_LENGTH, max_queue=MAX_QUEUE, max_batch=32, max_stop_ids=8))
     server.tokenizer = object()  # chat needs one to exist; nothing is tokenized here
     server._max_token_chars = None
     server.allow_request_chat_template = False

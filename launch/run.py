@@ -3,9 +3,11 @@
     python launch/run.py --config experiments/babyai_grpo_scaling.py --workdir runs/babyai
     python launch/run.py --config experiments/smoke.py --config.train.total_steps=2
 
-With no URLs in the config it starts the environment servers and the embedded rollout engine on
-loopback and stops them on exit. Ctrl-C stops the run cleanly (one line, exit code 130).
-Re-running with the same --workdir resumes from the latest checkpoint; a run that already
+The config is checked first (``training/validate.py``: every key, the model source, the
+workdir, a step's batch against this host's memory); a bad one exits with code 2, one line per
+problem, before anything starts. With no URLs in the config it starts the environment servers
+and the embedded rollout engine on loopback and stops them on exit. Ctrl-C stops the run
+cleanly (one line, exit code 130). Re-running with the same --workdir resumes from the latest checkpoint; a run that already
 finished says so and exits, after writing its report if a kill left it unwritten (--eval_again
 evaluates its final policy again). One run per workdir: a second one is refused (exit code 5).
 A full disk (or another refused write) stops the run with one line (exit code 4). On several
@@ -47,10 +49,10 @@ def main(argv: list[str]) -> int:
     config = _CONFIG.value
     if config is None:
         raise app.UsageError("--config experiments/<name>.py is required")
-    from agentrl_jax.training.validate import EXIT_BAD_CONFIG, ConfigError, check_config
+    from agentrl_jax.training.validate import EXIT_BAD_CONFIG, ConfigError, check_run
 
-    try:  # the whole config, before any server, model or device starts
-        check_config(config)
+    try:  # the whole config, the model source and the workdir, before anything starts
+        check_run(config, _workdir(), processes=_processes())
     except ConfigError as error:
         print(error, file=sys.stderr, flush=True)
         return EXIT_BAD_CONFIG
@@ -59,6 +61,19 @@ def main(argv: list[str]) -> int:
     except KeyboardInterrupt:  # before the trainer existed (start-up)
         print("interrupted (Ctrl-C) during start-up", file=sys.stderr, flush=True)
         return EXIT_INTERRUPTED
+
+
+def _workdir() -> str:
+    """--workdir, or runs/<config file name>."""
+    return _WORKDIR.value or os.path.join(
+        "runs", os.path.splitext(os.path.basename(flags.FLAGS["config"].config_filename))[0])
+
+
+def _processes() -> int:
+    """JAX processes that will share each step (``$JAX_NUM_PROCESSES`` with --distributed,
+    where the launcher sets it; else 1: the validation then assumes one host holds it all)."""
+    count = os.environ.get("JAX_NUM_PROCESSES", "") if _DISTRIBUTED.value else ""
+    return int(count) if count.isdigit() and int(count) >= 1 else 1
 
 
 def _train(config: Any) -> int:
@@ -72,8 +87,7 @@ def _train(config: Any) -> int:
                                                              ("process_id", "JAX_PROCESS_ID"))
                   if os.environ.get(var)}
         jax.distributed.initialize(**counts)
-    workdir = _WORKDIR.value or os.path.join(
-        "runs", os.path.splitext(os.path.basename(flags.FLAGS["config"].config_filename))[0])
+    workdir = _workdir()
     from agentrl_jax.training.storage import DropClosedLoopTracebacks
 
     # for the whole job: orbax's threads may print these after the trainer returned

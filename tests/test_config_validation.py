@@ -54,14 +54,18 @@ def test_every_experiment_config_is_valid():
                                       "(got -0.0001)"),
     ("learner__learning_rate", 0.0, "learner.learning_rate: must be a finite number > 0"),
     ("learner__learning_rate", float("nan"), "learner.learning_rate: must be a finite number"),
-    ("rollout__temperature", -1.0, "rollout.temperature: must be a finite number >= 0"),
+    ("rollout__temperature", -1.0, "rollout.temperature: must be 0 (greedy) or a number in "
+                                   "[1e-06, 1000] (got -1.0)"),
+    ("rollout__top_k", 2**31, "rollout.top_k: must be -1 (off) or an integer in "
+                              "[1, 2147483647] (got 2147483648)"),
+    ("rollout__top_k", 0, "rollout.top_k: must be -1 (off) or an integer in [1, 2147483647]"),
     ("train__total_steps", -1, "train.total_steps: must be an integer >= 0 (got -1)"),
     ("train__tasks_per_step", 0, "train.tasks_per_step: must be an integer >= 1 (got 0)"),
     ("train__samples_per_task", 0, "train.samples_per_task: must be an integer >= 1 (got 0)"),
     ("learner__loss_agg_mode", "sum", "learner.loss_agg_mode: unknown loss aggregation mode "
                                       "'sum'; known: seq_mean_token_mean"),
     ("learner__kl_estimator", "k9", "learner.kl_estimator: unknown KL estimator 'k9'"),
-    ("rollout__top_p", 0.0, "rollout.top_p: must be a finite number in (0, 1]"),
+    ("rollout__top_p", 0.0, "rollout.top_p: must be a number in (0, 1] (got 0.0)"),
     ("rollout__backend", "vllm", "rollout.backend: unknown rollout backend 'vllm'; known: "
                                  "embedded, engine_servers, sglang"),
     ("train__max_staleness", -1, "train.max_staleness: must be an integer >= 0"),

@@ -516,7 +516,7 @@ async def _open(url: str, payload: bytes) -> tuple[asyncio.StreamReader, asyncio
 
 async def test_slow_requests_time_out(guarded_server):
     """Issue 12: 300 connections that sent headers and 8 bytes of body were open after 100 s."""
-    head = b"POST /create HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{\"task_i"
+    head = b"POST /create HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{\"task_i"
     slow = [await _open(guarded_server.url, head) for _ in range(3)] + [await _open(guarded_server.url, head[:25]) for _ in range(2)]
     answers = await asyncio.gather(*(asyncio.wait_for(reader.read(), 10) for reader, _ in slow))
     assert all(a.startswith(b"HTTP/1.1 408") for a in answers[:3]), answers

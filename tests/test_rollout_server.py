@@ -601,7 +601,7 @@ async def test_slow_requests_time_out_and_connections_are_limited(served):
     _, engine, _ = served
     thread = start_server(engine, read_timeout=0.5, max_connections=6)
     port = int(thread.url.rsplit(":", 1)[1])
-    head = (b"POST /generate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+    head = (b"POST /generate HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
             b"Content-Length: 100\r\n\r\n{\"input_")
     try:
         slow = [await asyncio.open_connection("127.0.0.1", port) for _ in range(4)]

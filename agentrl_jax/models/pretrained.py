@@ -42,9 +42,56 @@ def resolve_model_path(name_or_path: str) -> str:
         if not os.path.exists(name_or_path):
             raise FileNotFoundError(f"model not found: {name_or_path}")
         return name_or_path
+    found = ("no such file or directory" if not os.path.exists(name_or_path)
+             else "a file that is not a .gguf")
     raise FileNotFoundError(
-        f"model {name_or_path!r} is neither a known name ({sorted(KNOWN_MODELS)}), "
+        f"model {name_or_path!r} ({found}) is neither a known name ({sorted(KNOWN_MODELS)}), "
         "a HF directory nor a .gguf file (hub downloads are not supported)")
+
+
+#: the first bytes of every GGUF file
+GGUF_MAGIC = b"GGUF"
+#: files a HF directory needs for its tokenizer (any one of them; ``transformers`` reads them)
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")
+
+
+def check_model_source(name_or_path: str, weights: bool = True) -> str:
+    """The path ``load_pretrained`` (``weights=True``) or ``load_tokenizer`` (``weights=False``,
+    a random model that only uses the tokenizer) would read, checked without loading anything:
+    the resolved path exists; a ``.gguf`` is a readable file starting with the GGUF magic; a
+    directory holds ``config.json`` and ``model.safetensors`` (or its index) when ``weights``,
+    and a tokenizer file. Raises ``FileNotFoundError`` / ``ValueError`` with a one-line
+    message."""
+    path = resolve_model_path(name_or_path)
+    if path.endswith(".gguf"):
+        if not os.path.isfile(path):
+            raise ValueError(f"{path} is not a file")
+        try:
+            with open(path, "rb") as f:
+                head = f.read(len(GGUF_MAGIC))
+        except OSError as e:
+            raise ValueError(f"cannot read {path}: {e.strerror}") from None
+        if head != GGUF_MAGIC:
+            raise ValueError(f"{path} is not a GGUF file (starts with {head!r}, not "
+                             f"{GGUF_MAGIC!r})")
+        return path
+    from agentrl_jax.models.safetensors_io import INDEX_FILE, SINGLE_FILE
+
+    try:
+        files = set(os.listdir(path))
+    except OSError as e:
+        raise ValueError(f"cannot read model directory {path}: {e.strerror}") from None
+    needed = []
+    if weights:
+        if "config.json" not in files:
+            needed.append("config.json")
+        if SINGLE_FILE not in files and INDEX_FILE not in files:
+            needed.append(f"{SINGLE_FILE} or {INDEX_FILE}")
+    if not files & set(TOKENIZER_FILES):
+        needed.append(" or ".join(TOKENIZER_FILES))
+    if needed:
+        raise FileNotFoundError(f"model directory {path} has no {'; no '.join(needed)}")
+    return path
 
 
 @dataclasses.dataclass

@@ -15,10 +15,17 @@ Rules every model follows (the server's 4xx behaviour, docs/ROLLOUT.md section 3
   LoRA, ...) are accepted only at their default value (``Unsupported*`` types).
 * ``null``: in ``sampling_params`` and the admin bodies it means "the default"; in the top-level
   generation bodies a field accepts ``null`` only where its type says ``| None``.
+* Sampling parameters are range-checked against ``sampling_limits.py`` (the same ranges as
+  ``SamplingParams.validate`` and the run-config checks); the message names the field and its
+  range, e.g. ``"sampling_params.top_k: must be -1 (off) or an integer in [1, 2147483647]
+  (got 2147483648)"``.
 * Checks that depend on the server come from the validation context (``context=``):
-  ``max_length`` (a prompt has at most ``max_length - 1`` ids), ``max_queue`` (prompts per
-  batch) and ``allow_request_chat_template``. Lengths are checked *before* the elements, so an
-  over-long id list is refused without walking it.
+  ``max_length`` (a prompt has at most ``max_length - 1`` ids; ``max_new_tokens`` /
+  ``max_tokens`` at most ``max_length``), ``max_batch`` (``n``), ``vocab_size`` and
+  ``max_stop_ids`` (``stop_token_ids``), ``max_queue`` (prompts per batch) and
+  ``allow_request_chat_template``. Without a key, the static bound of ``sampling_limits.py``
+  applies. Lengths are checked *before* the elements, so an over-long id list is refused
+  without walking it.
 
 ``validate_request(model, body, where, context)`` runs a model and turns a
 ``pydantic.ValidationError`` into ``InvalidRequestError`` (HTTP 400, the server's JSON error
@@ -26,9 +33,8 @@ shape) whose message names each failing field, e.g. ``"/generate:
 sampling_params.temperature: Input should be greater than or equal to 0 (got -1)"``.
 
 Token ids are validated by pydantic-core (``list[StrictInt]``): ~20 us for 2,000 ids, where
-the previous Python loop took ~220 us (benchmarks/server_validation.py). Vocabulary range and
-per-engine limits (``n <= max_batch``, stop ids) stay with ``Engine.validate`` /
-``check_input_ids``.
+the previous Python loop took ~220 us (benchmarks/server_validation.py). The prompt's
+vocabulary range stays with ``Engine.validate`` / ``check_input_ids``.
 """
 
 from __future__ import annotations
@@ -41,6 +47,7 @@ from pydantic import (AfterValidator, BaseModel, BeforeValidator, ConfigDict, Di
 from pydantic_core import PydanticCustomError
 from typing_extensions import TypedDict
 
+from agentrl_jax.rollout import sampling_limits as limits
 from agentrl_jax.rollout.base import InvalidRequestError, SamplingParams
 
 M = TypeVar("M", bound=BaseModel)
@@ -107,9 +114,29 @@ UnsupportedOne = Annotated[Any, AfterValidator(_only(1.0))]
 UnsupportedTrue = Annotated[Any, AfterValidator(_only(True))]
 
 
-def _not_zero(value: int) -> int:
-    if value == 0:
-        raise _fail("must be -1 (disabled) or an integer >= 1, got 0")
+def _within(limit: limits.Limit) -> AfterValidator:
+    """A validator of ``limit``'s range (its engine-dependent bound from the context)."""
+
+    def check(value: Any, info: ValidationInfo) -> Any:
+        problem = limit.problem(value, info.context)
+        if problem is not None:
+            raise _fail(problem)
+        return value
+
+    return AfterValidator(check)
+
+
+def _stop_token_ids(value: list[int], info: ValidationInfo) -> list[int]:
+    problem = limits.stop_token_ids_problem(value, info.context)
+    if problem is not None:
+        raise _fail(problem)
+    return value
+
+
+def _stop_strings(value: str | list[str]) -> str | list[str]:
+    problem = limits.stop_problem([value] if isinstance(value, str) else value)
+    if problem is not None:
+        raise _fail(problem)
     return value
 
 
@@ -148,15 +175,20 @@ def _unicode(text: str) -> str:
 
 # ----------------------------------------------------------------------------- field types
 FiniteFloat = Annotated[float, Field(strict=True, allow_inf_nan=False)]  # ints accepted
-NonNegInt = Annotated[StrictInt, Field(ge=0)]
-Seed = Annotated[StrictInt, Field(ge=0, lt=2**63)]
-TopK = Annotated[StrictInt, Field(ge=-1), AfterValidator(_not_zero)]
-Temperature = Annotated[FiniteFloat, Field(ge=0.0)]
-TopP = Annotated[FiniteFloat, Field(gt=0.0, le=1.0)]
-MinP = Annotated[FiniteFloat, Field(ge=0.0, le=1.0)]
+MaxNewTokens = Annotated[StrictInt, _within(limits.MAX_NEW_TOKENS)]
+Seed = Annotated[StrictInt, _within(limits.SEED)]
+TopK = Annotated[StrictInt, _within(limits.TOP_K)]
+Temperature = Annotated[FiniteFloat, _within(limits.TEMPERATURE)]
+TopP = Annotated[FiniteFloat, _within(limits.TOP_P)]
+MinP = Annotated[FiniteFloat, _within(limits.MIN_P)]
+NumSamples = Annotated[StrictInt, _within(limits.N)]
+StopTokenIds = Annotated[list[StrictInt], AfterValidator(_stop_token_ids)]
 StopString = Annotated[StrictStr, Field(min_length=1)]
-Stop = one_of("must be a string or a list of strings", string=StopString,
-              array=list[StopString])
+Stop = Annotated[one_of("must be a string or a list of strings", string=StopString,
+                        array=list[StopString]), AfterValidator(_stop_strings)]
+LogprobStart = one_of("must be an integer or a list of integers",
+                      integer=Annotated[StrictInt, _within(limits.LOGPROB_START_LEN)],
+                      array=list[Annotated[StrictInt, _within(limits.LOGPROB_START_LEN)]])
 StrOrStrList = one_of("must be a string or a list of strings", string=StrictStr,
                       array=list[StrictStr])
 TokenIds = Annotated[list[StrictInt], BeforeValidator(_token_ids)]
@@ -238,15 +270,15 @@ class SamplingParamsRequest(Request):
     """SGLang's ``sampling_params`` (``null`` = default)."""
 
     null_is_default = True
-    max_new_tokens: NonNegInt = _SP.max_new_tokens
+    max_new_tokens: MaxNewTokens = _SP.max_new_tokens
     temperature: Temperature = _SP.temperature
     top_p: TopP = _SP.top_p
     top_k: TopK = _SP.top_k
     min_p: MinP = _SP.min_p
     stop: Stop | None = None
-    stop_token_ids: list[StrictInt] | None = None
+    stop_token_ids: StopTokenIds | None = None
     ignore_eos: StrictBool = _SP.ignore_eos
-    n: Annotated[StrictInt, Field(ge=1)] = _SP.n
+    n: NumSamples = _SP.n
     sampling_seed: Seed | None = None
     seed: Seed | None = None  # wins over sampling_seed
     skip_special_tokens: StrictBool = _SP.skip_special_tokens
@@ -298,7 +330,7 @@ class GenerateRequest(Request):
     session_id: StrOrStrList | None = None  # type: ignore[valid-type]
     # accepted and ignored (SGLang's own types vary: per-prompt lists, dicts)
     session_params: Any = None  # its "id" stands for session_id
-    logprob_start_len: Any = None  # only -1 / null with return_logprob
+    logprob_start_len: LogprobStart | None = None  # only -1 / null with return_logprob
     log_metrics: Any = None
     priority: Any = None
     extra_key: Any = None
@@ -390,8 +422,8 @@ class OpenAIRequest(Request):
     """Fields shared by ``/v1/completions`` and ``/v1/chat/completions``."""
 
     model: StrictStr = ""  # not checked against the served model
-    max_tokens: NonNegInt | None = None
-    n: Annotated[StrictInt, Field(ge=1)] = 1
+    max_tokens: MaxNewTokens | None = None
+    n: NumSamples = 1
     temperature: Temperature | None = None
     top_p: TopP | None = None
     stop: Stop | None = None  # type: ignore[valid-type]
@@ -399,7 +431,7 @@ class OpenAIRequest(Request):
     top_k: TopK | None = None
     min_p: MinP | None = None
     ignore_eos: StrictBool | None = None
-    stop_token_ids: list[StrictInt] | None = None
+    stop_token_ids: StopTokenIds | None = None
     skip_special_tokens: StrictBool | None = None
     no_stop_trim: StrictBool | None = None
     session_id: StrictStr | None = None
@@ -438,7 +470,7 @@ class CompletionRequest(OpenAIRequest):
 
     prompt: CompletionPrompt
     rid: Any = None  # accepted and ignored (SGLang: a string or one per prompt)
-    max_tokens: NonNegInt | None = 16
+    max_tokens: MaxNewTokens | None = 16
     logprobs: Annotated[StrictInt, Field(ge=0, le=1)] | None = None  # no top alternatives
     best_of: StrictInt | None = None  # must equal n
     echo: UnsupportedFalse = None
@@ -513,7 +545,7 @@ class ChatCompletionRequest(OpenAIRequest):
     """OpenAI ``/v1/chat/completions`` (max tokens default: the rest of the context)."""
 
     messages: Annotated[list[ChatMessage], Field(min_length=1)]
-    max_completion_tokens: NonNegInt | None = None  # wins over max_tokens when present
+    max_completion_tokens: MaxNewTokens | None = None  # wins over max_tokens when present
     logprobs: StrictBool = False
     response_format: ResponseFormat | None = None  # only {"type": "text"}
     chat_template_kwargs: Annotated[dict[str, Any] | None, AfterValidator(_template_kwargs)] = None

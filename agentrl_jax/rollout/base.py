@@ -25,8 +25,9 @@ import abc
 import asyncio
 import dataclasses
 import importlib
-import math
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Mapping, Sequence
+
+from agentrl_jax.rollout import sampling_limits as limits
 
 FINISH_REASONS = ("stop", "length", "abort")
 
@@ -37,6 +38,11 @@ class RolloutError(RuntimeError):
 
 class InvalidRequestError(RolloutError, ValueError):
     """A malformed request (bad sampling parameters, token ids out of range, prompt too long)."""
+
+
+class RequestFailedError(RolloutError):
+    """One request failed inside the backend (an error in its own processing); the other
+    requests in flight were not affected (HTTP 500 naming the request)."""
 
 
 class OverloadedError(RolloutError):
@@ -64,15 +70,15 @@ class SamplingParams:
     n: number of samples of one prompt (they share the prompt's prefill).
     """
 
-    max_new_tokens: int = 128
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = -1
-    min_p: float = 0.0
+    max_new_tokens: int = limits.MAX_NEW_TOKENS.default
+    temperature: float = limits.TEMPERATURE.default
+    top_p: float = limits.TOP_P.default
+    top_k: int = limits.TOP_K.default
+    min_p: float = limits.MIN_P.default
     stop: list[str] | None = None
     stop_token_ids: list[int] | None = None
     ignore_eos: bool = False
-    n: int = 1
+    n: int = limits.N.default
     seed: int | None = None
     skip_special_tokens: bool = True
     no_stop_trim: bool = False
@@ -85,48 +91,39 @@ class SamplingParams:
     def greedy(self) -> bool:
         return self.temperature <= 0.0
 
-    def validate(self, vocab_size: int | None = None) -> None:
-        """Raise ``InvalidRequestError`` with a clear message for out-of-range values."""
+    def validate(self, vocab_size: int | None = None,
+                 context: Mapping[str, Any] | None = None) -> None:
+        """Raise ``InvalidRequestError`` naming the parameter and its allowed range
+        (``sampling_limits.py``) for the first out-of-range value. ``context``: the engine's
+        bounds (``max_length``, ``max_batch``, ``max_stop_ids``, ``vocab_size``; the
+        ``vocab_size`` argument is the same as that key)."""
+        context = dict(context or {})
+        if vocab_size is not None:
+            context.setdefault("vocab_size", vocab_size)
 
-        def bad(msg: str) -> InvalidRequestError:
-            return InvalidRequestError(f"sampling_params: {msg}")
+        def bad(name: str, msg: str) -> InvalidRequestError:
+            return InvalidRequestError(f"sampling_params: {name} {msg}")
 
-        def is_int(x: Any) -> bool:
-            return isinstance(x, int) and not isinstance(x, bool)
-
-        def is_num(x: Any) -> bool:
-            return (isinstance(x, (int, float)) and not isinstance(x, bool)
-                    and math.isfinite(float(x)))
-
-        if not is_int(self.max_new_tokens) or self.max_new_tokens < 0:
-            raise bad(f"max_new_tokens must be an integer >= 0, got {self.max_new_tokens!r}")
-        if not is_num(self.temperature) or self.temperature < 0:
-            raise bad(f"temperature must be a number >= 0, got {self.temperature!r}")
-        if not is_num(self.top_p) or not 0.0 < self.top_p <= 1.0:
-            raise bad(f"top_p must be in (0, 1], got {self.top_p!r}")
-        if not is_int(self.top_k) or (self.top_k == 0 or self.top_k < -1):
-            raise bad(f"top_k must be -1 (disabled) or an integer >= 1, got {self.top_k!r}")
-        if not is_num(self.min_p) or not 0.0 <= self.min_p <= 1.0:
-            raise bad(f"min_p must be in [0, 1], got {self.min_p!r}")
-        if not is_int(self.n) or self.n < 1:
-            raise bad(f"n must be an integer >= 1, got {self.n!r}")
-        if self.seed is not None and (not is_int(self.seed) or not 0 <= self.seed < 2**63):
-            raise bad(f"seed must be a non-negative integer, got {self.seed!r}")
+        for limit in (limits.MAX_NEW_TOKENS, limits.TEMPERATURE, limits.TOP_P, limits.TOP_K,
+                      limits.MIN_P, limits.N):
+            problem = limit.problem(getattr(self, limit.name), context)
+            if problem is not None:
+                raise bad(limit.name, problem)
+        if self.seed is not None:
+            problem = limits.SEED.problem(self.seed, context)
+            if problem is not None:
+                raise bad("seed", problem)
         if self.stop is not None:
-            if (not isinstance(self.stop, list)
-                    or not all(isinstance(s, str) and s for s in self.stop)):
-                raise bad(f"stop must be a string or a list of non-empty strings, got {self.stop!r}")
+            problem = limits.stop_problem(self.stop)
+            if problem is not None:
+                raise bad("stop", problem)
         if self.stop_token_ids is not None:
-            if not isinstance(self.stop_token_ids, list) or not all(
-                    is_int(t) for t in self.stop_token_ids):
-                raise bad(f"stop_token_ids must be a list of integers, got {self.stop_token_ids!r}")
-            if vocab_size is not None:
-                out = [t for t in self.stop_token_ids if not 0 <= t < vocab_size]
-                if out:
-                    raise bad(f"stop_token_ids {out} are outside the vocabulary [0, {vocab_size})")
+            problem = limits.stop_token_ids_problem(self.stop_token_ids, context)
+            if problem is not None:
+                raise bad("stop_token_ids", problem)
         for name in ("ignore_eos", "skip_special_tokens", "no_stop_trim"):
             if not isinstance(getattr(self, name), bool):
-                raise bad(f"{name} must be a boolean, got {getattr(self, name)!r}")
+                raise bad(name, f"must be a boolean (got {getattr(self, name)!r})")
 
     def to_sglang(self) -> dict[str, Any]:
         """The ``sampling_params`` dictionary SGLang's ``/generate`` accepts."""
@@ -355,6 +352,7 @@ def _as_int_list(input_ids: Sequence[Any]) -> list[int]:
 
 
 __all__ = ["SamplingParams", "GenerateResult", "RolloutBackend", "RolloutError",
+           "RequestFailedError",
            "InvalidRequestError", "OverloadedError", "BackendUnavailableError",
            "register_backend", "create_backend", "available_backends", "check_input_ids",
            "FINISH_REASONS"]

@@ -26,6 +26,12 @@ Design (see docs/ROLLOUT.md for the long version):
 * **Placement**: an engine runs on one device or tensor-parallel on a device group
   (``placement.py``); ``replicas.py`` runs one engine per device (group) behind one backend.
 * **Decode attention** reads only each slot's valid KV on GPUs (``decode_attention.py``).
+* **Fault isolation**: the host-side work of one request (admission, activation, building its
+  prefill row, stop detection, detokenisation) runs under ``_isolated``: an error there fails
+  that request alone (``_fail_request``: its future gets the error, its slots are freed) and
+  the batch goes on. Only a failed device call (prefill, decode, row copy) or an error in the
+  engine's shared bookkeeping fails every request in flight (``_recover``: "engine step
+  failed").
 
 Modules by job: ``engine_config.py`` (shapes and knobs), ``compiled.py`` (the jitted device
 functions), ``requests.py`` (request / sequence bookkeeping, counters), ``placement.py``
@@ -56,7 +62,8 @@ from agentrl_jax.models.config import ModelConfig
 from agentrl_jax.models.llama import CausalLM, abstract_model
 from agentrl_jax.rollout.base import (BackendUnavailableError, BatchedSamplesBackend,
                                       GenerateResult, InvalidRequestError, OverloadedError,
-                                      RolloutError, SamplingParams, check_input_ids)
+                                      RequestFailedError, RolloutError, SamplingParams,
+                                      check_input_ids)
 from agentrl_jax.rollout.compiled import (ACT, CNT, IDX, KEY0, KEY1, MINP, POS, REM, STOP, TEMP,
                                           TOK, TOPK, TOPP, compiled_functions)
 from agentrl_jax.rollout.decode_attention import ragged_tiling
@@ -266,13 +273,20 @@ class Engine(BatchedSamplesBackend):
     def max_length(self) -> int:
         return self.config.max_length
 
+    @property
+    def sampling_context(self) -> dict[str, int]:
+        """This engine's bounds of the sampling parameters (``sampling_limits.CONTEXT_KEYS``)."""
+        c = self.config
+        return {"max_length": c.max_length, "max_batch": c.max_batch,
+                "vocab_size": self.vocab_size, "max_stop_ids": c.max_stop_ids}
+
     def validate(self, input_ids: Any, sampling: SamplingParams) -> list[int]:
-        """Check a request (raises ``InvalidRequestError``); returns the ids as a list."""
+        """Check a request (raises ``InvalidRequestError``); returns the ids as a list. The
+        sampling parameters are checked against ``sampling_limits.py`` with this engine's
+        bounds (``n <= max_batch``, ``max_new_tokens <= max_length``, stop ids in the
+        vocabulary)."""
         ids = check_input_ids(input_ids, self.vocab_size, self.config.max_length)
-        sampling.validate(self.vocab_size)
-        if sampling.n > self.config.max_batch:
-            raise InvalidRequestError(
-                f"n={sampling.n} exceeds the engine's max_batch={self.config.max_batch}")
+        sampling.validate(self.vocab_size, self.sampling_context)
         if len(self._stop_ids(sampling)) > self.config.max_stop_ids:
             raise InvalidRequestError(
                 f"at most {self.config.max_stop_ids} stop token ids per request "
@@ -565,43 +579,48 @@ class Engine(BatchedSamplesBackend):
 
     # ----------------------------------------------------------------------- admission
     def _admit(self) -> None:
-        c = self.config
         while self._waiting:
             req = self._waiting[0]
             if req.aborted:
                 self._waiting.popleft()
                 self._dequeued()
                 for seq in req.seqs:
-                    self._finish(seq, "abort", None)
+                    self._isolated(req, self._finish, seq, "abort", None)
                 continue
             n = req.sampling.n
             if self._slots.available < n:
                 return
             self._waiting.popleft()
             self._dequeued()
-            self.stats.requests += 1
-            ids = np.asarray(req.input_ids, np.int32)
-            L = len(req.input_ids)
-            first = req.seqs[0]
-            session = req.session_id if c.session_cache else None
-            slot, reuse = self._slots.acquire_for_session(session, ids, max_reuse=L - 1)
-            self._bind(first, slot)
-            first.cursor = first.kv_len = first.cached_tokens = reuse
-            self.stats.prompt_tokens += L * n
-            self.stats.cached_tokens += reuse
-            for seq in req.seqs[1:]:
-                self._bind(seq, self._slots.acquire())
-                seq.state = FORK_WAIT
-                seq.cached_tokens = L - 1
-                self.stats.cached_tokens += L - 1
-                first.forks.append(seq)
-            if reuse < L - 1:
-                first.state = PREFILL
-                self.stats.prefill_tokens += L - 1 - reuse
-                self._prefill_queue.append(first)
-            else:
-                self._prefill_done(first)
-            self.stats.prefill_tokens += n  # the last prompt token, fed by the first decode step
+            self._isolated(req, self._admit_one, req)
+
+    def _admit_one(self, req: Request) -> None:
+        """Give a request its slots and queue its prefill (or activate it at once)."""
+        c = self.config
+        n = req.sampling.n
+        self.stats.requests += 1
+        ids = np.asarray(req.input_ids, np.int32)
+        L = len(req.input_ids)
+        first = req.seqs[0]
+        session = req.session_id if c.session_cache else None
+        slot, reuse = self._slots.acquire_for_session(session, ids, max_reuse=L - 1)
+        self._bind(first, slot)
+        first.cursor = first.kv_len = first.cached_tokens = reuse
+        self.stats.prompt_tokens += L * n
+        self.stats.cached_tokens += reuse
+        for seq in req.seqs[1:]:
+            self._bind(seq, self._slots.acquire())
+            seq.state = FORK_WAIT
+            seq.cached_tokens = L - 1
+            self.stats.cached_tokens += L - 1
+            first.forks.append(seq)
+        if reuse < L - 1:
+            first.state = PREFILL
+            self.stats.prefill_tokens += L - 1 - reuse
+            self._prefill_queue.append(first)
+        else:
+            self._prefill_done(first)
+        self.stats.prefill_tokens += n  # the last prompt token, fed by the first decode step
 
     def _dequeued(self) -> None:
         with self._cv:
@@ -629,7 +648,8 @@ class Engine(BatchedSamplesBackend):
         row = self._ints[s]
         row[TOK], row[POS], row[ACT] = req.input_ids[-1], L - 1, 1
         row[REM] = min(sp.max_new_tokens, self.config.max_length - L)
-        row[TOPK] = sp.top_k if sp.top_k > 0 else 0
+        # top-k of the vocabulary size or more keeps every token: the same as off (0)
+        row[TOPK] = sp.top_k if 0 < sp.top_k < self.vocab_size else 0
         row[CNT] = 0
         row[KEY0:KEY1 + 1] = np.array(seed_to_key(req.seed), np.uint32).view(np.int32)
         row[IDX] = seq.index
@@ -659,9 +679,10 @@ class Engine(BatchedSamplesBackend):
         counts = []
         for r, seq in enumerate(batch):
             n = min(chunk, seq.prompt_len - 1 - seq.cursor)
-            slot_ids[r] = seq.slot
-            tokens[r, :n] = seq.req.input_ids[seq.cursor:seq.cursor + n]
-            positions[r, :n] = np.arange(seq.cursor, seq.cursor + n)
+            if not self._isolated(seq.req, self._prefill_row, seq, n, tokens[r], positions[r]):
+                tokens[r], positions[r], n = 0, c.max_length, 0  # a padded row: writes nothing
+            else:
+                slot_ids[r] = seq.slot
             counts.append(n)
         kv = c.prefill_kv(chunk, max(seq.cursor + n for seq, n in zip(batch, counts)))
         t0 = time.perf_counter()
@@ -669,15 +690,24 @@ class Engine(BatchedSamplesBackend):
         self.stats.prefill_calls += 1
         done = []
         for seq, n in zip(batch, counts):
+            if seq.state == DONE:  # failed while its row was built
+                continue
             seq.cursor += n
             seq.kv_len = seq.cursor
             if seq.cursor >= seq.prompt_len - 1:
                 done.append(seq)
-        self._prefill_queue = [s for s in queue if s.cursor < s.prompt_len - 1]
+        self._prefill_queue = [s for s in queue
+                               if s.state != DONE and s.cursor < s.prompt_len - 1]
         for seq in done:
-            self._prefill_done(seq)
+            self._isolated(seq.req, self._prefill_done, seq)
         jax.block_until_ready(self._cache.keys[0])
         self.stats.prefill_time_s += time.perf_counter() - t0
+
+    @staticmethod
+    def _prefill_row(seq: Seq, n: int, tokens: np.ndarray, positions: np.ndarray) -> None:
+        """Write a sequence's next ``n`` prompt tokens and positions into one prefill row."""
+        tokens[:n] = seq.req.input_ids[seq.cursor:seq.cursor + n]
+        positions[:n] = np.arange(seq.cursor, seq.cursor + n)
 
     def _run_forks(self) -> None:
         """Copy the prefilled prompt row of each ``n > 1`` request to its other samples."""
@@ -693,11 +723,13 @@ class Engine(BatchedSamplesBackend):
                 src[j], dst[j] = a, b
             self._cache = self._copy_fn(self._cache, src, dst)
             self.stats.copy_calls += 1
-        for seq in self._fork_ready:
-            self._activate(seq)
+        for seq in list(self._fork_ready):
+            if seq.state == DONE:
+                continue
+            self._isolated(seq.req, self._activate, seq)
             for f in seq.forks:
                 if f.state == FORK_WAIT:
-                    self._activate(f)
+                    self._isolated(f.req, self._activate, f)
         self._fork_ready = []
 
     # -------------------------------------------------------------------------- decode
@@ -747,20 +779,29 @@ class Engine(BatchedSamplesBackend):
         length_hit = ints[active, REM] <= 0
         check = self._has_stop_str[active]  # stop strings: only if a new token may complete one
         if check.any():
-            check[check] = slots_to_check(toks[:steps], valid[:steps], active[check],
-                                          self._stop_masks)
+            try:
+                check[check] = slots_to_check(toks[:steps], valid[:steps], active[check],
+                                              self._stop_masks)
+            except Exception:  # noqa: BLE001 -- check each such slot alone (_after_decode)
+                log.exception("stop-string pre-check failed; checking every slot")
         attention = active[stop_hit | length_hit | check]
         for slot in attention.tolist():  # only slots that (may) finish need Python work
             seq = self._slot_seq.get(slot)
             if seq is None or seq.state != DECODE:
                 continue
-            tok = int(ints[slot, TOK])
-            if tok in seq.stop_set:
-                self._finish(seq, "stop", tok)
-            elif seq.req.sampling.stop and self._check_stop_strings(seq):
-                pass  # finished inside
-            elif ints[slot, REM] <= 0:
-                self._finish(seq, "length", None)
+            self._isolated(seq.req, self._after_decode, seq)
+
+    def _after_decode(self, seq: Seq) -> None:
+        """Finish a decoding sequence if its last token is a stop id, its output contains a
+        stop string, or its token budget is spent."""
+        slot, ints = seq.slot, self._ints
+        tok = int(ints[slot, TOK])
+        if tok in seq.stop_set:
+            self._finish(seq, "stop", tok)
+        elif seq.req.sampling.stop and self._check_stop_strings(seq):
+            pass  # finished inside
+        elif ints[slot, REM] <= 0:
+            self._finish(seq, "length", None)
 
     def _check_stop_strings(self, seq: Seq) -> bool:
         sp, slot = seq.req.sampling, seq.slot
@@ -785,7 +826,7 @@ class Engine(BatchedSamplesBackend):
             self._dequeued()
         for seq in req.seqs:
             if seq.state != DONE:
-                self._finish(seq, "abort", None)
+                self._isolated(req, self._finish, seq, "abort", None)
 
     def _finish(self, seq: Seq, reason: str, matched: int | str | None) -> None:
         if seq.state == DONE:
@@ -845,8 +886,60 @@ class Engine(BatchedSamplesBackend):
             text=text, rid=req.rid, weight_version=self.weight_version,
             latency_s=time.perf_counter() - req.created)
 
+    # ------------------------------------------------------------------- fault isolation
+    def _isolated(self, req: Request, fn: Callable[..., Any], *args: Any) -> bool:
+        """``fn(*args)``, host-side work of ``req`` alone; if it raises, ``req`` fails (and
+        only it: ``_fail_request``). Returns whether it succeeded."""
+        try:
+            fn(*args)
+            return True
+        except Exception as e:  # noqa: BLE001 -- reported to the request's caller
+            self._fail_request(req, e)
+            return False
+
+    def _fail_request(self, req: Request, error: BaseException) -> None:
+        """Fail one request after an error in its own host-side work; every other request
+        goes on. Its sequences leave the queues and their slots (no prefix is cached from
+        them: their KV may be incomplete); its future gets the error: an
+        ``InvalidRequestError`` as it is (HTTP 400), anything else as a
+        ``RequestFailedError`` naming the request and the cause (HTTP 500)."""
+        if isinstance(error, InvalidRequestError):
+            exc: Exception = error
+            log.warning("request %s refused in the engine: %s", req.rid, error)
+        else:
+            exc = RequestFailedError(f"request {req.rid!r} failed in the engine (the other "
+                                     f"requests go on): {type(error).__name__}: {error}")
+            log.error("request %s failed alone: %s: %s", req.rid, type(error).__name__, error,
+                      exc_info=error)
+        with self._cv:
+            self._requests.pop(req.rid, None)
+        if req in self._waiting:
+            self._waiting.remove(req)
+            self._dequeued()
+        for seq in req.seqs:
+            if seq in self._prefill_queue:
+                self._prefill_queue.remove(seq)
+            if seq in self._fork_ready:
+                self._fork_ready.remove(seq)
+            if seq.slot is not None:
+                slot = seq.slot
+                self._ints[slot, ACT] = 0
+                self._has_stop_str[slot] = False
+                self._stop_masks[slot] = None
+                if self._slot_seq.get(slot) is seq:
+                    del self._slot_seq[slot]
+                self._slots.release(slot)
+                seq.slot = None
+            seq.state = DONE
+        if not req.future.done():
+            try:
+                req.future.set_exception(exc)
+            except concurrent.futures.InvalidStateError:
+                pass
+
     def _recover(self, error: BaseException) -> None:
-        """After a failed device call: fail every in-flight request, reset the cache."""
+        """After a failed device call (or an error in the engine's shared bookkeeping, which no
+        single request explains): fail every in-flight request, reset the cache."""
         message = f"{type(error).__name__}: {error}"
         with self._cv:
             requests = list(self._requests.values())

@@ -20,7 +20,15 @@ non-loopback address), a body size limit (413), read timeouts for headers and bo
 connection limit (503), weight loading confined to ``--weights-dir`` directories, and client
 chat templates refused unless ``--allow-request-chat-template`` (then rendered in a killable
 child process with a deadline). Bodies over ``INLINE_BYTES`` are parsed and validated on a
-worker thread, so one large request does not hold up the event loop.
+worker thread, so one large request does not hold up the event loop. Requests a web page could
+send are refused (``httpguard.request_guard_middleware``): every state-changing route is POST
+only (405 otherwise, ``/flush_cache`` included) and takes ``Content-Type: application/json``
+only (415), a foreign ``Origin`` is 403, and on loopback (or with ``--allowed-host``) a ``Host``
+that is not one of the server's names is 421 (DNS rebinding).
+
+Engine defaults follow the backend as the trainer's engine does
+(``training.services.fit_engine_slots`` and ``engine_prefill``): on CPU at most as many slots
+as fit a sixth of host RAM, and one-sequence prefill calls; see ``engine_config_from_args``.
 """
 
 from __future__ import annotations
@@ -46,7 +54,7 @@ from agentrl_jax.rollout.api_models import (AbortRequest, ChatCompletionRequest,
                                             MemoryOccupationRequest, PauseRequest,
                                             UpdateWeightsRequest, json_type, validate_request)
 from agentrl_jax.rollout.base import (BackendUnavailableError, GenerateResult, InvalidRequestError,
-                                      OverloadedError, SamplingParams)
+                                      OverloadedError, RequestFailedError, SamplingParams)
 from agentrl_jax.rollout.chat_template_sandbox import TemplateBusy, TemplateError, TemplateSandbox
 from agentrl_jax.rollout.engine import Engine, EngineConfig
 from agentrl_jax.rollout.engine_config import DECODE_ATTENTION, parse_prefill_kv_buckets
@@ -56,6 +64,7 @@ from environments.core.httpguard import (DEFAULT_MAX_CONNECTIONS, DEFAULT_READ_T
                                          fit_connection_limit, freeze_startup_objects,
                                          read_body,
                                          exit_with_parent, require_key_off_loopback, run_app)
+from environments.core.httpguard import allowed_hosts as hosts_for, request_guard_middleware
 
 try:  # orjson: ~2x faster, and it rejects lone surrogates (``"\ud800"``) while parsing
     import orjson as _orjson
@@ -73,6 +82,12 @@ DEFAULT_MAX_BODY_BYTES = 8 * 1024 * 1024  # ~1M token ids: a batch of 256 full 4
 INLINE_BYTES = 256 * 1024  # bodies up to this are parsed and validated on the event loop
 API_KEY_ENV = "AGENTRL_ROLLOUT_API_KEY"
 _LARGE = web.RequestKey("large_body", bool)  # set by _json: validate this request off the loop
+
+
+def _refused(status: int, message: str, headers: dict[str, str]) -> web.Response:
+    """The answer to a request ``request_guard_middleware`` refuses (403, 415, 421)."""
+    kind = {403: "forbidden", 415: "unsupported_media_type", 421: "misdirected_request"}
+    return _error_response(status, message, kind.get(status, "invalid_request_error"), headers)
 
 
 class HTTPError(Exception):
@@ -104,6 +119,8 @@ async def _error_middleware(request: web.Request, handler):
         return _error_response(503, str(e), "overloaded", {"Retry-After": "1"})
     except InvalidRequestError as e:
         return _error_response(400, str(e))
+    except RequestFailedError as e:  # one request failed alone; the engine logged its cause
+        return _error_response(500, str(e), "request_failed")
     except OverloadedError as e:
         return _error_response(503, str(e), "overloaded",
                                {"Retry-After": str(max(1, round(e.retry_after)))})
@@ -114,8 +131,9 @@ async def _error_middleware(request: web.Request, handler):
         response.force_close()
         return response
     except web.HTTPException as e:
-        if e.status >= 400:
-            return _error_response(e.status, e.reason or "error", "http_error")
+        if e.status >= 400:  # 404, 405 (with its Allow header), ...
+            allow = {"Allow": e.headers["Allow"]} if "Allow" in e.headers else None
+            return _error_response(e.status, e.reason or "error", "http_error", allow)
         raise
     except asyncio.CancelledError:
         raise
@@ -222,7 +240,8 @@ class RolloutServer:
     the served model's own directory. ``api_key``: required as ``Authorization: Bearer`` on
     every route but ``/health*``. ``allow_request_chat_template``: accept
     ``chat_template_kwargs.chat_template`` (rendered in a child process within
-    ``chat_template_timeout_s``)."""
+    ``chat_template_timeout_s``). ``allowed_hosts``: host names clients use besides the bound
+    address's (``httpguard.allowed_hosts``)."""
 
     def __init__(self, engine: Engine, model_path: str | None = None,
                  tokenizer_path: str | None = None, served_model_name: str | None = None,
@@ -231,7 +250,7 @@ class RolloutServer:
                  read_timeout: float = DEFAULT_READ_TIMEOUT_S,
                  max_connections: int = DEFAULT_MAX_CONNECTIONS,
                  allow_request_chat_template: bool = False,
-                 chat_template_timeout_s: float = 2.0):
+                 chat_template_timeout_s: float = 2.0, allowed_hosts: Sequence[str] = ()):
         self.engine = engine
         self.tokenizer = engine.tokenizer
         self.model_path = model_path or engine.model_path or "random"
@@ -248,11 +267,15 @@ class RolloutServer:
         self._max_token_chars = _token_char_bound(self.tokenizer)
         self.started = time.time()
         self._weights_lock = asyncio.Lock()
+        self.allowed_hosts = tuple(allowed_hosts)
 
-    def app(self) -> web.Application:
-        middlewares: list[Callable] = [_error_middleware]
+    def app(self, host: str = "127.0.0.1") -> web.Application:
+        """The application for a server bound to ``host`` (whose names ``Host`` headers may
+        use). Read-only routes are GET, every state-changing one POST only."""
+        guard = request_guard_middleware(hosts_for(host, self.allowed_hosts), _refused)
+        middlewares: list[Callable] = [guard, _error_middleware]
         if self.limits.api_key:
-            middlewares.insert(0, api_key_middleware(
+            middlewares.insert(1, api_key_middleware(
                 self.limits.api_key, lambda status, message, headers: _error_response(
                     status, message, "unauthorized", headers)))
         app = web.Application(middlewares=middlewares, client_max_size=self.max_body_bytes)
@@ -265,8 +288,7 @@ class RolloutServer:
         r.add_get("/model_info", self.get_model_info)
         r.add_get("/get_server_info", self.get_server_info)
         r.add_get("/server_info", self.get_server_info)
-        r.add_route("GET", "/flush_cache", self.flush_cache)
-        r.add_route("POST", "/flush_cache", self.flush_cache)
+        r.add_post("/flush_cache", self.flush_cache)
         r.add_post("/update_weights_from_disk", self.update_weights_from_disk)
         r.add_post("/abort_request", self.abort_request)
         r.add_post("/close_session", self.close_session)
@@ -304,8 +326,10 @@ class RolloutServer:
     def _validate(self, model: type[M], body: Any, where: str) -> M:
         """``body`` checked against its declared model (api_models.py) with this server's
         limits; ``InvalidRequestError`` (400) naming the failing fields otherwise."""
-        context = {"max_length": self.engine.config.max_length,
-                   "max_queue": self.engine.config.max_queue,
+        cfg = self.engine.config
+        context = {"max_length": cfg.max_length, "max_queue": cfg.max_queue,
+                   "max_batch": cfg.max_batch, "max_stop_ids": cfg.max_stop_ids,
+                   "vocab_size": self.engine.vocab_size,
                    "allow_request_chat_template": self.allow_request_chat_template}
         return validate_request(model, body, where, context)
 
@@ -707,7 +731,7 @@ class ServerThread:
         asyncio.set_event_loop(loop)
         try:
             limits = self.server.limits
-            self._runner = web.AppRunner(self.server.app(), access_log=None,
+            self._runner = web.AppRunner(self.server.app(self.host), access_log=None,
                                          handler_cancellation=True, **limits.runner_kwargs())
             loop.run_until_complete(self._runner.setup())
             site = GuardedSite(self._runner, self.host, self.port,
@@ -767,14 +791,23 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="accept chat_template_kwargs.chat_template (rendered in a child process)")
     p.add_argument("--chat-template-timeout", type=float, default=2.0,
                    help="seconds a client chat template may take to render")
+    p.add_argument("--allowed-host", action="append", default=[],
+                   help="a host name clients reach this server by (repeatable); requests "
+                        "naming another Host are refused (421). Default: the loopback names "
+                        "on loopback, any Host elsewhere (the API key guards)")
     p.add_argument("--port", type=int, default=30000)
-    p.add_argument("--max-batch", type=int, default=32, help="slots decoded together")
+    p.add_argument("--max-batch", type=int, default=EngineConfig.max_batch,
+                   help="slots decoded together, at most: on the CPU backend only as many as "
+                        "hold their KV cache in a sixth of host RAM (as the trainer's engine)")
     p.add_argument("--max-length", type=int, default=4096, help="context length per slot")
     p.add_argument("--dtype", choices=["float32", "bfloat16"], default=None)
     p.add_argument("--weights-dtype", choices=["float32", "bfloat16"], default=None)
     p.add_argument("--decode-steps", type=int, default=16)
-    p.add_argument("--prefill-chunks", default="64,256,1024")
-    p.add_argument("--prefill-tokens", type=int, default=4096)
+    p.add_argument("--prefill-chunks", default=None,
+                   help="chunk sizes of chunked prefill, e.g. 64,256,1024 (default: by backend, "
+                        "as the trainer's engine: one sequence per call on CPU)")
+    p.add_argument("--prefill-tokens", type=int, default=None,
+                   help="tokens per prefill call (default: by backend)")
     p.add_argument("--max-queue", type=int, default=4096)
     p.add_argument("--seed", type=int, default=0, help="sampling seed of requests without one")
     p.add_argument("--decode-attention", choices=list(DECODE_ATTENTION), default="auto",
@@ -783,9 +816,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--decode-gemm", choices=["auto", *DECODE_GEMM], default="auto",
                    help="auto (merged q/k/v and gate/up on cuBLAS for one GPU), xla, merged or "
                         "merged_cublas (EngineConfig.decode_gemm)")
-    p.add_argument("--prefill-kv-buckets", default="",
+    p.add_argument("--prefill-kv-buckets", default=None,
                    help="'' (whole row), 'auto' or a comma list of lengths "
-                        "(EngineConfig.prefill_kv_buckets)")
+                        "(EngineConfig.prefill_kv_buckets; default: by backend)")
     p.add_argument("--tensor-parallel", type=int, default=1,
                    help="shard the engine over this process's first N local devices")
     p.add_argument("--parent-pid", type=int, default=None,
@@ -794,6 +827,34 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--served-model-name", default=None)
     p.add_argument("--log-level", default="info")
     return p.parse_args(argv)
+
+
+def engine_config_from_args(args: argparse.Namespace, model_config: Any,
+                            platform: str) -> EngineConfig:
+    """The engine configuration of ``args`` for a model of ``model_config`` on ``platform``
+    (``"cpu"``, ``"gpu"``...), sized as the trainer sizes its engine: ``--max-batch`` slots at
+    most, fewer on CPU where their KV cache would take more than a sixth of host RAM
+    (``training.services.fit_engine_slots``), and the prefill settings not given on the
+    command line from ``training.services.engine_prefill`` (on CPU one sequence per call over
+    small chunks), else ``EngineConfig``'s."""
+    from agentrl_jax.training.services import engine_prefill, fit_engine_slots
+
+    sized = engine_prefill(platform)
+    chunks = (tuple(int(x) for x in args.prefill_chunks.split(","))
+              if args.prefill_chunks is not None
+              else sized.get("prefill_chunks", EngineConfig.prefill_chunks))
+    tokens = (args.prefill_tokens if args.prefill_tokens is not None
+              else sized.get("prefill_tokens", EngineConfig.prefill_tokens))
+    kv_buckets = (parse_prefill_kv_buckets(args.prefill_kv_buckets)
+                  if args.prefill_kv_buckets is not None
+                  else sized.get("prefill_kv_buckets", EngineConfig.prefill_kv_buckets))
+    return EngineConfig(
+        max_batch=fit_engine_slots(args.max_batch, model_config, args.max_length, args.dtype,
+                                   backend=platform),
+        max_length=args.max_length, dtype=args.dtype, weights_dtype=args.weights_dtype,
+        decode_steps=args.decode_steps, prefill_chunks=chunks, prefill_tokens=tokens,
+        max_queue=args.max_queue, seed=args.seed, decode_attention=args.decode_attention,
+        decode_gemm=args.decode_gemm, prefill_kv_buckets=kv_buckets)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -815,13 +876,7 @@ def main(argv: list[str] | None = None) -> None:
     from agentrl_jax.models.pretrained import load_pretrained
 
     pretrained = load_pretrained(args.model)
-    config = EngineConfig(max_batch=args.max_batch, max_length=args.max_length, dtype=args.dtype,
-                          weights_dtype=args.weights_dtype, decode_steps=args.decode_steps,
-                          prefill_chunks=tuple(int(x) for x in args.prefill_chunks.split(",")),
-                          prefill_tokens=args.prefill_tokens, max_queue=args.max_queue,
-                          seed=args.seed, decode_attention=args.decode_attention,
-                          decode_gemm=args.decode_gemm,
-                          prefill_kv_buckets=parse_prefill_kv_buckets(args.prefill_kv_buckets))
+    config = engine_config_from_args(args, pretrained.config, devices[0].platform)
     log.info("compiling the engine (%s) on %d device(s)", config, args.tensor_parallel)
     engine = Engine(pretrained, config, devices=devices[:args.tensor_parallel])
     server = RolloutServer(engine, model_path=pretrained.path,
@@ -830,12 +885,13 @@ def main(argv: list[str] | None = None) -> None:
                            weights_dirs=args.weights_dir, read_timeout=args.read_timeout,
                            max_connections=fit_connection_limit(args.max_connections),
                            allow_request_chat_template=args.allow_request_chat_template,
-                           chat_template_timeout_s=args.chat_template_timeout)
+                           chat_template_timeout_s=args.chat_template_timeout,
+                           allowed_hosts=args.allowed_host)
     log.info("serving %s on http://%s:%d (weights may load from %s)", pretrained.path,
              args.host, args.port, server.weights_dirs)
     # handler_cancellation: a client that disconnects cancels its handler, which aborts the
     # request in the engine (frees its slot) instead of generating for nobody.
-    app = server.app()
+    app = server.app(args.host)
     app.on_startup.append(freeze_startup_objects)  # the model, compiled engine, modules
     if args.parent_pid is not None:
         async def watch_parent(app: web.Application):

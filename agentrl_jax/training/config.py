@@ -104,6 +104,9 @@ def base_config() -> ConfigDict:
     # env_error_window rollouts ended with env_error (environment servers failing)
     c.train.max_env_error_rate = 0.5
     c.train.env_error_window = 10
+    # stop the run (exit code 3) after this many consecutive steps with nothing to train on
+    # (every episode ended with engine_error / env_error, or was too stale); 0: never
+    c.train.max_failed_steps = 3
 
     # LearnerConfig fields (agentrl_jax/learner/config.py); the paper's GRPO settings.
     c.learner = ConfigDict()

@@ -121,13 +121,23 @@ def engine_slots(config: Any, model_config: Any, dtype: str | None = None,
     start-up peak of ~2x the cache did not survive). Requests beyond the slots wait in the
     engine's queue; nothing is dropped.
     """
-    import jax
-    import jax.numpy as jnp
-
     r = config.rollout
     if episodes is None:
         episodes = max_episodes_per_round(config)
     slots = max(1, min(int(r.max_batch), int(r.max_concurrency), int(episodes)))
+    return fit_engine_slots(slots, model_config, int(r.max_context), dtype, host_ram_bytes, backend)
+
+
+def fit_engine_slots(slots: int, model_config: Any, max_length: int, dtype: str | None = None,
+                     host_ram_bytes: int | None = None, backend: str | None = None) -> int:
+    """``slots`` decode slots, or fewer on the CPU backend: as many as hold their KV cache
+    (``2 x layers x kv_heads x head_dim x max_length`` values of ``dtype``, default the
+    model's, per slot) in :data:`CPU_KV_RAM_FRACTION` of ``host_ram_bytes`` (default: this
+    machine's RAM), at least one. The trainer's engine (:func:`engine_slots`) and the
+    standalone inference server (``rollout/server.py``) are sized by it."""
+    import jax
+    import jax.numpy as jnp
+
     backend = backend or jax.default_backend()
     if backend != "cpu":
         return slots
@@ -137,11 +147,11 @@ def engine_slots(config: Any, model_config: Any, dtype: str | None = None,
         host_ram_bytes = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     itemsize = jnp.dtype(dtype or model_config.dtype).itemsize
     per_slot = (2 * model_config.num_layers * model_config.num_kv_heads * model_config.head_dim
-                * int(r.max_context) * itemsize)
+                * int(max_length) * itemsize)
     fit = max(1, int(host_ram_bytes * CPU_KV_RAM_FRACTION // per_slot))
     if fit < slots:
-        log.warning("embedded engine: %d decode slots instead of %d (KV cache %.1f GB of %.1f GB "
-                    "host RAM on CPU); further episodes wait for a free slot", fit, slots,
+        log.warning("rollout engine: %d decode slots instead of %d (KV cache %.1f GB of %.1f GB "
+                    "host RAM on CPU); further requests wait for a free slot", fit, slots,
                     fit * per_slot / 1e9, host_ram_bytes / 1e9)
     return min(slots, fit)
 

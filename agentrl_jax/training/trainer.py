@@ -40,6 +40,7 @@ from agentrl_jax.training import distributed, hostmem, runlog, services, storage
 from agentrl_jax.training.batching import assemble_batch, informative_groups
 from agentrl_jax.training.config import model_label
 from agentrl_jax.training.evaluation import EvalResult, evaluate, score_trajectories
+from agentrl_jax.training.failed_steps import FailedSteps
 from agentrl_jax.training.progress import (BAR, LINES, OFF, EpisodeProgress, TurnCounter,
                                            format_seconds, timed)
 from agentrl_jax.training.schedule import HorizonSchedule
@@ -128,9 +129,10 @@ def checkpoint_steps(checkpoint_dir: str) -> list[int]:
 class RunFailure(RuntimeError):
     """The run cannot go on or its result does not count: an environment server died and could
     not be restarted (``env.max_restarts``), too many episodes ended with ``env_error``
-    (``train.max_env_error_rate`` over ``train.env_error_window`` steps), or the final
-    evaluation scored too few of its tasks (``train.eval_min_scored``). ``launch/run.py``
-    prints the message and exits with :data:`EXIT_RUN_FAILED`."""
+    (``train.max_env_error_rate`` over ``train.env_error_window`` steps), too many steps in a
+    row had no episode to train on (``train.max_failed_steps``, ``training/failed_steps.py``),
+    or the final evaluation scored too few of its tasks (``train.eval_min_scored``).
+    ``launch/run.py`` prints the message and exits with :data:`EXIT_RUN_FAILED`."""
 
 
 #: exit code of ``launch/run.py`` for a :class:`RunFailure`
@@ -210,6 +212,7 @@ class Trainer:
         # (env_error episodes, episodes) of the last train.env_error_window rollouts
         self._env_errors: collections.deque[tuple[int, int]] = collections.deque(
             maxlen=int(config.train.get("env_error_window", 10)))
+        self.failed_steps = FailedSteps(int(config.train.get("max_failed_steps", 3)))
         os.makedirs(self.workdir, exist_ok=True)
         self.schedule = HorizonSchedule.from_config(dict(config.horizon))
         self.history: list[StepRecord] = []
@@ -572,6 +575,7 @@ class Trainer:
             self._log_trajectories(step, trajectories, "train")
             fresh = fresh_trajectories(trajectories, step, max_staleness)
             ok = [t for t in fresh if t.ok]
+            usable = len(ok)  # before flat groups are skipped (those are no failure)
             flat_groups = 0
             if cfg.train.get("skip_flat_groups", False):  # all-equal rewards: advantage 0
                 ok, flat_groups = informative_groups(
@@ -579,8 +583,9 @@ class Trainer:
             stale, trainable = len(trajectories) - len(fresh), len(ok)
             mixed = sum(t.mixed_versions for t in trajectories)  # turns of several versions
             if self.multi_process:  # global numbers (collectives, the same order everywhere)
-                counts = np.sum(distributed.allgather_objects([stale, trainable, mixed]), axis=0)
-                stale, trainable, mixed = int(counts[0]), int(counts[1]), int(counts[2])
+                counts = np.sum(distributed.allgather_objects([stale, trainable, mixed, usable]),
+                                axis=0)
+                stale, trainable, mixed, usable = (int(n) for n in counts)
                 stats = distributed.global_rollout_stats(trajectories, stats)
             metrics: dict[str, float] = {"train/horizon": float(horizon),
                                          "train/phase": float(self.schedule.phase(step)),
@@ -589,6 +594,13 @@ class Trainer:
                                          "rollout/flat_groups_skipped": float(flat_groups)}
             metrics.update(stats.as_metrics())
             self._check_env_errors(step, trajectories, stats)
+            failed = self.failed_steps.record(usable, stats.statuses, trajectories)
+            if failed:  # the same cause (e.g. sampling parameters the backend rejects) again
+                resume = (f"once that is fixed, the same command resumes from the checkpoint "
+                          f"of step {self.saved_step}" if self.saved_step else
+                          "once that is fixed, the same command starts it again")
+                raise RunFailure(f"stopped at step {step + 1}: {failed}; {resume} "
+                                 f"(workdir {self.workdir})")
             if trainable:
                 if cfg.rollout.get("release_kv_during_update", False) and max_staleness == 0:
                     try:  # no rollout runs until the sync

@@ -6,6 +6,13 @@ reports all of them at once. ``check_config`` raises ``ConfigError`` carrying th
 ``launch/run.py`` and ``launch/eval.py`` call it first and exit with code 2 (no environment
 server, model or device is touched: the checks read the config and the name registries only).
 
+``run_problems(config, workdir)`` adds what depends on this host, still without starting
+anything: the model source exists in the format its loader reads (``models/pretrained.py``,
+nothing is loaded), the workdir can be created and written (a temporary file in it, or in its
+nearest existing parent), and one step's batch fits this host's memory (which bounds
+``train.tasks_per_step``). ``check_run`` raises ``ConfigError`` with all of those lines;
+``launch/run.py`` calls it.
+
 Names are checked against their registries, whose known names the message lists: advantage
 estimators (``agentrl_jax.algorithms``), environment families (``environments.registry``),
 loss aggregation modes, KL estimators, learning-rate schedules, action parsers, answer
@@ -15,8 +22,11 @@ formats and horizon schedules.
 from __future__ import annotations
 
 import math
+import os
+import tempfile
 from typing import Any, Callable, Iterable
 
+from agentrl_jax.rollout import sampling_limits as limits
 from agentrl_jax.training.services import _as_list
 
 #: exit code of ``launch/run.py`` / ``launch/eval.py`` for an invalid config (as for bad usage)
@@ -107,6 +117,16 @@ class _Checker:
             return None
         return float(v)
 
+    def sampling(self, section: Any, limit: Any, required: bool = False) -> None:
+        """``rollout.<name>`` within the range of the sampling parameter ``limit`` (a
+        ``sampling_limits.Limit``: the same range the rollout server checks)."""
+        full, v, present = self.value(section, "rollout", limit.name,
+                                      None if required else limit.default, required)
+        if present:
+            problem = limit.problem(v)
+            if problem is not None:
+                self.bad(full, problem)
+
     def choice(self, section: Any, prefix: str, key: str, known: Iterable[str],
                normalize: Callable[[str], str] = lambda s: s, kind: str = "value",
                default: str | None = None, required: bool = True) -> str | None:
@@ -141,6 +161,102 @@ def config_problems(config: Any) -> list[str]:
 def check_config(config: Any) -> None:
     """Raise ``ConfigError`` (all problems, one line each) unless ``config`` is valid."""
     problems = config_problems(config)
+    if problems:
+        raise ConfigError(problems)
+
+
+# --------------------------------------------------------------------------- this host
+#: bytes one token takes in a step's batch (``training/batching.py``): ``tokens``,
+#: ``attention_mask``, ``turn_ids`` (int32) and ``loss_mask``, ``rollout_logprobs`` (float32)
+BATCH_BYTES_PER_TOKEN = 5 * 4
+
+
+def host_memory_bytes() -> int | None:
+    """This host's physical memory in bytes (None where the platform does not say)."""
+    try:
+        return int(os.sysconf("SC_PAGE_SIZE")) * int(os.sysconf("SC_PHYS_PAGES"))
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def max_tasks_per_step(samples_per_task: int, max_context: int, memory: int,
+                       processes: int = 1) -> int:
+    """The most tasks per step whose batch fits in ``memory`` bytes on each process.
+
+    A step rolls out ``tasks x samples_per_task`` episodes; each of ``processes`` processes
+    assembles the rows of its share of the tasks into one batch padded to its longest row, up
+    to ``max_context`` tokens of ``BATCH_BYTES_PER_TOKEN`` bytes (one episode that reaches the
+    context limit pads every row to it):
+    ``ceil(tasks / processes) * samples_per_task * max_context * BATCH_BYTES_PER_TOKEN <=
+    memory``."""
+    per_task = samples_per_task * max_context * BATCH_BYTES_PER_TOKEN
+    return processes * (memory // per_task)
+
+
+def workdir_problem(workdir: str) -> str | None:
+    """Why the trainer could not create ``workdir`` (with its parents) and write in it, else
+    None. Nothing is left behind: the probe is a temporary file in ``workdir`` or, when it does
+    not exist yet, in its nearest existing parent."""
+    path = os.path.abspath(workdir)
+    existing = path
+    while not os.path.lexists(existing):
+        existing = os.path.dirname(existing)
+    if not os.path.isdir(existing):
+        what = "a file" if os.path.exists(existing) else "a broken link"
+        return (f"{path} is {what}, not a directory" if existing == path else
+                f"cannot create {path}: {existing} is {what}, not a directory")
+    try:
+        with tempfile.NamedTemporaryFile(dir=existing, prefix=".agentrl-write-check-"):
+            pass
+    except OSError as e:
+        where = path if existing == path else f"{existing} (to create {path})"
+        return f"cannot write in {where}: {e.strerror or e}"
+    return None
+
+
+def run_problems(config: Any, workdir: str, processes: int = 1,
+                 memory: int | None = None) -> list[str]:
+    """``config_problems(config)`` and the problems of running it here (module docstring):
+    the model source, ``workdir`` (the ``--workdir`` of ``launch/run.py``) and the batch
+    memory that bounds ``train.tasks_per_step`` (``processes`` JAX processes share a step;
+    ``memory``: bytes per process, default this host's). Nothing is loaded or started, and
+    nothing is left on disk."""
+    problems = config_problems(config)
+    bad_keys = {p.split(":", 1)[0] for p in problems}
+    model = _get(config, "model")
+    name = _get(model, "name")
+    if isinstance(name, str) and name.strip() and "model.name" not in bad_keys:
+        from agentrl_jax.models.pretrained import check_model_source
+
+        try:
+            check_model_source(name, weights=not _get(model, "random_init"))
+        except (OSError, ValueError) as e:
+            problems.append(f"model.name: {e}")
+    problem = workdir_problem(workdir)
+    if problem:
+        problems.append(f"--workdir: {problem}")
+    train, rollout = _get(config, "train"), _get(config, "rollout")
+    tasks, samples = _get(train, "tasks_per_step"), _get(train, "samples_per_task")
+    context = _get(rollout, "max_context")
+    memory = host_memory_bytes() if memory is None else memory
+    if (memory and all(_is_int(v) and v >= 1 for v in (tasks, samples, context))
+            and not bad_keys & {"train.tasks_per_step", "train.samples_per_task",
+                                "rollout.max_context"}):
+        limit = max_tasks_per_step(samples, context, memory, processes)
+        if tasks > limit:
+            problems.append(
+                f"train.tasks_per_step: at most {limit} on this host (got {tasks}): one step's "
+                f"batch holds tasks_per_step x train.samples_per_task={samples} rows of up to "
+                f"rollout.max_context={context} tokens, {BATCH_BYTES_PER_TOKEN} bytes each, in "
+                f"{memory / 2 ** 30:.1f} GiB of memory"
+                + (f" on each of {processes} processes" if processes > 1 else ""))
+    return problems
+
+
+def check_run(config: Any, workdir: str, processes: int = 1) -> None:
+    """Raise ``ConfigError`` (one line per problem) unless ``config`` can run here in
+    ``workdir`` (``run_problems``)."""
+    problems = run_problems(config, workdir, processes)
     if problems:
         raise ConfigError(problems)
 
@@ -193,6 +309,10 @@ def _check_env(c: _Checker) -> None:
         if name not in known:
             c.bad("env.names", f"unknown environment family {name!r}; known: "
                                f"{', '.join(known)}")
+    repeated = sorted({name for name in names if names.count(name) > 1})
+    if repeated:
+        c.bad("env.names", f"lists {', '.join(map(repr, repeated))} more than once (got "
+                           f"{','.join(names)!r})")
     for key in dict(_get(e, "urls", {}) or {}):
         if key not in names:
             c.bad(f"env.urls.{key}", f"names no environment of env.names ({', '.join(names)})")
@@ -216,11 +336,12 @@ def _check_rollout(c: _Checker) -> int | None:
     if max_context is not None and max_new is not None and max_new >= max_context:
         c.bad("rollout.max_new_tokens", f"must be < rollout.max_context={max_context} "
                                         f"(got {max_new})")
-    c.number(r, "rollout", "temperature", lambda x: x >= 0, ">= 0 (0: greedy)")
-    c.number(r, "rollout", "top_p", lambda x: 0 < x <= 1, "in (0, 1]")
-    full, top_k, present = c.value(r, "rollout", "top_k", -1, required=False)
-    if present and (not _is_int(top_k) or (top_k != -1 and top_k < 1)):
-        c.bad(full, f"must be -1 (off) or an integer >= 1 (got {top_k!r})")
+    elif max_new is not None:
+        c.sampling(r, limits.MAX_NEW_TOKENS)
+    # the sampling ranges the rollout server and every backend apply (sampling_limits.py)
+    c.sampling(r, limits.TEMPERATURE, required=True)
+    c.sampling(r, limits.TOP_P, required=True)
+    c.sampling(r, limits.TOP_K)
     c.int_at_least(r, "rollout", "max_concurrency", 1)
     c.int_at_least(r, "rollout", "decode_steps", 1, default=16, required=False)
     _, kv_buckets, present = c.value(r, "rollout", "prefill_kv_buckets", "", required=False)
@@ -239,6 +360,11 @@ def _check_rollout(c: _Checker) -> int | None:
     if present and stop is not None and not isinstance(stop, str) and not all(
             isinstance(s, str) for s in stop):
         c.bad(full, f"must be a string or a sequence of strings (got {stop!r})")
+    elif present and stop:
+        problem = limits.stop_problem([s for s in ([stop] if isinstance(stop, str) else stop)
+                                       if s])  # empty strings are dropped (stop_strings)
+        if problem is not None:
+            c.bad(full, problem)
     api_key = _get(r, "api_key")
     if api_key is not None and not isinstance(api_key, str):
         c.bad("rollout.api_key", f"must be a string (got {type(api_key).__name__})")
@@ -306,6 +432,7 @@ def _check_train(c: _Checker) -> None:
     c.int_at_least(t, "train", "env_error_window", 1, default=10, required=False)
     c.number(t, "train", "eval_min_scored", lambda x: 0 <= x <= 1, "in [0, 1]",
              default=0.9, required=False)
+    c.int_at_least(t, "train", "max_failed_steps", 0, default=3, required=False)
 
 
 def _check_learner(c: _Checker, max_context: int | None) -> None:

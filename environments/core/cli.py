@@ -38,6 +38,9 @@ def parse_args(name: str, argv: Sequence[str] | None = None) -> argparse.Namespa
     parser.add_argument("--max-connections", type=int, default=DEFAULT_MAX_CONNECTIONS, help="open connections at most (503 and closed beyond)")
     parser.add_argument("--api-key", default=os.environ.get(API_KEY_ENV) or None,
                         help=f"require 'Authorization: Bearer <key>' on every route but /health (default: ${API_KEY_ENV})")
+    parser.add_argument("--allowed-host", action="append", default=[],
+                        help="a host name clients reach this server by (repeatable); requests naming another Host are refused (421). "
+                        "Default: the loopback names on loopback, any Host elsewhere (the API key guards)")
     parser.add_argument("--workers", type=int, default=32, help="threads for blocking environment calls")
     parser.add_argument("--parent-pid", type=int, default=None, help="shut down when this process is gone (the launcher sets it)")
     parser.add_argument("--log-level", default="INFO")
@@ -75,6 +78,8 @@ def main(name: str, argv: Sequence[str] | None = None) -> None:
         parent_pid=args.parent_pid,
         read_timeout=args.read_timeout,
         api_key=args.api_key,
+        host=args.host,
+        allowed_hosts=args.allowed_host,
     )
     app.on_startup.append(freeze_startup_objects)
     log.info("%s listening on http://%s:%d", name, args.host, args.port)

@@ -11,6 +11,16 @@
   starting to read it (408, connection closed).
 * **Connection limit**: at most ``max_connections`` open connections; a further one is answered
   503 (``Retry-After``) and closed at once.
+* **Browser requests** (``request_guard_middleware``): a web page the user visits can send
+  requests to a loopback server, but not with a JSON body (that needs a CORS preflight, which
+  these servers never grant) and never without telling who it is (``Origin``,
+  ``Sec-Fetch-Site``). So a ``Host`` header naming anything but the server's own names (DNS
+  rebinding) is answered 421, an ``Origin`` other than the server's own or ``Sec-Fetch-Site:
+  cross-site`` / ``same-site`` 403, and a body-carrying request (POST...) whose
+  ``Content-Type`` is not ``application/json`` 415 (what a page can send without a preflight:
+  ``text/plain``, forms). State-changing routes are registered for POST only (405 otherwise).
+* **Malformed HTTP** (a bad request line or header): one WARNING line naming the peer and the
+  reason (``ServerLog``), not aiohttp's traceback at ERROR.
 
 ``run_app`` serves an application with all of the above until SIGINT / SIGTERM (what the CLIs
 use); ``GuardedSite`` is the listening site alone (for ``AppRunner`` users such as tests).
@@ -28,15 +38,20 @@ import logging
 import os
 import signal
 import socket
-from typing import Any, Awaitable, Callable
+from typing import Any, Awaitable, Callable, Iterable
 
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
 
 log = logging.getLogger("agentrl.httpguard")
 
 DEFAULT_READ_TIMEOUT_S = 30.0
 DEFAULT_MAX_CONNECTIONS = 1024
 LINGER_S = 2.0  # at most this long draining an unread body after an error answer
+LOOPBACK_NAMES = ("127.0.0.1", "localhost", "::1")  # what a client on this machine calls it
+JSON_CONTENT_TYPE = "application/json"
+SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})  # no body, no state change
+FOREIGN_FETCH_SITES = frozenset({"cross-site", "same-site"})  # Sec-Fetch-Site of another origin
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,8 +70,9 @@ class Limits:
             raise ValueError("an API key must not be empty")
 
     def runner_kwargs(self) -> dict[str, Any]:
-        """aiohttp ``AppRunner`` options: the header read timeout and the post-error drain."""
-        return {"keepalive_timeout": self.read_timeout, "lingering_time": min(LINGER_S, self.read_timeout)}
+        """aiohttp ``AppRunner`` options: the header read timeout, the post-error drain and the
+        server log that reports malformed requests in one line (``ServerLog``)."""
+        return {"keepalive_timeout": self.read_timeout, "lingering_time": min(LINGER_S, self.read_timeout), "logger": SERVER_LOG}
 
 
 class GuardError(Exception):
@@ -123,6 +139,118 @@ def api_key_middleware(
         return await handler(request)
 
     return check_api_key
+
+
+# ------------------------------------------------------------------------- browser requests
+
+
+def host_name(value: str) -> str | None:
+    """The host name of a ``Host`` header (``name``, ``name:port``, ``[v6]:port``), lower case
+    and without a trailing dot; None when it is not of that form."""
+    value = value.strip().lower()
+    if value.startswith("["):
+        end = value.find("]")
+        if end < 0:
+            return None
+        name, rest = value[1:end], value[end + 1 :]
+    else:
+        name, colon, port = value.partition(":")
+        rest = colon + port
+    if rest and not (rest.startswith(":") and rest[1:].isdigit()):
+        return None
+    name = name.rstrip(".")
+    return name or None
+
+
+def allowed_hosts(bind_host: str | None, extra: Iterable[str] = ()) -> frozenset[str] | None:
+    """The host names a request's ``Host`` header may name; None: any.
+
+    A loopback server (no key needed) answers only to its own names: ``LOOPBACK_NAMES`` and
+    ``bind_host``; so a page whose DNS name was rebound to 127.0.0.1 (its requests say
+    ``Host: evil.example``) is refused. A server on another interface must have an API key,
+    which a page does not know; it checks ``Host`` only when the operator lists the names
+    clients use (``extra``: ``--allowed-host``), since those are not knowable here."""
+    names = {n for n in (host_name(h) for h in extra) if n}
+    if names or is_loopback(bind_host):
+        bound = (bind_host or "").strip("[]").lower().rstrip(".")  # a name or an address, no port
+        return frozenset({*LOOPBACK_NAMES, *names, *([bound] if bound and bound not in ("0.0.0.0", "::") else [])})
+    return None
+
+
+def refusal(request: web.Request, hosts: frozenset[str] | None) -> tuple[int, str] | None:
+    """Why ``request`` is refused as a browser's cross-site request (status, message), or None.
+
+    421: a ``Host`` not in ``hosts``. 403: an ``Origin`` that is not this server's own
+    (``http(s)://`` + the ``Host`` header), or ``Sec-Fetch-Site`` saying another site or origin
+    sent it. 415: a request other than GET / HEAD / OPTIONS to an existing route without a JSON
+    ``Content-Type``."""
+    host = request.headers.get("Host")
+    if hosts is not None and host is not None and host_name(host) not in hosts:
+        return 421, (f"Host {host[:100]!r} is not a name of this server: use the address it serves on "
+                     "(or start it with --allowed-host NAME)")
+    origin = request.headers.get("Origin")
+    if origin is not None and (host is None or origin.lower() not in (f"http://{host.lower()}", f"https://{host.lower()}")):
+        return 403, f"cross-origin request refused (Origin {origin[:100]!r}): this server takes no requests from web pages"
+    if request.headers.get("Sec-Fetch-Site", "").lower() in FOREIGN_FETCH_SITES:
+        return 403, "cross-site request refused (Sec-Fetch-Site): this server takes no requests from web pages"
+    if request.method not in SAFE_METHODS and request.match_info.http_exception is None:
+        given = request.headers.get("Content-Type")
+        if given is None or request.content_type != JSON_CONTENT_TYPE:
+            what = f"Content-Type {given[:100]!r}" if given is not None else "no Content-Type"
+            return 415, f"{request.method} bodies must be JSON: send 'Content-Type: {JSON_CONTENT_TYPE}' (got {what})"
+    return None
+
+
+def request_guard_middleware(
+    hosts: frozenset[str] | None,
+    reject: Callable[[int, str, dict[str, str]], web.StreamResponse],
+) -> Callable:
+    """An aiohttp middleware answering ``refusal``'s statuses through ``reject(status, message,
+    headers)`` (``hosts``: from ``allowed_hosts``). Put it first: nothing else runs for a
+    refused request."""
+
+    @web.middleware
+    async def guard_request(request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]):
+        refused = refusal(request, hosts)
+        if refused is not None:
+            status, message = refused
+            return reject(status, message, {"Accept": JSON_CONTENT_TYPE} if status == 415 else {})
+        return await handler(request)
+
+    return guard_request
+
+
+# ----------------------------------------------------------------------------- malformed HTTP
+
+
+class ServerLog(logging.LoggerAdapter):
+    """aiohttp's server logger (``aiohttp.server``), except that a request aiohttp could not
+    parse (``HttpProcessingError``: a bad request line, header or chunk) is one WARNING line
+    ``malformed HTTP request from <peer>: <reason>`` instead of a traceback at ERROR (or, for
+    a connection's first request with a bad method, at DEBUG: what aiohttp does for non-HTTP
+    traffic such as TLS sent to an HTTP port). Errors of the application keep their
+    tracebacks."""
+
+    def exception(self, msg: Any, *args: Any, exc_info: Any = True, **kwargs: Any) -> None:
+        if not self._malformed(args, exc_info):
+            self.logger.exception(msg, *args, exc_info=exc_info, **kwargs)
+
+    def debug(self, msg: Any, *args: Any, exc_info: Any = None, **kwargs: Any) -> None:
+        if not self._malformed(args, exc_info):
+            self.logger.debug(msg, *args, exc_info=exc_info, **kwargs)
+
+    def _malformed(self, args: tuple[Any, ...], exc_info: Any) -> bool:
+        """Log the one line if ``exc_info`` is a parse error (aiohttp's ``handle_error`` passes
+        the peer as the first argument); True when it was."""
+        if not isinstance(exc_info, HttpProcessingError):
+            return False
+        peer = args[0] if args else "an unknown peer"
+        reason = " ".join(str(exc_info.message or type(exc_info).__name__).split())
+        self.logger.warning("malformed HTTP request from %s: %s", peer, reason[:200])
+        return True
+
+
+SERVER_LOG = ServerLog(logging.getLogger("aiohttp.server"), {})
 
 
 # ---------------------------------------------------------------------------------- the body

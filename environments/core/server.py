@@ -13,7 +13,10 @@ Endpoints (all bodies and answers are JSON; see docs/ENVIRONMENTS.md):
 Errors are ``{"error": message}`` with a 4xx/5xx status, never a 200: unknown env id or task 404,
 malformed JSON or missing / wrongly typed fields 400, oversized body 413, a step after the episode
 ended 409, no free session slot 503 (with ``Retry-After``). An exception inside an environment is
-a 500 with its message.
+a 500 with its message. Requests a web page could send are refused
+(``httpguard.request_guard_middleware``): a POST without ``Content-Type: application/json`` 415,
+a foreign ``Origin`` 403, a ``Host`` that is not one of the server's names 421 (on loopback, or
+with ``allowed_hosts``); a GET on a POST route is 405 (``Allow: POST``).
 
 Concurrency: calls on one instance are serialized by a per-session ``asyncio.Lock``; different
 instances run concurrently on a thread pool, except for families declared ``inline`` (cheap,
@@ -28,13 +31,13 @@ import concurrent.futures
 import functools
 import logging
 import re
-from typing import Any, Callable, TypeVar
+from typing import Any, Callable, Sequence, TypeVar
 
 from aiohttp import web
 
 from environments.core import jsonio
-from environments.core.httpguard import (DEFAULT_READ_TIMEOUT_S, GuardError, Limits, api_key_middleware,
-                                         exit_with_parent, read_body)
+from environments.core.httpguard import (DEFAULT_READ_TIMEOUT_S, GuardError, Limits, allowed_hosts as hosts_for,
+                                         api_key_middleware, exit_with_parent, read_body, request_guard_middleware)
 from environments.core.base import InvalidTaskError, ResetResult, StepResult, TaskCatalog
 from environments.core.sessions import CapacityError, Session, SessionTable, Stats
 from environments.registry import Family
@@ -437,15 +440,25 @@ def build_app(
     parent_pid: int | None = None,
     read_timeout: float = DEFAULT_READ_TIMEOUT_S,
     api_key: str | None = None,
+    host: str = "127.0.0.1",
+    allowed_hosts: Sequence[str] = (),
 ) -> web.Application:
     """The aiohttp application serving ``family`` (``parent_pid``: exit when that process is gone;
     ``read_timeout``: seconds allowed for a request body; ``api_key``: required as
-    ``Authorization: Bearer <key>`` on every route but ``/health``)."""
+    ``Authorization: Bearer <key>`` on every route but ``/health``; ``host``: the address the
+    server binds, whose names ``Host`` headers may use, with ``allowed_hosts``: see
+    ``httpguard.allowed_hosts``)."""
     limits = Limits(max_body=max_body, read_timeout=read_timeout, api_key=api_key)
     server = EnvServer(family, max_sessions=max_sessions, idle_timeout=idle_timeout, workers=workers, parent_pid=parent_pid, limits=limits)
-    middlewares: list[Callable] = [server.errors]
+
+    def reject(status: int, message: str, headers: dict[str, str]) -> web.Response:
+        server.stats.errors[status] += 1
+        return error_response(status, message, headers)
+
+    middlewares: list[Callable] = [request_guard_middleware(hosts_for(host, allowed_hosts), reject)]
     if api_key:
-        middlewares.insert(0, api_key_middleware(api_key, lambda status, message, headers: error_response(status, message, headers)))
+        middlewares.append(api_key_middleware(api_key, reject))
+    middlewares.append(server.errors)
     app = web.Application(client_max_size=max_body, middlewares=middlewares)
     app[SERVER_KEY] = server
     app.cleanup_ctx.append(server.lifespan)

@@ -1,0 +1,284 @@
+"""Regenerate the results table: every training job of the table for each training seed, then
+the paper-layout table (families x base / SFT / RL only / SFT+RL, mean over seeds with a
+two-level bootstrap interval) from whatever results exist.
+
+    python benchmarks/results_table.py --gpus 4 --budget 3000            # jobs, then the table
+    python benchmarks/results_table.py --gpus 2 --per-gpu 2 --seeds 1,2  # 4 lanes on 2 GPUs
+    python benchmarks/results_table.py --dry-run                         # the job plan only
+    python benchmarks/results_table.py --stage table --doc docs/RESULTS.md
+    python benchmarks/results_table.py --smoke                           # CPU, tiny model
+
+Stage ``jobs``: for each seed in ``--seeds`` (0,1,2), one call of ``benchmarks/issue15_gpu.sh
+--seed S --stage record,wave1,wave2 --wave2-pair2 horizons`` on 4 lanes (``--gpus`` x
+``--per-gpu``: one or two jobs per GPU, ``CUDA_VISIBLE_DEVICES`` per lane). That script holds the
+job logic: every job under ``timeout`` (its cap, and no later than ``--budget``), a done marker
+in ``<out>/.done`` (a job done before is skipped, so the command resumes after a cut-off), and
+right after each job its small files (config.json, metrics.jsonl, summary.json,
+eval_episodes.jsonl) and log copied to ``<results>/<job>/``. Runs keep their full length
+(``--fixed-length``): a job that does not fit in the budget left is not started, so the seeds
+stay comparable; run the same command again (a later call) to go on. The jobs per seed: BabyAI and
+TextCraft SFT, SFT+GRPO and SFT+GiGPO (wave1; the base-model evaluations and expert recordings
+once), BabyAI GRPO (RL only, ScalingInter-RL 6 -> 13 -> 20) and GiGPO from the base model and
+GRPO with a fixed 6-turn and a fixed 20-turn horizon at the same wall time (wave2).
+
+Stage ``table``: reads the runs under ``--from`` directories (default ``--results``; a label is
+a subdirectory ``<job>`` or ``<job>_s<k>`` with evaluation episodes; ``--alias job=dir`` names
+single runs kept elsewhere, as seed 0) and writes ``<results>/table.md`` and ``table.json``:
+the family table and the comparisons, each cell ``seed_stats`` over the seeds that exist
+(``benchmarks/seed_stats.py``), "no runs yet" where none do. ``--doc FILE`` replaces the part
+of FILE between ``<!-- results-table:begin -->`` and ``<!-- results-table:end -->`` with it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import learning_report  # noqa: E402
+import seed_stats  # noqa: E402
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+#: (row name, job-name prefix) of the paper's families
+FAMILIES = (("BabyAI", "babyai"), ("TextCraft", "textcraft"), ("ScienceWorld", "sciworld"),
+            ("web navigation", "webnav"), ("deep search", "deepsearch"))
+#: column -> the (job, evaluation) that measures it, first one present wins
+COLUMNS = {"base": (("{p}_base", "first"), ("{p}_grpo", "first")),
+           "SFT": (("{p}_sft_grpo", "first"), ("{p}_sft_gigpo", "first")),
+           "RL only": (("{p}_grpo", "last"),),
+           "SFT+RL": (("{p}_sft_grpo", "last"),)}
+#: comparisons (name, alternatives of "B[@which]:A[@which]"), per family prefix
+COMPARISONS = (("SFT - base",
+                 ("{p}_sft_grpo@first:{p}_base", "{p}_sft_grpo@first:{p}_grpo@first")),
+               ("SFT+GRPO - SFT", ("{p}_sft_grpo:{p}_sft_grpo@first",)),
+               ("SFT+GiGPO - SFT", ("{p}_sft_gigpo:{p}_sft_gigpo@first",)),
+               ("SFT+GiGPO - SFT+GRPO", ("{p}_sft_gigpo:{p}_sft_grpo",)),
+               ("RL only - base", ("{p}_grpo:{p}_grpo@first",)),
+               ("GiGPO - GRPO (RL only)", ("{p}_gigpo:{p}_grpo",)),
+               ("ScalingInter-RL - fixed 6 turns",
+                ("{p}_hscaling:{p}_fixed6", "{p}_grpo:{p}_fixed6")),
+               ("ScalingInter-RL - fixed 20 turns",
+                ("{p}_hscaling:{p}_fixed20", "{p}_grpo:{p}_fixed20")),
+               ("control: the SFT policy evaluated twice",
+                ("{p}_sft_gigpo@first:{p}_sft_grpo@first",)))
+BEGIN, END = "<!-- results-table:begin -->", "<!-- results-table:end -->"
+
+
+# ------------------------------------------------------------------------------------ jobs
+def job_commands(args: argparse.Namespace, budget_left: int | None) -> list[list[str]]:
+    """One ``issue15_gpu.sh`` call per seed (the job logic lives there)."""
+    cmds = []
+    for s in args.seeds:
+        cmd = ["bash", os.path.join(ROOT, "benchmarks", "issue15_gpu.sh"), "--seed", str(s),
+               "--stage", args.waves, "--wave2-pair2", args.pair2, "--out", args.out,
+               "--results", args.results, "--gpus", str(args.gpus), "--per-gpu", str(args.per_gpu),
+               "--fixed-length"]
+        if budget_left is not None:
+            cmd += ["--budget", str(budget_left)]
+        cmd += ["--smoke"] * args.smoke + ["--dry-run"] * args.dry_run
+        cmds.append(cmd)
+    return cmds
+
+
+def run_jobs(args: argparse.Namespace) -> int:
+    """Run the seeds' calls one after the other (each fills the lanes); returns the number of
+    calls that reported a failed or skipped job."""
+    t0, failed = time.time(), 0
+    for i, s in enumerate(args.seeds):
+        left = None if not args.budget else int(args.budget - (time.time() - t0))
+        if left is not None and left < 60:
+            print(f"[results_table] seed {s}: {left} s of the budget left, not started")
+            failed += 1
+            continue
+        cmd = job_commands(argparse.Namespace(**{**vars(args), "seeds": [s]}), left)[0]
+        print(f"[results_table] seed {s}: {' '.join(cmd)}", flush=True)
+        failed += subprocess.call(cmd, cwd=ROOT) != 0
+    return failed
+
+
+# ------------------------------------------------------------------------------------ table
+def find_runs(dirs: list[str], aliases: dict[str, str]) -> dict[str, str]:
+    """``{label: run directory}``: ``--alias`` entries, then every subdirectory of ``dirs``
+    with evaluation episodes (the first directory holding a label wins)."""
+    runs = dict(aliases)
+    for d in dirs:
+        if not os.path.isdir(d):
+            continue
+        for name in sorted(os.listdir(d)):
+            path = os.path.join(d, name)
+            if name not in runs and learning_report.eval_episode_files(path):
+                runs[name] = path
+    return runs
+
+
+def _group(runs: dict[str, str], job: str) -> list[str]:
+    """The labels of ``job``'s seeds among ``runs`` (``job`` and ``job_s<k>``)."""
+    return [label for label in runs if label == job or (
+        label.startswith(job + "_s") and label[len(job) + 2:].isdigit())]
+
+
+def build_table(runs: dict[str, str], draws: int = 10_000) -> dict:
+    """``{"cells": {family: {column: entry}}, "comparisons": {family: {name: entry}}}``; an
+    entry is ``seed_stats`` output plus ``job`` / ``which``, or ``{"missing": why}``."""
+    evals: dict[str, dict] = {}
+
+    def load(labels: list[str]) -> dict[str, dict]:
+        for label in labels:
+            if label not in evals:
+                evals[label] = learning_report.eval_success_by_task(runs[label])
+        return {label: evals[label] for label in labels}
+
+    out: dict = {"cells": {}, "comparisons": {}}
+    for family, p in FAMILIES:
+        row = {}
+        for column, options in COLUMNS.items():
+            row[column] = {"missing": "no runs yet"}
+            for job_t, which in options:
+                job = job_t.format(p=p)
+                labels = _group(runs, job)
+                if not labels:
+                    continue
+                rep = learning_report.seed_level_report(load(labels), draws=draws)
+                entry = rep["configurations"][job].get(which)
+                if entry:
+                    row[column] = {**entry, "job": job, "which": which,
+                                   **({"left_out": rep["configurations"][job]["missing"]}
+                                      if "missing" in rep["configurations"][job] else {})}
+                    break
+        out["cells"][family] = row
+        comps = {}
+        for name, options in COMPARISONS:
+            for spec_t in options:
+                spec = spec_t.format(p=p)
+                jobs = [side.partition("@")[0] for side in spec.split(":")]
+                labels = [lab for j in jobs for lab in _group(runs, j)]
+                if not all(_group(runs, j) for j in jobs):
+                    continue
+                refs = frozenset(j for j in jobs if j.endswith("_base"))  # untrained: no seed
+                entry = learning_report.seed_level_report(load(labels), spec, draws, refs)[
+                    "differences"].get(spec)
+                if entry and "missing" not in entry:
+                    comps[name] = {**entry, "spec": spec}
+                    break
+        out["comparisons"][family] = comps
+    return out
+
+
+def _cell(e: dict, signed: bool = False) -> str:
+    if "missing" in e:
+        return e["missing"]
+    n = e["n_seeds"]
+    return (f"{seed_stats.fmt_points(e, signed)} ({n} seed{'s' * (n > 1)}"
+            f"{'†' if e['single_seed'] else ''})")
+
+
+def markdown(table: dict, runs: dict[str, str]) -> str:
+    """The table (and the comparisons) as markdown, in points (Avg@k x 100)."""
+    cols = list(COLUMNS)
+    lines = ["| family | " + " | ".join(cols) + " |", "|---" * (len(cols) + 1) + "|"]
+    for family, _ in FAMILIES:
+        cells = table["cells"][family]
+        if all("missing" in cells[c] for c in cols):
+            lines.append(f"| {family} | " + " | ".join(["no runs yet"] * len(cols)) + " |")
+        else:
+            lines.append(f"| {family} | " + " | ".join(_cell(cells[c]) for c in cols) + " |")
+    lines += ["", "| comparison | family | B - A, points (95% CI) | per seed |",
+              "|---|---|---|---|"]
+    for family, _ in FAMILIES:
+        for name, e in table["comparisons"][family].items():
+            per = ", ".join(f"{100 * v:+.1f}" for v in e["per_pair"].values()) \
+                if "per_pair" in e else "unpaired seeds"
+            lines.append(f"| {name} | {family} | {_cell(e, signed=True)} | {per} |")
+    used = sorted({e["job"] for c in table["cells"].values() for e in c.values() if "job" in e}
+                  | {j.partition("@")[0] for c in table["comparisons"].values()
+                     for e in c.values() for j in e["spec"].split(":")})
+    lines += ["", "Mean over training seeds of Avg@k on the held-out tasks, in points; the "
+              "interval is a two-level bootstrap 95% interval (seeds, then tasks within a seed; "
+              "`benchmarks/seed_stats.py`). † one seed: the interval covers evaluation sampling "
+              "only, not training variance. Runs: "
+              + "; ".join(f"`{j}`: " + ", ".join(f"`{os.path.relpath(runs[lab], ROOT)}`"
+                                                 for lab in sorted(_group(runs, j)))
+                          for j in used) + "."]
+    return "\n".join(lines) + "\n"
+
+
+def write_doc(path: str, text: str) -> None:
+    """Replace the marked block of ``path`` with ``text`` (error if the markers are absent)."""
+    doc = open(path).read()
+    if BEGIN not in doc or END not in doc:
+        raise SystemExit(f"{path} has no {BEGIN} ... {END} block")
+    head, rest = doc.split(BEGIN, 1)
+    open(path, "w").write(head + BEGIN + "\n" + text + END + rest.split(END, 1)[1])
+
+
+def table_stage(args: argparse.Namespace) -> None:
+    aliases = {}
+    for a in args.alias:
+        job, sep, path = a.partition("=")
+        if not sep or not job or not path:
+            raise SystemExit(f"--alias takes job=directory, got {a!r}")
+        if not learning_report.eval_episode_files(path):
+            raise SystemExit(f"--alias {a}: no evaluation episodes in {path}")
+        aliases[job] = path
+    runs = find_runs(args.sources or [args.results], aliases)
+    table = build_table(runs, args.draws)
+    text = markdown(table, runs)
+    os.makedirs(args.results, exist_ok=True)
+    with open(os.path.join(args.results, "table.json"), "w") as f:
+        json.dump({"runs": {k: os.path.relpath(v, ROOT) for k, v in runs.items()}, **table}, f,
+                  indent=1)
+    with open(os.path.join(args.results, "table.md"), "w") as f:
+        f.write(text)
+    if args.doc:
+        write_doc(args.doc, text)
+    print(text)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--stage", default="jobs,table", help="jobs, table or jobs,table")
+    p.add_argument("--seeds", default="0,1,2", help="training seeds (comma-separated)")
+    p.add_argument("--gpus", type=int, default=4)
+    p.add_argument("--per-gpu", type=int, default=1, choices=(1, 2))
+    p.add_argument("--budget", type=int, default=0, help="seconds for all jobs (0: no limit)")
+    p.add_argument("--waves", default="record,wave1,wave2", help="issue15_gpu.sh stages")
+    p.add_argument("--out", default="runs/table", help="runs (checkpoints, full trajectories)")
+    p.add_argument("--results", default="docs/results/table", help="the small files, the table")
+    p.add_argument("--from", dest="sources", action="append", default=[],
+                   help="directories of collected runs for the table (default: --results)")
+    p.add_argument("--alias", action="append", default=[], help="job=directory: one run kept "
+                   "elsewhere, as seed 0 of job (e.g. babyai_grpo=docs/results/babyai_gpu_f32)")
+    p.add_argument("--doc", default="", help="file whose results-table block gets the table")
+    p.add_argument("--draws", type=int, default=10_000)
+    p.add_argument("--dry-run", action="store_true", help="print the job plan, run nothing")
+    p.add_argument("--smoke", action="store_true", help="CPU, tiny model, seeds 0,1, BabyAI GRPO "
+                   "and GiGPO from the base model only, into /tmp/results_table_smoke")
+    args = p.parse_args(argv)
+    args.pair2 = "horizons"
+    stages = set(args.stage.split(","))
+    if not stages <= {"jobs", "table"}:
+        p.error(f"--stage: jobs, table or both, got {args.stage}")
+    if args.smoke:
+        args.seeds, args.waves, args.pair2 = "0,1", "wave2", "none"
+        if args.out == "runs/table":
+            args.out = "/tmp/results_table_smoke"
+        if args.results == "docs/results/table":
+            args.results = os.path.join(args.out, "results")
+    try:
+        args.seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
+    except ValueError:
+        p.error(f"--seeds takes numbers, got {args.seeds}")
+    failed = 0
+    if "jobs" in stages:
+        failed = run_jobs(args)
+    if "table" in stages and not args.dry_run:
+        table_stage(args)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

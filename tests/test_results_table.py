@@ -1,0 +1,56 @@
+"""benchmarks/results_table.py: the table stage on hand-made runs (no training: the runs'
+evaluation files are written here), the job plan, and the marked block of a document."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import pytest
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "benchmarks"))
+import results_table  # noqa: E402
+from test_seed_stats import write_run  # noqa: E402
+
+
+def test_table_from_runs_with_seeds_and_missing_families(tmp_path):
+    res = tmp_path / "results"
+    write_run(res / "babyai_base", {0: {"1": [0, 0], "2": [0, 1]}})                  # 25
+    write_run(res / "babyai_sft_grpo", {0: {"1": [1, 1], "2": [0, 1]},           # 75 -> 100
+                                        9: {"1": [1, 1], "2": [1, 1]}})
+    write_run(res / "babyai_sft_grpo_s1", {0: {"1": [1, 0], "2": [0, 1]},        # 50 -> 50
+                                           8: {"1": [1, 1], "2": [0, 0]}})
+    (res / "babyai_sft").mkdir()  # no evaluation episodes: not a run of the table
+    doc = tmp_path / "RESULTS.md"
+    doc.write_text(f"# Results\n\n{results_table.BEGIN}\nold\n{results_table.END}\n\n## History\n")
+    results_table.main(["--stage", "table", "--results", str(res), "--doc", str(doc),
+                        "--draws", "2000"])
+    t = json.load(open(res / "table.json"))
+    sft, sft_rl = t["cells"]["BabyAI"]["SFT"], t["cells"]["BabyAI"]["SFT+RL"]
+    assert sft["n_seeds"] == 2 and sft["mean"] == pytest.approx((0.75 + 0.5) / 2)
+    assert sft_rl["mean"] == pytest.approx((1.0 + 0.5) / 2) and sft_rl["std"] == pytest.approx(
+        0.5 ** 0.5 / 2)
+    assert t["cells"]["BabyAI"]["base"]["single_seed"]
+    assert t["cells"]["BabyAI"]["RL only"] == {"missing": "no runs yet"}
+    d = t["comparisons"]["BabyAI"]["SFT+GRPO - SFT"]
+    assert d["per_pair"] == {"0:0": 0.25, "1:1": 0.0}
+    assert t["comparisons"]["BabyAI"]["SFT - base"]["pairs"] == [[0, 0], [1, 0]]
+    text = doc.read_text()
+    assert "old" not in text and text.endswith("## History\n")
+    assert "| ScienceWorld | no runs yet | no runs yet | no runs yet | no runs yet |" in text
+    assert "| BabyAI | 25.0 [" in text and "(1 seed†)" in text and "(2 seeds)" in text
+
+
+def test_dry_run_plans_every_seed_and_writes_nothing(tmp_path, capfd):
+    out = tmp_path / "runs"
+    assert results_table.main(["--stage", "jobs", "--dry-run", "--seeds", "0,2",
+                               "--out", str(out), "--results", str(tmp_path / "res")]) == 0
+    plan = capfd.readouterr().out
+    for job in ("babyai_sft_grpo", "textcraft_sft_gigpo_s2", "babyai_fixed6_s2",
+                "babyai_fixed20", "babyai_gigpo_s2", "babyai_base"):
+        assert f"plan: {job} " in plan
+    assert "--config.seed=2" in plan
+    assert not out.exists() and not (tmp_path / "res").exists()
+    with pytest.raises(SystemExit):
+        results_table.main(["--stage", "table", "--alias", "nodir"])
