@@ -88,10 +88,11 @@ def _train(config: Any) -> int:
                   if os.environ.get(var)}
         jax.distributed.initialize(**counts)
     workdir = _workdir()
-    from agentrl_jax.training.storage import DropClosedLoopTracebacks
+    from agentrl_jax.training.storage import quiet_storage_errors
 
-    # for the whole job: orbax's threads may print these after the trainer returned
-    sys.stderr = DropClosedLoopTracebacks(sys.stderr)
+    # for the whole job: orbax's and tensorstore's threads may still report a failed save's
+    # other writes after the trainer returned (the one-line failure says it all)
+    quiet_storage_errors()
     lock, code = _lock_workdir(workdir)
     if code is not None:
         return code

@@ -126,8 +126,9 @@ def _mentions_storage_error(text: str) -> bool:
     return any(os.strerror(code) in text for code in STORAGE_ERRNOS)
 
 
-#: the loggers whose records :func:`quiet_storage_errors` filters (orbax logs through absl)
-QUIET_LOGGERS = ("absl", "orbax")
+#: the loggers whose records :func:`quiet_storage_errors` filters: orbax logs through absl;
+#: asyncio reports the futures of orbax's other writes ("Future exception was never retrieved")
+QUIET_LOGGERS = ("absl", "orbax", "asyncio")
 _TRACEBACK = "Traceback (most recent call last):"
 _CLOSED_LOOP = "RuntimeError: Event loop is closed"
 
