@@ -5,11 +5,13 @@
 
 The config is checked first (``training/validate.py``: every key, the model source, the
 workdir, a step's batch against this host's memory); a bad one exits with code 2, one line per
-problem, before anything starts. With no URLs in the config it starts the environment servers and the embedded rollout engine on
-loopback and stops them on exit. Ctrl-C stops the run cleanly (one line, exit code 130).
-Re-running with the same --workdir resumes from the latest checkpoint; a run that already
-finished says so and exits (--eval_again evaluates its final policy again). On several hosts
-(TPU pod, GPU cluster) pass --distributed.
+problem, before anything starts. With no URLs in the config it starts the environment servers
+and the embedded rollout engine on loopback and stops them on exit. Ctrl-C stops the run
+cleanly (one line, exit code 130). Re-running with the same --workdir resumes from the latest checkpoint; a run that already
+finished says so and exits, after writing its report if a kill left it unwritten (--eval_again
+evaluates its final policy again). One run per workdir: a second one is refused (exit code 5).
+A full disk (or another refused write) stops the run with one line (exit code 4). On several
+hosts (TPU pod, GPU cluster) pass --distributed.
 """
 
 from __future__ import annotations
@@ -36,6 +38,8 @@ _EVAL_AGAIN = flags.DEFINE_bool("eval_again", False,
 
 #: exit code of a run stopped by Ctrl-C (128 + SIGINT), as shells report it
 EXIT_INTERRUPTED = 130
+#: exit code of a run refused because another run holds its workdir
+EXIT_WORKDIR_BUSY = 5
 
 
 def main(argv: list[str]) -> int:
@@ -83,15 +87,71 @@ def _train(config: Any) -> int:
                                                              ("process_id", "JAX_PROCESS_ID"))
                   if os.environ.get(var)}
         jax.distributed.initialize(**counts)
+    workdir = _workdir()
+    from agentrl_jax.training.storage import quiet_storage_errors
+
+    # for the whole job: orbax's and tensorstore's threads may still report a failed save's
+    # other writes after the trainer returned (the one-line failure says it all)
+    quiet_storage_errors()
+    lock, code = _lock_workdir(workdir)
+    if code is not None:
+        return code
+    try:
+        return _train_locked(config, workdir)
+    finally:
+        if lock is not None:
+            lock.release()
+
+
+def _lock_workdir(workdir: str) -> tuple[Any, int | None]:
+    """(the workdir's lock, None), or (None, exit code) when this run must not start: another
+    run holds the workdir (one line, :data:`EXIT_WORKDIR_BUSY`) or its lock file cannot be
+    made (:data:`EXIT_BAD_CONFIG`). Only the main process takes the lock; every process gets
+    the same answer. A lock left by a run that died is taken over, said in one line, and that
+    run's session is recorded in ``summary.json`` as ``killed``."""
+    from agentrl_jax.training.summary import append_session
+    from agentrl_jax.training.validate import EXIT_BAD_CONFIG
+    from agentrl_jax.training.workdir_lock import WorkdirBusy, WorkdirLock, WorkdirLockError
+
+    is_main = True
+    if _DISTRIBUTED.value:
+        import jax
+
+        is_main = jax.process_index() == 0
+    lock, code = None, None
+    if is_main:
+        try:
+            lock = WorkdirLock(workdir).acquire()
+        except WorkdirLockError as error:
+            print(error, file=sys.stderr, flush=True)
+            code = EXIT_WORKDIR_BUSY if isinstance(error, WorkdirBusy) else EXIT_BAD_CONFIG
+    if _DISTRIBUTED.value:
+        from agentrl_jax.sharding.placement import allgather_objects
+
+        code = allgather_objects(code)[0]
+    if lock is not None and lock.stale:
+        print(lock.stale_message(), flush=True)
+        record = {"stopped": "killed", "error": "ended without releasing the workdir lock "
+                  "(killed, crashed or its host lost)",
+                  **{f"lock_{k}": v for k, v in lock.stale.items() if k != "command"}}
+        problem = append_session(lock.workdir, record)
+        if problem:
+            print(problem, file=sys.stderr, flush=True)
+    return lock, code
+
+
+def _train_locked(config: Any, workdir: str) -> int:
     from agentrl_jax.training.trainer import Trainer
 
-    trainer = Trainer(config, _workdir(), eval_again=_EVAL_AGAIN.value)
+    trainer = Trainer(config, workdir, eval_again=_EVAL_AGAIN.value)
     finished = trainer.finished_step()
     if finished is not None and not _EVAL_AGAIN.value:
         if trainer.is_main:
             print(f"run already finished at step {finished} (workdir {trainer.workdir}); "
                   "pass --eval_again to evaluate it again", flush=True)
+            _complete_report(trainer.workdir)
         return 0
+    from agentrl_jax.training.storage import EXIT_STORAGE_FAILED, StorageFailure
     from agentrl_jax.training.trainer import EXIT_RUN_FAILED, RunFailure
 
     try:
@@ -104,11 +164,25 @@ def _train(config: Any) -> int:
         if trainer.is_main:
             print(f"run failed: {failure}", file=sys.stderr, flush=True)
         return EXIT_RUN_FAILED
+    except StorageFailure as failure:  # a full disk, a failed checkpoint save
+        if trainer.is_main:
+            print(f"run failed: {failure}", file=sys.stderr, flush=True)
+        return EXIT_STORAGE_FAILED
     if trainer.is_main:  # report.md + PNG curves in the workdir (never fails the run)
         from agentrl_jax.training.report import write_report_safely
 
         write_report_safely(trainer.workdir)
     return 0
+
+
+def _complete_report(workdir: str) -> None:
+    """Write the report of a finished run whose ``report.md`` or ``report_curves.png`` is
+    missing (a kill after the summary was written, before the report)."""
+    from agentrl_jax.training.report import CURVES_FILE, REPORT_FILE, write_report_safely
+
+    if all(os.path.exists(os.path.join(workdir, name)) for name in (REPORT_FILE, CURVES_FILE)):
+        return
+    write_report_safely(workdir, say=lambda line: print(line, flush=True))
 
 
 if __name__ == "__main__":

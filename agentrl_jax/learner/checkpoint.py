@@ -18,12 +18,16 @@ so a sharded run restores sharded without a host copy of the whole model.
 
 Saves are asynchronous (``enable_async_checkpointing``): ``save`` returns once the arrays are
 copied off the accelerator, the write continues in the background; ``wait()`` blocks until it is
-durable and ``close()`` waits too.
+durable and ``close()`` waits too. A save that fails in the background (a full disk) surfaces
+at the next ``save`` / ``wait`` / ``close`` as a :class:`CheckpointSaveError` naming the step
+whose write failed; :meth:`Checkpointer.remove_partial` deletes what it left (orbax's
+temporary directories), so that the last finished checkpoint is the one a rerun restores.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 from typing import Any, Mapping
 
 import jax
@@ -32,6 +36,20 @@ import orbax.checkpoint as ocp
 from agentrl_jax.sharding.rules import key_path_names
 
 TRAINER_STATE = "trainer_state"
+
+
+class CheckpointSaveError(RuntimeError):
+    """A checkpoint save failed (raised by :meth:`Checkpointer.save` / ``wait`` / ``close``).
+
+    ``step``: the step whose save failed (``None`` when unknown); ``path``: its directory;
+    ``__cause__``: orbax's exception."""
+
+    def __init__(self, step: int | None, path: str, cause: BaseException):
+        self.step = step
+        self.path = path
+        first = str(cause).strip().splitlines()[0] if str(cause).strip() else ""
+        super().__init__(f"checkpoint save of step {step} failed ({path}): "
+                         f"{type(cause).__name__}: {first}")
 
 
 def _flat_key(path) -> str:
@@ -74,19 +92,52 @@ class Checkpointer:
         options = ocp.CheckpointManagerOptions(max_to_keep=max_to_keep,
                                                save_interval_steps=save_interval_steps,
                                                enable_async_checkpointing=async_save,
-                                               create=True)
+                                               create=True, cleanup_tmp_directories=True)
         self._manager = ocp.CheckpointManager(self.directory, options=options)
+        self._pending: int | None = None  # the step whose background write may still run
+        self._reported: CheckpointSaveError | None = None  # the failed save raised last
 
     # ---------------------------------------------------------------- save
     def save(self, step: int, trees: Mapping[str, Any], trainer_state: Mapping[str, Any],
              force: bool = False) -> bool:
         """Save ``trees`` (name -> pytree of arrays) and the JSON-able ``trainer_state``.
 
-        Returns whether a save was started (``save_interval_steps`` may skip it).
+        Returns whether a save was started (``save_interval_steps`` may skip it). Raises
+        :class:`CheckpointSaveError` when the previous save's write failed (it is waited for
+        first: orbax would raise its error here anyway) or this one fails to start.
         """
+        self.wait()
         items = {name: ocp.args.StandardSave(flatten(tree)) for name, tree in trees.items()}
         items[TRAINER_STATE] = ocp.args.JsonSave(dict(trainer_state))
-        return self._manager.save(int(step), args=ocp.args.Composite(**items), force=force)
+        self._pending = int(step)
+        try:
+            started = self._manager.save(int(step), args=ocp.args.Composite(**items),
+                                         force=force)
+        except Exception as error:
+            self._pending = None
+            raise CheckpointSaveError(int(step), self.step_path(int(step)), error) from error
+        if not started:
+            self._pending = None
+        return started
+
+    def step_path(self, step: int) -> str:
+        """The directory of checkpoint ``step``."""
+        return os.path.join(self.directory, str(step))
+
+    def remove_partial(self) -> list[str]:
+        """Delete the unfinished checkpoints (orbax's ``*.orbax-checkpoint-tmp*`` directories)
+        of a failed save; returns their paths. Never raises."""
+        removed = []
+        try:
+            names = os.listdir(self.directory)
+        except OSError:
+            return removed
+        for name in names:
+            if ".orbax-checkpoint-tmp" in name:
+                path = os.path.join(self.directory, name)
+                shutil.rmtree(path, ignore_errors=True)
+                removed.append(path)
+        return removed
 
     # ---------------------------------------------------------------- restore
     def latest_step(self) -> int | None:
@@ -114,12 +165,44 @@ class Checkpointer:
         return trees, dict(restored[TRAINER_STATE] or {})
 
     # ---------------------------------------------------------------- lifecycle
+    def check(self) -> None:
+        """Raise :class:`CheckpointSaveError` if the background write has failed already;
+        returns at once otherwise (while the write runs, or when it succeeded).
+
+        Orbax reports a failed write only from a blocking ``wait_until_finished``; its save
+        runs in a finalize thread that keeps the exception, so a finished thread with one
+        means that the wait returns (raises) at once. (Read through the manager's
+        ``_finalize_thread``; an orbax without it reports the failure at the next save.)
+        """
+        ref = getattr(self._manager, "_finalize_thread", None)
+        try:
+            failed = ref is not None and bool(ref.map(
+                lambda t: t is not None and not t.is_alive() and t.exception is not None))
+        except Exception:  # another orbax layout: leave it to the next save
+            failed = False
+        if failed:
+            self.wait()
+
     def wait(self) -> None:
-        self._manager.wait_until_finished()
+        """Block until the background write is durable; :class:`CheckpointSaveError` if it
+        failed. A failure is raised once: orbax keeps its finalize thread's exception and
+        would raise it again at every later wait (and at ``close``)."""
+        pending, self._pending = self._pending, None
+        try:
+            self._manager.wait_until_finished()
+        except Exception as error:
+            if self._reported is not None and error is self._reported.__cause__:
+                return  # reported already
+            self._reported = CheckpointSaveError(
+                pending, self.step_path(pending) if pending is not None else self.directory,
+                error)
+            raise self._reported from error
 
     def close(self) -> None:
-        self._manager.wait_until_finished()
-        self._manager.close()
+        try:
+            self.wait()
+        finally:
+            self._manager.close()
 
     def __enter__(self) -> "Checkpointer":
         return self
@@ -128,4 +211,4 @@ class Checkpointer:
         self.close()
 
 
-__all__ = ["Checkpointer", "flatten", "unflatten", "abstract_like"]
+__all__ = ["Checkpointer", "CheckpointSaveError", "flatten", "unflatten", "abstract_like"]

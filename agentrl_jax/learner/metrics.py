@@ -1,4 +1,4 @@
-"""Training metrics: a tensorboardX writer wrapper, FLOP counting and MFU.
+"""Training metrics: a synchronous TensorBoard / JSON-lines writer, FLOP counting and MFU.
 
 MFU (model FLOPs utilisation) counts the FLOPs the model *needs*, not what remat recomputes:
 
@@ -112,22 +112,93 @@ class Throughput:
         return out
 
 
-class MetricsWriter:
-    """tensorboardX ``SummaryWriter`` + an optional JSON-lines file; both optional.
+class EventFileWriter:
+    """A TensorBoard event file written synchronously, in the caller's thread.
 
-    ``write(step, metrics)`` logs every finite scalar; non-scalars are skipped.
-    ``purge_step`` (a resumed run): TensorBoard discards the events this logdir already holds
-    at steps >= it (they are logged again).
+    tensorboardX's ``SummaryWriter`` hands every event to a writer thread through a bounded
+    queue; when a write fails (a full disk) that thread dies and the next ``put`` on the full
+    queue blocks its caller forever. Here each :meth:`write` appends one ``Event`` (all the
+    step's scalars in one ``Summary``, built with tensorboardX's ``scalar``) to an unbuffered
+    file, so a refused write raises ``OSError`` (naming the file) where it happened and
+    nothing is left in a buffer to fail again at close. Records use the TFRecord framing that
+    TensorBoard reads: ``len (u64) | masked crc32c(len) (u32) | event | masked crc32c(event)``
+    (tensorboardX's ``masked_crc32c``); the file is ``events.out.tfevents.<time>.<host>``.
+    ``purge_step``: the ``SessionLog.START`` event at that step that makes TensorBoard hide the
+    events this logdir holds at steps >= it (as ``SummaryWriter(purge_step=...)``).
+    """
+
+    def __init__(self, logdir: str, purge_step: int | None = None):
+        import socket
+
+        from tensorboardX.proto.event_pb2 import Event, SessionLog
+
+        os.makedirs(logdir, exist_ok=True)
+        self.path = os.path.join(logdir, f"events.out.tfevents.{int(time.time())}."
+                                         f"{socket.gethostname()}")
+        self._file = self._guard(lambda: open(self.path, "ab", buffering=0))
+        self._append(Event(wall_time=time.time(), file_version="brain.Event:2"))
+        if purge_step is not None:
+            self._append(Event(step=purge_step, file_version="brain.Event:2"))
+            self._append(Event(step=purge_step, session_log=SessionLog(status=SessionLog.START)))
+
+    def _guard(self, write):
+        try:
+            return write()
+        except OSError as error:  # a failed write of an open file names no file
+            if error.filename:
+                raise
+            raise type(error)(error.errno, error.strerror or str(error), self.path) from error
+
+    def _append(self, event: Any) -> None:
+        import struct
+
+        from tensorboardX.record_writer import masked_crc32c
+
+        data = event.SerializeToString()
+        header = struct.pack("Q", len(data))
+        record = memoryview(header + struct.pack("I", masked_crc32c(header)) + data
+                            + struct.pack("I", masked_crc32c(data)))
+
+        def write() -> None:
+            done = 0
+            while done < len(record):  # a raw file may take part of it
+                done += self._file.write(record[done:])
+
+        self._guard(write)
+
+    def write(self, step: int, scalars: Mapping[str, float]) -> None:
+        """One event at ``step`` holding ``scalars`` (tag -> value)."""
+        from tensorboardX.proto.event_pb2 import Event
+        from tensorboardX.proto.summary_pb2 import Summary
+        from tensorboardX.summary import scalar
+
+        # tensorboardX's scalar summaries (its tag clean-up: "eval/avg@4" -> "eval/avg_4")
+        summary = Summary(value=[scalar(k, v).value[0] for k, v in scalars.items()])
+        self._append(Event(wall_time=time.time(), step=int(step), summary=summary))
+
+    def close(self) -> None:
+        self._file.close()
+
+
+class MetricsWriter:
+    """TensorBoard events (:class:`EventFileWriter`) + an optional JSON-lines file; both
+    optional.
+
+    ``write(step, metrics)`` logs every finite scalar; non-scalars are skipped. Both files are
+    written and flushed in the caller's thread: a failed write (a full disk) raises ``OSError``
+    naming the file instead of hanging. ``purge_step`` (a resumed run): TensorBoard discards
+    the events this logdir already holds at steps >= it (they are logged again).
+    ``flush_secs`` is accepted for compatibility (every write is flushed).
     """
 
     def __init__(self, logdir: str | None = None, jsonl_path: str | None = None,
                  flush_secs: int = 30, purge_step: int | None = None):
-        self._writer = None
+        del flush_secs
+        self._writer: EventFileWriter | None = None
         self._jsonl = None
+        self._jsonl_path = jsonl_path
         if logdir:
-            from tensorboardX import SummaryWriter
-            os.makedirs(logdir, exist_ok=True)
-            self._writer = SummaryWriter(logdir, flush_secs=flush_secs, purge_step=purge_step)
+            self._writer = EventFileWriter(logdir, purge_step=purge_step)
         if jsonl_path:
             os.makedirs(os.path.dirname(os.path.abspath(jsonl_path)), exist_ok=True)
             self._jsonl = open(jsonl_path, "a")
@@ -142,23 +213,33 @@ class MetricsWriter:
             if np.isfinite(f):
                 scalars[k] = f
         if self._writer is not None:
-            for k, f in scalars.items():
-                self._writer.add_scalar(k, f, step)
+            self._writer.write(step, scalars)
         if self._jsonl is not None:
-            self._jsonl.write(json.dumps({"step": int(step), "time": time.time(), **scalars}) + "\n")
-            self._jsonl.flush()
+            try:
+                self._jsonl.write(json.dumps({"step": int(step), "time": time.time(), **scalars})
+                                  + "\n")
+                self._jsonl.flush()
+            except OSError as error:
+                if error.filename:
+                    raise
+                raise type(error)(error.errno, error.strerror or str(error),
+                                  self._jsonl_path) from error
 
     def flush(self) -> None:
-        if self._writer is not None:
-            self._writer.flush()
+        """Nothing to do: every write is flushed."""
 
     def close(self) -> None:
-        if self._writer is not None:
-            self._writer.close()
-            self._writer = None
-        if self._jsonl is not None:
-            self._jsonl.close()
-            self._jsonl = None
+        """Close both files. Never raises for a full disk: every row was flushed by its write
+        (a refused one raised there), so nothing is lost here."""
+        writer, jsonl = self._writer, self._jsonl
+        self._writer = self._jsonl = None
+        if writer is not None:
+            writer.close()
+        if jsonl is not None:
+            try:
+                jsonl.close()
+            except OSError:  # a row refused by its write is still in the buffer: drop it
+                pass
 
     def __enter__(self) -> "MetricsWriter":
         return self
@@ -179,7 +260,8 @@ def batch_stats(prefix: str, x: np.ndarray, mask: np.ndarray | None = None) -> d
 
 
 __all__ = ["PEAK_BF16_FLOPS", "peak_flops_per_device", "matmul_params", "train_flops_per_token",
-           "forward_flops_per_token", "mfu", "Throughput", "MetricsWriter", "batch_stats"]
+           "forward_flops_per_token", "mfu", "Throughput", "EventFileWriter", "MetricsWriter",
+           "batch_stats"]
 
 
 def reduce_step_metrics(step_metrics: list[Mapping[str, Any]]) -> dict[str, float]:

@@ -233,7 +233,10 @@ def build_report(run_dir: str, curves_name: str | None = CURVES_FILE,
         steps = summary.get("final_step", max((int(r["step"]) for r in train_rows), default=None))
         total = _cfg(cfg, "train.total_steps")
         sessions = summary.get("sessions") or []
-        stopped = sessions[-1].get("stopped") if sessions else None
+        # why the last session that trained stopped (later records may be evaluations, or
+        # a kill noticed by the next session's workdir lock)
+        stopped = next((s.get("stopped") for s in reversed(sessions) if s.get("steps")),
+                       sessions[-1].get("stopped") if sessions else None)
         wall = sum(float(s.get("seconds") or 0) for s in sessions) if sessions else None
         _, rsteps, rewards = series(train_rows, ("rollout/mean_reward",))
         _, _, secs = series(train_rows, ("train/step_seconds",))

@@ -36,7 +36,7 @@ import numpy as np
 from agentrl_jax.agent.actor_pool import ActorPool, RolloutStats, TaskRef
 from agentrl_jax.agent.trajectory import STATUS_ENV_ERROR, Trajectory
 from agentrl_jax.algorithms.advantages import is_turn_level
-from agentrl_jax.training import distributed, hostmem, runlog, services
+from agentrl_jax.training import distributed, hostmem, runlog, services, storage
 from agentrl_jax.training.batching import assemble_batch, informative_groups
 from agentrl_jax.training.config import model_label
 from agentrl_jax.training.evaluation import EvalResult, evaluate, score_trajectories
@@ -44,6 +44,9 @@ from agentrl_jax.training.failed_steps import FailedSteps
 from agentrl_jax.training.progress import (BAR, LINES, OFF, EpisodeProgress, TurnCounter,
                                            format_seconds, timed)
 from agentrl_jax.training.schedule import HorizonSchedule
+from agentrl_jax.training.summary import (SUMMARY_FILE, append_session,  # noqa: F401
+                                          merge_summary, outcome, read_summary,
+                                          write_json_atomic)
 from agentrl_jax.training.task_sampler import TaskSampler
 
 log = logging.getLogger(__name__)
@@ -110,53 +113,6 @@ def load_learner(config: Any, checkpoint_dir: str | None = None, max_to_keep: in
     learner = Learner(model, settings, mesh=mesh, checkpoint_dir=checkpoint_dir,
                       max_to_keep=max_to_keep, copy_model=mesh is None or overlap)
     return learner, model, tokenizer, model_path
-
-
-SUMMARY_FILE = "summary.json"
-
-
-def read_summary(workdir: str) -> dict[str, Any]:
-    """``summary.json`` of ``workdir`` ({} when there is none or it is not a JSON object)."""
-    try:
-        with open(os.path.join(workdir, SUMMARY_FILE)) as f:
-            summary = json.load(f)
-    except (OSError, ValueError):
-        return {}
-    return summary if isinstance(summary, dict) else {}
-
-
-def merge_summary(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
-    """The summary of a run that was started again, from the previous one and this session's.
-
-    Fields only ``old`` has are kept; ``new`` wins elsewhere, except: ``evals`` are merged by
-    step (a step evaluated again takes the new result), ``start_step`` and ``first_reward`` stay
-    those of the first session, ``sessions`` (one record per invocation) are appended, and
-    ``mean_step_seconds`` is the mean over every session's steps.
-    """
-    merged = {**old, **new}
-    evals = {str(k): v for k, v in (old.get("evals") or {}).items()}
-    evals.update({str(k): v for k, v in (new.get("evals") or {}).items()})
-    if evals:
-        merged["evals"] = dict(sorted(evals.items(), key=lambda kv: int(kv[0])))
-    for key in ("start_step", "first_reward"):
-        if key in old:
-            merged[key] = old[key]
-    sessions = list(old.get("sessions") or []) + list(new.get("sessions") or [])
-    merged["sessions"] = sessions
-    timed_steps = [(s["steps"], s["mean_step_seconds"]) for s in sessions
-                   if s.get("steps") and s.get("mean_step_seconds") is not None]
-    if timed_steps:
-        merged["mean_step_seconds"] = (sum(n * t for n, t in timed_steps)
-                                       / sum(n for n, _ in timed_steps))
-    return merged
-
-
-def write_json_atomic(path: str, data: Any) -> None:
-    """Write ``data`` to ``path`` through a temporary file (never a half-written file)."""
-    tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "w") as f:
-        json.dump(data, f, indent=2, default=str)
-    os.replace(tmp, path)
 
 
 def checkpoint_steps(checkpoint_dir: str) -> list[int]:
@@ -243,6 +199,7 @@ class Trainer:
         self.eval_again = eval_again
         self.step_done = 0  # the last training step finished in this process
         self.saved_step: int | None = None  # the last checkpoint step saved or restored
+        self.start_step: int | None = None  # the step this session started (or resumed) at
         self._update_compiled = False
         self._rollouts: set[asyncio.Future] = set()
         self.turn_counter: TurnCounter | None = None  # between the actor pool and the backend
@@ -277,9 +234,14 @@ class Trainer:
     def _log_trajectories(self, step: int, trajectories: list[Trajectory], kind: str) -> None:
         suffix = f".process{self.process_index}" if self.multi_process else ""
         path = os.path.join(self.workdir, f"trajectories_{kind}{suffix}.jsonl")
-        with open(path, "a") as f:
-            for t in trajectories:
-                f.write(json.dumps(t.to_json(step)) + "\n")
+        try:
+            with open(path, "a") as f:
+                for t in trajectories:
+                    f.write(json.dumps(t.to_json(step)) + "\n")
+        except OSError as error:  # a failed write of an open file names no file
+            if error.filename:
+                raise
+            raise storage.with_path(error, path) from error
 
     def _rewind_logs(self, step: int) -> None:
         """Rewind this process's per-step logs to checkpoint ``step`` (``training/runlog.py``);
@@ -318,7 +280,55 @@ class Trainer:
         return answer
 
     def run(self) -> dict[str, Any]:
-        return asyncio.run(self._run())
+        """Train (resuming from the workdir's checkpoint) and return the summary.
+
+        However the session ends, ``summary.json`` gets its record (``training/summary.py``).
+        A failed checkpoint save or a refused write (a full disk) is raised as one line, a
+        :class:`~agentrl_jax.training.storage.StorageFailure`, after the servers stopped and
+        the partial checkpoint was removed; orbax's tracebacks of it are kept out of the log.
+        """
+        quiet = storage.quiet_storage_errors()
+        try:
+            return asyncio.run(self._run())
+        except BaseException as error:
+            failure = self._storage_failure(error)
+            problem = self._record_session(failure or error)
+            if failure is not None:  # on a full disk the summary may be refused too
+                raise (storage.StorageFailure(f"{failure}; {problem}") if problem
+                       else failure) from None
+            if problem:
+                log.warning("%s", problem)
+            raise
+        finally:
+            storage.unquiet(quiet)
+
+    def _storage_failure(self, error: BaseException) -> storage.StorageFailure | None:
+        """``error`` as a one-line ``StorageFailure`` when it is a failed checkpoint save or a
+        refused write; the partial checkpoint it left is removed first."""
+        if isinstance(error, storage.StorageFailure):
+            return error
+        if not isinstance(error, Exception):
+            return None
+        checkpoints = os.path.join(self.workdir, "checkpoints")
+        message = storage.failure_message(
+            error, step_done=max(self.step_done, self.start_step or 0),
+            total=int(self.config.train.total_steps),
+            last_checkpoint=max(checkpoint_steps(checkpoints), default=None),
+            workdir=self.workdir)
+        if message is None:
+            return None
+        if self.is_main and self.learner is not None and self.learner.checkpointer is not None:
+            self.learner.checkpointer.remove_partial()  # (the learner closed: no write runs)
+        return storage.StorageFailure(message)
+
+    def _record_session(self, error: BaseException) -> str | None:
+        """Append this session's record, ended by ``error``, to ``summary.json`` (process 0).
+        Best effort: returns why it was not written (a full disk), else ``None``."""
+        if not self.is_main:
+            return None
+        start = self.start_step if self.start_step is not None else 0
+        record = {**self._session_record(start, max(self.step_done, start)), **outcome(error)}
+        return append_session(self.workdir, record)
 
     def interrupted_message(self) -> str:
         """The line printed when Ctrl-C stops the run."""
@@ -356,6 +366,7 @@ class Trainer:
                         resumed = learner.restore_latest()
                 start_step = int(resumed["step"]) if resumed else 0
                 self.saved_step = start_step or None
+                self.start_step = start_step
                 # the logs hold each step once: rows the steps after the checkpoint wrote before
                 # a kill are dropped (they are logged again); then the metrics writer opens
                 self._rewind_logs(start_step)
@@ -401,7 +412,11 @@ class Trainer:
                 # the loaded weights: the engine's until the first weight sync, then unused (the
                 # learner holds its own copies); kept by these names they would stay in memory
                 del model, policy
-                return await self._loop(learner, backend, pool, sampler, eval_tasks, start_step)
+                loop = self._loop(learner, backend, pool, sampler, eval_tasks, start_step)
+                if self.multi_process:  # a failed save surfaces at the next one, everywhere
+                    return await loop
+                # a failed background save stops the run at once (storage.watched)
+                return await storage.watched(loop, learner.checkpointer.check)
 
     async def _evaluate(self, pool: ActorPool, tasks: list[TaskRef], step: int,
                         learner: Any) -> EvalResult:
