@@ -109,6 +109,7 @@ if [ "$DRY_RUN" != 1 ]; then  # a dry run writes nothing
 fi
 T0=$(date +%s)
 REPORT_RESERVE=25
+source benchmarks/gpu_jobs_lib.sh  # say, time_left, make_tiny_model, collect, timing, run_job, wait_for
 
 # ------------------------------------------------------------------ per-run command-line overrides
 MODEL=()        # model of the runs that start from the base model
@@ -129,22 +130,7 @@ if [ "$SMOKE" = 1 ]; then
   export JAX_PLATFORMS=cpu
   GPUS=1; PER_GPU=1; BABYAI_EXPERTS=12; TEXTCRAFT_EXPERTS=6; RECORD_WORKERS=2
   TINY=$OUT/tiny_model
-  if [ ! -f "$TINY/config.json" ] && [ "$DRY_RUN" != 1 ]; then
-    "$PY" - "$TINY" <<'EOF'
-import sys
-from agentrl_jax.models.config import ModelConfig
-from agentrl_jax.models.llama import init_model
-from agentrl_jax.models.pretrained import resolve_model_path
-from agentrl_jax.models.safetensors_io import save_hf_directory
-from agentrl_jax.models.tokenizer import load_tokenizer
-tok = load_tokenizer(resolve_model_path("smollm2"))
-cfg = ModelConfig(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_layers=2,
-                  num_heads=4, num_kv_heads=2, head_dim=16, eos_token_id=tok.eos_token_id,
-                  pad_token_id=tok.pad_token_id, bos_token_id=tok.bos_token_id)
-save_hf_directory(init_model(cfg, seed=0), sys.argv[1], tok)
-print("tiny model in", sys.argv[1])
-EOF
-  fi
+  [ "$DRY_RUN" != 1 ] && make_tiny_model "$TINY"
   MODEL=(--config.model.name="$TINY")
   SMALL=(--config.learner.attention_impl=chunked --config.rollout.max_batch=8
          --config.rollout.max_concurrency=8 --config.rollout.max_context=2048
@@ -165,85 +151,6 @@ SFT_ARGS+=(--config.seed="$SEED")
 LANES=$(( GPUS * PER_GPU ))
 MEM_FRACTION=$(awk "BEGIN {printf \"%.2f\", 0.9 / $PER_GPU}")
 
-say() { echo "[t=$(( $(date +%s) - T0 ))s] $*"; }
-time_left() {  # seconds a job starting now may run (a large number without --budget)
-  if [ "$BUDGET" -gt 0 ]; then echo $(( BUDGET - REPORT_RESERVE - ($(date +%s) - T0) )); else echo 100000; fi
-}
-
-# ------------------------------------------------------------------ jobs
-collect() {  # collect NAME: the job's small files and log -> $RESULTS
-  local name=$1
-  if [ -d "$OUT/$name" ]; then
-    timeout 120 "$PY" benchmarks/learning_report.py "$OUT/$name" --labels "$name" --collect \
-      --out "$RESULTS" > /dev/null 2>> "$RESULTS/logs/collect.err" || say "collect $name failed"
-  fi
-  grep -v "Sampling rejected\|Some donated buffers\|warnings.warn(\"Some donated" "$LOGS/$name.log" \
-    2>/dev/null | cut -c1-2000 | tail -n 600 > "$RESULTS/logs/$name.log"
-}
-
-timing() {  # timing NAME LANE GPU START END EXIT CAP STATUS (times from this call's start, T0)
-  printf '{"job": "%s", "lane": %s, "gpu": "%s", "start_s": %s, "end_s": %s, "seconds": %s, "exit": %s, "timeout_s": %s, "status": "%s", "call_t0": %s, "stages": "%s"}\n' \
-    "$1" "$2" "$3" "$(( $4 - T0 ))" "$(( $5 - T0 ))" "$(( $5 - $4 ))" "$6" "$7" "$8" "$T0" "$STAGE" \
-    >> "$RESULTS/timings.jsonl"
-}
-
-run_job() {  # run_job NAME LANE CAP CPU|GPU CMD...: on lane LANE (one job at a time per lane)
-  local name=$1 lane=$(( $2 % LANES )) cap=$3 kind=$4; shift 4
-  local gpu=$(( lane % GPUS )) fd left t start end rc status
-  if [ -f "$OUT/.done/$name" ]; then
-    # done, but its small files never reached $RESULTS (a copy cut short): copy them now
-    [ "$DRY_RUN" != 1 ] && [ -d "$OUT/$name" ] && [ ! -d "$RESULTS/$name" ] && collect "$name"
-    say "skip $name (done before)"; return 0
-  fi
-  if [ "$DRY_RUN" = 1 ]; then
-    echo "plan: $name  lane $lane$([ "$kind" = GPU ] && echo ", GPU $gpu" || echo ", CPU")  cap $cap s: $*"
-    return 0
-  fi
-  exec {fd}> "$OUT/.lanes/$lane"
-  flock "$fd"
-  left=$(time_left); t=$cap; [ "$left" -lt "$t" ] && t=$left
-  if [ "$FIXED_LENGTH" = 1 ] && [ "$left" -lt "$cap" ]; then
-    say "SKIPPED $name: its cap ($cap s) does not fit in the $left s left (--fixed-length)"
-    touch "$OUT/.done/$name.failed"; exec {fd}>&-; return 1
-  fi
-  if [ "$FIXED_LENGTH" = 1 ] && [ -e "$OUT/$name" ]; then  # an earlier attempt: start afresh
-    mkdir -p "$OUT/.attempts" && mv "$OUT/$name" "$OUT/.attempts/$name.$(date +%s)"
-  fi
-  if [ "$t" -lt 30 ]; then
-    say "SKIPPED $name: $t s left of the budget"
-    now=$(date +%s); timing "$name" "$lane" "$gpu" "$now" "$now" -1 "$t" skipped
-    touch "$OUT/.done/$name.failed"; exec {fd}>&-; return 1
-  fi
-  local envs=()
-  if [ "$kind" = GPU ] && [ "$SMOKE" != 1 ]; then
-    envs+=(CUDA_VISIBLE_DEVICES=$gpu)
-    [ "$PER_GPU" -gt 1 ] && envs+=(XLA_PYTHON_CLIENT_MEM_FRACTION=$MEM_FRACTION)
-  fi
-  [ "$kind" = CPU ] && envs+=(JAX_PLATFORMS=cpu CUDA_VISIBLE_DEVICES=)
-  say "start: $name (lane $lane$([ "$kind" = GPU ] && echo ", GPU $gpu"), limit $t s) -> $LOGS/$name.log"
-  start=$(date +%s)
-  env "${envs[@]}" timeout -k 15 "$t" "$@" > "$LOGS/$name.log" 2>&1
-  rc=$?
-  end=$(date +%s)
-  exec {fd}>&-
-  if [ "$rc" -eq 0 ]; then status=ok; touch "$OUT/.done/$name"
-  elif [ "$rc" -eq 124 ] || [ "$rc" -eq 137 ]; then status=timeout; touch "$OUT/.done/$name.failed"
-  else status=failed; touch "$OUT/.done/$name.failed"; fi
-  timing "$name" "$lane" "$gpu" "$start" "$end" "$rc" "$t" "$status"
-  collect "$name"
-  say "$([ "$status" = ok ] && echo done || echo "FAILED ($status)"): $name in $(( end - start )) s (exit $rc)$([ "$status" = ok ] || echo "; $RESULTS/logs/$name.log: $(tail -n 1 "$LOGS/$name.log" | cut -c1-300)")"
-  [ "$rc" -eq 0 ]
-}
-
-wait_for() {  # wait_for NAME: until job NAME is done (0) or failed / out of time (1)
-  [ "$DRY_RUN" = 1 ] && return 0
-  while :; do
-    [ -f "$OUT/.done/$1" ] && return 0
-    [ -f "$OUT/.done/$1.failed" ] && return 1
-    [ "$(time_left)" -lt 30 ] && return 1
-    sleep 2
-  done
-}
 
 record() {  # record ENV CONFIG EPISODES LANE
   local env=$1 config=$2 episodes=$3 lane=$4 workers=$RECORD_WORKERS
