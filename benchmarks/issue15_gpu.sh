@@ -290,20 +290,4 @@ if has_stage report; then
   report textcraft base,sft_grpo,sft_gigpo,grpo,gigpo \
     "sft_grpo@first:base,sft_grpo:sft_grpo@first,sft_gigpo:sft_gigpo@first,sft_gigpo:sft_grpo,sft_grpo:base,gigpo:grpo,sft_gigpo@first:sft_grpo@first"
 fi
-say "finished"
-if [ -f "$RESULTS/timings.jsonl" ]; then
-  "$PY" - "$RESULTS/timings.jsonl" "$T0" <<'EOF'
-import json, sys
-rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
-rows = [r for r in rows if r.get("call_t0") == int(sys.argv[2])]
-print("job timings of this call (s, from its start):" if rows else "no job ran in this call")
-for r in rows:
-    print(f"  {r['job']:<22} lane {r['lane']} GPU {r['gpu']}  {r['start_s']:>5} -> {r['end_s']:>5}"
-          f"  {r['seconds']:>4} s  limit {r['timeout_s']:>5}  {r['status']} (exit {r['exit']})")
-EOF
-fi
-FAILED=$(cd "$OUT/.done" && ls -- *.failed 2>/dev/null | sed 's/\.failed$//' | tr '\n' ' ')
-if [ -n "$FAILED" ] || [ "$REPORT_FAILED" = 1 ]; then
-  echo "failed or skipped: ${FAILED}$([ "$REPORT_FAILED" = 1 ] && echo ' report')"
-  exit 1
-fi
+finish
