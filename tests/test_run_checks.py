@@ -21,7 +21,7 @@ import uuid
 import numpy as np
 import pytest
 
-from agentrl_jax.agent.actor_pool import TaskRef, summarize
+from agentrl_jax.agent.actor_pool import TaskRef
 from agentrl_jax.agent.trajectory import Trajectory
 from agentrl_jax.models.pretrained import check_model_source
 from agentrl_jax.training.config import base_config
@@ -31,7 +31,7 @@ from agentrl_jax.training.trainer import RunFailure, Trainer
 from agentrl_jax.training.validate import (BATCH_BYTES_PER_TOKEN, ConfigError, check_run,
                                            config_problems, max_tasks_per_step, run_problems,
                                            workdir_problem)
-from tests.test_trainer_failed_step import RecordingBackend, RecordingLearner
+from tests.test_trainer_failed_step import FailingPool, RecordingBackend, RecordingLearner
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -325,35 +325,6 @@ def test_failed_steps_counter():
     assert all(never.record(0, statuses, failed) is None for _ in range(50))
     with pytest.raises(ValueError):
         FailedSteps(-1)
-
-
-class FailingPool:
-    """Rollouts numbered from 1; those in ``failing`` end every episode with engine_error,
-    the others finish with rewards that differ within each group (or are all equal with
-    ``flat``)."""
-
-    def __init__(self, failing, flat: bool = False):
-        self.failing, self.flat, self.rollouts = failing, flat, 0
-
-    async def collect(self, tasks, n_samples, horizon, policy_version=0, seed=None,
-                      progress=None, version_fn=None, lockstep=False):
-        self.rollouts += 1
-        out = []
-        for g, task in enumerate(tasks):
-            for i in range(n_samples):
-                t = Trajectory(env=task.env, task_id=task.task_id, group_id=g, sample_index=i,
-                               horizon=horizon, policy_version=policy_version)
-                if self.rollouts in self.failing:
-                    t.status, t.error = "engine_error", "engine step failed: top_k out of range"
-                else:
-                    version = version_fn() if version_fn is not None else policy_version
-                    reward = 0.0 if self.flat else float(i)
-                    t.append([5, 6, 7], generated=False, turn=-1)
-                    t.append([8, 9], generated=True, turn=0, logprobs=[-0.5, -0.5])
-                    t.num_turns, t.turn_versions, t.turn_states = 1, [version], ["s"]
-                    t.turn_rewards, t.reward, t.status = [reward], reward, "max_turns"
-                out.append(t)
-        return out, summarize(out, 0.1)
 
 
 def _loop(tmp_path, pool, total=10, **train):

@@ -58,12 +58,13 @@ class RecordingBackend:
         self.versions.append(version)
 
 
-class FailingFirstRolloutPool:
-    """Every episode of the first rollout fails (engine_error); later ones finish, with
-    rewards that differ within each group."""
+class FailingPool:
+    """Rollouts numbered from 1; those in ``failing`` end every episode with engine_error,
+    the others finish with rewards that differ within each group (or are all equal with
+    ``flat``)."""
 
-    def __init__(self):
-        self.rollouts = 0
+    def __init__(self, failing, flat: bool = False):
+        self.failing, self.flat, self.rollouts = failing, flat, 0
 
     async def collect(self, tasks, n_samples, horizon, policy_version=0, seed=None,
                       progress=None, version_fn=None, lockstep=False):
@@ -73,14 +74,15 @@ class FailingFirstRolloutPool:
             for i in range(n_samples):
                 t = Trajectory(env=task.env, task_id=task.task_id, group_id=g, sample_index=i,
                                horizon=horizon, policy_version=policy_version)
-                if self.rollouts == 1:
-                    t.status, t.error = "engine_error", "generate: the engine failed"
+                if self.rollouts in self.failing:
+                    t.status, t.error = "engine_error", "engine step failed: top_k out of range"
                 else:
                     version = version_fn() if version_fn is not None else policy_version
+                    reward = 0.0 if self.flat else float(i)
                     t.append([5, 6, 7], generated=False, turn=-1)
                     t.append([8, 9], generated=True, turn=0, logprobs=[-0.5, -0.5])
                     t.num_turns, t.turn_versions, t.turn_states = 1, [version], ["s"]
-                    t.turn_rewards, t.reward, t.status = [float(i)], float(i), "max_turns"
+                    t.turn_rewards, t.reward, t.status = [reward], reward, "max_turns"
                 out.append(t)
         return out, summarize(out, 0.1)
 
@@ -95,7 +97,7 @@ def test_a_step_where_every_episode_failed_leaves_later_steps_training(tmp_path)
     c.train.eval_before = c.train.eval_after = False
     assert c.train.max_staleness == 0 and c.rollout.backend == "embedded"
     trainer = Trainer(c, str(tmp_path), progress=False)
-    learner, backend, pool = RecordingLearner(), RecordingBackend(), FailingFirstRolloutPool()
+    learner, backend, pool = RecordingLearner(), RecordingBackend(), FailingPool(failing={1})
     sampler = TaskSampler([TaskRef("babyai", str(i)) for i in range(20)], seed=0)
 
     asyncio.run(trainer._loop(learner, backend, pool, sampler, [], 0))
@@ -162,7 +164,7 @@ def test_kv_cache_released_before_each_update_when_configured(tmp_path):
         trainer = Trainer(c, str(tmp_path / str(release)), progress=False)
         learner = Learner()
         sampler = TaskSampler([TaskRef("babyai", str(i)) for i in range(20)], seed=0)
-        asyncio.run(trainer._loop(learner, Backend(), FailingFirstRolloutPool(), sampler, [], 0))
+        asyncio.run(trainer._loop(learner, Backend(), FailingPool(failing={1}), sampler, [], 0))
         rows = {step: m for step, m in learner.writer.rows}
         if release:  # step 1 failed entirely: no update, no release
             assert events == ["release", "update", "sync", "resume"] * 2
