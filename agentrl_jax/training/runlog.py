@@ -2,7 +2,7 @@
 
 A run killed after step ``s`` was logged but before checkpoint ``s`` was written resumes from an
 earlier checkpoint ``C`` and runs steps ``C+1 .. s`` again. Without a rewind their rows would be
-in the logs twice (issue 12). ``rewind_run_logs`` drops, from each JSON-lines log of the
+in the logs twice. ``rewind_run_logs`` drops, from each JSON-lines log of the
 workdir, the rows the resumed session writes again:
 
 * ``metrics.jsonl``: rows with ``step > C`` (a training step's row has the step of the update

@@ -1,4 +1,4 @@
-"""Validate a whole experiment config before anything starts (issue 12).
+"""Validate a whole experiment config before anything starts.
 
 ``config_problems(config)`` returns one line per bad key (``"learner.learning_rate: must be a
 finite number > 0 (got -0.0001)"``); every key is checked, so a config with several mistakes
