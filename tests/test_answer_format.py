@@ -1,4 +1,4 @@
-"""The default answer format (issue 11) and the per-turn counts of benchmarks/action_format.py,
+"""The default answer format and the per-turn counts of benchmarks/action_format.py,
 on hand-built cases."""
 
 from __future__ import annotations

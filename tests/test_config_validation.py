@@ -1,4 +1,4 @@
-"""The whole config is validated before anything starts (issue 12).
+"""The whole config is validated before anything starts.
 
 Before: ``learning_rate=-1e-4``, ``rollout.temperature=-1``, ``train.total_steps=-1`` and
 ``train.tasks_per_step=0`` ran to completion with exit 0, an unknown advantage estimator was

@@ -1,4 +1,4 @@
-"""Dead environment servers (issue 12): the run went on, skipped the family without a warning,
+"""Dead environment servers. Before: the run went on, skipped the family without a warning,
 evaluated "over 2 tasks" (or "over 0 tasks") and exited 0.
 
 Now: a server started by the launcher that dies is restarted on its port, up to

@@ -434,7 +434,7 @@ def test_registry_is_lazy_and_lists_the_families():
         get_family("no_such_family")
 
 
-# --------------------------------------------------------- issue 12: malformed input and limits
+# ----------------------------------------------------------------- malformed input and limits
 
 
 @pytest.fixture(scope="module")
@@ -460,7 +460,7 @@ HUGE = "9" * 5000  # int() of more than 4,300 digits raises ValueError
 
 
 async def test_huge_integers_in_task_ids_and_actions_are_4xx(server, babyai_server):
-    """Issue 12: 'ValueError: Exceeds the limit (4300 digits)' was a 500."""
+    """Before: 'ValueError: Exceeds the limit (4300 digits)' was a 500."""
     for seed in (HUGE, "9" * 200):  # refused by the core (> 256 characters), by the family
         status, data, _ = await post(babyai_server.url, "/create", {"task_id": f"BabyAI-GoToLocal-v0/seed={seed}"})
         assert status in (400, 404), data
@@ -475,7 +475,7 @@ async def test_huge_integers_in_task_ids_and_actions_are_4xx(server, babyai_serv
 
 @pytest.mark.parametrize("query", ["offset=" + "9" * 30, "offset=" + HUGE, "limit=" + "9" * 30, "offset=-1", "offset=%2B5", "offset=%205", "offset=5%0A", "offset=1_0", "offset=%D9%A5", "limit=x"])
 async def test_tasks_paging_needs_canonical_integers(server, query):
-    """Issue 12: GET /tasks?offset=<huge> was a 500 (orjson cannot encode it)."""
+    """Before: GET /tasks?offset=<huge> was a 500 (orjson cannot encode it)."""
     async with aiohttp.ClientSession() as http:
         async with http.get(f"{server.url}/tasks?split=train&{query}") as response:
             assert response.status == 400, (query, await response.text())
@@ -495,7 +495,7 @@ async def test_tasks_paging_beyond_the_end_is_empty(server):
     ("textcraft", "ACACIA_PLANKS"), ("textcraft", "x" * 300),
 ])  # fmt: skip
 async def test_only_canonical_task_ids_are_accepted(server, babyai_server, family, task):
-    """Issue 12: a trailing newline, a leading space or non-ASCII digits named a task."""
+    """Before: a trailing newline, a leading space or non-ASCII digits named a task."""
     url = babyai_server.url if family == "babyai" else server.url
     status, data, _ = await post(url, "/create", {"task_id": task})
     assert status in (400, 404), (task, data)
@@ -515,7 +515,7 @@ async def _open(url: str, payload: bytes) -> tuple[asyncio.StreamReader, asyncio
 
 
 async def test_slow_requests_time_out(guarded_server):
-    """Issue 12: 300 connections that sent headers and 8 bytes of body were open after 100 s."""
+    """Before: 300 connections that sent headers and 8 bytes of body were open after 100 s."""
     head = b"POST /create HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{\"task_i"
     slow = [await _open(guarded_server.url, head) for _ in range(3)] + [await _open(guarded_server.url, head[:25]) for _ in range(2)]
     answers = await asyncio.gather(*(asyncio.wait_for(reader.read(), 10) for reader, _ in slow))

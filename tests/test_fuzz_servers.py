@@ -1,4 +1,4 @@
-"""Bounded fuzz campaigns against the HTTP servers (issue 12: "Nothing lost, nobody let in").
+"""Bounded fuzz campaigns against the HTTP servers ("nothing lost, nobody let in").
 
 Each campaign is seeded, sends a few hundred requests to one server on 127.0.0.1 (mutated valid
 requests: wrong types, huge integers, odd strings, lone surrogates, unknown fields, raw bytes
@@ -203,7 +203,7 @@ class EnvFuzzer:
 
     def task_id(self, rng: random.Random) -> str:
         task = rng.choice(self.task_ids)
-        if rng.random() < 0.3:  # the malformed ids of issue 12
+        if rng.random() < 0.3:  # the malformed ids of docs/RELIABILITY.md
             task = rng.choice([task + "\n", " " + task, task + " ", task.upper(), task.replace("1", "\u0661"), task + "9" * 5000,
                                task + "9" * 200, task.replace("=", "=0"), task.replace("_", " "), task[:-1]])  # fmt: skip
         return task

@@ -1,4 +1,4 @@
-"""kill -9 of a trainer and of an environment server (issue 12), on the smoke config.
+"""kill -9 of a trainer and of an environment server, on the smoke config.
 
 * The trainer is killed with SIGKILL twice: during a rollout or its first update (drawn at
   random, seeded), then during a checkpoint save, each a random delay after the line that opens

@@ -1,4 +1,4 @@
-"""A resumed run's engine and the learner's donated buffers (issue 12).
+"""A resumed run's engine and the learner's donated buffers.
 
 On resume the embedded engine is built from the restored policy. ``learner.policy_model()``
 holds the learner's own parameter arrays and the engine keeps them as they are, so the first

@@ -332,7 +332,7 @@ async def post_json(url, body=None, raw=None):
         return await post(session, url, body, raw)
 
 
-# ------------------------------------------------------------------ issue 12: limits and access
+# ---------------------------------------------------------------------------- limits and access
 def _checkpoint(model, path, config=None, index=None, tensors=True):
     """A HF directory of ``model`` at ``path``, then optionally a replaced config.json / index."""
     save_hf_directory(model, str(path))
@@ -346,7 +346,7 @@ def _checkpoint(model, path, config=None, index=None, tensors=True):
 
 async def test_weights_load_only_from_allowed_dirs_and_errors_reveal_nothing(model, tokenizer,
                                                                               tmp_path, http):
-    """Issue 12: any client could load weights from any path, and the error said whether a
+    """Before: any client could load weights from any path, and the error said whether a
     path existed; now only --weights-dir directories (+ the model's own) are loadable."""
     allowed, outside = tmp_path / "allowed", tmp_path / "outside"
     allowed.mkdir()
@@ -390,7 +390,7 @@ async def test_weights_load_only_from_allowed_dirs_and_errors_reveal_nothing(mod
 ])
 async def test_malformed_checkpoints_are_400(served, http, model, tmp_path, config, index,
                                              fragment):
-    """Issue 12: a config.json that is a list, a malformed index and index entries outside the
+    """Before: a config.json that is a list, a malformed index and index entries outside the
     checkpoint were 500s (or opened files anywhere); now 400 naming the defect."""
     url, _, _ = served
     (tmp_path / "outside.safetensors").write_bytes(b"x")
@@ -410,7 +410,7 @@ async def test_malformed_checkpoints_are_400(served, http, model, tmp_path, conf
     ("/generate", {"input_ids": [1], "stream": 0}),
 ])
 async def test_booleans_are_strict(served, http, model, tmp_path, route, body):
-    """Issue 12: {"abort_all": "no"} aborted every request; only JSON true / false count."""
+    """Before: {"abort_all": "no"} aborted every request; only JSON true / false count."""
     url, engine, _ = served
     if body.get("model_path") == "CKPT":  # a loadable checkpoint: only the boolean is wrong
         body = {**body, "model_path": _checkpoint(model, tmp_path / "ckpt")}
@@ -420,7 +420,7 @@ async def test_booleans_are_strict(served, http, model, tmp_path, route, body):
 
 
 async def test_lone_surrogates_are_400(served, http):
-    """Issue 12: {"text": "\\ud800"} was a 500 (the tokenizer cannot encode it)."""
+    """Before: {"text": "\\ud800"} was a 500 (the tokenizer cannot encode it)."""
     url, _, _ = served
     for route, raw in [("/generate", b'{"text": "\\ud800"}'),
                        ("/generate", b'{"text": ["ok", "a\\udfffb"]}'),
@@ -432,7 +432,7 @@ async def test_lone_surrogates_are_400(served, http):
 
 
 async def test_client_chat_templates_refused_by_default(served, http):
-    """Issue 12: a client Jinja template was rendered on the event loop."""
+    """Before: a client Jinja template was rendered on the event loop."""
     url, _, _ = served
     msgs = [{"role": "user", "content": "hi"}]
     for kwargs, fragment in [({"chat_template": "{{ messages }}"}, "allow-request-chat-template"),
@@ -479,7 +479,7 @@ async def test_client_chat_template_renders_off_loop_within_a_deadline(model, to
 
 async def test_large_bodies_are_bounded_and_do_not_stall_the_loop(model, tokenizer, http,
                                                                   startup_heap_frozen):
-    """Issue 12: a 15 MB body blocked /health for 0.7 s (a 7 MB text for 12 s)."""
+    """Before: a 15 MB body blocked /health for 0.7 s (a 7 MB text for 12 s)."""
     engine = make_engine(model, tokenizer, max_queue=64)
     thread = start_server(engine)  # the default body limit
     bodies = [(json.dumps({"input_ids": [5] * 2_300_000}).encode(), 400),
@@ -564,7 +564,7 @@ async def test_a_large_valid_batch_does_not_stall_the_loop(model, tokenizer, htt
 
 
 async def test_api_key(served, model, tokenizer):
-    """Issue 12: any client could pause or abort; with --api-key only key holders can."""
+    """Before: any client could pause or abort; with --api-key only key holders can."""
     _, engine, _ = served
     thread = start_server(engine, api_key="sesame")
     try:
@@ -597,7 +597,7 @@ def test_non_loopback_without_api_key_refuses_to_start(served):
 
 
 async def test_slow_requests_time_out_and_connections_are_limited(served):
-    """Issue 12: connections that sent headers and 8 bytes of body stayed open forever."""
+    """Before: connections that sent headers and 8 bytes of body stayed open forever."""
     _, engine, _ = served
     thread = start_server(engine, read_timeout=0.5, max_connections=6)
     port = int(thread.url.rsplit(":", 1)[1])

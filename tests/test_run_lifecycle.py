@@ -1,4 +1,4 @@
-"""The main job as a user meets it (issue 11): progress lines for every long phase, a finished run
+"""The main job as a user meets it: progress lines for every long phase, a finished run
 started again, ``summary.json`` merged across sessions, evaluation sized by ``k x tasks`` and
 Ctrl-C.
 

@@ -1,4 +1,4 @@
-"""Rewinding a run's per-step logs to its checkpoint (issue 12: after a kill -9 and a resume,
+"""Rewinding a run's per-step logs to its checkpoint (before: after a kill -9 and a resume,
 metrics.jsonl and trajectories_*.jsonl held the re-run steps twice). The reference is the
 hand-written list of rows each file must keep."""
 

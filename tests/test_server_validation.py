@@ -1,4 +1,4 @@
-"""Declared request models of the rollout server (agentrl_jax/rollout/api_models.py, issue 13).
+"""Declared request models of the rollout server (agentrl_jax/rollout/api_models.py).
 
 Every declared constraint is exercised with a bad value through the running server: the
 answer is a 400 in the server's JSON error shape whose message names the field. Valid bodies

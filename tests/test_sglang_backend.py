@@ -155,7 +155,7 @@ def test_launcher_without_sglang():
 
 
 async def test_api_key_on_generation_and_weight_updates(model, tmp_path, monkeypatch):
-    """Issue 12: a server started with --api-key answers 401 to the backend unless it sends
+    """Before: a server started with --api-key answers 401 to the backend unless it sends
     ``Authorization: Bearer <key>`` (config ``rollout.api_key`` or $AGENTRL_ROLLOUT_API_KEY),
     on generation and on ``update_weights`` (``/update_weights_from_disk`` + ``/flush_cache``)."""
     from ml_collections import ConfigDict

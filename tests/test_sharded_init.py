@@ -1,5 +1,5 @@
 """Policies created in the learner's sharding, and the engine's first weights taken from them
-(issue 13: a Qwen2.5-7B-shaped random policy ran out of memory on GPU 0 because the whole
+(before: a Qwen2.5-7B-shaped random policy ran out of memory on GPU 0 because the whole
 float32 model was first created there, then kept as the engine's first weights).
 
 8 virtual CPU devices (conftest.py). References: the same initialiser run unsharded (jitted:

@@ -83,7 +83,7 @@ def test_greedy_answer_names_paris_and_logits_match_transformers(smollm2, hf_ggu
     with torch.no_grad():
         ref_gguf = hf_model(torch.tensor(tokens)).logits.numpy()
     # Tolerance: 30 float32 layers with logits up to ~30 in magnitude accumulate ~1e-4 of
-    # rounding difference between two correct implementations (REFERENCE.md measured 1.2e-4), so
+    # rounding difference between two correct implementations (1.2e-4 was measured between them), so
     # the bound is 2.5e-4 absolute (< 1e-5 relative to the largest logit) plus equal argmaxes.
     # transformers dequantizes and un-permutes the GGUF itself: an independent path.
     assert np.abs(ours - ref_gguf).max() <= 2.5e-4, np.abs(ours - ref_gguf).max()

@@ -1,5 +1,5 @@
 """A short soak of the BabyAI server (``benchmarks/soak_env.py``): memory, file descriptors and
-threads stay flat over create / step / close storms (issue 12: RSS grew 139 -> 208 MB over four
+threads stay flat over create / step / close storms (before: RSS grew 139 -> 208 MB over four
 storms while ``gc.set_threshold(20_000, 20, 50)`` let closed levels pile up)."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""A step in which every episode fails must not stop training (issue 12, the exact case).
+"""A step in which every episode fails must not stop training.
 
 With the default ``max_staleness=0``, a step whose episodes all failed did no update; the
 weights version then stayed one behind the step counter, every later rollout was stamped one

@@ -1,4 +1,4 @@
-"""A step without an update must not make later rollouts stale (issue 12).
+"""A step without an update must not make later rollouts stale.
 
 The smoke config's random model never earns a reward, so with ``train.skip_flat_groups`` every
 group is flat and no step updates. Before the fix, the engine's weight version stayed at the

@@ -1,5 +1,5 @@
 """Every turn records the weights version that generated it; the oldest turn decides staleness
-(issue 12: one trajectory could mix two policy versions when the weights changed mid-episode,
+(before: one trajectory could mix two policy versions when the weights changed mid-episode,
 and only the version the episode started with was recorded).
 
 A fake backend whose weights change after a given number of generate calls (as the embedded
