@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 15 measurements: base -> SFT -> SFT+RL and GiGPO against GRPO (same budget and seeds) on
+# The SFT -> RL comparison: base -> SFT -> SFT+RL and GiGPO against GRPO (same budget and seeds) on
 # BabyAI and TextCraft, every final evaluation on the held-out tasks x 4 samples (128 BabyAI test
 # tasks; TextCraft's test split is 118 goals: all of them), then the differences with paired
 # bootstrap 95% intervals over tasks (benchmarks/learning_report.py).
@@ -248,7 +248,7 @@ for pair, e in r.get("differences", {}).items():
 EOF
 }
 
-echo "issue 15 in $OUT (results: $RESULTS): $LANES lane(s) on $GPUS GPU(s) ($PER_GPU per GPU)," \
+echo "SFT -> RL comparison in $OUT (results: $RESULTS): $LANES lane(s) on $GPUS GPU(s) ($PER_GPU per GPU)," \
   "stages $STAGE$([ "$BUDGET" -gt 0 ] && echo ", budget $BUDGET s")$([ "$SMOKE" = 1 ] && echo ' (smoke: CPU, tiny model)')"
 if has_stage record; then
   record babyai babyai_sft_gpu "$BABYAI_EXPERTS" 0 &

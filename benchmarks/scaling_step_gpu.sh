@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The whole RL step on 1, 2 and 4 GPUs of one host (issue 13, items 3 and 5), timed part by
+# The whole RL step on 1, 2 and 4 GPUs of one host, timed part by
 # part by benchmarks/rl_step.py (rollout, learner log-prob passes, optimizer, weight sync, host):
 #
 #   (a) experiments/babyai_grpo_gpu.py (the standard RL-step benchmark of docs/PERFORMANCE.md:
