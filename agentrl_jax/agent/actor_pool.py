@@ -10,8 +10,8 @@ Failures: an environment or engine failure ends that episode with status ``env_e
 ``engine_error``; it is counted and dropped from training, never scored as reward 0.
 
 ``workers=N`` runs the episodes of asynchronous collects in ``N`` worker processes (the backend
-stays here; ``agentrl_jax.agent.workers``): one process's host work caps the rollout at a few
-hundred turns per second, too few for several GPUs' engines.
+stays here; ``agentrl_jax.agent.workers``): one process's host work caps the rollout's turn
+rate below what several GPUs' engines consume (docs/PERFORMANCE.md, "Actor workers").
 """
 
 from __future__ import annotations

@@ -30,7 +30,7 @@ levels) ends its episode as an ``engine_error``: such episodes are counted
 An expert never hangs the recorder. Experts run synchronously on the recorder's event loop, so
 one call that does not return would stop every episode and every progress line (what happened
 on BabyAI: minigrid's ``BabyAIBot`` loops forever on most ``BabyAI-UnlockToUnlock-v0`` seeds,
-12 of 1,500 sampled train tasks, pushing subgoals without end: 126,904 after 20 s). Two caps:
+12 of 1,500 sampled train tasks, pushing subgoals without end: docs/TRAINING.md). Two caps:
 
 * :class:`BoundedSubgoalStack` replaces the bot's subgoal stack: more than ``max_len`` subgoals
   (normal episodes peak at 16) or more than ``max_reads`` reads of the stack in one call
@@ -47,7 +47,7 @@ and the HTTP timeouts of the other episodes in flight, never wait for it): the S
 expert (each task's gold path costs seconds in the JVM, the first call starts one; an exception
 raised inside a py4j socket read left the gateway broken, so every later episode of that process
 failed with ``Py4JError``, and a blocked loop let another episode's request time out) and the
-deep-search oracle (its first call builds the shared BM25 index, ~2-10 s).
+deep-search oracle (its first call builds the shared BM25 index, which takes seconds).
 """
 
 from __future__ import annotations
@@ -233,7 +233,8 @@ class MiniWoBExpertPolicy:
 
 class DeepSearchExpertPolicy:
     """The deep-search oracle for the task's question, from this process's search backend (the
-    default corpus and QA set, as the server's; built on first use, ~2 s; not interruptible)."""
+    default corpus and QA set, as the server's; built on first use, in seconds; not
+    interruptible)."""
 
     interruptible = False
 

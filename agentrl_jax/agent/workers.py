@@ -1,7 +1,8 @@
 """Episodes in worker processes: the actor pool's host work spread over CPU cores.
 
-One Python process tops out at a few hundred agent turns per second (chat formatting, tokenising,
-environment HTTP, bookkeeping; docs/PERFORMANCE.md), which starves several GPUs' engines. With
+One Python process's host work per agent turn (chat formatting, tokenising, environment HTTP,
+bookkeeping) caps its turn rate below what several GPUs' engines consume (docs/PERFORMANCE.md,
+"Actor workers"), which starves them. With
 ``ActorPool(workers=N)`` the episodes of a ``collect`` run in ``N`` spawned processes; the
 rollout backend (the embedded engine, weights in memory) stays in this process. A worker plays
 its episodes exactly as ``ActorPool`` does in-process (the same ``Episode`` code, its own
@@ -19,8 +20,8 @@ episode reads right before its call), so ``turn_versions`` mean the same.
 
 **Direct mode.** When the backend is an HTTP client of rollout servers (``SGLangBackend``,
 ``EngineServers``: it has ``client_spec()``), relaying every request through this process would
-make it the bottleneck (one event loop doing every turn's HTTP request: the SmolLM2 shape on 4
-H200s kept the servers' decode batches less than half full, docs/PERFORMANCE.md). Each worker
+make it the bottleneck (one event loop doing every turn's HTTP request kept the servers' decode
+batches less than half full: docs/PERFORMANCE.md, "Actor workers"). Each worker
 then builds its own client from ``client_spec()`` and posts to the servers itself (sticky
 sessions per worker; its sessions end in its own client). Turn versions: the ``run`` message
 carries ``version_fn()`` as read when the job starts, and while the job runs this side reads

@@ -147,8 +147,8 @@ def head_logits(h: Array, w: Array, vocab_major: bool) -> Array:
     Backward: the f32 logits cotangent is rounded to the compute dtype before the two
     gradient matmuls (``dh = g W``, ``dW = g^T h``, f32 accumulation). Without this rule,
     autodiff of an f32-output matmul multiplies the f32 cotangent by an f32 upcast of ``W``,
-    i.e. two [tokens x V x D] TF32 GEMMs plus a [V, D] f32 convert per micro-batch chunk (on an
-    H200 ~60 ms of a 450 ms Qwen2.5-1.5B step). The parameter gradients end in the compute
+    i.e. two [tokens x V x D] TF32 GEMMs plus a [V, D] f32 convert per micro-batch chunk (a visible
+    share of a 1.5B step: docs/PERFORMANCE.md). The parameter gradients end in the compute
     dtype either way (a cotangent has its primal's dtype), so only the rounding point of the
     logits cotangent moves. In float32 mode this is exactly autodiff's rule.
     """

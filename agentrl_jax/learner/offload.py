@@ -41,8 +41,8 @@ when XLA does not update them in place); gradient leaves are freed as their call
 For a Qwen2.5-7B shape the largest leaves are the embedding and the LM head, 152064 x 3584 =
 545 M parameters: 4.4 GB of moments (8.7 GB at most) instead of 57 GiB resident. Measured
 on an H100 (``benchmarks/optimizer_offload.py``, a synthetic 1.9 B-parameter tree): peak
-22.3 GiB with offload (the expected value) vs 35.5 without; step 0.635 s vs 0.022 s
-(docs/LEARNER.md).
+22.3 GiB with offload (the expected value) vs 35.5 without; the step is much slower, since the
+moments cross the host link (step times: docs/LEARNER.md).
 
 Executables: ``leaf_step`` is one ``jax.jit`` object per distinct sharding of a leaf (held by
 the :class:`LeafwiseUpdate`, which the learner caches with its jitted steps), and each compiles

@@ -376,8 +376,8 @@ def init_model(cfg: ModelConfig, seed: int = 0, mesh: jax.sharding.Mesh | None =
 
     - ``"device"``: the initialiser runs under ``jax.jit`` with those ``out_shardings``, so each
       device computes only its own shard. Fast to run, but XLA's GPU compiler takes minutes
-      over this one program of a few hundred random draws (5 min 49 s for the 7B shape on an
-      H200, docs/PERFORMANCE.md).
+      over this one program of a few hundred random draws (the 7B shape: docs/PERFORMANCE.md,
+      "Not run").
     - ``"host"``: the same jitted initialiser runs on the host CPU (it compiles in seconds
       there; the host holds the whole float32 model once), then each parameter is placed in its
       sharding with ``jax.make_array_from_callback``, every device receiving only its slice

@@ -1,7 +1,7 @@
 """Tokenizers: HF directories through ``transformers``; GGUF files rebuilt from their metadata.
 
 For a GGUF file the BPE vocabulary, merges, pre-tokenizer, special tokens and chat template are
-read from the metadata once (5-9 s for 49k tokens) and cached as ``tokenizer.json`` +
+read from the metadata once (seconds for 49k tokens) and cached as ``tokenizer.json`` +
 ``tokenizer_config.json`` under the cache directory; later loads take milliseconds. Chat templates
 are rendered by ``transformers`` itself (``apply_chat_template``), so the result is exactly what
 transformers produces. No torch is needed.

@@ -32,8 +32,8 @@ Rules every model follows (the server's 4xx behaviour, docs/ROLLOUT.md section 3
 shape) whose message names each failing field, e.g. ``"/generate:
 sampling_params.temperature: Input should be greater than or equal to 0 (got -1)"``.
 
-Token ids are validated by pydantic-core (``list[StrictInt]``): ~20 us for 2,000 ids, where
-the previous Python loop took ~220 us (benchmarks/server_validation.py). The prompt's
+Token ids are validated by pydantic-core (``list[StrictInt]``), faster than the previous Python
+loop (docs/PERFORMANCE.md, "Rollout server request validation"). The prompt's
 vocabulary range stays with ``Engine.validate`` / ``check_input_ids``.
 """
 

@@ -316,8 +316,8 @@ def check_input_ids(input_ids: Sequence[Any], vocab_size: int | None, max_length
         raise InvalidRequestError("input_ids must be a non-empty list of integers")
     if type(input_ids) is list and all(type(t) is int for t in input_ids):
         # the common case (the actor pool's own lists): a type check and a copy (the caller may
-        # extend its list later), ~4x faster than converting element by element on a
-        # multi-turn context; anything else takes the element-by-element path below
+        # extend its list later), faster than converting element by element on a multi-turn
+        # context (docs/PERFORMANCE.md); anything else takes the element-by-element path below
         out = list(input_ids)
     else:
         out = _as_int_list(input_ids)

@@ -62,11 +62,11 @@ def ragged_tiling(max_length: int, long_split: int = 1024) -> RaggedTiling | Non
     """The tiling for a cache row of ``max_length`` positions, or None when no block of 16+
     positions divides it (the engine then uses the dense attention).
 
-    From the sweep ``benchmarks/decode_attention.py`` on an H100 (docs/PERFORMANCE.md): a short
-    row (``<= long_split``) is one split of 32-key blocks with 2 warps and 3 stages (32 us per
-    layer at SmolLM2's shape, batch 256, row 384; 37 us with 128-key blocks); a long row is cut
-    into splits of ``>= long_split`` keys in 64-key blocks with 4 warps and 2 stages (79 us at
-    row 4096 with lengths 256..1536; 85 us with 16 splits of 256)."""
+    From the sweep ``benchmarks/decode_attention.py`` (docs/PERFORMANCE.md, "Attention tiling
+    sweep"): a short row (``<= long_split``) is one split of 32-key blocks with 2 warps and 3
+    stages (faster there than 128-key blocks); a long row is cut into splits of at least
+    ``long_split`` keys in 64-key blocks with 4 warps and 2 stages (faster than 16 splits of
+    256)."""
     if max_length <= long_split:
         block_k = next((b for b in (32, 16) if max_length % b == 0), None)
         return None if block_k is None else RaggedTiling(block_k, 1, 2, 3)

@@ -238,7 +238,8 @@ class Engine(BatchedSamplesBackend):
         # Every state, the first one included, is committed to the engine's own shardings: the
         # compiled decode / prefill functions are keyed on their inputs' shardings, and weights
         # laid out otherwise (a learner's mesh, an uncommitted array) would recompile all of
-        # them on the next call (~30 s on an H100). Arrays already laid out so are not copied;
+        # them on the next call (docs/PERFORMANCE.md, "A whole RL step"). Arrays already laid
+        # out so are not copied;
         # arrays on other devices (a learner sharded over every GPU) are transferred.
         return jax.device_put(state, self._state_shardings)
 

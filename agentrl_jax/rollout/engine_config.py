@@ -43,16 +43,15 @@ class EngineConfig:
     kept beside the weights: + the q/k/v and gate/up weights' bytes, freed with the KV cache by
     ``release_kv_cache``), ``"merged_cublas"`` that with cuBLAS for every GEMM (head-major
     cache only; measured in docs/PERFORMANCE.md), ``"auto"``: ``merged_cublas`` for a
-    one-GPU engine with the head-major cache (H100, batch 256: decode step 4.64 -> 3.78 ms for
-    Qwen2.5-1.5B, 2.20 -> 1.91 ms for SmolLM2), ``xla`` otherwise (concatenating a
+    one-GPU engine with the head-major cache (the faster decode step there: docs/PERFORMANCE.md,
+    "Decode GEMMs"), ``xla`` otherwise (concatenating a
     tensor-parallel engine's sharded weights would gather them). prefill_kv_buckets: a prefill call
     attends over (and gathers / writes back) only the first ``kv`` positions of its slots'
     rows, ``kv`` the smallest of these lengths that holds every row's last prefilled position
     (``max_length`` is always the last bucket); ``None``: powers of two from
     :data:`MIN_PREFILL_KV` below ``max_length``; ``()`` (the default): every call attends over
-    the whole row. Buckets cut prefill time (SmolLM2 actor-pool rollout on an H100, rows of
-    2048: 3.99 -> 3.26 s, rollout 7.63 -> 7.12 s) but multiply the prefill shapes compiled at
-    start-up (docs/PERFORMANCE.md).
+    the whole row. Buckets cut prefill time but multiply the prefill shapes compiled at
+    start-up (docs/PERFORMANCE.md, "Rollout on 1, 2, 4 GPUs").
     """
 
     max_batch: int = 32

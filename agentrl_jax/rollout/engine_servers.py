@@ -2,8 +2,8 @@
 
 ``EngineReplicas`` runs one engine thread per device group inside the trainer's process. The
 engines' host work (admission, prefill batching, stop checks, building results) and the
-trainer's own Python then share one GIL: on a 4x H100 host each replica's calls took ~1.7x
-longer than a lone replica's (docs/PERFORMANCE.md, "Rollout on 1, 2, 4 GPUs"). Here each
+trainer's own Python then share one GIL: each replica's calls took longer than a lone
+replica's (docs/PERFORMANCE.md, "Rollout on 1, 2, 4 GPUs"). Here each
 replica is its own ``python -m agentrl_jax.rollout.server`` process (the embedded engine behind
 the SGLang HTTP API), pinned to its devices, and the trainer talks to all of them through
 :class:`~agentrl_jax.rollout.sglang_backend.SGLangBackend` (sticky sessions, so a multi-turn

@@ -54,9 +54,9 @@ def merge_projections(model: CausalLM) -> tuple[MergedProjections, ...]:
     """Every layer's q/k/v and gate/up kernels concatenated (``[D, N]`` layout, the model's
     param dtype). The engine builds them once per weight version (``compiled_functions``'s
     ``merge``): left to itself, XLA merges the separate GEMMs of a decode step but concatenates
-    the weights inside the GEMM kernel at every step
-    (Qwen2.5-1.5B's gate/up GEMM: 49.9 us in the engine vs 31.6 us on a pre-concatenated
-    weight, ``benchmarks/decode_gemm.py``)."""
+    the weights inside the GEMM kernel at every step, which is slower than a GEMM on a
+    pre-concatenated weight (``benchmarks/decode_gemm.py``; docs/PERFORMANCE.md, "Decode
+    GEMMs")."""
     merged = []
     for layer in model.layers:
         attn, mlp = layer.attn, layer.mlp

@@ -3,8 +3,8 @@
 The unfused decode step slices q / k / v out of the merged projection, rotates q and k (RoPE),
 writes each layer's new key and value into the head-major cache ``[B, K, S, Dh]`` with two XLA
 scatters and then runs the ragged attention kernel (``decode_attention.py``): several kernel
-launches per layer, most of them tiny (256 slots x one ``[K, Dh]`` row, ~2-3 us apiece on an
-H100, launch-bound). Here one Pallas (Triton) kernel per layer takes the projection's output
+launches per layer, most of them tiny (256 slots x one ``[K, Dh]`` row each, launch-bound on
+GPUs). Here one Pallas (Triton) kernel per layer takes the projection's output
 ``qkv [B, H + 2K, Dh]`` as it is; program ``(r, j)`` (``r`` = slot x KV head, ``j`` = split of
 the row)
 
@@ -25,9 +25,8 @@ convention as the unfused path (a scatter with ``mode="drop"`` and length 0).
 ``out[b, h] = sum_{s <= p_b} softmax_s(q[b,h] . k[b,h//G,s] / sqrt(Dh)) v[b,h//G,s]`` with
 ``k[b, :, p_b] = k_new[b]``, ``v[b, :, p_b] = v_new[b]`` (q and k_new rotated); scores and
 softmax in float32. ``interpret=True`` runs the kernel in the Pallas interpreter (CPU tests).
-Measured (docs/PERFORMANCE.md, session 11): with the one-pass sampler, the Qwen2.5-1.5B decode
-step at batch 256 on an H100 went from 3.56 to 3.29-3.39 ms, SmolLM2-135M's from 1.93-1.97 to
-1.72-1.79 ms.
+Measured with the one-pass sampler on the Qwen2.5-1.5B and SmolLM2-135M decode steps at batch
+256: docs/PERFORMANCE.md, "Decode step: fused attention + cache write, one-pass sampler".
 """
 
 from __future__ import annotations

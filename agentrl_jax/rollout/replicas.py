@@ -51,12 +51,12 @@ def gather_to_replicas(state: Any, replica_devices: Sequence[Sequence[Any]],
     sharded over exactly the replicas' devices, e.g. the learner's FSDP parameters), made by
     one compiled all-gather over those devices (NCCL on GPUs) instead of one transfer per
     replica: copying a sharded array onto another single device goes through host memory in
-    JAX (the 7B shape's weight sync took 12.9 s on 4 H200s, docs/PERFORMANCE.md). The arrays
+    JAX (the 7B shape's weight sync was a large share of its step: docs/PERFORMANCE.md). The arrays
     returned are the gathered buffers themselves, each on its replica's device. None when the
     fast path does not apply (a replica with several devices, arrays not fully addressable or
     laid out over other devices, host arrays) or, unless ``on_cpu``, on CPU devices (XLA's
-    CPU all-gather took 1.3 s where the transfers took 0.28 s for SmolLM2 over 4 virtual
-    devices: ``benchmarks/weight_sync.py``): the caller places the weights as before.
+    CPU all-gather is slower than the transfers there: ``benchmarks/weight_sync.py``,
+    docs/PERFORMANCE.md): the caller places the weights as before.
     """
     import jax
     import numpy as np

@@ -109,9 +109,10 @@ def sample_tokens(logits: jax.Array, temperature: jax.Array, top_k: jax.Array, t
     step has no data-dependent control flow (on GPUs a ``lax.cond`` syncs with the host).
     Rows are independent: the result of a row does not depend on the mode chosen for the call.
     ``one_pass`` (static): the log-sum-exps and argmaxes as :func:`logsumexp_and_argmax`, one
-    read of the logits per pair (the engine's choice on GPUs: -67 us a decode step for
-    Qwen2.5-1.5B at batch 256 on an H100); off, XLA's separate reductions (on CPUs the
-    variadic reduction is 1.4-2.8x slower, ``benchmarks/sampler_reduction.py``).
+    read of the logits per pair (the engine's choice on GPUs, where it shortens the decode
+    step); off, XLA's separate reductions (on CPUs the variadic reduction is slower, so CPUs
+    keep them; ``benchmarks/sampler_reduction.py``, docs/PERFORMANCE.md, "Decode step: fused
+    attention + cache write, one-pass sampler").
     """
     logits = logits.astype(jnp.float32)
     greedy = temperature <= 0.0

@@ -66,7 +66,7 @@ from environments.core.httpguard import (DEFAULT_MAX_CONNECTIONS, DEFAULT_READ_T
                                          exit_with_parent, require_key_off_loopback, run_app)
 from environments.core.httpguard import allowed_hosts as hosts_for, request_guard_middleware
 
-try:  # orjson: ~2x faster, and it rejects lone surrogates (``"\ud800"``) while parsing
+try:  # orjson: faster, and it rejects lone surrogates (``"\ud800"``) while parsing
     import orjson as _orjson
 except ImportError:  # pragma: no cover - depends on the environment
     _orjson = None
@@ -174,7 +174,7 @@ def _check_unicode(text: str, where: str) -> None:
 async def _wait_all(futures: list[concurrent.futures.Future]) -> list[Any]:
     """The results of ``futures`` (completed by the engine thread), in order. One wake-up of
     the event loop when the last one completes, rather than a task per future (a batch of
-    4,096 prompts made 8,192 tasks and held the loop for ~0.4 s)."""
+    4,096 prompts made 8,192 tasks and held the loop: docs/PERFORMANCE.md)."""
     if not futures:
         return []
     loop = asyncio.get_running_loop()

@@ -33,7 +33,8 @@ def may_complete_mask(tokenizer: Any, stops: Sequence[str], skip_special_tokens:
     ``V = len(tokenizer)``; entry ``V`` (always True) stands for every id ``>= V``.
 
     Cached per (tokenizer, stop tuple, skip_special_tokens) and read-only (engines share it);
-    building one decodes every token once (0.1-0.2 s for SmolLM2's 49k tokens on a busy CPU)."""
+    building one decodes every token once (a fraction of a second for SmolLM2's 49k tokens;
+    docs/PERFORMANCE.md, "Figures moved out of the code's comments")."""
     key = (tuple(stops), bool(skip_special_tokens))
     try:
         return _cached_mask(tokenizer, *key)
@@ -52,7 +53,7 @@ def _build_mask(tokenizer: Any, stops: tuple[str, ...], skip_special_tokens: boo
         return np.ones((vocab + 1,), np.bool_)  # see the module docstring: whitespace
     singles = np.arange(vocab, dtype=np.uint32).reshape(vocab, 1)  # [V, 1]
     backend = getattr(tokenizer, "backend_tokenizer", None)  # a fast tokenizer's Rust object
-    if backend is not None:  # ~10x faster than transformers' batch_decode (its Python clean-up
+    if backend is not None:  # faster than transformers' batch_decode (its Python clean-up
         # only removes spaces, covered by the whitespace rule above); an array, not 49k small
         # lists, so that building the mask does not set off a full garbage collection
         pieces = backend.decode_batch(singles, skip_special_tokens=skip_special_tokens)

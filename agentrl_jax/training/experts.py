@@ -19,7 +19,7 @@ Progress: a line (flushed) every ``progress_every`` finished episodes and every
 ``progress_seconds`` (30). An expert call is capped (``act_timeout_s``, and BabyAIBot's plan
 is bounded: ``agent/experts.py``), so a stuck expert fails its episode instead of freezing the
 recorder. :func:`record_experts_parallel` splits the tasks over worker processes (experts are
-CPU-bound Python on one event loop: one process records ~40-80 BabyAI episodes/s), each with
+CPU-bound Python on one event loop, so one process uses one core), each with
 its own environment server and a wall-clock limit, and merges their files into the same
 ``<env>.jsonl`` / ``<env>.meta.json`` (same tasks, same order as one process would record).
 """

@@ -4,9 +4,9 @@ glibc's ``malloc`` keeps freed memory in the arena of the thread that allocated 
 learner update (run in a worker thread) or a checkpoint write (orbax's threads), the freed
 temporaries stay in the process's RSS, and the next phase, allocating from other threads (the
 rollout engine's), cannot reuse them. ``malloc_trim(0)`` returns the free pages of every arena.
-On the README's CPU taste run (SmolLM2-135M, 2-core VM) it returned 0.82 GB after an update
-and 0.82 GB after a checkpoint write; the trainer calls :func:`release_freed_memory` after
-each update and before the final evaluation.
+On the README's CPU taste run it returned most of a GB after an update and after a checkpoint
+write (docs/PERFORMANCE.md, "Figures moved out of the code's comments"); the trainer calls
+:func:`release_freed_memory` after each update and before the final evaluation.
 """
 
 from __future__ import annotations

@@ -168,8 +168,8 @@ def engine_prefill(platform: str) -> dict[str, Any]:
     that padding in parallel almost for free: the engine's defaults (up to 4096 positions a
     call, chunks up to 1024) stay. A CPU pays for every position: a multi-turn agent sends
     one sequence with a ~150-token observation at a time, which the defaults ran as a
-    ``[4, 256]`` call (7.8 s of CPU for SmolLM2 at ``max_length`` 4096 on a 2-core VM) where
-    ``[1, 256]`` takes 1.8 s. On CPU: one sequence per call (``prefill_tokens`` = the smallest
+    ``[4, 256]`` call (four times the positions of a ``[1, 256]`` call, and the CPU time too:
+    docs/PERFORMANCE.md). On CPU: one sequence per call (``prefill_tokens`` = the smallest
     chunk) and chunks of :data:`CPU_PREFILL_CHUNKS` (two compiled prefill shapes, not three),
     each attending over the whole row (``prefill_kv_buckets=()``): the KV-length buckets an
     accelerator uses (``EngineConfig.prefill_kv_buckets``) would compile four times the prefill
@@ -201,9 +201,9 @@ def learner_settings(config: Any, platform: str | None = None) -> dict[str, Any]
     accelerators the default powers of two stay (few compiled shapes; padding is cheap in
     parallel). On the CPU backend, when the config lists no buckets and does not pack rows,
     the buckets are multiples of :data:`CPU_LENGTH_BUCKET` up to ``rollout.max_context``: a
-    new bucket compiles in ~15 s of CPU, while a power of two can double the work (the README's
-    taste run: 4 rows of at most 1,153 tokens cost 208 s of CPU per update padded to 2048 and
-    114 s padded to 1280, SmolLM2 on a 2-core VM).
+    new bucket costs one more CPU compile, while a power of two can nearly double the work (the
+    README's taste run: 4 rows of at most 1,153 tokens padded to 2048 instead of 1280;
+    docs/PERFORMANCE.md, "Figures moved out of the code's comments").
     """
     import jax
 

@@ -35,7 +35,7 @@ from typing import Any, Iterable, Sequence
 
 import numpy as np
 
-try:  # 3-5x faster than json on these large lines; the stdlib is the fallback
+try:  # faster than json on these large lines; the stdlib is the fallback
     import orjson
 
     def _loads(b: bytes) -> Any:

@@ -97,7 +97,7 @@ def make_episode(rng: random.Random, env: str, task_id: str, group_id: int, samp
         t.error = f"{'step' if status == 'env_error' else 'generate'}: synthetic failure {k}" \
             if turns else "create: synthetic failure"
     t.elapsed_s = round(rng.uniform(0.1, 30.0), 3)
-    # Trajectory.to_json(step) without dataclasses.asdict's deep copies (10x faster; same dict)
+    # Trajectory.to_json(step) without dataclasses.asdict's deep copies (faster; same dict)
     return {**vars(t), "step": step}
 
 
@@ -111,7 +111,7 @@ def write_synthetic_run(run_dir: str, train_episodes: int, eval_steps: tuple[int
     (groups of ``group_size``, 2 environments, ``group_size x 4`` episodes per step), an
     evaluation of ``eval_tasks x eval_samples`` episodes at each of ``eval_steps``, a metrics
     row per step and per evaluation, ``config.json`` and ``summary.json``. ``fast_json``: write
-    the episode lines with orjson (the same JSON without spaces; 10x faster for big runs)."""
+    the episode lines with orjson (the same JSON without spaces; faster for big runs)."""
     rng = random.Random(seed)
     if fast_json:
         import orjson
