@@ -48,7 +48,7 @@ def parse_args(name: str, argv: Sequence[str] | None = None) -> argparse.Namespa
 
 
 def new_event_loop() -> asyncio.AbstractEventLoop:
-    """A uvloop loop when uvloop is installed (about 2x cheaper per request), else asyncio's."""
+    """A uvloop loop when uvloop is installed (cheaper per request), else asyncio's."""
     try:
         import uvloop
     except ImportError:

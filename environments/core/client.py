@@ -39,7 +39,7 @@ T = TypeVar("T")
 _JSON_HEADERS = {"Content-Type": "application/json"}
 _DOWN_COOLDOWN_S = 5.0
 # calls per POST /batch (the server takes up to 1024): enough to spread the HTTP cost, few enough
-# that the first answers of a burst are not held back long (32 BabyAI creates take ~40 ms)
+# that the first answers of a burst are not held back long (docs/PERFORMANCE.md)
 _BATCH_MAX_CALLS = 32
 _BATCH_MAX_BYTES = 256 << 10  # request body bytes per batch (servers refuse > 1 MiB by default)
 API_KEY_ENV = "AGENTRL_ENV_API_KEY"  # the servers' --api-key default reads the same variable

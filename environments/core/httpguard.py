@@ -421,9 +421,9 @@ def freeze_heap() -> None:
     scans only the objects requests made.
 
     Without it a full collection walks the whole start-up heap while holding the GIL, and the
-    event loop (and every other thread) waits for it: a pytest process that had run most of the
-    suite (~1M objects) showed full collections of 0.4-0.7 s, and one of ~1.8 s stalled a
-    ``/health`` probe in CI. The collector keeps its default thresholds: an environment's closed
+    event loop (and every other thread) waits for it: in a pytest process that had run most of
+    the suite (~1M objects) one full collection stalled a ``/health`` probe in CI
+    (docs/PERFORMANCE.md). The collector keeps its default thresholds: an environment's closed
     instances are reference cycles (a minigrid level: rooms <-> neighbours, instructions <->
     env), which only the collector frees, and rarer full collections
     (``gc.set_threshold(20_000, 20, 50)`` was tried) let them pile up: BabyAI's RSS grew

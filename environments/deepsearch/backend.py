@@ -1,7 +1,7 @@
 """The process-wide search backend: corpus, BM25 index and QA set, built once and shared.
 
 Every deep-search session of a server process uses the same ``SearchBackend`` (the index takes
-~1.5 s and ~100 MB for the default corpus). ``configure()`` chooses the corpus / QA files before
+seconds and ~100 MB for the default corpus). ``configure()`` chooses the corpus / QA files before
 the first use; ``get_backend()`` builds it on first call (thread-safe).
 """
 

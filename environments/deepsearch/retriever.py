@@ -11,7 +11,8 @@ from environments.deepsearch.corpus import Passage
 class BM25Retriever:
     """Lucene-style BM25 (k1=1.5, b=0.75) over ``passage.contents``, English stopwords, no stemming.
 
-    ``search`` is thread-safe: queries are serialised by a lock (each takes well under 1 ms).
+    ``search`` is thread-safe: queries are serialised by a lock (each is short next to a step's
+    HTTP round trip: docs/PERFORMANCE.md).
     """
 
     def __init__(self, passages: Sequence[Passage]) -> None:

@@ -135,7 +135,7 @@ class MiniWoBBrowser:
     # -- processes
 
     def start(self) -> None:
-        """Start chromedriver + Chromium (1-2 s). Called lazily by ``open_task``."""
+        """Start chromedriver + Chromium (slow: seconds). Called lazily by ``open_task``."""
         if self._driver is not None:
             return
         try:

@@ -5,7 +5,7 @@ Episode protocol:
 * ``reset("boil/var=21")`` borrows a simulator from the process-wide pool (blocking while all are
   lent), loads the task variation and returns the task description plus the first ``look around``.
 * ``step(action)`` sends the free-text command to the simulator. The special action
-  ``check valid actions`` lists every currently valid action (it costs ~60-200 ms in the JVM, so
+  ``check valid actions`` lists every currently valid action (it is slow in the JVM, so
   it is computed only when asked, or at every step when ``valid_actions_each_step`` is set); it
   does not advance the simulator but counts as a step.
 * Reward: ``(s_t - s_{t-1}) / 100`` with ``s`` the simulator's score (0-100) clamped at 0, so the

@@ -1,6 +1,6 @@
 """A bounded, process-wide pool of ScienceWorld simulators (one JVM each).
 
-A JVM costs ~1.9 GB of memory and 1-4 s to start, so environment instances do not own one: an
+A JVM costs ~1.9 GB of memory and seconds to start, so environment instances do not own one: an
 instance borrows a simulator when an episode starts and gives it back when the episode ends or the
 instance is closed. At most ``size`` JVMs are ever started; a borrower beyond that waits until one
 is returned (or ``timeout`` passes: ``PoolTimeoutError``). At most ``max_waiting`` borrowers wait at

@@ -1,7 +1,7 @@
 """The official ScienceWorld train / dev / test variation splits, stored as a small JSON file.
 
 The splits come from the package's API (``get_variations_train/dev/test`` after ``load`` of each
-task). Asking the simulator needs a JVM (about 5 s for the 30 tasks), so the answer is stored in
+task). Asking the simulator needs a JVM (seconds for the 30 tasks), so the answer is stored in
 ``splits.json`` next to this module as ranges, and ``tests/test_env_scienceworld.py`` checks it
 against the live API. Regenerate it after a ``scienceworld`` upgrade with::
 

