@@ -49,8 +49,9 @@ def get_config():
     c.learner.dtype = "float32"
     c.learner.remat = True
     c.learner.pack_length = 3072
-    # segment-masked flash attention for packed rows: Pallas/Triton on GPU (12x faster than the
-    # pure-JAX blockwise "chunked" at 8 x 3072 on an H100; benchmarks/packed_attention.py)
+    # segment-masked flash attention for packed rows: Pallas/Triton on GPU (faster than the
+    # pure-JAX blockwise "chunked" at 8 x 3072: benchmarks/packed_attention.py,
+    # docs/PERFORMANCE.md)
     c.learner.attention_impl = "pallas"
     c.learner.micro_batch_size = 4
     c.learner.logprob_batch_size = 16

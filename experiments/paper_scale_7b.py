@@ -51,12 +51,12 @@ below the update's transients (36.6), so the peak is the forward / backward's: 1
 (``--gpu-memory-gib 140.4``: nvidia-smi's 143771 MiB, which ``benchmarks/scaling_step_gpu.sh``
 passes; 133.4 GiB usable): 1 GPU fits only offloaded (107.6; 164.3 without), 2 and 4 fit
 (peaks 96.3 and 62.4, below 90% of 133.4). Measured (2026-11-27, this config as it is on 2
-and 4 GPUs, H200s; docs/PERFORMANCE.md, "session 9"): 2 GPUs steady 57.5 s, peak 86.4 GiB a
-GPU (estimate 96.3);
+and 4 GPUs, H200s; docs/PERFORMANCE.md, "session 9", which has the step times): 2 GPUs peak
+86.4 GiB a GPU (estimate 96.3);
 4 GPUs with JAX's memory capped at an H100's 75.1 GiB (``XLA_PYTHON_CLIENT_MEM_FRACTION=0.535``)
-steady 37.3 s, peak 54.7 GiB (estimate 62.4); 1 GPU (one H200, the moments offloaded,
-2026-11-27, session 11): steady 93.6 s, peak 91.9 GiB (estimate 107.6: above an H100's 75.1).
-Earlier: 4 H200s 67.3 s with a 110.5 GiB peak (before the remat fix), and 4 H100s out of
+peak 54.7 GiB (estimate 62.4); 1 GPU (one H200, the moments offloaded, 2026-11-27, session 11):
+peak 91.9 GiB (estimate 107.6: above an H100's 75.1).
+Earlier: 4 H200s with a 110.5 GiB peak (before the remat fix), and 4 H100s out of
 memory at the first update (before the KV release and the bf16 log-prob weights).
 
 (lower bound: what must be live during an update or a rollout; peak adds the update's

@@ -11,7 +11,7 @@ Simulators: each is a JVM (~2 GB), borrowed per episode from a pool; four server
 JVMs each, and at most 64 episodes in flight (a pool's waiting borrowers are bounded: more
 episodes than simulators would fail); a 64-core machine runs two such jobs side by side.
 Evaluation: 128 of the 1,819 held-out test variations (evenly spaced: 26 of the 30 task types)
-x 4 samples, 30 turns: ~1.5 minutes on an H100 (docs/RESULTS.md).
+x 4 samples, 30 turns (its duration: docs/RESULTS.md).
 """
 
 from experiments.babyai_grpo_gpu import get_config as babyai_config
