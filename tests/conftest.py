@@ -31,8 +31,9 @@ def startup_heap_frozen():
     """The heap as a served process has it: servers freeze their start-up objects
     (``environments.core.httpguard.freeze_heap``), so full collections scan only what
     requests made. This pytest process carries the whole suite's objects (~1M by the middle of
-    the suite); a full collection of them holds the GIL (0.4-0.7 s measured on a 2-core box, one
-    of 1.8 s in CI) and stalls any event loop or timed call, whatever the code under test does."""
+    the suite); a full collection of them holds the GIL (long enough to matter:
+    docs/PERFORMANCE.md) and stalls any event loop or timed call, whatever the code under test
+    does."""
     import gc
 
     from environments.core.httpguard import freeze_heap

@@ -548,7 +548,7 @@ def test_model_layout_engine(model):
 async def test_weights_from_the_learner_do_not_recompile(model, tokenizer):
     """The learner's parameters (committed to its mesh's NamedSharding) are moved to the
     engine's layout: the compiled decode / prefill functions are reused. Before, the first
-    rollout after every weight sync recompiled them (~30 s on an H100)."""
+    rollout after every weight sync recompiled them (docs/PERFORMANCE.md, "A whole RL step")."""
     import jax
 
     from agentrl_jax.learner import Learner, LearnerConfig

@@ -1,5 +1,5 @@
 """Expert recording never hangs: minigrid's BabyAIBot loops forever on some BabyAI levels (the
-cause of a recording that printed nothing for 150 s on the GPU machine); the bounded subgoal
+cause of a recording that printed nothing on the GPU machine); the bounded subgoal
 stack and the per-action deadline end such an episode as failed, leave every other episode's
 actions unchanged (against the raw bot), and the recorder's worker processes write what one
 process writes."""

@@ -25,7 +25,7 @@ bounds below (temporaries 2.5 GiB, footprint 4 GiB) leave room for compiler chan
 staying an order of magnitude under the old numbers and well under the 8 GB that the README's
 whole CPU run may use.
 
-One compile of the train step (~12 s on 2 cores) is shared by the tests of this module.
+One compile of the train step (the slow part) is shared by the tests of this module.
 """
 
 from __future__ import annotations

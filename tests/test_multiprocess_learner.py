@@ -25,7 +25,7 @@ import pytest
 
 from multiprocess_harness import Workers, free_port, init_worker, worker_env
 
-# the module's 2-process runs take ~75 s on 2 cores (a shared fixture): the integration suite
+# the module's 2-process runs are long (a shared fixture; docs/PERFORMANCE.md): integration suite
 pytestmark = pytest.mark.slow
 
 N_PROC = 2
@@ -38,7 +38,7 @@ LOSS_KEYS = ("actor/pg_loss", "actor/kl_loss", "actor/entropy", "actor/total_los
              "response_length/mean", "sequence_length/max", "batch/rows",
              "batch/padded_rows", "batch/padded_length", "batch/generated_tokens")
 ROWS, LENGTH, GROUP = 12, 40, 3  # 4 groups of 3; process p holds rows [6p, 6p + 6)
-WORKER_TIMEOUT_S = 300  # ~60 s alone on 2 cores; the margin is for a loaded machine (hangs only)
+WORKER_TIMEOUT_S = 300  # several times a worker's run alone: margin for a loaded machine (hangs)
 
 
 def tiny_model():

@@ -1,5 +1,5 @@
 """The README's CPU taste command, as ``.ci/check_taste.py`` reads it (the CI step that runs it
-takes ~10 min; these checks take a second): it can be extracted, every override names a key
+takes minutes; these checks are quick): it can be extracted, every override names a key
 of its experiment config, and the summary check accepts a finished run and names what a
 broken one lacks."""
 

@@ -479,7 +479,7 @@ async def test_client_chat_template_renders_off_loop_within_a_deadline(model, to
 
 async def test_large_bodies_are_bounded_and_do_not_stall_the_loop(model, tokenizer, http,
                                                                   startup_heap_frozen):
-    """Before: a 15 MB body blocked /health for 0.7 s (a 7 MB text for 12 s)."""
+    """Before: a 15 MB body (and, longer, a 7 MB text) blocked /health (docs/RELIABILITY.md)."""
     engine = make_engine(model, tokenizer, max_queue=64)
     thread = start_server(engine)  # the default body limit
     bodies = [(json.dumps({"input_ids": [5] * 2_300_000}).encode(), 400),
@@ -528,7 +528,7 @@ async def _max_health_latency(url: str, until: asyncio.Future) -> float:
 
 async def test_a_large_valid_batch_does_not_stall_the_loop(model, tokenizer, http,
                                                            startup_heap_frozen):
-    """4,096 prompts of 127 ids (1.6 MB) held /health for 0.86 s while they were validated
+    """4,096 prompts of 127 ids (1.6 MB) held /health (docs/RELIABILITY.md) while validated
     and submitted (and two tasks made per prompt) on the event loop; here 2,048."""
     engine = make_engine(model, tokenizer, max_queue=4096)
     thread = start_server(engine)

@@ -115,7 +115,7 @@ def test_a_model_directory_needs_what_its_loader_reads(tmp_path):
 def test_an_exported_directory_is_accepted_and_loads_and_without_weights_is_refused(tmp_path):
     """The check agrees with the real loader on an SFT-style export (config.json,
     model.safetensors, tokenizer files): accepted and loaded; without its weights, refused
-    by both. (Slow: it builds and loads a model, 10-36 s on the loaded 2-core box.)"""
+    by both. (Slow: it builds and loads a model; docs/PERFORMANCE.md.)"""
     from agentrl_jax.models.llama import init_model
     from agentrl_jax.models.pretrained import load_pretrained
     from agentrl_jax.models.safetensors_io import SINGLE_FILE, save_hf_directory
@@ -214,7 +214,7 @@ def test_tasks_per_step_is_bounded_by_the_batch_memory(tmp_path):
 def test_task_sampler_draws_are_unchanged_and_no_longer_cost_a_permutation_each():
     """The draws equal the documented formula (a seeded permutation per environment and
     epoch, environments in turn) across epoch boundaries, and 200,000 draws from a 48,000-task
-    family take well under a second instead of ~0.7 ms each (about 2.5 minutes)."""
+    family take well under a second instead of a permutation each (minutes in all)."""
     tasks = ([TaskRef("babyai", str(i)) for i in range(7)]
              + [TaskRef("textcraft", str(i)) for i in range(3)])
     sampler = TaskSampler(tasks, seed=5, cursor=4)

@@ -16,7 +16,7 @@ from agentrl_jax.viewer.index import (ERROR_STATUSES, FileIndex, Query, RunIndex
                                       trajectory_files)
 from agentrl_jax.viewer.synthetic import write_synthetic_run
 
-SMALL = dict(prompt_words=3, obs_words=2)  # small lines: 20k episodes in ~2 s
+SMALL = dict(prompt_words=3, obs_words=2)  # small lines: 20k episodes are quick to write
 
 
 def reference_text(ep: dict) -> str:
