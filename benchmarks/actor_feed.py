@@ -7,8 +7,8 @@ servers themselves (``ActorPool(workers=N, direct_workers=...)``).
 The rollout servers are stubs in their own processes that answer every ``/generate`` at once
 (or after ``--gen-ms``) with a fixed BabyAI action, so what is measured is the client side: the
 episodes' chat formatting, tokenising, environment steps (real BabyAI servers, started here)
-and the HTTP requests -- the part that kept four H200 engine servers' decode batches less than
-half full for the SmolLM2 shape (docs/PERFORMANCE.md). Both modes run the same episodes,
+and the HTTP requests -- the part that kept a 4-GPU host's engine servers' decode batches less
+than half full for the SmolLM2 shape (docs/PERFORMANCE.md). Both modes run the same episodes,
 alternating, ``--repeats`` times each after a warm-up; reports the median turns/s per mode and
 the ratio direct / relay. Which mode is faster depends on the cores there are: relaying costs
 the trainer's process an extra message hop per turn, a direct worker its own HTTP client.

@@ -90,7 +90,7 @@ RECORD_ARGS=()
 CAP_RECORD=900
 CAP_SFT=$(( SFT_SECONDS + 150 ))
 RL_OVERHEAD=230   # an RL run's time besides training: start, two evaluations, compile, save
-# ScienceWorld's evaluations (512 episodes of up to 30 turns) take ~1.5 min each on an H100
+# ScienceWorld's evaluations (512 episodes of up to 30 turns) are the longest (docs/RESULTS.md)
 declare -A FAMILY_OVERHEAD=([sciworld]=330)
 RL_SLACK=60
 if [ "$SMOKE" = 1 ]; then

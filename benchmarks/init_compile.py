@@ -4,8 +4,8 @@
     python benchmarks/init_compile.py --shape qwen2.5-1.5b --variants constant_seed,key_argument,init_host
 
 Compile only (nothing allocated or run): ``constant_seed``, the seed closed over by the jitted
-initialiser (``init_model(..., initialise_on="device")``; a Qwen2.5-7B shape took 5 min 49 s
-to compile on an H200); ``key_argument``, the PRNG key passed as an argument instead.
+initialiser (``init_model(..., initialise_on="device")``; the Qwen2.5-7B shape's compile time:
+docs/PERFORMANCE.md, "Not run"); ``key_argument``, the PRNG key passed as an argument instead.
 Whole calls, until every parameter is on its devices: ``init_device`` and ``init_host``
 (``init_model(..., initialise_on=...)``: drawn under jit in the sharding, or on the host CPU
 then placed slice by slice).

@@ -109,7 +109,7 @@ def random_params(abstract, shardings, seed: int = 0, scale: float = 0.02):
     and biases, ones for norm scales (vectors named ``scale``/``weight`` of a norm).
 
     (Compiling the model's own initialiser for the whole 1.5B-parameter tree in one XLA
-    program took over 145 s on an H200 with jax 0.11.2, against 3 s for a 2-layer model.)
+    program takes minutes on a GPU, against seconds for a 2-layer model: docs/PERFORMANCE.md.)
     """
     import zlib
 
