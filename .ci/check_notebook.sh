@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Execute notebooks/quickstart.ipynb top to bottom on CPU (the smoke config: small settings) with
-# nbclient; any cell error fails this script. About 2-4 minutes on 2 CPU cores.
+# nbclient; any cell error fails this script. Its measured time: the README, "Tests".
 set -euo pipefail
 cd "$(dirname "$0")/.."
 work=$(mktemp -d)
