@@ -6,7 +6,7 @@ programs as keep every SM busy. XLA's autotuner picks from a fixed set of tiling
 ``M = 256``, its choice for Qwen2.5-1.5B's merged gate/up projection runs at ~40% of the
 bandwidth roofline (docs/PERFORMANCE.md). This kernel exposes the tiling so
 ``benchmarks/decode_gemm.py`` can sweep it against XLA and cuBLAS on the same shapes. The engine
-does not use it: on an H100 cuBLAS beat it on every decode GEMM but SmolLM2's gate/up
+does not use it: cuBLAS beat it on every decode GEMM but SmolLM2's gate/up
 (docs/PERFORMANCE.md, "Decode GEMMs"), so the engine's default is cuBLAS on merged weights.
 
 Grid ``(N / block_n, M / block_m, splits)``: program ``(j, i, s)`` computes the
