@@ -132,3 +132,18 @@ def test_scienceworld_order_takes_turns_over_commands_fewest_first():
         "look at stove", "connect a to c",
         "connect b to c",
     ]
+
+
+class _BrokenListEnv(_CountEnv):
+    def valid_actions(self) -> list[str] | None:
+        raise RuntimeError("no list")
+
+
+async def test_a_failing_list_is_a_500_and_leaves_no_session_behind():
+    async with TestServer(build_app(_family(_BrokenListEnv, False))) as server:
+        async with EnvClient(str(server.make_url("")), list_actions=3, retries=0) as client:
+            with pytest.raises(EnvServerError) as error:
+                await client.create(task_id="t")
+            assert error.value.status == 500 and "no list" in error.value.message
+            stats = await client.stats()
+            assert stats["live_sessions"] == 0 and stats["sessions_closed"] == 1

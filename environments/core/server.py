@@ -301,7 +301,12 @@ class EnvServer:
                 raise
             session = self.sessions.add(env, task_id, seed)
             session.list_actions = list_actions
-            result = await self._listing_actions(session, result)
+            try:
+                result = await self._listing_actions(session, result)
+            except BaseException:  # the client gets an error, not this session: close it
+                self.sessions.pop(session.env_id)
+                await self._close_session(session)
+                raise
         finally:
             self.sessions.release()
         self.stats.sessions_created += 1
