@@ -73,6 +73,10 @@ def base_config() -> ConfigDict:
     c.agent = ConfigDict()
     c.agent.prompt_style = "action"  # action (Action only) | react (Thought + Action)
     c.agent.response_prefix = "Action:"  # text opening every assistant turn ("" for none)
+    # > 0: every observation ends with up to this many of the environment's valid actions, in
+    # the family's order (the servers' list_actions; ScienceWorld and BabyAI have such lists,
+    # BabyAI's observations show theirs always); 0: off
+    c.agent.list_valid_actions = 0
 
     c.horizon = ConfigDict()
     c.horizon.type = "scaling_inter"  # scaling_inter | fixed

@@ -382,6 +382,12 @@ def _check_agent(c: _Checker) -> None:
     prefix = _get(a, "response_prefix", "")
     if not isinstance(prefix, str):
         c.bad("agent.response_prefix", f"must be a string (got {prefix!r})")
+    from environments.core.base import MAX_LISTED_ACTIONS
+
+    listed = _get(a, "list_valid_actions", 0)
+    if isinstance(listed, bool) or not isinstance(listed, int) or not 0 <= listed <= MAX_LISTED_ACTIONS:
+        c.bad("agent.list_valid_actions",
+              f"must be an integer in 0..{MAX_LISTED_ACTIONS} (got {listed!r})")
 
 
 def _check_horizon(c: _Checker) -> None:

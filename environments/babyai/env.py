@@ -69,6 +69,7 @@ class BabyAIEnv(TextEnvironment):
     """One BabyAI instance; task ids are ``<level id>/seed=<n>`` (see ``catalog``)."""
 
     name = "babyai"
+    lists_actions_in_observation = True  # every observation ends with "Available actions: ..."
 
     def __init__(self) -> None:
         self._level: str | None = None
@@ -148,6 +149,10 @@ class BabyAIEnv(TextEnvironment):
             self._sight = None
 
     # -- views
+
+    def valid_actions(self) -> list[str]:
+        """``available_actions`` (the observation lists them already)."""
+        return self.available_actions()
 
     def available_actions(self) -> list[str]:
         """Primitive actions that can have an effect now, then macros over the visible objects."""

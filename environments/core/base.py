@@ -75,10 +75,30 @@ class TaskCatalog(abc.ABC):
         return ids[index]
 
 
+#: the most actions a session may ask to have listed after each observation (``list_actions``)
+MAX_LISTED_ACTIONS = 200
+
+
+def action_list_text(actions: Sequence[str], limit: int) -> str:
+    """The line appended to an observation by ``list_actions``: at most ``limit`` actions, in the
+    family's order, then how many were left out, e.g.
+    ``"Valid actions: look around, inventory, go to kitchen (and 41 more)."``."""
+    shown = list(actions[:limit])
+    more = len(actions) - len(shown)
+    return "Valid actions: " + ", ".join(shown) + (f" (and {more} more)." if more > 0 else ".")
+
+
 class TextEnvironment(abc.ABC):
-    """One environment instance. Not thread-safe: the server serializes calls per instance."""
+    """One environment instance. Not thread-safe: the server serializes calls per instance.
+
+    Families with admissible actions override ``valid_actions``; the server appends them to the
+    observation for sessions created with ``list_actions`` (``action_list_text``), unless the
+    family's observations list them already (``lists_actions_in_observation``).
+    """
 
     name: ClassVar[str]
+    #: True where every observation already ends with the list of available actions (BabyAI)
+    lists_actions_in_observation: ClassVar[bool] = False
 
     @abc.abstractmethod
     def reset(self, task_id: str, seed: int | None = None) -> ResetResult:
@@ -87,6 +107,12 @@ class TextEnvironment(abc.ABC):
     @abc.abstractmethod
     def step(self, action: str) -> StepResult:
         """Apply one text action. An action the env does not understand is a normal step."""
+
+    def valid_actions(self) -> list[str] | None:
+        """The actions the environment accepts in the current state, most useful first (the
+        server lists the first ``list_actions`` of them); ``None`` where the family has no such
+        list. Called only between steps of a running episode."""
+        return None
 
     def close(self) -> None:
         """Release every resource (processes, threads, browsers). Idempotent."""

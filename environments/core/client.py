@@ -91,7 +91,14 @@ class EnvClient:
         max_connections: int = 256,
         api_key: str | None = None,
         batch: bool | None = None,
+        list_actions: int = 0,
     ) -> None:
+        """``list_actions``: > 0 asks the server, at every create and reset, to end each
+        observation with up to this many of the environment's valid actions (families that have
+        them; the server's ``list_actions`` field)."""
+        if isinstance(list_actions, bool) or not isinstance(list_actions, int) or list_actions < 0:
+            raise ValueError(f"list_actions must be an integer >= 0 (got {list_actions!r})")
+        self.list_actions = list_actions
         self.urls = [urls.rstrip("/")] if isinstance(urls, str) else [u.rstrip("/") for u in urls]
         if not self.urls:
             raise ValueError("EnvClient needs at least one server URL")
@@ -120,7 +127,7 @@ class EnvClient:
         api_key = self._auth.get("Authorization", "")[len("Bearer "):] or None
         return {"urls": list(self.urls), "timeout": self.timeout, "retries": self.retries,
                 "backoff": self.backoff, "max_connections": self.max_connections,
-                "api_key": api_key, "batch": self.batch}
+                "api_key": api_key, "batch": self.batch, "list_actions": self.list_actions}
 
     # -- lifecycle
 
@@ -319,6 +326,8 @@ class EnvClient:
     ) -> CreateResult:
         """Start an episode on a new instance: give ``task_id``, or ``split`` and ``index``."""
         payload = _task_payload(task_id, split, index, seed)
+        if self.list_actions:
+            payload["list_actions"] = self.list_actions
 
         async def attempt() -> CreateResult:
             replica = self._pick_replica()  # _call counts it in flight before its first await
@@ -357,6 +366,8 @@ class EnvClient:
         """Start a new episode on the same instance (same task unless another is named)."""
         replica, server_id = self._decode(env_id)
         payload = {"env_id": server_id, **_task_payload(task_id, split, index, seed, needed=False)}
+        if self.list_actions:
+            payload["list_actions"] = self.list_actions
         data = await self._call(replica, "POST", "/reset", payload)
         return ResetResult(observation=data["observation"], info=data.get("info", {}))
 

@@ -2,9 +2,12 @@
 
 Endpoints (all bodies and answers are JSON; see docs/ENVIRONMENTS.md):
 
-* ``POST /create {"task_id"} | {"split", "index"} [+ "seed"]`` -> ``{"env_id", "observation", "info"}``
+* ``POST /create {"task_id"} | {"split", "index"} [+ "seed"] [+ "list_actions"]`` -> ``{"env_id",
+  "observation", "info"}``; ``list_actions`` N (0..``MAX_LISTED_ACTIONS``): every observation of
+  the session ends with up to N of the environment's valid actions (families that have them)
 * ``POST /step {"env_id", "action"}`` -> ``{"observation", "reward", "done", "truncated", "info"}``
-* ``POST /reset {"env_id" [, "task_id" | "split"+"index"] [, "seed"]}`` -> like ``/create``
+* ``POST /reset {"env_id" [, "task_id" | "split"+"index"] [, "seed"] [, "list_actions"]}`` -> like
+  ``/create``
 * ``POST /close {"env_id"}`` -> ``{"closed": true}``
 * ``POST /batch {"calls": [{"op": "step", "env_id", "action"}, ...]}`` -> ``{"results": [{"status",
   "body"}, ...]}``: several of the calls above in one request (``EnvServer.batch``)
@@ -28,6 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import dataclasses
 import functools
 import logging
 import re
@@ -38,7 +42,8 @@ from aiohttp import web
 from environments.core import jsonio
 from environments.core.httpguard import (DEFAULT_READ_TIMEOUT_S, GuardError, Limits, allowed_hosts as hosts_for,
                                          api_key_middleware, exit_with_parent, read_body, request_guard_middleware)
-from environments.core.base import InvalidTaskError, ResetResult, StepResult, TaskCatalog
+from environments.core.base import (MAX_LISTED_ACTIONS, InvalidTaskError, ResetResult, StepResult, TaskCatalog,
+                                    action_list_text)
 from environments.core.sessions import CapacityError, Session, SessionTable, Stats
 from environments.registry import Family
 
@@ -128,6 +133,34 @@ def optional(data: dict[str, Any], key: str, kind: type) -> Any:
     if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
         raise ProtocolError(400, f"field {key!r} must be a {_type_name(kind)}, got {type(value).__name__}")
     return value
+
+
+R = TypeVar("R", ResetResult, StepResult)
+
+
+def list_actions_field(data: dict[str, Any]) -> int | None:
+    """``data["list_actions"]``: how many valid actions to list, 0..``MAX_LISTED_ACTIONS``."""
+    value = optional(data, "list_actions", int)
+    if value is not None and not 0 <= value <= MAX_LISTED_ACTIONS:
+        raise ProtocolError(400, f"field 'list_actions' must be in 0..{MAX_LISTED_ACTIONS}, got {value}")
+    return value
+
+
+def _wants_list(session: Session) -> bool:
+    """The session asked for action lists, its episode runs, and its observations lack one."""
+    return bool(session.list_actions) and not session.finished and not session.env.lists_actions_in_observation
+
+
+def with_action_list(result: R, actions: list[str] | None, limit: int) -> R:
+    """``result`` with ``action_list_text(actions, limit)`` as the observation's last line and the
+    listed actions in ``info["listed_actions"]``; unchanged where ``actions`` is None or empty
+    (the family has no list, or nothing is valid)."""
+    if not actions or limit <= 0:
+        return result
+    info = dict(result.info)
+    info["listed_actions"] = list(actions[:limit])
+    observation = f"{result.observation.rstrip()}\n{action_list_text(actions, limit)}"
+    return dataclasses.replace(result, observation=observation, info=info)
 
 
 # ---------------------------------------------------------------------------------------- server
@@ -253,6 +286,7 @@ class EnvServer:
 
     async def op_create(self, data: dict[str, Any]) -> dict[str, Any]:
         seed = optional(data, "seed", int)
+        list_actions = list_actions_field(data) or 0
         task_id = self._task_from(data, needed=True)
         try:
             self.sessions.reserve()
@@ -266,6 +300,13 @@ class EnvServer:
                 await self.call(env.close)
                 raise
             session = self.sessions.add(env, task_id, seed)
+            session.list_actions = list_actions
+            try:
+                result = await self._listing_actions(session, result)
+            except BaseException:  # the client gets an error, not this session: close it
+                self.sessions.pop(session.env_id)
+                await self._close_session(session)
+                raise
         finally:
             self.sessions.release()
         self.stats.sessions_created += 1
@@ -274,6 +315,7 @@ class EnvServer:
     async def op_reset(self, data: dict[str, Any]) -> dict[str, Any]:
         required(data, "env_id", str)
         seed = optional(data, "seed", int)
+        list_actions = list_actions_field(data)
         task_id = self._task_from(data, needed=False)
         session = self._session(data)
         async with session.lock:
@@ -284,6 +326,9 @@ class EnvServer:
             result = await self.call(session.env.reset, task_id, seed)
             session.task_id, session.seed = task_id, seed
             session.finished, session.steps = False, 0
+            if list_actions is not None:
+                session.list_actions = list_actions
+            result = await self._listing_actions(session, result)
             session.touch()
         self.stats.resets += 1
         return self._reset_payload(session, result)
@@ -294,10 +339,13 @@ class EnvServer:
         if self.family.inline:  # no await in between: calls on one session cannot interleave
             self._check_steppable(session)
             result = self._record_step(session, session.env.step(action))
+            if _wants_list(session):
+                result = with_action_list(result, session.env.valid_actions(), session.list_actions)
         else:
             async with session.lock:
                 self._check_steppable(session)
                 result = self._record_step(session, await self.call(session.env.step, action))
+                result = await self._listing_actions(session, result)
         return {
             "observation": result.observation,
             "reward": float(result.reward),
@@ -305,6 +353,15 @@ class EnvServer:
             "truncated": bool(result.truncated),
             "info": result.info,
         }
+
+    async def _listing_actions(self, session: Session, result: R) -> R:
+        """``result`` with the session's action list appended (``list_actions``), while the
+        episode runs and the family has a list that its observations do not show already."""
+        if not _wants_list(session):
+            return result
+        env = session.env
+        actions = env.valid_actions() if self.family.inline else await self.call(env.valid_actions)
+        return with_action_list(result, actions, session.list_actions)
 
     def _check_steppable(self, session: Session) -> None:
         if session.closed:

@@ -28,6 +28,7 @@ class Session:
     finished: bool = False
     closed: bool = False
     steps: int = 0
+    list_actions: int = 0  # > 0: append up to this many valid actions to each observation
 
     def touch(self) -> None:
         """Mark the session as used now (for idle reaping)."""

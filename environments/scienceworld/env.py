@@ -53,6 +53,37 @@ _FALLBACK_TEMPLATES = [
 ]  # fmt: skip
 
 
+#: arguments that make a valid but useless action ("mix air", "disconnect agent", "focus on inventory")
+_NON_OBJECTS = frozenset({"agent", "air", "inventory"})
+#: never offered in a short list: restarts the task, losing its progress
+_NEVER_LISTED = frozenset({"reset task"})
+
+
+def _verb(action: str) -> str:
+    words = action.split()
+    return " ".join(words[:2]) if len(words) > 1 and words[1] in ("on", "at", "in", "up", "down", "to") else words[0]
+
+
+def rank_valid_actions(actions: list[str]) -> list[str]:
+    """A short-list order for ScienceWorld's valid actions (hundreds per state, 70% of them
+    ``connect X to Y``): drop ``reset task`` and actions on the agent, the air or the inventory
+    as an object, group the rest by command (``open``, ``look at``, ``pick up``, ...), and take
+    one action per command in turn, commands with the fewest actions first, so that the first N
+    cover every kind of command before the combinatorial ones repeat. Within a command the
+    simulator's alphabetical order is kept."""
+    groups: dict[str, list[str]] = {}
+    for action in actions:
+        words = action.split()
+        if action in _NEVER_LISTED or any(w in _NON_OBJECTS for w in words[1:]):
+            continue
+        groups.setdefault(_verb(action), []).append(action)
+    order = sorted(groups.values(), key=lambda g: (len(g), g[0]))
+    ranked: list[str] = []
+    for i in range(max((len(g) for g in order), default=0)):
+        ranked.extend(g[i] for g in order if i < len(g))
+    return ranked
+
+
 class ScienceWorldEnvironment(TextEnvironment):
     """One ScienceWorld episode at a time, on a simulator borrowed from a pool.
 
@@ -169,6 +200,12 @@ class ScienceWorldEnvironment(TextEnvironment):
         self._give_back()
 
     # -- helpers
+
+    def valid_actions(self) -> list[str] | None:
+        """The simulator's valid actions in ``rank_valid_actions`` order (None between episodes)."""
+        if self._sim is None:
+            return None
+        return rank_valid_actions(self._valid_actions())
 
     def _valid_actions(self) -> list[str]:
         return sorted(self._sim.get_valid_action_object_combinations())
