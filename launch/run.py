@@ -186,4 +186,6 @@ def _complete_report(workdir: str) -> None:
 
 
 if __name__ == "__main__":
-    app.run(main)
+    from agentrl_jax.training.config_cli import run_main
+
+    run_main(main)  # --config mistakes: one line each, exit code 2
