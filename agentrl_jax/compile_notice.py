@@ -22,6 +22,8 @@ import threading
 import time
 from typing import Any, Callable, Iterator, Sequence
 
+import jax
+
 _lock = threading.Lock()
 _say: Callable[..., None] | None = None
 _quiet = threading.local()
@@ -85,7 +87,7 @@ def format_seconds(seconds: float) -> str:
 
 
 class Announced:
-    """``fn`` (a jitted function) whose first call per shape key is announced as
+    """``fn`` (a jitted function) whose first call per shape key (outside a trace) is announced as
     ``"compiling <what>"``. ``key_args``: the positions of the arguments that decide the
     compiled shape (the others, e.g. the weights, keep theirs from call to call and are not
     looked at); ``describe(args) -> str``: the announcement's text, e.g. ``"the train step
@@ -97,7 +99,10 @@ class Announced:
         self.seen: set[tuple] = set()
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        key = shape_key([args[i] for i in self.key_args if i < len(args)])
+        keyed = [args[i] for i in self.key_args if i < len(args)]
+        if any(isinstance(x, jax.core.Tracer) for x in jax.tree.leaves(keyed)):
+            return self.fn(*args, **kwargs)  # traced inside another function: no compile here
+        key = shape_key(keyed)
         with _lock:
             new = key not in self.seen
             self.seen.add(key)

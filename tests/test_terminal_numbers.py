@@ -135,3 +135,16 @@ def test_every_new_shape_of_an_announced_function_is_announced():
         compile_notice.set_announcer(None)
     fn(1.0, jnp.ones((2, 64)), jnp.ones((2, 64)))  # no announcer (a library user): silent
     assert len(lines) == 6
+
+
+def test_a_trace_through_an_announced_function_is_no_compile():
+    lines: list[str] = []
+    fn = announced(jax.jit(lambda params, tokens, mask: tokens * mask + params), "the value pass")
+    compile_notice.set_announcer(lines.append)
+    try:
+        jax.make_jaxpr(fn)(1.0, jnp.ones((2, 8)), jnp.ones((2, 8)))  # inspection: no compile
+        assert lines == []
+        fn(1.0, jnp.ones((2, 8)), jnp.ones((2, 8)))  # the real first call still is announced
+        assert lines[0] == "compiling the value pass for length 8 ..."
+    finally:
+        compile_notice.set_announcer(None)

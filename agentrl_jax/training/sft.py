@@ -258,8 +258,8 @@ class SFTRun:
                     metrics = await asyncio.to_thread(learner.update, batch, False)
                 else:
                     with timed(self._say, "compiling the train step (first update)"):
-                        metrics = await asyncio.to_thread(compile_notice.quietly, learner.update, batch,
-                                                          False)
+                        metrics = await asyncio.to_thread(compile_notice.quietly,
+                                                          learner.update, batch, False)
                     compiled = True
                 step += 1
                 metrics.update({"sft/epoch": step / per_epoch, "sft/episodes": float(len(rows)),
