@@ -54,6 +54,15 @@ def test_a_value_of_the_wrong_type():
         "--config.rollout.temperature: needs a value"]
 
 
+def test_a_key_the_command_line_cannot_set_and_an_override_before_the_file():
+    assert cli_problems(["--config.train.total_steps=2", "--config", SMOKE]) == [
+        "--config.train.total_steps: must come after --config <experiment file>"]
+    sft = os.path.join(REPO, "experiments", "smoke_sft.py")
+    assert _problems("--config.learner.tis_cap=2.0", config=sft) == [
+        "--config.learner.tis_cap: is None in the experiment file, so its type is unknown and "
+        "it cannot be set on the command line; set it in the file"]
+
+
 def test_two_mistakes_give_two_lines():
     assert _problems("--config.train.total_step=2", "--config.train.total_steps=x") == [
         "--config.train.total_step: no such key (did you mean --config.train.total_steps?)",

@@ -141,9 +141,12 @@ def override_problem(config: ConfigDict, key: str, value: str | None) -> str | N
             ok = False
         return None if ok else f"--config.{key}: must be a dict (a section; got {value!r})"
     parser = _PARSERS.get(field_type)
+    if field_type is type(None):
+        return (f"--config.{key}: is None in the experiment file, so its type is unknown and "
+                "it cannot be set on the command line; set it in the file")
     if parser is None:
         return (f"--config.{key}: a {field_type.__name__} value cannot be set on the command "
-                "line (edit the experiment file)")
+                "line; set it in the experiment file")
     try:
         parser.parse(value)
     except (ValueError, TypeError, SyntaxError):
@@ -156,11 +159,13 @@ def _what(field_type: type) -> str:
             tuple: "a tuple, e.g. '(a, b)'"}.get(field_type, f"a {field_type.__name__}")
 
 
-def _overrides(argv: list[str], name: str) -> tuple[str | None, list[tuple[str, str | None]]]:
+def _overrides(argv: list[str], name: str
+               ) -> tuple[str | None, list[tuple[str, str | None]], list[str]]:
     """(the ``--<name>`` value or None, [(key, value or None)] of its ``--<name>.<key>``
-    overrides, in order). A value given as the next argument (``--config.a.b 3``) is taken for
-    every override whose next argument is not a flag, as absl takes it for a non-boolean."""
-    spec, out = None, []
+    overrides, in order, [keys given before ``--<name>``]). A value given as the next argument
+    (``--config.a.b 3``) is taken for every override whose next argument is not a flag, as absl
+    takes it for a non-boolean."""
+    spec, out, early = None, [], []
     flag = re.compile(rf"^--?(no)?{re.escape(name)}(\.[^=]+)?(=(.*))?$", re.S)
     i = 0
     while i < len(argv):
@@ -179,26 +184,29 @@ def _overrides(argv: list[str], name: str) -> tuple[str | None, list[tuple[str, 
                 value, i = argv[i], i + 1
             spec = value
             continue
+        if spec is None:
+            early.append(key[1:])
         if negated:  # --noconfig.a.b: a boolean set to False
             out.append((key[1:], "false"))
             continue
         if has_value is None and i < len(argv) and not re.match(r"--|-[A-Za-z_]", argv[i]):
             value, i = argv[i], i + 1
         out.append((key[1:], value))
-    return spec, out
+    return spec, out, early
 
 
 def cli_problems(argv: list[str], name: str = "config") -> list[str]:
     """One line per mistake in ``--<name>`` and its overrides in ``argv`` (without the
     program name); [] when there is none or ``--<name>`` is not given."""
-    spec, overrides = _overrides(argv, name)
+    spec, overrides, early = _overrides(argv, name)
     if spec is None:
         return [f"--{name}.{key}: given without --{name} <experiment file>"
                 for key, _ in overrides[:1]]
     config, problem = load_config_file(spec)
     if problem:
         return [problem.replace("--config", f"--{name}", 1)]
-    problems = [override_problem(config, key, value) for key, value in overrides]
+    problems = [f"--config.{key}: must come after --{name} <experiment file>" for key in early]
+    problems += [override_problem(config, key, value) for key, value in overrides]
     return [p.replace("--config", f"--{name}", 1) for p in problems if p]
 
 
