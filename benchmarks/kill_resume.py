@@ -193,12 +193,13 @@ def check_run(workdir: str, total: int, overlap_from: int) -> dict[str, Any]:
     assert [m["step"] for m in metrics if "eval/tasks_scored" in m] == [total]
     episodes = rows(os.path.join(workdir, "trajectories_train.jsonl"))
     per_step = collections.Counter(t["step"] for t in episodes)
-    assert per_step == {s: 4 for s in range(total)}, per_step
+    assert per_step == {s: 4 for s in range(1, total + 1)}, per_step  # update s's episodes
     for t in episodes:
-        assert t["horizon"] == schedule.horizon(t["step"]), (t["step"], t["horizon"])
+        s = t["step"] - 1  # the 0-based loop index of update t["step"]
+        assert t["horizon"] == schedule.horizon(s), (t["step"], t["horizon"])
         assert t["status"] in ("done", "max_turns", "context_limit"), (t["step"], t["status"])
-        bound = 1 if t["step"] >= overlap_from else 0
-        assert t["turn_versions"] and all(0 <= t["step"] - v <= bound
+        bound = 1 if s >= overlap_from else 0
+        assert t["turn_versions"] and all(0 <= s - v <= bound
                                           for v in t["turn_versions"]), t["turn_versions"]
     evals = rows(os.path.join(workdir, "trajectories_eval.jsonl"))
     assert [t["step"] for t in evals] == [total] * 4, [t["step"] for t in evals]

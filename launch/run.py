@@ -3,9 +3,10 @@
     python launch/run.py --config experiments/babyai_grpo_scaling.py --workdir runs/babyai
     python launch/run.py --config experiments/smoke.py --config.train.total_steps=2
 
-The config is checked first (``training/validate.py``: every key, the model source, the
-workdir, a step's batch against this host's memory); a bad one exits with code 2, one line per
-problem, before anything starts. With no URLs in the config it starts the environment servers
+The config is checked first (``training/config_cli.py``: the file and every --config.* override
+names a real key with a value of its type; ``training/validate.py``: every key, the model
+source, the workdir, a step's batch against this host's memory); a bad one exits with code 2,
+one line per problem, before anything starts. With no URLs in the config it starts the environment servers
 and the embedded rollout engine on loopback and stops them on exit. Ctrl-C stops the run
 cleanly (one line, exit code 130). Re-running with the same --workdir resumes from the latest checkpoint; a run that already
 finished says so and exits, after writing its report if a kill left it unwritten (--eval_again
@@ -186,4 +187,6 @@ def _complete_report(workdir: str) -> None:
 
 
 if __name__ == "__main__":
-    app.run(main)
+    from agentrl_jax.training.config_cli import run_main
+
+    run_main(main)  # --config mistakes: one line each, exit code 2

@@ -56,4 +56,6 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    app.run(main)
+    from agentrl_jax.training.config_cli import run_main
+
+    run_main(main)  # --config mistakes: one line each, exit code 2

@@ -24,6 +24,7 @@ from agentrl_jax.agent.parsing import get_parser
 from agentrl_jax.models.pretrained import resolve_model_path
 from agentrl_jax.models.tokenizer import load_tokenizer
 from agentrl_jax.rollout.base import GenerateResult, RolloutBackend, SamplingParams
+from agentrl_jax.training.progress import OFF, EpisodeProgress, TurnCounter
 from environments.core.client import EnvClient, EnvServerError
 from environments.launcher import start_env_server
 
@@ -222,18 +223,25 @@ async def test_worker_processes_give_the_in_process_trajectories(tokenizer, baby
         backend.generate = counted
         ended: list[str] = []
         backend.end_session = ended.append  # the parent ends each session the workers finish
-        pool = ActorPool(backend, {"babyai": client}, ChatFormatter(tokenizer),
+        counter = TurnCounter(backend)  # the progress bar's turn count, as the trainer has it
+        pool = ActorPool(counter, {"babyai": client}, ChatFormatter(tokenizer),
                          SamplingParams(max_new_tokens=32, stop=["\n"]), max_context=1500,
                          max_concurrency=32, parser=get_parser("react"), prompt_style="action",
                          response_prefix="Action:", workers=2)
         seen = []
         try:
-            fast, stats = await pool.collect(tasks, 3, 7, seed=11, progress=seen.append)
+            async with EpisodeProgress(30, "first", OFF, counter=counter) as first:
+                fast, stats = await pool.collect(tasks, 3, 7, seed=11,
+                                                 progress=lambda t: (seen.append(t), first(t)))
             n_calls = len(calls)
-            again, _ = await pool.collect(tasks[:2], 3, 7, seed=11, policy_version=4,
-                                          version_fn=lambda: 9)
+            async with EpisodeProgress(6, "again", OFF, counter=counter) as second:
+                again, _ = await pool.collect(tasks[:2], 3, 7, seed=11, policy_version=4,
+                                              version_fn=lambda: 9, progress=second)
         finally:
             pool.close()
+    for bar, trajectories in ((first, fast), (second, again)):  # exact: the episodes' own
+        assert bar.turns() == (sum(t.num_turns for t in trajectories),
+                               sum(t.num_generated for t in trajectories))
     assert len(fast) == len(reference) == 30 and len(seen) == 30 and stats.episodes == 30
     assert sum(t.num_turns for t in fast) == n_calls  # every turn went through this process
     assert sorted(ended) == sorted(t.episode_id for t in fast + again)  # each once

@@ -40,7 +40,7 @@ def test_smoke_run_then_resume(tmp_path, compile_cache_env):
     # smoke: 2 tasks x 2 samples per step, alternating BabyAI and TextCraft
     assert len(trajectories) == 8
     assert {t["env"] for t in trajectories} == {"babyai", "textcraft"}
-    assert {t["step"] for t in trajectories} == {0, 1}
+    assert {t["step"] for t in trajectories} == {1, 2}  # numbered as [step k/n] and metrics
     for t in trajectories:
         assert len(t["token_ids"]) == len(t["loss_mask"]) == len(t["logprobs"])
         assert sum(t["loss_mask"]) > 0 and t["horizon"] == 2
@@ -54,7 +54,7 @@ def test_smoke_run_then_resume(tmp_path, compile_cache_env):
     assert os.path.isdir(os.path.join(workdir, "checkpoints", "3"))
     resumed = [json.loads(line) for line in open(os.path.join(workdir,
                                                               "trajectories_train.jsonl"))]
-    assert {t["step"] for t in resumed[8:]} == {2}
+    assert {t["step"] for t in resumed[8:]} == {3}
     # the task cursor continued where the first run stopped (5th and 6th draws of the sampler)
     first_tasks = [t["task_id"] for t in trajectories[::2]]
     assert [t["task_id"] for t in resumed[8::2]] not in (first_tasks[:2], first_tasks[2:])

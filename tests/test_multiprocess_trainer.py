@@ -144,7 +144,7 @@ def test_two_process_trainer_then_resume(tmp_path):
     metrics = _lines(os.path.join(workdir, "metrics.jsonl"))
     train = [m for m in metrics if "train/horizon" in m]
     assert [m["step"] for m in train] == [1, 2]  # written once (by process 0)
-    for step, m in zip((0, 1), train):
+    for step, m in zip((1, 2), train):
         local = [sum(t["step"] == step for t in trajs) for trajs in per_process]
         assert local == [2, 2], local
         assert m["rollout/episodes"] == sum(local) == 2 * 2
@@ -185,7 +185,7 @@ def test_two_process_trainer_then_resume(tmp_path):
     assert train[-1]["rollout/episodes"] == 2 and "actor/pg_loss" in train[-1]
     per_process = [_lines(os.path.join(workdir, f"trajectories_train.process{i}.jsonl"))
                    for i in range(N_PROC)]
-    assert [sum(t["step"] == 2 for t in trajs) for trajs in per_process] == [0, 2]
+    assert [sum(t["step"] == 3 for t in trajs) for trajs in per_process] == [0, 2]
     state = json.load(open(os.path.join(workdir, "checkpoints", "3", "trainer_state",
                                         "metadata")))
     assert state["extra"] == {"step": 3, "cursor": 5}  # 2 x 2 tasks, then 1

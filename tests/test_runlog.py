@@ -24,7 +24,7 @@ def _run_dir(tmp_path):
     """A run killed during step 4 (checkpoint 2 on disk; steps 3 and 4 logged after it)."""
     metrics = [{"step": 0, "eval/avg@1": 0.0}] + [
         {"step": s, "train/horizon": 2.0} for s in (1, 2, 3, 4)] + [{"step": 2, "eval/avg@1": 0.5}]
-    train = [{"step": s, "sample_index": i} for s in (0, 1, 2, 3) for i in (0, 1)]
+    train = [{"step": s, "sample_index": i} for s in (1, 2, 3, 4) for i in (0, 1)]
     evals = [{"step": 0, "task_id": "a"}, {"step": 2, "task_id": "a"}, {"step": 4, "task_id": "a"}]
     _write(tmp_path / "metrics.jsonl", metrics, tail='{"step": 5, "train/hor')  # cut by the kill
     _write(tmp_path / "trajectories_train.jsonl", train)
@@ -39,7 +39,7 @@ def test_rewind_keeps_each_step_up_to_the_checkpoint_once(tmp_path):
                        "trajectories_eval.jsonl": 1}
     # updates 1, 2 and their evaluations stay; the rows of steps 3, 4 and the cut line go
     assert _read(tmp_path / "metrics.jsonl") == [metrics[0], metrics[1], metrics[2], metrics[5]]
-    # the episodes of updates 1 and 2 (0-based rollout steps 0 and 1)
+    # the episodes of updates 1 and 2 (stored as steps 1 and 2, as the terminal numbers them)
     assert _read(tmp_path / "trajectories_train.jsonl") == train[:4]
     assert _read(tmp_path / "trajectories_eval.jsonl") == evals[:2]
     # rewinding again changes nothing (and does not rewrite the files)
@@ -62,8 +62,8 @@ def test_an_evaluation_run_again_is_dropped_too(tmp_path):
 
 
 def test_only_the_named_processes_files(tmp_path):
-    _write(tmp_path / "trajectories_train.process0.jsonl", [{"step": 0}, {"step": 3}])
-    _write(tmp_path / "trajectories_train.process1.jsonl", [{"step": 0}, {"step": 3}])
+    _write(tmp_path / "trajectories_train.process0.jsonl", [{"step": 1}, {"step": 3}])
+    _write(tmp_path / "trajectories_train.process1.jsonl", [{"step": 1}, {"step": 3}])
     _write(tmp_path / "metrics.jsonl", [{"step": 1}, {"step": 4}])
     assert rewind_run_logs(str(tmp_path), 1, metrics=False, trajectory_suffix=".process1") == {
         "trajectories_train.process1.jsonl": 1}

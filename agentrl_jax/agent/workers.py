@@ -38,6 +38,7 @@ process ends.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import dataclasses
 import multiprocessing
 import os
@@ -258,7 +259,11 @@ class WorkerGroup:
             await connected.put(writer)
             await self._serve(reader, writer)
 
-        self._server = await asyncio.start_unix_server(accept, path=path)
+        # started in an empty context: the parent's generations for the workers are no task of
+        # the round that happened to start the group (its context variables, e.g. the progress
+        # bar's turn count, are not inherited)
+        self._server = await contextvars.Context().run(
+            asyncio.ensure_future, asyncio.start_unix_server(accept, path=path))
         ctx = multiprocessing.get_context("spawn")
         for _ in range(self.n):
             process = ctx.Process(target=worker_main, args=(path,), daemon=True)

@@ -54,6 +54,7 @@ import numpy as np
 from flax import nnx
 from jax.sharding import Mesh
 
+from agentrl_jax.compile_notice import Announced
 from agentrl_jax.learner.checkpoint import Checkpointer
 from agentrl_jax.learner.config import LearnerConfig, bucket_length
 from agentrl_jax.learner.jit_cache import cached
@@ -94,6 +95,20 @@ def _local_mode(process_local: bool) -> bool:
     with one process the local rows are the global batch)."""
     return bool(process_local) and jax.process_count() > 1
 
+
+
+def _length(value: Any) -> int | None:
+    """The token axis (last) of the ``tokens`` array in ``value`` (an array or a batch dict)."""
+    tokens = value.get("tokens") if isinstance(value, dict) else value
+    shape = getattr(tokens, "shape", None)
+    return int(shape[-1]) if shape else None
+
+
+def announced(fn: Any, what: str, key_args: tuple[int, ...] = (1, 2)) -> Announced:
+    """``fn`` (jitted; its tokens are argument ``key_args[0]``) with each compile announced as
+    ``"compiling <what> for length T"`` (``compile_notice.py``)."""
+    return Announced(fn, key_args,
+                     lambda args: f"{what} for length {_length(args[key_args[0]])}")
 
 class Learner:
     """Holds and updates the policy (and critic / reference); see the module docstring.
@@ -223,7 +238,8 @@ class Learner:
                                              temperature=cfg.temperature, with_entropy=True,
                                              use_attention_mask=cfg.use_attention_mask)
                 return lp, ent
-            return jax.jit(fn, in_shardings=(shardings, bs, bs), out_shardings=(bs, bs))
+            return announced(jax.jit(fn, in_shardings=(shardings, bs, bs),
+                                     out_shardings=(bs, bs)), "the log-prob pass")
         return cached(key, build)
 
     def _packed_logprob_fn(self, params_dtype: str):
@@ -245,7 +261,8 @@ class Learner:
                                            temperature=cfg.temperature,
                                            segment_ids=segment_ids, positions=positions)
                 return lp
-            return jax.jit(fn, in_shardings=(shardings, bs, bs, bs), out_shardings=bs)
+            return announced(jax.jit(fn, in_shardings=(shardings, bs, bs, bs), out_shardings=bs),
+                             "the packed log-prob pass", key_args=(1, 2, 3))
         return cached(key, build)
 
     def _row_sharding(self):
@@ -271,19 +288,20 @@ class Learner:
             def traced(p, t, a):
                 with activation_mesh(mesh):
                     return fn(p, t, a)
-            return jax.jit(traced, in_shardings=(self.critic_shardings, bs, bs),
-                           out_shardings=bs)
+            return announced(jax.jit(traced, in_shardings=(self.critic_shardings, bs, bs),
+                                     out_shardings=bs), "the value pass")
         return cached(key, build)
 
     def _train_step(self, batch_keys: tuple[str, ...], train_policy: bool, train_critic: bool):
         key = ("train", self.graphdef, self.critic_graphdef, self._cfg_key, self.mesh, batch_keys,
                train_policy, train_critic)
-        return cached(key, lambda: make_train_step(
+        return cached(key, lambda: announced(make_train_step(
             config=self.config, mesh=self.mesh, policy_graphdef=self.graphdef, policy_tx=self.tx,
             policy_shardings=self.param_shardings, policy_opt_shardings=self.opt_shardings,
             critic_graphdef=self.critic_graphdef, critic_tx=self.critic_tx,
             critic_shardings=self.critic_shardings, critic_opt_shardings=self.critic_opt_shardings,
-            batch_keys=batch_keys, train_policy=train_policy, train_critic=train_critic))
+            batch_keys=batch_keys, train_policy=train_policy, train_critic=train_critic),
+            "the train step", key_args=(4,)))
 
     def _before_donating_opt_state(self) -> None:
         """Called before every optimiser step (which donates the optimiser states): with

@@ -35,6 +35,7 @@ import optax
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
+from agentrl_jax.compile_notice import Announced
 from agentrl_jax.learner.config import LearnerConfig
 from agentrl_jax.learner.offload import LeafwiseUpdate, offload_parts
 from agentrl_jax.learner.train_step import _combine, _init_metrics, cast_params, policy_loss_fn
@@ -80,10 +81,12 @@ class PackedSteps:
                 updates, opt_state = tx.update(grad_sum, opt_state, params)
                 return optax.apply_updates(params, updates), opt_state, norm
 
-        self.accumulate = jax.jit(
+        self.accumulate = Announced(jax.jit(
             accumulate, in_shardings=(param_shardings, param_shardings, replicated, mb_sh,
                                       replicated),
-            out_shardings=(param_shardings, replicated), donate_argnums=(1, 2))
+            out_shardings=(param_shardings, replicated), donate_argnums=(1, 2)), (3,),
+            lambda args: "the packed train step for rows of "
+                         f"{getattr(args[3].get('tokens'), 'shape', ('?',))[-1]} tokens")
         parts = offload_parts(config)
         if parts is None:
             self.apply = jax.jit(apply, in_shardings=(param_shardings, opt_shardings,

@@ -58,6 +58,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from agentrl_jax import compile_notice
+from agentrl_jax.compile_notice import Announced
 from agentrl_jax.models.config import ModelConfig
 from agentrl_jax.models.llama import CausalLM, abstract_model
 from agentrl_jax.rollout.base import (BackendUnavailableError, BatchedSamplesBackend,
@@ -130,6 +132,13 @@ class Engine(BatchedSamplesBackend):
             self.graphdef, c.max_batch, c.max_length, c.decode_steps, c.max_stop_ids,
             c.kv_layout, self.decode_attention, self.decode_gemm,
             one_pass_sampler=self.placement.platform == "gpu")
+        # a compile after the warm-up (a sampling mode first used, a shape it did not cover) is
+        # announced (``compile_notice.py``); the warm-up's own compiles are its caller's phase
+        self._decode_fn = Announced(self._decode_fn, (2, 3, 6), lambda a: (
+            f"the engine's decode step (sampling mode {a[6]})"))
+        self._prefill_fn = Announced(self._prefill_fn, (2, 3, 4, 5), lambda a: (
+            f"the engine's prefill of {a[3].shape[0]} x {a[3].shape[1]} tokens "
+            f"(attending over {a[5]})"))
         # the decode GEMMs' concatenated weights (decode_gemm merged*), one copy per weight
         # version; freed with the KV cache (release_kv_cache) and rebuilt with it
         self._merged = self._merge_fn(self._state)
@@ -249,7 +258,7 @@ class Engine(BatchedSamplesBackend):
         c = self.config
         ints = np.zeros_like(self._ints)
         ints[:, STOP:] = -1
-        with warnings.catch_warnings():
+        with warnings.catch_warnings(), compile_notice.quiet():
             warnings.simplefilter("ignore")
             for mode in (GREEDY, SAMPLE):  # top-k/p/min-p (SAMPLE_FILTERED): on first use
                 self._cache, outs, _ = self._decode_fn((self._state, self._merged),

@@ -14,6 +14,7 @@ import os
 import time
 from typing import Any, Callable
 
+from agentrl_jax import compile_notice
 from agentrl_jax.training import services
 from agentrl_jax.training.evaluation import EvalResult, evaluate
 from agentrl_jax.training.progress import (EpisodeProgress, TurnCounter, format_seconds,
@@ -63,7 +64,9 @@ async def run_evaluation(config: Any, checkpoint_dir: str | None = None, step: i
     mode = progress or progress_mode(force_bar=bool(config.get("progress")))
     interval = float(config.get("progress_seconds", 30.0) if progress_interval_s is None
                      else progress_interval_s)
+    compile_notice.set_announcer(say)  # the engine's compiles after its warm-up get a line
     with contextlib.ExitStack() as stack:
+        stack.callback(compile_notice.set_announcer, None)
         async with contextlib.AsyncExitStack() as astack:
             with timed(say, f"starting environment servers {services.env_names(config)}"):
                 urls = services.start_env_services(config, stack)

@@ -7,8 +7,8 @@ workdir, the rows the resumed session writes again:
 
 * ``metrics.jsonl``: rows with ``step > C`` (a training step's row has the step of the update
   it ends, ``1..C`` done);
-* ``trajectories_train*.jsonl``: rows with ``step >= C`` (the episodes of update ``s + 1`` carry
-  the 0-based ``step = s``);
+* ``trajectories_train*.jsonl``: rows with ``step > C`` (the episodes of update ``s`` carry
+  ``step = s``, the number the terminal's ``[step s/n]`` shows);
 * ``trajectories_eval*.jsonl``: rows with ``step > C`` (an evaluation carries the number of
   updates behind it);
 * evaluation rows at ``step == C`` too (eval trajectories, and metric rows with ``eval/`` keys)
@@ -97,7 +97,7 @@ def rewind_run_logs(workdir: str, step: int, redo_eval: bool = False,
                    else f"trajectories_{kind}{trajectory_suffix}.jsonl")
         for path in sorted(glob.glob(os.path.join(workdir, pattern))):
             if kind == "train":
-                rewind(path, lambda r: _step(r) < step)
+                rewind(path, lambda r: _step(r) <= step)
             else:
                 rewind(path, lambda r: _step(r) < step or _step(r) == step and not redo_eval)
     return dropped

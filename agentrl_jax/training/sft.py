@@ -38,6 +38,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from agentrl_jax import compile_notice
 from agentrl_jax.training.config import model_label
 from agentrl_jax.training.experts import META_SUFFIX, answer_format, tokenizer_fingerprint
 from agentrl_jax.training.progress import (BAR, LINES, EpisodeProgress, format_seconds,
@@ -163,7 +164,11 @@ class SFTRun:
         print(message, end=end, flush=True)
 
     def run(self) -> dict[str, Any]:
-        return asyncio.run(self._run())
+        compile_notice.set_announcer(self._say)  # a new length bucket's compile gets a line
+        try:
+            return asyncio.run(self._run())
+        finally:
+            compile_notice.set_announcer(None)
 
     def total_steps(self, n: int) -> int:
         s = self.config.sft
@@ -253,7 +258,8 @@ class SFTRun:
                     metrics = await asyncio.to_thread(learner.update, batch, False)
                 else:
                     with timed(self._say, "compiling the train step (first update)"):
-                        metrics = await asyncio.to_thread(learner.update, batch, False)
+                        metrics = await asyncio.to_thread(compile_notice.quietly,
+                                                          learner.update, batch, False)
                     compiled = True
                 step += 1
                 metrics.update({"sft/epoch": step / per_epoch, "sft/episodes": float(len(rows)),

@@ -33,6 +33,7 @@ from typing import Any
 
 import numpy as np
 
+from agentrl_jax import compile_notice
 from agentrl_jax.agent.actor_pool import ActorPool, RolloutStats, TaskRef
 from agentrl_jax.agent.trajectory import STATUS_ENV_ERROR, Trajectory
 from agentrl_jax.algorithms.advantages import is_turn_level
@@ -341,6 +342,13 @@ class Trainer:
                 f"{resume} (workdir {self.workdir})")
 
     async def _run(self) -> dict[str, Any]:
+        compile_notice.set_announcer(self._say)  # every later compile gets a line
+        try:
+            return await self._run_announced()
+        finally:
+            compile_notice.set_announcer(None)
+
+    async def _run_announced(self) -> dict[str, Any]:
         from agentrl_jax.learner.metrics import MetricsWriter
 
         cfg = self.config
@@ -572,7 +580,9 @@ class Trainer:
             # Overlap: the next rollout runs (with the current weights) while this update trains.
             if max_staleness >= 1 and step + 1 < total:
                 pending = launch(step + 1)
-            self._log_trajectories(step, trajectories, "train")
+            # numbered as everything else: the update these episodes are for (1-based), as the
+            # terminal's [step k/n], metrics.jsonl, the checkpoints and the evaluations
+            self._log_trajectories(step + 1, trajectories, "train")
             fresh = fresh_trajectories(trajectories, step, max_staleness)
             ok = [t for t in fresh if t.ok]
             usable = len(ok)  # before flat groups are skipped (those are no failure)
@@ -606,7 +616,7 @@ class Trainer:
                     try:  # no rollout runs until the sync
                         freed = await backend.release_kv_cache()
                     except RuntimeError as e:  # a request still running (e.g. not yet aborted)
-                        log.warning("step %d: KV cache kept for the update: %s", step, e)
+                        log.warning("step %d: KV cache kept for the update: %s", step + 1, e)
                         freed = 0
                     metrics["rollout/kv_released_gib"] = freed / 2 ** 30
                 if self.multi_process:  # this process's rows (none: an empty share)
@@ -627,7 +637,7 @@ class Trainer:
                 hostmem.release_freed_memory()  # the update's temporaries
             else:
                 log.warning("step %d: no trajectory to train on (%s, %d flat groups); no update",
-                            step, stats.statuses, flat_groups)
+                            step + 1, stats.statuses, flat_groups)
                 learner.update_step += 1  # the step still counts, so the schedule moves on
                 # the weights did not change: they are version step + 1 as well (without this,
                 # every later rollout would be stamped one version behind and dropped as stale)
@@ -691,13 +701,15 @@ class Trainer:
 
     async def _update(self, learner: Any, batch: Any, process_local: bool) -> dict[str, float]:
         """``learner.update`` in a worker thread; the first one of this process compiles the
-        train step (minutes for a large model on CPU), which is announced."""
+        train step (minutes for a large model on CPU), which is announced as a whole; a later
+        compile (a new length bucket) is announced by ``compile_notice``."""
         call = (lambda: learner.update(batch, False, True)) if process_local else \
             (lambda: learner.update(batch, False))
         if self._update_compiled:
             return await asyncio.to_thread(call)
+        # this phase's compiles are not announced one by one: the line below says them
         with timed(self._say, "compiling the train step (first update)"):
-            update = await asyncio.to_thread(call)
+            update = await asyncio.to_thread(compile_notice.quietly, call)
         self._update_compiled = True
         return update
 

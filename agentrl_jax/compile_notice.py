@@ -1,0 +1,120 @@
+"""Announce every compilation of a jitted function, so that a slow one is never silent.
+
+``jax.jit`` compiles on the first call with new argument shapes (a new length bucket of the
+train step, a new prefill size of the engine), which takes from a second to minutes and
+looked like a hang. :class:`Announced` wraps a jitted function: a call whose shape key it has
+not seen yet is announced through the process's announcer,
+
+    compiling the train step for length 1024 ...
+    compiling the train step for length 1024 ... done in 41.2 s
+
+and later calls with that key go straight through. The announcer is set once by the job that
+prints (``set_announcer(say)``: the trainer, the evaluation and SFT jobs); without one nothing
+is printed. Inside ``quiet()`` (a phase already announced as a whole, such as the trainer's
+first update) the compiles are not announced again. This module imports nothing of the
+library, so every floor (learner, rollout) may use it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from typing import Any, Callable, Iterator, Sequence
+
+import jax
+
+_lock = threading.Lock()
+_say: Callable[..., None] | None = None
+_quiet = threading.local()
+
+
+def set_announcer(say: Callable[..., None] | None) -> None:
+    """Print announcements with ``say(line)`` from now on (None: print nothing)."""
+    global _say
+    _say = say
+
+
+@contextlib.contextmanager
+def quiet() -> Iterator[None]:
+    """No announcement from this thread inside the block (its caller announces the phase)."""
+    before = getattr(_quiet, "on", False)
+    _quiet.on = True
+    try:
+        yield
+    finally:
+        _quiet.on = before
+
+
+def quietly(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """``fn(*args, **kwargs)`` inside :func:`quiet` (for a worker thread's whole call)."""
+    with quiet():
+        return fn(*args, **kwargs)
+
+
+def shape_key(values: Sequence[Any]) -> tuple:
+    """What a jitted function compiles for: ``(shape, dtype)`` of each array leaf of
+    ``values`` (dict leaves in key order), the value itself for anything else (a static
+    argument)."""
+    out: list[Any] = []
+
+    def visit(v: Any) -> None:
+        if hasattr(v, "shape") and hasattr(v, "dtype"):
+            out.append((tuple(v.shape), str(v.dtype)))
+        elif isinstance(v, dict):
+            for k in sorted(v):
+                out.append(k)
+                visit(v[k])
+        elif isinstance(v, (tuple, list)):
+            out.append(len(v))
+            for x in v:
+                visit(x)
+        else:
+            out.append(v)
+    visit(list(values))
+    return tuple(out)
+
+
+def format_seconds(seconds: float) -> str:
+    """``"42.0 s"``, ``"3 min 05 s"``, ``"1 h 02 min"``."""
+    if seconds < 60:
+        return f"{seconds:.1f} s"
+    minutes, secs = divmod(int(round(seconds)), 60)
+    if minutes < 60:
+        return f"{minutes} min {secs:02d} s"
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours} h {minutes:02d} min"
+
+
+class Announced:
+    """``fn`` (a jitted function) whose first call per shape key (outside a trace) is announced as
+    ``"compiling <what>"``. ``key_args``: the positions of the arguments that decide the
+    compiled shape (the others, e.g. the weights, keep theirs from call to call and are not
+    looked at); ``describe(args) -> str``: the announcement's text, e.g. ``"the train step
+    for length 1024"``."""
+
+    def __init__(self, fn: Callable[..., Any], key_args: Sequence[int],
+                 describe: Callable[[tuple], str]):
+        self.fn, self.key_args, self.describe = fn, tuple(key_args), describe
+        self.seen: set[tuple] = set()
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        keyed = [args[i] for i in self.key_args if i < len(args)]
+        if any(isinstance(x, jax.core.Tracer) for x in jax.tree.leaves(keyed)):
+            return self.fn(*args, **kwargs)  # traced inside another function: no compile here
+        key = shape_key(keyed)
+        with _lock:
+            new = key not in self.seen
+            self.seen.add(key)
+        say = _say
+        if not new or say is None or getattr(_quiet, "on", False):
+            return self.fn(*args, **kwargs)
+        what = f"compiling {self.describe(args)}"
+        say(f"{what} ...")
+        t0 = time.monotonic()
+        out = self.fn(*args, **kwargs)
+        say(f"{what} ... done in {format_seconds(time.monotonic() - t0)}")
+        return out
+
+    def __getattr__(self, name: str) -> Any:  # lower(), eval_shape(), ... of the jitted fn
+        return getattr(self.fn, name)

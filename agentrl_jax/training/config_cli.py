@@ -1,0 +1,228 @@
+"""The ``--config`` command line of the launch scripts, checked before absl parses it.
+
+``ml_collections.config_flags`` loads the experiment file and applies ``--config.a.b=v``
+overrides one at a time, raising a traceback at the first mistake (an unknown key, a value
+that does not parse as the key's type, a missing or broken file). ``cli_problems(argv)`` looks
+at the same command line first and returns one line per mistake, all of them at once:
+
+- ``--config``: the file is missing, does not import (the exception and its line), has no
+  ``get_config()``, or its ``get_config()`` fails or returns no ``ConfigDict``;
+- ``--config.<key>``: no such key (with a "did you mean" from ``difflib`` over the real keys,
+  or the same key name in another section), a key under a value that is not a section, a value
+  that does not parse as the key's type (``int``, ``float``, ``bool``, ``tuple``, ``str``,
+  a dict for a section), or a missing value.
+
+``run_main(main)`` is what each launch script's ``__main__`` calls instead of
+``absl.app.run(main)``: mistakes are printed as ``training/validate.py`` prints bad values
+(``invalid config (N problems):`` then one indented line each) and the process exits with
+``EXIT_BAD_CONFIG`` (2) before anything starts.
+"""
+
+from __future__ import annotations
+
+import ast
+import difflib
+import importlib.util
+import os
+import re
+import sys
+import traceback
+from typing import Any, Callable
+
+from absl import app, flags
+from ml_collections import ConfigDict
+from ml_collections.config_flags import tuple_parser
+
+_PARSERS: dict[type, flags.ArgumentParser] = {
+    int: flags.IntegerParser(), float: flags.FloatParser(), bool: flags.BooleanParser(),
+    str: flags.ArgumentParser(), tuple: tuple_parser.TupleParser()}
+
+
+def load_config_file(spec: str) -> tuple[Any, str | None]:
+    """(the config of ``spec``, None) or (None, one-line problem). ``spec`` is ``path`` or
+    ``path:arg`` (``arg`` is passed to ``get_config``, as ``ml_collections`` does)."""
+    path, *arg = spec.split(":", 1)
+    if not path:
+        return None, "--config: no file given"
+    if not os.path.isfile(path):
+        return None, f"--config: no such file: {path}"
+    try:
+        module_spec = importlib.util.spec_from_file_location("_config_cli_check", path)
+        module = importlib.util.module_from_spec(module_spec)
+        module_spec.loader.exec_module(module)
+    except Exception as e:  # a syntax error, a failed import, anything the file raises
+        return None, f"--config: {path} does not load: {_describe(e, path)}"
+    get_config = getattr(module, "get_config", None)
+    if not callable(get_config):
+        return None, (f"--config: {path} has no get_config() (an experiment file defines "
+                      "get_config() returning its ConfigDict)")
+    try:
+        config = get_config(*arg)
+    except Exception as e:
+        return None, f"--config: {path}: get_config() failed: {_describe(e, path)}"
+    if not isinstance(config, ConfigDict):
+        return None, (f"--config: {path}: get_config() returned {type(config).__name__}, "
+                      "not a ConfigDict")
+    return config, None
+
+
+def _describe(error: BaseException, path: str) -> str:
+    """``Type: message (line N)``, the line being the deepest one of ``path`` in the trace."""
+    if isinstance(error, SyntaxError):
+        return f"SyntaxError: {error.msg} (line {error.lineno})"
+    lines = [f.lineno for f in traceback.extract_tb(error.__traceback__)
+             if os.path.abspath(f.filename) == os.path.abspath(path)]
+    where = f" (line {lines[-1]})" if lines else ""
+    text = " ".join(str(error).split())
+    return f"{type(error).__name__}: {text}{where}" if text else f"{type(error).__name__}{where}"
+
+
+def _keys(config: ConfigDict, prefix: str = "") -> list[str]:
+    """Every dotted key of ``config`` (sections and leaves)."""
+    out = []
+    for key in config.keys():
+        out.append(prefix + key)
+        value = config[key]
+        if isinstance(value, ConfigDict):
+            out.extend(_keys(value, f"{prefix}{key}."))
+    return out
+
+
+def _suggest(config: ConfigDict, path: list[str], depth: int) -> str:
+    """`` (did you mean --config.<key>?)`` for the unknown ``path[depth]``: each unknown part
+    from there on replaced by the closest key of its section (``difflib``); else the same key
+    name in another section; else the keys of the deepest section found."""
+    holder = config
+    for part in path[:depth]:
+        holder = holder[part]
+    fixed = list(path[:depth])
+    for part in path[depth:]:
+        if not isinstance(holder, ConfigDict):
+            break
+        close = [part] if part in holder else difflib.get_close_matches(part, holder.keys(), n=1)
+        if not close:
+            break
+        fixed.append(close[0])
+        holder = holder[close[0]]
+    else:
+        return f" (did you mean --config.{'.'.join(fixed)}?)"
+    same_leaf = [k for k in _keys(config) if k.rsplit(".", 1)[-1] == path[-1]]
+    if same_leaf:
+        return f" (did you mean --config.{same_leaf[0]}?)"
+    section = ".".join(fixed) or "the config"
+    hint = f"did you mean --config.{section}? " if len(fixed) > depth else ""
+    listed = f"{section} has: {', '.join(sorted(holder.keys()))}"
+    return f" ({hint}{listed})" if isinstance(holder, ConfigDict) else f" ({hint.strip()})"
+
+
+def override_problem(config: ConfigDict, key: str, value: str | None) -> str | None:
+    """The problem of ``--config.<key>=<value>`` (``value`` None: given without a value), or
+    None when ``ml_collections`` will apply it."""
+    path = key.split(".")
+    holder: Any = config
+    for depth, part in enumerate(path):
+        if not isinstance(holder, ConfigDict):
+            return (f"--config.{key}: {'.'.join(path[:depth])} is a value, not a section "
+                    f"(got {key})")
+        if part not in holder:
+            kind = "key" if depth == len(path) - 1 else "section"
+            return f"--config.{key}: no such {kind}{_suggest(config, path, depth)}"
+        if depth < len(path) - 1:
+            holder = holder[part]
+    field_type = holder.get_type(path[-1])
+    if value is None:
+        return None if field_type in (bool, object) else f"--config.{key}: needs a value"
+    if field_type is object:  # ml_collections reads any literal
+        return None
+    if isinstance(field_type, type) and issubclass(field_type, ConfigDict):
+        try:
+            ok = isinstance(ast.literal_eval(value), dict)
+        except (SyntaxError, ValueError):
+            ok = False
+        return None if ok else f"--config.{key}: must be a dict (a section; got {value!r})"
+    parser = _PARSERS.get(field_type)
+    if field_type is type(None):
+        return (f"--config.{key}: is None in the experiment file, so its type is unknown and "
+                "it cannot be set on the command line; set it in the file")
+    if parser is None:
+        return (f"--config.{key}: a {field_type.__name__} value cannot be set on the command "
+                "line; set it in the experiment file")
+    try:
+        parser.parse(value)
+    except (ValueError, TypeError, SyntaxError):
+        return f"--config.{key}: must be {_what(field_type)} (got {value!r})"
+    return None
+
+
+def _what(field_type: type) -> str:
+    return {int: "an integer", float: "a number", bool: "true or false",
+            tuple: "a tuple, e.g. '(a, b)'"}.get(field_type, f"a {field_type.__name__}")
+
+
+def _overrides(argv: list[str], name: str
+               ) -> tuple[str | None, list[tuple[str, str | None]], list[str]]:
+    """(the ``--<name>`` value or None, [(key, value or None)] of its ``--<name>.<key>``
+    overrides, in order, [keys given before ``--<name>``]). A value given as the next argument
+    (``--config.a.b 3``) is taken for every override whose next argument is not a flag, as absl
+    takes it for a non-boolean."""
+    spec, out, early = None, [], []
+    flag = re.compile(rf"^--?(no)?{re.escape(name)}(\.[^=]+)?(=(.*))?$", re.S)
+    i = 0
+    while i < len(argv):
+        arg = argv[i]
+        if arg == "--":
+            break
+        m = flag.match(arg)
+        i += 1
+        if not m:
+            continue
+        negated, key, has_value, value = m.group(1), m.group(2), m.group(3), m.group(4)
+        if key is None:  # --config path / --config=path
+            if negated:
+                continue
+            if has_value is None and i < len(argv):
+                value, i = argv[i], i + 1
+            spec = value
+            continue
+        if spec is None:
+            early.append(key[1:])
+        if negated:  # --noconfig.a.b: a boolean set to False
+            out.append((key[1:], "false"))
+            continue
+        if has_value is None and i < len(argv) and not re.match(r"--|-[A-Za-z_]", argv[i]):
+            value, i = argv[i], i + 1
+        out.append((key[1:], value))
+    return spec, out, early
+
+
+def cli_problems(argv: list[str], name: str = "config") -> list[str]:
+    """One line per mistake in ``--<name>`` and its overrides in ``argv`` (without the
+    program name); [] when there is none or ``--<name>`` is not given."""
+    spec, overrides, early = _overrides(argv, name)
+    if spec is None:
+        return [f"--{name}.{key}: given without --{name} <experiment file>"
+                for key, _ in overrides[:1]]
+    config, problem = load_config_file(spec)
+    if problem:
+        return [problem.replace("--config", f"--{name}", 1)]
+    problems = [f"--config.{key}: must come after --{name} <experiment file>" for key in early]
+    problems += [override_problem(config, key, value) for key, value in overrides]
+    return [p.replace("--config", f"--{name}", 1) for p in problems if p]
+
+
+def run_main(main: Callable[[list[str]], Any], name: str = "config") -> None:
+    """``absl.app.run(main)`` after :func:`cli_problems` found no mistake in ``sys.argv``;
+    otherwise print them as ``validate.py`` prints bad values and exit with its
+    ``EXIT_BAD_CONFIG``."""
+    argv = sys.argv[1:]
+    try:  # --flagfile=... expanded as absl will
+        argv = flags.FLAGS.read_flags_from_files(argv, force_gnu=False)
+    except flags.Error:
+        pass  # absl reports it itself
+    problems = cli_problems(argv, name)
+    if problems:
+        from agentrl_jax.training.validate import EXIT_BAD_CONFIG, format_problems
+
+        print(format_problems(problems), file=sys.stderr, flush=True)
+        sys.exit(EXIT_BAD_CONFIG)
+    app.run(main)
