@@ -10,7 +10,6 @@ run whose every episode ended with engine_error trained nothing for all its step
 
 from __future__ import annotations
 
-import asyncio
 import importlib
 import os
 import subprocess
@@ -27,11 +26,12 @@ from agentrl_jax.models.pretrained import check_model_source
 from agentrl_jax.training.config import base_config
 from agentrl_jax.training.failed_steps import FailedSteps
 from agentrl_jax.training.task_sampler import TaskSampler
-from agentrl_jax.training.trainer import RunFailure, Trainer
+from agentrl_jax.training.trainer import RunFailure
 from agentrl_jax.training.validate import (BATCH_BYTES_PER_TOKEN, ConfigError, check_run,
                                            config_problems, max_tasks_per_step, run_problems,
                                            workdir_problem)
-from tests.test_trainer_failed_step import FailingPool, RecordingBackend, RecordingLearner
+from tests.test_trainer_failed_step import (FailingPool, RecordingBackend, RecordingLearner,
+                                            fake_loop_config, run_fake_loop)
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -328,18 +328,9 @@ def test_failed_steps_counter():
 
 
 def _loop(tmp_path, pool, total=10, **train):
-    c = base_config()
-    c.train.total_steps = total
-    c.train.tasks_per_step = c.train.samples_per_task = 2
-    c.train.save_every = 1
-    c.train.eval_tasks = 0
-    c.train.eval_before = c.train.eval_after = False
-    for key, value in train.items():
-        c.train[key] = value
-    trainer = Trainer(c, str(tmp_path), progress=False)
     learner = RecordingLearner()
-    sampler = TaskSampler([TaskRef("babyai", str(i)) for i in range(20)], seed=0)
-    asyncio.run(trainer._loop(learner, RecordingBackend(), pool, sampler, [], 0))
+    run_fake_loop(fake_loop_config(total, save_every=1, **train), tmp_path, learner,
+                  RecordingBackend(), pool)
     return learner
 
 
@@ -348,14 +339,9 @@ def test_a_run_whose_steps_all_fail_stops_after_max_failed_steps(tmp_path):
     default train.max_failed_steps), after checkpoints of steps 1-2 and no update."""
     pool = FailingPool(failing=range(1, 100))
     learner = RecordingLearner()
-    c = base_config()
-    c.train.total_steps, c.train.tasks_per_step, c.train.samples_per_task = 40, 2, 2
-    c.train.save_every, c.train.eval_tasks = 1, 0
-    c.train.eval_before = c.train.eval_after = False
-    trainer = Trainer(c, str(tmp_path), progress=False)
-    sampler = TaskSampler([TaskRef("babyai", str(i)) for i in range(20)], seed=0)
     with pytest.raises(RunFailure) as info:
-        asyncio.run(trainer._loop(learner, RecordingBackend(), pool, sampler, [], 0))
+        run_fake_loop(fake_loop_config(40, save_every=1), tmp_path, learner, RecordingBackend(),
+                      pool)
     assert pool.rollouts == 3 and learner.updates == [] and learner.saved == [1, 2]
     assert str(info.value) == (
         "stopped at step 3: 3 steps in a row had no episode to train on "

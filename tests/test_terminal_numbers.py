@@ -15,28 +15,17 @@ import jax.numpy as jnp
 import numpy as np
 
 from agentrl_jax import compile_notice
-from agentrl_jax.agent.actor_pool import TaskRef
 from agentrl_jax.agent.trajectory import Trajectory
 from agentrl_jax.learner.learner import announced
-from agentrl_jax.training.config import base_config
 from agentrl_jax.training.progress import OFF, EpisodeProgress, TurnCounter
-from agentrl_jax.training.task_sampler import TaskSampler
-from agentrl_jax.training.trainer import Trainer
-from test_trainer_failed_step import FailingPool, RecordingBackend, RecordingLearner
+from test_trainer_failed_step import (FailingPool, RecordingBackend, RecordingLearner,
+                                      fake_loop_config, run_fake_loop)
 
 
 def test_printed_steps_are_the_stored_steps(tmp_path, capsys):
-    c = base_config()
-    c.train.total_steps = 3
-    c.train.tasks_per_step = c.train.samples_per_task = 2
-    c.train.save_every = 2
-    c.train.eval_tasks = 0
-    c.train.eval_before = c.train.eval_after = False
-    trainer = Trainer(c, str(tmp_path), progress=False)
     learner = RecordingLearner()
-    sampler = TaskSampler([TaskRef("babyai", str(i)) for i in range(20)], seed=0)
-    asyncio.run(trainer._loop(learner, RecordingBackend(), FailingPool(failing=set()), sampler,
-                              [], 0))
+    run_fake_loop(fake_loop_config(3, save_every=2), tmp_path, learner, RecordingBackend(),
+                  FailingPool(failing=set()))
     printed = [int(k) for k in re.findall(r"^\[step (\d+)/3\]", capsys.readouterr().out, re.M)]
     assert printed == [1, 2, 3]
     assert [step for step, _ in learner.writer.rows] == printed  # metrics.jsonl's rows

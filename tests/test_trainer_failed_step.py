@@ -87,14 +87,29 @@ class FailingPool:
         return out, summarize(out, 0.1)
 
 
-def test_a_step_where_every_episode_failed_leaves_later_steps_training(tmp_path):
+def fake_loop_config(total_steps: int, save_every: int = 100, **train):
+    """A config for the trainer's real loop driven by the fakes above: 2 tasks x 2 samples a
+    step, no evaluations; ``train`` overrides more ``train.*`` keys."""
     c = base_config()
-    c.train.total_steps = 4
-    c.train.tasks_per_step = 2
-    c.train.samples_per_task = 2
-    c.train.save_every = 100
+    c.train.total_steps = total_steps
+    c.train.tasks_per_step = c.train.samples_per_task = 2
+    c.train.save_every = save_every
     c.train.eval_tasks = 0
     c.train.eval_before = c.train.eval_after = False
+    for key, value in train.items():
+        c.train[key] = value
+    return c
+
+
+def run_fake_loop(c, workdir, learner, backend, pool) -> None:
+    """``Trainer._loop`` of config ``c`` in ``workdir`` over 20 BabyAI task ids."""
+    trainer = Trainer(c, str(workdir), progress=False)
+    sampler = TaskSampler([TaskRef("babyai", str(i)) for i in range(20)], seed=0)
+    asyncio.run(trainer._loop(learner, backend, pool, sampler, [], 0))
+
+
+def test_a_step_where_every_episode_failed_leaves_later_steps_training(tmp_path):
+    c = fake_loop_config(4)
     assert c.train.max_staleness == 0 and c.rollout.backend == "embedded"
     trainer = Trainer(c, str(tmp_path), progress=False)
     learner, backend, pool = RecordingLearner(), RecordingBackend(), FailingPool(failing={1})
@@ -154,12 +169,7 @@ def test_kv_cache_released_before_each_update_when_configured(tmp_path):
 
     for release in (True, False):
         events.clear()
-        c = base_config()
-        c.train.total_steps = 3
-        c.train.tasks_per_step = c.train.samples_per_task = 2
-        c.train.save_every = 100
-        c.train.eval_tasks = 0
-        c.train.eval_before = c.train.eval_after = False
+        c = fake_loop_config(3)
         c.rollout.release_kv_during_update = release
         trainer = Trainer(c, str(tmp_path / str(release)), progress=False)
         learner = Learner()
