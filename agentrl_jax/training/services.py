@@ -81,10 +81,9 @@ def make_env_clients(urls: Mapping[str, Sequence[str]], config: Any,
 
     clients = {}
     for name, replica_urls in urls.items():
-        agent = config.get("agent", None)
         client = EnvClient(list(replica_urls), timeout=float(config.env.get("timeout", 120.0)),
                            max_connections=int(config.rollout.max_concurrency) * 2,
-                           list_actions=int(agent.get("list_valid_actions", 0)) if agent else 0)
+                           list_actions=int(config.agent.list_valid_actions))
         stack.push_async_callback(client.aclose)
         clients[name] = client
     return clients

@@ -213,7 +213,7 @@ class Trainer:
         # (env_error episodes, episodes) of the last train.env_error_window rollouts
         self._env_errors: collections.deque[tuple[int, int]] = collections.deque(
             maxlen=int(config.train.get("env_error_window", 10)))
-        self.failed_steps = FailedSteps(int(config.train.get("max_failed_steps", 3)))
+        self.failed_steps = FailedSteps(int(config.train.max_failed_steps))
         os.makedirs(self.workdir, exist_ok=True)
         self.schedule = HorizonSchedule.from_config(dict(config.horizon))
         self.history: list[StepRecord] = []
