@@ -1,0 +1,6 @@
+"""The neutral floor shared by ``environments/`` and ``agentrl_jax/``.
+
+Modules here import only the standard library and light third-party packages (aiohttp); never
+JAX, never ``agentrl_jax`` and never ``environments``. Both of those packages may import from here.
+docs/ARCHITECTURE.md lists the floors and what each may import.
+"""
