@@ -60,7 +60,7 @@ import time
 from typing import Any, Callable, Mapping, Protocol, TypeVar
 
 from agentrl_jax.agent.trajectory import Trajectory
-from agentrl_jax.rollout.base import GenerateResult, RolloutBackend, RolloutError
+from agentrl_jax.rollout.backends.base import GenerateResult, RolloutBackend, RolloutError
 
 
 T = TypeVar("T")
