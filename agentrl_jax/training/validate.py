@@ -446,7 +446,7 @@ def _check_learner(c: _Checker, max_context: int | None) -> None:
     if lr is None:
         return
     from agentrl_jax.algorithms import ADVANTAGE_ESTIMATORS, KL_ESTIMATORS, LOSS_AGGREGATIONS
-    from agentrl_jax.algorithms.registry import normalize_name
+    from agentrl_common.registry import snake_case
     from agentrl_jax.learner.config import DTYPES, SCHEDULES, LearnerConfig
 
     values = lr.to_dict() if hasattr(lr, "to_dict") else dict(lr)
@@ -456,11 +456,11 @@ def _check_learner(c: _Checker, max_context: int | None) -> None:
     positive = lambda x: x > 0  # noqa: E731
     c.number(lr, "learner", "learning_rate", positive, "> 0")
     c.number(lr, "learner", "critic_learning_rate", positive, "> 0", required=False)
-    c.choice(lr, "learner", "advantage_estimator", ADVANTAGE_ESTIMATORS, normalize_name,
+    c.choice(lr, "learner", "advantage_estimator", ADVANTAGE_ESTIMATORS, snake_case,
              kind="advantage estimator")
-    c.choice(lr, "learner", "loss_agg_mode", LOSS_AGGREGATIONS, normalize_name,
+    c.choice(lr, "learner", "loss_agg_mode", LOSS_AGGREGATIONS, snake_case,
              kind="loss aggregation mode", required=False)
-    c.choice(lr, "learner", "kl_estimator", KL_ESTIMATORS, normalize_name,
+    c.choice(lr, "learner", "kl_estimator", KL_ESTIMATORS, snake_case,
              kind="KL estimator", required=False)
     c.choice(lr, "learner", "lr_schedule", SCHEDULES, kind="learning-rate schedule",
              required=False)
