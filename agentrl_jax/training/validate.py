@@ -26,6 +26,7 @@ import os
 import tempfile
 from typing import Any, Callable, Iterable
 
+from agentrl_common.registry import did_you_mean
 from agentrl_jax.rollout import sampling_limits as limits
 from agentrl_jax.training.services import _as_list
 
@@ -135,7 +136,8 @@ class _Checker:
             return v
         known = sorted(set(known))
         if not isinstance(v, str) or normalize(v) not in {normalize(k) for k in known}:
-            self.bad(full, f"unknown {kind} {v!r}; known: {', '.join(known)}")
+            hint = did_you_mean(v, known) if isinstance(v, str) else ""
+            self.bad(full, f"unknown {kind} {v!r}; known: {', '.join(known)}{hint}")
             return None
         return v
 
@@ -308,7 +310,7 @@ def _check_env(c: _Checker) -> None:
     for name in names:
         if name not in known:
             c.bad("env.names", f"unknown environment family {name!r}; known: "
-                               f"{', '.join(known)}")
+                               f"{', '.join(known)}{did_you_mean(name, known)}")
     repeated = sorted({name for name in names if names.count(name) > 1})
     if repeated:
         c.bad("env.names", f"lists {', '.join(map(repr, repeated))} more than once (got "
