@@ -377,9 +377,9 @@ def _check_agent(c: _Checker) -> None:
     a = _get(c.config, "agent")
     if a is None:
         return
-    from agentrl_jax.agent.prompts import ANSWER_FORMATS
+    from agentrl_jax.agent.prompts import PROMPT_STYLES
 
-    c.choice(a, "agent", "prompt_style", ANSWER_FORMATS, kind="answer format",
+    c.choice(a, "agent", "prompt_style", PROMPT_STYLES, kind="answer format",
              default="react", required=False)
     prefix = _get(a, "response_prefix", "")
     if not isinstance(prefix, str):
