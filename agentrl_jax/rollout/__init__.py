@@ -17,7 +17,7 @@ _LAZY = {
     "RolloutServer": "agentrl_jax.rollout.servers.server",
     "ServerThread": "agentrl_jax.rollout.servers.server",
     "SGLangBackend": "agentrl_jax.rollout.backends.sglang",
-    "launch_sglang_server": "agentrl_jax.rollout.backends.sglang",
+    "launch_sglang_server": "agentrl_jax.rollout.servers.sglang_launch",
 }
 
 

@@ -48,11 +48,12 @@ from typing import Any, Callable, Sequence, TypeVar
 from aiohttp import web
 from pydantic import BaseModel
 
+from agentrl_jax.rollout.servers.api_fields import json_type, validate_request
 from agentrl_jax.rollout.servers.api_models import (AbortRequest, ChatCompletionRequest,
-                                            CloseSessionRequest, CompletionRequest,
-                                            ContinueRequest, GenerateRequest,
-                                            MemoryOccupationRequest, PauseRequest,
-                                            UpdateWeightsRequest, json_type, validate_request)
+                                                    CloseSessionRequest, CompletionRequest,
+                                                    ContinueRequest, GenerateRequest,
+                                                    MemoryOccupationRequest, PauseRequest,
+                                                    UpdateWeightsRequest)
 from agentrl_jax.rollout.backends.base import (BackendUnavailableError, GenerateResult, InvalidRequestError,
                                       OverloadedError, RequestFailedError, SamplingParams)
 from agentrl_jax.rollout.servers.chat_template_sandbox import TemplateBusy, TemplateError, TemplateSandbox
