@@ -62,7 +62,7 @@ from typing import Any, Callable, Mapping, Protocol, TypeVar
 
 from agentrl_common.registry import Registry
 from agentrl_jax.agent.trajectory import Trajectory
-from agentrl_jax.rollout.base import GenerateResult, RolloutBackend, RolloutError
+from agentrl_jax.rollout.backends.base import GenerateResult, RolloutBackend, RolloutError
 
 
 T = TypeVar("T")
