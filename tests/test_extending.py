@@ -146,3 +146,71 @@ def test_model_names_registry():
         assert resolve_model_path("Toy-Model") == "/models/toy.gguf"  # case-insensitive
     with pytest.raises(FileNotFoundError, match="did you mean 'smollm2'"):
         resolve_model_path("smolm2")
+
+
+class _ToyBackend:
+    """A backend class as docs/EXTENDING.md describes it (only the registry hooks here)."""
+
+    name = "toy"
+    uses_local_engine = False
+
+    def __init__(self, **options: Any):
+        self.options = options
+
+    @classmethod
+    def from_config(cls, **options: Any) -> "_ToyBackend":
+        return cls(**options)
+
+    @classmethod
+    def from_run(cls, build: Any) -> "_ToyBackend":
+        return cls(build=build)
+
+
+def test_a_backend_registered_alone_is_accepted_and_built_by_make_backend():
+    from ml_collections import ConfigDict
+
+    from agentrl_jax.rollout.backends.base import ROLLOUT_BACKENDS, create_backend, register_backend
+    from agentrl_jax.training import services
+
+    assert ROLLOUT_BACKENDS.names() == ["embedded", "engine_servers", "sglang"]
+    assert _problems(rollout__backend="toy") == [
+        "rollout.backend: unknown rollout backend 'toy'; known: embedded, engine_servers, sglang"]
+    assert _problems(rollout__backend="sglng", rollout__urls="http://127.0.0.1:1") == [
+        "rollout.backend: unknown rollout backend 'sglng'; known: embedded, engine_servers, sglang; "
+        "did you mean 'sglang'?"]
+    with pytest.raises(UnknownNameError, match="unknown rollout backend 'toy'"):
+        create_backend("toy")
+    register_backend("toy", _ToyBackend)
+    try:
+        assert _problems(rollout__backend="toy") == []
+        assert create_backend({"name": "toy", "x": 1}).options == {"x": 1}
+        config = ConfigDict({"seed": 0, "rollout": {"backend": "toy", "urls": "http://a:1,http://b:2",
+                                                    "api_key": "k"}})
+        built = services.make_backend(config, "the-model", "the-tokenizer", "/path").options["build"]
+        assert (built.model, built.tokenizer, built.model_path) == ("the-model", "the-tokenizer", "/path")
+        assert built.urls == ("http://a:1", "http://b:2") and built.api_key == "k"
+        assert built.engine_config is None and built.device_groups == ()  # no local engine
+    finally:
+        ROLLOUT_BACKENDS.unregister("toy")
+
+
+def test_a_local_engine_backend_gets_the_engine_config_and_device_groups():
+    import jax
+
+    from agentrl_jax.rollout.backends.base import ROLLOUT_BACKENDS
+    from agentrl_jax.rollout.engine.engine_config import EngineConfig
+    from agentrl_jax.training import services
+
+    class _LocalToy(_ToyBackend):
+        uses_local_engine = True
+
+    c = importlib.import_module("experiments.smoke").get_config()
+    c.rollout.backend = "toylocal"
+    with registered(ROLLOUT_BACKENDS, "toylocal", _LocalToy):
+        built = services.make_backend(c, None, None, None).options["build"]  # model=None: max_batch slots
+    groups = services.engine_device_groups(c)
+    assert built.device_groups == tuple(tuple(g) for g in groups)
+    assert all(isinstance(d, jax.Device) for g in built.device_groups for d in g)
+    assert isinstance(built.engine_config, EngineConfig)
+    assert built.engine_config.max_batch == -(-int(c.rollout.max_batch) // len(groups))
+    assert built.engine_config.max_length == int(c.rollout.max_context)
