@@ -61,9 +61,9 @@ def test_a_family_registered_alone_is_accepted_by_validation():
 def test_an_unknown_family_gets_the_did_you_mean_line():
     from environments.registry import family_names
 
-    assert _problems(env__names="babyai,textcraf") == [
-        f"env.names: unknown environment family 'textcraf'; known: {', '.join(family_names())}; "
-        "did you mean 'textcraft'?"]
+    line = (f"env.names: unknown environment family 'textcraf'; known: {', '.join(family_names())}; "
+            "did you mean 'textcraft'?")
+    assert _problems(env__names="babyai,textcraf") == [line]
 
 
 def test_a_parser_and_a_prompt_style_registered_alone_are_accepted():
@@ -175,9 +175,9 @@ def test_a_backend_registered_alone_is_accepted_and_built_by_make_backend():
     assert ROLLOUT_BACKENDS.names() == ["embedded", "engine_servers", "sglang"]
     assert _problems(rollout__backend="toy") == [
         "rollout.backend: unknown rollout backend 'toy'; known: embedded, engine_servers, sglang"]
-    assert _problems(rollout__backend="sglng", rollout__urls="http://127.0.0.1:1") == [
-        "rollout.backend: unknown rollout backend 'sglng'; known: embedded, engine_servers, sglang; "
-        "did you mean 'sglang'?"]
+    line = ("rollout.backend: unknown rollout backend 'sglng'; known: embedded, engine_servers, "
+            "sglang; did you mean 'sglang'?")
+    assert _problems(rollout__backend="sglng", rollout__urls="http://127.0.0.1:1") == [line]
     with pytest.raises(UnknownNameError, match="unknown rollout backend 'toy'"):
         create_backend("toy")
     register_backend("toy", _ToyBackend)
