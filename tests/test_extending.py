@@ -214,3 +214,19 @@ def test_a_local_engine_backend_gets_the_engine_config_and_device_groups():
     assert isinstance(built.engine_config, EngineConfig)
     assert built.engine_config.max_batch == -(-int(c.rollout.max_batch) // len(groups))
     assert built.engine_config.max_length == int(c.rollout.max_context)
+
+
+def test_listing_backends_parsers_and_styles_imports_no_backend_module():
+    """Validation reads names only: the lazy backend entries must not import JAX or aiohttp."""
+    import subprocess
+    import sys
+
+    code = ("import sys\n"
+            "from agentrl_jax.rollout.backends.base import ROLLOUT_BACKENDS\n"
+            "from agentrl_jax.agent.parsing import PARSERS\n"
+            "from agentrl_jax.agent.prompts import PROMPT_STYLES\n"
+            "names = ROLLOUT_BACKENDS.names(), 'sglang' in ROLLOUT_BACKENDS\n"
+            "print('jax' in sys.modules, 'aiohttp' in sys.modules,\n"
+            "      ROLLOUT_BACKENDS.is_loaded('sglang'))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["False", "False", "False"]
