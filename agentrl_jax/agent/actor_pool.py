@@ -22,12 +22,12 @@ import time
 from collections import Counter
 from typing import Any, Callable, Mapping, Sequence
 
+from agentrl_common.seeding import derive_seed
 from agentrl_jax.agent.chat import ChatFormatter
 from agentrl_jax.agent.episode import Episode
 from agentrl_jax.agent.parsing import ParsedAction, parse_react
 from agentrl_jax.agent.trajectory import Trajectory
 from agentrl_jax.rollout.backends.base import SamplingParams
-from agentrl_jax.rollout.engine.sampling import derive_seed
 
 
 @dataclasses.dataclass(frozen=True)

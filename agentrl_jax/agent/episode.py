@@ -12,6 +12,7 @@ import time
 import uuid
 from typing import Any, Callable
 
+from agentrl_common.seeding import derive_seed
 from agentrl_jax.agent.chat import ChatFormatter
 from agentrl_jax.agent.parsing import INVALID_FORMAT_FEEDBACK, ParsedAction
 from agentrl_jax.agent.prompts import first_user_message, system_prompt
@@ -19,7 +20,6 @@ from agentrl_jax.agent.trajectory import (STATUS_CONTEXT_LIMIT, STATUS_DONE, STA
                                           STATUS_ENV_ERROR, STATUS_MAX_TURNS, Trajectory,
                                           anchor_state)
 from agentrl_jax.rollout.backends.base import RolloutError, SamplingParams
-from agentrl_jax.rollout.engine.sampling import derive_seed
 
 MIN_NEW_TOKENS = 8  # a turn with less room than this ends the episode with context_limit
 

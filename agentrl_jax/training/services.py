@@ -1,7 +1,7 @@
 """Start (or connect to) what a run needs: environment servers, env clients, rollout backend.
 
 When the config names no URL for an environment, its server is started on loopback with
-``environments.launcher.start_env_server`` and stopped when the run ends (Ctrl-C included:
+``agentrl_common.processes.start_env_server`` and stopped when the run ends (Ctrl-C included:
 everything is registered on an ``ExitStack`` that the trainer closes in ``finally``).
 """
 
@@ -11,6 +11,8 @@ import asyncio
 import contextlib
 import logging
 from typing import Any, Callable, Mapping, Sequence
+
+from agentrl_jax.rollout.engine.sizing import engine_prefill, fit_engine_slots
 
 log = logging.getLogger(__name__)
 
@@ -41,12 +43,12 @@ def start_supervised_env_services(config: Any, stack: contextlib.ExitStack,
                                   ) -> tuple[dict[str, list[str]], Any]:
     """``(urls per environment, supervisor)``. URLs come from ``config.env.urls.<name>`` or
     from servers started here on loopback; those are watched by an
-    ``environments.launcher.ServerSupervisor`` that restarts a server that dies, on the same
+    ``agentrl_common.processes.ServerSupervisor`` that restarts a server that dies, on the same
     port, at most ``config.env.max_restarts`` times per server (its ``failures`` list the
     servers given up on; ``on_event`` gets a line per death / restart). The supervisor is None
     when no server was started here. Everything stops when ``stack`` closes (the supervisor
     first)."""
-    from environments.launcher import ServerSupervisor, start_env_server
+    from agentrl_common.processes import ServerSupervisor, start_env_server
 
     urls: dict[str, list[str]] = {}
     started = []
@@ -89,10 +91,6 @@ def make_env_clients(urls: Mapping[str, Sequence[str]], config: Any,
     return clients
 
 
-#: share of the host's RAM the embedded engine's KV cache may take on the CPU backend.
-CPU_KV_RAM_FRACTION = 1 / 6
-
-
 def max_episodes_per_round(config: Any) -> int:
     """Most episodes one rollout or evaluation round can have in flight: the larger of
     ``tasks_per_step x samples_per_task`` and ``eval_tasks x eval_samples`` per environment
@@ -117,7 +115,7 @@ def engine_slots(config: Any, model_config: Any, dtype: str | None = None,
     episodes one round of the caller has (``launch/eval.py``: ``k x tasks``); by default
     :func:`max_episodes_per_round` of the config's ``train`` values. On the CPU backend the KV cache
     (``2 x layers x kv_heads x head_dim x max_context`` values per slot) lives in host RAM and
-    is additionally capped at :data:`CPU_KV_RAM_FRACTION` of it (a 24 GB machine, SmolLM2 at
+    is additionally capped at ``rollout.engine.sizing.CPU_KV_RAM_FRACTION`` of it (a 24 GB machine, SmolLM2 at
     4096 tokens in f32: about 21 slots of 189 MB instead of 64 slots = 12 GB, which the engine's
     start-up peak of ~2x the cache did not survive). Requests beyond the slots wait in the
     engine's queue; nothing is dropped.
@@ -127,59 +125,6 @@ def engine_slots(config: Any, model_config: Any, dtype: str | None = None,
         episodes = max_episodes_per_round(config)
     slots = max(1, min(int(r.max_batch), int(r.max_concurrency), int(episodes)))
     return fit_engine_slots(slots, model_config, int(r.max_context), dtype, host_ram_bytes, backend)
-
-
-def fit_engine_slots(slots: int, model_config: Any, max_length: int, dtype: str | None = None,
-                     host_ram_bytes: int | None = None, backend: str | None = None) -> int:
-    """``slots`` decode slots, or fewer on the CPU backend: as many as hold their KV cache
-    (``2 x layers x kv_heads x head_dim x max_length`` values of ``dtype``, default the
-    model's, per slot) in :data:`CPU_KV_RAM_FRACTION` of ``host_ram_bytes`` (default: this
-    machine's RAM), at least one. The trainer's engine (:func:`engine_slots`) and the
-    standalone inference server (``rollout/servers/server.py``) are sized by it."""
-    import jax
-    import jax.numpy as jnp
-
-    backend = backend or jax.default_backend()
-    if backend != "cpu":
-        return slots
-    if host_ram_bytes is None:
-        import os
-
-        host_ram_bytes = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    itemsize = jnp.dtype(dtype or model_config.dtype).itemsize
-    per_slot = (2 * model_config.num_layers * model_config.num_kv_heads * model_config.head_dim
-                * int(max_length) * itemsize)
-    fit = max(1, int(host_ram_bytes * CPU_KV_RAM_FRACTION // per_slot))
-    if fit < slots:
-        log.warning("rollout engine: %d decode slots instead of %d (KV cache %.1f GB of %.1f GB "
-                    "host RAM on CPU); further requests wait for a free slot", fit, slots,
-                    fit * per_slot / 1e9, host_ram_bytes / 1e9)
-    return min(slots, fit)
-
-
-#: chunked-prefill buckets of the embedded engine on the CPU backend (one sequence per call)
-CPU_PREFILL_CHUNKS = (64, 256)
-
-
-def engine_prefill(platform: str) -> dict[str, Any]:
-    """``EngineConfig`` prefill fields for the engine's device ``platform``.
-
-    A prefill call computes all of its ``rows x chunk`` token positions, each attending over
-    the slot's whole ``max_length`` KV row, whatever share of them is real. Accelerators do
-    that padding in parallel almost for free: the engine's defaults (up to 4096 positions a
-    call, chunks up to 1024) stay. A CPU pays for every position: a multi-turn agent sends
-    one sequence with a ~150-token observation at a time, which the defaults ran as a
-    ``[4, 256]`` call (four times the positions of a ``[1, 256]`` call, and the CPU time too:
-    docs/PERFORMANCE.md). On CPU: one sequence per call (``prefill_tokens`` = the smallest
-    chunk) and chunks of :data:`CPU_PREFILL_CHUNKS` (two compiled prefill shapes, not three),
-    each attending over the whole row (``prefill_kv_buckets=()``): the KV-length buckets an
-    accelerator uses (``EngineConfig.prefill_kv_buckets``) would compile four times the prefill
-    shapes, each a long CPU compile; not measured on CPU yet, so not enabled there.
-    """
-    if platform != "cpu":
-        return {}
-    return {"prefill_chunks": CPU_PREFILL_CHUNKS, "prefill_tokens": min(CPU_PREFILL_CHUNKS),
-            "prefill_kv_buckets": ()}
 
 
 def prefill_kv_buckets(value: Any) -> tuple[int, ...] | None:

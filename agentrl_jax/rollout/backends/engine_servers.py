@@ -118,7 +118,7 @@ class EngineServers(SGLangBackend):
                  platform: str, *, tokenizer: Any = None, mem_fraction: float | None = None,
                  startup_timeout: float = 900.0, **kwargs: Any):
         from agentrl_jax.models.safetensors_io import save_hf_directory
-        from environments.launcher import start_env_server
+        from agentrl_common.processes import start_env_server
 
         if not groups:
             raise ValueError("EngineServers needs at least one device group")
