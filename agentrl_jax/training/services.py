@@ -190,15 +190,23 @@ def make_backend(config: Any, model: Any, tokenizer: Any, model_path: str | None
     """The rollout backend named by ``config.rollout.backend``; ``episodes``: the most episodes
     one round has (sizes the embedded engine, see :func:`engine_slots`).
 
-    ``embedded``: one engine per local device group in this process (``EngineReplicas`` when
-    there are several); ``engine_servers``: the same engines, each in its own server process
+    The name is looked up in ``ROLLOUT_BACKENDS``; a backend with ``uses_local_engine`` gets an
+    ``EngineConfig`` and this job's device groups in its ``BackendBuild``. ``embedded``: one
+    engine per local device group in this process (``EngineReplicas`` when there are several);
+    ``engine_servers``: the same engines, each in its own server process
     (``rollout/backends/engine_servers.py``: no GIL shared between replicas; weights sync through a
     safetensors export); ``sglang``: external servers at ``rollout.urls``."""
-    from agentrl_jax.rollout.backends.base import create_backend
+    import dataclasses
+
+    from agentrl_jax.rollout.backends.base import ROLLOUT_BACKENDS, BackendBuild
 
     rollout = config.rollout
-    if rollout.backend in ("embedded", "engine_servers"):
-        from agentrl_jax.rollout.engine.engine import Engine, EngineConfig
+    backend_cls = ROLLOUT_BACKENDS.get(rollout.backend)  # UnknownNameError: known names
+    build = BackendBuild(model=model, tokenizer=tokenizer, model_path=model_path,
+                         urls=tuple(_as_list(rollout.get("urls"))),
+                         api_key=rollout.get("api_key") or None)
+    if backend_cls.uses_local_engine:
+        from agentrl_jax.rollout.engine.engine_config import EngineConfig
 
         model_config = model.cfg if hasattr(model, "cfg") else None
         slots = (engine_slots(config, model_config, rollout.get("engine_dtype") or None,
@@ -215,33 +223,9 @@ def make_backend(config: Any, model: Any, tokenizer: Any, model_path: str | None
             decode_gemm=str(rollout.get("decode_gemm", "auto")),
             prefill_kv_buckets=prefill_kv_buckets(rollout.get("prefill_kv_buckets", "")))
         engine_kwargs.update(engine_prefill(groups[0][0].platform))
-        engine_config = EngineConfig(**engine_kwargs)
-        if rollout.backend == "engine_servers":
-            import jax
-
-            from agentrl_jax.rollout.backends.engine_servers import EngineServers
-
-            local = jax.local_devices()  # a server's devices: positions in this list
-            return EngineServers(model, engine_config, [[local.index(d) for d in g]
-                                                        for g in groups],
-                                 groups[0][0].platform, tokenizer=tokenizer,
-                                 api_key=rollout.get("api_key") or None)
-        if len(groups) == 1:
-            return Engine(model, engine_config, tokenizer=tokenizer, model_path=model_path,
-                          devices=groups[0])
-        from agentrl_jax.rollout.engine.replicas import EngineReplicas
-
-        return EngineReplicas(model, engine_config, tokenizer=tokenizer, model_path=model_path,
-                              devices=[d for g in groups for d in g],
-                              tensor_parallel=len(groups[0]))
-    if rollout.backend == "sglang":
-        urls = _as_list(rollout.get("urls"))
-        if not urls:
-            raise ValueError("rollout.backend='sglang' needs rollout.urls (comma-separated)")
-        # rollout.api_key (or $AGENTRL_ROLLOUT_API_KEY): servers started with --api-key
-        return create_backend("sglang", urls=urls, api_key=rollout.get("api_key") or None)
-    raise ValueError(f"unknown rollout backend {rollout.backend!r} (embedded, engine_servers, "
-                     "sglang)")
+        build = dataclasses.replace(build, engine_config=EngineConfig(**engine_kwargs),
+                                    device_groups=tuple(tuple(g) for g in groups))
+    return backend_cls.from_run(build)
 
 
 def describe_backend(backend: Any, episodes: int | None = None) -> str:

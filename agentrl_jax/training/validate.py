@@ -33,7 +33,6 @@ from agentrl_jax.training.services import _as_list
 #: exit code of ``launch/run.py`` / ``launch/eval.py`` for an invalid config (as for bad usage)
 EXIT_BAD_CONFIG = 2
 
-ROLLOUT_BACKENDS = ("embedded", "engine_servers", "sglang")
 HORIZON_TYPES = ("scaling_inter", "fixed")
 ENGINE_DTYPES = ("", "float32", "bfloat16")
 
@@ -328,6 +327,7 @@ def _check_rollout(c: _Checker) -> int | None:
     if r is None:
         return None
     from agentrl_jax.agent.parsing import PARSERS
+    from agentrl_jax.rollout.backends.base import ROLLOUT_BACKENDS
 
     backend = c.choice(r, "rollout", "backend", ROLLOUT_BACKENDS, kind="rollout backend")
     if backend == "sglang" and not _as_list(_get(r, "urls")):

@@ -29,16 +29,17 @@ import logging
 import os
 import random
 import subprocess
-import tempfile
 import time
 import uuid
 from typing import Any
 
 import aiohttp
 
-from agentrl_jax.rollout.backends.base import (BackendUnavailableError, BatchedSamplesBackend,
-                                               GenerateResult, InvalidRequestError,
-                                               OverloadedError, RolloutError, SamplingParams)
+from agentrl_jax.rollout.backends.base import (BackendBuild, BackendUnavailableError,
+                                               BatchedSamplesBackend, GenerateResult,
+                                               InvalidRequestError, OverloadedError, RolloutError,
+                                               SamplingParams)
+from agentrl_jax.rollout.backends.disk_sync import DiskWeightSync
 from agentrl_jax.rollout.servers.sglang_launch import launch_sglang_server
 
 log = logging.getLogger(__name__)
@@ -57,7 +58,7 @@ class _Server:
     served: int = 0
 
 
-class SGLangBackend(BatchedSamplesBackend):
+class SGLangBackend(DiskWeightSync, BatchedSamplesBackend):
     """Client of SGLang ``/generate`` servers (registry name ``sglang``).
 
     urls: base URLs (``http://host:port``). timeout: seconds per request (generation included).
@@ -133,6 +134,14 @@ class SGLangBackend(BatchedSamplesBackend):
         if not urls:
             raise ValueError("sglang backend needs 'urls' (or 'launch')")
         return cls(urls, launched=launched, **kwargs)
+
+    @classmethod
+    def from_run(cls, build: BackendBuild) -> "SGLangBackend":
+        """A client of the run's servers (``rollout.urls``; ``rollout.api_key`` or
+        ``$AGENTRL_ROLLOUT_API_KEY`` for servers started with ``--api-key``)."""
+        if not build.urls:
+            raise ValueError("rollout.backend='sglang' needs rollout.urls (comma-separated)")
+        return cls.from_config(urls=list(build.urls), api_key=build.api_key)
 
     def client_spec(self) -> dict[str, Any]:
         """Keyword arguments for an ``SGLangBackend`` that reaches the same servers the same
@@ -387,50 +396,6 @@ class SGLangBackend(BatchedSamplesBackend):
         out = await asyncio.gather(*[self._post_one(i, path, {"tags": ["kv_cache"]})
                                      for i in range(len(self.servers))])
         return sum(int(o.get("bytes", 0)) if isinstance(o, dict) else 0 for o in out)
-
-    async def update_weights(self, params: Any = None, *, path: str | None = None,
-                             version: str | None = None, tokenizer: Any = None,
-                             flush_cache: bool = True, abort_all: bool = False) -> str:
-        """Push new weights to every server: ``params`` (a CausalLM) is exported to a HF
-        safetensors directory first; ``path`` is used as is. Returns the directory loaded."""
-        if (params is None) == (path is None):
-            raise ValueError("pass exactly one of params or path")
-        if params is not None:
-            path = await asyncio.to_thread(self._export, params, tokenizer or self.tokenizer)
-        body: dict[str, Any] = {"model_path": path, "load_format": "auto",
-                                "flush_cache": flush_cache, "abort_all_requests": abort_all}
-        if version is not None:
-            body["weight_version"] = str(version)
-        results = await asyncio.gather(*[self._post_one(i, "/update_weights_from_disk", body)
-                                         for i in range(len(self.servers))],
-                                       return_exceptions=True)
-        failed = [f"{s.url}: {r}" for s, r in zip(self.servers, results)
-                  if isinstance(r, BaseException) or not (isinstance(r, dict) and r.get("success"))]
-        if failed:
-            raise RolloutError("update_weights_from_disk failed on " + "; ".join(failed))
-        if flush_cache:
-            await self.flush_cache()
-        self.weight_version = version
-        return path
-
-    def _export(self, params: Any, tokenizer: Any) -> str:
-        from flax import nnx
-
-        from agentrl_jax.models.pretrained import Pretrained
-        from agentrl_jax.models.safetensors_io import save_hf_directory
-
-        if isinstance(params, Pretrained):
-            tokenizer = tokenizer or params.tokenizer
-            params = params.model
-        if not isinstance(params, nnx.Module):
-            raise TypeError("SGLangBackend.update_weights(params) needs a CausalLM "
-                            "(export goes through save_hf_directory)")
-        if self.export_dir is None:
-            self.export_dir = tempfile.mkdtemp(prefix="agentrl-weights-")
-        directory = os.path.join(self.export_dir, "current")
-        dtype = self.export_dtype or params.cfg.param_dtype
-        save_hf_directory(params, directory, tokenizer=tokenizer, dtype=dtype)
-        return directory
 
     async def health(self) -> bool:
         """True if at least one server answers ``/health`` with 200 (updates the marks)."""
