@@ -57,6 +57,17 @@ def setting(default: Any = dataclasses.MISSING, *, factory: Callable[[], Any] | 
     return dataclasses.field(default=default, metadata=meta)
 
 
+def close_names(word: str, names: Iterable[str]) -> list[str]:
+    """The names ``word`` most likely means, best first: the closest by ``difflib``, else
+    those whose initials spell it (``lr`` -> ``learning_rate``), else those it begins."""
+    names = list(names)
+    close = difflib.get_close_matches(word, names, n=1)
+    if close:
+        return close
+    initials = [n for n in names if "_" in n and "".join(p[:1] for p in n.split("_")) == word]
+    return initials or [n for n in names if len(word) >= 2 and n.startswith(word)][:1]
+
+
 def is_int(x: Any) -> bool:
     return isinstance(x, int) and not isinstance(x, bool)
 
@@ -233,7 +244,7 @@ class Section:
             if key in known:
                 continue
             where = f"{prefix}.{key}" if prefix else key
-            close = difflib.get_close_matches(str(key), known, n=1)
+            close = close_names(str(key), known)
             hint = (f"did you mean {prefix + '.' if prefix else ''}{close[0]}?" if close else
                     f"{prefix or 'the config'} has: {', '.join(sorted(known))}")
             out.append(f"{where}: no such key ({hint})")

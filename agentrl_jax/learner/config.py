@@ -21,6 +21,9 @@ SCHEDULES = ("constant", "warmup_constant", "warmup_cosine")
 RATIO_SOURCES = ("rollout", "recompute")
 DTYPES = ("float32", "bfloat16")
 MESH_AXES = ("data", "fsdp", "tensor")
+#: the default device mesh: all devices on the fsdp axis; an axis a given mesh does not name
+#: takes its size from here
+DEFAULT_MESH = {"data": 1, "fsdp": -1, "tensor": 1}
 
 
 def _algorithms():
@@ -120,7 +123,7 @@ class LearnerConfig(Section):
     attention_impl: str | None = setting(None)  # None (XLA) | "cudnn"
     reference_dtype: str = setting("float32", choices=DTYPES, kind="dtype")
     use_attention_mask: bool = setting(False)  # False: right-padded rows, causal mask only
-    mesh: Mapping[str, int] = setting(factory=lambda: {"data": 1, "fsdp": -1, "tensor": 1})
+    mesh: Mapping[str, int] = setting(factory=lambda: dict(DEFAULT_MESH))
     seed: int = setting(0)
 
     def __post_init__(self) -> None:
@@ -132,7 +135,8 @@ class LearnerConfig(Section):
             if hasattr(value, "to_dict"):
                 value = value.to_dict()
             if isinstance(value, Mapping):
-                object.__setattr__(self, name, dict(value))
+                value = {**DEFAULT_MESH, **value} if name == "mesh" else dict(value)
+                object.__setattr__(self, name, value)
         super().__post_init__()
 
     def _extra_problems(self, prefix: str, bad: set[str]) -> list[str]:
@@ -157,7 +161,7 @@ class LearnerConfig(Section):
         elif sum(v == -1 for v in dims.values()) > 1:
             out.append(f"{prefix}.mesh: at most one axis may be -1 (got {dims})")
         elif "micro_batch_size" not in bad and all(v >= 1 for v in dims.values()):
-            shards = int(dims.get("data", 1)) * int(dims.get("fsdp", 1))
+            shards = dims["data"] * dims["fsdp"]
             if self.micro_batch_size % shards:
                 out.append(f"{prefix}.micro_batch_size: must be a multiple of the mesh's data x "
                            f"fsdp size {shards} (got {self.micro_batch_size})")

@@ -214,12 +214,6 @@ class RolloutConfig(Section):
     def url_list(self) -> list[str]:
         return as_list(self.urls)
 
-    @property
-    def stop_strings(self) -> list[str] | None:
-        """``stop`` as the sampler's list (empty strings dropped); None when there is none."""
-        items = [self.stop] if isinstance(self.stop, str) else list(self.stop or ())
-        return [s for s in items if s] or None
-
     def _extra_problems(self, prefix: str, bad: set[str]) -> list[str]:
         out = []
         if "backend" not in bad and self.backend == "sglang" and not self.url_list:

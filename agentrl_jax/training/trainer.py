@@ -39,7 +39,7 @@ from agentrl_jax.agent.trajectory import STATUS_ENV_ERROR, Trajectory
 from agentrl_jax.algorithms.advantages import is_turn_level
 from agentrl_jax.training import distributed, hostmem, runlog, services, storage
 from agentrl_jax.training.batching import assemble_batch, informative_groups
-from agentrl_jax.training.config import model_label
+from agentrl_jax.training.config import config_json, model_label, to_run_config
 from agentrl_jax.training.evaluation import EvalResult, evaluate, score_trajectories
 from agentrl_jax.training.failed_steps import FailedSteps
 from agentrl_jax.training.progress import (BAR, LINES, OFF, EpisodeProgress, TurnCounter,
@@ -64,8 +64,9 @@ def load_policy(config: Any, mesh: Any = None):
     from agentrl_jax.models.pretrained import load_pretrained, resolve_model_path
     from agentrl_jax.models.tokenizer import load_tokenizer
 
+    config = to_run_config(config)
     mc = config.model
-    random_init = mc.get("random_init")
+    random_init = mc.random_init
     if random_init:
         from agentrl_jax.models.config import ModelConfig
         from agentrl_jax.models.llama import init_model
@@ -77,14 +78,14 @@ def load_policy(config: Any, mesh: Any = None):
         shape = {"vocab_size": len(tokenizer), **dict(random_init)}
         cfg = ModelConfig(eos_token_id=tokenizer.eos_token_id,
                           pad_token_id=tokenizer.pad_token_id,
-                          bos_token_id=tokenizer.bos_token_id, dtype=mc.get("dtype", "float32"),
+                          bos_token_id=tokenizer.bos_token_id, dtype=mc.dtype,
                           **shape)
         return init_model(cfg, seed=int(config.seed), mesh=mesh), tokenizer, None
     shard = None
     if mesh is not None:
         from agentrl_jax.sharding.rules import sharding_fn
         shard = sharding_fn(mesh)
-    pretrained = load_pretrained(mc.name, sharding_fn=shard, dtype=mc.get("dtype", "float32"))
+    pretrained = load_pretrained(mc.name, sharding_fn=shard, dtype=mc.dtype)
     return pretrained.model, pretrained.tokenizer, pretrained.path
 
 
@@ -107,10 +108,11 @@ def load_learner(config: Any, checkpoint_dir: str | None = None, max_to_keep: in
     from agentrl_jax.learner.learner import Learner
     from agentrl_jax.sharding.mesh import mesh_from_config
 
+    config = to_run_config(config)
     settings = services.learner_settings(config)
-    mesh = None if multi_process else mesh_from_config(settings.get("mesh"))
+    mesh = None if multi_process else mesh_from_config(settings.mesh)
     model, tokenizer, model_path = load_policy(config, mesh=mesh)
-    overlap = int(config.train.get("max_staleness", 0)) >= 1
+    overlap = config.train.max_staleness >= 1
     learner = Learner(model, settings, mesh=mesh, checkpoint_dir=checkpoint_dir,
                       max_to_keep=max_to_keep, copy_model=mesh is None or overlap)
     return learner, model, tokenizer, model_path
@@ -185,18 +187,18 @@ class Trainer:
                  eval_again: bool = False):
         """``progress=False``: no per-episode progress (bars or lines); ``eval_again``: a run
         that already finished evaluates its final policy again (see :meth:`finished_step`)."""
-        self.config = config
+        config = self.config = to_run_config(config)
         self.workdir = os.path.abspath(workdir)
         self.process_index = distributed.process_index()
         self.process_count = distributed.process_count()
         self.multi_process = self.process_count > 1
         self.is_main = self.process_index == 0
         self.show_progress = self.is_main and (progress and sys.stderr.isatty()
-                                               or bool(config.get("progress")))
+                                               or config.progress)
         # per-episode progress of rollouts and evaluations: a bar on a terminal, else lines
         self.progress_mode = (BAR if self.show_progress else LINES if self.is_main and progress
                               else OFF)
-        self.progress_seconds = float(config.get("progress_seconds", 30.0))
+        self.progress_seconds = config.progress_seconds
         self.eval_again = eval_again
         self.step_done = 0  # the last training step finished in this process
         self.saved_step: int | None = None  # the last checkpoint step saved or restored
@@ -212,10 +214,10 @@ class Trainer:
         self.supervisor: Any = None  # restarts the environment servers started here
         # (env_error episodes, episodes) of the last train.env_error_window rollouts
         self._env_errors: collections.deque[tuple[int, int]] = collections.deque(
-            maxlen=int(config.train.get("env_error_window", 10)))
-        self.failed_steps = FailedSteps(int(config.train.max_failed_steps))
+            maxlen=config.train.env_error_window)
+        self.failed_steps = FailedSteps(config.train.max_failed_steps)
         os.makedirs(self.workdir, exist_ok=True)
-        self.schedule = HorizonSchedule.from_config(dict(config.horizon))
+        self.schedule = HorizonSchedule.from_config(config.horizon)
         self.history: list[StepRecord] = []
         self.evals: list[tuple[int, EvalResult]] = []
 
@@ -224,13 +226,8 @@ class Trainer:
         """``config.json`` of the workdir, without secrets (``rollout.api_key``)."""
         if not self.is_main:
             return
-        config = self.config
-        if config.get("rollout", {}).get("api_key"):
-            config = config.copy_and_resolve_references()
-            with config.unlocked():
-                config.rollout.api_key = "<redacted>"
         with open(os.path.join(self.workdir, "config.json"), "w") as f:
-            f.write(config.to_json_best_effort(indent=2))
+            json.dump(config_json(self.config), f, indent=2)
 
     def _log_trajectories(self, step: int, trajectories: list[Trajectory], kind: str) -> None:
         suffix = f".process{self.process_index}" if self.multi_process else ""
@@ -249,10 +246,10 @@ class Trainer:
         the evaluation of ``step`` is dropped too when this session runs it again (the opening
         evaluation of a run at step 0, the final one of a run killed during it)."""
         train = self.config.train
-        evaluates = int(train.get("eval_tasks", 0)) > 0
+        evaluates = train.eval_tasks > 0
         redo_eval = evaluates and (
-            step == 0 and bool(train.get("eval_before", False))
-            or step >= int(train.total_steps) and bool(train.get("eval_after", False))
+            step == 0 and train.eval_before
+            or step >= train.total_steps and train.eval_after
             and not self.eval_again)
         suffix = f".process{self.process_index}" if self.multi_process else ""
         dropped = runlog.rewind_run_logs(self.workdir, step, redo_eval, metrics=self.is_main,
@@ -361,10 +358,10 @@ class Trainer:
                 self._say(services.describe_urls(urls))
                 clients = services.make_env_clients(urls, cfg, astack)
                 with timed(self._say, "loading model "
-                           + model_label(cfg.model.name, cfg.model.get("random_init"))):
+                           + model_label(cfg.model.name, cfg.model.random_init)):
                     learner, model, tokenizer, model_path = load_learner(
                         cfg, checkpoint_dir=os.path.join(self.workdir, "checkpoints"),
-                        max_to_keep=int(cfg.train.get("keep_checkpoints", 3)),
+                        max_to_keep=cfg.train.keep_checkpoints,
                         multi_process=self.multi_process)
                 stack.callback(learner.close)
                 self.learner = learner
@@ -397,7 +394,7 @@ class Trainer:
                     policy = distributed.local_policy(learner)
                 else:
                     policy = engine_policy(learner,
-                                           overlap=int(cfg.train.get("max_staleness", 0)) >= 1)
+                                           overlap=cfg.train.max_staleness >= 1)
                 with timed(self._say, f"starting rollout backend {cfg.rollout.backend}"):
                     backend = services.make_backend(cfg, policy, tokenizer, model_path)
                 astack.push_async_callback(services.close_backend, backend)
@@ -430,7 +427,7 @@ class Trainer:
                         learner: Any) -> EvalResult:
         t0 = time.monotonic()
         k = int(self.config.train.eval_samples)
-        min_scored = float(self.config.train.get("eval_min_scored", 0.9))
+        min_scored = self.config.train.eval_min_scored
         lo, hi = distributed.share(len(tasks))  # this process's tasks (all of them: one process)
         async with EpisodeProgress((hi - lo) * k, f"eval at step {step}", self.progress_mode,
                                    self.progress_seconds, self._say,
@@ -487,7 +484,7 @@ class Trainer:
                              f"(workdir {self.workdir})")
         total_errors = sum(e for e, _ in self._env_errors)
         total = sum(n for _, n in self._env_errors)
-        max_rate = float(self.config.train.get("max_env_error_rate", 0.5))
+        max_rate = self.config.train.max_env_error_rate
         if total and total_errors / total > max_rate:
             raise RunFailure(
                 f"stopped at step {step + 1}: {total_errors} of {total} episodes of the last "
@@ -535,12 +532,12 @@ class Trainer:
                     eval_tasks: list[TaskRef], start_step: int) -> dict[str, Any]:
         cfg = self.config
         total = int(cfg.train.total_steps)
-        eval_every = int(cfg.train.get("eval_every", 0))
-        save_every = int(cfg.train.get("save_every", 1))
-        if cfg.train.get("eval_before", False) and start_step == 0 and eval_tasks:
+        eval_every = cfg.train.eval_every
+        save_every = cfg.train.save_every
+        if cfg.train.eval_before and start_step == 0 and eval_tasks:
             await self._evaluate(pool, eval_tasks, 0, learner)
-        max_seconds = float(cfg.train.get("max_seconds", 0) or 0)
-        max_staleness = int(cfg.train.get("max_staleness", 0))
+        max_seconds = cfg.train.max_seconds
+        max_staleness = cfg.train.max_staleness
         samples = int(cfg.train.samples_per_task)
         loop_start = time.monotonic()
         last_step = start_step
@@ -587,7 +584,7 @@ class Trainer:
             ok = [t for t in fresh if t.ok]
             usable = len(ok)  # before flat groups are skipped (those are no failure)
             flat_groups = 0
-            if cfg.train.get("skip_flat_groups", False):  # all-equal rewards: advantage 0
+            if cfg.train.skip_flat_groups:  # all-equal rewards: advantage 0
                 ok, flat_groups = informative_groups(
                     ok, turn_level=is_turn_level(cfg.learner.advantage_estimator))
             stale, trainable = len(trajectories) - len(fresh), len(ok)
@@ -612,7 +609,7 @@ class Trainer:
                 raise RunFailure(f"stopped at step {step + 1}: {failed}; {resume} "
                                  f"(workdir {self.workdir})")
             if trainable:
-                if cfg.rollout.get("release_kv_during_update", False) and max_staleness == 0:
+                if cfg.rollout.release_kv_during_update and max_staleness == 0:
                     try:  # no rollout runs until the sync
                         freed = await backend.release_kv_cache()
                     except RuntimeError as e:  # a request still running (e.g. not yet aborted)
@@ -620,11 +617,11 @@ class Trainer:
                         freed = 0
                     metrics["rollout/kv_released_gib"] = freed / 2 ** 30
                 if self.multi_process:  # this process's rows (none: an empty share)
-                    batch = (assemble_batch(ok, pad_id=int(cfg.model.get("pad_id", 0))) if ok
+                    batch = (assemble_batch(ok, pad_id=cfg.model.pad_id) if ok
                              else distributed.empty_batch())
                     update = await self._update(learner, batch, True)
                 else:
-                    batch = assemble_batch(ok, pad_id=int(cfg.model.get("pad_id", 0)))
+                    batch = assemble_batch(ok, pad_id=cfg.model.pad_id)
                     update = await self._update(learner, batch, False)
                 metrics.update(update)
                 t_sync = time.monotonic()
@@ -677,7 +674,7 @@ class Trainer:
         if pending is not None:
             await self._cancel(pending)
         writes_pending = self.saved_this_session
-        if ((cfg.train.get("eval_after", False) or self.eval_again) and eval_tasks
+        if ((cfg.train.eval_after or self.eval_again) and eval_tasks
                 and not (self.evals and self.evals[-1][0] == last_step)):
             import jax
 
