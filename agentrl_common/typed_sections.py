@@ -29,6 +29,8 @@ import types
 import typing
 from typing import Any, Callable, Iterable, Mapping
 
+from agentrl_common.registry import did_you_mean
+
 
 class SectionError(ValueError):
     """A section with bad values; ``problems`` holds one line per bad field."""
@@ -224,7 +226,9 @@ class Section:
             known = sorted(set(choices() if callable(choices) else choices))
             norm = meta.get("normalize") or (lambda s: s)
             if norm(converted) not in {norm(k) for k in known}:
-                return f"unknown {meta['kind']} {converted!r}; known: {', '.join(known)}", value
+                hint = did_you_mean(converted, known)
+                return (f"unknown {meta['kind']} {converted!r}; known: {', '.join(known)}{hint}",
+                        value)
         return None, converted
 
     def _extra_problems(self, prefix: str, bad: set[str]) -> list[str]:

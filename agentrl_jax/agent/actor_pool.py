@@ -26,8 +26,8 @@ from agentrl_jax.agent.chat import ChatFormatter
 from agentrl_jax.agent.episode import Episode
 from agentrl_jax.agent.parsing import ParsedAction, parse_react
 from agentrl_jax.agent.trajectory import Trajectory
-from agentrl_jax.rollout.base import SamplingParams
-from agentrl_jax.rollout.sampling import derive_seed
+from agentrl_jax.rollout.backends.base import SamplingParams
+from agentrl_jax.rollout.engine.sampling import derive_seed
 
 
 @dataclasses.dataclass(frozen=True)

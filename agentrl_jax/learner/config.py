@@ -33,9 +33,9 @@ def _algorithms():
 
 
 def _normalize(name: str) -> str:
-    from agentrl_jax.algorithms.registry import normalize_name
+    from agentrl_common.registry import snake_case
 
-    return normalize_name(name)
+    return snake_case(name)
 
 
 def _names(attr: str):

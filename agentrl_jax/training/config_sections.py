@@ -14,11 +14,11 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Mapping
 
+from agentrl_common.registry import did_you_mean
 from agentrl_common.typed_sections import Section, SectionError, is_int, is_number, setting
 from agentrl_jax.learner.config import LearnerConfig
 from agentrl_jax.rollout import sampling_limits as limits
 
-ROLLOUT_BACKENDS = ("embedded", "engine_servers", "sglang")
 HORIZON_TYPES = ("scaling_inter", "fixed")
 ENGINE_DTYPES = ("", "float32", "bfloat16")
 MODEL_DTYPES = ("float32", "bfloat16")
@@ -44,16 +44,22 @@ def _family_names() -> list[str]:
     return family_names()
 
 
+def _rollout_backends() -> list[str]:
+    from agentrl_jax.rollout.backends.base import available_backends
+
+    return available_backends()
+
+
 def _parsers() -> list[str]:
     from agentrl_jax.agent.parsing import PARSERS
 
-    return list(PARSERS)
+    return PARSERS.names()
 
 
 def _answer_formats() -> list[str]:
-    from agentrl_jax.agent.prompts import ANSWER_FORMATS
+    from agentrl_jax.agent.prompts import PROMPT_STYLES
 
-    return list(ANSWER_FORMATS)
+    return PROMPT_STYLES.names()
 
 
 def _max_listed_actions() -> int:
@@ -133,7 +139,7 @@ class EnvConfig(Section):
         for name in names:
             if name not in known:
                 out.append(f"{prefix}.names: unknown environment family {name!r}; known: "
-                           f"{', '.join(known)}")
+                           f"{', '.join(known)}{did_you_mean(name, known)}")
         repeated = sorted({name for name in names if names.count(name) > 1})
         if repeated:
             out.append(f"{prefix}.names: lists {', '.join(map(repr, repeated))} more than once "
@@ -157,7 +163,7 @@ def _stop_problem(stop: Any) -> str | None:
 
 
 def _kv_buckets_problem(value: Any) -> str | None:
-    from agentrl_jax.rollout.engine_config import parse_prefill_kv_buckets
+    from agentrl_jax.rollout.engine.engine_config import parse_prefill_kv_buckets
 
     try:
         parse_prefill_kv_buckets(value, "rollout.prefill_kv_buckets")
@@ -172,7 +178,7 @@ class RolloutConfig(Section):
 
     PREFIX = "rollout"
     # embedded | engine_servers (a process per replica) | sglang
-    backend: str = setting("embedded", choices=ROLLOUT_BACKENDS, kind="rollout backend")
+    backend: str = setting("embedded", choices=_rollout_backends, kind="rollout backend")
     urls: str | tuple[str, ...] = setting("")  # sglang servers, comma-separated
     api_key: str = setting("")  # sglang servers' --api-key ("": $AGENTRL_ROLLOUT_API_KEY)
     max_batch: int = setting(64, ge=1)  # engine slots
