@@ -155,7 +155,7 @@ def _train_locked(config: Any, workdir: str) -> int:
             _complete_report(trainer.workdir)
         return 0
     from agentrl_jax.training.storage import EXIT_STORAGE_FAILED, StorageFailure
-    from agentrl_jax.training.trainer import EXIT_RUN_FAILED, RunFailure
+    from agentrl_jax.training.failed_steps import EXIT_RUN_FAILED, RunFailure
 
     try:
         trainer.run()

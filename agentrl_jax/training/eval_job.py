@@ -20,7 +20,7 @@ from agentrl_jax.training.evaluation import EvalResult, evaluate
 from agentrl_jax.training.progress import (EpisodeProgress, TurnCounter, format_seconds,
                                            progress_mode, timed)
 from agentrl_jax.training.config import to_run_config
-from agentrl_jax.training.trainer import load_policy
+from agentrl_jax.training.policy import load_policy
 
 
 def _restore_policy(config: Any, model: Any, checkpoint_dir: str, step: int | None,

@@ -176,7 +176,8 @@ class SFTRun:
     async def _run(self) -> dict[str, Any]:
         from agentrl_jax.learner.learner import Learner
         from agentrl_jax.training import services
-        from agentrl_jax.training.trainer import load_policy, write_json_atomic
+        from agentrl_jax.training.policy import load_policy
+        from agentrl_jax.training.summary import write_json_atomic
 
         cfg, s = self.config, self.config.sft
         with open(os.path.join(self.workdir, "config.json"), "w") as f:

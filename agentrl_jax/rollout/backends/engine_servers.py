@@ -110,6 +110,8 @@ class EngineServers(SGLangBackend):
     server may take to load and compile. Other keyword arguments go to ``SGLangBackend``.
     """
 
+    external_servers = False  # started by (and belonging to) this process
+
     name = "engine_servers"
 
     def __init__(self, model: Any, config: EngineConfig, groups: Sequence[Sequence[int]],
