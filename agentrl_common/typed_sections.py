@@ -182,10 +182,8 @@ class Section:
         out: list[str] = []
         bad: set[str] = set()
         for f in dataclasses.fields(self):
-            if isinstance(getattr(type(self), f.name, None), Section) or not f.init:
-                continue
             value = getattr(self, f.name)
-            if isinstance(value, Section):
+            if isinstance(value, Section) or not f.init:  # a nested section checked itself
                 continue
             problem, converted = self._field_problem(f, hints[f.name], value)
             if problem is not None:
