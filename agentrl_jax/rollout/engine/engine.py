@@ -65,6 +65,7 @@ from agentrl_jax.models.llama import CausalLM, abstract_model
 from agentrl_jax.rollout.backends.base import (BackendUnavailableError, BatchedSamplesBackend,
                                       GenerateResult, InvalidRequestError, OverloadedError,
                                       RequestFailedError, RolloutError, SamplingParams,
+                                      WeightSource,
                                       check_input_ids)
 from agentrl_jax.rollout.engine.compiled import (ACT, CNT, IDX, KEY0, KEY1, MINP, POS, REM, STOP, TEMP,
                                           TOK, TOPK, TOPP, compiled_functions)
@@ -460,6 +461,11 @@ class Engine(BatchedSamplesBackend):
         if diff:
             raise ValueError("checkpoint architecture differs from the served model: "
                              + ", ".join(f"{k}: {a} != {b}" for k, (a, b) in diff.items()))
+
+    async def sync_weights(self, weights: WeightSource, version: int) -> None:
+        """The learner's arrays themselves (this engine runs in the trainer's process: no
+        export, no copy unless ``weights`` makes one)."""
+        await self.update_weights(weights.arrays(), version=str(version))
 
     async def update_weights(self, params: Any = None, *, path: str | None = None,
                              version: str | None = None, flush_cache: bool = True,

@@ -30,7 +30,7 @@ import logging
 from typing import Any, Sequence
 
 from agentrl_jax.rollout.backends.base import (BackendUnavailableError, BatchedSamplesBackend,
-                                      GenerateResult, SamplingParams)
+                                      GenerateResult, SamplingParams, WeightSource)
 from agentrl_jax.rollout.engine.engine import Engine, EngineConfig
 from agentrl_jax.rollout.engine.placement import device_groups, to_state
 from agentrl_jax.rollout.engine.requests import merge_stats
@@ -215,6 +215,11 @@ class EngineReplicas(BatchedSamplesBackend):
         return list(await asyncio.gather(*(asyncio.to_thread(getattr(r, method), *args,
                                                              **kwargs)
                                            for r in self.replicas)))
+
+    async def sync_weights(self, weights: WeightSource, version: int) -> None:
+        """The learner's arrays themselves (this engine runs in the trainer's process: no
+        export, no copy unless ``weights`` makes one)."""
+        await self.update_weights(weights.arrays(), version=str(version))
 
     async def update_weights(self, params: Any = None, *, path: str | None = None,
                              version: str | None = None, flush_cache: bool = True,
