@@ -7,7 +7,7 @@
 Every contender generates ``--new-tokens`` tokens (EOS ignored) for ``--batch`` random prompts
 of ``--prompt-len`` tokens with the same random-weight model shape (bf16 by default):
 
-* ``engine``: ``agentrl_jax.rollout.engine.Engine`` (continuous batching, chunked prefill,
+* ``engine``: ``agentrl_jax.rollout.engine.engine.Engine`` (continuous batching, chunked prefill,
   ``--decode-steps`` fused decode steps per jitted call, donated KV cache). Wall time from
   submitting all requests to the last result (prefill included).
 * ``naive_jax``: one jitted prefill, then a Python loop calling a jitted single-step decode with
@@ -77,8 +77,8 @@ def bench_engine(model, cfg, args, batch_prompts, decode_attention: str = "auto"
                  decode_gemm: str = "xla") -> dict[str, Any]:
     import jax
 
-    from agentrl_jax.rollout.base import SamplingParams
-    from agentrl_jax.rollout.engine import Engine, EngineConfig
+    from agentrl_jax.rollout.backends.base import SamplingParams
+    from agentrl_jax.rollout.engine.engine import Engine, EngineConfig
 
     max_length = args.max_length or (args.prompt_len + args.new_tokens)
     chunk = 1 << (args.prompt_len - 1).bit_length()
@@ -239,8 +239,8 @@ def roofline(cfg, args, engine_result: dict[str, Any]) -> dict[str, Any]:
 def bench_prefix_reuse(model, cfg, args) -> dict[str, Any]:
     import asyncio
 
-    from agentrl_jax.rollout.base import SamplingParams
-    from agentrl_jax.rollout.engine import Engine, EngineConfig
+    from agentrl_jax.rollout.backends.base import SamplingParams
+    from agentrl_jax.rollout.engine.engine import Engine, EngineConfig
 
     sessions, turns = args.sessions, args.turns
     max_length = args.prompt_len + turns * (args.obs_tokens + args.turn_tokens) + 8

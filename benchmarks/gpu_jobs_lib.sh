@@ -127,7 +127,8 @@ for r in rows:
 PYEOF
   fi
   local failed
-  failed=$(cd "$OUT/.done" && ls -- *.failed 2>/dev/null | sed 's/\.failed$//' | tr '\n' ' ')
+  failed=$([ -d "$OUT/.done" ] && cd "$OUT/.done" && ls -- *.failed 2>/dev/null \
+           | sed 's/\.failed$//' | tr '\n' ' ')
   if [ -n "$failed" ] || [ "${REPORT_FAILED:-0}" = 1 ]; then
     echo "failed or skipped: ${failed}$([ "${REPORT_FAILED:-0}" = 1 ] && echo ' report')"
     exit 1

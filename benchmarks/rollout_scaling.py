@@ -54,7 +54,7 @@ def engine_throughput(backend, n_prompts: int, prompt_len: int, new_tokens: int,
                       vocab: int) -> dict[str, Any]:
     import numpy as np
 
-    from agentrl_jax.rollout.base import SamplingParams
+    from agentrl_jax.rollout.backends.base import SamplingParams
 
     rng = np.random.default_rng(0)
     prompts = [rng.integers(3, vocab, size=prompt_len).tolist() for _ in range(n_prompts)]
@@ -78,7 +78,7 @@ def actor_pool_throughput(backend, tokenizer, episodes: int, turns: int, turn_to
     from agentrl_jax.agent.actor_pool import ActorPool, TaskRef
     from agentrl_jax.agent.chat import ChatFormatter
     from agentrl_jax.agent.parsing import get_parser
-    from agentrl_jax.rollout.base import SamplingParams
+    from agentrl_jax.rollout.backends.base import SamplingParams
     from environments.core.client import EnvClient
     from environments.launcher import start_env_server
 
@@ -170,10 +170,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     from agentrl_jax.models.llama import init_model
     from agentrl_jax.models.pretrained import resolve_model_path
     from agentrl_jax.models.tokenizer import load_tokenizer
-    from agentrl_jax.rollout.engine import EngineConfig
-    from agentrl_jax.rollout.engine_servers import EngineServers
-    from agentrl_jax.rollout.replicas import EngineReplicas
-    from agentrl_jax.rollout.requests import merge_stats
+    from agentrl_jax.rollout.engine.engine import EngineConfig
+    from agentrl_jax.rollout.backends.engine_servers import EngineServers
+    from agentrl_jax.rollout.engine.replicas import EngineReplicas
+    from agentrl_jax.rollout.engine.requests import merge_stats
     from agentrl_jax.training.services import prefill_kv_buckets
 
     cfg = model_config(args.shape, args.dtype)

@@ -31,7 +31,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     import jax
     import jax.numpy as jnp
 
-    from agentrl_jax.rollout.sampling import logsumexp_and_argmax, logsumexp_and_argmax_separate
+    from agentrl_jax.rollout.engine.sampling import logsumexp_and_argmax, logsumexp_and_argmax_separate
 
     one_pass = jax.jit(lambda x: logsumexp_and_argmax(x, x))
     separate = jax.jit(lambda x: logsumexp_and_argmax_separate(x, x))

@@ -33,6 +33,7 @@ import importlib.util
 import json
 import os
 import platform
+import re
 import statistics
 import subprocess
 import sys
@@ -46,10 +47,24 @@ sys.path.insert(0, REPO)
 
 from pydantic import StrictInt, TypeAdapter  # noqa: E402
 
-from agentrl_jax.rollout import server as new_server  # noqa: E402
-from agentrl_jax.rollout.base import check_input_ids  # noqa: E402
+from agentrl_jax.rollout.servers import server as new_server  # noqa: E402
+from agentrl_jax.rollout.backends.base import check_input_ids  # noqa: E402
 
-SERVER_PATH = "agentrl_jax/rollout/server.py"
+SERVER_PATH = "agentrl_jax/rollout/servers/server.py"
+#: where the server and its request models were before rollout/ had sub-packages (the old
+#: revisions this benchmark reads)
+OLD_SERVER_PATH = "agentrl_jax/rollout/server.py"
+OLD_API_MODELS_PATH = "agentrl_jax/rollout/api_models.py"
+#: the modules the old server imports, by their old name -> where they are now
+MOVED = {
+    "agentrl_jax.rollout.base": "agentrl_jax.rollout.backends.base",
+    "agentrl_jax.rollout.engine_config": "agentrl_jax.rollout.engine.engine_config",
+    "agentrl_jax.rollout.engine": "agentrl_jax.rollout.engine.engine",
+    "agentrl_jax.rollout.forward": "agentrl_jax.rollout.engine.forward",
+    "agentrl_jax.rollout.chat_template_sandbox": "agentrl_jax.rollout.servers.chat_template_sandbox",
+}
+MOVED_MODULES = re.compile(r"\b(" + "|".join(re.escape(m) for m in MOVED) + r")\b(?!\.)")
+
 MAX_LENGTH = 4096
 MAX_QUEUE = 4096
 VOCAB = 49152
@@ -62,15 +77,16 @@ def _git(*args: str) -> str:
 
 def default_old_rev() -> str:
     """The parent of the commit that added api_models.py (HEAD if it is not committed yet)."""
-    added = _git("log", "--diff-filter=A", "--format=%H", "--", "agentrl_jax/rollout/api_models.py")
+    added = _git("log", "--diff-filter=A", "--format=%H", "--", OLD_API_MODELS_PATH)
     return f"{added.splitlines()[-1]}^" if added else "HEAD"
 
 
 def load_old_server(rev: str) -> types.ModuleType:
     """``server.py`` as of ``rev``, imported as the module ``_old_rollout_server``."""
-    source = _git("show", f"{rev}:{SERVER_PATH}")
+    source = _git("show", f"{rev}:{OLD_SERVER_PATH}")
     if "parse_sampling_params" not in source:
-        raise SystemExit(f"{rev}:{SERVER_PATH} is not the hand-written validator")
+        raise SystemExit(f"{rev}:{OLD_SERVER_PATH} is not the hand-written validator")
+    source = MOVED_MODULES.sub(lambda m: MOVED[m.group(1)], source)
     path = os.path.join(tempfile.mkdtemp(prefix="old_server_"), "_old_rollout_server.py")
     with open(path, "w") as f:
         f.write(source)
@@ -218,7 +234,7 @@ def main(argv: list[str] | None = None) -> int:
             "old_is_int_loop_us": round(statistics.median(
                 per_call_us(lambda: all(old._is_int(t) for t in ids)) for _ in range(5)), 1)}
 
-    dirty = _git("status", "--porcelain", "--", SERVER_PATH, "agentrl_jax/rollout/api_models.py")
+    dirty = _git("status", "--porcelain", "--", SERVER_PATH, "agentrl_jax/rollout/servers/api_models.py")
     report = {"old_rev": _git("rev-parse", "--short", rev),
               "new_rev": _git("rev-parse", "--short", "HEAD") + ("+dirty" if dirty else ""),
               "python": platform.python_version(), "machine": platform.processor() or

@@ -32,7 +32,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from agentrl_jax.models.pretrained import resolve_model_path  # noqa: E402
 from agentrl_jax.models.tokenizer import load_tokenizer  # noqa: E402
-from agentrl_jax.rollout.stop_strings import (  # noqa: E402
+from agentrl_jax.rollout.engine.stop_strings import (  # noqa: E402
     _build_mask, find_stop, may_complete_mask, slots_to_check)
 
 

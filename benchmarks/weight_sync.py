@@ -42,7 +42,7 @@ def main() -> None:
 
     from agentrl_jax.models.config import ModelConfig
     from agentrl_jax.models.llama import init_model
-    from agentrl_jax.rollout.replicas import gather_to_replicas
+    from agentrl_jax.rollout.engine.replicas import gather_to_replicas
     from agentrl_jax.sharding.mesh import make_mesh
     from benchmarks.init_compile import shapes
 

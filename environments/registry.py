@@ -1,22 +1,24 @@
 """The registry of environment families.
 
 A family is a name plus two factories: one making ``TextEnvironment`` instances, one making the
-family's ``TaskCatalog``. Families are registered lazily by module path ("module:attribute"), so
-importing this registry never imports minigrid, a JVM bridge or a browser driver; the module is
-imported on the first ``get_family(name)``.
+family's ``TaskCatalog``. ``FAMILIES`` (an ``agentrl_common.registry.Registry``) is the one list of
+them: config validation reads ``FAMILIES.names()``, the server command ``python -m
+environments.<name>`` reads ``get_family(name)``.
 
-A family module exposes a ``Family`` object, conventionally as ``FAMILY`` in
-``environments/<name>/family.py``. Names that are not registered explicitly fall back to that
-convention, so a new family works without editing this file; adding it to ``_LAZY`` below makes it
-show up in ``family_names()``.
+Families are registered lazily by module path ("module:attribute") at the end of this file, so
+importing the registry never imports minigrid, a JVM bridge or a browser driver; a family's module
+is imported on the first ``get_family(name)``. A family module exposes a ``Family`` object,
+conventionally as ``FAMILY`` in ``environments/<name>/family.py``; adding a family is that folder
+plus one ``FAMILIES.register_lazy(...)`` line below (docs/EXTENDING.md). ``register_family``
+registers one in-process (tests, notebooks).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import importlib
 from typing import Callable
 
+from agentrl_common.registry import Registry
 from environments.core.base import TaskCatalog, TextEnvironment
 
 
@@ -38,15 +40,8 @@ class Family:
     inline: bool = False
 
 
-# name -> "module:attribute" of a Family object, imported on first use.
-_LAZY: dict[str, str] = {
-    "babyai": "environments.babyai.family:FAMILY",
-    "textcraft": "environments.textcraft.family:FAMILY",
-    "scienceworld": "environments.scienceworld.family:FAMILY",
-    "miniwob": "environments.miniwob.family:FAMILY",
-    "deepsearch": "environments.deepsearch.family:FAMILY",
-}
-_LOADED: dict[str, Family] = {}
+#: every environment family, by name; lazy entries point at ``environments.<name>.family:FAMILY``
+FAMILIES: Registry[Family] = Registry("environment family", expected=Family)
 
 
 def register_family(
@@ -55,44 +50,37 @@ def register_family(
     catalog_factory: Callable[[], TaskCatalog],
     *,
     inline: bool = False,
+    replace: bool = False,
 ) -> Family:
-    """Register (or replace) a family from its two factories and return it."""
+    """Register a family from its two factories (in this process) and return it.
+
+    A name that is already registered raises ``DuplicateNameError`` unless ``replace=True``.
+    """
     family = Family(name=name, env_factory=env_factory, catalog_factory=catalog_factory, inline=inline)
-    _LOADED[name] = family
+    FAMILIES.register(name, family, replace=replace)
     return family
-
-
-def register_lazy(name: str, target: str) -> None:
-    """Register a family by the path ``"package.module:ATTRIBUTE"`` of its ``Family`` object."""
-    if ":" not in target:
-        raise ValueError(f"expected 'module:attribute', got {target!r}")
-    _LAZY[name] = target
-    _LOADED.pop(name, None)
 
 
 def family_names() -> list[str]:
     """All registered family names (whether or not their dependencies are installed)."""
-    return sorted(set(_LAZY) | set(_LOADED))
+    return FAMILIES.names()
 
 
 def get_family(name: str) -> Family:
     """The family ``name``, importing its module on first use.
 
-    Raises ``KeyError`` for an unknown name and ``ImportError`` when the family's module or its
-    dependencies cannot be imported.
+    Raises ``UnknownNameError`` (a ``ValueError`` listing the known names, with a did-you-mean)
+    for an unregistered name, ``ImportError`` when the family's module or its dependencies cannot
+    be imported, ``TypeError`` when the registered object is not a ``Family``.
     """
-    if name in _LOADED:
-        return _LOADED[name]
-    target = _LAZY.get(name, f"environments.{name}.family:FAMILY")
-    module_name, _, attribute = target.partition(":")
-    try:
-        module = importlib.import_module(module_name)
-    except ModuleNotFoundError as error:
-        if name not in _LAZY and error.name in (module_name, f"environments.{name}"):
-            raise KeyError(f"unknown environment family {name!r}; known: {family_names()}") from None
-        raise
-    family = getattr(module, attribute)
-    if not isinstance(family, Family):
-        raise TypeError(f"{target} is a {type(family).__name__}, expected registry.Family")
-    _LOADED[name] = family
+    family = FAMILIES.get(name)
+    if family.name != name:
+        raise ValueError(f"environment family {name!r} is registered with a Family named {family.name!r}")
     return family
+
+
+FAMILIES.register_lazy("babyai", "environments.babyai.family:FAMILY")
+FAMILIES.register_lazy("textcraft", "environments.textcraft.family:FAMILY")
+FAMILIES.register_lazy("scienceworld", "environments.scienceworld.family:FAMILY")
+FAMILIES.register_lazy("miniwob", "environments.miniwob.family:FAMILY")
+FAMILIES.register_lazy("deepsearch", "environments.deepsearch.family:FAMILY")

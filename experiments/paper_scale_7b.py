@@ -208,8 +208,8 @@ def memory_estimate(num_gpus: int, config: Any = None, usable_gib: float | None 
     the peak is below 90% of it, else ``"tight"`` (try; may run out of memory).
     """
     from agentrl_jax.models.config import ModelConfig
-    from agentrl_jax.rollout.engine_config import EngineConfig
-    from agentrl_jax.rollout.forward import XLA_GEMM
+    from agentrl_jax.rollout.engine.engine_config import EngineConfig
+    from agentrl_jax.rollout.engine.forward import XLA_GEMM
     from agentrl_jax.training import services
 
     if usable_gib is None:

@@ -92,7 +92,7 @@ def make_engine(model: CausalLM | None = None, tokenizer=None, warmup: bool = Tr
                 devices=None, **overrides):
     """An engine over the tiny model. Engines with the same shapes share compiled functions;
     ``warmup=False`` compiles only the shapes actually used."""
-    from agentrl_jax.rollout.engine import Engine, EngineConfig
+    from agentrl_jax.rollout.engine.engine import Engine, EngineConfig
 
     model = model if model is not None else tiny_model()
     return Engine(model, EngineConfig(**{**ENGINE_KW, **overrides}), tokenizer=tokenizer,
@@ -111,7 +111,7 @@ def smollm2_engine():
     import pytest
 
     from agentrl_jax.models.pretrained import load_pretrained
-    from agentrl_jax.rollout.engine import Engine, EngineConfig
+    from agentrl_jax.rollout.engine.engine import Engine, EngineConfig
 
     try:
         pretrained = load_pretrained("smollm2")
@@ -124,7 +124,7 @@ def smollm2_engine():
 
 def start_server(engine, **kwargs):
     """Serve ``engine`` on a free localhost port from a background thread -> ServerThread."""
-    from agentrl_jax.rollout.server import RolloutServer, ServerThread
+    from agentrl_jax.rollout.servers.server import RolloutServer, ServerThread
 
     thread = ServerThread(RolloutServer(engine, **kwargs))
     thread.start()

@@ -23,7 +23,7 @@ from agentrl_jax.agent.chat import ChatFormatter, SegmentEncoder
 from agentrl_jax.agent.parsing import get_parser
 from agentrl_jax.models.pretrained import resolve_model_path
 from agentrl_jax.models.tokenizer import load_tokenizer
-from agentrl_jax.rollout.base import GenerateResult, RolloutBackend, SamplingParams
+from agentrl_jax.rollout.backends.base import GenerateResult, RolloutBackend, SamplingParams
 from agentrl_jax.training.progress import OFF, EpisodeProgress, TurnCounter
 from environments.core.client import EnvClient, EnvServerError
 from environments.launcher import start_env_server
@@ -258,7 +258,7 @@ async def test_workers_post_straight_to_http_rollout_servers(tokenizer, babyai):
     the rollout servers themselves: nothing is relayed through this process, the trajectories
     equal an in-process run's over the same server, and turn versions follow ``version_fn``
     as it changes during the job."""
-    from agentrl_jax.rollout.sglang_backend import SGLangBackend
+    from agentrl_jax.rollout.backends.sglang import SGLangBackend
 
     seeded = SeededBackend(tokenizer)
     state = {"requests": 0, "sessions": set(), "version": 0}

@@ -18,7 +18,7 @@ from agentrl_jax.agent.actor_pool import ActorPool, TaskRef
 from agentrl_jax.agent.chat import ChatFormatter
 from agentrl_jax.models.pretrained import resolve_model_path
 from agentrl_jax.models.tokenizer import load_tokenizer
-from agentrl_jax.rollout.base import GenerateResult, RolloutBackend, SamplingParams
+from agentrl_jax.rollout.backends.base import GenerateResult, RolloutBackend, SamplingParams
 from environments.core.client import EnvClient
 from environments.launcher import start_env_server
 
@@ -140,7 +140,7 @@ async def test_loss_mask_and_logprobs_are_the_engines_outputs(servers, tokenizer
     so far (nothing decoded and re-encoded)."""
     from agentrl_jax.models.config import ModelConfig
     from agentrl_jax.models.llama import init_model
-    from agentrl_jax.rollout.engine import Engine, EngineConfig
+    from agentrl_jax.rollout.engine.engine import Engine, EngineConfig
 
     cfg = ModelConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64,
                       num_layers=1, num_heads=2, num_kv_heads=1, head_dim=16,

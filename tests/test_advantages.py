@@ -17,6 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from agentrl_common.registry import UnknownNameError
 from agentrl_jax.algorithms import (
     ADVANTAGE_ESTIMATORS,
     AdvantageOutput,
@@ -334,8 +335,10 @@ def test_registry_names_aliases_and_custom_estimator():
     for name in ("gae", "grpo", "dr_grpo", "rloo", "reinforce_pp", "reinforce_pp_baseline"):
         assert name in ADVANTAGE_ESTIMATORS
     assert get_advantage_estimator("reinforce-plus-plus") is get_advantage_estimator("reinforce_pp")
-    with pytest.raises(KeyError, match="choices"):
+    with pytest.raises(UnknownNameError, match=r"^unknown advantage estimator 'nope'; known: .*\bgae, .*\bgrpo\b"):
         get_advantage_estimator("nope")
+    with pytest.raises(UnknownNameError, match=r"did you mean 'rloo'\?$"):
+        get_advantage_estimator("rlo")
     with pytest.raises(ValueError):
         compute_advantages("grpo", rewards=np.zeros(2), loss_mask=np.ones((2, 3)))
 

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from agentrl_jax.rollout.base import (GenerateResult, InvalidRequestError, OverloadedError,
+from agentrl_jax.rollout.backends.base import (GenerateResult, InvalidRequestError, OverloadedError,
                                       SamplingParams, create_backend)
 from rollout_helpers import (REF_LEN, TINY, byte_tokenizer, full_logprobs, make_engine,
                              random_prompt, reference_greedy, tiny_model)
@@ -341,7 +341,7 @@ def test_sample_tokens_distribution(one_pass):
     import jax
     import jax.numpy as jnp
 
-    from agentrl_jax.rollout.sampling import SAMPLE, SAMPLE_FILTERED, sample_tokens
+    from agentrl_jax.rollout.engine.sampling import SAMPLE, SAMPLE_FILTERED, sample_tokens
 
     probs = np.array([0.4, 0.3, 0.15, 0.1, 0.05], np.float32)
     n = 4000
@@ -380,7 +380,7 @@ def test_logsumexp_and_argmax_in_one_pass_match_numpy():
     (first index on ties), rows with -inf entries and a row of only -inf."""
     import jax
 
-    from agentrl_jax.rollout.sampling import logsumexp_and_argmax
+    from agentrl_jax.rollout.engine.sampling import logsumexp_and_argmax
 
     def logsumexp(a, axis):
         top = a.max(axis=axis, keepdims=True)
@@ -405,13 +405,13 @@ def test_logsumexp_and_argmax_in_one_pass_match_numpy():
 
 
 def test_head_major_forward_matches_model():
-    """rollout.forward (head-major cache) == CausalLM (its own cache, and no cache) on the
+    """rollout.engine.forward (head-major cache) == CausalLM (its own cache, and no cache) on the
     architecture features the Llama engine tests above do not cover."""
     import jax
     import jax.numpy as jnp
 
     from agentrl_jax.models.llama import KVCache
-    from agentrl_jax.rollout.forward import HeadMajorCache, forward
+    from agentrl_jax.rollout.engine.forward import HeadMajorCache, forward
 
     from agentrl_jax.models.llama import init_model
 
@@ -457,7 +457,7 @@ def test_merged_projections_forward_matches_model():
     import jax
 
     from agentrl_jax.models.llama import init_model
-    from agentrl_jax.rollout.forward import HeadMajorCache, forward, merge_projections
+    from agentrl_jax.rollout.engine.forward import HeadMajorCache, forward, merge_projections
 
     cfg = TINY.replace(model_type="qwen2", attention_bias=True, num_kv_heads=2)
     model = init_model(cfg, 5)
@@ -522,7 +522,7 @@ def test_merged_weights_follow_weight_updates_and_kv_release(model):
 
 def test_decode_gemm_config():
     """``auto`` is merged_cublas only for a one-GPU head-major engine; bad values fail."""
-    from agentrl_jax.rollout.engine import EngineConfig
+    from agentrl_jax.rollout.engine.engine import EngineConfig
 
     auto = EngineConfig()
     assert auto.resolved_decode_gemm("gpu", 1) == "merged_cublas"
@@ -572,7 +572,7 @@ async def test_weights_from_the_learner_do_not_recompile(model, tokenizer):
 
 
 def test_prefill_kv_buckets_choose_the_smallest_row_prefix():
-    from agentrl_jax.rollout.engine import EngineConfig
+    from agentrl_jax.rollout.engine.engine import EngineConfig
 
     assert EngineConfig(max_length=4096).kv_buckets == (4096,)  # default: the whole row
     c = EngineConfig(max_length=4096, prefill_chunks=(64, 256, 1024), prefill_kv_buckets=None)

@@ -15,10 +15,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from agentrl_jax.rollout.base import SamplingParams
-from agentrl_jax.rollout.decode_attention import (dense_decode_attention, ragged_tiling,
+from agentrl_jax.rollout.backends.base import SamplingParams
+from agentrl_jax.rollout.engine.decode_attention import (dense_decode_attention, ragged_tiling,
                                                   ragged_decode_attention)
-from agentrl_jax.rollout.fused_decode_attention import fused_decode_attention
+from agentrl_jax.rollout.engine.fused_decode_attention import fused_decode_attention
 from tests.rollout_helpers import TINY, make_engine, random_prompt, tiny_model
 
 
@@ -203,7 +203,7 @@ def test_engine_with_fused_attention_matches_dense(model_dh32, prompts, decode_g
 def test_fused_attention_falls_back_to_ragged_for_shapes_its_tiles_miss(model):
     """The tiny model's head dim (16) is not a multiple of 32: the engine compiles the ragged
     kernel instead, and the kernel itself refuses the shape with the same reason."""
-    from agentrl_jax.rollout.fused_decode_attention import unsupported_shape
+    from agentrl_jax.rollout.engine.fused_decode_attention import unsupported_shape
 
     assert unsupported_shape(4, 2, 16) is not None and unsupported_shape(12, 2, 128) is None
     assert unsupported_shape(34, 2, 64) is not None  # 17 query heads per KV head
@@ -246,9 +246,9 @@ def test_tensor_parallel_engine_matches_one_device(model, prompts, reference):
 
 
 def test_replicas_pin_sessions_and_sync_weights_everywhere(model, prompts, reference):
-    from agentrl_jax.rollout.replicas import EngineReplicas
+    from agentrl_jax.rollout.engine.replicas import EngineReplicas
     from tests.rollout_helpers import ENGINE_KW
-    from agentrl_jax.rollout.engine import EngineConfig
+    from agentrl_jax.rollout.engine.engine import EngineConfig
 
     backend = EngineReplicas(model, EngineConfig(**ENGINE_KW), warmup=False,
                              devices=jax.devices()[:4])
@@ -313,8 +313,8 @@ def test_kv_cache_released_while_idle_comes_back_for_the_next_request(model, pro
     """release_kv_cache frees every replica's cache (the bytes of [max_batch, max_length] K and
     V rows of every layer), drops cached prefixes and pins, refuses while a request runs; the
     next request allocates a zero cache and answers exactly as before."""
-    from agentrl_jax.rollout.engine import EngineConfig
-    from agentrl_jax.rollout.replicas import EngineReplicas
+    from agentrl_jax.rollout.engine.engine import EngineConfig
+    from agentrl_jax.rollout.engine.replicas import EngineReplicas
     from tests.rollout_helpers import ENGINE_KW
 
     backend = EngineReplicas(model, EngineConfig(**ENGINE_KW), warmup=False,
@@ -379,9 +379,9 @@ def test_weights_sharded_over_the_replicas_devices_reach_them_by_one_all_gather(
     engine given its copy keeps those very buffers (no further copy)."""
     from flax import nnx
 
-    from agentrl_jax.rollout.engine import EngineConfig
-    from agentrl_jax.rollout.placement import to_state
-    from agentrl_jax.rollout.replicas import EngineReplicas, gather_to_replicas
+    from agentrl_jax.rollout.engine.engine import EngineConfig
+    from agentrl_jax.rollout.engine.placement import to_state
+    from agentrl_jax.rollout.engine.replicas import EngineReplicas, gather_to_replicas
     from agentrl_jax.sharding.mesh import make_mesh
     from agentrl_jax.sharding.rules import state_shardings
     from tests.rollout_helpers import ENGINE_KW

@@ -1,4 +1,4 @@
-"""One rollout-server process per device group (rollout/engine_servers.py), on CPU.
+"""One rollout-server process per device group (rollout/backends/engine_servers.py), on CPU.
 
 Two real server processes serve a tiny random model (one on a single device, one
 tensor-parallel over two): their greedy outputs must equal a plain argmax loop over the same
@@ -15,11 +15,11 @@ import os
 import numpy as np
 import pytest
 
-from agentrl_jax.rollout.base import SamplingParams
-from agentrl_jax.rollout.engine_config import EngineConfig
-from agentrl_jax.rollout.engine_servers import (EngineServers, device_environment,
+from agentrl_jax.rollout.backends.base import SamplingParams
+from agentrl_jax.rollout.engine.engine_config import EngineConfig
+from agentrl_jax.rollout.backends.engine_servers import (EngineServers, device_environment,
                                                 server_flags)
-from agentrl_jax.rollout.server import parse_args
+from agentrl_jax.rollout.servers.server import parse_args
 from rollout_helpers import TINY, byte_tokenizer, random_prompt, reference_greedy, tiny_model
 
 GREEDY = dict(temperature=0.0, ignore_eos=True)
@@ -62,7 +62,7 @@ def test_server_refuses_more_tensor_parallel_devices_than_it_has():
 
     env = dict(os.environ, JAX_PLATFORMS="cpu",
                XLA_FLAGS="--xla_force_host_platform_device_count=2")
-    proc = subprocess.run([sys.executable, "-m", "agentrl_jax.rollout.server", "--model",
+    proc = subprocess.run([sys.executable, "-m", "agentrl_jax.rollout.servers.server", "--model",
                            "/nonexistent", "--tensor-parallel", "3"], env=env,
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode != 0

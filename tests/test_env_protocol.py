@@ -17,6 +17,7 @@ import aiohttp
 import pytest
 from aiohttp.test_utils import TestServer
 
+from agentrl_common.registry import UnknownNameError
 from environments.core.base import InvalidTaskError, ResetResult, StepResult, TaskCatalog, TextEnvironment
 from environments.core.client import EnvClient, EnvConnectionError, EnvServerError
 from environments.core.server import build_app
@@ -430,8 +431,10 @@ def test_registry_is_lazy_and_lists_the_families():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
     assert out == ["False", "False"]
     assert get_family("textcraft").inline and get_family("babyai").name == "babyai"
-    with pytest.raises(KeyError):
+    with pytest.raises(UnknownNameError, match=r"^unknown environment family 'no_such_family'; known: babyai, "):
         get_family("no_such_family")
+    with pytest.raises(UnknownNameError, match=r"did you mean 'textcraft'\?$"):
+        get_family("textcraf")
 
 
 # ----------------------------------------------------------------- malformed input and limits

@@ -18,7 +18,7 @@ import pytest
 from agentrl_jax.agent.experts import (BabyAIExpertPolicy, BoundedSubgoalStack, ExpertBackend,
                                        ExpertStuck, ExpertTimeout, call_with_deadline)
 from agentrl_jax.agent.trajectory import Trajectory
-from agentrl_jax.rollout.base import RolloutError
+from agentrl_jax.rollout.backends.base import RolloutError
 
 pytestmark = pytest.mark.timeout(300)
 

@@ -12,7 +12,7 @@ import pytest
 from agentrl_jax.agent.experts import DeepSearchExpertPolicy, ExpertBackend
 from agentrl_jax.agent.parsing import INVALID_FORMAT_FEEDBACK
 from agentrl_jax.agent.trajectory import Trajectory
-from agentrl_jax.rollout.base import RolloutError
+from agentrl_jax.rollout.backends.base import RolloutError
 from benchmarks.episode_diagnosis import summarise
 from benchmarks.learning_report import episode_value
 from environments.launcher import server_environment

@@ -269,7 +269,7 @@ async def test_a_server_off_loopback_checks_host_only_against_listed_names(serve
     built for 0.0.0.0 is served on 127.0.0.1 here.)"""
     from aiohttp import web
 
-    from agentrl_jax.rollout.server import RolloutServer
+    from agentrl_jax.rollout.servers.server import RolloutServer
 
     _, engine = served
     key = {"Authorization": "Bearer sesame"}
@@ -296,8 +296,8 @@ async def test_a_server_off_loopback_checks_host_only_against_listed_names(serve
 
 def test_standalone_server_defaults_are_sized_like_the_trainers_engine():
     from agentrl_jax.models.config import ModelConfig
-    from agentrl_jax.rollout.engine import EngineConfig
-    from agentrl_jax.rollout.server import engine_config_from_args, parse_args
+    from agentrl_jax.rollout.engine.engine import EngineConfig
+    from agentrl_jax.rollout.servers.server import engine_config_from_args, parse_args
     from agentrl_jax.training.services import CPU_KV_RAM_FRACTION, engine_prefill, fit_engine_slots
 
     smol = ModelConfig(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_layers=30,

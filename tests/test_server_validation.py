@@ -1,4 +1,4 @@
-"""Declared request models of the rollout server (agentrl_jax/rollout/api_models.py).
+"""Declared request models of the rollout server (agentrl_jax/rollout/servers/api_models.py).
 
 Every declared constraint is exercised with a bad value through the running server: the
 answer is a 400 in the server's JSON error shape whose message names the field. Valid bodies
@@ -14,10 +14,10 @@ import json
 import aiohttp
 import pytest
 
-from agentrl_jax.rollout.api_models import (ChatCompletionRequest, CompletionRequest,
+from agentrl_jax.rollout.servers.api_models import (ChatCompletionRequest, CompletionRequest,
                                             GenerateRequest, SamplingParamsRequest,
                                             validate_request)
-from agentrl_jax.rollout.base import InvalidRequestError, SamplingParams
+from agentrl_jax.rollout.backends.base import InvalidRequestError, SamplingParams
 from rollout_helpers import TINY, byte_tokenizer, make_engine, start_server, tiny_model
 
 MAX_LENGTH = 128  # rollout_helpers.ENGINE_KW

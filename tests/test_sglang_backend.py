@@ -10,9 +10,9 @@ import jax
 import numpy as np
 import pytest
 
-from agentrl_jax.rollout.base import (BackendUnavailableError, InvalidRequestError,
+from agentrl_jax.rollout.backends.base import (BackendUnavailableError, InvalidRequestError,
                                       SamplingParams, create_backend)
-from agentrl_jax.rollout.sglang_backend import SGLangBackend, launch_sglang_server
+from agentrl_jax.rollout.backends.sglang import SGLangBackend, launch_sglang_server
 from rollout_helpers import (TINY, byte_tokenizer, full_logprobs, make_engine, random_prompt,
                              reference_greedy, start_server, tiny_model)
 
@@ -160,7 +160,7 @@ async def test_api_key_on_generation_and_weight_updates(model, tmp_path, monkeyp
     on generation and on ``update_weights`` (``/update_weights_from_disk`` + ``/flush_cache``)."""
     from ml_collections import ConfigDict
 
-    from agentrl_jax.rollout.sglang_backend import API_KEY_ENV
+    from agentrl_jax.rollout.backends.sglang import API_KEY_ENV
     from agentrl_jax.training import services
 
     tok = byte_tokenizer(TINY.vocab_size)

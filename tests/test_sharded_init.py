@@ -266,7 +266,7 @@ def _check_setup(cfg, expect_values=None, monkeypatch=None, before=None):
     before = _preexisting() if before is None else before
     given: list[list[jax.Array]] = []  # what each replica's engine was handed, per call
     if monkeypatch is not None:
-        from agentrl_jax.rollout.engine import Engine
+        from agentrl_jax.rollout.engine.engine import Engine
 
         original = Engine._prepare_state
 

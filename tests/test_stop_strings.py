@@ -1,4 +1,4 @@
-"""Stop strings (``rollout/stop_strings.py`` + the engine hook) against a plain reference that
+"""Stop strings (``rollout/engine/stop_strings.py`` + the engine hook) against a plain reference that
 decodes every output prefix and takes the first one containing a stop string.
 
 Tokenizers: the real SmolLM2 one (byte-level BPE, 49k tokens) and the byte-level test tokenizer
@@ -12,8 +12,8 @@ import functools
 import numpy as np
 import pytest
 
-from agentrl_jax.rollout.base import SamplingParams
-from agentrl_jax.rollout.stop_strings import (candidates, find_stop, may_complete_mask,
+from agentrl_jax.rollout.backends.base import SamplingParams
+from agentrl_jax.rollout.engine.stop_strings import (candidates, find_stop, may_complete_mask,
                                               slots_to_check)
 from rollout_helpers import TINY, byte_tokenizer, make_engine, random_prompt, tiny_model
 

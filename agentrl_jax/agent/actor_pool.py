@@ -27,8 +27,8 @@ from agentrl_jax.agent.episode import Episode
 from agentrl_jax.agent.loop_times import LoopTimes
 from agentrl_jax.agent.parsing import ParsedAction, parse_react
 from agentrl_jax.agent.trajectory import Trajectory
-from agentrl_jax.rollout.base import SamplingParams
-from agentrl_jax.rollout.sampling import derive_seed
+from agentrl_jax.rollout.backends.base import SamplingParams
+from agentrl_jax.rollout.engine.sampling import derive_seed
 
 
 @dataclasses.dataclass(frozen=True)

@@ -19,8 +19,8 @@ from agentrl_jax.agent.prompts import first_user_message, system_prompt
 from agentrl_jax.agent.trajectory import (STATUS_CONTEXT_LIMIT, STATUS_DONE, STATUS_ENGINE_ERROR,
                                           STATUS_ENV_ERROR, STATUS_MAX_TURNS, Trajectory,
                                           anchor_state)
-from agentrl_jax.rollout.base import RolloutError, SamplingParams
-from agentrl_jax.rollout.sampling import derive_seed
+from agentrl_jax.rollout.backends.base import RolloutError, SamplingParams
+from agentrl_jax.rollout.engine.sampling import derive_seed
 
 _clock = time.perf_counter
 MIN_NEW_TOKENS = 8  # a turn with less room than this ends the episode with context_limit

@@ -9,7 +9,8 @@ stop, so the policy's turn ends with it too) or, without one, the model's EOS to
 trajectory therefore has the token layout RL trains on, and behaviour cloning trains on its
 ``loss_mask`` (the action tokens only).
 
-Experts by environment family (``EXPERT_POLICIES``), each reading what the agent reads:
+Experts by environment family (``EXPERT_POLICIES``, an ``agentrl_common.registry.Registry``;
+register another with ``EXPERT_POLICIES.register(family, factory)``), each reading what the agent reads:
 
 * ``babyai``: minigrid's ``BabyAIBot`` on a local replica of the task's level (primitive
   actions; ``environments/babyai/expert.py``);
@@ -59,8 +60,9 @@ import threading
 import time
 from typing import Any, Callable, Mapping, Protocol, TypeVar
 
+from agentrl_common.registry import Registry
 from agentrl_jax.agent.trajectory import Trajectory
-from agentrl_jax.rollout.base import GenerateResult, RolloutBackend, RolloutError
+from agentrl_jax.rollout.backends.base import GenerateResult, RolloutBackend, RolloutError
 
 
 T = TypeVar("T")
@@ -249,14 +251,14 @@ class DeepSearchExpertPolicy:
         return self.oracle.act(observation)
 
 
-#: environment family -> ``factory(task_id) -> ExpertPolicy``
-EXPERT_POLICIES: dict[str, Callable[[str], ExpertPolicy]] = {
-    "babyai": BabyAIExpertPolicy,
-    "textcraft": TextCraftExpertPolicy,
-    "scienceworld": ScienceWorldExpertPolicy,
-    "miniwob": MiniWoBExpertPolicy,
-    "deepsearch": DeepSearchExpertPolicy,
-}
+#: environment family -> ``factory(task_id) -> ExpertPolicy`` (the factories import their
+#: simulator only when called)
+EXPERT_POLICIES: Registry[Callable[[str], ExpertPolicy]] = Registry("expert policy")
+EXPERT_POLICIES.register("babyai", BabyAIExpertPolicy)
+EXPERT_POLICIES.register("textcraft", TextCraftExpertPolicy)
+EXPERT_POLICIES.register("scienceworld", ScienceWorldExpertPolicy)
+EXPERT_POLICIES.register("miniwob", MiniWoBExpertPolicy)
+EXPERT_POLICIES.register("deepsearch", DeepSearchExpertPolicy)
 
 
 def reply_text(action: str, response_prefix: str, stop: str | None) -> str:
@@ -287,7 +289,7 @@ class ExpertBackend(RolloutBackend):
 
     def __init__(self, formatter: Any, response_prefix: str, stop: str | None,
                  eos_token_id: int | None,
-                 policies: Mapping[str, Callable[[str], ExpertPolicy]] = EXPERT_POLICIES,
+                 policies: Mapping[str, Callable[[str], ExpertPolicy]] | Registry | None = None,
                  act_timeout_s: float | None = 10.0):
         if stop is None and eos_token_id is None:
             raise ValueError("an expert turn needs a stop string or an EOS token to end with")
@@ -295,7 +297,9 @@ class ExpertBackend(RolloutBackend):
             raise ValueError(f"act_timeout_s must be >= 0 or None (got {act_timeout_s})")
         self.formatter, self.response_prefix, self.stop = formatter, response_prefix, stop
         self.eos_token_id = eos_token_id
-        self.policies = dict(policies)
+        # the registry itself (lazy entries stay lazy) or a plain mapping (tests)
+        self.policies = EXPERT_POLICIES if policies is None else (
+            policies if isinstance(policies, Registry) else dict(policies))
         self.act_timeout_s = act_timeout_s
         self.sessions: dict[str, Trajectory] = {}
         self._experts: dict[str, ExpertPolicy] = {}
@@ -315,7 +319,7 @@ class ExpertBackend(RolloutBackend):
             raise RolloutError(f"unknown expert session {session_id!r}")
         traj = self.sessions[session_id]
         observation = next(m["content"] for m in reversed(traj.messages) if m["role"] == "user")
-        factory = self.policies.get(traj.env)
+        factory = self.policies[traj.env] if traj.env in self.policies else None
         try:
             if getattr(factory, "interruptible", True):
                 action = call_with_deadline(

@@ -1,6 +1,7 @@
 """Action parsing: turn the model's reply into one environment action, or explain why not.
 
-Parsers are registered by name and chosen from config. ``react`` (default) takes the text after
+Parsers are registered by name in ``PARSERS`` (an ``agentrl_common.registry.Registry``) and chosen
+from config (``rollout.parser``). ``react`` (default) takes the text after
 the last ``Action:`` marker, up to the end of that line. A reply without a parsable action is an
 *invalid turn*: the environment is not stepped, the agent gets ``INVALID_FORMAT_FEEDBACK`` as the
 next observation, and the turn counts toward the horizon.
@@ -11,6 +12,8 @@ from __future__ import annotations
 import dataclasses
 import re
 from typing import Callable
+
+from agentrl_common.registry import Registry
 
 # The same text for every prompt style (``react`` answers end with the Action line too).
 INVALID_FORMAT_FEEDBACK = ("Invalid response: no action found. Reply with one 'Action: ...' line "
@@ -52,10 +55,12 @@ def parse_raw(text: str) -> ParsedAction:
     return ParsedAction(action) if action else ParsedAction(None, "empty reply")
 
 
-PARSERS: dict[str, Callable[[str], ParsedAction]] = {"react": parse_react, "raw": parse_raw}
+#: name -> ``parse(reply text) -> ParsedAction`` (config ``rollout.parser``)
+PARSERS: Registry[Callable[[str], ParsedAction]] = Registry("action parser")
+PARSERS.register("react", parse_react)
+PARSERS.register("raw", parse_raw)
 
 
 def get_parser(name: str) -> Callable[[str], ParsedAction]:
-    if name not in PARSERS:
-        raise KeyError(f"unknown action parser {name!r} (known: {sorted(PARSERS)})")
-    return PARSERS[name]
+    """The parser registered as ``name``; ``UnknownNameError`` (a ``ValueError``) otherwise."""
+    return PARSERS.get(name)

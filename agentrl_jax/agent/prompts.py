@@ -9,6 +9,10 @@ SmolLM2-135M-Instruct does (``benchmarks/action_format.py``, docs/RESULTS.md). `
 
 from __future__ import annotations
 
+import dataclasses
+
+from agentrl_common.registry import Registry
+
 REACT_FORMAT = (
     "Each turn, first think briefly, then give exactly one action, in this format:\n"
     "Thought: <one or two sentences of reasoning>\n"
@@ -20,9 +24,22 @@ ACTION_FORMAT = (
     "Each turn, reply with exactly one action, in this format:\n"
     "Action: <the action>")
 
-# Answer formats by name (config ``agent.prompt_style``): ``react`` (reason, then act) and
-# ``action`` (act only; suits small models, often with ``agent.response_prefix = "Action:"``).
-ANSWER_FORMATS = {"react": REACT_FORMAT, "action": ACTION_FORMAT}
+
+
+@dataclasses.dataclass(frozen=True)
+class PromptStyle:
+    """An answer format: ``text`` ends the system prompt; ``action_example``: append the
+    family's example action (:data:`ACTION_EXAMPLES`) after it."""
+
+    text: str
+    action_example: bool = False
+
+
+#: answer formats by name (config ``agent.prompt_style``): ``react`` (reason, then act) and
+#: ``action`` (act only; suits small models, often with ``agent.response_prefix = "Action:"``)
+PROMPT_STYLES: Registry[PromptStyle] = Registry("prompt style", expected=PromptStyle)
+PROMPT_STYLES.register("react", PromptStyle(REACT_FORMAT))
+PROMPT_STYLES.register("action", PromptStyle(ACTION_FORMAT, action_example=True))
 
 # One example action per environment family for the ``action`` format. Small models copy the
 # example, so it must be an action of that environment (with BabyAI's "turn left" as the example
@@ -33,11 +50,11 @@ ACTION_EXAMPLES = {"babyai": "turn left", "textcraft": "get 1 oak log",
 
 
 def answer_format(style: str, env_name: str | None = None) -> str:
-    """The answer-format paragraph of ``style`` (``ANSWER_FORMATS``) for ``env_name``."""
-    if style not in ANSWER_FORMATS:
-        raise KeyError(f"unknown prompt style {style!r} (known: {sorted(ANSWER_FORMATS)})")
-    text = ANSWER_FORMATS[style]
-    if style == "action" and env_name in ACTION_EXAMPLES:
+    """The answer-format paragraph of ``style`` (:data:`PROMPT_STYLES`) for ``env_name``;
+    ``UnknownNameError`` (a ``ValueError``) for an unregistered style."""
+    entry = PROMPT_STYLES.get(style)
+    text = entry.text
+    if entry.action_example and env_name in ACTION_EXAMPLES:
         text += f"\nFor example:\nAction: {ACTION_EXAMPLES[env_name]}"
     return text
 
@@ -46,7 +63,7 @@ def system_prompt(instructions: str, env_name: str | None = None, style: str = "
     """The system message of an episode.
 
     instructions: the environment's description of its task and action syntax (``info`` of
-    ``/create``); the answer format (``ANSWER_FORMATS[style]``) tells the model how to answer.
+    ``/create``); the answer format (``PROMPT_STYLES.get(style)``) tells the model how to answer.
     """
     head = f"You are an agent acting in the {env_name} environment.\n" if env_name else ""
     return f"{head}{instructions.strip()}\n\n{answer_format(style, env_name)}"

@@ -47,7 +47,7 @@ import struct
 import tempfile
 from typing import Any, Callable
 
-from agentrl_jax.rollout.base import GenerateResult, RolloutError
+from agentrl_jax.rollout.backends.base import GenerateResult, RolloutError
 
 _HEADER = struct.Struct("!I")
 VERSION_POLL_S = 0.005  # direct mode: how often version_fn is read while a job runs
@@ -144,7 +144,7 @@ async def _worker(path: str) -> None:
     reader, writer = await asyncio.open_unix_connection(path)
     setup: WorkerSetup = await _read(reader)
     if setup.direct is not None:
-        from agentrl_jax.rollout.sglang_backend import SGLangBackend
+        from agentrl_jax.rollout.backends.sglang import SGLangBackend
         backend: Any = _DirectBackend(SGLangBackend(**setup.direct))
     else:
         backend = _RemoteBackend(writer)

@@ -55,7 +55,6 @@ from .masked import (
     outcome_scores,
     place_outcome_reward,
 )
-from .registry import Registry
 from .scan import masked_discounted_suffix_sum, reverse_linear_recurrence
 
 __all__ = [
@@ -105,7 +104,6 @@ __all__ = [
     "masked_whiten",
     "outcome_scores",
     "place_outcome_reward",
-    "Registry",
     "masked_discounted_suffix_sum",
     "reverse_linear_recurrence",
 ]

@@ -38,6 +38,8 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
+from agentrl_common.registry import Registry, snake_case
+
 from .masked import (
     as_mask,
     effective_token_rewards,
@@ -45,7 +47,6 @@ from .masked import (
     masked_whiten,
     outcome_scores,
 )
-from .registry import Registry, normalize_name
 from .scan import masked_discounted_suffix_sum, reverse_linear_recurrence
 
 Array = jax.Array
@@ -76,7 +77,7 @@ class AdvantageOutput(NamedTuple):
 
 #: name -> jitted estimator ``fn(*, rewards, loss_mask, group_ids, values, token_rewards,
 #: gamma, lam, eps, whiten, method, chunk) -> AdvantageOutput``
-ADVANTAGE_ESTIMATORS: Registry = Registry("advantage estimator")
+ADVANTAGE_ESTIMATORS: Registry = Registry("advantage estimator", normalize=snake_case)
 
 _STATIC = ("gamma", "lam", "eps", "whiten", "method", "chunk")
 
@@ -108,11 +109,11 @@ def register_advantage_estimator(name: str, *, jit: bool = True, overwrite: bool
 
     def deco(fn: Callable) -> Callable:
         f = jax.jit(fn, static_argnames=_STATIC + tuple(static)) if jit else fn
-        ADVANTAGE_ESTIMATORS.register(name, f, overwrite=overwrite)
+        ADVANTAGE_ESTIMATORS.register(name, f, replace=overwrite)
         if turn_level:
-            _TURN_LEVEL.add(normalize_name(name))
+            _TURN_LEVEL.add(snake_case(name))
         if logprob_level:
-            _LOGPROB_LEVEL.add(normalize_name(name))
+            _LOGPROB_LEVEL.add(snake_case(name))
         return f
 
     return deco
@@ -120,17 +121,17 @@ def register_advantage_estimator(name: str, *, jit: bool = True, overwrite: bool
 
 def is_turn_level(name: str) -> bool:
     """Whether estimator ``name`` takes the per-turn arrays (:data:`TURN_INPUTS`)."""
-    return normalize_name(name) in _TURN_LEVEL
+    return snake_case(name) in _TURN_LEVEL
 
 
 def is_logprob_level(name: str) -> bool:
     """Whether estimator ``name`` takes policy / reference log-probs (:data:`LOGPROB_INPUTS`)."""
-    return normalize_name(name) in _LOGPROB_LEVEL
+    return snake_case(name) in _LOGPROB_LEVEL
 
 
 def get_advantage_estimator(name: str) -> Callable[..., AdvantageOutput]:
     """The registered (jitted) estimator called ``name`` (``-``/``_`` and case
-    insensitive). Raises ``KeyError`` listing the choices."""
+    insensitive). Raises ``UnknownNameError`` (a ``ValueError``) listing the choices."""
     return ADVANTAGE_ESTIMATORS.get(name)
 
 

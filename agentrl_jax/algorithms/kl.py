@@ -22,13 +22,14 @@ from collections.abc import Callable
 import jax
 import jax.numpy as jnp
 
+from agentrl_common.registry import Registry, snake_case
+
 from .masked import as_mask
-from .registry import Registry
 
 Array = jax.Array
 
 #: name -> ``fn(logprobs [B,T], ref_logprobs [B,T]) -> kl [B,T]``
-KL_ESTIMATORS: Registry = Registry("KL estimator")
+KL_ESTIMATORS: Registry = Registry("KL estimator", normalize=snake_case)
 
 
 @KL_ESTIMATORS.register("k1")

@@ -41,9 +41,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from agentrl_common.registry import Registry, snake_case
+
 from .kl import kl_estimate
 from .masked import as_mask, masked_mean
-from .registry import Registry, normalize_name
 
 Array = jax.Array
 Metrics = dict[str, Array]
@@ -51,7 +52,7 @@ Metrics = dict[str, Array]
 # ----------------------------------------------------------------- aggregation
 
 #: name -> ``fn(loss_mat [B,T], mask [B,T] float, *, max_len, denom) -> scalar``
-LOSS_AGGREGATIONS: Registry = Registry("loss aggregation")
+LOSS_AGGREGATIONS: Registry = Registry("loss aggregation", normalize=snake_case)
 
 
 def _n_valid_rows(m: Array) -> Array:
@@ -118,7 +119,7 @@ def aggregation_weights(loss_mask, mode: str = "token_mean", max_len: int | None
     micro-batches, so any split sums to the whole batch's loss.
     """
     m = (np.asarray(loss_mask) != 0).astype(np.float64)
-    mode = normalize_name(mode)
+    mode = snake_case(mode)
     n_rows = max(float(np.any(m > 0, axis=-1).sum()), 1.0)
     if mode == "token_mean":
         w = m / max(m.sum(), 1.0)
@@ -136,7 +137,7 @@ def aggregation_weights(loss_mask, mode: str = "token_mean", max_len: int | None
 # ----------------------------------------------------------------- policy loss
 
 #: name -> ``fn(logprobs, old_logprobs, advantages, loss_mask, **cfg) -> (loss, metrics)``
-POLICY_LOSSES: Registry = Registry("policy loss")
+POLICY_LOSSES: Registry = Registry("policy loss", normalize=snake_case)
 
 
 def _masked_max(x: Array, m: Array) -> Array:
@@ -274,7 +275,7 @@ POLICY_LOSSES.register("sft", sft_policy_loss)
 
 def is_supervised(name: str) -> bool:
     """Whether policy loss ``name`` is supervised (:data:`SUPERVISED_LOSSES`)."""
-    return normalize_name(name) in SUPERVISED_LOSSES
+    return snake_case(name) in SUPERVISED_LOSSES
 
 
 def get_policy_loss(name: str) -> Callable[..., tuple[Array, Metrics]]:

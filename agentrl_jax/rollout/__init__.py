@@ -5,19 +5,19 @@ Heavy modules are imported lazily: ``from agentrl_jax.rollout import Engine`` lo
 ``SGLangBackend`` only aiohttp.
 """
 
-from agentrl_jax.rollout.base import (BackendUnavailableError, GenerateResult,
+from agentrl_jax.rollout.backends.base import (BackendUnavailableError, GenerateResult,
                                       InvalidRequestError, OverloadedError, RolloutBackend,
                                       RolloutError, SamplingParams, available_backends,
                                       create_backend, register_backend)
 
 _LAZY = {
-    "Engine": "agentrl_jax.rollout.engine",
-    "EngineConfig": "agentrl_jax.rollout.engine",
-    "EmbeddedBackend": "agentrl_jax.rollout.engine",
-    "RolloutServer": "agentrl_jax.rollout.server",
-    "ServerThread": "agentrl_jax.rollout.server",
-    "SGLangBackend": "agentrl_jax.rollout.sglang_backend",
-    "launch_sglang_server": "agentrl_jax.rollout.sglang_backend",
+    "Engine": "agentrl_jax.rollout.engine.engine",
+    "EngineConfig": "agentrl_jax.rollout.engine.engine",
+    "EmbeddedBackend": "agentrl_jax.rollout.engine.engine",
+    "RolloutServer": "agentrl_jax.rollout.servers.server",
+    "ServerThread": "agentrl_jax.rollout.servers.server",
+    "SGLangBackend": "agentrl_jax.rollout.backends.sglang",
+    "launch_sglang_server": "agentrl_jax.rollout.backends.sglang",
 }
 
 

@@ -135,7 +135,7 @@ def fit_engine_slots(slots: int, model_config: Any, max_length: int, dtype: str 
     (``2 x layers x kv_heads x head_dim x max_length`` values of ``dtype``, default the
     model's, per slot) in :data:`CPU_KV_RAM_FRACTION` of ``host_ram_bytes`` (default: this
     machine's RAM), at least one. The trainer's engine (:func:`engine_slots`) and the
-    standalone inference server (``rollout/server.py``) are sized by it."""
+    standalone inference server (``rollout/servers/server.py``) are sized by it."""
     import jax
     import jax.numpy as jnp
 
@@ -186,7 +186,7 @@ def prefill_kv_buckets(value: Any) -> tuple[int, ...] | None:
     """``rollout.prefill_kv_buckets`` as ``EngineConfig.prefill_kv_buckets``: ``""`` -> ``()``
     (the whole row), ``"auto"`` -> ``None`` (powers of two), ``"512,1024"`` / a sequence ->
     those lengths."""
-    from agentrl_jax.rollout.engine_config import parse_prefill_kv_buckets
+    from agentrl_jax.rollout.engine.engine_config import parse_prefill_kv_buckets
 
     return parse_prefill_kv_buckets(value, "rollout.prefill_kv_buckets")
 
@@ -225,7 +225,7 @@ def engine_device_groups(config: Any) -> list[list[Any]]:
     cores and each replica would hold its own KV cache in host RAM)."""
     import jax
 
-    from agentrl_jax.rollout.placement import device_groups
+    from agentrl_jax.rollout.engine.placement import device_groups
 
     rollout = config.rollout
     devices = jax.local_devices()
@@ -247,13 +247,13 @@ def make_backend(config: Any, model: Any, tokenizer: Any, model_path: str | None
 
     ``embedded``: one engine per local device group in this process (``EngineReplicas`` when
     there are several); ``engine_servers``: the same engines, each in its own server process
-    (``rollout/engine_servers.py``: no GIL shared between replicas; weights sync through a
+    (``rollout/backends/engine_servers.py``: no GIL shared between replicas; weights sync through a
     safetensors export); ``sglang``: external servers at ``rollout.urls``."""
-    from agentrl_jax.rollout.base import create_backend
+    from agentrl_jax.rollout.backends.base import create_backend
 
     rollout = config.rollout
     if rollout.backend in ("embedded", "engine_servers"):
-        from agentrl_jax.rollout.engine import Engine, EngineConfig
+        from agentrl_jax.rollout.engine.engine import Engine, EngineConfig
 
         model_config = model.cfg if hasattr(model, "cfg") else None
         slots = (engine_slots(config, model_config, rollout.get("engine_dtype") or None,
@@ -274,7 +274,7 @@ def make_backend(config: Any, model: Any, tokenizer: Any, model_path: str | None
         if rollout.backend == "engine_servers":
             import jax
 
-            from agentrl_jax.rollout.engine_servers import EngineServers
+            from agentrl_jax.rollout.backends.engine_servers import EngineServers
 
             local = jax.local_devices()  # a server's devices: positions in this list
             return EngineServers(model, engine_config, [[local.index(d) for d in g]
@@ -284,7 +284,7 @@ def make_backend(config: Any, model: Any, tokenizer: Any, model_path: str | None
         if len(groups) == 1:
             return Engine(model, engine_config, tokenizer=tokenizer, model_path=model_path,
                           devices=groups[0])
-        from agentrl_jax.rollout.replicas import EngineReplicas
+        from agentrl_jax.rollout.engine.replicas import EngineReplicas
 
         return EngineReplicas(model, engine_config, tokenizer=tokenizer, model_path=model_path,
                               devices=[d for g in groups for d in g],
@@ -337,7 +337,7 @@ async def close_backend(backend: Any, drain_timeout: float = 30.0) -> None:
 
 
 def make_sampling(config: Any):
-    from agentrl_jax.rollout.base import SamplingParams
+    from agentrl_jax.rollout.backends.base import SamplingParams
 
     r = config.rollout
     return SamplingParams(max_new_tokens=int(r.max_new_tokens), temperature=float(r.temperature),

@@ -26,6 +26,7 @@ import os
 import tempfile
 from typing import Any, Callable, Iterable
 
+from agentrl_common.registry import did_you_mean
 from agentrl_jax.rollout import sampling_limits as limits
 from agentrl_jax.training.services import _as_list
 
@@ -135,7 +136,8 @@ class _Checker:
             return v
         known = sorted(set(known))
         if not isinstance(v, str) or normalize(v) not in {normalize(k) for k in known}:
-            self.bad(full, f"unknown {kind} {v!r}; known: {', '.join(known)}")
+            hint = did_you_mean(v, known) if isinstance(v, str) else ""
+            self.bad(full, f"unknown {kind} {v!r}; known: {', '.join(known)}{hint}")
             return None
         return v
 
@@ -308,7 +310,7 @@ def _check_env(c: _Checker) -> None:
     for name in names:
         if name not in known:
             c.bad("env.names", f"unknown environment family {name!r}; known: "
-                               f"{', '.join(known)}")
+                               f"{', '.join(known)}{did_you_mean(name, known)}")
     repeated = sorted({name for name in names if names.count(name) > 1})
     if repeated:
         c.bad("env.names", f"lists {', '.join(map(repr, repeated))} more than once (got "
@@ -375,9 +377,9 @@ def _check_agent(c: _Checker) -> None:
     a = _get(c.config, "agent")
     if a is None:
         return
-    from agentrl_jax.agent.prompts import ANSWER_FORMATS
+    from agentrl_jax.agent.prompts import PROMPT_STYLES
 
-    c.choice(a, "agent", "prompt_style", ANSWER_FORMATS, kind="answer format",
+    c.choice(a, "agent", "prompt_style", PROMPT_STYLES, kind="answer format",
              default="react", required=False)
     prefix = _get(a, "response_prefix", "")
     if not isinstance(prefix, str):
@@ -446,7 +448,7 @@ def _check_learner(c: _Checker, max_context: int | None) -> None:
     if lr is None:
         return
     from agentrl_jax.algorithms import ADVANTAGE_ESTIMATORS, KL_ESTIMATORS, LOSS_AGGREGATIONS
-    from agentrl_jax.algorithms.registry import normalize_name
+    from agentrl_common.registry import snake_case
     from agentrl_jax.learner.config import DTYPES, SCHEDULES, LearnerConfig
 
     values = lr.to_dict() if hasattr(lr, "to_dict") else dict(lr)
@@ -456,11 +458,11 @@ def _check_learner(c: _Checker, max_context: int | None) -> None:
     positive = lambda x: x > 0  # noqa: E731
     c.number(lr, "learner", "learning_rate", positive, "> 0")
     c.number(lr, "learner", "critic_learning_rate", positive, "> 0", required=False)
-    c.choice(lr, "learner", "advantage_estimator", ADVANTAGE_ESTIMATORS, normalize_name,
+    c.choice(lr, "learner", "advantage_estimator", ADVANTAGE_ESTIMATORS, snake_case,
              kind="advantage estimator")
-    c.choice(lr, "learner", "loss_agg_mode", LOSS_AGGREGATIONS, normalize_name,
+    c.choice(lr, "learner", "loss_agg_mode", LOSS_AGGREGATIONS, snake_case,
              kind="loss aggregation mode", required=False)
-    c.choice(lr, "learner", "kl_estimator", KL_ESTIMATORS, normalize_name,
+    c.choice(lr, "learner", "kl_estimator", KL_ESTIMATORS, snake_case,
              kind="KL estimator", required=False)
     c.choice(lr, "learner", "lr_schedule", SCHEDULES, kind="learning-rate schedule",
              required=False)

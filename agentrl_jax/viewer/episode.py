@@ -48,7 +48,7 @@ def parser_for(name: str | None) -> Callable[[str], ParsedAction]:
     """The run's action parser (``react`` when the name is missing or unknown)."""
     try:
         return get_parser(name or "react")
-    except KeyError:
+    except ValueError:  # UnknownNameError
         return get_parser("react")
 
 

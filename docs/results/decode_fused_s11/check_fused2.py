@@ -1,6 +1,6 @@
 """GPU check: fused decode attention (qkv in, RoPE in kernel) vs a float64 loop."""
 import numpy as np, jax, jax.numpy as jnp
-from agentrl_jax.rollout.fused_decode_attention import fused_decode_attention
+from agentrl_jax.rollout.engine.fused_decode_attention import fused_decode_attention
 print(jax.devices())
 def rope(x, c, s):
     h = x.shape[-1] // 2

@@ -4,9 +4,9 @@
 engines' host work (admission, prefill batching, stop checks, building results) and the
 trainer's own Python then share one GIL: each replica's calls took longer than a lone
 replica's (docs/PERFORMANCE.md, "Rollout on 1, 2, 4 GPUs"). Here each
-replica is its own ``python -m agentrl_jax.rollout.server`` process (the embedded engine behind
+replica is its own ``python -m agentrl_jax.rollout.servers.server`` process (the embedded engine behind
 the SGLang HTTP API), pinned to its devices, and the trainer talks to all of them through
-:class:`~agentrl_jax.rollout.sglang_backend.SGLangBackend` (sticky sessions, so a multi-turn
+:class:`~agentrl_jax.rollout.backends.sglang.SGLangBackend` (sticky sessions, so a multi-turn
 episode returns to the server holding its KV prefix; retries; least-loaded routing):
 
 * **Start.** The policy is exported once (``save_hf_directory``, in the engine dtype) into a
@@ -37,8 +37,8 @@ import shutil
 import tempfile
 from typing import Any, Sequence
 
-from agentrl_jax.rollout.engine_config import EngineConfig
-from agentrl_jax.rollout.sglang_backend import SGLangBackend
+from agentrl_jax.rollout.engine.engine_config import EngineConfig
+from agentrl_jax.rollout.backends.sglang import SGLangBackend
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +47,7 @@ SHARED_MEMORY_DIR = "/dev/shm"
 
 
 def server_flags(config: EngineConfig) -> list[str]:
-    """``agentrl_jax.rollout.server`` command-line flags that rebuild ``config`` there."""
+    """``agentrl_jax.rollout.servers.server`` command-line flags that rebuild ``config`` there."""
     flags = ["--max-batch", str(config.max_batch), "--max-length", str(config.max_length),
              "--decode-steps", str(config.decode_steps),
              "--prefill-chunks", ",".join(str(c) for c in config.prefill_chunks),
@@ -137,7 +137,7 @@ class EngineServers(SGLangBackend):
                                        extra_args=flags + ["--tensor-parallel", str(len(g))],
                                        env=device_environment(g, platform, mem_fraction),
                                        startup_timeout=startup_timeout,
-                                       module="agentrl_jax.rollout.server")
+                                       module="agentrl_jax.rollout.servers.server")
                            for g in self.groups]
                 errors = []
                 for f in futures:

@@ -4,7 +4,7 @@ A Jinja template sent by a client (``chat_template_kwargs.chat_template``) is co
 Jinja's sandbox a loop of ``range(10**5)`` nested a few times, or ``'x' * 10**9``, runs for
 minutes or takes gigabytes. The rollout server therefore refuses such templates unless started
 with ``--allow-request-chat-template``, and then renders them here: in a child process
-(``python -m agentrl_jax.rollout.chat_template_sandbox``) with transformers' own renderer
+(``python -m agentrl_jax.rollout.servers.chat_template_sandbox``) with transformers' own renderer
 (``render_jinja_template``, the function behind ``apply_chat_template``), an address-space limit,
 and a deadline after which the child is killed (and restarted for the next request).
 

@@ -7,7 +7,7 @@ import dataclasses
 import time
 from typing import Any
 
-from agentrl_jax.rollout.base import GenerateResult, SamplingParams
+from agentrl_jax.rollout.backends.base import GenerateResult, SamplingParams
 
 # A sequence's states.
 WAITING, PREFILL, FORK_WAIT, DECODE, DONE = "waiting", "prefill", "fork_wait", "decode", "done"

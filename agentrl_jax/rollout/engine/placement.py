@@ -16,7 +16,7 @@ import numpy as np
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from agentrl_jax.rollout.forward import HEAD_MAJOR
+from agentrl_jax.rollout.engine.forward import HEAD_MAJOR
 from agentrl_jax.sharding.rules import state_shardings
 
 

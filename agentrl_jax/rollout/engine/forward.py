@@ -27,8 +27,8 @@ import jax.numpy as jnp
 from agentrl_jax.models.config import ModelConfig
 from agentrl_jax.models.llama import CausalLM, KVCache
 from agentrl_jax.models.rope import apply_rope, inverse_frequencies, rope_cos_sin
-from agentrl_jax.rollout.decode_attention import ragged_decode_attention
-from agentrl_jax.rollout.fused_decode_attention import fused_decode_attention
+from agentrl_jax.rollout.engine.decode_attention import ragged_decode_attention
+from agentrl_jax.rollout.engine.fused_decode_attention import fused_decode_attention
 
 HEAD_MAJOR, SEQ_MAJOR = "bksd", "bskd"
 DENSE, RAGGED, RAGGED_INTERPRET = "dense", "ragged", "ragged_interpret"

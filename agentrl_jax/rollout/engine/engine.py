@@ -62,23 +62,23 @@ from agentrl_jax import compile_notice
 from agentrl_jax.compile_notice import Announced
 from agentrl_jax.models.config import ModelConfig
 from agentrl_jax.models.llama import CausalLM, abstract_model
-from agentrl_jax.rollout.base import (BackendUnavailableError, BatchedSamplesBackend,
+from agentrl_jax.rollout.backends.base import (BackendUnavailableError, BatchedSamplesBackend,
                                       GenerateResult, InvalidRequestError, OverloadedError,
                                       RequestFailedError, RolloutError, SamplingParams,
                                       check_input_ids)
-from agentrl_jax.rollout.compiled import (ACT, CNT, IDX, KEY0, KEY1, MINP, POS, REM, STOP, TEMP,
+from agentrl_jax.rollout.engine.compiled import (ACT, CNT, IDX, KEY0, KEY1, MINP, POS, REM, STOP, TEMP,
                                           TOK, TOPK, TOPP, compiled_functions)
-from agentrl_jax.rollout.decode_attention import ragged_tiling
-from agentrl_jax.rollout.engine_config import EngineConfig
-from agentrl_jax.rollout.forward import (DENSE, FUSED, FUSED_INTERPRET, RAGGED, RAGGED_INTERPRET,
+from agentrl_jax.rollout.engine.decode_attention import ragged_tiling
+from agentrl_jax.rollout.engine.engine_config import EngineConfig
+from agentrl_jax.rollout.engine.forward import (DENSE, FUSED, FUSED_INTERPRET, RAGGED, RAGGED_INTERPRET,
                                          new_cache)
-from agentrl_jax.rollout.fused_decode_attention import unsupported_shape
-from agentrl_jax.rollout.placement import EnginePlacement, to_state
-from agentrl_jax.rollout.requests import (DECODE, DONE, FORK_WAIT, PREFILL, EngineStats, Request,
+from agentrl_jax.rollout.engine.fused_decode_attention import unsupported_shape
+from agentrl_jax.rollout.engine.placement import EnginePlacement, to_state
+from agentrl_jax.rollout.engine.requests import (DECODE, DONE, FORK_WAIT, PREFILL, EngineStats, Request,
                                           Seq)
-from agentrl_jax.rollout.sampling import GREEDY, SAMPLE, sampling_mode, seed_to_key
-from agentrl_jax.rollout.slots import SlotTable
-from agentrl_jax.rollout.stop_strings import find_stop, may_complete_mask, slots_to_check
+from agentrl_jax.rollout.engine.sampling import GREEDY, SAMPLE, sampling_mode, seed_to_key
+from agentrl_jax.rollout.engine.slots import SlotTable
+from agentrl_jax.rollout.engine.stop_strings import find_stop, may_complete_mask, slots_to_check
 
 log = logging.getLogger(__name__)
 # CPU backends cannot always reuse donated buffers; that is harmless.

@@ -266,9 +266,9 @@ class BatchedSamplesBackend(RolloutBackend):
 
 # ------------------------------------------------------------------------------------ registry
 _REGISTRY: dict[str, Callable[..., RolloutBackend] | str] = {
-    "embedded": "agentrl_jax.rollout.engine:EmbeddedBackend.from_config",
-    "sglang": "agentrl_jax.rollout.sglang_backend:SGLangBackend.from_config",
-    "engine_servers": "agentrl_jax.rollout.engine_servers:EngineServers.from_config",
+    "embedded": "agentrl_jax.rollout.engine.engine:EmbeddedBackend.from_config",
+    "sglang": "agentrl_jax.rollout.backends.sglang:SGLangBackend.from_config",
+    "engine_servers": "agentrl_jax.rollout.backends.engine_servers:EngineServers.from_config",
 }
 
 

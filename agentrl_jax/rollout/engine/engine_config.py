@@ -6,7 +6,7 @@ import dataclasses
 import functools
 from typing import Any
 
-from agentrl_jax.rollout.forward import (DECODE_GEMM, HEAD_MAJOR, MERGED_CUBLAS, SEQ_MAJOR,
+from agentrl_jax.rollout.engine.forward import (DECODE_GEMM, HEAD_MAJOR, MERGED_CUBLAS, SEQ_MAJOR,
                                          XLA_GEMM)
 
 DECODE_ATTENTION = ("auto", "ragged_fused", "ragged", "dense")

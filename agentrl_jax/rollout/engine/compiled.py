@@ -15,9 +15,9 @@ import jax.numpy as jnp
 from flax import nnx
 
 from agentrl_jax.learner.logprobs import lm_head_f32
-from agentrl_jax.rollout.forward import (DECODE_GEMM, DENSE, HEAD_MAJOR, forward, map_cache,
+from agentrl_jax.rollout.engine.forward import (DECODE_GEMM, DENSE, HEAD_MAJOR, forward, map_cache,
                                          merge_projections)
-from agentrl_jax.rollout.sampling import sample_tokens
+from agentrl_jax.rollout.engine.sampling import sample_tokens
 
 # Columns of the packed per-slot int32 array: last token, its position, active flag, tokens
 # left, top-k, sampled-token counter, PRNG key (2 words), sample index, stop ids (the rest).

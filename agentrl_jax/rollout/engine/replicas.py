@@ -2,7 +2,7 @@
 
 On a host with several accelerators the rollout -- usually the larger half of an RL step --
 would otherwise decode on one of them while the others wait. ``EngineReplicas`` starts an
-:class:`~agentrl_jax.rollout.engine.Engine` on every group of ``tensor_parallel`` local
+:class:`~agentrl_jax.rollout.engine.engine.Engine` on every group of ``tensor_parallel`` local
 devices (each with its own KV cache, scheduler thread and compiled functions) and routes
 requests:
 
@@ -29,11 +29,11 @@ import concurrent.futures
 import logging
 from typing import Any, Sequence
 
-from agentrl_jax.rollout.base import (BackendUnavailableError, BatchedSamplesBackend,
+from agentrl_jax.rollout.backends.base import (BackendUnavailableError, BatchedSamplesBackend,
                                       GenerateResult, SamplingParams)
-from agentrl_jax.rollout.engine import Engine, EngineConfig
-from agentrl_jax.rollout.placement import device_groups, to_state
-from agentrl_jax.rollout.requests import merge_stats
+from agentrl_jax.rollout.engine.engine import Engine, EngineConfig
+from agentrl_jax.rollout.engine.placement import device_groups, to_state
+from agentrl_jax.rollout.engine.requests import merge_stats
 
 log = logging.getLogger(__name__)
 

@@ -8,7 +8,7 @@ Follows the HTTP API of SGLang 0.5.x (``sglang.srt.entrypoints.http_server``): `
 OpenAI-compatible ``/v1/models``, ``/v1/completions`` and
 ``/v1/chat/completions`` (non-streaming). See docs/ROLLOUT.md for the field-by-field coverage.
 
-    python -m agentrl_jax.rollout.server --model smollm2 --port 30000
+    python -m agentrl_jax.rollout.servers.server --model smollm2 --port 30000
 
 Every malformed request gets a 4xx JSON ``{"error": {"message", "type", "code"}}``; a full
 admission queue gets 503 with ``Retry-After``. Request bodies are declared pydantic models
@@ -48,17 +48,17 @@ from typing import Any, Callable, Sequence, TypeVar
 from aiohttp import web
 from pydantic import BaseModel
 
-from agentrl_jax.rollout.api_models import (AbortRequest, ChatCompletionRequest,
+from agentrl_jax.rollout.servers.api_models import (AbortRequest, ChatCompletionRequest,
                                             CloseSessionRequest, CompletionRequest,
                                             ContinueRequest, GenerateRequest,
                                             MemoryOccupationRequest, PauseRequest,
                                             UpdateWeightsRequest, json_type, validate_request)
-from agentrl_jax.rollout.base import (BackendUnavailableError, GenerateResult, InvalidRequestError,
+from agentrl_jax.rollout.backends.base import (BackendUnavailableError, GenerateResult, InvalidRequestError,
                                       OverloadedError, RequestFailedError, SamplingParams)
-from agentrl_jax.rollout.chat_template_sandbox import TemplateBusy, TemplateError, TemplateSandbox
-from agentrl_jax.rollout.engine import Engine, EngineConfig
-from agentrl_jax.rollout.engine_config import DECODE_ATTENTION, parse_prefill_kv_buckets
-from agentrl_jax.rollout.forward import DECODE_GEMM
+from agentrl_jax.rollout.servers.chat_template_sandbox import TemplateBusy, TemplateError, TemplateSandbox
+from agentrl_jax.rollout.engine.engine import Engine, EngineConfig
+from agentrl_jax.rollout.engine.engine_config import DECODE_ATTENTION, parse_prefill_kv_buckets
+from agentrl_jax.rollout.engine.forward import DECODE_GEMM
 from environments.core.httpguard import (DEFAULT_MAX_CONNECTIONS, DEFAULT_READ_TIMEOUT_S, GuardedSite,
                                          GuardError, Limits, api_key_middleware,
                                          fit_connection_limit, freeze_startup_objects,

@@ -38,7 +38,7 @@ from typing import Any
 
 import aiohttp
 
-from agentrl_jax.rollout.base import (BackendUnavailableError, GenerateResult, InvalidRequestError,
+from agentrl_jax.rollout.backends.base import (BackendUnavailableError, GenerateResult, InvalidRequestError,
                                       OverloadedError, BatchedSamplesBackend, RolloutError,
                                       SamplingParams)
 
@@ -510,7 +510,7 @@ def launch_sglang_server(model_path: str, port: int = 30000, host: str = "127.0.
             "SGLang is not installed in this environment (`import sglang` fails). Install it on "
             "a CUDA machine (e.g. `pip install \"sglang[all]>=0.5\"`) or point the backend at "
             "running servers with urls=[...]. Our own server speaks the same API: "
-            "`python -m agentrl_jax.rollout.server --model <path> --port 30000`.")
+            "`python -m agentrl_jax.rollout.servers.server --model <path> --port 30000`.")
     cmd = [python or sys.executable, "-m", "sglang.launch_server", "--model-path", model_path,
            "--host", host, "--port", str(port), *(extra_args or [])]
     out = open(log_file, "ab") if log_file else subprocess.DEVNULL

@@ -48,7 +48,7 @@ from pydantic_core import PydanticCustomError
 from typing_extensions import TypedDict
 
 from agentrl_jax.rollout import sampling_limits as limits
-from agentrl_jax.rollout.base import InvalidRequestError, SamplingParams
+from agentrl_jax.rollout.backends.base import InvalidRequestError, SamplingParams
 
 M = TypeVar("M", bound=BaseModel)
 
