@@ -35,6 +35,7 @@ import argparse
 import asyncio
 import contextlib
 import copy
+import dataclasses
 import json
 import os
 import statistics
@@ -51,6 +52,8 @@ _clock = time.perf_counter
 #: long a thread holding the GIL keeps it while another thread waits for it; Python's 5 ms)
 VARIANTS: dict[str, dict[str, Any]] = {
     "base": {},
+    "noshare": {"engine.share_prompts": False},  # every prompt prefilled (the engine before)
+    "share": {"engine.share_prompts": True},
     "switch": {"switch_interval": 0.0005},
     "workers": {"rollout.actor_workers": "WORKERS"},
     "workers_switch": {"rollout.actor_workers": "WORKERS", "switch_interval": 0.0005},
@@ -133,7 +136,8 @@ class EngineProbe:
                    decode_steps=s.decode_steps, decode_slot_steps=s.decode_slot_steps,
                    prefill_tokens=s.prefill_tokens, prompt_tokens=s.prompt_tokens,
                    cached_tokens=s.cached_tokens, generated_tokens=s.generated_tokens,
-                   requests=s.requests)
+                   requests=s.requests, shared_prompts=s.shared_prompts,
+                   copy_calls=s.copy_calls)
         return out
 
 
@@ -161,7 +165,7 @@ def engine_view(before: dict[str, float], after: dict[str, float], wall: float
     out["cpu_s"] = d["cpu_s"]
     for k in ("prefill_calls", "decode_calls", "decode_steps", "decode_slot_steps",
               "prefill_tokens", "prompt_tokens", "cached_tokens", "generated_tokens",
-              "requests"):
+              "requests", "shared_prompts", "copy_calls"):
         out[k] = int(d[k])
     out["busy_share"] = device / wall if wall else 0.0
     out["mean_decode_step_ms"] = (1e3 * d["decode_device_s"] / d["decode_steps"]
@@ -209,7 +213,7 @@ async def profile(config: Any, warmup: int, rollouts: int, horizon: int | None,
     (``variants[name]["rollouts"]``: one entry per measured rollout, ``["summary"]``)."""
     import jax
 
-    from agentrl_jax.rollout.engine import Engine
+    from agentrl_jax.rollout.engine.engine import Engine
     from agentrl_jax.training import services
     from agentrl_jax.training.progress import TurnCounter
     from agentrl_jax.training.task_sampler import TaskSampler
@@ -251,6 +255,10 @@ async def profile(config: Any, warmup: int, rollouts: int, horizon: int | None,
             for variant in variants:
                 settings = dict(VARIANTS[variant])
                 switch = settings.pop("switch_interval", None)
+                for key in [k for k in settings if k.startswith("engine.")]:
+                    value = settings.pop(key)  # set on the live engines (idle between rollouts)
+                    for e in engines:
+                        e.config = dataclasses.replace(e.config, **{key[len("engine."):]: value})
                 vconfig = copy.deepcopy(config)
                 for key, value in settings.items():
                     section, name = key.split(".")
@@ -364,7 +372,9 @@ def format_table(summary: dict[str, Any], replicas: int) -> str:
              f"decode: {e['decode_calls']:.0f} calls, {e['decode_steps']:.0f} steps, "
              f"{e['mean_decode_step_ms'] or 0:.2f} ms a step, "
              f"{e['mean_active_slots'] or 0:.1f} active slots a step; prefill: "
-             f"{e['prefill_calls']:.0f} calls, {e['prefill_tokens']:.0f} tokens", "",
+             f"{e['prefill_calls']:.0f} calls, {e['prefill_tokens']:.0f} tokens; "
+             f"{e['shared_prompts']:.0f} prompts shared ({e['copy_calls']:.0f} row-copy calls)",
+             "",
              f"mean episode ({ep['turns']:.2f} turns) | s | of its wall", "|---|---|---|"]
     ew = ep["wall_s"]  # 0 when the episodes ran in worker processes (their clocks stay there)
     lines += [row("waiting for a place in the pool", ep["gate_s"], ew),

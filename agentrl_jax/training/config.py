@@ -59,6 +59,9 @@ def base_config() -> ConfigDict:
     # prefill attends over a KV-length bucket of each row: "" (off: the whole row), "auto"
     # (powers of two from 512) or a comma list of lengths; more prefill shapes to compile
     c.rollout.prefill_kv_buckets = ""
+    # a prompt equal to one being prefilled copies that prefill's KV row instead of computing
+    # it again (EngineConfig.share_prompts): the samples of a group share their first prompt
+    c.rollout.share_prompts = True
     c.rollout.parser = "react"
     # episodes in N spawned worker processes (0: in the trainer's process; docs/ROLLOUT.md);
     # with an HTTP backend (engine_servers, sglang) the workers post to the servers themselves

@@ -268,7 +268,8 @@ def make_backend(config: Any, model: Any, tokenizer: Any, model_path: str | None
             decode_steps=int(rollout.get("decode_steps", 16)), seed=int(config.seed),
             decode_attention=str(rollout.get("decode_attention", "auto")),
             decode_gemm=str(rollout.get("decode_gemm", "auto")),
-            prefill_kv_buckets=prefill_kv_buckets(rollout.get("prefill_kv_buckets", "")))
+            prefill_kv_buckets=prefill_kv_buckets(rollout.get("prefill_kv_buckets", "")),
+            share_prompts=bool(rollout.get("share_prompts", True)))
         engine_kwargs.update(engine_prefill(groups[0][0].platform))
         engine_config = EngineConfig(**engine_kwargs)
         if rollout.backend == "engine_servers":
