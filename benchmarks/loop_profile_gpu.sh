@@ -21,7 +21,7 @@ CUDA_VISIBLE_DEVICES=0 python3 benchmarks/rollout_profile.py --config $CFG --rep
     --variants noshare,share --rollouts 3 --label "1 GPU" --json "$OUT/profile_1gpu.json" \
     > "$OUT/profile_1gpu.log" 2>&1 &
 CUDA_VISIBLE_DEVICES=1 python3 benchmarks/rollout_profile.py --config $CFG --replicas 1 \
-    --variants share --rollouts 3 --set rollout.prefill_kv_buckets=1024 \
+    --variants share --rollouts 3 --set "rollout.prefill_kv_buckets='1024'" \
     --label "1 GPU, prefill KV buckets 1024" --json "$OUT/profile_1gpu_kv1024.json" \
     > "$OUT/profile_1gpu_kv1024.log" 2>&1 &
 if [ -n "$BASE" ]; then
