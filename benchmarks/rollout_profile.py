@@ -127,6 +127,7 @@ class EngineProbe:
         s = self.engine.stats
         now = _clock()
         out = {f"{k}_s": v for k, v in self.seconds.items()}
+        out["clock_s"] = now
         since = self.step_since  # a step in progress counts up to now (a snapshot's window)
         if since is not None:
             out["_step_s"] += now - since
@@ -137,15 +138,18 @@ class EngineProbe:
                    prefill_tokens=s.prefill_tokens, prompt_tokens=s.prompt_tokens,
                    cached_tokens=s.cached_tokens, generated_tokens=s.generated_tokens,
                    requests=s.requests, shared_prompts=s.shared_prompts,
+                   engine_step_s=s.step_time_s, engine_idle_s=s.idle_time_s,
                    copy_calls=s.copy_calls)
         return out
 
 
-def engine_view(before: dict[str, float], after: dict[str, float], wall: float
-                ) -> dict[str, float]:
-    """One engine thread's seconds over a rollout of wall ``wall``, by part; ``parts_s`` is
-    their sum (``device + host + idle + loop``, each measured on its own)."""
+def engine_view(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    """One engine thread's seconds between two snapshots (``wall_s``: the time between them,
+    the rollout's wall up to two clock reads), by part; ``parts_s`` is the sum of the parts
+    measured on their own (``_step`` calls + idle waits); ``loop_other_s`` the rest
+    (commands, locking)."""
     d = {k: after[k] - before[k] for k in after}
+    wall = d["clock_s"]
     step = d["_step_s"]
     device = d["prefill_device_s"] + d["decode_device_s"]
     out = {
@@ -163,6 +167,9 @@ def engine_view(before: dict[str, float], after: dict[str, float], wall: float
     out["loop_other_s"] = wall - step - d["idle_s"]
     out["parts_s"] = step + d["idle_s"]
     out["cpu_s"] = d["cpu_s"]
+    # the engine's own always-on clocks (EngineStats), to compare with the probe's
+    out["engine_step_s"] = d["engine_step_s"]
+    out["engine_idle_s"] = d["engine_idle_s"]
     for k in ("prefill_calls", "decode_calls", "decode_steps", "decode_slot_steps",
               "prefill_tokens", "prompt_tokens", "cached_tokens", "generated_tokens",
               "requests", "shared_prompts", "copy_calls"):
@@ -287,16 +294,16 @@ async def _rollouts(pool: Any, backend: Any, probes: list[EngineProbe], tasks: l
     """``warmup`` + ``rollouts`` rollouts of ``tasks``; the measured ones' views."""
     runs = []
     for i in range(warmup + rollouts):
-        await backend.flush_cache()  # as a weight sync does
-        before = [p.snapshot() for p in probes]
         turns0 = pool.backend.turns  # the TurnCounter (episodes in worker processes too)
         main_cpu, child_cpu = time.thread_time(), children_cpu_s()
+        await backend.flush_cache()  # as a weight sync does
+        before = [p.snapshot() for p in probes]
         start = _clock()
         trajectories, stats = await pool.collect(
             tasks, samples, horizon, policy_version=i, seed=seed + i)
         wall = _clock() - start
-        main_cpu, child_cpu = time.thread_time() - main_cpu, children_cpu_s() - child_cpu
         after = [p.snapshot() for p in probes]
+        main_cpu, child_cpu = time.thread_time() - main_cpu, children_cpu_s() - child_cpu
         loop = pool.loop_times
         run = {"wall_s": wall, "episodes": stats.episodes, "dropped": stats.dropped,
                "turns": pool.backend.turns - turns0,
@@ -304,7 +311,7 @@ async def _rollouts(pool: Any, backend: Any, probes: list[EngineProbe], tasks: l
                "tokens_per_s": stats.generated_tokens / wall,
                "turns_per_s": (pool.backend.turns - turns0) / wall, "mean_reward": stats.mean_reward,
                "statuses": stats.statuses,
-               "engines": [engine_view(b, a, wall) for b, a in zip(before, after)],
+               "engines": [engine_view(b, a) for b, a in zip(before, after)],
                "episode": episode_view(loop),
                "cpu": {"event_loop_s": main_cpu,
                        "engine_threads_s": sum(p["cpu_s"] - b["cpu_s"]

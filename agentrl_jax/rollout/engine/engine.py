@@ -555,7 +555,9 @@ class Engine(BatchedSamplesBackend):
                 while not self._closed and not self._commands and (
                         self._paused or not (self._incoming or self._waiting or self._slot_seq
                                              or self._prefill_queue or self._fork_ready)):
+                    t0 = time.perf_counter()
                     self._cv.wait()
+                    self.stats.idle_time_s += time.perf_counter() - t0
                 if self._closed:
                     break
                 commands, self._commands = self._commands, []
@@ -568,11 +570,13 @@ class Engine(BatchedSamplesBackend):
                     future.set_exception(e)
             if self._paused:
                 continue
+            t0 = time.perf_counter()
             try:
                 self._step()
             except Exception as e:  # noqa: BLE001 -- never let the engine thread die
                 log.exception("engine step failed")
                 self._recover(e)
+            self.stats.step_time_s += time.perf_counter() - t0
         self._shutdown()
 
     def _step(self) -> None:

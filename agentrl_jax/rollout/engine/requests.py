@@ -69,6 +69,10 @@ class EngineStats:
     decode_steps: int = 0
     decode_time_s: float = 0.0
     decode_slot_steps: int = 0  # sum over steps of active slots
+    # the scheduler thread's wall time: in scheduling steps (prefill / decode calls included)
+    # and idle, waiting for a request or a command (paused time included)
+    step_time_s: float = 0.0
+    idle_time_s: float = 0.0
     copy_calls: int = 0
     shared_prompts: int = 0  # requests that copied an equal prompt's prefill (share_prompts)
     aborted: int = 0
