@@ -7,7 +7,7 @@
 # In parallel, one GPU each: GPU 0 the 1-GPU profile (prompt sharing off / on, same engine);
 # GPU 1 the 1-GPU profile with prefill KV buckets (1024, max_context); GPU 2 the RL step of
 # BASELINE_DIR (a checkout of the code before, with its own benchmarks/rl_step.py; skipped when
-# not given); GPU 3 the RL step of this tree. Then the 4-GPU profile (4 engine replicas, the
+# not given; its imports from BASE_PYTHONPATH, default BASE); GPU 3 the RL step of this tree. Then the 4-GPU profile (4 engine replicas, the
 # same 256 episodes). Logs and JSON go to OUT.
 set -u
 OUT=${1:?usage: loop_profile_gpu.sh OUT [BASELINE_DIR]}
@@ -25,7 +25,7 @@ CUDA_VISIBLE_DEVICES=1 python3 benchmarks/rollout_profile.py --config $CFG --rep
     --label "1 GPU, prefill KV buckets 1024" --json "$OUT/profile_1gpu_kv1024.json" \
     > "$OUT/profile_1gpu_kv1024.log" 2>&1 &
 if [ -n "$BASE" ]; then
-  (cd "$BASE" && CUDA_VISIBLE_DEVICES=2 python3 benchmarks/rl_step.py --config $CFG --steps 4 \
+  (cd "$BASE" && PYTHONPATH=${BASE_PYTHONPATH:-$BASE} CUDA_VISIBLE_DEVICES=2 python3 benchmarks/rl_step.py --config $CFG --steps 4 \
       --variants packed --label "baseline" --json "$OUT/rl_step_baseline.json" \
       > "$OUT/rl_step_baseline.log" 2>&1) &
 fi

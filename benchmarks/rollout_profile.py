@@ -299,7 +299,7 @@ async def _rollouts(pool: Any, backend: Any, probes: list[EngineProbe], tasks: l
         await backend.flush_cache()  # as a weight sync does
         before = [p.snapshot() for p in probes]
         start = _clock()
-        trajectories, stats = await pool.collect(
+        _, stats = await pool.collect(
             tasks, samples, horizon, policy_version=i, seed=seed + i)
         wall = _clock() - start
         after = [p.snapshot() for p in probes]
