@@ -230,9 +230,12 @@ class Registry(Generic[T]):
         try:
             obj: Any = importlib.import_module(module_name)
         except ImportError as error:
-            raise type(error)(
-                f"{self.kind} {key!r} needs module {module_name!r}, which could not be imported: {error}",
-                name=error.name, path=error.path) from error
+            message = f"{self.kind} {key!r} needs module {module_name!r}, which could not be imported: {error}"
+            try:  # keep the class (ModuleNotFoundError) so callers can tell a missing dependency
+                wrapped = type(error)(message, name=error.name, path=error.path)
+            except TypeError:  # a subclass with another signature
+                wrapped = ImportError(message, name=error.name, path=error.path)
+            raise wrapped from error
         for part in attribute.split("."):
             try:
                 obj = getattr(obj, part)

@@ -105,7 +105,7 @@ def main() -> None:
 
     from agentrl_jax.models.pretrained import resolve_model_path
     from agentrl_jax.models.tokenizer import load_tokenizer
-    from environments.launcher import start_env_server
+    from agentrl_common.processes import start_env_server
 
     tokenizer = load_tokenizer(resolve_model_path("smollm2"))
     reply = tokenizer.encode(" turn left", add_special_tokens=False) + [tokenizer.eos_token_id]

@@ -241,7 +241,7 @@ def main(argv: list[str] | None = None) -> dict:
 
     from agentrl_jax.models.pretrained import resolve_model_path
     from agentrl_jax.models.tokenizer import load_tokenizer
-    from environments.launcher import start_env_server
+    from agentrl_common.processes import start_env_server
 
     tokenizer = load_tokenizer(resolve_model_path("smollm2"))
     servers = [start_env_server("babyai") for _ in range(args.env_servers)]

@@ -48,7 +48,7 @@ sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..")
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 
-from agentrl_jax.algorithms.advantages import gae_advantages_raw  # noqa: E402
+from agentrl_jax.algorithms.gae import gae_advantages_raw  # noqa: E402
 from agentrl_jax.algorithms.masked import masked_whiten  # noqa: E402
 from benchmarks.devtime import device_time  # noqa: E402
 

@@ -1,5 +1,5 @@
 """The decode step's GEMMs at batch 256: XLA (default autotuning, cuBLAS only, exhaustive
-tiling search) vs the Pallas skinny matmul (``rollout/skinny_matmul.py``) over a tiling sweep.
+tiling search) vs the Pallas skinny matmul (``benchmarks/skinny_matmul.py``) over a tiling sweep.
 
     python benchmarks/decode_gemm.py --shape smollm2-135m,qwen2.5-1.5b --json out.json  # GPU
     python benchmarks/decode_gemm.py --small                                           # CPU smoke
@@ -113,7 +113,7 @@ def bench_gemm(m: int, k: int, n: int, tilings: list[tuple], args, deadline: flo
     import jax
     import jax.numpy as jnp
 
-    from agentrl_jax.rollout.skinny_matmul import MatmulTiling, skinny_matmul
+    from benchmarks.skinny_matmul import MatmulTiling, skinny_matmul
 
     interpret = args.small
     w_bytes = k * n * 2

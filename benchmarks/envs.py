@@ -1,6 +1,6 @@
 """Environment server throughput and latency over HTTP.
 
-For each family: start its server (``environments.launcher``), then from a SEPARATE load process
+For each family: start its server (``agentrl_common.processes``), then from a SEPARATE load process
 (so the load generator and the server each get their own core) drive N sessions with a realistic
 mix of actions and measure steps/s, p50/p99 step latency and the server's CPU time per step.
 
@@ -36,7 +36,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from environments.core import jsonio  # noqa: E402
-from environments.launcher import start_env_server  # noqa: E402
+from agentrl_common.processes import start_env_server  # noqa: E402
 from environments.registry import family_names, get_family  # noqa: E402
 
 # ----------------------------------------------------------------------------------- action mixes

@@ -124,7 +124,7 @@ def bench_scienceworld(episodes_n: int) -> dict[str, Any]:
 
 async def _http_gold(family: str, episodes, extra_args) -> dict[str, Any]:
     from environments.core.client import EnvClient
-    from environments.launcher import start_env_server
+    from agentrl_common.processes import start_env_server
 
     start = time.perf_counter()
     server = start_env_server(family, extra_args=extra_args)
@@ -185,7 +185,7 @@ def bench_miniwob(episodes_n: int) -> dict[str, Any]:
 
 async def _http_expert(ids: list[str]) -> dict[str, Any]:
     from environments.core.client import EnvClient
-    from environments.launcher import start_env_server
+    from agentrl_common.processes import start_env_server
     from environments.miniwob.catalog import parse_task_id
     from environments.miniwob.expert import MiniWoBExpert
 
@@ -246,7 +246,7 @@ def bench_deepsearch(episodes_n: int) -> dict[str, Any]:
 async def _http_oracle(backend, ids: list[str]) -> dict[str, Any]:
     from environments.core.client import EnvClient
     from environments.deepsearch.expert import DeepSearchOracle
-    from environments.launcher import start_env_server
+    from agentrl_common.processes import start_env_server
 
     start = time.perf_counter()
     server = start_env_server("deepsearch")

@@ -26,7 +26,7 @@ from agentrl_jax.models.pretrained import resolve_model_path
 from agentrl_jax.models.tokenizer import load_tokenizer
 from agentrl_jax.rollout.backends.base import GenerateResult, RolloutBackend, SamplingParams
 from environments.core.client import EnvClient
-from environments.launcher import start_env_server
+from agentrl_common.processes import start_env_server
 
 ACTIONS = ["turn left", "turn right", "move forward", "toggle"]
 

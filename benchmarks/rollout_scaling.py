@@ -80,7 +80,7 @@ def actor_pool_throughput(backend, tokenizer, episodes: int, turns: int, turn_to
     from agentrl_jax.agent.parsing import get_parser
     from agentrl_jax.rollout.backends.base import SamplingParams
     from environments.core.client import EnvClient
-    from environments.launcher import start_env_server
+    from agentrl_common.processes import start_env_server
 
     servers = [start_env_server("babyai") for _ in range(env_servers)]
     try:

@@ -62,6 +62,7 @@ MOVED = {
     "agentrl_jax.rollout.engine": "agentrl_jax.rollout.engine.engine",
     "agentrl_jax.rollout.forward": "agentrl_jax.rollout.engine.forward",
     "agentrl_jax.rollout.chat_template_sandbox": "agentrl_jax.rollout.servers.chat_template_sandbox",
+    "environments.core.httpguard": "agentrl_common.httpguard",
 }
 MOVED_MODULES = re.compile(r"\b(" + "|".join(re.escape(m) for m in MOVED) + r")\b(?!\.)")
 

@@ -34,7 +34,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from environments.core.client import EnvClient, EnvServerError  # noqa: E402
-from environments.launcher import start_env_server  # noqa: E402
+from agentrl_common.processes import start_env_server  # noqa: E402
 
 FD_SLACK = 2  # connections the client's pool may (re)open after the warm-up
 PRIMITIVES = ("turn left", "turn right", "move forward", "move forward", "pickup", "toggle", "drop")

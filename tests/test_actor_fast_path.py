@@ -26,7 +26,7 @@ from agentrl_jax.models.tokenizer import load_tokenizer
 from agentrl_jax.rollout.backends.base import GenerateResult, RolloutBackend, SamplingParams
 from agentrl_jax.training.progress import OFF, EpisodeProgress, TurnCounter
 from environments.core.client import EnvClient, EnvServerError
-from environments.launcher import start_env_server
+from agentrl_common.processes import start_env_server
 
 ACTIONS = ("turn left", "move forward", "turn right", "pickup", "go to red ball 1",
            "dance wildly", "toggle", "go through blue door 1")

@@ -177,7 +177,7 @@ def test_a_launched_server_exits_when_its_launcher_dies():
     import sys
     import time
 
-    code = ("import os\nfrom environments.launcher import start_env_server\n"
+    code = ("import os\nfrom agentrl_common.processes import start_env_server\n"
             "server = start_env_server('babyai')\nprint(server.pid, flush=True)\nos._exit(0)\n")
     repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,

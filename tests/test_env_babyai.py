@@ -14,7 +14,7 @@ from environments.babyai.expert import BabyAIBotExpert
 from environments.babyai.levels import level_names, make_level, parse_task_id
 from environments.babyai.view import DIR_TO_VEC, agent_view
 from environments.core.client import EnvClient, EnvServerError
-from environments.launcher import start_env_server
+from agentrl_common.processes import start_env_server
 
 pytestmark = pytest.mark.timeout(180)
 

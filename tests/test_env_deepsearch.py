@@ -186,7 +186,7 @@ def test_user_corpus_and_qa_files(user_files, tmp_path):
 
 async def test_oracle_through_http(backend):
     from environments.core.client import EnvClient, EnvServerError
-    from environments.launcher import start_env_server
+    from agentrl_common.processes import start_env_server
 
     server = start_env_server("deepsearch")
     try:
@@ -219,7 +219,7 @@ async def test_oracle_through_http(backend):
 
 async def test_user_corpus_through_http(user_files):
     from environments.core.client import EnvClient
-    from environments.launcher import start_env_server
+    from agentrl_common.processes import start_env_server
 
     corpus, _, qa = user_files
     server = start_env_server("deepsearch", extra_args=["--corpus", str(corpus), "--qa", str(qa), "--k", "1"])

@@ -190,7 +190,7 @@ class TestHTTP:
     @pytest.fixture(scope="class")
     def server(self):
         _browser_or_skip()
-        from environments.launcher import start_env_server
+        from agentrl_common.processes import start_env_server
 
         before = chrome_processes()
         server = start_env_server("miniwob")

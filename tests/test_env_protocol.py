@@ -21,7 +21,7 @@ from agentrl_common.registry import UnknownNameError
 from environments.core.base import InvalidTaskError, ResetResult, StepResult, TaskCatalog, TextEnvironment
 from environments.core.client import EnvClient, EnvConnectionError, EnvServerError
 from environments.core.server import build_app
-from environments.launcher import ServerStartError, free_port, start_env_server
+from agentrl_common.processes import ServerStartError, free_port, start_env_server
 from environments.registry import Family, family_names, get_family
 
 pytestmark = pytest.mark.timeout(120)
@@ -400,7 +400,7 @@ def _running(pid: int) -> bool:
 
 
 def test_server_exits_when_the_launching_process_dies_without_stopping_it():
-    code = "from environments.launcher import start_env_server; import time; s = start_env_server('textcraft'); print(s.pid, flush=True); time.sleep(120)"
+    code = "from agentrl_common.processes import start_env_server; import time; s = start_env_server('textcraft'); print(s.pid, flush=True); time.sleep(120)"
     parent = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
     try:
         server_pid = int(parent.stdout.readline())

@@ -282,7 +282,7 @@ class TestInProcess:
 class TestHTTP:
     @pytest.fixture(scope="class")
     def server(self, reference):  # after the reference JVM exists, so it is in `before`
-        from environments.launcher import start_env_server
+        from agentrl_common.processes import start_env_server
 
         before = scienceworld_jvms()
         server = start_env_server("scienceworld", extra_args=["--pool-size", "1"])

@@ -12,7 +12,7 @@ import time
 import pytest
 
 from environments.core.client import EnvClient
-from environments.launcher import start_env_server
+from agentrl_common.processes import start_env_server
 from environments.textcraft.catalog import TextCraftCatalog
 from environments.textcraft.env import TextCraftEnv
 from environments.textcraft.expert import TextCraftExpert

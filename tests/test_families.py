@@ -15,7 +15,7 @@ from agentrl_jax.agent.trajectory import Trajectory
 from agentrl_jax.rollout.backends.base import RolloutError
 from benchmarks.episode_diagnosis import summarise
 from benchmarks.learning_report import episode_value
-from environments.launcher import server_environment
+from agentrl_common.processes import server_environment
 
 
 class _Chars:

@@ -24,7 +24,7 @@ from typing import Any, Callable
 import aiohttp
 import pytest
 
-from environments.launcher import start_env_server
+from agentrl_common.processes import start_env_server
 
 pytestmark = pytest.mark.timeout(180)
 

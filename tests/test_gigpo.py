@@ -314,7 +314,7 @@ async def test_async_actor_pool_anchors_and_advantages_match_lockstep(tokenizer)
     from agentrl_jax.agent.trajectory import anchor_state
     from agentrl_jax.training.batching import assemble_batch
     from environments.babyai.env import BabyAIEnv
-    from environments.launcher import start_env_server
+    from agentrl_common.processes import start_env_server
 
     with start_env_server("babyai") as server:
         from environments.core.client import EnvClient

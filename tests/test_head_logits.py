@@ -1,4 +1,4 @@
-"""The LM-head matmul's custom backward rule (``learner.logprobs.head_logits``) against NumPy
+"""The LM-head matmul's custom backward rule (``models.lm_head.head_logits``) against NumPy
 float64 gradients and against plain autodiff."""
 
 import jax
@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from agentrl_jax.learner.logprobs import head_logits
+from agentrl_jax.models.lm_head import head_logits
 
 
 def _case(vocab_major: bool, seed: int = 0):

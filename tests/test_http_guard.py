@@ -4,7 +4,7 @@ A page the user visits can make the browser send requests to 127.0.0.1, but only
 (``text/plain`` or form bodies, or none) unless the server grants a CORS preflight, and it
 cannot hide where it comes from (``Origin``, ``Sec-Fetch-Site``); a page whose DNS name was
 rebound to 127.0.0.1 sends its own name as ``Host``. Both kinds of server
-(``environments.core.httpguard.request_guard_middleware``) answer state-changing routes on POST
+(``agentrl_common.httpguard.request_guard_middleware``) answer state-changing routes on POST
 only (405), take JSON bodies only (415), refuse a foreign ``Origin`` (403) and a ``Host`` that is
 not one of their names (421), and these tests check that each refused request changed nothing.
 The environment server runs as deployed (a subprocess); the inference server in-process over a
@@ -23,8 +23,8 @@ import aiohttp
 import pytest
 
 from environments.core.client import EnvClient
-from environments.core.httpguard import LOOPBACK_NAMES, allowed_hosts, host_name
-from environments.launcher import start_env_server
+from agentrl_common.httpguard import LOOPBACK_NAMES, allowed_hosts, host_name
+from agentrl_common.processes import start_env_server
 from rollout_helpers import TINY, byte_tokenizer, make_engine, start_server, tiny_model
 
 pytestmark = pytest.mark.timeout(120)
@@ -298,7 +298,7 @@ def test_standalone_server_defaults_are_sized_like_the_trainers_engine():
     from agentrl_jax.models.config import ModelConfig
     from agentrl_jax.rollout.engine.engine import EngineConfig
     from agentrl_jax.rollout.servers.server import engine_config_from_args, parse_args
-    from agentrl_jax.training.services import CPU_KV_RAM_FRACTION, engine_prefill, fit_engine_slots
+    from agentrl_jax.rollout.engine.sizing import CPU_KV_RAM_FRACTION, engine_prefill, fit_engine_slots
 
     smol = ModelConfig(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_layers=30,
                        num_heads=9, num_kv_heads=3, head_dim=64)  # SmolLM2-135M's KV shape, f32

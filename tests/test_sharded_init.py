@@ -100,8 +100,9 @@ def test_the_7b_shape_initialises_abstractly_in_its_sharding():
     """The paper-scale shape: the sharded initialiser's output is laid out so that on 4
     devices each holds a quarter of every big matrix (checked on the compiled function's
     output shardings, nothing allocated), and the parameter count is Qwen2.5-7B's."""
-    from experiments.paper_scale_7b import QWEN25_7B, parameter_count
     from agentrl_jax.models.llama import abstract_model
+    from agentrl_jax.training.memory_estimate import parameter_count
+    from experiments.paper_scale_7b import QWEN25_7B
 
     cfg = ModelConfig(**QWEN25_7B)
     abstract = nnx.state(abstract_model(cfg), nnx.Param)
@@ -119,12 +120,13 @@ def test_the_7b_shape_initialises_abstractly_in_its_sharding():
 
 
 def test_memory_estimate_of_the_7b_step_by_hand():
-    """experiments/paper_scale_7b.memory_estimate against the arithmetic written out: N =
+    """training.memory_estimate of experiments/paper_scale_7b.py against the arithmetic written out: N =
     7,615,616,512 parameters; KV per token 2 x 28 layers x 4 KV heads x 128 x 2 bytes (bf16);
     256 slots over the replicas; 2,048 tokens a slot; the one-GPU replica's merged decode
     weights: 28 layers x (3584 x (q|k|v 36 x 128 + gate|up 2 x 18944) + the q|k|v bias 4608)
     x 2 bytes, live with the KV cache."""
-    from experiments.paper_scale_7b import get_config, memory_estimate
+    from agentrl_jax.training.memory_estimate import memory_estimate
+    from experiments.paper_scale_7b import get_config
 
     def estimate(g: int, **kwargs):  # AdamW on the GPUs (the offloaded 1-GPU case: below)
         c = get_config(num_gpus=g)
@@ -168,7 +170,8 @@ def test_memory_estimate_of_the_7b_step_by_hand():
     # an H200 141GB: 2 and 4 fit
     assert [estimate(g, gpu_memory_gib=140.4)["verdict"] for g in (1, 2, 4)] == [
         "does not fit", "fits", "fits"]
-    assert by_gpus[2] == memory_estimate(2)  # the experiment's own 2-GPU config: no offload
+    # the experiment's own 2-GPU config: no offload
+    assert by_gpus[2] == memory_estimate(2, get_config(num_gpus=2))
     # without the release (as the 4 H100s ran out of memory, 2026-11-27, before the merged
     # weights existed): KV and merged weights live in the update, 57.5 / 77.3 GiB
     from experiments.paper_scale_7b import get_config
@@ -190,7 +193,8 @@ def test_memory_estimate_with_the_optimizer_state_offloaded(monkeypatch):
     (learner.offload_optimizer_state), so 8N bytes leave the GPU and, during the optimiser
     step, twice the moments of the largest leaf (V x D = 152064 x 3584) are assumed on it (its
     copy in and the updated moments: offload.py updates one leaf per jitted call)."""
-    from experiments.paper_scale_7b import get_config, memory_estimate
+    from agentrl_jax.training.memory_estimate import memory_estimate
+    from experiments.paper_scale_7b import get_config
 
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     assert not get_config().learner.offload_optimizer_state  # GPU count unknown: off
@@ -201,7 +205,7 @@ def test_memory_estimate_with_the_optimizer_state_offloaded(monkeypatch):
     assert not get_config(num_gpus=4).learner.offload_optimizer_state
 
     n, gib = 7_615_616_512, 2 ** 30
-    e = memory_estimate(1)
+    e = memory_estimate(1, get_config(num_gpus=1))
     p = e["parts_gib"]
     assert e["offloads_optimizer_state"] and p["adamw"] == 0.0
     assert e["host_adamw_gib"] == pytest.approx(8 * n / gib)
@@ -215,9 +219,31 @@ def test_memory_estimate_with_the_optimizer_state_offloaded(monkeypatch):
     assert round(e["peak_gib"], 1) == 107.6
     # an H100: the rollout's 78.5 GiB cannot be held
     assert e["verdict"] == "does not fit" and "78.5 GiB must be live" in e["reason"]
-    assert memory_estimate(1, gpu_memory_gib=140.4)["verdict"] == "fits"  # an H200
+    assert memory_estimate(1, get_config(num_gpus=1), gpu_memory_gib=140.4)["verdict"] == "fits"
     for g in (2, 4):
-        assert not memory_estimate(g)["offloads_optimizer_state"]
+        assert not memory_estimate(g, get_config(num_gpus=g))["offloads_optimizer_state"]
+
+
+def test_memory_estimate_command_line(tmp_path, capsys):
+    """``python -m agentrl_jax.training.memory_estimate --config FILE``: each GPU count gets the
+    experiment's config for that count (one GPU: offloaded), ``--check`` exits 3 when one does
+    not fit an H100 80GB, and ``--json`` holds the rows printed."""
+    import json
+
+    from agentrl_jax.training.memory_estimate import main, memory_estimate
+    from experiments.paper_scale_7b import get_config
+
+    out = tmp_path / "rows.json"
+    assert main(["--config", "experiments/paper_scale_7b.py", "--gpus", "1,4", "--check",
+                 "--json", str(out)]) == 3
+    rows = json.loads(out.read_text())
+    assert rows == [json.loads(json.dumps(memory_estimate(g, get_config(num_gpus=g))))
+                    for g in (1, 4)]
+    assert [r["offloads_optimizer_state"] for r in rows] == [True, False]
+    assert "| 4 |" in capsys.readouterr().out
+    assert main(["--config", "experiments/paper_scale_7b.py", "--gpus", "4", "--check"]) == 0
+    with pytest.raises(SystemExit, match="no such file"):
+        main(["--config", str(tmp_path / "missing.py"), "--gpus", "4"])
 
 
 def _config(tmp_model_dir: str | None = None, **rollout):

@@ -1,4 +1,4 @@
-"""The Pallas skinny matmul (``rollout/skinny_matmul.py``, a contender of
+"""The Pallas skinny matmul (``benchmarks/skinny_matmul.py``, a contender of
 ``benchmarks/decode_gemm.py``) against a float64 NumPy product, in the Pallas interpreter."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from agentrl_jax.rollout.skinny_matmul import MatmulTiling, skinny_matmul
+from benchmarks.skinny_matmul import MatmulTiling, skinny_matmul
 
 
 @pytest.mark.parametrize("m,k,n,tiling", [

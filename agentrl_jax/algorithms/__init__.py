@@ -5,17 +5,17 @@ losses, KL estimators. Everything is a pure, jit-able JAX function over
 
 from .advantages import (
     ADVANTAGE_ESTIMATORS,
-    GAE_METHODS,
     LOGPROB_INPUTS,
     TURN_INPUTS,
     AdvantageOutput,
     compute_advantages,
-    gae_advantages_raw,
     get_advantage_estimator,
     is_logprob_level,
     is_turn_level,
     register_advantage_estimator,
 )
+from .gae import GAE_METHODS, gae_advantages_raw  # registers "gae"
+from . import outcome  # noqa: F401  (registers grpo, dr_grpo, rloo, reinforce_pp(_baseline))
 from .gigpo import anchor_group_ids, gigpo, turn_returns  # registers "gigpo"
 from .dpo import dpo  # registers "dpo"
 from .kl import (

@@ -239,10 +239,10 @@ def gae_pallas_full(
 
 def gae_pallas(token_rewards: Array, values: Array, loss_mask: Array, *, gamma: float = 1.0, lam: float = 1.0) -> Array:
     """Un-whitened GAE ``A [B, T]`` via the Pallas kernels (same contract as
-    :func:`~agentrl_jax.algorithms.advantages.gae_advantages_raw`). Falls back to the
+    :func:`~agentrl_jax.algorithms.gae.gae_advantages_raw`). Falls back to the
     XLA blocked scan when the kernel's parameter range is not met."""
     if not supported(gamma, lam):
-        from .advantages import gae_advantages_raw
+        from .gae import gae_advantages_raw
 
         method = "blocked" if lam > 0 else "associative"
         return gae_advantages_raw(token_rewards, values, loss_mask, gamma=gamma, lam=lam, method=method)

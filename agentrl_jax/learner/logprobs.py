@@ -30,7 +30,6 @@ fit), so padding is at most ``n - 1`` positions.
 
 from __future__ import annotations
 
-import functools
 from typing import Callable
 
 import jax
@@ -38,6 +37,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from agentrl_jax.models.llama import CausalLM
+from agentrl_jax.models.lm_head import lm_head_f32
 from agentrl_jax.sharding.activations import current_mesh
 
 Array = jax.Array
@@ -136,63 +136,6 @@ def logprobs_from_hidden(hidden: Array, tokens: Array, logits_fn: Callable[[Arra
     return shift_right(lp), (shift_right(ent) if with_entropy else None)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
-def head_logits(h: Array, w: Array, vocab_major: bool) -> Array:
-    """LM-head logits in float32 from compute-dtype operands.
-
-    ``h [..., D]`` and ``w`` (``[V, D]`` if ``vocab_major`` (a tied embedding), else
-    ``[D, V]``) in the compute dtype; returns ``logits [..., V]`` float32 (the matmul
-    accumulates and stores in f32: ``preferred_element_type``).
-
-    Backward: the f32 logits cotangent is rounded to the compute dtype before the two
-    gradient matmuls (``dh = g W``, ``dW = g^T h``, f32 accumulation). Without this rule,
-    autodiff of an f32-output matmul multiplies the f32 cotangent by an f32 upcast of ``W``,
-    i.e. two [tokens x V x D] TF32 GEMMs plus a [V, D] f32 convert per micro-batch chunk (a visible
-    share of a 1.5B step: docs/PERFORMANCE.md). The parameter gradients end in the compute
-    dtype either way (a cotangent has its primal's dtype), so only the rounding point of the
-    logits cotangent moves. In float32 mode this is exactly autodiff's rule.
-    """
-    spec = "...d,vd->...v" if vocab_major else "...d,dv->...v"
-    return jnp.einsum(spec, h, w, preferred_element_type=jnp.float32)
-
-
-def _head_logits_fwd(h, w, vocab_major):
-    return head_logits(h, w, vocab_major), (h, w)
-
-
-def _head_logits_bwd(vocab_major, res, g):
-    h, w = res
-    g = g.astype(h.dtype)
-    if vocab_major:  # w [V, D]
-        dh = jnp.einsum("...v,vd->...d", g, w, preferred_element_type=jnp.float32)
-        dw = jnp.einsum("...v,...d->vd", g, h, preferred_element_type=jnp.float32)
-    else:  # w [D, V]
-        dh = jnp.einsum("...v,dv->...d", g, w, preferred_element_type=jnp.float32)
-        dw = jnp.einsum("...d,...v->dv", h, g, preferred_element_type=jnp.float32)
-    return dh.astype(h.dtype), dw.astype(w.dtype)
-
-
-head_logits.defvjp(_head_logits_fwd, _head_logits_bwd)
-
-
-def lm_head_f32(model: CausalLM) -> Callable[[Array], Array]:
-    """``hidden [..., D] -> logits [..., V]`` float32, like ``model.logits`` but with the head
-    matmul's result kept in float32 (``preferred_element_type``) instead of being rounded to
-    the bf16 compute dtype first: bf16 logits carry ~3 significant digits (a logit of 20 is
-    +-0.06), which is visible in PPO ratios. Operands stay in the compute dtype, so the matmul
-    (and, through :func:`head_logits`' backward rule, its gradient matmuls) run at bf16 speed;
-    in float32 mode this equals ``model.logits``."""
-    cfg = model.cfg
-    dtype = jnp.dtype(cfg.dtype)
-
-    def fn(h: Array) -> Array:
-        h = h.astype(dtype)
-        if cfg.tie_word_embeddings:
-            return head_logits(h, model.embed.embedding[...].astype(dtype), True)
-        return head_logits(h, model.lm_head.kernel[...].astype(dtype), False)
-    return fn
-
-
 def model_hidden(model: CausalLM, tokens: Array, attention_mask: Array | None,
                  use_attention_mask: bool, *, positions: Array | None = None,
                  segment_ids: Array | None = None) -> Array:
@@ -233,6 +176,6 @@ def token_logprobs(graphdef: nnx.GraphDef, params: nnx.State, tokens: Array,
                                 vocab_size=model.cfg.vocab_size)
 
 
-__all__ = ["logprobs_from_hidden", "token_logprobs", "model_hidden", "lm_head_f32", "head_logits",
+__all__ = ["logprobs_from_hidden", "token_logprobs", "model_hidden",
            "shift_right", "next_token_targets", "chunk_length", "default_chunk_bytes",
            "CPU_CHUNK_BYTES"]

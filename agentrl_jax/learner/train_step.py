@@ -38,9 +38,10 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 from agentrl_jax.algorithms import actor_loss, is_supervised, value_loss
 from agentrl_jax.algorithms.masked import as_mask
 from agentrl_jax.learner.config import LearnerConfig
-from agentrl_jax.learner.logprobs import lm_head_f32, logprobs_from_hidden, model_hidden
+from agentrl_jax.learner.logprobs import logprobs_from_hidden, model_hidden
 from agentrl_jax.learner.offload import LeafwiseUpdate
 from agentrl_jax.learner.optim import optimizer_parts
+from agentrl_jax.models.lm_head import lm_head_f32
 from agentrl_jax.sharding.activations import activation_mesh
 from agentrl_jax.sharding.rules import BATCH_AXES
 

@@ -6,6 +6,11 @@ One dataclass covers every supported architecture; the differences are flags:
 * Qwen3: ``qk_norm=True`` (RMSNorm over head_dim on q and k before RoPE), explicit ``head_dim``.
 * Llama 3.x: ``rope_scaling={"rope_type": "llama3", ...}``.
 * SmolLM2 / Llama 2 / Mistral: plain Llama.
+
+Each supported HF ``model_type`` is a ``ModelFamily`` in ``MODEL_FAMILIES`` (an
+``agentrl_common.registry.Registry``): the flags it forces, its HF architecture name, the
+``config.json`` keys it writes and whether llama.cpp permutes its Q/K rows. A decoder that these
+flags describe is supported by registering one more ``ModelFamily`` (docs/EXTENDING.md).
 """
 
 from __future__ import annotations
@@ -15,13 +20,61 @@ import json
 import os
 from typing import Any
 
-SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
+from agentrl_common.registry import Registry, did_you_mean
+
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
 ATTENTION_IMPLS = (None, "chunked", "xla", "cudnn", "pallas")
 
 
 class UnsupportedModelError(ValueError):
     """A checkpoint whose architecture or options this implementation does not cover."""
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelFamily:
+    """What distinguishes one HF ``model_type`` of the Llama-like decoder.
+
+    hf_architecture: the ``architectures`` entry of its ``config.json`` (``"LlamaForCausalLM"``).
+    qkv_bias: ``True``: q/k/v projections always have a bias (Qwen2, whose config.json has no
+      ``attention_bias`` key); ``None``: read ``attention_bias`` from the config.
+    qk_norm: RMSNorm over head_dim on q and k before RoPE (Qwen3).
+    gguf_permuted_qk: llama.cpp's converter permutes this architecture's Q/K rows (undone on load).
+    hf_attention_bias_key: ``to_hf_dict`` writes ``attention_bias``.
+    hf_extra: constant keys ``to_hf_dict`` adds (``(("mlp_bias", False),)``).
+    """
+
+    hf_architecture: str
+    qkv_bias: bool | None = None
+    qk_norm: bool = False
+    gguf_permuted_qk: bool = False
+    hf_attention_bias_key: bool = True
+    hf_extra: tuple[tuple[str, Any], ...] = ()
+
+
+_NO_SLIDING_WINDOW = (("sliding_window", None), ("use_sliding_window", False))
+
+#: HF ``model_type`` -> ``ModelFamily`` (also GGUF ``general.architecture``)
+MODEL_FAMILIES: Registry[ModelFamily] = Registry("model type", expected=ModelFamily)
+MODEL_FAMILIES.register("llama", ModelFamily("LlamaForCausalLM", gguf_permuted_qk=True,
+                                             hf_extra=(("mlp_bias", False),)))
+MODEL_FAMILIES.register("mistral", ModelFamily("MistralForCausalLM", gguf_permuted_qk=True,
+                                               hf_extra=(("mlp_bias", False), *_NO_SLIDING_WINDOW)))
+MODEL_FAMILIES.register("qwen2", ModelFamily("Qwen2ForCausalLM", qkv_bias=True,
+                                             hf_attention_bias_key=False,
+                                             hf_extra=_NO_SLIDING_WINDOW))
+MODEL_FAMILIES.register("qwen3", ModelFamily("Qwen3ForCausalLM", qk_norm=True,
+                                             hf_extra=_NO_SLIDING_WINDOW))
+
+
+def model_family(model_type: Any, where: str = "model_type") -> ModelFamily:
+    """The registered family of ``model_type``; ``UnsupportedModelError`` (one line, the supported
+    types and a did-you-mean) otherwise. ``where`` starts the message."""
+    if isinstance(model_type, str) and model_type in MODEL_FAMILIES:
+        return MODEL_FAMILIES.get(model_type)
+    known = MODEL_FAMILIES.names()
+    hint = did_you_mean(model_type, known) if isinstance(model_type, str) else ""
+    raise UnsupportedModelError(
+        f"{where} {model_type!r} is not supported (supported: {', '.join(known)}){hint}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -79,9 +132,7 @@ class ModelConfig:
     remat_impl: str | None = None
 
     def __post_init__(self) -> None:
-        if self.model_type not in SUPPORTED_MODEL_TYPES:
-            raise UnsupportedModelError(
-                f"model_type {self.model_type!r} is not supported (supported: {SUPPORTED_MODEL_TYPES})")
+        model_family(self.model_type)
         if self.num_heads % self.num_kv_heads:
             raise UnsupportedModelError(
                 f"num_heads={self.num_heads} is not a multiple of num_kv_heads={self.num_kv_heads}")
@@ -133,9 +184,7 @@ class ModelConfig:
         if model_type is None:
             archs = hf.get("architectures") or []
             raise UnsupportedModelError(f"config has no model_type (architectures={archs})")
-        if model_type not in SUPPORTED_MODEL_TYPES:
-            raise UnsupportedModelError(
-                f"model_type {model_type!r} is not supported (supported: {SUPPORTED_MODEL_TYPES})")
+        family = model_family(model_type)
         for key in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
                     "num_attention_heads"):
             if key not in hf:
@@ -155,10 +204,8 @@ class ModelConfig:
             rope_scaling.pop("rope_theta", None)
             if rope_scaling.get("rope_type") == "default":
                 rope_scaling = None
-        if model_type == "qwen2":
-            attention_bias = True
-        else:
-            attention_bias = bool(hf.get("attention_bias", False))
+        attention_bias = (family.qkv_bias if family.qkv_bias is not None
+                          else bool(hf.get("attention_bias", False)))
         eos = hf.get("eos_token_id")
         if isinstance(eos, list):
             eos = tuple(eos)
@@ -176,7 +223,7 @@ class ModelConfig:
             rms_norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
             tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
             attention_bias=attention_bias,
-            qk_norm=model_type == "qwen3",
+            qk_norm=family.qk_norm,
             max_position_embeddings=int(hf.get("max_position_embeddings", 4096)),
             bos_token_id=hf.get("bos_token_id"),
             eos_token_id=eos,
@@ -200,10 +247,9 @@ class ModelConfig:
 
     def to_hf_dict(self) -> dict[str, Any]:
         """A HF ``config.json`` dictionary that transformers and SGLang load."""
-        arch = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
-                "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}[self.model_type]
+        family = model_family(self.model_type)
         hf: dict[str, Any] = {
-            "architectures": [arch],
+            "architectures": [family.hf_architecture],
             "model_type": self.model_type,
             "vocab_size": self.vocab_size,
             "hidden_size": self.hidden_size,
@@ -226,12 +272,7 @@ class ModelConfig:
             "attention_dropout": 0.0,
             "use_cache": True,
         }
-        if self.model_type in ("llama", "mistral"):
+        if family.hf_attention_bias_key:
             hf["attention_bias"] = self.attention_bias
-            hf["mlp_bias"] = False
-        if self.model_type == "qwen3":
-            hf["attention_bias"] = self.attention_bias
-        if self.model_type in ("qwen2", "qwen3", "mistral"):
-            hf["sliding_window"] = None
-            hf["use_sliding_window"] = False
+        hf.update(family.hf_extra)
         return hf

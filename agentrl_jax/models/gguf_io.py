@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from agentrl_jax.models.config import ModelConfig, UnsupportedModelError
+from agentrl_jax.models.config import ModelConfig, UnsupportedModelError, model_family
 from agentrl_jax.models.llama import CausalLM
 from agentrl_jax.models.weights import CheckpointError, ShardingFn, build_model
 
@@ -37,7 +37,6 @@ _BLOCK_NAMES = {
     "ffn_down": "mlp.down_proj",
 }
 _BLOCK_RE = re.compile(r"^blk\.(\d+)\.([a-z_]+)\.(weight|bias)$")
-_PERMUTED_ARCHS = ("llama", "mistral")
 
 
 def gguf_to_hf_name(name: str) -> str | None:
@@ -72,8 +71,7 @@ def field_value(reader, key: str, default: Any = None) -> Any:
 def gguf_config(reader, path: str, **overrides: Any) -> ModelConfig:
     """A ``ModelConfig`` from GGUF metadata (``general.architecture`` and ``<arch>.*`` keys)."""
     arch = field_value(reader, "general.architecture")
-    if arch not in ("llama", "mistral", "qwen2", "qwen3"):
-        raise UnsupportedModelError(f"{path}: GGUF architecture {arch!r} is not supported")
+    family = model_family(arch, where=f"{path}: GGUF architecture")
     names = {t.name for t in reader.tensors}
     if "rope_freqs.weight" in names:
         raise UnsupportedModelError(
@@ -105,8 +103,8 @@ def gguf_config(reader, path: str, **overrides: Any) -> ModelConfig:
         rms_norm_eps=float(field_value(reader, f"{arch}.attention.layer_norm_rms_epsilon", 1e-6)),
         max_position_embeddings=int(field_value(reader, f"{arch}.context_length", 4096)),
         tie_word_embeddings="output.weight" not in names,
-        attention_bias=arch == "qwen2",
-        qk_norm=arch == "qwen3",
+        attention_bias=bool(family.qkv_bias),
+        qk_norm=family.qk_norm,
         bos_token_id=field_value(reader, "tokenizer.ggml.bos_token_id"),
         eos_token_id=field_value(reader, "tokenizer.ggml.eos_token_id"),
         pad_token_id=field_value(reader, "tokenizer.ggml.padding_token_id"),
@@ -140,7 +138,7 @@ def load_gguf_model(path: str, sharding_fn: ShardingFn | None = None,
         hf = gguf_to_hf_name(tensor.name)
         if hf is not None:
             by_hf_name[hf] = tensor
-    permute = cfg.model_type in _PERMUTED_ARCHS
+    permute = model_family(cfg.model_type).gguf_permuted_qk
 
     def get_tensor(name: str) -> np.ndarray:
         tensor = by_hf_name[name]

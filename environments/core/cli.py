@@ -17,7 +17,7 @@ import sys
 from typing import Sequence
 
 from environments.core import jsonio
-from environments.core.httpguard import (DEFAULT_MAX_CONNECTIONS, DEFAULT_READ_TIMEOUT_S, Limits, fit_connection_limit,
+from agentrl_common.httpguard import (DEFAULT_MAX_CONNECTIONS, DEFAULT_READ_TIMEOUT_S, Limits, fit_connection_limit,
                                          freeze_startup_objects, require_key_off_loopback, run_app)
 from environments.core.server import DEFAULT_MAX_BODY, build_app
 

@@ -40,7 +40,7 @@ from typing import Any, Callable, Sequence, TypeVar
 from aiohttp import web
 
 from environments.core import jsonio
-from environments.core.httpguard import (DEFAULT_READ_TIMEOUT_S, GuardError, Limits, allowed_hosts as hosts_for,
+from agentrl_common.httpguard import (DEFAULT_READ_TIMEOUT_S, GuardError, Limits, allowed_hosts as hosts_for,
                                          api_key_middleware, exit_with_parent, read_body, request_guard_middleware)
 from environments.core.base import (MAX_LISTED_ACTIONS, InvalidTaskError, ResetResult, StepResult, TaskCatalog,
                                     action_list_text)

@@ -4,7 +4,8 @@ Every backend turns token ids into token ids. The RL actor pool calls ``generate
 with the full token history of an episode and ``session_id=<episode id>``, so a backend with a
 prefix cache (our engine's session slots, SGLang's radix cache) only prefills the new suffix.
 
-Backends are chosen by name through a registry::
+Backends are chosen by name through the registry ``ROLLOUT_BACKENDS`` (adding one: a class with
+``from_config`` / ``from_run`` and one ``register_backend`` line, docs/EXTENDING.md)::
 
     backend = create_backend("embedded", model="smollm2", max_batch=32, max_length=4096)
     backend = create_backend("sglang", urls=["http://127.0.0.1:30000"])
@@ -24,9 +25,9 @@ from __future__ import annotations
 import abc
 import asyncio
 import dataclasses
-import importlib
-from typing import Any, Callable, Mapping, Protocol, Sequence
+from typing import Any, ClassVar, Mapping, Protocol, Sequence
 
+from agentrl_common.registry import Registry
 from agentrl_jax.rollout import sampling_limits as limits
 
 FINISH_REASONS = ("stop", "length", "abort")
@@ -198,6 +199,22 @@ class RolloutBackend(abc.ABC):
     """Async interface of a rollout backend (embedded engine, SGLang servers, ...)."""
 
     name: str = "base"
+    #: ``make_backend`` builds an ``EngineConfig`` and device groups for it (``BackendBuild``):
+    #: a JAX engine on this job's devices; False: it reaches servers at ``rollout.urls``
+    uses_local_engine: ClassVar[bool] = False
+
+    @classmethod
+    def from_config(cls, **options: Any) -> "RolloutBackend":
+        """Registry factory of :func:`create_backend`: the backend built from keyword options.
+        Default: ``cls(**options)``."""
+        return cls(**options)
+
+    @classmethod
+    def from_run(cls, build: BackendBuild) -> "RolloutBackend":
+        """Registry factory of the training job (``training/services.make_backend``): the
+        backend for this run's policy, engine config / devices or server URLs."""
+        raise NotImplementedError(f"{cls.__name__} cannot be built for a training run "
+                                  "(it defines no from_run)")
     #: servers this run did not start: every process of a multi-process run shares them (one
     #: export, loaded by the main process), and they keep the weights loaded last when the
     #: trainer restarts
@@ -296,47 +313,64 @@ class BatchedSamplesBackend(RolloutBackend):
 
 
 # ------------------------------------------------------------------------------------ registry
-_REGISTRY: dict[str, Callable[..., RolloutBackend] | str] = {
-    "embedded": "agentrl_jax.rollout.engine.engine:EmbeddedBackend.from_config",
-    "sglang": "agentrl_jax.rollout.backends.sglang:SGLangBackend.from_config",
-    "engine_servers": "agentrl_jax.rollout.backends.engine_servers:EngineServers.from_config",
-}
+@dataclasses.dataclass(frozen=True)
+class BackendBuild:
+    """What the training job hands a backend's ``from_run`` (``training/services.make_backend``).
+
+    model: the policy (a ``CausalLM``). tokenizer: its tokenizer. model_path: where it was
+    loaded from (None: built in memory). urls: server URLs (``rollout.urls``). api_key:
+    ``rollout.api_key`` (None: the backend's default). engine_config: the ``EngineConfig`` of each
+    local engine replica and device_groups: one tuple of ``jax.Device`` per replica -- both set
+    only for backends with ``uses_local_engine``.
+    """
+
+    model: Any
+    tokenizer: Any = None
+    model_path: str | None = None
+    urls: tuple[str, ...] = ()
+    api_key: str | None = None
+    engine_config: Any = None
+    device_groups: tuple[tuple[Any, ...], ...] = ()
 
 
-def register_backend(name: str, factory: Callable[..., RolloutBackend] | str) -> None:
-    """Register ``factory(**config) -> RolloutBackend`` (or a ``"module:attr.path"`` string,
-    imported on first use) under ``name``."""
-    _REGISTRY[name] = factory
+#: backend name -> a class with ``from_config(**options)`` (:func:`create_backend`),
+#: ``from_run(BackendBuild)`` (the training job) and ``uses_local_engine``
+#: (``RolloutBackend`` gives the defaults). Lazy entries import their module on first use, so
+#: listing the names (config validation) imports neither JAX nor aiohttp.
+ROLLOUT_BACKENDS: Registry[Any] = Registry("rollout backend", expected=type)
+ROLLOUT_BACKENDS.register_lazy("embedded", "agentrl_jax.rollout.backends.embedded:EmbeddedEngines")
+ROLLOUT_BACKENDS.register_lazy("engine_servers",
+                               "agentrl_jax.rollout.backends.engine_servers:EngineServers")
+ROLLOUT_BACKENDS.register_lazy("sglang", "agentrl_jax.rollout.backends.sglang:SGLangBackend")
+
+
+def register_backend(name: str, backend: type | str, *, replace: bool = False) -> None:
+    """Register a backend class under ``name`` (or its ``"package.module:Class"`` path, imported
+    on first use); ``DuplicateNameError`` for a taken name unless ``replace``."""
+    if isinstance(backend, str):
+        ROLLOUT_BACKENDS.register_lazy(name, backend, replace=replace)
+    else:
+        ROLLOUT_BACKENDS.register(name, backend, replace=replace)
 
 
 def available_backends() -> list[str]:
-    return sorted(_REGISTRY)
-
-
-def _resolve(factory: Callable[..., RolloutBackend] | str) -> Callable[..., RolloutBackend]:
-    if callable(factory):
-        return factory
-    module_name, _, attr_path = factory.partition(":")
-    obj: Any = importlib.import_module(module_name)
-    for part in attr_path.split("."):
-        obj = getattr(obj, part)
-    return obj
+    """The registered backend names, sorted (imports no backend module)."""
+    return ROLLOUT_BACKENDS.names()
 
 
 def create_backend(name_or_config: str | dict[str, Any], **config: Any) -> RolloutBackend:
-    """Build a backend by registry name (``embedded``, ``engine_servers``, ``sglang``) or from a config dict whose
-    ``name`` (or ``backend``) key selects it; remaining keys go to the factory."""
+    """Build a backend by registry name (``embedded``, ``engine_servers``, ``sglang``) or from a
+    config dict whose ``name`` (or ``backend``) key selects it; remaining keys go to its
+    ``from_config``. An unknown name raises ``UnknownNameError`` (a ``ValueError``)."""
     if isinstance(name_or_config, dict):
         config = {**name_or_config, **config}
         name = config.pop("name", None) or config.pop("backend", None)
         if name is None:
             raise ValueError("backend config needs a 'name' key "
-                             f"(one of {available_backends()})")
+                             f"(one of {', '.join(available_backends())})")
     else:
         name = name_or_config
-    if name not in _REGISTRY:
-        raise ValueError(f"unknown rollout backend {name!r} (available: {available_backends()})")
-    return _resolve(_REGISTRY[name])(**config)
+    return ROLLOUT_BACKENDS.get(name).from_config(**config)
 
 
 def check_input_ids(input_ids: Sequence[Any], vocab_size: int | None, max_length: int | None

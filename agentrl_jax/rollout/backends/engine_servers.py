@@ -37,6 +37,7 @@ import shutil
 import tempfile
 from typing import Any, Sequence
 
+from agentrl_jax.rollout.backends.base import BackendBuild
 from agentrl_jax.rollout.engine.engine_config import EngineConfig
 from agentrl_jax.rollout.backends.sglang import SGLangBackend
 
@@ -113,12 +114,13 @@ class EngineServers(SGLangBackend):
     external_servers = False  # started by (and belonging to) this process
 
     name = "engine_servers"
+    uses_local_engine = True
 
     def __init__(self, model: Any, config: EngineConfig, groups: Sequence[Sequence[int]],
                  platform: str, *, tokenizer: Any = None, mem_fraction: float | None = None,
                  startup_timeout: float = 900.0, **kwargs: Any):
         from agentrl_jax.models.safetensors_io import save_hf_directory
-        from environments.launcher import start_env_server
+        from agentrl_common.processes import start_env_server
 
         if not groups:
             raise ValueError("EngineServers needs at least one device group")
@@ -179,6 +181,17 @@ class EngineServers(SGLangBackend):
         devices = jax.local_devices()
         groups = groups if groups is not None else [[i] for i in range(len(devices))]
         return cls(model, config, groups, devices[0].platform, tokenizer=tokenizer, **kwargs)
+
+    @classmethod
+    def from_run(cls, build: BackendBuild) -> "EngineServers":
+        """One server per device group of the run (``build.device_groups``), each an engine of
+        ``build.engine_config``."""
+        import jax
+
+        local = jax.local_devices()  # a server's devices: positions in this list
+        groups = [[local.index(d) for d in g] for g in build.device_groups]
+        return cls(build.model, build.engine_config, groups, build.device_groups[0][0].platform,
+                   tokenizer=build.tokenizer, api_key=build.api_key)
 
     @property
     def num_replicas(self) -> int:

@@ -38,9 +38,9 @@ from typing import Any
 
 import aiohttp
 
-from agentrl_jax.rollout.backends.base import (BackendUnavailableError, GenerateResult, InvalidRequestError,
-                                      OverloadedError, BatchedSamplesBackend, RolloutError,
-                                      SamplingParams)
+from agentrl_jax.rollout.backends.base import (BackendBuild, BackendUnavailableError, GenerateResult,
+                                      InvalidRequestError, OverloadedError, BatchedSamplesBackend,
+                                      RolloutError, SamplingParams)
 
 log = logging.getLogger(__name__)
 
@@ -136,6 +136,14 @@ class SGLangBackend(BatchedSamplesBackend):
         if not urls:
             raise ValueError("sglang backend needs 'urls' (or 'launch')")
         return cls(urls, launched=launched, **kwargs)
+
+    @classmethod
+    def from_run(cls, build: BackendBuild) -> "SGLangBackend":
+        """A client of the run's servers (``rollout.urls``; ``rollout.api_key`` or
+        ``$AGENTRL_ROLLOUT_API_KEY`` for servers started with ``--api-key``)."""
+        if not build.urls:
+            raise ValueError("rollout.backend='sglang' needs rollout.urls (comma-separated)")
+        return cls.from_config(urls=list(build.urls), api_key=build.api_key)
 
     def client_spec(self) -> dict[str, Any]:
         """Keyword arguments for an ``SGLangBackend`` that reaches the same servers the same

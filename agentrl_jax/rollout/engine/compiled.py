@@ -14,7 +14,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from agentrl_jax.learner.logprobs import lm_head_f32
+from agentrl_jax.models.lm_head import lm_head_f32
 from agentrl_jax.rollout.engine.forward import (DECODE_GEMM, DENSE, HEAD_MAJOR, forward, map_cache,
                                          merge_projections)
 from agentrl_jax.rollout.engine.sampling import sample_tokens

@@ -140,14 +140,6 @@ def sample_tokens(logits: jax.Array, temperature: jax.Array, top_k: jax.Array, t
     return tokens, logprob, logprob_raw
 
 
-def derive_seed(*parts: int) -> int:
-    """A 63-bit seed from a tuple of non-negative integers (``numpy.random.SeedSequence``
-    hashing): distinct tuples give unrelated seeds, the same tuple the same seed. Used to give
-    every (run seed, task group, sample, turn) its own random stream."""
-    words = np.random.SeedSequence([int(p) for p in parts]).generate_state(2, np.uint32)
-    return ((int(words[0]) << 32) | int(words[1])) & ((1 << 63) - 1)
-
-
 def seed_to_key(seed: int) -> tuple[int, int]:
     """The raw threefry key ``jax.random.PRNGKey(seed)`` as two uint32 words (host-side)."""
     seed &= (1 << 64) - 1
@@ -155,4 +147,4 @@ def seed_to_key(seed: int) -> tuple[int, int]:
 
 
 __all__ = ["sample_tokens", "logsumexp_and_argmax", "logsumexp_and_argmax_separate",
-           "sampling_mode", "seed_to_key", "derive_seed", "GREEDY", "SAMPLE", "SAMPLE_FILTERED"]
+           "sampling_mode", "seed_to_key", "GREEDY", "SAMPLE", "SAMPLE_FILTERED"]

@@ -14,7 +14,7 @@ Every malformed request gets a 4xx JSON ``{"error": {"message", "type", "code"}}
 admission queue gets 503 with ``Retry-After``. Request bodies are declared pydantic models
 (``api_models.py``); their validation errors are 400s naming the failing fields.
 
-Limits (``environments.core.httpguard``): an optional API key (``--api-key``, as SGLang's:
+Limits (``agentrl_common.httpguard``): an optional API key (``--api-key``, as SGLang's:
 ``Authorization: Bearer <key>`` on every route but ``/health*``; required to bind a
 non-loopback address), a body size limit (413), read timeouts for headers and bodies (408), a
 connection limit (503), weight loading confined to ``--weights-dir`` directories, and client
@@ -27,7 +27,7 @@ only (415), a foreign ``Origin`` is 403, and on loopback (or with ``--allowed-ho
 that is not one of the server's names is 421 (DNS rebinding).
 
 Engine defaults follow the backend as the trainer's engine does
-(``training.services.fit_engine_slots`` and ``engine_prefill``): on CPU at most as many slots
+(``rollout.engine.sizing``: ``fit_engine_slots`` and ``engine_prefill``): on CPU at most as many slots
 as fit a sixth of host RAM, and one-sequence prefill calls; see ``engine_config_from_args``.
 """
 
@@ -58,13 +58,14 @@ from agentrl_jax.rollout.backends.base import (BackendUnavailableError, Generate
 from agentrl_jax.rollout.servers.chat_template_sandbox import TemplateBusy, TemplateError, TemplateSandbox
 from agentrl_jax.rollout.engine.engine import Engine, EngineConfig
 from agentrl_jax.rollout.engine.engine_config import DECODE_ATTENTION, parse_prefill_kv_buckets
+from agentrl_jax.rollout.engine.sizing import engine_prefill, fit_engine_slots
 from agentrl_jax.rollout.engine.forward import DECODE_GEMM
-from environments.core.httpguard import (DEFAULT_MAX_CONNECTIONS, DEFAULT_READ_TIMEOUT_S, GuardedSite,
+from agentrl_common.httpguard import (DEFAULT_MAX_CONNECTIONS, DEFAULT_READ_TIMEOUT_S, GuardedSite,
                                          GuardError, Limits, api_key_middleware,
                                          fit_connection_limit, freeze_startup_objects,
                                          read_body,
                                          exit_with_parent, require_key_off_loopback, run_app)
-from environments.core.httpguard import allowed_hosts as hosts_for, request_guard_middleware
+from agentrl_common.httpguard import allowed_hosts as hosts_for, request_guard_middleware
 
 try:  # orjson: faster, and it rejects lone surrogates (``"\ud800"``) while parsing
     import orjson as _orjson
@@ -834,11 +835,9 @@ def engine_config_from_args(args: argparse.Namespace, model_config: Any,
     """The engine configuration of ``args`` for a model of ``model_config`` on ``platform``
     (``"cpu"``, ``"gpu"``...), sized as the trainer sizes its engine: ``--max-batch`` slots at
     most, fewer on CPU where their KV cache would take more than a sixth of host RAM
-    (``training.services.fit_engine_slots``), and the prefill settings not given on the
-    command line from ``training.services.engine_prefill`` (on CPU one sequence per call over
+    (``rollout.engine.sizing.fit_engine_slots``), and the prefill settings not given on the
+    command line from ``rollout.engine.sizing.engine_prefill`` (on CPU one sequence per call over
     small chunks), else ``EngineConfig``'s."""
-    from agentrl_jax.training.services import engine_prefill, fit_engine_slots
-
     sized = engine_prefill(platform)
     chunks = (tuple(int(x) for x in args.prefill_chunks.split(","))
               if args.prefill_chunks is not None

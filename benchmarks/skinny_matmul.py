@@ -4,8 +4,8 @@ At decode, ``M`` is the engine's batch (256 slots) and ``w`` a projection's weig
 GEMM is on the edge of memory-bound: each weight byte should be read from HBM once, by as many
 programs as keep every SM busy. XLA's autotuner picks from a fixed set of tilings and, at
 ``M = 256``, its choice for Qwen2.5-1.5B's merged gate/up projection runs at ~40% of the
-bandwidth roofline (docs/PERFORMANCE.md). This kernel exposes the tiling so
-``benchmarks/decode_gemm.py`` can sweep it against XLA and cuBLAS on the same shapes. The engine
+bandwidth roofline (docs/PERFORMANCE.md). This kernel (a benchmark
+contender, not part of the library) exposes the tiling so ``benchmarks/decode_gemm.py`` can sweep it against XLA and cuBLAS on the same shapes. The engine
 does not use it: cuBLAS beat it on every decode GEMM but SmolLM2's gate/up
 (docs/PERFORMANCE.md, "Decode GEMMs"), so the engine's default is cuBLAS on merged weights.
 

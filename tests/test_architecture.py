@@ -1,0 +1,185 @@
+"""The floors of docs/ARCHITECTURE.md, checked on the source: every module is parsed with ``ast``
+and its imports (module level and inside functions; ``from . import x`` resolved) are compared
+with what its floor may import. Also: no module in ``agentrl_jax/`` is over the line limit.
+
+Nothing is imported or run, so this is fast and sees lazy imports too."""
+
+from __future__ import annotations
+
+import ast
+import pathlib
+from dataclasses import dataclass
+
+import pytest
+
+REPO = pathlib.Path(__file__).resolve().parent.parent
+LIBRARY = ("agentrl_common", "agentrl_jax", "environments")
+TOP = ("launch", "benchmarks", "experiments", "notebooks")
+MAX_LINES = 500
+
+
+@dataclass(frozen=True)
+class Import:
+    module: str  # the importing module, dotted
+    target: str  # the imported module, dotted (for ``from m import a``: ``m.a`` and ``m``)
+    line: int
+    top_level: bool  # executed when the module is imported (not inside a function)
+
+    def where(self) -> str:
+        return f"{self.module}:{self.line} imports {self.target}"
+
+
+def _module_name(path: pathlib.Path) -> str:
+    parts = list(path.relative_to(REPO).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _imports(path: pathlib.Path, name: str | None = None) -> list[Import]:
+    """Every import statement of the file ``path`` (module ``name``, default from its path)."""
+    name = name or _module_name(path)
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    tree = ast.parse(path.read_text(), filename=str(path))
+    # nodes inside function bodies are not top-level even under a module-level if / try
+    in_function = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            for sub in ast.walk(node):
+                if sub is not node:
+                    in_function.add(id(sub))
+    found = []
+    for node in ast.walk(tree):
+        top = id(node) not in in_function
+        if isinstance(node, ast.Import):
+            found += [Import(name, a.name, node.lineno, top) for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")
+                base = base[:len(base) - (node.level - 1)] if node.level > 1 else base
+                module = ".".join(base + ([node.module] if node.module else []))
+            else:
+                module = node.module or ""
+            found.append(Import(name, module, node.lineno, top))
+            found += [Import(name, f"{module}.{a.name}", node.lineno, top) for a in node.names
+                      if a.name != "*"]
+    return found
+
+
+def _files(*roots: str) -> list[pathlib.Path]:
+    out = []
+    for root in roots:
+        base = REPO / root
+        out += sorted(p for p in base.rglob("*.py") if "__pycache__" not in p.parts)
+    return out
+
+
+ALL = {p: _imports(p) for p in _files(*LIBRARY)}
+
+
+def _within(target: str, package: str) -> bool:
+    return target == package or target.startswith(package + ".")
+
+
+def _violations(importer: str, forbidden: tuple[str, ...], *, top_level_only: bool = False,
+                allowed: tuple[str, ...] = ()) -> list[str]:
+    """Imports made by modules under ``importer`` of anything under ``forbidden`` (except
+    under ``allowed``)."""
+    bad = []
+    for imports in ALL.values():
+        for imp in imports:
+            if not _within(imp.module, importer) or (top_level_only and not imp.top_level):
+                continue
+            if any(_within(imp.target, f) for f in forbidden) and not any(
+                    _within(imp.target, a) for a in allowed):
+                bad.append(imp.where())
+    return sorted(set(bad))
+
+
+RULES = {
+    "agentrl_common imports neither agentrl_jax, environments nor jax":
+        ("agentrl_common", ("agentrl_jax", "environments", "jax", "flax", "optax"), False, ()),
+    "environments never imports agentrl_jax":
+        ("environments", ("agentrl_jax",), False, ()),
+    "algorithms imports nothing else in agentrl_jax":
+        ("agentrl_jax.algorithms", ("agentrl_jax",), False, ("agentrl_jax.algorithms",)),
+    "learner does not import rollout":
+        ("agentrl_jax.learner", ("agentrl_jax.rollout",), False, ()),
+    "rollout does not import learner":
+        ("agentrl_jax.rollout", ("agentrl_jax.learner",), False, ()),
+    "rollout and learner import nothing above them":
+        ("agentrl_jax.rollout", ("agentrl_jax.agent", "agentrl_jax.training", "agentrl_jax.viewer",
+                                 "environments"), False, ()),
+    "learner imports nothing above it":
+        ("agentrl_jax.learner", ("agentrl_jax.agent", "agentrl_jax.training", "agentrl_jax.viewer",
+                                 "environments"), False, ()),
+    "models and sharding import only each other (and algorithms: none)":
+        ("agentrl_jax.models", ("agentrl_jax.learner", "agentrl_jax.rollout", "agentrl_jax.agent",
+                                "agentrl_jax.training", "agentrl_jax.viewer",
+                                "agentrl_jax.algorithms", "environments"), False, ()),
+    "sharding imports nothing above it":
+        ("agentrl_jax.sharding", ("agentrl_jax.learner", "agentrl_jax.rollout", "agentrl_jax.agent",
+                                  "agentrl_jax.training", "agentrl_jax.viewer", "agentrl_jax.models",
+                                  "agentrl_jax.algorithms", "environments"), False, ()),
+    "agent does not import jax at module level":
+        ("agentrl_jax.agent", ("jax", "flax", "optax"), True, ()),
+    "agent does not import the training loop, the learner or the engine":
+        ("agentrl_jax.agent", ("agentrl_jax.training", "agentrl_jax.learner",
+                               "agentrl_jax.rollout.engine", "agentrl_jax.rollout.servers"),
+         False, ()),
+}
+
+
+@pytest.mark.parametrize("rule", sorted(RULES))
+def test_floor(rule):
+    importer, forbidden, top_level_only, allowed = RULES[rule]
+    assert _violations(importer, forbidden, top_level_only=top_level_only, allowed=allowed) == []
+
+
+@pytest.mark.parametrize("importer", LIBRARY)
+def test_library_never_imports_the_top_floor(importer):
+    assert _violations(importer, TOP) == []
+
+
+def test_backend_contract_is_light():
+    """Actor workers import ``rollout.backends.base``: at module level it imports nothing of the
+    library but ``rollout.sampling_limits``, and no JAX, NumPy, aiohttp or pydantic."""
+    bad = []
+    for imp in _imports(REPO / "agentrl_jax/rollout/backends/base.py"):
+        root = imp.target.split(".")[0]
+        if root in LIBRARY and imp.target not in ("agentrl_jax.rollout",
+                                                   "agentrl_jax.rollout.sampling_limits"):
+            bad.append(imp.where())
+        elif imp.top_level and root in ("jax", "flax", "numpy", "aiohttp", "pydantic"):
+            bad.append(imp.where())
+    assert bad == []
+
+
+def test_the_checker_sees_lazy_and_relative_imports(tmp_path):
+    """The parser resolves relative imports and marks imports inside functions as not
+    top-level, and those under a module-level ``try`` as top-level (the rules rely on both)."""
+    probe = tmp_path / "probe.py"
+    probe.write_text("import os\n"
+                     "from . import chat\n"
+                     "from ..rollout.backends import base\n"
+                     "def f():\n"
+                     "    import jax\n"
+                     "    from agentrl_jax.learner import learner\n"
+                     "try:\n"
+                     "    import numpy\n"
+                     "except ImportError:\n"
+                     "    pass\n")
+    found = {(i.target, i.top_level) for i in _imports(probe, "agentrl_jax.agent.probe")}
+    assert ("agentrl_jax.agent.chat", True) in found
+    assert ("agentrl_jax.rollout.backends.base", True) in found
+    assert ("jax", False) in found and ("agentrl_jax.learner.learner", False) in found
+    assert ("numpy", True) in found and ("os", True) in found
+    # and the rules see real imports: the agent's lazy ones of the environments' client
+    assert any("agentrl_jax.agent.workers" in v for v in
+               _violations("agentrl_jax.agent", ("environments",)))
+
+
+def test_no_module_over_the_line_limit():
+    long = {str(p.relative_to(REPO)): n for p in _files("agentrl_jax")
+            if (n := len(p.read_text().splitlines())) > MAX_LINES}
+    assert long == {}, f"modules over {MAX_LINES} lines (split them by job): {long}"
