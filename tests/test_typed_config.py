@@ -93,6 +93,24 @@ def test_a_bad_value_and_a_bad_type_get_one_line_each():
     assert str(info.value).startswith("invalid config (6 problems):\n  rollout.max_batch: ")
 
 
+def test_checks_spanning_sections_are_reported_beside_a_bad_section():
+    values = base_config().to_dict()
+    values["train"]["tasks_per_step"] = 0  # the train section is bad ...
+    values["learner"]["pack_length"] = 100  # ... and the packing is shorter than the context
+    values["rollout"]["release_kv_during_update"] = True  # (needs train: not checked)
+    values["train"]["max_staleness"] = 1
+    assert config_problems(values) == [
+        "train.tasks_per_step: must be an integer >= 1 (got 0)",
+        "learner.pack_length: must be 0 (off) or >= rollout.max_context=4096 (a packed row "
+        "holds a whole trajectory; got 100)"]
+    values["train"]["tasks_per_step"] = 1  # now the train section is valid: its check runs
+    assert config_problems(values) == [
+        "rollout.release_kv_during_update: needs train.max_staleness = 0 (with 1 the next "
+        "rollout decodes during the update)",
+        "learner.pack_length: must be 0 (off) or >= rollout.max_context=4096 (a packed row "
+        "holds a whole trajectory; got 100)"]
+
+
 def test_values_are_converted_to_the_fields_types():
     run = to_run_config({"train": {"max_seconds": 60}, "horizon": {"phases": [4, 8]},
                          "learner": {"length_buckets": [512, 256], "tis_cap": None}})

@@ -350,12 +350,19 @@ class RunConfig(Section):
     sft: SFTConfig = setting(factory=SFTConfig)
 
     def _extra_problems(self, prefix: str, bad: set[str]) -> list[str]:
+        return self.cross_problems({name: getattr(self, name) for name in SECTIONS})
+
+    @staticmethod
+    def cross_problems(sections: Mapping[str, Any]) -> list[str]:
+        """The checks that span sections, over the valid ``sections`` by name (a check whose
+        sections are not all there is skipped)."""
         out = []
-        r, t, lr = self.rollout, self.train, self.learner
-        if r.release_kv_during_update and t.max_staleness:
+        r, t, lr = (sections.get(k) for k in ("rollout", "train", "learner"))
+        if r is not None and t is not None and r.release_kv_during_update and t.max_staleness:
             out.append("rollout.release_kv_during_update: needs train.max_staleness = 0 (with "
                        f"{t.max_staleness} the next rollout decodes during the update)")
-        if lr.pack_length and lr.pack_length < r.max_context:
+        if r is not None and lr is not None and lr.pack_length and (
+                lr.pack_length < r.max_context):
             out.append(f"learner.pack_length: must be 0 (off) or >= rollout.max_context="
                        f"{r.max_context} (a packed row holds a whole trajectory; got "
                        f"{lr.pack_length})")
@@ -399,8 +406,10 @@ class RunConfig(Section):
         """(the ``RunConfig`` of ``values``, []) or (None, one line per problem, section by
         section): unknown keys (with the closest name), bad types and values."""
         top, built, problems = cls.build_sections(values)
-        if problems:
-            return None, problems
+        if problems:  # with the checks spanning the sections that are valid
+            defaults = {k: v for k, v in cls().__dict__.items() if k in SECTIONS
+                        and k not in dict(values or {})}
+            return None, problems + cls.cross_problems({**defaults, **built})
         try:
             return cls(**top, **built), []
         except SectionError as error:  # the checks spanning sections
