@@ -47,10 +47,12 @@ sys.path.insert(0, REPO)
 
 from pydantic import StrictInt, TypeAdapter  # noqa: E402
 
-from agentrl_jax.rollout.servers import server as new_server  # noqa: E402
+from agentrl_jax.rollout.servers import app as new_server  # noqa: E402
+from agentrl_jax.rollout.servers.protocol import parse_json_object  # noqa: E402
 from agentrl_jax.rollout.backends.base import check_input_ids  # noqa: E402
 
-SERVER_PATH = "agentrl_jax/rollout/servers/server.py"
+#: the current server (application, handlers, request models): a dirty tree is reported
+SERVER_PATH = "agentrl_jax/rollout/servers"
 #: where the server and its request models were before rollout/ had sub-packages (the old
 #: revisions this benchmark reads)
 OLD_SERVER_PATH = "agentrl_jax/rollout/server.py"
@@ -213,7 +215,7 @@ def main(argv: list[str] | None = None) -> int:
         body = bodies()[name]
         cases[f"{name} parse+validate"] = (
             lambda r=raw[name], f=olds[name]: f(old._parse_json_object(r)),
-            lambda r=raw[name], f=news[name]: f(new_server._parse_json_object(r)))
+            lambda r=raw[name], f=news[name]: f(parse_json_object(r)))
         cases[f"{name} validate"] = (lambda b=body, f=olds[name]: f(b),
                                      lambda b=body, f=news[name]: f(b))
     results = compare(cases, args.rounds)
@@ -235,7 +237,7 @@ def main(argv: list[str] | None = None) -> int:
             "old_is_int_loop_us": round(statistics.median(
                 per_call_us(lambda: all(old._is_int(t) for t in ids)) for _ in range(5)), 1)}
 
-    dirty = _git("status", "--porcelain", "--", SERVER_PATH, "agentrl_jax/rollout/servers/api_models.py")
+    dirty = _git("status", "--porcelain", "--", SERVER_PATH)
     report = {"old_rev": _git("rev-parse", "--short", rev),
               "new_rev": _git("rev-parse", "--short", "HEAD") + ("+dirty" if dirty else ""),
               "python": platform.python_version(), "machine": platform.processor() or

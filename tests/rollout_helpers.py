@@ -124,7 +124,8 @@ def smollm2_engine():
 
 def start_server(engine, **kwargs):
     """Serve ``engine`` on a free localhost port from a background thread -> ServerThread."""
-    from agentrl_jax.rollout.servers.server import RolloutServer, ServerThread
+    from agentrl_jax.rollout.servers.app import RolloutServer
+    from agentrl_jax.rollout.servers.server import ServerThread
 
     thread = ServerThread(RolloutServer(engine, **kwargs))
     thread.start()

@@ -269,7 +269,7 @@ async def test_a_server_off_loopback_checks_host_only_against_listed_names(serve
     built for 0.0.0.0 is served on 127.0.0.1 here.)"""
     from aiohttp import web
 
-    from agentrl_jax.rollout.servers.server import RolloutServer
+    from agentrl_jax.rollout.servers.app import RolloutServer
 
     _, engine = served
     key = {"Authorization": "Bearer sesame"}

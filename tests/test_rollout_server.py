@@ -587,7 +587,8 @@ async def test_api_key(served, model, tokenizer):
 
 
 def test_non_loopback_without_api_key_refuses_to_start(served):
-    from agentrl_jax.rollout.servers.server import RolloutServer, ServerThread, main
+    from agentrl_jax.rollout.servers.app import RolloutServer
+    from agentrl_jax.rollout.servers.server import ServerThread, main
 
     _, engine, _ = served
     with pytest.raises(ValueError, match="API key"):

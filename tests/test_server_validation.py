@@ -14,9 +14,9 @@ import json
 import aiohttp
 import pytest
 
+from agentrl_jax.rollout.servers.api_fields import validate_request
 from agentrl_jax.rollout.servers.api_models import (ChatCompletionRequest, CompletionRequest,
-                                            GenerateRequest, SamplingParamsRequest,
-                                            validate_request)
+                                                    GenerateRequest, SamplingParamsRequest)
 from agentrl_jax.rollout.backends.base import InvalidRequestError, SamplingParams
 from rollout_helpers import TINY, byte_tokenizer, make_engine, start_server, tiny_model
 

@@ -12,7 +12,8 @@ import pytest
 
 from agentrl_jax.rollout.backends.base import (BackendUnavailableError, InvalidRequestError,
                                       SamplingParams, create_backend)
-from agentrl_jax.rollout.backends.sglang import SGLangBackend, launch_sglang_server
+from agentrl_jax.rollout.backends.sglang import SGLangBackend
+from agentrl_jax.rollout.servers.sglang_launch import launch_sglang_server
 from rollout_helpers import (TINY, byte_tokenizer, full_logprobs, make_engine, random_prompt,
                              reference_greedy, start_server, tiny_model)
 

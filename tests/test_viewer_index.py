@@ -12,15 +12,15 @@ import shutil
 import numpy as np
 import pytest
 
-from agentrl_jax.viewer.index import (ERROR_STATUSES, FileIndex, Query, RunIndex,
-                                      trajectory_files)
+from agentrl_jax.viewer.file_index import ERROR_STATUSES, FileIndex
+from agentrl_jax.viewer.index import Query, RunIndex, trajectory_files
 from agentrl_jax.viewer.synthetic import write_synthetic_run
 
 SMALL = dict(prompt_words=3, obs_words=2)  # small lines: 20k episodes are quick to write
 
 
 def reference_text(ep: dict) -> str:
-    """What the search covers, written out independently of index.episode_text."""
+    """What the search covers, written out independently of file_index.episode_text."""
     fields = [ep.get("env"), ep.get("task_id"), ep.get("episode_id"), ep.get("status"),
               ep.get("error")]
     msgs = [m["content"] for m in ep.get("messages", []) if m["role"] != "system"]

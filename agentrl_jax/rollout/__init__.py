@@ -14,10 +14,10 @@ _LAZY = {
     "Engine": "agentrl_jax.rollout.engine.engine",
     "EngineConfig": "agentrl_jax.rollout.engine.engine",
     "EmbeddedBackend": "agentrl_jax.rollout.engine.engine",
-    "RolloutServer": "agentrl_jax.rollout.servers.server",
+    "RolloutServer": "agentrl_jax.rollout.servers.app",
     "ServerThread": "agentrl_jax.rollout.servers.server",
     "SGLangBackend": "agentrl_jax.rollout.backends.sglang",
-    "launch_sglang_server": "agentrl_jax.rollout.backends.sglang",
+    "launch_sglang_server": "agentrl_jax.rollout.servers.sglang_launch",
 }
 
 

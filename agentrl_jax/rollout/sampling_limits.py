@@ -33,7 +33,7 @@ parameter              allowed values                                           
 
 Penalties (``frequency_penalty``, ``presence_penalty``, ``repetition_penalty``,
 ``min_new_tokens``) are not implemented: the server accepts only their defaults
-(``api_models.Unsupported*``).
+(``servers/api_fields.py``: ``Unsupported*``).
 
 A problem is one phrase naming the range, e.g. ``"must be -1 (off) or an integer in [1,
 2147483647] (got 2147483648)"``; callers prefix the field's name.

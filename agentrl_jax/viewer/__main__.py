@@ -18,7 +18,8 @@ import asyncio
 import os
 import sys
 
-from agentrl_jax.viewer.index import SORT_KEYS, Query, default_cache_dir
+from agentrl_jax.viewer.file_index import default_cache_dir
+from agentrl_jax.viewer.index import SORT_KEYS, Query
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -25,22 +25,22 @@ from __future__ import annotations
 import asyncio
 import collections
 import dataclasses
-import importlib.util
 import logging
 import os
 import random
 import subprocess
-import sys
-import tempfile
 import time
 import uuid
 from typing import Any
 
 import aiohttp
 
-from agentrl_jax.rollout.backends.base import (BackendBuild, BackendUnavailableError, GenerateResult,
-                                      InvalidRequestError, OverloadedError, BatchedSamplesBackend,
-                                      RolloutError, SamplingParams)
+from agentrl_jax.rollout.backends.base import (BackendBuild, BackendUnavailableError,
+                                               BatchedSamplesBackend, GenerateResult,
+                                               InvalidRequestError, OverloadedError, RolloutError,
+                                               SamplingParams)
+from agentrl_jax.rollout.backends.disk_sync import DiskWeightSync
+from agentrl_jax.rollout.servers.sglang_launch import launch_sglang_server
 
 log = logging.getLogger(__name__)
 
@@ -58,7 +58,7 @@ class _Server:
     served: int = 0
 
 
-class SGLangBackend(BatchedSamplesBackend):
+class SGLangBackend(DiskWeightSync, BatchedSamplesBackend):
     """Client of SGLang ``/generate`` servers (registry name ``sglang``).
 
     urls: base URLs (``http://host:port``). timeout: seconds per request (generation included).
@@ -399,50 +399,6 @@ class SGLangBackend(BatchedSamplesBackend):
                                      for i in range(len(self.servers))])
         return sum(int(o.get("bytes", 0)) if isinstance(o, dict) else 0 for o in out)
 
-    async def update_weights(self, params: Any = None, *, path: str | None = None,
-                             version: str | None = None, tokenizer: Any = None,
-                             flush_cache: bool = True, abort_all: bool = False) -> str:
-        """Push new weights to every server: ``params`` (a CausalLM) is exported to a HF
-        safetensors directory first; ``path`` is used as is. Returns the directory loaded."""
-        if (params is None) == (path is None):
-            raise ValueError("pass exactly one of params or path")
-        if params is not None:
-            path = await asyncio.to_thread(self._export, params, tokenizer or self.tokenizer)
-        body: dict[str, Any] = {"model_path": path, "load_format": "auto",
-                                "flush_cache": flush_cache, "abort_all_requests": abort_all}
-        if version is not None:
-            body["weight_version"] = str(version)
-        results = await asyncio.gather(*[self._post_one(i, "/update_weights_from_disk", body)
-                                         for i in range(len(self.servers))],
-                                       return_exceptions=True)
-        failed = [f"{s.url}: {r}" for s, r in zip(self.servers, results)
-                  if isinstance(r, BaseException) or not (isinstance(r, dict) and r.get("success"))]
-        if failed:
-            raise RolloutError("update_weights_from_disk failed on " + "; ".join(failed))
-        if flush_cache:
-            await self.flush_cache()
-        self.weight_version = version
-        return path
-
-    def _export(self, params: Any, tokenizer: Any) -> str:
-        from flax import nnx
-
-        from agentrl_jax.models.pretrained import Pretrained
-        from agentrl_jax.models.safetensors_io import save_hf_directory
-
-        if isinstance(params, Pretrained):
-            tokenizer = tokenizer or params.tokenizer
-            params = params.model
-        if not isinstance(params, nnx.Module):
-            raise TypeError("SGLangBackend.update_weights(params) needs a CausalLM "
-                            "(export goes through save_hf_directory)")
-        if self.export_dir is None:
-            self.export_dir = tempfile.mkdtemp(prefix="agentrl-weights-")
-        directory = os.path.join(self.export_dir, "current")
-        dtype = self.export_dtype or params.cfg.param_dtype
-        save_hf_directory(params, directory, tokenizer=tokenizer, dtype=dtype)
-        return directory
-
     async def health(self) -> bool:
         """True if at least one server answers ``/health`` with 200 (updates the marks)."""
         async def check(i: int) -> bool:
@@ -504,48 +460,4 @@ def _error_message(text: str) -> str:
     return text[:500]
 
 
-def sglang_available() -> bool:
-    return importlib.util.find_spec("sglang") is not None
-
-
-def launch_sglang_server(model_path: str, port: int = 30000, host: str = "127.0.0.1",
-                         extra_args: list[str] | None = None, log_file: str | None = None,
-                         python: str | None = None, wait: bool = True,
-                         timeout: float = 900.0) -> tuple[subprocess.Popen, str]:
-    """Start ``python -m sglang.launch_server --model-path ... --port ...`` and (by default)
-    wait until its ``/health`` answers. Returns ``(process, base_url)``. Raises RuntimeError
-    with install instructions when SGLang is not importable."""
-    if python is None and not sglang_available():
-        raise RuntimeError(
-            "SGLang is not installed in this environment (`import sglang` fails). Install it on "
-            "a CUDA machine (e.g. `pip install \"sglang[all]>=0.5\"`) or point the backend at "
-            "running servers with urls=[...]. Our own server speaks the same API: "
-            "`python -m agentrl_jax.rollout.servers.server --model <path> --port 30000`.")
-    cmd = [python or sys.executable, "-m", "sglang.launch_server", "--model-path", model_path,
-           "--host", host, "--port", str(port), *(extra_args or [])]
-    out = open(log_file, "ab") if log_file else subprocess.DEVNULL
-    proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
-    url = f"http://{host}:{port}"
-    if wait:
-        import urllib.error
-        import urllib.request
-
-        deadline = time.monotonic() + timeout
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"SGLang server exited with code {proc.returncode} "
-                                   f"(command: {' '.join(cmd)}; log: {log_file or 'discarded'})")
-            try:
-                with urllib.request.urlopen(url + "/health", timeout=5) as resp:
-                    if resp.status == 200:
-                        break
-            except (urllib.error.URLError, OSError):
-                pass
-            if time.monotonic() > deadline:
-                proc.terminate()
-                raise RuntimeError(f"SGLang server at {url} not healthy after {timeout}s")
-            time.sleep(2)
-    return proc, url
-
-
-__all__ = ["SGLangBackend", "launch_sglang_server", "sglang_available"]
+__all__ = ["SGLangBackend"]
