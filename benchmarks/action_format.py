@@ -128,7 +128,7 @@ def style_config(args: argparse.Namespace, style: str) -> Any:
 
 
 async def measure(args: argparse.Namespace) -> list[FormatStats]:
-    from agentrl_jax.training.trainer import load_policy
+    from agentrl_jax.training.policy import load_policy
 
     styles = [s.strip() for s in args.styles.split(",") if s.strip()]
     configs = {s: style_config(args, s) for s in styles}

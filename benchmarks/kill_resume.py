@@ -216,7 +216,7 @@ def kill_and_resume(workdir: str, cache: str | None, kills: list[tuple[str, floa
     ``phase`` of step ``target_step(phase, latest checkpoint, offset, total)``, starting it
     again after each kill; then let the last session finish with ``max_staleness=1`` and check
     the run. Returns a report (one record per session)."""
-    from agentrl_jax.training.trainer import checkpoint_steps
+    from agentrl_jax.training.policy import checkpoint_steps
 
     total = total or 2 * len(kills) + 2
     sessions = []

@@ -13,22 +13,17 @@ recorded with the evaluation horizon (20 turns) and only successful ones are tra
 
 from ml_collections import ConfigDict
 
+from agentrl_jax.training.config import base_config
 from experiments.babyai_grpo_gpu import get_config as rl_config
 
 
 def sft_section(data: str = "runs/experts", record_horizon: int = 20) -> ConfigDict:
-    s = ConfigDict()
-    s.data = data  # a directory of <env>.jsonl from launch/record_experts.py, or files
-    s.only_success = True
-    s.batch_size = 32  # episodes per optimiser step
-    s.epochs = 2
-    s.steps = 0  # > 0: this many steps instead of epochs
-    s.max_seconds = 0.0  # > 0: stop after this many seconds of training
-    s.save_every = 0  # 0: a checkpoint at the end only
-    s.keep_checkpoints = 2
-    s.log_every = 10
-    s.eval_after = True  # evaluate the exported policy on the held-out split (eval_job)
-    s.record_horizon = record_horizon  # launch/record_experts.py's default turn limit
+    """The ``sft`` section (its other keys keep their defaults, training/config_sections.py's
+    SFTConfig): expert episodes from ``data`` (a directory of <env>.jsonl from
+    launch/record_experts.py, or files), recorded with ``record_horizon`` turns."""
+    s = base_config().sft
+    s.data = data
+    s.record_horizon = record_horizon
     return s
 
 

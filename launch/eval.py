@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
+from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -33,16 +34,16 @@ _SPLIT = flags.DEFINE_string("split", "test", "task split")
 _OUTPUT = flags.DEFINE_string("output", None, "write the result JSON (+ trajectories) here")
 
 
-def main(argv: list[str]) -> int:
+def main(argv: list[str], config: Any) -> int:
+    """``config``: the typed ``RunConfig`` (checked before anything started)."""
     del argv
     logging.basicConfig(level=logging.WARNING)
     absl_logging.set_verbosity(absl_logging.WARNING)
-    if _CONFIG.value is None:
+    if config is None:
         raise app.UsageError("--config is required")
-    from agentrl_jax.training.validate import EXIT_BAD_CONFIG, ConfigError, check_config
+    from agentrl_jax.training.config import EXIT_BAD_CONFIG, ConfigError
 
-    try:  # the whole config and the flags, before any server or model starts
-        check_config(_CONFIG.value)
+    try:  # the flags, before any server or model starts
         if _K.value < 1 or _TASKS.value < 1 or (_HORIZON.value is not None and _HORIZON.value < 1):
             raise ConfigError([f"--{name}: must be an integer >= 1 (got {value})"
                                for name, value in (("k", _K.value), ("tasks", _TASKS.value),
@@ -54,7 +55,7 @@ def main(argv: list[str]) -> int:
     try:
         from agentrl_jax.training.eval_job import evaluate_sync
 
-        result = evaluate_sync(_CONFIG.value, _CHECKPOINT.value, _STEP.value, k=_K.value,
+        result = evaluate_sync(config, _CHECKPOINT.value, _STEP.value, k=_K.value,
                                num_tasks=_TASKS.value, horizon=_HORIZON.value,
                                output=_OUTPUT.value, split=_SPLIT.value)
     except KeyboardInterrupt:

@@ -25,6 +25,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
+from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 os.environ.setdefault("JAX_PLATFORMS", "cpu")  # before anything imports jax: no GPU is needed
@@ -54,17 +55,17 @@ _PROGRESS_EVERY = flags.DEFINE_integer("progress_every", 100, "a progress line e
                                        "episodes (per worker)")
 
 
-def main(argv: list[str]) -> int:
+def main(argv: list[str], config: Any) -> int:
+    """``config``: the typed ``RunConfig`` of --config (None: the defaults)."""
     del argv
     logging.basicConfig(level=logging.WARNING)
     absl_logging.set_verbosity(absl_logging.WARNING)
     if _ENV.value is None or _OUT.value is None:
         raise app.UsageError("--env and --out are required")
-    config = _CONFIG.value
     if config is None:
-        from agentrl_jax.training.config import base_config
-        config = base_config()
-    horizon = _HORIZON.value or (config.get("sft", {}) or {}).get("record_horizon") or None
+        from agentrl_jax.training.config_sections import RunConfig
+        config = RunConfig()
+    horizon = _HORIZON.value or config.sft.record_horizon
     from agentrl_jax.training.experts import record_experts_parallel
 
     try:

@@ -43,25 +43,27 @@ EXIT_INTERRUPTED = 130
 EXIT_WORKDIR_BUSY = 5
 
 
-def main(argv: list[str]) -> int:
+def main(argv: list[str], config: Any) -> int:
+    """``config``: the typed ``RunConfig``, checked with the model source, the workdir and this
+    host's memory (:func:`check`) before anything started."""
     del argv
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     absl_logging.set_verbosity(absl_logging.WARNING)  # orbax logs every save at INFO
-    config = _CONFIG.value
     if config is None:
         raise app.UsageError("--config experiments/<name>.py is required")
-    from agentrl_jax.training.validate import EXIT_BAD_CONFIG, ConfigError, check_run
-
-    try:  # the whole config, the model source and the workdir, before anything starts
-        check_run(config, _workdir(), processes=_processes())
-    except ConfigError as error:
-        print(error, file=sys.stderr, flush=True)
-        return EXIT_BAD_CONFIG
     try:
         return _train(config)
     except KeyboardInterrupt:  # before the trainer existed (start-up)
         print("interrupted (Ctrl-C) during start-up", file=sys.stderr, flush=True)
         return EXIT_INTERRUPTED
+
+
+def check(config: Any) -> Any:
+    """The whole config, the model source and the workdir (``training/validate.py``): the
+    typed ``RunConfig``, or ``ConfigError`` with one line per problem."""
+    from agentrl_jax.training.validate import check_run
+
+    return check_run(config, _workdir(), processes=_processes())
 
 
 def _workdir() -> str:
@@ -153,7 +155,7 @@ def _train_locked(config: Any, workdir: str) -> int:
             _complete_report(trainer.workdir)
         return 0
     from agentrl_jax.training.storage import EXIT_STORAGE_FAILED, StorageFailure
-    from agentrl_jax.training.trainer import EXIT_RUN_FAILED, RunFailure
+    from agentrl_jax.training.failed_steps import EXIT_RUN_FAILED, RunFailure
 
     try:
         trainer.run()
@@ -189,4 +191,4 @@ def _complete_report(workdir: str) -> None:
 if __name__ == "__main__":
     from agentrl_jax.training.config_cli import run_main
 
-    run_main(main)  # --config mistakes: one line each, exit code 2
+    run_main(main, check=check)  # --config mistakes: one line each, exit code 2

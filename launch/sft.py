@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
+from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -29,12 +30,12 @@ _CONFIG = config_flags.DEFINE_config_file("config", None, "SFT experiment config
 _WORKDIR = flags.DEFINE_string("workdir", None, "output directory (default runs/<config name>)")
 
 
-def main(argv: list[str]) -> int:
+def main(argv: list[str], config: Any) -> int:
+    """``config``: the typed ``RunConfig`` (checked before anything started)."""
     del argv
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     absl_logging.set_verbosity(absl_logging.WARNING)
-    config = _CONFIG.value
-    if config is None or "sft" not in config:
+    if config is None:
         raise app.UsageError("--config experiments/<name>_sft.py (with an sft section) is "
                              "required")
     workdir = _WORKDIR.value or os.path.join(

@@ -40,10 +40,15 @@ def test_a_key_of_another_section_is_pointed_at():
         "--config.learner.learning_rate?)"]
 
 
+def test_an_abbreviation_gets_the_key_its_initials_spell():
+    assert _problems("--config.learner.lr=-1") == [
+        "--config.learner.lr: no such key (did you mean --config.learner.learning_rate?)"]
+
+
 def test_a_key_with_no_close_name_lists_its_section():
-    (line,) = _problems("--config.learner.lr=-1")
-    assert line.startswith("--config.learner.lr: no such key (learner has: advantage_estimator, ")
-    assert "learning_rate" in line
+    (line,) = _problems("--config.train.zzz=1")
+    assert line.startswith("--config.train.zzz: no such key (train has: env_error_window, ")
+    assert "total_steps" in line
 
 
 def test_a_value_of_the_wrong_type():

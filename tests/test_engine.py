@@ -232,6 +232,65 @@ def test_n_samples_share_prefill(engine, model):
         check_logprobs(model, prompt, r, temperature=1.0)
 
 
+def _submit_paused(eng, requests):
+    """Submit ``(prompt, sampling, rid)`` requests while ``eng`` is paused, so that one
+    admission pass sees them all; the futures in order."""
+    eng.pause("in_place")
+    try:
+        return [eng.submit(p, sp, session_id=f"s-{rid}", rid=rid) for p, sp, rid in requests]
+    finally:
+        eng.resume()
+
+
+def test_equal_prompts_share_one_prefill(engine, model):
+    """Requests of other sessions with an equal prompt (a GRPO group's first turn) prefill it
+    once; each still samples its own stream: the same tokens as when it runs alone."""
+    prompt = random_prompt(np.random.default_rng(21), 40)
+    other = random_prompt(np.random.default_rng(22), 30)
+    sps = [SamplingParams(max_new_tokens=10, temperature=1.0, seed=s, ignore_eos=True)
+           for s in (5, 6, 7)]
+    alone = [engine.generate_sync(prompt, sp)[0] for sp in sps]
+    before = engine.stats.as_dict()
+    futures = _submit_paused(engine, [(prompt, sp, f"share-{i}") for i, sp in enumerate(sps)]
+                             + [(other, sps[0], "share-other")])
+    results = [f.result(60)[0] for f in futures]
+    after = engine.stats.as_dict()
+    assert after["prefill_tokens"] - before["prefill_tokens"] == 39 + 29 + 4
+    assert after["shared_prompts"] - before["shared_prompts"] == 2
+    assert [r.cached_tokens for r in results[:3]] == [0, 39, 39]
+    for res, ref in zip(results, alone):
+        assert res.output_ids == ref.output_ids
+        check_logprobs(model, prompt, res, temperature=1.0)
+    check_logprobs(model, other, results[3], temperature=1.0)
+
+
+def test_followers_prefill_themselves_when_the_shared_prefill_fails(engine, model):
+    """The request prefilling a shared prompt fails alone: the requests waiting to copy its
+    row are prefilled on their own and answer as if nothing was shared."""
+    from agentrl_jax.rollout.backends.base import RequestFailedError
+
+    prompt = random_prompt(np.random.default_rng(23), 40)
+    sp = SamplingParams(max_new_tokens=8, ignore_eos=True, **GREEDY)
+    original = engine._prefill_row
+
+    def failing(seq, *args):
+        if seq.req.rid == "lead":
+            raise RuntimeError("injected prefill failure")
+        return original(seq, *args)
+
+    engine._prefill_row = failing
+    try:
+        futures = _submit_paused(engine, [(prompt, sp, rid) for rid in ("lead", "f1", "f2")])
+        with pytest.raises(RequestFailedError):
+            futures[0].result(60)
+        reference = reference_greedy(model, prompt, 8)
+        for f in futures[1:]:
+            (res,) = f.result(60)
+            assert res.output_ids == reference and res.cached_tokens == 0
+    finally:
+        del engine._prefill_row
+
+
 def test_abort_pause_resume(engine):
     prompt = random_prompt(np.random.default_rng(10), 5)
     fut = engine.submit(prompt, SamplingParams(max_new_tokens=120, ignore_eos=True, **GREEDY),

@@ -420,3 +420,37 @@ def test_weights_sharded_over_the_replicas_devices_reach_them_by_one_all_gather(
                 == [x.unsafe_buffer_pointer() for x in jax.tree.leaves(mine)])
     finally:
         backend.close()
+
+
+def test_replicas_keep_equal_first_prompts_together_and_prefill_them_once(model, prompts,
+                                                                          reference):
+    """Two groups of four sessions with a shared prompt each (GRPO's first turn): each group
+    goes to one replica, which prefills its prompt once; answers are the reference's."""
+    from agentrl_jax.rollout.engine.engine import EngineConfig
+    from agentrl_jax.rollout.engine.replicas import EngineReplicas
+    from tests.rollout_helpers import ENGINE_KW
+
+    backend = EngineReplicas(model, EngineConfig(**ENGINE_KW), warmup=False,
+                             devices=jax.devices()[:4])
+    try:
+        sampling = SamplingParams(max_new_tokens=12, temperature=0.0, ignore_eos=True)
+        groups = {0: prompts[2], 1: prompts[3]}
+
+        async def first_turns():
+            backend.pause()  # one admission pass sees every group member
+            tasks = [asyncio.ensure_future(backend.generate(p, sampling, session_id=f"g{g}s{i}"))
+                     for g, p in groups.items() for i in range(4)]
+            await asyncio.sleep(0.05)
+            backend.resume()
+            return await asyncio.gather(*tasks)
+
+        results = asyncio.run(first_turns())
+        placed = {g: {backend.replica_for(f"g{g}s{i}") for i in range(4)} for g in groups}
+        assert all(len(where) == 1 for where in placed.values())
+        assert placed[0] != placed[1]
+        for g, where in placed.items():
+            assert backend.replicas[where.pop()].stats.shared_prompts == 3
+        _assert_same(results[:4], [reference[2]] * 4)
+        _assert_same(results[4:], [reference[3]] * 4)
+    finally:
+        backend.close()

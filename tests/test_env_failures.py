@@ -24,8 +24,9 @@ from agentrl_jax.agent.actor_pool import summarize
 from agentrl_jax.agent.trajectory import Trajectory
 from agentrl_jax.training.config import base_config
 from agentrl_jax.training.evaluation import score_trajectories
-from agentrl_jax.training.trainer import RunFailure, Trainer
 from agentrl_common.processes import ServerSupervisor, start_env_server
+from agentrl_jax.training.failed_steps import RunFailure
+from agentrl_jax.training.trainer import Trainer
 
 
 def _health(url: str) -> dict:

@@ -82,8 +82,8 @@ def test_env_server_killed_mid_run_is_restarted_then_the_run_stops(tmp_path, jax
     out = run.output
     assert re.search(rf"^W.*\] babyai server {re.escape(url)} died \(exit code -9\); "
                      r"restarting it \(restart 1 of at most 1\)$", out, re.M), out[-4000:]
-    # warnings (absl's format: "W1126 12:01:45.024708 ... trainer.py:402] step 3: ...")
-    assert re.search(r"^W.*trainer\.py:\d+\] step 2: [1-9] of 4 episodes ended with env_error "
+    # warnings (absl's format: "W1126 12:01:45.024708 ... trainer_eval.py:80] step 3: ...")
+    assert re.search(r"^W.*trainer_eval\.py:\d+\] step 2: [1-9] of 4 episodes ended with env_error "
                      r"\(babyai [1-9]\); first error: ", out, re.M), out[-4000:]
     # The run stops at the first step whose rollout meets the dead server: step 3, or step 4
     # when step 3's episodes had all finished before the kill landed (a race with the kill).

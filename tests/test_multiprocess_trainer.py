@@ -69,7 +69,8 @@ def worker(process_id: int, coordinator: str, workdir: str, out: str) -> None:
     from flax import nnx
 
     from agentrl_jax.sharding.placement import to_host
-    from agentrl_jax.training.trainer import Trainer, load_policy
+    from agentrl_jax.training.policy import load_policy
+    from agentrl_jax.training.trainer import Trainer
 
     config = smoke_config()
     initial, _, _ = load_policy(config)

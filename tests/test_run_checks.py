@@ -26,7 +26,7 @@ from agentrl_jax.models.pretrained import check_model_source
 from agentrl_jax.training.config import base_config
 from agentrl_jax.training.failed_steps import FailedSteps
 from agentrl_jax.training.task_sampler import TaskSampler
-from agentrl_jax.training.trainer import RunFailure
+from agentrl_jax.training.failed_steps import RunFailure
 from agentrl_jax.training.validate import (BATCH_BYTES_PER_TOKEN, ConfigError, check_run,
                                            config_problems, max_tasks_per_step, run_problems,
                                            workdir_problem)

@@ -439,7 +439,7 @@ def test_append_session_on_a_full_disk_says_so_and_leaves_the_summary(small_fs):
 
 
 def test_outcome_classifies_how_a_session_ended():
-    from agentrl_jax.training.trainer import RunFailure
+    from agentrl_jax.training.failed_steps import RunFailure
 
     assert outcome(KeyboardInterrupt()) == {"stopped": "interrupted"}
     assert outcome(RunFailure("stopped at step 3: babyai died")) == {

@@ -131,7 +131,7 @@ def test_sft_nll_export_and_resume(recorded, tmp_path, capsys, one_device):
 
     from agentrl_jax.learner import Learner
     from agentrl_jax.training.sft import SFTRun, batch_rows, finished_step
-    from agentrl_jax.training.trainer import load_policy
+    from agentrl_jax.training.policy import load_policy
 
     data, _, trajectories = recorded
     c = _config(data, 2)

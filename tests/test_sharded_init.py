@@ -23,7 +23,7 @@ from agentrl_jax.sharding.mesh import make_mesh
 from agentrl_jax.sharding.rules import state_shardings
 from agentrl_jax.training import services
 from agentrl_jax.training.config import base_config
-from agentrl_jax.training.trainer import load_learner
+from agentrl_jax.training.policy import load_learner
 
 # every dimension divisible by 8, so that every matrix is split over all 8 devices
 SHAPE = dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_layers=2, num_heads=4,

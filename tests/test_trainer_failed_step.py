@@ -57,6 +57,9 @@ class RecordingBackend:
     async def update_weights(self, params=None, *, version=None, **kwargs):
         self.versions.append(version)
 
+    async def sync_weights(self, weights, version):  # as the embedded engine takes them
+        await self.update_weights(weights.arrays(), version=str(version))
+
 
 class FailingPool:
     """Rollouts numbered from 1; those in ``failing`` end every episode with engine_error,

@@ -25,6 +25,7 @@ from typing import Any, Callable, Mapping, Sequence
 from agentrl_common.seeding import derive_seed
 from agentrl_jax.agent.chat import ChatFormatter
 from agentrl_jax.agent.episode import Episode
+from agentrl_jax.agent.loop_times import LoopTimes
 from agentrl_jax.agent.parsing import ParsedAction, parse_react
 from agentrl_jax.agent.trajectory import Trajectory
 from agentrl_jax.rollout.backends.base import SamplingParams
@@ -91,6 +92,9 @@ class ActorPool:
         # (``client_spec()``: SGLangBackend, EngineServers); else every request is relayed here
         self.direct_workers = bool(direct_workers)
         self._group: Any = None
+        # the last in-process collect's episodes' time by kind of work, summed (loop_times.py);
+        # empty after a collect in worker processes (their episodes' clocks stay there)
+        self.loop_times = LoopTimes()
 
     def _worker_group(self) -> Any:
         if self._group is None:
@@ -155,6 +159,7 @@ class ActorPool:
         every turn (weights that change mid-rollout; each turn records its version)."""
         start = time.monotonic()
         progress = progress or self.progress
+        self.loop_times = LoopTimes()
         if self.workers and not lockstep:
             for task in tasks:
                 if task.env not in self.env_clients:
@@ -171,13 +176,17 @@ class ActorPool:
             gate = asyncio.Semaphore(self.max_concurrency)
 
             async def run(episode: Episode) -> None:
+                queued = time.perf_counter()
                 async with gate:
+                    episode.times.gate_s += time.perf_counter() - queued
                     await episode.run()
                 if progress:
                     progress(episode.trajectory)
 
             await asyncio.gather(*(run(e) for e in episodes))
         trajectories = [e.trajectory for e in episodes]
+        for e in episodes:
+            self.loop_times.add(e.times)
         return trajectories, summarize(trajectories, time.monotonic() - start)
 
     async def _run_lockstep(self, episodes: list[Episode],

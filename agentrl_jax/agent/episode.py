@@ -14,6 +14,7 @@ from typing import Any, Callable
 
 from agentrl_common.seeding import derive_seed
 from agentrl_jax.agent.chat import ChatFormatter
+from agentrl_jax.agent.loop_times import LoopTimes
 from agentrl_jax.agent.parsing import INVALID_FORMAT_FEEDBACK, ParsedAction
 from agentrl_jax.agent.prompts import first_user_message, system_prompt
 from agentrl_jax.agent.trajectory import (STATUS_CONTEXT_LIMIT, STATUS_DONE, STATUS_ENGINE_ERROR,
@@ -21,6 +22,7 @@ from agentrl_jax.agent.trajectory import (STATUS_CONTEXT_LIMIT, STATUS_DONE, STA
                                           anchor_state)
 from agentrl_jax.rollout.backends.base import RolloutError, SamplingParams
 
+_clock = time.perf_counter
 MIN_NEW_TOKENS = 8  # a turn with less room than this ends the episode with context_limit
 
 
@@ -63,6 +65,10 @@ class Episode:
         # whose reply had no action, since the environment was not stepped)
         self._state: str = ""
         self._start = time.monotonic()
+        # where this episode's wall time goes (``loop_times.py``; always on, a few clock reads)
+        self.times = LoopTimes(episodes=1)
+        self._created = _clock()
+        self._waited = 0.0  # the current coroutine's time in its await (not host work)
 
     def turn_seed(self, turn: int) -> int | None:
         """The sampling seed of assistant turn ``turn``: derived from the episode's seed and the
@@ -80,11 +86,25 @@ class Episode:
         self.finished = True
 
     async def start(self) -> None:
+        t0 = _clock()
+        waited = 0.0
         try:
-            created = await self.env_client.create(task_id=self.trajectory.task_id, seed=self.seed)
-        except self.env_errors as e:
-            self._finish(STATUS_ENV_ERROR, f"create: {e}")
-            return
+            try:
+                created = await self.env_client.create(task_id=self.trajectory.task_id,
+                                                       seed=self.seed)
+            except self.env_errors as e:
+                self._finish(STATUS_ENV_ERROR, f"create: {e}")
+                return
+            finally:
+                waited = _clock() - t0
+                self.times.env_s += waited
+                self.times.env_calls += 1
+            self._start_prompt(created)
+        finally:
+            self.times.host_s += _clock() - t0 - waited
+
+    def _start_prompt(self, created: tuple) -> None:
+        """The first prompt from ``create``'s answer."""
         self.env_id, observation, info = created
         self._state = anchor_state(observation, info)
         self.system = system_prompt(info.get("instructions", ""), self.trajectory.env,
@@ -100,6 +120,14 @@ class Episode:
 
     async def generate_turn(self) -> None:
         """Ask the backend for the next assistant turn and parse its action."""
+        t0 = _clock()
+        self._waited = 0.0
+        try:
+            await self._generate_turn()
+        finally:
+            self.times.host_s += _clock() - t0 - self._waited
+
+    async def _generate_turn(self) -> None:
         traj = self.trajectory
         room = self.max_context - len(traj.token_ids)
         if room < MIN_NEW_TOKENS:
@@ -109,12 +137,18 @@ class Episode:
                                        max_new_tokens=min(self.sampling.max_new_tokens, room),
                                        seed=self.turn_seed(traj.num_turns))
         version = self.version_fn() if self.version_fn is not None else traj.policy_version
+        t1 = _clock()
         try:
             result = await self.backend.generate(list(traj.token_ids), sampling,
                                                  session_id=self.session_id)
         except (RolloutError, OSError, TimeoutError) as e:
             self._finish(STATUS_ENGINE_ERROR, f"generate: {e}")
             return
+        finally:
+            self._waited = _clock() - t1
+            self.times.gen_s += self._waited
+        self.times.turns += 1
+        self.times.engine_s += float(getattr(result, "latency_s", None) or 0.0)
         if result.finish_reason == "abort":
             self._finish(STATUS_ENGINE_ERROR, "generation aborted")
             return
@@ -134,6 +168,14 @@ class Episode:
 
     async def env_turn(self) -> None:
         """Step the environment with the parsed action and append the observation ids."""
+        t0 = _clock()
+        self._waited = 0.0
+        try:
+            await self._env_turn()
+        finally:
+            self.times.host_s += _clock() - t0 - self._waited
+
+    async def _env_turn(self) -> None:
         traj = self.trajectory
         parsed = self._pending_action
         self._pending_action = None
@@ -143,11 +185,16 @@ class Episode:
             traj.turn_rewards.append(0.0)
             observation = INVALID_FORMAT_FEEDBACK
         else:
+            t1 = _clock()
             try:
                 step = await self.env_client.step(self.env_id, parsed.action)
             except self.env_errors as e:
                 self._finish(STATUS_ENV_ERROR, f"step: {e}")
                 return
+            finally:
+                self._waited = _clock() - t1
+                self.times.env_s += self._waited
+                self.times.env_calls += 1
             traj.turn_rewards.append(float(step.reward))
             traj.reward += float(step.reward)
             if step.info.get("invalid_action"):
@@ -174,12 +221,17 @@ class Episode:
     async def close(self) -> None:
         if self.env_id is not None:
             env_id, self.env_id = self.env_id, None
+            t0 = _clock()
             try:
                 await self.env_client.close(env_id)
             except self.env_errors:
                 pass  # the server may be gone; its reaper cleans up
+            finally:
+                self.times.env_s += _clock() - t0
+                self.times.env_calls += 1
         if not self.finished:  # an exception or cancellation interrupted the episode
             self._finish(STATUS_ENV_ERROR, "episode interrupted")
+        self.times.wall_s = _clock() - self._created
         end_session = getattr(self.backend, "end_session", None)  # duck-typed backends may lack it
         if end_session is not None:
             end_session(self.session_id)

@@ -1,8 +1,13 @@
-"""Learner hyper-parameters: one typed dataclass, convertible to / from a plain dict.
+"""Learner hyper-parameters: one typed section (``agentrl_common.typed_sections``), convertible
+to / from a plain dict.
 
-``LearnerConfig.from_dict(d)`` accepts any mapping (a plain dict, a YAML section, an
-``ml_collections.ConfigDict`` via ``.to_dict()``); unknown keys raise so typos do not pass
-silently. ``to_dict()`` gives JSON/YAML-serialisable values (tuples become lists).
+Every field carries its default and its check; constructing a ``LearnerConfig`` with bad values
+raises ``SectionError`` with one line per bad field (``"learner.learning_rate: must be a finite
+number > 0 (got -1.0)"``). ``LearnerConfig.from_dict(d)`` accepts any mapping (a plain dict, a
+YAML section, an ``ml_collections.ConfigDict`` via ``.to_dict()``); unknown keys raise so typos do
+not pass silently. ``to_dict()`` gives JSON/YAML-serialisable values (tuples become lists).
+Names (estimators, losses, KL estimators, loss aggregations) are checked against
+``agentrl_jax.algorithms``, read when a config is checked.
 """
 
 from __future__ import annotations
@@ -10,117 +15,157 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Mapping
 
+from agentrl_common.typed_sections import Section, is_int, setting
+
 SCHEDULES = ("constant", "warmup_constant", "warmup_cosine")
-AGG_MODES = ("token_mean", "seq_mean_token_sum", "seq_mean_token_mean", "seq_mean_token_sum_norm")
 RATIO_SOURCES = ("rollout", "recompute")
 DTYPES = ("float32", "bfloat16")
+MESH_AXES = ("data", "fsdp", "tensor")
+#: the default device mesh: all devices on the fsdp axis; an axis a given mesh does not name
+#: takes its size from here
+DEFAULT_MESH = {"data": 1, "fsdp": -1, "tensor": 1}
+
+
+def _algorithms():
+    import agentrl_jax.algorithms as algorithms
+
+    return algorithms
+
+
+def _normalize(name: str) -> str:
+    from agentrl_common.registry import snake_case
+
+    return snake_case(name)
+
+
+def _names(attr: str):
+    return lambda: _algorithms().__dict__[attr]
+
+
+def _policy_losses():
+    from agentrl_jax.algorithms.losses import POLICY_LOSSES
+
+    return POLICY_LOSSES
 
 
 @dataclasses.dataclass(frozen=True)
-class LearnerConfig:
+class LearnerConfig(Section):
+    """The ``learner`` section: optimiser, batching, RL loss, critic and compute settings."""
+
+    PREFIX = "learner"
     # ------------------------------------------------------------------ optimiser
-    learning_rate: float = 1e-6
-    lr_schedule: str = "constant"  # constant | warmup_constant | warmup_cosine
-    warmup_steps: int = 0
-    decay_steps: int = 1000  # cosine: optimizer steps from the end of warm-up to min_lr
-    min_lr_ratio: float = 0.0  # cosine floor as a fraction of learning_rate
-    weight_decay: float = 0.0
-    adam_b1: float = 0.9
-    adam_b2: float = 0.999
-    adam_eps: float = 1e-8
-    grad_clip: float | None = 1.0  # global-norm clip; None / 0 = off
+    learning_rate: float = setting(1e-6, gt=0)
+    lr_schedule: str = setting("constant", choices=SCHEDULES, kind="learning-rate schedule")
+    warmup_steps: int = setting(0, ge=0)
+    decay_steps: int = setting(1000, ge=0)  # cosine: optimizer steps from warm-up end to min_lr
+    min_lr_ratio: float = setting(0.0, ge=0)  # cosine floor as a fraction of learning_rate
+    weight_decay: float = setting(0.0, ge=0)
+    adam_b1: float = setting(0.9, ge=0, le=1)
+    adam_b2: float = setting(0.999, ge=0, le=1)
+    adam_eps: float = setting(1e-8, gt=0)
+    grad_clip: float | None = setting(1.0, ge=0, what=">= 0 (0: off)")  # global norm; None/0 off
     # True: keep the optimiser state (AdamW mu / nu, step count) in pinned host memory and move
     # it to the device one parameter leaf per jitted call of the update (offload.py); frees 8
     # bytes / parameter of device memory at the cost of 16 bytes / parameter of host <-> device
     # traffic per optimiser step. Needs a backend with the "pinned_host" memory kind.
-    offload_optimizer_state: bool = False
+    offload_optimizer_state: bool = setting(False)
     # ------------------------------------------------------------------ batching
-    micro_batch_size: int = 8  # sequences per forward/backward (global, all devices)
-    mini_batches: int = 1  # optimizer steps per epoch over one rollout batch
-    epochs: int = 1  # passes over one rollout batch
-    shuffle: bool = True  # reshuffle rows before splitting into mini-batches (per epoch)
-    length_buckets: tuple[int, ...] = ()  # () = powers of two >= min_length_bucket
-    min_length_bucket: int = 128
-    logprob_batch_size: int | None = None  # rows per compute_logprobs call (None: micro)
-    logprob_chunk_size: int = 512  # positions per chunk when computing logits->logprobs
+    micro_batch_size: int = setting(8, ge=1)  # sequences per forward/backward (global)
+    mini_batches: int = setting(1, ge=1)  # optimizer steps per epoch over one rollout batch
+    epochs: int = setting(1, ge=1)  # passes over one rollout batch
+    shuffle: bool = setting(True)  # reshuffle rows before splitting into mini-batches
+    length_buckets: tuple[int, ...] = setting(())  # () = powers of two >= min_length_bucket
+    min_length_bucket: int = setting(128, ge=1)
+    logprob_batch_size: int | None = setting(None, ge=1)  # rows per logprob call (None: micro)
+    logprob_chunk_size: int = setting(512, ge=1)  # positions per logits->logprobs chunk
     # > 0: pack trajectories end to end into rows of this many tokens (packed_update.py): one
     # compiled shape per run, little padding; micro_batch_size / logprob_batch_size then count
     # packed rows. Must be >= the longest trajectory (the rollout's max_context).
-    pack_length: int = 0
+    pack_length: int = setting(0, ge=0)
     # ------------------------------------------------------------------ RL loss
     # the policy loss (algorithms.POLICY_LOSSES): "ppo" (clipped surrogate; clip_ratio_* and
     # dual_clip below) or "sft" (supervised: weighted NLL of the masked tokens, no ratio, no
     # old log-prob pass; behaviour cloning, training/sft.py)
-    policy_loss: str = "ppo"
-    advantage_estimator: str = "grpo"
-    advantage_kwargs: Mapping[str, Any] = dataclasses.field(default_factory=dict)
-    gamma: float = 1.0
-    lam: float = 1.0
-    loss_agg_mode: str = "token_mean"
-    loss_max_len: int | None = None  # seq_mean_token_sum_norm constant (None: padded T)
-    clip_ratio_low: float = 0.2
-    clip_ratio_high: float = 0.2  # clip-higher (DAPO): e.g. 0.28
-    dual_clip: float | None = 3.0  # dual-clip constant c for A < 0; None = off
-    ratio_source: str = "rollout"  # old logprobs: "rollout" (sampler) | "recompute"
+    policy_loss: str = setting("ppo", choices=lambda: sorted(_policy_losses()),
+                               kind="policy loss")
+    advantage_estimator: str = setting("grpo", choices=_names("ADVANTAGE_ESTIMATORS"),
+                                       normalize=_normalize, kind="advantage estimator")
+    advantage_kwargs: Mapping[str, Any] = setting(factory=dict)
+    gamma: float = setting(1.0, ge=0, le=1)
+    lam: float = setting(1.0, ge=0, le=1)
+    loss_agg_mode: str = setting("token_mean", choices=_names("LOSS_AGGREGATIONS"),
+                                 normalize=_normalize, kind="loss aggregation mode")
+    loss_max_len: int | None = setting(None, ge=1)  # seq_mean_token_sum_norm constant
+    clip_ratio_low: float = setting(0.2, ge=0)
+    clip_ratio_high: float = setting(0.2, ge=0)  # clip-higher (DAPO): e.g. 0.28
+    dual_clip: float | None = setting(3.0, gt=0)  # dual-clip constant c for A < 0; None = off
+    ratio_source: str = setting("rollout", choices=RATIO_SOURCES, kind="ratio source")
     # truncated importance sampling of the sampler / learner mismatch (packed updates): each
     # token's policy loss is weighted by min(exp(learner_old - rollout), tis_cap); None = off
-    tis_cap: float | None = None
-    temperature: float = 1.0  # sampling temperature; logits are divided by it
-    kl_coef: float = 0.0
-    kl_estimator: str = "k3"  # k1 | k2 | k3 (low_var_kl)
-    kl_in_reward: bool = False  # True: -kl_coef*KL on token rewards; False: KL loss term
-    entropy_coef: float = 0.0
-    entropy_metric: bool = True  # compute the entropy in the train step even when entropy_coef=0
+    tis_cap: float | None = setting(None, gt=0)
+    temperature: float = setting(1.0, gt=0)  # sampling temperature; logits are divided by it
+    kl_coef: float = setting(0.0, ge=0)
+    kl_estimator: str = setting("k3", choices=_names("KL_ESTIMATORS"), normalize=_normalize,
+                                kind="KL estimator")  # k1 | k2 | k3 (low_var_kl)
+    kl_in_reward: bool = setting(False)  # True: -kl_coef*KL on token rewards; False: KL loss
+    entropy_coef: float = setting(0.0, ge=0)
+    entropy_metric: bool = setting(True)  # the entropy in the train step even when coef = 0
     # ------------------------------------------------------------------ critic
-    critic: bool | None = None  # None: on iff advantage_estimator needs values (gae)
-    critic_learning_rate: float = 1e-5
-    critic_warmup_steps: int = 0  # rollout updates training only the critic
-    value_coef: float = 1.0
-    value_clip: float | None = 0.5  # PPO value clip around old values; None = off
+    critic: bool | None = setting(None)  # None: on iff advantage_estimator needs values (gae)
+    critic_learning_rate: float = setting(1e-5, gt=0)
+    critic_warmup_steps: int = setting(0, ge=0)  # rollout updates training only the critic
+    value_coef: float = setting(1.0, ge=0)
+    value_clip: float | None = setting(0.5, gt=0)  # PPO value clip around old values; None off
     # ------------------------------------------------------------------ compute
-    dtype: str = "bfloat16"  # compute dtype (parameters stay float32)
-    remat: bool = True
-    remat_policy: str | None = None  # jax.checkpoint_policies name, e.g. dots_with_no_batch_dims_saveable
-    attention_impl: str | None = None  # None (XLA) | "cudnn"
-    reference_dtype: str = "float32"  # storage dtype of the frozen reference parameters
-    use_attention_mask: bool = False  # False: right-padded rows, causal mask only (fast path)
-    mesh: Mapping[str, int] = dataclasses.field(
-        default_factory=lambda: {"data": 1, "fsdp": -1, "tensor": 1})
-    seed: int = 0
+    dtype: str = setting("bfloat16", choices=DTYPES, kind="dtype")  # params stay float32
+    remat: bool = setting(True)
+    remat_policy: str | None = setting(None)  # a jax.checkpoint_policies name
+    attention_impl: str | None = setting(None)  # None (XLA) | "cudnn"
+    reference_dtype: str = setting("float32", choices=DTYPES, kind="dtype")
+    use_attention_mask: bool = setting(False)  # False: right-padded rows, causal mask only
+    mesh: Mapping[str, int] = setting(factory=lambda: dict(DEFAULT_MESH))
+    seed: int = setting(0)
 
     def __post_init__(self) -> None:
-        def check(ok: bool, msg: str) -> None:
-            if not ok:
-                raise ValueError(f"LearnerConfig: {msg}")
+        if isinstance(self.length_buckets, (list, tuple)) and all(
+                is_int(b) for b in self.length_buckets):
+            object.__setattr__(self, "length_buckets", tuple(sorted(self.length_buckets)))
+        for name in ("mesh", "advantage_kwargs"):
+            value = getattr(self, name)
+            if hasattr(value, "to_dict"):
+                value = value.to_dict()
+            if isinstance(value, Mapping):
+                value = {**DEFAULT_MESH, **value} if name == "mesh" else dict(value)
+                object.__setattr__(self, name, value)
+        super().__post_init__()
 
-        check(isinstance(self.offload_optimizer_state, bool),
-              f"offload_optimizer_state must be a bool (got {self.offload_optimizer_state!r})")
-        check(self.lr_schedule in SCHEDULES, f"lr_schedule must be one of {SCHEDULES}")
-        check(self.loss_agg_mode.replace("-", "_") in AGG_MODES,
-              f"loss_agg_mode must be one of {AGG_MODES}")
-        check(self.ratio_source in RATIO_SOURCES, f"ratio_source must be one of {RATIO_SOURCES}")
-        check(self.dtype in DTYPES and self.reference_dtype in DTYPES, f"dtypes must be in {DTYPES}")
-        check(self.micro_batch_size >= 1 and self.mini_batches >= 1 and self.epochs >= 1,
-              "micro_batch_size, mini_batches and epochs must be >= 1")
-        check(self.logprob_chunk_size >= 1, "logprob_chunk_size must be >= 1")
-        check(self.temperature > 0, "temperature must be > 0")
-        check(self.min_length_bucket >= 1, "min_length_bucket must be >= 1")
-        check(self.pack_length >= 0, "pack_length must be >= 0 (0 = no packing)")
-        check(self.tis_cap is None or self.tis_cap > 0, "tis_cap must be > 0 or None")
-        check(all(b >= 1 for b in self.length_buckets), "length_buckets must be positive")
-        check(self.kl_estimator.lower() in ("k1", "k2", "k3", "low_var_kl", "kl", "mse", "abs"),
-              "kl_estimator must be k1 / k2 / k3")
-        from agentrl_jax.algorithms.losses import POLICY_LOSSES
-        check(self.policy_loss in POLICY_LOSSES,
-              f"policy_loss must be one of {sorted(POLICY_LOSSES)}")
-        if self.advantage_estimator.lower().replace("-", "_") == "dpo":  # exact DPO gradient
-            check(self.policy_loss == "sft"
-                  and self.loss_agg_mode.replace("-", "_") == "seq_mean_token_sum",
-                  "advantage_estimator='dpo' needs policy_loss='sft' and "
-                  "loss_agg_mode='seq_mean_token_sum' (algorithms/dpo.py)")
-        object.__setattr__(self, "length_buckets", tuple(sorted(int(b) for b in self.length_buckets)))
-        object.__setattr__(self, "mesh", dict(self.mesh))
-        object.__setattr__(self, "advantage_kwargs", dict(self.advantage_kwargs))
+    def _extra_problems(self, prefix: str, bad: set[str]) -> list[str]:
+        out = []
+        if "length_buckets" not in bad and not all(b >= 1 for b in self.length_buckets):
+            out.append(f"{prefix}.length_buckets: lengths must be >= 1 (got "
+                       f"{self.length_buckets})")
+        if not bad & {"advantage_estimator", "policy_loss", "loss_agg_mode"} and _normalize(
+                self.advantage_estimator) == "dpo" and not (
+                self.policy_loss == "sft" and _normalize(self.loss_agg_mode)
+                == "seq_mean_token_sum"):
+            out.append(f"{prefix}.advantage_estimator: 'dpo' needs policy_loss='sft' and "
+                       "loss_agg_mode='seq_mean_token_sum' (algorithms/dpo.py)")
+        if "mesh" in bad:
+            return out
+        dims = self.mesh
+        unknown = sorted(set(dims) - set(MESH_AXES))
+        if unknown:
+            out.append(f"{prefix}.mesh: unknown axes {unknown}; known: {', '.join(MESH_AXES)}")
+        if not all(is_int(v) and (v >= 1 or v == -1) for v in dims.values()):
+            out.append(f"{prefix}.mesh: sizes must be integers >= 1 or -1 (got {dims})")
+        elif sum(v == -1 for v in dims.values()) > 1:
+            out.append(f"{prefix}.mesh: at most one axis may be -1 (got {dims})")
+        elif "micro_batch_size" not in bad and all(v >= 1 for v in dims.values()):
+            shards = dims["data"] * dims["fsdp"]
+            if self.micro_batch_size % shards:
+                out.append(f"{prefix}.micro_batch_size: must be a multiple of the mesh's data x "
+                           f"fsdp size {shards} (got {self.micro_batch_size})")
+        return out
 
     # ------------------------------------------------------------------ derived
     @property
@@ -134,9 +179,6 @@ class LearnerConfig:
         """A frozen reference model: for the KL term, or for a preference estimator (dpo)."""
         from agentrl_jax.algorithms.advantages import is_logprob_level
         return self.kl_coef > 0 or is_logprob_level(self.advantage_estimator)
-
-    def replace(self, **changes: Any) -> "LearnerConfig":
-        return dataclasses.replace(self, **changes)
 
     # ------------------------------------------------------------------ dict I/O
     @classmethod

@@ -51,7 +51,7 @@ def make_mesh(data: int = 1, fsdp: int = -1, tensor: int = 1,
 
 
 def mesh_from_config(config: Mapping[str, int] | None) -> Mesh:
-    """``make_mesh`` from a config mapping such as ``{"data": 1, "fsdp": -1, "tensor": 1}``."""
-    config = dict(config or {})
-    return make_mesh(data=config.get("data", 1), fsdp=config.get("fsdp", -1),
-                     tensor=config.get("tensor", 1))
+    """``make_mesh`` of a mapping of axis sizes such as ``{"data": 1, "fsdp": -1, "tensor": 1}``
+    (``LearnerConfig.mesh``, which names all three); an axis it does not name takes
+    ``make_mesh``'s default."""
+    return make_mesh(**{axis: int(size) for axis, size in dict(config or {}).items()})

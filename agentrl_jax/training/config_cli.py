@@ -13,15 +13,14 @@ at the same command line first and returns one line per mistake, all of them at 
   a dict for a section), or a missing value.
 
 ``run_main(main)`` is what each launch script's ``__main__`` calls instead of
-``absl.app.run(main)``: mistakes are printed as ``training/validate.py`` prints bad values
-(``invalid config (N problems):`` then one indented line each) and the process exits with
-``EXIT_BAD_CONFIG`` (2) before anything starts.
+``absl.app.run(main)``: mistakes are printed (``invalid config (N problems):`` then one
+indented line each) and the process exits with ``EXIT_BAD_CONFIG`` (2) before anything starts;
+otherwise ``main(argv, config)`` gets the typed ``RunConfig``, built once.
 """
 
 from __future__ import annotations
 
 import ast
-import difflib
 import importlib.util
 import os
 import re
@@ -32,6 +31,8 @@ from typing import Any, Callable
 from absl import app, flags
 from ml_collections import ConfigDict
 from ml_collections.config_flags import tuple_parser
+
+from agentrl_common.typed_sections import close_names
 
 _PARSERS: dict[type, flags.ArgumentParser] = {
     int: flags.IntegerParser(), float: flags.FloatParser(), bool: flags.BooleanParser(),
@@ -99,7 +100,7 @@ def _suggest(config: ConfigDict, path: list[str], depth: int) -> str:
     for part in path[depth:]:
         if not isinstance(holder, ConfigDict):
             break
-        close = [part] if part in holder else difflib.get_close_matches(part, holder.keys(), n=1)
+        close = [part] if part in holder else close_names(part, holder.keys())
         if not close:
             break
         fixed.append(close[0])
@@ -210,10 +211,18 @@ def cli_problems(argv: list[str], name: str = "config") -> list[str]:
     return [p.replace("--config", f"--{name}", 1) for p in problems if p]
 
 
-def run_main(main: Callable[[list[str]], Any], name: str = "config") -> None:
-    """``absl.app.run(main)`` after :func:`cli_problems` found no mistake in ``sys.argv``;
-    otherwise print them as ``validate.py`` prints bad values and exit with its
-    ``EXIT_BAD_CONFIG``."""
+def run_main(main: Callable[[list[str], Any], Any], name: str = "config",
+             check: Callable[[Any], Any] | None = None) -> None:
+    """``absl.app.run`` of ``main(argv, config)`` where ``config`` is the typed ``RunConfig`` of
+    ``--<name>`` (None when it is not given), built once before ``main`` starts anything.
+
+    Mistakes in the command line (:func:`cli_problems`) and in the loaded config's values
+    (``check``: ConfigDict -> RunConfig raising ``ConfigError``; default
+    ``training/config.py::to_run_config``) are printed as ``invalid config (N problems):``
+    then one indented line each, and the process exits with ``EXIT_BAD_CONFIG`` (2)."""
+    from agentrl_jax.training.config import (EXIT_BAD_CONFIG, ConfigError, format_problems,
+                                             to_run_config)
+
     argv = sys.argv[1:]
     try:  # --flagfile=... expanded as absl will
         argv = flags.FLAGS.read_flags_from_files(argv, force_gnu=False)
@@ -221,8 +230,18 @@ def run_main(main: Callable[[list[str]], Any], name: str = "config") -> None:
         pass  # absl reports it itself
     problems = cli_problems(argv, name)
     if problems:
-        from agentrl_jax.training.validate import EXIT_BAD_CONFIG, format_problems
-
         print(format_problems(problems), file=sys.stderr, flush=True)
         sys.exit(EXIT_BAD_CONFIG)
-    app.run(main)
+
+    def typed_main(args: list[str]) -> Any:
+        value = flags.FLAGS[name].value
+        config = None
+        if value is not None:
+            try:
+                config = (check or to_run_config)(value)
+            except ConfigError as error:
+                print(error, file=sys.stderr, flush=True)
+                sys.exit(EXIT_BAD_CONFIG)
+        return main(args, config)
+
+    app.run(typed_main)

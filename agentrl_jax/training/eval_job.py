@@ -19,7 +19,8 @@ from agentrl_jax.training import services
 from agentrl_jax.training.evaluation import EvalResult, evaluate
 from agentrl_jax.training.progress import (EpisodeProgress, TurnCounter, format_seconds,
                                            progress_mode, timed)
-from agentrl_jax.training.trainer import load_policy
+from agentrl_jax.training.config import to_run_config
+from agentrl_jax.training.policy import load_policy
 
 
 def _restore_policy(config: Any, model: Any, checkpoint_dir: str, step: int | None,
@@ -27,7 +28,7 @@ def _restore_policy(config: Any, model: Any, checkpoint_dir: str, step: int | No
     """The policy of checkpoint ``step`` (None: the latest) and that step."""
     from agentrl_jax.learner.learner import Learner
 
-    learner = Learner(model, dict(config.learner), checkpoint_dir=checkpoint_dir)
+    learner = Learner(model, config.learner, checkpoint_dir=checkpoint_dir)
     stack.callback(learner.close)
     latest = learner.checkpointer.latest_step()
     if latest is None:
@@ -60,9 +61,10 @@ async def run_evaluation(config: Any, checkpoint_dir: str | None = None, step: i
     lines every ``progress_interval_s`` (config ``progress_seconds``) otherwise).
     ``trajectories_out``: a list that receives the evaluation's trajectories.
     """
+    config = to_run_config(config)
     horizon = int(horizon or config.train.eval_horizon)
-    mode = progress or progress_mode(force_bar=bool(config.get("progress")))
-    interval = float(config.get("progress_seconds", 30.0) if progress_interval_s is None
+    mode = progress or progress_mode(force_bar=config.progress)
+    interval = float(config.progress_seconds if progress_interval_s is None
                      else progress_interval_s)
     compile_notice.set_announcer(say)  # the engine's compiles after its warm-up get a line
     with contextlib.ExitStack() as stack:
@@ -94,7 +96,7 @@ async def run_evaluation(config: Any, checkpoint_dir: str | None = None, step: i
                                        say, counter=counter) as bar:
                 result, trajectories = await evaluate(
                     pool, tasks, k=k, horizon=horizon, seed=int(config.seed), progress=bar,
-                    min_scored=float(config.train.get("eval_min_scored", 0.9)))
+                    min_scored=config.train.eval_min_scored)
             say(f"evaluated {len(tasks)} tasks x k={k} ({episodes} episodes, horizon "
                 f"{horizon}) in {format_seconds(time.monotonic() - t0)}")
     if output:

@@ -71,11 +71,13 @@ def answer_format(config: Any) -> dict[str, Any]:
     """The parts of a config that decide a trajectory's token layout besides the tokenizer."""
     from agentrl_jax.training.services import stop_strings
 
-    agent = config.get("agent", {}) or {}
-    return {"prompt_style": agent.get("prompt_style", "react"),
-            "response_prefix": agent.get("response_prefix", ""),
-            "stop": stop_strings(config.rollout.get("stop", ())),
-            "max_context": int(config.rollout.max_context)}
+    from agentrl_jax.training.config import to_run_config
+
+    config = to_run_config(config)
+    return {"prompt_style": config.agent.prompt_style,
+            "response_prefix": config.agent.response_prefix,
+            "stop": stop_strings(config.rollout.stop),
+            "max_context": config.rollout.max_context}
 
 
 class ExpertPool(ActorPool):
@@ -118,6 +120,9 @@ async def record_experts(config: Any, env: str, episodes: int, out_dir: str, *,
 
     if env not in EXPERT_POLICIES:
         raise ValueError(f"no expert for environment {env!r} (have {sorted(EXPERT_POLICIES)})")
+    from agentrl_jax.training.config import to_run_config
+
+    config = to_run_config(config)
     fmt = answer_format(config)
     horizon = int(horizon or config.train.eval_horizon)
     tokenizer = load_tokenizer(resolve_model_path(config.model.name))
@@ -127,12 +132,9 @@ async def record_experts(config: Any, env: str, episodes: int, out_dir: str, *,
     os.makedirs(out_dir, exist_ok=True)
     path = os.path.join(out_dir, f"{env}.jsonl")
     t0 = time.monotonic()
-    sub = config.copy_and_resolve_references() if hasattr(config, "copy_and_resolve_references") \
-        else config
+    sub = config.replace(env=config.env.replace(names=env))
     with contextlib.ExitStack() as stack:
         async with contextlib.AsyncExitStack() as astack:
-            with sub.unlocked() if hasattr(sub, "unlocked") else contextlib.nullcontext():
-                sub.env.names = env
             urls = services.start_env_services(sub, stack)
             clients = services.make_env_clients(urls, sub, astack)
             ids = list(await clients[env].tasks(split))
@@ -153,8 +155,8 @@ async def record_experts(config: Any, env: str, episodes: int, out_dir: str, *,
                               prompt_style=fmt["prompt_style"],
                               response_prefix=fmt["response_prefix"])
             async with EpisodeProgress(len(tasks), f"recording {env} experts",
-                                       progress_mode(force_bar=bool(config.get("progress"))),
-                                       float(config.get("progress_seconds", 30.0)), say) as bar:
+                                       progress_mode(force_bar=config.progress),
+                                       config.progress_seconds, say) as bar:
                 finished = collections.Counter()
 
                 def progress(t: Trajectory) -> None:

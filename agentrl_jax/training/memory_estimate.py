@@ -28,6 +28,7 @@ from agentrl_jax.models.config import ModelConfig
 from agentrl_jax.rollout.engine.engine_config import EngineConfig
 from agentrl_jax.rollout.engine.forward import XLA_GEMM
 from agentrl_jax.training import services
+from agentrl_jax.training.config import to_run_config
 
 GIB = 1024 ** 3
 #: the total memory of one H100 80GB as JAX reports it (GiB); nvidia-smi's 81559 MiB is 79.6
@@ -107,29 +108,29 @@ def memory_estimate(num_gpus: int, config: Any, usable_gib: float | None = None,
     """
     if usable_gib is None:
         usable_gib = gpu_memory_gib * mem_fraction
-    c = config
+    c = to_run_config(config)
     shape = dict(c.model.random_init)
     n = parameter_count(shape)
     g = int(num_gpus)
     mcfg = ModelConfig(**shape)
-    engine_dtype = c.rollout.get("engine_dtype") or c.model.get("dtype", "float32")
+    engine_dtype = c.rollout.engine_dtype or c.model.dtype
     eb = _BYTES[engine_dtype]
-    lb = _BYTES[c.learner.get("dtype", "float32")]
+    lb = _BYTES[c.learner.dtype]
     slots = services.engine_slots(c, mcfg, engine_dtype, backend="gpu")
     replica_slots = math.ceil(slots / g)
     kv_per_token = 2 * mcfg.num_layers * mcfg.num_kv_heads * mcfg.head_dim * eb
-    tensor_parallel = int(c.rollout.get("tensor_parallel", 1))
-    decode_gemm = EngineConfig(decode_gemm=str(c.rollout.get("decode_gemm", "auto"))
+    tensor_parallel = int(c.rollout.tensor_parallel)
+    decode_gemm = EngineConfig(decode_gemm=str(c.rollout.decode_gemm)
                                ).resolved_decode_gemm("gpu", tensor_parallel)
     qkv_width = (mcfg.num_heads + 2 * mcfg.num_kv_heads) * mcfg.head_dim
     merged_per_layer = (mcfg.hidden_size * (qkv_width + 2 * mcfg.intermediate_size)
                         + (qkv_width if mcfg.attention_bias else 0))
     rows = math.ceil(int(c.learner.micro_batch_size) / g)
-    t = int(c.learner.get("pack_length", 0) or c.rollout.max_context)
+    t = int(c.learner.pack_length or c.rollout.max_context)
     activations = rows * t * (mcfg.num_layers * mcfg.hidden_size * lb
                               + 3 * mcfg.intermediate_size * lb * 3)
-    uses_reference = float(c.learner.get("kl_coef", 0.0)) > 0
-    offloads = bool(c.learner.get("offload_optimizer_state", False))
+    uses_reference = float(c.learner.kl_coef) > 0
+    offloads = bool(c.learner.offload_optimizer_state)
     largest_leaf = max(shape["vocab_size"] * shape["hidden_size"],
                        shape["hidden_size"] * shape["intermediate_size"])
     parts = {
@@ -137,7 +138,7 @@ def memory_estimate(num_gpus: int, config: Any, usable_gib: float | None = None,
         "adamw": 0.0 if offloads else 8 * n / g,
         "adamw_in_flight": 2 * 8 * largest_leaf / g if offloads else 0.0,
         "grad_accumulator": 4 * n / g,
-        "reference": (_BYTES[c.learner.get("reference_dtype", "float32")] * n / g
+        "reference": (_BYTES[c.learner.reference_dtype] * n / g
                       if uses_reference else 0.0),
         "engine_weights": eb * n,
         "kv_cache": replica_slots * int(c.rollout.max_context) * kv_per_token,
@@ -150,7 +151,7 @@ def memory_estimate(num_gpus: int, config: Any, usable_gib: float | None = None,
     # rollout.release_kv_during_update: the KV cache is freed for the update and the weight
     # sync (the next rollout allocates it again), so it is live only while the grads are not
     # (the merged decode weights are built and freed with it)
-    releases_kv = bool(c.rollout.get("release_kv_during_update", False))
+    releases_kv = bool(c.rollout.release_kv_during_update)
     with_kv = parts["kv_cache"] + parts["engine_merged"]
     kv_in_update = 0.0 if releases_kv else with_kv
     held = sum(parts[k] for k in ("master", "adamw", "reference", "engine_weights"))

@@ -11,7 +11,7 @@ interrupted run would have had (the reference code's resume was off by one phase
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,14 +48,15 @@ class HorizonSchedule:
         return cls(phases=(int(turns),), steps_per_phase=1)
 
     @classmethod
-    def from_config(cls, config: Mapping[str, Any]) -> "HorizonSchedule":
-        """``{"type": "scaling_inter", "phases": [6, 13, 20], "steps_per_phase": 100}`` or
-        ``{"type": "fixed", "turns": 20}``."""
-        kind = config.get("type", "scaling_inter")
-        if kind == "fixed":
-            return cls.fixed(int(config["turns"]))
-        if kind == "scaling_inter":
-            phases: Sequence[int] = config["phases"]
-            return cls(phases=tuple(int(p) for p in phases),
-                       steps_per_phase=int(config.get("steps_per_phase", 100)))
-        raise ValueError(f"unknown horizon schedule type {kind!r} (scaling_inter, fixed)")
+    def from_config(cls, config: Any) -> "HorizonSchedule":
+        """The schedule of a ``HorizonConfig`` (``training/config_sections.py``) or of a mapping
+        of its keys (``{"type": "scaling_inter", "phases": [6, 13, 20], "steps_per_phase":
+        100}``, ``{"type": "fixed", "turns": 20}``; the other keys take their defaults). A bad
+        value raises ``ValueError``."""
+        from agentrl_jax.training.config_sections import HorizonConfig
+
+        if not isinstance(config, HorizonConfig):
+            config = HorizonConfig(**dict(config))
+        if config.type == "fixed":
+            return cls.fixed(config.turns)
+        return cls(phases=tuple(config.phases), steps_per_phase=config.steps_per_phase)

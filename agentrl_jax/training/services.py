@@ -12,21 +12,17 @@ import contextlib
 import logging
 from typing import Any, Callable, Mapping, Sequence
 
+from agentrl_jax.learner.config import LearnerConfig
 from agentrl_jax.rollout.engine.sizing import engine_prefill, fit_engine_slots
+from agentrl_jax.training.config import to_run_config
+from agentrl_jax.training.config_sections import as_list
 
 log = logging.getLogger(__name__)
 
 
-def _as_list(value: Any) -> list[str]:
-    if value is None:
-        return []
-    if isinstance(value, str):
-        return [v.strip() for v in value.split(",") if v.strip()]
-    return [str(v) for v in value]
-
-
 def env_names(config: Any) -> list[str]:
-    names = _as_list(config.env.names)
+    """The environment families of ``config.env.names`` (a ``RunConfig`` or a ConfigDict)."""
+    names = to_run_config(config).env.name_list
     if not names:
         raise ValueError("config.env.names lists no environment")
     return names
@@ -50,20 +46,18 @@ def start_supervised_env_services(config: Any, stack: contextlib.ExitStack,
     first)."""
     from agentrl_common.processes import ServerSupervisor, start_env_server
 
+    env = to_run_config(config).env
     urls: dict[str, list[str]] = {}
     started = []
-    configured: Mapping[str, Any] = dict(config.env.get("urls", {}) or {})
-    server_args: Mapping[str, Any] = dict(config.env.get("server_args", {}) or {})
-    for name in env_names(config):
-        given = _as_list(configured.get(name))
+    for name in env.name_list:
+        given = as_list(env.urls[name]) if name in env.urls else []
         if given:
             urls[name] = given
             continue
-        extra = _as_list(server_args.get(name)) if isinstance(server_args.get(name), str) else \
-            list(server_args.get(name) or [])
-        replicas = int(config.env.get("replicas", 1))
+        flags = env.server_args[name] if name in env.server_args else []
+        extra = as_list(flags) if isinstance(flags, str) else list(flags)
         urls[name] = []
-        for _ in range(replicas):
+        for _ in range(env.replicas):
             server = start_env_server(name, extra_args=[a for arg in extra for a in arg.split()])
             stack.callback(server.stop)
             started.append(server)
@@ -71,7 +65,7 @@ def start_supervised_env_services(config: Any, stack: contextlib.ExitStack,
             urls[name].append(server.url)
     supervisor = None
     if started:
-        supervisor = ServerSupervisor(started, max_restarts=int(config.env.get("max_restarts", 3)),
+        supervisor = ServerSupervisor(started, max_restarts=env.max_restarts,
                                       on_event=on_event or log.warning).start()
         stack.callback(supervisor.stop)  # before the servers stop (LIFO)
     return urls, supervisor
@@ -81,11 +75,12 @@ def make_env_clients(urls: Mapping[str, Sequence[str]], config: Any,
                      stack: contextlib.AsyncExitStack) -> dict[str, Any]:
     from environments.core.client import EnvClient
 
+    config = to_run_config(config)
     clients = {}
     for name, replica_urls in urls.items():
-        client = EnvClient(list(replica_urls), timeout=float(config.env.get("timeout", 120.0)),
-                           max_connections=int(config.rollout.max_concurrency) * 2,
-                           list_actions=int(config.agent.list_valid_actions))
+        client = EnvClient(list(replica_urls), timeout=config.env.timeout,
+                           max_connections=config.rollout.max_concurrency * 2,
+                           list_actions=config.agent.list_valid_actions)
         stack.push_async_callback(client.aclose)
         clients[name] = client
     return clients
@@ -94,13 +89,11 @@ def make_env_clients(urls: Mapping[str, Sequence[str]], config: Any,
 def max_episodes_per_round(config: Any) -> int:
     """Most episodes one rollout or evaluation round can have in flight: the larger of
     ``tasks_per_step x samples_per_task`` and ``eval_tasks x eval_samples`` per environment
-    family (an upper bound; a large number when the config has no ``train`` section)."""
-    t = config.get("train", None)
-    if t is None:
-        return 1 << 30
-    n_envs = len(_as_list(config.env.names)) if "env" in config else 1
-    train = int(t.get("tasks_per_step", 1)) * int(t.get("samples_per_task", 1))
-    evals = int(t.get("eval_tasks", 0)) * int(t.get("eval_samples", 1)) * max(n_envs, 1)
+    family."""
+    config = to_run_config(config)
+    t, n_envs = config.train, len(config.env.name_list)
+    train = t.tasks_per_step * t.samples_per_task
+    evals = t.eval_tasks * t.eval_samples * max(n_envs, 1)
     return max(1, train, evals)
 
 
@@ -120,11 +113,12 @@ def engine_slots(config: Any, model_config: Any, dtype: str | None = None,
     start-up peak of ~2x the cache did not survive). Requests beyond the slots wait in the
     engine's queue; nothing is dropped.
     """
+    config = to_run_config(config)
     r = config.rollout
     if episodes is None:
         episodes = max_episodes_per_round(config)
-    slots = max(1, min(int(r.max_batch), int(r.max_concurrency), int(episodes)))
-    return fit_engine_slots(slots, model_config, int(r.max_context), dtype, host_ram_bytes, backend)
+    slots = max(1, min(r.max_batch, r.max_concurrency, int(episodes)))
+    return fit_engine_slots(slots, model_config, r.max_context, dtype, host_ram_bytes, backend)
 
 
 def prefill_kv_buckets(value: Any) -> tuple[int, ...] | None:
@@ -140,8 +134,8 @@ def prefill_kv_buckets(value: Any) -> tuple[int, ...] | None:
 CPU_LENGTH_BUCKET = 256
 
 
-def learner_settings(config: Any, platform: str | None = None) -> dict[str, Any]:
-    """``config.learner`` as the dict ``Learner`` takes, with length buckets for the backend.
+def learner_settings(config: Any, platform: str | None = None) -> LearnerConfig:
+    """``config.learner`` as ``Learner`` takes it, with length buckets for the backend.
 
     The learner pads every row to a length bucket and computes the padding too. On
     accelerators the default powers of two stay (few compiled shapes; padding is cheap in
@@ -153,13 +147,13 @@ def learner_settings(config: Any, platform: str | None = None) -> dict[str, Any]
     """
     import jax
 
-    settings = dict(config.learner)
+    config = to_run_config(config)
+    settings = config.learner
     platform = platform or jax.default_backend()
-    if platform == "cpu" and not settings.get("length_buckets") and not settings.get(
-            "pack_length"):
-        top = int(config.rollout.max_context)
-        settings["length_buckets"] = tuple(range(CPU_LENGTH_BUCKET, top + CPU_LENGTH_BUCKET,
-                                                 CPU_LENGTH_BUCKET))
+    if platform == "cpu" and not settings.length_buckets and not settings.pack_length:
+        top = config.rollout.max_context
+        settings = settings.replace(length_buckets=tuple(range(
+            CPU_LENGTH_BUCKET, top + CPU_LENGTH_BUCKET, CPU_LENGTH_BUCKET)))
     return settings
 
 
@@ -172,16 +166,16 @@ def engine_device_groups(config: Any) -> list[list[Any]]:
 
     from agentrl_jax.rollout.engine.placement import device_groups
 
-    rollout = config.rollout
+    rollout = to_run_config(config).rollout
     devices = jax.local_devices()
-    groups = device_groups(devices, int(rollout.get("tensor_parallel", 1)))
-    wanted = int(rollout.get("engine_replicas", 0))
+    groups = device_groups(devices, rollout.tensor_parallel)
+    wanted = rollout.engine_replicas
     if wanted == 0 and devices[0].platform == "cpu":
         wanted = 1
     if wanted > len(groups):
         raise ValueError(f"rollout.engine_replicas={wanted} but this host has only "
                          f"{len(groups)} group(s) of rollout.tensor_parallel="
-                         f"{rollout.get('tensor_parallel', 1)} local devices")
+                         f"{rollout.tensor_parallel} local devices")
     return groups[:wanted] if wanted > 0 else groups
 
 
@@ -200,28 +194,28 @@ def make_backend(config: Any, model: Any, tokenizer: Any, model_path: str | None
 
     from agentrl_jax.rollout.backends.base import ROLLOUT_BACKENDS, BackendBuild
 
+    config = to_run_config(config)
     rollout = config.rollout
     backend_cls = ROLLOUT_BACKENDS.get(rollout.backend)  # UnknownNameError: known names
     build = BackendBuild(model=model, tokenizer=tokenizer, model_path=model_path,
-                         urls=tuple(_as_list(rollout.get("urls"))),
-                         api_key=rollout.get("api_key") or None)
+                         urls=tuple(rollout.url_list),
+                         api_key=rollout.api_key or None)
     if backend_cls.uses_local_engine:
         from agentrl_jax.rollout.engine.engine_config import EngineConfig
 
         model_config = model.cfg if hasattr(model, "cfg") else None
-        slots = (engine_slots(config, model_config, rollout.get("engine_dtype") or None,
+        slots = (engine_slots(config, model_config, rollout.engine_dtype or None,
                               episodes=episodes)
                  if model_config is not None else int(rollout.max_batch))
         groups = engine_device_groups(config)
         per_replica = -(-slots // len(groups))  # sessions spread evenly over the replicas
         engine_kwargs = dict(
-            max_batch=per_replica, max_length=int(rollout.max_context),
-            dtype=rollout.get("engine_dtype") or None,
-            weights_dtype=rollout.get("engine_dtype") or None,
-            decode_steps=int(rollout.get("decode_steps", 16)), seed=int(config.seed),
-            decode_attention=str(rollout.get("decode_attention", "auto")),
-            decode_gemm=str(rollout.get("decode_gemm", "auto")),
-            prefill_kv_buckets=prefill_kv_buckets(rollout.get("prefill_kv_buckets", "")))
+            max_batch=per_replica, max_length=rollout.max_context,
+            dtype=rollout.engine_dtype or None, weights_dtype=rollout.engine_dtype or None,
+            decode_steps=rollout.decode_steps, seed=config.seed,
+            decode_attention=rollout.decode_attention, decode_gemm=rollout.decode_gemm,
+            prefill_kv_buckets=prefill_kv_buckets(rollout.prefill_kv_buckets),
+            share_prompts=rollout.share_prompts)
         engine_kwargs.update(engine_prefill(groups[0][0].platform))
         build = dataclasses.replace(build, engine_config=EngineConfig(**engine_kwargs),
                                     device_groups=tuple(tuple(g) for g in groups))
@@ -268,10 +262,9 @@ async def close_backend(backend: Any, drain_timeout: float = 30.0) -> None:
 def make_sampling(config: Any):
     from agentrl_jax.rollout.backends.base import SamplingParams
 
-    r = config.rollout
-    return SamplingParams(max_new_tokens=int(r.max_new_tokens), temperature=float(r.temperature),
-                          top_p=float(r.top_p), top_k=int(r.get("top_k", -1)),
-                          stop=stop_strings(r.get("stop", ())))
+    r = to_run_config(config).rollout
+    return SamplingParams(max_new_tokens=r.max_new_tokens, temperature=r.temperature,
+                          top_p=r.top_p, top_k=r.top_k, stop=stop_strings(r.stop))
 
 
 def stop_strings(value: Any) -> list[str] | None:
@@ -289,18 +282,16 @@ def make_actor_pool(config: Any, backend: Any, clients: Mapping[str, Any], token
     from agentrl_jax.agent.chat import ChatFormatter
     from agentrl_jax.agent.parsing import get_parser
 
-    r = config.rollout
-    agent = config.get("agent", {}) or {}
+    config = to_run_config(config)
+    r, agent = config.rollout, config.agent
     return ActorPool(backend, clients, ChatFormatter(tokenizer, tuple(eos_token_ids) or None),
-                     make_sampling(config), max_context=int(r.max_context),
-                     max_concurrency=int(r.max_concurrency),
-                     parser=get_parser(r.get("parser", "react")),
-                     prompt_style=agent.get("prompt_style", "react"),
-                     response_prefix=agent.get("response_prefix", ""),
+                     make_sampling(config), max_context=r.max_context,
+                     max_concurrency=r.max_concurrency, parser=get_parser(r.parser),
+                     prompt_style=agent.prompt_style, response_prefix=agent.response_prefix,
                      # episodes in N spawned processes, the backend here (docs/ROLLOUT.md)
-                     workers=int(r.get("actor_workers", 0) or 0),
+                     workers=r.actor_workers,
                      # workers post to HTTP rollout servers themselves (engine_servers, sglang)
-                     direct_workers=bool(r.get("actor_workers_direct", True)))
+                     direct_workers=r.actor_workers_direct)
 
 
 async def task_refs(clients: Mapping[str, Any], split: str, limit: int | None = None) -> list:

@@ -29,7 +29,6 @@ training, ``eval_job``) and ``summary.json``.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import os
 import sys
@@ -39,7 +38,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from agentrl_jax import compile_notice
-from agentrl_jax.training.config import model_label
+from agentrl_jax.training.config import config_json, model_label, to_run_config
 from agentrl_jax.training.experts import META_SUFFIX, answer_format, tokenizer_fingerprint
 from agentrl_jax.training.progress import (BAR, LINES, EpisodeProgress, format_seconds,
                                            timed)
@@ -153,9 +152,9 @@ class SFTRun:
     """One behaviour-cloning run (see the module docstring); ``run()`` returns the summary."""
 
     def __init__(self, config: Any, workdir: str, progress: bool = True):
-        self.config = config
+        config = self.config = to_run_config(config)
         self.workdir = os.path.abspath(workdir)
-        self.progress_mode = (BAR if progress and (sys.stderr.isatty() or config.get("progress"))
+        self.progress_mode = (BAR if progress and (sys.stderr.isatty() or config.progress)
                               else LINES)
         self.export_dir = os.path.join(self.workdir, EXPORT_DIR)
         os.makedirs(self.workdir, exist_ok=True)
@@ -172,24 +171,24 @@ class SFTRun:
 
     def total_steps(self, n: int) -> int:
         s = self.config.sft
-        steps = int(s.get("steps", 0) or 0)
-        return steps or int(s.get("epochs", 1)) * -(-n // int(s.batch_size))
+        return s.steps or s.epochs * -(-n // s.batch_size)
 
     async def _run(self) -> dict[str, Any]:
         from agentrl_jax.learner.learner import Learner
         from agentrl_jax.training import services
-        from agentrl_jax.training.trainer import load_policy, write_json_atomic
+        from agentrl_jax.training.policy import load_policy
+        from agentrl_jax.training.summary import write_json_atomic
 
         cfg, s = self.config, self.config.sft
         with open(os.path.join(self.workdir, "config.json"), "w") as f:
-            f.write(cfg.to_json_best_effort(indent=2))
+            json.dump(config_json(cfg), f, indent=2)
         with timed(self._say, "loading model "
-                   + model_label(cfg.model.name, cfg.model.get("random_init"))):
+                   + model_label(cfg.model.name, cfg.model.random_init)):
             model, tokenizer, _ = load_policy(cfg)
-        pack = int(cfg.learner.get("pack_length", 0) or 0)
+        pack = cfg.learner.pack_length
         files = data_files(s.data, services.env_names(cfg))
         items, counts = load_expert_data(files, tokenizer_fingerprint(tokenizer),
-                                         answer_format(cfg), bool(s.get("only_success", True)),
+                                         answer_format(cfg), s.only_success,
                                          max_length=pack or None)
         if not items:
             raise ValueError(f"no trainable expert episode in {files} ({counts})")
@@ -199,9 +198,9 @@ class SFTRun:
                   f"{', '.join(files)}; dropped {counts['failed']} failed, {counts['error']} "
                   f"errors, {counts['too_long']} longer than {pack}, {counts['empty']} empty; "
                   f"{total} steps of {int(s.batch_size)} episodes")
-        learner = Learner(model, dict(cfg.learner),
+        learner = Learner(model, cfg.learner,
                           checkpoint_dir=os.path.join(self.workdir, "checkpoints"),
-                          max_to_keep=int(s.get("keep_checkpoints", 2)),
+                          max_to_keep=s.keep_checkpoints,
                           log_dir=os.path.join(self.workdir, "tensorboard"),
                           metrics_jsonl=os.path.join(self.workdir, "metrics.jsonl"))
         try:
@@ -210,7 +209,7 @@ class SFTRun:
                 with timed(self._say, "restoring the latest checkpoint"):
                     start = int((learner.restore_latest() or {}).get("step", 0))
                 self._say(f"resumed at step {start}")
-            last = await self._train(learner, items, start, total, int(cfg.model.get("pad_id", 0)))
+            last = await self._train(learner, items, start, total, cfg.model.pad_id)
             if last > start or not os.path.exists(os.path.join(self.export_dir, "config.json")):
                 learner.wait()
                 with timed(self._say, f"exporting the policy to {self.export_dir}"):
@@ -221,7 +220,7 @@ class SFTRun:
         finally:
             learner.close()
         evals = {}
-        if s.get("eval_after", True) and int(cfg.train.get("eval_tasks", 0)):
+        if s.eval_after and cfg.train.eval_tasks:
             evals[last] = await self._evaluate(last)
         summary = {"workdir": self.workdir, "final_step": last, "total_steps": total,
                    "data": counts, "data_files": files, "assistant_tokens": tokens,
@@ -240,14 +239,12 @@ class SFTRun:
         """Steps ``start .. total`` (or until ``sft.max_seconds``); returns the last step."""
         s = self.config.sft
         bs, seed = int(s.batch_size), int(self.config.seed)
-        max_seconds = float(s.get("max_seconds", 0) or 0)
-        save_every = int(s.get("save_every", 0) or 0)
-        log_every = max(int(s.get("log_every", 10) or 10), 1)
+        max_seconds, save_every, log_every = s.max_seconds, s.save_every, s.log_every
         per_epoch = -(-len(items) // bs)
         t_start = time.monotonic()
         step = start
         async with EpisodeProgress(total - start, "sft", self.progress_mode,
-                                   float(self.config.get("progress_seconds", 30.0)), self._say,
+                                   self.config.progress_seconds, self._say,
                                    unit="steps") as bar:
             compiled = False
             while step < total:
@@ -288,10 +285,8 @@ class SFTRun:
 
         from agentrl_jax.training.eval_job import run_evaluation
 
-        cfg = self.config.copy_and_resolve_references()
-        with cfg.unlocked() if hasattr(cfg, "unlocked") else contextlib.nullcontext():
-            cfg.model.name = self.export_dir
-            cfg.model.random_init = {}
+        cfg = self.config.replace(model=self.config.model.replace(name=self.export_dir,
+                                                                   random_init={}))
         trajectories: list = []
         t = self.config.train
         result = await run_evaluation(cfg, k=int(t.eval_samples), num_tasks=int(t.eval_tasks),

@@ -25,7 +25,7 @@ from __future__ import annotations
 import abc
 import asyncio
 import dataclasses
-from typing import Any, ClassVar, Mapping, Sequence
+from typing import Any, ClassVar, Mapping, Protocol, Sequence
 
 from agentrl_common.registry import Registry
 from agentrl_jax.rollout import sampling_limits as limits
@@ -178,6 +178,23 @@ class GenerateResult:
         return {"type": "abort", "message": "aborted"}
 
 
+class WeightSource(Protocol):
+    """A learner's current weights in the forms a backend loads (``sync_weights``; the
+    trainer's ``training/policy.py::LearnerWeights``)."""
+
+    is_main: bool  # the main process of a multi-process run (True with one process)
+
+    def arrays(self) -> Any:
+        """The parameter arrays on this host's devices (an engine in this process)."""
+
+    def policy(self) -> Any:
+        """The policy model (servers load an export of it); with several processes a
+        collective that every process calls."""
+
+    def synced(self, version: int) -> None:
+        """Called once this process's backend has the weights (a barrier across processes)."""
+
+
 class RolloutBackend(abc.ABC):
     """Async interface of a rollout backend (embedded engine, SGLang servers, ...)."""
 
@@ -198,6 +215,10 @@ class RolloutBackend(abc.ABC):
         backend for this run's policy, engine config / devices or server URLs."""
         raise NotImplementedError(f"{cls.__name__} cannot be built for a training run "
                                   "(it defines no from_run)")
+    #: servers this run did not start: every process of a multi-process run shares them (one
+    #: export, loaded by the main process), and they keep the weights loaded last when the
+    #: trainer restarts
+    external_servers: bool = False
 
     @abc.abstractmethod
     async def generate(self, input_ids: list[int], sampling: SamplingParams | None = None,
@@ -223,6 +244,16 @@ class RolloutBackend(abc.ABC):
                              version: str | None = None) -> None:
         """Load new policy weights: in-memory ``params`` (an nnx model / State / param pytree)
         or a HF safetensors directory ``path``. Invalidates prefix caches."""
+
+    async def sync_weights(self, weights: WeightSource, version: int) -> None:
+        """Load a learner's weights as ``version`` (the trainer calls it after each update):
+        by default its policy model (servers load an export of it; external servers from the
+        main process only), then ``weights.synced(version)``. An engine in the trainer's
+        process overrides it to take the arrays themselves."""
+        policy = weights.policy()  # every process takes part (a collective)
+        if weights.is_main or not self.external_servers:
+            await self.update_weights(policy, version=str(version))
+        weights.synced(version)
 
     @abc.abstractmethod
     async def health(self) -> bool:

@@ -111,6 +111,8 @@ class EngineServers(SGLangBackend):
     server may take to load and compile. Other keyword arguments go to ``SGLangBackend``.
     """
 
+    external_servers = False  # started by (and belonging to) this process
+
     name = "engine_servers"
     uses_local_engine = True
 

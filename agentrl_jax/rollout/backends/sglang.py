@@ -75,6 +75,8 @@ class SGLangBackend(DiskWeightSync, BatchedSamplesBackend):
     so off by default; ``EngineServers`` turns it on).
     """
 
+    external_servers = True  # shared by every process; they outlive the trainer
+
     name = "sglang"
 
     def __init__(self, urls: str | list[str], *, timeout: float = 3600.0,

@@ -160,6 +160,9 @@ class Engine(WeightsAndCache, Scheduler, FailureHandling, BatchedSamplesBackend)
         self._waiting: collections.deque[Request] = collections.deque()
         self._prefill_queue: list[Seq] = []
         self._fork_ready: list[Seq] = []
+        # prompt ids -> the sequence prefilling them (``share_prompts``): an equal prompt that
+        # arrives before that prefill ends copies its row instead of prefilling again
+        self._prompt_leaders: dict[tuple[int, ...], Seq] = {}
         self._requests: dict[str, Request] = {}
         self._rng = np.random.default_rng(c.seed)
         self._rid_counter = itertools.count()

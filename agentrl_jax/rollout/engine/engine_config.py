@@ -51,7 +51,10 @@ class EngineConfig:
     (``max_length`` is always the last bucket); ``None``: powers of two from
     :data:`MIN_PREFILL_KV` below ``max_length``; ``()`` (the default): every call attends over
     the whole row. Buckets cut prefill time but multiply the prefill shapes compiled at
-    start-up (docs/PERFORMANCE.md, "Rollout on 1, 2, 4 GPUs").
+    start-up (docs/PERFORMANCE.md, "Rollout on 1, 2, 4 GPUs"). share_prompts: a request
+    (``n == 1``) whose prompt equals, id for id, that of a request still waiting for its
+    prefill does not prefill it again: it waits for that prefill and copies the KV row (the
+    ``n > 1`` fork path), e.g. the samples of a GRPO group on their first turn.
     """
 
     max_batch: int = 32
@@ -71,6 +74,7 @@ class EngineConfig:
     decode_attention: str = "auto"
     decode_gemm: str = "auto"
     prefill_kv_buckets: tuple[int, ...] | None = ()
+    share_prompts: bool = True
 
     def __post_init__(self) -> None:
         if self.kv_layout not in (HEAD_MAJOR, SEQ_MAJOR):

@@ -10,10 +10,11 @@ import concurrent.futures
 import logging
 from typing import Any, Callable
 
+
 from agentrl_jax.rollout.backends.base import (BackendUnavailableError, InvalidRequestError,
                                                RequestFailedError, RolloutError)
 from agentrl_jax.rollout.engine.compiled import ACT, STOP
-from agentrl_jax.rollout.engine.requests import DONE, Request
+from agentrl_jax.rollout.engine.requests import DONE, PREFILL, Request
 from agentrl_jax.rollout.engine.slots import SlotTable
 
 log = logging.getLogger(__name__)
@@ -52,6 +53,8 @@ class FailureHandling:
             self._waiting.remove(req)
             self._dequeued()
         for seq in req.seqs:
+            if seq.state == PREFILL:
+                self._orphan_followers(seq)
             if seq in self._prefill_queue:
                 self._prefill_queue.remove(seq)
             if seq in self._fork_ready:
@@ -85,6 +88,7 @@ class FailureHandling:
                 req.future.set_exception(RolloutError(f"engine step failed: {message}"))
         self._waiting.clear()
         self._prefill_queue, self._fork_ready = [], []
+        self._prompt_leaders.clear()
         self._slot_seq.clear()
         self._ints[:, :STOP] = 0
         self._has_stop_str[:] = False

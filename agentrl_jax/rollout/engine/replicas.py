@@ -30,7 +30,7 @@ import logging
 from typing import Any, Sequence
 
 from agentrl_jax.rollout.backends.base import (BackendUnavailableError, BatchedSamplesBackend,
-                                      GenerateResult, SamplingParams)
+                                      GenerateResult, SamplingParams, WeightSource)
 from agentrl_jax.rollout.engine.engine import Engine, EngineConfig
 from agentrl_jax.rollout.engine.placement import device_groups, to_state
 from agentrl_jax.rollout.engine.requests import merge_stats
@@ -125,6 +125,12 @@ class EngineReplicas(BatchedSamplesBackend):
     """
 
     name = "embedded"
+    #: a new session whose prompt equals a recent new session's goes to that session's replica
+    #: (whose engine then prefills the prompt once for both: ``EngineConfig.share_prompts``,
+    #: e.g. a GRPO group's first turns) unless that replica has more than this many live
+    #: sessions above the least loaded one
+    PROMPT_AFFINITY_SLACK = 8
+    PROMPT_AFFINITY_MEMORY = 4096  # recent first prompts remembered
 
     def __init__(self, model: Any, config: EngineConfig | None = None, tokenizer: Any = None,
                  model_path: str | None = None, warmup: bool = True,
@@ -159,20 +165,36 @@ class EngineReplicas(BatchedSamplesBackend):
         self._sessions: collections.OrderedDict[str, int] = collections.OrderedDict()
         self._max_sessions = int(max_sessions)
         self._rids: dict[str, int] = {}
+        self._prompt_replica: collections.OrderedDict[int, int] = collections.OrderedDict()
 
     # ----------------------------------------------------------------------------- routing
-    def replica_for(self, session_id: str | None) -> int:
-        """The replica index a request goes to: a known session's own; a new session's is the
-        one with the fewest live sessions, then the fewest requests in flight (each replica
-        caches one KV row per session); a request without a session by load alone."""
+    def replica_for(self, session_id: str | None, input_ids: Sequence[int] | None = None
+                    ) -> int:
+        """The replica index a request goes to: a known session's own; a new session's is,
+        when ``input_ids`` equal a recent new session's prompt, that session's replica (within
+        ``PROMPT_AFFINITY_SLACK`` live sessions of the least loaded; with ``share_prompts``),
+        else the one with the fewest live sessions, then the fewest requests in flight (each
+        replica caches one KV row per session); a request without a session by load alone."""
         if session_id is None:
             return min(range(len(self.replicas)), key=lambda i: (self._in_flight[i], i))
         index = self._sessions.get(session_id)
         if index is not None:
             self._sessions.move_to_end(session_id)
             return index
-        index = min(range(len(self.replicas)),
-                    key=lambda i: (self._live[i], self._in_flight[i], i))
+        key = (hash(tuple(input_ids)) if input_ids is not None and self.config.share_prompts
+               else None)
+        known = self._prompt_replica.get(key) if key is not None else None
+        if known is not None and self._live[known] <= min(self._live) + \
+                self.PROMPT_AFFINITY_SLACK:
+            index = known
+        else:
+            index = min(range(len(self.replicas)),
+                        key=lambda i: (self._live[i], self._in_flight[i], i))
+        if key is not None:
+            self._prompt_replica[key] = index
+            self._prompt_replica.move_to_end(key)
+            while len(self._prompt_replica) > self.PROMPT_AFFINITY_MEMORY:
+                self._prompt_replica.popitem(last=False)
         self._sessions[session_id] = index
         self._live[index] += 1
         while len(self._sessions) > self._max_sessions:  # forget the oldest sessions
@@ -182,7 +204,7 @@ class EngineReplicas(BatchedSamplesBackend):
     async def generate_n(self, input_ids: list[int], sampling: SamplingParams | None = None,
                          session_id: str | None = None, rid: str | None = None
                          ) -> list[GenerateResult]:
-        index = self.replica_for(session_id)
+        index = self.replica_for(session_id, input_ids)
         engine = self.replicas[index]
         sampling = sampling or SamplingParams()
         future = engine.submit(input_ids, sampling, session_id, rid)
@@ -201,6 +223,7 @@ class EngineReplicas(BatchedSamplesBackend):
     def _forget_sessions(self) -> None:
         """Drop every pin (the caches were flushed: no replica holds a prefix any more)."""
         self._sessions.clear()
+        self._prompt_replica.clear()
         self._live = [0] * len(self.replicas)
 
     def end_session(self, session_id: str) -> None:
@@ -215,6 +238,11 @@ class EngineReplicas(BatchedSamplesBackend):
         return list(await asyncio.gather(*(asyncio.to_thread(getattr(r, method), *args,
                                                              **kwargs)
                                            for r in self.replicas)))
+
+    async def sync_weights(self, weights: WeightSource, version: int) -> None:
+        """The learner's arrays themselves (this engine runs in the trainer's process: no
+        export, no copy unless ``weights`` makes one)."""
+        await self.update_weights(weights.arrays(), version=str(version))
 
     async def update_weights(self, params: Any = None, *, path: str | None = None,
                              version: str | None = None, flush_cache: bool = True,

@@ -51,6 +51,7 @@ class Seq:
         self.stop_checked = 0  # output tokens already checked against stop strings
         self.forks: list[Seq] = []
         self.stop_text: str | None = None  # output text when a stop string matched
+        self.prompt_key: tuple[int, ...] | None = None  # set while others may share its prefill
 
 
 @dataclasses.dataclass
@@ -68,7 +69,12 @@ class EngineStats:
     decode_steps: int = 0
     decode_time_s: float = 0.0
     decode_slot_steps: int = 0  # sum over steps of active slots
+    # the scheduler thread's wall time: in scheduling steps (prefill / decode calls included)
+    # and idle, waiting for a request or a command (paused time included)
+    step_time_s: float = 0.0
+    idle_time_s: float = 0.0
     copy_calls: int = 0
+    shared_prompts: int = 0  # requests that copied an equal prompt's prefill (share_prompts)
     aborted: int = 0
     weight_updates: int = 0
     kv_releases: int = 0  # release_kv_cache calls that freed the cache

@@ -31,7 +31,9 @@ class Scheduler:
                 while not self._closed and not self._commands and (
                         self._paused or not (self._incoming or self._waiting or self._slot_seq
                                              or self._prefill_queue or self._fork_ready)):
+                    t0 = time.perf_counter()
                     self._cv.wait()
+                    self.stats.idle_time_s += time.perf_counter() - t0
                 if self._closed:
                     break
                 commands, self._commands = self._commands, []
@@ -44,11 +46,13 @@ class Scheduler:
                     future.set_exception(e)
             if self._paused:
                 continue
+            t0 = time.perf_counter()
             try:
                 self._step()
             except Exception as e:  # noqa: BLE001 -- never let the engine thread die
                 log.exception("engine step failed")
                 self._recover(e)
+            self.stats.step_time_s += time.perf_counter() - t0
         self._shutdown()
 
     def _step(self) -> None:
@@ -103,13 +107,47 @@ class Scheduler:
             seq.cached_tokens = L - 1
             self.stats.cached_tokens += L - 1
             first.forks.append(seq)
-        if reuse < L - 1:
+        key = tuple(req.input_ids) if c.share_prompts and reuse < L - 1 else None
+        leader = self._prompt_leaders.get(key) if key is not None and n == 1 else None
+        if leader is not None and (leader.state != PREFILL or leader.slot is None):
+            leader = None  # ended without its prefill (its followers were re-queued then)
+        if leader is not None:  # the same prompt is being prefilled: wait, copy its row
+            first.state = FORK_WAIT
+            first.cached_tokens = L - 1
+            self.stats.cached_tokens += L - 1 - reuse
+            self.stats.shared_prompts += 1
+            leader.forks.append(first)
+        elif reuse < L - 1:
             first.state = PREFILL
             self.stats.prefill_tokens += L - 1 - reuse
             self._prefill_queue.append(first)
+            if key is not None:
+                first.prompt_key = key
+                self._prompt_leaders[key] = first
         else:
             self._prefill_done(first)
         self.stats.prefill_tokens += n  # the last prompt token, fed by the first decode step
+
+    def _drop_leader(self, seq: Seq) -> None:
+        """``seq`` no longer prefills a prompt others may share (its prefill ended)."""
+        key, seq.prompt_key = seq.prompt_key, None
+        if key is not None and self._prompt_leaders.get(key) is seq:
+            del self._prompt_leaders[key]
+
+    def _orphan_followers(self, seq: Seq) -> None:
+        """``seq`` ends before its prefill did: the sequences of other requests that waited to
+        copy its row prefill their prompts themselves."""
+        self._drop_leader(seq)
+        own = []
+        for f in seq.forks:
+            if f.req is seq.req:
+                own.append(f)
+            elif f.state == FORK_WAIT and f.slot is not None:
+                f.state = PREFILL
+                f.cursor = f.kv_len = f.cached_tokens = 0
+                self.stats.prefill_tokens += f.prompt_len - 1
+                self._prefill_queue.append(f)
+        seq.forks = own
 
     def _dequeued(self) -> None:
         with self._cv:
@@ -121,6 +159,7 @@ class Scheduler:
         self._ints[slot, ACT] = 0
 
     def _prefill_done(self, seq: Seq) -> None:
+        self._drop_leader(seq)
         if seq.forks:
             self._fork_ready.append(seq)
             seq.state = FORK_WAIT
@@ -202,8 +241,9 @@ class Scheduler:
         """Copy the prefilled prompt row of each ``n > 1`` request to its other samples."""
         c = self.config
         pairs = []
-        for seq in self._fork_ready:
-            pairs.extend((seq.slot, f.slot) for f in seq.forks)
+        for seq in self._fork_ready:  # (a sequence of another request may have ended waiting)
+            pairs.extend((seq.slot, f.slot) for f in seq.forks
+                         if f.state == FORK_WAIT and f.slot is not None)
         for i in range(0, len(pairs), c.copy_rows):
             part = pairs[i:i + c.copy_rows]
             src = np.zeros((c.copy_rows,), np.int32)
@@ -321,6 +361,8 @@ class Scheduler:
         if seq.state == DONE:
             return
         req = seq.req
+        if seq.state == PREFILL:
+            self._orphan_followers(seq)
         if seq.state == PREFILL and seq in self._prefill_queue:
             self._prefill_queue.remove(seq)
         if seq in self._fork_ready:

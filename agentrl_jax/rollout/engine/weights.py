@@ -13,6 +13,7 @@ from typing import Any
 import jax
 
 from agentrl_jax.models.config import ModelConfig
+from agentrl_jax.rollout.backends.base import WeightSource
 
 log = logging.getLogger(__name__)
 
@@ -68,6 +69,11 @@ class WeightsAndCache:
         if diff:
             raise ValueError("checkpoint architecture differs from the served model: "
                              + ", ".join(f"{k}: {a} != {b}" for k, (a, b) in diff.items()))
+
+    async def sync_weights(self, weights: WeightSource, version: int) -> None:
+        """The learner's arrays themselves (this engine runs in the trainer's process: no
+        export, no copy unless ``weights`` makes one)."""
+        await self.update_weights(weights.arrays(), version=str(version))
 
     async def update_weights(self, params: Any = None, *, path: str | None = None,
                              version: str | None = None, flush_cache: bool = True,

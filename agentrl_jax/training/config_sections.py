@@ -1,0 +1,416 @@
+"""The typed sections of a run's config, each holding the one default of every key.
+
+``RunConfig`` holds ``model``, ``env``, ``rollout``, ``agent``, ``horizon``, ``train``, ``learner``
+(``agentrl_jax.learner.config.LearnerConfig``) and ``sft``. Every field is declared with
+``agentrl_common.typed_sections.setting``: its default, its type and its range or its known
+names; a section checks itself when it is built (one line per bad field), and ``RunConfig``
+adds the checks that span sections (``rollout.max_new_tokens < rollout.max_context``, ...).
+``training/config.py`` turns these defaults into the ``ConfigDict`` experiment files start from
+(``base_config()``) and a ``ConfigDict`` back into a ``RunConfig`` (``to_run_config``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Mapping
+
+from agentrl_common.registry import did_you_mean
+from agentrl_common.typed_sections import Section, SectionError, is_int, is_number, setting
+from agentrl_jax.learner.config import LearnerConfig
+from agentrl_jax.rollout import sampling_limits as limits
+
+HORIZON_TYPES = ("scaling_inter", "fixed")
+ENGINE_DTYPES = ("", "float32", "bfloat16")
+MODEL_DTYPES = ("float32", "bfloat16")
+
+
+def as_list(value: Any) -> list[str]:
+    """A comma-separated string or a sequence as a list of non-empty names / URLs."""
+    if value is None:
+        return []
+    if isinstance(value, str):
+        return [v.strip() for v in value.split(",") if v.strip()]
+    return [str(v) for v in value]
+
+
+def _limit(limit: limits.Limit):
+    """A field check by a sampling parameter's range (the one the rollout server applies)."""
+    return lambda value: limit.problem(value)
+
+
+def _family_names() -> list[str]:
+    from environments.registry import family_names
+
+    return family_names()
+
+
+def _rollout_backends() -> list[str]:
+    from agentrl_jax.rollout.backends.base import available_backends
+
+    return available_backends()
+
+
+def _parsers() -> list[str]:
+    from agentrl_jax.agent.parsing import PARSERS
+
+    return PARSERS.names()
+
+
+def _answer_formats() -> list[str]:
+    from agentrl_jax.agent.prompts import PROMPT_STYLES
+
+    return PROMPT_STYLES.names()
+
+
+def _max_listed_actions() -> int:
+    from environments.core.base import MAX_LISTED_ACTIONS
+
+    return MAX_LISTED_ACTIONS
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig(Section):
+    """The policy: a known name, HF directory or .gguf path; or a random model of a shape."""
+
+    PREFIX = "model"
+    name: str = setting("smollm2")  # known name, HF directory or .gguf path
+    dtype: str = setting("float32", choices=MODEL_DTYPES, kind="dtype")  # rollout / forward
+    # non-empty: a random model of this shape (fields of models/config.py's ModelConfig) that
+    # uses the tokenizer of ``name`` (smoke tests, memory benchmarks)
+    random_init: Mapping[str, Any] = setting(factory=dict)
+    pad_id: int = setting(2, ge=0)  # the token id padding a step's batch
+
+    def _extra_problems(self, prefix: str, bad: set[str]) -> list[str]:
+        out = []
+        if "name" not in bad and not self.name.strip():
+            out.append(f"{prefix}.name: must be a model name, HF directory or .gguf path (got "
+                       f"{self.name!r})")
+        if "random_init" not in bad:
+            out.extend(_random_init_problems(self.random_init, f"{prefix}.random_init"))
+        return out
+
+
+def _random_init_problems(shape: Mapping[str, Any], where: str) -> list[str]:
+    """A random model's shape checked against the network config's field types."""
+    from agentrl_jax.models.config import ModelConfig as NetworkConfig
+
+    fields = {f.name: f for f in dataclasses.fields(NetworkConfig)}
+    out = []
+    for key, value in shape.items():
+        field = fields.get(key)
+        kind = None if field is None else str(field.type)  # "int", "bool", "float", ...
+        if field is None:
+            out.append(f"{where}.{key}: is not a ModelConfig field (known: "
+                       + ", ".join(sorted(fields)) + ")")
+        elif kind == "bool" and not isinstance(value, bool):
+            out.append(f"{where}.{key}: must be true or false (got {value!r})")
+        elif kind == "int" and (not is_int(value) or value < 1):
+            out.append(f"{where}.{key}: must be an integer >= 1 (got {value!r})")
+        elif kind == "float" and (not is_number(value) or value <= 0):
+            out.append(f"{where}.{key}: must be a number > 0 (got {value!r})")
+        elif kind == "str" and not isinstance(value, str):
+            out.append(f"{where}.{key}: must be a string (got {value!r})")
+    return out
+
+
+@dataclasses.dataclass(frozen=True)
+class EnvConfig(Section):
+    """The environment families and their servers."""
+
+    PREFIX = "env"
+    names: str | tuple[str, ...] = setting("babyai")  # comma-separated families
+    urls: Mapping[str, Any] = setting(factory=dict)  # <name>: "http://host:port,..."; none: start
+    server_args: Mapping[str, Any] = setting(factory=dict)  # <name>: extra server flags
+    replicas: int = setting(1, ge=1)  # servers started per family
+    timeout: float = setting(120.0, gt=0)  # seconds per environment request
+    max_restarts: int = setting(3, ge=0)  # a server started here that dies: restarts at most
+
+    @property
+    def name_list(self) -> list[str]:
+        return as_list(self.names)
+
+    def _extra_problems(self, prefix: str, bad: set[str]) -> list[str]:
+        if "names" in bad:
+            return []
+        names, known = self.name_list, _family_names()
+        out = []
+        if not names:
+            out.append(f"{prefix}.names: lists no environment; known: {', '.join(known)}")
+        for name in names:
+            if name not in known:
+                out.append(f"{prefix}.names: unknown environment family {name!r}; known: "
+                           f"{', '.join(known)}{did_you_mean(name, known)}")
+        repeated = sorted({name for name in names if names.count(name) > 1})
+        if repeated:
+            out.append(f"{prefix}.names: lists {', '.join(map(repr, repeated))} more than once "
+                       f"(got {','.join(names)!r})")
+        if "urls" not in bad:
+            for key in self.urls:
+                if key not in names:
+                    out.append(f"{prefix}.urls.{key}: names no environment of env.names "
+                               f"({', '.join(names)})")
+        return out
+
+
+def _stop_problem(stop: Any) -> str | None:
+    if stop is None:
+        return None
+    if not isinstance(stop, str) and not (isinstance(stop, (tuple, list)) and all(
+            isinstance(s, str) for s in stop)):
+        return f"must be a string or a sequence of strings (got {stop!r})"
+    strings = [s for s in ([stop] if isinstance(stop, str) else stop) if s]
+    return limits.stop_problem(strings) if strings else None
+
+
+def _kv_buckets_problem(value: Any) -> str | None:
+    from agentrl_jax.rollout.engine.engine_config import parse_prefill_kv_buckets
+
+    try:
+        parse_prefill_kv_buckets(value, "rollout.prefill_kv_buckets")
+    except (ValueError, TypeError) as e:
+        return str(e)
+    return None
+
+
+@dataclasses.dataclass(frozen=True)
+class RolloutConfig(Section):
+    """How episodes are generated: the backend, its engine and the sampling parameters."""
+
+    PREFIX = "rollout"
+    # embedded | engine_servers (a process per replica) | sglang
+    backend: str = setting("embedded", choices=_rollout_backends, kind="rollout backend")
+    urls: str | tuple[str, ...] = setting("")  # sglang servers, comma-separated
+    api_key: str = setting("")  # sglang servers' --api-key ("": $AGENTRL_ROLLOUT_API_KEY)
+    max_batch: int = setting(64, ge=1)  # engine slots
+    max_context: int = setting(4096, ge=16)  # tokens per episode (prompt + all turns)
+    # per turn: one action line (react needs ~128, use_react)
+    max_new_tokens: int = setting(24, check=_limit(limits.MAX_NEW_TOKENS))
+    stop: str | tuple[str, ...] = setting(("\n",), check=_stop_problem)  # strings ending a turn
+    temperature: float = setting(1.0, check=_limit(limits.TEMPERATURE))
+    top_p: float = setting(1.0, check=_limit(limits.TOP_P))
+    top_k: int = setting(-1, check=_limit(limits.TOP_K))
+    max_concurrency: int = setting(64, ge=1)  # episodes in flight
+    engine_dtype: str = setting("", choices=ENGINE_DTYPES, kind="dtype")  # "": model dtype
+    decode_steps: int = setting(16, ge=1)
+    # embedded engine placement: one replica per group of `tensor_parallel` local devices
+    # (0 = every group: all local accelerators decode, one engine on CPU; N = the first N)
+    engine_replicas: int = setting(0, ge=0)
+    tensor_parallel: int = setting(1, ge=1)
+    # auto (ragged_fused on GPU) | ragged_fused | ragged | dense
+    decode_attention: str = setting("auto")
+    # decode GEMMs: auto (merged q/k/v and gate/up on cuBLAS for a one-GPU engine) | xla |
+    # merged | merged_cublas (EngineConfig.decode_gemm)
+    decode_gemm: str = setting("auto")
+    # free the engines' KV cache during each learner update (allocated again after the weight
+    # sync; cached prefixes go): the update gets that memory on shared devices. Only without
+    # overlap (train.max_staleness = 0); engine servers and SGLang get /release_memory_occupation
+    # (SGLang frees memory only with --enable-memory-saver)
+    release_kv_during_update: bool = setting(False)
+    # prefill attends over a KV-length bucket of each row: "" (off: the whole row), "auto"
+    # (powers of two from 512) or a comma list of lengths; more prefill shapes to compile
+    prefill_kv_buckets: str | tuple[int, ...] = setting("", check=_kv_buckets_problem)
+    #: a prompt equal to one being prefilled copies that prefill's KV row instead of computing
+    #: it again (EngineConfig.share_prompts): the samples of a group share their first prompt
+    share_prompts: bool = setting(True)
+    parser: str = setting("react", choices=_parsers, kind="action parser")
+    # episodes in N spawned worker processes (0: in the trainer's process; docs/ROLLOUT.md);
+    # with an HTTP backend (engine_servers, sglang) the workers post to the servers themselves
+    # unless actor_workers_direct is False (then every request is relayed by the trainer)
+    actor_workers: int = setting(0, ge=0)
+    actor_workers_direct: bool = setting(True)
+
+    @property
+    def url_list(self) -> list[str]:
+        return as_list(self.urls)
+
+    def _extra_problems(self, prefix: str, bad: set[str]) -> list[str]:
+        out = []
+        if "backend" not in bad and self.backend == "sglang" and not self.url_list:
+            out.append(f"{prefix}.urls: rollout.backend='sglang' needs server URLs "
+                       "(comma-separated)")
+        if not bad & {"max_context", "max_new_tokens"} and self.max_new_tokens >= self.max_context:
+            out.append(f"{prefix}.max_new_tokens: must be < rollout.max_context="
+                       f"{self.max_context} (got {self.max_new_tokens})")
+        return out
+
+
+@dataclasses.dataclass(frozen=True)
+class AgentConfig(Section):
+    """The answer format. The default model (SmolLM2-135M-Instruct) cannot follow a ReAct
+    format at temperature 1 (docs/RESULTS.md, benchmarks/action_format.py), so each assistant
+    turn is opened with "Action:", the model only completes the action and the turn ends at the
+    line break. Larger models: ``config.use_react``."""
+
+    PREFIX = "agent"
+    # action (Action only) | react (Thought + Action)
+    prompt_style: str = setting("action", choices=_answer_formats, kind="answer format")
+    response_prefix: str = setting("Action:")  # text opening every assistant turn
+    # > 0: every observation ends with up to this many of the environment's valid actions, in
+    # the family's order (the servers' list_actions); 0: off
+    list_valid_actions: int = setting(0, check=lambda v: None if is_int(v) and (
+        0 <= v <= _max_listed_actions()) else (f"must be an integer in 0.."
+                                              f"{_max_listed_actions()} (got {v!r})"))
+
+
+@dataclasses.dataclass(frozen=True)
+class HorizonConfig(Section):
+    """The turn limit per step: ``scaling_inter`` (phases of growing horizons) or ``fixed``."""
+
+    PREFIX = "horizon"
+    type: str = setting("scaling_inter", choices=HORIZON_TYPES, kind="horizon schedule")
+    phases: tuple[int, ...] = setting((6, 13, 20), check=lambda v: None if isinstance(
+        v, (tuple, list)) and v and all(is_int(p) and p >= 1 for p in v) else (
+        f"must be a non-empty sequence of integers >= 1 (got {v!r})"))
+    steps_per_phase: int = setting(100, ge=1)
+    turns: int = setting(20, ge=1)  # for type=fixed
+
+    def __post_init__(self) -> None:
+        if isinstance(self.phases, list):
+            object.__setattr__(self, "phases", tuple(self.phases))
+        super().__post_init__()
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainConfig(Section):
+    """The RL loop: steps, batch, checkpoints, evaluations and when a run stops."""
+
+    PREFIX = "train"
+    total_steps: int = setting(300, ge=0)
+    tasks_per_step: int = setting(16, ge=1)
+    samples_per_task: int = setting(8, ge=1)  # GRPO group size
+    save_every: int = setting(25, ge=1)
+    keep_checkpoints: int = setting(3, ge=1)
+    eval_every: int = setting(50, ge=0)  # 0: no evaluation during training
+    eval_before: bool = setting(True)
+    eval_after: bool = setting(True)
+    max_staleness: int = setting(0, ge=0)  # >= 1: next rollout overlaps the update
+    # drop groups whose samples all scored the same (group advantages are 0 there; see
+    # training/batching.py::informative_groups); for group estimators (GRPO / RLOO / Dr.GRPO)
+    skip_flat_groups: bool = setting(False)
+    max_seconds: float = setting(0.0, ge=0, what=">= 0 (0: no limit)")  # then eval_after
+    eval_tasks: int = setting(64, ge=0)
+    eval_samples: int = setting(4, ge=1)  # k of Avg@k / Pass@k
+    eval_horizon: int = setting(20, ge=1)
+    # an evaluation is a result only if at least this share of its tasks was scored (a task is
+    # scored when one of its episodes finished without an environment / engine error)
+    eval_min_scored: float = setting(0.9, ge=0, le=1)
+    # stop the run (exit code 3) when more than this share of the episodes of the last
+    # env_error_window rollouts ended with env_error (environment servers failing)
+    max_env_error_rate: float = setting(0.5, ge=0, le=1)
+    env_error_window: int = setting(10, ge=1)
+    # stop the run (exit code 3) after this many consecutive steps with nothing to train on
+    # (every episode ended with engine_error / env_error, or was too stale); 0: never
+    max_failed_steps: int = setting(3, ge=0)
+
+
+@dataclasses.dataclass(frozen=True)
+class SFTConfig(Section):
+    """Behaviour cloning on recorded expert episodes (``launch/sft.py``, training/sft.py)."""
+
+    PREFIX = "sft"
+    data: str = setting("runs/experts")  # a directory of <env>.jsonl (record_experts) or files
+    only_success: bool = setting(True)
+    batch_size: int = setting(32, ge=1)  # episodes per optimiser step
+    epochs: int = setting(2, ge=1)
+    steps: int = setting(0, ge=0)  # > 0: this many steps instead of epochs
+    max_seconds: float = setting(0.0, ge=0, what=">= 0 (0: no limit)")
+    save_every: int = setting(0, ge=0)  # 0: a checkpoint at the end only
+    keep_checkpoints: int = setting(2, ge=1)
+    log_every: int = setting(10, ge=1)
+    eval_after: bool = setting(True)  # evaluate the exported policy on the held-out split
+    record_horizon: int = setting(20, ge=1)  # launch/record_experts.py's default turn limit
+
+
+#: the run's learner: the paper's GRPO settings (a bare ``LearnerConfig()`` has no KL or entropy
+#: term and computes in bfloat16)
+def run_learner() -> LearnerConfig:
+    return LearnerConfig(kl_coef=0.001, entropy_coef=0.001, dtype="float32")
+
+
+SECTIONS: dict[str, type[Section]] = {
+    "model": ModelConfig, "env": EnvConfig, "rollout": RolloutConfig, "agent": AgentConfig,
+    "horizon": HorizonConfig, "train": TrainConfig, "learner": LearnerConfig, "sft": SFTConfig}
+
+
+@dataclasses.dataclass(frozen=True)
+class RunConfig(Section):
+    """A whole run: top-level keys and one typed section each."""
+
+    PREFIX = ""
+    seed: int = setting(0)
+    progress: bool = setting(False)  # progress bars even when stderr is not a terminal
+    progress_seconds: float = setting(30.0, ge=0)  # without a terminal: a line this often
+    model: ModelConfig = setting(factory=ModelConfig)
+    env: EnvConfig = setting(factory=EnvConfig)
+    rollout: RolloutConfig = setting(factory=RolloutConfig)
+    agent: AgentConfig = setting(factory=AgentConfig)
+    horizon: HorizonConfig = setting(factory=HorizonConfig)
+    train: TrainConfig = setting(factory=TrainConfig)
+    learner: LearnerConfig = setting(factory=run_learner)
+    sft: SFTConfig = setting(factory=SFTConfig)
+
+    def _extra_problems(self, prefix: str, bad: set[str]) -> list[str]:
+        return self.cross_problems({name: getattr(self, name) for name in SECTIONS})
+
+    @staticmethod
+    def cross_problems(sections: Mapping[str, Any]) -> list[str]:
+        """The checks that span sections, over the valid ``sections`` by name (a check whose
+        sections are not all there is skipped)."""
+        out = []
+        r, t, lr = (sections.get(k) for k in ("rollout", "train", "learner"))
+        if r is not None and t is not None and r.release_kv_during_update and t.max_staleness:
+            out.append("rollout.release_kv_during_update: needs train.max_staleness = 0 (with "
+                       f"{t.max_staleness} the next rollout decodes during the update)")
+        if r is not None and lr is not None and lr.pack_length and (
+                lr.pack_length < r.max_context):
+            out.append(f"learner.pack_length: must be 0 (off) or >= rollout.max_context="
+                       f"{r.max_context} (a packed row holds a whole trajectory; got "
+                       f"{lr.pack_length})")
+        return out
+
+    @classmethod
+    def build_sections(cls, values: Mapping[str, Any] | None
+                       ) -> tuple[dict[str, Any], dict[str, Any], list[str]]:
+        """(the top-level values, the sections that are valid by name, one line per problem:
+        top-level values first, as a config file lists them, then section by section)."""
+        values = dict(values or {})
+        problems = cls.unknown_key_problems(values, "")
+        built: dict[str, Any] = {}
+        top = {k: v for k, v in values.items() if k not in SECTIONS and k in cls.field_names()}
+        for key, section_type in SECTIONS.items():
+            given = values.get(key)
+            if given is None:
+                continue
+            if hasattr(given, "to_dict"):
+                given = given.to_dict()
+            if isinstance(given, Section):
+                built[key] = given
+                continue
+            if not isinstance(given, Mapping):
+                problems.append(f"{key}: must be a section (got {given!r})")
+                continue
+            if key == "learner":  # the run's defaults under the given keys
+                given = {**run_learner().to_dict(), **given}
+            section, section_problems = section_type.from_mapping(given)
+            problems.extend(section_problems)
+            if section is not None:
+                built[key] = section
+        try:
+            cls(**top)
+        except SectionError as error:
+            problems = error.problems + problems
+        return top, built, problems
+
+    @classmethod
+    def from_mapping(cls, values: Mapping[str, Any] | None) -> tuple[Any, list[str]]:
+        """(the ``RunConfig`` of ``values``, []) or (None, one line per problem, section by
+        section): unknown keys (with the closest name), bad types and values."""
+        top, built, problems = cls.build_sections(values)
+        if problems:  # with the checks spanning the sections that are valid
+            defaults = {k: v for k, v in cls().__dict__.items() if k in SECTIONS
+                        and k not in dict(values or {})}
+            return None, problems + cls.cross_problems({**defaults, **built})
+        try:
+            return cls(**top, **built), []
+        except SectionError as error:  # the checks spanning sections
+            return None, error.problems

@@ -1,0 +1,32 @@
+"""benchmarks/rollout_profile.py on the CPU smoke config: the profile's independently measured
+parts add up to the rollout's wall time (engine thread: device calls + host work + idle waits;
+episodes: queueing + generation + environment + host work), within 5%."""
+
+from __future__ import annotations
+
+import pytest
+
+from benchmarks.rollout_profile import main
+
+
+@pytest.mark.slow
+def test_profile_parts_add_up_to_the_wall(tmp_path):
+    report = main(["--config", "experiments/smoke.py", "--warmup", "0", "--rollouts", "1",
+                   "--variants", "noshare,share", "--json", str(tmp_path / "profile.json")])
+    assert (tmp_path / "profile.json").exists()
+    for name, variant in report["variants"].items():
+        (run,) = variant["rollouts"]
+        (engine,) = run["engines"]
+        assert engine["wall_s"] == pytest.approx(run["wall_s"], rel=0.02, abs=0.01)
+        assert engine["parts_s"] == pytest.approx(engine["wall_s"], rel=0.05)
+        for key in ("prefill_device_s", "decode_device_s", "host_s", "idle_s"):
+            assert engine[key] >= 0, (name, key)
+        assert engine["requests"] == run["turns"] > 0  # one engine request per turn
+        # the engine's always-on clocks agree with the probe's (only whole steps / waits)
+        assert engine["engine_step_s"] + engine["engine_idle_s"] == pytest.approx(
+            engine["parts_s"], rel=0.05, abs=0.05)
+        episode = run["episode"]
+        assert episode["accounted_s"] == pytest.approx(episode["wall_s"], rel=0.05)
+        assert 0 < episode["wall_s"] <= run["wall_s"]
+        assert 0 <= episode["engine_s"] <= episode["gen_s"]
+    assert report["variants"]["noshare"]["rollouts"][0]["engines"][0]["shared_prompts"] == 0
