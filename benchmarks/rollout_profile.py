@@ -224,7 +224,7 @@ async def profile(config: Any, warmup: int, rollouts: int, horizon: int | None,
     from agentrl_jax.training import services
     from agentrl_jax.training.progress import TurnCounter
     from agentrl_jax.training.task_sampler import TaskSampler
-    from agentrl_jax.training.trainer import load_policy
+    from agentrl_jax.training.policy import load_policy
 
     t0 = _clock()
     model, tokenizer, model_path = load_policy(config)
