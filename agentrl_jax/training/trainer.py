@@ -38,6 +38,7 @@ from agentrl_jax.agent.actor_pool import ActorPool, RolloutStats, TaskRef
 from agentrl_jax.agent.trajectory import STATUS_ENV_ERROR, Trajectory
 from agentrl_jax.algorithms.advantages import is_turn_level
 from agentrl_jax.training import distributed, hostmem, runlog, services, storage
+from agentrl_jax.learner.batch import UpdateOptions
 from agentrl_jax.training.batching import assemble_batch, informative_groups
 from agentrl_jax.training.config import model_label
 from agentrl_jax.training.evaluation import EvalResult, evaluate, score_trajectories
@@ -703,8 +704,8 @@ class Trainer:
         """``learner.update`` in a worker thread; the first one of this process compiles the
         train step (minutes for a large model on CPU), which is announced as a whole; a later
         compile (a new length bucket) is announced by ``compile_notice``."""
-        call = (lambda: learner.update(batch, False, True)) if process_local else \
-            (lambda: learner.update(batch, False))
+        options = UpdateOptions(log=False, process_local=process_local)
+        call = lambda: learner.update(batch, options)  # noqa: E731
         if self._update_compiled:
             return await asyncio.to_thread(call)
         # this phase's compiles are not announced one by one: the line below says them
