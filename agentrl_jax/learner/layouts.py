@@ -31,7 +31,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from agentrl_jax.algorithms import TURN_INPUTS, aggregation_weights, is_turn_level
+from agentrl_jax.algorithms import aggregation_weights, is_turn_level
 from agentrl_jax.learner.batch import RolloutBatch
 from agentrl_jax.learner.jit_cache import cached
 from agentrl_jax.learner.packing import pack, pack_index, plan_packing, segment_layout, unpack_index
@@ -351,4 +351,4 @@ def _pad(batch: RolloutBatch, rows: int, cols: int, first_pad_group: int | None 
     return out
 
 
-__all__ = ["PaddedRows", "PackedRows", "TURN_INPUTS"]
+__all__ = ["PaddedRows", "PackedRows"]

@@ -3,11 +3,12 @@
     place          host arrays -> device, once (``layouts.PaddedRows`` / ``PackedRows``)
     old_logprobs   the policy's log-probs of the batch (``ratio_source="recompute"``, packed
                    rows, preference estimators), else the sampler's
-    reference      the frozen reference's log-probs (``use_reference``), the per-token KL
-                   estimate, and the KL-in-reward penalty
+    reference      the frozen reference's log-probs (``use_reference``)
     values         the critic's values (PPO with a critic; padded rows)
-    advantages     ``algorithms.compute_advantages`` in jit over the placed arrays (group
-                   statistics over the global batch), unless the batch brings them
+    derive         one jitted program of three pure stages: ``kl_stage`` (per-token KL,
+                   KL-in-reward penalty), ``advantage_stage`` (``compute_advantages`` over the
+                   whole token space: group statistics over the global batch, unless the
+                   batch brings advantages), ``importance_stage`` (``tis_cap``)
     shuffle        ``jax.random.permutation`` of the rows per epoch (key: seed, update step)
     optimise       ``epochs`` x ``mini_batches`` optimiser steps (the layout's mini-batches)
     metrics        one read-back of the token-space arrays for the batch statistics
@@ -19,12 +20,14 @@ metrics stage reads them back (once). The layouts differ only in how rows reach 
 
 from __future__ import annotations
 
+import functools
 import time
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.sharding import NamedSharding, PartitionSpec as P
 
 from agentrl_jax.algorithms import (TURN_INPUTS, compute_advantages, is_logprob_level,
                                     is_supervised, kl_estimate, kl_penalized_token_rewards)
@@ -36,6 +39,59 @@ from agentrl_jax.learner.optim import optimizer_step_count
 from agentrl_jax.sharding.placement import to_host_tree
 
 Arrays = dict[str, jax.Array]
+
+
+def kl_stage(cfg: Any, placed: Arrays, old_lp, ref_lp) -> tuple[jax.Array, jax.Array | None]:
+    """``(kl [N, W] on loss tokens, token rewards)``; with ``kl_in_reward`` the rewards carry
+    the ``kl_coef`` penalty."""
+    mask, token_rewards = placed["loss_mask"], placed.get("token_rewards")
+    kl = kl_estimate(old_lp, ref_lp, cfg.kl_estimator) * mask
+    if cfg.kl_in_reward:
+        token_rewards = kl_penalized_token_rewards(token_rewards, old_lp, ref_lp, mask,
+                                                   cfg.kl_coef, estimator=cfg.kl_estimator)
+    return kl, token_rewards
+
+
+def advantage_stage(cfg: Any, placed: Arrays, values, token_rewards, old_lp, ref_lp
+                    ) -> tuple[jax.Array, jax.Array]:
+    """``(advantages, returns)`` ``[N, W]``: the batch's own, or ``cfg.advantage_estimator``
+    over the whole token space (group statistics over the global batch)."""
+    if "advantages" in placed:
+        return placed["advantages"], placed.get("returns", placed["advantages"])
+    args = {"rewards": placed["reward"], "loss_mask": placed["loss_mask"],
+            "group_ids": placed["group_id"]}
+    args.update({k: placed[k] for k in TURN_INPUTS if k in placed})
+    if values is not None:
+        args["values"] = values
+    if token_rewards is not None:
+        args["token_rewards"] = token_rewards
+    if is_logprob_level(cfg.advantage_estimator):  # dpo: policy and reference log-probs
+        args.update(logprobs=old_lp, ref_logprobs=ref_lp)
+    out = compute_advantages(cfg.advantage_estimator, **args, gamma=cfg.gamma, lam=cfg.lam,
+                             **cfg.advantage_kwargs)
+    return out.advantages.astype(jnp.float32), out.returns.astype(jnp.float32)
+
+
+def importance_stage(cfg: Any, placed: Arrays, old_lp) -> jax.Array:
+    """Truncated importance sampling: ``min(exp(learner - rollout), tis_cap)`` on loss
+    tokens."""
+    ratio = jnp.exp(jnp.clip(old_lp - placed["rollout_logprobs"], -20.0, 20.0))
+    return jnp.minimum(ratio, cfg.tis_cap).astype(jnp.float32) * placed["loss_mask"]
+
+
+def derived_stages(cfg: Any, use_tis: bool, placed: Arrays, old_lp, ref_lp, values
+                   ) -> dict[str, jax.Array]:
+    """KL -> advantages -> importance weights (jitted as one program by the pipeline):
+    ``advantages``, ``returns`` and, where they apply, ``kl``, ``is_weights``."""
+    kl, token_rewards = (kl_stage(cfg, placed, old_lp, ref_lp) if ref_lp is not None
+                         else (None, placed.get("token_rewards")))
+    adv, ret = advantage_stage(cfg, placed, values, token_rewards, old_lp, ref_lp)
+    out = {"advantages": adv, "returns": ret}
+    if kl is not None:
+        out["kl"] = kl
+    if use_tis:
+        out["is_weights"] = importance_stage(cfg, placed, old_lp)
+    return out
 
 
 class UpdatePipeline:
@@ -53,7 +109,7 @@ class UpdatePipeline:
         reference, the policy's own when recomputed, else the sampler's."""
         lr, cfg = self.learner, self.config
         if is_supervised(cfg.policy_loss) and lr.ref_params is None:
-            return jnp.zeros(placed["loss_mask"].shape, jnp.float32), False
+            return jnp.zeros_like(placed["loss_mask"]), False
         if (self.layout.recomputes_old_logprobs or cfg.ratio_source == "recompute"
                 or is_logprob_level(cfg.advantage_estimator)
                 or "rollout_logprobs" not in placed):
@@ -61,72 +117,49 @@ class UpdatePipeline:
                                   placed), True
         return placed["rollout_logprobs"], False
 
-    def reference(self, placed: Arrays, old_lp: jax.Array
-                  ) -> tuple[jax.Array | None, jax.Array | None, jax.Array | None]:
-        """``(ref_logprobs, kl [N, W] masked, token_rewards)``; ``None``s without a reference
-        (token rewards: the batch's, KL-penalised with ``kl_in_reward``)."""
-        lr, cfg = self.learner, self.config
-        token_rewards = placed.get("token_rewards")
+    def reference(self, placed: Arrays) -> jax.Array | None:
+        """The frozen reference's log-probs ``[N, W]`` (``None`` without a reference)."""
+        lr = self.learner
         if lr.ref_params is None:
-            return None, None, token_rewards
-        ref_lp = self._logprobs(lr.ref_params, cfg.reference_dtype, placed)
-        mask = placed["loss_mask"]
-        kl = kl_estimate(old_lp, ref_lp, cfg.kl_estimator) * mask
-        if cfg.kl_in_reward:
-            token_rewards = kl_penalized_token_rewards(token_rewards, old_lp, ref_lp, mask,
-                                                       cfg.kl_coef, estimator=cfg.kl_estimator)
-        return ref_lp, kl, token_rewards
+            return None
+        return self._logprobs(lr.ref_params, self.config.reference_dtype, placed)
 
     def values(self, placed: Arrays) -> jax.Array | None:
+        """The critic's values ``[N, W]`` (``None`` without a critic)."""
         lr = self.learner
         if lr.critic_params is None:
             return None
         return self.layout.forward(lr.value_fn(), lr.critic_params, placed)
 
-    def advantages(self, placed: Arrays, values, token_rewards, old_lp, ref_lp
-                   ) -> tuple[jax.Array, jax.Array]:
-        """``(advantages, returns)`` ``[N, W]``: the batch's own, or the configured estimator
-        in jit over the placed arrays."""
+    def derive(self, placed: Arrays, old_lp, ref_lp, values, recomputed: bool
+               ) -> dict[str, jax.Array]:
+        """The KL, advantage and importance-weight stages (:func:`derived_stages`) in one
+        jitted call on the device arrays."""
         cfg = self.config
-        if "advantages" in placed:
-            return placed["advantages"], placed.get("returns", placed["advantages"])
-        args = {"rewards": placed["reward"], "loss_mask": placed["loss_mask"],
-                "group_ids": placed["group_id"]}
-        args.update({k: placed[k] for k in TURN_INPUTS if k in placed})
-        if values is not None:
-            args["values"] = values
-        if token_rewards is not None:
-            args["token_rewards"] = token_rewards
-        if is_logprob_level(cfg.advantage_estimator):  # dpo: policy and reference log-probs
-            args.update(logprobs=old_lp, ref_logprobs=ref_lp)
-        key = ("advantages", self.learner.cfg_key, tuple(sorted(args)))
-
-        def build():  # closes over the config only
-            return jax.jit(lambda a: compute_advantages(
-                cfg.advantage_estimator, **a, gamma=cfg.gamma, lam=cfg.lam,
-                **cfg.advantage_kwargs))
-        out = cached(key, build)(args)
-        return out.advantages.astype(jnp.float32), out.returns.astype(jnp.float32)
-
-    def importance_weights(self, placed: Arrays, old_lp, recomputed: bool) -> jax.Array | None:
-        """Truncated importance sampling (``tis_cap``): ``min(exp(learner - rollout), cap)`` on
-        loss tokens, when the old log-probs were recomputed and the sampler's are known."""
-        cfg = self.config
-        if not (cfg.tis_cap and recomputed and "rollout_logprobs" in placed
-                and not is_supervised(cfg.policy_loss)):
-            return None
-        ratio = jnp.exp(jnp.clip(old_lp - placed["rollout_logprobs"], -20.0, 20.0))
-        return jnp.minimum(ratio, cfg.tis_cap).astype(jnp.float32) * placed["loss_mask"]
+        use_tis = bool(cfg.tis_cap and recomputed and "rollout_logprobs" in placed
+                       and not is_supervised(cfg.policy_loss))
+        inputs = {k: v for k, v in placed.items() if k not in ("tokens", "attention_mask")}
+        key = ("derive", self.learner.cfg_key, tuple(sorted(inputs)), ref_lp is None,
+               values is None, use_tis)
+        fn = cached(key, lambda: jax.jit(functools.partial(derived_stages, cfg, use_tis)))
+        return fn(inputs, old_lp, ref_lp, values)
 
     def shuffle(self, epoch: int) -> jax.Array:
-        """The row order of ``epoch`` (``[n_rows]`` int32 on the device; the identity
-        without ``config.shuffle``), the same on every process."""
-        n = self.layout.n_rows
-        if not self.config.shuffle:
-            return jnp.arange(n, dtype=jnp.int32)
-        key = jax.random.fold_in(jax.random.fold_in(jax.random.key(self.config.seed),
-                                                    self.learner.update_step), epoch)
-        return jax.random.permutation(key, n).astype(jnp.int32)
+        """The row order of ``epoch``: ``[n_rows]`` int32, a replicated device array (the
+        same on every process); ``jax.random.permutation`` keyed by (seed, update step,
+        epoch), the identity without ``config.shuffle``."""
+        n, mesh, shuffle = self.layout.n_rows, self.learner.mesh, self.config.shuffle
+
+        def build():
+            def order(seed, step, epoch):
+                if not shuffle:
+                    return jnp.arange(n, dtype=jnp.int32)
+                key = jax.random.fold_in(jax.random.fold_in(jax.random.key(seed), step), epoch)
+                return jax.random.permutation(key, n).astype(jnp.int32)
+            return jax.jit(order, out_shardings=NamedSharding(mesh, P()))
+        fn = cached(("shuffle", mesh, n, shuffle), build)
+        return fn(np.uint32(self.config.seed), np.int32(self.learner.update_step),
+                  np.int32(epoch))
 
     # ---------------------------------------------------------------- the update
     def __call__(self) -> dict[str, float]:
@@ -136,11 +169,14 @@ class UpdatePipeline:
 
         t0 = time.perf_counter()
         old_lp, recomputed = self.old_logprobs(placed)
-        ref_lp, kl, token_rewards = self.reference(placed, old_lp)
+        ref_lp = self.reference(placed)
         values = self.values(placed)
-        t_forward = time.perf_counter() - t0  # dispatch time (the passes run asynchronously)
+        jax.block_until_ready((old_lp, ref_lp, values))  # a wait, no transfer: timed passes
+        t_forward = time.perf_counter() - t0
 
-        adv, ret = self.advantages(placed, values, token_rewards, old_lp, ref_lp)
+        derived = self.derive(placed, old_lp, ref_lp, values, recomputed)
+        adv, ret = derived["advantages"], derived["returns"]
+        kl, is_w = derived.get("kl"), derived.get("is_weights")
         per_token = {"tokens": placed["tokens"], "attention_mask": placed["attention_mask"],
                      "loss_mask": placed["loss_mask"], "old_logprobs": old_lp,
                      "advantages": adv}
@@ -148,7 +184,6 @@ class UpdatePipeline:
             per_token["ref_logprobs"] = ref_lp
         if values is not None:
             per_token.update(returns=ret, old_values=values)
-        is_w = self.importance_weights(placed, old_lp, recomputed)
         if is_w is not None:
             per_token["is_weights"] = is_w
 
