@@ -216,7 +216,7 @@ def main(argv=None) -> dict:
         mb = {k: jax.device_put(v, sh) for k, v in mb.items()}
         memory = None
         if args.memory_analysis:
-            step_fn = learner._train_step(tuple(sorted(mb)), True, False)
+            step_fn = learner.train_step(tuple(sorted(mb)), True, False)
             ma = step_fn.lower(learner.params, learner.opt_state, None, None,
                                mb).compile().memory_analysis()
             if ma is not None:
@@ -271,7 +271,7 @@ def main(argv=None) -> dict:
         except Exception:
             row["peak_memory_gb"] = None
         if not args.no_forward:
-            fn = learner._logprob_fn(str(jax.tree.leaves(learner.params)[0].dtype))
+            fn = learner.logprob_fn(str(jax.tree.leaves(learner.params)[0].dtype))
             bs = batch_sharding(mesh, 2)
             tok = jax.device_put(np.asarray(mb["tokens"][0]), bs)
             am = jax.device_put(np.asarray(mb["attention_mask"][0]), bs)

@@ -92,7 +92,7 @@ def test_fsdp_train_step_gathers_weights_not_activations():
              "advantages": np.ones(shape, np.float32)}
     sh = minibatch_sharding(mesh)
     batch = {k: jax.device_put(v, sh) for k, v in batch.items()}
-    step = learner._train_step(tuple(sorted(batch)), True, False)
+    step = learner.train_step(tuple(sorted(batch)), True, False)
     hlo = step.lower(learner.params, learner.opt_state, None, None, batch).compile().as_text()
     shapes = _collective_shapes(hlo)
     activation_widths = {cfg.hidden_size, cfg.intermediate_size, cfg.num_heads * cfg.head_dim,

@@ -81,7 +81,7 @@ def test_learner_update_runs_dpo():
     and the first optimiser step's loss is the surrogate of the DPO weights computed from the
     learner's own (recomputed) and the reference log-probs (equal before any update: the
     weights are +-beta N / P sigmoid(0) sums, the loss their weighted NLL)."""
-    from agentrl_jax.learner import Learner
+    from agentrl_jax.learner import Learner, UpdateOptions
     from agentrl_jax.models.config import ModelConfig
     from agentrl_jax.models.llama import init_model
     from agentrl_jax.sharding.mesh import make_mesh
@@ -104,7 +104,7 @@ def test_learner_update_runs_dpo():
                       mesh=make_mesh(devices=jax.devices()[:1]))
     assert learner.ref_params is not None
     lp = learner.compute_logprobs(batch)
-    metrics = learner.update(batch, log=False)
+    metrics = learner.update(batch, UpdateOptions(log=False))
     # one pair (rows 0, 1), policy == reference: A = +-(N=4) * 0.5 * 0.5 / 1 = +-1
     expected = (-(m[0] * lp[0]).sum() + (m[1] * lp[1]).sum()) / 4
     assert metrics["actor/pg_loss"] == pytest.approx(float(expected), rel=1e-4)

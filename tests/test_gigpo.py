@@ -352,13 +352,13 @@ async def test_async_actor_pool_anchors_and_advantages_match_lockstep(tokenizer)
         # the episodes are not rewarded within 6 random turns: give them a synthetic outcome
         # (one reward per turn reached from a state of the episode's third turn) so that the
         # advantages are not all 0
-        rewards = batch["turn_rewards"].copy()
+        rewards = batch.turn_rewards.copy()
         for i, t in enumerate(trajectories):
             for k, s in enumerate(t.turn_states):
                 rewards[i, k] = float(int(s[:2], 16) % 3 == 0)
-        out = compute_advantages("gigpo", rewards=rewards.sum(1), loss_mask=batch["loss_mask"],
-                                 group_ids=batch["group_id"], turn_ids=batch["turn_ids"],
-                                 turn_rewards=rewards, turn_anchors=batch["turn_anchors"],
+        out = compute_advantages("gigpo", rewards=rewards.sum(1), loss_mask=batch.loss_mask,
+                                 group_ids=batch.group_id, turn_ids=batch.turn_ids,
+                                 turn_rewards=rewards, turn_anchors=batch.turn_anchors,
                                  **kw)
         adv = np.asarray(out.advantages)
         return {key(t): adv[i, :len(t.token_ids)] for i, t in enumerate(trajectories)}
@@ -388,15 +388,15 @@ def test_assembled_anchor_ids():
     ts = [traj(0, ["c", "a", "b"], [0, 0, 1]), traj(0, ["c", "b"], [0, 0]),
           traj(1, ["a", "z"], [0, 1])]
     batch = assemble_batch(ts)
-    assert batch["turn_anchors"].shape == (3, 8)
-    np.testing.assert_array_equal(batch["turn_anchors"][:, :3], [[2, 0, 1], [2, 1, -1],
+    assert batch.turn_anchors.shape == (3, 8)
+    np.testing.assert_array_equal(batch.turn_anchors[:, :3], [[2, 0, 1], [2, 1, -1],
                                                                  [0, 1, -1]])
-    assert np.all(batch["turn_anchors"][:, 3:] == -1)
-    np.testing.assert_array_equal(batch["turn_ids"][0], [-1, -1, 0, 0, 0, 1, 1, 1, 2, 2, 2])
-    np.testing.assert_array_equal(batch["turn_ids"][2, 8:], [-1, -1, -1])
-    np.testing.assert_array_equal(batch["turn_rewards"][0, :4], [0, 0, 1, 0])
+    assert np.all(batch.turn_anchors[:, 3:] == -1)
+    np.testing.assert_array_equal(batch.turn_ids[0], [-1, -1, 0, 0, 0, 1, 1, 1, 2, 2, 2])
+    np.testing.assert_array_equal(batch.turn_ids[2, 8:], [-1, -1, -1])
+    np.testing.assert_array_equal(batch.turn_rewards[0, :4], [0, 0, 1, 0])
     rev = assemble_batch(ts[::-1])
-    np.testing.assert_array_equal(rev["turn_anchors"], batch["turn_anchors"][::-1])
+    np.testing.assert_array_equal(rev.turn_anchors, batch.turn_anchors[::-1])
 
 
 def test_informative_groups_keeps_step_signal():
@@ -421,7 +421,7 @@ def test_informative_groups_keeps_step_signal():
 def test_learner_update_uses_gigpo(pack_length):
     """``advantage_estimator="gigpo"`` from the learner config: the update's advantage
     statistics are those of the estimator on the batch (padded and packed paths)."""
-    from agentrl_jax.learner import Learner
+    from agentrl_jax.learner import Learner, UpdateOptions
     from agentrl_jax.models.config import ModelConfig
     from agentrl_jax.models.llama import init_model
     from agentrl_jax.sharding.mesh import make_mesh
@@ -448,7 +448,7 @@ def test_learner_update_uses_gigpo(pack_length):
                            dtype="float32", remat=False, micro_batch_size=2,
                            min_length_bucket=32, pack_length=pack_length, kl_coef=0.0),
                       mesh=make_mesh(devices=jax.devices()[:1]))
-    metrics = learner.update(learner_batch, log=False)
+    metrics = learner.update(learner_batch, UpdateOptions(log=False))
     ref = gigpo_reference(**batch, gamma=0.9, **opts)[batch["loss_mask"] > 0]
     assert metrics["advantages/mean"] == pytest.approx(ref.mean(), abs=1e-5)
     assert metrics["advantages/min"] == pytest.approx(ref.min(), abs=1e-5)

@@ -386,7 +386,7 @@ def test_bf16_logprob_pass_casts_first_with_the_same_values(base_state):
     assert jax.tree.leaves(learner.params)[0].dtype == jnp.float32
     batch = multiturn_batch(3, batch=4)
     tokens, mask = batch["tokens"], batch["attention_mask"]
-    fn = learner._logprob_fn("float32")
+    fn = learner.logprob_fn("float32")
     # inside the jitted pass, every use of a float32 parameter is its cast to bfloat16 (before:
     # the log-prob head's scan read the float32 output matrix too)
     inner = jax.make_jaxpr(fn)(learner.params, tokens, mask).jaxpr.eqns[0].params["jaxpr"].jaxpr

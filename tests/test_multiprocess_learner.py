@@ -88,7 +88,7 @@ def local_half(batch: dict[str, np.ndarray], process: int) -> dict[str, np.ndarr
 def run_steps(mesh_shape: dict[str, int], process_local: bool = False, process: int = 0):
     """Two updates; returns ``(learner, host params leaves, [metrics per step])``."""
     import jax
-    from agentrl_jax.learner import Learner
+    from agentrl_jax.learner import Learner, UpdateOptions
     from agentrl_jax.sharding.mesh import make_mesh
     from agentrl_jax.sharding.placement import to_host
     learner = Learner(tiny_model(), config(), mesh=make_mesh(**mesh_shape))
@@ -96,7 +96,7 @@ def run_steps(mesh_shape: dict[str, int], process_local: bool = False, process: 
     for seed in (1, 2):
         batch = make_batch(seed)
         metrics.append(learner.update(local_half(batch, process) if process_local else batch,
-                                      process_local=process_local))
+                                      UpdateOptions(process_local=process_local)))
     return learner, [to_host(x) for x in jax.tree.leaves(learner.params)], metrics
 
 
@@ -122,7 +122,7 @@ def worker(process_id: int, coordinator: str, out: str) -> None:
     # every process numbering its groups from 0 is refused, on every process
     try:
         learner.update(local_half(make_batch(4), process_id) | {"group_id": np.arange(6) // 3},
-                       process_local=True)
+                       UpdateOptions(process_local=True))
         results["group_check"] = np.array("no error")
     except ValueError as e:
         results["group_check"] = np.array(str(e))

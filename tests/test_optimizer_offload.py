@@ -238,23 +238,23 @@ def test_step_after_a_save_or_restore_donates_fresh_copies(initial_state, tmp_pa
     def pointers():
         return [x.unsafe_buffer_pointer() for x in jax.tree.leaves(learner.opt_state)]
 
-    learner._before_donating_opt_state()  # nothing saved yet: no copy
+    learner.before_donating_opt_state()  # nothing saved yet: no copy
     before = pointers()
     assert pointers() == before
     learner.save({"cursor": 0})
     saved = host(learner.opt_state)
-    learner._before_donating_opt_state()
+    learner.before_donating_opt_state()
     after = pointers()
     assert all(a != b for a, b in zip(after, before))
     assert all(np.array_equal(x, y) for x, y in zip(host(learner.opt_state), saved))
     assert kinds(learner.opt_state) == {"pinned_host"}
-    learner._before_donating_opt_state()  # copied once per save
+    learner.before_donating_opt_state()  # copied once per save
     assert pointers() == after
     learner.update(batch(1))
     learner.wait()
     learner.restore_latest()
     restored = pointers()
-    learner._before_donating_opt_state()
+    learner.before_donating_opt_state()
     assert all(a != b for a, b in zip(pointers(), restored))
     learner.update(batch(2))  # runs on the copies
     learner.close()

@@ -13,7 +13,7 @@ import pytest
 
 from agentrl_jax.algorithms import aggregate_loss, aggregation_weights
 from agentrl_jax.learner import Learner, LearnerConfig
-from agentrl_jax.learner.packed_update import behaviour_consistency
+from agentrl_jax.learner.metrics import behaviour_consistency
 from agentrl_jax.learner.packing import pack, plan_packing, segment_layout, unpack
 from agentrl_jax.sharding.mesh import make_mesh
 from tests.test_learner import TINY, base_state, fresh_model, multiturn_batch, one_device_mesh  # noqa: F401

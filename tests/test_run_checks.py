@@ -183,8 +183,8 @@ def test_batch_bytes_per_token_is_what_assemble_batch_allocates():
         t.num_turns, t.turn_states, t.turn_rewards, t.status = 1, ["s"], [0.0], "done"
         trajectories.append(t)
     batch = assemble_batch(trajectories)
-    rows, length = batch["tokens"].shape
-    per_token = sum(a.nbytes for a in batch.values() if a.shape == (rows, length))
+    rows, length = batch.shape
+    per_token = sum(a.nbytes for a in batch.arrays().values() if a.shape == (rows, length))
     assert per_token / (rows * length) == BATCH_BYTES_PER_TOKEN == 20
 
 

@@ -38,8 +38,8 @@ class RecordingLearner:
         self.params: dict = {}
         self.saved: list[int] = []
 
-    def update(self, batch, log=True, process_local=False):
-        self.updates.append(int(batch["tokens"].shape[0]))
+    def update(self, batch, options=None):
+        self.updates.append(int(batch.tokens.shape[0]))
         self.update_step += 1
         return {"actor/pg_loss": 0.0}
 
@@ -151,9 +151,9 @@ def test_kv_cache_released_before_each_update_when_configured(tmp_path):
     events: list[str] = []
 
     class Learner(RecordingLearner):
-        def update(self, batch, log=True, process_local=False):
+        def update(self, batch, options=None):
             events.append("update")
-            return super().update(batch, log, process_local)
+            return super().update(batch, options)
 
     class Backend(RecordingBackend):
         async def release_kv_cache(self):

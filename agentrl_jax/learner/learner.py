@@ -1,24 +1,12 @@
 """``Learner``: policy (+ critic, + frozen reference) parameters, optimiser states and the
 jitted functions that update them from rollout batches.
 
-Batch contract (NumPy or JAX arrays; ``B`` trajectories, ``T`` tokens)::
-
-    tokens [B, T] int32           prompt, generated and observation tokens, right-padded
-    loss_mask [B, T]              1 on tokens the policy generated (loss_mask[:, 0] must be 0)
-    attention_mask [B, T]         1 on real tokens (a prefix of each row unless
-                                  config.use_attention_mask)
-    rollout_logprobs [B, T]       sampler's logprob of each token at its own index
-    group_id [B] int              samples of the same task share an id
-    reward [B]                    outcome score (placed on the last generated token)
-    token_rewards [B, T]          optional per-token rewards
-    advantages, returns [B, T]    optional: precomputed (skips the advantage estimator)
-
-``update(batch)``: pad T up to a length bucket and B up to ``mini_batches x n_micro x
-micro_batch_size`` rows (zero-mask rows); old logprobs (``ratio_source="recompute"``),
-reference logprobs (``kl_coef > 0``) and values (critic) in forward-only passes; KL-in-reward
-penalty; advantages (``agentrl_jax.algorithms.compute_advantages``); then ``epochs`` x
-``mini_batches`` jitted optimiser steps, each accumulating gradients over ``n_micro``
-micro-batches. Returns a flat ``dict[str, float]`` of metrics.
+``update(batch, options)`` takes a ``batch.RolloutBatch`` (its docstring gives every array's
+shape; a dict of the same arrays is accepted) and ``batch.UpdateOptions``, and runs
+``update.UpdatePipeline``: place the batch on the device once, old / reference log-probs and
+critic values in forward-only passes, the KL penalty, advantages, a device-side shuffle, then
+``epochs`` x ``mini_batches`` optimiser steps over padded or packed rows (``layouts.py``).
+Returns a flat ``dict[str, float]`` of metrics.
 
 Multi-process runs (``jax.distributed.initialize()``; the mesh spans every process's
 devices): batches are placed with ``agentrl_jax.sharding.placement`` and results read back
@@ -44,7 +32,6 @@ call it in the same order.
 
 from __future__ import annotations
 
-import functools
 import json
 from typing import Any, Mapping
 
@@ -54,23 +41,22 @@ import numpy as np
 from flax import nnx
 from jax.sharding import Mesh
 
-from agentrl_jax.compile_notice import Announced
+from agentrl_jax.learner.batch import RolloutBatch, UpdateOptions
 from agentrl_jax.learner.checkpoint import Checkpointer
 from agentrl_jax.learner.config import LearnerConfig, bucket_length
 from agentrl_jax.learner.jit_cache import cached
-from agentrl_jax.learner.critic import ValueModel, critic_from_policy, values_fn
-from agentrl_jax.learner.logprobs import token_logprobs
+from agentrl_jax.learner.critic import ValueModel, critic_from_policy
 from agentrl_jax.learner.metrics import MetricsWriter, Throughput
 from agentrl_jax.learner.offload import (init_opt_state, offload_parts, opt_state_shardings,
                                          require_host_memory)
 from agentrl_jax.learner.optim import make_optimizer
+from agentrl_jax.learner import passes
 from agentrl_jax.learner.packed_step import PackedSteps
-from agentrl_jax.learner.packed_update import PackedUpdate
-from agentrl_jax.learner.padded_update import PaddedUpdate
-from agentrl_jax.learner.train_step import cast_params, make_train_step, minibatch_sharding
+from agentrl_jax.learner.passes import announced
+from agentrl_jax.learner.train_step import make_train_step, minibatch_sharding
+from agentrl_jax.learner.update import UpdatePipeline
 from agentrl_jax.models.config import ModelConfig
 from agentrl_jax.models.llama import CausalLM
-from agentrl_jax.sharding.activations import activation_mesh
 from agentrl_jax.sharding.mesh import mesh_from_config
 from agentrl_jax.sharding.placement import (agree_max, check_process_local_layout,
                                             place_global, place_process_local, process_rows,
@@ -78,8 +64,6 @@ from agentrl_jax.sharding.placement import (agree_max, check_process_local_layou
 from agentrl_jax.sharding.rules import BATCH_AXES, batch_sharding, state_shardings
 
 Batch = Mapping[str, Any]
-
-_REQUIRED = ("tokens", "loss_mask", "attention_mask", "group_id", "reward")
 
 def _abstract(module_fn):
     return nnx.eval_shape(module_fn)
@@ -96,19 +80,6 @@ def _local_mode(process_local: bool) -> bool:
     return bool(process_local) and jax.process_count() > 1
 
 
-
-def _length(value: Any) -> int | None:
-    """The token axis (last) of the ``tokens`` array in ``value`` (an array or a batch dict)."""
-    tokens = value.get("tokens") if isinstance(value, dict) else value
-    shape = getattr(tokens, "shape", None)
-    return int(shape[-1]) if shape else None
-
-
-def announced(fn: Any, what: str, key_args: tuple[int, ...] = (1, 2)) -> Announced:
-    """``fn`` (jitted; its tokens are argument ``key_args[0]``) with each compile announced as
-    ``"compiling <what> for length T"`` (``compile_notice.py``)."""
-    return Announced(fn, key_args,
-                     lambda args: f"{what} for length {_length(args[key_args[0]])}")
 
 class Learner:
     """Holds and updates the policy (and critic / reference); see the module docstring.
@@ -131,7 +102,7 @@ class Learner:
     ``memory_kind="pinned_host"``), both update paths update them with a host loop of
     per-parameter-leaf jitted calls (``offload.LeafwiseUpdate``), ``save`` / ``restore`` keep
     them there, and an optimiser step first waits for an in-flight async save and, after a
-    save or a restore, works on fresh copies of the states (:meth:`_before_donating_opt_state`);
+    save or a restore, works on fresh copies of the states (:meth:`before_donating_opt_state`);
     construction raises ``ValueError`` on a backend without that memory kind.
     """
 
@@ -210,90 +181,42 @@ class Learner:
                                           async_save=async_checkpoint)
                              if checkpoint_dir else None)
         # offload_optimizer_state: the host-resident states were handed to orbax (a save or a
-        # restore) and may still be referenced by it (see _before_donating_opt_state)
+        # restore) and may still be referenced by it (see before_donating_opt_state)
         self._opt_state_shared = False
         self.writer = MetricsWriter(log_dir, metrics_jsonl) if (log_dir or metrics_jsonl) else None
         self.throughput = Throughput(self.model_config, num_devices=self.mesh.size,
                                      device_kind=self.mesh.devices.flat[0].device_kind)
-        self._cfg_key = json.dumps(config.to_dict(), sort_keys=True, default=str)
+        self.cfg_key = json.dumps(config.to_dict(), sort_keys=True, default=str)
 
     # ------------------------------------------------------------------ jitted functions
-    def _logprob_fn(self, params_dtype: str):
-        cfg = self.config
-        key = ("logprobs", self.graphdef, self.mesh, params_dtype, cfg.dtype,
-               cfg.logprob_chunk_size, cfg.temperature, cfg.use_attention_mask)
+    def logprob_fn(self, params_dtype: str):
+        """``passes.logprob_fn`` for parameters of ``params_dtype``."""
+        return passes.logprob_fn(self.graphdef, self.mesh, self.param_shardings, self.config,
+                                 params_dtype)
 
-        graphdef, mesh, shardings = self.graphdef, self.mesh, self.param_shardings
+    def packed_logprob_fn(self, params_dtype: str):
+        """``passes.packed_logprob_fn`` for parameters of ``params_dtype``."""
+        return passes.packed_logprob_fn(self.graphdef, self.mesh, self.param_shardings,
+                                        self.config, params_dtype)
 
-        def build():  # closes over locals only (never ``self``: the cache outlives learners)
-            bs = batch_sharding(mesh, 2)
-
-            def fn(params, tokens, attention_mask):
-                with activation_mesh(mesh):
-                    # cast where the shards live, as the update does: the model computes in
-                    # cfg.dtype anyway (same values), and FSDP gathers half the bytes (bf16)
-                    lp, ent = token_logprobs(graphdef, cast_params(params, cfg.dtype), tokens,
-                                             attention_mask,
-                                             chunk_size=cfg.logprob_chunk_size,
-                                             temperature=cfg.temperature, with_entropy=True,
-                                             use_attention_mask=cfg.use_attention_mask)
-                return lp, ent
-            return announced(jax.jit(fn, in_shardings=(shardings, bs, bs),
-                                     out_shardings=(bs, bs)), "the log-prob pass")
-        return cached(key, build)
-
-    def _packed_logprob_fn(self, params_dtype: str):
-        """``(params, tokens, segment_ids, positions [R, P]) -> logprobs [R, P]`` of packed
-        rows (the learner's alignment; see ``logprobs.py``)."""
-        cfg = self.config
-        key = ("packed_logprobs", self.graphdef, self.mesh, params_dtype, cfg.dtype,
-               cfg.logprob_chunk_size, cfg.temperature)
-        graphdef, mesh, shardings = self.graphdef, self.mesh, self.param_shardings
-
-        def build():  # closes over locals only (never ``self``: the cache outlives learners)
-            bs = batch_sharding(mesh, 2)
-
-            def fn(params, tokens, segment_ids, positions):
-                with activation_mesh(mesh):  # compute-dtype cast: see _logprob_fn
-                    lp, _ = token_logprobs(graphdef, cast_params(params, cfg.dtype), tokens,
-                                           None,
-                                           chunk_size=cfg.logprob_chunk_size,
-                                           temperature=cfg.temperature,
-                                           segment_ids=segment_ids, positions=positions)
-                return lp
-            return announced(jax.jit(fn, in_shardings=(shardings, bs, bs, bs), out_shardings=bs),
-                             "the packed log-prob pass", key_args=(1, 2, 3))
-        return cached(key, build)
-
-    def _row_sharding(self):
+    def row_sharding(self):
         """``[rows, T]`` arrays: rows over data x fsdp."""
         return batch_sharding(self.mesh, 2)
 
-    def _packed_steps(self, batch_keys: tuple[str, ...]) -> PackedSteps:
-        key = ("packed", self.graphdef, self._cfg_key, self.mesh, batch_keys)
+    def packed_steps(self, batch_keys: tuple[str, ...]) -> PackedSteps:
+        key = ("packed", self.graphdef, self.cfg_key, self.mesh, batch_keys)
         return cached(key, lambda: PackedSteps(
             config=self.config, mesh=self.mesh, graphdef=self.graphdef, tx=self.tx,
             param_shardings=self.param_shardings, opt_shardings=self.opt_shardings,
             batch_keys=batch_keys))
 
-    def _value_fn(self):
-        key = ("values", self.critic_graphdef, self.mesh, self.config.use_attention_mask)
+    def value_fn(self):
+        """``passes.value_fn`` of the critic."""
+        return passes.value_fn(self.critic_graphdef, self.mesh, self.critic_shardings,
+                               self.config.use_attention_mask)
 
-        def build():
-            bs = batch_sharding(self.mesh, 2)
-            fn = functools.partial(values_fn, self.critic_graphdef,
-                                   use_attention_mask=self.config.use_attention_mask)
-            mesh = self.mesh
-
-            def traced(p, t, a):
-                with activation_mesh(mesh):
-                    return fn(p, t, a)
-            return announced(jax.jit(traced, in_shardings=(self.critic_shardings, bs, bs),
-                                     out_shardings=bs), "the value pass")
-        return cached(key, build)
-
-    def _train_step(self, batch_keys: tuple[str, ...], train_policy: bool, train_critic: bool):
-        key = ("train", self.graphdef, self.critic_graphdef, self._cfg_key, self.mesh, batch_keys,
+    def train_step(self, batch_keys: tuple[str, ...], train_policy: bool, train_critic: bool):
+        key = ("train", self.graphdef, self.critic_graphdef, self.cfg_key, self.mesh, batch_keys,
                train_policy, train_critic)
         return cached(key, lambda: announced(make_train_step(
             config=self.config, mesh=self.mesh, policy_graphdef=self.graphdef, policy_tx=self.tx,
@@ -303,7 +226,7 @@ class Learner:
             batch_keys=batch_keys, train_policy=train_policy, train_critic=train_critic),
             "the train step", key_args=(4,)))
 
-    def _before_donating_opt_state(self) -> None:
+    def before_donating_opt_state(self) -> None:
         """Called before every optimiser step (which donates the optimiser states): with
         ``offload_optimizer_state``, wait for an in-flight async checkpoint save, and after a
         save or a restore give the step fresh copies of the pinned-host states. Orbax keeps
@@ -334,40 +257,7 @@ class Learner:
         n_micro = -(-per_mini // cfg.micro_batch_size)
         return cfg.mini_batches * n_micro * cfg.micro_batch_size, bucket_length(seq_len, cfg)
 
-    def _check(self, batch: Batch) -> None:
-        tokens = np.asarray(batch["tokens"])
-        if tokens.ndim != 2:
-            raise ValueError(f"tokens must be [B, T], got shape {tokens.shape}")
-        am = np.asarray(batch["attention_mask"]) != 0
-        lm = np.asarray(batch["loss_mask"]) != 0
-        if am.shape != tokens.shape or lm.shape != tokens.shape:
-            raise ValueError("tokens, attention_mask and loss_mask must have the same [B, T] shape")
-        if np.any(lm & ~am):
-            raise ValueError("loss_mask is 1 on a token whose attention_mask is 0")
-        if np.any(lm[:, 0]):
-            raise ValueError("loss_mask[:, 0] must be 0: no logprob exists for a row's first token")
-        if not self.config.use_attention_mask and np.any(am[:, 1:] & ~am[:, :-1]):
-            raise ValueError(
-                "attention_mask is not right-padded (real tokens must form a prefix of each row); "
-                "set LearnerConfig.use_attention_mask=True for arbitrary masks (slower)")
-
-    def _check_update_batch(self, batch: Batch, local: bool) -> None:
-        """Required keys and ``_check``. With process-local batches every process learns of
-        any process's failure (and raises), so none is left waiting in a collective."""
-        err: Exception | None = None
-        try:
-            for k in _REQUIRED:
-                if k not in batch and not (k in ("group_id", "reward") and "advantages" in batch):
-                    raise KeyError(f"batch lacks {k!r}")
-            self._check(batch)
-        except (KeyError, ValueError) as e:
-            err = e
-        if local and agree_max(int(err is not None)):
-            raise err or ValueError("the batch of another process failed validation")
-        if err is not None:
-            raise err
-
-    def _require_process_local_layout(self) -> int:
+    def require_process_local_layout(self) -> int:
         """Process-local batches: the number of processes ``P``; raises unless the batch
         sharding gives every process distinct rows and ``P`` divides the row counts."""
         n_proc = jax.process_count()
@@ -387,7 +277,7 @@ class Learner:
         each chunk takes ``logprob_batch_size / P`` of them from every process, and the
         outputs are this process's rows."""
         n = self.logprob_batch_size
-        step = n // self._require_process_local_layout() if local else n
+        step = n // self.require_process_local_layout() if local else n
         b = tokens.shape[0]
         rows = -(-b // step) * step
         if rows != b:
@@ -448,7 +338,7 @@ class Learner:
         else:
             raise ValueError(f"which must be 'policy' or 'reference', got {which!r}")
         local = _local_mode(process_local)
-        fn = self._logprob_fn(str(jax.tree.leaves(params)[0].dtype))
+        fn = self.logprob_fn(str(jax.tree.leaves(params)[0].dtype))
         lp, ent = self._prepared_forward(
             batch, lambda t, a: self._forward_rows(fn, params, t, a, local), local)
         return (lp, ent) if with_entropy else lp
@@ -459,30 +349,54 @@ class Learner:
         if self.critic_params is None:
             raise ValueError("this learner has no critic")
         local = _local_mode(process_local)
-        fn = self._value_fn()
+        fn = self.value_fn()
         return self._prepared_forward(
             batch, lambda t, a: self._forward_rows(fn, self.critic_params, t, a, local), local)
 
-    def update(self, batch: Batch, log: bool = True, process_local: bool = False
+    def update(self, batch: RolloutBatch | Batch, options: UpdateOptions | None = None
                ) -> dict[str, float]:
-        """One RL update from a rollout batch; returns metrics (also written to the log).
+        """One RL update from a rollout batch; returns metrics (also written to the log
+        unless ``options.log`` is false).
 
-        Packed rows (``config.pack_length > 0``, single-process batches, no critic):
-        ``packed_update.PackedUpdate``; otherwise rows padded to length buckets:
-        ``padded_update.PaddedUpdate``.
-
-        ``process_local``: ``batch`` holds only this process's rows (see the module
-        docstring: group ids globally unique, each group on one process); the metrics
-        describe the global batch. Default: every process passes the same global batch."""
-        local = _local_mode(process_local)
-        self._check_update_batch(batch, local)
-        if self.config.pack_length and not local and self.critic_params is None:
-            metrics = PackedUpdate(self)(batch)
-        else:
-            metrics = PaddedUpdate(self)(batch, local)
-        if log and self.writer is not None:
+        Packed rows (``config.pack_length > 0``, single-process batches, no critic) or rows
+        padded to length buckets: ``update.UpdatePipeline``. ``options.process_local``:
+        ``batch`` holds only this process's rows (see the module docstring: group ids
+        globally unique, each group on one process); the metrics describe the global batch.
+        With process-local batches every process learns of any process's invalid batch (and
+        raises), so none is left waiting in a collective."""
+        options = options or UpdateOptions()
+        local = _local_mode(options.process_local)
+        err: Exception | None = None
+        try:
+            batch = RolloutBatch.from_mapping(batch)
+            batch.validate(right_padded=not self.config.use_attention_mask)
+        except (KeyError, ValueError) as e:
+            err = e
+        if local and agree_max(int(err is not None)):
+            raise err or ValueError("the batch of another process failed validation")
+        if err is not None:
+            raise err
+        metrics = UpdatePipeline(self, batch, local)()
+        if options.log and self.writer is not None:
             self.writer.write(self.update_step, metrics)
         return metrics
+
+    def optimiser_step(self, step_fn: Any, minibatch: Mapping[str, jax.Array]
+                       ) -> dict[str, jax.Array]:
+        """Apply ``step_fn`` (a :meth:`train_step`) to the policy / critic states with a
+        placed mini-batch; returns the step's (device) metrics."""
+        self.before_donating_opt_state()
+        (self.params, self.opt_state, self.critic_params, self.critic_opt_state,
+         metrics) = step_fn(self.params, self.opt_state, self.critic_params,
+                            self.critic_opt_state, minibatch)
+        return metrics
+
+    def apply_packed_gradients(self, steps: PackedSteps, grads: Any) -> jax.Array:
+        """``steps.apply`` (one optimiser step from summed gradients) on the policy; returns
+        the gradient norm (a device scalar)."""
+        self.before_donating_opt_state()
+        self.params, self.opt_state, norm = steps.apply(self.params, self.opt_state, grads)
+        return norm
 
     def train_minibatch(self, minibatch: Mapping[str, Any], train_policy: bool = True,
                         train_critic: bool | None = None, process_local: bool = False
@@ -500,9 +414,9 @@ class Learner:
         if train_critic is None:
             train_critic = self.critic_params is not None
         local = _local_mode(process_local)
-        n_proc = self._require_process_local_layout() if local else 1
+        n_proc = self.require_process_local_layout() if local else 1
         keys = tuple(sorted(minibatch))
-        step_fn = self._train_step(keys, train_policy, train_critic)
+        step_fn = self.train_step(keys, train_policy, train_critic)
         sh = minibatch_sharding(self.mesh)
         mb = {}
         for k, v in minibatch.items():
@@ -514,11 +428,7 @@ class Learner:
                                                     *v.shape[2:]))
             else:
                 mb[k] = place_global(np.asarray(v), sh)
-        self._before_donating_opt_state()
-        (self.params, self.opt_state, self.critic_params, self.critic_opt_state,
-         metrics) = step_fn(self.params, self.opt_state, self.critic_params,
-                            self.critic_opt_state, mb)
-        return metrics
+        return self.optimiser_step(step_fn, mb)
 
     # ------------------------------------------------------------------ models / export
     def policy_model(self) -> CausalLM:

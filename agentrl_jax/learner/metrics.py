@@ -261,7 +261,7 @@ def batch_stats(prefix: str, x: np.ndarray, mask: np.ndarray | None = None) -> d
 
 __all__ = ["PEAK_BF16_FLOPS", "peak_flops_per_device", "matmul_params", "train_flops_per_token",
            "forward_flops_per_token", "mfu", "Throughput", "EventFileWriter", "MetricsWriter",
-           "batch_stats"]
+           "batch_stats", "reduce_step_metrics", "behaviour_consistency"]
 
 
 def reduce_step_metrics(step_metrics: list[Mapping[str, Any]]) -> dict[str, float]:
@@ -277,3 +277,21 @@ def reduce_step_metrics(step_metrics: list[Mapping[str, Any]]) -> dict[str, floa
         else:
             out[name] = float(vals.mean())
     return out
+
+
+def behaviour_consistency(rollout_lp: np.ndarray, learner_lp: np.ndarray,
+                          mask: np.ndarray) -> dict[str, float]:
+    """How far the sampler's log-probs are from the learner's at the same parameters.
+
+    ``ratio = exp(learner - rollout)`` is the PPO ratio that the first optimiser step would
+    compute if the rollout log-probs were used as the old log-probs; it should be 1."""
+    sel = np.asarray(mask) != 0
+    diff = (np.asarray(learner_lp, np.float64) - np.asarray(rollout_lp, np.float64))[sel]
+    if not diff.size:
+        return {}
+    ratio = np.exp(diff)
+    return {"rollout/logprob_abs_diff_mean": float(np.abs(diff).mean()),
+            "rollout/logprob_abs_diff_max": float(np.abs(diff).max()),
+            "rollout/behaviour_ratio_min": float(ratio.min()),
+            "rollout/behaviour_ratio_max": float(ratio.max()),
+            "rollout/behaviour_ratio_outside_10pct": float(np.mean(np.abs(ratio - 1.0) > 0.1))}

@@ -38,7 +38,8 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 from agentrl_jax.compile_notice import Announced
 from agentrl_jax.learner.config import LearnerConfig
 from agentrl_jax.learner.offload import LeafwiseUpdate, offload_parts
-from agentrl_jax.learner.train_step import _combine, _init_metrics, cast_params, policy_loss_fn
+from agentrl_jax.learner.train_step import (cast_params, combine_metrics, init_metrics,
+                                             policy_loss_fn)
 from agentrl_jax.sharding.activations import activation_mesh
 from agentrl_jax.sharding.rules import BATCH_AXES
 
@@ -73,7 +74,7 @@ class PackedSteps:
                 (_, metrics), grads = grad_fn(compute, micro, 1.0)
                 grad_sum = jax.tree.map(lambda a, g: a + g.astype(jnp.float32), grad_sum, grads)
                 grad_sum = jax.lax.with_sharding_constraint(grad_sum, param_shardings)
-                return grad_sum, _combine(metric_sum, metrics, token_share)
+                return grad_sum, combine_metrics(metric_sum, metrics, token_share)
 
         def apply(params, opt_state, grad_sum):
             with activation_mesh(mesh):
@@ -103,7 +104,7 @@ class PackedSteps:
         """Fresh (grad_sum, metric_sum) accumulators for one optimiser step."""
         if self._shapes is None:
             self._shapes = self._metric_shapes(params, micro)
-        return self._zeros(params), _init_metrics(self._shapes)
+        return self._zeros(params), init_metrics(self._shapes)
 
 
 __all__ = ["PackedSteps", "micro_sharding"]

@@ -13,7 +13,8 @@ keep the learner's alignment convention (``x[t]`` belongs to token ``t``): the l
 segment's first token would be predicted across the segment boundary, but that token is a
 prompt token (loss mask 0) and the learner never uses it.
 
-All functions are host-side NumPy.
+All functions are host-side NumPy. ``pack_index`` / ``unpack_index`` give the gather indices
+that pack and unpack arrays already on the device (``layouts.PackedRows``).
 """
 
 from __future__ import annotations
@@ -100,4 +101,25 @@ def segment_layout(plan: PackPlan) -> tuple[np.ndarray, np.ndarray]:
     return seg, pos
 
 
-__all__ = ["PackPlan", "plan_packing", "pack", "unpack", "segment_layout"]
+def pack_index(plan: PackPlan, rows: np.ndarray, width: int) -> np.ndarray:
+    """``[num_rows, pack_length]`` int32 indices into a flattened ``[B_all, width]`` array
+    (``b * width + t``; -1 on padding) such that gathering them packs source rows ``rows``
+    (``plan`` was made for ``lengths[rows]``): ``pack(plan, x[rows]) ==
+    where(idx >= 0, x.reshape(-1)[idx], 0)``."""
+    idx = np.full((plan.num_rows, plan.pack_length), -1, np.int64)
+    for i, (r, o, n) in enumerate(zip(plan.row, plan.offset, plan.length)):
+        idx[r, o:o + n] = int(rows[i]) * width + np.arange(n)
+    return idx.astype(np.int32)
+
+
+def unpack_index(plan: PackPlan, width: int) -> np.ndarray:
+    """``[B, width]`` int32 indices into the flattened ``[num_rows, pack_length]`` packed
+    array (-1 past each row's length): gathering them is :func:`unpack`."""
+    idx = np.full((plan.row.size, width), -1, np.int64)
+    for i, (r, o, n) in enumerate(zip(plan.row, plan.offset, plan.length)):
+        idx[i, :n] = int(r) * plan.pack_length + o + np.arange(n)
+    return idx.astype(np.int32)
+
+
+__all__ = ["PackPlan", "plan_packing", "pack", "unpack", "segment_layout", "pack_index",
+           "unpack_index"]

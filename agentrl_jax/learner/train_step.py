@@ -66,7 +66,10 @@ def loss_denominator(loss_mask: Array, agg: str) -> Array:
     return jnp.maximum(jnp.sum(jnp.any(m > 0, axis=-1).astype(jnp.float32)), 1.0)
 
 
-def _combine(acc: dict[str, Array], new: dict[str, Array], weight: Array) -> dict[str, Array]:
+def combine_metrics(acc: dict[str, Array], new: dict[str, Array], weight: Array
+                    ) -> dict[str, Array]:
+    """Micro-batch metrics ``new`` folded into ``acc`` (sums, max / min, token-weighted
+    means; ``weight``: the micro-batch's share of the loss tokens)."""
     out = {}
     for k, v in new.items():
         v = v.astype(jnp.float32)
@@ -81,7 +84,8 @@ def _combine(acc: dict[str, Array], new: dict[str, Array], weight: Array) -> dic
     return out
 
 
-def _init_metrics(shapes: dict[str, Any]) -> dict[str, Array]:
+def init_metrics(shapes: dict[str, Any]) -> dict[str, Array]:
+    """The identity accumulators of :func:`combine_metrics` for metric names ``shapes``."""
     out = {}
     for k in shapes:
         if k in _MAXED:
@@ -215,7 +219,7 @@ def _accumulate_grads(loss_fn, params, param_shardings, minibatch, denom, token_
         zeros = jax.lax.with_sharding_constraint(zeros, param_shardings)
     first = jax.tree.map(lambda x: x[0], minibatch)
     _, metric_shapes = jax.eval_shape(grad_fn, compute_params, first, denom)[0]
-    init = (zeros, _init_metrics(metric_shapes))
+    init = (zeros, init_metrics(metric_shapes))
 
     def accumulate(carry, mb, w):
         gsum, msum = carry
@@ -223,7 +227,7 @@ def _accumulate_grads(loss_fn, params, param_shardings, minibatch, denom, token_
         gsum = jax.tree.map(lambda a, g: a + g.astype(jnp.float32), gsum, grads)
         if param_shardings is not None:
             gsum = jax.lax.with_sharding_constraint(gsum, param_shardings)
-        return gsum, _combine(msum, metrics, w)
+        return gsum, combine_metrics(msum, metrics, w)
 
     def body(carry, xs):
         mb, w = xs
@@ -380,4 +384,4 @@ def _offloaded_train_step(*, config: LearnerConfig, mesh: Mesh,
 
 
 __all__ = ["make_train_step", "minibatch_sharding", "loss_denominator", "policy_loss_fn",
-           "critic_loss_fn", "pass_rows", "split_passes"]
+           "critic_loss_fn", "pass_rows", "split_passes", "combine_metrics", "init_metrics"]

@@ -1,4 +1,4 @@
-"""Trajectories -> the learner's batch (the contract of ``agentrl_jax.learner``).
+"""Trajectories -> the learner's ``RolloutBatch`` (``agentrl_jax.learner.batch``).
 
 Rows are right-padded to the longest trajectory (the learner pads further to its length
 buckets). Per row: ``tokens [B,T]`` int32, ``loss_mask [B,T]`` (1 on generated ids),
@@ -24,6 +24,7 @@ from typing import Sequence
 import numpy as np
 
 from agentrl_jax.agent.trajectory import Trajectory
+from agentrl_jax.learner.batch import RolloutBatch
 
 #: the turn axis ``K`` is a multiple of this (fewer distinct shapes for the jitted estimator)
 TURN_SLOTS = 8
@@ -55,9 +56,9 @@ def turn_arrays(trajectories: Sequence[Trajectory], length: int
 
 
 def assemble_batch(trajectories: Sequence[Trajectory], pad_id: int = 0,
-                   max_length: int | None = None) -> dict[str, np.ndarray]:
-    """Stack trajectories into padded arrays. Raises on an empty list or on error trajectories
-    (they must be dropped before training)."""
+                   max_length: int | None = None) -> RolloutBatch:
+    """Stack trajectories into a right-padded ``RolloutBatch``. Raises on an empty list or on
+    error trajectories (they must be dropped before training)."""
     if not trajectories:
         raise ValueError("no trajectories to train on")
     bad = [t.status for t in trajectories if not t.ok]
@@ -77,15 +78,12 @@ def assemble_batch(trajectories: Sequence[Trajectory], pad_id: int = 0,
         loss_mask[i, :n] = t.loss_mask
         attention_mask[i, :n] = 1
         logprobs[i, :n] = t.logprobs
-    return {
-        "tokens": tokens,
-        "loss_mask": loss_mask,
-        "attention_mask": attention_mask,
-        "rollout_logprobs": logprobs,
-        "group_id": np.asarray([t.group_id for t in trajectories], np.int32),
-        "reward": np.asarray([t.reward for t in trajectories], np.float32),
-        **turn_arrays(trajectories, length),
-    }
+    return RolloutBatch(
+        tokens=tokens, loss_mask=loss_mask, attention_mask=attention_mask,
+        rollout_logprobs=logprobs,
+        group_id=np.asarray([t.group_id for t in trajectories], np.int32),
+        reward=np.asarray([t.reward for t in trajectories], np.float32),
+        **turn_arrays(trajectories, length))
 
 
 def informative_groups(trajectories: Sequence[Trajectory], min_spread: float = 1e-6,

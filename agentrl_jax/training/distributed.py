@@ -4,7 +4,7 @@ A multi-process run behaves like one big run: every process draws the same globa
 (the sampler is seeded and its cursor is checkpointed), takes a contiguous block of its *groups*
 (``share``; all samples of a task stay on one process), runs them on its own actor pool,
 environment servers and rollout engine, and renumbers its groups with their global index
-(globally unique group ids for ``Learner.update(..., process_local=True)``). Numbers that
+(globally unique group ids for a process-local ``Learner.update``). Numbers that
 summarise a rollout or an evaluation are computed from every process's per-episode records
 (``allgather_objects``), with the same formulas as one process uses, so process 0 logs the
 global values. With one process every function here is the identity or a no-op.
@@ -19,6 +19,7 @@ import numpy as np
 
 from agentrl_jax.agent.actor_pool import RolloutStats, summarize
 from agentrl_jax.agent.trajectory import Trajectory
+from agentrl_jax.learner.batch import RolloutBatch
 from agentrl_jax.sharding.placement import agree_max, allgather_objects, local_replica
 
 
@@ -77,13 +78,10 @@ def global_rollout_stats(trajectories: Sequence[Trajectory], local: RolloutStats
     return summarize(global_records(trajectories), float(np.max(walls)))
 
 
-def empty_batch() -> dict[str, np.ndarray]:
-    """A zero-row batch for ``Learner.update(..., process_local=True)`` on a process whose
-    share produced no trainable trajectory (the others still need it in the collectives)."""
-    return {"tokens": np.zeros((0, 1), np.int32), "loss_mask": np.zeros((0, 1), np.float32),
-            "attention_mask": np.zeros((0, 1), np.int32),
-            "rollout_logprobs": np.zeros((0, 1), np.float32),
-            "group_id": np.zeros((0,), np.int32), "reward": np.zeros((0,), np.float32)}
+def empty_batch() -> RolloutBatch:
+    """A zero-row batch for a process-local ``Learner.update`` on a process whose share
+    produced no trainable trajectory (the others still need it in the collectives)."""
+    return RolloutBatch.empty()
 
 
 def local_policy(learner: Any) -> Any:

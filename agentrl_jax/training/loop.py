@@ -21,6 +21,7 @@ from agentrl_jax import compile_notice
 from agentrl_jax.agent.actor_pool import ActorPool, TaskRef
 from agentrl_jax.agent.trajectory import Trajectory
 from agentrl_jax.algorithms.advantages import is_turn_level
+from agentrl_jax.learner.batch import UpdateOptions
 from agentrl_jax.training import distributed, hostmem
 from agentrl_jax.training.batching import assemble_batch, informative_groups
 from agentrl_jax.training.failed_steps import RunFailure
@@ -216,8 +217,8 @@ class TrainingLoop:
         """``learner.update`` in a worker thread; the first one of this process compiles the
         train step (minutes for a large model on CPU), which is announced as a whole; a later
         compile (a new length bucket) is announced by ``compile_notice``."""
-        call = (lambda: learner.update(batch, False, True)) if process_local else \
-            (lambda: learner.update(batch, False))
+        options = UpdateOptions(log=False, process_local=process_local)
+        call = lambda: learner.update(batch, options)  # noqa: E731
         if self._update_compiled:
             return await asyncio.to_thread(call)
         # this phase's compiles are not announced one by one: the line below says them

@@ -1,0 +1,354 @@
+"""How the update lays a rollout batch's rows out on the device: padded rows or packed rows.
+
+Both layouts hold the per-token arrays of the update (log-probs, advantages, KL, ...) as
+device arrays ``[N, W]`` in their *token space*, and differ only in how rows reach the model:
+
+- ``PaddedRows`` (``LearnerConfig.pack_length == 0``, process-local batches, the critic):
+  token space = the batch padded to ``[rows, cols]`` (rows: whole mini-batches of
+  micro-batches, zero-mask pad rows with fresh group ids; cols: a length bucket); the model
+  sees ``[logprob_batch_size, cols]`` forward chunks and ``[n_micro, micro_batch_size, cols]``
+  mini-batches (``train_step.make_train_step``).
+- ``PackedRows`` (``pack_length > 0``): token space = the batch as given, ``[B, T]``; the model
+  sees rows of ``pack_length`` tokens holding several trajectories (``packing.py``), packed
+  and unpacked on the device with gather indices (``packing.pack_index`` / ``unpack_index``);
+  optimiser steps accumulate ``[micro_batch_size, pack_length]`` calls
+  (``packed_step.PackedSteps``).
+
+A layout offers the pipeline (``update.UpdatePipeline``): ``place`` (host arrays -> device,
+once), ``forward`` (a per-token pass of a model over the token space), ``optimiser_steps``
+(the mini-batches of one epoch in a given row order) and ``host_view`` (the real rows and
+columns of token-space arrays, on the host, for the metrics). Index arithmetic (which rows,
+pack plans) is host NumPy on integers the batch already holds; no float array leaves the
+device inside an update.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+from agentrl_jax.algorithms import aggregation_weights, is_turn_level
+from agentrl_jax.learner.batch import RolloutBatch
+from agentrl_jax.learner.jit_cache import cached
+from agentrl_jax.learner.packing import pack, pack_index, plan_packing, segment_layout, unpack_index
+from agentrl_jax.learner.train_step import minibatch_sharding
+from agentrl_jax.sharding.placement import (agree_max, allgather_rows, place_global,
+                                            place_process_local, to_host_tree)
+from agentrl_jax.sharding.rules import batch_sharding
+
+Arrays = dict[str, jax.Array]
+
+
+def _take_rows(mesh, out_sharding):
+    """Jitted ``(tree of [N, ...], idx [n]) -> tree of [n, ...]`` (rows gathered, clipped)."""
+    return cached(("take_rows", mesh, out_sharding), lambda: jax.jit(
+        lambda tree, idx: jax.tree.map(lambda x: jnp.take(x, idx, axis=0, mode="clip"), tree),
+        out_shardings=out_sharding))
+
+
+def _gather_flat(mesh, out_sharding):
+    """Jitted ``(tree of [B, T], index [...] into the flattened [B*T] or -1) -> tree of
+    [...]`` (0 where the index is -1): device pack / unpack."""
+    def fn(tree, index):
+        def one(x):
+            flat = x.reshape(-1)
+            return jnp.where(index >= 0, flat[jnp.maximum(index, 0)], jnp.zeros((), x.dtype))
+        return jax.tree.map(one, tree)
+    return cached(("gather_flat", mesh, out_sharding),
+                  lambda: jax.jit(fn, out_shardings=out_sharding))
+
+
+class PaddedRows:
+    """Rows padded to length buckets; see the module docstring. ``local``: process-local rows
+    (each process holds ``rows / P`` of the token space's rows, in process order)."""
+
+    recomputes_old_logprobs = False  # the sampler's log-probs serve as the old ones if asked
+
+    def __init__(self, learner: Any, batch: RolloutBatch, local: bool):
+        lr, cfg = learner, learner.config
+        self.learner, self.config, self.local = lr, cfg, local
+        b, t = batch.shape
+        self.b, self.t = b, t
+        self.n_proc = lr.require_process_local_layout() if local else 1
+        self.t_all = agree_max(t) if local else t
+        self.rows, self.cols = lr.padded_shape(
+            agree_max(b) * self.n_proc if local else b, self.t_all)
+        self.rows_local = self.rows // self.n_proc
+        first_pad_group = None
+        if local and batch.group_id is not None and batch.advantages is None:
+            first_pad_group = _agree_groups(batch.group_id, self.rows_local)
+        turn_slots = None  # the turn axis of the per-turn arrays (GiGPO), agreed by processes
+        if is_turn_level(cfg.advantage_estimator) and batch.advantages is None:
+            k = batch.turn_anchors.shape[1] if batch.turn_anchors is not None else 0
+            turn_slots = agree_max(k) if local else k
+        self.host = _pad(batch, self.rows_local, self.cols, first_pad_group, turn_slots)
+        self.n_rows = self.rows_local  # rows the shuffle permutes (the same on every process)
+
+    # ---------------------------------------------------------------- place
+    def place(self) -> Arrays:
+        """Every padded host array on the device, rows over data x fsdp (once)."""
+        mesh = self.learner.mesh
+        out = {}
+        for k, v in self.host.items():
+            sh = batch_sharding(mesh, v.ndim)
+            out[k] = (place_process_local(v, sh, (self.rows, *v.shape[1:])) if self.local
+                      else place_global(v, sh))
+        return out
+
+    # ---------------------------------------------------------------- forward passes
+    def forward(self, fn, params, placed: Arrays) -> Any:
+        """``fn(params, tokens, attention_mask)`` (outputs ``[n, cols]`` or a tuple of them)
+        over chunks of ``logprob_batch_size`` rows -> token-space ``[rows, cols]`` outputs.
+        Single-process chunks of padding rows only are zeros (no forward pass)."""
+        lr = self.learner
+        n = lr.logprob_batch_size
+        step = n // self.n_proc
+        bs = batch_sharding(lr.mesh, 2)
+        take = _take_rows(lr.mesh, bs)
+        inputs = {"tokens": placed["tokens"], "attention_mask": placed["attention_mask"]}
+        has_tokens = self.host["attention_mask"].any(-1)
+        outs, order = [], []
+        for s in range(0, self.rows_local, step):
+            # chunk rows: ``step`` rows of every process's block (process-major)
+            idx = (np.arange(self.n_proc)[:, None] * self.rows_local
+                   + np.minimum(s + np.arange(step), self.rows_local - 1)[None]).reshape(-1)
+            order.append(idx)
+            if not self.local and s > 0 and not has_tokens[s:s + n].any():
+                outs.append(None)
+                continue
+            chunk = take(inputs, idx.astype(np.int32))
+            outs.append(fn(params, chunk["tokens"], chunk["attention_mask"]))
+        template = next(o for o in outs if o is not None)
+        outs = [o if o is not None else jax.tree.map(jnp.zeros_like, template) for o in outs]
+        stacked = jax.tree.map(lambda *xs: jnp.concatenate(xs), *outs)
+        # inverse of the chunk order: token-space row r is stacked row inverse[r]
+        flat = np.concatenate(order)
+        inverse = np.empty(self.rows, np.int64)
+        inverse[flat[::-1]] = np.arange(flat.size)[::-1]  # first occurrence wins
+        return take(stacked, inverse.astype(np.int32))
+
+    # ---------------------------------------------------------------- optimiser steps
+    def optimiser_steps(self, per_token: Arrays, order: jax.Array, train_policy: bool,
+                        train_critic: bool) -> list[dict]:
+        """One epoch: ``mini_batches`` optimiser steps (``train_step.make_train_step``), step
+        ``k`` on the rows ``order[k * per_mini:(k + 1) * per_mini]`` of every process's
+        block. ``per_token``: token-space arrays keyed as the mini-batch wants them."""
+        lr, cfg = self.learner, self.config
+        step_fn = lr.train_step(tuple(sorted(per_token)), train_policy, train_critic)
+        per_mini = self.rows_local // cfg.mini_batches
+        n_micro = self.rows // cfg.mini_batches // cfg.micro_batch_size
+        micro = cfg.micro_batch_size // self.n_proc
+        n_proc, rows_local, mesh = self.n_proc, self.rows_local, lr.mesh
+
+        def build():
+            def gather(arrays, order, k):
+                sel = jax.lax.dynamic_slice_in_dim(order, k * per_mini, per_mini)
+                sel = (sel.reshape(n_micro, 1, micro)
+                       + (jnp.arange(n_proc) * rows_local)[None, :, None])
+                sel = sel.reshape(n_micro, n_proc * micro)
+                return {name: x[sel] for name, x in arrays.items()}
+            return jax.jit(gather, out_shardings=minibatch_sharding(mesh))
+        gather = cached(("minibatch", mesh, per_mini, n_micro, micro, n_proc, rows_local), build)
+        metrics = []
+        for k in range(cfg.mini_batches):
+            mb = gather(per_token, order, np.int32(k))
+            metrics.append(lr.optimiser_step(step_fn, mb))
+        return metrics
+
+    # ---------------------------------------------------------------- metrics
+    def host_view(self, device: Arrays) -> dict[str, np.ndarray]:
+        """Token-space arrays (``device``) and the loss / attention masks on the host,
+        restricted to the global batch's real rows and ``t_all`` columns."""
+        view = to_host_tree(device)
+        real_row = np.arange(self.rows_local) < self.b
+        masks = {"loss_mask": self.host["loss_mask"],
+                 "attention_mask": self.host["attention_mask"], "real_row": real_row}
+        if "reward" in self.host:
+            masks["reward"] = self.host["reward"]
+        masks = allgather_rows(masks) if self.local else masks
+        sel = masks.pop("real_row")
+        out = {k: v[sel] if v.ndim == 1 else v[sel, :self.t_all]
+               for k, v in {**view, **masks}.items()}
+        return out
+
+    def size_metrics(self, seconds: float, train_passes: int) -> dict[str, float]:
+        """Row / length counts and throughput of the optimiser steps."""
+        lr = self.learner
+        return {"batch/padded_rows": float(self.rows), "batch/padded_length": float(self.cols),
+                **lr.throughput(tokens=self.rows * self.cols, seq_len=self.cols, seconds=seconds,
+                                passes=self.config.epochs * train_passes,
+                                real_tokens=int(self._real_tokens()))}
+
+    def _real_tokens(self) -> int:
+        am = self.host["attention_mask"] != 0
+        return int(agree_sum(int(am.sum()))) if self.local else int(am.sum())
+
+
+def agree_sum(value: int) -> int:
+    """The sum of an int over processes (the identity with one process)."""
+    return int(np.sum(allgather_rows(np.asarray([int(value)], np.int64))))
+
+
+class PackedRows:
+    """Trajectories packed into rows of ``pack_length`` tokens; see the module docstring.
+    Single-process batches, no critic."""
+
+    recomputes_old_logprobs = True  # the sampler's log-probs are only compared with them
+
+    def __init__(self, learner: Any, batch: RolloutBatch):
+        lr, cfg = learner, learner.config
+        self.learner, self.config, self.batch = lr, cfg, batch
+        self.b, self.t = batch.shape
+        self.lengths = batch.lengths()
+        self.n_rows = self.b
+        self.packed_rows = 0  # packed rows trained on over the epochs
+        self.plan = plan_packing(self.lengths, cfg.pack_length, lr.logprob_batch_size)
+
+    def place(self) -> Arrays:
+        """The batch's arrays on the device, replicated (``[B, T]``, ``[B]``, ``[B, K]``)."""
+        rep = NamedSharding(self.learner.mesh, P())
+        return {k: place_global(v, rep) for k, v in self.batch.arrays().items()}
+
+    def forward(self, fn, params, placed: Arrays) -> jax.Array:
+        """``fn(params, tokens, segment_ids, positions)`` over the whole batch packed in
+        ``[logprob_batch_size, pack_length]`` calls -> token-space ``[B, T]``."""
+        lr = self.learner
+        n, plan = lr.logprob_batch_size, self.plan
+        src = pack_index(plan, np.arange(self.b), self.t)
+        seg, pos = segment_layout(plan)
+        sh = lr.row_sharding()
+        pack_dev = _gather_flat(lr.mesh, sh)
+        outs = []
+        for s in range(0, plan.num_rows, n):
+            tokens = pack_dev(placed["tokens"], src[s:s + n])
+            outs.append(fn(params, tokens, place_global(seg[s:s + n], sh),
+                           place_global(pos[s:s + n], sh)))
+        packed = jnp.concatenate(outs)
+        rep = NamedSharding(lr.mesh, P())
+        return _gather_flat(lr.mesh, rep)(packed, unpack_index(plan, self.t))
+
+    def optimiser_steps(self, per_token: Arrays, order: jax.Array, train_policy: bool = True,
+                        train_critic: bool = False) -> list[dict]:
+        """One epoch: the rows in ``order`` split into ``mini_batches`` parts
+        (``np.array_split``), each packed into ``[micro_batch_size, pack_length]``
+        micro-batches whose gradients are summed, then one optimiser step. The order comes to
+        the host (``B`` ints): the pack plan of a mini-batch is host-side bin packing."""
+        lr, cfg = self.learner, self.config
+        order = np.asarray(jax.device_get(order))
+        mb = cfg.micro_batch_size
+        sh = lr.row_sharding()
+        pack_dev = _gather_flat(lr.mesh, sh)
+        mask = self.batch.loss_mask
+        per_token = {k: v for k, v in per_token.items() if k != "attention_mask"}
+        steps = lr.packed_steps(tuple(sorted({*per_token, "segment_ids", "positions",
+                                              "loss_weights"})))
+        metrics = []
+        for rows in (p for p in np.array_split(order, cfg.mini_batches) if p.size):
+            plan = plan_packing(self.lengths[rows], cfg.pack_length, mb)
+            seg, pos = segment_layout(plan)
+            src = pack_index(plan, rows, self.t)
+            weights = pack(plan, aggregation_weights(mask[rows], cfg.loss_agg_mode,
+                                                     cfg.loss_max_len))
+            packed_mask = pack(plan, mask[rows])
+            total = max(float(mask[rows].sum()), 1.0)
+            grads = metric_sum = None
+            for s in range(0, plan.num_rows, mb):
+                micro = pack_dev(per_token, src[s:s + mb])
+                micro.update(segment_ids=place_global(seg[s:s + mb], sh),
+                             positions=place_global(pos[s:s + mb], sh),
+                             loss_weights=place_global(weights[s:s + mb], sh))
+                if grads is None:
+                    grads, metric_sum = steps.zero_state(lr.params, micro)
+                share = np.float32(packed_mask[s:s + mb].sum() / total)
+                grads, metric_sum = steps.accumulate(lr.params, grads, metric_sum, micro, share)
+            norm = lr.apply_packed_gradients(steps, grads)
+            step = {f"actor/{k}": v for k, v in metric_sum.items()}
+            step["actor/grad_norm"] = norm
+            metrics.append(step)
+            self.packed_rows += plan.num_rows
+        return metrics
+
+    def host_view(self, device: Arrays) -> dict[str, np.ndarray]:
+        view = to_host_tree(device)
+        view.update(loss_mask=self.batch.loss_mask, attention_mask=self.batch.attention_mask)
+        if self.batch.reward is not None:
+            view["reward"] = self.batch.reward
+        return view
+
+    def size_metrics(self, seconds: float, train_passes: int) -> dict[str, float]:
+        cfg = self.config
+        return {"batch/packed_rows": float(self.packed_rows / cfg.epochs),
+                "batch/padded_length": float(cfg.pack_length),
+                "batch/packing_efficiency": self.plan.efficiency,
+                "batch/real_tokens": float(self.lengths.sum()),
+                **self.learner.throughput(tokens=self.packed_rows * cfg.pack_length,
+                                          seq_len=cfg.pack_length, seconds=seconds, passes=1,
+                                          real_tokens=int(self.lengths.sum()) * cfg.epochs)}
+
+
+# -------------------------------------------------------------------- padded-row helpers
+def _agree_groups(group_id: np.ndarray, rows_local: int) -> int:
+    """Process-local batches: raise (on every process) if a group id occurs on two
+    processes; return the first group id of this process's pad rows (globally unique)."""
+    ids = np.unique(np.asarray(group_id).astype(np.int64))
+    width = agree_max(ids.size)
+    row = np.zeros((1, width + 1), np.int32)  # [count, ids..., 0 padding]
+    row[0, 0] = ids.size
+    row[0, 1:1 + ids.size] = ids
+    table = allgather_rows(row)  # [P, width + 1]
+    seen = np.concatenate([r[1:1 + r[0]] for r in table])
+    uniq, counts = np.unique(seen, return_counts=True)
+    if np.any(counts > 1):
+        raise ValueError(
+            f"process_local=True: group ids {uniq[counts > 1][:8].tolist()} occur on more "
+            "than one process; keep all samples of a group on one process and give groups "
+            "globally unique ids (e.g. offset them by process_index * groups_per_process)")
+    first = int(seen.max()) + 1 if seen.size else 0
+    return first + jax.process_index() * rows_local
+
+
+def _pad(batch: RolloutBatch, rows: int, cols: int, first_pad_group: int | None = None,
+         turn_slots: int | None = None) -> dict[str, np.ndarray]:
+    """Host arrays padded to ``[rows, cols]`` (zeros; fresh group ids on pad rows, from
+    ``first_pad_group`` or else the batch's largest id + 1). ``turn_slots``: also the
+    per-turn arrays (``turn_ids [rows, cols]``, ``turn_rewards`` / ``turn_anchors``
+    ``[rows, turn_slots]``), -1 (no turn) on padding; a batch without them gets all -1."""
+    b, t = batch.shape
+    if cols < t:
+        raise ValueError(f"batch length {t} exceeds padded length {cols}")
+
+    def pad2(x, dtype):
+        out = np.zeros((rows, cols), dtype)
+        out[:b, :t] = x
+        return out
+
+    out = {"tokens": pad2(batch.tokens, np.int32),
+           "attention_mask": pad2(batch.attention_mask, np.int32),
+           "loss_mask": pad2(batch.loss_mask, np.float32)}
+    for k in ("rollout_logprobs", "token_rewards", "advantages", "returns"):
+        if getattr(batch, k) is not None:
+            out[k] = pad2(getattr(batch, k), np.float32)
+    if batch.reward is not None:
+        out["reward"] = np.zeros((rows,), np.float32)
+        out["reward"][:b] = batch.reward
+    if turn_slots is not None:
+        def pad_turns(x, width, dtype, fill):
+            full = np.full((rows, width), fill, dtype)
+            if x is not None:
+                full[:b, :x.shape[1]] = x
+            return full
+        out["turn_ids"] = pad_turns(batch.turn_ids, cols, np.int32, -1)
+        out["turn_rewards"] = pad_turns(batch.turn_rewards, turn_slots, np.float32, 0)
+        out["turn_anchors"] = pad_turns(batch.turn_anchors, turn_slots, np.int32, -1)
+    if batch.group_id is not None:
+        g = batch.group_id.astype(np.int64)
+        start = first_pad_group if first_pad_group is not None else (g.max() + 1 if b else 0)
+        out["group_id"] = np.concatenate([g, start + np.arange(rows - b)]).astype(np.int32)
+    return out
+
+
+__all__ = ["PaddedRows", "PackedRows"]

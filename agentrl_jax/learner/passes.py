@@ -1,0 +1,106 @@
+"""The learner's jitted forward-only passes (log-probs of padded or packed rows, critic
+values), with explicit shardings, each compile announced (``compile_notice.py``), and cached
+across learners of the same model / config / mesh (``jit_cache.py``).
+
+    logprob_fn(...)(params, tokens, attention_mask [n, T]) -> (logprobs, entropy) [n, T]
+    packed_logprob_fn(...)(params, tokens, segment_ids, positions [R, P]) -> logprobs [R, P]
+    value_fn(...)(critic_params, tokens, attention_mask [n, T]) -> values [n, T]
+
+Token alignment: ``logprobs.py``. The builders close over their arguments only (never a
+learner: the cache outlives learners).
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import jax
+from flax import nnx
+from jax.sharding import Mesh
+
+from agentrl_jax.compile_notice import Announced
+from agentrl_jax.learner.config import LearnerConfig
+from agentrl_jax.learner.critic import values_fn
+from agentrl_jax.learner.jit_cache import cached
+from agentrl_jax.learner.logprobs import token_logprobs
+from agentrl_jax.learner.train_step import cast_params
+from agentrl_jax.sharding.activations import activation_mesh
+from agentrl_jax.sharding.rules import batch_sharding
+
+
+def _length(value: Any) -> int | None:
+    """The token axis (last) of the ``tokens`` array in ``value`` (an array or a batch dict)."""
+    tokens = value.get("tokens") if isinstance(value, dict) else value
+    shape = getattr(tokens, "shape", None)
+    return int(shape[-1]) if shape else None
+
+
+def announced(fn: Any, what: str, key_args: tuple[int, ...] = (1, 2)) -> Announced:
+    """``fn`` (jitted; its tokens are argument ``key_args[0]``) with each compile announced as
+    ``"compiling <what> for length T"`` (``compile_notice.py``)."""
+    return Announced(fn, key_args,
+                     lambda args: f"{what} for length {_length(args[key_args[0]])}")
+
+
+def logprob_fn(graphdef: nnx.GraphDef, mesh: Mesh, shardings: Any, cfg: LearnerConfig,
+               params_dtype: str):
+    """Log-probs and entropies of ``[n, T]`` rows (``n`` a multiple of the batch shards)."""
+    key = ("logprobs", graphdef, mesh, params_dtype, cfg.dtype, cfg.logprob_chunk_size,
+           cfg.temperature, cfg.use_attention_mask)
+
+    def build():
+        bs = batch_sharding(mesh, 2)
+
+        def fn(params, tokens, attention_mask):
+            with activation_mesh(mesh):
+                # cast where the shards live, as the update does: the model computes in
+                # cfg.dtype anyway (same values), and FSDP gathers half the bytes (bf16)
+                return token_logprobs(graphdef, cast_params(params, cfg.dtype), tokens,
+                                      attention_mask, chunk_size=cfg.logprob_chunk_size,
+                                      temperature=cfg.temperature, with_entropy=True,
+                                      use_attention_mask=cfg.use_attention_mask)
+        return announced(jax.jit(fn, in_shardings=(shardings, bs, bs), out_shardings=(bs, bs)),
+                         "the log-prob pass")
+    return cached(key, build)
+
+
+def packed_logprob_fn(graphdef: nnx.GraphDef, mesh: Mesh, shardings: Any, cfg: LearnerConfig,
+                      params_dtype: str):
+    """Log-probs of packed ``[R, P]`` rows (segment ids and positions restart per sequence)."""
+    key = ("packed_logprobs", graphdef, mesh, params_dtype, cfg.dtype, cfg.logprob_chunk_size,
+           cfg.temperature)
+
+    def build():
+        bs = batch_sharding(mesh, 2)
+
+        def fn(params, tokens, segment_ids, positions):
+            with activation_mesh(mesh):  # compute-dtype cast: see logprob_fn
+                lp, _ = token_logprobs(graphdef, cast_params(params, cfg.dtype), tokens, None,
+                                       chunk_size=cfg.logprob_chunk_size,
+                                       temperature=cfg.temperature, segment_ids=segment_ids,
+                                       positions=positions)
+            return lp
+        return announced(jax.jit(fn, in_shardings=(shardings, bs, bs, bs), out_shardings=bs),
+                         "the packed log-prob pass", key_args=(1, 2, 3))
+    return cached(key, build)
+
+
+def value_fn(critic_graphdef: nnx.GraphDef, mesh: Mesh, critic_shardings: Any,
+             use_attention_mask: bool):
+    """Critic values of ``[n, T]`` rows (``values[:, t] = V(tokens[:, :t])``)."""
+    key = ("values", critic_graphdef, mesh, use_attention_mask)
+
+    def build():
+        bs = batch_sharding(mesh, 2)
+        fn = functools.partial(values_fn, critic_graphdef, use_attention_mask=use_attention_mask)
+
+        def traced(p, t, a):
+            with activation_mesh(mesh):
+                return fn(p, t, a)
+        return announced(jax.jit(traced, in_shardings=(critic_shardings, bs, bs),
+                                 out_shardings=bs), "the value pass")
+    return cached(key, build)
+
+
+__all__ = ["announced", "logprob_fn", "packed_logprob_fn", "value_fn"]
