@@ -1,7 +1,9 @@
 """Action parsing: turn the model's reply into one environment action, or explain why not.
 
 Parsers are registered by name and chosen from config. ``react`` (default) takes the text after
-the last ``Action:`` marker, up to the end of that line. A reply without a parsable action is an
+the last ``Action:`` marker, up to the end of that line; ``raw`` takes the whole reply;
+``choice`` reads the reply's first letter as the label of one of the environment's valid
+actions, listed as options after each observation. A reply without a parsable action is an
 *invalid turn*: the environment is not stepped, the agent gets ``INVALID_FORMAT_FEEDBACK`` as the
 next observation, and the turn counts toward the horizon.
 """
@@ -10,7 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from typing import Callable
+from typing import Callable, Sequence
 
 # The same text for every prompt style (``react`` answers end with the Action line too).
 INVALID_FORMAT_FEEDBACK = ("Invalid response: no action found. Reply with one 'Action: ...' line "
@@ -52,10 +54,57 @@ def parse_raw(text: str) -> ParsedAction:
     return ParsedAction(action) if action else ParsedAction(None, "empty reply")
 
 
-PARSERS: dict[str, Callable[[str], ParsedAction]] = {"react": parse_react, "raw": parse_raw}
+# Labels of listed options, in order: "a" names the first option.
+CHOICE_LABELS = "abcdefghijklmnopqrstuvwxyz"
 
 
-def get_parser(name: str) -> Callable[[str], ParsedAction]:
+def options_block(options: Sequence[str]) -> str:
+    """``["turn left", "go to red ball 1"]`` -> ``"Options: a) turn left, b) go to red ball 1"``
+    (the first ``len(CHOICE_LABELS)`` options; more cannot be named)."""
+    shown = options[:len(CHOICE_LABELS)]
+    return "Options: " + ", ".join(f"{CHOICE_LABELS[i]}) {o}" for i, o in enumerate(shown))
+
+
+def parse_choice(text: str, options: Sequence[str] = ()) -> ParsedAction:
+    """Multiple choice: the first character of the reply (the text after the last ``Action:``
+    marker, stripped) is the label of one of ``options`` (``options_block``; ``a`` is the
+    first, case-insensitive), and that option is the action; the rest of the reply is ignored.
+
+    So every reply that starts with a letter in ``a`` .. the last label is one of the valid
+    actions: an untrained model, whose replies are random tokens, picks among the options at
+    random (with the frequencies of first letters in its vocabulary) and learns by RL which to
+    pick. A reply that starts with no letter, or with a letter past the last option, is invalid.
+    The episode shows the options after each observation (its parser ``takes_options``).
+    """
+    matches = list(_ACTION_RE.finditer(text))
+    reply = (matches[-1].group(1) if matches else text).strip()
+    if not options:
+        return ParsedAction(None, "no options were listed")
+    if not reply:
+        return ParsedAction(None, "empty reply")
+    label = reply[0].lower()
+    index = CHOICE_LABELS.find(label) if label.isascii() else -1
+    count = min(len(options), len(CHOICE_LABELS))
+    if index < 0:
+        return ParsedAction(None, f"the reply starts with {reply[0]!r}, not an option letter")
+    if index >= count:
+        return ParsedAction(None, f"no option {label!r} (options a to {CHOICE_LABELS[count - 1]})")
+    return ParsedAction(options[index])
+
+
+parse_choice.takes_options = True  # type: ignore[attr-defined]
+
+PARSERS: dict[str, Callable[..., ParsedAction]] = {"react": parse_react, "raw": parse_raw,
+                                                   "choice": parse_choice}
+
+
+def takes_options(parser: Callable[..., ParsedAction]) -> bool:
+    """Whether ``parser`` reads a reply against listed options (``parse_choice``): the episode
+    then shows them after each observation and passes them with the reply."""
+    return bool(getattr(parser, "takes_options", False))
+
+
+def get_parser(name: str) -> Callable[..., ParsedAction]:
     if name not in PARSERS:
         raise KeyError(f"unknown action parser {name!r} (known: {sorted(PARSERS)})")
     return PARSERS[name]

@@ -20,9 +20,14 @@ ACTION_FORMAT = (
     "Each turn, reply with exactly one action, in this format:\n"
     "Action: <the action>")
 
+CHOICE_FORMAT = (
+    "Each turn, choose one of the listed options and reply with its letter, in this format:\n"
+    "Action: <letter>")
+
 # Answer formats by name (config ``agent.prompt_style``): ``react`` (reason, then act) and
 # ``action`` (act only; suits small models, often with ``agent.response_prefix = "Action:"``).
-ANSWER_FORMATS = {"react": REACT_FORMAT, "action": ACTION_FORMAT}
+# ``choice`` (the letter of a listed option; with ``rollout.parser = "choice"``).
+ANSWER_FORMATS = {"react": REACT_FORMAT, "action": ACTION_FORMAT, "choice": CHOICE_FORMAT}
 
 # One example action per environment family for the ``action`` format. Small models copy the
 # example, so it must be an action of that environment (with BabyAI's "turn left" as the example

@@ -24,6 +24,7 @@ def base_config() -> ConfigDict:
     c.env.names = "babyai"  # comma-separated environment families
     c.env.urls = ConfigDict()  # <name>: "http://host:port,..." ; empty = start servers here
     c.env.server_args = ConfigDict()  # <name>: extra server flags, e.g. "--max-sessions 512"
+    c.env.task_filter = ConfigDict()  # <name>: regex a task id must fully match (train and test)
     c.env.replicas = 1
     c.env.timeout = 120.0
     c.env.max_restarts = 3  # a server started here that dies is restarted this often at most

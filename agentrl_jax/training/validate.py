@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import tempfile
 from typing import Any, Callable, Iterable
 
@@ -316,6 +317,16 @@ def _check_env(c: _Checker) -> None:
     for key in dict(_get(e, "urls", {}) or {}):
         if key not in names:
             c.bad(f"env.urls.{key}", f"names no environment of env.names ({', '.join(names)})")
+    for key, pattern in dict(_get(e, "task_filter", {}) or {}).items():
+        if key not in names:
+            c.bad(f"env.task_filter.{key}", f"names no environment of env.names ({', '.join(names)})")
+        elif not isinstance(pattern, str):
+            c.bad(f"env.task_filter.{key}", f"must be a regular expression string (got {pattern!r})")
+        else:
+            try:
+                re.compile(pattern)
+            except re.error as error:
+                c.bad(f"env.task_filter.{key}", f"is not a regular expression: {error} (got {pattern!r})")
     c.int_at_least(e, "env", "replicas", 1, default=1, required=False)
     c.number(e, "env", "timeout", lambda x: x > 0, "> 0", default=120.0, required=False)
     c.int_at_least(e, "env", "max_restarts", 0, default=3, required=False)
