@@ -15,7 +15,8 @@ from typing import Any, Callable
 from agentrl_common.seeding import derive_seed
 from agentrl_jax.agent.chat import ChatFormatter
 from agentrl_jax.agent.loop_times import LoopTimes
-from agentrl_jax.agent.parsing import INVALID_FORMAT_FEEDBACK, ParsedAction
+from agentrl_jax.agent.parsing import (INVALID_FORMAT_FEEDBACK, ParsedAction, options_block,
+                                       takes_options)
 from agentrl_jax.agent.prompts import first_user_message, system_prompt
 from agentrl_jax.agent.trajectory import (STATUS_CONTEXT_LIMIT, STATUS_DONE, STATUS_ENGINE_ERROR,
                                           STATUS_ENV_ERROR, STATUS_MAX_TURNS, Trajectory,
@@ -69,6 +70,10 @@ class Episode:
         self.times = LoopTimes(episodes=1)
         self._created = _clock()
         self._waited = 0.0  # the current coroutine's time in its await (not host work)
+        # a multiple-choice parser (parsing.parse_choice): the environment's valid actions of
+        # the current state are shown after each observation and read with the reply
+        self._takes_options = takes_options(parser)
+        self._options: list[str] = []
 
     def turn_seed(self, turn: int) -> int | None:
         """The sampling seed of assistant turn ``turn``: derived from the episode's seed and the
@@ -78,6 +83,17 @@ class Episode:
         if self.sampling.seed is None:
             return None
         return derive_seed(self.sampling.seed, turn)
+
+    def _with_options(self, observation: str, info: dict[str, Any] | None) -> str:
+        """``observation`` followed by the options block, for a multiple-choice parser; the
+        options are the client's listed actions (``agent.list_valid_actions``), else the
+        environment's ``available_actions``; ``info`` None keeps the current ones."""
+        if not self._takes_options:
+            return observation
+        if info is not None:
+            options = info.get("listed_actions") or info.get("available_actions") or []
+            self._options = [str(o) for o in options]
+        return f"{observation}\n{options_block(self._options)}" if self._options else observation
 
     def _finish(self, status: str, error: str | None = None) -> None:
         self.trajectory.status = status
@@ -109,7 +125,7 @@ class Episode:
         self._state = anchor_state(observation, info)
         self.system = system_prompt(info.get("instructions", ""), self.trajectory.env,
                                     self.prompt_style)
-        user = first_user_message(observation)
+        user = first_user_message(self._with_options(observation, info))
         self.trajectory.messages = [{"role": "system", "content": self.system},
                                     {"role": "user", "content": user}]
         prompt = self.formatter.prompt_ids(self.system, user) + self._prefix_ids
@@ -164,7 +180,8 @@ class Episode:
         if result.finish_reason == "length" and len(traj.token_ids) >= self.max_context:
             self._finish(STATUS_CONTEXT_LIMIT)
             return
-        self._pending_action = self.parser(text)
+        self._pending_action = (self.parser(text, self._options) if self._takes_options
+                                else self.parser(text))
 
     async def env_turn(self) -> None:
         """Step the environment with the parsed action and append the observation ids."""
@@ -183,7 +200,7 @@ class Episode:
         if parsed is None or parsed.action is None:
             traj.invalid_actions += 1
             traj.turn_rewards.append(0.0)
-            observation = INVALID_FORMAT_FEEDBACK
+            observation = self._with_options(INVALID_FORMAT_FEEDBACK, None)
         else:
             t1 = _clock()
             try:
@@ -201,9 +218,10 @@ class Episode:
                 traj.invalid_actions += 1
             if "success" in step.info:
                 traj.success = bool(step.info["success"])
-            observation = step.observation
-            self._state = anchor_state(observation, step.info)
+            self._state = anchor_state(step.observation, step.info)
             done = step.done or step.truncated
+            observation = step.observation if done else self._with_options(step.observation,
+                                                                           step.info)
         if done:
             self._finish(STATUS_DONE)
             return

@@ -2,7 +2,9 @@
 
 Parsers are registered by name in ``PARSERS`` (an ``agentrl_common.registry.Registry``) and chosen
 from config (``rollout.parser``). ``react`` (default) takes the text after
-the last ``Action:`` marker, up to the end of that line. A reply without a parsable action is an
+the last ``Action:`` marker, up to the end of that line; ``raw`` takes the whole reply;
+``choice`` reads the reply's first letter as the label of one of the environment's valid
+actions, listed as options after each observation. A reply without a parsable action is an
 *invalid turn*: the environment is not stepped, the agent gets ``INVALID_FORMAT_FEEDBACK`` as the
 next observation, and the turn counts toward the horizon.
 """
@@ -11,7 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from typing import Callable
+from typing import Callable, Sequence
 
 from agentrl_common.registry import Registry
 
@@ -55,12 +57,59 @@ def parse_raw(text: str) -> ParsedAction:
     return ParsedAction(action) if action else ParsedAction(None, "empty reply")
 
 
-#: name -> ``parse(reply text) -> ParsedAction`` (config ``rollout.parser``)
-PARSERS: Registry[Callable[[str], ParsedAction]] = Registry("action parser")
+# Labels of listed options, in order: "a" names the first option.
+CHOICE_LABELS = "abcdefghijklmnopqrstuvwxyz"
+
+
+def options_block(options: Sequence[str]) -> str:
+    """``["turn left", "go to red ball 1"]`` -> ``"Options: a) turn left, b) go to red ball 1"``
+    (the first ``len(CHOICE_LABELS)`` options; more cannot be named)."""
+    shown = options[:len(CHOICE_LABELS)]
+    return "Options: " + ", ".join(f"{CHOICE_LABELS[i]}) {o}" for i, o in enumerate(shown))
+
+
+def parse_choice(text: str, options: Sequence[str] = ()) -> ParsedAction:
+    """Multiple choice: the first character of the reply (the text after the last ``Action:``
+    marker, stripped) is the label of one of ``options`` (``options_block``; ``a`` is the
+    first, case-insensitive), and that option is the action; the rest of the reply is ignored.
+
+    So every reply that starts with a letter in ``a`` .. the last label is one of the valid
+    actions: an untrained model, whose replies are random tokens, picks among the options at
+    random (with the frequencies of first letters in its vocabulary) and learns by RL which to
+    pick. A reply that starts with no letter, or with a letter past the last option, is invalid.
+    The episode shows the options after each observation (its parser ``takes_options``).
+    """
+    matches = list(_ACTION_RE.finditer(text))
+    reply = (matches[-1].group(1) if matches else text).strip()
+    if not options:
+        return ParsedAction(None, "no options were listed")
+    if not reply:
+        return ParsedAction(None, "empty reply")
+    label = reply[0].lower()
+    index = CHOICE_LABELS.find(label) if label.isascii() else -1
+    count = min(len(options), len(CHOICE_LABELS))
+    if index < 0:
+        return ParsedAction(None, f"the reply starts with {reply[0]!r}, not an option letter")
+    if index >= count:
+        return ParsedAction(None, f"no option {label!r} (options a to {CHOICE_LABELS[count - 1]})")
+    return ParsedAction(options[index])
+
+
+parse_choice.takes_options = True  # type: ignore[attr-defined]
+
+#: name -> ``parse(reply text[, options]) -> ParsedAction`` (config ``rollout.parser``)
+PARSERS: Registry[Callable[..., ParsedAction]] = Registry("action parser")
 PARSERS.register("react", parse_react)
 PARSERS.register("raw", parse_raw)
+PARSERS.register("choice", parse_choice)
 
 
-def get_parser(name: str) -> Callable[[str], ParsedAction]:
+def takes_options(parser: Callable[..., ParsedAction]) -> bool:
+    """Whether ``parser`` reads a reply against listed options (``parse_choice``): the episode
+    then shows them after each observation and passes them with the reply."""
+    return bool(getattr(parser, "takes_options", False))
+
+
+def get_parser(name: str) -> Callable[..., ParsedAction]:
     """The parser registered as ``name``; ``UnknownNameError`` (a ``ValueError``) otherwise."""
     return PARSERS.get(name)

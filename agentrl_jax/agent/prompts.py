@@ -24,6 +24,9 @@ ACTION_FORMAT = (
     "Each turn, reply with exactly one action, in this format:\n"
     "Action: <the action>")
 
+CHOICE_FORMAT = (
+    "Each turn, choose one of the listed options and reply with its letter, in this format:\n"
+    "Action: <letter>")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,6 +43,8 @@ class PromptStyle:
 PROMPT_STYLES: Registry[PromptStyle] = Registry("prompt style", expected=PromptStyle)
 PROMPT_STYLES.register("react", PromptStyle(REACT_FORMAT))
 PROMPT_STYLES.register("action", PromptStyle(ACTION_FORMAT, action_example=True))
+#: ``choice``: the letter of a listed option (with ``rollout.parser = "choice"``)
+PROMPT_STYLES.register("choice", PromptStyle(CHOICE_FORMAT))
 
 # One example action per environment family for the ``action`` format. Small models copy the
 # example, so it must be an action of that environment (with BabyAI's "turn left" as the example

@@ -12,6 +12,7 @@ adds the checks that span sections (``rollout.max_new_tokens < rollout.max_conte
 from __future__ import annotations
 
 import dataclasses
+import re
 from typing import Any, Mapping
 
 from agentrl_common.registry import did_you_mean
@@ -121,6 +122,8 @@ class EnvConfig(Section):
     names: str | tuple[str, ...] = setting("babyai")  # comma-separated families
     urls: Mapping[str, Any] = setting(factory=dict)  # <name>: "http://host:port,..."; none: start
     server_args: Mapping[str, Any] = setting(factory=dict)  # <name>: extra server flags
+    # <name>: a regular expression every task id of that family must fully match (train and test)
+    task_filter: Mapping[str, Any] = setting(factory=dict)
     replicas: int = setting(1, ge=1)  # servers started per family
     timeout: float = setting(120.0, gt=0)  # seconds per environment request
     max_restarts: int = setting(3, ge=0)  # a server started here that dies: restarts at most
@@ -149,6 +152,19 @@ class EnvConfig(Section):
                 if key not in names:
                     out.append(f"{prefix}.urls.{key}: names no environment of env.names "
                                f"({', '.join(names)})")
+        if "task_filter" not in bad:
+            for key, pattern in self.task_filter.items():
+                where = f"{prefix}.task_filter.{key}"
+                if key not in names:
+                    out.append(f"{where}: names no environment of env.names ({', '.join(names)})")
+                elif not isinstance(pattern, str):
+                    out.append(f"{where}: must be a regular expression string (got {pattern!r})")
+                else:
+                    try:
+                        re.compile(pattern)
+                    except re.error as error:
+                        out.append(f"{where}: is not a regular expression: {error} "
+                                   f"(got {pattern!r})")
         return out
 
 

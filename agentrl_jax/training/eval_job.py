@@ -74,7 +74,8 @@ async def run_evaluation(config: Any, checkpoint_dir: str | None = None, step: i
                 urls = services.start_env_services(config, stack)
             say(services.describe_urls(urls))
             clients = services.make_env_clients(urls, config, astack)
-            tasks = await services.task_refs(clients, split, num_tasks)
+            tasks = await services.task_refs(clients, split, num_tasks,
+                                             filters=services.task_filters(config))
             episodes = k * len(tasks)
             with timed(say, f"loading model {config.model.name}"):
                 model, tokenizer, model_path = load_policy(config)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import re
 from typing import Any, Callable, Mapping, Sequence
 
 from agentrl_jax.learner.config import LearnerConfig
@@ -294,15 +295,33 @@ def make_actor_pool(config: Any, backend: Any, clients: Mapping[str, Any], token
                      direct_workers=r.actor_workers_direct)
 
 
-async def task_refs(clients: Mapping[str, Any], split: str, limit: int | None = None) -> list:
-    """Task references of ``split`` for every environment. With ``limit``, an evenly spaced
-    sample of the split (a split is ordered by level/task, so the first N ids would all be one
-    level); the same ids every time."""
+def task_filters(config: Any) -> dict[str, re.Pattern[str]]:
+    """``config.env.task_filter``: per environment, a regular expression a task id must match
+    in full to be trained or evaluated on (e.g. ``{"babyai": r"BabyAI-GoToObj-v0/.*"}`` keeps
+    one BabyAI level); environments not named keep every task."""
+    given = to_run_config(config).env.task_filter
+    return {str(name): re.compile(str(pattern)) for name, pattern in given.items()}
+
+
+async def task_refs(clients: Mapping[str, Any], split: str, limit: int | None = None,
+                    filters: Mapping[str, re.Pattern[str]] | None = None) -> list:
+    """Task references of ``split`` for every environment. ``filters``: per environment, a
+    pattern the task id must match in full (``task_filters``); a filter that keeps no task is
+    an error. With ``limit``, an evenly spaced sample of the (filtered) split (a split is
+    ordered by level/task, so the first N ids would all be one level); the same ids every
+    time."""
     from agentrl_jax.agent.actor_pool import TaskRef
 
     tasks = []
     for name, client in clients.items():
         ids = list(await client.tasks(split))
+        pattern = (filters or {}).get(name)
+        if pattern is not None:
+            total = len(ids)
+            ids = [t for t in ids if pattern.fullmatch(t)]
+            if not ids:
+                raise ValueError(f"env.task_filter.{name} ({pattern.pattern!r}) keeps none of "
+                                 f"the {total} {split} tasks of {name}")
         if limit is not None and len(ids) > limit:
             ids = [ids[(i * len(ids)) // limit] for i in range(limit)]
         tasks.extend(TaskRef(name, t) for t in ids)

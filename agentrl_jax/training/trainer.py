@@ -219,8 +219,10 @@ class Trainer(TrainingLoop, TrainerEvaluation, RunOutput):
                 self.turn_counter = TurnCounter(backend)
                 pool = services.make_actor_pool(cfg, self.turn_counter, clients, tokenizer,
                                                 model.cfg.eos_token_ids)
-                train_tasks = await services.task_refs(clients, "train")
-                eval_tasks = await services.task_refs(clients, "test", int(cfg.train.eval_tasks))
+                filters = services.task_filters(cfg)
+                train_tasks = await services.task_refs(clients, "train", filters=filters)
+                eval_tasks = await services.task_refs(clients, "test", int(cfg.train.eval_tasks),
+                                                      filters=filters)
                 sampler = TaskSampler(train_tasks, seed=int(cfg.seed), cursor=cursor)
                 # the loaded weights: the engine's until the first weight sync, then unused (the
                 # learner holds its own copies); kept by these names they would stay in memory
