@@ -8,23 +8,10 @@ critic values in forward-only passes, the KL penalty, advantages, a device-side 
 ``epochs`` x ``mini_batches`` optimiser steps over padded or packed rows (``layouts.py``).
 Returns a flat ``dict[str, float]`` of metrics.
 
-Multi-process runs (``jax.distributed.initialize()``; the mesh spans every process's
-devices): batches are placed with ``agentrl_jax.sharding.placement`` and results read back
-with a cross-process gather, so every batch-consuming method works in any number of
-processes. Two ways to pass a batch (the ``process_local`` argument):
-
-- ``process_local=False`` (default): every process passes the same global batch.
-- ``process_local=True``: each process passes only its own rows. Row counts and lengths may
-  differ between processes (each is padded with zero-mask rows / columns to the largest,
-  agreed with ``agree_max``); losses are normalised by the global token count, so the update
-  equals the one on the concatenated batch (up to which rows share a mini-batch when
-  ``mini_batches > 1``: each mini-batch takes an equal share of every process's rows).
-  Group advantages (GRPO / RLOO / ...) are computed over the global batch, in jit; the caller
-  must keep all samples of a group on one process and give groups globally unique ids
-  (checked: an id seen on two processes raises ``ValueError`` on every process). The batch
-  sharding must give each process distinct rows (a ``tensor`` axis must not span processes).
-  Per-row outputs (``compute_logprobs`` / ``compute_values``) are this process's rows; the
-  metrics of ``update`` describe the global batch.
+Multi-process runs (``jax.distributed.initialize()``): every process passes the same global
+batch, or (``UpdateOptions.process_local``) only its own rows, padded to the agreed largest
+shape, with losses normalised by the global token count and group advantages over the global
+batch; docs/LEARNER.md ("Multi-process batches") states the contract.
 
 Every method that takes a batch is a collective in a multi-process run: all processes must
 call it in the same order.
