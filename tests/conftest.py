@@ -3,6 +3,13 @@
 8 virtual CPU devices so sharded code paths (data / fsdp / tensor meshes) run in the ordinary
 suite; computations that are not sharded still run on device 0. Must happen before JAX starts.
 
+XLA's CPU back end compiles at LLVM optimisation level 0 (``--xla_backend_optimization_level=0``):
+the suite's programs are small and their time goes into compiling, not running, and level 0
+compiles in about half the time (docs/PERFORMANCE.md, "The unit suite's compile time"). The
+programs compute the same operations (XLA's own HLO passes, fusion and buffer assignment are
+unchanged); floating-point results may differ in the last bits, as between two XLA builds.
+Subprocesses inherit these flags unless a test replaces them.
+
 The pytest process compiles through a JAX persistent compilation cache in a fresh temporary
 folder (``pytest_configure``): learners, engines and models built again by a later test with
 the same shapes lower to the same XLA program, which is then read back instead of compiled
@@ -13,7 +20,8 @@ import os
 import shutil
 import tempfile
 
-os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
+os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8 "
+                                   "--xla_backend_optimization_level=0")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
