@@ -2,16 +2,56 @@
 
 8 virtual CPU devices so sharded code paths (data / fsdp / tensor meshes) run in the ordinary
 suite; computations that are not sharded still run on device 0. Must happen before JAX starts.
+
+XLA's CPU back end compiles at LLVM optimisation level 0 (``--xla_backend_optimization_level=0``):
+the suite's programs are small and their time goes into compiling, not running, and level 0
+compiles in about half the time (docs/PERFORMANCE.md, "The unit suite's compile time"). The
+programs compute the same operations (XLA's own HLO passes, fusion and buffer assignment are
+unchanged); floating-point results may differ in the last bits, as between two XLA builds.
+Subprocesses inherit these flags unless a test replaces them.
+
+The pytest process compiles through a JAX persistent compilation cache in a fresh temporary
+folder (``pytest_configure``): learners, engines and models built again by a later test with
+the same shapes lower to the same XLA program, which is then read back instead of compiled
+again. It starts empty every session, so every program is still compiled once per run.
 """
 
 import os
+import shutil
+import tempfile
 
-os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
+os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8 "
+                                   "--xla_backend_optimization_level=0")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
 import pytest  # noqa: E402
+
+# programs that compile faster than this are not written to the pytest process's cache
+_CACHE_MIN_COMPILE_SECS = 0.5
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Give this process its own JAX persistent compilation cache (an empty temporary folder,
+    removed at exit). Set through ``jax.config``, not ``os.environ``, so the subprocesses the
+    tests start do not inherit it (those that should share one get ``compile_cache_env``).
+    A ``JAX_COMPILATION_CACHE_DIR`` already in the environment is left as it is (set it empty
+    to run without a cache)."""
+    import jax
+
+    if "JAX_COMPILATION_CACHE_DIR" in os.environ:
+        return
+    path = tempfile.mkdtemp(prefix="agentrl-test-jax-cache-")
+    config._agentrl_jax_cache_dir = path  # type: ignore[attr-defined]
+    jax.config.update("jax_compilation_cache_dir", path)
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", _CACHE_MIN_COMPILE_SECS)
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    path = getattr(config, "_agentrl_jax_cache_dir", None)
+    if path:
+        shutil.rmtree(path, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")
