@@ -351,6 +351,8 @@ class Learner:
         globally unique, each group on one process); the metrics describe the global batch.
         With process-local batches every process learns of any process's invalid batch (and
         raises), so none is left waiting in a collective."""
+        if options is not None and not isinstance(options, UpdateOptions):
+            raise TypeError(f"options must be an UpdateOptions (got {options!r})")
         options = options or UpdateOptions()
         local = _local_mode(options.process_local)
         err: Exception | None = None

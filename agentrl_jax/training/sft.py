@@ -38,6 +38,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from agentrl_jax import compile_notice
+from agentrl_jax.learner.batch import UpdateOptions
 from agentrl_jax.training.config import config_json, model_label, to_run_config
 from agentrl_jax.training.experts import META_SUFFIX, answer_format, tokenizer_fingerprint
 from agentrl_jax.training.progress import (BAR, LINES, EpisodeProgress, format_seconds,
@@ -247,16 +248,17 @@ class SFTRun:
                                    self.config.progress_seconds, self._say,
                                    unit="steps") as bar:
             compiled = False
+            no_log = UpdateOptions(log=False)  # this loop writes the step's metrics itself
             while step < total:
                 t0 = time.monotonic()
                 rows = batch_rows(step, len(items), bs, seed)
                 batch = sft_batch([items[i] for i in rows], pad_id)
                 if compiled:
-                    metrics = await asyncio.to_thread(learner.update, batch, False)
+                    metrics = await asyncio.to_thread(learner.update, batch, no_log)
                 else:
                     with timed(self._say, "compiling the train step (first update)"):
                         metrics = await asyncio.to_thread(compile_notice.quietly,
-                                                          learner.update, batch, False)
+                                                          learner.update, batch, no_log)
                     compiled = True
                 step += 1
                 metrics.update({"sft/epoch": step / per_epoch, "sft/episodes": float(len(rows)),
