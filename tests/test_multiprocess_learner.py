@@ -103,6 +103,8 @@ def run_steps(mesh_shape: dict[str, int], process_local: bool = False, process: 
 # ----------------------------------------------------------------- worker (a subprocess)
 def worker(process_id: int, coordinator: str, out: str) -> None:
     import jax
+
+    from agentrl_jax.learner import UpdateOptions
     init_worker(process_id, coordinator, N_PROC)
     results: dict[str, np.ndarray] = {}
     for mesh_name, shape in MESHES.items():
