@@ -16,7 +16,8 @@ from agentrl_jax.agent.actor_pool import ActorPool, TaskRef
 from agentrl_jax.agent.chat import ChatFormatter
 from agentrl_jax.models.pretrained import resolve_model_path
 from agentrl_jax.models.tokenizer import load_tokenizer
-from agentrl_jax.rollout.backends.base import GenerateResult, RolloutBackend, SamplingParams
+from agentrl_jax.rollout.backends.base import GenerateResult, SamplingParams
+from fake_backends import QuietBackend
 from environments.core.base import StepResult
 
 GEN_S, ENGINE_S, ENV_S = 0.03, 0.02, 0.01
@@ -28,7 +29,7 @@ def tokenizer():
     return load_tokenizer(resolve_model_path("smollm2"))
 
 
-class SleepyBackend(RolloutBackend):
+class SleepyBackend(QuietBackend):
     """Answers " turn left" + EOS after ``GEN_S`` seconds, reporting ``ENGINE_S`` of latency."""
 
     name = "sleepy"
@@ -42,15 +43,6 @@ class SleepyBackend(RolloutBackend):
         return GenerateResult(output_ids=list(self.ids), output_logprobs=[-0.1] * len(self.ids),
                               finish_reason="stop", prompt_tokens=len(input_ids),
                               latency_s=ENGINE_S)
-
-    async def update_weights(self, params=None, *, path=None, version=None):
-        pass
-
-    async def health(self):
-        return True
-
-    async def aclose(self):
-        pass
 
 
 class SleepyEnv:

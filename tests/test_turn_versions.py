@@ -18,12 +18,13 @@ from agentrl_jax.agent.chat import ChatFormatter
 from agentrl_jax.agent.trajectory import Trajectory
 from agentrl_jax.models.pretrained import resolve_model_path
 from agentrl_jax.models.tokenizer import load_tokenizer
-from agentrl_jax.rollout.backends.base import GenerateResult, RolloutBackend, SamplingParams
+from agentrl_jax.rollout.backends.base import GenerateResult, SamplingParams
 from agentrl_jax.training.loop import fresh_trajectories
+from fake_backends import QuietBackend
 from environments.core.base import StepResult
 
 
-class SwitchingBackend(RolloutBackend):
+class SwitchingBackend(QuietBackend):
     """Replies ``Action: go``; its weights go from ``version`` to ``version + 1`` after
     ``switch_after`` generate calls (the swap lands while a call is in flight)."""
 
@@ -40,15 +41,6 @@ class SwitchingBackend(RolloutBackend):
             self.version += 1  # mid-call: this turn's later tokens come from the new weights
         return GenerateResult(output_ids=list(self.ids), output_logprobs=[-0.5] * len(self.ids),
                               finish_reason="stop", weight_version=str(self.version))
-
-    async def update_weights(self, params=None, *, path=None, version=None):
-        pass
-
-    async def health(self):
-        return True
-
-    async def aclose(self):
-        pass
 
 
 class EndlessEnv:
