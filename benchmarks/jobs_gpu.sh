@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+# Run a list of independent GPU jobs, one or more lanes per GPU, each under a time cap, with a
+# done marker per job (a job done before is skipped) and its small files copied to the results
+# folder as soon as it ends (benchmarks/gpu_jobs_lib.sh, the machinery of issue15_gpu.sh and
+# families_gpu.sh). For seeds and ablations that do not fit those two drivers' fixed plans.
+#
+#   bash benchmarks/jobs_gpu.sh --jobs JOBS --out runs/seeds --results docs/results/seeds \
+#        --gpu-ids 0,1 [--per-gpu 1] [--budget 590] [--dry-run]
+#
+# JOBS: one job per line, `NAME CAP_SECONDS LANE COMMAND...` (blank lines and `#` comments
+# ignored; LANE picks the lane, lanes map to --gpu-ids in turn, --per-gpu lanes per GPU). A
+# lane runs its jobs in file order; lanes run in parallel. With --budget (s, this call) a job
+# whose cap does not fit in the time left is skipped (not shortened: runs stay comparable) and
+# runs in a later call. Exit code 1 if any job failed or was skipped.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+
+JOBS=
+OUT=runs/jobs
+RESULTS=
+GPU_IDS=0
+PER_GPU=1
+BUDGET=0
+DRY_RUN=0
+PY=${PYTHON:-python3}
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --jobs) JOBS=$2; shift 2 ;;
+    --out) OUT=$2; shift 2 ;;
+    --results) RESULTS=$2; shift 2 ;;
+    --gpu-ids) GPU_IDS=$2; shift 2 ;;
+    --per-gpu) PER_GPU=$2; shift 2 ;;
+    --budget) BUDGET=$2; shift 2 ;;
+    --dry-run) DRY_RUN=1; shift ;;
+    -h|--help) sed -n '2,15p' "$0"; exit 0 ;;
+    *) echo "unknown argument $1 (see --help)" >&2; exit 2 ;;
+  esac
+done
+[ -f "$JOBS" ] || { echo "--jobs FILE is required (got '${JOBS}')" >&2; exit 2; }
+RESULTS=${RESULTS:-$OUT/results}
+IFS=, read -r -a GPU_LIST <<< "$GPU_IDS"
+GPUS=${#GPU_LIST[@]}
+LANES=$(( GPUS * PER_GPU ))
+MEM_FRACTION=$(awk "BEGIN {printf \"%.2f\", 0.9 / $PER_GPU}")
+T0=$(date +%s)
+REPORT_RESERVE=5
+STAGE=jobs
+SMOKE=0
+FIXED_LENGTH=1
+LOGS=$OUT/logs
+# shellcheck source=benchmarks/gpu_jobs_lib.sh
+source benchmarks/gpu_jobs_lib.sh
+[ "$DRY_RUN" = 1 ] || mkdir -p "$OUT/.done" "$OUT/.lanes" "$LOGS" "$RESULTS/logs"
+
+lane_jobs() {  # lane_jobs LANE: the lane's jobs, in file order, on its physical GPU
+  local want=$1 name cap lane rest
+  while read -r name cap lane rest; do
+    [ -z "$name" ] && continue
+    case "$name" in \#*) continue ;; esac
+    [ $(( lane % LANES )) -eq "$want" ] || continue
+    # run_job picks GPU (lane % GPUS); point that index at the listed physical GPU
+    CUDA_VISIBLE_DEVICES_MAP=${GPU_LIST[$(( lane % GPUS ))]} \
+      run_job "$name" "$lane" "$cap" GPU bash -c "export CUDA_VISIBLE_DEVICES=\${CUDA_VISIBLE_DEVICES_MAP}; exec $rest"
+  done < "$JOBS"
+}
+
+echo "jobs of $JOBS: $LANES lane(s) on GPU(s) $GPU_IDS ($PER_GPU per GPU), out $OUT, results $RESULTS"
+for (( l = 0; l < LANES; l++ )); do lane_jobs "$l" & done
+wait
+finish
