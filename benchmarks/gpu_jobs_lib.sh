@@ -9,7 +9,10 @@
 #                      kept for the report, the stages asked for (recorded in timings.jsonl)
 #   GPUS LANES PY SMOKE   GPUs, lanes, the Python interpreter, 1 for the CPU smoke mode
 # and may set (defaults below): PER_GPU, MEM_FRACTION (with PER_GPU > 1), DRY_RUN
-# (print the plan, write nothing), FIXED_LENGTH (never shorten a job to fit the budget).
+# (print the plan, write nothing), FIXED_LENGTH (never shorten a job to fit the budget), and
+# the arrays LANE_GPU (lane -> the CUDA device id it runs on; default lane % GPUS) and LANE_LOCK
+# (lane -> the name of its lock in $OUT/.lanes; default the lane number): two drivers sharing
+# one $OUT on different GPUs must not share a lock name, or one waits for the other.
 
 PER_GPU=${PER_GPU:-1}
 DRY_RUN=${DRY_RUN:-0}
@@ -57,7 +60,7 @@ timing() {  # timing NAME LANE GPU START END EXIT CAP STATUS (times from this ca
 
 run_job() {  # run_job NAME LANE CAP CPU|GPU CMD...: on lane LANE (one job at a time per lane)
   local name=$1 lane=$(( $2 % LANES )) cap=$3 kind=$4; shift 4
-  local gpu=$(( lane % GPUS )) fd left t start end rc status
+  local gpu=${LANE_GPU[$lane]:-$(( lane % GPUS ))} fd left t start end rc status
   if [ -f "$OUT/.done/$name" ]; then
     # done, but its small files never reached $RESULTS (a copy cut short): copy them now
     [ "$DRY_RUN" != 1 ] && [ -d "$OUT/$name" ] && [ ! -d "$RESULTS/$name" ] && collect "$name"
@@ -67,7 +70,7 @@ run_job() {  # run_job NAME LANE CAP CPU|GPU CMD...: on lane LANE (one job at a 
     echo "plan: $name  lane $lane$([ "$kind" = GPU ] && echo ", GPU $gpu" || echo ", CPU")  cap $cap s: $*"
     return 0
   fi
-  exec {fd}> "$OUT/.lanes/$lane"
+  exec {fd}> "$OUT/.lanes/${LANE_LOCK[$lane]:-$lane}"
   flock "$fd"
   left=$(time_left); t=$cap; [ "$left" -lt "$t" ] && t=$left
   if [ "$FIXED_LENGTH" = 1 ] && [ "$left" -lt "$cap" ]; then

@@ -51,6 +51,13 @@ LOGS=$OUT/logs
 # shellcheck source=benchmarks/gpu_jobs_lib.sh
 source benchmarks/gpu_jobs_lib.sh
 [ "$DRY_RUN" = 1 ] || mkdir -p "$OUT/.done" "$OUT/.lanes" "$LOGS" "$RESULTS/logs"
+# lane l runs on GPU GPU_LIST[l % GPUS]; its lock is named by that GPU, so drivers sharing one
+# --out on different GPUs run side by side and two on the same GPU lane take turns
+declare -a LANE_GPU=() LANE_LOCK=()
+for (( l = 0; l < LANES; l++ )); do
+  LANE_GPU[l]=${GPU_LIST[$(( l % GPUS ))]}
+  LANE_LOCK[l]="gpu${LANE_GPU[l]}_$(( l / GPUS ))"
+done
 
 lane_jobs() {  # lane_jobs LANE: the lane's jobs, in file order, on its physical GPU
   local want=$1 name cap lane rest
@@ -58,9 +65,7 @@ lane_jobs() {  # lane_jobs LANE: the lane's jobs, in file order, on its physical
     [ -z "$name" ] && continue
     case "$name" in \#*) continue ;; esac
     [ $(( lane % LANES )) -eq "$want" ] || continue
-    # run_job picks GPU (lane % GPUS); point that index at the listed physical GPU
-    CUDA_VISIBLE_DEVICES_MAP=${GPU_LIST[$(( lane % GPUS ))]} \
-      run_job "$name" "$lane" "$cap" GPU bash -c "export CUDA_VISIBLE_DEVICES=\${CUDA_VISIBLE_DEVICES_MAP}; exec $rest"
+    run_job "$name" "$lane" "$cap" GPU bash -c "$rest"
   done < "$JOBS"
 }
 

@@ -189,10 +189,16 @@ def paired_bootstrap(before: dict[str, list[float]], after: dict[str, list[float
 
 
 def eval_at(evals: dict[int, dict[str, list[float]]], which: str) -> tuple[int, dict]:
-    """``(step, per-task successes)`` of ``which``: ``first``, ``last`` or a step number."""
+    """``(step, per-task successes)`` of ``which``: ``first``, ``last``, ``final`` (the last
+    evaluation after the first: a run cut off before its final evaluation has none, where
+    ``last`` would be its untrained step-0 evaluation) or a step number."""
     if not evals:
         raise ValueError("the run has no evaluation episodes")
-    step = (min(evals) if which == "first" else max(evals) if which == "last" else int(which))
+    if which == "final" and len(evals) < 2:
+        raise ValueError(f"no evaluation after training (only step {min(evals)}): the run "
+                         "ended before its final evaluation")
+    step = (min(evals) if which == "first" else max(evals) if which in ("last", "final")
+            else int(which))
     if step not in evals:
         raise ValueError(f"no evaluation at step {step} (steps {sorted(evals)})")
     return step, evals[step]
@@ -269,7 +275,7 @@ def seed_level_report(evals_by_label: dict[str, dict], spec: str = "",
     out: dict = {"configurations": {}, "differences": {}}
     for name in groups:
         entry: dict = {"labels": groups[name]}
-        for which in ("first", "last"):
+        for which in ("first", "last", "final"):
             per_seed, steps, missing = at(name, which)
             if per_seed:
                 entry[which] = {**seed_level(per_seed, draws), "steps": steps}

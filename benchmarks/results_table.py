@@ -47,22 +47,24 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FAMILIES = (("BabyAI", "babyai"), ("TextCraft", "textcraft"), ("ScienceWorld", "sciworld"),
             ("web navigation", "webnav"), ("deep search", "deepsearch"))
 #: column -> the (job, evaluation) that measures it, first one present wins
+#: (``final``: the last evaluation after the first; a run cut off before it has no entry, never
+#: its untrained step-0 evaluation in a trained column)
 COLUMNS = {"base": (("{p}_base", "first"), ("{p}_grpo", "first")),
            "SFT": (("{p}_sft_grpo", "first"), ("{p}_sft_gigpo", "first")),
-           "RL only": (("{p}_grpo", "last"),),
-           "SFT+RL": (("{p}_sft_grpo", "last"),)}
+           "RL only": (("{p}_grpo", "final"),),
+           "SFT+RL": (("{p}_sft_grpo", "final"),)}
 #: comparisons (name, alternatives of "B[@which]:A[@which]"), per family prefix
 COMPARISONS = (("SFT - base",
                  ("{p}_sft_grpo@first:{p}_base", "{p}_sft_grpo@first:{p}_grpo@first")),
-               ("SFT+GRPO - SFT", ("{p}_sft_grpo:{p}_sft_grpo@first",)),
-               ("SFT+GiGPO - SFT", ("{p}_sft_gigpo:{p}_sft_gigpo@first",)),
-               ("SFT+GiGPO - SFT+GRPO", ("{p}_sft_gigpo:{p}_sft_grpo",)),
-               ("RL only - base", ("{p}_grpo:{p}_grpo@first",)),
-               ("GiGPO - GRPO (RL only)", ("{p}_gigpo:{p}_grpo",)),
+               ("SFT+GRPO - SFT", ("{p}_sft_grpo@final:{p}_sft_grpo@first",)),
+               ("SFT+GiGPO - SFT", ("{p}_sft_gigpo@final:{p}_sft_gigpo@first",)),
+               ("SFT+GiGPO - SFT+GRPO", ("{p}_sft_gigpo@final:{p}_sft_grpo@final",)),
+               ("RL only - base", ("{p}_grpo@final:{p}_grpo@first",)),
+               ("GiGPO - GRPO (RL only)", ("{p}_gigpo@final:{p}_grpo@final",)),
                ("ScalingInter-RL - fixed 6 turns",
-                ("{p}_hscaling:{p}_fixed6", "{p}_grpo:{p}_fixed6")),
+                ("{p}_hscaling@final:{p}_fixed6@final", "{p}_grpo@final:{p}_fixed6@final")),
                ("ScalingInter-RL - fixed 20 turns",
-                ("{p}_hscaling:{p}_fixed20", "{p}_grpo:{p}_fixed20")),
+                ("{p}_hscaling@final:{p}_fixed20@final", "{p}_grpo@final:{p}_fixed20@final")),
                ("control: the SFT policy evaluated twice",
                 ("{p}_sft_gigpo@first:{p}_sft_grpo@first",)))
 BEGIN, END = "<!-- results-table:begin -->", "<!-- results-table:end -->"
@@ -144,6 +146,8 @@ def build_table(runs: dict[str, str], draws: int = 10_000) -> dict:
                     continue
                 rep = learning_report.seed_level_report(load(labels), draws=draws)
                 entry = rep["configurations"][job].get(which)
+                if not entry and row[column] == {"missing": "no runs yet"}:
+                    row[column] = {"missing": f"`{job}` has no evaluation after training"}
                 if entry:
                     row[column] = {**entry, "job": job, "which": which,
                                    **({"left_out": rep["configurations"][job]["missing"]}

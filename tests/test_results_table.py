@@ -54,3 +54,21 @@ def test_dry_run_plans_every_seed_and_writes_nothing(tmp_path, capfd):
     assert not out.exists() and not (tmp_path / "res").exists()
     with pytest.raises(SystemExit):
         results_table.main(["--stage", "table", "--alias", "nodir"])
+
+
+def test_a_run_cut_before_its_final_evaluation_is_not_counted_as_trained(tmp_path):
+    """A training run with only its step-0 evaluation (cut off by its time cap) fills the
+    columns that read step 0 (SFT), and leaves SFT+RL and the RL comparison missing instead of
+    reporting the untrained policy as the trained one (a ScienceWorld cell once did)."""
+    res = tmp_path / "results"
+    write_run(res / "sciworld_sft_grpo", {0: {"1": [1, 0], "2": [0, 1]}})          # 50, no final
+    write_run(res / "babyai_sft_grpo", {0: {"1": [0, 0], "2": [0, 1]},             # 25 -> 75
+                                        5: {"1": [1, 1], "2": [0, 1]}})
+    results_table.main(["--stage", "table", "--results", str(res), "--draws", "500"])
+    t = json.load(open(res / "table.json"))
+    assert t["cells"]["ScienceWorld"]["SFT"]["mean"] == pytest.approx(0.5)
+    assert t["cells"]["ScienceWorld"]["SFT+RL"] == {
+        "missing": "`sciworld_sft_grpo` has no evaluation after training"}
+    assert "SFT+GRPO - SFT" not in t["comparisons"]["ScienceWorld"]
+    assert t["cells"]["BabyAI"]["SFT+RL"]["mean"] == pytest.approx(0.75)
+    assert t["comparisons"]["BabyAI"]["SFT+GRPO - SFT"]["per_pair"] == {"0:0": 0.5}

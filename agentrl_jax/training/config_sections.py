@@ -222,9 +222,10 @@ class RolloutConfig(Section):
     # overlap (train.max_staleness = 0); engine servers and SGLang get /release_memory_occupation
     # (SGLang frees memory only with --enable-memory-saver)
     release_kv_during_update: bool = setting(False)
-    # prefill attends over a KV-length bucket of each row: "" (off: the whole row), "auto"
-    # (powers of two from 512) or a comma list of lengths; more prefill shapes to compile
-    prefill_kv_buckets: str | tuple[int, ...] = setting("", check=_kv_buckets_problem)
+    # prefill attends over a KV-length bucket of each row: "auto" (powers of two from 512; on
+    # CPU the engine keeps the whole row), "" (off: the whole row) or a comma list of lengths;
+    # more prefill shapes to compile (docs/PERFORMANCE.md, "Prefill KV buckets by default")
+    prefill_kv_buckets: str | tuple[int, ...] = setting("auto", check=_kv_buckets_problem)
     #: a prompt equal to one being prefilled copies that prefill's KV row instead of computing
     #: it again (EngineConfig.share_prompts): the samples of a group share their first prompt
     share_prompts: bool = setting(True)

@@ -1,0 +1,95 @@
+"""benchmarks/jobs_gpu.sh: lanes, GPU pinning, done markers, time caps, and two drivers that
+share one --out on different GPUs running side by side (they once shared a lane lock and took
+turns, which cost a GPU call its third seed)."""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import subprocess
+import time
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+DRIVER = ROOT / "benchmarks" / "jobs_gpu.sh"
+pytestmark = pytest.mark.skipif(not os.path.exists("/bin/bash") or
+                                subprocess.run(["which", "flock"], capture_output=True).returncode,
+                                reason="needs bash and flock")
+
+
+def _jobs(path: pathlib.Path, lines: list[str]) -> pathlib.Path:
+    path.write_text("# NAME CAP LANE COMMAND\n\n" + "\n".join(lines) + "\n")
+    return path
+
+
+def _run(jobs: pathlib.Path, out: pathlib.Path, gpus: str, *extra: str
+         ) -> subprocess.CompletedProcess:
+    return subprocess.run(["bash", str(DRIVER), "--jobs", str(jobs), "--out", str(out),
+                           "--gpu-ids", gpus, *extra], capture_output=True, text=True,
+                          timeout=120)
+
+
+def _printer(name: str, sleep: float = 0.0) -> str:
+    return (f'python3 -c "import os, time; time.sleep({sleep}); '
+            f'print(\'{name}\', os.environ[\'CUDA_VISIBLE_DEVICES\'], time.time())"')
+
+
+def test_lanes_pin_gpus_and_a_done_job_is_skipped(tmp_path):
+    jobs = _jobs(tmp_path / "jobs.txt", [
+        f"first 40 0 {_printer('first')}",
+        f"second 40 1 {_printer('second')}",
+        f"third 40 2 {_printer('third')}",
+    ])
+    out = tmp_path / "out"
+    done = _run(jobs, out, "4,7")
+    assert done.returncode == 0, done.stdout + done.stderr
+    seen = {name: gpu for name, gpu, _ in
+            (l.split() for f in ("first", "second", "third")
+             for l in (out / "logs" / f"{f}.log").read_text().splitlines())}
+    # lanes 0 and 2 -> the first listed GPU, lane 1 -> the second
+    assert seen == {"first": "4", "second": "7", "third": "4"}
+    timings = [json.loads(l) for l in (out / "results" / "timings.jsonl").read_text().splitlines()]
+    assert sorted((t["job"], t["gpu"], t["status"]) for t in timings) == [
+        ("first", "4", "ok"), ("second", "7", "ok"), ("third", "4", "ok")]
+    again = _run(jobs, out, "4,7")
+    assert again.returncode == 0
+    assert again.stdout.count("(done before)") == 3
+
+
+def test_a_cap_that_does_not_fit_the_budget_skips_and_a_failure_exits_1(tmp_path):
+    jobs = _jobs(tmp_path / "jobs.txt", [
+        "fails 40 0 python3 -c 'raise SystemExit(3)'",
+        f"too_long 500 1 {_printer('too_long')}",
+    ])
+    out = tmp_path / "out"
+    r = _run(jobs, out, "0,1", "--budget", "100")
+    assert r.returncode == 1
+    assert "SKIPPED too_long" in r.stdout
+    assert not (out / "logs" / "too_long.log").exists()
+    assert (out / ".done" / "fails.failed").exists() and not (out / ".done" / "fails").exists()
+
+
+def test_two_drivers_on_different_gpus_share_an_out_without_waiting(tmp_path):
+    """Each driver's single lane is lane 0; their locks are named by GPU, so the jobs overlap."""
+    a = _jobs(tmp_path / "a.txt", [f"job_a 40 0 {_printer('job_a', 2.0)}"])
+    b = _jobs(tmp_path / "b.txt", [f"job_b 40 0 {_printer('job_b', 2.0)}"])
+    out = tmp_path / "out"
+    t0 = time.time()
+    pa = subprocess.Popen(["bash", str(DRIVER), "--jobs", str(a), "--out", str(out),
+                           "--gpu-ids", "0"], stdout=subprocess.PIPE, text=True)
+    pb = subprocess.Popen(["bash", str(DRIVER), "--jobs", str(b), "--out", str(out),
+                           "--gpu-ids", "1"], stdout=subprocess.PIPE, text=True)
+    assert pa.wait(60) == 0 and pb.wait(60) == 0
+    ends = {}
+    for name in ("job_a", "job_b"):
+        _, gpu, end = (out / "logs" / f"{name}.log").read_text().split()
+        ends[name] = float(end) - t0
+    # one after the other would end >= 4 s apart; side by side they end together
+    assert abs(ends["job_a"] - ends["job_b"]) < 1.5, ends
+
+
+def test_missing_jobs_file_is_a_usage_error(tmp_path):
+    r = _run(tmp_path / "nope.txt", tmp_path / "out", "0")
+    assert r.returncode == 2 and "--jobs FILE is required" in r.stderr
