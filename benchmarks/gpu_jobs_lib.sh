@@ -93,7 +93,7 @@ run_job() {  # run_job NAME LANE CAP CPU|GPU CMD...: on lane LANE (one job at a 
   [ "$kind" = CPU ] && envs+=(JAX_PLATFORMS=cpu CUDA_VISIBLE_DEVICES=)
   say "start: $name (lane $lane$([ "$kind" = GPU ] && echo ", GPU $gpu"), limit $t s) -> $LOGS/$name.log"
   start=$(date +%s)
-  env "${envs[@]}" timeout -k 15 "$t" "$@" > "$LOGS/$name.log" 2>&1
+  env "${envs[@]}" timeout -k 15 "$t" "$@" < /dev/null > "$LOGS/$name.log" 2>&1
   rc=$?
   end=$(date +%s)
   exec {fd}>&-

@@ -7,11 +7,14 @@
 #   bash benchmarks/jobs_gpu.sh --jobs JOBS --out runs/seeds --results docs/results/seeds \
 #        --gpu-ids 0,1 [--per-gpu 1] [--budget 590] [--dry-run]
 #
-# JOBS: one job per line, `NAME CAP_SECONDS LANE COMMAND...` (blank lines and `#` comments
-# ignored; LANE picks the lane, lanes map to --gpu-ids in turn, --per-gpu lanes per GPU). A
-# lane runs its jobs in file order; lanes run in parallel. With --budget (s, this call) a job
+# JOBS: one job per line, `NAME CAP_SECONDS LANE [after=JOB[,JOB...]] COMMAND...` (blank lines
+# and `#` comments ignored; LANE picks the lane, lanes map to --gpu-ids in turn, --per-gpu lanes
+# per GPU). A lane runs its jobs in file order; lanes run in parallel. `after=` makes a job wait
+# until the named jobs (any lane) are done, e.g. an RL run for the SFT policy it starts from; if
+# one of them failed or was skipped, the job is skipped too. With --budget (s, this call) a job
 # whose cap does not fit in the time left is skipped (not shortened: runs stay comparable) and
-# runs in a later call. Exit code 1 if any job failed or was skipped.
+# runs in a later call (the driver run again with the same --out: done jobs are skipped, failed
+# and skipped ones tried again). Exit code 1 if any job failed or was skipped.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -50,7 +53,10 @@ FIXED_LENGTH=1
 LOGS=$OUT/logs
 # shellcheck source=benchmarks/gpu_jobs_lib.sh
 source benchmarks/gpu_jobs_lib.sh
-[ "$DRY_RUN" = 1 ] || mkdir -p "$OUT/.done" "$OUT/.lanes" "$LOGS" "$RESULTS/logs"
+if [ "$DRY_RUN" != 1 ]; then
+  mkdir -p "$OUT/.done" "$OUT/.lanes" "$LOGS" "$RESULTS/logs"
+  rm -f "$OUT"/.done/*.failed  # failed or skipped in an earlier call: this call tries them again
+fi
 # lane l runs on GPU GPU_LIST[l % GPUS]; its lock is named by that GPU, so drivers sharing one
 # --out on different GPUs run side by side and two on the same GPU lane take turns
 declare -a LANE_GPU=() LANE_LOCK=()
@@ -65,6 +71,17 @@ lane_jobs() {  # lane_jobs LANE: the lane's jobs, in file order, on its physical
     [ -z "$name" ] && continue
     case "$name" in \#*) continue ;; esac
     [ $(( lane % LANES )) -eq "$want" ] || continue
+    if [[ "$rest" == after=* ]]; then
+      local deps=${rest%% *} dep ready=1
+      rest=${rest#* }
+      deps=${deps#after=}
+      for dep in ${deps//,/ }; do wait_for "$dep" || ready=0; done
+      if [ "$ready" != 1 ] && [ ! -f "$OUT/.done/$name" ]; then
+        say "SKIPPED $name: a job it runs after ($deps) failed or ran out of time"
+        [ "$DRY_RUN" = 1 ] || touch "$OUT/.done/$name.failed"
+        continue
+      fi
+    fi
     run_job "$name" "$lane" "$cap" GPU bash -c "$rest"
   done < "$JOBS"
 }

@@ -90,6 +90,25 @@ def test_two_drivers_on_different_gpus_share_an_out_without_waiting(tmp_path):
     assert abs(ends["job_a"] - ends["job_b"]) < 1.5, ends
 
 
+def test_after_waits_for_a_job_of_another_lane_and_skips_when_it_failed(tmp_path):
+    jobs = _jobs(tmp_path / "jobs.txt", [
+        f"sft 40 0 {_printer('sft', 2.0)}",
+        "broken 40 0 python3 -c 'raise SystemExit(3)'",
+        f"rl 40 1 after=sft {_printer('rl')}",
+        f"rl_of_broken 40 1 after=sft,broken {_printer('rl_of_broken')}",
+    ])
+    out = tmp_path / "out"
+    r = _run(jobs, out, "0,1")
+    assert r.returncode == 1, r.stdout + r.stderr
+    _, _, sft_end = (out / "logs" / "sft.log").read_text().split()
+    _, gpu, rl_time = (out / "logs" / "rl.log").read_text().split()
+    # lane 1 would have run `rl` at once; it waited for `sft` (2 s) on lane 0
+    assert gpu == "1" and float(rl_time) >= float(sft_end)
+    assert "SKIPPED rl_of_broken" in r.stdout
+    assert not (out / "logs" / "rl_of_broken.log").exists()
+    assert (out / ".done" / "rl_of_broken.failed").exists()
+
+
 def test_missing_jobs_file_is_a_usage_error(tmp_path):
     r = _run(tmp_path / "nope.txt", tmp_path / "out", "0")
     assert r.returncode == 2 and "--jobs FILE is required" in r.stderr
