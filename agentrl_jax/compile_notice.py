@@ -118,3 +118,33 @@ class Announced:
 
     def __getattr__(self, name: str) -> Any:  # lower(), eval_shape(), ... of the jitted fn
         return getattr(self.fn, name)
+
+
+def compile_ahead(calls: Sequence[tuple[Callable[..., Any], tuple]],
+                  workers: int | None = None) -> int:
+    """Compile ``fn(*args)`` for every ``(fn, args)`` of ``calls`` without running it, all at
+    once on ``workers`` threads (default: one per call, at most the CPU count); returns the
+    number compiled. ``fn`` is a jitted function (or an :class:`Announced` one): its
+    ``lower(*args).compile()`` fills jit's own cache, so the first real call with those shapes
+    runs without compiling. XLA compiles outside the GIL, so distinct shapes (an engine's prefill
+    buckets) compile side by side instead of one after another. Nothing is donated or
+    changed: the arguments may be the live buffers a later call will use."""
+    import concurrent.futures
+    import os
+
+    def one(call: tuple[Callable[..., Any], tuple]) -> None:
+        fn, args = call
+        with quiet():
+            fn.lower(*args).compile()
+
+    calls = list(calls)
+    if not calls:
+        return 0
+    n = workers or min(len(calls), os.cpu_count() or 1)
+    if n <= 1:
+        for call in calls:
+            one(call)
+    else:
+        with concurrent.futures.ThreadPoolExecutor(n, thread_name_prefix="compile") as pool:
+            list(pool.map(one, calls))  # re-raises the first failure
+    return len(calls)

@@ -675,3 +675,48 @@ def test_prefill_over_kv_buckets_matches_reference(model):
     finally:
         bucketed.close()
         whole.close()
+
+
+def test_parallel_warmup_compiles_every_shape_ahead(model, monkeypatch):
+    """warmup(parallel=True) compiles decode, every prefill bucket and the row copy ahead of
+    time on a thread pool; the warm-up calls after it then compile nothing (jit's cache holds
+    what ``lower().compile()`` built), and the engine generates the reference tokens."""
+    from jax._src import monitoring
+
+    from agentrl_jax import compile_notice
+
+    phase = {"name": "before"}
+    compiles: dict[str, int] = {"before": 0, "ahead": 0, "after": 0}
+    compiled_ahead: list[int] = []
+    real_ahead = compile_notice.compile_ahead
+
+    def ahead(calls, workers=None):
+        phase["name"] = "ahead"
+        compiled_ahead.append(real_ahead(calls, workers))
+        phase["name"] = "after"
+        return compiled_ahead[-1]
+
+    def listen(name, _secs, **_kw):
+        if name == "/jax/core/compile/backend_compile_duration":
+            compiles[phase["name"]] += 1
+
+    monitoring.register_event_duration_secs_listener(listen)
+    monkeypatch.setattr(compile_notice, "compile_ahead", ahead)
+    # shapes no other test's engine uses, so nothing is in jit's cache yet
+    engine = make_engine(model, warmup=False, max_batch=5, prefill_kv_buckets=(16, 48))
+    try:
+        phase["name"] = "before"
+        compiles.update(before=0, ahead=0, after=0)
+        engine.warmup(parallel=True)
+        shapes = engine.config.prefill_shapes()
+        assert compiled_ahead == [2 + len(shapes) + 1] and len(shapes) == 4
+        assert compiles["ahead"] >= len(shapes) + 2, compiles
+        assert compiles["after"] == 0, compiles
+        prompt = random_prompt(np.random.default_rng(3), 21)
+        (r,) = engine.generate_sync(prompt, SamplingParams(max_new_tokens=5, ignore_eos=True,
+                                                           **GREEDY))
+        assert r.output_ids == reference_greedy(model, prompt, 5)
+    finally:
+        phase["name"] = "done"
+        monitoring.unregister_event_duration_listener(listen)
+        engine.close()

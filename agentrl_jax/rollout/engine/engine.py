@@ -249,26 +249,40 @@ class Engine(WeightsAndCache, Scheduler, FailureHandling, BatchedSamplesBackend)
         # arrays on other devices (a learner sharded over every GPU) are transferred.
         return jax.device_put(state, self._state_shardings)
 
-    def warmup(self) -> None:
-        """Compile every jitted shape (decode, each prefill bucket, row copy) with calls that
-        change nothing (all rows idle / padded)."""
+    def warmup(self, parallel: bool = True) -> None:
+        """Compile every jitted shape (decode, each prefill bucket, row copy), then run each
+        once with calls that change nothing (all rows idle / padded). ``parallel``: compile
+        them all ahead of time at once on a thread pool first
+        (``compile_notice.compile_ahead``), so start-up takes about the longest compile rather
+        than their sum (the prefill KV buckets multiply the prefill shapes:
+        ``EngineConfig.prefill_kv_buckets``)."""
         c = self.config
         ints = np.zeros_like(self._ints)
         ints[:, STOP:] = -1
+        n = c.copy_rows
+        # (function, arguments, position of the KV cache among them)
+        calls: list[tuple[Any, tuple, int]] = []
+        for mode in (GREEDY, SAMPLE):  # top-k/p/min-p (SAMPLE_FILTERED): on first use
+            calls.append((self._decode_fn, ((self._state, self._merged), self._cache, ints,
+                                            self._floats, np.int32(1), np.bool_(False), mode), 1))
+        for chunk, rows, kv in c.prefill_shapes():
+            calls.append((self._prefill_fn, (
+                self._state, self._cache, np.full((rows,), c.max_batch, np.int32),
+                np.zeros((rows, chunk), np.int32),
+                np.full((rows, chunk), c.max_length, np.int32), kv), 1))
+        calls.append((self._copy_fn, (self._cache, np.zeros((n,), np.int32),
+                                      np.full((n,), c.max_batch, np.int32)), 0))
+        outs = None
         with warnings.catch_warnings(), compile_notice.quiet():
             warnings.simplefilter("ignore")
-            for mode in (GREEDY, SAMPLE):  # top-k/p/min-p (SAMPLE_FILTERED): on first use
-                self._cache, outs, _ = self._decode_fn((self._state, self._merged),
-                                                       self._cache, ints, self._floats,
-                                                       np.int32(1), np.bool_(False), mode)
-            for chunk, rows, kv in c.prefill_shapes():
-                self._cache = self._prefill_fn(
-                    self._state, self._cache, np.full((rows,), c.max_batch, np.int32),
-                    np.zeros((rows, chunk), np.int32),
-                    np.full((rows, chunk), c.max_length, np.int32), kv)
-            n = c.copy_rows
-            self._cache = self._copy_fn(self._cache, np.zeros((n,), np.int32),
-                                        np.full((n,), c.max_batch, np.int32))
+            if parallel:
+                compile_notice.compile_ahead([(fn, args) for fn, args, _ in calls])
+            for fn, args, at in calls:  # the cache is donated: each call gets the last one's
+                result = fn(*args[:at], self._cache, *args[at + 1:])
+                if fn is self._decode_fn:
+                    self._cache, outs, _ = result
+                else:
+                    self._cache = result
         jax.block_until_ready((self._cache, outs))
 
     # ------------------------------------------------------------------------- public API
