@@ -74,14 +74,15 @@ def packed_logprob_fn(graphdef: nnx.GraphDef, mesh: Mesh, shardings: Any, cfg: L
     def build():
         bs = batch_sharding(mesh, 2)
 
-        def fn(params, tokens, segment_ids, positions):
+        def packed_logprobs(params, tokens, segment_ids, positions):
             with activation_mesh(mesh):  # compute-dtype cast: see logprob_fn
                 lp, _ = token_logprobs(graphdef, cast_params(params, cfg.dtype), tokens, None,
                                        chunk_size=cfg.logprob_chunk_size,
                                        temperature=cfg.temperature, segment_ids=segment_ids,
                                        positions=positions)
             return lp
-        return announced(jax.jit(fn, in_shardings=(shardings, bs, bs, bs), out_shardings=bs),
+        return announced(jax.jit(packed_logprobs, in_shardings=(shardings, bs, bs, bs),
+                                 out_shardings=bs),
                          "the packed log-prob pass", key_args=(1, 2, 3))
     return cached(key, build)
 

@@ -221,6 +221,10 @@ class TrainingLoop:
         call = lambda: learner.update(batch, options)  # noqa: E731
         if self._update_compiled:
             return await asyncio.to_thread(call)
+        ahead = getattr(self, "_ahead_compile", None)
+        if ahead is not None:  # its compiles first: none is done twice
+            await asyncio.to_thread(ahead.wait)
+            self._ahead_compile = None
         # this phase's compiles are not announced one by one: the line below says them
         with timed(self._say, "compiling the train step (first update)"):
             update = await asyncio.to_thread(compile_notice.quietly, call)

@@ -70,6 +70,7 @@ class Trainer(TrainingLoop, TrainerEvaluation, RunOutput):
         self.saved_step: int | None = None  # the last checkpoint step saved or restored
         self.start_step: int | None = None  # the step this session started (or resumed) at
         self._update_compiled = False
+        self._ahead_compile: Any = None  # learner.ahead.AheadCompile on accelerators
         self._rollouts: set[asyncio.Future] = set()
         self.turn_counter: TurnCounter | None = None  # between the actor pool and the backend
         self.saved_this_session = False
@@ -154,6 +155,9 @@ class Trainer(TrainingLoop, TrainerEvaluation, RunOutput):
             compile_notice.set_announcer(None)
 
     async def _run_announced(self) -> dict[str, Any]:
+        import jax
+
+        from agentrl_jax.learner.ahead import AheadCompile
         from agentrl_jax.learner.metrics import MetricsWriter
 
         cfg = self.config
@@ -203,6 +207,12 @@ class Trainer(TrainingLoop, TrainerEvaluation, RunOutput):
                 else:
                     policy = engine_policy(learner,
                                            overlap=cfg.train.max_staleness >= 1)
+                if (cfg.train.compile_ahead and not self.multi_process
+                        and jax.default_backend() != "cpu"):
+                    # the first update's large programs compile on a background thread beside
+                    # the engine's start-up, the step-0 evaluation and the first rollout (on CPU
+                    # they would take the cores those need)
+                    self._ahead_compile = AheadCompile(learner, self._say)
                 with timed(self._say, f"starting rollout backend {cfg.rollout.backend}"):
                     backend = services.make_backend(cfg, policy, tokenizer, model_path)
                 astack.push_async_callback(services.close_backend, backend)

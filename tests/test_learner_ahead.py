@@ -1,0 +1,100 @@
+"""``learner/ahead.py``: the packed update's log-prob pass, gradient accumulation and optimiser
+apply compiled ahead of time from abstract values are the programs the first real update runs
+(it compiles none of them again), for a learner with a KL reference and truncated importance
+weights; an update that is not packed is left alone."""
+
+from __future__ import annotations
+
+import jax
+import numpy as np
+import pytest
+from jax._src import monitoring
+
+from agentrl_jax.learner import Learner, LearnerConfig, RolloutBatch, UpdateOptions
+from agentrl_jax.learner.ahead import AheadCompile, compile_first_update, first_update_keys
+from agentrl_jax.models.config import ModelConfig
+from agentrl_jax.models.llama import init_model
+from agentrl_jax.sharding.mesh import make_mesh
+
+# shapes no other test uses, so none of these programs is in jit's cache yet
+MODEL = ModelConfig(vocab_size=96, hidden_size=32, intermediate_size=48, num_layers=1,
+                    num_heads=2, num_kv_heads=1, head_dim=16)
+CFG = LearnerConfig(dtype="float32", remat=False, learning_rate=1e-3, micro_batch_size=2,
+                    pack_length=80, logprob_batch_size=3, logprob_chunk_size=16,
+                    kl_coef=0.05, kl_in_reward=False, tis_cap=2.0,
+                    advantage_estimator="grpo")
+BIG = {"jit(packed_logprobs)", "jit(accumulate)", "jit(apply)"}  # passes.py, packed_step.py
+
+
+def _batch(seed: int = 0, b: int = 6, t: int = 30) -> RolloutBatch:
+    rng = np.random.default_rng(seed)
+    lens = rng.integers(t // 2, t + 1, b)
+    attn = (np.arange(t)[None] < lens[:, None]).astype(np.int32)
+    loss = attn * (np.arange(t)[None] >= 4)
+    return RolloutBatch.from_mapping({
+        "tokens": rng.integers(1, MODEL.vocab_size, (b, t)).astype(np.int32) * attn,
+        "attention_mask": attn, "loss_mask": loss.astype(np.float32),
+        "rollout_logprobs": (-rng.random((b, t)) * loss).astype(np.float32),
+        "group_id": np.arange(b) // 3, "reward": rng.random(b).astype(np.float32)})
+
+
+@pytest.fixture
+def compiled_names():
+    names: list[str] = []
+
+    def listen(event, _secs, **kw):
+        if event == "/jax/core/compile/backend_compile_duration":
+            names.append(kw.get("fun_name", ""))
+    monitoring.register_event_duration_secs_listener(listen)
+    yield names
+    monitoring.unregister_event_duration_listener(listen)
+
+
+def test_the_first_update_compiles_none_of_the_programs_compiled_ahead(compiled_names):
+    learner = Learner(init_model(MODEL, seed=0), CFG, mesh=make_mesh(devices=jax.devices()[:1]))
+    keys = first_update_keys(learner)
+    assert keys == ("advantages", "is_weights", "loss_mask", "loss_weights", "old_logprobs",
+                    "positions", "ref_logprobs", "segment_ids", "tokens")
+    # policy and reference log-prob passes (float32 both: one program), accumulate, apply
+    assert compile_first_update(learner) == 4
+    ahead = set(compiled_names)
+    assert BIG <= ahead, ahead
+    compiled_names.clear()
+    metrics = learner.update(_batch(), UpdateOptions(log=False))
+    assert np.isfinite(metrics["actor/pg_loss"]) and metrics["batch/packed_rows"] > 0
+    assert metrics["rollout/tis_weight_mean"] > 0  # the importance weights were trained with
+    assert not BIG & set(compiled_names), compiled_names
+
+
+def test_background_compile_waits_and_unpacked_updates_are_left_alone():
+    unpacked = Learner(init_model(MODEL, seed=0), CFG.replace(pack_length=0),
+                       mesh=make_mesh(devices=jax.devices()[:1]))
+    assert first_update_keys(unpacked) is None and compile_first_update(unpacked) == 0
+    said: list[str] = []
+    job = AheadCompile(unpacked, say=said.append)
+    job.wait()
+    assert job.programs == 0 and job.error is None and said == []
+
+
+def test_the_training_loop_waits_for_the_ahead_compile_before_its_first_update():
+    import asyncio
+
+    from agentrl_jax.training.loop import TrainingLoop
+
+    order: list[str] = []
+
+    class Ahead:
+        def wait(self):
+            order.append("wait")
+
+    class StubLearner:
+        def update(self, batch, options):
+            order.append("update")
+            return {"batch": batch}
+
+    loop = TrainingLoop.__new__(TrainingLoop)  # only the attributes _update reads
+    loop._update_compiled, loop._ahead_compile = False, Ahead()
+    loop._say = lambda *args, **kwargs: None
+    assert asyncio.run(loop._update(StubLearner(), "b1", False)) == {"batch": "b1"}
+    asyncio.run(loop._update(StubLearner(), "b2", False))
+    assert order == ["wait", "update", "update"] and loop._ahead_compile is None
