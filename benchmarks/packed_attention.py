@@ -6,9 +6,10 @@ shape, side by side in one process (GPU).
 
 Rows: ``cudnn_causal`` (jax.nn.dot_product_attention, cuDNN, causal, no segments: the
 unpacked learner's attention, a lower bound), ``xla_masked`` (XLA with a [B, 1, T, T] segment
-mask), ``chunked`` / ``chunked512`` (models/attention.py, pure JAX blockwise, blocks of 128 / 512), ``pallas`` (models/
-pallas_attention.py, Triton flash attention with segment ids). Each row packs four sequences
-per row. Times: median of ``--repeats`` calls after a warm-up, synchronised.
+mask), ``chunked`` / ``chunked512`` (models/attention.py, pure JAX blockwise, blocks of 128 /
+512), ``pallas`` (models/pallas_attention.py, JAX's Triton flash attention with segment ids),
+``pallas_segments`` (models/segment_attention.py: ours, skipping the blocks between packed
+sequences). Each row packs four sequences per row (``--segments``). Times: median of ``--repeats`` calls after a warm-up, synchronised.
 """
 
 from __future__ import annotations
@@ -31,7 +32,9 @@ def main(argv=None) -> int:
     p.add_argument("--kv-heads", type=int, default=3)
     p.add_argument("--head-dim", type=int, default=64)
     p.add_argument("--repeats", type=int, default=10)
-    p.add_argument("--impls", default="cudnn_causal,xla_masked,chunked,chunked512,pallas")
+    p.add_argument("--impls", default="cudnn_causal,xla_masked,chunked,chunked512,pallas,"
+                   "pallas_segments")
+    p.add_argument("--segments", type=int, default=4, help="packed sequences per row")
     p.add_argument("--json", default=None)
     args = p.parse_args(argv)
     import jax
@@ -40,13 +43,16 @@ def main(argv=None) -> int:
 
     from agentrl_jax.models.attention import chunked_causal_attention
     from agentrl_jax.models.pallas_attention import pallas_causal_attention
+    from agentrl_jax.models.segment_attention import segment_causal_attention
 
     b, t, h, kh, d = args.batch, args.length, args.heads, args.kv_heads, args.head_dim
     rng = np.random.default_rng(0)
     q = jnp.asarray(rng.normal(size=(b, t, h, d)), jnp.bfloat16)
     k = jnp.asarray(rng.normal(size=(b, t, kh, d)), jnp.bfloat16)
     v = jnp.asarray(rng.normal(size=(b, t, kh, d)), jnp.bfloat16)
-    seg = jnp.asarray(np.repeat(np.arange(1, 5), t // 4)[None].repeat(b, 0), jnp.int32)
+    n = args.segments
+    seg = jnp.asarray(np.repeat(np.arange(1, n + 1), -(-t // n))[:t][None].repeat(b, 0),
+                      jnp.int32)
 
     def xla_masked(q, k, v):
         mask = jnp.tril(jnp.ones((t, t), jnp.bool_))[None, None] & (
@@ -62,6 +68,7 @@ def main(argv=None) -> int:
         "chunked512": lambda q, k, v: chunked_causal_attention(q, k, v, segment_ids=seg,
                                                                block_size=512),
         "pallas": lambda q, k, v: pallas_causal_attention(q, k, v, seg),
+        "pallas_segments": lambda q, k, v: segment_causal_attention(q, k, v, seg),
     }
     rows = {}
     print(f"device {jax.devices()[0].device_kind}; q [{b}, {t}, {h}, {d}] bf16, kv heads {kh}",

@@ -5,15 +5,16 @@
 
 Builds the learner exactly as the trainer does for ``--config`` (``services.learner_settings``:
 dtype, remat, packing, micro- and mini-batches, losses), on a randomly initialised model of the
-SmolLM2-135M shape (``--shape``; no checkpoint needed), and runs ``Learner.update`` on one synthetic GRPO batch
-(``benchmarks/update_pipeline.synthetic_batch``: ``--rows`` trajectories of up to ``--length``
-tokens, turns alternating between trained and observation spans). Per variant
-(``learner.attention_impl``: ``pallas``, ``chunked``, ``xla`` = XLA's own attention, ``cudnn``)
-it reports the median wall time of ``--repeats`` updates after one untimed (compiling) update,
-then one update under the JAX profiler (``benchmarks/devtime.py``): the device's busy time, the
-span from first to last kernel, the time by kernel class and the top kernels. Wall time far above
-busy time means the host (dispatch, transfers, Python) holds the update back; busy time close to
-wall time means the kernels do. Nothing is trained for real: the numbers are time, not learning.
+SmolLM2-135M shape (``--shape``; no checkpoint needed), and runs ``Learner.update`` on one
+synthetic GRPO batch (``benchmarks/update_pipeline.synthetic_batch``: ``--rows`` trajectories of up
+to ``--length`` tokens, turns alternating between trained and observation spans). Per variant
+(``learner.attention_impl``: ``pallas``, ``pallas_segments`` (block skipping), ``chunked``, ``xla``
+= XLA's own attention, ``cudnn``) it reports the median wall time of ``--repeats`` updates after
+one untimed (compiling) update, then one update under the JAX profiler (``benchmarks/devtime.py``):
+the device's busy time, the span from first to last kernel, the time by kernel class and the top
+kernels. Wall time far above busy time means the host (dispatch, transfers, Python) holds the
+update back; busy time close to wall time means the kernels do. Nothing is trained for real: the
+numbers are time, not learning.
 """
 
 from __future__ import annotations
@@ -30,7 +31,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 #: --variants name -> learner.attention_impl
-ATTENTION = {"pallas": "pallas", "chunked": "chunked", "xla": "xla", "cudnn": "cudnn"}
+ATTENTION = {"pallas": "pallas", "pallas_segments": "pallas_segments", "chunked": "chunked",
+             "xla": "xla", "cudnn": "cudnn"}
 
 
 def parse_args(argv=None) -> argparse.Namespace:

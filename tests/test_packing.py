@@ -163,17 +163,19 @@ def test_pallas_attention_is_split_over_the_mesh(axes):
 
 
 @pytest.mark.skipif(len(jax.devices()) < 4, reason="needs 4 (virtual) devices")
-def test_packed_update_with_pallas_attention_on_fsdp_equals_one_device(base_state):  # noqa: F811
-    """The learner's packed update with the Pallas kernel (interpreter on CPU) inside
-    shard_map and per-layer remat, FSDP over 4 devices, gives the parameters of the
-    blockwise-attention update on one device."""
+@pytest.mark.parametrize("impl", ["pallas", "pallas_segments"])
+def test_packed_update_with_pallas_attention_on_fsdp_equals_one_device(base_state,  # noqa: F811
+                                                                       impl):
+    """The learner's packed update with a Pallas kernel (JAX's ``mha`` or our block-skipping
+    ``segment_attention``; interpreter on CPU) inside shard_map and per-layer remat, FSDP over
+    4 devices, gives the parameters of the blockwise-attention update on one device."""
     batch = multiturn_batch(5, batch=8, length=30)
     common = dict(dtype="float32", remat=True, learning_rate=0.1, adam_eps=1.0,
                   min_length_bucket=32, logprob_chunk_size=12, ratio_source="recompute",
                   shuffle=False, pack_length=64, micro_batch_size=4)
     one = Learner(fresh_model(base_state), LearnerConfig(attention_impl="chunked", **common),
                   mesh=one_device_mesh())
-    fsdp = Learner(fresh_model(base_state), LearnerConfig(attention_impl="pallas", **common),
+    fsdp = Learner(fresh_model(base_state), LearnerConfig(attention_impl=impl, **common),
                    mesh=make_mesh(fsdp=4, devices=jax.devices()[:4]))
     m_one, m_fsdp = one.update(batch), fsdp.update(batch)
     assert m_fsdp["batch/packed_rows"] == 4  # 8 sequences in 4 packed rows, one per device

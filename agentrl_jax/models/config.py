@@ -23,7 +23,7 @@ from typing import Any
 from agentrl_common.registry import Registry, did_you_mean
 
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
-ATTENTION_IMPLS = (None, "chunked", "xla", "cudnn", "pallas")
+ATTENTION_IMPLS = (None, "chunked", "xla", "cudnn", "pallas", "pallas_segments")
 
 
 class UnsupportedModelError(ValueError):
@@ -93,7 +93,10 @@ class ModelConfig:
         ``jax.nn.dot_product_attention`` (cuDNN: GPU + bf16/fp16, causal without masks only;
         masked calls use XLA with a ``[B, 1, T, T]`` mask); ``"pallas"``: JAX's Pallas (Triton)
         flash attention on NVIDIA GPUs with ``segment_ids`` (``models/pallas_attention.py``;
-        packed rows, T a multiple of 32; calls with a key mask use ``"chunked"``); ``None``:
+        packed rows, T a multiple of 32; calls with a key mask use ``"chunked"``);
+        ``"pallas_segments"``: our Pallas (Triton) kernels that skip the blocks between packed
+        sequences (``models/segment_attention.py``; T a multiple of 64, GQA without repeating
+        the keys; calls with a key mask use ``"chunked"``); ``None``:
         ``"chunked"`` on CPU,
         XLA elsewhere. Cached (decode) attention always uses XLA.
     attention_block_size: query / key block of the chunked attention (its largest temporary

@@ -33,6 +33,7 @@ from flax import nnx
 from agentrl_jax.models.attention import chunked_causal_attention
 from agentrl_jax.models.config import ModelConfig
 from agentrl_jax.models.pallas_attention import sharded_pallas_causal_attention
+from agentrl_jax.models.segment_attention import segment_causal_attention
 from agentrl_jax.models.rope import apply_rope, inverse_frequencies, rope_cos_sin
 from agentrl_jax.sharding.activations import (constrain_attention_inputs, constrain_batch_sharded,
                                               current_mesh)
@@ -158,10 +159,12 @@ def causal_attention(q: jax.Array, k: jax.Array, v: jax.Array, attention_mask: j
     explicit ``[B, 1, T, T]`` boolean mask (XLA) with them.
     """
     impl = resolve_attention_impl(cfg.attention_impl)
-    if impl == "pallas" and attention_mask is None:  # GPU Triton flash attention (packed rows)
+    if impl in ("pallas", "pallas_segments") and attention_mask is None:  # Triton (packed rows)
+        kernel = segment_causal_attention if impl == "pallas_segments" else None
         return sharded_pallas_causal_attention(q, k, v, segment_ids,
-                                               interpret=jax.default_backend() == "cpu")
-    if impl in ("chunked", "pallas"):
+                                               interpret=jax.default_backend() == "cpu",
+                                               kernel=kernel)
+    if impl in ("chunked", "pallas", "pallas_segments"):
         return chunked_causal_attention(q, k, v, segment_ids=segment_ids, kv_mask=attention_mask,
                                         block_size=cfg.attention_block_size)
     if attention_mask is None and segment_ids is None:

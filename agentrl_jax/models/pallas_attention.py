@@ -19,6 +19,8 @@ attention, forward and backward, on each of them.
 
 from __future__ import annotations
 
+from typing import Callable
+
 import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
@@ -49,8 +51,11 @@ def pallas_causal_attention(q: jax.Array, k: jax.Array, v: jax.Array,
 
 def sharded_pallas_causal_attention(q: jax.Array, k: jax.Array, v: jax.Array,
                                     segment_ids: jax.Array | None = None,
-                                    interpret: bool = False) -> jax.Array:
-    """:func:`pallas_causal_attention` split over the current activation mesh.
+                                    interpret: bool = False,
+                                    kernel: Callable[..., jax.Array] | None = None
+                                    ) -> jax.Array:
+    """:func:`pallas_causal_attention` (or ``kernel``, a function of the same signature, e.g.
+    ``segment_attention.segment_causal_attention``) split over the current activation mesh.
 
     ``q [B, T, H, Dh]``, ``k, v [B, T, K, Dh]`` are laid out as
     :func:`~agentrl_jax.sharding.activations.attention_spec` says (rows over the batch axes,
@@ -59,15 +64,16 @@ def sharded_pallas_causal_attention(q: jax.Array, k: jax.Array, v: jax.Array,
     heads, so the result equals the unsplit kernel's. Without a mesh, on one device, or when
     the batch does not divide over the batch axes, the plain kernel (XLA then places it).
     """
+    kernel = kernel or pallas_causal_attention
     mesh = current_mesh()
     spec = None
     if mesh is not None and mesh.size > 1:
         spec = attention_spec(mesh, q.shape[0], q.shape[2], k.shape[2])
     if spec is None or all(axis is None for axis in spec):
-        return pallas_causal_attention(q, k, v, segment_ids, interpret=interpret)
+        return kernel(q, k, v, segment_ids, interpret=interpret)
 
     def local(q, k, v, *seg):
-        return pallas_causal_attention(q, k, v, seg[0] if seg else None, interpret=interpret)
+        return kernel(q, k, v, seg[0] if seg else None, interpret=interpret)
 
     in_specs = (spec, spec, spec) + ((P(spec[0], None),) if segment_ids is not None else ())
     args = (q, k, v) + ((segment_ids,) if segment_ids is not None else ())
