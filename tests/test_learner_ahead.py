@@ -50,8 +50,15 @@ def compiled_names():
     monitoring.unregister_event_duration_listener(listen)
 
 
-def test_the_first_update_compiles_none_of_the_programs_compiled_ahead(compiled_names):
-    learner = Learner(init_model(MODEL, seed=0), CFG, mesh=make_mesh(devices=jax.devices()[:1]))
+@pytest.mark.parametrize("fsdp", [1, 4], ids=["one_device", "fsdp4"])
+def test_the_first_update_compiles_none_of_the_programs_compiled_ahead(compiled_names, fsdp):
+    if len(jax.devices()) < fsdp:
+        pytest.skip(f"needs {fsdp} (virtual) devices")
+    # micro- and log-prob batches divisible by the 4 batch shards; other shapes than the
+    # one-device case, so its compiles are not reused
+    cfg = CFG if fsdp == 1 else CFG.replace(micro_batch_size=4, logprob_batch_size=4)
+    learner = Learner(init_model(MODEL, seed=0), cfg,
+                      mesh=make_mesh(fsdp=fsdp, devices=jax.devices()[:fsdp]))
     keys = first_update_keys(learner)
     assert keys == ("advantages", "is_weights", "loss_mask", "loss_weights", "old_logprobs",
                     "positions", "ref_logprobs", "segment_ids", "tokens")
@@ -60,7 +67,7 @@ def test_the_first_update_compiles_none_of_the_programs_compiled_ahead(compiled_
     ahead = set(compiled_names)
     assert BIG <= ahead, ahead
     compiled_names.clear()
-    metrics = learner.update(_batch(), UpdateOptions(log=False))
+    metrics = learner.update(_batch(b=8), UpdateOptions(log=False))
     assert np.isfinite(metrics["actor/pg_loss"]) and metrics["batch/packed_rows"] > 0
     assert metrics["rollout/tis_weight_mean"] > 0  # the importance weights were trained with
     assert not BIG & set(compiled_names), compiled_names
@@ -98,3 +105,14 @@ def test_the_training_loop_waits_for_the_ahead_compile_before_its_first_update()
     assert asyncio.run(loop._update(StubLearner(), "b1", False)) == {"batch": "b1"}
     asyncio.run(loop._update(StubLearner(), "b2", False))
     assert order == ["wait", "update", "update"] and loop._ahead_compile is None
+
+
+def test_an_update_of_several_micro_batches_compiles_the_accumulation_once(compiled_names):
+    """The first micro-batch's metric sums are placed as ``accumulate`` returns them, so the
+    later micro-batches reuse its program (uncommitted zeros once compiled it twice)."""
+    learner = Learner(init_model(MODEL, seed=0), CFG.replace(pack_length=64),
+                      mesh=make_mesh(devices=jax.devices()[:1]))
+    metrics = learner.update(_batch(b=12), UpdateOptions(log=False))
+    rows_per_step = metrics["batch/packed_rows"] / CFG.mini_batches
+    assert rows_per_step > CFG.micro_batch_size  # two micro-batches or more per step
+    assert compiled_names.count("jit(accumulate)") == 1, compiled_names

@@ -28,7 +28,6 @@ import numpy as np
 
 from agentrl_jax import compile_notice
 from agentrl_jax.algorithms import is_supervised
-from agentrl_jax.learner.train_step import init_metrics
 
 #: float32 per-token keys of a packed policy micro-batch (``packed_step.py``); with the int32
 #: ``tokens``, ``segment_ids``, ``positions``
@@ -93,7 +92,7 @@ def compile_first_update(learner: Any, sampler_logprobs: bool = True,
     # would allocate a copy of them)
     names = jax.eval_shape(lambda p, m: {k: jnp.zeros(()) for k in
                                          steps._metric_shapes(p, m)}, params, micro)
-    metric_sum = _abstract(init_metrics(names))
+    metric_sum = _abstract(steps.metric_zeros(names))
     calls.append((steps.accumulate, (params, grad_sum, metric_sum, micro, np.float32(1.0))))
     if hasattr(steps.apply, "lower"):  # offloaded optimiser state: a host loop, not one program
         calls.append((steps.apply, (params, _abstract(learner.opt_state), grad_sum)))

@@ -101,10 +101,17 @@ class PackedSteps:
         self._mesh = mesh
 
     def zero_state(self, params: Any, micro: dict[str, Any]) -> tuple[Any, dict[str, jax.Array]]:
-        """Fresh (grad_sum, metric_sum) accumulators for one optimiser step."""
+        """Fresh (grad_sum, metric_sum) accumulators for one optimiser step. The metric sums
+        are placed replicated, as ``accumulate`` returns them: the first micro-batch's call
+        and the later ones then share one compiled program (uncommitted scalars here compiled
+        ``accumulate`` a second time for the second micro-batch)."""
         if self._shapes is None:
             self._shapes = self._metric_shapes(params, micro)
-        return self._zeros(params), init_metrics(self._shapes)
+        return self._zeros(params), self.metric_zeros(self._shapes)
+
+    def metric_zeros(self, names: Any) -> dict[str, jax.Array]:
+        """``init_metrics(names)`` placed replicated over the mesh."""
+        return jax.device_put(init_metrics(names), NamedSharding(self._mesh, P()))
 
 
 __all__ = ["PackedSteps", "micro_sharding"]
