@@ -60,7 +60,7 @@ def compiled_step_text(remat: bool, remat_impl: str | None) -> str:
     aparams = abstract(params, param_shardings)
     metrics = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, jnp.float32,
                                                           sharding=replicated),
-                           jax.eval_shape(steps._metric_shapes, aparams, micro))
+                           jax.eval_shape(steps.metric_shapes, aparams, micro))
     lowered = steps.accumulate.lower(aparams, abstract(params, param_shardings, jnp.float32),
                                      metrics, micro,
                                      jax.ShapeDtypeStruct((), jnp.float32, sharding=replicated))

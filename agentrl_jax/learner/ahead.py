@@ -1,7 +1,7 @@
 """Compile the learner's first update ahead of time, while the run does other things.
 
-A run's first update compiles the packed update's large programs (45-61 s on an H200 for
-SmolLM2-135M: docs/PERFORMANCE.md), and until now it did so only when the first batch arrived,
+A run's first update compiles the packed update's large programs (docs/PERFORMANCE.md, "Engine
+start-up", says how long), and until now it did so only when the first batch arrived,
 after the engine's start-up, the step-0 evaluation and the first rollout. With packed rows
 (``learner.pack_length``) their shapes do not depend on the batch:
 
@@ -91,7 +91,7 @@ def compile_first_update(learner: Any, sampler_logprobs: bool = True,
     # the metric names (traced: the arguments are abstract, and a cast of real parameters
     # would allocate a copy of them)
     names = jax.eval_shape(lambda p, m: {k: jnp.zeros(()) for k in
-                                         steps._metric_shapes(p, m)}, params, micro)
+                                         steps.metric_shapes(p, m)}, params, micro)
     metric_sum = _abstract(steps.metric_zeros(names))
     calls.append((steps.accumulate, (params, grad_sum, metric_sum, micro, np.float32(1.0))))
     if hasattr(steps.apply, "lower"):  # offloaded optimiser state: a host loop, not one program

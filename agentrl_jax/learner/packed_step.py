@@ -64,7 +64,7 @@ class PackedSteps:
         def metric_shapes(params, micro):
             return jax.eval_shape(grad_fn, cast_params(params, config.dtype), micro, 1.0)[0][1]
 
-        self._metric_shapes = metric_shapes
+        self.metric_shapes = metric_shapes  # (params, micro) -> the step's metric shapes
         self._shapes: dict[str, Any] | None = None
 
         def accumulate(params, grad_sum, metric_sum, micro, token_share):
@@ -106,7 +106,7 @@ class PackedSteps:
         and the later ones then share one compiled program (uncommitted scalars here compiled
         ``accumulate`` a second time for the second micro-batch)."""
         if self._shapes is None:
-            self._shapes = self._metric_shapes(params, micro)
+            self._shapes = self.metric_shapes(params, micro)
         return self._zeros(params), self.metric_zeros(self._shapes)
 
     def metric_zeros(self, names: Any) -> dict[str, jax.Array]:
