@@ -10,6 +10,9 @@ mask), ``chunked`` / ``chunked512`` (models/attention.py, pure JAX blockwise, bl
 512), ``pallas`` (models/pallas_attention.py, JAX's Triton flash attention with segment ids),
 ``pallas_segments`` (models/segment_attention.py: ours, skipping the blocks between packed
 sequences). Each row packs four sequences per row (``--segments``). Times: median of ``--repeats`` calls after a warm-up, synchronised.
+Each row also reports its largest absolute difference from ``xla_masked`` computed in float32 at
+``HIGHEST`` matmul precision (output and the three gradients of the benchmark's loss), so a
+kernel that is fast but wrong on the device shows it.
 """
 
 from __future__ import annotations
@@ -35,6 +38,8 @@ def main(argv=None) -> int:
     p.add_argument("--impls", default="cudnn_causal,xla_masked,chunked,chunked512,pallas,"
                    "pallas_segments")
     p.add_argument("--segments", type=int, default=4, help="packed sequences per row")
+    p.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float32"),
+                   help="q, k, v dtype (the learner's packed pass runs in its param dtype)")
     p.add_argument("--json", default=None)
     args = p.parse_args(argv)
     import jax
@@ -47,9 +52,10 @@ def main(argv=None) -> int:
 
     b, t, h, kh, d = args.batch, args.length, args.heads, args.kv_heads, args.head_dim
     rng = np.random.default_rng(0)
-    q = jnp.asarray(rng.normal(size=(b, t, h, d)), jnp.bfloat16)
-    k = jnp.asarray(rng.normal(size=(b, t, kh, d)), jnp.bfloat16)
-    v = jnp.asarray(rng.normal(size=(b, t, kh, d)), jnp.bfloat16)
+    dtype = jnp.dtype(args.dtype)
+    q = jnp.asarray(rng.normal(size=(b, t, h, d)), dtype)
+    k = jnp.asarray(rng.normal(size=(b, t, kh, d)), dtype)
+    v = jnp.asarray(rng.normal(size=(b, t, kh, d)), dtype)
     n = args.segments
     seg = jnp.asarray(np.repeat(np.arange(1, n + 1), -(-t // n))[:t][None].repeat(b, 0),
                       jnp.int32)
@@ -70,30 +76,44 @@ def main(argv=None) -> int:
         "pallas": lambda q, k, v: pallas_causal_attention(q, k, v, seg),
         "pallas_segments": lambda q, k, v: segment_causal_attention(q, k, v, seg),
     }
-    rows = {}
-    print(f"device {jax.devices()[0].device_kind}; q [{b}, {t}, {h}, {d}] bf16, kv heads {kh}",
-          flush=True)
+    def loss_and_grads(fn):
+        return jax.jit(jax.value_and_grad(
+            lambda q, k, v: jnp.sum(fn(q, k, v).astype(jnp.float32) ** 2), argnums=(0, 1, 2)))
+
+    with jax.default_matmul_precision("highest"):  # the reference: float32, full precision
+        f32 = [x.astype(jnp.float32) for x in (q, k, v)]
+        ref_out = jax.jit(xla_masked)(*f32)
+        ref_grads = loss_and_grads(xla_masked)(*f32)[1]
+    rows, errors = {}, {}
+    print(f"device {jax.devices()[0].device_kind}; q [{b}, {t}, {h}, {d}] {args.dtype}, "
+          f"kv heads {kh}, {n} sequences a row", flush=True)
     for name in args.impls.split(","):
         fn = impls[name]
-        step = jax.jit(jax.value_and_grad(
-            lambda q, k, v, fn=fn: jnp.sum(fn(q, k, v).astype(jnp.float32) ** 2),
-            argnums=(0, 1, 2)))
+        step = loss_and_grads(fn)
         try:
-            jax.block_until_ready(step(q, k, v))
+            out = jax.jit(fn)(q, k, v).astype(jnp.float32)
+            grads = step(q, k, v)[1]
+            errors[name] = {"out": float(jnp.max(jnp.abs(out - ref_out))),
+                            **{f"d{x}": float(jnp.max(jnp.abs(g.astype(jnp.float32) - r)))
+                               for x, g, r in zip("qkv", grads, ref_grads)}}
             times = []
             for _ in range(args.repeats):
                 t0 = time.perf_counter()
                 jax.block_until_ready(step(q, k, v))
                 times.append(time.perf_counter() - t0)
             rows[name] = statistics.median(times) * 1e3
-            print(f"{name:14s} fwd+bwd {rows[name]:8.2f} ms", flush=True)
+            err = errors[name]
+            print(f"{name:15s} fwd+bwd {rows[name]:8.2f} ms; max |diff| from the f32 reference: "
+                  + ", ".join(f"{k} {v:.2e}" for k, v in err.items()), flush=True)
         except Exception as e:  # noqa: BLE001 -- report and go on with the other rows
             rows[name] = None
+            errors.setdefault(name, None)
             print(f"{name:14s} failed: {type(e).__name__}: {str(e)[:200]}", flush=True)
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"device": jax.devices()[0].device_kind, "shape": [b, t, h, kh, d],
-                       "ms": rows}, f, indent=2)
+                       "dtype": args.dtype, "segments": n, "ms": rows,
+                       "max_abs_diff_from_f32_reference": errors}, f, indent=2)
     return 0
 
 

@@ -49,10 +49,11 @@ def get_config():
     c.learner.dtype = "float32"
     c.learner.remat = True
     c.learner.pack_length = 3072
-    # segment-masked flash attention for packed rows: Pallas/Triton on GPU (faster than the
-    # pure-JAX blockwise "chunked" at 8 x 3072: benchmarks/packed_attention.py,
-    # docs/PERFORMANCE.md)
-    c.learner.attention_impl = "pallas"
+    # flash attention for packed rows that skips the blocks between packed sequences (our
+    # Pallas/Triton kernels; JAX's "pallas" computes them and masks them out): the faster update
+    # in benchmarks/update_profile.py, docs/PERFORMANCE.md "Learner: compile ahead and
+    # segment-skipping attention". Runs compared with those made before 2026-11-28 pin "pallas".
+    c.learner.attention_impl = "pallas_segments"
     c.learner.micro_batch_size = 4
     c.learner.logprob_batch_size = 16
     c.learner.mini_batches = 2

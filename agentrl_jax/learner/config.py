@@ -120,7 +120,7 @@ class LearnerConfig(Section):
     dtype: str = setting("bfloat16", choices=DTYPES, kind="dtype")  # params stay float32
     remat: bool = setting(True)
     remat_policy: str | None = setting(None)  # a jax.checkpoint_policies name
-    attention_impl: str | None = setting(None)  # None (XLA) | "cudnn"
+    attention_impl: str | None = setting(None)  # models.config.ATTENTION_IMPLS; None: by backend
     reference_dtype: str = setting("float32", choices=DTYPES, kind="dtype")
     use_attention_mask: bool = setting(False)  # False: right-padded rows, causal mask only
     mesh: Mapping[str, int] = setting(factory=lambda: dict(DEFAULT_MESH))
