@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -140,6 +141,43 @@ def test_eval_again_evaluates_and_merges_the_summary(finished_run, compile_cache
             for s in merged["sessions"]] == [(0, 1, 1, "total_steps", [1]),
                                              (1, 1, 0, "evaluate_only", [1])]
     assert checkpoint_steps(os.path.join(workdir, "checkpoints")) == [1]
+
+
+def _checkpoint_extras(workdir: str, step: int) -> dict:
+    """The trainer's ``extra_state`` saved with checkpoint ``step`` (orbax's JSON item)."""
+    with open(os.path.join(workdir, "checkpoints", str(step), "trainer_state", "metadata")) as f:
+        return json.load(f)["extra"]
+
+
+@pytest.mark.slow
+def test_time_budget_counts_every_session(finished_run, tmp_path, compile_cache_env):
+    """``train.max_seconds`` bounds the training loop over all sessions of a run: checkpoints
+    carry the seconds trained, so a run killed after a checkpoint and started again spends only
+    what is left, and a run whose budget is spent is finished (a larger budget trains on)."""
+    workdir, _ = finished_run
+    trained = _checkpoint_extras(workdir, 1)["train_seconds"]
+    summary = json.load(open(os.path.join(workdir, "summary.json")))
+    # the loop's seconds, the final evaluation not counted (it ran after the checkpoint)
+    assert 0 < trained <= summary["train_seconds"] < trained + 5
+    budget = [f"--config.train.max_seconds={trained / 2:.3f}", "--config.train.total_steps=3"]
+
+    # its summary says the budget is spent: finished, nothing runs
+    out = _ok(_launch("launch/run.py", compile_cache_env, *SMOKE, "--workdir", workdir,
+                      *budget, timeout=120))
+    assert out.startswith("run already finished at step 1"), out
+
+    # killed after checkpoint 1 (no summary yet): the checkpoint's seconds count, no step runs
+    killed = str(tmp_path / "killed")
+    shutil.copytree(workdir, killed)
+    os.remove(os.path.join(killed, "summary.json"))
+    out = _ok(_launch("launch/run.py", compile_cache_env, *SMOKE, "--workdir", killed, *budget))
+    assert "resumed at step 1" in out and "already spent" in out, out
+    assert "[step 2/3]" not in out and "compiling the train step" not in out
+    rows = [json.loads(line) for line in open(os.path.join(killed, "metrics.jsonl"))]
+    assert [r["step"] for r in rows if "train/horizon" in r] == [1]  # the first run's step only
+    after = json.load(open(os.path.join(killed, "summary.json")))
+    assert after["finished_step"] == 1 and "1" in after["evals"]  # evaluated, then finished
+    assert after["train_seconds"] == pytest.approx(trained, abs=1.0)
 
 
 def test_merge_summary_keeps_old_fields_and_merges_evals():

@@ -56,7 +56,14 @@ class TrainingLoop:
         max_seconds = cfg.train.max_seconds
         max_staleness = cfg.train.max_staleness
         samples = int(cfg.train.samples_per_task)
-        loop_start = time.monotonic()
+        self._loop_started = time.monotonic()
+        budget_spent = bool(max_seconds) and self.trained_seconds_before >= max_seconds
+        if budget_spent and start_step < total:
+            self._say(f"time budget of {max_seconds:.0f} s already spent "
+                      f"({self.trained_seconds_before:.0f} s of training up to step "
+                      f"{start_step}); no more training (a larger train.max_seconds trains on)")
+            self.stopped = "time_budget"
+            total = start_step
         last_step = start_step
         cursor_at: dict[int, int] = {}  # task cursor before step's tasks were drawn (resume)
         weights_version = start_step  # the learner update the engine's weights come from
@@ -174,7 +181,7 @@ class TrainingLoop:
                     pending = None
                     sampler.cursor = cursor_at[step + 1]
                 await self._evaluate(pool, eval_tasks, step + 1, learner)
-            out_of_time = bool(max_seconds) and time.monotonic() - loop_start > max_seconds
+            out_of_time = bool(max_seconds) and self.train_seconds() > max_seconds
             if self.multi_process:  # stop together
                 out_of_time = distributed.agree_any(out_of_time)
             if (step + 1) % save_every == 0 or step + 1 == total or out_of_time:
@@ -190,6 +197,8 @@ class TrainingLoop:
                 pending = launch(step + 1)
         if pending is not None:
             await self._cancel(pending)
+        # the clock of train.max_seconds stops here: the final evaluation is not training
+        self.trained_seconds_before, self._loop_started = self.train_seconds(), None
         writes_pending = self.saved_this_session
         if ((cfg.train.eval_after or self.eval_again) and eval_tasks
                 and not (self.evals and self.evals[-1][0] == last_step)):
@@ -236,10 +245,21 @@ class TrainingLoop:
         return LearnerWeights(learner, copy=copy, multi_process=self.multi_process,
                               is_main=self.is_main)
 
+    def train_seconds(self) -> float:
+        """Seconds of the training loop over every session of this run so far (the step-0
+        evaluation and the set-up before the loop are not counted; evaluations inside it are):
+        what ``train.max_seconds`` bounds. Checkpoints carry it, so a run killed and started
+        again spends only what is left of its budget."""
+        if self._loop_started is None:
+            return self.trained_seconds_before
+        return self.trained_seconds_before + time.monotonic() - self._loop_started
+
     def _save(self, learner: Any, step: int, cursor: int) -> None:
         """Checkpoint ``step`` (the write finishes in the background)."""
         with timed(self._say, f"saving checkpoint step {step}"):
-            learner.save({"step": step, "cursor": cursor}, step=step, force=True)
+            learner.save({"step": step, "cursor": cursor,
+                          "train_seconds": round(self.train_seconds(), 3)},
+                         step=step, force=True)
         self.saved_step = step
         self.saved_this_session = True
 

@@ -117,12 +117,14 @@ class RunOutput:
         if self.multi_process:
             summary["process_count"] = self.process_count
         summary["sessions"] = [self._session_record(start_step, total)]
-        # finished: trained to total_steps with the final evaluation (if any) done; started
-        # again, such a run says so and exits (launch/run.py, Trainer.finished_step)
+        summary["train_seconds"] = round(self.train_seconds(), 1)  # all sessions' loops
+        # finished: trained to total_steps or to the end of the time budget, with the final
+        # evaluation (if any) done; started again, such a run says so and exits (launch/run.py,
+        # Trainer.finished_step)
         final_eval = self.evals[-1][1] if self.evals and self.evals[-1][0] == total else None
         if final_eval is not None and not final_eval.valid:
             summary["final_eval_invalid"] = final_eval.describe_failure()
-        elif total >= int(self.config.train.total_steps):
+        elif total >= int(self.config.train.total_steps) or self.stopped == "time_budget":
             summary["finished_step"] = total
         if self.is_main:  # merged with what earlier sessions of this workdir wrote
             invalid = "final_eval_invalid" in summary

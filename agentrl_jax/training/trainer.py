@@ -75,6 +75,10 @@ class Trainer(TrainingLoop, TrainerEvaluation, RunOutput):
         self.turn_counter: TurnCounter | None = None  # between the actor pool and the backend
         self.saved_this_session = False
         self.stopped = "total_steps"  # why training ended: total_steps | time_budget
+        # seconds of the training loop before this session (from the checkpoint it resumes):
+        # train.max_seconds is a budget over all sessions of the run
+        self.trained_seconds_before = 0.0
+        self._loop_started: float | None = None  # time.monotonic() when this session's loop began
         self._started = time.time()
         self.learner: Any = None
         self.backend: Any = None
@@ -91,14 +95,20 @@ class Trainer(TrainingLoop, TrainerEvaluation, RunOutput):
     def finished_step(self) -> int | None:
         """The final step if this workdir holds a finished run of this config, else None.
 
-        Finished: ``summary.json`` says the run ended at step >= ``train.total_steps`` with its
-        final evaluation done, and that step's checkpoint exists. (A run stopped by its time
-        budget is not finished: started again, it trains on.) With several processes, process
-        0's answer (it alone writes the summary) holds for all.
+        Finished: ``summary.json`` says the run ended with its final evaluation done, at step
+        >= ``train.total_steps`` or with its time budget spent (``train_seconds`` >=
+        ``train.max_seconds``: the budget counts every session of the run; a larger
+        ``train.max_seconds`` trains on), and that step's checkpoint exists. With several
+        processes, process 0's answer (it alone writes the summary) holds for all.
         """
         summary = read_summary(self.workdir)
         step = summary.get("finished_step")
-        finished = (isinstance(step, int) and step >= int(self.config.train.total_steps)
+        max_seconds = float(self.config.train.max_seconds)
+        trained = summary.get("train_seconds")
+        budget_spent = bool(max_seconds) and isinstance(trained, (int, float)) and (
+            trained >= max_seconds)
+        finished = (isinstance(step, int)
+                    and (step >= int(self.config.train.total_steps) or budget_spent)
                     and step in checkpoint_steps(os.path.join(self.workdir, "checkpoints")))
         answer = step if finished else None
         if self.multi_process:
@@ -193,6 +203,8 @@ class Trainer(TrainingLoop, TrainerEvaluation, RunOutput):
                         os.path.join(self.workdir, runlog.METRICS_FILE),
                         purge_step=start_step + 1 if start_step else None)
                 cursor = int(resumed.get("cursor", 0)) if resumed else 0
+                self.trained_seconds_before = float(resumed.get("train_seconds", 0.0)
+                                                    if resumed else 0.0)
                 if self.multi_process:  # every process must resume at the same step and tasks
                     seen = distributed.allgather_objects([start_step, cursor])
                     if any(s != seen[0] for s in seen):
