@@ -10,6 +10,8 @@
 #   GPUS LANES PY SMOKE   GPUs, lanes, the Python interpreter, 1 for the CPU smoke mode
 # and may set (defaults below): PER_GPU, MEM_FRACTION (with PER_GPU > 1), DRY_RUN
 # (print the plan, write nothing), FIXED_LENGTH (never shorten a job to fit the budget), and
+# JOB_RESUME=1 for one run_job call (a job that resumes in its folder: never skipped for a cap
+# longer than the time left, never moved aside), and
 # the arrays LANE_GPU (lane -> the CUDA device id it runs on; default lane % GPUS) and LANE_LOCK
 # (lane -> the name of its lock in $OUT/.lanes; default the lane number): two drivers sharing
 # one $OUT on different GPUs must not share a lock name, or one waits for the other.
@@ -73,15 +75,17 @@ run_job() {  # run_job NAME LANE CAP CPU|GPU CMD...: on lane LANE (one job at a 
   exec {fd}> "$OUT/.lanes/${LANE_LOCK[$lane]:-$lane}"
   flock "$fd"
   left=$(time_left); t=$cap; [ "$left" -lt "$t" ] && t=$left
-  if [ "$FIXED_LENGTH" = 1 ] && [ "$left" -lt "$cap" ]; then
+  local resume=${JOB_RESUME:-0}
+  if [ "$FIXED_LENGTH" = 1 ] && [ "$left" -lt "$cap" ] && [ "$resume" != 1 ]; then
     say "SKIPPED $name: its cap ($cap s) does not fit in the $left s left (--fixed-length)"
     touch "$OUT/.done/$name.failed"; exec {fd}>&-; return 1
   fi
-  if [ "$FIXED_LENGTH" = 1 ] && [ -e "$OUT/$name" ]; then  # an earlier attempt: start afresh
+  if [ "$FIXED_LENGTH" = 1 ] && [ -e "$OUT/$name" ] && [ "$resume" != 1 ]; then
+    # an earlier attempt: start afresh (a resume job goes on from it)
     mkdir -p "$OUT/.attempts" && mv "$OUT/$name" "$OUT/.attempts/$name.$(date +%s)"
   fi
-  if [ "$t" -lt 30 ]; then
-    say "SKIPPED $name: $t s left of the budget"
+  if [ "$left" -lt 30 ]; then
+    say "SKIPPED $name: $left s left of the budget"
     now=$(date +%s); timing "$name" "$lane" "$gpu" "$now" "$now" -1 "$t" skipped
     touch "$OUT/.done/$name.failed"; exec {fd}>&-; return 1
   fi
@@ -93,16 +97,24 @@ run_job() {  # run_job NAME LANE CAP CPU|GPU CMD...: on lane LANE (one job at a 
   [ "$kind" = CPU ] && envs+=(JAX_PLATFORMS=cpu CUDA_VISIBLE_DEVICES=)
   say "start: $name (lane $lane$([ "$kind" = GPU ] && echo ", GPU $gpu"), limit $t s) -> $LOGS/$name.log"
   start=$(date +%s)
-  env "${envs[@]}" timeout -k 15 "$t" "$@" < /dev/null > "$LOGS/$name.log" 2>&1
+  if [ "$resume" = 1 ]; then  # one log over the job's sessions
+    echo "=== session of $(date -u +%FT%TZ), limit $t s" >> "$LOGS/$name.log"
+    env "${envs[@]}" timeout -k 15 "$t" "$@" < /dev/null >> "$LOGS/$name.log" 2>&1
+  else
+    env "${envs[@]}" timeout -k 15 "$t" "$@" < /dev/null > "$LOGS/$name.log" 2>&1
+  fi
   rc=$?
   end=$(date +%s)
   exec {fd}>&-
   if [ "$rc" -eq 0 ]; then status=ok; touch "$OUT/.done/$name"
+  elif { [ "$rc" -eq 124 ] || [ "$rc" -eq 137 ]; } && [ "$resume" = 1 ]; then
+    status=paused; touch "$OUT/.done/$name.failed"  # the next call resumes it
   elif [ "$rc" -eq 124 ] || [ "$rc" -eq 137 ]; then status=timeout; touch "$OUT/.done/$name.failed"
   else status=failed; touch "$OUT/.done/$name.failed"; fi
   timing "$name" "$lane" "$gpu" "$start" "$end" "$rc" "$t" "$status"
   collect "$name"
-  say "$([ "$status" = ok ] && echo done || echo "FAILED ($status)"): $name in $(( end - start )) s (exit $rc)$([ "$status" = ok ] || echo "; $RESULTS/logs/$name.log: $(tail -n 1 "$LOGS/$name.log" | cut -c1-300)")"
+  say "$(case $status in ok) echo done ;; paused) echo "paused (a later call resumes it)" ;;
+         *) echo "FAILED ($status)" ;; esac): $name in $(( end - start )) s (exit $rc)$([ "$status" = ok ] || echo "; $RESULTS/logs/$name.log: $(tail -n 1 "$LOGS/$name.log" | cut -c1-300)")"
   [ "$rc" -eq 0 ]
 }
 

@@ -7,14 +7,17 @@
 #   bash benchmarks/jobs_gpu.sh --jobs JOBS --out runs/seeds --results docs/results/seeds \
 #        --gpu-ids 0,1 [--per-gpu 1] [--budget 590] [--dry-run]
 #
-# JOBS: one job per line, `NAME CAP_SECONDS LANE [after=JOB[,JOB...]] COMMAND...` (blank lines
-# and `#` comments ignored; LANE picks the lane, lanes map to --gpu-ids in turn, --per-gpu lanes
-# per GPU). A lane runs its jobs in file order; lanes run in parallel. `after=` makes a job wait
-# until the named jobs (any lane) are done, e.g. an RL run for the SFT policy it starts from; if
-# one of them failed or was skipped, the job is skipped too. With --budget (s, this call) a job
+# JOBS: one job per line, `NAME CAP_SECONDS LANE [after=JOB[,JOB...]] [resume] COMMAND...` (blank
+# lines and `#` comments ignored; LANE picks the lane, lanes map to --gpu-ids in turn, --per-gpu
+# lanes per GPU). A lane runs its jobs in file order; lanes run in parallel. `after=` makes a job
+# wait until the named jobs (any lane) are done, e.g. an RL run for the SFT policy it starts from;
+# if one of them failed or was skipped, the job is skipped too. With --budget (s, this call) a job
 # whose cap does not fit in the time left is skipped (not shortened: runs stay comparable) and
 # runs in a later call (the driver run again with the same --out: done jobs are skipped, failed
-# and skipped ones tried again). Exit code 1 if any job failed or was skipped.
+# and skipped ones tried again, from scratch). A `resume` job is longer than one call: it runs
+# for its cap or what is left of the budget, whichever is less, and a later call runs the same
+# command again in the same folder, which resumes it (launch/run.py resumes from its checkpoint
+# and counts train.max_seconds over every session). Exit code 1 if any job failed or was skipped.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -82,7 +85,9 @@ lane_jobs() {  # lane_jobs LANE: the lane's jobs, in file order, on its physical
         continue
       fi
     fi
-    run_job "$name" "$lane" "$cap" GPU bash -c "$rest"
+    local resume=0
+    if [[ "$rest" == "resume "* ]]; then resume=1; rest=${rest#resume }; fi
+    JOB_RESUME=$resume run_job "$name" "$lane" "$cap" GPU bash -c "$rest"
   done < "$JOBS"
 }
 

@@ -112,3 +112,38 @@ def test_after_waits_for_a_job_of_another_lane_and_skips_when_it_failed(tmp_path
 def test_missing_jobs_file_is_a_usage_error(tmp_path):
     r = _run(tmp_path / "nope.txt", tmp_path / "out", "0")
     assert r.returncode == 2 and "--jobs FILE is required" in r.stderr
+
+
+def _attempts(folder: pathlib.Path, sleep_first: float) -> str:
+    """A job that counts its attempts in its own folder (``folder/attempts``) and, on the first
+    one, sleeps ``sleep_first`` s (long enough to be cut off by its cap)."""
+    return ('python3 -c "import os, sys, time; d = sys.argv[1]; os.makedirs(d, exist_ok=True); '
+            "p = os.path.join(d, 'attempts'); n = len(open(p).read()) + 1 "
+            "if os.path.exists(p) else 1; open(p, 'a').write('x'); "
+            f'time.sleep({sleep_first} if n == 1 else 0); print(\'attempt\', n)" {folder}')
+
+
+def test_a_resume_job_goes_on_in_its_folder_where_others_start_afresh(tmp_path):
+    """Cut off by its cap, a `resume` job is paused (not done); the next call runs it again in the
+    same folder, where it finishes. A job without `resume` is moved aside and starts afresh."""
+    out = tmp_path / "out"
+    jobs = _jobs(tmp_path / "jobs.txt", [
+        f"long 2 0 resume {_attempts(out / 'long', 30)}",
+        f"plain 2 1 {_attempts(out / 'plain', 30)}",
+    ])
+    first = _run(jobs, out, "0,1")
+    assert first.returncode == 1
+    assert "paused (a later call resumes it): long" in first.stdout
+    assert "FAILED (timeout): plain" in first.stdout
+    second = _run(jobs, out, "0,1")
+    assert (out / "long" / "attempts").read_text() == "xx"  # went on in its folder
+    assert (out / ".done" / "long").exists()
+    log = (out / "logs" / "long.log").read_text()
+    assert log.count("=== session of") == 2 and "attempt 2" in log  # one log over both
+    assert (out / "plain" / "attempts").read_text() == "x"  # moved aside: attempt 1 again
+    assert len(list((out / ".attempts").glob("plain.*"))) == 1
+    assert second.returncode == 1 and "FAILED (timeout): plain" in second.stdout
+    statuses = [json.loads(l)["status"]
+                for l in (out / "results" / "timings.jsonl").read_text().splitlines()
+                if json.loads(l)["job"] == "long"]
+    assert statuses == ["paused", "ok"]
