@@ -75,7 +75,12 @@ run_job() {  # run_job NAME LANE CAP CPU|GPU CMD...: on lane LANE (one job at a 
   exec {fd}> "$OUT/.lanes/${LANE_LOCK[$lane]:-$lane}"
   flock "$fd"
   left=$(time_left); t=$cap; [ "$left" -lt "$t" ] && t=$left
-  local resume=${JOB_RESUME:-0}
+  local resume=${JOB_RESUME:-0} grace=15
+  if [ "$resume" = 1 ]; then
+    # SIGTERM at its limit makes launch/run.py checkpoint its last step (an update or an
+    # evaluation in progress finishes first): give it time for that inside the budget
+    grace=45; [ $(( left - grace )) -lt "$t" ] && t=$(( left - grace ))
+  fi
   if [ "$FIXED_LENGTH" = 1 ] && [ "$left" -lt "$cap" ] && [ "$resume" != 1 ]; then
     say "SKIPPED $name: its cap ($cap s) does not fit in the $left s left (--fixed-length)"
     touch "$OUT/.done/$name.failed"; exec {fd}>&-; return 1
@@ -99,7 +104,7 @@ run_job() {  # run_job NAME LANE CAP CPU|GPU CMD...: on lane LANE (one job at a 
   start=$(date +%s)
   if [ "$resume" = 1 ]; then  # one log over the job's sessions
     echo "=== session of $(date -u +%FT%TZ), limit $t s" >> "$LOGS/$name.log"
-    env "${envs[@]}" timeout -k 15 "$t" "$@" < /dev/null >> "$LOGS/$name.log" 2>&1
+    env "${envs[@]}" timeout -k "$grace" "$t" "$@" < /dev/null >> "$LOGS/$name.log" 2>&1
   else
     env "${envs[@]}" timeout -k 15 "$t" "$@" < /dev/null > "$LOGS/$name.log" 2>&1
   fi

@@ -15,9 +15,10 @@
 # whose cap does not fit in the time left is skipped (not shortened: runs stay comparable) and
 # runs in a later call (the driver run again with the same --out: done jobs are skipped, failed
 # and skipped ones tried again, from scratch). A `resume` job is longer than one call: it runs
-# for its cap or what is left of the budget, whichever is less, and a later call runs the same
-# command again in the same folder, which resumes it (launch/run.py resumes from its checkpoint
-# and counts train.max_seconds over every session). Exit code 1 if any job failed or was skipped.
+# for its cap or what is left of the budget less 45 s, whichever is less, then gets SIGTERM
+# (launch/run.py then checkpoints its last finished step; SIGKILL 45 s later), and a later call
+# runs the same command again in the same folder, which resumes it (launch/run.py resumes from
+# its checkpoint and counts train.max_seconds over every session). Exit code 1 if any job failed or was skipped.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 

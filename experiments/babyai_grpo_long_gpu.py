@@ -5,9 +5,10 @@ about 25 minutes on one H200.
 * ScalingInter-RL 6 -> 13 -> 20 turns with 40 steps a phase (the 360-s config's 15 would put
   most of a long run at 20 turns, where a step costs ~3x one at 6);
 * a held-out evaluation every 40 steps (128 test tasks x 4, 20 turns): the curve to its end;
-* a checkpoint every 5 steps: a run cut off (a GPU call's time limit) loses at most 5 steps, and
-  the same command resumes it; ``train.max_seconds`` counts the training of every session, so
-  the budget stays 1,350 s however often it was cut (docs/TRAINING.md, "Time budget").
+* a checkpoint every 5 steps, and one at a SIGTERM (a GPU call's time limit through
+  ``benchmarks/jobs_gpu.sh``'s ``resume`` jobs): the same command resumes a run cut off, and
+  ``train.max_seconds`` counts the training of every session, so the budget stays 1,350 s
+  however often it was cut (docs/TRAINING.md, "Time budget").
 
     python3 launch/run.py --config experiments/babyai_grpo_long_gpu.py --workdir runs/long
     bash benchmarks/jobs_gpu.sh --jobs benchmarks/jobs/babyai_long.txt --out runs/long \\

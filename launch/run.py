@@ -8,7 +8,8 @@ names a real key with a value of its type; ``training/validate.py``: every key, 
 source, the workdir, a step's batch against this host's memory); a bad one exits with code 2,
 one line per problem, before anything starts. With no URLs in the config it starts the environment servers
 and the embedded rollout engine on loopback and stops them on exit. Ctrl-C stops the run
-cleanly (one line, exit code 130). Re-running with the same --workdir resumes from the latest checkpoint; a run that already
+cleanly (one line, exit code 130); SIGTERM (a preempted machine, a job's time limit) stops it
+after checkpointing its last finished step (one line, exit code 143). Re-running with the same --workdir resumes from the latest checkpoint; a run that already
 finished says so and exits, after writing its report if a kill left it unwritten (--eval_again
 evaluates its final policy again). One run per workdir: a second one is refused (exit code 5).
 A full disk (or another refused write) stops the run with one line (exit code 4). On several
@@ -39,6 +40,8 @@ _EVAL_AGAIN = flags.DEFINE_bool("eval_again", False,
 
 #: exit code of a run stopped by Ctrl-C (128 + SIGINT), as shells report it
 EXIT_INTERRUPTED = 130
+#: exit code of a run stopped by SIGTERM after checkpointing its last step (128 + SIGTERM)
+EXIT_TERMINATED = 143
 #: exit code of a run refused because another run holds its workdir
 EXIT_WORKDIR_BUSY = 5
 
@@ -159,6 +162,10 @@ def _train_locked(config: Any, workdir: str) -> int:
 
     try:
         trainer.run()
+        if trainer.stopped == "terminated":
+            if trainer.is_main:
+                print(trainer.terminated_message(), file=sys.stderr, flush=True)
+            return EXIT_TERMINATED
     except KeyboardInterrupt:
         if trainer.is_main:
             print(trainer.interrupted_message(), file=sys.stderr, flush=True)

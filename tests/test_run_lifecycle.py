@@ -288,3 +288,51 @@ def test_ctrl_c_stops_cleanly(tmp_path, compile_cache_env):
     assert len(lines) == 1 and lines[0].startswith("interrupted (Ctrl-C) before the first "
                                                    "training step;"), stderr
     assert not any(_port_open(u) for u in urls)  # the servers were stopped
+
+
+@pytest.mark.slow
+def test_sigterm_checkpoints_the_last_step_and_the_run_resumes(tmp_path, compile_cache_env):
+    """SIGTERM while step 3's rollout is in flight, with no checkpoint due before step 100: the
+    rollout is cancelled, step 2 is checkpointed, the run ends without its final evaluation
+    (one line, exit code 143, environment servers gone), and the same command resumes at step
+    2 and trains step 3 only."""
+    workdir = str(tmp_path / "run")
+    args = [*SMOKE, "--workdir", workdir, "--config.train.save_every=100",
+            "--config.horizon.phases=(8,)", "--config.rollout.max_new_tokens=100"]
+    stderr_path = tmp_path / "stderr.txt"
+    with open(stderr_path, "w") as err:
+        proc = subprocess.Popen([sys.executable, "launch/run.py", *args,
+                                 "--config.train.total_steps=50"], cwd=REPO,
+                                env=_env(compile_cache_env), stdout=subprocess.PIPE, stderr=err,
+                                text=True)
+        urls, rolling = [], False
+        try:
+            for line in proc.stdout:
+                if line.startswith("environment servers: "):
+                    urls = [w.rstrip(",") for w in line.split() if w.startswith("http://")]
+                if "step 3/50 rollout (horizon 8): 0/" in line:
+                    rolling = True
+                    break
+            assert rolling and urls, "the run ended before its third rollout"
+            proc.send_signal(signal.SIGTERM)
+            out = proc.stdout.read()
+            code = proc.wait(timeout=180)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+    stderr = stderr_path.read_text()
+    assert code == 143, stderr
+    lines = [ln for ln in stderr.splitlines() if ln.strip() and "WARNING" not in ln]
+    assert lines == [f"stopped by SIGTERM after step 2/50, without the final evaluation; the "
+                     f"same command resumes from the checkpoint of step 2 (workdir {workdir})"]
+    assert "SIGTERM: stopping after step 2" in out and "[step 3/50]" not in out
+    assert "eval at step" not in out  # no final evaluation
+    assert checkpoint_steps(os.path.join(workdir, "checkpoints")) == [2]
+    assert not any(_port_open(u) for u in urls)
+    summary = json.load(open(os.path.join(workdir, "summary.json")))
+    assert "finished_step" not in summary and summary["sessions"][-1]["stopped"] == "terminated"
+
+    out = _ok(_launch("launch/run.py", compile_cache_env, *args, "--config.train.total_steps=3"))
+    assert "resumed at step 2" in out and "[step 3/3]" in out and "[step 2/3]" not in out
+    rows = [json.loads(line) for line in open(os.path.join(workdir, "metrics.jsonl"))]
+    assert [r["step"] for r in rows if "train/horizon" in r] == [1, 2, 3]

@@ -6,12 +6,18 @@ advantages, PPO/GRPO updates) -> weight sync to the rollout backend
 (``backend.sync_weights``: the arrays themselves for an engine in this process, an export for
 servers) -> logs -> periodic evaluation -> checkpoint. With ``train.max_staleness >= 1`` the
 next rollout runs during the update (off-policy by at most that many updates).
+
+SIGTERM (a preempted machine, a job's time limit) during the loop stops it at a safe point: the
+rollout in flight is cancelled, an update in progress finishes, the last finished step is
+checkpointed (if it was not), and the run ends without its final evaluation
+(``stopped = "terminated"``; ``launch/run.py`` exits 143); the same command resumes it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import signal
 import time
 from typing import Any
 
@@ -94,9 +100,16 @@ class TrainingLoop:
             return task
 
         pending = launch(start_step) if start_step < total else None
+        self._catch_sigterm(True)
         for step in range(start_step, total):
             t0 = time.monotonic()
-            horizon, trajectories, stats = await pending
+            try:
+                horizon, trajectories, stats = await pending
+            except asyncio.CancelledError:
+                if not self.terminate_requested:
+                    raise
+                pending = None  # SIGTERM cancelled this rollout: step `step` is not done
+                break
             pending = None
             # Overlap: the next rollout runs (with the current weights) while this update trains.
             if max_staleness >= 1 and step + 1 < total:
@@ -188,6 +201,8 @@ class TrainingLoop:
                 cursor = cursor_at.get(step + 1, sampler.cursor)
                 self._save(learner, step + 1, cursor)
             last_step = step + 1
+            if self.terminate_requested:
+                break
             if out_of_time:
                 self._say(f"time budget of {max_seconds:.0f} s reached after step {step + 1}; "
                           "stopping")
@@ -197,10 +212,16 @@ class TrainingLoop:
                 pending = launch(step + 1)
         if pending is not None:
             await self._cancel(pending)
+        self._catch_sigterm(False)  # from here a SIGTERM ends the process at once
         # the clock of train.max_seconds stops here: the final evaluation is not training
         self.trained_seconds_before, self._loop_started = self.train_seconds(), None
+        if self.terminate_requested:
+            self.stopped = "terminated"
+            if last_step > start_step and self.saved_step != last_step:
+                self._save(learner, last_step, cursor_at.get(last_step, sampler.cursor))
         writes_pending = self.saved_this_session
-        if ((cfg.train.eval_after or self.eval_again) and eval_tasks
+        if (not self.terminate_requested and (cfg.train.eval_after or self.eval_again)
+                and eval_tasks
                 and not (self.evals and self.evals[-1][0] == last_step)):
             import jax
 
@@ -244,6 +265,29 @@ class TrainingLoop:
         """The learner's weights as ``backend.sync_weights`` takes them."""
         return LearnerWeights(learner, copy=copy, multi_process=self.multi_process,
                               is_main=self.is_main)
+
+    def _catch_sigterm(self, on: bool) -> None:
+        """While the loop runs (one process), SIGTERM asks it to stop at a safe point (module
+        docstring); elsewhere SIGTERM keeps its default (the process ends)."""
+        if self.multi_process:  # the processes would have to agree on the step: not handled
+            return
+        loop = asyncio.get_running_loop()
+        try:
+            if on:
+                loop.add_signal_handler(signal.SIGTERM, self._on_sigterm)
+            else:
+                loop.remove_signal_handler(signal.SIGTERM)
+        except (NotImplementedError, RuntimeError, ValueError):  # no signals here (a thread)
+            pass
+
+    def _on_sigterm(self) -> None:
+        if self.terminate_requested:
+            return
+        self.terminate_requested = True
+        self._say(f"SIGTERM: stopping after step {self.step_done} (the rollout in flight is "
+                  "cancelled, an update in progress finishes, then a checkpoint)")
+        for task in list(self._rollouts):
+            task.cancel()
 
     def train_seconds(self) -> float:
         """Seconds of the training loop over every session of this run so far (the step-0

@@ -92,6 +92,14 @@ class RunOutput:
         return (f"interrupted (Ctrl-C) {where}; environment servers and rollout engine stopped; "
                 f"{resume} (workdir {self.workdir})")
 
+    def terminated_message(self) -> str:
+        """The line printed when SIGTERM stopped the run (``training/loop.py``)."""
+        resume = (f"the same command resumes from the checkpoint of step {self.saved_step}"
+                  if self.saved_step else "the same command starts it again")
+        return (f"stopped by SIGTERM after step {self.step_done}/"
+                f"{int(self.config.train.total_steps)}, without the final evaluation; {resume} "
+                f"(workdir {self.workdir})")
+
     def _session_record(self, start_step: int, total: int) -> dict[str, Any]:
         """What this invocation did (one entry of the summary's ``sessions``)."""
         record: dict[str, Any] = {
@@ -132,7 +140,8 @@ class RunOutput:
             if not invalid:  # an earlier session's invalid final evaluation was redone
                 summary.pop("final_eval_invalid", None)
             write_json_atomic(os.path.join(self.workdir, SUMMARY_FILE), summary)
-        lines = [f"run finished: steps {start_step}->{total}, final horizon "
+        ended = "stopped by SIGTERM" if self.stopped == "terminated" else "finished"
+        lines = [f"run {ended}: steps {start_step}->{total}, final horizon "
                  f"{summary['final_horizon']}"]
         if self.history:
             lines.append(f"  train reward: first step {summary['first_reward']:.3f}, last step "

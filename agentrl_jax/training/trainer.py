@@ -74,7 +74,8 @@ class Trainer(TrainingLoop, TrainerEvaluation, RunOutput):
         self._rollouts: set[asyncio.Future] = set()
         self.turn_counter: TurnCounter | None = None  # between the actor pool and the backend
         self.saved_this_session = False
-        self.stopped = "total_steps"  # why training ended: total_steps | time_budget
+        self.stopped = "total_steps"  # why training ended: total_steps | time_budget | terminated
+        self.terminate_requested = False  # SIGTERM during the loop (training/loop.py)
         # seconds of the training loop before this session (from the checkpoint it resumes):
         # train.max_seconds is a budget over all sessions of the run
         self.trained_seconds_before = 0.0
