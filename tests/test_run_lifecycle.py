@@ -325,7 +325,7 @@ def test_sigterm_checkpoints_the_last_step_and_the_run_resumes(tmp_path, compile
     lines = [ln for ln in stderr.splitlines() if ln.strip() and "WARNING" not in ln]
     assert lines == [f"stopped by SIGTERM after step 2/50, without the final evaluation; the "
                      f"same command resumes from the checkpoint of step 2 (workdir {workdir})"]
-    assert "SIGTERM: stopping after step 2" in out and "[step 3/50]" not in out
+    assert "SIGTERM: stopping at a safe point (2 steps done;" in out and "[step 3/50]" not in out
     assert "eval at step" not in out  # no final evaluation
     assert checkpoint_steps(os.path.join(workdir, "checkpoints")) == [2]
     assert not any(_port_open(u) for u in urls)

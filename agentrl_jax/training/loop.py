@@ -284,8 +284,9 @@ class TrainingLoop:
         if self.terminate_requested:
             return
         self.terminate_requested = True
-        self._say(f"SIGTERM: stopping after step {self.step_done} (the rollout in flight is "
-                  "cancelled, an update in progress finishes, then a checkpoint)")
+        self._say(f"SIGTERM: stopping at a safe point ({self.step_done} steps done; the "
+                  "rollout in flight is cancelled, an update in progress finishes, then a "
+                  "checkpoint)")
         for task in list(self._rollouts):
             task.cancel()
 
