@@ -52,6 +52,9 @@ def main(argv: list[str], config: Any) -> int:
     except ConfigError as error:
         print(error, file=sys.stderr, flush=True)
         return EXIT_BAD_CONFIG
+    from agentrl_jax import compile_cache
+
+    compile_cache.enable(config.compile_cache)
     try:
         from agentrl_jax.training.eval_job import evaluate_sync
 

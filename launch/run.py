@@ -54,6 +54,9 @@ def main(argv: list[str], config: Any) -> int:
     absl_logging.set_verbosity(absl_logging.WARNING)  # orbax logs every save at INFO
     if config is None:
         raise app.UsageError("--config experiments/<name>.py is required")
+    from agentrl_jax import compile_cache
+
+    compile_cache.enable(config.compile_cache)  # a run started again loads what this compiles
     try:
         return _train(config)
     except KeyboardInterrupt:  # before the trainer existed (start-up)

@@ -40,7 +40,10 @@ def main(argv: list[str], config: Any) -> int:
                              "required")
     workdir = _WORKDIR.value or os.path.join(
         "runs", os.path.splitext(os.path.basename(flags.FLAGS["config"].config_filename))[0])
+    from agentrl_jax import compile_cache
     from agentrl_jax.training.sft import SFTRun, finished_step
+
+    compile_cache.enable(config.compile_cache)
 
     done = finished_step(workdir)
     if done is not None:

@@ -361,6 +361,8 @@ class RunConfig(Section):
     seed: int = setting(0)
     progress: bool = setting(False)  # progress bars even when stderr is not a terminal
     progress_seconds: float = setting(30.0, ge=0)  # without a terminal: a line this often
+    # JAX's persistent compilation cache (agentrl_jax/compile_cache.py): "auto", "" off, a folder
+    compile_cache: str = setting("auto")
     model: ModelConfig = setting(factory=ModelConfig)
     env: EnvConfig = setting(factory=EnvConfig)
     rollout: RolloutConfig = setting(factory=RolloutConfig)
