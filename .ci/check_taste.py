@@ -7,6 +7,8 @@ evaluation); wall time <= ``--max-seconds`` (default 900 = 15 min); peak RSS of 
 (``ru_maxrss`` of the largest process, as ``/usr/bin/time -v`` reports it) <= ``--max-rss-gb``
 (default 8, GB = 1e9 bytes). Prints one line with wall time, CPU time (user + sys), peak RSS,
 ``nproc`` and the load average at start and end (wall times are inflated on a shared machine).
+The run gets an empty ``$AGENTRL_JAX_CACHE`` (no compilation or tokenizer cache left by the test
+suite's runs), as on a fresh machine.
 
     python3 .ci/check_taste.py            # what .ci/check_taste.sh runs
     python3 .ci/check_taste.py --print    # only print the extracted command
@@ -22,6 +24,7 @@ import resource
 import shlex
 import shutil
 import subprocess
+import tempfile
 import sys
 import time
 
@@ -112,8 +115,15 @@ def main(argv: list[str] | None = None) -> int:
         shutil.rmtree(workdir)
     print(f"[taste] nproc {os.cpu_count()}, load average {_load()}; running:\n{command}",
           flush=True)
+    # as on a fresh machine: no compilation (or tokenizer) cache from the test suite's runs
+    fresh_cache = tempfile.mkdtemp(prefix="taste-cache-")
+    env = {k: v for k, v in os.environ.items() if k != "JAX_COMPILATION_CACHE_DIR"}
+    env["AGENTRL_JAX_CACHE"] = fresh_cache
     t0 = time.monotonic()
-    rc = subprocess.call(["bash", "-c", command], cwd=ROOT)
+    try:
+        rc = subprocess.call(["bash", "-c", command], cwd=ROOT, env=env)
+    finally:
+        shutil.rmtree(fresh_cache, ignore_errors=True)
     wall = time.monotonic() - t0
     usage = resource.getrusage(resource.RUSAGE_CHILDREN)
     peak_gb = usage.ru_maxrss * 1024 / 1e9
