@@ -249,38 +249,47 @@ def _port_open(url: str) -> bool:
         return s.connect_ex((parsed.hostname, parsed.port)) == 0
 
 
+def _signal_when(cache_env: dict[str, str], args: list[str], marker: str, sig: int,
+                 stderr_path) -> tuple[int, str, list[str]]:
+    """Start ``launch/run.py args``, send ``sig`` once a stdout line contains ``marker`` (the
+    environment servers checked up at that moment); (exit code, the stdout after the signal,
+    the servers' URLs). Stderr goes to ``stderr_path``."""
+    with open(stderr_path, "w") as err:
+        # the child starts with SIGINT's default action whatever the suite inherited (a suite
+        # run in the background, e.g. `nohup ... &`, has SIGINT ignored, and Python then never
+        # installs its Ctrl-C handler: the run would train on to its last step)
+        proc = subprocess.Popen([sys.executable, "launch/run.py", *args], cwd=REPO,
+                                env=_env(cache_env),
+                                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+                                stdout=subprocess.PIPE, stderr=err, text=True)
+        urls, seen = [], False
+        try:
+            for line in proc.stdout:
+                if line.startswith("environment servers: "):
+                    urls = [w.rstrip(",") for w in line.split() if w.startswith("http://")]
+                if marker in line:
+                    seen = True
+                    break
+            assert seen and urls, f"the run ended before {marker!r}"
+            assert all(_port_open(u) for u in urls)
+            proc.send_signal(sig)
+            out = proc.stdout.read()
+            return proc.wait(timeout=180), out, urls
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+
+
 @pytest.mark.slow
 def test_ctrl_c_stops_cleanly(tmp_path, compile_cache_env):
     """SIGINT while the first rollout is in flight: one line on stderr, no traceback, no
     unretrieved futures, the environment servers gone, exit code 130."""
     stderr_path = tmp_path / "stderr.txt"
     # 8-turn episodes of up to 100 tokens: the rollout lasts a few seconds
-    cmd = [sys.executable, "launch/run.py", *SMOKE, "--workdir", str(tmp_path / "run"),
-           "--config.train.total_steps=50", "--config.horizon.phases=(8,)",
-           "--config.rollout.max_new_tokens=100"]
-    with open(stderr_path, "w") as err:
-        # the child starts with SIGINT's default action whatever the suite inherited (a suite
-        # run in the background, e.g. `nohup ... &`, has SIGINT ignored, and Python then never
-        # installs its Ctrl-C handler: the run would train on to its last step)
-        proc = subprocess.Popen(cmd, cwd=REPO, env=_env(compile_cache_env),
-                                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
-                                stdout=subprocess.PIPE, stderr=err, text=True)
-        urls, rolling = [], False
-        try:
-            for line in proc.stdout:
-                if line.startswith("environment servers: "):
-                    urls = [w.rstrip(",") for w in line.split() if w.startswith("http://")]
-                if "rollout (horizon 8): 0/" in line:
-                    rolling = True
-                    break
-            assert rolling and urls, "the run ended before its first rollout"
-            assert all(_port_open(u) for u in urls)
-            proc.send_signal(signal.SIGINT)
-            proc.stdout.read()
-            code = proc.wait(timeout=180)
-        finally:
-            if proc.poll() is None:
-                proc.kill()
+    args = [*SMOKE, "--workdir", str(tmp_path / "run"), "--config.train.total_steps=50",
+            "--config.horizon.phases=(8,)", "--config.rollout.max_new_tokens=100"]
+    code, _, urls = _signal_when(compile_cache_env, args, "rollout (horizon 8): 0/",
+                                 signal.SIGINT, stderr_path)
     stderr = stderr_path.read_text()
     assert code == 130, stderr
     assert "Traceback" not in stderr and "never retrieved" not in stderr, stderr
@@ -300,26 +309,9 @@ def test_sigterm_checkpoints_the_last_step_and_the_run_resumes(tmp_path, compile
     args = [*SMOKE, "--workdir", workdir, "--config.train.save_every=100",
             "--config.horizon.phases=(8,)", "--config.rollout.max_new_tokens=100"]
     stderr_path = tmp_path / "stderr.txt"
-    with open(stderr_path, "w") as err:
-        proc = subprocess.Popen([sys.executable, "launch/run.py", *args,
-                                 "--config.train.total_steps=50"], cwd=REPO,
-                                env=_env(compile_cache_env), stdout=subprocess.PIPE, stderr=err,
-                                text=True)
-        urls, rolling = [], False
-        try:
-            for line in proc.stdout:
-                if line.startswith("environment servers: "):
-                    urls = [w.rstrip(",") for w in line.split() if w.startswith("http://")]
-                if "step 3/50 rollout (horizon 8): 0/" in line:
-                    rolling = True
-                    break
-            assert rolling and urls, "the run ended before its third rollout"
-            proc.send_signal(signal.SIGTERM)
-            out = proc.stdout.read()
-            code = proc.wait(timeout=180)
-        finally:
-            if proc.poll() is None:
-                proc.kill()
+    code, out, urls = _signal_when(compile_cache_env, [*args, "--config.train.total_steps=50"],
+                                   "step 3/50 rollout (horizon 8): 0/", signal.SIGTERM,
+                                   stderr_path)
     stderr = stderr_path.read_text()
     assert code == 143, stderr
     lines = [ln for ln in stderr.splitlines() if ln.strip() and "WARNING" not in ln]
