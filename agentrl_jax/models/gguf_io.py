@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from agentrl_jax.models.config import ModelConfig, UnsupportedModelError, model_family
+from agentrl_jax.models.gguf_index import ArrayField, GGUFIndex, read_index
 from agentrl_jax.models.llama import CausalLM
 from agentrl_jax.models.weights import CheckpointError, ShardingFn, build_model
 
@@ -61,6 +62,18 @@ def open_gguf(path: str):
         raise CheckpointError(f"{path}: not a valid GGUF file ({type(e).__name__}: {e})") from e
 
 
+def open_index(path: str) -> GGUFIndex:
+    """The tensor index and scalar metadata of ``path`` (``models/gguf_index.py``: ~60x faster
+    than ``gguf.GGUFReader``, which materialises every tokenizer string), with the same errors
+    as :func:`open_gguf`."""
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"GGUF file not found: {path}")
+    try:
+        return read_index(path)
+    except Exception as e:  # struct errors, a truncated file, an unknown tensor type
+        raise CheckpointError(f"{path}: not a valid GGUF file ({type(e).__name__}: {e})") from e
+
+
 def field_value(reader, key: str, default: Any = None) -> Any:
     field = reader.fields.get(key)
     if field is None:
@@ -68,26 +81,28 @@ def field_value(reader, key: str, default: Any = None) -> Any:
     return field.contents()
 
 
-def gguf_config(reader, path: str, **overrides: Any) -> ModelConfig:
+def gguf_config(index: GGUFIndex, path: str, **overrides: Any) -> ModelConfig:
     """A ``ModelConfig`` from GGUF metadata (``general.architecture`` and ``<arch>.*`` keys)."""
-    arch = field_value(reader, "general.architecture")
+    meta = index.metadata
+    arch = meta.get("general.architecture")
     family = model_family(arch, where=f"{path}: GGUF architecture")
-    names = {t.name for t in reader.tensors}
+    names = {t.name for t in index.tensors}
     if "rope_freqs.weight" in names:
         raise UnsupportedModelError(
             f"{path}: GGUF with a rope_freqs tensor (Llama-3.1 style scaled RoPE) is not supported; "
             "convert the HF checkpoint instead")
 
     def need(key: str) -> Any:
-        value = field_value(reader, f"{arch}.{key}")
+        value = meta.get(f"{arch}.{key}")
         if value is None:
             raise CheckpointError(f"{path}: GGUF metadata lacks {arch}.{key}")
         return value
 
     hidden = int(need("embedding_length"))
     heads = int(need("attention.head_count"))
-    tokens = reader.fields.get("tokenizer.ggml.tokens")
-    vocab = field_value(reader, f"{arch}.vocab_size") or (len(tokens.data) if tokens else None)
+    tokens = meta.get("tokenizer.ggml.tokens")
+    vocab = meta.get(f"{arch}.vocab_size") or (
+        tokens.length if isinstance(tokens, ArrayField) else None)
     if vocab is None:
         raise CheckpointError(f"{path}: GGUF metadata has no vocabulary size")
     values = dict(
@@ -97,19 +112,19 @@ def gguf_config(reader, path: str, **overrides: Any) -> ModelConfig:
         intermediate_size=int(need("feed_forward_length")),
         num_layers=int(need("block_count")),
         num_heads=heads,
-        num_kv_heads=int(field_value(reader, f"{arch}.attention.head_count_kv", heads)),
-        head_dim=int(field_value(reader, f"{arch}.attention.key_length", hidden // heads)),
-        rope_theta=float(field_value(reader, f"{arch}.rope.freq_base", 10000.0)),
-        rms_norm_eps=float(field_value(reader, f"{arch}.attention.layer_norm_rms_epsilon", 1e-6)),
-        max_position_embeddings=int(field_value(reader, f"{arch}.context_length", 4096)),
+        num_kv_heads=int(meta.get(f"{arch}.attention.head_count_kv", heads)),
+        head_dim=int(meta.get(f"{arch}.attention.key_length", hidden // heads)),
+        rope_theta=float(meta.get(f"{arch}.rope.freq_base", 10000.0)),
+        rms_norm_eps=float(meta.get(f"{arch}.attention.layer_norm_rms_epsilon", 1e-6)),
+        max_position_embeddings=int(meta.get(f"{arch}.context_length", 4096)),
         tie_word_embeddings="output.weight" not in names,
         attention_bias=bool(family.qkv_bias),
         qk_norm=family.qk_norm,
-        bos_token_id=field_value(reader, "tokenizer.ggml.bos_token_id"),
-        eos_token_id=field_value(reader, "tokenizer.ggml.eos_token_id"),
-        pad_token_id=field_value(reader, "tokenizer.ggml.padding_token_id"),
+        bos_token_id=meta.get("tokenizer.ggml.bos_token_id"),
+        eos_token_id=meta.get("tokenizer.ggml.eos_token_id"),
+        pad_token_id=meta.get("tokenizer.ggml.padding_token_id"),
     )
-    scaling_type = field_value(reader, f"{arch}.rope.scaling.type")
+    scaling_type = meta.get(f"{arch}.rope.scaling.type")
     if scaling_type == "linear":
         values["rope_scaling"] = (("factor", float(need("rope.scaling.factor"))),
                                   ("rope_type", "linear"))
@@ -131,10 +146,10 @@ def load_gguf_model(path: str, sharding_fn: ShardingFn | None = None,
     """Dequantize a GGUF file into a ``CausalLM`` (float32 master weights by default)."""
     from gguf import quants
 
-    reader = open_gguf(path)
-    cfg = gguf_config(reader, path, **config_overrides)
+    index = open_index(path)
+    cfg = gguf_config(index, path, **config_overrides)
     by_hf_name = {}
-    for tensor in reader.tensors:
+    for tensor in index.tensors:
         hf = gguf_to_hf_name(tensor.name)
         if hf is not None:
             by_hf_name[hf] = tensor
@@ -144,7 +159,7 @@ def load_gguf_model(path: str, sharding_fn: ShardingFn | None = None,
         tensor = by_hf_name[name]
         try:
             array = quants.dequantize(tensor.data, tensor.tensor_type)
-            array = np.asarray(array, np.float32).reshape(tuple(int(d) for d in tensor.shape[::-1]))
+            array = np.asarray(array, np.float32).reshape(tensor.shape[::-1])
         except Exception as e:
             raise CheckpointError(f"{path}: cannot dequantize tensor {tensor.name!r} "
                                   f"({tensor.tensor_type.name}): {e}") from e
