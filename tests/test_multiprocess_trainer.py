@@ -189,7 +189,9 @@ def test_two_process_trainer_then_resume(tmp_path):
     assert [sum(t["step"] == 3 for t in trajs) for trajs in per_process] == [0, 2]
     state = json.load(open(os.path.join(workdir, "checkpoints", "3", "trainer_state",
                                         "metadata")))
-    assert state["extra"] == {"step": 3, "cursor": 5}  # 2 x 2 tasks, then 1
+    extra = dict(state["extra"])
+    assert extra.pop("train_seconds") > 0  # the time budget's clock (both sessions' loops)
+    assert extra == {"step": 3, "cursor": 5}  # 2 x 2 tasks, then 1
 
 
 if __name__ == "__main__":

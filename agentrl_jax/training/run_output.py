@@ -125,7 +125,7 @@ class RunOutput:
         if self.multi_process:
             summary["process_count"] = self.process_count
         summary["sessions"] = [self._session_record(start_step, total)]
-        summary["train_seconds"] = round(self.train_seconds(), 1)  # all sessions' loops
+        summary["train_seconds"] = round(self.train_seconds(), 3)  # all sessions' loops
         # finished: trained to total_steps or to the end of the time budget, with the final
         # evaluation (if any) done; started again, such a run says so and exits (launch/run.py,
         # Trainer.finished_step)
