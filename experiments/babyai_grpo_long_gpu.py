@@ -18,11 +18,16 @@ about 25 minutes on one H200.
 from experiments.babyai_grpo_gpu import get_config as short_config
 
 
-def get_config():
-    c = short_config()
-    c.train.max_seconds = 1350.0
+def long_run(c, max_seconds: float, eval_every: int, steps_per_phase: int):
+    """``c`` turned into a resumable long run: its budget, a held-out curve every
+    ``eval_every`` steps, a checkpoint every 5 steps (2 kept), ``steps_per_phase`` a phase."""
+    c.train.max_seconds = max_seconds
     c.train.save_every = 5
     c.train.keep_checkpoints = 2
-    c.train.eval_every = 40
-    c.horizon.steps_per_phase = 40
+    c.train.eval_every = eval_every
+    c.horizon.steps_per_phase = steps_per_phase
     return c
+
+
+def get_config():
+    return long_run(short_config(), max_seconds=1350.0, eval_every=40, steps_per_phase=40)

@@ -9,14 +9,9 @@ comes from ``launch/sft.py --config experiments/textcraft_sft_gpu.py`` (its 240 
          --results docs/results/long --gpu-ids 0,1 --budget 575         # four calls
 """
 
+from experiments.babyai_grpo_long_gpu import long_run
 from experiments.textcraft_sft_grpo_gpu import get_config as short_config
 
 
 def get_config():
-    c = short_config()
-    c.train.max_seconds = 1200.0
-    c.train.save_every = 5
-    c.train.keep_checkpoints = 2
-    c.train.eval_every = 25
-    c.horizon.steps_per_phase = 20
-    return c
+    return long_run(short_config(), max_seconds=1200.0, eval_every=25, steps_per_phase=20)
