@@ -49,6 +49,8 @@ collect() {  # collect NAME: the job's small files and log -> $RESULTS
   if [ -d "$OUT/$name" ]; then
     timeout 120 "$PY" benchmarks/learning_report.py "$OUT/$name" --labels "$name" --collect \
       --out "$RESULTS" > /dev/null 2>> "$RESULTS/logs/collect.err" || say "collect $name failed"
+  else
+    say "collect $name: no run folder $OUT/$name, only its log reaches $RESULTS"
   fi
   grep -v "Sampling rejected\|Some donated buffers\|warnings.warn(\"Some donated" "$LOGS/$name.log" \
     2>/dev/null | cut -c1-2000 | tail -n 600 > "$RESULTS/logs/$name.log"

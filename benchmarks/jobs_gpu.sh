@@ -18,7 +18,11 @@
 # for its cap or what is left of the budget less 45 s, whichever is less, then gets SIGTERM
 # (launch/run.py then checkpoints its last finished step; SIGKILL 45 s later), and a later call
 # runs the same command again in the same folder, which resumes it (launch/run.py resumes from
-# its checkpoint and counts train.max_seconds over every session). Exit code 1 if any job failed or was skipped.
+# its checkpoint and counts train.max_seconds over every session). `{out}` in a command is
+# replaced by --out. A job's run folder is OUT/NAME (its small files are collected from there,
+# an earlier attempt is moved aside from there): a command whose `--workdir` names any other
+# folder is refused before anything starts (exit 2), since its files would be lost with the
+# machine. Exit code 1 if any job failed or was skipped.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -39,7 +43,7 @@ while [ $# -gt 0 ]; do
     --per-gpu) PER_GPU=$2; shift 2 ;;
     --budget) BUDGET=$2; shift 2 ;;
     --dry-run) DRY_RUN=1; shift ;;
-    -h|--help) sed -n '2,15p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,25p' "$0"; exit 0 ;;
     *) echo "unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -57,10 +61,6 @@ FIXED_LENGTH=1
 LOGS=$OUT/logs
 # shellcheck source=benchmarks/gpu_jobs_lib.sh
 source benchmarks/gpu_jobs_lib.sh
-if [ "$DRY_RUN" != 1 ]; then
-  mkdir -p "$OUT/.done" "$OUT/.lanes" "$LOGS" "$RESULTS/logs"
-  rm -f "$OUT"/.done/*.failed  # failed or skipped in an earlier call: this call tries them again
-fi
 # lane l runs on GPU GPU_LIST[l % GPUS]; its lock is named by that GPU, so drivers sharing one
 # --out on different GPUs run side by side and two on the same GPU lane take turns
 declare -a LANE_GPU=() LANE_LOCK=()
@@ -68,6 +68,26 @@ for (( l = 0; l < LANES; l++ )); do
   LANE_GPU[l]=${GPU_LIST[$(( l % GPUS ))]}
   LANE_LOCK[l]="gpu${LANE_GPU[l]}_$(( l / GPUS ))"
 done
+
+job_command() {  # job_command REST: a jobs-file command with {out} replaced by --out
+  printf '%s' "${1//\{out\}/$OUT}"
+}
+
+check_workdirs() {  # every job's --workdir must be OUT/NAME (collect, move-aside and resume use it)
+  local name cap lane rest cmd wd bad=0
+  while read -r name cap lane rest; do
+    [ -z "$name" ] && continue
+    case "$name" in \#*) continue ;; esac
+    cmd=$(job_command "$rest")
+    [[ "$cmd" =~ --workdir[=\ ]+([^ ]+) ]] || continue
+    wd=${BASH_REMATCH[1]}
+    if [ "$(realpath -m -- "$wd")" != "$(realpath -m -- "$OUT/$name")" ]; then
+      echo "job $name writes to --workdir $wd, not to $OUT/$name: its files would not be collected into $RESULTS (use --out $(dirname -- "$wd"), or {out}/$name in $JOBS)" >&2
+      bad=1
+    fi
+  done < "$JOBS"
+  return "$bad"
+}
 
 lane_jobs() {  # lane_jobs LANE: the lane's jobs, in file order, on its physical GPU
   local want=$1 name cap lane rest
@@ -88,10 +108,15 @@ lane_jobs() {  # lane_jobs LANE: the lane's jobs, in file order, on its physical
     fi
     local resume=0
     if [[ "$rest" == "resume "* ]]; then resume=1; rest=${rest#resume }; fi
-    JOB_RESUME=$resume run_job "$name" "$lane" "$cap" GPU bash -c "$rest"
+    JOB_RESUME=$resume run_job "$name" "$lane" "$cap" GPU bash -c "$(job_command "$rest")"
   done < "$JOBS"
 }
 
+check_workdirs || exit 2
+if [ "$DRY_RUN" != 1 ]; then
+  mkdir -p "$OUT/.done" "$OUT/.lanes" "$LOGS" "$RESULTS/logs"
+  rm -f "$OUT"/.done/*.failed  # failed or skipped in an earlier call: this call tries them again
+fi
 echo "jobs of $JOBS: $LANES lane(s) on GPU(s) $GPU_IDS ($PER_GPU per GPU), out $OUT, results $RESULTS"
 for (( l = 0; l < LANES; l++ )); do lane_jobs "$l" & done
 wait

@@ -147,3 +147,29 @@ def test_a_resume_job_goes_on_in_its_folder_where_others_start_afresh(tmp_path):
                 for l in (out / "results" / "timings.jsonl").read_text().splitlines()
                 if json.loads(l)["job"] == "long"]
     assert statuses == ["paused", "ok"]
+
+
+def _workdir_job(folder: str) -> str:
+    """A job that writes ``made`` into the folder it gets as ``--workdir``."""
+    return ('python3 -c "import os, sys; d = sys.argv[2]; os.makedirs(d, exist_ok=True); '
+            f"open(os.path.join(d, 'made'), 'w').write(d)\" --workdir {folder}")
+
+
+def test_a_workdir_outside_out_is_refused_before_any_job_starts(tmp_path):
+    """A job whose --workdir is not OUT/NAME would leave its files where the driver never
+    collects them (a session lost four runs' evaluation episodes this way): refused, exit 2,
+    nothing run; `{out}` in a command is --out, so the same jobs file works for any --out."""
+    out, elsewhere = tmp_path / "out", tmp_path / "elsewhere"
+    jobs = _jobs(tmp_path / "jobs.txt", [
+        f"fine 40 0 {_workdir_job('{out}/fine')}",
+        f"lost 40 1 {_workdir_job(str(elsewhere / 'lost'))}",
+    ])
+    refused = _run(jobs, out, "0,1")
+    assert refused.returncode == 2
+    assert f"job lost writes to --workdir {elsewhere / 'lost'}, not to {out}/lost" in refused.stderr
+    assert "job fine" not in refused.stderr
+    assert not out.exists() and not elsewhere.exists()  # nothing ran, no folder made
+    jobs = _jobs(tmp_path / "jobs.txt", [f"fine 40 0 {_workdir_job('{out}/fine')}"])
+    ran = _run(jobs, out, "0")
+    assert ran.returncode == 0, ran.stdout + ran.stderr
+    assert (out / "fine" / "made").read_text() == f"{out}/fine"
