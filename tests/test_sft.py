@@ -165,3 +165,24 @@ def test_sft_nll_export_and_resume(recorded, tmp_path, capsys, one_device):
     for a, b in zip(ours, ref):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
     restored.close()
+
+
+def test_sft_time_budget_counts_every_session(recorded, tmp_path, capsys, one_device):
+    """``sft.max_seconds`` is the training time of the whole run: a session resumed after its
+    budget was spent trains no step (it used to train for another ``max_seconds``), and the
+    seconds trained are kept in the checkpoint and in ``summary.json``."""
+    from agentrl_jax.training.sft import SFTRun
+
+    data, _, _ = recorded
+    work = str(tmp_path / "sft")
+    first = SFTRun(_config(data, 2), work, progress=False).run()
+    assert first["final_step"] == 2 and first["train_seconds"] > 0.05  # compile + 2 updates
+    more = _config(data, 6)
+    more.sft.max_seconds = 0.05  # already spent by the first session
+    second = SFTRun(more, work, progress=False).run()
+    out = capsys.readouterr().out
+    assert "resumed at step 2" in out and "already spent" in out
+    assert second["final_step"] == 2
+    assert second["train_seconds"] == pytest.approx(first["train_seconds"], abs=1e-3)
+    rows = [json.loads(line) for line in open(os.path.join(work, "metrics.jsonl"))]
+    assert [r["step"] for r in rows] == [1, 2]

@@ -334,6 +334,7 @@ class SFTConfig(Section):
     batch_size: int = setting(32, ge=1)  # episodes per optimiser step
     epochs: int = setting(2, ge=1)
     steps: int = setting(0, ge=0)  # > 0: this many steps instead of epochs
+    # seconds of training over every session of the run (a resumed run trains what is left)
     max_seconds: float = setting(0.0, ge=0, what=">= 0 (0: no limit)")
     save_every: int = setting(0, ge=0)  # 0: a checkpoint at the end only
     keep_checkpoints: int = setting(2, ge=1)

@@ -205,12 +205,15 @@ class SFTRun:
                           log_dir=os.path.join(self.workdir, "tensorboard"),
                           metrics_jsonl=os.path.join(self.workdir, "metrics.jsonl"))
         try:
-            start = 0
+            start, trained_before = 0, 0.0
             if learner.checkpointer.latest_step() is not None:
                 with timed(self._say, "restoring the latest checkpoint"):
-                    start = int((learner.restore_latest() or {}).get("step", 0))
-                self._say(f"resumed at step {start}")
-            last = await self._train(learner, items, start, total, cfg.model.pad_id)
+                    extras = learner.restore_latest() or {}
+                start = int(extras.get("step", 0))
+                trained_before = float(extras.get("train_seconds", 0.0))
+                self._say(f"resumed at step {start} ({trained_before:.1f} s trained before)")
+            last, trained = await self._train(learner, items, start, total, cfg.model.pad_id,
+                                              trained_before)
             if last > start or not os.path.exists(os.path.join(self.export_dir, "config.json")):
                 learner.wait()
                 with timed(self._say, f"exporting the policy to {self.export_dir}"):
@@ -225,7 +228,8 @@ class SFTRun:
             evals[last] = await self._evaluate(last)
         summary = {"workdir": self.workdir, "final_step": last, "total_steps": total,
                    "data": counts, "data_files": files, "assistant_tokens": tokens,
-                   "model": self.export_dir, "evals": evals}
+                   "model": self.export_dir, "evals": evals,
+                   "train_seconds": round(trained, 3)}
         if last >= total:
             summary["finished_step"] = last
         write_json_atomic(os.path.join(self.workdir, "summary.json"), summary)
@@ -236,14 +240,25 @@ class SFTRun:
         return summary
 
     async def _train(self, learner: Any, items: list[dict[str, Any]], start: int, total: int,
-                     pad_id: int) -> int:
-        """Steps ``start .. total`` (or until ``sft.max_seconds``); returns the last step."""
+                     pad_id: int, trained_before: float = 0.0) -> tuple[int, float]:
+        """Steps ``start .. total``, or until ``sft.max_seconds`` of training over every session
+        of the run (``trained_before``: the earlier sessions', from the checkpoint); returns the
+        last step and the seconds trained over all sessions."""
         s = self.config.sft
         bs, seed = int(s.batch_size), int(self.config.seed)
         max_seconds, save_every, log_every = s.max_seconds, s.save_every, s.log_every
         per_epoch = -(-len(items) // bs)
         t_start = time.monotonic()
         step = start
+
+        def trained() -> float:
+            return trained_before + time.monotonic() - t_start
+
+        spent = trained_before
+        if max_seconds and trained_before >= max_seconds and step < total:
+            self._say(f"time budget of {max_seconds:.0f} s already spent ({trained_before:.1f} s "
+                      f"trained): no step to train")
+            return step, trained_before
         async with EpisodeProgress(total - start, "sft", self.progress_mode,
                                    self.config.progress_seconds, self._say,
                                    unit="steps") as bar:
@@ -270,15 +285,17 @@ class SFTRun:
                               f"epoch={metrics['sft/epoch']:.2f} "
                               f"grad_norm={metrics.get('actor/grad_norm', 0):.3f} "
                               f"({metrics['train/step_seconds']:.2f} s)")
-                out_of_time = bool(max_seconds) and time.monotonic() - t_start > max_seconds
+                spent = trained()  # what the checkpoint keeps and the run reports
+                out_of_time = bool(max_seconds) and spent > max_seconds
                 if (save_every and step % save_every == 0) or step == total or out_of_time:
-                    learner.save({"step": step}, step=step, force=True)
+                    learner.save({"step": step, "train_seconds": round(spent, 3)},
+                                 step=step, force=True)
                 if out_of_time:
                     self._say(f"time budget of {max_seconds:.0f} s reached after step {step}")
                     break
         self._say(f"trained {step - start} steps in "
                   f"{format_seconds(time.monotonic() - t_start)}")
-        return step
+        return step, spent
 
     async def _evaluate(self, step: int) -> dict[str, Any]:
         """The exported policy on the held-out split (``eval_job``, the RL evaluation's tasks
