@@ -18,6 +18,7 @@ import asyncio
 import json
 import logging
 import os
+import time
 
 import aiohttp
 import pytest
@@ -190,6 +191,23 @@ async def _request(method: str, url: str, **kwargs) -> tuple[int, object, dict]:
                 return response.status, text, dict(response.headers)
 
 
+async def _settled_stats(engine, timeout: float = 10.0) -> dict:
+    """The engine's counters once its thread has finished the step that answered the last
+    request: the answer reaches the client inside the step, and the step's time is added to
+    ``step_time_s`` after it (a snapshot taken at once raced it on a loaded 2-core box). Settled
+    = no request running or waiting and the same counters twice, 50 ms apart."""
+    deadline = time.monotonic() + timeout
+    before = engine.stats.as_dict()
+    while True:
+        await asyncio.sleep(0.05)
+        now = engine.stats.as_dict()
+        load = engine.load()
+        if now == before and load["running"] == 0 and load["waiting"] == 0:
+            return now
+        assert time.monotonic() < deadline, ("the engine never went idle", load)
+        before = now
+
+
 async def test_inference_server_mutating_routes_are_post_only(served):
     url, engine = served
     for path in INFERENCE_MUTATING:
@@ -205,7 +223,7 @@ async def test_inference_server_takes_json_bodies_only(served):
     status, out, _ = await _request("POST", url + "/generate", json={
         "input_ids": [7, 8, 9], "session_id": "kept", "sampling_params": {"max_new_tokens": 1}})
     assert status == 200, out
-    cached, stats = engine.load()["cached_slots"], engine.stats.as_dict()
+    cached, stats = engine.load()["cached_slots"], await _settled_stats(engine)
     assert cached >= 1  # what a flush would drop
     for kwargs in SIMPLE_BODIES:
         for path in INFERENCE_MUTATING:
