@@ -73,11 +73,13 @@ job_command() {  # job_command REST: a jobs-file command with {out} replaced by 
   printf '%s' "${1//\{out\}/$OUT}"
 }
 
+job_lines() {  # the jobs file without blank lines and # comments
+  grep -v -E '^[[:space:]]*(#|$)' "$JOBS"
+}
+
 check_workdirs() {  # every job's --workdir must be OUT/NAME (collect, move-aside and resume use it)
   local name cap lane rest cmd wd bad=0
   while read -r name cap lane rest; do
-    [ -z "$name" ] && continue
-    case "$name" in \#*) continue ;; esac
     cmd=$(job_command "$rest")
     [[ "$cmd" =~ --workdir[=\ ]+([^ ]+) ]] || continue
     wd=${BASH_REMATCH[1]}
@@ -85,15 +87,13 @@ check_workdirs() {  # every job's --workdir must be OUT/NAME (collect, move-asid
       echo "job $name writes to --workdir $wd, not to $OUT/$name: its files would not be collected into $RESULTS (use --out $(dirname -- "$wd"), or {out}/$name in $JOBS)" >&2
       bad=1
     fi
-  done < "$JOBS"
+  done < <(job_lines)
   return "$bad"
 }
 
 lane_jobs() {  # lane_jobs LANE: the lane's jobs, in file order, on its physical GPU
   local want=$1 name cap lane rest
   while read -r name cap lane rest; do
-    [ -z "$name" ] && continue
-    case "$name" in \#*) continue ;; esac
     [ $(( lane % LANES )) -eq "$want" ] || continue
     if [[ "$rest" == after=* ]]; then
       local deps=${rest%% *} dep ready=1
@@ -109,7 +109,7 @@ lane_jobs() {  # lane_jobs LANE: the lane's jobs, in file order, on its physical
     local resume=0
     if [[ "$rest" == "resume "* ]]; then resume=1; rest=${rest#resume }; fi
     JOB_RESUME=$resume run_job "$name" "$lane" "$cap" GPU bash -c "$(job_command "$rest")"
-  done < "$JOBS"
+  done < <(job_lines)
 }
 
 check_workdirs || exit 2

@@ -28,13 +28,21 @@ untrained policy such as the base model, whose evaluation has no training seed),
 against every seed of the other side. The two-level bootstrap then runs on the d_{s,t}.
 Otherwise (no seed in common) the two sides are bootstrapped independently (seeds and tasks
 each) and the interval is that of the difference of the two draws.
+
+Where only the per-seed scores m_s survive (no per-task results), ``t_interval`` gives the
+Student-t 95% interval over the seeds: mean +- t_{0.975, S-1} * std / sqrt(S). Each m_s carries
+its own evaluation noise, so the interval covers both sources; for paired differences pass
+m^B_s - m^A_s. Command line (points, x100):
+``python benchmarks/seed_stats.py --values 0.459 0.473 0.463 [--minus 0.523 0.475 0.486]``.
 """
 
 from __future__ import annotations
 
+import argparse
 from collections.abc import Mapping, Sequence
 
 import numpy as np
+from scipy import stats
 
 #: what the interval covers, by number of seeds
 COVERS_SEEDS = "training seeds and evaluation tasks (two-level bootstrap)"
@@ -159,3 +167,37 @@ def fmt_points(entry: Mapping, signed: bool = False) -> str:
     f = "{:+.1f}" if signed else "{:.1f}"
     return (f"{f.format(100 * entry['mean'])} [{f.format(100 * entry['ci95_low'])}, "
             f"{f.format(100 * entry['ci95_high'])}]")
+
+
+def t_interval(scores: Sequence[float], level: float = 0.95) -> dict[str, float | int]:
+    """Student-t interval over per-seed scores m_s (module docstring): ``mean``, ``std``
+    (ddof 1), ``ci95_low`` / ``ci95_high`` = mean -+ t_{(1+level)/2, S-1} std / sqrt(S)."""
+    m = np.asarray(scores, dtype=np.float64)
+    if m.size < 2:
+        raise ValueError(f"a t-interval needs two seeds or more, got {m.size}")
+    half = float(stats.t.ppf((1 + level) / 2, m.size - 1) * m.std(ddof=1) / np.sqrt(m.size))
+    return {"n_seeds": int(m.size), "mean": float(m.mean()), "std": float(m.std(ddof=1)),
+            "ci95_low": float(m.mean()) - half, "ci95_high": float(m.mean()) + half}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description="Student-t 95%% interval over per-seed scores "
+                                             "(or paired differences), printed in points")
+    ap.add_argument("--values", type=float, nargs="+", required=True, help="m_s of B, per seed")
+    ap.add_argument("--minus", type=float, nargs="+", help="m_s of A, same seeds in order")
+    args = ap.parse_args(argv)
+    values = np.asarray(args.values)
+    if args.minus is not None:
+        if len(args.minus) != len(values):
+            ap.error(f"--minus has {len(args.minus)} values, --values {len(values)}")
+        values = values - np.asarray(args.minus)
+    r = t_interval(values)
+    signed = args.minus is not None
+    print(f"{fmt_points(r, signed)} over {r['n_seeds']} seeds (t-interval); std "
+          f"{100 * r['std']:.1f}; per seed "
+          + ", ".join(f"{100 * v:{'+' if signed else ''}.1f}" for v in values))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -164,3 +164,18 @@ def test_learning_report_groups_seeds_and_reports_them(tmp_path, monkeypatch):
     d = r["differences"]["rl:base"]
     assert d["paired_seeds"] and d["pairs"] == [[0, 0], [1, 0]] and d["mean"] == pytest.approx(0.25)
     assert r["differences"]["rl:rl@first"]["per_pair"] == {"0:0": 0.5, "1:1": 0.0}
+
+
+def test_t_interval_against_a_hand_computed_case(capsys):
+    """Scores 0.1, 0.2, 0.3: mean 0.2, std 0.1, t_{0.975, 2} = 4.302652729749464 (tables), half
+    width 4.302652729749464 * 0.1 / sqrt(3) = 0.248413...; the command line prints points."""
+    r = seed_stats.t_interval([0.1, 0.2, 0.3])
+    half = 4.302652729749464 * 0.1 / math.sqrt(3)
+    assert r["n_seeds"] == 3 and r["mean"] == pytest.approx(0.2) and r["std"] == pytest.approx(0.1)
+    assert r["ci95_low"] == pytest.approx(0.2 - half, abs=1e-12)
+    assert r["ci95_high"] == pytest.approx(0.2 + half, abs=1e-12)
+    with pytest.raises(ValueError, match="two seeds"):
+        seed_stats.t_interval([0.5])
+    assert seed_stats.main(["--values", "0.5", "0.6", "0.7", "--minus", "0.4", "0.4", "0.5"]) == 0
+    # differences 0.1, 0.2, 0.2: mean 0.1667, std 0.0577, half 4.3027 * 0.0577 / sqrt(3) = 0.1434
+    assert capsys.readouterr().out.startswith("+16.7 [+2.3, +31.0] over 3 seeds")

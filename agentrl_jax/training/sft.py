@@ -250,15 +250,11 @@ class SFTRun:
         per_epoch = -(-len(items) // bs)
         t_start = time.monotonic()
         step = start
-
-        def trained() -> float:
-            return trained_before + time.monotonic() - t_start
-
-        spent = trained_before
+        spent = trained_before  # seconds trained over all sessions, as of the last step
         if max_seconds and trained_before >= max_seconds and step < total:
             self._say(f"time budget of {max_seconds:.0f} s already spent ({trained_before:.1f} s "
                       f"trained): no step to train")
-            return step, trained_before
+            return step, spent
         async with EpisodeProgress(total - start, "sft", self.progress_mode,
                                    self.config.progress_seconds, self._say,
                                    unit="steps") as bar:
@@ -285,7 +281,7 @@ class SFTRun:
                               f"epoch={metrics['sft/epoch']:.2f} "
                               f"grad_norm={metrics.get('actor/grad_norm', 0):.3f} "
                               f"({metrics['train/step_seconds']:.2f} s)")
-                spent = trained()  # what the checkpoint keeps and the run reports
+                spent = trained_before + time.monotonic() - t_start
                 out_of_time = bool(max_seconds) and spent > max_seconds
                 if (save_every and step % save_every == 0) or step == total or out_of_time:
                     learner.save({"step": step, "train_seconds": round(spent, 3)},
