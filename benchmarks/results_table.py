@@ -25,8 +25,12 @@ Stage ``table``: reads the runs under ``--from`` directories (default ``--result
 a subdirectory ``<job>`` or ``<job>_s<k>`` with evaluation episodes; ``--alias job=dir`` names
 single runs kept elsewhere, as seed 0) and writes ``<results>/table.md`` and ``table.json``:
 the family table and the comparisons, each cell ``seed_stats`` over the seeds that exist
-(``benchmarks/seed_stats.py``), "no runs yet" where none do. ``--doc FILE`` replaces the part
-of FILE between ``<!-- results-table:begin -->`` and ``<!-- results-table:end -->`` with it.
+(``benchmarks/seed_stats.py``), "no runs yet" where none do. A comparison of two training
+configurations from one start (``SAME_START``: GiGPO vs GRPO, ScalingInter-RL vs a fixed horizon,
+the twice-evaluated SFT policy) pairs a seed's two runs only when both started from the same
+policy (:func:`start_policy`); a seed whose runs did not is left out of it and named.
+``--doc FILE`` replaces the part of FILE between ``<!-- results-table:begin -->`` and
+``<!-- results-table:end -->`` with it.
 """
 
 from __future__ import annotations
@@ -67,6 +71,11 @@ COMPARISONS = (("SFT - base",
                 ("{p}_hscaling@final:{p}_fixed20@final", "{p}_grpo@final:{p}_fixed20@final")),
                ("control: the SFT policy evaluated twice",
                 ("{p}_sft_gigpo@first:{p}_sft_grpo@first",)))
+#: comparisons whose two runs of one seed must start from the same policy to be a paired
+#: comparison (a seed whose runs started from different policies is left out of them)
+SAME_START = frozenset({"SFT+GiGPO - SFT+GRPO", "GiGPO - GRPO (RL only)",
+                        "ScalingInter-RL - fixed 6 turns", "ScalingInter-RL - fixed 20 turns",
+                        "control: the SFT policy evaluated twice"})
 BEGIN, END = "<!-- results-table:begin -->", "<!-- results-table:end -->"
 
 
@@ -123,6 +132,38 @@ def _group(runs: dict[str, str], job: str) -> list[str]:
         label.startswith(job + "_s") and label[len(job) + 2:].isdigit())]
 
 
+def start_policy(run_dir: str) -> str | None:
+    """The policy a run started from: its ``config.json``'s ``model.name`` as its last two path
+    parts (``babyai_sft_s2/model``: the SFT run that made it, wherever its folder was; a known
+    name such as ``smollm2`` as is), or None when the run has no ``config.json``."""
+    try:
+        with open(os.path.join(run_dir, "config.json")) as f:
+            name = str(json.load(f)["model"]["name"]).rstrip("/")
+    except (OSError, KeyError, TypeError, ValueError):
+        return None
+    return "/".join(name.split("/")[-2:])
+
+
+def _seed_of(label: str, job: str) -> int:
+    return 0 if label == job else int(label[len(job) + 2:])
+
+
+def different_starts(runs: dict[str, str], b_job: str, a_job: str) -> dict[int, str]:
+    """``{seed: why}`` for the seeds whose ``b_job`` and ``a_job`` runs started from different
+    policies (:func:`start_policy`; a run without a config counts as the same start)."""
+    a_runs = {_seed_of(lab, a_job): runs[lab] for lab in _group(runs, a_job)}
+    out = {}
+    for lab in _group(runs, b_job):
+        seed = _seed_of(lab, b_job)
+        if seed not in a_runs:
+            continue
+        b, a = start_policy(runs[lab]), start_policy(a_runs[seed])
+        if b is not None and a is not None and b != a:
+            out[seed] = (f"seed {seed} left out: its runs started from different policies "
+                         f"({b} vs {a})")
+    return out
+
+
 def build_table(runs: dict[str, str], draws: int = 10_000) -> dict:
     """``{"cells": {family: {column: entry}}, "comparisons": {family: {name: entry}}}``; an
     entry is ``seed_stats`` output plus ``job`` / ``which``, or ``{"missing": why}``."""
@@ -159,14 +200,20 @@ def build_table(runs: dict[str, str], draws: int = 10_000) -> dict:
             for spec_t in options:
                 spec = spec_t.format(p=p)
                 jobs = [side.partition("@")[0] for side in spec.split(":")]
-                labels = [lab for j in jobs for lab in _group(runs, j)]
                 if not all(_group(runs, j) for j in jobs):
                     continue
                 refs = frozenset(j for j in jobs if j.endswith("_base"))  # untrained: no seed
+                unpaired = (different_starts(runs, *jobs)
+                            if name in SAME_START and jobs[0] != jobs[1] else {})
+                labels = [lab for j in dict.fromkeys(jobs) for lab in _group(runs, j)
+                          if _seed_of(lab, j) not in unpaired]
+                if not labels:
+                    continue
                 entry = learning_report.seed_level_report(load(labels), spec, draws, refs)[
                     "differences"].get(spec)
                 if entry and "missing" not in entry:
-                    comps[name] = {**entry, "spec": spec}
+                    comps[name] = {**entry, "spec": spec,
+                                   **({"unpaired": list(unpaired.values())} if unpaired else {})}
                     break
         out["comparisons"][family] = comps
     return out
@@ -190,20 +237,26 @@ def markdown(table: dict, runs: dict[str, str]) -> str:
             lines.append(f"| {family} | " + " | ".join(["no runs yet"] * len(cols)) + " |")
         else:
             lines.append(f"| {family} | " + " | ".join(_cell(cells[c]) for c in cols) + " |")
-    lines += ["", "| comparison | family | B - A, points (95% CI) | per seed |",
-              "|---|---|---|---|"]
+    lines += ["", "| comparison | family | B - A, points (95% CI) | t over seeds | per seed |",
+              "|---|---|---|---|---|"]
     for family, _ in FAMILIES:
         for name, e in table["comparisons"][family].items():
-            per = ", ".join(f"{100 * v:+.1f}" for v in e["per_pair"].values()) \
-                if "per_pair" in e else "unpaired seeds"
-            lines.append(f"| {name} | {family} | {_cell(e, signed=True)} | {per} |")
+            diffs = list(e.get("per_pair", {}).values())
+            per = ", ".join(f"{100 * v:+.1f}" for v in diffs) if diffs else "unpaired seeds"
+            per += "".join(f"; {why}" for why in e.get("unpaired", []))
+            t = seed_stats.fmt_points(seed_stats.t_interval(diffs), signed=True) \
+                if len(diffs) > 1 else "-"
+            lines.append(f"| {name} | {family} | {_cell(e, signed=True)} | {t} | {per} |")
     used = sorted({e["job"] for c in table["cells"].values() for e in c.values() if "job" in e}
                   | {j.partition("@")[0] for c in table["comparisons"].values()
                      for e in c.values() for j in e["spec"].split(":")})
     lines += ["", "Mean over training seeds of Avg@k on the held-out tasks, in points; the "
               "interval is a two-level bootstrap 95% interval (seeds, then tasks within a seed; "
               "`benchmarks/seed_stats.py`). † one seed: the interval covers evaluation sampling "
-              "only, not training variance. Runs: "
+              "only, not training variance. *t over seeds*: the Student-t 95% interval over the "
+              "per-seed differences (S - 1 degrees of freedom, `seed_stats.t_interval`); with "
+              "two or three seeds the bootstrap over seeds is narrower than it should be, the "
+              "t-interval is the cautious reading. Runs: "
               + "; ".join(f"`{j}`: " + ", ".join(f"`{os.path.relpath(runs[lab], ROOT)}`"
                                                  for lab in sorted(_group(runs, j)))
                           for j in used) + "."]

@@ -72,3 +72,46 @@ def test_a_run_cut_before_its_final_evaluation_is_not_counted_as_trained(tmp_pat
     assert "SFT+GRPO - SFT" not in t["comparisons"]["ScienceWorld"]
     assert t["cells"]["BabyAI"]["SFT+RL"]["mean"] == pytest.approx(0.75)
     assert t["comparisons"]["BabyAI"]["SFT+GRPO - SFT"]["per_pair"] == {"0:0": 0.5}
+
+
+def _started_from(run_dir, model_name: str) -> None:
+    (run_dir / "config.json").write_text(json.dumps({"model": {"name": model_name}}))
+
+
+def test_gigpo_vs_grpo_pairs_a_seed_only_when_both_runs_started_from_one_policy(tmp_path):
+    """Seed 1's GiGPO run started from a re-made SFT policy (``babyai_sft_s1b``), its GRPO run
+    from ``babyai_sft_s1``: GiGPO - GRPO and the twice-evaluated control keep seed 0 alone and
+    name seed 1; GiGPO - SFT (each run against its own start) keeps both seeds. Where the
+    folders were (``/root/x`` vs ``runs/t``) does not matter, the SFT run's name does."""
+    res = tmp_path / "results"
+    runs = {  # name: (started from, {step: {task: successes}})
+        "babyai_sft_grpo": ("/root/x/babyai_sft/model",  # 25 -> 50
+                            {0: {"1": [1, 0], "2": [0, 0]}, 9: {"1": [1, 1], "2": [0, 0]}}),
+        "babyai_sft_gigpo": ("runs/t/babyai_sft/model",  # 50 -> 100
+                             {0: {"1": [1, 0], "2": [0, 1]}, 9: {"1": [1, 1], "2": [1, 1]}}),
+        "babyai_sft_grpo_s1": ("runs/t/babyai_sft_s1/model", {0: {"1": [1, 1], "2": [1, 1]},
+                                                              9: {"1": [1, 1], "2": [1, 1]}}),
+        "babyai_sft_gigpo_s1": ("runs/t/babyai_sft_s1b/model", {0: {"1": [0, 0], "2": [0, 0]},
+                                                                9: {"1": [1, 0], "2": [0, 0]}}),
+    }
+    for name, (start, steps) in runs.items():
+        write_run(res / name, steps)
+        _started_from(res / name, start)
+    results_table.main(["--stage", "table", "--results", str(res), "--draws", "500"])
+    t = json.load(open(res / "table.json"))["comparisons"]["BabyAI"]
+    why = ("seed 1 left out: its runs started from different policies "
+           "(babyai_sft_s1b/model vs babyai_sft_s1/model)")
+    vs = t["SFT+GiGPO - SFT+GRPO"]
+    assert vs["per_pair"] == {"0:0": pytest.approx(1.0 - 0.5)} and vs["unpaired"] == [why]
+    control = t["control: the SFT policy evaluated twice"]  # step 0 of GiGPO - step 0 of GRPO
+    assert control["per_pair"] == {"0:0": pytest.approx(0.5 - 0.25)}
+    assert control["unpaired"] == [why]
+    own = t["SFT+GiGPO - SFT"]
+    assert own["per_pair"] == {"0:0": pytest.approx(0.5), "1:1": pytest.approx(0.25)}
+    assert "unpaired" not in own
+    text = (res / "table.md").read_text()
+    assert why in text
+    # t over seeds of GiGPO - SFT, per seed +50 and +25 points: mean 37.5, std 25 / sqrt(2),
+    # half width t_{0.975, 1} (12.7062) x std / sqrt(2) = 158.83 points
+    row = next(line for line in text.splitlines() if line.startswith("| SFT+GiGPO - SFT |"))
+    assert row.endswith("| +37.5 [-121.3, +196.3] | +50.0, +25.0 |")
