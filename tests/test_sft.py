@@ -175,9 +175,12 @@ def test_sft_time_budget_counts_every_session(recorded, tmp_path, capsys, one_de
 
     data, _, _ = recorded
     work = str(tmp_path / "sft")
-    first = SFTRun(_config(data, 2), work, progress=False).run()
+    c = _config(data, 2)
+    c.sft.count_first_update = True
+    first = SFTRun(c, work, progress=False).run()
     assert first["final_step"] == 2 and first["train_seconds"] > 0.05  # compile + 2 updates
     more = _config(data, 6)
+    more.sft.count_first_update = True
     more.sft.max_seconds = 0.05  # already spent by the first session
     second = SFTRun(more, work, progress=False).run()
     out = capsys.readouterr().out
@@ -186,3 +189,42 @@ def test_sft_time_budget_counts_every_session(recorded, tmp_path, capsys, one_de
     assert second["train_seconds"] == pytest.approx(first["train_seconds"], abs=1e-3)
     rows = [json.loads(line) for line in open(os.path.join(work, "metrics.jsonl"))]
     assert [r["step"] for r in rows] == [1, 2]
+
+
+@pytest.mark.parametrize("count_first_update", [False, True])
+def test_sft_time_budget_leaves_out_the_first_update_unless_asked(
+        recorded, tmp_path, monkeypatch, one_device, count_first_update):
+    """The first update (the compile) takes 100 s on this run's clock, a budget of 50 s: left
+    out of the budget (the default) the run trains all 3 steps and counts under 50 s; counted,
+    the budget is spent by the first step, which is where the run stops."""
+    import time as real_time
+
+    from agentrl_jax.training import sft as sft_module
+    from agentrl_jax.training.sft import SFTRun
+
+    class Clock:  # the real clock, 100 s ahead from inside the first update on
+        offset = 0.0
+
+        def monotonic(self):
+            return real_time.monotonic() + self.offset
+
+        def __getattr__(self, name):
+            return getattr(real_time, name)
+
+    clock = Clock()
+    quietly = sft_module.compile_notice.quietly
+
+    def slow_first_update(fn, *args, **kwargs):
+        clock.offset += 100.0
+        return quietly(fn, *args, **kwargs)
+
+    monkeypatch.setattr(sft_module, "time", clock)
+    monkeypatch.setattr(sft_module.compile_notice, "quietly", slow_first_update)
+    c = _config(recorded[0], 3)
+    c.sft.max_seconds = 50.0
+    c.sft.count_first_update = count_first_update
+    summary = SFTRun(c, str(tmp_path / "sft"), progress=False).run()
+    if count_first_update:
+        assert summary["final_step"] == 1 and summary["train_seconds"] > 100.0
+    else:
+        assert summary["final_step"] == 3 and summary["train_seconds"] < 50.0

@@ -242,7 +242,8 @@ class SFTRun:
     async def _train(self, learner: Any, items: list[dict[str, Any]], start: int, total: int,
                      pad_id: int, trained_before: float = 0.0) -> tuple[int, float]:
         """Steps ``start .. total``, or until ``sft.max_seconds`` of training over every session
-        of the run (``trained_before``: the earlier sessions', from the checkpoint); returns the
+        of the run (``trained_before``: the earlier sessions', from the checkpoint; the session's
+        first update, its compile, counts only with ``sft.count_first_update``); returns the
         last step and the seconds trained over all sessions."""
         s = self.config.sft
         bs, seed = int(s.batch_size), int(self.config.seed)
@@ -251,6 +252,7 @@ class SFTRun:
         t_start = time.monotonic()
         step = start
         spent = trained_before  # seconds trained over all sessions, as of the last step
+        uncounted = 0.0  # the first update's seconds, left out of the budget
         if max_seconds and trained_before >= max_seconds and step < total:
             self._say(f"time budget of {max_seconds:.0f} s already spent ({trained_before:.1f} s "
                       f"trained): no step to train")
@@ -271,6 +273,8 @@ class SFTRun:
                         metrics = await asyncio.to_thread(compile_notice.quietly,
                                                           learner.update, batch, no_log)
                     compiled = True
+                    if not s.count_first_update:
+                        uncounted = time.monotonic() - t0
                 step += 1
                 metrics.update({"sft/epoch": step / per_epoch, "sft/episodes": float(len(rows)),
                                 "train/step_seconds": time.monotonic() - t0})
@@ -281,7 +285,7 @@ class SFTRun:
                               f"epoch={metrics['sft/epoch']:.2f} "
                               f"grad_norm={metrics.get('actor/grad_norm', 0):.3f} "
                               f"({metrics['train/step_seconds']:.2f} s)")
-                spent = trained_before + time.monotonic() - t_start
+                spent = trained_before + time.monotonic() - t_start - uncounted
                 out_of_time = bool(max_seconds) and spent > max_seconds
                 if (save_every and step % save_every == 0) or step == total or out_of_time:
                     learner.save({"step": step, "train_seconds": round(spent, 3)},
