@@ -1,0 +1,67 @@
+"""benchmarks/eval_breakdown.py against hand-computed numbers on hand-made evaluation files."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import pytest
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "benchmarks"))
+import eval_breakdown  # noqa: E402
+
+
+def _episode(task: str, step: int, status: str, success: bool, turns: int, invalid: int) -> dict:
+    return {"env": "babyai", "task_id": task, "step": step, "status": status,
+            "reward": float(success), "success": success, "num_turns": turns,
+            "invalid_actions": invalid}
+
+
+def _run(path, episodes: list[dict]) -> str:
+    os.makedirs(path)
+    with open(os.path.join(path, "eval_episodes.jsonl"), "w") as f:
+        f.writelines(json.dumps(e) + "\n" for e in episodes)
+    return str(path)
+
+
+def test_breakdown_of_two_runs_by_hand(tmp_path, capsys):
+    a = _run(tmp_path / "a", [
+        _episode("L1/seed=1", 0, "max_turns", False, 20, 10),
+        _episode("L2/seed=2", 0, "context_limit", False, 12, 6),
+        _episode("L1/seed=1", 9, "done", True, 3, 0),       # final: 2 of 4 succeed
+        _episode("L1/seed=1", 9, "done", True, 5, 1),
+        _episode("L2/seed=2", 9, "context_limit", False, 14, 2),
+        _episode("L3/seed=3", 9, "max_turns", False, 20, 5),
+    ])
+    b = _run(tmp_path / "b", [
+        _episode("L1/seed=1", 0, "max_turns", False, 20, 4),
+        _episode("L2/seed=2", 4, "done", False, 7, 0),      # the env ended it, no success
+        _episode("L3/seed=3", 4, "done", True, 2, 0),
+    ])
+    assert eval_breakdown.main([a, b, "--labels", "A,B", "--out", str(tmp_path / "o.json")]) == 0
+    s = json.load(open(tmp_path / "o.json"))
+    fa = s["runs"]["A"]["final"]
+    assert fa["step"] == 9 and fa["episodes"] == 4 and fa["success_rate"] == 0.5
+    assert fa["status"] == {"done": 0.5, "context_limit": 0.25, "max_turns": 0.25}
+    assert fa["failed_status"] == {"context_limit": 0.25, "max_turns": 0.25}
+    assert fa["turns_success_mean"] == 4.0 and fa["invalid_per_episode"] == pytest.approx(2.0)
+    assert fa["levels"] == {"L1": [2, 2], "L2": [0, 1], "L3": [0, 1]}
+    first = s["runs"]["A"]["first"]
+    assert first["success_rate"] == 0.0 and first["turns_success_mean"] is None
+    assert s["runs"]["B"]["final"]["failed_status"] == {"done": 0.5}
+    # final evaluations together: L1 2/2 (A), L2 0/1 + 0/1, L3 0/1 (A) + 1/1 (B)
+    assert s["never_solved"] == ["L2"] and s["never_solved_share"] == pytest.approx(2 / 6)
+    out = capsys.readouterr().out
+    assert "| A | 9 (final) | 0.500 | done 0.50, context_limit 0.25, max_turns 0.25 |" in out
+    assert "Levels no final evaluation solved (1, 33.3% of" in out
+
+
+def test_a_jsonl_file_of_episodes_is_one_evaluation(tmp_path):
+    path = tmp_path / "experts.jsonl"
+    path.write_text("".join(json.dumps({**_episode("L1/seed=5", 0, "done", ok, 4, 0),
+                                        "token_ids": [1, 2]}) + "\n" for ok in (True, False)))
+    s = eval_breakdown.summarize({"x": eval_breakdown.episodes_of(str(path))})
+    assert s["runs"]["x"]["first"]["success_rate"] == 0.5 and "final" not in s["runs"]["x"]
+    with pytest.raises(SystemExit):
+        eval_breakdown.main([str(tmp_path / "missing")])
