@@ -9,8 +9,9 @@ chat template and answer format as RL (``agentrl_jax/training/experts.py``).
 Writes ``<out>/<env>.jsonl`` (one trajectory per line) and ``<out>/<env>.meta.json``. The
 token ids are the config's model tokenizer's; record with the config you fine-tune with. Experts:
 babyai (minigrid's BabyAIBot), textcraft (the recipe expert), scienceworld (gold paths),
-miniwob (the rule-based expert), deepsearch (the retrieval oracle). Nothing is shipped: the
-data is made by this command.
+miniwob (the rule-based expert), deepsearch (the retrieval oracle); ``--expert babyai_macro``
+for BabyAI: the bot's solution shortened with macro actions (9 turns a task instead of 28 on
+train tasks; docs/RESULTS.md). Nothing is shipped: the data is made by this command.
 
 ``--workers N`` records with N processes (the experts are CPU-bound Python; e.g. 16 on a
 64-core machine), each killed after ``--timeout`` seconds (the parts that finished are kept).
@@ -41,6 +42,8 @@ _ENV = flags.DEFINE_string("env", None, "environment family: babyai | textcraft 
 _EPISODES = flags.DEFINE_integer("episodes", 100, "episodes to record (one per task, tasks "
                                  "evenly spaced over the split)")
 _OUT = flags.DEFINE_string("out", None, "output directory")
+_EXPERT = flags.DEFINE_string("expert", None, "the expert by name (default: the environment's "
+                              "own; babyai_macro: BabyAIBot shortened with macro actions)")
 _SPLIT = flags.DEFINE_string("split", "train", "task split")
 _HORIZON = flags.DEFINE_integer("horizon", None, "turn limit (default: the config's "
                                 "sft.record_horizon, else train.eval_horizon)")
@@ -74,7 +77,8 @@ def main(argv: list[str], config: Any) -> int:
                                        horizon=horizon, offset=_OFFSET.value,
                                        progress_every=_PROGRESS_EVERY.value,
                                        act_timeout_s=_ACT_TIMEOUT.value or None,
-                                       shard_timeout_s=_TIMEOUT.value or None)
+                                       shard_timeout_s=_TIMEOUT.value or None,
+                                       expert=_EXPERT.value)
     except KeyboardInterrupt:
         print("recording interrupted (Ctrl-C); environment servers stopped", file=sys.stderr)
         return 130

@@ -9,11 +9,14 @@ stop, so the policy's turn ends with it too) or, without one, the model's EOS to
 trajectory therefore has the token layout RL trains on, and behaviour cloning trains on its
 ``loss_mask`` (the action tokens only).
 
-Experts by environment family (``EXPERT_POLICIES``, an ``agentrl_common.registry.Registry``;
-register another with ``EXPERT_POLICIES.register(family, factory)``), each reading what the agent reads:
+Experts by environment family, and variants by name (``EXPERT_POLICIES``, an
+``agentrl_common.registry.Registry``; register another with ``EXPERT_POLICIES.register(name,
+factory)``), each reading what the agent reads:
 
 * ``babyai``: minigrid's ``BabyAIBot`` on a local replica of the task's level (primitive
-  actions; ``environments/babyai/expert.py``);
+  actions; ``environments/babyai/expert.py``); ``babyai_macro`` (``launch/record_experts.py
+  --expert babyai_macro``): the bot's solution shortened with the environment's macro actions
+  (``environments/babyai/macro_expert.py``);
 * ``textcraft``: the recipe expert, planning from the crafting commands of the first
   observation and the answers to its actions (``environments/textcraft/expert.py``);
 * ``scienceworld``: the task's gold action sequence from the ScienceWorld package
@@ -189,6 +192,30 @@ class BabyAIExpertPolicy:
         return self.expert.act()
 
 
+class BabyAIMacroExpertPolicy:
+    """``BabyAIBot``'s solution shortened with macro actions (``macro_plan``), planned on the
+    first call (the bot's subgoal stack bounded as in :class:`BabyAIExpertPolicy`), then one
+    action a turn."""
+
+    def __init__(self, task_id: str, max_subgoals: int = 200, max_replans: int = 2000):
+        self.task_id, self.limits = task_id, (max_subgoals, max_replans)
+        self.actions: list[str] | None = None
+        self._stack: BoundedSubgoalStack | None = None
+
+    def _bound(self, expert: Any) -> None:
+        if self._stack is None:
+            self._stack = BoundedSubgoalStack(expert.bot.stack, *self.limits)
+            expert.bot.stack = self._stack
+        self._stack.reset()
+
+    def act(self, observation: str) -> str | None:
+        if self.actions is None:
+            from environments.babyai.macro_expert import macro_plan
+
+            self.actions = list(macro_plan(self.task_id, before_act=self._bound).actions)
+        return self.actions.pop(0) if self.actions else None
+
+
 class TextCraftExpertPolicy:
     """The recipe expert: built from the first observation, then told each answer."""
 
@@ -251,10 +278,11 @@ class DeepSearchExpertPolicy:
         return self.oracle.act(observation)
 
 
-#: environment family -> ``factory(task_id) -> ExpertPolicy`` (the factories import their
-#: simulator only when called)
+#: environment family (its default expert) or expert name -> ``factory(task_id) ->
+#: ExpertPolicy`` (the factories import their simulator only when called)
 EXPERT_POLICIES: Registry[Callable[[str], ExpertPolicy]] = Registry("expert policy")
 EXPERT_POLICIES.register("babyai", BabyAIExpertPolicy)
+EXPERT_POLICIES.register("babyai_macro", BabyAIMacroExpertPolicy)
 EXPERT_POLICIES.register("textcraft", TextCraftExpertPolicy)
 EXPERT_POLICIES.register("scienceworld", ScienceWorldExpertPolicy)
 EXPERT_POLICIES.register("miniwob", MiniWoBExpertPolicy)

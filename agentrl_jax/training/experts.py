@@ -106,20 +106,24 @@ async def record_experts(config: Any, env: str, episodes: int, out_dir: str, *,
                          split: str = "train", horizon: int | None = None, offset: int = 0,
                          say: Callable[..., None] = say_flush, progress_every: int = 100,
                          act_timeout_s: float | None = 10.0,
-                         shard: tuple[int, int] | None = None) -> dict[str, Any]:
+                         shard: tuple[int, int] | None = None,
+                         expert: str | None = None) -> dict[str, Any]:
     """Record ``episodes`` expert episodes of ``env`` (see the module docstring); returns the
     meta record (also written next to the trajectories). ``progress_every``: a progress line
     every this many finished episodes (0: time-based lines only); ``act_timeout_s``: the
     wall-clock limit of one expert action (``ExpertBackend``); ``shard=(start, stop)``: only
     positions ``start:stop`` of the ``episodes`` tasks (a worker of
-    :func:`record_experts_parallel`)."""
+    :func:`record_experts_parallel`); ``expert``: a name in ``EXPERT_POLICIES`` to act in
+    ``env`` (default: ``env``'s own expert), kept in the meta record."""
     from agentrl_jax.models.pretrained import resolve_model_path
     from agentrl_jax.models.tokenizer import load_tokenizer
     from agentrl_jax.training import services
     from agentrl_jax.training.progress import EpisodeProgress, format_seconds, progress_mode
 
-    if env not in EXPERT_POLICIES:
-        raise ValueError(f"no expert for environment {env!r} (have {sorted(EXPERT_POLICIES)})")
+    expert = expert or env
+    if expert not in EXPERT_POLICIES:
+        raise ValueError(f"no expert {expert!r} for environment {env!r} "
+                         f"(have {sorted(EXPERT_POLICIES)})")
     from agentrl_jax.training.config import to_run_config
 
     config = to_run_config(config)
@@ -148,6 +152,7 @@ async def record_experts(config: Any, env: str, episodes: int, out_dir: str, *,
             formatter = ChatFormatter(tokenizer)
             backend = ExpertBackend(formatter, fmt["response_prefix"],
                                     stops[0] if stops else None, tokenizer.eos_token_id,
+                                    policies={env: EXPERT_POLICIES.get(expert)},
                                     act_timeout_s=act_timeout_s)
             pool = ExpertPool(backend, clients, formatter, services.make_sampling(sub),
                               max_context=fmt["max_context"],
@@ -176,7 +181,7 @@ async def record_experts(config: Any, env: str, episodes: int, out_dir: str, *,
             f.write(json.dumps(t.to_json()) + "\n")
     ok = [t for t in trajectories if t.ok]
     wins = [t for t in ok if t.success or t.reward > 0]
-    meta = {"env": env, "split": split, "offset": offset, "horizon": horizon,
+    meta = {"env": env, "expert": expert, "split": split, "offset": offset, "horizon": horizon,
             "model": str(config.model.name), "tokenizer": tokenizer_fingerprint(tokenizer),
             **fmt, "episodes": len(trajectories), "statuses": stats.statuses,
             "successful": len(wins), "success_rate": len(wins) / max(len(trajectories), 1),
@@ -256,7 +261,8 @@ def record_experts_parallel(config: Any, env: str, episodes: int, out_dir: str, 
                             workers: int = 1, split: str = "train", horizon: int | None = None,
                             offset: int = 0, say: Callable[..., None] = say_flush,
                             progress_every: int = 100, act_timeout_s: float | None = 10.0,
-                            shard_timeout_s: float | None = None) -> dict[str, Any]:
+                            shard_timeout_s: float | None = None,
+                            expert: str | None = None) -> dict[str, Any]:
     """:func:`record_experts` over ``workers`` processes (``spawn``; each with its own
     environment server and :data:`WORKER_ENV`), each recording a contiguous part of the same
     task list; the parts are concatenated in order into ``<out_dir>/<env>.jsonl``, so the file
@@ -270,7 +276,7 @@ def record_experts_parallel(config: Any, env: str, episodes: int, out_dir: str, 
         return asyncio.run(record_experts(config, env, episodes, out_dir, split=split,
                                           horizon=horizon, offset=offset, say=say,
                                           progress_every=progress_every,
-                                          act_timeout_s=act_timeout_s))
+                                          act_timeout_s=act_timeout_s, expert=expert))
     from agentrl_jax.training.progress import format_seconds
 
     t0 = time.monotonic()
@@ -286,7 +292,7 @@ def record_experts_parallel(config: Any, env: str, episodes: int, out_dir: str, 
         for k, (start, stop) in enumerate(bounds):
             kwargs = dict(split=split, horizon=horizon, offset=offset,
                           progress_every=progress_every, act_timeout_s=act_timeout_s,
-                          shard=(start, stop))
+                          shard=(start, stop), expert=expert)
             p = ctx.Process(target=_record_shard, name=f"record-{env}-{k}",
                             args=(config, env, episodes, os.path.join(parts_dir, str(k)),
                                   kwargs))

@@ -18,6 +18,7 @@ counted in minigrid steps, so a macro costs as many steps as its expansion.
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import re
 from typing import Any
@@ -85,6 +86,15 @@ class BabyAIEnv(TextEnvironment):
         # sha256 state of minigrid's ``hash()`` after the grid part (the grid changes only on
         # reset and pickup / drop / toggle): ``state_key`` adds the agent's pose to a copy
         self._grid_hash: Any = None
+
+    def __deepcopy__(self, memo: dict) -> "BabyAIEnv":
+        """An independent copy of the episode (a what-if trial of an action: see
+        ``macro_expert``); the grid-hash cache, which ``hashlib`` cannot copy, starts empty."""
+        clone = type(self).__new__(type(self))
+        memo[id(self)] = clone
+        for key, value in self.__dict__.items():
+            setattr(clone, key, None if key == "_grid_hash" else copy.deepcopy(value, memo))
+        return clone
 
     # -- episode
 
