@@ -19,7 +19,7 @@ Per evaluation with N episodes (``eval_episodes.jsonl`` or full trajectory files
 * ``levels`` = {level: [successes, episodes]}.
 
 A JSONL file instead of a run directory (``launch/record_experts.py``'s episodes) is one
-evaluation at step 0.
+evaluation at step 0 (``learning_report.eval_episodes``).
 
 Across runs: ``never_solved`` = levels with no success in any run's final evaluation, and
 ``never_solved_share`` = their episodes / all episodes of the final evaluations.
@@ -34,14 +34,7 @@ import sys
 from collections import Counter, defaultdict
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from learning_report import EPISODE_FIELDS, eval_episodes, read_jsonl  # noqa: E402
-
-
-def episodes_of(source: str) -> list[dict]:
-    """A run directory's evaluation episodes, or a JSONL file's episodes (step 0)."""
-    if os.path.isdir(source):
-        return eval_episodes(source)
-    return [{**{k: t.get(k) for k in EPISODE_FIELDS}, "step": 0} for t in read_jsonl(source)]
+from learning_report import eval_episodes  # noqa: E402
 
 
 def level_of(task_id: str) -> str:
@@ -138,7 +131,7 @@ def main(argv=None) -> int:
         ap.error(f"{len(labels)} labels for {len(args.runs)} runs")
     runs = {}
     for label, run in zip(labels, args.runs):
-        episodes = episodes_of(run) if os.path.exists(run) else []
+        episodes = eval_episodes(run) if os.path.exists(run) else []
         if not episodes:
             ap.error(f"{run}: no evaluation episodes")
         runs[label] = episodes

@@ -114,9 +114,10 @@ def eval_episode_files(run: str) -> list[str]:
 
 def eval_episodes(run: str) -> list[dict]:
     """``run``'s evaluation episodes, each reduced to :data:`EPISODE_FIELDS` (``step`` 0 when
-    the file has none: ``launch/eval.py``'s output)."""
+    the file has none: ``launch/eval.py``'s output); ``run`` may also be one JSONL file of
+    episodes (e.g. ``launch/record_experts.py``'s)."""
     out = []
-    for path in eval_episode_files(run):
+    for path in [run] if os.path.isfile(run) else eval_episode_files(run):
         for t in read_jsonl(path):
             e = {k: t.get(k) for k in EPISODE_FIELDS}
             e["step"] = int(t.get("step") or 0)

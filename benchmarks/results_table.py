@@ -144,20 +144,20 @@ def start_policy(run_dir: str) -> str | None:
     return "/".join(name.split("/")[-2:])
 
 
-def _seed_of(label: str, job: str) -> int:
-    return 0 if label == job else int(label[len(job) + 2:])
+def _seeds(runs: dict[str, str], job: str) -> dict[int, str]:
+    """``{training seed: label}`` of ``job``'s runs (``learning_report.seed_groups``)."""
+    return learning_report.seed_groups(_group(runs, job)).get(job, {})
 
 
 def different_starts(runs: dict[str, str], b_job: str, a_job: str) -> dict[int, str]:
     """``{seed: why}`` for the seeds whose ``b_job`` and ``a_job`` runs started from different
     policies (:func:`start_policy`; a run without a config counts as the same start)."""
-    a_runs = {_seed_of(lab, a_job): runs[lab] for lab in _group(runs, a_job)}
+    a_runs = _seeds(runs, a_job)
     out = {}
-    for lab in _group(runs, b_job):
-        seed = _seed_of(lab, b_job)
+    for seed, lab in _seeds(runs, b_job).items():
         if seed not in a_runs:
             continue
-        b, a = start_policy(runs[lab]), start_policy(a_runs[seed])
+        b, a = start_policy(runs[lab]), start_policy(runs[a_runs[seed]])
         if b is not None and a is not None and b != a:
             out[seed] = (f"seed {seed} left out: its runs started from different policies "
                          f"({b} vs {a})")
@@ -205,8 +205,8 @@ def build_table(runs: dict[str, str], draws: int = 10_000) -> dict:
                 refs = frozenset(j for j in jobs if j.endswith("_base"))  # untrained: no seed
                 unpaired = (different_starts(runs, *jobs)
                             if name in SAME_START and jobs[0] != jobs[1] else {})
-                labels = [lab for j in dict.fromkeys(jobs) for lab in _group(runs, j)
-                          if _seed_of(lab, j) not in unpaired]
+                labels = [lab for j in dict.fromkeys(jobs) for seed, lab in _seeds(runs, j).items()
+                          if seed not in unpaired]
                 if not labels:
                     continue
                 entry = learning_report.seed_level_report(load(labels), spec, draws, refs)[

@@ -10,8 +10,8 @@ Writes ``<out>/<env>.jsonl`` (one trajectory per line) and ``<out>/<env>.meta.js
 token ids are the config's model tokenizer's; record with the config you fine-tune with. Experts:
 babyai (minigrid's BabyAIBot), textcraft (the recipe expert), scienceworld (gold paths),
 miniwob (the rule-based expert), deepsearch (the retrieval oracle); ``--expert babyai_macro``
-for BabyAI: the bot's solution shortened with macro actions (9 turns a task instead of 28 on
-train tasks; docs/RESULTS.md). Nothing is shipped: the data is made by this command.
+for BabyAI: the bot's solution shortened with macro actions (docs/RESULTS.md, "What limits
+BabyAI"). Nothing is shipped: the data is made by this command.
 
 ``--workers N`` records with N processes (the experts are CPU-bound Python; e.g. 16 on a
 64-core machine), each killed after ``--timeout`` seconds (the parts that finished are kept).

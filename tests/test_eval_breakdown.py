@@ -61,7 +61,7 @@ def test_a_jsonl_file_of_episodes_is_one_evaluation(tmp_path):
     path = tmp_path / "experts.jsonl"
     path.write_text("".join(json.dumps({**_episode("L1/seed=5", 0, "done", ok, 4, 0),
                                         "token_ids": [1, 2]}) + "\n" for ok in (True, False)))
-    s = eval_breakdown.summarize({"x": eval_breakdown.episodes_of(str(path))})
+    s = eval_breakdown.summarize({"x": eval_breakdown.eval_episodes(str(path))})
     assert s["runs"]["x"]["first"]["success_rate"] == 0.5 and "final" not in s["runs"]["x"]
     with pytest.raises(SystemExit):
         eval_breakdown.main([str(tmp_path / "missing")])

@@ -194,25 +194,19 @@ class BabyAIExpertPolicy:
 
 class BabyAIMacroExpertPolicy:
     """``BabyAIBot``'s solution shortened with macro actions (``macro_plan``), planned on the
-    first call (the bot's subgoal stack bounded as in :class:`BabyAIExpertPolicy`), then one
-    action a turn."""
+    first call with the bounded bot of :class:`BabyAIExpertPolicy`, then one action a turn."""
 
-    def __init__(self, task_id: str, max_subgoals: int = 200, max_replans: int = 2000):
-        self.task_id, self.limits = task_id, (max_subgoals, max_replans)
+    def __init__(self, task_id: str):
+        self.task_id = task_id
         self.actions: list[str] | None = None
-        self._stack: BoundedSubgoalStack | None = None
-
-    def _bound(self, expert: Any) -> None:
-        if self._stack is None:
-            self._stack = BoundedSubgoalStack(expert.bot.stack, *self.limits)
-            expert.bot.stack = self._stack
-        self._stack.reset()
 
     def act(self, observation: str) -> str | None:
         if self.actions is None:
             from environments.babyai.macro_expert import macro_plan
 
-            self.actions = list(macro_plan(self.task_id, before_act=self._bound).actions)
+            bot = BabyAIExpertPolicy(self.task_id)
+            self.actions = list(macro_plan(self.task_id, expert=bot.expert,
+                                           before_act=bot.stack.reset).actions)
         return self.actions.pop(0) if self.actions else None
 
 

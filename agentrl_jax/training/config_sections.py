@@ -336,8 +336,8 @@ class SFTConfig(Section):
     steps: int = setting(0, ge=0)  # > 0: this many steps instead of epochs
     # seconds of training over every session of the run (a resumed run trains what is left)
     max_seconds: float = setting(0.0, ge=0, what=">= 0 (0: no limit)")
-    # True: max_seconds also counts each session's first update, i.e. its compile, which takes
-    # twice as long on a busy CPU (the SFT runs of 2026-11-28 and before counted it)
+    # True: max_seconds also counts each session's first update, i.e. its compile, whose length
+    # depends on the machine's load (docs/TRAINING.md; the SFT runs of 2026-11-28 counted it)
     count_first_update: bool = setting(False)
     save_every: int = setting(0, ge=0)  # 0: a checkpoint at the end only
     keep_checkpoints: int = setting(2, ge=1)

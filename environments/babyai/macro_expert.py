@@ -38,17 +38,17 @@ class MacroPlan:
     solved: bool
 
 
-def bot_solution(task_id: str, max_steps: int = 256,
-                 before_act: Callable[[BabyAIBotExpert], None] | None = None
-                 ) -> tuple[list[str], bool]:
+def bot_solution(task_id: str, max_steps: int = 256, expert: BabyAIBotExpert | None = None,
+                 before_act: Callable[[], None] | None = None) -> tuple[list[str], bool]:
     """The bot's primitive actions from the start of ``task_id`` until it has none, the level
-    ends or ``max_steps``; and whether the level ended in success. ``before_act(expert)`` runs
-    before each of the bot's steps (the recorder bounds the bot's subgoal stack there)."""
-    expert = BabyAIBotExpert(task_id)
+    ends or ``max_steps``; and whether the level ended in success. ``expert``: the bot to use,
+    fresh on ``task_id`` (default: a new ``BabyAIBotExpert``); ``before_act()`` runs before each
+    of its steps (the recorder resets its bounded subgoal stack's read count there)."""
+    expert = expert or BabyAIBotExpert(task_id)
     actions: list[str] = []
     while len(actions) < max_steps:
         if before_act is not None:
-            before_act(expert)
+            before_act()
         action = expert.act()
         if action is None:
             break
@@ -107,11 +107,12 @@ def shorten(task_id: str, primitives: list[str]) -> tuple[list[str], bool]:
     return plan, solved
 
 
-def macro_plan(task_id: str, max_steps: int = 256,
-               before_act: Callable[[BabyAIBotExpert], None] | None = None) -> MacroPlan:
-    """The bot's solution of ``task_id`` (:func:`bot_solution`) and its macro shortening
-    (:func:`shorten`); the primitives themselves when shortening loses a solved task."""
-    primitives, bot_solved = bot_solution(task_id, max_steps, before_act)
+def macro_plan(task_id: str, max_steps: int = 256, expert: BabyAIBotExpert | None = None,
+               before_act: Callable[[], None] | None = None) -> MacroPlan:
+    """The bot's solution of ``task_id`` (:func:`bot_solution`, same arguments) and its macro
+    shortening (:func:`shorten`); the primitives themselves when shortening loses a solved
+    task."""
+    primitives, bot_solved = bot_solution(task_id, max_steps, expert, before_act)
     actions, solved = shorten(task_id, primitives)
     if bot_solved and not solved:
         actions, solved = list(primitives), True
