@@ -157,8 +157,10 @@ record() {  # record ENV CONFIG EPISODES LANE
   if [ -f "$EXPERTS/$env.meta.json" ]; then touch "$OUT/.done/record_$env"; return 0; fi
   # at least ~100 episodes per worker (a worker's start costs a few seconds)
   [ $(( episodes / 100 + 1 )) -lt "$workers" ] && [ "$SMOKE" != 1 ] && workers=$(( episodes / 100 + 1 ))
+  # --expert "$env": the environment's own expert (the table's SFT rows: the primitive
+  # BabyAIBot), whatever the config's sft.expert (babyai_sft_gpu.py: the macro expert)
   run_job "record_$env" "$lane" "$CAP_RECORD" CPU "$PY" launch/record_experts.py --env "$env" \
-    --episodes "$episodes" --out "$EXPERTS" --config "experiments/$config.py" \
+    --expert "$env" --episodes "$episodes" --out "$EXPERTS" --config "experiments/$config.py" \
     --workers "$workers" --timeout $(( CAP_RECORD - 30 )) --progress_every 250 \
     "${MODEL[@]}" "${RECORD_ARGS[@]}"
   local rc=$?

@@ -1,5 +1,6 @@
-"""Behaviour cloning of minigrid's BabyAIBot on BabyAI, SmolLM2-135M-Instruct (CPU-sized; the
-one-GPU version is ``babyai_sft_gpu.py``).
+"""Behaviour cloning on BabyAI of minigrid's BabyAIBot shortened with macro actions
+(``sft.expert = "babyai_macro"``; ``--expert babyai`` records the primitive bot),
+SmolLM2-135M-Instruct (CPU-sized; the one-GPU version is ``babyai_sft_gpu.py``).
 
     python launch/record_experts.py --env babyai --episodes 2000 --out runs/experts \
         --config experiments/babyai_sft.py
@@ -7,8 +8,9 @@ one-GPU version is ``babyai_sft_gpu.py``).
 
 The answer format, context and evaluation are those of ``babyai_grpo_gpu.py`` (the RL run that
 starts from the SFT policy: ``--config.model.name=runs/babyai_sft/model``), so the recorded
-token layout is the one RL trains on. The bot acts with primitive actions; episodes are
-recorded with the evaluation horizon (20 turns) and only successful ones are trained on.
+token layout is the one RL trains on. The expert is the bot's own solution with every stretch
+that a macro action (``go to <object>``) reaches replaced by it; episodes are recorded with the
+evaluation horizon (20 turns) and only successful ones are trained on.
 """
 
 from ml_collections import ConfigDict
@@ -45,6 +47,7 @@ def sft_learner(c: ConfigDict, learning_rate: float = 1e-5) -> ConfigDict:
 def get_config():
     c = rl_config()
     c.sft = sft_section(record_horizon=int(c.train.eval_horizon))
+    c.sft.expert = "babyai_macro"
     sft_learner(c)
     # CPU sizes (the GPU config keeps the RL config's engine and packed learner)
     c.learner.attention_impl = None

@@ -1,7 +1,10 @@
-"""Behaviour cloning of BabyAIBot on one GPU, sized for ~7 minutes: ``babyai_grpo_gpu.py``'s
-model, answer format, engine, packed learner and evaluation (128 held-out tasks x 4), with the
-``sft`` loss. Data: ``launch/record_experts.py --env babyai --config
-experiments/babyai_sft_gpu.py`` (``benchmarks/issue15_gpu.sh`` records it).
+"""Behaviour cloning of the BabyAI macro expert on one GPU, sized for ~7 minutes:
+``babyai_grpo_gpu.py``'s model, answer format, engine, packed learner and evaluation (128
+held-out tasks x 4), with the ``sft`` loss. Data: ``launch/record_experts.py --env babyai
+--config experiments/babyai_sft_gpu.py`` records ``sft.expert``, BabyAIBot's solutions
+shortened with macro actions (``babyai_macro``; docs/RESULTS.md, "BabyAI: behaviour cloning on
+a macro-action expert"). ``benchmarks/issue15_gpu.sh`` (the results table's SFT rows) records
+the primitive BabyAIBot with ``--expert babyai``.
 """
 
 from experiments.babyai_grpo_gpu import get_config as rl_config
@@ -14,5 +17,6 @@ def get_config():
     c.sft.batch_size = 32
     c.sft.epochs = 4
     c.sft.max_seconds = 240.0
+    c.sft.expert = "babyai_macro"
     sft_learner(c, learning_rate=2e-5)
     return c

@@ -11,7 +11,8 @@ token ids are the config's model tokenizer's; record with the config you fine-tu
 babyai (minigrid's BabyAIBot), textcraft (the recipe expert), scienceworld (gold paths),
 miniwob (the rule-based expert), deepsearch (the retrieval oracle); ``--expert babyai_macro``
 for BabyAI: the bot's solution shortened with macro actions (docs/RESULTS.md, "What limits
-BabyAI"). Nothing is shipped: the data is made by this command.
+BabyAI"), the default of the BabyAI SFT configs (their ``sft.expert``; ``--expert babyai``
+records the primitive bot). Nothing is shipped: the data is made by this command.
 
 ``--workers N`` records with N processes (the experts are CPU-bound Python; e.g. 16 on a
 64-core machine), each killed after ``--timeout`` seconds (the parts that finished are kept).
@@ -42,8 +43,9 @@ _ENV = flags.DEFINE_string("env", None, "environment family: babyai | textcraft 
 _EPISODES = flags.DEFINE_integer("episodes", 100, "episodes to record (one per task, tasks "
                                  "evenly spaced over the split)")
 _OUT = flags.DEFINE_string("out", None, "output directory")
-_EXPERT = flags.DEFINE_string("expert", None, "the expert by name (default: the environment's "
-                              "own; babyai_macro: BabyAIBot shortened with macro actions)")
+_EXPERT = flags.DEFINE_string("expert", None, "the expert by name (default: the config's "
+                              "sft.expert, else the environment's own; babyai_macro: BabyAIBot "
+                              "shortened with macro actions)")
 _SPLIT = flags.DEFINE_string("split", "train", "task split")
 _HORIZON = flags.DEFINE_integer("horizon", None, "turn limit (default: the config's "
                                 "sft.record_horizon, else train.eval_horizon)")

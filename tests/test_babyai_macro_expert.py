@@ -94,3 +94,25 @@ def test_the_recorder_acts_with_the_macro_expert_by_name(tmp_path):
     with pytest.raises(ValueError, match="no expert 'nope'"):
         record_experts_sync(c, "babyai", 1, str(tmp_path / "x"), expert="nope", **quiet)
     assert not os.path.exists(tmp_path / "x" / "babyai.jsonl")
+    # the config's sft.expert is the default; an explicit --expert still wins
+    c.sft.expert = "babyai_macro"
+    by_config = record_experts_sync(c, "babyai", 1, str(tmp_path / "cfg"), **quiet)
+    assert by_config["expert"] == "babyai_macro"
+    with open(tmp_path / "cfg" / "babyai.jsonl") as f:
+        ep = json.loads(f.readline())
+    said = [m["content"].split("Action:", 1)[-1].strip()
+            for m in ep["messages"] if m["role"] == "assistant"]
+    assert said == list(macro_plan(ep["task_id"]).actions)
+    assert record_experts_sync(c, "babyai", 1, str(tmp_path / "own"), expert="babyai",
+                               **quiet)["expert"] == "babyai"
+
+
+def test_an_expert_of_one_environment_never_records_another():
+    from agentrl_jax.training.experts import resolve_expert
+
+    assert resolve_expert("babyai", None) == "babyai"
+    assert resolve_expert("babyai", "babyai_macro") == "babyai_macro"
+    with pytest.raises(ValueError, match="not an expert of environment 'textcraft'"):
+        resolve_expert("textcraft", "babyai_macro")
+    with pytest.raises(ValueError, match="no expert 'nope'"):
+        resolve_expert("babyai", "nope")

@@ -114,19 +114,17 @@ async def record_experts(config: Any, env: str, episodes: int, out_dir: str, *,
     wall-clock limit of one expert action (``ExpertBackend``); ``shard=(start, stop)``: only
     positions ``start:stop`` of the ``episodes`` tasks (a worker of
     :func:`record_experts_parallel`); ``expert``: a name in ``EXPERT_POLICIES`` to act in
-    ``env`` (default: ``env``'s own expert), kept in the meta record."""
+    ``env`` (default: the config's ``sft.expert``, else ``env``'s own expert), kept in the meta
+    record."""
     from agentrl_jax.models.pretrained import resolve_model_path
     from agentrl_jax.models.tokenizer import load_tokenizer
     from agentrl_jax.training import services
     from agentrl_jax.training.progress import EpisodeProgress, format_seconds, progress_mode
 
-    expert = expert or env
-    if expert not in EXPERT_POLICIES:
-        raise ValueError(f"no expert {expert!r} for environment {env!r} "
-                         f"(have {sorted(EXPERT_POLICIES)})")
     from agentrl_jax.training.config import to_run_config
 
     config = to_run_config(config)
+    expert = resolve_expert(env, expert or config.sft.expert)
     fmt = answer_format(config)
     horizon = int(horizon or config.train.eval_horizon)
     tokenizer = load_tokenizer(resolve_model_path(config.model.name))
@@ -202,6 +200,20 @@ async def record_experts(config: Any, env: str, episodes: int, out_dir: str, *,
     return meta
 
 
+def resolve_expert(env: str, expert: str | None) -> str:
+    """The expert that records ``env``: ``expert`` if given, else the environment's own. An
+    expert of an environment is named ``env`` or ``env_<variant>`` (``babyai_macro``), so a
+    config's ``sft.expert`` for one environment never acts in another."""
+    expert = expert or env
+    if expert not in EXPERT_POLICIES:
+        raise ValueError(f"no expert {expert!r} for environment {env!r} "
+                         f"(have {sorted(EXPERT_POLICIES)})")
+    if expert != env and not expert.startswith(env + "_"):
+        raise ValueError(f"expert {expert!r} is not an expert of environment {env!r} "
+                         f"(its experts are named {env!r} or {env + '_<variant>'!r})")
+    return expert
+
+
 def record_experts_sync(*args: Any, **kwargs: Any) -> dict[str, Any]:
     return asyncio.run(record_experts(*args, **kwargs))
 
@@ -272,6 +284,9 @@ def record_experts_parallel(config: Any, env: str, episodes: int, out_dir: str, 
     exits with it); the parts that finished are kept and the meta record lists the missing
     ones under ``failed_shards`` (with ``episodes_requested``). Raises ``RuntimeError`` when no
     part finished. ``workers <= 1`` records in this process (no time limit)."""
+    from agentrl_jax.training.config import to_run_config
+
+    expert = resolve_expert(env, expert or to_run_config(config).sft.expert)  # before spawning
     if workers <= 1:
         return asyncio.run(record_experts(config, env, episodes, out_dir, split=split,
                                           horizon=horizon, offset=offset, say=say,
