@@ -47,6 +47,7 @@ def sft_learner(c: ConfigDict, learning_rate: float = 1e-5) -> ConfigDict:
 def get_config():
     c = rl_config()
     c.sft = sft_section(record_horizon=int(c.train.eval_horizon))
+    c.sft.record_episodes = 2000  # launch/record_experts.py's default
     c.sft.expert = "babyai_macro"
     sft_learner(c)
     # CPU sizes (the GPU config keeps the RL config's engine and packed learner)

@@ -14,6 +14,7 @@ from experiments.babyai_sft import sft_learner, sft_section
 def get_config():
     c = rl_config()
     c.sft = sft_section(data="runs/issue15/experts", record_horizon=int(c.train.eval_horizon))
+    c.sft.record_episodes = 2000  # launch/record_experts.py's default
     c.sft.batch_size = 32
     c.sft.epochs = 4
     c.sft.max_seconds = 240.0

@@ -14,6 +14,7 @@ from experiments.sciworld_grpo_gpu import get_config as rl_config
 def get_config():
     c = rl_config()
     c.sft = sft_section(data="runs/families/experts", record_horizon=int(c.train.eval_horizon))
+    c.sft.record_episodes = 320  # launch/record_experts.py's default
     c.sft.batch_size = 16
     c.sft.epochs = 8
     c.sft.max_seconds = 120.0

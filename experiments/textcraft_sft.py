@@ -16,6 +16,7 @@ from experiments.textcraft_grpo_gpu import get_config as rl_config
 def get_config():
     c = rl_config()
     c.sft = sft_section(record_horizon=int(c.train.eval_horizon))
+    c.sft.record_episodes = 426  # launch/record_experts.py's default
     c.sft.epochs = 3
     sft_learner(c)
     c.learner.attention_impl = None

@@ -11,6 +11,7 @@ from experiments.textcraft_grpo_gpu import get_config as rl_config
 def get_config():
     c = rl_config()
     c.sft = sft_section(data="runs/issue15/experts", record_horizon=int(c.train.eval_horizon))
+    c.sft.record_episodes = 426  # launch/record_experts.py's default
     c.sft.batch_size = 16
     c.sft.epochs = 8
     c.sft.max_seconds = 240.0

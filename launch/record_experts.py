@@ -40,8 +40,9 @@ _CONFIG = config_flags.DEFINE_config_file("config", None, "experiment config fil
                                           "config: its model tokenizer and answer format)")
 _ENV = flags.DEFINE_string("env", None, "environment family: babyai | textcraft | "
                            "scienceworld | miniwob | deepsearch")
-_EPISODES = flags.DEFINE_integer("episodes", 100, "episodes to record (one per task, tasks "
-                                 "evenly spaced over the split)")
+_EPISODES = flags.DEFINE_integer("episodes", None, "episodes to record (one per task, tasks "
+                                 "evenly spaced over the split; default: the config's "
+                                 "sft.record_episodes)")
 _OUT = flags.DEFINE_string("out", None, "output directory")
 _EXPERT = flags.DEFINE_string("expert", None, "the expert by name (default: the config's "
                               "sft.expert, else the environment's own; babyai_macro: BabyAIBot "
@@ -71,10 +72,11 @@ def main(argv: list[str], config: Any) -> int:
         from agentrl_jax.training.config_sections import RunConfig
         config = RunConfig()
     horizon = _HORIZON.value or config.sft.record_horizon
+    episodes = _EPISODES.value or config.sft.record_episodes
     from agentrl_jax.training.experts import record_experts_parallel
 
     try:
-        meta = record_experts_parallel(config, _ENV.value, _EPISODES.value, _OUT.value,
+        meta = record_experts_parallel(config, _ENV.value, episodes, _OUT.value,
                                        workers=_WORKERS.value, split=_SPLIT.value,
                                        horizon=horizon, offset=_OFFSET.value,
                                        progress_every=_PROGRESS_EVERY.value,

@@ -205,10 +205,41 @@ def cli_problems(argv: list[str], name: str = "config") -> list[str]:
                 for key, _ in overrides[:1]]
     config, problem = load_config_file(spec)
     if problem:
-        return [problem.replace("--config", f"--{name}", 1)]
+        return [problem.replace("--config", f"--{name}")]
     problems = [f"--config.{key}: must come after --{name} <experiment file>" for key in early]
     problems += [override_problem(config, key, value) for key, value in overrides]
-    return [p.replace("--config", f"--{name}", 1) for p in problems if p]
+    return [p.replace("--config", f"--{name}") for p in problems if p]
+
+
+def load_with_overrides(argv: list[str], name: str = "config"
+                        ) -> tuple[ConfigDict | None, list[str], list[str]]:
+    """(the ConfigDict of ``--<name>`` with its ``--<name>.<key>`` overrides applied, those
+    overrides as ``--config.<key>=<value>`` arguments for a launch script, problems): the
+    config is None when there are problems (:func:`cli_problems`) or no ``--<name>``."""
+    problems = cli_problems(argv, name)
+    spec, overrides, _ = _overrides(argv, name)
+    if problems or spec is None:
+        return None, [], problems
+    config, _ = load_config_file(spec)
+    forwarded = []
+    for key, value in overrides:
+        *sections, last = key.split(".")
+        holder = config
+        for part in sections:
+            holder = holder[part]
+        field_type = holder.get_type(last)
+        parser = _PARSERS.get(field_type)
+        if value is None:  # a boolean flag given alone
+            holder[last], value = True, "true"
+        elif parser is not None:
+            holder[last] = parser.parse(value)
+        else:  # object / section values: a Python literal, else the string itself
+            try:
+                holder[last] = ast.literal_eval(value)
+            except (SyntaxError, ValueError):
+                holder[last] = value
+        forwarded.append(f"--config.{key}={value}")
+    return config, forwarded, []
 
 
 def run_main(main: Callable[[list[str], Any], Any], name: str = "config",

@@ -344,6 +344,8 @@ class SFTConfig(Section):
     log_every: int = setting(10, ge=1)
     eval_after: bool = setting(True)  # evaluate the exported policy on the held-out split
     record_horizon: int = setting(20, ge=1)  # launch/record_experts.py's default turn limit
+    # launch/record_experts.py's default episode count (one per task, capped by the split)
+    record_episodes: int = setting(100, ge=1)
     # launch/record_experts.py's default expert (a name in agent/experts.py's EXPERT_POLICIES
     # for the recorded environment, "<env>" or "<env>_<variant>"; "": the environment's own)
     expert: str = setting("")
