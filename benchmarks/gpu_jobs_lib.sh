@@ -46,7 +46,20 @@ PYEOF
 
 collect() {  # collect NAME: the job's small files and log -> $RESULTS
   local name=$1
-  if [ -d "$OUT/$name" ]; then
+  if [ -d "$OUT/$name/rl" ] || [ -d "$OUT/$name/sft" ]; then
+    # a launch/sft_rl.py pipeline: its RL run as NAME, its SFT run and expert metas as NAME_sft
+    local part label
+    for part in rl sft; do
+      label=$name; [ "$part" = sft ] && label=${name}_sft
+      [ -d "$OUT/$name/$part" ] || continue
+      timeout 120 "$PY" benchmarks/learning_report.py "$OUT/$name/$part" --labels "$label" \
+        --collect --out "$RESULTS" > /dev/null 2>> "$RESULTS/logs/collect.err" ||
+        say "collect $name/$part failed"
+    done
+    if ls "$OUT/$name"/experts/*.meta.json > /dev/null 2>&1; then
+      mkdir -p "$RESULTS/${name}_sft" && cp "$OUT/$name"/experts/*.meta.json "$RESULTS/${name}_sft/"
+    fi
+  elif [ -d "$OUT/$name" ]; then
     timeout 120 "$PY" benchmarks/learning_report.py "$OUT/$name" --labels "$name" --collect \
       --out "$RESULTS" > /dev/null 2>> "$RESULTS/logs/collect.err" || say "collect $name failed"
   else

@@ -173,3 +173,30 @@ def test_a_workdir_outside_out_is_refused_before_any_job_starts(tmp_path):
     ran = _run(jobs, out, "0")
     assert ran.returncode == 0, ran.stdout + ran.stderr
     assert (out / "fine" / "made").read_text() == f"{out}/fine"
+
+
+def test_a_sft_rl_pipeline_job_is_collected_as_its_rl_and_sft_runs(tmp_path):
+    """A `launch/sft_rl.py` job keeps experts/, sft/ and rl/ in OUT/NAME: its RL run's small
+    files reach RESULTS/NAME, its SFT run's and the experts' meta files RESULTS/NAME_sft."""
+    out = tmp_path / "out"
+    maker = tmp_path / "pipeline.py"
+    maker.write_text(
+        "import json, os, sys\n"
+        "d = sys.argv[2]\n"
+        "for part, step in (('sft', 3), ('rl', 7)):\n"
+        "    os.makedirs(os.path.join(d, part), exist_ok=True)\n"
+        "    for name, value in (('summary.json', {'finished_step': step}),\n"
+        "                        ('config.json', {'part': part})):\n"
+        "        json.dump(value, open(os.path.join(d, part, name), 'w'))\n"
+        "    open(os.path.join(d, part, 'metrics.jsonl'), 'w').write(json.dumps({'step': step}) + '\\n')\n"
+        "os.makedirs(os.path.join(d, 'experts'))\n"
+        "json.dump({'episodes': 8}, open(os.path.join(d, 'experts', 'babyai.meta.json'), 'w'))\n")
+    jobs = _jobs(tmp_path / "jobs.txt", [f"pipe 40 0 python3 {maker} --workdir {out}/pipe"])
+    done = _run(jobs, out, "0")
+    assert done.returncode == 0, done.stdout + done.stderr
+    results = out / "results"
+    assert json.loads((results / "pipe" / "summary.json").read_text()) == {"finished_step": 7}
+    assert json.loads((results / "pipe" / "config.json").read_text()) == {"part": "rl"}
+    assert json.loads((results / "pipe_sft" / "summary.json").read_text()) == {"finished_step": 3}
+    assert json.loads((results / "pipe_sft" / "babyai.meta.json").read_text()) == {"episodes": 8}
+    assert not (results / "pipe" / "babyai.meta.json").exists()
