@@ -11,6 +11,10 @@ Variants (each a set of config overrides on ``--config``):
   padded  the previous learner path: rows padded to power-of-two length buckets, every group
           trained, XLA / cuDNN causal attention (``learner.pack_length=0``,
           ``train.skip_flat_groups=False``, ``learner.attention_impl=None``)
+  overlap the config with ``train.max_staleness=1``: step s+1's rollout runs during update s
+          (one-step off-policy). ``step`` is then the wait for the rollout's rest + update +
+          sync + host, ``rollout`` the rollout's own wall (it overlaps the update), so ``host``
+          (step - rollout - update - sync) is no longer the host's share and can be negative
 
 Per step: ``step`` (wall, rollout included), ``rollout`` (actor pool wall), ``update``
 (learner.update: old / reference log-probs + optimiser steps) = ``logprob`` (the forward-only
@@ -40,6 +44,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 VARIANTS = {
     "packed": {},
+    "overlap": {"train.max_staleness": 1},
     "padded": {"learner.pack_length": 0, "train.skip_flat_groups": False,
                "learner.attention_impl": None},
 }
