@@ -139,7 +139,10 @@ class EngineProbe:
                    cached_tokens=s.cached_tokens, generated_tokens=s.generated_tokens,
                    requests=s.requests, shared_prompts=s.shared_prompts,
                    engine_step_s=s.step_time_s, engine_idle_s=s.idle_time_s,
-                   copy_calls=s.copy_calls)
+                   copy_calls=s.copy_calls, prefill_positions=s.prefill_positions,
+                   prefill_rows=s.prefill_rows, prefill_rows_used=s.prefill_rows_used,
+                   prefill_used_positions=s.prefill_used_positions,
+                   prefill_row_tokens=s.prefill_row_tokens, prefill_kv_sum=s.prefill_kv_sum)
         return out
 
 
@@ -172,8 +175,15 @@ def engine_view(before: dict[str, float], after: dict[str, float]) -> dict[str, 
     out["engine_idle_s"] = d["engine_idle_s"]
     for k in ("prefill_calls", "decode_calls", "decode_steps", "decode_slot_steps",
               "prefill_tokens", "prompt_tokens", "cached_tokens", "generated_tokens",
-              "requests", "shared_prompts", "copy_calls"):
+              "requests", "shared_prompts", "copy_calls", "prefill_positions", "prefill_rows",
+              "prefill_rows_used", "prefill_used_positions", "prefill_row_tokens",
+              "prefill_kv_sum"):
         out[k] = int(d[k])
+    # where the prefill calls' padding is: empty rows, or the unused end of the rows used
+    out["prefill_row_occupancy"] = (d["prefill_rows_used"] / d["prefill_rows"]
+                                    if d["prefill_rows"] else None)
+    out["prefill_used_row_fill"] = (d["prefill_row_tokens"] / d["prefill_used_positions"]
+                                    if d["prefill_used_positions"] else None)
     out["busy_share"] = device / wall if wall else 0.0
     out["mean_decode_step_ms"] = (1e3 * d["decode_device_s"] / d["decode_steps"]
                                   if d["decode_steps"] else None)
@@ -379,7 +389,11 @@ def format_table(summary: dict[str, Any], replicas: int) -> str:
              f"decode: {e['decode_calls']:.0f} calls, {e['decode_steps']:.0f} steps, "
              f"{e['mean_decode_step_ms'] or 0:.2f} ms a step, "
              f"{e['mean_active_slots'] or 0:.1f} active slots a step; prefill: "
-             f"{e['prefill_calls']:.0f} calls, {e['prefill_tokens']:.0f} tokens; "
+             f"{e['prefill_calls']:.0f} calls, {e['prefill_tokens']:.0f} tokens, "
+             f"{e['prefill_row_tokens']:.0f} of {e['prefill_positions']:.0f} positions real "
+             f"(rows used {e.get('prefill_row_occupancy') or 0:.0%}, filled "
+             f"{e.get('prefill_used_row_fill') or 0:.0%}), mean KV "
+             f"{e['prefill_kv_sum'] / max(e['prefill_calls'], 1):.0f}; "
              f"{e['shared_prompts']:.0f} prompts shared ({e['copy_calls']:.0f} row-copy calls)",
              "",
              f"mean episode ({ep['turns']:.2f} turns) | s | of its wall", "|---|---|---|"]

@@ -217,6 +217,28 @@ def test_sampling_seeded_and_batch_independent(engine, model):
     assert all(0 <= t < TINY.vocab_size for t in tp.output_ids)
 
 
+def test_prefill_counters_say_where_a_call_s_padding_is(engine):
+    """ENGINE_KW: chunks (16, 64), 128 positions a call, 8 slots -> [8, 16] or [2, 64] calls."""
+    rng = np.random.default_rng(21)
+    before = engine.stats.as_dict()
+    # one 40-token prompt: 39 positions to prefill, the [2, 64] bucket does most work per call
+    engine.generate_sync(random_prompt(rng, 40), SamplingParams(max_new_tokens=1))
+    after = engine.stats.as_dict()
+    delta = {k: after[k] - before[k] for k in ("prefill_calls", "prefill_positions",
+                                               "prefill_rows", "prefill_rows_used",
+                                               "prefill_used_positions", "prefill_row_tokens",
+                                               "prefill_kv_sum")}
+    assert delta == {"prefill_calls": 1, "prefill_positions": 128, "prefill_rows": 2,
+                     "prefill_rows_used": 1, "prefill_used_positions": 64,
+                     "prefill_row_tokens": 39, "prefill_kv_sum": engine.config.prefill_kv(64, 39)}
+    fresh = type(engine.stats)(prefill_calls=1, prefill_positions=128, prefill_rows=2,
+                               prefill_rows_used=1, prefill_used_positions=64,
+                               prefill_row_tokens=39, prefill_kv_sum=64).as_dict()
+    assert (fresh["prefill_fill"], fresh["prefill_row_occupancy"],
+            fresh["prefill_used_row_fill"], fresh["mean_prefill_kv"]) == (39 / 128, 0.5,
+                                                                          39 / 64, 64)
+
+
 def test_n_samples_share_prefill(engine, model):
     prompt = random_prompt(np.random.default_rng(9), 40)
     sp = SamplingParams(max_new_tokens=12, temperature=1.0, seed=77, n=3, ignore_eos=True)

@@ -22,6 +22,12 @@ def test_profile_parts_add_up_to_the_wall(tmp_path):
         for key in ("prefill_device_s", "decode_device_s", "host_s", "idle_s"):
             assert engine[key] >= 0, (name, key)
         assert engine["requests"] == run["turns"] > 0  # one engine request per turn
+        # every prompt token prefilled went into a row of a call (the last one of each
+        # request is fed by its first decode step instead), padding around them
+        assert engine["prefill_row_tokens"] == engine["prefill_tokens"] - engine["requests"]
+        assert (0 < engine["prefill_row_tokens"] <= engine["prefill_used_positions"]
+                <= engine["prefill_positions"])
+        assert engine["prefill_rows_used"] <= engine["prefill_rows"]
         # the engine's always-on clocks agree with the probe's (only whole steps / waits)
         assert engine["engine_step_s"] + engine["engine_idle_s"] == pytest.approx(
             engine["parts_s"], rel=0.05, abs=0.05)

@@ -65,6 +65,15 @@ class EngineStats:
     generated_tokens: int = 0
     prefill_calls: int = 0
     prefill_time_s: float = 0.0
+    # the prefill calls' shapes, where their padding is: positions computed (rows x chunk per
+    # call), rows of the call shape, rows that held a sequence, those rows' positions, the
+    # prompt tokens placed in them, and the KV positions each call attended over (summed)
+    prefill_positions: int = 0
+    prefill_rows: int = 0
+    prefill_rows_used: int = 0
+    prefill_used_positions: int = 0
+    prefill_row_tokens: int = 0
+    prefill_kv_sum: int = 0
     decode_calls: int = 0
     decode_steps: int = 0
     decode_time_s: float = 0.0
@@ -86,6 +95,15 @@ class EngineStats:
                                     if self.decode_steps else None)
         d["mean_active_slots"] = (self.decode_slot_steps / self.decode_steps
                                   if self.decode_steps else None)
+        # real tokens / computed positions = row occupancy x fill of the rows used
+        d["prefill_fill"] = (self.prefill_row_tokens / self.prefill_positions
+                             if self.prefill_positions else None)
+        d["prefill_row_occupancy"] = (self.prefill_rows_used / self.prefill_rows
+                                      if self.prefill_rows else None)
+        d["prefill_used_row_fill"] = (self.prefill_row_tokens / self.prefill_used_positions
+                                      if self.prefill_used_positions else None)
+        d["mean_prefill_kv"] = (self.prefill_kv_sum / self.prefill_calls
+                                if self.prefill_calls else None)
         return d
 
 
@@ -95,7 +113,7 @@ def merge_stats(stats: list[dict[str, Any]]) -> dict[str, Any]:
     total = EngineStats()
     for s in stats:
         for f in dataclasses.fields(EngineStats):
-            setattr(total, f.name, getattr(total, f.name) + s[f.name])
+            setattr(total, f.name, getattr(total, f.name) + s.get(f.name, 0))
     return total.as_dict()
 
 

@@ -215,7 +215,14 @@ class Scheduler:
         kv = c.prefill_kv(chunk, max(seq.cursor + n for seq, n in zip(batch, counts)))
         t0 = time.perf_counter()
         self._cache = self._prefill_fn(self._state, self._cache, slot_ids, tokens, positions, kv)
-        self.stats.prefill_calls += 1
+        stats, used = self.stats, sum(n > 0 for n in counts)
+        stats.prefill_calls += 1
+        stats.prefill_positions += rows * chunk
+        stats.prefill_rows += rows
+        stats.prefill_rows_used += used
+        stats.prefill_used_positions += used * chunk
+        stats.prefill_row_tokens += sum(counts)
+        stats.prefill_kv_sum += kv
         done = []
         for seq, n in zip(batch, counts):
             if seq.state == DONE:  # failed while its row was built
