@@ -19,7 +19,10 @@ eval_episodes.jsonl) and log copied to ``<results>/<job>/``. Runs keep their ful
 stay comparable; run the same command again (a later call) to go on. The jobs per seed: BabyAI and
 TextCraft SFT, SFT+GRPO and SFT+GiGPO (wave1; the base-model evaluations and expert recordings
 once), BabyAI GRPO (RL only, ScalingInter-RL 6 -> 13 -> 20) and GiGPO from the base model and
-GRPO with a fixed 6-turn and a fixed 20-turn horizon at the same wall time (wave2).
+GRPO with a fixed 6-turn and a fixed 20-turn horizon at the same wall time (wave2). Then the
+ScienceWorld and deep-search rows: ``benchmarks/jobs_gpu.sh`` on ``--family-jobs``
+(``benchmarks/jobs/families_table.txt``: their experts, then SFT -> SFT+GRPO and RL only for
+seeds 0, 1, 2, whatever ``--seeds`` says), on the same lanes, ``--out`` and ``--results``.
 
 Stage ``table``: reads the runs under ``--from`` directories (default ``--results``; a label is
 a subdirectory ``<job>`` or ``<job>_s<k>`` with evaluation episodes; ``--alias job=dir`` names
@@ -95,18 +98,34 @@ def job_commands(args: argparse.Namespace, budget_left: int | None) -> list[list
     return cmds
 
 
+def family_command(args: argparse.Namespace, budget_left: int | None) -> list[str]:
+    """The ``jobs_gpu.sh`` call of ``--family-jobs`` (the ScienceWorld and deep-search rows,
+    seeds 0-2 as that file lists them) on the same lanes, ``--out`` and ``--results``."""
+    cmd = ["bash", os.path.join(ROOT, "benchmarks", "jobs_gpu.sh"), "--jobs",
+           os.path.join(ROOT, args.family_jobs), "--out", args.out, "--results", args.results,
+           "--gpu-ids", ",".join(str(g) for g in range(args.gpus)),
+           "--per-gpu", str(args.per_gpu)]
+    if budget_left is not None:
+        cmd += ["--budget", str(budget_left)]
+    return cmd + ["--dry-run"] * args.dry_run
+
+
 def run_jobs(args: argparse.Namespace) -> int:
-    """Run the seeds' calls one after the other (each fills the lanes); returns the number of
-    calls that reported a failed or skipped job."""
+    """Run the seeds' calls one after the other (each fills the lanes), then the families'
+    jobs file; returns the number of calls that reported a failed or skipped job."""
     t0, failed = time.time(), 0
-    for i, s in enumerate(args.seeds):
+    calls = [(f"seed {s}", lambda left, s=s: job_commands(
+        argparse.Namespace(**{**vars(args), "seeds": [s]}), left)[0]) for s in args.seeds]
+    if args.family_jobs and not args.smoke:
+        calls.append(("ScienceWorld and deep search", lambda left: family_command(args, left)))
+    for what, command in calls:
         left = None if not args.budget else int(args.budget - (time.time() - t0))
         if left is not None and left < 60:
-            print(f"[results_table] seed {s}: {left} s of the budget left, not started")
+            print(f"[results_table] {what}: {left} s of the budget left, not started")
             failed += 1
             continue
-        cmd = job_commands(argparse.Namespace(**{**vars(args), "seeds": [s]}), left)[0]
-        print(f"[results_table] seed {s}: {' '.join(cmd)}", flush=True)
+        cmd = command(left)
+        print(f"[results_table] {what}: {' '.join(cmd)}", flush=True)
         failed += subprocess.call(cmd, cwd=ROOT) != 0
     return failed
 
@@ -303,6 +322,9 @@ def main(argv=None) -> int:
     p.add_argument("--per-gpu", type=int, default=1, choices=(1, 2))
     p.add_argument("--budget", type=int, default=0, help="seconds for all jobs (0: no limit)")
     p.add_argument("--waves", default="record,wave1,wave2", help="issue15_gpu.sh stages")
+    p.add_argument("--family-jobs", default="benchmarks/jobs/families_table.txt",
+                   help="jobs_gpu.sh file of the other families' rows, run after the seeds' "
+                        "calls ('' to leave them out)")
     p.add_argument("--out", default="runs/table", help="runs (checkpoints, full trajectories)")
     p.add_argument("--results", default="docs/results/table", help="the small files, the table")
     p.add_argument("--from", dest="sources", action="append", default=[],

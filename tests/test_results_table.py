@@ -51,7 +51,15 @@ def test_dry_run_plans_every_seed_and_writes_nothing(tmp_path, capfd):
                 "babyai_fixed20", "babyai_gigpo_s2", "babyai_base"):
         assert f"plan: {job} " in plan
     assert "--config.seed=2" in plan
+    # then the ScienceWorld and deep-search rows (benchmarks/jobs/families_table.txt, seeds 0-2)
+    for job in ("record_deepsearch", "record_scienceworld", "deepsearch_sft_grpo",
+                "deepsearch_grpo_s2", "sciworld_sft_s1", "sciworld_sft_grpo_s2", "sciworld_grpo"):
+        assert f"plan: {job} " in plan
+    assert "--config.sft.data=" + str(out / "experts") in plan
     assert not out.exists() and not (tmp_path / "res").exists()
+    assert results_table.main(["--stage", "jobs", "--dry-run", "--seeds", "0", "--family-jobs",
+                               "", "--out", str(out), "--results", str(tmp_path / "res")]) == 0
+    assert "plan: sciworld_grpo " not in capfd.readouterr().out
     with pytest.raises(SystemExit):
         results_table.main(["--stage", "table", "--alias", "nodir"])
 
