@@ -29,7 +29,7 @@ import traceback
 from typing import Any, Callable
 
 from absl import app, flags
-from ml_collections import ConfigDict
+from ml_collections import ConfigDict, config_flags
 from ml_collections.config_flags import tuple_parser
 
 from agentrl_common.typed_sections import close_names
@@ -213,33 +213,19 @@ def cli_problems(argv: list[str], name: str = "config") -> list[str]:
 
 def load_with_overrides(argv: list[str], name: str = "config"
                         ) -> tuple[ConfigDict | None, list[str], list[str]]:
-    """(the ConfigDict of ``--<name>`` with its ``--<name>.<key>`` overrides applied, those
-    overrides as ``--config.<key>=<value>`` arguments for a launch script, problems): the
-    config is None when there are problems (:func:`cli_problems`) or no ``--<name>``."""
+    """(the ConfigDict of ``--<name>`` with its ``--<name>.<key>`` overrides applied by
+    ``ml_collections.config_flags`` itself, those overrides as ``--config.<key>[=<value>]``
+    arguments for a launch script, problems): the config is None when there are problems
+    (:func:`cli_problems`) or no ``--<name>``."""
     problems = cli_problems(argv, name)
     spec, overrides, _ = _overrides(argv, name)
     if problems or spec is None:
         return None, [], problems
-    config, _ = load_config_file(spec)
-    forwarded = []
-    for key, value in overrides:
-        *sections, last = key.split(".")
-        holder = config
-        for part in sections:
-            holder = holder[part]
-        field_type = holder.get_type(last)
-        parser = _PARSERS.get(field_type)
-        if value is None:  # a boolean flag given alone
-            holder[last], value = True, "true"
-        elif parser is not None:
-            holder[last] = parser.parse(value)
-        else:  # object / section values: a Python literal, else the string itself
-            try:
-                holder[last] = ast.literal_eval(value)
-            except (SyntaxError, ValueError):
-                holder[last] = value
-        forwarded.append(f"--config.{key}={value}")
-    return config, forwarded, []
+    given = [f".{key}" if value is None else f".{key}={value}" for key, value in overrides]
+    values = flags.FlagValues()
+    config_flags.DEFINE_config_file(name, flag_values=values)
+    values(["load_with_overrides", f"--{name}={spec}", *(f"--{name}{g}" for g in given)])
+    return values[name].value, [f"--config{g}" for g in given], []
 
 
 def run_main(main: Callable[[list[str], Any], Any], name: str = "config",
