@@ -17,8 +17,8 @@
 # the C/C++ runtime, which every Linux has, and newer there than Debian 12's).
 if [[ "${BASH_SOURCE[0]}" == "$0" ]]; then set -euo pipefail; fi  # not in a sourcing shell
 
-PART_MB=55     # a part folder holds at most this many MB
-PIECE_MB=40    # packages larger than this are split into pieces of this size
+PART_MB=${PART_MB:-55}    # a part folder holds at most this many MB
+PIECE_MB=${PIECE_MB:-40}  # packages larger than this are split into pieces of this size
 # chromium, chromium-common, chromium-driver and what `ldd` of the browser, its driver and its
 # libraries resolves to on Debian 12 (libc6, libgcc-s1, libstdc++6 and zlib1g excluded: every
 # target has them), plus dbus, the fonts and fontconfig's configuration

@@ -32,12 +32,16 @@ class Family:
     inline: the family's ``reset``/``step``/``close`` are cheap (well under a millisecond) and
       never block, so the server calls them on the event loop instead of a thread pool. Handing
       work to a thread costs more than a BabyAI or TextCraft step itself.
+    reuse_instances: an instance can play any task after a ``reset`` and is expensive to start
+      (a browser), so the server keeps closed sessions' instances for the next ``/create``
+      (``environments/core/spares.py``) instead of closing them.
     """
 
     name: str
     env_factory: Callable[[], TextEnvironment]
     catalog_factory: Callable[[], TaskCatalog]
     inline: bool = False
+    reuse_instances: bool = False
 
 
 #: every environment family, by name; lazy entries point at ``environments.<name>.family:FAMILY``

@@ -95,8 +95,9 @@ def _browser_or_skip():
         pytest.skip(f"MiniWoB++ needs Chromium, chromedriver and the miniwob package: {error}")
 
 
-def chrome_processes() -> set[int]:
-    """Live (non-zombie) chromium / chromedriver / crashpad processes on the machine."""
+def chrome_processes(drivers_only: bool = False) -> set[int]:
+    """Live (non-zombie) chromium / chromedriver / crashpad processes on the machine (only the
+    chromedrivers, one per browser, with ``drivers_only``)."""
     pids = set()
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
@@ -108,7 +109,8 @@ def chrome_processes() -> set[int]:
             continue
         name = stat[stat.find("(") + 1 : stat.rfind(")")]
         state = stat[stat.rfind(")") + 2]
-        if state != "Z" and ("chrom" in name or "crashpad" in name):
+        wanted = name == "chromedriver" if drivers_only else ("chrom" in name or "crashpad" in name)
+        if state != "Z" and wanted:
             pids.add(int(entry))
     return pids
 
@@ -234,7 +236,7 @@ class TestHTTP:
         print(f"MiniWoB expert success on {len(outcomes)} held-out episodes: {rate:.1%}")
         assert rate >= 0.9
 
-    async def test_bad_inputs_and_close_releases_the_browser(self, server):
+    async def test_bad_inputs_and_close_keeps_the_browser_for_the_next_session(self, server):
         from environments.core.client import EnvClient, EnvServerError
 
         srv, before = server
@@ -243,12 +245,30 @@ class TestHTTP:
                 await client.create(task_id="draw-circle/seed=0")
             assert error.value.status == 404
             env_id, observation, _ = await client.create(task_id="click-test/seed=0")
-            running = chrome_processes() - before
-            assert running  # this session's browser
+            drivers = chrome_processes(drivers_only=True) - before
+            assert drivers  # this session's browser (and any kept from earlier sessions)
             step = await client.step(env_id, "fly away")
             assert step.info["invalid_action"] and not step.done
             await client.close(env_id)
-            assert wait_until(lambda: not (chrome_processes() - before)), chrome_processes() - before
+            reused = (await client.stats())["sessions_reused"]
+            env_id, observation, _ = await client.create(task_id="click-test/seed=1")
+            assert "Click" in observation or "click" in observation
+            # the closed session's browser served the new one: no browser was started for it
+            assert (await client.stats())["sessions_reused"] == reused + 1
+            assert chrome_processes(drivers_only=True) - before == drivers
+            await client.close(env_id)
+
+    async def test_without_reuse_close_releases_the_browser(self):
+        from agentrl_common.processes import start_env_server
+        from environments.core.client import EnvClient
+
+        before = chrome_processes()
+        with start_env_server("miniwob", extra_args=["--no-reuse"]) as srv:
+            async with EnvClient(srv.url, timeout=60) as client:
+                env_id, _, _ = await client.create(task_id="click-test/seed=0")
+                assert chrome_processes() - before  # this session's browser
+                await client.close(env_id)
+                assert wait_until(lambda: not (chrome_processes() - before)), chrome_processes() - before
 
     def test_no_browser_survives_the_server(self, server):
         import asyncio

@@ -42,6 +42,9 @@ def parse_args(name: str, argv: Sequence[str] | None = None) -> argparse.Namespa
                         help="a host name clients reach this server by (repeatable); requests naming another Host are refused (421). "
                         "Default: the loopback names on loopback, any Host elsewhere (the API key guards)")
     parser.add_argument("--workers", type=int, default=32, help="threads for blocking environment calls")
+    parser.add_argument("--no-reuse", action="store_true",
+                        help="close every environment instance with its session (families that reuse instances, e.g. MiniWoB++'s "
+                        "browsers, otherwise keep them for the next /create)")
     parser.add_argument("--parent-pid", type=int, default=None, help="shut down when this process is gone (the launcher sets it)")
     parser.add_argument("--log-level", default="INFO")
     return parser.parse_args(argv)
@@ -80,6 +83,7 @@ def main(name: str, argv: Sequence[str] | None = None) -> None:
         api_key=args.api_key,
         host=args.host,
         allowed_hosts=args.allowed_host,
+        reuse_instances=False if args.no_reuse else None,
     )
     app.on_startup.append(freeze_startup_objects)
     log.info("%s listening on http://%s:%d", name, args.host, args.port)

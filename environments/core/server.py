@@ -43,8 +43,9 @@ from environments.core import jsonio
 from agentrl_common.httpguard import (DEFAULT_READ_TIMEOUT_S, GuardError, Limits, allowed_hosts as hosts_for,
                                          api_key_middleware, exit_with_parent, read_body, request_guard_middleware)
 from environments.core.base import (MAX_LISTED_ACTIONS, InvalidTaskError, ResetResult, StepResult, TaskCatalog,
-                                    action_list_text)
+                                    TextEnvironment, action_list_text)
 from environments.core.sessions import CapacityError, Session, SessionTable, Stats
+from environments.core.spares import SpareInstances
 from environments.registry import Family
 
 log = logging.getLogger("environments.server")
@@ -178,12 +179,17 @@ class EnvServer:
         workers: int = 32,
         parent_pid: int | None = None,
         limits: Limits | None = None,
+        reuse_instances: bool | None = None,
     ) -> None:
         self.family = family
         self.parent_pid = parent_pid
         self.limits = limits or Limits(max_body=DEFAULT_MAX_BODY)
         self.idle_timeout = idle_timeout
         self.sessions = SessionTable(max_sessions)
+        # closed sessions' instances, for families that reuse them (environments/core/spares.py)
+        # (``reuse_instances``: None = the family's Family.reuse_instances)
+        reuse = family.reuse_instances if reuse_instances is None else reuse_instances
+        self.spares = SpareInstances(max_sessions if reuse else 0)
         self.stats = Stats()
         self.catalog: TaskCatalog | None = None
         self._executor = concurrent.futures.ThreadPoolExecutor(
@@ -212,7 +218,8 @@ class EnvServer:
             task.cancel()
         await asyncio.gather(*background, return_exceptions=True)
         sessions = self.sessions.pop_all()
-        await asyncio.gather(*(self._close_session(s) for s in sessions))
+        await asyncio.gather(*(self._close_session(s, reuse=False) for s in sessions))
+        await asyncio.gather(*(self._close_instance(env) for env in self.spares.drain()))
         self._executor.shutdown(wait=True, cancel_futures=True)
         log.info("closed %d sessions on shutdown", len(sessions))
 
@@ -223,17 +230,26 @@ class EnvServer:
             for session in self.sessions.idle(self.idle_timeout):
                 if self.sessions.pop(session.env_id) is session:
                     self.stats.sessions_reaped += 1
-                    await self._close_session(session)
+                    await self._close_session(session, reuse=False)
+            for env in self.spares.expired(self.idle_timeout):
+                await self._close_instance(env)
 
-    async def _close_session(self, session: Session) -> None:
+    async def _close_session(self, session: Session, reuse: bool = True) -> None:
+        """End a session: its instance goes to the spares (``reuse``, a family that reuses
+        instances, none of the instance's calls failed, room left) or is closed."""
         if session.closed:
             return
         session.closed = True
         self.stats.sessions_closed += 1
+        if reuse and not session.failed and self.spares.offer(session.env):
+            return
+        await self._close_instance(session.env, session.env_id)
+
+    async def _close_instance(self, env: TextEnvironment, label: str = "a spare instance") -> None:
         try:
-            await self.call(session.env.close)
+            await self.call(env.close)
         except Exception:  # a failing close must not stop the others
-            log.exception("closing %s (%s) failed", session.env_id, self.family.name)
+            log.exception("closing %s (%s) failed", label, self.family.name)
 
     # -- helpers
 
@@ -293,12 +309,16 @@ class EnvServer:
         except CapacityError as error:
             raise ProtocolError(503, str(error), headers={"Retry-After": RETRY_AFTER_S}) from None
         try:
-            env = await self.call(self.family.env_factory)
+            env = self.spares.take()
+            reused = env is not None
+            if env is None:
+                env = await self.call(self.family.env_factory)
             try:
                 result = await self.call(env.reset, task_id, seed)
             except BaseException:
                 await self.call(env.close)
                 raise
+            self.stats.sessions_reused += reused
             session = self.sessions.add(env, task_id, seed)
             session.list_actions = list_actions
             try:
@@ -323,7 +343,7 @@ class EnvServer:
                 raise ProtocolError(404, f"unknown env_id {session.env_id!r}")
             task_id = task_id if task_id is not None else session.task_id
             seed = seed if "seed" in data else session.seed
-            result = await self.call(session.env.reset, task_id, seed)
+            result = await self._env_call(session, session.env.reset, task_id, seed)
             session.task_id, session.seed = task_id, seed
             session.finished, session.steps = False, 0
             if list_actions is not None:
@@ -344,7 +364,8 @@ class EnvServer:
         else:
             async with session.lock:
                 self._check_steppable(session)
-                result = self._record_step(session, await self.call(session.env.step, action))
+                result = self._record_step(session, await self._env_call(session, session.env.step,
+                                                                         action))
                 result = await self._listing_actions(session, result)
         return {
             "observation": result.observation,
@@ -353,6 +374,15 @@ class EnvServer:
             "truncated": bool(result.truncated),
             "info": result.info,
         }
+
+    async def _env_call(self, session: Session, fn: Callable[..., T], *args: Any) -> T:
+        """``self.call(fn, *args)`` on the session's instance; an exception marks the session
+        failed, so its instance is closed rather than kept for reuse."""
+        try:
+            return await self.call(fn, *args)
+        except BaseException:
+            session.failed = True
+            raise
 
     async def _listing_actions(self, session: Session, result: R) -> R:
         """``result`` with the session's action list appended (``list_actions``), while the
@@ -499,14 +529,17 @@ def build_app(
     api_key: str | None = None,
     host: str = "127.0.0.1",
     allowed_hosts: Sequence[str] = (),
+    reuse_instances: bool | None = None,
 ) -> web.Application:
     """The aiohttp application serving ``family`` (``parent_pid``: exit when that process is gone;
     ``read_timeout``: seconds allowed for a request body; ``api_key``: required as
     ``Authorization: Bearer <key>`` on every route but ``/health``; ``host``: the address the
     server binds, whose names ``Host`` headers may use, with ``allowed_hosts``: see
-    ``httpguard.allowed_hosts``)."""
+    ``httpguard.allowed_hosts``; ``reuse_instances``: keep closed sessions' instances for later
+    creates, None: the family's ``Family.reuse_instances``)."""
     limits = Limits(max_body=max_body, read_timeout=read_timeout, api_key=api_key)
-    server = EnvServer(family, max_sessions=max_sessions, idle_timeout=idle_timeout, workers=workers, parent_pid=parent_pid, limits=limits)
+    server = EnvServer(family, max_sessions=max_sessions, idle_timeout=idle_timeout, workers=workers, parent_pid=parent_pid,
+                       limits=limits, reuse_instances=reuse_instances)
 
     def reject(status: int, message: str, headers: dict[str, str]) -> web.Response:
         server.stats.errors[status] += 1

@@ -28,6 +28,7 @@ class Session:
     finished: bool = False
     closed: bool = False
     steps: int = 0
+    failed: bool = False  # a reset or step of this instance raised: never reuse it
     list_actions: int = 0  # > 0: append up to this many valid actions to each observation
 
     def touch(self) -> None:
@@ -43,6 +44,7 @@ class Stats:
     sessions_created: int = 0
     sessions_closed: int = 0
     sessions_reaped: int = 0
+    sessions_reused: int = 0  # creates served by a spare instance (Family.reuse_instances)
     steps: int = 0
     resets: int = 0
     batches: int = 0
@@ -55,6 +57,7 @@ class Stats:
             "sessions_created": self.sessions_created,
             "sessions_closed": self.sessions_closed,
             "sessions_reaped": self.sessions_reaped,
+            "sessions_reused": self.sessions_reused,
             "steps": self.steps,
             "resets": self.resets,
             "batches": self.batches,

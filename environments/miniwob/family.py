@@ -40,4 +40,4 @@ def make_catalog() -> MiniWoBCatalog:
     return MiniWoBCatalog(CONFIG.tasks, train_seeds=CONFIG.train_seeds, test_seeds=CONFIG.test_seeds)
 
 
-FAMILY = Family(name="miniwob", env_factory=make_env, catalog_factory=make_catalog)
+FAMILY = Family(name="miniwob", env_factory=make_env, catalog_factory=make_catalog, reuse_instances=True)
