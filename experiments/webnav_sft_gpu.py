@@ -19,5 +19,6 @@ def get_config():
     c.sft.batch_size = 32
     c.sft.epochs = 4
     c.sft.max_seconds = 120.0
+    c.sft.record_episodes = 400  # launch/record_experts.py's default
     sft_learner(c, learning_rate=2e-5)
     return c
