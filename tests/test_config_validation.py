@@ -74,11 +74,34 @@ def test_every_experiment_config_is_valid():
                                              "rollout.prefill_kv_buckets must be '', 'auto'"),
     ("rollout__prefill_kv_buckets", "0,512", "rollout.prefill_kv_buckets: "
                                              "rollout.prefill_kv_buckets: lengths must be >= 1"),
+    ("learner__attention_impl", "None", "learner.attention_impl: unknown attention implementation "
+                                        "'None'; known: chunked, xla, cudnn, pallas, "
+                                        "pallas_segments, or 'auto'"),
 ])
 def test_each_bad_key_is_reported_on_one_line(key, value, line):
     problems = _problems(**{key: value})
     assert len(problems) == 1, problems
     assert problems[0].startswith(line), problems
+
+
+def test_attention_impl_auto_is_the_command_lines_none(tmp_path):
+    """A GPU config's ``learner.attention_impl`` ("pallas_segments") can be set back to the
+    backend's choice from the command line: ml_collections keeps a string field a string, so
+    "None" is refused with a pointer to "auto", which the learner hands the model as None."""
+    from agentrl_jax.learner.config import model_attention_impl
+    from agentrl_jax.training.config_cli import load_with_overrides
+
+    gpu = os.path.join(REPO, "experiments", "babyai_grpo_gpu.py")
+    config, _, problems = load_with_overrides(
+        ["--config", gpu, "--config.learner.attention_impl=auto"], "config")
+    assert problems == [] and config.learner.attention_impl == "auto"
+    assert config_problems(config) == []
+    assert model_attention_impl("auto") is None and model_attention_impl(None) is None
+    assert model_attention_impl("pallas_segments") == "pallas_segments"
+    config, _, _ = load_with_overrides(["--config", gpu, "--config.learner.attention_impl=None"],
+                                       "config")
+    assert config.learner.attention_impl == "None"
+    assert any("'auto'" in p for p in config_problems(config))
 
 
 def test_kv_release_during_update_needs_no_overlap():

@@ -48,6 +48,25 @@ def _policy_losses():
     return POLICY_LOSSES
 
 
+#: ``learner.attention_impl``'s command-line spelling of None (the backend's choice)
+AUTO_ATTENTION = "auto"
+
+
+def model_attention_impl(value: str | None) -> str | None:
+    """``learner.attention_impl`` as ``ModelConfig.attention_impl`` takes it (``"auto"`` -> None)."""
+    return None if value == AUTO_ATTENTION else value
+
+
+def _attention_impl_problem(value: Any) -> str | None:
+    from agentrl_jax.models.config import ATTENTION_IMPLS
+
+    if value is None or value == AUTO_ATTENTION or value in ATTENTION_IMPLS:
+        return None
+    names = ", ".join(n for n in ATTENTION_IMPLS if n)
+    return (f"unknown attention implementation {value!r}; known: {names}, or "
+            f"{AUTO_ATTENTION!r} (None in a config file: chosen by backend)")
+
+
 @dataclasses.dataclass(frozen=True)
 class LearnerConfig(Section):
     """The ``learner`` section: optimiser, batching, RL loss, critic and compute settings."""
@@ -120,7 +139,9 @@ class LearnerConfig(Section):
     dtype: str = setting("bfloat16", choices=DTYPES, kind="dtype")  # params stay float32
     remat: bool = setting(True)
     remat_policy: str | None = setting(None)  # a jax.checkpoint_policies name
-    attention_impl: str | None = setting(None)  # models.config.ATTENTION_IMPLS; None: by backend
+    # models.config.ATTENTION_IMPLS; None: by backend, spelled "auto" on a command line (an
+    # override of a config file's string stays a string: "None" would be a name)
+    attention_impl: str | None = setting(None, check=_attention_impl_problem)
     reference_dtype: str = setting("float32", choices=DTYPES, kind="dtype")
     use_attention_mask: bool = setting(False)  # False: right-padded rows, causal mask only
     mesh: Mapping[str, int] = setting(factory=lambda: dict(DEFAULT_MESH))

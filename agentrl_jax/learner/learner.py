@@ -30,7 +30,7 @@ from jax.sharding import Mesh
 
 from agentrl_jax.learner.batch import RolloutBatch, UpdateOptions
 from agentrl_jax.learner.checkpoint import Checkpointer
-from agentrl_jax.learner.config import LearnerConfig, bucket_length
+from agentrl_jax.learner.config import LearnerConfig, bucket_length, model_attention_impl
 from agentrl_jax.learner.jit_cache import cached
 from agentrl_jax.learner.critic import ValueModel, critic_from_policy
 from agentrl_jax.learner.metrics import MetricsWriter, Throughput
@@ -122,7 +122,7 @@ class Learner:
         # --- policy: compute-dtype graph + the model's float32 parameters, sharded
         self.model_config: ModelConfig = model.cfg.replace(
             dtype=config.dtype, remat=config.remat, remat_policy=config.remat_policy,
-            attention_impl=config.attention_impl)
+            attention_impl=model_attention_impl(config.attention_impl))
         self.graphdef = nnx.split(_abstract(lambda: CausalLM(self.model_config, nnx.Rngs(0))),
                                   nnx.Param)[0]
         params = nnx.state(model, nnx.Param)

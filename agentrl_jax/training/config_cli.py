@@ -223,8 +223,12 @@ def load_with_overrides(argv: list[str], name: str = "config"
         return None, [], problems
     given = [f".{key}" if value is None else f".{key}={value}" for key, value in overrides]
     values = flags.FlagValues()
-    config_flags.DEFINE_config_file(name, flag_values=values)
-    values(["load_with_overrides", f"--{name}={spec}", *(f"--{name}{g}" for g in given)])
+    args = ["load_with_overrides", f"--{name}={spec}", *(f"--{name}{g}" for g in given)]
+    # sys_argv: ml_collections defines the override flags it finds there (else in sys.argv,
+    # which lacks them when this is called from Python, and a key whose config-file default is
+    # None would then be an unknown flag)
+    config_flags.DEFINE_config_file(name, flag_values=values, sys_argv=args)
+    values(args)
     return values[name].value, [f"--config{g}" for g in given], []
 
 
