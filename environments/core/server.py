@@ -34,16 +34,16 @@ import concurrent.futures
 import dataclasses
 import functools
 import logging
-import re
 from typing import Any, Callable, Sequence, TypeVar
 
 from aiohttp import web
 
-from environments.core import jsonio
 from agentrl_common.httpguard import (DEFAULT_READ_TIMEOUT_S, GuardError, Limits, allowed_hosts as hosts_for,
-                                         api_key_middleware, exit_with_parent, read_body, request_guard_middleware)
-from environments.core.base import (MAX_LISTED_ACTIONS, InvalidTaskError, ResetResult, StepResult, TaskCatalog,
-                                    TextEnvironment, action_list_text)
+                                         api_key_middleware, exit_with_parent, request_guard_middleware)
+from environments.core.base import (InvalidTaskError, ResetResult, StepResult, TaskCatalog, TextEnvironment,
+                                    action_list_text)
+from environments.core.requests import (ProtocolError, error_response, json_response, list_actions_field, optional,
+                                        query_int, read_json, required, task_id_field)
 from environments.core.sessions import CapacityError, Session, SessionTable, Stats
 from environments.core.spares import SpareInstances
 from environments.registry import Family
@@ -54,97 +54,12 @@ T = TypeVar("T")
 
 DEFAULT_MAX_BODY = 1 << 20  # 1 MiB: far above any action, far below what could hurt the server
 RETRY_AFTER_S = "1"
-MAX_TASK_ID_CHARS = 256  # far above any family's ids; longer ones are refused before the family sees them
-MAX_QUERY_INT = 10**12  # offsets / limits of GET /tasks
 MAX_BATCH_CALLS = 1024  # calls in one POST /batch
-_QUERY_INT = re.compile(r"[0-9]{1,13}")  # canonical non-negative decimal: no sign, space, "_" or non-ASCII digit
 
 SERVER_KEY = web.AppKey("env_server", object)
 
 
-class ProtocolError(Exception):
-    """A client error with its HTTP status; rendered as ``{"error": message}``."""
-
-    def __init__(self, status: int, message: str, headers: dict[str, str] | None = None) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
-        self.headers = headers
-
-
-def json_response(payload: Any, status: int = 200, headers: dict[str, str] | None = None) -> web.Response:
-    """A JSON answer encoded with the fast encoder."""
-    return web.Response(body=jsonio.dumps(payload), status=status, headers=headers, content_type="application/json")
-
-
-def error_response(status: int, message: str, headers: dict[str, str] | None = None) -> web.Response:
-    return json_response({"error": message}, status=status, headers=headers)
-
-
-# ---------------------------------------------------------------------------- request validation
-
-
-async def read_json(request: web.Request, limits: Limits) -> dict[str, Any]:
-    """The request body as a JSON object (400 if malformed, 413 over the size limit, 408 if it
-    does not arrive within the read timeout)."""
-    body = await read_body(request, limits)
-    try:
-        data = jsonio.loads(body) if body else None
-    except ValueError as error:
-        raise ProtocolError(400, f"malformed JSON body: {error}") from None
-    if not isinstance(data, dict):
-        raise ProtocolError(400, "the body must be a JSON object")
-    return data
-
-
-def query_int(request: web.Request, name: str, default: int | None) -> int | None:
-    """Query parameter ``name`` as a non-negative integer written canonically (400 otherwise)."""
-    raw = request.query.get(name)
-    if raw is None:
-        return default
-    if _QUERY_INT.fullmatch(raw) is None or int(raw) > MAX_QUERY_INT:
-        raise ProtocolError(400, f"{name!r} must be an integer in 0..{MAX_QUERY_INT} written with ASCII digits")
-    return int(raw)
-
-
-def task_id_field(data: dict[str, Any]) -> str | None:
-    """``data["task_id"]``: a string of at most ``MAX_TASK_ID_CHARS`` characters (or None)."""
-    task_id = optional(data, "task_id", str)
-    if task_id is not None and len(task_id) > MAX_TASK_ID_CHARS:
-        raise ProtocolError(400, f"field 'task_id' is longer than {MAX_TASK_ID_CHARS} characters")
-    return task_id
-
-
-def _type_name(kind: type | tuple[type, ...]) -> str:
-    return "integer" if kind is int else "string" if kind is str else str(kind)
-
-
-def required(data: dict[str, Any], key: str, kind: type) -> Any:
-    """``data[key]``, which must exist and be of ``kind`` (bools are not integers here)."""
-    if data.get(key) is None:
-        raise ProtocolError(400, f"missing field {key!r}")
-    return optional(data, key, kind)
-
-
-def optional(data: dict[str, Any], key: str, kind: type) -> Any:
-    """``data.get(key)`` (``None`` allowed), checked to be of ``kind``."""
-    value = data.get(key)
-    if value is None:
-        return None
-    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
-        raise ProtocolError(400, f"field {key!r} must be a {_type_name(kind)}, got {type(value).__name__}")
-    return value
-
-
 R = TypeVar("R", ResetResult, StepResult)
-
-
-def list_actions_field(data: dict[str, Any]) -> int | None:
-    """``data["list_actions"]``: how many valid actions to list, 0..``MAX_LISTED_ACTIONS``."""
-    value = optional(data, "list_actions", int)
-    if value is not None and not 0 <= value <= MAX_LISTED_ACTIONS:
-        raise ProtocolError(400, f"field 'list_actions' must be in 0..{MAX_LISTED_ACTIONS}, got {value}")
-    return value
 
 
 def _wants_list(session: Session) -> bool:
