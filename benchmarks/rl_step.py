@@ -15,6 +15,10 @@ Variants (each a set of config overrides on ``--config``):
           (one-step off-policy). ``step`` is then the wait for the rollout's rest + update +
           sync + host, ``rollout`` the rollout's own wall (it overlaps the update), so ``host``
           (step - rollout - update - sync) is no longer the host's share and can be negative
+  bf16_engine  the config with a bfloat16 engine (``rollout.engine_dtype``; the learner keeps its
+          dtype): a faster prefill and decode, at the price of a larger sampler / learner
+          log-prob mismatch (``ratio_min`` / ``ratio_max`` per step; ``learner.tis_cap`` corrects it)
+  bf16_engine_overlap  both of the above
 
 Per step: ``step`` (wall, rollout included), ``rollout`` (actor pool wall), ``update``
 (learner.update: old / reference log-probs + optimiser steps) = ``logprob`` (the forward-only
@@ -45,6 +49,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 VARIANTS = {
     "packed": {},
     "overlap": {"train.max_staleness": 1},
+    "bf16_engine": {"rollout.engine_dtype": "bfloat16"},
+    "bf16_engine_overlap": {"rollout.engine_dtype": "bfloat16", "train.max_staleness": 1},
     "padded": {"learner.pack_length": 0, "train.skip_flat_groups": False,
                "learner.attention_impl": None},
 }
