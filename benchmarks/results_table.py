@@ -22,7 +22,9 @@ once), BabyAI GRPO (RL only, ScalingInter-RL 6 -> 13 -> 20) and GiGPO from the b
 GRPO with a fixed 6-turn and a fixed 20-turn horizon at the same wall time (wave2). Then the
 ScienceWorld and deep-search rows: ``benchmarks/jobs_gpu.sh`` on ``--family-jobs``
 (``benchmarks/jobs/families_table.txt``: their experts, then SFT -> SFT+GRPO and RL only for
-seeds 0, 1, 2, whatever ``--seeds`` says), on the same lanes, ``--out`` and ``--results``.
+seeds 0, 1, 2, whatever ``--seeds`` says), on the same lanes, ``--out`` and ``--results``;
+last the web-navigation row, ``--web-jobs`` (``benchmarks/jobs/webnav_table.txt``), where
+Chromium is found (``MINIWOB_CHROME_BINARY`` or ``PATH``).
 
 Stage ``table``: reads the runs under ``--from`` directories (default ``--results``; a label is
 a subdirectory ``<job>`` or ``<job>_s<k>`` with evaluation episodes; ``--alias job=dir`` names
@@ -98,11 +100,13 @@ def job_commands(args: argparse.Namespace, budget_left: int | None) -> list[list
     return cmds
 
 
-def family_command(args: argparse.Namespace, budget_left: int | None) -> list[str]:
-    """The ``jobs_gpu.sh`` call of ``--family-jobs`` (the ScienceWorld and deep-search rows,
-    seeds 0-2 as that file lists them) on the same lanes, ``--out`` and ``--results``."""
+def family_command(args: argparse.Namespace, budget_left: int | None,
+                   jobs: str | None = None) -> list[str]:
+    """The ``jobs_gpu.sh`` call of a jobs file (default ``--family-jobs``: the ScienceWorld and
+    deep-search rows, seeds 0-2 as that file lists them; ``--web-jobs``: web navigation) on the
+    same lanes, ``--out`` and ``--results``."""
     cmd = ["bash", os.path.join(ROOT, "benchmarks", "jobs_gpu.sh"), "--jobs",
-           os.path.join(ROOT, args.family_jobs), "--out", args.out, "--results", args.results,
+           os.path.join(ROOT, jobs or args.family_jobs), "--out", args.out, "--results", args.results,
            "--gpu-ids", ",".join(str(g) for g in range(args.gpus)),
            "--per-gpu", str(args.per_gpu)]
     if budget_left is not None:
@@ -118,7 +122,14 @@ def run_jobs(args: argparse.Namespace) -> int:
         argparse.Namespace(**{**vars(args), "seeds": [s]}), left)[0]) for s in args.seeds]
     if args.family_jobs and not args.smoke:
         calls.append(("ScienceWorld and deep search", lambda left: family_command(args, left)))
+    if args.web_jobs and not args.smoke:
+        calls.append(("web navigation", lambda left: family_command(args, left, args.web_jobs)))
     for what, command in calls:
+        if what == "web navigation" and not args.dry_run and (missing := no_browser()):
+            print(f"[results_table] {what}: {missing}; its jobs not started "
+                  "(benchmarks/chromium_portable.sh makes a portable Chromium)", flush=True)
+            failed += 1
+            continue
         left = None if not args.budget else int(args.budget - (time.time() - t0))
         if left is not None and left < 60:
             print(f"[results_table] {what}: {left} s of the budget left, not started")
@@ -128,6 +139,18 @@ def run_jobs(args: argparse.Namespace) -> int:
         print(f"[results_table] {what}: {' '.join(cmd)}", flush=True)
         failed += subprocess.call(cmd, cwd=ROOT) != 0
     return failed
+
+
+def no_browser() -> str:
+    """Why the web-navigation jobs cannot run here ("" when Chromium and chromedriver exist)."""
+    sys.path.insert(0, ROOT)
+    from environments.miniwob.browser import BrowserUnavailableError, chrome_paths
+
+    try:
+        chrome_paths()
+    except BrowserUnavailableError as error:
+        return str(error)
+    return ""
 
 
 # ------------------------------------------------------------------------------------ table
@@ -325,6 +348,9 @@ def main(argv=None) -> int:
     p.add_argument("--family-jobs", default="benchmarks/jobs/families_table.txt",
                    help="jobs_gpu.sh file of the other families' rows, run after the seeds' "
                         "calls ('' to leave them out)")
+    p.add_argument("--web-jobs", default="benchmarks/jobs/webnav_table.txt",
+                   help="jobs_gpu.sh file of the web-navigation row (needs Chromium), run last "
+                        "('' to leave it out)")
     p.add_argument("--out", default="runs/table", help="runs (checkpoints, full trajectories)")
     p.add_argument("--results", default="docs/results/table", help="the small files, the table")
     p.add_argument("--from", dest="sources", action="append", default=[],

@@ -56,10 +56,17 @@ def test_dry_run_plans_every_seed_and_writes_nothing(tmp_path, capfd):
                 "deepsearch_grpo_s2", "sciworld_sft_s1", "sciworld_sft_grpo_s2", "sciworld_grpo"):
         assert f"plan: {job} " in plan
     assert "--config.sft.data=" + str(out / "experts") in plan
+    # then the web-navigation row (benchmarks/jobs/webnav_table.txt: one command per seed
+    # through launch/sft_rl.py, and RL only)
+    for job in ("webnav_sft_grpo", "webnav_sft_grpo_s2", "webnav_grpo", "webnav_grpo_s1"):
+        assert f"plan: {job} " in plan
+    assert "launch/sft_rl.py --sft_config experiments/webnav_sft_gpu.py" in plan
     assert not out.exists() and not (tmp_path / "res").exists()
     assert results_table.main(["--stage", "jobs", "--dry-run", "--seeds", "0", "--family-jobs",
-                               "", "--out", str(out), "--results", str(tmp_path / "res")]) == 0
-    assert "plan: sciworld_grpo " not in capfd.readouterr().out
+                               "", "--web-jobs", "", "--out", str(out),
+                               "--results", str(tmp_path / "res")]) == 0
+    plan = capfd.readouterr().out
+    assert "plan: sciworld_grpo " not in plan and "plan: webnav_grpo " not in plan
     with pytest.raises(SystemExit):
         results_table.main(["--stage", "table", "--alias", "nodir"])
 
@@ -123,3 +130,18 @@ def test_gigpo_vs_grpo_pairs_a_seed_only_when_both_runs_started_from_one_policy(
     # half width t_{0.975, 1} (12.7062) x std / sqrt(2) = 158.83 points
     row = next(line for line in text.splitlines() if line.startswith("| SFT+GiGPO - SFT |"))
     assert row.endswith("| +37.5 [-121.3, +196.3] | +50.0, +25.0 |")
+
+
+def test_web_jobs_need_a_browser(monkeypatch, tmp_path):
+    """``no_browser`` names what is missing (the web jobs are then not started), and is empty
+    where ``MINIWOB_CHROME_BINARY`` / ``MINIWOB_CHROMEDRIVER`` name existing files."""
+    monkeypatch.setenv("PATH", str(tmp_path))
+    monkeypatch.setenv("MINIWOB_CHROME_BINARY", str(tmp_path / "nothing"))
+    monkeypatch.delenv("MINIWOB_CHROMEDRIVER", raising=False)
+    assert results_table.no_browser().startswith("Chromium not found")
+    for name in ("chromium", "chromedriver"):
+        (tmp_path / name).write_text("")
+    monkeypatch.setenv("MINIWOB_CHROME_BINARY", str(tmp_path / "chromium"))
+    assert results_table.no_browser().startswith("chromedriver not found")
+    monkeypatch.setenv("MINIWOB_CHROMEDRIVER", str(tmp_path / "chromedriver"))
+    assert results_table.no_browser() == ""
