@@ -137,3 +137,38 @@ def test_a_trace_through_an_announced_function_is_no_compile():
         assert lines[0] == "compiling the value pass for length 8 ..."
     finally:
         compile_notice.set_announcer(None)
+
+
+class _Writes:
+    """A stdout that records each ``write`` call (a system call each, under PYTHONUNBUFFERED)."""
+
+    def __init__(self) -> None:
+        self.writes: list[str] = []
+
+    def write(self, text: str) -> int:
+        self.writes.append(text)
+        return len(text)
+
+    def flush(self) -> None:
+        pass
+
+
+def test_a_printed_line_is_one_write(monkeypatch):
+    """The trainer's, SFT's and the recorder's lines reach stdout in one write, so another
+    stream's line (absl's warnings on stderr, the same pipe) cannot land between a line and its
+    newline, as it did in CI with PYTHONUNBUFFERED set ('... (0.6 s)W1129 ... died'). ``print``
+    itself writes the text and the end separately (the reference)."""
+    from agentrl_jax.training import experts
+    from agentrl_jax.training.progress import say_line
+
+    for args, kwargs in ((("step 2/4 rollout",), {}), (("a", 3), {"sep": ", "}),
+                         (("announce ...",), {"end": ""}), ((), {})):
+        reference = _Writes()
+        print(*args, **kwargs, file=reference)
+        assert len(reference.writes) > 1 or not args  # what goes wrong with print
+        for say in (say_line, experts.say_flush):
+            out = _Writes()
+            monkeypatch.setattr("sys.stdout", out)
+            say(*args, **kwargs)
+            monkeypatch.undo()
+            assert out.writes == ["".join(reference.writes)], (say, args, kwargs)

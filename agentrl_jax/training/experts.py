@@ -41,6 +41,7 @@ from agentrl_jax.agent.actor_pool import ActorPool, TaskRef
 from agentrl_jax.agent.chat import ChatFormatter
 from agentrl_jax.agent.experts import EXPERT_POLICIES, ExpertBackend
 from agentrl_jax.agent.trajectory import Trajectory
+from agentrl_jax.training.progress import say_line
 
 META_SUFFIX = ".meta.json"
 
@@ -52,8 +53,9 @@ def _write_meta(out_dir: str, env: str, meta: dict[str, Any]) -> None:
 
 
 def say_flush(*args: Any, **kwargs: Any) -> None:
-    """``print`` that flushes (a recorder's log is a file on the GPU machines)."""
-    print(*args, **kwargs, flush=True)
+    """``print`` that flushes, in one write (a recorder's log is a file on the GPU machines;
+    :func:`progress.say_line`)."""
+    say_line(*args, **kwargs)
 
 
 def tokenizer_fingerprint(tokenizer: Any) -> str:

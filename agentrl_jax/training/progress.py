@@ -42,6 +42,15 @@ def progress_mode(enabled: bool = True, force_bar: bool = False, stream: Any = N
     return BAR if force_bar or stream.isatty() else LINES
 
 
+def say_line(*parts: Any, sep: str = " ", end: str = "\n") -> None:
+    """``print(*parts, sep=sep, end=end, flush=True)`` to stdout in ONE write: ``print`` writes
+    the text and its end separately, and with ``PYTHONUNBUFFERED`` (common in containers) each
+    is a system call of its own, so a log line of another thread or process sharing the
+    terminal or pipe (absl's warnings on stderr) could land between a line and its newline."""
+    sys.stdout.write(sep.join(str(p) for p in parts) + end)
+    sys.stdout.flush()
+
+
 @contextlib.contextmanager
 def timed(say: Callable[..., None], what: str, inline: bool | None = None) -> Iterator[None]:
     """Announce ``what``, run the block, report its duration (nothing more if it raises).

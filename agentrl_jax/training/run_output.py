@@ -17,6 +17,7 @@ from agentrl_jax.agent.actor_pool import RolloutStats
 from agentrl_jax.agent.trajectory import Trajectory
 from agentrl_jax.training import runlog, storage
 from agentrl_jax.training.config import config_json
+from agentrl_jax.training.progress import say_line
 from agentrl_jax.training.summary import (SUMMARY_FILE, append_session, merge_summary, outcome,
                                           read_summary, write_json_atomic)
 
@@ -157,6 +158,6 @@ class RunOutput:
 
     def _say(self, message: str, end: str = "\n") -> None:
         if self.is_main:
-            print(message, end=end, flush=True)
+            say_line(message, end=end)
         else:
             log.info("[process %d] %s", self.process_index, message)

@@ -42,7 +42,7 @@ from agentrl_jax.learner.batch import UpdateOptions
 from agentrl_jax.training.config import config_json, model_label, to_run_config
 from agentrl_jax.training.experts import META_SUFFIX, answer_format, tokenizer_fingerprint
 from agentrl_jax.training.progress import (BAR, LINES, EpisodeProgress, format_seconds,
-                                           timed)
+                                           say_line, timed)
 
 EXPORT_DIR = "model"
 
@@ -161,7 +161,7 @@ class SFTRun:
         os.makedirs(self.workdir, exist_ok=True)
 
     def _say(self, message: str, end: str = "\n") -> None:
-        print(message, end=end, flush=True)
+        say_line(message, end=end)
 
     def run(self) -> dict[str, Any]:
         compile_notice.set_announcer(self._say)  # a new length bucket's compile gets a line
