@@ -48,6 +48,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(1, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # environments
 import learning_report  # noqa: E402
 import seed_stats  # noqa: E402
 
@@ -123,13 +124,15 @@ def run_jobs(args: argparse.Namespace) -> int:
     if args.family_jobs and not args.smoke:
         calls.append(("ScienceWorld and deep search", lambda left: family_command(args, left)))
     if args.web_jobs and not args.smoke:
-        calls.append(("web navigation", lambda left: family_command(args, left, args.web_jobs)))
-    for what, command in calls:
-        if what == "web navigation" and not args.dry_run and (missing := no_browser()):
-            print(f"[results_table] {what}: {missing}; its jobs not started "
+        missing = "" if args.dry_run else no_browser()
+        if missing:
+            print(f"[results_table] web navigation: {missing}; its jobs not started "
                   "(benchmarks/chromium_portable.sh makes a portable Chromium)", flush=True)
             failed += 1
-            continue
+        else:
+            calls.append(("web navigation",
+                          lambda left: family_command(args, left, args.web_jobs)))
+    for what, command in calls:
         left = None if not args.budget else int(args.budget - (time.time() - t0))
         if left is not None and left < 60:
             print(f"[results_table] {what}: {left} s of the budget left, not started")
@@ -143,7 +146,6 @@ def run_jobs(args: argparse.Namespace) -> int:
 
 def no_browser() -> str:
     """Why the web-navigation jobs cannot run here ("" when Chromium and chromedriver exist)."""
-    sys.path.insert(0, ROOT)
     from environments.miniwob.browser import BrowserUnavailableError, chrome_paths
 
     try:

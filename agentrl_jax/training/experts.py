@@ -52,10 +52,8 @@ def _write_meta(out_dir: str, env: str, meta: dict[str, Any]) -> None:
         json.dump(meta, f, indent=2)
 
 
-def say_flush(*args: Any, **kwargs: Any) -> None:
-    """``print`` that flushes, in one write (a recorder's log is a file on the GPU machines;
-    :func:`progress.say_line`)."""
-    say_line(*args, **kwargs)
+#: the recorder's ``print``: flushed, one write a line (its log is a file on the GPU machines)
+say_flush = say_line
 
 
 def tokenizer_fingerprint(tokenizer: Any) -> str:

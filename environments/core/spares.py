@@ -1,8 +1,9 @@
 """Environment instances kept after their session closed, for the next ``/create``.
 
 A family whose instances are expensive to start and can play any task after a ``reset`` (a
-MiniWoB++ instance owns a headless Chromium: ~1.3 s and a CPU core to start, ~25-185 ms to reset
-onto another task; docs/PERFORMANCE.md, "Environments") declares ``Family.reuse_instances``.
+MiniWoB++ instance owns a headless Chromium, whose start costs far more than a reset onto
+another task: docs/PERFORMANCE.md, "MiniWoB++: reused browsers") declares
+``Family.reuse_instances``.
 Its server then keeps a closed session's instance here instead of closing it, and the next
 ``/create`` resets that instance onto its task instead of starting a new one. An agent that
 plays one episode per session (create, steps, close) then starts one browser per concurrent
