@@ -19,6 +19,9 @@ Variants (each a set of config overrides on ``--config``):
           dtype): a faster prefill and decode, at the price of a larger sampler / learner
           log-prob mismatch (``ratio_min`` / ``ratio_max`` per step; ``learner.tis_cap`` corrects it)
   bf16_engine_overlap  both of the above
+  dense_prefill  the config with the engine's prefill attention as XLA einsums over the call's
+          whole KV length (``rollout.prefill_attention="dense"``, the engine before the flash
+          prefill kernel): the baseline of ``packed`` on a GPU
 
 Per step: ``step`` (wall, rollout included), ``rollout`` (actor pool wall), ``update``
 (learner.update: old / reference log-probs + optimiser steps) = ``logprob`` (the forward-only
@@ -51,6 +54,7 @@ VARIANTS = {
     "overlap": {"train.max_staleness": 1},
     "bf16_engine": {"rollout.engine_dtype": "bfloat16"},
     "bf16_engine_overlap": {"rollout.engine_dtype": "bfloat16", "train.max_staleness": 1},
+    "dense_prefill": {"rollout.prefill_attention": "dense"},
     "padded": {"learner.pack_length": 0, "train.skip_flat_groups": False,
                "learner.attention_impl": None},
 }

@@ -30,13 +30,15 @@ CONFIG = EngineConfig(max_batch=4, max_length=128, prefill_chunks=(16, 64), pref
 def test_server_flags_rebuild_the_engine_config():
     config = EngineConfig(max_batch=5, max_length=96, dtype="bfloat16", weights_dtype="bfloat16",
                           prefill_chunks=(32, 64), prefill_tokens=256, decode_steps=3, seed=7,
-                          max_queue=11, decode_attention="dense", prefill_kv_buckets=(48,))
+                          max_queue=11, decode_attention="dense", prefill_kv_buckets=(48,),
+                          decode_gemm="merged", prefill_attention="dense")
     args = parse_args(server_flags(config))
     assert (args.max_batch, args.max_length, args.dtype, args.weights_dtype) == (
         5, 96, "bfloat16", "bfloat16")
     assert (args.prefill_chunks, args.prefill_tokens, args.decode_steps, args.seed) == (
         "32,64", 256, 3, 7)
     assert (args.max_queue, args.decode_attention, args.prefill_kv_buckets) == (11, "dense", "48")
+    assert (args.decode_gemm, args.prefill_attention) == ("merged", "dense")
     auto = parse_args(server_flags(EngineConfig(prefill_kv_buckets=None)))
     assert auto.prefill_kv_buckets == "auto" and auto.dtype is None
 

@@ -22,6 +22,7 @@ from agentrl_jax.rollout import sampling_limits as limits
 
 HORIZON_TYPES = ("scaling_inter", "fixed")
 ENGINE_DTYPES = ("", "float32", "bfloat16")
+PREFILL_ATTENTION = ("auto", "flash", "dense")  # EngineConfig.prefill_attention's names
 MODEL_DTYPES = ("float32", "bfloat16")
 
 
@@ -214,6 +215,9 @@ class RolloutConfig(Section):
     tensor_parallel: int = setting(1, ge=1)
     # auto (ragged_fused on GPU) | ragged_fused | ragged | dense
     decode_attention: str = setting("auto")
+    # prefill attention: auto (a flash kernel on GPU that reads only the keys each query block
+    # sees) | flash | dense (XLA einsums over the whole KV length; EngineConfig.prefill_attention)
+    prefill_attention: str = setting("auto", choices=PREFILL_ATTENTION, kind="prefill attention")
     # decode GEMMs: auto (merged q/k/v and gate/up on cuBLAS for a one-GPU engine) | xla |
     # merged | merged_cublas (EngineConfig.decode_gemm)
     decode_gemm: str = setting("auto")

@@ -216,7 +216,7 @@ def make_backend(config: Any, model: Any, tokenizer: Any, model_path: str | None
             decode_steps=rollout.decode_steps, seed=config.seed,
             decode_attention=rollout.decode_attention, decode_gemm=rollout.decode_gemm,
             prefill_kv_buckets=prefill_kv_buckets(rollout.prefill_kv_buckets),
-            share_prompts=rollout.share_prompts)
+            share_prompts=rollout.share_prompts, prefill_attention=rollout.prefill_attention)
         engine_kwargs.update(engine_prefill(groups[0][0].platform))
         build = dataclasses.replace(build, engine_config=EngineConfig(**engine_kwargs),
                                     device_groups=tuple(tuple(g) for g in groups))

@@ -54,7 +54,9 @@ def server_flags(config: EngineConfig) -> list[str]:
              "--prefill-chunks", ",".join(str(c) for c in config.prefill_chunks),
              "--prefill-tokens", str(config.prefill_tokens),
              "--max-queue", str(config.max_queue), "--seed", str(config.seed),
-             "--decode-attention", config.decode_attention]
+             "--decode-attention", config.decode_attention,
+             "--decode-gemm", config.decode_gemm,
+             "--prefill-attention", config.prefill_attention]
     buckets = config.prefill_kv_buckets
     flags += ["--prefill-kv-buckets",
               "auto" if buckets is None else ",".join(str(b) for b in buckets)]

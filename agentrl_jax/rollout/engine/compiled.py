@@ -29,7 +29,8 @@ TEMP, TOPP, MINP = range(3)
 @functools.lru_cache(maxsize=16)
 def compiled_functions(graphdef: Any, max_batch: int, max_length: int, decode_steps: int,
                        max_stop_ids: int, kv_layout: str, decode_attention: str = DENSE,
-                       decode_gemm: str = "xla", one_pass_sampler: bool = False
+                       decode_gemm: str = "xla", one_pass_sampler: bool = False,
+                       prefill_attention: str = DENSE
                        ) -> tuple[Callable, Callable, Callable, Callable]:
     """The jitted ``decode`` / ``prefill`` / ``copy_rows`` / ``merge`` functions for one model
     structure and engine shape (cached, so engines of the same shape share compilations; jit
@@ -45,7 +46,8 @@ def compiled_functions(graphdef: Any, max_batch: int, max_length: int, decode_st
     (``forward.merge_projections``; None for ``decode_gemm="xla"``), built by the engine once per
     weight version and passed to every decode call. ``decode_gemm``: one of
     :data:`DECODE_GEMM` (the decode call only); ``one_pass_sampler``: ``sample_tokens``'s
-    ``one_pass`` (the engine turns it on for GPUs)."""
+    ``one_pass`` (the engine turns it on for GPUs); ``prefill_attention``: the prefill call's
+    attention (``forward.forward``: ``dense``, ``flash`` or ``flash_interpret``)."""
     if decode_gemm not in DECODE_GEMM:
         raise ValueError(f"decode_gemm must be one of {DECODE_GEMM}, got {decode_gemm!r}")
     B, S, K, M = max_batch, max_length, decode_steps, max_stop_ids
@@ -107,7 +109,8 @@ def compiled_functions(graphdef: Any, max_batch: int, max_length: int, decode_st
             return jax.lax.slice_in_dim(jnp.take(x, slot_ids, axis=0, mode="clip"), 0, kv_len,
                                         axis=seq_axis)
 
-        _, sub = forward(model, tokens, positions, map_cache(rows, cache))
+        _, sub = forward(model, tokens, positions, map_cache(rows, cache),
+                         prefill_attention=prefill_attention)
 
         def put(x, new):
             return x.at[index].set(new, mode="drop")

@@ -25,7 +25,8 @@ Design (see docs/ROLLOUT.md for the long version):
   reference -- no copy, no recompilation -- and drops cached prefixes.
 * **Placement**: an engine runs on one device or tensor-parallel on a device group
   (``placement.py``); ``replicas.py`` runs one engine per device (group) behind one backend.
-* **Decode attention** reads only each slot's valid KV on GPUs (``decode_attention.py``).
+* **Decode attention** reads only each slot's valid KV on GPUs (``decode_attention.py``);
+  **prefill attention** is a flash kernel there (``prefill_attention.py``).
 * **Fault isolation**: the host-side work of one request (admission, activation, building its
   prefill row, stop detection, detokenisation) runs under ``_isolated``: an error there fails
   that request alone (``_fail_request``: its future gets the error, its slots are freed) and
@@ -68,8 +69,9 @@ from agentrl_jax.rollout.engine.compiled import STOP, compiled_functions
 from agentrl_jax.rollout.engine.decode_attention import ragged_tiling
 from agentrl_jax.rollout.engine.engine_config import EngineConfig
 from agentrl_jax.rollout.engine.failures import FailureHandling
-from agentrl_jax.rollout.engine.forward import (DENSE, FUSED, FUSED_INTERPRET, RAGGED,
-                                                RAGGED_INTERPRET, new_cache)
+from agentrl_jax.rollout.engine.forward import (DENSE, FLASH, FLASH_INTERPRET, FUSED,
+                                                FUSED_INTERPRET, RAGGED, RAGGED_INTERPRET,
+                                                new_cache)
 from agentrl_jax.rollout.engine.fused_decode_attention import unsupported_shape
 from agentrl_jax.rollout.engine.placement import EnginePlacement, to_state
 from agentrl_jax.rollout.engine.requests import EngineStats, Request, Seq
@@ -120,12 +122,14 @@ class Engine(WeightsAndCache, Scheduler, FailureHandling, BatchedSamplesBackend)
         self.weight_version = "0"
         c = self.config
         self.decode_attention = self._resolve_decode_attention()
+        self.prefill_attention = self._resolve_prefill_attention()
         self.decode_gemm = c.resolved_decode_gemm(self.placement.platform,
                                                   self.placement.tensor_parallel)
         self._decode_fn, self._prefill_fn, self._copy_fn, self._merge_fn = compiled_functions(
             self.graphdef, c.max_batch, c.max_length, c.decode_steps, c.max_stop_ids,
             c.kv_layout, self.decode_attention, self.decode_gemm,
-            one_pass_sampler=self.placement.platform == "gpu")
+            one_pass_sampler=self.placement.platform == "gpu",
+            prefill_attention=self.prefill_attention)
         # a compile after the warm-up (a sampling mode first used, a shape it did not cover) is
         # announced (``compile_notice.py``); the warm-up's own compiles are its caller's phase
         self._decode_fn = Announced(self._decode_fn, (2, 3, 6), lambda a: (
@@ -227,6 +231,22 @@ class Engine(WeightsAndCache, Scheduler, FailureHandling, BatchedSamplesBackend)
         if choice == FUSED:
             return FUSED if platform == "gpu" else FUSED_INTERPRET
         return RAGGED if platform == "gpu" else RAGGED_INTERPRET
+
+    def _resolve_prefill_attention(self) -> str:
+        """The prefill attention this engine compiles: ``flash`` (the Pallas kernel; in the
+        Pallas interpreter off GPUs, for tests) or ``dense``. The kernel needs the head-major
+        cache and one device (it is not partitioned over a tensor-parallel group)."""
+        c, platform = self.config, self.placement.platform
+        if c.resolved_prefill_attention(platform) != FLASH:
+            return DENSE
+        why = ("the seq-major cache layout" if c.kv_layout != "bksd" else
+               "tensor parallelism" if self.placement.tensor_parallel > 1 else None)
+        if why is not None:
+            if c.prefill_attention == FLASH:
+                log.warning("flash prefill attention is not available with %s; using dense",
+                            why)
+            return DENSE
+        return FLASH if platform == "gpu" else FLASH_INTERPRET
 
     def _new_cache(self):
         """A zero KV cache, allocated directly in its sharding on the engine's devices."""

@@ -10,6 +10,7 @@ from agentrl_jax.rollout.engine.forward import (DECODE_GEMM, HEAD_MAJOR, MERGED_
                                          XLA_GEMM)
 
 DECODE_ATTENTION = ("auto", "ragged_fused", "ragged", "dense")
+PREFILL_ATTENTION = ("auto", "flash", "dense")
 #: the smallest default prefill KV bucket (``EngineConfig.prefill_kv_buckets``)
 MIN_PREFILL_KV = 512
 
@@ -55,6 +56,11 @@ class EngineConfig:
     (``n == 1``) whose prompt equals, id for id, that of a request still waiting for its
     prefill does not prefill it again: it waits for that prefill and copies the KV row (the
     ``n > 1`` fork path), e.g. the samples of a GRPO group on their first turn.
+    prefill_attention: a prefill call's attention over the head-major cache: ``"flash"`` a
+    Pallas flash kernel that reads only the keys each block of queries sees and writes no
+    scores to memory (``prefill_attention.py``), ``"dense"`` XLA einsums over the call's whole
+    KV length, ``"auto"``: flash on a GPU, dense elsewhere (one-device engines; call shapes the
+    kernel's tiles miss run dense).
     """
 
     max_batch: int = 32
@@ -75,6 +81,7 @@ class EngineConfig:
     decode_gemm: str = "auto"
     prefill_kv_buckets: tuple[int, ...] | None = ()
     share_prompts: bool = True
+    prefill_attention: str = "auto"
 
     def __post_init__(self) -> None:
         if self.kv_layout not in (HEAD_MAJOR, SEQ_MAJOR):
@@ -89,6 +96,9 @@ class EngineConfig:
         if self.decode_attention not in DECODE_ATTENTION:
             raise ValueError(f"decode_attention must be one of {DECODE_ATTENTION}, "
                              f"got {self.decode_attention!r}")
+        if self.prefill_attention not in PREFILL_ATTENTION:
+            raise ValueError(f"prefill_attention must be one of {PREFILL_ATTENTION}, "
+                             f"got {self.prefill_attention!r}")
         if self.decode_gemm not in DECODE_GEMM + ("auto",):
             raise ValueError(f"decode_gemm must be 'auto' or one of {DECODE_GEMM}, "
                              f"got {self.decode_gemm!r}")
@@ -142,6 +152,13 @@ class EngineConfig:
             return self.decode_attention
         return "ragged_fused" if platform == "gpu" else "dense"
 
+    def resolved_prefill_attention(self, platform: str) -> str:
+        """``flash`` or ``dense`` for a device platform: ``auto`` is flash on GPUs (the Pallas
+        Triton kernel), dense elsewhere."""
+        if self.prefill_attention != "auto":
+            return self.prefill_attention
+        return "flash" if platform == "gpu" else "dense"
+
     def resolved_decode_gemm(self, platform: str, tensor_parallel: int) -> str:
         """One of ``forward.DECODE_GEMM`` for an engine on ``tensor_parallel`` devices of
         ``platform``: ``auto`` is ``merged_cublas`` for one GPU with the head-major cache,
@@ -172,4 +189,4 @@ def parse_prefill_kv_buckets(value: Any, name: str = "prefill_kv_buckets"
     return lengths
 
 
-__all__ = ["EngineConfig", "DECODE_ATTENTION", "MIN_PREFILL_KV", "parse_prefill_kv_buckets"]
+__all__ = ["EngineConfig", "DECODE_ATTENTION", "PREFILL_ATTENTION", "MIN_PREFILL_KV", "parse_prefill_kv_buckets"]

@@ -29,11 +29,17 @@ from agentrl_jax.models.llama import CausalLM, KVCache
 from agentrl_jax.models.rope import apply_rope, inverse_frequencies, rope_cos_sin
 from agentrl_jax.rollout.engine.decode_attention import ragged_decode_attention
 from agentrl_jax.rollout.engine.fused_decode_attention import fused_decode_attention
+from agentrl_jax.rollout.engine.prefill_attention import (dense_prefill_attention,
+                                                          flash_prefill_attention,
+                                                          unsupported_prefill_shape)
 
 HEAD_MAJOR, SEQ_MAJOR = "bksd", "bskd"
 DENSE, RAGGED, RAGGED_INTERPRET = "dense", "ragged", "ragged_interpret"
 # ragged attention whose kernel also writes the step's keys / values (fused_decode_attention.py)
 FUSED, FUSED_INTERPRET = "ragged_fused", "ragged_fused_interpret"
+# prefill (multi-token) attention: XLA einsums over the whole row, or the flash kernel that reads
+# only the keys each block of queries sees (prefill_attention.py)
+FLASH, FLASH_INTERPRET = "flash", "flash_interpret"
 # The decode step's GEMMs: the model's separate projections (XLA merges and tiles them),
 # q/k/v and gate/up weights concatenated once per weight version (:func:`merge_projections`), or
 # that with cuBLAS for every GEMM of the decode call (XLA's Triton GEMMs off).
@@ -127,17 +133,18 @@ def _fused_decode(attn, x: jax.Array, cos: jax.Array, sin: jax.Array, positions:
 
 def _attention(attn, x: jax.Array, cos: jax.Array, sin: jax.Array, positions: jax.Array,
                cache_k: jax.Array, cache_v: jax.Array, decode_attention: str = DENSE,
-               merged: MergedProjections | None = None
+               merged: MergedProjections | None = None, prefill_attention: str = DENSE
                ) -> tuple[jax.Array, jax.Array, jax.Array]:
     """The model's ``Attention`` with a head-major cache: returns (output, cache_k, cache_v).
     A one-token call (decode) with ``decode_attention`` ``ragged`` / ``ragged_interpret``
     reads only each row's valid keys (``decode_attention.py``), with ``ragged_fused`` /
     ``ragged_fused_interpret`` the same kernel also writes the new keys / values
-    (``fused_decode_attention.py``; no scatters); ``merged``: q/k/v as one GEMM."""
+    (``fused_decode_attention.py``; no scatters); ``merged``: q/k/v as one GEMM. A
+    multi-token call (prefill) with ``prefill_attention`` ``flash`` / ``flash_interpret`` runs
+    the flash kernel of ``prefill_attention.py``, otherwise XLA einsums over the whole row."""
     cfg: ModelConfig = attn.cfg
     b, t, _ = x.shape
     h, kh, dh = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
-    g = h // kh
     if t == 1 and decode_attention in (FUSED, FUSED_INTERPRET):
         return _fused_decode(attn, x, cos, sin, positions, cache_k, cache_v, merged,
                              interpret=decode_attention == FUSED_INTERPRET)
@@ -164,17 +171,13 @@ def _attention(attn, x: jax.Array, cos: jax.Array, sin: jax.Array, positions: ja
         out = ragged_decode_attention(q[:, 0], cache_k, cache_v, lengths,
                                       interpret=decode_attention == RAGGED_INTERPRET)
         return attn.o_proj(out.reshape(b, 1, h * dh)), cache_k, cache_v
-    # Queries grouped per KV head: [B, K, G*T, Dh] (GQA without repeating keys / values).
-    qg = q.reshape(b, t, kh, g, dh).transpose(0, 2, 3, 1, 4).reshape(b, kh, g * t, dh)
-    scores = jnp.einsum("bkqd,bksd->bkqs", qg, cache_k.astype(q.dtype),
-                        preferred_element_type=jnp.float32) * (dh ** -0.5)
-    query_pos = jnp.broadcast_to(positions[:, None, :], (b, g, t)).reshape(b, 1, g * t, 1)
-    mask = jnp.arange(s)[None, None, None, :] <= query_pos
-    probs = jax.nn.softmax(jnp.where(mask, scores, -jnp.inf), axis=-1)
-    out = jnp.einsum("bkqs,bksd->bkqd", probs.astype(cache_v.dtype), cache_v,
-                     preferred_element_type=jnp.float32).astype(q.dtype)
-    out = out.reshape(b, kh, g, t, dh).transpose(0, 3, 1, 2, 4).reshape(b, t, h * dh)
-    return attn.o_proj(out), cache_k, cache_v
+    if (t > 1 and prefill_attention in (FLASH, FLASH_INTERPRET)
+            and unsupported_prefill_shape(t, s, dh) is None):  # else dense, for this shape
+        out = flash_prefill_attention(q, cache_k, cache_v, positions,
+                                      interpret=prefill_attention == FLASH_INTERPRET)
+    else:
+        out = dense_prefill_attention(q, cache_k, cache_v, positions)
+    return attn.o_proj(out.reshape(b, t, h * dh)), cache_k, cache_v
 
 
 def _mlp(mlp, x: jax.Array, merged: MergedProjections) -> jax.Array:
@@ -187,11 +190,14 @@ def _mlp(mlp, x: jax.Array, merged: MergedProjections) -> jax.Array:
 
 def forward(model: CausalLM, input_ids: jax.Array, positions: jax.Array, cache,
             decode_attention: str = DENSE,
-            merged: tuple[MergedProjections, ...] | None = None) -> tuple[jax.Array, object]:
+            merged: tuple[MergedProjections, ...] | None = None,
+            prefill_attention: str = DENSE) -> tuple[jax.Array, object]:
     """Final-normed hidden states ``[B, T, D]`` and the updated cache (either layout).
     ``decode_attention``: ``dense`` / ``ragged`` / ``ragged_interpret`` for one-token calls on
     the head-major cache (see :func:`_attention`); ``merged``: :func:`merge_projections` of
-    the model (head-major cache only), q/k/v and gate/up then run as one GEMM each."""
+    the model (head-major cache only), q/k/v and gate/up then run as one GEMM each;
+    ``prefill_attention``: ``dense`` / ``flash`` / ``flash_interpret`` for multi-token calls on
+    the head-major cache (see :func:`_attention`)."""
     if isinstance(cache, KVCache):
         if merged is not None:
             raise ValueError("merged projections need the head-major cache")
@@ -204,7 +210,7 @@ def forward(model: CausalLM, input_ids: jax.Array, positions: jax.Array, cache,
         layer_merged = None if merged is None else merged[i]
         attn_out, ck, cv = _attention(layer.attn, layer.input_norm(x), cos, sin, positions,
                                       cache.keys[i], cache.values[i], decode_attention,
-                                      layer_merged)
+                                      layer_merged, prefill_attention)
         x = x + attn_out
         normed = layer.post_attn_norm(x)
         x = x + (layer.mlp(normed) if layer_merged is None else
@@ -222,4 +228,5 @@ def map_cache(fn, cache):
 
 __all__ = ["HeadMajorCache", "MergedProjections", "forward", "merge_projections", "new_cache",
            "map_cache", "DECODE_GEMM", "XLA_GEMM", "MERGED_GEMM", "MERGED_CUBLAS", "HEAD_MAJOR",
-           "SEQ_MAJOR", "DENSE", "RAGGED", "RAGGED_INTERPRET", "FUSED", "FUSED_INTERPRET"]
+           "SEQ_MAJOR", "DENSE", "RAGGED", "RAGGED_INTERPRET", "FUSED", "FUSED_INTERPRET", "FLASH",
+           "FLASH_INTERPRET"]

@@ -49,7 +49,8 @@ from agentrl_common.httpguard import (DEFAULT_MAX_CONNECTIONS, DEFAULT_READ_TIME
                                      Limits, exit_with_parent, fit_connection_limit,
                                      freeze_startup_objects, require_key_off_loopback, run_app)
 from agentrl_jax.rollout.engine.engine import Engine, EngineConfig
-from agentrl_jax.rollout.engine.engine_config import DECODE_ATTENTION, parse_prefill_kv_buckets
+from agentrl_jax.rollout.engine.engine_config import (DECODE_ATTENTION, PREFILL_ATTENTION,
+                                                      parse_prefill_kv_buckets)
 from agentrl_jax.rollout.engine.forward import DECODE_GEMM
 from agentrl_jax.rollout.engine.sizing import engine_prefill, fit_engine_slots
 from agentrl_jax.rollout.servers.app import RolloutServer
@@ -177,6 +178,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--decode-gemm", choices=["auto", *DECODE_GEMM], default="auto",
                    help="auto (merged q/k/v and gate/up on cuBLAS for one GPU), xla, merged or "
                         "merged_cublas (EngineConfig.decode_gemm)")
+    p.add_argument("--prefill-attention", choices=list(PREFILL_ATTENTION), default="auto",
+                   help="auto (a flash kernel on GPU), flash or dense "
+                        "(EngineConfig.prefill_attention)")
     p.add_argument("--prefill-kv-buckets", default=None,
                    help="'' (whole row), 'auto' or a comma list of lengths "
                         "(EngineConfig.prefill_kv_buckets; default: by backend)")
@@ -213,7 +217,8 @@ def engine_config_from_args(args: argparse.Namespace, model_config: Any,
         max_length=args.max_length, dtype=args.dtype, weights_dtype=args.weights_dtype,
         decode_steps=args.decode_steps, prefill_chunks=chunks, prefill_tokens=tokens,
         max_queue=args.max_queue, seed=args.seed, decode_attention=args.decode_attention,
-        decode_gemm=args.decode_gemm, prefill_kv_buckets=kv_buckets)
+        decode_gemm=args.decode_gemm, prefill_kv_buckets=kv_buckets,
+        prefill_attention=args.prefill_attention)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -1,0 +1,174 @@
+"""The engine's prefill call, dense attention against the flash kernel, side by side.
+
+    python benchmarks/prefill.py --json out.json          # GPU: SmolLM2-135M shape, float32
+    python benchmarks/prefill.py --dtypes float32,bfloat16
+    python benchmarks/prefill.py --small                  # CPU smoke run (Pallas interpreter)
+
+Each contender is the engine's own jitted prefill (``compiled.compiled_functions``) for a
+random-weight model of ``--shape`` with the engine of ``experiments/babyai_grpo_gpu.py``
+(``--slots`` slots of ``--max-length`` positions, head-major cache), differing only in
+``prefill_attention`` (``dense``: XLA einsums over the call's KV length; ``flash``: the Pallas
+kernel of ``rollout/engine/prefill_attention.py``). The calls are the shapes a BabyAI rollout
+makes (docs/PERFORMANCE.md, "The agent loop, profiled"): each scenario is ``rows x chunk``
+tokens attending over a KV bucket, with rows filled as the scheduler fills them (a first
+prompt from position 0, a turn's observation at a later position, part-filled and empty rows).
+
+Per scenario and contender: wall ms a call (median of ``--reps`` synchronised calls), device
+busy ms and the kernels' categories (``devtime.py``, GPU only), real tokens a second, and the
+largest difference between the two contenders' written KV rows (the later layers' keys depend
+on the earlier layers' attention).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from typing import Any
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from benchmarks.engine import SHAPES, model_config  # noqa: E402
+
+# name: (rows, chunk, kv, first position range, real tokens range per row, used rows share)
+SCENARIOS: dict[str, tuple[int, int, int, tuple[int, int], tuple[int, int], float]] = {
+    "first_prompts_256x16_kv512": (16, 256, 512, (0, 0), (256, 256), 1.0),
+    "prompt_tails_64x64_kv512": (64, 64, 512, (256, 256), (20, 50), 0.5),
+    "turns_64x64_kv1024": (64, 64, 1024, (300, 900), (64, 64), 1.0),
+    "turn_tails_64x64_kv2048": (64, 64, 2048, (900, 1900), (20, 64), 0.75),
+    "few_turns_256x16_kv2048": (16, 256, 2048, (900, 1700), (60, 120), 0.75),
+    "long_1024x4_kv3072": (4, 1024, 3072, (0, 1500), (512, 1024), 1.0),
+}
+SMALL = {"first_prompts_64x4_kv128": (4, 64, 128, (0, 0), (64, 64), 1.0),
+         "turns_64x4_kv256": (4, 64, 256, (70, 150), (20, 64), 0.75)}
+
+
+def call_inputs(rng: np.random.Generator, scenario, slots: int, max_length: int, vocab: int):
+    """``slot_ids [R]``, ``tokens [R, T]``, ``positions [R, T]`` as the scheduler builds them
+    (unused rows: slot ``slots`` and positions ``max_length``, which write nothing), and the
+    number of real tokens."""
+    rows, chunk, _kv, (lo, hi), (n_lo, n_hi), used_share = scenario
+    used = max(1, int(round(rows * used_share)))
+    slot_ids = np.full((rows,), slots, np.int32)
+    slot_ids[:used] = rng.choice(slots, size=used, replace=False)
+    tokens = np.zeros((rows, chunk), np.int32)
+    positions = np.full((rows, chunk), max_length, np.int32)
+    real = 0
+    for r in range(used):
+        n = int(rng.integers(n_lo, n_hi + 1))
+        start = int(rng.integers(lo, hi + 1))
+        tokens[r, :n] = rng.integers(3, vocab, size=n)
+        positions[r, :n] = np.arange(start, start + n)
+        real += n
+    return slot_ids, tokens, positions, real
+
+
+def run_contender(impl: str, cfg, args, scenarios, platform_name: str) -> dict[str, Any]:
+    import jax
+    from flax import nnx
+
+    from agentrl_jax.models.llama import init_model
+    from agentrl_jax.rollout.engine.compiled import compiled_functions
+    from agentrl_jax.rollout.engine.forward import DENSE, FLASH, FLASH_INTERPRET, HEAD_MAJOR, new_cache
+    from benchmarks.devtime import device_time
+
+    kernel = {"dense": DENSE, "flash": FLASH if platform_name == "gpu" else FLASH_INTERPRET}[impl]
+    graphdef, state = nnx.split(init_model(cfg, seed=0))
+    _, prefill, _, _ = compiled_functions(graphdef, args.slots, args.max_length, 8, 8,
+                                          HEAD_MAJOR, DENSE, "xla", prefill_attention=kernel)
+    out: dict[str, Any] = {"prefill_attention": kernel, "scenarios": {}}
+    for name, scenario in scenarios.items():
+        cache = [new_cache(HEAD_MAJOR, cfg, args.slots, args.max_length)]
+        rng = np.random.default_rng(0)  # the same calls for both contenders
+        slot_ids, tokens, positions, real = call_inputs(rng, scenario, args.slots,
+                                                        args.max_length, cfg.vocab_size)
+        kv = scenario[2]
+
+        def call():
+            cache[0] = prefill(state, cache[0], slot_ids, tokens, positions, kv)
+            return cache[0].keys[-1]
+
+        t0 = time.perf_counter()
+        jax.block_until_ready(call())
+        compile_s = time.perf_counter() - t0
+        walls = []
+        for _ in range(args.reps):
+            t0 = time.perf_counter()
+            jax.block_until_ready(call())
+            walls.append(time.perf_counter() - t0)
+        wall_ms = statistics.median(walls) * 1e3
+        dev = device_time(call, calls=min(args.reps, 10)) if platform_name == "gpu" else None
+        used = slot_ids[slot_ids < args.slots]
+        # the rows' written KV of the last layer (depends on every earlier layer's attention)
+        last_k = np.asarray(jax.device_get(cache[0].keys[-1][used, :, :kv]), np.float32)
+        out["scenarios"][name] = {
+            "rows": scenario[0], "chunk": scenario[1], "kv": kv, "real_tokens": real,
+            "positions": scenario[0] * scenario[1], "wall_ms": wall_ms, "compile_s": compile_s,
+            "real_tokens_per_s": real / (wall_ms / 1e3),
+            "device": dev, "_last_k": last_k}
+        busy = f", device busy {dev['busy_ms']:.2f} ms" if dev else ""
+        print(f"  {impl:5s} {name}: {wall_ms:.2f} ms a call{busy}, "
+              f"{real / (wall_ms / 1e3):,.0f} real tok/s", flush=True)
+        del cache[0]
+    return out
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--shape", choices=sorted(SHAPES), default=None)
+    p.add_argument("--dtypes", default="float32", help="comma list: float32, bfloat16")
+    p.add_argument("--slots", type=int, default=None, help="engine slots (default 256)")
+    p.add_argument("--max-length", type=int, default=None, help="KV row (default 3072)")
+    p.add_argument("--reps", type=int, default=20)
+    p.add_argument("--small", action="store_true", help="CPU smoke run: tiny shape and calls")
+    p.add_argument("--json", default=None)
+    args = p.parse_args(argv)
+    import jax
+
+    small = args.small
+    args.shape = args.shape or ("tiny" if small else "smollm2-135m")
+    args.slots = args.slots or (8 if small else 256)
+    args.max_length = args.max_length or (256 if small else 3072)
+    if small:
+        args.reps = min(args.reps, 3)
+    scenarios = SMALL if small else SCENARIOS
+    platform_name = jax.devices()[0].platform
+    report: dict[str, Any] = {
+        "date": time.strftime("%Y-%m-%d"), "device": jax.devices()[0].device_kind,
+        "platform": platform.platform(), "jax": jax.__version__, "shape": args.shape,
+        "slots": args.slots, "max_length": args.max_length, "reps": args.reps, "dtypes": {}}
+    for dtype in args.dtypes.split(","):
+        cfg = model_config(args.shape, dtype)
+        print(f"# {args.shape}, {dtype}, {args.slots} slots x {args.max_length} positions, "
+              f"{jax.devices()[0].device_kind}", flush=True)
+        both = {impl: run_contender(impl, cfg, args, scenarios, platform_name)
+                for impl in ("dense", "flash")}
+        rows = []
+        for name in scenarios:
+            d, f = both["dense"]["scenarios"][name], both["flash"]["scenarios"][name]
+            diff = float(np.max(np.abs(d.pop("_last_k") - f.pop("_last_k"))))
+            ratio = d["wall_ms"] / f["wall_ms"]
+            rows.append({"scenario": name, "dense_ms": d["wall_ms"], "flash_ms": f["wall_ms"],
+                         "speedup": ratio, "max_abs_kv_diff": diff})
+            print(f"{name}: dense {d['wall_ms']:.2f} ms, flash {f['wall_ms']:.2f} ms: "
+                  f"{ratio:.2f}x; written KV differ by at most {diff:.2e}")
+        total_d = sum(r["dense_ms"] for r in rows)
+        total_f = sum(r["flash_ms"] for r in rows)
+        print(f"all scenarios: dense {total_d:.1f} ms, flash {total_f:.1f} ms: "
+              f"{total_d / total_f:.2f}x")
+        report["dtypes"][dtype] = {"contenders": both, "comparison": rows,
+                                   "total_speedup": total_d / total_f}
+        if args.json:  # after every dtype: a later one may not finish
+            with open(args.json, "w") as fh:
+                json.dump(report, fh, indent=2)
+    return report
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,141 @@
+"""Prefill attention (``rollout/engine/prefill_attention.py``): the dense einsums and the flash
+kernel (Pallas interpreter on CPU) against a float64 NumPy loop, the kernel's key-block bound,
+and an engine whose prefill runs the kernel against one whose prefill runs dense attention
+(greedy tokens and log-probs; that engine is itself checked against the model's own forward in
+tests/test_engine.py)."""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from agentrl_jax.rollout.backends.base import SamplingParams
+from agentrl_jax.rollout.engine.engine_config import PREFILL_ATTENTION, EngineConfig
+from agentrl_jax.rollout.engine.prefill_attention import (dense_prefill_attention,
+                                                          flash_prefill_attention,
+                                                          unsupported_prefill_shape)
+from tests.rollout_helpers import make_engine, random_prompt, tiny_model
+
+
+def prefill_reference(q, k, v, positions):
+    """float64 loop: token t of row r at position p < S attends to keys 0..p; padding (p >= S)
+    gets zeros (the flash kernel's output there; the dense one's is never used either)."""
+    rows, t_len, heads, d = q.shape
+    kv_heads, s_len = k.shape[1], k.shape[2]
+    g = heads // kv_heads
+    out = np.zeros(q.shape)
+    for r in range(rows):
+        for t in range(t_len):
+            p = int(positions[r, t])
+            if p >= s_len:
+                continue
+            for h in range(heads):
+                keys = k[r, h // g, :p + 1].astype(np.float64)
+                s = keys @ q[r, t, h].astype(np.float64) / np.sqrt(d)
+                w = np.exp(s - s.max())
+                out[r, t, h] = (w / w.sum()) @ v[r, h // g, :p + 1].astype(np.float64)
+    return out
+
+
+def _inputs(rng, rows, t_len, heads, kv_heads, d, s_len):
+    q = rng.standard_normal((rows, t_len, heads, d)).astype(np.float32)
+    k = rng.standard_normal((rows, kv_heads, s_len, d)).astype(np.float32)
+    v = rng.standard_normal((rows, kv_heads, s_len, d)).astype(np.float32)
+    return q, k, v
+
+
+@pytest.mark.parametrize("kv_heads,groups,d,s_len", [(2, 3, 32, 320), (1, 4, 16, 256)])
+def test_dense_and_flash_prefill_attention_match_a_float64_loop(kv_heads, groups, d, s_len):
+    rng = np.random.default_rng(kv_heads)
+    rows, t_len = 4, 128
+    q, k, v = _inputs(rng, rows, t_len, kv_heads * groups, kv_heads, d, s_len)
+    positions = np.full((rows, t_len), 10_000, np.int32)  # padding: past the row
+    positions[0, :100] = np.arange(100)  # a first chunk; its second query block is part padding
+    positions[1] = np.arange(150, 150 + t_len)  # a later chunk, across key-block boundaries
+    positions[2, :5] = np.arange(s_len - 5, s_len)  # the row's last positions
+    positions[2, 5:20] = s_len  # the first position past the row: padding
+    # row 3: all padding (an unused row of the call)
+    want = prefill_reference(q, k, v, positions)
+    args = [jnp.asarray(x) for x in (q, k, v, positions)]
+    dense = np.asarray(dense_prefill_attention(*args))
+    flash = np.asarray(flash_prefill_attention(*args, interpret=True))
+    real = positions < s_len
+    np.testing.assert_allclose(dense[real], want[real], atol=2e-5)
+    np.testing.assert_allclose(flash, want, atol=2e-5)
+    assert not flash[3].any() and not flash[2, 5:].any()  # padding sees no keys: zeros
+
+
+def test_flash_prefill_reads_no_key_past_its_queries_positions():
+    """Keys after every query's position are replaced by huge values (and NaN in the block
+    past the last one visited): the output must not change, so they were masked or never read."""
+    rng = np.random.default_rng(7)
+    q, k, v = _inputs(rng, 2, 64, 4, 2, 32, 256)
+    positions = np.stack([np.arange(64), np.arange(40, 104)]).astype(np.int32)
+    clean = np.asarray(flash_prefill_attention(*map(jnp.asarray, (q, k, v, positions)),
+                                               interpret=True))
+    k2, v2 = k.copy(), v.copy()
+    k2[0, :, 64:], v2[0, :, 64:] = 1e4, 1e4  # row 0 sees 0..63: one 64-key block
+    k2[1, :, 104:128], v2[1, :, 104:128] = 1e4, 1e4  # masked inside its last block
+    k2[1, :, 128:], v2[1, :, 128:] = np.nan, np.nan  # blocks past the last: never read
+    dirty = np.asarray(flash_prefill_attention(*map(jnp.asarray, (q, k2, v2, positions)),
+                                               interpret=True))
+    np.testing.assert_array_equal(dirty, clean)
+    np.testing.assert_allclose(clean, prefill_reference(q, k, v, positions), atol=2e-5)
+
+
+def test_unsupported_shapes_are_named():
+    assert unsupported_prefill_shape(256, 3072, 64) is None
+    assert "chunk" in unsupported_prefill_shape(16, 3072, 64)
+    assert "KV length" in unsupported_prefill_shape(64, 100, 64)
+    assert "head dim" in unsupported_prefill_shape(64, 512, 48)
+    with pytest.raises(ValueError, match="chunk divisible by 64"):
+        x = jnp.zeros((1, 16, 2, 16))
+        flash_prefill_attention(x, jnp.zeros((1, 1, 64, 16)), jnp.zeros((1, 1, 64, 16)),
+                                jnp.zeros((1, 16), jnp.int32), interpret=True)
+
+
+def test_prefill_attention_config():
+    from agentrl_jax.training import config_sections
+
+    assert config_sections.PREFILL_ATTENTION == PREFILL_ATTENTION
+    assert EngineConfig().resolved_prefill_attention("gpu") == "flash"
+    assert EngineConfig().resolved_prefill_attention("cpu") == "dense"
+    assert EngineConfig(prefill_attention="dense").resolved_prefill_attention("gpu") == "dense"
+    with pytest.raises(ValueError, match="prefill_attention"):
+        EngineConfig(prefill_attention="pallas")
+
+
+def _greedy(engine, prompts, session_prefix=None, max_new=10):
+    sampling = SamplingParams(max_new_tokens=max_new, temperature=0.0, ignore_eos=True)
+    futures = [engine.submit(p, sampling, session_id=None if session_prefix is None
+                             else f"{session_prefix}{i}") for i, p in enumerate(prompts)]
+    return [f.result(timeout=300)[0] for f in futures]
+
+
+def _two_turns(engine, first, extra):
+    """Turn 1, then turn 2 of the same sessions (prompt = turn 1 + its output + ``extra``):
+    the second prefill starts at a cursor past 0 (the cached prefix)."""
+    turn1 = _greedy(engine, first, session_prefix="s")
+    second = [p + list(r.output_ids) + e for p, r, e in zip(first, turn1, extra)]
+    return turn1 + _greedy(engine, second, session_prefix="s")
+
+
+def test_engine_with_flash_prefill_matches_dense():
+    model = tiny_model(seed=5)
+    rng = np.random.default_rng(1)
+    first = [random_prompt(rng, n) for n in (5, 40, 70)]  # 70: two chunks of 64
+    extra = [random_prompt(rng, n) for n in (30, 9, 12)]
+    kw = dict(warmup=False, prefill_chunks=(64,), prefill_tokens=128)
+    results = {}
+    for impl in ("dense", "flash"):
+        engine = make_engine(model, prefill_attention=impl, **kw)
+        try:
+            assert engine.prefill_attention == {"dense": "dense", "flash": "flash_interpret"}[impl]
+            results[impl] = _two_turns(engine, first, extra)
+            assert engine.stats.cached_tokens > 0  # the second turns reused their prefixes
+        finally:
+            engine.close()
+    for got, want in zip(results["flash"], results["dense"]):
+        assert got.output_ids == want.output_ids
+        np.testing.assert_allclose(got.output_logprobs, want.output_logprobs, atol=2e-4)
