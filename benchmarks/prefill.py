@@ -8,7 +8,9 @@ Each contender is the engine's own jitted prefill (``compiled.compiled_functions
 random-weight model of ``--shape`` with the engine of ``experiments/babyai_grpo_gpu.py``
 (``--slots`` slots of ``--max-length`` positions, head-major cache), differing only in
 ``prefill_attention`` (``dense``: XLA einsums over the call's KV length; ``flash``: the Pallas
-kernel of ``rollout/engine/prefill_attention.py``). The calls are the shapes a BabyAI rollout
+kernel of ``rollout/engine/prefill_attention.py`` on the gathered rows; ``flash_in_cache``: the
+kernel reading the rows where they are in the cache, no gather or write-back, every call at the
+whole row's length as the engine then runs it). The calls are the shapes a BabyAI rollout
 makes (docs/PERFORMANCE.md, "The agent loop, profiled"): each scenario is ``rows x chunk``
 tokens attending over a KV bucket, with rows filled as the scheduler fills them (a first
 prompt from position 0, a turn's observation at a later position, part-filled and empty rows).
@@ -75,10 +77,14 @@ def run_contender(impl: str, cfg, args, scenarios, platform_name: str) -> dict[s
 
     from agentrl_jax.models.llama import init_model
     from agentrl_jax.rollout.engine.compiled import compiled_functions
-    from agentrl_jax.rollout.engine.forward import DENSE, FLASH, FLASH_INTERPRET, HEAD_MAJOR, new_cache
+    from agentrl_jax.rollout.engine.forward import (DENSE, FLASH, FLASH_IN_CACHE,
+                                                    FLASH_IN_CACHE_INTERPRET, FLASH_INTERPRET,
+                                                    HEAD_MAJOR, new_cache)
     from benchmarks.devtime import device_time
 
-    kernel = {"dense": DENSE, "flash": FLASH if platform_name == "gpu" else FLASH_INTERPRET}[impl]
+    gpu = platform_name == "gpu"
+    kernel = {"dense": DENSE, "flash": FLASH if gpu else FLASH_INTERPRET,
+              "flash_in_cache": FLASH_IN_CACHE if gpu else FLASH_IN_CACHE_INTERPRET}[impl]
     graphdef, state = nnx.split(init_model(cfg, seed=0))
     _, prefill, _, _ = compiled_functions(graphdef, args.slots, args.max_length, 8, 8,
                                           HEAD_MAJOR, DENSE, "xla", prefill_attention=kernel)
@@ -88,7 +94,8 @@ def run_contender(impl: str, cfg, args, scenarios, platform_name: str) -> dict[s
         rng = np.random.default_rng(0)  # the same calls for both contenders
         slot_ids, tokens, positions, real = call_inputs(rng, scenario, args.slots,
                                                         args.max_length, cfg.vocab_size)
-        kv = scenario[2]
+        # the engine runs in-cache calls at the whole row (no KV buckets)
+        kv = args.max_length if impl == "flash_in_cache" else scenario[2]
 
         def call():
             cache[0] = prefill(state, cache[0], slot_ids, tokens, positions, kv)
@@ -106,14 +113,15 @@ def run_contender(impl: str, cfg, args, scenarios, platform_name: str) -> dict[s
         dev = device_time(call, calls=min(args.reps, 10)) if platform_name == "gpu" else None
         used = slot_ids[slot_ids < args.slots]
         # the rows' written KV of the last layer (depends on every earlier layer's attention)
-        last_k = np.asarray(jax.device_get(cache[0].keys[-1][used, :, :kv]), np.float32)
+        last_k = np.asarray(jax.device_get(cache[0].keys[-1][used, :, :scenario[2]]),
+                            np.float32)
         out["scenarios"][name] = {
             "rows": scenario[0], "chunk": scenario[1], "kv": kv, "real_tokens": real,
             "positions": scenario[0] * scenario[1], "wall_ms": wall_ms, "compile_s": compile_s,
             "real_tokens_per_s": real / (wall_ms / 1e3),
             "device": dev, "_last_k": last_k}
         busy = f", device busy {dev['busy_ms']:.2f} ms" if dev else ""
-        print(f"  {impl:5s} {name}: {wall_ms:.2f} ms a call{busy}, "
+        print(f"  {impl:14s} {name}: {wall_ms:.2f} ms a call{busy}, "
               f"{real / (wall_ms / 1e3):,.0f} real tok/s", flush=True)
         del cache[0]
     return out
@@ -126,6 +134,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--slots", type=int, default=None, help="engine slots (default 256)")
     p.add_argument("--max-length", type=int, default=None, help="KV row (default 3072)")
     p.add_argument("--reps", type=int, default=20)
+    p.add_argument("--contenders", default="dense,flash,flash_in_cache",
+                   help="comma list, the first is the baseline: dense, flash, flash_in_cache")
     p.add_argument("--small", action="store_true", help="CPU smoke run: tiny shape and calls")
     p.add_argument("--json", default=None)
     args = p.parse_args(argv)
@@ -147,23 +157,34 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         cfg = model_config(args.shape, dtype)
         print(f"# {args.shape}, {dtype}, {args.slots} slots x {args.max_length} positions, "
               f"{jax.devices()[0].device_kind}", flush=True)
-        both = {impl: run_contender(impl, cfg, args, scenarios, platform_name)
-                for impl in ("dense", "flash")}
+        contenders = args.contenders.split(",")
+        runs = {impl: run_contender(impl, cfg, args, scenarios, platform_name)
+                for impl in contenders}
+        base = contenders[0]
         rows = []
         for name in scenarios:
-            d, f = both["dense"]["scenarios"][name], both["flash"]["scenarios"][name]
-            diff = float(np.max(np.abs(d.pop("_last_k") - f.pop("_last_k"))))
-            ratio = d["wall_ms"] / f["wall_ms"]
-            rows.append({"scenario": name, "dense_ms": d["wall_ms"], "flash_ms": f["wall_ms"],
-                         "speedup": ratio, "max_abs_kv_diff": diff})
-            print(f"{name}: dense {d['wall_ms']:.2f} ms, flash {f['wall_ms']:.2f} ms: "
-                  f"{ratio:.2f}x; written KV differ by at most {diff:.2e}")
-        total_d = sum(r["dense_ms"] for r in rows)
-        total_f = sum(r["flash_ms"] for r in rows)
-        print(f"all scenarios: dense {total_d:.1f} ms, flash {total_f:.1f} ms: "
-              f"{total_d / total_f:.2f}x")
-        report["dtypes"][dtype] = {"contenders": both, "comparison": rows,
-                                   "total_speedup": total_d / total_f}
+            b = runs[base]["scenarios"][name]
+            row = {"scenario": name, f"{base}_ms": b["wall_ms"]}
+            for impl in contenders[1:]:
+                f = runs[impl]["scenarios"][name]
+                row[f"{impl}_ms"] = f["wall_ms"]
+                row[f"{impl}_speedup"] = b["wall_ms"] / f["wall_ms"]
+                row[f"{impl}_max_abs_kv_diff"] = float(np.max(np.abs(b["_last_k"] -
+                                                                     f["_last_k"])))
+            rows.append(row)
+            print(f"{name}: " + ", ".join(
+                f"{impl} {runs[impl]['scenarios'][name]['wall_ms']:.2f} ms" for impl in contenders)
+                + "; " + ", ".join(f"{impl} {row[f'{impl}_speedup']:.2f}x (KV differ <= "
+                                   f"{row[f'{impl}_max_abs_kv_diff']:.1e})"
+                                   for impl in contenders[1:]))
+        for r in runs.values():
+            for sc in r["scenarios"].values():
+                sc.pop("_last_k")
+        totals = {impl: sum(r[f"{impl}_ms"] for r in rows) for impl in contenders}
+        print("all scenarios: " + ", ".join(f"{impl} {ms:.1f} ms" for impl, ms in totals.items())
+              + "; " + ", ".join(f"{impl} {totals[base] / totals[impl]:.2f}x"
+                                 for impl in contenders[1:]))
+        report["dtypes"][dtype] = {"contenders": runs, "comparison": rows, "totals_ms": totals}
         if args.json:  # after every dtype: a later one may not finish
             with open(args.json, "w") as fh:
                 json.dump(report, fh, indent=2)

@@ -22,6 +22,8 @@ Variants (each a set of config overrides on ``--config``):
   dense_prefill  the config with the engine's prefill attention as XLA einsums over the call's
           whole KV length (``rollout.prefill_attention="dense"``, the engine before the flash
           prefill kernel): the baseline of ``packed`` on a GPU
+  in_cache_prefill  the config with the flash prefill kernel reading the rows where they are
+          in the cache (``rollout.prefill_attention="flash_in_cache"``: no gathered copy)
 
 Per step: ``step`` (wall, rollout included), ``rollout`` (actor pool wall), ``update``
 (learner.update: old / reference log-probs + optimiser steps) = ``logprob`` (the forward-only
@@ -55,6 +57,7 @@ VARIANTS = {
     "bf16_engine": {"rollout.engine_dtype": "bfloat16"},
     "bf16_engine_overlap": {"rollout.engine_dtype": "bfloat16", "train.max_staleness": 1},
     "dense_prefill": {"rollout.prefill_attention": "dense"},
+    "in_cache_prefill": {"rollout.prefill_attention": "flash_in_cache"},
     "padded": {"learner.pack_length": 0, "train.skip_flat_groups": False,
                "learner.attention_impl": None},
 }

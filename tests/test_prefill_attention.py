@@ -14,6 +14,7 @@ from agentrl_jax.rollout.backends.base import SamplingParams
 from agentrl_jax.rollout.engine.engine_config import PREFILL_ATTENTION, EngineConfig
 from agentrl_jax.rollout.engine.prefill_attention import (dense_prefill_attention,
                                                           flash_prefill_attention,
+                                                          flash_prefill_attention_in_cache,
                                                           unsupported_prefill_shape)
 from tests.rollout_helpers import make_engine, random_prompt, tiny_model
 
@@ -84,6 +85,31 @@ def test_flash_prefill_reads_no_key_past_its_queries_positions():
     np.testing.assert_allclose(clean, prefill_reference(q, k, v, positions), atol=2e-5)
 
 
+def test_flash_prefill_in_cache_reads_each_row_at_its_slot():
+    """Rows 0-3 of the call are slots 4, 1, (none: 6 >= 6 slots) and 2 of a 6-slot cache whose
+    other slots hold NaN: the output equals the float64 loop over each slot's row, and the
+    unused row reads nothing (zeros)."""
+    rng = np.random.default_rng(11)
+    rows, t_len, kv_heads, groups, d, s_len = 4, 64, 2, 2, 32, 192
+    q, k_rows, v_rows = _inputs(rng, rows, t_len, kv_heads * groups, kv_heads, d, s_len)
+    slots = np.array([4, 1, 6, 2], np.int32)
+    cache_k = np.full((6, kv_heads, s_len, d), np.nan, np.float32)
+    cache_v = np.full((6, kv_heads, s_len, d), np.nan, np.float32)
+    for r, slot in enumerate(slots):
+        if slot < 6:
+            cache_k[slot], cache_v[slot] = k_rows[r], v_rows[r]
+    positions = np.full((rows, t_len), 10_000, np.int32)
+    positions[0] = np.arange(t_len)
+    positions[1, :40] = np.arange(100, 140)
+    positions[2] = np.arange(t_len)  # its slot is out of range: unused, reads nothing
+    positions[3, :3] = np.arange(s_len - 3, s_len)
+    got = np.asarray(flash_prefill_attention_in_cache(
+        *map(jnp.asarray, (q, cache_k, cache_v, slots, positions)), interpret=True))
+    want = prefill_reference(q, k_rows, v_rows, positions)
+    want[2] = 0.0
+    np.testing.assert_allclose(got, want, atol=2e-5)
+
+
 def test_unsupported_shapes_are_named():
     assert unsupported_prefill_shape(256, 3072, 64) is None
     assert "chunk" in unsupported_prefill_shape(16, 3072, 64)
@@ -102,6 +128,8 @@ def test_prefill_attention_config():
     assert EngineConfig().resolved_prefill_attention("gpu") == "flash"
     assert EngineConfig().resolved_prefill_attention("cpu") == "dense"
     assert EngineConfig(prefill_attention="dense").resolved_prefill_attention("gpu") == "dense"
+    assert EngineConfig(prefill_attention="flash_in_cache").resolved_prefill_attention(
+        "cpu") == "flash_in_cache"
     with pytest.raises(ValueError, match="prefill_attention"):
         EngineConfig(prefill_attention="pallas")
 
@@ -128,14 +156,18 @@ def test_engine_with_flash_prefill_matches_dense():
     extra = [random_prompt(rng, n) for n in (30, 9, 12)]
     kw = dict(warmup=False, prefill_chunks=(64,), prefill_tokens=128)
     results = {}
-    for impl in ("dense", "flash"):
-        engine = make_engine(model, prefill_attention=impl, **kw)
+    for impl in ("dense", "flash", "flash_in_cache"):
+        engine = make_engine(model, prefill_attention=impl, prefill_kv_buckets=(64,), **kw)
         try:
-            assert engine.prefill_attention == {"dense": "dense", "flash": "flash_interpret"}[impl]
+            assert engine.prefill_attention == {"dense": "dense", "flash": "flash_interpret",
+                                                "flash_in_cache": "flash_in_cache_interpret"}[impl]
+            # rows read in place need no KV buckets: one prefill shape per chunk
+            assert engine.config.kv_buckets == ((128,) if impl == "flash_in_cache" else (64, 128))
             results[impl] = _two_turns(engine, first, extra)
             assert engine.stats.cached_tokens > 0  # the second turns reused their prefixes
         finally:
             engine.close()
-    for got, want in zip(results["flash"], results["dense"]):
-        assert got.output_ids == want.output_ids
-        np.testing.assert_allclose(got.output_logprobs, want.output_logprobs, atol=2e-4)
+    for impl in ("flash", "flash_in_cache"):
+        for got, want in zip(results[impl], results["dense"]):
+            assert got.output_ids == want.output_ids
+            np.testing.assert_allclose(got.output_logprobs, want.output_logprobs, atol=2e-4)

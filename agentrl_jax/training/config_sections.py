@@ -22,7 +22,7 @@ from agentrl_jax.rollout import sampling_limits as limits
 
 HORIZON_TYPES = ("scaling_inter", "fixed")
 ENGINE_DTYPES = ("", "float32", "bfloat16")
-PREFILL_ATTENTION = ("auto", "flash", "dense")  # EngineConfig.prefill_attention's names
+PREFILL_ATTENTION = ("auto", "flash", "flash_in_cache", "dense")  # EngineConfig's names
 MODEL_DTYPES = ("float32", "bfloat16")
 
 
@@ -216,7 +216,8 @@ class RolloutConfig(Section):
     # auto (ragged_fused on GPU) | ragged_fused | ragged | dense
     decode_attention: str = setting("auto")
     # prefill attention: auto (a flash kernel on GPU that reads only the keys each query block
-    # sees) | flash | dense (XLA einsums over the whole KV length; EngineConfig.prefill_attention)
+    # sees) | flash | flash_in_cache (no copy of the rows) | dense (XLA einsums over the whole
+    # KV length; EngineConfig.prefill_attention)
     prefill_attention: str = setting("auto", choices=PREFILL_ATTENTION, kind="prefill attention")
     # decode GEMMs: auto (merged q/k/v and gate/up on cuBLAS for a one-GPU engine) | xla |
     # merged | merged_cublas (EngineConfig.decode_gemm)

@@ -15,8 +15,10 @@ import jax.numpy as jnp
 from flax import nnx
 
 from agentrl_jax.models.lm_head import lm_head_f32
-from agentrl_jax.rollout.engine.forward import (DECODE_GEMM, DENSE, HEAD_MAJOR, forward, map_cache,
-                                         merge_projections)
+from agentrl_jax.rollout.engine.forward import (DECODE_GEMM, DENSE, FLASH_IN_CACHE,
+                                                FLASH_IN_CACHE_INTERPRET, HEAD_MAJOR, forward,
+                                                map_cache, merge_projections)
+from agentrl_jax.rollout.engine.prefill_attention import unsupported_prefill_shape
 from agentrl_jax.rollout.engine.sampling import sample_tokens
 
 # Columns of the packed per-slot int32 array: last token, its position, active flag, tokens
@@ -47,7 +49,10 @@ def compiled_functions(graphdef: Any, max_batch: int, max_length: int, decode_st
     weight version and passed to every decode call. ``decode_gemm``: one of
     :data:`DECODE_GEMM` (the decode call only); ``one_pass_sampler``: ``sample_tokens``'s
     ``one_pass`` (the engine turns it on for GPUs); ``prefill_attention``: the prefill call's
-    attention (``forward.forward``: ``dense``, ``flash`` or ``flash_interpret``)."""
+    attention (``forward.forward``: ``dense``, ``flash`` or ``flash_interpret`` on the gathered
+    rows; ``flash_in_cache`` (/ ``_interpret``) on the rows where they are in the cache, with no
+    gather or write-back, where the kernel's tiles cover the call's shape, else dense on the
+    gathered rows)."""
     if decode_gemm not in DECODE_GEMM:
         raise ValueError(f"decode_gemm must be one of {DECODE_GEMM}, got {decode_gemm!r}")
     B, S, K, M = max_batch, max_length, decode_steps, max_stop_ids
@@ -98,10 +103,17 @@ def compiled_functions(graphdef: Any, max_batch: int, max_length: int, decode_st
     seq_axis = 2 if kv_layout == HEAD_MAJOR else 1  # [B, K, S, Dh] or [B, S, K, Dh]
 
     def prefill(state, cache, slot_ids, tokens, positions, kv_len):
+        model = nnx.merge(graphdef, state)
+        if prefill_attention in (FLASH_IN_CACHE, FLASH_IN_CACHE_INTERPRET) and \
+                unsupported_prefill_shape(tokens.shape[1], max_length, model.cfg.head_dim) is None:
+            # the rows stay in the cache: keys / values written at (slot, position), the
+            # kernel reads each row at its slot (unused rows: slot max_batch, dropped)
+            _, cache = forward(model, tokens, positions, cache,
+                               prefill_attention=prefill_attention, slots=slot_ids)
+            return cache
         # Only the first kv_len positions of the rows are gathered, attended over and written
         # back: the caller picks kv_len > every real position (padding positions are
         # max_length: dropped), so later positions are neither read nor changed.
-        model = nnx.merge(graphdef, state)
         # rows slot_ids, positions 0..kv_len-1 of a [B, K, S, Dh] or [B, S, K, Dh] array
         index = (slot_ids,) + (slice(None),) * (seq_axis - 1) + (slice(0, kv_len),)
 
@@ -109,8 +121,10 @@ def compiled_functions(graphdef: Any, max_batch: int, max_length: int, decode_st
             return jax.lax.slice_in_dim(jnp.take(x, slot_ids, axis=0, mode="clip"), 0, kv_len,
                                         axis=seq_axis)
 
+        gathered = (DENSE if prefill_attention in (FLASH_IN_CACHE, FLASH_IN_CACHE_INTERPRET)
+                    else prefill_attention)
         _, sub = forward(model, tokens, positions, map_cache(rows, cache),
-                         prefill_attention=prefill_attention)
+                         prefill_attention=gathered)
 
         def put(x, new):
             return x.at[index].set(new, mode="drop")

@@ -69,7 +69,8 @@ from agentrl_jax.rollout.engine.compiled import STOP, compiled_functions
 from agentrl_jax.rollout.engine.decode_attention import ragged_tiling
 from agentrl_jax.rollout.engine.engine_config import EngineConfig
 from agentrl_jax.rollout.engine.failures import FailureHandling
-from agentrl_jax.rollout.engine.forward import (DENSE, FLASH, FLASH_INTERPRET, FUSED,
+from agentrl_jax.rollout.engine.forward import (DENSE, FLASH, FLASH_IN_CACHE,
+                                                FLASH_IN_CACHE_INTERPRET, FLASH_INTERPRET, FUSED,
                                                 FUSED_INTERPRET, RAGGED, RAGGED_INTERPRET,
                                                 new_cache)
 from agentrl_jax.rollout.engine.fused_decode_attention import unsupported_shape
@@ -123,6 +124,9 @@ class Engine(WeightsAndCache, Scheduler, FailureHandling, BatchedSamplesBackend)
         c = self.config
         self.decode_attention = self._resolve_decode_attention()
         self.prefill_attention = self._resolve_prefill_attention()
+        if self.prefill_attention in (FLASH_IN_CACHE, FLASH_IN_CACHE_INTERPRET):
+            # rows read in place: one KV length (the whole row), no buckets to compile
+            self.config = c = dataclasses.replace(c, prefill_kv_buckets=())
         self.decode_gemm = c.resolved_decode_gemm(self.placement.platform,
                                                   self.placement.tensor_parallel)
         self._decode_fn, self._prefill_fn, self._copy_fn, self._merge_fn = compiled_functions(
@@ -233,19 +237,23 @@ class Engine(WeightsAndCache, Scheduler, FailureHandling, BatchedSamplesBackend)
         return RAGGED if platform == "gpu" else RAGGED_INTERPRET
 
     def _resolve_prefill_attention(self) -> str:
-        """The prefill attention this engine compiles: ``flash`` (the Pallas kernel; in the
-        Pallas interpreter off GPUs, for tests) or ``dense``. The kernel needs the head-major
-        cache and one device (it is not partitioned over a tensor-parallel group)."""
+        """The prefill attention this engine compiles: ``flash`` / ``flash_in_cache`` (the
+        Pallas kernel; in the Pallas interpreter off GPUs, for tests) or ``dense``. The kernel
+        needs the head-major cache and one device (it is not partitioned over a tensor-parallel
+        group)."""
         c, platform = self.config, self.placement.platform
-        if c.resolved_prefill_attention(platform) != FLASH:
+        choice = c.resolved_prefill_attention(platform)
+        if choice not in (FLASH, FLASH_IN_CACHE):
             return DENSE
         why = ("the seq-major cache layout" if c.kv_layout != "bksd" else
                "tensor parallelism" if self.placement.tensor_parallel > 1 else None)
         if why is not None:
-            if c.prefill_attention == FLASH:
-                log.warning("flash prefill attention is not available with %s; using dense",
-                            why)
+            if c.prefill_attention in (FLASH, FLASH_IN_CACHE):
+                log.warning("%s prefill attention is not available with %s; using dense",
+                            c.prefill_attention, why)
             return DENSE
+        if choice == FLASH_IN_CACHE:
+            return FLASH_IN_CACHE if platform == "gpu" else FLASH_IN_CACHE_INTERPRET
         return FLASH if platform == "gpu" else FLASH_INTERPRET
 
     def _new_cache(self):

@@ -10,7 +10,7 @@ from agentrl_jax.rollout.engine.forward import (DECODE_GEMM, HEAD_MAJOR, MERGED_
                                          XLA_GEMM)
 
 DECODE_ATTENTION = ("auto", "ragged_fused", "ragged", "dense")
-PREFILL_ATTENTION = ("auto", "flash", "dense")
+PREFILL_ATTENTION = ("auto", "flash", "flash_in_cache", "dense")
 #: the smallest default prefill KV bucket (``EngineConfig.prefill_kv_buckets``)
 MIN_PREFILL_KV = 512
 
@@ -58,8 +58,11 @@ class EngineConfig:
     ``n > 1`` fork path), e.g. the samples of a GRPO group on their first turn.
     prefill_attention: a prefill call's attention over the head-major cache: ``"flash"`` a
     Pallas flash kernel that reads only the keys each block of queries sees and writes no
-    scores to memory (``prefill_attention.py``), ``"dense"`` XLA einsums over the call's whole
-    KV length, ``"auto"``: flash on a GPU, dense elsewhere (one-device engines; call shapes the
+    scores to memory (``prefill_attention.py``), on a copy of the call's rows (their KV bucket,
+    gathered and written back); ``"flash_in_cache"`` the same kernel reading each row where it
+    is in the cache (no gather, no write-back, no KV buckets: ``prefill_kv_buckets`` is
+    ignored; not yet measured on a GPU); ``"dense"`` XLA einsums over the call's whole KV
+    length; ``"auto"``: flash on a GPU, dense elsewhere (one-device engines; call shapes the
     kernel's tiles miss run dense).
     """
 
@@ -153,8 +156,8 @@ class EngineConfig:
         return "ragged_fused" if platform == "gpu" else "dense"
 
     def resolved_prefill_attention(self, platform: str) -> str:
-        """``flash`` or ``dense`` for a device platform: ``auto`` is flash on GPUs (the Pallas
-        Triton kernel), dense elsewhere."""
+        """``flash``, ``flash_in_cache`` or ``dense`` for a device platform: ``auto`` is flash on
+        GPUs (the Pallas Triton kernel), dense elsewhere."""
         if self.prefill_attention != "auto":
             return self.prefill_attention
         return "flash" if platform == "gpu" else "dense"

@@ -31,6 +31,7 @@ from agentrl_jax.rollout.engine.decode_attention import ragged_decode_attention
 from agentrl_jax.rollout.engine.fused_decode_attention import fused_decode_attention
 from agentrl_jax.rollout.engine.prefill_attention import (dense_prefill_attention,
                                                           flash_prefill_attention,
+                                                          flash_prefill_attention_in_cache,
                                                           unsupported_prefill_shape)
 
 HEAD_MAJOR, SEQ_MAJOR = "bksd", "bskd"
@@ -40,6 +41,8 @@ FUSED, FUSED_INTERPRET = "ragged_fused", "ragged_fused_interpret"
 # prefill (multi-token) attention: XLA einsums over the whole row, or the flash kernel that reads
 # only the keys each block of queries sees (prefill_attention.py)
 FLASH, FLASH_INTERPRET = "flash", "flash_interpret"
+# the same kernel reading each row at its slot of the whole cache (no gathered copy of the rows)
+FLASH_IN_CACHE, FLASH_IN_CACHE_INTERPRET = "flash_in_cache", "flash_in_cache_interpret"
 # The decode step's GEMMs: the model's separate projections (XLA merges and tiles them),
 # q/k/v and gate/up weights concatenated once per weight version (:func:`merge_projections`), or
 # that with cuBLAS for every GEMM of the decode call (XLA's Triton GEMMs off).
@@ -133,15 +136,18 @@ def _fused_decode(attn, x: jax.Array, cos: jax.Array, sin: jax.Array, positions:
 
 def _attention(attn, x: jax.Array, cos: jax.Array, sin: jax.Array, positions: jax.Array,
                cache_k: jax.Array, cache_v: jax.Array, decode_attention: str = DENSE,
-               merged: MergedProjections | None = None, prefill_attention: str = DENSE
-               ) -> tuple[jax.Array, jax.Array, jax.Array]:
+               merged: MergedProjections | None = None, prefill_attention: str = DENSE,
+               slots: jax.Array | None = None) -> tuple[jax.Array, jax.Array, jax.Array]:
     """The model's ``Attention`` with a head-major cache: returns (output, cache_k, cache_v).
     A one-token call (decode) with ``decode_attention`` ``ragged`` / ``ragged_interpret``
     reads only each row's valid keys (``decode_attention.py``), with ``ragged_fused`` /
     ``ragged_fused_interpret`` the same kernel also writes the new keys / values
     (``fused_decode_attention.py``; no scatters); ``merged``: q/k/v as one GEMM. A
     multi-token call (prefill) with ``prefill_attention`` ``flash`` / ``flash_interpret`` runs
-    the flash kernel of ``prefill_attention.py``, otherwise XLA einsums over the whole row."""
+    the flash kernel of ``prefill_attention.py``, otherwise XLA einsums over the whole row.
+    ``slots [B]``: row ``b`` of the call is cache row ``slots[b]`` of the whole cache (a
+    prefill with ``flash_in_cache`` / ``flash_in_cache_interpret``; rows ``>= `` the cache's
+    are unused); None: row ``b`` is cache row ``b``."""
     cfg: ModelConfig = attn.cfg
     b, t, _ = x.shape
     h, kh, dh = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
@@ -160,7 +166,7 @@ def _attention(attn, x: jax.Array, cos: jax.Array, sin: jax.Array, positions: ja
     if cfg.qk_norm:
         q, k = attn.q_norm(q), attn.k_norm(k)
     q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-    rows = jnp.arange(b)[:, None]
+    rows = (jnp.arange(b) if slots is None else slots)[:, None]
     # Advanced indices (rows, positions) around a slice: the update is laid out [B, T, K, Dh].
     cache_k = cache_k.at[rows, :, positions].set(k.astype(cache_k.dtype), mode="drop")
     cache_v = cache_v.at[rows, :, positions].set(v.astype(cache_v.dtype), mode="drop")
@@ -171,7 +177,13 @@ def _attention(attn, x: jax.Array, cos: jax.Array, sin: jax.Array, positions: ja
         out = ragged_decode_attention(q[:, 0], cache_k, cache_v, lengths,
                                       interpret=decode_attention == RAGGED_INTERPRET)
         return attn.o_proj(out.reshape(b, 1, h * dh)), cache_k, cache_v
-    if (t > 1 and prefill_attention in (FLASH, FLASH_INTERPRET)
+    if slots is not None:
+        if prefill_attention not in (FLASH_IN_CACHE, FLASH_IN_CACHE_INTERPRET):
+            raise ValueError("rows at slots of the whole cache need flash_in_cache attention")
+        out = flash_prefill_attention_in_cache(
+            q, cache_k, cache_v, slots, positions,
+            interpret=prefill_attention == FLASH_IN_CACHE_INTERPRET)
+    elif (t > 1 and prefill_attention in (FLASH, FLASH_INTERPRET)
             and unsupported_prefill_shape(t, s, dh) is None):  # else dense, for this shape
         out = flash_prefill_attention(q, cache_k, cache_v, positions,
                                       interpret=prefill_attention == FLASH_INTERPRET)
@@ -191,13 +203,15 @@ def _mlp(mlp, x: jax.Array, merged: MergedProjections) -> jax.Array:
 def forward(model: CausalLM, input_ids: jax.Array, positions: jax.Array, cache,
             decode_attention: str = DENSE,
             merged: tuple[MergedProjections, ...] | None = None,
-            prefill_attention: str = DENSE) -> tuple[jax.Array, object]:
+            prefill_attention: str = DENSE, slots: jax.Array | None = None
+            ) -> tuple[jax.Array, object]:
     """Final-normed hidden states ``[B, T, D]`` and the updated cache (either layout).
     ``decode_attention``: ``dense`` / ``ragged`` / ``ragged_interpret`` for one-token calls on
     the head-major cache (see :func:`_attention`); ``merged``: :func:`merge_projections` of
     the model (head-major cache only), q/k/v and gate/up then run as one GEMM each;
     ``prefill_attention``: ``dense`` / ``flash`` / ``flash_interpret`` for multi-token calls on
-    the head-major cache (see :func:`_attention`)."""
+    the head-major cache, ``flash_in_cache`` (/ ``_interpret``) with ``slots [B]``: the call's
+    rows are those slots of the whole cache (see :func:`_attention`)."""
     if isinstance(cache, KVCache):
         if merged is not None:
             raise ValueError("merged projections need the head-major cache")
@@ -210,7 +224,7 @@ def forward(model: CausalLM, input_ids: jax.Array, positions: jax.Array, cache,
         layer_merged = None if merged is None else merged[i]
         attn_out, ck, cv = _attention(layer.attn, layer.input_norm(x), cos, sin, positions,
                                       cache.keys[i], cache.values[i], decode_attention,
-                                      layer_merged, prefill_attention)
+                                      layer_merged, prefill_attention, slots)
         x = x + attn_out
         normed = layer.post_attn_norm(x)
         x = x + (layer.mlp(normed) if layer_merged is None else
@@ -229,4 +243,4 @@ def map_cache(fn, cache):
 __all__ = ["HeadMajorCache", "MergedProjections", "forward", "merge_projections", "new_cache",
            "map_cache", "DECODE_GEMM", "XLA_GEMM", "MERGED_GEMM", "MERGED_CUBLAS", "HEAD_MAJOR",
            "SEQ_MAJOR", "DENSE", "RAGGED", "RAGGED_INTERPRET", "FUSED", "FUSED_INTERPRET", "FLASH",
-           "FLASH_INTERPRET"]
+           "FLASH_INTERPRET", "FLASH_IN_CACHE", "FLASH_IN_CACHE_INTERPRET"]

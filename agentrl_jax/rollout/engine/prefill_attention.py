@@ -76,35 +76,57 @@ def unsupported_prefill_shape(chunk: int, kv_length: int, head_dim: int) -> str 
     return None
 
 
-def _kernel(q_ref, k_ref, v_ref, pos_ref, hi_ref, o_ref, *, sm_scale: float, block_k: int):
-    """Program ``(r, h, i)``: queries ``q [BLOCK_Q, Dh]`` of head ``h``, rows' keys / values
-    ``[S, Dh]`` of head ``h // G``, positions ``[T]`` (``-1``: padding), key blocks to visit
-    ``hi []``; output ``[BLOCK_Q, Dh]``."""
-    from jax.experimental import pallas as pl
+def _attend(q, q_pos, load_k, load_v, hi, block_k: int, sm_scale: float) -> jax.Array:
+    """Online-softmax attention of queries ``q [BLOCK_Q, Dh]`` at ``q_pos [BLOCK_Q]`` over key
+    blocks ``0..hi-1`` (``load_k(j)`` / ``load_v(j)``: block ``j``, ``[block_k, Dh]``)."""
     from jax.experimental.pallas import triton as plgpu
-
-    i = pl.program_id(2)
-    q = q_ref[...]
-    q_pos = pos_ref[pl.ds(i * BLOCK_Q, BLOCK_Q)]
 
     def body(j, carry):
         o, m, l = carry
-        cols = pl.ds(j * block_k, block_k)
-        s = plgpu.dot(q, k_ref[cols, :].T).astype(jnp.float32) * sm_scale
+        s = plgpu.dot(q, load_k(j).T).astype(jnp.float32) * sm_scale
         keep = (j * block_k + jnp.arange(block_k))[None, :] <= q_pos[:, None]
         s = jnp.where(keep, s, _NEG)
         m_next = jnp.maximum(m, s.max(axis=-1))
         p = jnp.where(keep, jnp.exp(s - m_next[:, None]), 0.0)
         corr = jnp.exp(m - m_next)
-        v = v_ref[cols, :]
+        v = load_v(j)
         o = corr[:, None] * o + plgpu.dot(p.astype(v.dtype), v).astype(jnp.float32)
         return o, m_next, corr * l + p.sum(axis=-1)
 
     o = jnp.zeros((BLOCK_Q, q.shape[-1]), jnp.float32)
     m = jnp.full((BLOCK_Q,), _NEG, jnp.float32)
     l = jnp.zeros((BLOCK_Q,), jnp.float32)
-    o, m, l = lax.fori_loop(0, hi_ref[()], body, (o, m, l))
-    o_ref[...] = (o / jnp.maximum(l, 1e-30)[:, None]).astype(o_ref.dtype)
+    o, m, l = lax.fori_loop(0, hi, body, (o, m, l))
+    return o / jnp.maximum(l, 1e-30)[:, None]
+
+
+def _kernel(q_ref, k_ref, v_ref, pos_ref, hi_ref, o_ref, *, sm_scale: float, block_k: int):
+    """Program ``(r, h, i)``: queries ``q [BLOCK_Q, Dh]`` of head ``h``, rows' keys / values
+    ``[S, Dh]`` of head ``h // G``, positions ``[T]`` (``-1``: padding), key blocks to visit
+    ``hi []``; output ``[BLOCK_Q, Dh]``."""
+    from jax.experimental import pallas as pl
+
+    i = pl.program_id(2)
+    q_pos = pos_ref[pl.ds(i * BLOCK_Q, BLOCK_Q)]
+    o = _attend(q_ref[...], q_pos, lambda j: k_ref[pl.ds(j * block_k, block_k), :],
+                lambda j: v_ref[pl.ds(j * block_k, block_k), :], hi_ref[()], block_k, sm_scale)
+    o_ref[...] = o.astype(o_ref.dtype)
+
+
+def _kernel_in_cache(q_ref, slot_ref, k_ref, v_ref, pos_ref, hi_ref, o_ref, *, sm_scale: float,
+                     block_k: int, groups: int):
+    """Program ``(r, h, i)`` reading the row's keys / values from the whole cache ``[B, K, S,
+    Dh]`` at slot ``slot []`` (loaded in the kernel: no gathered copy of the rows)."""
+    from jax.experimental import pallas as pl
+
+    i, kv_head = pl.program_id(2), pl.program_id(1) // groups
+    slot = slot_ref[()]
+    q_pos = pos_ref[pl.ds(i * BLOCK_Q, BLOCK_Q)]
+    o = _attend(q_ref[...], q_pos,
+                lambda j: k_ref[slot, kv_head, pl.ds(j * block_k, block_k), :],
+                lambda j: v_ref[slot, kv_head, pl.ds(j * block_k, block_k), :],
+                hi_ref[()], block_k, sm_scale)
+    o_ref[...] = o.astype(o_ref.dtype)
 
 
 @functools.partial(jax.jit, static_argnames=("interpret",))
@@ -122,9 +144,7 @@ def flash_prefill_attention(q: jax.Array, cache_k: jax.Array, cache_v: jax.Array
         raise ValueError(why)
     block_k = flash_block_k(s)
     g = h // kh
-    pos = jnp.where(positions < s, positions, -1).astype(jnp.int32)  # padding: no keys
-    last = pos.reshape(b, t // BLOCK_Q, BLOCK_Q).max(axis=-1)  # [R, T / BLOCK_Q]
-    hi = (last + block_k) // block_k  # key blocks holding 0..last (0 for all-padding blocks)
+    pos, hi = _positions_and_bounds(positions, s, block_k)
     q_spec = pl.BlockSpec((None, BLOCK_Q, None, dh), lambda r, hh, i: (r, i, hh, 0))
     kv_spec = pl.BlockSpec((None, None, s, dh), lambda r, hh, i: (r, hh // g, 0, 0))
     return pl.pallas_call(
@@ -137,8 +157,56 @@ def flash_prefill_attention(q: jax.Array, cache_k: jax.Array, cache_v: jax.Array
         out_shape=jax.ShapeDtypeStruct(q.shape, q.dtype),
         interpret=interpret,
         compiler_params=plgpu.CompilerParams(num_warps=4, num_stages=2),
-    )(q, cache_k.astype(q.dtype), cache_v.astype(q.dtype), pos, hi.astype(jnp.int32))
+    )(q, cache_k.astype(q.dtype), cache_v.astype(q.dtype), pos, hi)
+
+
+def _positions_and_bounds(positions: jax.Array, kv_length: int, block_k: int
+                          ) -> tuple[jax.Array, jax.Array]:
+    """Positions with padding (``>= kv_length``) as -1, and per block of queries the number of
+    key blocks holding positions ``0..last`` (0 for an all-padding block): ``[R, T]``,
+    ``[R, T / BLOCK_Q]`` int32."""
+    r, t = positions.shape
+    pos = jnp.where(positions < kv_length, positions, -1).astype(jnp.int32)
+    last = pos.reshape(r, t // BLOCK_Q, BLOCK_Q).max(axis=-1)
+    return pos, ((last + block_k) // block_k).astype(jnp.int32)
+
+
+@functools.partial(jax.jit, static_argnames=("interpret",))
+def flash_prefill_attention_in_cache(q: jax.Array, cache_k: jax.Array, cache_v: jax.Array,
+                                     slots: jax.Array, positions: jax.Array,
+                                     interpret: bool = False) -> jax.Array:
+    """:func:`flash_prefill_attention` reading row ``r``'s keys / values at slot ``slots[r]``
+    of the whole cache ``[B, K, S, Dh]`` (the call's keys already written there), so the rows
+    are neither gathered nor written back. A row whose slot is ``>= B`` is unused: give its
+    tokens positions ``>= S`` (it then reads nothing). ``q [R, T, H, Dh]``, ``slots [R]``,
+    ``positions [R, T]`` -> ``[R, T, H, Dh]``."""
+    from jax.experimental import pallas as pl
+    from jax.experimental.pallas import triton as plgpu
+
+    b, t, h, dh = q.shape
+    n_slots, kh, s = cache_k.shape[0], cache_k.shape[1], cache_k.shape[2]
+    why = unsupported_prefill_shape(t, s, dh)
+    if why is not None:
+        raise ValueError(why)
+    block_k = flash_block_k(s)
+    pos, hi = _positions_and_bounds(positions, s, block_k)
+    hi = jnp.where((slots < n_slots)[:, None], hi, 0)  # an unused row reads nothing
+    q_spec = pl.BlockSpec((None, BLOCK_Q, None, dh), lambda r, hh, i: (r, i, hh, 0))
+    cache_spec = pl.BlockSpec(cache_k.shape, lambda r, hh, i: (0, 0, 0, 0))
+    return pl.pallas_call(
+        functools.partial(_kernel_in_cache, sm_scale=dh ** -0.5, block_k=block_k,
+                          groups=h // kh),
+        grid=(b, h, t // BLOCK_Q),
+        in_specs=[q_spec, pl.BlockSpec((None,), lambda r, hh, i: (r,)), cache_spec, cache_spec,
+                  pl.BlockSpec((None, t), lambda r, hh, i: (r, 0)),
+                  pl.BlockSpec((None, None), lambda r, hh, i: (r, i))],
+        out_specs=q_spec,
+        out_shape=jax.ShapeDtypeStruct(q.shape, q.dtype),
+        interpret=interpret,
+        compiler_params=plgpu.CompilerParams(num_warps=4, num_stages=2),
+    )(q, jnp.clip(slots, 0, n_slots - 1).astype(jnp.int32), cache_k.astype(q.dtype),
+      cache_v.astype(q.dtype), pos, hi)
 
 
 __all__ = ["BLOCK_Q", "dense_prefill_attention", "flash_block_k", "flash_prefill_attention",
-           "unsupported_prefill_shape"]
+           "flash_prefill_attention_in_cache", "unsupported_prefill_shape"]

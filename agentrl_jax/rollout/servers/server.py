@@ -179,7 +179,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="auto (merged q/k/v and gate/up on cuBLAS for one GPU), xla, merged or "
                         "merged_cublas (EngineConfig.decode_gemm)")
     p.add_argument("--prefill-attention", choices=list(PREFILL_ATTENTION), default="auto",
-                   help="auto (a flash kernel on GPU), flash or dense "
+                   help="auto (a flash kernel on GPU), flash, flash_in_cache or dense "
                         "(EngineConfig.prefill_attention)")
     p.add_argument("--prefill-kv-buckets", default=None,
                    help="'' (whole row), 'auto' or a comma list of lengths "
