@@ -9,8 +9,8 @@ random-weight model of ``--shape`` with the engine of ``experiments/babyai_grpo_
 (``--slots`` slots of ``--max-length`` positions, head-major cache), differing only in
 ``prefill_attention`` (``dense``: XLA einsums over the call's KV length; ``flash``: the Pallas
 kernel of ``rollout/engine/prefill_attention.py`` on the gathered rows; ``flash_in_cache``: the
-kernel reading the rows where they are in the cache, no gather or write-back, every call at the
-whole row's length as the engine then runs it). The calls are the shapes a BabyAI rollout
+kernel reading the rows where they are in the cache, no gather or write-back, with the call's
+tokens packed into rows of 64 as the engine then runs it: ``prefill_plan.plan_packed``). The calls are the shapes a BabyAI rollout
 makes (docs/PERFORMANCE.md, "The agent loop, profiled"): each scenario is ``rows x chunk``
 tokens attending over a KV bucket, with rows filled as the scheduler fills them (a first
 prompt from position 0, a turn's observation at a later position, part-filled and empty rows).
@@ -71,6 +71,26 @@ def call_inputs(rng: np.random.Generator, scenario, slots: int, max_length: int,
     return slot_ids, tokens, positions, real
 
 
+def packed_inputs(slot_ids, tokens, positions, slots: int, max_length: int, piece: int,
+                  row_buckets: tuple[int, ...]):
+    """The same tokens as the engine's packed calls hold them (``prefill_plan.plan_packed``):
+    each row's real tokens cut into consecutive rows of ``piece`` tokens, in the smallest row
+    bucket that holds them."""
+    pieces = []
+    for r in range(tokens.shape[0]):
+        n = int((positions[r] < max_length).sum())
+        for a in range(0, n, piece):
+            pieces.append((slot_ids[r], tokens[r, a:min(n, a + piece)],
+                           positions[r, a:min(n, a + piece)]))
+    rows = min(b for b in row_buckets if b >= len(pieces))
+    p_slots = np.full((rows,), slots, np.int32)
+    p_tokens = np.zeros((rows, piece), np.int32)
+    p_positions = np.full((rows, piece), max_length, np.int32)
+    for r, (slot, tok, pos) in enumerate(pieces):
+        p_slots[r], p_tokens[r, :len(tok)], p_positions[r, :len(pos)] = slot, tok, pos
+    return p_slots, p_tokens, p_positions
+
+
 def run_contender(impl: str, cfg, args, scenarios, platform_name: str) -> dict[str, Any]:
     import jax
     from flax import nnx
@@ -94,8 +114,16 @@ def run_contender(impl: str, cfg, args, scenarios, platform_name: str) -> dict[s
         rng = np.random.default_rng(0)  # the same calls for both contenders
         slot_ids, tokens, positions, real = call_inputs(rng, scenario, args.slots,
                                                         args.max_length, cfg.vocab_size)
-        # the engine runs in-cache calls at the whole row (no KV buckets)
-        kv = args.max_length if impl == "flash_in_cache" else scenario[2]
+        kv = scenario[2]
+        if impl == "flash_in_cache":  # as the engine runs it: packed rows, the whole row's KV
+            from agentrl_jax.rollout.engine.engine_config import EngineConfig
+            from agentrl_jax.rollout.engine.prefill_attention import BLOCK_Q
+
+            buckets = EngineConfig(max_length=args.max_length, prefill_chunks=(BLOCK_Q,),
+                                   prefill_tokens=args.prefill_tokens).packed_row_buckets()
+            slot_ids, tokens, positions = packed_inputs(slot_ids, tokens, positions, args.slots,
+                                                        args.max_length, BLOCK_Q, buckets)
+            kv = args.max_length
 
         def call():
             cache[0] = prefill(state, cache[0], slot_ids, tokens, positions, kv)
@@ -111,13 +139,13 @@ def run_contender(impl: str, cfg, args, scenarios, platform_name: str) -> dict[s
             walls.append(time.perf_counter() - t0)
         wall_ms = statistics.median(walls) * 1e3
         dev = device_time(call, calls=min(args.reps, 10)) if platform_name == "gpu" else None
-        used = slot_ids[slot_ids < args.slots]
+        used = np.unique(slot_ids[slot_ids < args.slots])
         # the rows' written KV of the last layer (depends on every earlier layer's attention)
         last_k = np.asarray(jax.device_get(cache[0].keys[-1][used, :, :scenario[2]]),
                             np.float32)
         out["scenarios"][name] = {
-            "rows": scenario[0], "chunk": scenario[1], "kv": kv, "real_tokens": real,
-            "positions": scenario[0] * scenario[1], "wall_ms": wall_ms, "compile_s": compile_s,
+            "rows": tokens.shape[0], "chunk": tokens.shape[1], "kv": kv, "real_tokens": real,
+            "positions": tokens.size, "wall_ms": wall_ms, "compile_s": compile_s,
             "real_tokens_per_s": real / (wall_ms / 1e3),
             "device": dev, "_last_k": last_k}
         busy = f", device busy {dev['busy_ms']:.2f} ms" if dev else ""
@@ -134,6 +162,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--slots", type=int, default=None, help="engine slots (default 256)")
     p.add_argument("--max-length", type=int, default=None, help="KV row (default 3072)")
     p.add_argument("--reps", type=int, default=20)
+    p.add_argument("--prefill-tokens", type=int, default=4096,
+                   help="tokens of the largest packed call (EngineConfig.prefill_tokens)")
     p.add_argument("--contenders", default="dense,flash,flash_in_cache",
                    help="comma list, the first is the baseline: dense, flash, flash_in_cache")
     p.add_argument("--small", action="store_true", help="CPU smoke run: tiny shape and calls")

@@ -171,3 +171,44 @@ def test_engine_with_flash_prefill_matches_dense():
         for got, want in zip(results[impl], results["dense"]):
             assert got.output_ids == want.output_ids
             np.testing.assert_allclose(got.output_logprobs, want.output_logprobs, atol=2e-4)
+
+
+class _Seq:
+    def __init__(self, name, cursor, prompt_len):
+        self.name, self.cursor, self.prompt_len = name, cursor, prompt_len
+
+
+def test_plan_packed_cuts_sequences_into_consecutive_rows():
+    """Hand-computed: a (prefill 0..68 = 69 tokens), b (cursor 300, 90 left), c (20 left) into
+    rows of 64 with buckets (1, 4, 16): a -> 64 + 5, b -> 64 + 26, c -> 20: five rows, bucket 16."""
+    from agentrl_jax.rollout.engine.prefill_plan import plan_packed
+
+    a, b, c = _Seq("a", 0, 70), _Seq("b", 300, 391), _Seq("c", 10, 31)
+    chunk, rows, pieces = plan_packed([a, b, c], 64, (1, 4, 16))
+    assert (chunk, rows) == (64, 16)
+    assert [(s.name, start, n) for s, start, n in pieces] == [
+        ("a", 0, 64), ("a", 64, 5), ("b", 300, 64), ("b", 364, 26), ("c", 10, 20)]
+    # the largest bucket caps the rows: a long prompt fills it, the rest waits for a later call
+    long = _Seq("long", 0, 1000)
+    chunk, rows, pieces = plan_packed([long, c], 64, (1, 4))
+    assert rows == 4 and [(start, n) for _, start, n in pieces] == [
+        (0, 64), (64, 64), (128, 64), (192, 64)]
+    assert plan_packed([c], 64, (1, 4, 16))[1] == 1  # one short piece: the smallest bucket
+
+
+def test_plan_chunked_picks_the_bucket_that_prefills_most():
+    """Hand-computed: buckets (64 x 8 rows, 256 x 2 rows); three 200-token prompts: 64 x 8 takes
+    3 x 64 = 192 tokens, 256 x 2 takes 2 x 200 = 400: the second, one row per sequence."""
+    from agentrl_jax.rollout.engine.prefill_plan import plan_chunked
+
+    queue = [_Seq(str(i), 0, 201) for i in range(3)]
+    chunk, rows, pieces = plan_chunked(queue, [(64, 8), (256, 2)])
+    assert (chunk, rows) == (256, 2)
+    assert [(s.name, start, n) for s, start, n in pieces] == [("0", 0, 200), ("1", 0, 200)]
+
+
+def test_packed_prefill_shapes_and_row_buckets():
+    c = EngineConfig(max_batch=256, max_length=3072, prefill_tokens=4096, prefill_chunks=(64,),
+                     prefill_kv_buckets=())
+    assert c.packed_row_buckets() == (4, 16, 64)
+    assert c.prefill_shapes(packed=True) == [(64, 4, 3072), (64, 16, 3072), (64, 64, 3072)]

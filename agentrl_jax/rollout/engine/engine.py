@@ -75,6 +75,7 @@ from agentrl_jax.rollout.engine.forward import (DENSE, FLASH, FLASH_IN_CACHE,
                                                 new_cache)
 from agentrl_jax.rollout.engine.fused_decode_attention import unsupported_shape
 from agentrl_jax.rollout.engine.placement import EnginePlacement, to_state
+from agentrl_jax.rollout.engine.prefill_attention import BLOCK_Q, unsupported_prefill_shape
 from agentrl_jax.rollout.engine.requests import EngineStats, Request, Seq
 from agentrl_jax.rollout.engine.sampling import GREEDY, SAMPLE
 from agentrl_jax.rollout.engine.scheduler import Scheduler
@@ -124,9 +125,13 @@ class Engine(WeightsAndCache, Scheduler, FailureHandling, BatchedSamplesBackend)
         c = self.config
         self.decode_attention = self._resolve_decode_attention()
         self.prefill_attention = self._resolve_prefill_attention()
-        if self.prefill_attention in (FLASH_IN_CACHE, FLASH_IN_CACHE_INTERPRET):
-            # rows read in place: one KV length (the whole row), no buckets to compile
-            self.config = c = dataclasses.replace(c, prefill_kv_buckets=())
+        # rows read where they are in the cache: one KV length (the whole row), packed calls of
+        # BLOCK_Q-token rows (several per sequence; scheduler.py, prefill_plan.py)
+        self.packed_prefill = self.prefill_attention in (FLASH_IN_CACHE,
+                                                         FLASH_IN_CACHE_INTERPRET)
+        if self.packed_prefill:
+            self.config = c = dataclasses.replace(c, prefill_kv_buckets=(),
+                                                  prefill_chunks=(BLOCK_Q,))
         self.decode_gemm = c.resolved_decode_gemm(self.placement.platform,
                                                   self.placement.tensor_parallel)
         self._decode_fn, self._prefill_fn, self._copy_fn, self._merge_fn = compiled_functions(
@@ -252,6 +257,12 @@ class Engine(WeightsAndCache, Scheduler, FailureHandling, BatchedSamplesBackend)
                 log.warning("%s prefill attention is not available with %s; using dense",
                             c.prefill_attention, why)
             return DENSE
+        mc = self.model_config
+        packed_why = unsupported_prefill_shape(BLOCK_Q, c.max_length, mc.head_dim)
+        if choice == FLASH_IN_CACHE and packed_why is not None:
+            log.warning("flash_in_cache prefill attention is not available (%s); using flash "
+                        "on gathered rows", packed_why)
+            choice = FLASH
         if choice == FLASH_IN_CACHE:
             return FLASH_IN_CACHE if platform == "gpu" else FLASH_IN_CACHE_INTERPRET
         return FLASH if platform == "gpu" else FLASH_INTERPRET
@@ -293,7 +304,7 @@ class Engine(WeightsAndCache, Scheduler, FailureHandling, BatchedSamplesBackend)
         for mode in (GREEDY, SAMPLE):  # top-k/p/min-p (SAMPLE_FILTERED): on first use
             calls.append((self._decode_fn, ((self._state, self._merged), self._cache, ints,
                                             self._floats, np.int32(1), np.bool_(False), mode), 1))
-        for chunk, rows, kv in c.prefill_shapes():
+        for chunk, rows, kv in c.prefill_shapes(self.packed_prefill):
             calls.append((self._prefill_fn, (
                 self._state, self._cache, np.full((rows,), c.max_batch, np.int32),
                 np.zeros((rows, chunk), np.int32),

@@ -61,7 +61,10 @@ class EngineConfig:
     scores to memory (``prefill_attention.py``), on a copy of the call's rows (their KV bucket,
     gathered and written back); ``"flash_in_cache"`` the same kernel reading each row where it
     is in the cache (no gather, no write-back, no KV buckets: ``prefill_kv_buckets`` is
-    ignored; not yet measured on a GPU); ``"dense"`` XLA einsums over the call's whole KV
+    ignored), with packed calls: rows of ``BLOCK_Q`` (64) tokens, as many per sequence as it
+    has tokens queued (``prefill_plan.plan_packed``; ``prefill_chunks`` is ignored, the calls
+    hold ``prefill_tokens`` tokens or a quarter or sixteenth of that; not yet measured on a
+    GPU); ``"dense"`` XLA einsums over the call's whole KV
     length; ``"auto"``: flash on a GPU, dense elsewhere (one-device engines; call shapes the
     kernel's tiles miss run dense).
     """
@@ -142,8 +145,21 @@ class EngineConfig:
         floor = max(needed, min(chunk, self.max_length))
         return next(b for b in self.kv_buckets if b >= floor)
 
-    def prefill_shapes(self) -> list[tuple[int, int, int]]:
-        """Every ``(chunk, rows, kv)`` a prefill call can have (what warm-up compiles)."""
+    def packed_row_buckets(self) -> tuple[int, ...]:
+        """Row counts of a packed prefill call (``prefill_plan.plan_packed``) of rows of the
+        smallest chunk: ``prefill_tokens / chunk`` rows and a quarter and a sixteenth of that,
+        so a call with few tokens queued does not compute a whole ``prefill_tokens`` call."""
+        most = max(1, self.prefill_tokens // self.chunk_buckets[0])
+        return tuple(sorted({max(1, most // 16), max(1, most // 4), most}))
+
+    def prefill_shapes(self, packed: bool = False) -> list[tuple[int, int, int]]:
+        """Every ``(chunk, rows, kv)`` a prefill call can have (what warm-up compiles);
+        ``packed``: the packed calls' shapes (:meth:`packed_row_buckets` rows of the smallest
+        chunk, at each KV bucket)."""
+        if packed:
+            chunk = self.chunk_buckets[0]
+            return [(chunk, rows, kv) for rows in self.packed_row_buckets()
+                    for kv in self.kv_buckets if kv >= chunk]
         return [(chunk, self.prefill_rows(chunk), kv) for chunk in self.chunk_buckets
                 for kv in self.kv_buckets if kv >= chunk]
 

@@ -15,6 +15,7 @@ import numpy as np
 from agentrl_jax.rollout.backends.base import GenerateResult
 from agentrl_jax.rollout.engine.compiled import (ACT, CNT, IDX, KEY0, KEY1, MINP, POS, REM, STOP,
                                                  TEMP, TOK, TOPK, TOPP)
+from agentrl_jax.rollout.engine.prefill_plan import plan_chunked, plan_packed
 from agentrl_jax.rollout.engine.requests import DECODE, DONE, FORK_WAIT, PREFILL, Request, Seq
 from agentrl_jax.rollout.engine.sampling import sampling_mode, seed_to_key
 from agentrl_jax.rollout.engine.stop_strings import find_stop, may_complete_mask, slots_to_check
@@ -193,26 +194,25 @@ class Scheduler:
     def _run_prefill(self) -> None:
         c = self.config
         queue = self._prefill_queue
-        best = None
-        for chunk in c.chunk_buckets:  # the bucket that prefills the most tokens per call
-            rows = c.prefill_rows(chunk)
-            work = sum(min(chunk, s.prompt_len - 1 - s.cursor) for s in queue[:rows])
-            if best is None or work > best[0]:
-                best = (work, chunk, rows)
-        _, chunk, rows = best
-        batch = queue[:rows]
+        if self.packed_prefill:  # rows of PACKED_ROW tokens, several per sequence
+            chunk, rows, pieces = plan_packed(queue, c.chunk_buckets[0], c.packed_row_buckets())
+        else:  # one row per sequence, the chunk bucket that prefills the most
+            chunk, rows, pieces = plan_chunked(
+                queue, [(ch, c.prefill_rows(ch)) for ch in c.chunk_buckets])
         slot_ids = np.full((rows,), c.max_batch, np.int32)
         tokens = np.zeros((rows, chunk), np.int32)
         positions = np.full((rows, chunk), c.max_length, np.int32)
-        counts = []
-        for r, seq in enumerate(batch):
-            n = min(chunk, seq.prompt_len - 1 - seq.cursor)
-            if not self._isolated(seq.req, self._prefill_row, seq, n, tokens[r], positions[r]):
-                tokens[r], positions[r], n = 0, c.max_length, 0  # a padded row: writes nothing
-            else:
+        for r, (seq, start, n) in enumerate(pieces):
+            if seq.state != DONE and self._isolated(seq.req, self._prefill_row, seq, start, n,
+                                                    tokens[r], positions[r]):
                 slot_ids[r] = seq.slot
+        counts = []
+        for r, (seq, start, n) in enumerate(pieces):  # a failed sequence writes nothing
+            if seq.state == DONE or slot_ids[r] == c.max_batch:
+                tokens[r], positions[r], slot_ids[r], n = 0, c.max_length, c.max_batch, 0
             counts.append(n)
-        kv = c.prefill_kv(chunk, max(seq.cursor + n for seq, n in zip(batch, counts)))
+        kv = c.prefill_kv(chunk, max((start + n for (_, start, _), n in zip(pieces, counts)),
+                                     default=0))
         t0 = time.perf_counter()
         self._cache = self._prefill_fn(self._state, self._cache, slot_ids, tokens, positions, kv)
         stats, used = self.stats, sum(n > 0 for n in counts)
@@ -224,12 +224,11 @@ class Scheduler:
         stats.prefill_row_tokens += sum(counts)
         stats.prefill_kv_sum += kv
         done = []
-        for seq, n in zip(batch, counts):
-            if seq.state == DONE:  # failed while its row was built
+        for (seq, start, _), n in zip(pieces, counts):
+            if seq.state == DONE or n == 0:  # failed while its rows were built
                 continue
-            seq.cursor += n
-            seq.kv_len = seq.cursor
-            if seq.cursor >= seq.prompt_len - 1:
+            seq.cursor = seq.kv_len = start + n
+            if seq.cursor >= seq.prompt_len - 1 and seq not in done:
                 done.append(seq)
         self._prefill_queue = [s for s in queue
                                if s.state != DONE and s.cursor < s.prompt_len - 1]
@@ -239,10 +238,12 @@ class Scheduler:
         self.stats.prefill_time_s += time.perf_counter() - t0
 
     @staticmethod
-    def _prefill_row(seq: Seq, n: int, tokens: np.ndarray, positions: np.ndarray) -> None:
-        """Write a sequence's next ``n`` prompt tokens and positions into one prefill row."""
-        tokens[:n] = seq.req.input_ids[seq.cursor:seq.cursor + n]
-        positions[:n] = np.arange(seq.cursor, seq.cursor + n)
+    def _prefill_row(seq: Seq, start: int, n: int, tokens: np.ndarray, positions: np.ndarray
+                     ) -> None:
+        """Write a sequence's ``n`` prompt tokens from position ``start`` into one prefill
+        row."""
+        tokens[:n] = seq.req.input_ids[start:start + n]
+        positions[:n] = np.arange(start, start + n)
 
     def _run_forks(self) -> None:
         """Copy the prefilled prompt row of each ``n > 1`` request to its other samples."""
