@@ -129,37 +129,6 @@ def _kernel_in_cache(q_ref, slot_ref, k_ref, v_ref, pos_ref, hi_ref, o_ref, *, s
     o_ref[...] = o.astype(o_ref.dtype)
 
 
-@functools.partial(jax.jit, static_argnames=("interpret",))
-def flash_prefill_attention(q: jax.Array, cache_k: jax.Array, cache_v: jax.Array,
-                            positions: jax.Array, interpret: bool = False) -> jax.Array:
-    """The same function as :func:`dense_prefill_attention`, as a flash kernel that reads only
-    the keys each block of queries can see (shapes: :func:`unsupported_prefill_shape`)."""
-    from jax.experimental import pallas as pl
-    from jax.experimental.pallas import triton as plgpu
-
-    b, t, h, dh = q.shape
-    kh, s = cache_k.shape[1], cache_k.shape[2]
-    why = unsupported_prefill_shape(t, s, dh)
-    if why is not None:
-        raise ValueError(why)
-    block_k = flash_block_k(s)
-    g = h // kh
-    pos, hi = _positions_and_bounds(positions, s, block_k)
-    q_spec = pl.BlockSpec((None, BLOCK_Q, None, dh), lambda r, hh, i: (r, i, hh, 0))
-    kv_spec = pl.BlockSpec((None, None, s, dh), lambda r, hh, i: (r, hh // g, 0, 0))
-    return pl.pallas_call(
-        functools.partial(_kernel, sm_scale=dh ** -0.5, block_k=block_k),
-        grid=(b, h, t // BLOCK_Q),
-        in_specs=[q_spec, kv_spec, kv_spec,
-                  pl.BlockSpec((None, t), lambda r, hh, i: (r, 0)),
-                  pl.BlockSpec((None, None), lambda r, hh, i: (r, i))],
-        out_specs=q_spec,
-        out_shape=jax.ShapeDtypeStruct(q.shape, q.dtype),
-        interpret=interpret,
-        compiler_params=plgpu.CompilerParams(num_warps=4, num_stages=2),
-    )(q, cache_k.astype(q.dtype), cache_v.astype(q.dtype), pos, hi)
-
-
 def _positions_and_bounds(positions: jax.Array, kv_length: int, block_k: int
                           ) -> tuple[jax.Array, jax.Array]:
     """Positions with padding (``>= kv_length``) as -1, and per block of queries the number of
@@ -171,41 +140,70 @@ def _positions_and_bounds(positions: jax.Array, kv_length: int, block_k: int
     return pos, ((last + block_k) // block_k).astype(jnp.int32)
 
 
+def _flash_call(kernel, q: jax.Array, kv_length: int, kv_specs: list, kv_args: tuple,
+                positions: jax.Array, row_reads: jax.Array | None, interpret: bool,
+                **kernel_kw) -> jax.Array:
+    """The ``pallas_call`` both entry points share: grid ``(R, H, T / BLOCK_Q)``, inputs
+    ``q``, ``kv_args`` (with ``kv_specs``), positions and key-block bounds (zeroed for rows
+    where ``row_reads`` is False)."""
+    from jax.experimental import pallas as pl
+    from jax.experimental.pallas import triton as plgpu
+
+    b, t, h, dh = q.shape
+    why = unsupported_prefill_shape(t, kv_length, dh)
+    if why is not None:
+        raise ValueError(why)
+    block_k = flash_block_k(kv_length)
+    pos, hi = _positions_and_bounds(positions, kv_length, block_k)
+    if row_reads is not None:
+        hi = jnp.where(row_reads[:, None], hi, 0)
+    q_spec = pl.BlockSpec((None, BLOCK_Q, None, dh), lambda r, hh, i: (r, i, hh, 0))
+    return pl.pallas_call(
+        functools.partial(kernel, sm_scale=dh ** -0.5, block_k=block_k, **kernel_kw),
+        grid=(b, h, t // BLOCK_Q),
+        in_specs=[q_spec, *kv_specs, pl.BlockSpec((None, t), lambda r, hh, i: (r, 0)),
+                  pl.BlockSpec((None, None), lambda r, hh, i: (r, i))],
+        out_specs=q_spec,
+        out_shape=jax.ShapeDtypeStruct(q.shape, q.dtype),
+        interpret=interpret,
+        compiler_params=plgpu.CompilerParams(num_warps=4, num_stages=2),
+    )(q, *kv_args, pos, hi)
+
+
+@functools.partial(jax.jit, static_argnames=("interpret",))
+def flash_prefill_attention(q: jax.Array, cache_k: jax.Array, cache_v: jax.Array,
+                            positions: jax.Array, interpret: bool = False) -> jax.Array:
+    """The same function as :func:`dense_prefill_attention`, as a flash kernel that reads only
+    the keys each block of queries can see (shapes: :func:`unsupported_prefill_shape`)."""
+    from jax.experimental import pallas as pl
+
+    g = q.shape[2] // cache_k.shape[1]
+    s, dh = cache_k.shape[2], q.shape[3]
+    kv_spec = pl.BlockSpec((None, None, s, dh), lambda r, hh, i: (r, hh // g, 0, 0))
+    return _flash_call(_kernel, q, s, [kv_spec, kv_spec],
+                       (cache_k.astype(q.dtype), cache_v.astype(q.dtype)), positions, None,
+                       interpret)
+
+
 @functools.partial(jax.jit, static_argnames=("interpret",))
 def flash_prefill_attention_in_cache(q: jax.Array, cache_k: jax.Array, cache_v: jax.Array,
                                      slots: jax.Array, positions: jax.Array,
                                      interpret: bool = False) -> jax.Array:
     """:func:`flash_prefill_attention` reading row ``r``'s keys / values at slot ``slots[r]``
     of the whole cache ``[B, K, S, Dh]`` (the call's keys already written there), so the rows
-    are neither gathered nor written back. A row whose slot is ``>= B`` is unused: give its
-    tokens positions ``>= S`` (it then reads nothing). ``q [R, T, H, Dh]``, ``slots [R]``,
-    ``positions [R, T]`` -> ``[R, T, H, Dh]``."""
+    are neither gathered nor written back. A row whose slot is ``>= B`` is unused: it reads
+    nothing and its output is 0. ``q [R, T, H, Dh]``, ``slots [R]``, ``positions [R, T]`` ->
+    ``[R, T, H, Dh]``."""
     from jax.experimental import pallas as pl
-    from jax.experimental.pallas import triton as plgpu
 
-    b, t, h, dh = q.shape
-    n_slots, kh, s = cache_k.shape[0], cache_k.shape[1], cache_k.shape[2]
-    why = unsupported_prefill_shape(t, s, dh)
-    if why is not None:
-        raise ValueError(why)
-    block_k = flash_block_k(s)
-    pos, hi = _positions_and_bounds(positions, s, block_k)
-    hi = jnp.where((slots < n_slots)[:, None], hi, 0)  # an unused row reads nothing
-    q_spec = pl.BlockSpec((None, BLOCK_Q, None, dh), lambda r, hh, i: (r, i, hh, 0))
+    n_slots = cache_k.shape[0]
     cache_spec = pl.BlockSpec(cache_k.shape, lambda r, hh, i: (0, 0, 0, 0))
-    return pl.pallas_call(
-        functools.partial(_kernel_in_cache, sm_scale=dh ** -0.5, block_k=block_k,
-                          groups=h // kh),
-        grid=(b, h, t // BLOCK_Q),
-        in_specs=[q_spec, pl.BlockSpec((None,), lambda r, hh, i: (r,)), cache_spec, cache_spec,
-                  pl.BlockSpec((None, t), lambda r, hh, i: (r, 0)),
-                  pl.BlockSpec((None, None), lambda r, hh, i: (r, i))],
-        out_specs=q_spec,
-        out_shape=jax.ShapeDtypeStruct(q.shape, q.dtype),
-        interpret=interpret,
-        compiler_params=plgpu.CompilerParams(num_warps=4, num_stages=2),
-    )(q, jnp.clip(slots, 0, n_slots - 1).astype(jnp.int32), cache_k.astype(q.dtype),
-      cache_v.astype(q.dtype), pos, hi)
+    return _flash_call(
+        _kernel_in_cache, q, cache_k.shape[2],
+        [pl.BlockSpec((None,), lambda r, hh, i: (r,)), cache_spec, cache_spec],
+        (jnp.clip(slots, 0, n_slots - 1).astype(jnp.int32), cache_k.astype(q.dtype),
+         cache_v.astype(q.dtype)), positions, slots < n_slots, interpret,
+        groups=q.shape[2] // cache_k.shape[1])
 
 
 __all__ = ["BLOCK_Q", "dense_prefill_attention", "flash_block_k", "flash_prefill_attention",
