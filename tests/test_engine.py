@@ -730,8 +730,10 @@ def test_parallel_warmup_compiles_every_shape_ahead(model, monkeypatch):
         phase["name"] = "before"
         compiles.update(before=0, ahead=0, after=0)
         engine.warmup(parallel=True)
-        shapes = engine.config.prefill_shapes()
-        assert compiled_ahead == [2 + len(shapes) + 1] and len(shapes) == 4
+        shapes = engine.config.prefill_shapes(engine.packed_prefill)
+        assert compiled_ahead == [2 + len(shapes) + 1]
+        # chunked: 2 chunks x KV buckets (16, 48, 128) >= the chunk; packed: 2 row buckets
+        assert len(shapes) == (2 if engine.packed_prefill else 4)
         assert compiles["ahead"] >= len(shapes) + 2, compiles
         assert compiles["after"] == 0, compiles
         prompt = random_prompt(np.random.default_rng(3), 21)
