@@ -83,6 +83,7 @@ from agentrl_jax.rollout.engine.slots import SlotTable
 from agentrl_jax.rollout.engine.weights import WeightsAndCache
 
 log = logging.getLogger(__name__)
+_PLACE_LOCK = threading.Lock()  # Engine._prepare_state's device_put (see there)
 # CPU backends cannot always reuse donated buffers; that is harmless.
 warnings.filterwarnings("ignore", message="Some donated buffers were not usable")
 
@@ -285,8 +286,11 @@ class Engine(WeightsAndCache, Scheduler, FailureHandling, BatchedSamplesBackend)
         # laid out otherwise (a learner's mesh, an uncommitted array) would recompile all of
         # them on the next call (docs/PERFORMANCE.md, "A whole RL step"). Arrays already laid
         # out so are not copied;
-        # arrays on other devices (a learner sharded over every GPU) are transferred.
-        return jax.device_put(state, self._state_shardings)
+        # arrays on other devices (a learner sharded over every GPU) are transferred. One thread
+        # at a time: replicas (threads) put the same arrays, and two concurrent device_puts of one
+        # sharded array can fail in JAX ("safe_zip() argument 1 has length 8 but argument 0 ...").
+        with _PLACE_LOCK:
+            return jax.device_put(state, self._state_shardings)
 
     def warmup(self, parallel: bool = True) -> None:
         """Compile every jitted shape (decode, each prefill bucket, row copy), then run each
