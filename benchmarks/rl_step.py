@@ -26,6 +26,9 @@ Variants (each a set of config overrides on ``--config``):
           in the cache (``rollout.prefill_attention="flash_in_cache"``: no gathered copy)
   no_remat  the config without rematerialisation in the learner (``learner.remat=False``: no
           recomputed forward in the backward pass, more activation memory)
+  in_cache_no_remat  both of the above
+  no_compile_ahead  the config without compiling the first update ahead of time on a background
+          thread (``train.compile_ahead=False``: the first update compiles it)
 
 Per step: ``step`` (wall, rollout included), ``rollout`` (actor pool wall), ``update``
 (learner.update: old / reference log-probs + optimiser steps) = ``logprob`` (the forward-only
@@ -61,6 +64,8 @@ VARIANTS = {
     "dense_prefill": {"rollout.prefill_attention": "dense"},
     "in_cache_prefill": {"rollout.prefill_attention": "flash_in_cache"},
     "no_remat": {"learner.remat": False},
+    "in_cache_no_remat": {"rollout.prefill_attention": "flash_in_cache", "learner.remat": False},
+    "no_compile_ahead": {"train.compile_ahead": False},
     "padded": {"learner.pack_length": 0, "train.skip_flat_groups": False,
                "learner.attention_impl": None},
 }

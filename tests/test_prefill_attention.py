@@ -125,13 +125,40 @@ def test_prefill_attention_config():
     from agentrl_jax.training import config_sections
 
     assert config_sections.PREFILL_ATTENTION == PREFILL_ATTENTION
-    assert EngineConfig().resolved_prefill_attention("gpu") == "flash"
+    assert EngineConfig().resolved_prefill_attention("gpu") == "flash_in_cache"
     assert EngineConfig().resolved_prefill_attention("cpu") == "dense"
     assert EngineConfig(prefill_attention="dense").resolved_prefill_attention("gpu") == "dense"
     assert EngineConfig(prefill_attention="flash_in_cache").resolved_prefill_attention(
         "cpu") == "flash_in_cache"
     with pytest.raises(ValueError, match="prefill_attention"):
         EngineConfig(prefill_attention="pallas")
+
+
+def test_resolve_prefill_attention_falls_back_where_the_kernel_cannot_run():
+    """The engine's choice from config, platform, tensor parallelism and model shape: auto is
+    the in-place kernel on a GPU; packed rows it cannot tile fall back to the gathered kernel;
+    the seq-major cache or a tensor-parallel group fall back to dense; interpreter forms off
+    GPUs."""
+    import dataclasses
+
+    from agentrl_jax.rollout.engine.attention_choice import resolve_prefill_attention
+    from tests.rollout_helpers import TINY
+
+    auto = EngineConfig(max_length=256)
+    assert resolve_prefill_attention(auto, TINY, "gpu", 1) == "flash_in_cache"
+    assert resolve_prefill_attention(auto, TINY, "cpu", 1) == "dense"
+    assert resolve_prefill_attention(EngineConfig(max_length=256, prefill_attention="flash"),
+                                     TINY, "cpu", 1) == "flash_interpret"
+    in_cache = EngineConfig(max_length=256, prefill_attention="flash_in_cache")
+    assert resolve_prefill_attention(in_cache, TINY, "cpu", 1) == "flash_in_cache_interpret"
+    assert resolve_prefill_attention(in_cache, TINY, "gpu", 2) == "dense"
+    assert resolve_prefill_attention(dataclasses.replace(in_cache, kv_layout="bskd"), TINY,
+                                     "gpu", 1) == "dense"
+    # a whole row of 200 keys is no multiple of 16: the packed call cannot tile it
+    assert resolve_prefill_attention(dataclasses.replace(in_cache, max_length=200), TINY,
+                                     "gpu", 1) == "flash"
+    assert resolve_prefill_attention(EngineConfig(max_length=256, prefill_attention="dense"),
+                                     TINY, "gpu", 1) == "dense"
 
 
 def _greedy(engine, prompts, session_prefix=None, max_new=10):

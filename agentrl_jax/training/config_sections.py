@@ -215,9 +215,10 @@ class RolloutConfig(Section):
     tensor_parallel: int = setting(1, ge=1)
     # auto (ragged_fused on GPU) | ragged_fused | ragged | dense
     decode_attention: str = setting("auto")
-    # prefill attention: auto (a flash kernel on GPU that reads only the keys each query block
-    # sees) | flash | flash_in_cache (no copy of the rows) | dense (XLA einsums over the whole
-    # KV length; EngineConfig.prefill_attention)
+    # prefill attention: auto (flash_in_cache on GPU, dense elsewhere) | flash_in_cache (a flash
+    # kernel reading only the keys each query block sees, rows in place, packed calls) | flash
+    # (the kernel on a gathered copy of the rows) | dense (XLA einsums over the whole KV
+    # length; EngineConfig.prefill_attention)
     prefill_attention: str = setting("auto", choices=PREFILL_ATTENTION, kind="prefill attention")
     # decode GEMMs: auto (merged q/k/v and gate/up on cuBLAS for a one-GPU engine) | xla |
     # merged | merged_cublas (EngineConfig.decode_gemm)

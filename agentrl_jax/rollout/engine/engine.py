@@ -26,7 +26,8 @@ Design (see docs/ROLLOUT.md for the long version):
 * **Placement**: an engine runs on one device or tensor-parallel on a device group
   (``placement.py``); ``replicas.py`` runs one engine per device (group) behind one backend.
 * **Decode attention** reads only each slot's valid KV on GPUs (``decode_attention.py``);
-  **prefill attention** is a flash kernel there (``prefill_attention.py``).
+  **prefill attention** is a flash kernel there that reads each row where it is in the cache
+  (``prefill_attention.py``; ``attention_choice.py`` picks both kernels).
 * **Fault isolation**: the host-side work of one request (admission, activation, building its
   prefill row, stop detection, detokenisation) runs under ``_isolated``: an error there fails
   that request alone (``_fail_request``: its future gets the error, its slots are freed) and
@@ -65,17 +66,15 @@ from agentrl_jax.models.llama import CausalLM, abstract_model
 from agentrl_jax.rollout.backends.base import (BackendUnavailableError, BatchedSamplesBackend,
                                                GenerateResult, InvalidRequestError,
                                                OverloadedError, SamplingParams, check_input_ids)
+from agentrl_jax.rollout.engine.attention_choice import (resolve_decode_attention,
+                                                         resolve_prefill_attention)
 from agentrl_jax.rollout.engine.compiled import STOP, compiled_functions
-from agentrl_jax.rollout.engine.decode_attention import ragged_tiling
 from agentrl_jax.rollout.engine.engine_config import EngineConfig
 from agentrl_jax.rollout.engine.failures import FailureHandling
-from agentrl_jax.rollout.engine.forward import (DENSE, FLASH, FLASH_IN_CACHE,
-                                                FLASH_IN_CACHE_INTERPRET, FLASH_INTERPRET, FUSED,
-                                                FUSED_INTERPRET, RAGGED, RAGGED_INTERPRET,
+from agentrl_jax.rollout.engine.forward import (FLASH_IN_CACHE, FLASH_IN_CACHE_INTERPRET,
                                                 new_cache)
-from agentrl_jax.rollout.engine.fused_decode_attention import unsupported_shape
 from agentrl_jax.rollout.engine.placement import EnginePlacement, to_state
-from agentrl_jax.rollout.engine.prefill_attention import BLOCK_Q, unsupported_prefill_shape
+from agentrl_jax.rollout.engine.prefill_attention import BLOCK_Q
 from agentrl_jax.rollout.engine.requests import EngineStats, Request, Seq
 from agentrl_jax.rollout.engine.sampling import GREEDY, SAMPLE
 from agentrl_jax.rollout.engine.scheduler import Scheduler
@@ -124,8 +123,9 @@ class Engine(WeightsAndCache, Scheduler, FailureHandling, BatchedSamplesBackend)
         self._state = self._prepare_state(model)
         self.weight_version = "0"
         c = self.config
-        self.decode_attention = self._resolve_decode_attention()
-        self.prefill_attention = self._resolve_prefill_attention()
+        platform, tp = self.placement.platform, self.placement.tensor_parallel
+        self.decode_attention = resolve_decode_attention(c, self.model_config, platform, tp)
+        self.prefill_attention = resolve_prefill_attention(c, self.model_config, platform, tp)
         # rows read where they are in the cache: one KV length (the whole row), packed calls of
         # BLOCK_Q-token rows (several per sequence; scheduler.py, prefill_plan.py)
         self.packed_prefill = self.prefill_attention in (FLASH_IN_CACHE,
@@ -214,59 +214,6 @@ class Engine(WeightsAndCache, Scheduler, FailureHandling, BatchedSamplesBackend)
         if isinstance(model, str):
             model = load_pretrained(model)
         return cls(model, config, tokenizer=tokenizer, warmup=warmup)
-
-    def _resolve_decode_attention(self) -> str:
-        """The decode attention this engine compiles: ``ragged_fused`` / ``ragged`` (the Pallas
-        kernels; in the Pallas interpreter off GPUs, for tests) or ``dense``. The kernels need
-        the head-major cache, one device (they are not partitioned over a tensor-parallel
-        group) and a ``max_length`` divisible by 16; otherwise dense. The fused kernel also
-        needs at most 16 query heads per KV head and a head dim divisible by 32; otherwise
-        ragged."""
-        c, platform = self.config, self.placement.platform
-        choice = c.resolved_decode_attention(platform)
-        if choice not in (RAGGED, FUSED):
-            return DENSE
-        why = ("the seq-major cache layout" if c.kv_layout != "bksd" else
-               "tensor parallelism" if self.placement.tensor_parallel > 1 else
-               f"max_length={c.max_length} (not a multiple of 16)"
-               if ragged_tiling(c.max_length) is None else None)
-        if why is not None:
-            if c.decode_attention in (RAGGED, FUSED):
-                log.warning("%s decode attention is not available with %s; using dense",
-                            c.decode_attention, why)
-            return DENSE
-        mc = self.model_config
-        if choice == FUSED and unsupported_shape(mc.num_heads, mc.num_kv_heads, mc.head_dim):
-            choice = RAGGED
-        if choice == FUSED:
-            return FUSED if platform == "gpu" else FUSED_INTERPRET
-        return RAGGED if platform == "gpu" else RAGGED_INTERPRET
-
-    def _resolve_prefill_attention(self) -> str:
-        """The prefill attention this engine compiles: ``flash`` / ``flash_in_cache`` (the
-        Pallas kernel; in the Pallas interpreter off GPUs, for tests) or ``dense``. The kernel
-        needs the head-major cache and one device (it is not partitioned over a tensor-parallel
-        group)."""
-        c, platform = self.config, self.placement.platform
-        choice = c.resolved_prefill_attention(platform)
-        if choice not in (FLASH, FLASH_IN_CACHE):
-            return DENSE
-        why = ("the seq-major cache layout" if c.kv_layout != "bksd" else
-               "tensor parallelism" if self.placement.tensor_parallel > 1 else None)
-        if why is not None:
-            if c.prefill_attention in (FLASH, FLASH_IN_CACHE):
-                log.warning("%s prefill attention is not available with %s; using dense",
-                            c.prefill_attention, why)
-            return DENSE
-        mc = self.model_config
-        packed_why = unsupported_prefill_shape(BLOCK_Q, c.max_length, mc.head_dim)
-        if choice == FLASH_IN_CACHE and packed_why is not None:
-            log.warning("flash_in_cache prefill attention is not available (%s); using flash "
-                        "on gathered rows", packed_why)
-            choice = FLASH
-        if choice == FLASH_IN_CACHE:
-            return FLASH_IN_CACHE if platform == "gpu" else FLASH_IN_CACHE_INTERPRET
-        return FLASH if platform == "gpu" else FLASH_INTERPRET
 
     def _new_cache(self):
         """A zero KV cache, allocated directly in its sharding on the engine's devices."""

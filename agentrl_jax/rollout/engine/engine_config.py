@@ -63,10 +63,10 @@ class EngineConfig:
     is in the cache (no gather, no write-back, no KV buckets: ``prefill_kv_buckets`` is
     ignored), with packed calls: rows of ``BLOCK_Q`` (64) tokens, as many per sequence as it
     has tokens queued (``prefill_plan.plan_packed``; ``prefill_chunks`` is ignored, the calls
-    hold ``prefill_tokens`` tokens or a quarter or sixteenth of that; not yet measured on a
-    GPU); ``"dense"`` XLA einsums over the call's whole KV
-    length; ``"auto"``: flash on a GPU, dense elsewhere (one-device engines; call shapes the
-    kernel's tiles miss run dense).
+    hold ``prefill_tokens`` tokens or a quarter or sixteenth of that); ``"dense"`` XLA einsums
+    over the call's whole KV length; ``"auto"``: flash_in_cache on a GPU, dense elsewhere
+    (one-device engines; ``attention_choice.resolve_prefill_attention`` says what falls back
+    where).
     """
 
     max_batch: int = 32
@@ -172,11 +172,12 @@ class EngineConfig:
         return "ragged_fused" if platform == "gpu" else "dense"
 
     def resolved_prefill_attention(self, platform: str) -> str:
-        """``flash``, ``flash_in_cache`` or ``dense`` for a device platform: ``auto`` is flash on
-        GPUs (the Pallas Triton kernel), dense elsewhere."""
+        """``flash``, ``flash_in_cache`` or ``dense`` for a device platform: ``auto`` is
+        flash_in_cache on GPUs (the Pallas Triton kernel reading the rows in place), dense
+        elsewhere."""
         if self.prefill_attention != "auto":
             return self.prefill_attention
-        return "flash" if platform == "gpu" else "dense"
+        return "flash_in_cache" if platform == "gpu" else "dense"
 
     def resolved_decode_gemm(self, platform: str, tensor_parallel: int) -> str:
         """One of ``forward.DECODE_GEMM`` for an engine on ``tensor_parallel`` devices of
