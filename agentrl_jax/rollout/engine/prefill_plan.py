@@ -16,11 +16,21 @@ decode step):
   (``flash_in_cache``): every row's keys are written before any row attends, so a sequence's
   later rows see its earlier rows' keys. Padding is then at most ``piece - 1`` tokens a
   sequence plus the rows of the bucket left empty.
+
+:func:`build_rows` turns the pieces into the call's ``[rows, chunk]`` token / position arrays:
+one write per *run* (the consecutive pieces of one sequence that fill their rows end to end,
+which are one contiguous span of the flattened arrays), not one per row. It runs on the engine
+thread, which shares the GIL with the event loop: it avoids the NumPy calls that release the GIL
+(``np.zeros`` / ``np.full`` / ``np.arange`` of a call's arrays, copies of more than
+:data:`GIL_SAFE` elements), because each release lets a busy thread take the GIL for up to the
+switch interval (5 ms) before the engine thread gets it back (benchmarks/scheduler_host.py).
 """
 
 from __future__ import annotations
 
-from typing import Any, Protocol, Sequence
+from typing import Any, Callable, Protocol, Sequence
+
+import numpy as np
 
 
 class Queued(Protocol):
@@ -68,4 +78,101 @@ def plan_packed(queue: Sequence[Queued], piece: int, row_buckets: Sequence[int]
     return piece, rows, pieces
 
 
-__all__ = ["Piece", "plan_chunked", "plan_packed", "tokens_left"]
+#: the most elements one NumPy copy / fill on the engine thread touches: NumPy releases the GIL
+#: around loops of more than 500 elements (``NPY_BEGIN_THREADS_THRESHOLDED``)
+GIL_SAFE = 256
+
+_templates: dict[tuple[int, int, int], tuple[np.ndarray, np.ndarray]] = {}
+_positions = np.zeros((0,), np.int32)
+
+
+def positions_upto(stop: int) -> np.ndarray:
+    """``arange(stop)`` as int32 ``[>= stop]`` (a cached array: slice it, never write it)."""
+    global _positions
+    if len(_positions) < stop:
+        _positions = np.arange(max(stop, 2 * len(_positions)), dtype=np.int32)
+    return _positions
+
+
+def copy_blocks(dst: np.ndarray, src: np.ndarray | int) -> None:
+    """``dst[:len(src)] = src`` (1-D; an ``int`` src fills all of ``dst``) in blocks of at most
+    :data:`GIL_SAFE` elements, so NumPy keeps the GIL."""
+    n = len(dst) if isinstance(src, int) else len(src)
+    if n <= GIL_SAFE:
+        dst[:n] = src
+        return
+    for i in range(0, n, GIL_SAFE):
+        dst[i:min(i + GIL_SAFE, n)] = src if isinstance(src, int) else src[i:i + GIL_SAFE]
+
+
+def _blank(rows: int, chunk: int, pad_position: int) -> tuple[np.ndarray, np.ndarray]:
+    """Fresh ``tokens`` (zeros) and ``positions`` (``pad_position``), int32 ``[rows, chunk]``:
+    copies of cached templates (a contiguous copy keeps the GIL; ``np.full`` does not)."""
+    key = (rows, chunk, pad_position)
+    if key not in _templates:
+        _templates[key] = (np.zeros((rows, chunk), np.int32),
+                           np.full((rows, chunk), pad_position, np.int32))
+    tokens, positions = _templates[key]
+    return tokens.copy(), positions.copy()
+
+
+def runs(pieces: Sequence[Piece], chunk: int) -> list[tuple[Any, int, int, int, int]]:
+    """The pieces as runs ``(seq, row, start, n, num_rows)``: piece ``i`` joins the run before it
+    when it continues it (the same sequence, ``start`` where that run ends) and that run's rows
+    are full (its ``n`` is ``num_rows * chunk``), so a run's ``n`` tokens are the flat positions
+    ``row * chunk .. row * chunk + n - 1`` of the call's ``[rows, chunk]`` arrays."""
+    out: list[tuple[Any, int, int, int, int]] = []
+    cur, row0, start0, total, num = None, 0, 0, 0, 0
+    for r, (seq, start, n) in enumerate(pieces):
+        if seq is cur and start0 + total == start and total == num * chunk:
+            total += n
+            num += 1
+            continue
+        if num:
+            out.append((cur, row0, start0, total, num))
+        cur, row0, start0, total, num = seq, r, start, n, 1
+    if num:
+        out.append((cur, row0, start0, total, num))
+    return out
+
+
+Writer = Callable[[Any, int, int, np.ndarray, np.ndarray], bool]
+
+
+def build_rows(pieces: Sequence[Piece], rows: int, chunk: int, pad_slot: int,
+               pad_position: int, write: Writer, alive: Callable[[Any], bool],
+               slot_of: Callable[[Any], int]
+               ) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[int]]:
+    """A prefill call's arrays for ``pieces`` (one per row, ``len(pieces) <= rows``):
+    ``(slot_ids [rows], tokens [rows, chunk], positions [rows, chunk], counts [len(pieces)])``,
+    int32; padding rows and positions hold slot ``pad_slot``, token 0, position
+    ``pad_position``. ``write(seq, start, n, tokens, positions)`` writes a run's ``n`` tokens
+    from ``start`` into the 1-D views ``tokens[:n]`` / ``positions[:n]`` and returns whether it
+    succeeded; it is called once a run of a sequence that is ``alive`` (a sequence whose write
+    fails is not). A run's rows are used (slot ``slot_of(seq)``, ``counts`` its pieces' ``n``)
+    only when its write succeeded and its sequence is still alive after every write; other
+    rows are padding with count 0."""
+    tokens, positions = _blank(rows, chunk, pad_position)
+    flat_tok, flat_pos = tokens.reshape(-1), positions.reshape(-1)
+    written = []
+    for seq, row, start, n, num in runs(pieces, chunk):
+        lo, hi = row * chunk, (row + num) * chunk
+        if alive(seq):  # (a sequence that failed before writes nothing)
+            ok = write(seq, start, n, flat_tok[lo:hi], flat_pos[lo:hi])
+            written.append((seq, row, num, ok))
+    slot_ids = [pad_slot] * rows
+    counts = [0] * len(pieces)
+    for seq, row, num, ok in written:
+        if ok and alive(seq):
+            slot_ids[row:row + num] = [slot_of(seq)] * num
+            for r in range(row, row + num):
+                counts[r] = pieces[r][2]
+        else:  # its write failed, or its request failed later: what it wrote is padding again
+            lo, hi = row * chunk, (row + num) * chunk
+            copy_blocks(flat_tok[lo:hi], 0)
+            copy_blocks(flat_pos[lo:hi], pad_position)
+    return np.array(slot_ids, np.int32), tokens, positions, counts
+
+
+__all__ = ["GIL_SAFE", "Piece", "build_rows", "copy_blocks", "plan_chunked", "plan_packed",
+           "positions_upto", "runs", "tokens_left"]

@@ -7,6 +7,8 @@ import dataclasses
 import time
 from typing import Any
 
+import numpy as np
+
 from agentrl_jax.rollout.backends.base import GenerateResult, SamplingParams
 
 # A sequence's states.
@@ -28,6 +30,13 @@ class Request:
         self.aborted = False
         self.seqs: list[Seq] = []
         self.results: list[GenerateResult | None] = [None] * sampling.n
+        self._ids: np.ndarray | None = None
+
+    def ids(self) -> np.ndarray:
+        """``input_ids`` as int32 ``[L]``, converted once (prefill rows are slices of it)."""
+        if self._ids is None:
+            self._ids = np.asarray(self.input_ids, np.int32)
+        return self._ids
 
 
 class Seq:

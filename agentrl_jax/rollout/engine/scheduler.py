@@ -15,7 +15,8 @@ import numpy as np
 from agentrl_jax.rollout.backends.base import GenerateResult
 from agentrl_jax.rollout.engine.compiled import (ACT, CNT, IDX, KEY0, KEY1, MINP, POS, REM, STOP,
                                                  TEMP, TOK, TOPK, TOPP)
-from agentrl_jax.rollout.engine.prefill_plan import plan_chunked, plan_packed
+from agentrl_jax.rollout.engine.prefill_plan import (build_rows, copy_blocks, plan_chunked,
+                                                     plan_packed, positions_upto)
 from agentrl_jax.rollout.engine.requests import DECODE, DONE, FORK_WAIT, PREFILL, Request, Seq
 from agentrl_jax.rollout.engine.sampling import sampling_mode, seed_to_key
 from agentrl_jax.rollout.engine.stop_strings import find_stop, may_complete_mask, slots_to_check
@@ -93,7 +94,7 @@ class Scheduler:
         c = self.config
         n = req.sampling.n
         self.stats.requests += 1
-        ids = np.asarray(req.input_ids, np.int32)
+        ids = req.ids()
         L = len(req.input_ids)
         first = req.seqs[0]
         session = req.session_id if c.session_cache else None
@@ -199,18 +200,9 @@ class Scheduler:
         else:  # one row per sequence, the chunk bucket that prefills the most
             chunk, rows, pieces = plan_chunked(
                 queue, [(ch, c.prefill_rows(ch)) for ch in c.chunk_buckets])
-        slot_ids = np.full((rows,), c.max_batch, np.int32)
-        tokens = np.zeros((rows, chunk), np.int32)
-        positions = np.full((rows, chunk), c.max_length, np.int32)
-        for r, (seq, start, n) in enumerate(pieces):
-            if seq.state != DONE and self._isolated(seq.req, self._prefill_row, seq, start, n,
-                                                    tokens[r], positions[r]):
-                slot_ids[r] = seq.slot
-        counts = []
-        for r, (seq, start, n) in enumerate(pieces):  # a failed sequence writes nothing
-            if seq.state == DONE or slot_ids[r] == c.max_batch:
-                tokens[r], positions[r], slot_ids[r], n = 0, c.max_length, c.max_batch, 0
-            counts.append(n)
+        slot_ids, tokens, positions, counts = build_rows(
+            pieces, rows, chunk, c.max_batch, c.max_length, self._write_rows,
+            lambda seq: seq.state != DONE, lambda seq: seq.slot)
         kv = c.prefill_kv(chunk, max((start + n for (_, start, _), n in zip(pieces, counts)),
                                      default=0))
         t0 = time.perf_counter()
@@ -237,13 +229,20 @@ class Scheduler:
         jax.block_until_ready(self._cache.keys[0])
         self.stats.prefill_time_s += time.perf_counter() - t0
 
+    def _write_rows(self, seq: Seq, start: int, n: int, tokens: np.ndarray,
+                    positions: np.ndarray) -> bool:
+        """``_prefill_row`` for ``seq`` alone (``_isolated``): whether it succeeded."""
+        return self._isolated(seq.req, self._prefill_row, seq, start, n, tokens, positions)
+
     @staticmethod
     def _prefill_row(seq: Seq, start: int, n: int, tokens: np.ndarray, positions: np.ndarray
                      ) -> None:
-        """Write a sequence's ``n`` prompt tokens from position ``start`` into one prefill
-        row."""
-        tokens[:n] = seq.req.input_ids[start:start + n]
-        positions[:n] = np.arange(start, start + n)
+        """Write a sequence's ``n`` prompt tokens from position ``start`` into a prefill row, or
+        consecutive rows of one call: ``tokens`` / ``positions`` int32 ``[>= n]`` (1-D, the
+        rows flattened); in blocks that keep the GIL (``prefill_plan.copy_blocks``)."""
+        end = start + n
+        copy_blocks(tokens, seq.req.ids()[start:end])
+        copy_blocks(positions, positions_upto(end)[start:end])
 
     def _run_forks(self) -> None:
         """Copy the prefilled prompt row of each ``n > 1`` request to its other samples."""
@@ -391,8 +390,7 @@ class Scheduler:
             session = req.session_id if (self.config.session_cache and seq.index == 0) else None
             tokens = None
             if session is not None and seq.kv_len > 0:
-                full = req.input_ids + seq.out_ids
-                tokens = np.asarray(full[:min(seq.kv_len, len(full))], np.int32)
+                tokens = self._cached_tokens(seq)
             self._slots.release(slot, session, tokens)
             seq.slot = None
         if reason == "abort":
@@ -406,6 +404,20 @@ class Scheduler:
                     req.future.set_result(list(req.results))
                 except concurrent.futures.InvalidStateError:
                     pass
+
+    @staticmethod
+    def _cached_tokens(seq: Seq) -> np.ndarray:
+        """The ids whose KV ``seq``'s slot row holds, int32 ``[min(kv_len, L + len(out))]``: the
+        prompt then the output, cut at ``kv_len`` (from the prompt's ids array, not a list of
+        thousands of ints converted again; copies in blocks that keep the GIL)."""
+        ids = seq.req.ids()
+        if seq.kv_len <= len(ids):
+            return ids[:seq.kv_len]
+        out = seq.out_ids[:seq.kv_len - len(ids)]
+        tokens = np.empty((len(ids) + len(out),), np.int32)
+        copy_blocks(tokens, ids)
+        tokens[len(ids):] = out
+        return tokens
 
     def _result(self, seq: Seq, reason: str, matched: int | str | None) -> GenerateResult:
         req, sp = seq.req, seq.req.sampling
