@@ -53,7 +53,9 @@ _clock = time.perf_counter
 VARIANTS: dict[str, dict[str, Any]] = {
     "base": {},
     "noshare": {"engine.share_prompts": False},  # every prompt prefilled (the engine before)
-    "share": {"engine.share_prompts": True},
+    "share": {"engine.share_prompts": True, "engine.deliver_after_launch": False},
+    # finished requests' results handed over after the next device launch (or when idle)
+    "deliver_late": {"engine.share_prompts": True, "engine.deliver_after_launch": True},
     "switch": {"switch_interval": 0.0005},
     "workers": {"rollout.actor_workers": "WORKERS"},
     "workers_switch": {"rollout.actor_workers": "WORKERS", "switch_interval": 0.0005},

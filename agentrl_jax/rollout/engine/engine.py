@@ -178,6 +178,7 @@ class Engine(WeightsAndCache, Scheduler, FailureHandling, BatchedSamplesBackend)
         # arrives before that prefill ends copies its row instead of prefilling again
         self._prompt_leaders: dict[tuple[int, ...], Seq] = {}
         self._requests: dict[str, Request] = {}
+        self._deliveries: list[Request] = []  # finished, results not handed over yet
         self._rng = np.random.default_rng(c.seed)
         self._rid_counter = itertools.count()
         # Thread plumbing.

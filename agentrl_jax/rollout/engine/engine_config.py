@@ -66,7 +66,10 @@ class EngineConfig:
     hold ``prefill_tokens`` tokens or a quarter or sixteenth of that); ``"dense"`` XLA einsums
     over the call's whole KV length; ``"auto"``: flash_in_cache on a GPU, dense elsewhere
     (one-device engines; ``attention_choice.resolve_prefill_attention`` says what falls back
-    where).
+    where). deliver_after_launch: hand finished requests their results only once the next
+    device call is launched (or the engine goes idle), so the event loop each result wakes
+    runs while the device computes, not between the engine thread's calls (results arrive a
+    few milliseconds later, unchanged; off by default until measured on a GPU).
     """
 
     max_batch: int = 32
@@ -88,6 +91,7 @@ class EngineConfig:
     prefill_kv_buckets: tuple[int, ...] | None = ()
     share_prompts: bool = True
     prefill_attention: str = "auto"
+    deliver_after_launch: bool = False
 
     def __post_init__(self) -> None:
         if self.kv_layout not in (HEAD_MAJOR, SEQ_MAJOR):

@@ -79,6 +79,7 @@ class FailureHandling:
         """After a failed device call (or an error in the engine's shared bookkeeping, which no
         single request explains): fail every in-flight request, reset the cache."""
         message = f"{type(error).__name__}: {error}"
+        self._deliver()  # finished before the failure: their results stand
         with self._cv:
             requests = list(self._requests.values())
             self._requests.clear()
@@ -99,6 +100,7 @@ class FailureHandling:
             self._error = f"cannot reallocate the KV cache after {message}: {e}"
 
     def _shutdown(self) -> None:
+        self._deliver()  # finished before the close: their results stand
         with self._cv:
             requests = list(self._requests.values())
             self._requests.clear()

@@ -27,12 +27,21 @@ log = logging.getLogger(__name__)
 class Scheduler:
     """The engine thread's loop; ``self`` is an ``Engine``."""
 
+    def _idle(self) -> bool:
+        """Nothing for the engine thread to do (call with ``self._cv`` held)."""
+        return not self._closed and not self._commands and (
+            self._paused or not (self._incoming or self._waiting or self._slot_seq
+                                 or self._prefill_queue or self._fork_ready))
+
     def _loop(self) -> None:
         while True:
+            if self._deliveries:
+                with self._cv:
+                    idle = self._idle()
+                if idle:  # no device call will launch: hand over what finished (outside the
+                    self._deliver()  # lock: a result's callbacks may submit again)
             with self._cv:
-                while not self._closed and not self._commands and (
-                        self._paused or not (self._incoming or self._waiting or self._slot_seq
-                                             or self._prefill_queue or self._fork_ready)):
+                while self._idle():
                     t0 = time.perf_counter()
                     self._cv.wait()
                     self.stats.idle_time_s += time.perf_counter() - t0
@@ -71,6 +80,9 @@ class Scheduler:
             self._run_forks()
         if any(s.state == DECODE for s in self._slot_seq.values()):
             self._run_decode()
+        if self._deliveries and not (self._prefill_queue or self._fork_ready or any(
+                s.state == DECODE for s in self._slot_seq.values())):
+            self._deliver()  # the next step launches nothing that the hand-over could overlap
 
     # ----------------------------------------------------------------------- admission
     def _admit(self) -> None:
@@ -207,6 +219,7 @@ class Scheduler:
                                      default=0))
         t0 = time.perf_counter()
         self._cache = self._prefill_fn(self._state, self._cache, slot_ids, tokens, positions, kv)
+        self._deliver()  # (deliver_after_launch) while the device computes
         stats, used = self.stats, sum(n > 0 for n in counts)
         stats.prefill_calls += 1
         stats.prefill_positions += rows * chunk
@@ -282,6 +295,7 @@ class Scheduler:
             (self._state, self._merged), self._cache, self._ints, self._floats,
             np.int32(c.decode_steps),
             np.bool_(waiting_for_slot), mode)
+        self._deliver()  # (deliver_after_launch) while the device computes
         toks, lps, raws, valid, steps = jax.device_get((*outs, steps))
         self.stats.decode_time_s += time.perf_counter() - t0
         steps = int(steps)
@@ -399,6 +413,17 @@ class Scheduler:
         if all(r is not None for r in req.results):
             with self._cv:
                 self._requests.pop(req.rid, None)
+            self._deliveries.append(req)
+            if not self.config.deliver_after_launch:
+                self._deliver()
+
+    def _deliver(self) -> None:
+        """Set the futures of the finished requests ``_finish`` queued. With
+        ``deliver_after_launch`` this runs right after a device call is launched, or when the
+        engine is about to go idle (``_loop``, ``_step``, ``_recover``, ``_shutdown``); else at
+        once from ``_finish``. Each result wakes the event loop (a thread that wants the GIL)."""
+        pending, self._deliveries = self._deliveries, []
+        for req in pending:
             if not req.future.done():
                 try:
                     req.future.set_result(list(req.results))
