@@ -58,6 +58,7 @@ class Harness(Scheduler, FailureHandling):
         self.stats = EngineStats()
         self._cv = threading.Condition()
         self._requests: dict[str, Request] = {}
+        self._deliveries: list[Request] = []
         self._waiting: collections.deque = collections.deque()
         self._num_waiting = 0
         self._prefill_queue: list[Seq] = []
