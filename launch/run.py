@@ -157,7 +157,9 @@ def _train_locked(config: Any, workdir: str) -> int:
     if finished is not None and not _EVAL_AGAIN.value:
         if trainer.is_main:
             print(f"run already finished at step {finished} (workdir {trainer.workdir}); "
-                  "pass --eval_again to evaluate it again", flush=True)
+                  "pass --eval_again to evaluate it again, or a larger "
+                  "--config.train.total_steps / --config.train.max_seconds to train on",
+                  flush=True)
             _complete_report(trainer.workdir)
         return 0
     from agentrl_jax.training.storage import EXIT_STORAGE_FAILED, StorageFailure

@@ -203,7 +203,8 @@ def test_rerun_takes_over_a_killed_runs_lock_and_writes_the_missing_report(tmp_p
     assert lines[0].startswith(f"workdir {workdir}: took over the lock left by pid "
                                f"{holder.pid} on host ")
     assert lines[1] == (f"run already finished at step 1 (workdir {workdir}); pass --eval_again "
-                        "to evaluate it again")
+                        "to evaluate it again, or a larger --config.train.total_steps / "
+                        "--config.train.max_seconds to train on")
     assert lines[2] == (f"run report: {workdir}/report.md (curves {workdir}/report_curves.png)")
     assert len(lines) == 3
     assert os.path.getsize(os.path.join(workdir, "report_curves.png")) > 1000

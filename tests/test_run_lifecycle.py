@@ -109,7 +109,8 @@ def test_finished_run_started_again_says_so_and_exits(finished_run, compile_cach
     out = _ok(_launch("launch/run.py", compile_cache_env, *SMOKE, "--workdir", workdir,
                       "--config.train.total_steps=1", timeout=120))
     assert out == (f"run already finished at step 1 (workdir {workdir}); pass --eval_again to "
-                   "evaluate it again\n")
+                   "evaluate it again, or a larger --config.train.total_steps / "
+                   "--config.train.max_seconds to train on\n")
     assert time.monotonic() - t0 < 60  # no model load, no evaluation
     assert {f: _lines(os.path.join(workdir, f)) for f in files} == before
     assert open(os.path.join(workdir, "summary.json")).read() == summary
