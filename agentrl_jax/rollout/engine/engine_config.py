@@ -68,8 +68,9 @@ class EngineConfig:
     (one-device engines; ``attention_choice.resolve_prefill_attention`` says what falls back
     where). deliver_after_launch: hand finished requests their results only once the next
     device call is launched (or the engine goes idle), so the event loop each result wakes
-    runs while the device computes, not between the engine thread's calls (results arrive a
-    few milliseconds later, unchanged; off by default until measured on a GPU).
+    runs while the device computes, not between the engine thread's calls (results arrive
+    later by the host work before that launch, unchanged; off by default until measured on a
+    GPU).
     """
 
     max_batch: int = 32
