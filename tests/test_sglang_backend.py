@@ -130,7 +130,15 @@ async def test_update_weights_via_disk(servers, model, tmp_path):
     backend = create_backend("sglang", urls=urls, export_dir=str(tmp_path),
                              export_dtype="float32")
     async with backend:
+        cached = random_prompt(np.random.default_rng(4), 12)
+        await backend.generate(cached, sp, session_id="cached")
+        again = await backend.generate(cached, sp, session_id="cached")
+        assert again.cached_tokens > 0
         path = await backend.update_weights(other, version="step-1")
+        # the servers dropped their prefix caches while loading, the client its session pins
+        assert backend.pinned_sessions() == [0, 0]
+        after = await backend.generate(cached, sp, session_id="cached")
+        assert after.cached_tokens == 0
         assert path.startswith(str(tmp_path))
         for i in range(2):  # every server now serves the new weights
             res = await backend.generate(prompt, sp, session_id=f"s{i}")
@@ -158,7 +166,7 @@ def test_launcher_without_sglang():
 async def test_api_key_on_generation_and_weight_updates(model, tmp_path, monkeypatch):
     """Before: a server started with --api-key answers 401 to the backend unless it sends
     ``Authorization: Bearer <key>`` (config ``rollout.api_key`` or $AGENTRL_ROLLOUT_API_KEY),
-    on generation and on ``update_weights`` (``/update_weights_from_disk`` + ``/flush_cache``)."""
+    on generation and on ``update_weights`` (``/update_weights_from_disk``)."""
     from ml_collections import ConfigDict
 
     from agentrl_jax.rollout.backends.sglang import API_KEY_ENV
@@ -289,3 +297,50 @@ async def test_new_sessions_spread_by_count_even_when_one_server_is_faster():
     finally:
         for runner in runners:
             await runner.cleanup()
+
+
+async def test_a_dropped_keep_alive_connection_is_retried_at_once():
+    """SGLang's uvicorn closes idle keep-alive connections after 5 s, aiohttp reuses them for
+    15 s: a request sent on one fails with ``ServerDisconnectedError`` (89 times in one BabyAI
+    rollout against SGLang 0.5.16). The stub drops the connection of its first request; the
+    client must send it again at once (not after its back-off, 5 s here) and keep the server
+    up. A second drop in a row is a connection failure, retried after the back-off."""
+    import time
+
+    from aiohttp import web
+
+    calls = {"n": 0}
+    drop = {1}
+
+    async def generate(request: web.Request) -> web.Response:
+        body = await request.json()
+        calls["n"] += 1
+        if calls["n"] in drop:
+            request.transport.close()  # as a server closing an idle keep-alive connection
+            return web.Response()
+        return web.json_response({"output_ids": [7], "meta_info": {
+            "id": body["rid"], "finish_reason": {"type": "length"}, "prompt_tokens": 3,
+            "output_token_logprobs": [[-0.5, 7, None]]}})
+
+    app = web.Application()
+    app.router.add_post("/generate", generate)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    url = f"http://127.0.0.1:{runner.addresses[0][1]}"
+    try:
+        async with SGLangBackend([url], max_retries=1, backoff_s=5.0,
+                                 max_backoff_s=5.0) as backend:
+            t0 = time.perf_counter()
+            res = await backend.generate([1, 2, 3], SamplingParams(max_new_tokens=1))
+            assert res.output_ids == [7] and calls["n"] == 2
+            assert time.perf_counter() - t0 < 2.0  # no back-off sleep
+            assert backend.servers[0].healthy and backend.servers[0].failures == 0
+
+            calls["n"], drop = 0, {1, 2}  # dropped twice: the second waits out the back-off
+            t0 = time.perf_counter()
+            res = await backend.generate([1, 2, 3], SamplingParams(max_new_tokens=1))
+            assert res.output_ids == [7] and calls["n"] == 3
+            assert time.perf_counter() - t0 >= 0.8 * 5.0
+    finally:
+        await runner.cleanup()

@@ -1,9 +1,9 @@
 """Weight sync to HTTP rollout servers through disk: SGLang (PyTorch) cannot receive JAX arrays,
 so ``update_weights(model)`` exports a HF safetensors directory (``save_hf_directory``, in
 ``export_dtype``) that every server can read, then posts ``/update_weights_from_disk`` to each
-server in parallel and flushes their caches. A mixin of
+server in parallel (``flush_cache`` asks each to drop its prefix cache as it loads). A mixin of
 :class:`~agentrl_jax.rollout.backends.sglang.SGLangBackend` (``self.servers``, ``_post_one``,
-``flush_cache``, ``export_dir``, ``export_dtype``, ``tokenizer``)."""
+``_forget_sessions``, ``export_dir``, ``export_dtype``, ``tokenizer``)."""
 
 from __future__ import annotations
 
@@ -38,8 +38,8 @@ class DiskWeightSync:
                   if isinstance(r, BaseException) or not (isinstance(r, dict) and r.get("success"))]
         if failed:
             raise RolloutError("update_weights_from_disk failed on " + "; ".join(failed))
-        if flush_cache:
-            await self.flush_cache()
+        if flush_cache:  # the servers flushed their caches as they loaded (SGLang and ours)
+            self._forget_sessions()
         self.weight_version = version
         return path
 

@@ -7,7 +7,8 @@
   session to the healthy server with the fewest requests in flight.
 * Robustness: connection errors, 502/503/504 answers and timeouts are retried with exponential
   backoff (honouring ``Retry-After``), on another server when the first one is marked down;
-  a 4xx answer raises ``InvalidRequestError`` at once.
+  a request whose connection the server dropped is first sent again at once (a stale keep-alive
+  connection); a 4xx answer raises ``InvalidRequestError`` at once.
 * Weight sync from the JAX learner: SGLang (PyTorch) can only receive JAX weights through disk,
   so ``update_weights(model)`` exports a HF safetensors directory
   (``agentrl_jax.models.safetensors_io.save_hf_directory``) that every server can read (a shared
@@ -253,7 +254,9 @@ class SGLangBackend(DiskWeightSync, BatchedSamplesBackend):
         delay = self.backoff_s
         tried: set[int] = set()
         last_error: str = "no attempt made"
-        for attempt in range(self.max_retries + 1):
+        stale_retry = True  # one immediate retry after a dropped keep-alive connection
+        attempt = 0
+        while True:
             i = server if server is not None else self._pick(
                 session_id, tried if len(tried) < len(self.servers) else set())
             s = self.servers[i]
@@ -275,6 +278,19 @@ class SGLangBackend(DiskWeightSync, BatchedSamplesBackend):
                         self._mark_up(i)
                         s.served += 1
                         return i, data
+            except aiohttp.ServerDisconnectedError as e:
+                last_error = f"{s.url}{path}: {type(e).__name__}: {e}"
+                if stale_retry:
+                    # most often a pooled connection the server closed while it sat idle
+                    # (uvicorn, which SGLang runs on, drops idle ones after 5 s; aiohttp keeps
+                    # them 15 s): send it again at once on a new connection, the server not
+                    # marked down; a second drop is handled as any connection error
+                    stale_retry = False
+                    continue
+                self._mark_down(i)
+                tried.add(i)
+                if session_id is not None:
+                    self._unpin(session_id)
             except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError,
                     asyncio.TimeoutError) as e:
                 last_error = f"{s.url}{path}: {type(e).__name__}: {e}"
@@ -286,6 +302,7 @@ class SGLangBackend(DiskWeightSync, BatchedSamplesBackend):
                 s.inflight -= 1
             if attempt == self.max_retries:
                 break
+            attempt += 1
             wait = delay
             if retry_after is not None:
                 try:
