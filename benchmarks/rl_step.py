@@ -30,6 +30,10 @@ Variants (each a set of config overrides on ``--config``):
   no_compile_ahead  the config without compiling the first update ahead of time on a background
           thread (``train.compile_ahead=False``: the first update compiles it)
 
+``--fresh-process`` runs each variant in its own Python process: in one process the first
+trainer's update is slower than the later ones' for the same batches (docs/PERFORMANCE.md,
+"Our engine beside SGLang"), which favours every variant after the first.
+
 Per step: ``step`` (wall, rollout included), ``rollout`` (actor pool wall), ``update``
 (learner.update: old / reference log-probs + optimiser steps) = ``logprob`` (the forward-only
 log-prob passes, ``forward`` in earlier files) + ``optimizer`` (the rest: forward + backward +
@@ -174,7 +178,8 @@ def run_variant(config_path: str, name: str, steps: int, workdir: str,
     t0 = time.perf_counter()
     BenchTrainer(config, out, progress=False).run()
     rows = step_rows(os.path.join(out, "metrics.jsonl"))
-    result = {"variant": name, "wall_s": time.perf_counter() - t0, "steps": rows}
+    result = {"variant": name, "wall_s": time.perf_counter() - t0, "steps": rows,
+              "pid": os.getpid()}
     if not rows:
         raise RuntimeError(f"variant {name}: the trainer logged no step ({out}/metrics.jsonl)")
     result["summary"] = summarise(rows)
@@ -187,6 +192,45 @@ def run_variant(config_path: str, name: str, steps: int, workdir: str,
           f"{s['compile_s_estimate']:.1f} s); rollout {s['rollout_tokens_per_s']:.0f} gen tok/s; "
           f"learner {s['learner_real_tokens_per_s']:.0f} real tok/s", flush=True)
     return result
+
+
+def run_in_processes(args: argparse.Namespace) -> int:
+    """``--fresh-process``: this script once per variant, each in a new Python process (this
+    one never starts JAX, so it holds no device memory); their JSON files merged into
+    ``--json`` in variant order. Returns 1 if any variant failed."""
+    import subprocess
+
+    workdir = args.workdir or tempfile.mkdtemp(prefix="rl_step_")
+    os.makedirs(workdir, exist_ok=True)
+    header: dict = {}
+    results: list[dict] = []
+    failed = False
+    for i, v in enumerate(x for x in args.variants.split(",") if x):
+        part = os.path.join(workdir, f"process{i}_{v}.json")
+        cmd = [sys.executable, os.path.abspath(__file__), "--config", args.config,
+               "--steps", str(args.steps), "--variants", v,
+               "--workdir", os.path.join(workdir, f"process{i}"), "--json", part,
+               "--label", args.label, *(["--checkpoint"] if args.checkpoint else []),
+               *[a for item in args.set for a in ("--set", item)]]
+        code = subprocess.call(cmd)
+        failed |= code != 0
+        try:
+            with open(part) as f:
+                data = json.load(f)
+        except (OSError, ValueError) as e:  # the process died before writing its JSON
+            data = {"results": [{"variant": v, "steps": [],
+                                 "error": f"process exited with code {code}: {e}"}]}
+        header = header or {k: val for k, val in data.items() if k != "results"}
+        results.extend(data["results"])
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump({**header, "fresh_process": True, "results": results}, f, indent=2)
+    done = [r for r in results if "summary" in r]
+    if len(done) >= 2:
+        a, b = done[0]["summary"], done[1]["summary"]
+        print(f"steady step ratio {done[1]['variant']} / {done[0]['variant']}: "
+              f"{b['step_s'] / a['step_s']:.2f}x (separate processes)", flush=True)
+    return 1 if failed else 0
 
 
 def main(argv=None) -> int:
@@ -202,7 +246,12 @@ def main(argv=None) -> int:
     p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
                    help="config override for every variant (Python literal), e.g. "
                         "--set learner.attention_impl='pallas'")
+    p.add_argument("--fresh-process", action="store_true",
+                   help="run each variant in its own Python process (the first trainer of a "
+                        "process updates slower than later ones: docs/PERFORMANCE.md)")
     args = p.parse_args(argv)
+    if args.fresh_process:
+        return run_in_processes(args)
     import ast
 
     for item in args.set:
