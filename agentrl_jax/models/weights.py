@@ -7,7 +7,7 @@ transposed on the way in and out. Every array is placed straight into its target
 from __future__ import annotations
 
 import logging
-from typing import Callable, Iterable, Mapping
+from typing import Any, Callable, Iterable, Mapping
 
 import jax
 import numpy as np
@@ -105,21 +105,49 @@ def build_model(cfg: ModelConfig, names: Iterable[str], get_tensor: Callable[[st
     return nnx.merge(graphdef, nnx.from_flat_state(loaded))
 
 
+#: device copies in ``dtype`` made at once by ``model_to_hf_tensors`` (bytes): bounds the extra
+#: device memory of an export while still fetching many tensors per transfer
+EXPORT_GROUP_BYTES = 512 * 2**20
+
+
 def model_to_hf_tensors(model: CausalLM, dtype: str = "float32") -> dict[str, np.ndarray]:
     """Gather every parameter to host memory under its HF name (kernels transposed).
 
-    Parameters sharded over several processes are gathered with ``placement.to_host`` (a
+    The cast to ``dtype`` and the transpose run where the parameter lives (a device array:
+    half the bytes cross to the host for bfloat16 from float32, and the host does no
+    element-wise work), a group of at most ``EXPORT_GROUP_BYTES`` of converted tensors at a
+    time. Parameters sharded over several processes are gathered with ``placement.to_host`` (a
     collective: in a multi-process run every process must call this, in the same order, and
     each gets the full tensors)."""
-    from agentrl_jax.sharding.placement import to_host
+    from agentrl_jax.sharding.placement import to_host_tree
 
     np_dtype = jax.numpy.bfloat16 if dtype == "bfloat16" else np.dtype(dtype)
     out: dict[str, np.ndarray] = {}
+    order: list[str] = []  # the parameters' order (groups arrive after the host arrays)
+    group: dict[str, Any] = {}
+    group_bytes = 0
+
+    def flush() -> None:
+        nonlocal group, group_bytes
+        for key, array in to_host_tree(group).items():
+            out[key] = np.ascontiguousarray(array)  # already contiguous when fetched
+        group, group_bytes = {}, 0
+
     for path, variable in nnx.to_flat_state(nnx.state(model, nnx.Param)):
         name, transpose = hf_name(path)
-        array = to_host(variable.get_value()).astype(np_dtype)
-        out[name] = np.ascontiguousarray(array.T if transpose else array)
-    return out
+        order.append(name)
+        value = variable.get_value()
+        if isinstance(value, jax.Array):
+            value = value.astype(np_dtype)  # on the parameter's own devices
+            group[name] = value.T if transpose else value
+            group_bytes += value.size * np.dtype(np_dtype).itemsize
+            if group_bytes >= EXPORT_GROUP_BYTES:
+                flush()
+        else:  # a host array
+            array = np.asarray(value).astype(np_dtype)
+            out[name] = np.ascontiguousarray(array.T if transpose else array)
+    flush()
+    return {name: out[name] for name in order}
 
 
 def tensors_from_mapping(tensors: Mapping[str, np.ndarray]) -> tuple[list[str],
