@@ -38,6 +38,27 @@ def servers(model, tmp_path_factory):
         e.close()
 
 
+def one_token_reply(body: dict) -> "web.Response":
+    """A stub server's answer to ``/generate``: one token (7) with its logprob."""
+    from aiohttp import web
+
+    return web.json_response({"output_ids": [7], "text": "x", "meta_info": {
+        "id": body["rid"], "finish_reason": {"type": "length"}, "prompt_tokens": 3,
+        "output_token_logprobs": [[-0.5, 7, None]]}})
+
+
+async def serve_stub(generate) -> tuple["web.AppRunner", str]:
+    """Serve ``generate`` as ``POST /generate`` on a free localhost port -> (runner, url)."""
+    from aiohttp import web
+
+    app = web.Application()
+    app.router.add_post("/generate", generate)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    return runner, f"http://127.0.0.1:{runner.addresses[0][1]}"
+
+
 def dead_url() -> str:
     with socket.socket() as s:  # a port nobody listens on
         s.bind(("127.0.0.1", 0))
@@ -233,17 +254,9 @@ async def test_many_concurrent_requests_reach_the_server_at_once():
             return web.json_response({"error": {"message": "never all open"}}, status=400)
         finally:
             open_now -= 1
-        return web.json_response({"output_ids": [7], "text": "x", "meta_info": {
-            "id": body["rid"], "finish_reason": {"type": "length"}, "prompt_tokens": 3,
-            "output_token_logprobs": [[-0.5, 7, None]]}})
+        return one_token_reply(body)
 
-    app = web.Application()
-    app.router.add_post("/generate", generate)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    url = f"http://127.0.0.1:{runner.addresses[0][1]}"
+    runner, url = await serve_stub(generate)
     try:
         async with SGLangBackend([url], max_retries=0) as backend:
             results = await asyncio.gather(*[backend.generate([1, 2, 3], SamplingParams(
@@ -266,20 +279,11 @@ async def test_new_sessions_spread_by_count_even_when_one_server_is_faster():
         async def generate(request: web.Request) -> web.Response:
             body = await request.json()
             await asyncio.sleep(delay)
-            return web.json_response({"output_ids": [7], "meta_info": {
-                "id": body["rid"], "finish_reason": {"type": "length"}, "prompt_tokens": 3,
-                "output_token_logprobs": [[-0.5, 7, None]]}})
-        app = web.Application()
-        app.router.add_post("/generate", generate)
-        return app
+            return one_token_reply(body)
+        return generate
 
-    runners = []
-    for delay in delays:
-        runner = web.AppRunner(stub(delay))
-        await runner.setup()
-        await web.TCPSite(runner, "127.0.0.1", 0).start()
-        runners.append(runner)
-    urls = [f"http://127.0.0.1:{r.addresses[0][1]}" for r in runners]
+    served = [await serve_stub(stub(delay)) for delay in delays]
+    runners, urls = [r for r, _ in served], [u for _, u in served]
     try:
         async with SGLangBackend(urls, max_retries=0) as backend:
             async def episode(i: int) -> None:
@@ -318,16 +322,9 @@ async def test_a_dropped_keep_alive_connection_is_retried_at_once():
         if calls["n"] in drop:
             request.transport.close()  # as a server closing an idle keep-alive connection
             return web.Response()
-        return web.json_response({"output_ids": [7], "meta_info": {
-            "id": body["rid"], "finish_reason": {"type": "length"}, "prompt_tokens": 3,
-            "output_token_logprobs": [[-0.5, 7, None]]}})
+        return one_token_reply(body)
 
-    app = web.Application()
-    app.router.add_post("/generate", generate)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    await web.TCPSite(runner, "127.0.0.1", 0).start()
-    url = f"http://127.0.0.1:{runner.addresses[0][1]}"
+    runner, url = await serve_stub(generate)
     try:
         async with SGLangBackend([url], max_retries=1, backoff_s=5.0,
                                  max_backoff_s=5.0) as backend:
