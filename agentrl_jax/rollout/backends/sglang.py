@@ -278,22 +278,16 @@ class SGLangBackend(DiskWeightSync, BatchedSamplesBackend):
                         self._mark_up(i)
                         s.served += 1
                         return i, data
-            except aiohttp.ServerDisconnectedError as e:
+            except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError,
+                    asyncio.TimeoutError) as e:
                 last_error = f"{s.url}{path}: {type(e).__name__}: {e}"
-                if stale_retry:
+                if isinstance(e, aiohttp.ServerDisconnectedError) and stale_retry:
                     # most often a pooled connection the server closed while it sat idle
                     # (uvicorn, which SGLang runs on, drops idle ones after 5 s; aiohttp keeps
                     # them 15 s): send it again at once on a new connection, the server not
                     # marked down; a second drop is handled as any connection error
                     stale_retry = False
                     continue
-                self._mark_down(i)
-                tried.add(i)
-                if session_id is not None:
-                    self._unpin(session_id)
-            except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError,
-                    asyncio.TimeoutError) as e:
-                last_error = f"{s.url}{path}: {type(e).__name__}: {e}"
                 self._mark_down(i)
                 tried.add(i)
                 if session_id is not None:
