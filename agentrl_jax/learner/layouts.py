@@ -8,7 +8,9 @@ device arrays ``[N, W]`` in their *token space*, and differ only in how rows rea
   micro-batches, zero-mask pad rows with fresh group ids; cols: a length bucket); the model
   sees ``[logprob_batch_size, cols]`` forward chunks and ``[n_micro, micro_batch_size, cols]``
   mini-batches (``train_step.make_train_step``).
-- ``PackedRows`` (``pack_length > 0``): token space = the batch as given, ``[B, T]``; the model
+- ``PackedRows`` (``pack_length > 0``): token space = the batch padded to buckets ``[B, T]``
+  (``packed_token_space``: rows to a power of two, length to a bucket; zero-length pad rows
+  pack into nothing, so the model does no extra work); the model
   sees rows of ``pack_length`` tokens holding several trajectories (``packing.py``), packed
   and unpacked on the device with gather indices (``packing.pack_index`` / ``unpack_index``);
   optimiser steps accumulate ``[micro_batch_size, pack_length]`` calls
@@ -48,6 +50,19 @@ def _take_rows(mesh, out_sharding):
     return cached(("take_rows", mesh, out_sharding), lambda: jax.jit(
         lambda tree, idx: jax.tree.map(lambda x: jnp.take(x, idx, axis=0, mode="clip"), tree),
         out_shardings=out_sharding))
+
+
+def _unpack_into(mesh, out_sharding):
+    """Jitted ``(out [B, T], chunk [n, P], index [B, T], offset) -> out`` with ``chunk``'s
+    tokens in place: where ``offset <= index < offset + n * P`` (``index`` into the flattened
+    packed rows, -1 for none), ``chunk.flat[index - offset]``; elsewhere ``out`` unchanged."""
+    def fn(out, chunk, index, offset):
+        flat = chunk.reshape(-1)
+        local = index - offset
+        hit = (local >= 0) & (local < flat.shape[0])
+        return jnp.where(hit, flat[jnp.clip(local, 0, flat.shape[0] - 1)].astype(out.dtype), out)
+    return cached(("unpack_into", mesh, out_sharding),
+                  lambda: jax.jit(fn, out_shardings=out_sharding))
 
 
 def _gather_flat(mesh, out_sharding):
@@ -193,15 +208,36 @@ def agree_sum(value: int) -> int:
     return int(np.sum(allgather_rows(np.asarray([int(value)], np.int64))))
 
 
+def packed_token_space(rows: int, length: int, config: Any) -> tuple[int, int]:
+    """The packed layout's token space for a ``[rows, length]`` batch: rows up to a power of
+    two, the length up to its bucket (``bucket_length``) but not past ``pack_length`` (nor
+    below ``length``). Batches that differ in row count and length from step to step then share
+    the update's gather / derive / shuffle programs."""
+    from agentrl_jax.learner.config import bucket_length
+
+    rows_pad = 1 << max(int(rows) - 1, 0).bit_length()
+    cols = max(int(length), min(bucket_length(int(length), config), int(config.pack_length)))
+    return rows_pad, cols
+
+
 class PackedRows:
     """Trajectories packed into rows of ``pack_length`` tokens; see the module docstring.
-    Single-process batches, no critic."""
+    Single-process batches, no critic. The token space is the batch padded to
+    :func:`packed_token_space` (zero-length rows with fresh group ids: they pack into
+    nothing)."""
 
     recomputes_old_logprobs = True  # the sampler's log-probs are only compared with them
 
     def __init__(self, learner: Any, batch: RolloutBatch):
         lr, cfg = learner, learner.config
-        self.learner, self.config, self.batch = lr, cfg, batch
+        self.learner, self.config, self.real = lr, cfg, batch
+        self.real_b, self.real_t = batch.shape
+        rows, cols = packed_token_space(self.real_b, self.real_t, cfg)
+        if (rows, cols) != batch.shape:
+            turn_slots = (batch.turn_anchors.shape[1] if batch.turn_anchors is not None
+                          else 0) if batch.has_turns else None
+            batch = RolloutBatch.from_mapping(_pad(batch, rows, cols, turn_slots=turn_slots))
+        self.batch = batch
         self.b, self.t = batch.shape
         self.lengths = batch.lengths()
         self.n_rows = self.b
@@ -215,21 +251,27 @@ class PackedRows:
 
     def forward(self, fn, params, placed: Arrays) -> jax.Array:
         """``fn(params, tokens, segment_ids, positions)`` over the whole batch packed in
-        ``[logprob_batch_size, pack_length]`` calls -> token-space ``[B, T]``."""
+        ``[logprob_batch_size, pack_length]`` calls -> token-space ``[B, T]``. Each call's
+        output goes to its tokens' places at once (:func:`_unpack_into`), so no program's
+        shape depends on how many packed rows the batch makes."""
         lr = self.learner
         n, plan = lr.logprob_batch_size, self.plan
         src = pack_index(plan, np.arange(self.b), self.t)
         seg, pos = segment_layout(plan)
         sh = lr.row_sharding()
         pack_dev = _gather_flat(lr.mesh, sh)
-        outs = []
+        rep = NamedSharding(lr.mesh, P())
+        unpack = _unpack_into(lr.mesh, rep)
+        index = place_global(unpack_index(plan, self.t).astype(np.int32), rep)
+        out = None
         for s in range(0, plan.num_rows, n):
             tokens = pack_dev(placed["tokens"], src[s:s + n])
-            outs.append(fn(params, tokens, place_global(seg[s:s + n], sh),
-                           place_global(pos[s:s + n], sh)))
-        packed = jnp.concatenate(outs)
-        rep = NamedSharding(lr.mesh, P())
-        return _gather_flat(lr.mesh, rep)(packed, unpack_index(plan, self.t))
+            chunk = fn(params, tokens, place_global(seg[s:s + n], sh),
+                       place_global(pos[s:s + n], sh))
+            if out is None:
+                out = jnp.zeros(index.shape, chunk.dtype, device=rep)
+            out = unpack(out, chunk, index, np.int32(s * plan.pack_length))
+        return out
 
     def optimiser_steps(self, per_token: Arrays, order: jax.Array, train_policy: bool = True,
                         train_critic: bool = False) -> list[dict]:
@@ -273,10 +315,12 @@ class PackedRows:
         return metrics
 
     def host_view(self, device: Arrays) -> dict[str, np.ndarray]:
-        view = to_host_tree(device)
-        view.update(loss_mask=self.batch.loss_mask, attention_mask=self.batch.attention_mask)
-        if self.batch.reward is not None:
-            view["reward"] = self.batch.reward
+        """The token-space arrays on the host, cut to the batch's own rows and columns."""
+        b, t = self.real_b, self.real_t
+        view = {k: v[:b, :t] for k, v in to_host_tree(device).items()}
+        view.update(loss_mask=self.real.loss_mask, attention_mask=self.real.attention_mask)
+        if self.real.reward is not None:
+            view["reward"] = self.real.reward
         return view
 
     def size_metrics(self, seconds: float, train_passes: int) -> dict[str, float]:
@@ -351,4 +395,4 @@ def _pad(batch: RolloutBatch, rows: int, cols: int, first_pad_group: int | None 
     return out
 
 
-__all__ = ["PaddedRows", "PackedRows"]
+__all__ = ["PaddedRows", "PackedRows", "packed_token_space"]

@@ -1,0 +1,89 @@
+"""Packed-row updates pad the token space to buckets (rows to a power of two, columns to a
+length bucket capped at ``pack_length``), so batches whose row count and length change every
+step (flat groups skipped, longer or shorter episodes) stop compiling new programs once their
+buckets are compiled: before, every new ``[B, T]`` compiled the update's gather, derive and
+shuffle programs again (four to five programs a step in `experiments/first_trainer_cpu.py`,
+docs/PERFORMANCE.md). The padded rows change nothing: the same parameters and metrics as
+the same update on the token space as given."""
+
+from __future__ import annotations
+
+import jax
+import numpy as np
+import pytest
+from jax._src import monitoring
+
+from agentrl_jax.learner import Learner, LearnerConfig, RolloutBatch, UpdateOptions
+from agentrl_jax.learner.layouts import packed_token_space
+from agentrl_jax.models.config import ModelConfig
+from agentrl_jax.models.llama import init_model
+from agentrl_jax.sharding.mesh import make_mesh
+
+MODEL = ModelConfig(vocab_size=88, hidden_size=32, intermediate_size=40, num_layers=1,
+                    num_heads=2, num_kv_heads=1, head_dim=16)
+CFG = LearnerConfig(dtype="float32", remat=False, learning_rate=1e-3, micro_batch_size=2,
+                    pack_length=96, logprob_batch_size=2, min_length_bucket=32,
+                    advantage_estimator="grpo", shuffle=False)
+
+
+def _learner(cfg: LearnerConfig = CFG, seed: int = 0) -> Learner:
+    return Learner(init_model(MODEL, seed=seed), cfg,
+                   mesh=make_mesh(fsdp=1, devices=jax.devices()[:1]))
+
+
+def _batch(seed: int, b: int, t: int) -> RolloutBatch:
+    rng = np.random.default_rng(seed)
+    lens = rng.integers(t // 2, t + 1, b)
+    lens[0] = t
+    attn = (np.arange(t)[None] < lens[:, None]).astype(np.int32)
+    loss = attn * (np.arange(t)[None] >= 3)
+    return RolloutBatch.from_mapping({
+        "tokens": rng.integers(1, MODEL.vocab_size, (b, t)).astype(np.int32) * attn,
+        "attention_mask": attn, "loss_mask": loss.astype(np.float32),
+        "rollout_logprobs": (-rng.random((b, t)) * loss).astype(np.float32),
+        "group_id": np.arange(b) // 2, "reward": rng.random(b).astype(np.float32)})
+
+
+@pytest.fixture
+def compiles():
+    names: list[str] = []
+
+    def listen(event, _secs, **kw):
+        if event == "/jax/core/compile/backend_compile_duration":
+            names.append(kw.get("fun_name", ""))
+    monitoring.register_event_duration_secs_listener(listen)
+    yield names
+    monitoring.unregister_event_duration_listener(listen)
+
+
+def test_token_space_buckets():
+    assert packed_token_space(6, 30, CFG) == (8, 32)
+    assert packed_token_space(8, 33, CFG) == (8, 64)
+    assert packed_token_space(9, 70, CFG) == (16, 96)  # capped at pack_length
+    assert packed_token_space(1, 96, CFG) == (1, 96)
+
+
+def test_new_row_counts_and_lengths_in_the_same_buckets_compile_nothing(compiles):
+    learner = _learner()
+    learner.update(_batch(0, 6, 40), UpdateOptions(log=False))  # buckets (8, 64)
+    compiles.clear()
+    for seed, (b, t) in enumerate([(7, 45), (8, 50), (5, 64)], start=1):
+        metrics = learner.update(_batch(seed, b, t), UpdateOptions(log=False))
+        assert np.isfinite(metrics["actor/pg_loss"]) and metrics["batch/rows"] == b
+    assert compiles == [], compiles
+
+
+def test_padding_changes_neither_the_update_nor_its_metrics(monkeypatch):
+    from agentrl_jax.learner import layouts
+
+    batch = _batch(5, 6, 40)  # padded to (8, 64) by the packed layout
+    a, b = _learner(seed=1), _learner(seed=1)
+    ma = a.update(batch, UpdateOptions(log=False))
+    monkeypatch.setattr(layouts, "packed_token_space", lambda rows, length, config:
+                        (rows, length))  # the token space as given: no padding
+    mb = b.update(batch, UpdateOptions(log=False))
+    assert ma.keys() == mb.keys()
+    for k in (k for k in ma if not k.startswith("perf/")):  # perf/: timings
+        np.testing.assert_allclose(ma[k], mb[k], rtol=2e-5, atol=1e-6, err_msg=k)
+    for x, y in zip(jax.tree.leaves(a.params), jax.tree.leaves(b.params), strict=True):
+        np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=2e-5, atol=1e-7)
