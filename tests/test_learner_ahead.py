@@ -8,13 +8,13 @@ from __future__ import annotations
 import jax
 import numpy as np
 import pytest
-from jax._src import monitoring
 
 from agentrl_jax.learner import Learner, LearnerConfig, RolloutBatch, UpdateOptions
 from agentrl_jax.learner.ahead import AheadCompile, compile_first_update, first_update_keys
 from agentrl_jax.models.config import ModelConfig
 from agentrl_jax.models.llama import init_model
 from agentrl_jax.sharding.mesh import make_mesh
+from learner_helpers import random_batch, recorded_compiles
 
 # shapes no other test uses, so none of these programs is in jit's cache yet
 MODEL = ModelConfig(vocab_size=96, hidden_size=32, intermediate_size=48, num_layers=1,
@@ -27,27 +27,13 @@ BIG = {"jit(packed_logprobs)", "jit(accumulate)", "jit(apply)"}  # passes.py, pa
 
 
 def _batch(seed: int = 0, b: int = 6, t: int = 30) -> RolloutBatch:
-    rng = np.random.default_rng(seed)
-    lens = rng.integers(t // 2, t + 1, b)
-    attn = (np.arange(t)[None] < lens[:, None]).astype(np.int32)
-    loss = attn * (np.arange(t)[None] >= 4)
-    return RolloutBatch.from_mapping({
-        "tokens": rng.integers(1, MODEL.vocab_size, (b, t)).astype(np.int32) * attn,
-        "attention_mask": attn, "loss_mask": loss.astype(np.float32),
-        "rollout_logprobs": (-rng.random((b, t)) * loss).astype(np.float32),
-        "group_id": np.arange(b) // 3, "reward": rng.random(b).astype(np.float32)})
+    return random_batch(seed, b, t, MODEL.vocab_size, group_size=3, prompt=4)
 
 
 @pytest.fixture
 def compiled_names():
-    names: list[str] = []
-
-    def listen(event, _secs, **kw):
-        if event == "/jax/core/compile/backend_compile_duration":
-            names.append(kw.get("fun_name", ""))
-    monitoring.register_event_duration_secs_listener(listen)
-    yield names
-    monitoring.unregister_event_duration_listener(listen)
+    with recorded_compiles() as names:
+        yield names
 
 
 @pytest.mark.parametrize("fsdp", [1, 4], ids=["one_device", "fsdp4"])

@@ -11,13 +11,13 @@ from __future__ import annotations
 import jax
 import numpy as np
 import pytest
-from jax._src import monitoring
 
 from agentrl_jax.learner import Learner, LearnerConfig, RolloutBatch, UpdateOptions
 from agentrl_jax.learner.layouts import packed_token_space
 from agentrl_jax.models.config import ModelConfig
 from agentrl_jax.models.llama import init_model
 from agentrl_jax.sharding.mesh import make_mesh
+from learner_helpers import random_batch, recorded_compiles
 
 MODEL = ModelConfig(vocab_size=88, hidden_size=32, intermediate_size=40, num_layers=1,
                     num_heads=2, num_kv_heads=1, head_dim=16)
@@ -32,28 +32,14 @@ def _learner(cfg: LearnerConfig = CFG, seed: int = 0) -> Learner:
 
 
 def _batch(seed: int, b: int, t: int) -> RolloutBatch:
-    rng = np.random.default_rng(seed)
-    lens = rng.integers(t // 2, t + 1, b)
-    lens[0] = t
-    attn = (np.arange(t)[None] < lens[:, None]).astype(np.int32)
-    loss = attn * (np.arange(t)[None] >= 3)
-    return RolloutBatch.from_mapping({
-        "tokens": rng.integers(1, MODEL.vocab_size, (b, t)).astype(np.int32) * attn,
-        "attention_mask": attn, "loss_mask": loss.astype(np.float32),
-        "rollout_logprobs": (-rng.random((b, t)) * loss).astype(np.float32),
-        "group_id": np.arange(b) // 2, "reward": rng.random(b).astype(np.float32)})
+    return random_batch(seed, b, t, MODEL.vocab_size, group_size=2, prompt=3,
+                        longest_first=True)
 
 
 @pytest.fixture
 def compiles():
-    names: list[str] = []
-
-    def listen(event, _secs, **kw):
-        if event == "/jax/core/compile/backend_compile_duration":
-            names.append(kw.get("fun_name", ""))
-    monitoring.register_event_duration_secs_listener(listen)
-    yield names
-    monitoring.unregister_event_duration_listener(listen)
+    with recorded_compiles() as names:
+        yield names
 
 
 def test_token_space_buckets():

@@ -1,0 +1,45 @@
+"""Shared by the learner tests: a random right-padded rollout batch and a recorder of the XLA
+compiles that happen while a test runs."""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Iterator
+
+import numpy as np
+from jax._src import monitoring
+
+from agentrl_jax.learner import RolloutBatch
+
+
+def random_batch(seed: int, b: int, t: int, vocab: int, group_size: int, prompt: int,
+                 longest_first: bool = False) -> RolloutBatch:
+    """``b`` rows of ``t // 2 .. t`` real tokens (the first row exactly ``t`` when
+    ``longest_first``), the first ``prompt`` positions unscored, groups of ``group_size``
+    consecutive rows, random rewards and sampler log-probs."""
+    rng = np.random.default_rng(seed)
+    lens = rng.integers(t // 2, t + 1, b)
+    if longest_first:
+        lens[0] = t
+    attn = (np.arange(t)[None] < lens[:, None]).astype(np.int32)
+    loss = attn * (np.arange(t)[None] >= prompt)
+    return RolloutBatch.from_mapping({
+        "tokens": rng.integers(1, vocab, (b, t)).astype(np.int32) * attn,
+        "attention_mask": attn, "loss_mask": loss.astype(np.float32),
+        "rollout_logprobs": (-rng.random((b, t)) * loss).astype(np.float32),
+        "group_id": np.arange(b) // group_size, "reward": rng.random(b).astype(np.float32)})
+
+
+@contextlib.contextmanager
+def recorded_compiles() -> Iterator[list[str]]:
+    """The names of the programs XLA compiles inside the block (``jit(name)``), in order."""
+    names: list[str] = []
+
+    def listen(event, _secs, **kw):
+        if event == "/jax/core/compile/backend_compile_duration":
+            names.append(kw.get("fun_name", ""))
+    monitoring.register_event_duration_secs_listener(listen)
+    try:
+        yield names
+    finally:
+        monitoring.unregister_event_duration_listener(listen)
