@@ -270,6 +270,29 @@ class TestHTTP:
                 await client.close(env_id)
                 assert wait_until(lambda: not (chrome_processes() - before)), chrome_processes() - before
 
+    async def test_a_kept_browser_that_died_is_replaced_by_the_next_create(self):
+        """A closed session's browser is kept; its chromedriver is killed while it waits (as a
+        crash would); the next /create gets a new browser and succeeds."""
+        import signal
+
+        from agentrl_common.processes import start_env_server
+        from environments.core.client import EnvClient
+        from environments.miniwob.browser import descendants
+
+        with start_env_server("miniwob") as srv:
+            async with EnvClient(srv.url, timeout=60, retries=0) as client:
+                await client.close((await client.create(task_id="click-test/seed=0")).env_id)
+                drivers = [pid for pid in descendants(srv.pid) if pid in chrome_processes(drivers_only=True)]
+                assert len(drivers) == 1
+                os.kill(drivers[0], signal.SIGKILL)
+                env_id, observation, _ = await client.create(task_id="click-test/seed=1")
+                assert "Page:" in observation
+                step = await client.step(env_id, "fly away")
+                assert step.info["invalid_action"] and not step.done
+                stats = await client.stats()
+                assert stats["spares_replaced"] == 1 and stats["errors_total"] == 0
+                await client.close(env_id)
+
     def test_no_browser_survives_the_server(self, server):
         import asyncio
 

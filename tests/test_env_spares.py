@@ -163,3 +163,19 @@ async def test_idle_spares_are_closed():
             assert _CountedEnv.made[0].closed
             await client.create(task_id="a")
             assert len(_CountedEnv.made) == 2
+
+
+async def test_a_spare_that_broke_while_idle_is_replaced_and_the_create_succeeds():
+    """A kept instance whose reset fails (not for a bad task: its browser died while idle) is
+    closed, and a new instance serves the same /create; the client sees no error."""
+    async with TestServer(build_app(REUSING)) as test_server:
+        async with EnvClient(str(test_server.make_url("")), retries=0) as client:
+            await client.close((await client.create(task_id="a")).env_id)
+            broken = _CountedEnv.made[0]
+            broken.reset = lambda task_id, seed=None: (_ for _ in ()).throw(ConnectionRefusedError("driver gone"))
+            created = await client.create(task_id="b")
+            assert created.observation == "start b"
+            assert broken.closed and len(_CountedEnv.made) == 2 and _CountedEnv.made[1].tasks == ["b"]
+            stats = await client.stats()
+            assert stats["spares_replaced"] == 1 and stats["sessions_reused"] == 0 and stats["errors_total"] == 0
+            assert (await client.step(created.env_id, "finish")).done

@@ -224,15 +224,7 @@ class EnvServer:
         except CapacityError as error:
             raise ProtocolError(503, str(error), headers={"Retry-After": RETRY_AFTER_S}) from None
         try:
-            env = self.spares.take()
-            reused = env is not None
-            if env is None:
-                env = await self.call(self.family.env_factory)
-            try:
-                result = await self.call(env.reset, task_id, seed)
-            except BaseException:
-                await self.call(env.close)
-                raise
+            env, result, reused = await self._reset_an_instance(task_id, seed)
             self.stats.sessions_reused += reused
             session = self.sessions.add(env, task_id, seed)
             session.list_actions = list_actions
@@ -246,6 +238,35 @@ class EnvServer:
             self.sessions.release()
         self.stats.sessions_created += 1
         return self._reset_payload(session, result)
+
+    async def _reset_an_instance(self, task_id: str, seed: int | None) -> tuple[TextEnvironment, ResetResult, bool]:
+        """A spare instance (or a new one) reset onto ``task_id``: (instance, reset result, reused).
+
+        A spare whose reset fails is closed. When the request itself is bad (an unknown task) the
+        error goes to the client; any other failure means the spare broke while idle (a browser
+        that died), so a new instance gets the same reset and the client never sees the dead one.
+        """
+        spare = self.spares.take()
+        if spare is not None:
+            try:
+                return spare, await self.call(spare.reset, task_id, seed), True
+            except InvalidTaskError:
+                await self.call(spare.close)
+                raise
+            except Exception as error:
+                log.warning("a spare %s instance failed its reset (%s: %s); starting a new one",
+                            self.family.name, type(error).__name__, error)
+                self.stats.spares_replaced += 1
+                await self.call(spare.close)
+            except BaseException:
+                await self.call(spare.close)
+                raise
+        env = await self.call(self.family.env_factory)
+        try:
+            return env, await self.call(env.reset, task_id, seed), False
+        except BaseException:
+            await self.call(env.close)
+            raise
 
     async def op_reset(self, data: dict[str, Any]) -> dict[str, Any]:
         required(data, "env_id", str)

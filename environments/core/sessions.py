@@ -45,6 +45,7 @@ class Stats:
     sessions_closed: int = 0
     sessions_reaped: int = 0
     sessions_reused: int = 0  # creates served by a spare instance (Family.reuse_instances)
+    spares_replaced: int = 0  # spares that failed their reset and were replaced by a new instance
     steps: int = 0
     resets: int = 0
     batches: int = 0
@@ -58,6 +59,7 @@ class Stats:
             "sessions_closed": self.sessions_closed,
             "sessions_reaped": self.sessions_reaped,
             "sessions_reused": self.sessions_reused,
+            "spares_replaced": self.spares_replaced,
             "steps": self.steps,
             "resets": self.resets,
             "batches": self.batches,
