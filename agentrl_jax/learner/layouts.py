@@ -35,6 +35,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 from agentrl_jax.algorithms import aggregation_weights, is_turn_level
 from agentrl_jax.learner.batch import RolloutBatch
+from agentrl_jax.learner.config import bucket_length
 from agentrl_jax.learner.jit_cache import cached
 from agentrl_jax.learner.packing import pack, pack_index, plan_packing, segment_layout, unpack_index
 from agentrl_jax.learner.train_step import minibatch_sharding
@@ -213,8 +214,6 @@ def packed_token_space(rows: int, length: int, config: Any) -> tuple[int, int]:
     two, the length up to its bucket (``bucket_length``) but not past ``pack_length`` (nor
     below ``length``). Batches that differ in row count and length from step to step then share
     the update's gather / derive / shuffle programs."""
-    from agentrl_jax.learner.config import bucket_length
-
     rows_pad = 1 << max(int(rows) - 1, 0).bit_length()
     cols = max(int(length), min(bucket_length(int(length), config), int(config.pack_length)))
     return rows_pad, cols
@@ -262,7 +261,7 @@ class PackedRows:
         pack_dev = _gather_flat(lr.mesh, sh)
         rep = NamedSharding(lr.mesh, P())
         unpack = _unpack_into(lr.mesh, rep)
-        index = place_global(unpack_index(plan, self.t).astype(np.int32), rep)
+        index = place_global(unpack_index(plan, self.t), rep)
         out = None
         for s in range(0, plan.num_rows, n):
             tokens = pack_dev(placed["tokens"], src[s:s + n])
