@@ -4,8 +4,9 @@ Both layouts hold the per-token arrays of the update (log-probs, advantages, KL,
 device arrays ``[N, W]`` in their *token space*, and differ only in how rows reach the model:
 
 - ``PaddedRows`` (``LearnerConfig.pack_length == 0``, process-local batches, the critic):
-  token space = the batch padded to ``[rows, cols]`` (rows: whole mini-batches of
-  micro-batches, zero-mask pad rows with fresh group ids; cols: a length bucket); the model
+  token space = the batch padded to ``[rows, cols]`` (``padded_token_space``; rows: whole
+  mini-batches of micro-batches, a power of two of them where padding rows cost nothing,
+  zero-mask pad rows with fresh group ids; cols: a length bucket); the model
   sees ``[logprob_batch_size, cols]`` forward chunks and ``[n_micro, micro_batch_size, cols]``
   mini-batches (``train_step.make_train_step``).
 - ``PackedRows`` (``pack_length > 0``): token space = the batch padded to buckets ``[B, T]``
@@ -38,7 +39,7 @@ from agentrl_jax.learner.batch import RolloutBatch
 from agentrl_jax.learner.config import bucket_length
 from agentrl_jax.learner.jit_cache import cached
 from agentrl_jax.learner.packing import pack, pack_index, plan_packing, segment_layout, unpack_index
-from agentrl_jax.learner.train_step import minibatch_sharding
+from agentrl_jax.learner.train_step import minibatch_sharding, pass_rows
 from agentrl_jax.sharding.placement import (agree_max, allgather_rows, place_global,
                                             place_process_local, to_host_tree)
 from agentrl_jax.sharding.rules import batch_sharding
@@ -91,8 +92,8 @@ class PaddedRows:
         self.b, self.t = b, t
         self.n_proc = lr.require_process_local_layout() if local else 1
         self.t_all = agree_max(t) if local else t
-        self.rows, self.cols = lr.padded_shape(
-            agree_max(b) * self.n_proc if local else b, self.t_all)
+        self.rows, self.cols = padded_token_space(
+            agree_max(b) * self.n_proc if local else b, self.t_all, cfg, lr.mesh)
         self.rows_local = self.rows // self.n_proc
         first_pad_group = None
         if local and batch.group_id is not None and batch.advantages is None:
@@ -202,6 +203,29 @@ class PaddedRows:
     def _real_tokens(self) -> int:
         am = self.host["attention_mask"] != 0
         return int(agree_sum(int(am.sum()))) if self.local else int(am.sum())
+
+
+def skips_padding_passes(config: Any, mesh: Any) -> bool:
+    """Whether the padded layout's padding rows cost nothing: its train step runs passes
+    smaller than a micro-batch and skips those without loss tokens (``pass_rows``: CPU
+    meshes), and its log-prob passes skip chunks of padding rows (one process)."""
+    return pass_rows(config, mesh) < config.micro_batch_size and jax.process_count() == 1
+
+
+def padded_token_space(rows: int, length: int, config: Any, mesh: Any) -> tuple[int, int]:
+    """``(rows_pad, cols)`` of the padded layout for ``rows`` x ``length`` tokens (global
+    sizes: with process-local batches ``rows`` is the number of processes times the largest
+    per-process row count, and each process holds ``rows_pad / P`` rows).
+
+    rows_pad = mini_batches * n_micro * micro_batch_size, n_micro = the micro-batches that a
+    mini-batch needs, rounded up to a power of two where padding rows cost nothing
+    (``skips_padding_passes``), so that row counts changing every step (flat groups skipped)
+    reuse a few compiled programs; cols = ``bucket_length(length)``."""
+    per_mini = -(-rows // config.mini_batches)
+    n_micro = -(-per_mini // config.micro_batch_size)
+    if skips_padding_passes(config, mesh):
+        n_micro = 1 << (n_micro - 1).bit_length()
+    return config.mini_batches * n_micro * config.micro_batch_size, bucket_length(length, config)
 
 
 def agree_sum(value: int) -> int:

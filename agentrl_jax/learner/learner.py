@@ -234,16 +234,7 @@ class Learner:
                 self.critic_opt_state = _fresh_copy(self.critic_opt_state)
             self._opt_state_shared = False
 
-    # ------------------------------------------------------------------ padding
-    def padded_shape(self, batch_size: int, seq_len: int) -> tuple[int, int]:
-        """``(B_pad, T_pad)`` that ``update`` uses for a ``[batch_size, seq_len]`` batch
-        (global sizes: with process-local batches, ``batch_size`` is the number of processes
-        times the largest per-process row count, and each process holds ``B_pad / P`` rows)."""
-        cfg = self.config
-        per_mini = -(-batch_size // cfg.mini_batches)
-        n_micro = -(-per_mini // cfg.micro_batch_size)
-        return cfg.mini_batches * n_micro * cfg.micro_batch_size, bucket_length(seq_len, cfg)
-
+    # ------------------------------------------------------------------ process-local rows
     def require_process_local_layout(self) -> int:
         """Process-local batches: the number of processes ``P``; raises unless the batch
         sharding gives every process distinct rows and ``P`` divides the row counts."""
