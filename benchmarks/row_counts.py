@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -90,23 +89,12 @@ def worker(args) -> dict:
             "device": str(jax.devices()[0].device_kind)}
 
 
-def run_tree(library: str, argv: list[str]) -> dict:
-    """The worker with ``library`` first on PYTHONPATH, in its own process."""
-    env = dict(os.environ, PYTHONPATH=library)
-    out = subprocess.run([sys.executable, os.path.abspath(__file__), "--worker", *argv],
-                         env=env, capture_output=True, text=True, cwd=library)
-    if out.returncode:
-        sys.stderr.write(out.stderr[-4000:])
-        raise SystemExit(f"the run with PYTHONPATH={library} failed (exit {out.returncode})")
-    return json.loads(out.stdout.strip().splitlines()[-1])
-
-
 def main(argv=None) -> None:
     args = parse_args(argv)
     if args.worker:
         print(json.dumps(worker(args)))
         return
-    from update_pipeline import extract
+    from update_pipeline import extract, run_tree
 
     worker_argv = [f"--shape={args.shape}", f"--rows={args.rows}", f"--length={args.length}",
                    f"--min-frac={args.min_frac}", f"--group={args.group}",
@@ -115,8 +103,8 @@ def main(argv=None) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         if args.baseline_ref:
             extract(args.baseline_ref, tmp)
-            report["baseline"] = run_tree(tmp, worker_argv)
-        report["new"] = run_tree(ROOT, worker_argv)
+            report["baseline"] = run_tree(tmp, worker_argv, script=__file__)
+        report["new"] = run_tree(ROOT, worker_argv, script=__file__)
     for name in ("baseline", "new"):
         if name in report:
             r = report[name]

@@ -130,9 +130,11 @@ def worker(args) -> dict:
 
 
 # ------------------------------------------------------------------------------ driver side
-def run_tree(pythonpath: str, argv: list[str]) -> dict:
+def run_tree(pythonpath: str, argv: list[str], script: str = __file__) -> dict:
+    """``script --worker *argv`` with ``pythonpath`` as PYTHONPATH (and working directory), in
+    its own process: the JSON of its last output line."""
     env = dict(os.environ, PYTHONPATH=pythonpath)
-    out = subprocess.run([sys.executable, os.path.abspath(__file__), "--worker", *argv],
+    out = subprocess.run([sys.executable, os.path.abspath(script), "--worker", *argv],
                          env=env, capture_output=True, text=True, cwd=pythonpath)
     if out.returncode:
         sys.stderr.write(out.stderr[-4000:])

@@ -1,15 +1,29 @@
-"""Shared by the learner tests: a random right-padded rollout batch and a recorder of the XLA
-compiles that happen while a test runs."""
+"""Shared by the learner tests: a tiny model, a one-device learner, a random right-padded
+rollout batch and a recorder of the XLA compiles that happen while a test runs."""
 
 from __future__ import annotations
 
 import contextlib
 from typing import Iterator
 
+import jax
 import numpy as np
 from jax._src import monitoring
 
-from agentrl_jax.learner import RolloutBatch
+from agentrl_jax.learner import Learner, LearnerConfig, RolloutBatch
+from agentrl_jax.models.config import ModelConfig
+from agentrl_jax.models.llama import init_model
+from agentrl_jax.sharding.mesh import make_mesh
+
+#: a one-layer model small enough for many updates in a test
+TINY_MODEL = ModelConfig(vocab_size=88, hidden_size=32, intermediate_size=40, num_layers=1,
+                         num_heads=2, num_kv_heads=1, head_dim=16)
+
+
+def tiny_learner(cfg: LearnerConfig, seed: int = 0) -> Learner:
+    """A learner of ``TINY_MODEL`` (weights from ``seed``) on the first device."""
+    return Learner(init_model(TINY_MODEL, seed=seed), cfg,
+                   mesh=make_mesh(fsdp=1, devices=jax.devices()[:1]))
 
 
 def random_batch(seed: int, b: int, t: int, vocab: int, group_size: int, prompt: int,

@@ -12,27 +12,17 @@ import jax
 import numpy as np
 import pytest
 
-from agentrl_jax.learner import Learner, LearnerConfig, RolloutBatch, UpdateOptions
+from agentrl_jax.learner import LearnerConfig, RolloutBatch, UpdateOptions
 from agentrl_jax.learner.layouts import packed_token_space
-from agentrl_jax.models.config import ModelConfig
-from agentrl_jax.models.llama import init_model
-from agentrl_jax.sharding.mesh import make_mesh
-from learner_helpers import random_batch, recorded_compiles
+from learner_helpers import TINY_MODEL, random_batch, recorded_compiles, tiny_learner
 
-MODEL = ModelConfig(vocab_size=88, hidden_size=32, intermediate_size=40, num_layers=1,
-                    num_heads=2, num_kv_heads=1, head_dim=16)
 CFG = LearnerConfig(dtype="float32", remat=False, learning_rate=1e-3, micro_batch_size=2,
                     pack_length=96, logprob_batch_size=2, min_length_bucket=32,
                     advantage_estimator="grpo", shuffle=False)
 
 
-def _learner(cfg: LearnerConfig = CFG, seed: int = 0) -> Learner:
-    return Learner(init_model(MODEL, seed=seed), cfg,
-                   mesh=make_mesh(fsdp=1, devices=jax.devices()[:1]))
-
-
 def _batch(seed: int, b: int, t: int) -> RolloutBatch:
-    return random_batch(seed, b, t, MODEL.vocab_size, group_size=2, prompt=3,
+    return random_batch(seed, b, t, TINY_MODEL.vocab_size, group_size=2, prompt=3,
                         longest_first=True)
 
 
@@ -50,7 +40,7 @@ def test_token_space_buckets():
 
 
 def test_new_row_counts_and_lengths_in_the_same_buckets_compile_nothing(compiles):
-    learner = _learner()
+    learner = tiny_learner(CFG)
     learner.update(_batch(0, 6, 40), UpdateOptions(log=False))  # buckets (8, 64)
     compiles.clear()
     for seed, (b, t) in enumerate([(7, 45), (8, 50), (5, 64)], start=1):
@@ -63,7 +53,7 @@ def test_padding_changes_neither_the_update_nor_its_metrics(monkeypatch):
     from agentrl_jax.learner import layouts
 
     batch = _batch(5, 6, 40)  # padded to (8, 64) by the packed layout
-    a, b = _learner(seed=1), _learner(seed=1)
+    a, b = tiny_learner(CFG, seed=1), tiny_learner(CFG, seed=1)
     ma = a.update(batch, UpdateOptions(log=False))
     monkeypatch.setattr(layouts, "packed_token_space", lambda rows, length, config:
                         (rows, length))  # the token space as given: no padding

@@ -9,29 +9,19 @@ from __future__ import annotations
 
 import jax
 import numpy as np
-import pytest
 
-from agentrl_jax.learner import Learner, LearnerConfig, RolloutBatch, UpdateOptions
+from agentrl_jax.learner import LearnerConfig, RolloutBatch, UpdateOptions
 from agentrl_jax.learner import layouts
-from agentrl_jax.models.config import ModelConfig
-from agentrl_jax.models.llama import init_model
 from agentrl_jax.sharding.mesh import make_mesh
-from learner_helpers import random_batch, recorded_compiles
+from learner_helpers import TINY_MODEL, random_batch, recorded_compiles, tiny_learner
 
-MODEL = ModelConfig(vocab_size=88, hidden_size=32, intermediate_size=40, num_layers=1,
-                    num_heads=2, num_kv_heads=1, head_dim=16)
 CFG = LearnerConfig(dtype="float32", remat=False, learning_rate=1e-3, micro_batch_size=2,
                     pack_length=0, logprob_batch_size=2, min_length_bucket=32,
                     advantage_estimator="grpo", shuffle=False)
 
 
-def _learner(cfg: LearnerConfig = CFG, seed: int = 0) -> Learner:
-    return Learner(init_model(MODEL, seed=seed), cfg,
-                   mesh=make_mesh(fsdp=1, devices=jax.devices()[:1]))
-
-
 def _batch(seed: int, b: int, t: int) -> RolloutBatch:
-    return random_batch(seed, b, t, MODEL.vocab_size, group_size=1, prompt=3,
+    return random_batch(seed, b, t, TINY_MODEL.vocab_size, group_size=1, prompt=3,
                         longest_first=True)
 
 
@@ -50,7 +40,7 @@ def test_row_buckets_on_a_cpu_mesh():
 
 
 def test_new_row_counts_in_the_same_bucket_compile_nothing():
-    learner = _learner()
+    learner = tiny_learner(CFG)
     learner.update(_batch(0, 6, 40), UpdateOptions(log=False))  # rows 8, length 64
     with recorded_compiles() as compiles:
         for seed, b in enumerate([7, 5, 8], start=1):
@@ -61,7 +51,7 @@ def test_new_row_counts_in_the_same_bucket_compile_nothing():
 
 def test_padding_rows_change_neither_the_update_nor_its_metrics(monkeypatch):
     batch = _batch(5, 6, 40)  # rows 8 with the power-of-two rounding, 6 without
-    a, b = _learner(seed=1), _learner(seed=1)
+    a, b = tiny_learner(CFG, seed=1), tiny_learner(CFG, seed=1)
     ma = a.update(batch, UpdateOptions(log=False))
     assert ma["batch/padded_rows"] == 8
     monkeypatch.setattr(layouts, "skips_padding_passes", lambda config, mesh: False)
