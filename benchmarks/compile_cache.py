@@ -20,7 +20,7 @@ import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 #: the progress lines timed: "<phase> ... done in 12.3 s" (or "1 min 02 s")
-PHASES = ("loading model", "starting rollout backend", "compiling the train step (first update)")
+PHASES = ("loading model", "starting rollout backend", "first update (compiles the train step)")
 
 
 def seconds(text: str) -> float:

@@ -82,12 +82,12 @@ def test_every_long_phase_reports_progress(finished_run):
     workdir, out = finished_run
     phases = ["starting environment servers ['babyai', 'textcraft']",
               "loading model random 2 layers x 64 hidden (tokenizer of smollm2)", "starting rollout backend embedded",
-              "compiling the train step (first update)", "saving checkpoint step 1"]
+              "first update (compiles the train step)", "saving checkpoint step 1"]
     for phase in phases:
         start, end = out.find(f"{phase} ...\n"), out.find(f"{phase} ... done in ")
         assert 0 <= start < end, f"{phase!r} not announced and timed:\n{out}"
     # the compilation is announced before the first update and timed before its step line
-    assert out.find("compiling the train step (first update) ... done in") < out.find("[step 1/1]")
+    assert out.find("first update (compiles the train step) ... done in") < out.find("[step 1/1]")
     # per-episode progress of the rollout (2 tasks x 2 samples) and of the final evaluation
     # (smoke: 2 test tasks of each of 2 environments, k=1), then one summary line
     assert _last_count(out, "step 1/1 rollout (horizon 2): 4/4 episodes") == _work(
@@ -129,7 +129,8 @@ def test_eval_again_evaluates_and_merges_the_summary(finished_run, compile_cache
     out = _ok(_launch("launch/run.py", compile_cache_env, *SMOKE, "--workdir", workdir,
                       "--config.train.total_steps=1", "--eval_again"))
     assert "resumed at step 1" in out and "[eval step 1] avg@1=" in out
-    assert "compiling the train step" not in out and "[step " not in out  # no training
+    assert "compiles the train step" not in out and "compiling the train step" not in out
+    assert "[step " not in out  # no training
     assert _lines(os.path.join(workdir, "trajectories_eval.jsonl")) == evals_before + 4
 
     merged = json.load(open(path))
@@ -173,7 +174,8 @@ def test_time_budget_counts_every_session(finished_run, tmp_path, compile_cache_
     os.remove(os.path.join(killed, "summary.json"))
     out = _ok(_launch("launch/run.py", compile_cache_env, *SMOKE, "--workdir", killed, *budget))
     assert "resumed at step 1" in out and "already spent" in out, out
-    assert "[step 2/3]" not in out and "compiling the train step" not in out
+    assert "[step 2/3]" not in out and "compiles the train step" not in out
+    assert "compiling the train step" not in out
     rows = [json.loads(line) for line in open(os.path.join(killed, "metrics.jsonl"))]
     assert [r["step"] for r in rows if "train/horizon" in r] == [1]  # the first run's step only
     after = json.load(open(os.path.join(killed, "summary.json")))

@@ -256,7 +256,7 @@ class TrainingLoop:
             await asyncio.to_thread(ahead.wait)
             self._ahead_compile = None
         # this phase's compiles are not announced one by one: the line below says them
-        with timed(self._say, "compiling the train step (first update)"):
+        with timed(self._say, "first update (compiles the train step)"):
             update = await asyncio.to_thread(compile_notice.quietly, call)
         self._update_compiled = True
         return update

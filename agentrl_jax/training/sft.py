@@ -269,7 +269,7 @@ class SFTRun:
                 if compiled:
                     metrics = await asyncio.to_thread(learner.update, batch, no_log)
                 else:
-                    with timed(self._say, "compiling the train step (first update)"):
+                    with timed(self._say, "first update (compiles the train step)"):
                         metrics = await asyncio.to_thread(compile_notice.quietly,
                                                           learner.update, batch, no_log)
                     compiled = True
