@@ -156,7 +156,7 @@ def kill_point(phase: str, step: int, total: int) -> str:
     if phase in ("save", "later save"):
         return rf"^saving checkpoint step {step} \.\.\.$"
     if phase == "first update":
-        return r"^compiling the train step \(first update\) \.\.\.$"
+        return r"^first update \(compiles the train step\) \.\.\.$"
     raise ValueError(f"unknown phase {phase!r}; known: {PHASES}")
 
 
