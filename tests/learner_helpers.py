@@ -26,6 +26,12 @@ def tiny_learner(cfg: LearnerConfig, seed: int = 0) -> Learner:
                    mesh=make_mesh(fsdp=1, devices=jax.devices()[:1]))
 
 
+def tiny_batch(seed: int, b: int, t: int, group_size: int = 2) -> RolloutBatch:
+    """``random_batch`` for ``TINY_MODEL``: 3 prompt tokens, the first row ``t`` tokens long."""
+    return random_batch(seed, b, t, TINY_MODEL.vocab_size, group_size, prompt=3,
+                        longest_first=True)
+
+
 def random_batch(seed: int, b: int, t: int, vocab: int, group_size: int, prompt: int,
                  longest_first: bool = False) -> RolloutBatch:
     """``b`` rows of ``t // 2 .. t`` real tokens (the first row exactly ``t`` when

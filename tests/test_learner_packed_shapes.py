@@ -12,18 +12,13 @@ import jax
 import numpy as np
 import pytest
 
-from agentrl_jax.learner import LearnerConfig, RolloutBatch, UpdateOptions
+from agentrl_jax.learner import LearnerConfig, UpdateOptions
 from agentrl_jax.learner.layouts import packed_token_space
-from learner_helpers import TINY_MODEL, random_batch, recorded_compiles, tiny_learner
+from learner_helpers import recorded_compiles, tiny_batch, tiny_learner
 
 CFG = LearnerConfig(dtype="float32", remat=False, learning_rate=1e-3, micro_batch_size=2,
                     pack_length=96, logprob_batch_size=2, min_length_bucket=32,
                     advantage_estimator="grpo", shuffle=False)
-
-
-def _batch(seed: int, b: int, t: int) -> RolloutBatch:
-    return random_batch(seed, b, t, TINY_MODEL.vocab_size, group_size=2, prompt=3,
-                        longest_first=True)
 
 
 @pytest.fixture
@@ -41,10 +36,10 @@ def test_token_space_buckets():
 
 def test_new_row_counts_and_lengths_in_the_same_buckets_compile_nothing(compiles):
     learner = tiny_learner(CFG)
-    learner.update(_batch(0, 6, 40), UpdateOptions(log=False))  # buckets (8, 64)
+    learner.update(tiny_batch(0, 6, 40), UpdateOptions(log=False))  # buckets (8, 64)
     compiles.clear()
     for seed, (b, t) in enumerate([(7, 45), (8, 50), (5, 64)], start=1):
-        metrics = learner.update(_batch(seed, b, t), UpdateOptions(log=False))
+        metrics = learner.update(tiny_batch(seed, b, t), UpdateOptions(log=False))
         assert np.isfinite(metrics["actor/pg_loss"]) and metrics["batch/rows"] == b
     assert compiles == [], compiles
 
@@ -52,7 +47,7 @@ def test_new_row_counts_and_lengths_in_the_same_buckets_compile_nothing(compiles
 def test_padding_changes_neither_the_update_nor_its_metrics(monkeypatch):
     from agentrl_jax.learner import layouts
 
-    batch = _batch(5, 6, 40)  # padded to (8, 64) by the packed layout
+    batch = tiny_batch(5, 6, 40)  # padded to (8, 64) by the packed layout
     a, b = tiny_learner(CFG, seed=1), tiny_learner(CFG, seed=1)
     ma = a.update(batch, UpdateOptions(log=False))
     monkeypatch.setattr(layouts, "packed_token_space", lambda rows, length, config:

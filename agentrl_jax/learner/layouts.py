@@ -93,7 +93,7 @@ class PaddedRows:
         self.n_proc = lr.require_process_local_layout() if local else 1
         self.t_all = agree_max(t) if local else t
         self.rows, self.cols = padded_token_space(
-            agree_max(b) * self.n_proc if local else b, self.t_all, cfg, lr.mesh)
+            agree_max(b) * self.n_proc if local else b, self.t_all, cfg, lr.mesh, local)
         self.rows_local = self.rows // self.n_proc
         first_pad_group = None
         if local and batch.group_id is not None and batch.advantages is None:
@@ -205,17 +205,19 @@ class PaddedRows:
         return int(agree_sum(int(am.sum()))) if self.local else int(am.sum())
 
 
-def skips_padding_passes(config: Any, mesh: Any) -> bool:
+def skips_padding_passes(config: Any, mesh: Any, local: bool) -> bool:
     """Whether the padded layout's padding rows cost nothing: its train step runs passes
     smaller than a micro-batch and skips those without loss tokens (``pass_rows``: CPU
-    meshes), and its log-prob passes skip chunks of padding rows (one process)."""
-    return pass_rows(config, mesh) < config.micro_batch_size and jax.process_count() == 1
+    meshes), and its log-prob passes skip chunks of padding rows (rows not ``local``:
+    ``PaddedRows.forward``)."""
+    return not local and pass_rows(config, mesh) < config.micro_batch_size
 
 
-def padded_token_space(rows: int, length: int, config: Any, mesh: Any) -> tuple[int, int]:
+def padded_token_space(rows: int, length: int, config: Any, mesh: Any,
+                       local: bool = False) -> tuple[int, int]:
     """``(rows_pad, cols)`` of the padded layout for ``rows`` x ``length`` tokens (global
     sizes: with process-local batches ``rows`` is the number of processes times the largest
-    per-process row count, and each process holds ``rows_pad / P`` rows).
+    per-process row count, and each process holds ``rows_pad / P`` rows: ``local``).
 
     rows_pad = mini_batches * n_micro * micro_batch_size, n_micro = the micro-batches that a
     mini-batch needs, rounded up to a power of two where padding rows cost nothing
@@ -223,7 +225,7 @@ def padded_token_space(rows: int, length: int, config: Any, mesh: Any) -> tuple[
     reuse a few compiled programs; cols = ``bucket_length(length)``."""
     per_mini = -(-rows // config.mini_batches)
     n_micro = -(-per_mini // config.micro_batch_size)
-    if skips_padding_passes(config, mesh):
+    if skips_padding_passes(config, mesh, local):
         n_micro = 1 << (n_micro - 1).bit_length()
     return config.mini_batches * n_micro * config.micro_batch_size, bucket_length(length, config)
 

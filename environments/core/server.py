@@ -250,17 +250,13 @@ class EnvServer:
         if spare is not None:
             try:
                 return spare, await self.call(spare.reset, task_id, seed), True
-            except InvalidTaskError:
+            except BaseException as error:
                 await self.call(spare.close)
-                raise
-            except Exception as error:
+                if isinstance(error, InvalidTaskError) or not isinstance(error, Exception):
+                    raise  # a bad request, or a cancellation: nothing to retry
                 log.warning("a spare %s instance failed its reset (%s: %s); starting a new one",
                             self.family.name, type(error).__name__, error)
                 self.stats.spares_replaced += 1
-                await self.call(spare.close)
-            except BaseException:
-                await self.call(spare.close)
-                raise
         env = await self.call(self.family.env_factory)
         try:
             return env, await self.call(env.reset, task_id, seed), False
