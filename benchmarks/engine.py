@@ -19,7 +19,9 @@ of ``--prompt-len`` tokens with the same random-weight model shape (bf16 by defa
 
 Reported: tokens/s (generated tokens / wall s), the ratio vs HF, the engine's mean decode-step
 time vs the memory-bandwidth roofline (bytes of weights + KV cache read per step /
-``--bandwidth``, default 3.0e12 B/s = H100 HBM3), and the prefill tokens saved by prefix reuse
+``--bandwidth``: ``measure`` (the default) times a device-to-device copy of ``--copy-bytes`` in
+the same process and uses bytes read + written / time; or a number in B/s), and the prefill
+tokens saved by prefix reuse
 over a simulated multi-turn conversation (``--turns`` turns, each appending ``--obs-tokens``
 observation tokens and generating ``--turn-tokens`` tokens, ``--sessions`` sessions at once).
 """
@@ -216,6 +218,28 @@ def bench_hf(cfg, args, batch_prompts) -> dict[str, Any]:
 
 
 # ----------------------------------------------------------------------------- roofline
+def measure_copy_bandwidth(n_bytes: int, repeats: int = 10) -> dict[str, Any]:
+    """The device's copy bandwidth in B/s: a jitted ``x + 0`` over a ``[n_bytes / 4]`` float32
+    array (XLA writes a new buffer, so each call reads and writes ``n_bytes``), timed over
+    ``repeats`` calls after two warm-ups; bandwidth = 2 * n_bytes / mean time per call."""
+    import jax
+    import jax.numpy as jnp
+
+    n = max(1, n_bytes // 4)
+    x = jnp.arange(n, dtype=jnp.float32)
+    copy = jax.jit(lambda a: a + 0.0)
+    for _ in range(2):
+        copy(x).block_until_ready()
+    t0 = time.perf_counter()
+    for _ in range(repeats):
+        y = copy(x)
+    y.block_until_ready()
+    per_call = (time.perf_counter() - t0) / repeats
+    del x, y
+    return {"copy_bytes": 4 * n, "copy_ms": 1e3 * per_call,
+            "bandwidth_Bps": 2 * 4 * n / per_call}
+
+
 def roofline(cfg, args, engine_result: dict[str, Any]) -> dict[str, Any]:
     b = dtype_bytes(args.dtype)
     weight_bytes = cfg.num_parameters * b
@@ -317,7 +341,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--max-length", type=int, default=0,
                    help="KV-cache row length (default prompt + new tokens); an RL engine "
                         "allocates the whole episode context, e.g. 4096")
-    p.add_argument("--bandwidth", type=float, default=3.0e12, help="bytes/s for the roofline")
+    p.add_argument("--bandwidth", default="measure",
+                   help="bytes/s for the roofline, or 'measure' (a device copy timed here)")
+    p.add_argument("--copy-bytes", type=float, default=None,
+                   help="bytes copied by --bandwidth measure (default 4e9, --small 1e8)")
     p.add_argument("--sessions", type=int, default=None)
     p.add_argument("--turns", type=int, default=10)
     p.add_argument("--obs-tokens", type=int, default=50)
@@ -338,6 +365,17 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
     import jax
 
+    bandwidth_note: dict[str, Any] = {"source": "given"}
+    if args.bandwidth == "measure":
+        copy_bytes = int(args.copy_bytes or (1e8 if small else 4e9))
+        bandwidth_note = {"source": "measured", **measure_copy_bandwidth(copy_bytes)}
+        args.bandwidth = bandwidth_note["bandwidth_Bps"]
+        print(f"# device copy: {copy_bytes / 1e9:.2f} GB in {bandwidth_note['copy_ms']:.3f} ms: "
+              f"{args.bandwidth / 1e12:.2f} TB/s (read + write), the roofline's bandwidth",
+              flush=True)
+    else:
+        args.bandwidth = float(args.bandwidth)
+
     from agentrl_jax.models.llama import init_model
 
     cfg = model_config(args.shape, args.dtype)
@@ -350,7 +388,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             "prefill_tokens", "bandwidth", "kv_layout", "decode_attention", "decode_gemm",
             "max_length")},
         "num_parameters": cfg.num_parameters, "device": f"{device.platform}:{device.device_kind}",
-        "jax_version": jax.__version__, "host": platform.node(),
+        "jax_version": jax.__version__, "host": platform.node(), "bandwidth": bandwidth_note,
         "init_s": time.perf_counter() - t0}
     batch_prompts = prompts(np.random.default_rng(0), args.batch, args.prompt_len,
                             cfg.vocab_size)
@@ -424,7 +462,7 @@ def print_table(r: dict[str, Any]) -> None:
               f"vs the allocated-KV roofline {roof['roofline_step_ms_allocated']:.3f} ms: "
               f"{roof['ratio_to_roofline_allocated']:.2f}x")
         if not r["device"].startswith("gpu") and not r["device"].startswith("cuda"):
-            print("(the roofline uses --bandwidth; it is only meaningful on the GPU it names)")
+            print("(the roofline uses the bandwidth measured or given here; on a CPU it says little)")
     pr = r.get("prefix_reuse")
     if pr:
         w, wo = pr["with_reuse"], pr["without_reuse"]

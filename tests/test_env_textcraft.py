@@ -150,8 +150,9 @@ def test_actions_and_messages():
 
 def test_splits_are_deterministic_disjoint_and_cover_every_goal():
     catalog = TextCraftCatalog()
-    train, test = catalog.task_ids("train"), catalog.task_ids("test")
-    assert len(train) + len(test) == 544 and not set(train) & set(test)
+    train, dev, test = catalog.task_ids("train"), catalog.task_ids("dev"), catalog.task_ids("test")
+    assert len(train) + len(dev) + len(test) == 544 and not set(train) & set(test)
+    assert not set(dev) & set(train) and not set(dev) & set(test)
     assert 80 <= len(test) <= 140
     assert list(TextCraftCatalog().task_ids("test")) == list(test)
     assert all(world().depth["minecraft:" + t] >= 1 for t in test)

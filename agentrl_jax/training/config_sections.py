@@ -318,6 +318,9 @@ class TrainConfig(Section):
     eval_tasks: int = setting(64, ge=0)
     eval_samples: int = setting(4, ge=1)  # k of Avg@k / Pass@k
     eval_horizon: int = setting(20, ge=1)
+    # the split the run's evaluations read: "test" for results, "dev" (a held-out carve of the
+    # training distribution, where a family has one) for ablations and recipe choices
+    eval_split: str = setting("test", choices=("test", "dev"), kind="evaluation split")
     # an evaluation is a result only if at least this share of its tasks was scored (a task is
     # scored when one of its episodes finished without an environment / engine error)
     eval_min_scored: float = setting(0.9, ge=0, le=1)

@@ -244,7 +244,8 @@ class Trainer(TrainingLoop, TrainerEvaluation, RunOutput):
                                                 model.cfg.eos_token_ids)
                 filters = services.task_filters(cfg)
                 train_tasks = await services.task_refs(clients, "train", filters=filters)
-                eval_tasks = await services.task_refs(clients, "test", int(cfg.train.eval_tasks),
+                eval_tasks = await services.task_refs(clients, cfg.train.eval_split,
+                                                      int(cfg.train.eval_tasks),
                                                       filters=filters)
                 sampler = TaskSampler(train_tasks, seed=int(cfg.seed), cursor=cursor)
                 # the loaded weights: the engine's until the first weight sync, then unused (the

@@ -1,4 +1,7 @@
-"""Deterministic, disjoint train / test BabyAI tasks: every level with its own seed ranges."""
+"""Deterministic, disjoint train / dev / test BabyAI tasks: every level with its own seed ranges.
+
+The dev split is drawn from the training distribution (the same levels, seeds no other split
+uses) and is what ablations and recipe choices read, so the test split stays untouched."""
 
 from __future__ import annotations
 
@@ -11,6 +14,8 @@ TRAIN_SEED_BASE = 0
 TRAIN_PER_LEVEL = 500
 TEST_SEED_BASE = 1_000_000  # train seeds stay below 10**6, so the splits never share a layout
 TEST_PER_LEVEL = 50
+DEV_SEED_BASE = 500_000  # above every train seed, below every test seed
+DEV_PER_LEVEL = 50
 
 
 class _LevelSeedIds(Sequence[str]):
@@ -39,12 +44,17 @@ class _LevelSeedIds(Sequence[str]):
 
 
 class BabyAICatalog(TaskCatalog):
-    """Train: seeds 0..499 of each level; test: seeds 1,000,000..1,000,049 of each level."""
+    """Train: seeds 0..499 of each level; dev: seeds 500,000..500,049; test: seeds
+    1,000,000..1,000,049 of each level."""
 
-    def __init__(self, train_per_level: int = TRAIN_PER_LEVEL, test_per_level: int = TEST_PER_LEVEL) -> None:
+    splits = ("train", "dev", "test")
+
+    def __init__(self, train_per_level: int = TRAIN_PER_LEVEL, test_per_level: int = TEST_PER_LEVEL,
+                 dev_per_level: int = DEV_PER_LEVEL) -> None:
         levels = level_names()
         self._splits = {
             "train": _LevelSeedIds(levels, TRAIN_SEED_BASE, train_per_level),
+            "dev": _LevelSeedIds(levels, DEV_SEED_BASE, dev_per_level),
             "test": _LevelSeedIds(levels, TEST_SEED_BASE, test_per_level),
         }
 
