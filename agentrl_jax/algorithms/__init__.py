@@ -31,6 +31,7 @@ from .kl import (
 from .losses import (
     LOSS_AGGREGATIONS,
     POLICY_LOSSES,
+    PolicyLoss,
     actor_loss,
     aggregate_loss,
     aggregation_weights,
@@ -83,6 +84,7 @@ __all__ = [
     "kl_penalized_token_rewards",
     "LOSS_AGGREGATIONS",
     "POLICY_LOSSES",
+    "PolicyLoss",
     "actor_loss",
     "aggregate_loss",
     "aggregation_weights",

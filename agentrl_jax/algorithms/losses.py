@@ -13,11 +13,14 @@ Policy loss (PPO clipped surrogate, verl ``compute_policy_loss_vanilla`` semanti
     dual clip (c > 1, only where A < 0):  l = min(l, -A * c)   # bounds the loss of very large ratios
     loss = aggregate(l, loss_mask, agg)
 
-``POLICY_LOSSES``: ``ppo`` (symmetric clip 0.2, no dual clip), ``ppo_dual_clip``
+``POLICY_LOSSES`` holds :class:`PolicyLoss` records (the function, its default options, whether
+it is supervised): ``ppo`` (symmetric clip 0.2, no dual clip), ``ppo_dual_clip``
 (+ ``dual_clip=3``; this is what verl's ``vanilla`` always does), ``clip_higher``
 (``clip_low=0.2, clip_high=0.28``, DAPO). All three are the same function
-:func:`ppo_policy_loss` with different defaults; every keyword can be overridden.
-``sft``: the supervised loss of behaviour cloning, ``-A * logp`` (:func:`sft_policy_loss`).
+:func:`ppo_policy_loss` with different defaults; :meth:`PolicyLoss.options` overrides only the
+options a caller sets (the learner's ``clip_ratio_low`` / ``clip_ratio_high`` / ``dual_clip``
+when not None). ``sft``: the supervised loss of behaviour cloning, ``-A * logp``
+(:func:`sft_policy_loss`).
 
 Aggregation modes (``LOSS_AGGREGATIONS``; ``-`` and ``_`` spellings accepted)::
 
@@ -34,8 +37,10 @@ the full-batch loss.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from functools import partial
+import dataclasses
+import types
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -136,8 +141,40 @@ def aggregation_weights(loss_mask, mode: str = "token_mean", max_len: int | None
 
 # ----------------------------------------------------------------- policy loss
 
-#: name -> ``fn(logprobs, old_logprobs, advantages, loss_mask, **cfg) -> (loss, metrics)``
-POLICY_LOSSES: Registry = Registry("policy loss", normalize=snake_case)
+@dataclasses.dataclass(frozen=True, eq=False)
+class PolicyLoss:
+    """A registered policy loss.
+
+    fn: ``fn(logprobs [B,T], old_logprobs [B,T], advantages [B,T], loss_mask [B,T], *, agg,
+      max_len, denom, token_weights, is_weights, **options) -> (loss, metrics)``.
+    defaults: the entry's own options (``ppo``: ``clip_low``, ``clip_high``, ``dual_clip``);
+      the entry *is* these numbers: ``ppo`` and ``ppo_dual_clip`` differ only here.
+    supervised: no importance ratio (no old log-probs needed): the learner skips the "old"
+      log-prob pass.
+
+    Calling the record calls ``fn`` with ``defaults`` under the keywords given.
+    """
+
+    fn: Callable[..., tuple[Array, Metrics]]
+    defaults: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    supervised: bool = False
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "defaults", types.MappingProxyType(dict(self.defaults)))
+
+    def options(self, **overrides: Any) -> dict[str, Any]:
+        """The entry's defaults, each replaced by ``overrides[key]`` where that is not None;
+        overrides of options the entry does not have (a clip bound for ``sft``) are ignored."""
+        return {k: (v if overrides.get(k) is None else overrides[k])
+                for k, v in self.defaults.items()}
+
+    def __call__(self, *args: Any, **kwargs: Any) -> tuple[Array, Metrics]:
+        return self.fn(*args, **{**self.defaults, **kwargs})
+
+
+#: name -> :class:`PolicyLoss`
+POLICY_LOSSES: Registry[PolicyLoss] = Registry("policy loss", normalize=snake_case,
+                                               expected=PolicyLoss)
 
 
 def _masked_max(x: Array, m: Array) -> Array:
@@ -260,25 +297,22 @@ def sft_policy_loss(
     return loss, {"pg_loss": jax.lax.stop_gradient(loss), "nll": jax.lax.stop_gradient(nll)}
 
 
-#: policy losses without an importance ratio (no old log-probs needed): the learner skips the
-#: "old" log-prob pass for them
-SUPERVISED_LOSSES = frozenset({"sft"})
-
-
-POLICY_LOSSES.register("ppo", partial(ppo_policy_loss, clip_low=0.2, clip_high=None, dual_clip=None))
-POLICY_LOSSES.register("ppo_dual_clip", partial(ppo_policy_loss, clip_low=0.2, clip_high=None, dual_clip=3.0))
-POLICY_LOSSES.register("clip_higher", partial(ppo_policy_loss, clip_low=0.2, clip_high=0.28, dual_clip=None))
-
-
-POLICY_LOSSES.register("sft", sft_policy_loss)
+# (``clip_high`` None: symmetric, ``1 + clip_low``)
+POLICY_LOSSES.register("ppo", PolicyLoss(
+    ppo_policy_loss, {"clip_low": 0.2, "clip_high": None, "dual_clip": None}))
+POLICY_LOSSES.register("ppo_dual_clip", PolicyLoss(
+    ppo_policy_loss, {"clip_low": 0.2, "clip_high": None, "dual_clip": 3.0}))
+POLICY_LOSSES.register("clip_higher", PolicyLoss(
+    ppo_policy_loss, {"clip_low": 0.2, "clip_high": 0.28, "dual_clip": None}))
+POLICY_LOSSES.register("sft", PolicyLoss(sft_policy_loss, supervised=True))
 
 
 def is_supervised(name: str) -> bool:
-    """Whether policy loss ``name`` is supervised (:data:`SUPERVISED_LOSSES`)."""
-    return snake_case(name) in SUPERVISED_LOSSES
+    """Whether policy loss ``name`` is supervised (its entry's ``supervised``)."""
+    return POLICY_LOSSES.get(name).supervised
 
 
-def get_policy_loss(name: str) -> Callable[..., tuple[Array, Metrics]]:
+def get_policy_loss(name: str) -> PolicyLoss:
     """``ppo | ppo_dual_clip | clip_higher | sft`` (or any registered name)."""
     return POLICY_LOSSES.get(name)
 

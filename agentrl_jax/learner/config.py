@@ -102,10 +102,12 @@ class LearnerConfig(Section):
     # packed rows. Must be >= the longest trajectory (the rollout's max_context).
     pack_length: int = setting(0, ge=0)
     # ------------------------------------------------------------------ RL loss
-    # the policy loss (algorithms.POLICY_LOSSES): "ppo" (clipped surrogate; clip_ratio_* and
-    # dual_clip below) or "sft" (supervised: weighted NLL of the masked tokens, no ratio, no
-    # old log-prob pass; behaviour cloning, training/sft.py)
-    policy_loss: str = setting("ppo", choices=lambda: sorted(_policy_losses()),
+    # the policy loss (algorithms.POLICY_LOSSES): "ppo_dual_clip" (clipped surrogate, clip 0.2,
+    # dual clip 3), "ppo" (no dual clip), "clip_higher" (clip 0.2 / 0.28, no dual clip), or "sft"
+    # (supervised: weighted NLL of the masked tokens, no ratio, no old log-prob pass; behaviour
+    # cloning, training/sft.py). Each entry carries its clip numbers; clip_ratio_* and
+    # dual_clip below override them only when set.
+    policy_loss: str = setting("ppo_dual_clip", choices=lambda: sorted(_policy_losses()),
                                kind="policy loss")
     advantage_estimator: str = setting("grpo", choices=_names("ADVANTAGE_ESTIMATORS"),
                                        normalize=_normalize, kind="advantage estimator")
@@ -115,9 +117,10 @@ class LearnerConfig(Section):
     loss_agg_mode: str = setting("token_mean", choices=_names("LOSS_AGGREGATIONS"),
                                  normalize=_normalize, kind="loss aggregation mode")
     loss_max_len: int | None = setting(None, ge=1)  # seq_mean_token_sum_norm constant
-    clip_ratio_low: float = setting(0.2, ge=0)
-    clip_ratio_high: float = setting(0.2, ge=0)  # clip-higher (DAPO): e.g. 0.28
-    dual_clip: float | None = setting(3.0, gt=0)  # dual-clip constant c for A < 0; None = off
+    # the policy loss entry's clip numbers, overridden where set (None: the entry's own)
+    clip_ratio_low: float | None = setting(None, ge=0)
+    clip_ratio_high: float | None = setting(None, ge=0)  # clip-higher (DAPO): e.g. 0.28
+    dual_clip: float | None = setting(None, gt=1)  # dual-clip constant c > 1 for A < 0
     ratio_source: str = setting("rollout", choices=RATIO_SOURCES, kind="ratio source")
     # truncated importance sampling of the sampler / learner mismatch (packed updates): each
     # token's policy loss is weighted by min(exp(learner_old - rollout), tis_cap); None = off
@@ -167,7 +170,8 @@ class LearnerConfig(Section):
                        f"{self.length_buckets})")
         if not bad & {"advantage_estimator", "policy_loss", "loss_agg_mode"} and _normalize(
                 self.advantage_estimator) == "dpo" and not (
-                self.policy_loss == "sft" and _normalize(self.loss_agg_mode)
+                _policy_losses().get(self.policy_loss).supervised
+                and _normalize(self.loss_agg_mode)
                 == "seq_mean_token_sum"):
             out.append(f"{prefix}.advantage_estimator: 'dpo' needs policy_loss='sft' and "
                        "loss_agg_mode='seq_mean_token_sum' (algorithms/dpo.py)")
@@ -189,6 +193,13 @@ class LearnerConfig(Section):
         return out
 
     # ------------------------------------------------------------------ derived
+    def policy_loss_options(self) -> dict[str, Any]:
+        """The options the train step passes to ``policy_loss``: its entry's defaults
+        (``POLICY_LOSSES``), each replaced by the matching setting where that is set."""
+        return _policy_losses().get(self.policy_loss).options(
+            clip_low=self.clip_ratio_low, clip_high=self.clip_ratio_high,
+            dual_clip=self.dual_clip)
+
     @property
     def use_critic(self) -> bool:
         if self.critic is not None:
