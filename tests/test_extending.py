@@ -96,11 +96,11 @@ def test_a_parser_and_a_prompt_style_registered_alone_are_accepted():
 
 
 def test_an_advantage_estimator_registered_alone_is_accepted():
-    from agentrl_jax.algorithms import ADVANTAGE_ESTIMATORS
+    from agentrl_jax.algorithms import ADVANTAGE_ESTIMATORS, AdvantageEstimator
 
     assert _problems(learner__advantage_estimator="toy_adv")[0].startswith(
         "learner.advantage_estimator: unknown advantage estimator 'toy_adv'; known: ")
-    with registered(ADVANTAGE_ESTIMATORS, "toy-adv", lambda **_: None):
+    with registered(ADVANTAGE_ESTIMATORS, "toy-adv", AdvantageEstimator(lambda x, s: None)):
         assert "toy_adv" in ADVANTAGE_ESTIMATORS.names()  # names are snake_case
         assert _problems(learner__advantage_estimator="toy_adv") == []
         assert _problems(learner__advantage_estimator="Toy-Adv") == []

@@ -168,13 +168,8 @@ class LearnerConfig(Section):
         if "length_buckets" not in bad and not all(b >= 1 for b in self.length_buckets):
             out.append(f"{prefix}.length_buckets: lengths must be >= 1 (got "
                        f"{self.length_buckets})")
-        if not bad & {"advantage_estimator", "policy_loss", "loss_agg_mode"} and _normalize(
-                self.advantage_estimator) == "dpo" and not (
-                _policy_losses().get(self.policy_loss).supervised
-                and _normalize(self.loss_agg_mode)
-                == "seq_mean_token_sum"):
-            out.append(f"{prefix}.advantage_estimator: 'dpo' needs policy_loss='sft' and "
-                       "loss_agg_mode='seq_mean_token_sum' (algorithms/dpo.py)")
+        if not bad & {"advantage_estimator", "policy_loss", "loss_agg_mode"}:
+            out += self._estimator_needs(prefix)
         if "mesh" in bad:
             return out
         dims = self.mesh
@@ -192,7 +187,28 @@ class LearnerConfig(Section):
                            f"fsdp size {shards} (got {self.micro_batch_size})")
         return out
 
+    def _estimator_needs(self, prefix: str) -> list[str]:
+        """What the advantage estimator's record needs of the loss (``dpo``: a supervised
+        policy loss aggregated by ``seq_mean_token_sum``), checked."""
+        estimator = self.estimator
+        need = []
+        if estimator.supervised_loss and not _policy_losses().get(self.policy_loss).supervised:
+            supervised = [n for n in _policy_losses().names()
+                          if _policy_losses().get(n).supervised]
+            need.append(f"a supervised policy_loss ({', '.join(supervised)})")
+        if estimator.loss_agg_mode and _normalize(self.loss_agg_mode) != estimator.loss_agg_mode:
+            need.append(f"loss_agg_mode={estimator.loss_agg_mode!r}")
+        if not need:
+            return []
+        return [f"{prefix}.advantage_estimator: {self.advantage_estimator!r} needs "
+                f"{' and '.join(need)} (algorithms.ADVANTAGE_ESTIMATORS)"]
+
     # ------------------------------------------------------------------ derived
+    @property
+    def estimator(self) -> Any:
+        """The ``AdvantageEstimator`` record of ``advantage_estimator``."""
+        return _algorithms().get_advantage_estimator(self.advantage_estimator)
+
     def policy_loss_options(self) -> dict[str, Any]:
         """The options the train step passes to ``policy_loss``: its entry's defaults
         (``POLICY_LOSSES``), each replaced by the matching setting where that is set."""
@@ -204,13 +220,12 @@ class LearnerConfig(Section):
     def use_critic(self) -> bool:
         if self.critic is not None:
             return bool(self.critic)
-        return self.advantage_estimator.lower().replace("-", "_") == "gae"
+        return self.estimator.needs_critic
 
     @property
     def use_reference(self) -> bool:
         """A frozen reference model: for the KL term, or for a preference estimator (dpo)."""
-        from agentrl_jax.algorithms.advantages import is_logprob_level
-        return self.kl_coef > 0 or is_logprob_level(self.advantage_estimator)
+        return self.kl_coef > 0 or self.estimator.needs_reference
 
     # ------------------------------------------------------------------ dict I/O
     @classmethod
