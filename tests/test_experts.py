@@ -19,7 +19,7 @@ from agentrl_jax.agent.experts import ExpertBackend, ExpertTimeout, call_with_de
 from environments.babyai.expert import BabyAIExpertPolicy, BoundedSubgoalStack
 from environments.core.base import ExpertStuck
 from agentrl_jax.agent.trajectory import Trajectory
-from agentrl_jax.rollout.backends.base import RolloutError
+from agentrl_jax.rollout.contract import RolloutError
 
 pytestmark = pytest.mark.timeout(300)
 

@@ -212,7 +212,7 @@ class _ToyBackend:
 def test_a_backend_registered_alone_is_accepted_and_built_by_make_backend():
     from ml_collections import ConfigDict
 
-    from agentrl_jax.rollout.backends.base import ROLLOUT_BACKENDS, create_backend, register_backend
+    from agentrl_jax.rollout.contract import ROLLOUT_BACKENDS, create_backend, register_backend
     from agentrl_jax.training import services
 
     assert ROLLOUT_BACKENDS.names() == ["embedded", "engine_servers", "sglang"]
@@ -240,7 +240,7 @@ def test_a_backend_registered_alone_is_accepted_and_built_by_make_backend():
 def test_a_local_engine_backend_gets_the_engine_config_and_device_groups():
     import jax
 
-    from agentrl_jax.rollout.backends.base import ROLLOUT_BACKENDS
+    from agentrl_jax.rollout.contract import ROLLOUT_BACKENDS
     from agentrl_jax.rollout.engine.engine_config import EngineConfig
     from agentrl_jax.training import services
 
@@ -265,7 +265,7 @@ def test_listing_backends_parsers_and_styles_imports_no_backend_module():
     import sys
 
     code = ("import sys\n"
-            "from agentrl_jax.rollout.backends.base import ROLLOUT_BACKENDS\n"
+            "from agentrl_jax.rollout.contract import ROLLOUT_BACKENDS\n"
             "from agentrl_jax.agent.parsing import PARSERS\n"
             "from agentrl_jax.agent.prompts import PROMPT_STYLES\n"
             "names = ROLLOUT_BACKENDS.names(), 'sglang' in ROLLOUT_BACKENDS\n"

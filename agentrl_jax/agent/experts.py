@@ -66,7 +66,7 @@ from typing import Any, Callable, Iterator, Mapping, TypeVar
 from agentrl_jax.agent.trajectory import Trajectory
 from environments.core.base import ExpertPolicy, ExpertStuck
 from environments.registry import FAMILIES, get_family
-from agentrl_jax.rollout.backends.base import GenerateResult, RolloutBackend, RolloutError
+from agentrl_jax.rollout.contract import GenerateResult, RolloutBackend, RolloutError
 
 
 T = TypeVar("T")

@@ -31,13 +31,11 @@ from .kl import (
     kl_loss,
     kl_penalized_token_rewards,
 )
+from .aggregation import LOSS_AGGREGATIONS, aggregate_loss, aggregation_weights
 from .losses import (
-    LOSS_AGGREGATIONS,
     POLICY_LOSSES,
     PolicyLoss,
     actor_loss,
-    aggregate_loss,
-    aggregation_weights,
     entropy_from_logits,
     entropy_from_logits_chunked,
     get_policy_loss,

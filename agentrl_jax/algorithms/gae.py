@@ -119,10 +119,14 @@ def gae_advantages_raw(
         A = S[0] - mV / lam
         if lam != 1.0:
             A = A + ((1.0 - lam) / lam) * S[1]
-    else:  # pallas
-        from .pallas_gae import gae_pallas  # lazy: pallas import is optional
+    else:  # pallas: the kernels where their parameter range is met, else the XLA scans
+        from . import pallas_gae  # lazy: pallas import is optional
 
-        A = gae_pallas(r, V, m, gamma=gamma, lam=lam)
+        if pallas_gae.supported(gamma, lam):
+            A = pallas_gae.gae_pallas_full(r, V, m, gamma=gamma, lam=lam, whiten=False)[2]
+        else:
+            fallback = "blocked" if lam > 0 else "associative"
+            return gae_advantages_raw(r, V, m, gamma=gamma, lam=lam, method=fallback, chunk=chunk)
     return A * m
 
 

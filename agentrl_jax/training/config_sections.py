@@ -47,7 +47,7 @@ def _family_names() -> list[str]:
 
 
 def _rollout_backends() -> list[str]:
-    from agentrl_jax.rollout.backends.base import available_backends
+    from agentrl_jax.rollout.contract import available_backends
 
     return available_backends()
 

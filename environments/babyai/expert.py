@@ -103,21 +103,3 @@ class BabyAIExpertPolicy:
         self._acted = True
         self.stack.reset()
         return self.expert.act()
-
-
-class BabyAIMacroExpertPolicy:
-    """``BabyAIBot``'s solution shortened with macro actions (``macro_plan``), planned on the
-    first call with the bounded bot of :class:`BabyAIExpertPolicy`, then one action a turn."""
-
-    def __init__(self, task_id: str):
-        self.task_id = task_id
-        self.actions: list[str] | None = None
-
-    def act(self, observation: str) -> str | None:
-        if self.actions is None:
-            from environments.babyai.macro_expert import macro_plan
-
-            bot = BabyAIExpertPolicy(self.task_id)
-            self.actions = list(macro_plan(self.task_id, expert=bot.expert,
-                                           before_act=bot.stack.reset).actions)
-        return self.actions.pop(0) if self.actions else None

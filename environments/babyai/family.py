@@ -2,7 +2,8 @@
 
 from environments.babyai.catalog import BabyAICatalog
 from environments.babyai.env import BabyAIEnv
-from environments.babyai.expert import BabyAIExpertPolicy, BabyAIMacroExpertPolicy
+from environments.babyai.expert import BabyAIExpertPolicy
+from environments.babyai.macro_expert import BabyAIMacroExpertPolicy
 from environments.registry import Family
 
 # A BabyAI step is a few hundred microseconds of pure Python: serve it on the event loop.
