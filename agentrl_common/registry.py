@@ -1,9 +1,10 @@
 """The one name -> object registry used for every pluggable kind of thing.
 
 One ``Registry`` instance per kind: advantage estimators, policy losses, loss aggregations, KL
-estimators, rollout backends, environment families, answer parsers, prompt styles, expert
-policies, model families. Config validation reads ``names()`` / ``in`` from these instances, so
-adding an entry is the only step needed for the config to accept its name.
+estimators, rollout backends, environment families (an entry carries the family's experts and
+example action), answer parsers, prompt styles, model families. Config validation reads
+``names()`` / ``in`` from these instances, so adding an entry is the only step needed for the
+config to accept its name.
 
 Two ways to add an entry::
 

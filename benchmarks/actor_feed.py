@@ -57,7 +57,7 @@ async def measure(args, urls: list[str], env_urls: list[str], tokenizer) -> dict
     from agentrl_jax.agent.actor_pool import ActorPool, TaskRef
     from agentrl_jax.agent.chat import ChatFormatter
     from agentrl_jax.agent.parsing import get_parser
-    from agentrl_jax.rollout.backends.base import SamplingParams
+    from agentrl_jax.rollout.contract import SamplingParams
     from agentrl_jax.rollout.backends.sglang import SGLangBackend
     from environments.core.client import EnvClient
 

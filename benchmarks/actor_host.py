@@ -39,7 +39,7 @@ from typing import Any, Sequence
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from agentrl_jax.rollout.backends.base import GenerateResult, RolloutBackend, SamplingParams  # noqa: E402
+from agentrl_jax.rollout.contract import GenerateResult, RolloutBackend, SamplingParams  # noqa: E402
 
 ACTIONS = ("turn left", "move forward", "turn right", "move forward", "go to red ball 1",
            "dance wildly")

@@ -79,7 +79,7 @@ def bench_engine(model, cfg, args, batch_prompts, decode_attention: str = "auto"
                  decode_gemm: str = "xla") -> dict[str, Any]:
     import jax
 
-    from agentrl_jax.rollout.backends.base import SamplingParams
+    from agentrl_jax.rollout.contract import SamplingParams
     from agentrl_jax.rollout.engine.engine import Engine, EngineConfig
 
     max_length = args.max_length or (args.prompt_len + args.new_tokens)
@@ -263,7 +263,7 @@ def roofline(cfg, args, engine_result: dict[str, Any]) -> dict[str, Any]:
 def bench_prefix_reuse(model, cfg, args) -> dict[str, Any]:
     import asyncio
 
-    from agentrl_jax.rollout.backends.base import SamplingParams
+    from agentrl_jax.rollout.contract import SamplingParams
     from agentrl_jax.rollout.engine.engine import Engine, EngineConfig
 
     sessions, turns = args.sessions, args.turns

@@ -24,7 +24,7 @@ from agentrl_jax.agent.actor_pool import ActorPool, TaskRef
 from agentrl_jax.agent.chat import ChatFormatter
 from agentrl_jax.models.pretrained import resolve_model_path
 from agentrl_jax.models.tokenizer import load_tokenizer
-from agentrl_jax.rollout.backends.base import GenerateResult, RolloutBackend, SamplingParams
+from agentrl_jax.rollout.contract import GenerateResult, RolloutBackend, SamplingParams
 from environments.core.client import EnvClient
 from agentrl_common.processes import start_env_server
 

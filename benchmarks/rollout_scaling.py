@@ -54,7 +54,7 @@ def engine_throughput(backend, n_prompts: int, prompt_len: int, new_tokens: int,
                       vocab: int) -> dict[str, Any]:
     import numpy as np
 
-    from agentrl_jax.rollout.backends.base import SamplingParams
+    from agentrl_jax.rollout.contract import SamplingParams
 
     rng = np.random.default_rng(0)
     prompts = [rng.integers(3, vocab, size=prompt_len).tolist() for _ in range(n_prompts)]
@@ -78,7 +78,7 @@ def actor_pool_throughput(backend, tokenizer, episodes: int, turns: int, turn_to
     from agentrl_jax.agent.actor_pool import ActorPool, TaskRef
     from agentrl_jax.agent.chat import ChatFormatter
     from agentrl_jax.agent.parsing import get_parser
-    from agentrl_jax.rollout.backends.base import SamplingParams
+    from agentrl_jax.rollout.contract import SamplingParams
     from environments.core.client import EnvClient
     from agentrl_common.processes import start_env_server
 

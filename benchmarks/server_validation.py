@@ -49,7 +49,7 @@ from pydantic import StrictInt, TypeAdapter  # noqa: E402
 
 from agentrl_jax.rollout.servers import app as new_server  # noqa: E402
 from agentrl_jax.rollout.servers.protocol import parse_json_object  # noqa: E402
-from agentrl_jax.rollout.backends.base import check_input_ids  # noqa: E402
+from agentrl_jax.rollout.contract import check_input_ids  # noqa: E402
 
 #: the current server (application, handlers, request models): a dirty tree is reported
 SERVER_PATH = "agentrl_jax/rollout/servers"
@@ -59,7 +59,7 @@ OLD_SERVER_PATH = "agentrl_jax/rollout/server.py"
 OLD_API_MODELS_PATH = "agentrl_jax/rollout/api_models.py"
 #: the modules the old server imports, by their old name -> where they are now
 MOVED = {
-    "agentrl_jax.rollout.base": "agentrl_jax.rollout.backends.base",
+    "agentrl_jax.rollout.base": "agentrl_jax.rollout.contract",
     "agentrl_jax.rollout.engine_config": "agentrl_jax.rollout.engine.engine_config",
     "agentrl_jax.rollout.engine": "agentrl_jax.rollout.engine.engine",
     "agentrl_jax.rollout.forward": "agentrl_jax.rollout.engine.forward",

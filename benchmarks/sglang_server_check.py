@@ -48,7 +48,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from agentrl_jax.rollout.backends.base import SamplingParams  # noqa: E402
+from agentrl_jax.rollout.contract import SamplingParams  # noqa: E402
 from agentrl_jax.rollout.backends.sglang import SGLangBackend  # noqa: E402
 
 

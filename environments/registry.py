@@ -1,7 +1,8 @@
 """The registry of environment families.
 
 A family is a name plus two factories: one making ``TextEnvironment`` instances, one making the
-family's ``TaskCatalog``. ``FAMILIES`` (an ``agentrl_common.registry.Registry``) is the one list of
+family's ``TaskCatalog``; and all else that is keyed by a family's name: its expert policy (and
+named variants of it) for behaviour cloning, its example action for the ``action`` prompt style. ``FAMILIES`` (an ``agentrl_common.registry.Registry``) is the one list of
 them: config validation reads ``FAMILIES.names()``, the server command ``python -m
 environments.<name>`` reads ``get_family(name)``.
 
@@ -16,10 +17,11 @@ registers one in-process (tests, notebooks).
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable
+import types
+from typing import Callable, Mapping
 
 from agentrl_common.registry import Registry
-from environments.core.base import TaskCatalog, TextEnvironment
+from environments.core.base import ExpertPolicy, TaskCatalog, TextEnvironment
 
 
 @dataclasses.dataclass(frozen=True)
@@ -35,6 +37,13 @@ class Family:
     reuse_instances: an instance can play any task after a ``reset`` and is expensive to start
       (a browser), so the server keeps closed sessions' instances for the next ``/create``
       (``environments/core/spares.py``) instead of closing them.
+    expert: ``factory(task_id) -> ExpertPolicy``, the family's expert for recording
+      behaviour-cloning episodes (``launch/record_experts.py``), or None; it must import its
+      simulator only when called (the family module stays light).
+    expert_variants: other experts of the family by name, each ``"<name>_<variant>"``
+      (``babyai_macro``).
+    action_example: one action of the family, shown by the ``action`` prompt style (small models
+      copy the example, so it must be an action of this family); None: no example.
     """
 
     name: str
@@ -42,6 +51,24 @@ class Family:
     catalog_factory: Callable[[], TaskCatalog]
     inline: bool = False
     reuse_instances: bool = False
+    expert: Callable[[str], ExpertPolicy] | None = None
+    expert_variants: Mapping[str, Callable[[str], ExpertPolicy]] = dataclasses.field(
+        default_factory=dict)
+    action_example: str | None = None
+
+    def __post_init__(self) -> None:
+        bad = [v for v in self.expert_variants if not v.startswith(self.name + "_")]
+        if bad:
+            raise ValueError(f"expert variants of family {self.name!r} are named "
+                             f"'{self.name}_<variant>' (got {bad})")
+        object.__setattr__(self, "expert_variants", types.MappingProxyType(
+            dict(self.expert_variants)))
+
+    def experts(self) -> dict[str, Callable[[str], ExpertPolicy]]:
+        """Every expert of the family by name: its own under the family name, then the
+        variants."""
+        own = {self.name: self.expert} if self.expert is not None else {}
+        return {**own, **self.expert_variants}
 
 
 #: every environment family, by name; lazy entries point at ``environments.<name>.family:FAMILY``
@@ -55,12 +82,15 @@ def register_family(
     *,
     inline: bool = False,
     replace: bool = False,
+    **extras,
 ) -> Family:
-    """Register a family from its two factories (in this process) and return it.
+    """Register a family from its two factories (in this process) and return it; ``extras``:
+    the other ``Family`` fields (``expert``, ``action_example``, ...).
 
     A name that is already registered raises ``DuplicateNameError`` unless ``replace=True``.
     """
-    family = Family(name=name, env_factory=env_factory, catalog_factory=catalog_factory, inline=inline)
+    family = Family(name=name, env_factory=env_factory, catalog_factory=catalog_factory,
+                    inline=inline, **extras)
     FAMILIES.register(name, family, replace=replace)
     return family
 

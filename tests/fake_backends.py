@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from agentrl_jax.rollout.backends.base import RolloutBackend
+from agentrl_jax.rollout.contract import RolloutBackend
 
 
 class QuietBackend(RolloutBackend):

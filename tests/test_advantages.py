@@ -343,8 +343,8 @@ def test_registry_names_aliases_and_custom_estimator():
         compute_advantages("grpo", rewards=np.zeros(2), loss_mask=np.ones((2, 3)))
 
     @register_advantage_estimator("test_constant", overwrite=True)
-    def _const(*, rewards, loss_mask, **_):
-        adv = jnp.ones(loss_mask.shape) * loss_mask
+    def _const(x, settings):
+        adv = jnp.ones(x.loss_mask.shape) * x.loss_mask
         return AdvantageOutput(adv, adv)
 
     out = compute_advantages("test_constant", rewards=np.zeros(2), loss_mask=np.ones((2, 3), np.float32))

@@ -123,6 +123,13 @@ RULES = {
                                   "agentrl_jax.algorithms", "environments"), False, ()),
     "agent does not import jax at module level":
         ("agentrl_jax.agent", ("jax", "flax", "optax"), True, ()),
+    "the rollout backend contract imports no rollout room above it":
+        ("agentrl_jax.rollout.contract", ("agentrl_jax.rollout.backends", "agentrl_jax.rollout.engine",
+                                          "agentrl_jax.rollout.servers"), False, ()),
+    "the engine and the servers do not import the backend implementations":
+        ("agentrl_jax.rollout.engine", ("agentrl_jax.rollout.backends",), False, ()),
+    "the servers do not import the backend implementations":
+        ("agentrl_jax.rollout.servers", ("agentrl_jax.rollout.backends",), False, ()),
     "agent does not import the training loop, the learner or the engine":
         ("agentrl_jax.agent", ("agentrl_jax.training", "agentrl_jax.learner",
                                "agentrl_jax.rollout.engine", "agentrl_jax.rollout.servers"),
@@ -142,11 +149,11 @@ def test_library_never_imports_the_top_floor(importer):
 
 
 def test_backend_contract_is_light():
-    """Actor workers import ``rollout.backends.base``: it imports nothing of the library but
+    """Actor workers import ``rollout.contract``: it imports nothing of the library but
     ``rollout.sampling_limits`` and ``agentrl_common``, and at module level no JAX, NumPy,
     aiohttp or pydantic."""
     bad = []
-    for imp in _imports(REPO / "agentrl_jax/rollout/backends/base.py"):
+    for imp in _imports(REPO / "agentrl_jax/rollout/contract.py"):
         root = imp.target.split(".")[0]
         if root in ("agentrl_jax", "environments") and imp.target not in (
                 "agentrl_jax.rollout", "agentrl_jax.rollout.sampling_limits"):
@@ -178,6 +185,85 @@ def test_the_checker_sees_lazy_and_relative_imports(tmp_path):
     # and the rules see real imports: the agent's lazy ones of the environments' client
     assert any("agentrl_jax.agent.workers" in v for v in
                _violations("agentrl_jax.agent", ("environments",)))
+
+
+MODULES = {_module_name(p) for p in ALL}
+
+
+def _resolve(target: str) -> str | None:
+    """The library module ``target`` names (``m.attr`` -> ``m``), None outside the library."""
+    while target and target not in MODULES:
+        target = target.rpartition(".")[0]
+    return target or None
+
+
+def import_graph(modules: dict[pathlib.Path, list[Import]]) -> dict[str, set[str]]:
+    """Module -> the library modules it imports (lazy imports included). ``from p import m``
+    counts ``p.m`` (a module) and not the package ``p`` as well."""
+    graph: dict[str, set[str]] = {}
+    for imports in modules.values():
+        for imp in imports:
+            graph.setdefault(imp.module, set())
+            same_line = {i.target for i in imports if i.line == imp.line}
+            if any(t.startswith(imp.target + ".") and t in MODULES for t in same_line):
+                continue  # the package of ``from package import module``
+            target = _resolve(imp.target)
+            if target is not None and target != imp.module:
+                graph[imp.module].add(target)
+    return graph
+
+
+def import_circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan), sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    out: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph.get(v, ())):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                out.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return sorted(out)
+
+
+def test_no_import_circles():
+    """No two library modules import each other, directly or through others, lazy imports
+    included (a lazy import only hides a circle)."""
+    assert import_circles(import_graph(ALL)) == []
+
+
+def test_the_circle_check_sees_a_lazy_circle(tmp_path):
+    """The checker finds a circle closed by an import inside a function, and ignores the
+    package of ``from package import module``."""
+    a, b = tmp_path / "a.py", tmp_path / "b.py"
+    a.write_text("from agentrl_jax.agent import chat\n")
+    b.write_text("def f():\n    from agentrl_jax.agent import episode\n")
+    fake = {a: _imports(a, "agentrl_jax.agent.episode"), b: _imports(b, "agentrl_jax.agent.chat")}
+    assert import_circles(import_graph(fake)) == [["agentrl_jax.agent.chat",
+                                                   "agentrl_jax.agent.episode"]]
+    assert import_graph(fake)["agentrl_jax.agent.episode"] == {"agentrl_jax.agent.chat"}
 
 
 def test_no_module_over_the_line_limit():

@@ -4,7 +4,7 @@ reference written here, and the result never aliases the caller's list."""
 import numpy as np
 import pytest
 
-from agentrl_jax.rollout.backends.base import InvalidRequestError, check_input_ids
+from agentrl_jax.rollout.contract import InvalidRequestError, check_input_ids
 
 
 def reference(ids, vocab, max_length):

@@ -18,7 +18,7 @@ from agentrl_jax.agent.parsing import (INVALID_FORMAT_FEEDBACK, get_parser, opti
                                        parse_choice, takes_options)
 from agentrl_jax.models.pretrained import resolve_model_path
 from agentrl_jax.models.tokenizer import load_tokenizer
-from agentrl_jax.rollout.backends.base import GenerateResult, RolloutBackend, SamplingParams
+from agentrl_jax.rollout.contract import GenerateResult, RolloutBackend, SamplingParams
 from agentrl_jax.training import services
 from agentrl_jax.training.config import base_config
 from agentrl_jax.training.validate import ConfigError, check_config

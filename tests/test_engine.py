@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from agentrl_jax.rollout.backends.base import (GenerateResult, InvalidRequestError, OverloadedError,
+from agentrl_jax.rollout.contract import (GenerateResult, InvalidRequestError, OverloadedError,
                                       SamplingParams, create_backend)
 from rollout_helpers import (REF_LEN, TINY, byte_tokenizer, full_logprobs, make_engine,
                              random_prompt, reference_greedy, tiny_model)
@@ -289,7 +289,7 @@ def test_equal_prompts_share_one_prefill(engine, model):
 def test_followers_prefill_themselves_when_the_shared_prefill_fails(engine, model):
     """The request prefilling a shared prompt fails alone: the requests waiting to copy its
     row are prefilled on their own and answer as if nothing was shared."""
-    from agentrl_jax.rollout.backends.base import RequestFailedError
+    from agentrl_jax.rollout.contract import RequestFailedError
 
     prompt = random_prompt(np.random.default_rng(23), 40)
     sp = SamplingParams(max_new_tokens=8, ignore_eos=True, **GREEDY)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from agentrl_jax.rollout.backends.base import SamplingParams
+from agentrl_jax.rollout.contract import SamplingParams
 from tests.rollout_helpers import make_engine, random_prompt, reference_greedy, tiny_model
 
 GREEDY = dict(temperature=0.0, ignore_eos=True)

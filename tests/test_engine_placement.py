@@ -15,7 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from agentrl_jax.rollout.backends.base import SamplingParams
+from agentrl_jax.rollout.contract import SamplingParams
 from agentrl_jax.rollout.engine.decode_attention import (dense_decode_attention, ragged_tiling,
                                                   ragged_decode_attention)
 from agentrl_jax.rollout.engine.fused_decode_attention import fused_decode_attention

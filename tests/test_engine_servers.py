@@ -15,7 +15,7 @@ import os
 import numpy as np
 import pytest
 
-from agentrl_jax.rollout.backends.base import SamplingParams
+from agentrl_jax.rollout.contract import SamplingParams
 from agentrl_jax.rollout.engine.engine_config import EngineConfig
 from agentrl_jax.rollout.backends.engine_servers import (EngineServers, device_environment,
                                                 server_flags)

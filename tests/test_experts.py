@@ -15,10 +15,11 @@ import time
 
 import pytest
 
-from agentrl_jax.agent.experts import (BabyAIExpertPolicy, BoundedSubgoalStack, ExpertBackend,
-                                       ExpertStuck, ExpertTimeout, call_with_deadline)
+from agentrl_jax.agent.experts import ExpertBackend, ExpertTimeout, call_with_deadline
+from environments.babyai.expert import BabyAIExpertPolicy, BoundedSubgoalStack
+from environments.core.base import ExpertStuck
 from agentrl_jax.agent.trajectory import Trajectory
-from agentrl_jax.rollout.backends.base import RolloutError
+from agentrl_jax.rollout.contract import RolloutError
 
 pytestmark = pytest.mark.timeout(300)
 

@@ -59,6 +59,46 @@ def test_a_family_registered_alone_is_accepted_by_validation():
     assert family_names() == known_before
 
 
+def test_a_family_entry_carries_its_expert_and_example_action():
+    """One registration gives the family its expert (and a named variant) for the recorder
+    and its example action in the ``action`` prompt; nothing else lists them."""
+    from agentrl_jax.agent.experts import EXPERT_POLICIES
+    from agentrl_jax.agent.prompts import system_prompt
+    from agentrl_jax.training.experts import resolve_expert
+    from environments.registry import FAMILIES, register_family
+
+    class _Expert:
+        def __init__(self, task_id: str):
+            self.task_id = task_id
+
+        def act(self, observation: str) -> str:
+            return f"solve {self.task_id}"
+
+    class _Careful(_Expert):
+        interruptible = False
+
+    assert "toyfam" not in EXPERT_POLICIES
+    assert system_prompt("Do it.", "toyfam", "action").endswith("Action: <the action>")
+    with pytest.raises(ValueError, match="named 'toyfam_<variant>'"):
+        register_family("toyfam", env_factory=lambda: None, catalog_factory=list,
+                        expert_variants={"careful": _Careful})
+    register_family("toyfam", env_factory=lambda: None, catalog_factory=list, expert=_Expert,
+                    expert_variants={"toyfam_careful": _Careful}, action_example="push 1")
+    try:
+        assert EXPERT_POLICIES["toyfam"] is _Expert
+        assert EXPERT_POLICIES["toyfam_careful"] is _Careful
+        assert {"toyfam", "toyfam_careful", "babyai", "babyai_macro"} <= set(EXPERT_POLICIES)
+        assert EXPERT_POLICIES["toyfam"]("t3").act("obs") == "solve t3"
+        assert resolve_expert("toyfam", "toyfam_careful") == "toyfam_careful"
+        assert system_prompt("Do it.", "toyfam", "action").endswith(
+            "Action: <the action>\nFor example:\nAction: push 1")
+    finally:
+        FAMILIES.unregister("toyfam")
+    assert "toyfam" not in EXPERT_POLICIES and "toyfam_careful" not in EXPERT_POLICIES
+    with pytest.raises(KeyError):
+        EXPERT_POLICIES["toyfam"]
+
+
 def test_an_unknown_family_gets_the_did_you_mean_line():
     from environments.registry import family_names
 
@@ -96,11 +136,11 @@ def test_a_parser_and_a_prompt_style_registered_alone_are_accepted():
 
 
 def test_an_advantage_estimator_registered_alone_is_accepted():
-    from agentrl_jax.algorithms import ADVANTAGE_ESTIMATORS
+    from agentrl_jax.algorithms import ADVANTAGE_ESTIMATORS, AdvantageEstimator
 
     assert _problems(learner__advantage_estimator="toy_adv")[0].startswith(
         "learner.advantage_estimator: unknown advantage estimator 'toy_adv'; known: ")
-    with registered(ADVANTAGE_ESTIMATORS, "toy-adv", lambda **_: None):
+    with registered(ADVANTAGE_ESTIMATORS, "toy-adv", AdvantageEstimator(lambda x, s: None)):
         assert "toy_adv" in ADVANTAGE_ESTIMATORS.names()  # names are snake_case
         assert _problems(learner__advantage_estimator="toy_adv") == []
         assert _problems(learner__advantage_estimator="Toy-Adv") == []
@@ -172,7 +212,7 @@ class _ToyBackend:
 def test_a_backend_registered_alone_is_accepted_and_built_by_make_backend():
     from ml_collections import ConfigDict
 
-    from agentrl_jax.rollout.backends.base import ROLLOUT_BACKENDS, create_backend, register_backend
+    from agentrl_jax.rollout.contract import ROLLOUT_BACKENDS, create_backend, register_backend
     from agentrl_jax.training import services
 
     assert ROLLOUT_BACKENDS.names() == ["embedded", "engine_servers", "sglang"]
@@ -200,7 +240,7 @@ def test_a_backend_registered_alone_is_accepted_and_built_by_make_backend():
 def test_a_local_engine_backend_gets_the_engine_config_and_device_groups():
     import jax
 
-    from agentrl_jax.rollout.backends.base import ROLLOUT_BACKENDS
+    from agentrl_jax.rollout.contract import ROLLOUT_BACKENDS
     from agentrl_jax.rollout.engine.engine_config import EngineConfig
     from agentrl_jax.training import services
 
@@ -225,7 +265,7 @@ def test_listing_backends_parsers_and_styles_imports_no_backend_module():
     import sys
 
     code = ("import sys\n"
-            "from agentrl_jax.rollout.backends.base import ROLLOUT_BACKENDS\n"
+            "from agentrl_jax.rollout.contract import ROLLOUT_BACKENDS\n"
             "from agentrl_jax.agent.parsing import PARSERS\n"
             "from agentrl_jax.agent.prompts import PROMPT_STYLES\n"
             "names = ROLLOUT_BACKENDS.names(), 'sglang' in ROLLOUT_BACKENDS\n"

@@ -9,10 +9,11 @@ import time
 
 import pytest
 
-from agentrl_jax.agent.experts import DeepSearchExpertPolicy, ExpertBackend
+from agentrl_jax.agent.experts import ExpertBackend
+from environments.deepsearch.expert import DeepSearchExpertPolicy
 from agentrl_jax.agent.parsing import INVALID_FORMAT_FEEDBACK
 from agentrl_jax.agent.trajectory import Trajectory
-from agentrl_jax.rollout.backends.base import RolloutError
+from agentrl_jax.rollout.contract import RolloutError
 from benchmarks.episode_diagnosis import summarise
 from benchmarks.learning_report import episode_value
 from agentrl_common.processes import server_environment

@@ -269,7 +269,7 @@ class SeededBackend:
     async def generate(self, input_ids, sampling=None, session_id=None, rid=None):
         import asyncio
 
-        from agentrl_jax.rollout.backends.base import GenerateResult
+        from agentrl_jax.rollout.contract import GenerateResult
 
         if self.rng is not None:
             await asyncio.sleep(float(self.rng.uniform(0, 0.02)))
@@ -290,7 +290,7 @@ def tokenizer():
 async def _collect(tokenizer, url, tasks, delays: bool, lockstep: bool):
     from agentrl_jax.agent.actor_pool import ActorPool
     from agentrl_jax.agent.chat import ChatFormatter
-    from agentrl_jax.rollout.backends.base import SamplingParams
+    from agentrl_jax.rollout.contract import SamplingParams
     from environments.core.client import EnvClient
 
     finished = []

@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from agentrl_jax.rollout.backends.base import SamplingParams
+from agentrl_jax.rollout.contract import SamplingParams
 from agentrl_jax.rollout.engine.engine_config import PREFILL_ATTENTION, EngineConfig
 from agentrl_jax.rollout.engine.prefill_attention import (dense_prefill_attention,
                                                           flash_prefill_attention,

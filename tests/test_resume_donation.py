@@ -19,7 +19,7 @@ import pytest
 from flax import nnx
 
 from agentrl_jax.learner import Learner
-from agentrl_jax.rollout.backends.base import RolloutError, SamplingParams
+from agentrl_jax.rollout.contract import RolloutError, SamplingParams
 from agentrl_jax.training.policy import engine_policy
 from rollout_helpers import make_engine, random_prompt, reference_greedy, tiny_model
 from test_learner import BASE, multiturn_batch

@@ -23,7 +23,7 @@ import aiohttp
 import pytest
 
 from agentrl_jax.rollout import sampling_limits as limits
-from agentrl_jax.rollout.backends.base import (InvalidRequestError, RequestFailedError, RolloutError,
+from agentrl_jax.rollout.contract import (InvalidRequestError, RequestFailedError, RolloutError,
                                       SamplingParams, check_input_ids)
 from rollout_helpers import (ENGINE_KW, TINY, byte_tokenizer, make_engine, random_prompt,
                              start_server, tiny_model)

@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from agentrl_jax.rollout.backends.base import SamplingParams
+from agentrl_jax.rollout.contract import SamplingParams
 from agentrl_jax.rollout.engine.compiled import STOP
 from agentrl_jax.rollout.engine.engine_config import EngineConfig
 from agentrl_jax.rollout.engine.failures import FailureHandling

@@ -17,7 +17,7 @@ import pytest
 from agentrl_jax.rollout.servers.api_fields import validate_request
 from agentrl_jax.rollout.servers.api_models import (ChatCompletionRequest, CompletionRequest,
                                                     GenerateRequest, SamplingParamsRequest)
-from agentrl_jax.rollout.backends.base import InvalidRequestError, SamplingParams
+from agentrl_jax.rollout.contract import InvalidRequestError, SamplingParams
 from rollout_helpers import TINY, byte_tokenizer, make_engine, start_server, tiny_model
 
 MAX_LENGTH = 128  # rollout_helpers.ENGINE_KW

@@ -10,7 +10,7 @@ import jax
 import numpy as np
 import pytest
 
-from agentrl_jax.rollout.backends.base import (BackendUnavailableError, InvalidRequestError,
+from agentrl_jax.rollout.contract import (BackendUnavailableError, InvalidRequestError,
                                       SamplingParams, create_backend)
 from agentrl_jax.rollout.backends.sglang import SGLangBackend
 from agentrl_jax.rollout.servers.sglang_launch import launch_sglang_server

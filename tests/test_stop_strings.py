@@ -12,7 +12,7 @@ import functools
 import numpy as np
 import pytest
 
-from agentrl_jax.rollout.backends.base import SamplingParams
+from agentrl_jax.rollout.contract import SamplingParams
 from agentrl_jax.rollout.engine.stop_strings import (candidates, find_stop, may_complete_mask,
                                               slots_to_check)
 from rollout_helpers import TINY, byte_tokenizer, make_engine, random_prompt, tiny_model

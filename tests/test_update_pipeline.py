@@ -74,10 +74,9 @@ def reference():
                                         group_ids=batch["group_id"]).advantages)
 
     def loss(p):
-        return actor_loss(logprobs(p), old, adv, mask, policy_loss="ppo", ref_logprobs=ref,
-                          kl_coef=CFG.kl_coef, kl_estimator=CFG.kl_estimator,
-                          agg=CFG.loss_agg_mode, clip_low=CFG.clip_ratio_low,
-                          clip_high=CFG.clip_ratio_high, dual_clip=CFG.dual_clip)
+        return actor_loss(logprobs(p), old, adv, mask, policy_loss=CFG.policy_loss,
+                          ref_logprobs=ref, kl_coef=CFG.kl_coef, kl_estimator=CFG.kl_estimator,
+                          agg=CFG.loss_agg_mode, **CFG.policy_loss_options())
     (_, metrics), grads = jax.value_and_grad(loss, has_aux=True)(params)
     tx = make_optimizer(CFG)[0]
     updates, _ = tx.update(grads, tx.init(params), params)

@@ -22,19 +22,12 @@ import time
 from collections import Counter
 from typing import Any, Callable, Mapping, Sequence
 
-from agentrl_common.seeding import derive_seed
 from agentrl_jax.agent.chat import ChatFormatter
-from agentrl_jax.agent.episode import Episode
+from agentrl_jax.agent.episode import Episode, TaskRef, start_episode
 from agentrl_jax.agent.loop_times import LoopTimes
 from agentrl_jax.agent.parsing import ParsedAction, parse_react
 from agentrl_jax.agent.trajectory import Trajectory
-from agentrl_jax.rollout.backends.base import SamplingParams
-
-
-@dataclasses.dataclass(frozen=True)
-class TaskRef:
-    env: str
-    task_id: str
+from agentrl_jax.rollout.contract import SamplingParams
 
 
 @dataclasses.dataclass
@@ -122,30 +115,22 @@ class ActorPool:
             self._group.close()
             self._group = None
 
-    def _episode(self, task: TaskRef, group_id: int, sample_index: int, horizon: int,
-                 policy_version: int, seed: int | None,
-                 version_fn: Callable[[], int] | None = None) -> Episode:
-        if task.env not in self.env_clients:
-            raise KeyError(f"no environment client for {task.env!r} "
-                           f"(have {sorted(self.env_clients)})")
-        sampling = self.sampling
-        if sampling.seed is not None or seed is not None:
-            # the episode's base seed; Episode derives a fresh seed for every turn from it
-            base = seed if seed is not None else sampling.seed
-            sampling = dataclasses.replace(sampling,
-                                           seed=derive_seed(base, group_id, sample_index))
-        return Episode(env_client=self.env_clients[task.env], backend=self.backend,
-                       formatter=self.formatter, parser=self.parser, env_name=task.env,
-                       task_id=task.task_id, group_id=group_id, sample_index=sample_index,
-                       horizon=horizon, sampling=sampling, max_context=self.max_context,
-                       policy_version=policy_version, env_errors=self.env_errors,
-                       prompt_style=self.prompt_style, response_prefix=self.response_prefix,
-                       version_fn=version_fn)
+    def episode(self, task: TaskRef, group_id: int, sample_index: int, horizon: int,
+                policy_version: int, seed: int | None,
+                version_fn: Callable[[], int] | None = None) -> Episode:
+        """One episode of ``task`` with this pool's clients, backend and settings
+        (:func:`~agentrl_jax.agent.episode.start_episode`)."""
+        return start_episode(task, group_id, sample_index, horizon, policy_version, seed,
+                             env_clients=self.env_clients, backend=self.backend,
+                             formatter=self.formatter, parser=self.parser,
+                             sampling=self.sampling, max_context=self.max_context,
+                             env_errors=self.env_errors, prompt_style=self.prompt_style,
+                             response_prefix=self.response_prefix, version_fn=version_fn)
 
     def episodes_for(self, tasks: Sequence[TaskRef], n_samples: int, horizon: int,
                      policy_version: int = 0, seed: int | None = None,
                      version_fn: Callable[[], int] | None = None) -> list[Episode]:
-        return [self._episode(task, g, i, horizon, policy_version, seed, version_fn)
+        return [self.episode(task, g, i, horizon, policy_version, seed, version_fn)
                 for g, task in enumerate(tasks) for i in range(n_samples)]
 
     async def collect(self, tasks: Sequence[TaskRef], n_samples: int, horizon: int,

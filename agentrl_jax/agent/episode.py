@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 import time
 import uuid
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 from agentrl_common.seeding import derive_seed
 from agentrl_jax.agent.chat import ChatFormatter
@@ -21,7 +21,7 @@ from agentrl_jax.agent.prompts import first_user_message, system_prompt
 from agentrl_jax.agent.trajectory import (STATUS_CONTEXT_LIMIT, STATUS_DONE, STATUS_ENGINE_ERROR,
                                           STATUS_ENV_ERROR, STATUS_MAX_TURNS, Trajectory,
                                           anchor_state)
-from agentrl_jax.rollout.backends.base import RolloutError, SamplingParams
+from agentrl_jax.rollout.contract import RolloutError, SamplingParams
 
 _clock = time.perf_counter
 MIN_NEW_TOKENS = 8  # a turn with less room than this ends the episode with context_limit
@@ -266,3 +266,35 @@ class Episode:
         finally:
             await self.close()
         return self.trajectory
+
+
+@dataclasses.dataclass(frozen=True)
+class TaskRef:
+    """One task of one environment family."""
+
+    env: str
+    task_id: str
+
+
+def start_episode(task: TaskRef, group_id: int, sample_index: int, horizon: int,
+                  policy_version: int, seed: int | None, *, env_clients: Mapping[str, Any],
+                  backend: Any, formatter: ChatFormatter, parser: Callable[[str], ParsedAction],
+                  sampling: SamplingParams, max_context: int,
+                  env_errors: tuple[type[BaseException], ...], prompt_style: str,
+                  response_prefix: str,
+                  version_fn: Callable[[], int] | None = None) -> Episode:
+    """The :class:`Episode` of sample ``sample_index`` of group ``group_id`` (the actor pool's
+    and an actor worker's). With a seed (``seed``, else ``sampling.seed``) the episode's base
+    seed is ``derive_seed(seed, group_id, sample_index)``; the episode derives every turn's
+    from it. ``KeyError`` for a family without a client in ``env_clients``."""
+    if task.env not in env_clients:
+        raise KeyError(f"no environment client for {task.env!r} (have {sorted(env_clients)})")
+    if sampling.seed is not None or seed is not None:
+        base = seed if seed is not None else sampling.seed
+        sampling = dataclasses.replace(sampling, seed=derive_seed(base, group_id, sample_index))
+    return Episode(env_client=env_clients[task.env], backend=backend, formatter=formatter,
+                   parser=parser, env_name=task.env, task_id=task.task_id, group_id=group_id,
+                   sample_index=sample_index, horizon=horizon, sampling=sampling,
+                   max_context=max_context, policy_version=policy_version,
+                   env_errors=env_errors, prompt_style=prompt_style,
+                   response_prefix=response_prefix, version_fn=version_fn)

@@ -9,9 +9,9 @@ stop, so the policy's turn ends with it too) or, without one, the model's EOS to
 trajectory therefore has the token layout RL trains on, and behaviour cloning trains on its
 ``loss_mask`` (the action tokens only).
 
-Experts by environment family, and variants by name (``EXPERT_POLICIES``, an
-``agentrl_common.registry.Registry``; register another with ``EXPERT_POLICIES.register(name,
-factory)``), each reading what the agent reads:
+Each environment family's registry entry carries its expert (``Family.expert``, in
+``environments/<name>/expert.py``) and named variants (``Family.expert_variants``);
+``EXPERT_POLICIES`` reads them by name, each reading what the agent reads:
 
 * ``babyai``: minigrid's ``BabyAIBot`` on a local replica of the task's level (primitive
   actions; ``environments/babyai/expert.py``); ``babyai_macro`` (``launch/record_experts.py
@@ -36,7 +36,7 @@ one call that does not return would stop every episode and every progress line (
 on BabyAI: minigrid's ``BabyAIBot`` loops forever on most ``BabyAI-UnlockToUnlock-v0`` seeds,
 12 of 1,500 sampled train tasks, pushing subgoals without end: docs/TRAINING.md). Two caps:
 
-* :class:`BoundedSubgoalStack` replaces the bot's subgoal stack: more than ``max_len`` subgoals
+* ``environments.babyai.expert.BoundedSubgoalStack`` replaces the bot's subgoal stack: more than ``max_len`` subgoals
   (normal episodes peak at 16) or more than ``max_reads`` reads of the stack in one call
   (normal: at most 9) raise :class:`ExpertStuck`;
 * every ``act`` call (the expert's construction included) runs under a wall-clock deadline
@@ -61,53 +61,19 @@ import collections
 import signal
 import threading
 import time
-from typing import Any, Callable, Mapping, Protocol, TypeVar
+from typing import Any, Callable, Iterator, Mapping, TypeVar
 
-from agentrl_common.registry import Registry
 from agentrl_jax.agent.trajectory import Trajectory
-from agentrl_jax.rollout.backends.base import GenerateResult, RolloutBackend, RolloutError
+from environments.core.base import ExpertPolicy, ExpertStuck
+from environments.registry import FAMILIES, get_family
+from agentrl_jax.rollout.contract import GenerateResult, RolloutBackend, RolloutError
 
 
 T = TypeVar("T")
 
 
-class ExpertStuck(RuntimeError):
-    """An expert that cannot produce its next action in bounded work."""
-
-
 class ExpertTimeout(ExpertStuck):
     """An expert call that ran past its wall-clock deadline."""
-
-
-class BoundedSubgoalStack(list):
-    """A list for ``BabyAIBot.stack`` that raises :class:`ExpertStuck` instead of growing
-    without end: on ``append`` past ``max_len`` subgoals, and on the ``max_reads``-th read
-    (``stack[-1]``: one per iteration of the bot's ``while self.stack`` planning loop) since the
-    last :meth:`reset` (called before each ``replan``). The bot only appends, pops and reads
-    the top, so a plan that cycles without growing is caught by the read budget."""
-
-    def __init__(self, items: Any = (), max_len: int = 200, max_reads: int = 2000):
-        super().__init__(items)
-        if max_len < 1 or max_reads < 1:
-            raise ValueError(f"max_len and max_reads must be >= 1 (got {max_len}, {max_reads})")
-        self.max_len, self.max_reads = int(max_len), int(max_reads)
-        self.reads = 0
-
-    def reset(self) -> None:
-        self.reads = 0
-
-    def append(self, item: Any) -> None:
-        if len(self) >= self.max_len:
-            raise ExpertStuck(f"the bot's plan grew past {self.max_len} subgoals "
-                              f"(top: {type(super().__getitem__(-1)).__name__})")
-        super().append(item)
-
-    def __getitem__(self, index: Any) -> Any:
-        self.reads += 1
-        if self.reads > self.max_reads:
-            raise ExpertStuck(f"the bot replanned more than {self.max_reads} times for one "
-                              f"action ({len(self)} subgoals)")
-        return super().__getitem__(index)
 
 
 #: seconds between repeated deadline signals once a call is past its deadline
@@ -164,123 +130,40 @@ def call_with_deadline(fn: Callable[[], T], seconds: float | None) -> T:
             signal.setitimer(signal.ITIMER_REAL, outer_interval, outer_interval)
 
 
-class ExpertPolicy(Protocol):
-    """One episode's expert: ``act(observation)`` with the latest observation (the first call:
-    the first observation) returns the next action, or ``None`` when it has none."""
+class FamilyExperts(Mapping[str, Callable[[str], ExpertPolicy]]):
+    """Every expert by name, read from the environment families' registry entries
+    (``Family.expert`` under the family's name, ``Family.expert_variants`` under
+    ``"<family>_<variant>"``): adding a family with its expert is its one registration.
 
-    def act(self, observation: str) -> str | None: ...
+    Looking a name up imports only the family it names; listing the names imports every
+    family module (they are light: the experts import their simulator when called)."""
 
+    def __getitem__(self, name: str) -> Callable[[str], ExpertPolicy]:
+        for family in _families_named_by(name):
+            factory = get_family(family).experts().get(name)
+            if factory is not None:
+                return factory
+        raise KeyError(name)
 
-class BabyAIExpertPolicy:
-    """``BabyAIBot`` on a local replica; each call first mirrors the previous action. The
-    bot's subgoal stack is a :class:`BoundedSubgoalStack` (the bot never returns on some
-    levels)."""
+    def __contains__(self, name: object) -> bool:
+        return isinstance(name, str) and any(
+            name in get_family(f).experts() for f in _families_named_by(name))
 
-    def __init__(self, task_id: str, max_subgoals: int = 200, max_replans: int = 2000):
-        from environments.babyai.expert import BabyAIBotExpert
+    def __iter__(self) -> Iterator[str]:
+        return iter([n for f in FAMILIES.names() for n in get_family(f).experts()])
 
-        self.expert = BabyAIBotExpert(task_id)
-        self.stack = BoundedSubgoalStack(self.expert.bot.stack, max_subgoals, max_replans)
-        self.expert.bot.stack = self.stack
-        self._acted = False
-
-    def act(self, observation: str) -> str | None:
-        if self._acted:
-            self.expert.mirror()
-        self._acted = True
-        self.stack.reset()
-        return self.expert.act()
+    def __len__(self) -> int:
+        return sum(1 for _ in self)
 
 
-class BabyAIMacroExpertPolicy:
-    """``BabyAIBot``'s solution shortened with macro actions (``macro_plan``), planned on the
-    first call with the bounded bot of :class:`BabyAIExpertPolicy`, then one action a turn."""
-
-    def __init__(self, task_id: str):
-        self.task_id = task_id
-        self.actions: list[str] | None = None
-
-    def act(self, observation: str) -> str | None:
-        if self.actions is None:
-            from environments.babyai.macro_expert import macro_plan
-
-            bot = BabyAIExpertPolicy(self.task_id)
-            self.actions = list(macro_plan(self.task_id, expert=bot.expert,
-                                           before_act=bot.stack.reset).actions)
-        return self.actions.pop(0) if self.actions else None
+def _families_named_by(name: str) -> list[str]:
+    """The registered families an expert ``name`` may belong to: ``name`` itself or a prefix
+    of it followed by ``_``."""
+    return [f for f in FAMILIES.names() if name == f or name.startswith(f + "_")]
 
 
-class TextCraftExpertPolicy:
-    """The recipe expert: built from the first observation, then told each answer."""
-
-    def __init__(self, task_id: str):
-        self.expert: Any = None
-
-    def act(self, observation: str) -> str | None:
-        from environments.textcraft.expert import TextCraftExpert
-
-        if self.expert is None:
-            self.expert = TextCraftExpert(observation)
-            return self.expert.act()
-        return self.expert.act(observation)
-
-
-class ScienceWorldExpertPolicy:
-    """The task's gold action sequence, one action a turn (not interruptible: see the module
-    docstring)."""
-
-    interruptible = False
-
-    def __init__(self, task_id: str):
-        from environments.scienceworld.expert import gold_path
-
-        self.actions = list(gold_path(task_id))
-
-    def act(self, observation: str) -> str | None:
-        return self.actions.pop(0) if self.actions else None
-
-
-class MiniWoBExpertPolicy:
-    """The rule-based MiniWoB++ expert for the task named by the task id."""
-
-    def __init__(self, task_id: str):
-        from environments.miniwob.catalog import parse_task_id
-        from environments.miniwob.expert import MiniWoBExpert
-
-        self.task, _ = parse_task_id(task_id)
-        self.expert = MiniWoBExpert()
-
-    def act(self, observation: str) -> str | None:
-        return self.expert.act(self.task, observation)
-
-
-class DeepSearchExpertPolicy:
-    """The deep-search oracle for the task's question, from this process's search backend (the
-    default corpus and QA set, as the server's; built on first use, in seconds; not
-    interruptible)."""
-
-    interruptible = False
-
-    def __init__(self, task_id: str):
-        from environments.deepsearch.backend import get_backend
-        from environments.deepsearch.expert import DeepSearchOracle
-
-        item = get_backend().question(task_id)
-        self.oracle = DeepSearchOracle(item.question, item.golden_answers)
-
-    def act(self, observation: str) -> str | None:
-        return self.oracle.act(observation)
-
-
-#: environment family (its default expert) or expert name -> ``factory(task_id) ->
-#: ExpertPolicy`` (the factories import their simulator only when called)
-EXPERT_POLICIES: Registry[Callable[[str], ExpertPolicy]] = Registry("expert policy")
-EXPERT_POLICIES.register("babyai", BabyAIExpertPolicy)
-EXPERT_POLICIES.register("babyai_macro", BabyAIMacroExpertPolicy)
-EXPERT_POLICIES.register("textcraft", TextCraftExpertPolicy)
-EXPERT_POLICIES.register("scienceworld", ScienceWorldExpertPolicy)
-EXPERT_POLICIES.register("miniwob", MiniWoBExpertPolicy)
-EXPERT_POLICIES.register("deepsearch", DeepSearchExpertPolicy)
+#: expert name -> ``factory(task_id) -> ExpertPolicy``, from the families' entries
+EXPERT_POLICIES = FamilyExperts()
 
 
 def reply_text(action: str, response_prefix: str, stop: str | None) -> str:
@@ -311,7 +194,7 @@ class ExpertBackend(RolloutBackend):
 
     def __init__(self, formatter: Any, response_prefix: str, stop: str | None,
                  eos_token_id: int | None,
-                 policies: Mapping[str, Callable[[str], ExpertPolicy]] | Registry | None = None,
+                 policies: Mapping[str, Callable[[str], ExpertPolicy]] | None = None,
                  act_timeout_s: float | None = 10.0):
         if stop is None and eos_token_id is None:
             raise ValueError("an expert turn needs a stop string or an EOS token to end with")
@@ -319,9 +202,8 @@ class ExpertBackend(RolloutBackend):
             raise ValueError(f"act_timeout_s must be >= 0 or None (got {act_timeout_s})")
         self.formatter, self.response_prefix, self.stop = formatter, response_prefix, stop
         self.eos_token_id = eos_token_id
-        # the registry itself (lazy entries stay lazy) or a plain mapping (tests)
-        self.policies = EXPERT_POLICIES if policies is None else (
-            policies if isinstance(policies, Registry) else dict(policies))
+        # the families' experts (looked up on first use) or a plain mapping (tests)
+        self.policies = EXPERT_POLICIES if policies is None else dict(policies)
         self.act_timeout_s = act_timeout_s
         self.sessions: dict[str, Trajectory] = {}
         self._experts: dict[str, ExpertPolicy] = {}

@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 
 from agentrl_common.registry import Registry
+from environments.registry import FAMILIES, get_family
 
 REACT_FORMAT = (
     "Each turn, first think briefly, then give exactly one action, in this format:\n"
@@ -32,7 +33,7 @@ CHOICE_FORMAT = (
 @dataclasses.dataclass(frozen=True)
 class PromptStyle:
     """An answer format: ``text`` ends the system prompt; ``action_example``: append the
-    family's example action (:data:`ACTION_EXAMPLES`) after it."""
+    family's example action (its registry entry's ``action_example``) after it."""
 
     text: str
     action_example: bool = False
@@ -46,12 +47,14 @@ PROMPT_STYLES.register("action", PromptStyle(ACTION_FORMAT, action_example=True)
 #: ``choice``: the letter of a listed option (with ``rollout.parser = "choice"``)
 PROMPT_STYLES.register("choice", PromptStyle(CHOICE_FORMAT))
 
-# One example action per environment family for the ``action`` format. Small models copy the
-# example, so it must be an action of that environment (with BabyAI's "turn left" as the example
-# for every family, TextCraft accepted 4% of SmolLM2's actions); other families get none.
-ACTION_EXAMPLES = {"babyai": "turn left", "textcraft": "get 1 oak log",
-                   "scienceworld": "look around",
-                   "deepsearch": "<search> capital of France </search>"}
+def action_example(env_name: str | None) -> str | None:
+    """The example action of family ``env_name`` (its registry entry's ``action_example``);
+    None for a family without one or a name that is not a registered family. Small models copy
+    the example, so it is an action of that family (with BabyAI's "turn left" as the example for
+    every family, TextCraft accepted 4% of SmolLM2's actions)."""
+    if not env_name or env_name not in FAMILIES:
+        return None
+    return get_family(env_name).action_example
 
 
 def answer_format(style: str, env_name: str | None = None) -> str:
@@ -59,8 +62,9 @@ def answer_format(style: str, env_name: str | None = None) -> str:
     ``UnknownNameError`` (a ``ValueError``) for an unregistered style."""
     entry = PROMPT_STYLES.get(style)
     text = entry.text
-    if entry.action_example and env_name in ACTION_EXAMPLES:
-        text += f"\nFor example:\nAction: {ACTION_EXAMPLES[env_name]}"
+    example = action_example(env_name) if entry.action_example else None
+    if example:
+        text += f"\nFor example:\nAction: {example}"
     return text
 
 

@@ -47,7 +47,7 @@ import struct
 import tempfile
 from typing import Any, Callable
 
-from agentrl_jax.rollout.backends.base import GenerateResult, RolloutError
+from agentrl_jax.rollout.contract import GenerateResult, RolloutError
 
 _HEADER = struct.Struct("!I")
 VERSION_POLL_S = 0.005  # direct mode: how often version_fn is read while a job runs
@@ -137,9 +137,9 @@ class _DirectBackend:
 
 
 async def _worker(path: str) -> None:
-    from agentrl_jax.agent.actor_pool import ActorPool
     from agentrl_jax.agent.chat import ChatFormatter
-    from environments.core.client import EnvClient
+    from agentrl_jax.agent.episode import start_episode
+    from environments.core.client import (EnvClient, EnvConnectionError, EnvServerError)
 
     reader, writer = await asyncio.open_unix_connection(path)
     setup: WorkerSetup = await _read(reader)
@@ -149,11 +149,10 @@ async def _worker(path: str) -> None:
     else:
         backend = _RemoteBackend(writer)
     clients = {name: EnvClient(**kw) for name, kw in setup.env_clients.items()}
-    pool = ActorPool(backend, clients,
-                     ChatFormatter(setup.tokenizer, setup.eos_token_ids or None,
-                                   fast=setup.fast_format),
-                     setup.sampling, setup.max_context, setup.max_concurrency, setup.parser,
-                     prompt_style=setup.prompt_style, response_prefix=setup.response_prefix)
+    formatter = ChatFormatter(setup.tokenizer, setup.eos_token_ids or None,
+                              fast=setup.fast_format)
+    # the actor pool's default: what ends an episode as an environment error
+    env_errors = (EnvConnectionError, EnvServerError, OSError, asyncio.TimeoutError)
     jobs: set[asyncio.Task] = set()
 
     async def run(specs, horizon: int, policy_version: int, seed: int | None) -> None:
@@ -162,7 +161,12 @@ async def _worker(path: str) -> None:
         job = specs[0][0] >> 32
 
         async def one(index, task, group, sample) -> None:
-            episode = pool._episode(task, group, sample, horizon, policy_version, seed)
+            episode = start_episode(task, group, sample, horizon, policy_version, seed,
+                                    env_clients=clients, backend=backend, formatter=formatter,
+                                    parser=setup.parser, sampling=setup.sampling,
+                                    max_context=setup.max_context, env_errors=env_errors,
+                                    prompt_style=setup.prompt_style,
+                                    response_prefix=setup.response_prefix)
             session = episode.session_id
             backend.jobs[session] = index >> 32
             try:

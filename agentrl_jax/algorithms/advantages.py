@@ -13,6 +13,13 @@ Batch contract (``B`` trajectories, ``T`` tokens each):
   or a KL penalty from :func:`~agentrl_jax.algorithms.kl.kl_penalized_token_rewards`);
   entries on mask-0 tokens are ignored.
 
+The arrays travel as one :class:`AdvantageInputs` (a pytree), the scalar options as one
+:class:`AdvantageSettings` (hashable, static under ``jit``); an estimator is registered as an
+:class:`AdvantageEstimator` record: its function ``fn(inputs, settings, **own_options)``, the
+optional inputs it reads (``values``: it needs a critic; ``ref_logprobs``: a reference model;
+the per-turn arrays: a turn-level batch), its own static options and what it needs of the
+learner's loss. Callers read these facts from the record, never from the name.
+
 Every estimator returns ``AdvantageOutput(advantages [B, T], returns [B, T])`` with
 zeros on mask-0 tokens and on fully masked rows, finite for groups of one,
 zero-variance groups and fully masked rows. All estimators are ``jax.jit``-ed;
@@ -32,8 +39,9 @@ Example::
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import jax
 
@@ -44,7 +52,10 @@ Array = jax.Array
 
 __all__ = [
     "ADVANTAGE_ESTIMATORS",
+    "AdvantageEstimator",
+    "AdvantageInputs",
     "AdvantageOutput",
+    "AdvantageSettings",
     "compute_advantages",
     "get_advantage_estimator",
     "register_advantage_estimator",
@@ -64,139 +75,188 @@ class AdvantageOutput(NamedTuple):
     returns: Array
 
 
-#: name -> jitted estimator ``fn(*, rewards, loss_mask, group_ids, values, token_rewards,
-#: gamma, lam, eps, whiten, method, chunk) -> AdvantageOutput``
-ADVANTAGE_ESTIMATORS: Registry = Registry("advantage estimator", normalize=snake_case)
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class AdvantageInputs:
+    """The arrays of one batch (``B`` trajectories, ``T`` tokens, ``K`` turn slots), the one
+    input type of every estimator; the optional ones are None where a batch or an estimator
+    has none.
 
-_STATIC = ("gamma", "lam", "eps", "whiten", "method", "chunk")
+    rewards: ``[B]`` outcome score of each trajectory.
+    loss_mask: ``[B, T]`` 1 on generated tokens, 0 on prompt / observation / padding.
+    group_ids: ``[B]`` int, samples of the same task share an id (group estimators).
+    values: ``[B, T]`` critic values (``gae``).
+    token_rewards: ``[B, T]`` extra per-token rewards (added on generated tokens).
+    turn_ids: ``[B, T]`` int, the turn of each token, -1 outside turns (``gigpo``).
+    turn_rewards: ``[B, K]`` per-turn rewards (``gigpo``; None: the outcome on the last turn).
+    turn_anchors: ``[B, K]`` int, hashed state each turn acts in, -1 for no turn (``gigpo``).
+    logprobs: ``[B, T]`` the policy's log-probs before the update (``dpo``).
+    ref_logprobs: ``[B, T]`` the frozen reference's log-probs (``dpo``).
+    """
+
+    rewards: Array
+    loss_mask: Array
+    group_ids: Array | None = None
+    values: Array | None = None
+    token_rewards: Array | None = None
+    turn_ids: Array | None = None
+    turn_rewards: Array | None = None
+    turn_anchors: Array | None = None
+    logprobs: Array | None = None
+    ref_logprobs: Array | None = None
+
+
+#: the optional fields of :class:`AdvantageInputs` (an estimator declares those it reads)
+OPTIONAL_INPUTS = tuple(f.name for f in dataclasses.fields(AdvantageInputs))[2:]
 
 #: per-turn inputs of the turn-level estimators (``gigpo``): ``turn_ids [B, T]``,
 #: ``turn_rewards [B, K]``, ``turn_anchors [B, K]`` (see ``training/batching.py``)
 TURN_INPUTS = ("turn_ids", "turn_rewards", "turn_anchors")
 
-#: names (normalised) of the estimators that take :data:`TURN_INPUTS`
-_TURN_LEVEL: set[str] = set()
-
 #: log-prob inputs of the preference estimators (``dpo``): ``logprobs [B, T]`` (the current
 #: policy's, before the update) and ``ref_logprobs [B, T]`` (the frozen reference's)
 LOGPROB_INPUTS = ("logprobs", "ref_logprobs")
 
-#: names (normalised) of the estimators that take :data:`LOGPROB_INPUTS`
-_LOGPROB_LEVEL: set[str] = set()
+
+@dataclasses.dataclass(frozen=True)
+class AdvantageSettings:
+    """The scalar options every estimator takes (static under ``jit``: one compilation per
+    value).
+
+    gamma: discount per generated token (``gae``, ``reinforce_pp``); per turn (``gigpo``).
+    lam: GAE lambda.
+    eps: std epsilon of the group estimators: ``(R - mean) / (std + eps)``.
+    whiten: whiten advantages over the batch's masked tokens (``gae``, ``reinforce_pp``).
+    method: recurrence implementation for ``gae`` / ``reinforce_pp``:
+      ``auto | blocked | associative | scan | pallas`` (``auto`` = ``scan`` on CPU, ``blocked``
+      on GPU/TPU; :data:`~agentrl_jax.algorithms.gae.GAE_METHODS`).
+    chunk: chunk length of the blocked scan.
+    """
+
+    gamma: float = 1.0
+    lam: float = 1.0
+    eps: float = 1e-6
+    whiten: bool = True
+    method: str = "auto"
+    chunk: int = 64
 
 
-def register_advantage_estimator(name: str, *, jit: bool = True, overwrite: bool = False,
-                                 static: tuple[str, ...] = (), turn_level: bool = False,
-                                 logprob_level: bool = False):
-    """Decorator: register an estimator under ``name`` (jitted with the standard
-    static options, plus ``static`` names of its own scalar options, unless
-    ``jit=False``). The function must accept the keyword-only signature of
-    :func:`compute_advantages` (unused options may be ignored). ``turn_level``: it
-    also takes the per-turn arrays :data:`TURN_INPUTS` (callers pass them only to
-    such estimators). ``logprob_level``: it takes :data:`LOGPROB_INPUTS` (the learner
-    then computes reference log-probs and passes both)."""
+#: the field names of :class:`AdvantageSettings`
+SETTINGS = tuple(f.name for f in dataclasses.fields(AdvantageSettings))
 
-    def deco(fn: Callable) -> Callable:
-        f = jax.jit(fn, static_argnames=_STATIC + tuple(static)) if jit else fn
-        ADVANTAGE_ESTIMATORS.register(name, f, replace=overwrite)
-        if turn_level:
-            _TURN_LEVEL.add(snake_case(name))
-        if logprob_level:
-            _LOGPROB_LEVEL.add(snake_case(name))
-        return f
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class AdvantageEstimator:
+    """A registered estimator.
+
+    fn: ``fn(inputs: AdvantageInputs, settings: AdvantageSettings, **options) ->
+      AdvantageOutput`` (jitted: ``settings`` and ``options`` static).
+    inputs: the optional :class:`AdvantageInputs` fields it reads (others are passed as None).
+    options: the names of its own static options (``gigpo``: ``omega``, ``norm_std``).
+    supervised_loss: it needs a supervised policy loss (``dpo``: its advantages are the
+      gradient weights of ``-A * logp``).
+    loss_agg_mode: the loss aggregation it needs (None: any).
+    """
+
+    fn: Callable[..., AdvantageOutput]
+    inputs: frozenset[str] = frozenset()
+    options: tuple[str, ...] = ()
+    supervised_loss: bool = False
+    loss_agg_mode: str | None = None
+
+    def __post_init__(self) -> None:
+        unknown = sorted(set(self.inputs) - set(OPTIONAL_INPUTS))
+        if unknown:
+            raise ValueError(f"unknown estimator inputs {unknown}; known: {list(OPTIONAL_INPUTS)}")
+        object.__setattr__(self, "inputs", frozenset(self.inputs))
+
+    @property
+    def needs_critic(self) -> bool:
+        """It reads critic ``values``."""
+        return "values" in self.inputs
+
+    @property
+    def turn_level(self) -> bool:
+        """It reads the per-turn arrays (:data:`TURN_INPUTS`)."""
+        return bool(self.inputs & set(TURN_INPUTS))
+
+    @property
+    def needs_reference(self) -> bool:
+        """It reads policy and reference log-probs (:data:`LOGPROB_INPUTS`)."""
+        return bool(self.inputs & set(LOGPROB_INPUTS))
+
+    def select(self, inputs: AdvantageInputs) -> AdvantageInputs:
+        """``inputs`` with the optional arrays it does not read set to None (so a caller may
+        pass all it has, and the compiled function does not depend on unread arrays)."""
+        return dataclasses.replace(inputs, **{k: None for k in OPTIONAL_INPUTS
+                                              if k not in self.inputs})
+
+    def __call__(self, inputs: AdvantageInputs, settings: AdvantageSettings = AdvantageSettings(),
+                 **options: Any) -> AdvantageOutput:
+        return self.fn(self.select(inputs), settings, **options)
+
+
+#: name -> :class:`AdvantageEstimator`
+ADVANTAGE_ESTIMATORS: Registry[AdvantageEstimator] = Registry(
+    "advantage estimator", normalize=snake_case, expected=AdvantageEstimator)
+
+
+def register_advantage_estimator(name: str, *, inputs: tuple[str, ...] = (),
+                                 options: tuple[str, ...] = (), jit: bool = True,
+                                 overwrite: bool = False, supervised_loss: bool = False,
+                                 loss_agg_mode: str | None = None):
+    """Decorator: register ``fn(inputs, settings, **options)`` under ``name`` as an
+    :class:`AdvantageEstimator` (jitted with ``settings`` and ``options`` static unless
+    ``jit=False``); returns the record. ``inputs``: the optional :class:`AdvantageInputs`
+    fields it reads."""
+
+    def deco(fn: Callable) -> AdvantageEstimator:
+        f = jax.jit(fn, static_argnames=("settings",) + tuple(options)) if jit else fn
+        record = AdvantageEstimator(f, frozenset(inputs), tuple(options),
+                                    supervised_loss=supervised_loss, loss_agg_mode=loss_agg_mode)
+        ADVANTAGE_ESTIMATORS.register(name, record, replace=overwrite)
+        return record
 
     return deco
 
 
+def get_advantage_estimator(name: str) -> AdvantageEstimator:
+    """The registered estimator called ``name`` (``-``/``_`` and case insensitive). Raises
+    ``UnknownNameError`` (a ``ValueError``) listing the choices."""
+    return ADVANTAGE_ESTIMATORS.get(name)
+
+
 def is_turn_level(name: str) -> bool:
     """Whether estimator ``name`` takes the per-turn arrays (:data:`TURN_INPUTS`)."""
-    return snake_case(name) in _TURN_LEVEL
+    return get_advantage_estimator(name).turn_level
 
 
 def is_logprob_level(name: str) -> bool:
     """Whether estimator ``name`` takes policy / reference log-probs (:data:`LOGPROB_INPUTS`)."""
-    return snake_case(name) in _LOGPROB_LEVEL
+    return get_advantage_estimator(name).needs_reference
 
 
-def get_advantage_estimator(name: str) -> Callable[..., AdvantageOutput]:
-    """The registered (jitted) estimator called ``name`` (``-``/``_`` and case
-    insensitive). Raises ``UnknownNameError`` (a ``ValueError``) listing the choices."""
-    return ADVANTAGE_ESTIMATORS.get(name)
-
-
-def compute_advantages(
-    name: str,
-    *,
-    rewards: Array,
-    loss_mask: Array,
-    group_ids: Array | None = None,
-    values: Array | None = None,
-    token_rewards: Array | None = None,
-    gamma: float = 1.0,
-    lam: float = 1.0,
-    eps: float = 1e-6,
-    whiten: bool = True,
-    method: str = "auto",
-    chunk: int = 64,
-    turn_ids: Array | None = None,
-    turn_rewards: Array | None = None,
-    turn_anchors: Array | None = None,
-    logprobs: Array | None = None,
-    ref_logprobs: Array | None = None,
-    **options,
-) -> AdvantageOutput:
-    """Single entry point: ``compute_advantages(cfg.adv_estimator, rewards=..., ...)``.
+def compute_advantages(name: str, *, rewards: Array, loss_mask: Array, **kwargs: Any
+                       ) -> AdvantageOutput:
+    """Single entry point: ``compute_advantages(cfg.advantage_estimator, rewards=..., ...)``.
 
     Args:
-      name: ``gae | grpo | dr_grpo | rloo | reinforce_pp | reinforce_pp_baseline |
-        gigpo``
-        (aliases: ``reinforce_plus_plus``, ``reinforce_plus_plus_baseline``,
-        ``drgrpo``) or any name added with :func:`register_advantage_estimator`.
-      rewards: ``[B]`` outcome scores.
-      loss_mask: ``[B, T]`` 1 on generated tokens.
-      group_ids: ``[B]`` int task ids (group estimators).
-      values: ``[B, T]`` critic values (``gae``).
-      token_rewards: ``[B, T]`` optional per-token rewards (added on generated tokens).
-      gamma: discount per generated token (``gae``, ``reinforce_pp``); per turn
-        (``gigpo``).
-      lam: GAE lambda.
-      eps: ``grpo`` std epsilon: ``(R - mean) / (std + eps)``.
-      whiten: whiten advantages over the batch's masked tokens (``gae``,
-        ``reinforce_pp``; always on for ``reinforce_pp_baseline`` as in verl).
-      method: recurrence implementation for ``gae`` / ``reinforce_pp``:
-        ``auto | blocked | associative | scan | pallas`` (see :data:`~agentrl_jax.algorithms.gae.GAE_METHODS`;
-        ``auto`` = ``scan`` on CPU, ``blocked`` on GPU/TPU).
-      chunk: chunk length of the blocked scan.
-      turn_ids, turn_rewards, turn_anchors: per-turn inputs of the turn-level
-        estimators (``gigpo``; :data:`TURN_INPUTS`); ignored by the others, so a
-        caller may always pass what its batch holds.
-      logprobs, ref_logprobs: ``[B, T]`` policy (before the update) and reference
-        log-probs of the preference estimators (``dpo``); ignored by the others.
-      options: the estimator's own static options (``gigpo``: ``omega``,
-        ``norm_std``; ``dpo``: ``beta``).
+      name: ``gae | grpo | dr_grpo | rloo | reinforce_pp | reinforce_pp_baseline | gigpo |
+        dpo`` (aliases: ``reinforce_plus_plus``, ``reinforce_plus_plus_baseline``, ``drgrpo``)
+        or any name added with :func:`register_advantage_estimator`.
+      rewards, loss_mask: see :class:`AdvantageInputs`.
+      kwargs: the optional arrays of :class:`AdvantageInputs` (those the estimator does not
+        read are ignored, so a caller may always pass what its batch holds), the fields of
+        :class:`AdvantageSettings`, and the estimator's own static options (``gigpo``:
+        ``omega``, ``norm_std``; ``dpo``: ``beta``).
 
     Returns:
       ``AdvantageOutput(advantages [B, T], returns [B, T])`` (float32).
     """
-    fn = get_advantage_estimator(name)
-    if is_turn_level(name):
-        options.update(turn_ids=turn_ids, turn_rewards=turn_rewards, turn_anchors=turn_anchors)
-    if is_logprob_level(name):
-        options.update(logprobs=logprobs, ref_logprobs=ref_logprobs)
-    return fn(
-        rewards=rewards,
-        loss_mask=loss_mask,
-        group_ids=group_ids,
-        values=values,
-        token_rewards=token_rewards,
-        gamma=gamma,
-        lam=lam,
-        eps=eps,
-        whiten=whiten,
-        method=method,
-        chunk=chunk,
-        **options,
-    )
+    estimator = get_advantage_estimator(name)
+    arrays = {k: kwargs.pop(k) for k in OPTIONAL_INPUTS if k in kwargs}
+    settings = AdvantageSettings(**{k: kwargs.pop(k) for k in SETTINGS if k in kwargs})
+    return estimator(AdvantageInputs(rewards, loss_mask, **arrays), settings, **kwargs)
 
 
 # the estimators register themselves on import (the package imports both): GAE in gae.py, the

@@ -25,34 +25,24 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from .advantages import AdvantageOutput, register_advantage_estimator
+from .advantages import (LOGPROB_INPUTS, AdvantageInputs, AdvantageOutput, AdvantageSettings,
+                         register_advantage_estimator)
 from .masked import as_mask, dense_group_index, outcome_scores
 
 __all__ = ["dpo"]
 
 
-@register_advantage_estimator("dpo", static=("beta",), logprob_level=True)
-def dpo(
-    *,
-    rewards,
-    loss_mask,
-    group_ids=None,
-    values=None,
-    token_rewards=None,
-    logprobs=None,
-    ref_logprobs=None,
-    gamma=1.0,
-    lam=1.0,
-    eps=1e-6,
-    whiten=True,
-    method="auto",
-    chunk=64,
-    beta=0.1,
-) -> AdvantageOutput:
-    """Per-token DPO weights (see the module docstring)."""
-    if group_ids is None or logprobs is None or ref_logprobs is None:
+@register_advantage_estimator("dpo", inputs=("group_ids", "token_rewards") + LOGPROB_INPUTS,
+                              options=("beta",), supervised_loss=True,
+                              loss_agg_mode="seq_mean_token_sum")
+def dpo(x: AdvantageInputs, settings: AdvantageSettings, *, beta: float = 0.1) -> AdvantageOutput:
+    """Per-token DPO weights (see the module docstring). Trained with the supervised loss
+    aggregated by ``seq_mean_token_sum`` (the record says so; config validation reads it)."""
+    if x.group_ids is None or x.logprobs is None or x.ref_logprobs is None:
         raise ValueError("the 'dpo' estimator needs group_ids [B], logprobs [B, T] and "
                          "ref_logprobs [B, T] (the learner passes them)")
+    rewards, loss_mask, group_ids, token_rewards = x.rewards, x.loss_mask, x.group_ids, x.token_rewards
+    logprobs, ref_logprobs = x.logprobs, x.ref_logprobs
     m = as_mask(loss_mask)
     valid = jnp.any(m > 0, axis=-1)
     R = outcome_scores(rewards, m, token_rewards)

@@ -11,7 +11,8 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from .advantages import AdvantageOutput, register_advantage_estimator
+from .advantages import (AdvantageInputs, AdvantageOutput, AdvantageSettings,
+                         register_advantage_estimator)
 from .masked import as_mask, effective_token_rewards, masked_whiten
 from .scan import masked_discounted_suffix_sum, reverse_linear_recurrence
 
@@ -118,28 +119,19 @@ def gae_advantages_raw(
         A = S[0] - mV / lam
         if lam != 1.0:
             A = A + ((1.0 - lam) / lam) * S[1]
-    else:  # pallas
-        from .pallas_gae import gae_pallas  # lazy: pallas import is optional
+    else:  # pallas: the kernels where their parameter range is met, else the XLA scans
+        from . import pallas_gae  # lazy: pallas import is optional
 
-        A = gae_pallas(r, V, m, gamma=gamma, lam=lam)
+        if pallas_gae.supported(gamma, lam):
+            A = pallas_gae.gae_pallas_full(r, V, m, gamma=gamma, lam=lam, whiten=False)[2]
+        else:
+            fallback = "blocked" if lam > 0 else "associative"
+            return gae_advantages_raw(r, V, m, gamma=gamma, lam=lam, method=fallback, chunk=chunk)
     return A * m
 
 
-@register_advantage_estimator("gae")
-def gae(
-    *,
-    rewards,
-    loss_mask,
-    group_ids=None,
-    values=None,
-    token_rewards=None,
-    gamma=1.0,
-    lam=1.0,
-    eps=1e-6,
-    whiten=True,
-    method="auto",
-    chunk=64,
-) -> AdvantageOutput:
+@register_advantage_estimator("gae", inputs=("values", "token_rewards"))
+def gae(x: AdvantageInputs, settings: AdvantageSettings) -> AdvantageOutput:
     """GAE with the multi-turn masking rule (see :func:`gae_advantages_raw`).
 
     ``r = place_outcome_reward(rewards) + m*token_rewards``; ``A`` = GAE;
@@ -147,18 +139,19 @@ def gae(
     (mean / unbiased var over masked tokens, ``rsqrt(var + 1e-8)``) unless
     ``whiten=False``. Matches verl ``gae`` and Tunix ``gae``.
     """
-    if values is None:
+    if x.values is None:
         raise ValueError("the 'gae' estimator needs values [B, T] from a critic")
-    m = as_mask(loss_mask)
-    r = effective_token_rewards(rewards, m, token_rewards)
-    V = jnp.asarray(values, jnp.float32)
+    gamma, lam, whiten, method = settings.gamma, settings.lam, settings.whiten, settings.method
+    m = as_mask(x.loss_mask)
+    r = effective_token_rewards(x.rewards, m, x.token_rewards)
+    V = jnp.asarray(x.values, jnp.float32)
     if method == "pallas":
         from . import pallas_gae
 
         if pallas_gae.supported(gamma, lam):  # kernels with fused whitening statistics
             adv, returns, _ = pallas_gae.gae_pallas_full(r, V, m, gamma=gamma, lam=lam, whiten=whiten)
             return AdvantageOutput(adv, returns)
-    A = gae_advantages_raw(r, V, m, gamma=gamma, lam=lam, method=method, chunk=chunk)
+    A = gae_advantages_raw(r, V, m, gamma=gamma, lam=lam, method=method, chunk=settings.chunk)
     returns = (A + V) * m
     adv = masked_whiten(A, m) * m if whiten else A
     return AdvantageOutput(adv, returns)

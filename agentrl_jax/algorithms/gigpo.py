@@ -37,7 +37,8 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from .advantages import AdvantageOutput, register_advantage_estimator
+from .advantages import (TURN_INPUTS, AdvantageInputs, AdvantageOutput, AdvantageSettings,
+                         register_advantage_estimator)
 from .masked import as_mask, dense_group_index, group_stats, outcome_scores
 from .scan import reverse_linear_recurrence
 
@@ -79,34 +80,21 @@ def _segment_stats(x: Array, seg: Array, w: Array, n_seg: int) -> tuple[Array, A
     return mean, jnp.sqrt(var)[seg], n[seg]
 
 
-@register_advantage_estimator("gigpo", static=("omega", "norm_std"), turn_level=True)
-def gigpo(
-    *,
-    rewards,
-    loss_mask,
-    group_ids=None,
-    values=None,
-    token_rewards=None,
-    turn_ids=None,
-    turn_rewards=None,
-    turn_anchors=None,
-    gamma=1.0,
-    lam=1.0,
-    eps=1e-6,
-    whiten=True,
-    method="auto",
-    chunk=64,
-    omega=1.0,
-    norm_std=True,
-) -> AdvantageOutput:
+@register_advantage_estimator("gigpo", inputs=("group_ids", "token_rewards") + TURN_INPUTS,
+                              options=("omega", "norm_std"))
+def gigpo(x: AdvantageInputs, settings: AdvantageSettings, *, omega: float = 1.0,
+          norm_std: bool = True) -> AdvantageOutput:
     """GiGPO advantages (see the module docstring): ``A = A^E + omega * A^S`` on the
     generated tokens of each turn. ``gamma`` discounts per turn; ``norm_std`` divides both
     levels by their group's std (``False``: mean-centred only, ``F = 1``)."""
-    if group_ids is None:
+    if x.group_ids is None:
         raise ValueError("the 'gigpo' estimator needs group_ids [B]")
-    if turn_ids is None or turn_anchors is None:
+    if x.turn_ids is None or x.turn_anchors is None:
         raise ValueError("the 'gigpo' estimator needs turn_ids [B, T] and turn_anchors [B, K] "
                          "(training.batching.assemble_batch builds them from trajectories)")
+    rewards, loss_mask, group_ids, token_rewards = x.rewards, x.loss_mask, x.group_ids, x.token_rewards
+    turn_ids, turn_rewards, turn_anchors = x.turn_ids, x.turn_rewards, x.turn_anchors
+    gamma, eps = settings.gamma, settings.eps
     m = as_mask(loss_mask)
     B, T = m.shape
     anchors = jnp.asarray(turn_anchors, jnp.int32)

@@ -24,6 +24,7 @@ import jax.numpy as jnp
 
 from agentrl_common.registry import Registry, snake_case
 
+from .aggregation import aggregate_loss
 from .masked import as_mask
 
 Array = jax.Array
@@ -88,8 +89,6 @@ def kl_loss(
 
     Gradients flow through ``logprobs`` (``ref_logprobs`` is treated as a constant).
     """
-    from .losses import aggregate_loss  # local import: losses imports this module
-
     kl = kl_estimate(logprobs, jax.lax.stop_gradient(ref_logprobs), estimator)
     return aggregate_loss(kl, loss_mask, agg, max_len=max_len, denom=denom)
 

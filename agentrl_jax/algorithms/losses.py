@@ -13,131 +13,73 @@ Policy loss (PPO clipped surrogate, verl ``compute_policy_loss_vanilla`` semanti
     dual clip (c > 1, only where A < 0):  l = min(l, -A * c)   # bounds the loss of very large ratios
     loss = aggregate(l, loss_mask, agg)
 
-``POLICY_LOSSES``: ``ppo`` (symmetric clip 0.2, no dual clip), ``ppo_dual_clip``
+``POLICY_LOSSES`` holds :class:`PolicyLoss` records (the function, its default options, whether
+it is supervised): ``ppo`` (symmetric clip 0.2, no dual clip), ``ppo_dual_clip``
 (+ ``dual_clip=3``; this is what verl's ``vanilla`` always does), ``clip_higher``
 (``clip_low=0.2, clip_high=0.28``, DAPO). All three are the same function
-:func:`ppo_policy_loss` with different defaults; every keyword can be overridden.
-``sft``: the supervised loss of behaviour cloning, ``-A * logp`` (:func:`sft_policy_loss`).
+:func:`ppo_policy_loss` with different defaults; :meth:`PolicyLoss.options` overrides only the
+options a caller sets (the learner's ``clip_ratio_low`` / ``clip_ratio_high`` / ``dual_clip``
+when not None). ``sft``: the supervised loss of behaviour cloning, ``-A * logp``
+(:func:`sft_policy_loss`).
 
-Aggregation modes (``LOSS_AGGREGATIONS``; ``-`` and ``_`` spellings accepted)::
-
-    token_mean:               sum_bt l*m / sum_bt m
-    seq_mean_token_sum:       mean_b( sum_t l*m )
-    seq_mean_token_mean:      mean_b( sum_t l*m / sum_t m )
-    seq_mean_token_sum_norm:  mean_b( sum_t l*m ) / max_len     (Dr.GRPO; max_len defaults to T)
-
-``mean_b`` runs over valid (not fully masked) rows. ``denom`` overrides the
-denominator (global token count for ``token_mean``, global number of sequences for
-the ``seq_*`` modes) so that gradient accumulation / data parallel shards sum to
-the full-batch loss.
+Aggregation modes: :mod:`agentrl_jax.algorithms.aggregation`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from functools import partial
+import dataclasses
+import types
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from agentrl_common.registry import Registry, snake_case
 
+from .aggregation import aggregate_loss
 from .kl import kl_estimate
 from .masked import as_mask, masked_mean
 
 Array = jax.Array
 Metrics = dict[str, Array]
 
-# ----------------------------------------------------------------- aggregation
-
-#: name -> ``fn(loss_mat [B,T], mask [B,T] float, *, max_len, denom) -> scalar``
-LOSS_AGGREGATIONS: Registry = Registry("loss aggregation", normalize=snake_case)
-
-
-def _n_valid_rows(m: Array) -> Array:
-    return jnp.sum(jnp.any(m > 0, axis=-1).astype(jnp.float32))
-
-
-@LOSS_AGGREGATIONS.register("token_mean")
-def _agg_token_mean(loss_mat, m, *, max_len=None, denom=None):
-    d = jnp.maximum(jnp.sum(m), 1.0) if denom is None else denom
-    return jnp.sum(loss_mat * m) / d
-
-
-@LOSS_AGGREGATIONS.register("seq_mean_token_sum")
-def _agg_seq_mean_token_sum(loss_mat, m, *, max_len=None, denom=None):
-    d = jnp.maximum(_n_valid_rows(m), 1.0) if denom is None else denom
-    return jnp.sum(loss_mat * m) / d
-
-
-@LOSS_AGGREGATIONS.register("seq_mean_token_mean")
-def _agg_seq_mean_token_mean(loss_mat, m, *, max_len=None, denom=None):
-    per_seq = jnp.sum(loss_mat * m, axis=-1) / jnp.maximum(jnp.sum(m, axis=-1), 1.0)
-    d = jnp.maximum(_n_valid_rows(m), 1.0) if denom is None else denom
-    return jnp.sum(per_seq) / d
-
-
-@LOSS_AGGREGATIONS.register("seq_mean_token_sum_norm")
-def _agg_seq_mean_token_sum_norm(loss_mat, m, *, max_len=None, denom=None):
-    L = loss_mat.shape[-1] if max_len is None else max_len
-    d = jnp.maximum(_n_valid_rows(m), 1.0) if denom is None else denom
-    return jnp.sum(loss_mat * m) / (d * L)
-
-
-def aggregate_loss(
-    loss_mat: Array,
-    loss_mask: Array,
-    mode: str = "token_mean",
-    *,
-    max_len: int | None = None,
-    denom: Array | float | None = None,
-    token_weights: Array | None = None,
-) -> Array:
-    """Reduce a per-token loss ``[B, T]`` to a scalar with ``mode`` (see module doc).
-
-    ``token_weights [B, T]`` (from :func:`aggregation_weights`): the reduction is
-    ``sum(loss_mat * token_weights)`` and ``mode`` / ``max_len`` / ``denom`` are ignored: the
-    weights already encode the mode over the whole batch (used for packed rows, where a row
-    holds several sequences)."""
-    loss_mat = jnp.asarray(loss_mat, jnp.float32)
-    if token_weights is not None:
-        return jnp.sum(loss_mat * jnp.asarray(token_weights, jnp.float32))
-    return LOSS_AGGREGATIONS.get(mode)(loss_mat, as_mask(loss_mask), max_len=max_len, denom=denom)
-
-
-def aggregation_weights(loss_mask, mode: str = "token_mean", max_len: int | None = None):
-    """Per-token weights ``w [B, T]`` (NumPy float32) with ``sum(l * w) == aggregate_loss(l,
-    loss_mask, mode, max_len=max_len)`` for every per-token loss ``l`` of the batch::
-
-        token_mean:               w = m / sum(m)
-        seq_mean_token_sum:       w = m / N                      (N: rows with any m > 0)
-        seq_mean_token_mean:      w = m / (N * sum_t m[b])
-        seq_mean_token_sum_norm:  w = m / (N * max_len)          (max_len defaults to T)
-
-    The weights stay attached to their tokens when rows are packed or split into
-    micro-batches, so any split sums to the whole batch's loss.
-    """
-    m = (np.asarray(loss_mask) != 0).astype(np.float64)
-    mode = snake_case(mode)
-    n_rows = max(float(np.any(m > 0, axis=-1).sum()), 1.0)
-    if mode == "token_mean":
-        w = m / max(m.sum(), 1.0)
-    elif mode == "seq_mean_token_sum":
-        w = m / n_rows
-    elif mode == "seq_mean_token_mean":
-        w = m / (n_rows * np.maximum(m.sum(-1, keepdims=True), 1.0))
-    elif mode == "seq_mean_token_sum_norm":
-        w = m / (n_rows * (m.shape[-1] if max_len is None else max_len))
-    else:
-        raise ValueError(f"no token weights for loss aggregation {mode!r}")
-    return w.astype(np.float32)
-
-
 # ----------------------------------------------------------------- policy loss
 
-#: name -> ``fn(logprobs, old_logprobs, advantages, loss_mask, **cfg) -> (loss, metrics)``
-POLICY_LOSSES: Registry = Registry("policy loss", normalize=snake_case)
+@dataclasses.dataclass(frozen=True, eq=False)
+class PolicyLoss:
+    """A registered policy loss.
+
+    fn: ``fn(logprobs [B,T], old_logprobs [B,T], advantages [B,T], loss_mask [B,T], *, agg,
+      max_len, denom, token_weights, is_weights, **options) -> (loss, metrics)``.
+    defaults: the entry's own options (``ppo``: ``clip_low``, ``clip_high``, ``dual_clip``);
+      the entry *is* these numbers: ``ppo`` and ``ppo_dual_clip`` differ only here.
+    supervised: no importance ratio (no old log-probs needed): the learner skips the "old"
+      log-prob pass.
+
+    Calling the record calls ``fn`` with ``defaults`` under the keywords given.
+    """
+
+    fn: Callable[..., tuple[Array, Metrics]]
+    defaults: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    supervised: bool = False
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "defaults", types.MappingProxyType(dict(self.defaults)))
+
+    def options(self, **overrides: Any) -> dict[str, Any]:
+        """The entry's defaults, each replaced by ``overrides[key]`` where that is not None;
+        overrides of options the entry does not have (a clip bound for ``sft``) are ignored."""
+        return {k: (v if overrides.get(k) is None else overrides[k])
+                for k, v in self.defaults.items()}
+
+    def __call__(self, *args: Any, **kwargs: Any) -> tuple[Array, Metrics]:
+        return self.fn(*args, **{**self.defaults, **kwargs})
+
+
+#: name -> :class:`PolicyLoss`
+POLICY_LOSSES: Registry[PolicyLoss] = Registry("policy loss", normalize=snake_case,
+                                               expected=PolicyLoss)
 
 
 def _masked_max(x: Array, m: Array) -> Array:
@@ -260,25 +202,22 @@ def sft_policy_loss(
     return loss, {"pg_loss": jax.lax.stop_gradient(loss), "nll": jax.lax.stop_gradient(nll)}
 
 
-#: policy losses without an importance ratio (no old log-probs needed): the learner skips the
-#: "old" log-prob pass for them
-SUPERVISED_LOSSES = frozenset({"sft"})
-
-
-POLICY_LOSSES.register("ppo", partial(ppo_policy_loss, clip_low=0.2, clip_high=None, dual_clip=None))
-POLICY_LOSSES.register("ppo_dual_clip", partial(ppo_policy_loss, clip_low=0.2, clip_high=None, dual_clip=3.0))
-POLICY_LOSSES.register("clip_higher", partial(ppo_policy_loss, clip_low=0.2, clip_high=0.28, dual_clip=None))
-
-
-POLICY_LOSSES.register("sft", sft_policy_loss)
+# (``clip_high`` None: symmetric, ``1 + clip_low``)
+POLICY_LOSSES.register("ppo", PolicyLoss(
+    ppo_policy_loss, {"clip_low": 0.2, "clip_high": None, "dual_clip": None}))
+POLICY_LOSSES.register("ppo_dual_clip", PolicyLoss(
+    ppo_policy_loss, {"clip_low": 0.2, "clip_high": None, "dual_clip": 3.0}))
+POLICY_LOSSES.register("clip_higher", PolicyLoss(
+    ppo_policy_loss, {"clip_low": 0.2, "clip_high": 0.28, "dual_clip": None}))
+POLICY_LOSSES.register("sft", PolicyLoss(sft_policy_loss, supervised=True))
 
 
 def is_supervised(name: str) -> bool:
-    """Whether policy loss ``name`` is supervised (:data:`SUPERVISED_LOSSES`)."""
-    return snake_case(name) in SUPERVISED_LOSSES
+    """Whether policy loss ``name`` is supervised (its entry's ``supervised``)."""
+    return POLICY_LOSSES.get(name).supervised
 
 
-def get_policy_loss(name: str) -> Callable[..., tuple[Array, Metrics]]:
+def get_policy_loss(name: str) -> PolicyLoss:
     """``ppo | ppo_dual_clip | clip_higher | sft`` (or any registered name)."""
     return POLICY_LOSSES.get(name)
 

@@ -237,18 +237,6 @@ def gae_pallas_full(
     return adv, ret, A
 
 
-def gae_pallas(token_rewards: Array, values: Array, loss_mask: Array, *, gamma: float = 1.0, lam: float = 1.0) -> Array:
-    """Un-whitened GAE ``A [B, T]`` via the Pallas kernels (same contract as
-    :func:`~agentrl_jax.algorithms.gae.gae_advantages_raw`). Falls back to the
-    XLA blocked scan when the kernel's parameter range is not met."""
-    if not supported(gamma, lam):
-        from .gae import gae_advantages_raw
-
-        method = "blocked" if lam > 0 else "associative"
-        return gae_advantages_raw(token_rewards, values, loss_mask, gamma=gamma, lam=lam, method=method)
-    return gae_pallas_full(token_rewards, values, loss_mask, gamma=gamma, lam=lam, whiten=False)[2]
-
-
 def lower_for_gpu(batch: int, time: int, *, gamma: float = 0.99, lam: float = 0.95, **kwargs) -> str:
     """Lower :func:`gae_pallas_full` for CUDA (no GPU needed) and return the StableHLO
     text, which embeds the two kernels' Triton IR. Checks that every primitive in the

@@ -102,10 +102,12 @@ class LearnerConfig(Section):
     # packed rows. Must be >= the longest trajectory (the rollout's max_context).
     pack_length: int = setting(0, ge=0)
     # ------------------------------------------------------------------ RL loss
-    # the policy loss (algorithms.POLICY_LOSSES): "ppo" (clipped surrogate; clip_ratio_* and
-    # dual_clip below) or "sft" (supervised: weighted NLL of the masked tokens, no ratio, no
-    # old log-prob pass; behaviour cloning, training/sft.py)
-    policy_loss: str = setting("ppo", choices=lambda: sorted(_policy_losses()),
+    # the policy loss (algorithms.POLICY_LOSSES): "ppo_dual_clip" (clipped surrogate, clip 0.2,
+    # dual clip 3), "ppo" (no dual clip), "clip_higher" (clip 0.2 / 0.28, no dual clip), or "sft"
+    # (supervised: weighted NLL of the masked tokens, no ratio, no old log-prob pass; behaviour
+    # cloning, training/sft.py). Each entry carries its clip numbers; clip_ratio_* and
+    # dual_clip below override them only when set.
+    policy_loss: str = setting("ppo_dual_clip", choices=lambda: sorted(_policy_losses()),
                                kind="policy loss")
     advantage_estimator: str = setting("grpo", choices=_names("ADVANTAGE_ESTIMATORS"),
                                        normalize=_normalize, kind="advantage estimator")
@@ -115,9 +117,10 @@ class LearnerConfig(Section):
     loss_agg_mode: str = setting("token_mean", choices=_names("LOSS_AGGREGATIONS"),
                                  normalize=_normalize, kind="loss aggregation mode")
     loss_max_len: int | None = setting(None, ge=1)  # seq_mean_token_sum_norm constant
-    clip_ratio_low: float = setting(0.2, ge=0)
-    clip_ratio_high: float = setting(0.2, ge=0)  # clip-higher (DAPO): e.g. 0.28
-    dual_clip: float | None = setting(3.0, gt=0)  # dual-clip constant c for A < 0; None = off
+    # the policy loss entry's clip numbers, overridden where set (None: the entry's own)
+    clip_ratio_low: float | None = setting(None, ge=0)
+    clip_ratio_high: float | None = setting(None, ge=0)  # clip-higher (DAPO): e.g. 0.28
+    dual_clip: float | None = setting(None, gt=1)  # dual-clip constant c > 1 for A < 0
     ratio_source: str = setting("rollout", choices=RATIO_SOURCES, kind="ratio source")
     # truncated importance sampling of the sampler / learner mismatch (packed updates): each
     # token's policy loss is weighted by min(exp(learner_old - rollout), tis_cap); None = off
@@ -165,12 +168,8 @@ class LearnerConfig(Section):
         if "length_buckets" not in bad and not all(b >= 1 for b in self.length_buckets):
             out.append(f"{prefix}.length_buckets: lengths must be >= 1 (got "
                        f"{self.length_buckets})")
-        if not bad & {"advantage_estimator", "policy_loss", "loss_agg_mode"} and _normalize(
-                self.advantage_estimator) == "dpo" and not (
-                self.policy_loss == "sft" and _normalize(self.loss_agg_mode)
-                == "seq_mean_token_sum"):
-            out.append(f"{prefix}.advantage_estimator: 'dpo' needs policy_loss='sft' and "
-                       "loss_agg_mode='seq_mean_token_sum' (algorithms/dpo.py)")
+        if not bad & {"advantage_estimator", "policy_loss", "loss_agg_mode"}:
+            out += self._estimator_needs(prefix)
         if "mesh" in bad:
             return out
         dims = self.mesh
@@ -188,18 +187,45 @@ class LearnerConfig(Section):
                            f"fsdp size {shards} (got {self.micro_batch_size})")
         return out
 
+    def _estimator_needs(self, prefix: str) -> list[str]:
+        """What the advantage estimator's record needs of the loss (``dpo``: a supervised
+        policy loss aggregated by ``seq_mean_token_sum``), checked."""
+        estimator = self.estimator
+        need = []
+        if estimator.supervised_loss and not _policy_losses().get(self.policy_loss).supervised:
+            supervised = [n for n in _policy_losses().names()
+                          if _policy_losses().get(n).supervised]
+            need.append(f"a supervised policy_loss ({', '.join(supervised)})")
+        if estimator.loss_agg_mode and _normalize(self.loss_agg_mode) != estimator.loss_agg_mode:
+            need.append(f"loss_agg_mode={estimator.loss_agg_mode!r}")
+        if not need:
+            return []
+        return [f"{prefix}.advantage_estimator: {self.advantage_estimator!r} needs "
+                f"{' and '.join(need)} (algorithms.ADVANTAGE_ESTIMATORS)"]
+
     # ------------------------------------------------------------------ derived
+    @property
+    def estimator(self) -> Any:
+        """The ``AdvantageEstimator`` record of ``advantage_estimator``."""
+        return _algorithms().get_advantage_estimator(self.advantage_estimator)
+
+    def policy_loss_options(self) -> dict[str, Any]:
+        """The options the train step passes to ``policy_loss``: its entry's defaults
+        (``POLICY_LOSSES``), each replaced by the matching setting where that is set."""
+        return _policy_losses().get(self.policy_loss).options(
+            clip_low=self.clip_ratio_low, clip_high=self.clip_ratio_high,
+            dual_clip=self.dual_clip)
+
     @property
     def use_critic(self) -> bool:
         if self.critic is not None:
             return bool(self.critic)
-        return self.advantage_estimator.lower().replace("-", "_") == "gae"
+        return self.estimator.needs_critic
 
     @property
     def use_reference(self) -> bool:
         """A frozen reference model: for the KL term, or for a preference estimator (dpo)."""
-        from agentrl_jax.algorithms.advantages import is_logprob_level
-        return self.kl_coef > 0 or is_logprob_level(self.advantage_estimator)
+        return self.kl_coef > 0 or self.estimator.needs_reference
 
     # ------------------------------------------------------------------ dict I/O
     @classmethod

@@ -35,7 +35,7 @@ import optax
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from agentrl_jax.algorithms import actor_loss, is_supervised, value_loss
+from agentrl_jax.algorithms import actor_loss, value_loss
 from agentrl_jax.algorithms.masked import as_mask
 from agentrl_jax.learner.config import LearnerConfig
 from agentrl_jax.learner.logprobs import logprobs_from_hidden, model_hidden
@@ -137,10 +137,7 @@ def policy_loss_fn(graphdef: nnx.GraphDef, config: LearnerConfig
             entropy_coef=config.entropy_coef, agg=config.loss_agg_mode,
             max_len=config.loss_max_len, denom=denom, token_weights=mb.get("loss_weights"),
             is_weights=mb.get("is_weights"), **clip)
-    supervised = is_supervised(config.policy_loss)
-    clip = {} if supervised else dict(clip_low=config.clip_ratio_low,
-                                      clip_high=config.clip_ratio_high,
-                                      dual_clip=config.dual_clip)
+    clip = config.policy_loss_options()  # the entry's clip numbers, the config's where set
     return fn
 
 

@@ -29,7 +29,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from agentrl_jax.algorithms import (TURN_INPUTS, compute_advantages, is_logprob_level,
+from agentrl_jax.algorithms import (TURN_INPUTS, AdvantageInputs, compute_advantages,
                                     is_supervised, kl_estimate, kl_penalized_token_rewards)
 from agentrl_jax.learner.batch import RolloutBatch
 from agentrl_jax.learner.jit_cache import cached
@@ -58,17 +58,13 @@ def advantage_stage(cfg: Any, placed: Arrays, values, token_rewards, old_lp, ref
     over the whole token space (group statistics over the global batch)."""
     if "advantages" in placed:
         return placed["advantages"], placed.get("returns", placed["advantages"])
-    args = {"rewards": placed["reward"], "loss_mask": placed["loss_mask"],
-            "group_ids": placed["group_id"]}
-    args.update({k: placed[k] for k in TURN_INPUTS if k in placed})
-    if values is not None:
-        args["values"] = values
-    if token_rewards is not None:
-        args["token_rewards"] = token_rewards
-    if is_logprob_level(cfg.advantage_estimator):  # dpo: policy and reference log-probs
-        args.update(logprobs=old_lp, ref_logprobs=ref_lp)
-    out = compute_advantages(cfg.advantage_estimator, **args, gamma=cfg.gamma, lam=cfg.lam,
-                             **cfg.advantage_kwargs)
+    # everything the batch holds; the estimator's record keeps the inputs it reads
+    inputs = AdvantageInputs(rewards=placed["reward"], loss_mask=placed["loss_mask"],
+                             group_ids=placed["group_id"], values=values,
+                             token_rewards=token_rewards, logprobs=old_lp, ref_logprobs=ref_lp,
+                             **{k: placed[k] for k in TURN_INPUTS if k in placed})
+    out = compute_advantages(cfg.advantage_estimator, **vars(inputs), gamma=cfg.gamma,
+                             lam=cfg.lam, **cfg.advantage_kwargs)
     return out.advantages.astype(jnp.float32), out.returns.astype(jnp.float32)
 
 
@@ -111,7 +107,7 @@ class UpdatePipeline:
         if is_supervised(cfg.policy_loss) and lr.ref_params is None:
             return jnp.zeros_like(placed["loss_mask"]), False
         if (self.layout.recomputes_old_logprobs or cfg.ratio_source == "recompute"
-                or is_logprob_level(cfg.advantage_estimator)
+                or cfg.estimator.needs_reference
                 or "rollout_logprobs" not in placed):
             return self._logprobs(lr.params, str(jax.tree.leaves(lr.params)[0].dtype),
                                   placed), True

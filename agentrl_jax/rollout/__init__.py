@@ -5,7 +5,7 @@ Heavy modules are imported lazily: ``from agentrl_jax.rollout import Engine`` lo
 ``SGLangBackend`` only aiohttp.
 """
 
-from agentrl_jax.rollout.backends.base import (BackendUnavailableError, GenerateResult,
+from agentrl_jax.rollout.contract import (BackendUnavailableError, GenerateResult,
                                       InvalidRequestError, OverloadedError, RolloutBackend,
                                       RolloutError, SamplingParams, available_backends,
                                       create_backend, register_backend)

@@ -47,7 +47,7 @@ def _family_names() -> list[str]:
 
 
 def _rollout_backends() -> list[str]:
-    from agentrl_jax.rollout.backends.base import available_backends
+    from agentrl_jax.rollout.contract import available_backends
 
     return available_backends()
 
@@ -355,7 +355,7 @@ class SFTConfig(Section):
     record_horizon: int = setting(20, ge=1)  # launch/record_experts.py's default turn limit
     # launch/record_experts.py's default episode count (one per task, capped by the split)
     record_episodes: int = setting(100, ge=1)
-    # launch/record_experts.py's default expert (a name in agent/experts.py's EXPERT_POLICIES
+    # launch/record_experts.py's default expert (an expert of the family's registry entry,
     # for the recorded environment, "<env>" or "<env>_<variant>"; "": the environment's own)
     expert: str = setting("")
 

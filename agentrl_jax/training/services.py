@@ -193,7 +193,7 @@ def make_backend(config: Any, model: Any, tokenizer: Any, model_path: str | None
     safetensors export); ``sglang``: external servers at ``rollout.urls``."""
     import dataclasses
 
-    from agentrl_jax.rollout.backends.base import ROLLOUT_BACKENDS, BackendBuild
+    from agentrl_jax.rollout.contract import ROLLOUT_BACKENDS, BackendBuild
 
     config = to_run_config(config)
     rollout = config.rollout
@@ -261,7 +261,7 @@ async def close_backend(backend: Any, drain_timeout: float = 30.0) -> None:
 
 
 def make_sampling(config: Any):
-    from agentrl_jax.rollout.backends.base import SamplingParams
+    from agentrl_jax.rollout.contract import SamplingParams
 
     r = to_run_config(config).rollout
     return SamplingParams(max_new_tokens=r.max_new_tokens, temperature=r.temperature,

@@ -22,7 +22,7 @@ import dataclasses
 from typing import Callable
 
 from environments.babyai.env import BabyAIEnv
-from environments.babyai.expert import BabyAIBotExpert
+from environments.babyai.expert import BabyAIBotExpert, BabyAIExpertPolicy
 
 MACRO_PREFIXES = ("go to ", "pick up ", "go through ")
 
@@ -117,3 +117,19 @@ def macro_plan(task_id: str, max_steps: int = 256, expert: BabyAIBotExpert | Non
     if bot_solved and not solved:
         actions, solved = list(primitives), True
     return MacroPlan(tuple(actions), tuple(primitives), bot_solved, solved)
+
+
+class BabyAIMacroExpertPolicy:
+    """``BabyAIBot``'s solution shortened with macro actions (``macro_plan``), planned on the
+    first call with the bounded bot of :class:`BabyAIExpertPolicy`, then one action a turn."""
+
+    def __init__(self, task_id: str):
+        self.task_id = task_id
+        self.actions: list[str] | None = None
+
+    def act(self, observation: str) -> str | None:
+        if self.actions is None:
+            bot = BabyAIExpertPolicy(self.task_id)
+            self.actions = list(macro_plan(self.task_id, expert=bot.expert,
+                                           before_act=bot.stack.reset).actions)
+        return self.actions.pop(0) if self.actions else None

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import abc
 import dataclasses
-from typing import Any, ClassVar, Sequence
+from typing import Any, ClassVar, Protocol, Sequence
 
 
 class InvalidTaskError(ValueError):
@@ -116,3 +116,16 @@ class TextEnvironment(abc.ABC):
 
     def close(self) -> None:
         """Release every resource (processes, threads, browsers). Idempotent."""
+
+
+class ExpertStuck(RuntimeError):
+    """An expert that cannot produce its next action in bounded work."""
+
+
+class ExpertPolicy(Protocol):
+    """One episode's expert (a family's ``Family.expert`` is ``factory(task_id) ->
+    ExpertPolicy``): ``act(observation)`` with the latest observation (the first call: the first
+    observation) returns the next action, or ``None`` when it has none. A factory whose work
+    must not be interrupted by a signal sets ``interruptible = False``."""
+
+    def act(self, observation: str) -> str | None: ...

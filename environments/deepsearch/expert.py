@@ -29,3 +29,20 @@ class DeepSearchOracle:
             if contains_answer(observation, [answer]):
                 return f"<answer>{answer}</answer>"
         return "<answer>unknown</answer>"
+
+
+class DeepSearchExpertPolicy:
+    """The deep-search oracle for the task's question, from this process's search backend (the
+    default corpus and QA set, as the server's; built on first use, in seconds; not
+    interruptible)."""
+
+    interruptible = False
+
+    def __init__(self, task_id: str):
+        from environments.deepsearch.backend import get_backend
+
+        item = get_backend().question(task_id)
+        self.oracle = DeepSearchOracle(item.question, item.golden_answers)
+
+    def act(self, observation: str) -> str | None:
+        return self.oracle.act(observation)

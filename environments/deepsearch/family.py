@@ -6,6 +6,7 @@ import dataclasses
 
 from environments.deepsearch.backend import DeepSearchCatalog, get_backend
 from environments.deepsearch.env import DeepSearchEnvironment
+from environments.deepsearch.expert import DeepSearchExpertPolicy
 from environments.registry import Family
 
 
@@ -36,4 +37,6 @@ def make_catalog() -> DeepSearchCatalog:
     return get_backend().catalog
 
 
-FAMILY = Family(name="deepsearch", env_factory=make_env, catalog_factory=make_catalog)
+FAMILY = Family(name="deepsearch", env_factory=make_env, catalog_factory=make_catalog,
+                expert=DeepSearchExpertPolicy,
+                action_example="<search> capital of France </search>")

@@ -203,3 +203,16 @@ class MiniWoBExpert:
             index = _ORDINALS.get(m[1], 0) if m else 0
             return self._click(fields[index] if index < len(fields) else None)
         raise ValueError(f"the expert does not know task {task!r}")
+
+
+class MiniWoBExpertPolicy:
+    """The rule-based MiniWoB++ expert for the task named by the task id."""
+
+    def __init__(self, task_id: str):
+        from environments.miniwob.catalog import parse_task_id
+
+        self.task, _ = parse_task_id(task_id)
+        self.expert = MiniWoBExpert()
+
+    def act(self, observation: str) -> str | None:
+        return self.expert.act(self.task, observation)

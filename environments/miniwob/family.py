@@ -7,6 +7,7 @@ from typing import Sequence
 
 from environments.miniwob.catalog import DEFAULT_TEST_SEEDS, DEFAULT_TRAIN_SEEDS, MiniWoBCatalog
 from environments.miniwob.env import MiniWoBEnvironment
+from environments.miniwob.expert import MiniWoBExpertPolicy
 from environments.registry import Family
 
 
@@ -40,4 +41,5 @@ def make_catalog() -> MiniWoBCatalog:
     return MiniWoBCatalog(CONFIG.tasks, train_seeds=CONFIG.train_seeds, test_seeds=CONFIG.test_seeds)
 
 
-FAMILY = Family(name="miniwob", env_factory=make_env, catalog_factory=make_catalog, reuse_instances=True)
+FAMILY = Family(name="miniwob", env_factory=make_env, catalog_factory=make_catalog, reuse_instances=True,
+                expert=MiniWoBExpertPolicy)

@@ -44,3 +44,16 @@ def shutdown() -> None:
     with _LOCK:
         while _SIM:
             stop_simulator(_SIM.pop())
+
+
+class ScienceWorldExpertPolicy:
+    """The task's gold action sequence, one action a turn (not interruptible: see the module
+    docstring)."""
+
+    interruptible = False
+
+    def __init__(self, task_id: str):
+        self.actions = list(gold_path(task_id))
+
+    def act(self, observation: str) -> str | None:
+        return self.actions.pop(0) if self.actions else None

@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Sequence
 
+from environments.scienceworld.expert import ScienceWorldExpertPolicy
 from environments.registry import Family
 from environments.scienceworld.catalog import ScienceWorldCatalog
 from environments.scienceworld.env import ScienceWorldEnvironment
@@ -51,4 +52,5 @@ def make_catalog() -> ScienceWorldCatalog:
     return ScienceWorldCatalog(CONFIG.tasks)
 
 
-FAMILY = Family(name="scienceworld", env_factory=make_env, catalog_factory=make_catalog)
+FAMILY = Family(name="scienceworld", env_factory=make_env, catalog_factory=make_catalog,
+                expert=ScienceWorldExpertPolicy, action_example="look around")

@@ -12,7 +12,7 @@ import os
 import tempfile
 from typing import Any
 
-from agentrl_jax.rollout.backends.base import RolloutError
+from agentrl_jax.rollout.contract import RolloutError
 
 
 class DiskWeightSync:

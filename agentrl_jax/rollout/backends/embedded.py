@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from agentrl_jax.rollout.backends.base import BackendBuild, RolloutBackend
+from agentrl_jax.rollout.contract import BackendBuild, RolloutBackend
 
 
 class EmbeddedEngines:

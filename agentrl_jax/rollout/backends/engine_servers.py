@@ -37,7 +37,7 @@ import shutil
 import tempfile
 from typing import Any, Sequence
 
-from agentrl_jax.rollout.backends.base import BackendBuild
+from agentrl_jax.rollout.contract import BackendBuild
 from agentrl_jax.rollout.engine.engine_config import EngineConfig
 from agentrl_jax.rollout.backends.sglang import SGLangBackend
 

@@ -36,7 +36,7 @@ from typing import Any
 
 import aiohttp
 
-from agentrl_jax.rollout.backends.base import (BackendBuild, BackendUnavailableError,
+from agentrl_jax.rollout.contract import (BackendBuild, BackendUnavailableError,
                                                BatchedSamplesBackend, GenerateResult,
                                                InvalidRequestError, OverloadedError, RolloutError,
                                                SamplingParams)

@@ -63,7 +63,7 @@ from agentrl_jax import compile_notice
 from agentrl_jax.compile_notice import Announced
 from agentrl_jax.models.config import ModelConfig
 from agentrl_jax.models.llama import CausalLM, abstract_model
-from agentrl_jax.rollout.backends.base import (BackendUnavailableError, BatchedSamplesBackend,
+from agentrl_jax.rollout.contract import (BackendUnavailableError, BatchedSamplesBackend,
                                                GenerateResult, InvalidRequestError,
                                                OverloadedError, SamplingParams, check_input_ids)
 from agentrl_jax.rollout.engine.attention_choice import (resolve_decode_attention,

@@ -11,7 +11,7 @@ import logging
 from typing import Any, Callable
 
 
-from agentrl_jax.rollout.backends.base import (BackendUnavailableError, InvalidRequestError,
+from agentrl_jax.rollout.contract import (BackendUnavailableError, InvalidRequestError,
                                                RequestFailedError, RolloutError)
 from agentrl_jax.rollout.engine.compiled import ACT, STOP
 from agentrl_jax.rollout.engine.requests import DONE, PREFILL, Request

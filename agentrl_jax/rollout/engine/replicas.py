@@ -29,7 +29,7 @@ import concurrent.futures
 import logging
 from typing import Any, Sequence
 
-from agentrl_jax.rollout.backends.base import (BackendUnavailableError, BatchedSamplesBackend,
+from agentrl_jax.rollout.contract import (BackendUnavailableError, BatchedSamplesBackend,
                                       GenerateResult, SamplingParams, WeightSource)
 from agentrl_jax.rollout.engine.engine import Engine, EngineConfig
 from agentrl_jax.rollout.engine.placement import device_groups, to_state

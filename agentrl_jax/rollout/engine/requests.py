@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from agentrl_jax.rollout.backends.base import GenerateResult, SamplingParams
+from agentrl_jax.rollout.contract import GenerateResult, SamplingParams
 
 # A sequence's states.
 WAITING, PREFILL, FORK_WAIT, DECODE, DONE = "waiting", "prefill", "fork_wait", "decode", "done"

@@ -12,7 +12,7 @@ import time
 import jax
 import numpy as np
 
-from agentrl_jax.rollout.backends.base import GenerateResult
+from agentrl_jax.rollout.contract import GenerateResult
 from agentrl_jax.rollout.engine.compiled import (ACT, CNT, IDX, KEY0, KEY1, MINP, POS, REM, STOP,
                                                  TEMP, TOK, TOPK, TOPP)
 from agentrl_jax.rollout.engine.prefill_plan import (build_rows, copy_blocks, plan_chunked,

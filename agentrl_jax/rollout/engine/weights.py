@@ -13,7 +13,7 @@ from typing import Any
 import jax
 
 from agentrl_jax.models.config import ModelConfig
-from agentrl_jax.rollout.backends.base import WeightSource
+from agentrl_jax.rollout.contract import WeightSource
 
 log = logging.getLogger(__name__)
 

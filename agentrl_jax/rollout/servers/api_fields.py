@@ -16,7 +16,7 @@ from pydantic import (AfterValidator, BaseModel, BeforeValidator, ConfigDict, Di
 from pydantic_core import PydanticCustomError
 
 from agentrl_jax.rollout import sampling_limits as limits
-from agentrl_jax.rollout.backends.base import InvalidRequestError
+from agentrl_jax.rollout.contract import InvalidRequestError
 
 
 M = TypeVar("M", bound=BaseModel)

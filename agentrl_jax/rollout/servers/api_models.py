@@ -46,7 +46,7 @@ from pydantic import (AfterValidator, ConfigDict, Field, StrictBool, StrictInt, 
                       ValidationInfo, model_validator, with_config)
 from typing_extensions import TypedDict
 
-from agentrl_jax.rollout.backends.base import SamplingParams
+from agentrl_jax.rollout.contract import SamplingParams
 from agentrl_jax.rollout.servers.api_fields import (CompletionPrompt, InputIds, LogprobStart,
                                                     ManualLoadFormat, MaxNewTokens, MinP,
                                                     NumSamples, Request, Seed, Stop,

@@ -17,7 +17,7 @@ from aiohttp import web
 from agentrl_common.httpguard import (DEFAULT_MAX_CONNECTIONS, DEFAULT_READ_TIMEOUT_S, Limits,
                                      api_key_middleware, read_body, request_guard_middleware)
 from agentrl_common.httpguard import allowed_hosts as hosts_for
-from agentrl_jax.rollout.backends.base import GenerateResult, InvalidRequestError, SamplingParams
+from agentrl_jax.rollout.contract import GenerateResult, InvalidRequestError, SamplingParams
 from agentrl_jax.rollout.engine.engine import Engine
 from agentrl_jax.rollout.servers.api_fields import validate_request
 from agentrl_jax.rollout.servers.chat_template_sandbox import TemplateSandbox

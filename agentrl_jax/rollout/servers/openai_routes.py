@@ -11,7 +11,7 @@ from typing import Any
 
 from aiohttp import web
 
-from agentrl_jax.rollout.backends.base import GenerateResult, InvalidRequestError
+from agentrl_jax.rollout.contract import GenerateResult, InvalidRequestError
 from agentrl_jax.rollout.servers.api_models import ChatCompletionRequest, CompletionRequest
 from agentrl_jax.rollout.servers.chat_template_sandbox import TemplateError
 from agentrl_jax.rollout.servers.protocol import check_unicode, expect

@@ -17,7 +17,7 @@ from aiohttp import web
 from pydantic import BaseModel
 
 from agentrl_common.httpguard import GuardError
-from agentrl_jax.rollout.backends.base import (BackendUnavailableError, InvalidRequestError,
+from agentrl_jax.rollout.contract import (BackendUnavailableError, InvalidRequestError,
                                                OverloadedError, RequestFailedError, SamplingParams)
 from agentrl_jax.rollout.servers.api_fields import json_type
 from agentrl_jax.rollout.servers.chat_template_sandbox import TemplateBusy

@@ -11,7 +11,7 @@ from typing import Any
 
 from aiohttp import web
 
-from agentrl_jax.rollout.backends.base import GenerateResult, OverloadedError, SamplingParams
+from agentrl_jax.rollout.contract import GenerateResult, OverloadedError, SamplingParams
 from agentrl_jax.rollout.servers.api_models import (AbortRequest, CloseSessionRequest,
                                                     ContinueRequest, GenerateRequest,
                                                     MemoryOccupationRequest, PauseRequest,
