@@ -17,12 +17,20 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import numbers
 import os
 from typing import Any
 
 from agentrl_common.registry import Registry, did_you_mean
 
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
+
+#: the largest size of each dimension a config may declare (several times the largest released
+#: decoder's: Llama 3.1 405B has 126 layers, hidden 16384, 128 heads, intermediate 53248), so
+#: that a forged config.json is refused before anything of its size is built
+MAX_MODEL_SIZES = {"num_layers": 512, "hidden_size": 65536, "intermediate_size": 262144,
+                   "num_heads": 1024, "num_kv_heads": 1024, "head_dim": 1024,
+                   "vocab_size": 4 * 1024**2, "max_position_embeddings": 16 * 1024**2}
 ATTENTION_IMPLS = (None, "chunked", "xla", "cudnn", "pallas", "pallas_segments")
 
 
@@ -136,6 +144,12 @@ class ModelConfig:
 
     def __post_init__(self) -> None:
         model_family(self.model_type)
+        for key, most in MAX_MODEL_SIZES.items():
+            value = getattr(self, key)
+            if isinstance(value, bool) or not isinstance(value, numbers.Integral) \
+                    or not 1 <= value <= most:
+                raise UnsupportedModelError(
+                    f"{key} must be an integer from 1 to {most}, got {value!r}")
         if self.num_heads % self.num_kv_heads:
             raise UnsupportedModelError(
                 f"num_heads={self.num_heads} is not a multiple of num_kv_heads={self.num_kv_heads}")
@@ -192,8 +206,15 @@ class ModelConfig:
                     "num_attention_heads"):
             if key not in hf:
                 raise UnsupportedModelError(f"config.json lacks required key {key!r}")
-        num_heads = hf["num_attention_heads"]
-        head_dim = hf.get("head_dim") or hf["hidden_size"] // num_heads
+        num_heads, hidden = hf["num_attention_heads"], hf["hidden_size"]
+        head_dim = hf.get("head_dim")
+        if not head_dim:  # derived: the heads must split the hidden size evenly
+            if not all(isinstance(v, numbers.Integral) and not isinstance(v, bool)
+                       for v in (num_heads, hidden)) or num_heads < 1 or hidden % num_heads:
+                raise UnsupportedModelError(
+                    f"hidden_size={hidden!r} is not a multiple of num_attention_heads="
+                    f"{num_heads!r} (and config.json gives no head_dim)")
+            head_dim = hidden // num_heads
         rope_scaling = hf.get("rope_scaling")
         if rope_scaling is None and isinstance(hf.get("rope_parameters"), dict):
             # transformers >= 5 folds rope_theta and scaling into ``rope_parameters``.
@@ -214,7 +235,7 @@ class ModelConfig:
             eos = tuple(eos)
         values = dict(
             vocab_size=hf["vocab_size"],
-            hidden_size=hf["hidden_size"],
+            hidden_size=hidden,
             intermediate_size=hf["intermediate_size"],
             num_layers=hf["num_hidden_layers"],
             num_heads=num_heads,

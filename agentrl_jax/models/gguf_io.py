@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from agentrl_jax.models.checkpoint_files import check_regular_file
 from agentrl_jax.models.config import ModelConfig, UnsupportedModelError, model_family
 from agentrl_jax.models.gguf_index import ArrayField, GGUFIndex, read_index
 from agentrl_jax.models.llama import CausalLM
@@ -56,6 +57,7 @@ def open_gguf(path: str):
 
     if not os.path.exists(path):
         raise FileNotFoundError(f"GGUF file not found: {path}")
+    check_regular_file(path)  # a FIFO would block the reader
     try:
         return gguf.GGUFReader(path)
     except Exception as e:  # the reader raises ValueError / struct errors / IndexError
@@ -68,6 +70,7 @@ def open_index(path: str) -> GGUFIndex:
     as :func:`open_gguf`."""
     if not os.path.exists(path):
         raise FileNotFoundError(f"GGUF file not found: {path}")
+    check_regular_file(path)  # a FIFO would block the reader
     try:
         return read_index(path)
     except Exception as e:  # struct errors, a truncated file, an unknown tensor type

@@ -69,13 +69,12 @@ def check_model_source(name_or_path: str, weights: bool = True) -> str:
     message."""
     path = resolve_model_path(name_or_path)
     if path.endswith(".gguf"):
+        from agentrl_jax.models.checkpoint_files import open_regular_file, read_exactly
+
         if not os.path.isfile(path):
             raise ValueError(f"{path} is not a file")
-        try:
-            with open(path, "rb") as f:
-                head = f.read(len(GGUF_MAGIC))
-        except OSError as e:
-            raise ValueError(f"cannot read {path}: {e.strerror}") from None
+        with open_regular_file(os.path.realpath(path)) as (fd, size):  # never blocks
+            head = read_exactly(fd, min(size, len(GGUF_MAGIC)), 0, path)
         if head != GGUF_MAGIC:
             raise ValueError(f"{path} is not a GGUF file (starts with {head!r}, not "
                              f"{GGUF_MAGIC!r})")

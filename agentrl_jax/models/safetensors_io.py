@@ -1,117 +1,145 @@
-"""Load and export HF safetensors directories (single file or sharded with an index)."""
+"""Load and export HF safetensors directories (single file or sharded with an index).
+
+Loading reads the files through ``checkpoint_files`` (confined, regular, non-blocking) and
+``safetensors_header`` (headers checked before any data is read; data read with ``pread``), not
+through the ``safetensors`` Rust library, whose memory map and panics a forged file could turn
+into a crash; exporting writes with ``safetensors.numpy``."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
-from typing import Any
+import threading
+from typing import Any, Callable
 
 import numpy as np
-import safetensors
 import safetensors.numpy
 
+from agentrl_jax.models.checkpoint_files import confined_path, open_regular_file, read_json_object
 from agentrl_jax.models.config import ModelConfig, UnsupportedModelError
 from agentrl_jax.models.llama import CausalLM
-from agentrl_jax.models.weights import CheckpointError, ShardingFn, build_model, model_to_hf_tensors
+from agentrl_jax.models.safetensors_header import (MIN_WEIGHT_BYTES, WEIGHT_DTYPES, TensorEntry,
+                                                   read_header, read_tensor)
+from agentrl_jax.models.weights import (CheckpointError, ShardingFn, build_model,
+                                        expected_hf_shapes, model_to_hf_tensors)
 
 SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
 MAX_SHARD_BYTES = 4 * 1024**3
-MAX_JSON_BYTES = 64 * 1024**2  # config.json / the index: far above any real one
+#: distinct shard files an index may name (Llama 3.1 405B has 191)
+MAX_SHARDS = 1024
 
 
-def _read_json_object(path: str, what: str) -> dict[str, Any]:
-    """The JSON object in ``path`` (``CheckpointError`` if it is not one, or is absurdly big)."""
-    if os.path.getsize(path) > MAX_JSON_BYTES:
-        raise CheckpointError(f"{path}: {what} is larger than {MAX_JSON_BYTES} bytes")
-    try:
-        with open(path, encoding="utf-8") as f:
-            data = json.load(f)
-    except (ValueError, RecursionError) as e:  # JSONDecodeError, UnicodeDecodeError, nesting
-        raise CheckpointError(f"{path}: {what} is not valid JSON ({e})") from None
-    if not isinstance(data, dict):
-        raise CheckpointError(f"{path}: {what} must be a JSON object, got {type(data).__name__}")
-    return data
-
-
-def _shard_path(directory: str, file: Any, index_path: str) -> str:
-    """The path of index entry ``file``: a relative path that stays inside ``directory``.
-
-    Absolute paths, ``..`` components and symbolic links leading out of the checkpoint are
-    refused before anything is opened (a checkpoint must not make the loader read elsewhere)."""
-    if not isinstance(file, str) or not file or "\0" in file:
-        raise CheckpointError(f"{index_path}: weight_map values must be non-empty file names, got {file!r}")
-    if os.path.isabs(file) or ".." in file.replace("\\", "/").split("/"):
-        raise CheckpointError(f"{index_path}: shard {file!r} is not a relative path inside the checkpoint")
-    root = os.path.realpath(directory)
-    path = os.path.realpath(os.path.join(root, file))
-    if os.path.commonpath([root, path]) != root:
-        raise CheckpointError(f"{index_path}: shard {file!r} resolves outside the checkpoint directory")
-    return path
-
-
-def _tensor_locations(directory: str) -> dict[str, str]:
-    """Map tensor name -> safetensors file path for a HF model directory."""
-    index_path = os.path.join(directory, INDEX_FILE)
-    single_path = os.path.join(directory, SINGLE_FILE)
-    if os.path.exists(index_path):
-        weight_map = _read_json_object(index_path, "the safetensors index").get("weight_map")
+def _tensor_files(directory: str) -> list[str]:
+    """The real paths of a HF directory's safetensors files: the index's shards, or
+    ``model.safetensors``, each confined to the directory by ``checkpoint_files.confined_path``
+    (the same rule for both). Which tensor is in which file is then read from their headers."""
+    if os.path.lexists(os.path.join(directory, INDEX_FILE)):
+        index_path = os.path.join(directory, INDEX_FILE)
+        weight_map = read_json_object(directory, INDEX_FILE, "the safetensors index").get(
+            "weight_map")
         if not isinstance(weight_map, dict) or not weight_map:
-            raise CheckpointError(f"{index_path}: not a valid safetensors index (no 'weight_map' object)")
-        shards: dict[str, str] = {}
-        for file in weight_map.values():
-            path = _shard_path(directory, file, index_path)  # validates the entry before using it as a key
-            shards[file] = path
-        locations = {name: shards[file] for name, file in weight_map.items()}
-        missing = sorted({f for f, p in shards.items() if not os.path.isfile(p)})
+            raise CheckpointError(f"{index_path}: not a valid safetensors index (no 'weight_map' "
+                                  "object)")
+        files = list(dict.fromkeys(weight_map.values()))
+        if len(files) > MAX_SHARDS:
+            raise CheckpointError(f"{index_path}: names {len(files)} shard files, more than "
+                                  f"{MAX_SHARDS}")
+        paths = [confined_path(directory, f, f"{index_path}: weight_map") for f in files]
+        missing = sorted(f for f, p in zip(files, paths) if not os.path.lexists(p))
         if missing:
             raise CheckpointError(f"{index_path}: shard files missing: {missing}")
-        return locations
-    if os.path.exists(single_path):
-        try:
-            with safetensors.safe_open(single_path, framework="numpy") as f:
-                return {name: single_path for name in f.keys()}
-        except Exception as e:  # safetensors raises its own error types for corrupt headers
-            raise CheckpointError(f"{single_path}: not a valid safetensors file ({e})") from e
+        return paths
+    if os.path.lexists(os.path.join(directory, SINGLE_FILE)):
+        return [confined_path(directory, SINGLE_FILE, directory)]
     raise CheckpointError(f"{directory}: no {SINGLE_FILE} or {INDEX_FILE}")
 
 
+def _check_against_config(cfg: ModelConfig, entries: dict[str, TensorEntry], source: str,
+                          file_bytes: int) -> None:
+    """Refuse, from the headers alone, a checkpoint whose tensors cannot be ``cfg``'s: fewer
+    bytes than ``cfg.num_parameters`` at the smallest weight dtype (before the abstract model
+    of ``cfg`` is built), then any expected tensor missing, of another shape, or not a float."""
+    need = cfg.num_parameters * MIN_WEIGHT_BYTES
+    if need > file_bytes:
+        raise CheckpointError(
+            f"{source}: config.json describes {cfg.num_parameters:,} parameters (at least "
+            f"{need:,} bytes), but the safetensors files hold {file_bytes:,} bytes")
+    for name, shape in expected_hf_shapes(cfg).items():
+        entry = entries.get(name)
+        if entry is None:
+            raise CheckpointError(f"{source}: missing tensor {name!r}")
+        if entry.shape != shape:
+            raise CheckpointError(f"{entry.path}: tensor {name!r} has shape {entry.shape} in "
+                                  f"the header, expected {shape} for this config")
+        if entry.dtype not in WEIGHT_DTYPES:
+            raise CheckpointError(f"{entry.path}: tensor {name!r} is {entry.dtype}; weights "
+                                  f"must be one of {', '.join(WEIGHT_DTYPES)}")
+
+
 def load_safetensors_model(directory: str, config: ModelConfig | None = None,
-                           sharding_fn: ShardingFn | None = None,
+                           sharding_fn: ShardingFn | None = None, *,
+                           check_config: Callable[[ModelConfig], None] | None = None,
+                           cancel: threading.Event | None = None,
                            **config_overrides: Any) -> tuple[CausalLM, ModelConfig]:
-    """Load a HF directory (config.json + safetensors) into a ``CausalLM``."""
+    """Load a HF directory (config.json + safetensors) into a ``CausalLM``.
+
+    Nothing of the checkpoint is trusted: the config's sizes are bounded (``ModelConfig``),
+    ``check_config(cfg)`` may refuse it (e.g. another architecture than the one served) before
+    anything is built, every file is a regular file inside ``directory``, and every header is
+    checked (``safetensors_header``) and against the config (names, shapes, dtypes, parameter
+    count against the bytes) before any tensor data is read. ``cancel``: set it to stop the
+    load between tensors (``LoadCancelled``). Every defect is a ``CheckpointError`` (or
+    ``UnsupportedModelError``, ``FileNotFoundError`` for a missing directory or config.json).
+    """
     if not os.path.isdir(directory):
         raise FileNotFoundError(f"model directory not found: {directory}")
     cfg = config or _read_config(directory, **config_overrides)
-    locations = _tensor_locations(directory)
-    handles: dict[str, Any] = {}
+    if check_config is not None:
+        check_config(cfg)
+    with contextlib.ExitStack() as stack:
+        entries: dict[str, TensorEntry] = {}
+        fds: dict[str, int] = {}
+        file_bytes = 0
+        for path in _tensor_files(directory):
+            fd, size = stack.enter_context(open_regular_file(path))
+            fds[path] = fd
+            file_bytes += size
+            for name, entry in read_header(fd, size, path).items():
+                if name in entries:
+                    raise CheckpointError(f"{directory}: tensor {name!r} is in both "
+                                          f"{entries[name].path} and {path}")
+                entries[name] = entry
+        _check_against_config(cfg, entries, directory, file_bytes)
 
-    def get_tensor(name: str) -> np.ndarray:
-        path = locations[name]
-        if path not in handles:
-            handles[path] = safetensors.safe_open(path, framework="numpy")
-        try:
-            return handles[path].get_tensor(name)
-        except Exception as e:
-            raise CheckpointError(f"{path}: cannot read tensor {name!r} ({e})") from e
+        def get_tensor(name: str) -> np.ndarray:
+            entry = entries[name]
+            return read_tensor(fds[entry.path], entry, cancel)
 
-    model = build_model(cfg, locations.keys(), get_tensor, source=directory,
-                        sharding_fn=sharding_fn)
-    handles.clear()
+        model = build_model(cfg, entries.keys(), get_tensor, source=directory,
+                            sharding_fn=sharding_fn, cancel=cancel)
     return model, cfg
+
+
+def read_model_config(directory: str, **overrides: Any) -> ModelConfig:
+    """``ModelConfig`` of ``directory/config.json`` (see ``_read_config``)."""
+    return _read_config(directory, **overrides)
 
 
 def _read_config(directory: str, **overrides: Any) -> ModelConfig:
     """``ModelConfig`` of ``directory/config.json``; any malformed content is a ``CheckpointError``
     (or ``UnsupportedModelError``), never another exception type."""
     path = os.path.join(directory, "config.json")
-    if not os.path.isfile(path):
+    if not os.path.lexists(path):
         raise FileNotFoundError(f"no config.json in {directory}")
-    hf = _read_json_object(path, "config.json")
+    hf = read_json_object(directory, "config.json", "config.json")
     try:
         return ModelConfig.from_hf_dict(hf, **overrides)
-    except (CheckpointError, UnsupportedModelError):
+    except UnsupportedModelError as e:
+        raise UnsupportedModelError(f"{path}: invalid model config ({e})") from None
+    except CheckpointError:
         raise
     except Exception as e:  # noqa: BLE001 -- wrong types / values inside the file
         raise CheckpointError(f"{path}: invalid model config ({type(e).__name__}: {e})") from None

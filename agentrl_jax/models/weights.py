@@ -7,6 +7,7 @@ transposed on the way in and out. Every array is placed straight into its target
 from __future__ import annotations
 
 import logging
+import threading
 from typing import Any, Callable, Iterable, Mapping
 
 import jax
@@ -36,6 +37,10 @@ class CheckpointError(ValueError):
     """A checkpoint that cannot be loaded: the message names the file and tensor."""
 
 
+class LoadCancelled(CheckpointError):
+    """A load stopped because its cancel flag was set (client gone, server shutting down)."""
+
+
 def hf_name(path: ParamPath) -> tuple[str, bool]:
     """HF tensor name for a parameter path, and whether the array is transposed."""
     path = tuple(p if isinstance(p, int) else str(p) for p in path)
@@ -61,16 +66,28 @@ def hf_name(path: ParamPath) -> tuple[str, bool]:
 
 
 def expected_hf_names(cfg: ModelConfig) -> list[str]:
+    return list(expected_hf_shapes(cfg))
+
+
+def expected_hf_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
+    """HF tensor name -> the shape a checkpoint of ``cfg`` stores it in (``[out, in]`` for
+    kernels), for every parameter, from the abstract model (nothing allocated)."""
     _, state = nnx.split(abstract_model(cfg))
-    return [hf_name(path)[0] for path, _ in nnx.to_flat_state(state)]
+    shapes = {}
+    for path, variable in nnx.to_flat_state(state):
+        name, transpose = hf_name(path)
+        shapes[name] = tuple(variable.shape)[::-1] if transpose else tuple(variable.shape)
+    return shapes
 
 
 def build_model(cfg: ModelConfig, names: Iterable[str], get_tensor: Callable[[str], np.ndarray],
-                source: str, sharding_fn: ShardingFn | None = None) -> CausalLM:
+                source: str, sharding_fn: ShardingFn | None = None,
+                cancel: threading.Event | None = None) -> CausalLM:
     """Instantiate ``CausalLM(cfg)`` with every parameter read through ``get_tensor(hf_name)``.
 
     Raises ``CheckpointError`` naming ``source`` and the tensor for a missing tensor or a shape
-    mismatch. Arrays go straight to ``sharding_fn(path, shape)`` (default: the default device).
+    mismatch, ``LoadCancelled`` once ``cancel`` is set (checked before every tensor). Arrays go
+    straight to ``sharding_fn(path, shape)`` (default: the default device).
     """
     names = set(names)
     graphdef, abstract_state = nnx.split(abstract_model(cfg))
@@ -78,6 +95,8 @@ def build_model(cfg: ModelConfig, names: Iterable[str], get_tensor: Callable[[st
     used = set()
     param_dtype = np.dtype(cfg.param_dtype) if cfg.param_dtype != "bfloat16" else jax.numpy.bfloat16
     for path, variable in nnx.to_flat_state(abstract_state):
+        if cancel is not None and cancel.is_set():
+            raise LoadCancelled(f"{source}: loading was cancelled")
         name, transpose = hf_name(path)
         if name not in names:
             raise CheckpointError(f"{source}: missing tensor {name!r} "

@@ -27,6 +27,7 @@ import asyncio
 import collections
 import concurrent.futures
 import logging
+import threading
 from typing import Any, Sequence
 
 from agentrl_jax.rollout.contract import (BackendUnavailableError, BatchedSamplesBackend,
@@ -246,12 +247,10 @@ class EngineReplicas(BatchedSamplesBackend):
 
     async def update_weights(self, params: Any = None, *, path: str | None = None,
                              version: str | None = None, flush_cache: bool = True,
-                             abort_all: bool = False) -> str:
+                             abort_all: bool = False, cancel: threading.Event | None = None
+                             ) -> str:
         if path is not None:  # read the checkpoint once, then place it on every replica
-            from agentrl_jax.models.safetensors_io import load_safetensors_model
-
-            params, cfg = await asyncio.to_thread(load_safetensors_model, path)
-            self.replicas[0]._check_compatible(cfg)
+            params = await asyncio.to_thread(self.replicas[0].load_checkpoint, path, cancel)
         params = cast_once(params, self.config.weights_dtype)
         per_replica = gather_to_replicas(to_state(params, self.replicas[0]._abstract_state),
                                          [r.placement.devices for r in self.replicas])
@@ -267,10 +266,12 @@ class EngineReplicas(BatchedSamplesBackend):
 
     def update_weights_sync(self, params: Any = None, *, path: str | None = None,
                             version: str | None = None, flush_cache: bool = True,
-                            abort_all: bool = False) -> str:
+                            abort_all: bool = False, cancel: threading.Event | None = None
+                            ) -> str:
         """Blocking :meth:`update_weights` (for scripts and the HTTP server's thread)."""
         return asyncio.run(self.update_weights(params, path=path, version=version,
-                                               flush_cache=flush_cache, abort_all=abort_all))
+                                               flush_cache=flush_cache, abort_all=abort_all,
+                                               cancel=cancel))
 
     async def flush_cache(self) -> int:
         freed = await self._each("flush_cache_sync")

@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 from typing import Any
 
 import jax
 
 from agentrl_jax.models.config import ModelConfig
+from agentrl_jax.models.weights import LoadCancelled
 from agentrl_jax.rollout.contract import WeightSource
 
 log = logging.getLogger(__name__)
@@ -27,19 +29,21 @@ class WeightsAndCache:
 
     def update_weights_sync(self, params: Any = None, *, path: str | None = None,
                             version: str | None = None, flush_cache: bool = True,
-                            abort_all: bool = False) -> str:
+                            abort_all: bool = False, cancel: threading.Event | None = None
+                            ) -> str:
         """Swap the weights between two engine steps (blocking). ``params``: a CausalLM,
         nnx.State or pure dict -- used without a copy unless ``weights_dtype`` asks for a cast;
-        ``path``: a HF safetensors directory. Running requests continue with the new weights
-        (their earlier KV was computed with the old ones) unless ``abort_all``. Returns the new
-        weight version."""
+        ``path``: a HF safetensors directory, whose config must match the served model's before
+        anything is built (``load_checkpoint``); ``cancel`` stops that load between tensors.
+        Running requests continue with the new weights (their earlier KV was computed with the
+        old ones) unless ``abort_all``. Returns the new weight version."""
         if (params is None) == (path is None):
             raise ValueError("pass exactly one of params or path")
         if path is not None:
-            from agentrl_jax.models.safetensors_io import load_safetensors_model
-            params, cfg = load_safetensors_model(path)
-            self._check_compatible(cfg)
+            params = self.load_checkpoint(path, cancel)
         state = self._prepare_state(params)
+        if cancel is not None and cancel.is_set():  # nobody wants these weights any more
+            raise LoadCancelled("loading was cancelled")
         if abort_all:
             self.abort_all()
 
@@ -60,6 +64,15 @@ class WeightsAndCache:
 
         return self._call_in_engine(swap).result()
 
+    def load_checkpoint(self, path: str, cancel: threading.Event | None = None) -> Any:
+        """The model of the safetensors directory ``path``, refused (``ValueError``) unless its
+        config has this engine's architecture, checked before anything is built or read."""
+        from agentrl_jax.models.safetensors_io import load_safetensors_model
+
+        model, _ = load_safetensors_model(path, check_config=self._check_compatible,
+                                          cancel=cancel)
+        return model
+
     def _check_compatible(self, cfg: ModelConfig) -> None:
         mine = self.model_config
         keys = ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads",
@@ -77,10 +90,11 @@ class WeightsAndCache:
 
     async def update_weights(self, params: Any = None, *, path: str | None = None,
                              version: str | None = None, flush_cache: bool = True,
-                             abort_all: bool = False) -> str:
+                             abort_all: bool = False, cancel: threading.Event | None = None
+                             ) -> str:
         return await asyncio.to_thread(self.update_weights_sync, params, path=path,
                                        version=version, flush_cache=flush_cache,
-                                       abort_all=abort_all)
+                                       abort_all=abort_all, cancel=cancel)
 
     def flush_cache_sync(self) -> int:
         """Drop every cached session prefix; returns how many slots were freed."""

@@ -63,6 +63,8 @@ class RolloutServer(NativeRoutes, OpenAIRoutes):
         self._max_token_chars = token_char_bound(self.tokenizer)
         self.started = time.time()
         self._weights_lock = asyncio.Lock()
+        #: the cancel flags of the weight loads in progress (set all on shutdown)
+        self.weight_loads: set[threading.Event] = set()
         self.allowed_hosts = tuple(allowed_hosts)
 
     def app(self, host: str = "127.0.0.1") -> web.Application:
@@ -75,6 +77,7 @@ class RolloutServer(NativeRoutes, OpenAIRoutes):
                 self.limits.api_key, lambda status, message, headers: error_response(
                     status, message, "unauthorized", headers)))
         app = web.Application(middlewares=middlewares, client_max_size=self.max_body_bytes)
+        app.on_shutdown.append(self._cancel_weight_loads)
         app.on_cleanup.append(self._close_sandbox)
         r = app.router
         r.add_post("/generate", self.generate)
@@ -96,6 +99,12 @@ class RolloutServer(NativeRoutes, OpenAIRoutes):
         r.add_post("/v1/completions", self.v1_completions)
         r.add_post("/v1/chat/completions", self.v1_chat_completions)
         return app
+
+    async def _cancel_weight_loads(self, app: web.Application) -> None:
+        """On shutdown (SIGTERM): stop every weight load before its next tensor, so the
+        server exits promptly instead of waiting for the loader thread."""
+        for cancel in list(self.weight_loads):
+            cancel.set()
 
     async def _close_sandbox(self, app: web.Application) -> None:
         await self.template_sandbox.close()

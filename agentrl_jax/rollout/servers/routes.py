@@ -5,7 +5,9 @@ a mixin of :class:`~agentrl_jax.rollout.servers.app.RolloutServer`."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
+import threading
 import time
 from typing import Any
 
@@ -18,6 +20,8 @@ from agentrl_jax.rollout.servers.api_models import (AbortRequest, CloseSessionRe
                                                     UpdateWeightsRequest)
 from agentrl_jax.rollout.servers.protocol import (SERVER_VERSION, SGLANG_API_VERSION, GeneratePlan,
                                                   error_response)
+
+log = logging.getLogger(__name__)
 
 
 class NativeRoutes:
@@ -124,12 +128,27 @@ class NativeRoutes:
         if not os.path.isdir(resolved):
             return self._weights_failure(f"model_path {path!r} is not a directory")
         async with self._weights_lock:
+            cancel = threading.Event()  # set when the client goes away or the server stops
+            self.weight_loads.add(cancel)
             try:
                 new_version = await self.engine.update_weights(
                     path=resolved, version=None if version is None else str(version),
-                    flush_cache=args.flush_cache, abort_all=args.abort_all_requests)
-            except (ValueError, OSError, TypeError) as e:
-                return self._weights_failure(f"failed to load {path}: {e}")
+                    flush_cache=args.flush_cache, abort_all=args.abort_all_requests,
+                    cancel=cancel)
+            except asyncio.CancelledError:
+                cancel.set()  # the loader stops before its next tensor
+                log.warning("/update_weights_from_disk %s: cancelled (client gone)", path)
+                raise
+            except (KeyboardInterrupt, SystemExit):
+                raise
+            except BaseException as e:  # noqa: BLE001 -- a panic from native code included
+                if cancel.is_set():
+                    return self._weights_failure(f"loading {path} was cancelled: the server is "
+                                                 "shutting down", status=503)
+                return self._weights_failure(f"failed to load {path}: "
+                                             f"{str(e).strip() or type(e).__name__}")
+            finally:
+                self.weight_loads.discard(cancel)
         self.model_path = path
         return web.json_response({"success": True, "num_paused_requests": 0,
                                   "message": f"Succeeded to update model weights "
@@ -148,9 +167,11 @@ class NativeRoutes:
         return None
 
     @staticmethod
-    def _weights_failure(message: str) -> web.Response:
+    def _weights_failure(message: str, status: int = 400) -> web.Response:
+        """The failure answer of ``/update_weights_from_disk``, logged in one line."""
+        log.warning("/update_weights_from_disk refused (%d): %s", status, message)
         return web.json_response({"success": False, "num_paused_requests": 0,
-                                  "message": message}, status=400)
+                                  "message": message}, status=status)
 
     async def abort_request(self, request: web.Request) -> web.Response:
         body = await self._json(request)
