@@ -157,7 +157,7 @@ class Viewer:
 
         A malformed record is shown as far as it can be: ``malformed`` maps each field of the
         wrong type to the reason (the field itself is ``None``; see ``record.py``), and token
-        arrays that cannot be laid out leave out the token view (``malformed["tokens"]``)."""
+        arrays that cannot be laid out leave out the token view (``malformed["tokens"]``: why)."""
         r = self.run(run_id)
         ep = self.record(run_id, file, row)
         f = r.index.files[file]
@@ -174,7 +174,7 @@ class Viewer:
         out.update(episode_mod.turns(ep, parser))
         problem = record_mod.token_problem(ep) if ep.get("token_ids") else None
         if problem is not None:
-            malformed["tokens"] = f"no token view: {problem}"
+            malformed["tokens"] = problem
         elif tokens and ep.get("token_ids"):
             out.update(self._token_section(r, file, row, ep))
         return out

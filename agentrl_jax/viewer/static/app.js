@@ -374,7 +374,7 @@ function tokenColor(mode, tk, i) {
 
 function tokensHtml(ep, mode) {
   const tk = ep.tokens;
-  if (!tk) return html`<p class="muted">No token view for this episode${(ep.malformed || {}).tokens ? ` (${ep.malformed.tokens})` : ": no token ids recorded"}.</p>`;
+  if (!tk) return html`<p class="muted">No token view for this episode: ${(ep.malformed || {}).tokens ? `malformed token record (${ep.malformed.tokens})` : "no token ids recorded"}.</p>`;
   const advs = tk.advantage.filter(num).map(Math.abs);
   tk._amax = advs.length ? Math.max(...advs) : 1;
   const head = html`<div class="card"><b>${tk.n_tokens}</b> tokens, <b>${tk.n_trained}</b> trained (loss mask 1), prompt ${tk.prompt_length}.
