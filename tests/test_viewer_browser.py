@@ -251,7 +251,8 @@ def test_export_file_opens_without_a_server(browser, run_dir, tmp_path):
 # Every field of the run folder holds script payloads (tests/viewer_hostile.py); each view of
 # the live page and of an export must show them as text, run none of them, and mark the
 # malformed episodes' bad fields.
-from viewer_hostile import INT_FIELDS, PAGE_TITLE, PAYLOADS, RUN_NAME, write_hostile_run  # noqa: E402
+from viewer_hostile import (PAGE_TITLE, PAYLOADS, PROBE_FIELDS, RUN_NAME,  # noqa: E402
+                            write_hostile_run)
 
 PAYLOAD_MARKUP = ("#view img, #view iframe, #view script, #view object, #view embed, "
                   "[onerror], [onload], [ontoggle], [onclick], [onmouseover]")
@@ -288,8 +289,8 @@ def view_text(driver) -> str:
 
 HOSTILE_VIEWS = ["#runs", "#episodes?run=0", "#compare?run=0", "#compare?run=0&task=0",
                  "#compare?run=0&task=1&sample=1"] + [
-    f"#episode?run=0&file={f}&row={r}&tab={tab}" for f in (0, 1) for r in range(4)
-    for tab in ("turns", "tokens")]
+    f"#episode?run=0&file={f}&row={r}&tab={tab}" for f, n in ((0, 5), (1, 4))
+    for r in range(n) for tab in ("turns", "tokens")]
 
 
 def test_a_hostile_run_runs_no_script_in_the_page(browser, hostile_server):
@@ -305,13 +306,13 @@ def test_a_hostile_run_runs_no_script_in_the_page(browser, hostile_server):
     assert all(p in text for p in PAYLOADS)
     open_view(browser, url, "#runs")
     assert RUN_NAME in view_text(browser) and PAYLOADS[4] in view_text(browser)
-    # the probe's episode: every numeric field a payload, each marked
+    # the probe's episode: its six fields hold payloads, each marked, the rest shown
     open_view(browser, url, "#episode?run=0&file=0&row=1")
     marked = browser.execute_script(
         "return [...document.querySelectorAll('.fields .malformed')].map(e => e.dataset.field)")
-    shown = set(INT_FIELDS) - {"prompt_length"} | {"reward", "elapsed_s", "success"}
-    assert sorted(marked) == sorted(shown)
-    assert len(browser.find_elements(By.CSS_SELECTOR, ".malformed-record li")) == len(shown) + 2
+    assert sorted(marked) == sorted(PROBE_FIELDS)
+    assert len(browser.find_elements(By.CSS_SELECTOR, ".malformed-record li")) == 6
+    assert browser.find_elements(By.CSS_SELECTOR, ".turn[data-turn]")
     # wrong containers: the episode still opens, says why there are no turns / tokens
     open_view(browser, url, "#episode?run=0&file=0&row=2&tab=tokens")
     text = view_text(browser)
@@ -326,10 +327,10 @@ def test_a_hostile_run_exported_runs_no_script(browser, hostile_server, tmp_path
     out = str(tmp_path / "hostile.html")
     assert viewer_main([run, "--export", out, "--limit", "100", "--no-cache",
                         "--no-tokenizer"]) == 0
-    title = f"{RUN_NAME}: 8 of 8 matching episodes"
+    title = f"{RUN_NAME}: 9 of 9 matching episodes"
     browser.get_log("browser")
     browser.get("file://" + out)
-    wait(browser, lambda d: len(d.find_elements(By.CSS_SELECTOR, "table.list tbody tr")) == 8)
+    wait(browser, lambda d: len(d.find_elements(By.CSS_SELECTOR, "table.list tbody tr")) == 9)
     assert_no_script_ran(browser, title, "export list")
     rows = browser.execute_script("return [...document.querySelectorAll('table.list tbody tr')]"
                                   ".map(tr => [tr.dataset.file, tr.dataset.row])")

@@ -19,7 +19,8 @@ from agentrl_jax.viewer.__main__ import main as viewer_main
 from agentrl_jax.viewer.export import ExportSummary, export_data_rows, file_name, script_hash
 from agentrl_jax.viewer.record import check_value, describe_bad, episode_fields, token_problem
 from agentrl_jax.viewer.server import DATA_CSP, PAGE_CSP, BackgroundServer, make_app
-from viewer_hostile import INT_FIELDS, PAYLOADS, hostile_episodes, write_hostile_run
+from viewer_hostile import (OTHER_BAD_FIELDS, PAYLOADS, PROBE_FIELDS, hostile_episodes,
+                            write_hostile_run)
 
 
 @pytest.fixture
@@ -69,20 +70,23 @@ def test_script_hash_is_the_csp_source_of_the_text():
 async def test_malformed_episodes_are_200_with_their_bad_fields_marked(hostile_client):
     c = hostile_client
     episodes = hostile_episodes()
-    r = await c.get("/api/episode?run=0&file=0&row=1")  # every numeric field a payload
+    r = await c.get("/api/episode?run=0&file=0&row=1")  # the probe's fields hold payloads
     assert r.status == 200
     ep = await r.json()
-    present = set(INT_FIELDS) | {"reward", "elapsed_s", "success"}
-    assert set(ep["malformed"]) == present | {"tokens"}  # tokens: prompt_length is bad
-    assert ep["malformed"]["tokens"].startswith("prompt_length: expected an integer, got str")
-    assert all(ep["fields"][k] is None for k in present)
+    assert set(ep["malformed"]) == set(PROBE_FIELDS)
+    assert ep["malformed"]["step"] == ("expected an integer, got str '<img src=x onerror=\"window"
+                                       ".__pwned=1;document.title=1337\">'")
+    assert all(ep["fields"][k] is None for k in PROBE_FIELDS)
     assert ep["fields"]["env"] == episodes[1]["env"]  # the good fields are shown
     assert len(ep["turns"]) == sum(m["role"] == "assistant" for m in episodes[1]["messages"])
-    r = await c.get("/api/episode?run=0&file=0&row=2")  # wrong containers
+    assert [t["reward"] for t in ep["turns"][:2]] == [None, None]
+    assert ep["tokens"]["n_tokens"] == len(episodes[1]["token_ids"])
+    r = await c.get("/api/episode?run=0&file=0&row=2")  # wrong containers and numbers
     assert r.status == 200
     ep = await r.json()
-    assert set(ep["malformed"]) == {"invalid_actions", "messages", "turn_rewards", "tokens"}
+    assert set(ep["malformed"]) == {*OTHER_BAD_FIELDS, "messages", "turn_rewards", "tokens"}
     assert ep["malformed"]["invalid_actions"] == "expected an integer, got str '<x>'"
+    assert ep["malformed"]["tokens"].startswith("token_ids[0]: expected an integer, got str")
     assert ep["turns"] == [] and "tokens" not in ep and ep["fields"]["task_id"] == "GoToObj-0"
     r = await c.get("/api/episode?run=0&file=0&row=0")  # every string hostile: shown as data
     ep = await r.json()
@@ -94,7 +98,7 @@ async def test_malformed_episodes_are_200_with_their_bad_fields_marked(hostile_c
         r = await c.get(path)
         assert r.status == 200, (path, await r.text())
     rows = (await (await c.get("/api/episodes?run=0&limit=100")).json())["rows"]
-    assert len(rows) == 8  # 4 train (the non-object line skipped) + 4 eval
+    assert len(rows) == 9  # 5 train (the non-object line skipped) + 4 eval
     for row in rows:
         r = await c.get(f"/api/episode?run=0&file={row['file']}&row={row['row']}")
         assert r.status == 200
@@ -170,10 +174,10 @@ def test_export_and_print_of_a_hostile_run_exit_0(hostile_dir, tmp_path, capsys)
     assert viewer_main([hostile_dir, "--export", str(out), "--limit", "100", "--no-cache",
                         "--no-tokenizer"]) == 0
     printed = capsys.readouterr()
-    assert printed.out == ExportSummary(8, malformed=2).line(str(out)) + "\n"
-    assert "2 malformed (bad fields marked)" in printed.out and printed.err == ""
+    assert printed.out == ExportSummary(9, malformed=3).line(str(out)) + "\n"
+    assert "3 malformed (bad fields marked)" in printed.out and printed.err == ""
     text = out.read_text()
-    assert len(export_data_rows(text)) == 8
+    assert len(export_data_rows(text)) == 9
     for p in PAYLOADS:  # in the file only as escaped JSON text, never as markup
         assert p not in text
     assert viewer_main([hostile_dir, "--print", "--limit", "100", "--no-cache",

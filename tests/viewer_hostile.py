@@ -22,8 +22,10 @@ PAYLOADS = (
     "<details open ontoggle=window.__pwned=6>",
 )
 RUN_NAME = "run<img src=x onerror=window.__pwned=7>"  # a directory name is data too
-INT_FIELDS = ("step", "num_turns", "horizon", "policy_version", "group_id", "sample_index",
-              "invalid_actions", "prompt_length")
+#: the fields the probe of issue 52 found inserted unescaped (numbers in a well-formed record)
+PROBE_FIELDS = ("step", "num_turns", "horizon", "policy_version", "group_id", "sample_index")
+#: what the malformed record (row 2) gets wrong, besides its containers
+OTHER_BAD_FIELDS = ("invalid_actions", "prompt_length", "reward", "elapsed_s", "success")
 STRING_FIELDS = ("env", "task_id", "episode_id", "status", "error")
 
 
@@ -33,9 +35,11 @@ def payload(i: int) -> str:
 
 def hostile_episodes(seed: int = 3) -> list[dict]:
     """Episodes of ``trajectories_train.jsonl``: row 0 every string hostile (fields and
-    messages) with valid numbers and tokens; row 1 the probe's case, every numeric field a
-    payload string; row 2 malformed containers (messages / token ids / turn rewards of the
-    wrong type, ``invalid_actions: "<x>"``); row 3 a well-formed episode."""
+    messages) with valid numbers and tokens; row 1 the probe's case, :data:`PROBE_FIELDS`
+    holding payloads in an otherwise well-formed record; row 2 malformed: containers of the
+    wrong type (messages, token ids, turn rewards), ``invalid_actions: "<x>"`` and the other
+    numbers payloads; row 3 a well-formed episode; row 4 the probe's headline case alone
+    (``step`` holding an ``<img onerror>``, everything else well-formed)."""
     rng = random.Random(seed)
     base = lambda: make_episode(rng, "babyai", "GoToObj-0", 0, 0, 1, 5)  # noqa: E731
     strings = base()
@@ -45,13 +49,17 @@ def hostile_episodes(seed: int = 3) -> list[dict]:
         m["content"] = payload(i) + " " + m["content"]
     strings["messages"].append({"role": payload(2), "content": payload(3)})
     numbers = base()
-    for i, name in enumerate(INT_FIELDS + ("reward", "elapsed_s", "success")):
+    for i, name in enumerate(PROBE_FIELDS):
         numbers[name] = payload(i)
-    numbers["turn_rewards"] = [payload(0), payload(1)]
+    numbers["turn_rewards"] = [payload(0), payload(1)]  # per-turn rewards: shown as "–"
     containers = base()
+    for i, name in enumerate(OTHER_BAD_FIELDS):
+        containers[name] = payload(i)
     containers.update(invalid_actions="<x>", messages=7, turn_rewards={"a": payload(0)},
                       token_ids=[payload(1), 5], loss_mask="<b>", logprobs=payload(2))
-    return [strings, numbers, containers, base()]
+    step_only = base()
+    step_only["step"] = payload(0)
+    return [strings, numbers, containers, base(), step_only]
 
 
 def write_hostile_run(parent: str) -> str:
