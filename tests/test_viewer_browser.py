@@ -372,3 +372,23 @@ def test_the_content_security_policy_blocks_an_inline_handler(browser, server, r
     wait(browser, lambda d: d.find_elements(By.CSS_SELECTOR, "table.list tbody tr"))
     assert not injected_handler_ran(browser)
     browser.get_log("browser")  # the blocked handlers logged their violations
+
+
+def test_a_keyed_viewer_asks_for_its_key(browser, run_dir, tmp_path):
+    viewer = Viewer([run_dir], cache_dir=str(tmp_path / "cache"), load_tokenizer=False)
+    viewer.update()
+    with BackgroundServer(viewer, api_key="k3y") as url:
+        open_view(browser, url, "#runs")
+        assert "needs its API key" in view_text(browser)
+        assert not browser.find_elements(By.CSS_SELECTOR, ".chart svg")  # no run data shown
+        rendered = lambda d: d.execute_script("return document.body.dataset.rendered")  # noqa
+        before = rendered(browser)
+        browser.find_element(By.ID, "api-key").send_keys("wrong\n")
+        wait(browser, lambda d: rendered(d) != before)  # asked the server again: refused
+        assert "needs its API key" in view_text(browser)
+        assert not browser.find_elements(By.CSS_SELECTOR, ".chart svg")
+        browser.find_element(By.ID, "api-key").send_keys("k3y\n")
+        wait(browser, lambda d: len(d.find_elements(By.CSS_SELECTOR, ".chart svg")) >= 5)
+        browser.execute_script("sessionStorage.clear()")
+        browser.get_log("browser")  # the refused requests logged their 401s
+    viewer.close()

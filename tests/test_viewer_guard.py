@@ -144,7 +144,7 @@ async def test_an_api_key_guards_the_api_but_not_the_page(hostile_dir, tmp_path)
         assert r.status == 401
         r = await c.get("/api/runs", headers={"Authorization": "Bearer s3cret"})
         assert r.status == 200
-        for path in ("/", "/static/app.js", "/static/style.css"):  # no run data in them
+        for path in ("/", "/static/dom.js", "/static/app.js", "/static/style.css"):  # no run data
             assert (await c.get(path)).status == 200, path
     viewer.close()
 

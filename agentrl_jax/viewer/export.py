@@ -4,8 +4,8 @@ opens from disk in any browser, with no server and no network.
 
 The file runs no script of the run's: the data sits in a ``<script type="application/json">``
 block (never executed; ``<``, ``>`` and ``&`` written as ``\u003c``... so no text in it can end
-the block), the page builds its HTML through one escaping helper (``static/app.js``), and a
-Content-Security-Policy ``<meta>`` lets only the page's own script run (by its SHA-256 hash: no
+the block), the page builds its HTML through one escaping helper (``static/dom.js``), and a
+Content-Security-Policy ``<meta>`` lets only the page's own scripts run (by their SHA-256 hashes: no
 other inline script, no inline event handler, nothing fetched). A malformed episode is exported
 with its bad fields marked (``malformed``); one that cannot be read at all is left out, and
 :class:`ExportSummary` counts both."""
@@ -26,7 +26,8 @@ from agentrl_jax.viewer.api import Viewer, ViewerError
 from agentrl_jax.viewer.index import Query
 
 MAX_EPISODES = 1000
-DATA_ELEMENT_ID = "viewer-export"  # the JSON block static/app.js reads in an export file
+DATA_ELEMENT_ID = "viewer-export"  # the JSON block static/dom.js reads in an export file
+SCRIPTS = ("dom.js", "app.js")  # the page's scripts, in loading order (static/index.html)
 STATIC_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "static")
 
 
@@ -113,9 +114,10 @@ def script_hash(text: str) -> str:
 
 def render_html(data: dict[str, Any]) -> str:
     """The export page around ``data`` (from :func:`export_data`)."""
-    script = "\n" + _static("app.js") + "\n"
-    csp = (f"default-src 'none'; script-src {script_hash(script)}; style-src 'unsafe-inline'; "
-           "img-src data:; base-uri 'none'; form-action 'none'")
+    scripts = ["\n" + _static(name) + "\n" for name in SCRIPTS]
+    csp = (f"default-src 'none'; script-src {' '.join(map(script_hash, scripts))}; "
+           "style-src 'unsafe-inline'; img-src data:; base-uri 'none'; form-action 'none'")
+    inline = "\n".join(f"<script>{text}</script>" for text in scripts)
     return f"""<!DOCTYPE html>
 <html lang="en">
 <head>
@@ -136,7 +138,7 @@ def render_html(data: dict[str, Any]) -> str:
 </header>
 <main id="view"><p class="muted">loading…</p></main>
 <script type="application/json" id="{DATA_ELEMENT_ID}">{_script_json(data)}</script>
-<script>{script}</script>
+{inline}
 </body>
 </html>
 """

@@ -1,6 +1,7 @@
 """The viewer's HTTP server (aiohttp): the page, its static files and a JSON API.
 
-    GET /                      the page (static/index.html, app.js, style.css; nothing external)
+    GET /                      the page (static/index.html, dom.js, app.js, style.css; nothing
+                               external)
     GET /api/runs              every run: config, summary, evaluation table, trajectory files
     GET /api/metrics?run=R     metrics.jsonl rows and the learning-curve panels
     GET /api/status            per run: file sizes, last step, indexed episodes (polled: live view)
@@ -46,7 +47,8 @@ from agentrl_jax.viewer.api import Viewer, ViewerError
 log = logging.getLogger(__name__)
 
 STATIC_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "static")
-STATIC_FILES = {"app.js": "application/javascript", "style.css": "text/css"}
+STATIC_FILES = {"dom.js": "application/javascript", "app.js": "application/javascript",
+                "style.css": "text/css"}
 VIEWER_KEY = web.AppKey("viewer", Viewer)
 STATE_KEY = web.AppKey("state", dict)
 MAX_REQUEST_BODY = 64 << 10  # the viewer takes no bodies (GET only)
