@@ -51,13 +51,17 @@ def test_record_checks_against_hand_written_cases():
     assert check_value(["a"], "string") == (False, None)
     assert describe_bad("<x>", "integer") == "expected an integer, got str '<x>'"
     assert describe_bad(7, "list") == "expected a list, got int 7"
-    assert describe_bad("y" * 100, "integer") == "expected an integer, got str '" + "y" * 58 + "\u2026"
+    assert (describe_bad("y" * 100, "integer")
+            == "expected an integer, got str '" + "y" * 58 + "\u2026")
     fields, bad = episode_fields({"step": "<x>", "env": "babyai", "reward": 1, "other": 1})
     assert fields == {"step": None, "env": "babyai", "reward": 1}
     assert bad == {"step": "expected an integer, got str '<x>'"}
-    assert token_problem({"token_ids": [1, 2], "loss_mask": [0, True], "logprobs": [None, -1.0]}) is None
-    assert token_problem({"token_ids": [1, "2"]}) == "token_ids[1]: expected an integer, got str '2'"
-    assert token_problem({"token_ids": [1], "loss_mask": "1"}) == "loss_mask: expected a list, got str '1'"
+    assert token_problem({"token_ids": [1, 2], "loss_mask": [0, True],
+                          "logprobs": [None, -1.0]}) is None
+    assert (token_problem({"token_ids": [1, "2"]})
+            == "token_ids[1]: expected an integer, got str '2'")
+    assert (token_problem({"token_ids": [1], "loss_mask": "1"})
+            == "loss_mask: expected a list, got str '1'")
     assert file_name('run"<img>\n/x') == "run_img_x"
 
 
@@ -130,7 +134,8 @@ async def test_every_answer_carries_its_content_security_policy(hostile_client):
         assert r.headers["Content-Security-Policy"] == DATA_CSP, path
         assert r.headers["X-Content-Type-Options"] == "nosniff", path
     r = await c.get("/api/export?run=0&limit=100")
-    assert r.headers["Content-Disposition"] == 'attachment; filename="run_img_src_x_onerror_window.__pwned_7-episodes.html"'
+    assert r.headers["Content-Disposition"] == (
+        'attachment; filename="run_img_src_x_onerror_window.__pwned_7-episodes.html"')
 
 
 async def test_an_api_key_guards_the_api_but_not_the_page(hostile_dir, tmp_path):

@@ -5,9 +5,9 @@
     python -m agentrl_jax.viewer runs/babyai --print --search "pick up" --limit 3
 
 Serving: a local web page at http://127.0.0.1:8765/ (``--host`` / ``--port``; loopback by
-default, any other address needs ``--api-key``; nothing fetched from the network) with the runs side by side, the episode browser, one
-episode turn by turn and token by token, and the before / after comparison; it follows runs that
-are still training. ``--export FILE.html`` writes one self-contained HTML file of the episodes
+default, any other address needs ``--api-key``; nothing fetched from the network) with the runs
+side by side, the episode browser, one episode turn by turn and token by token, and the before /
+after comparison; it follows runs that are still training. ``--export FILE.html`` writes one self-contained HTML file of the episodes
 chosen by the filter options (of run ``--run``) instead; ``--print`` prints them as text.
 """
 
