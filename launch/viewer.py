@@ -2,6 +2,9 @@
 
     python launch/viewer.py runs/babyai [runs/other ...] [--port 8765]
     python launch/viewer.py runs/babyai --export episodes.html --status done --limit 20
+    python launch/viewer.py runs/babyai --host 0.0.0.0 --api-key KEY   # off loopback: a key
+
+Loopback by default; any other address needs ``--api-key`` (default ``$AGENTRL_VIEWER_API_KEY``).
 """
 
 from __future__ import annotations

@@ -245,3 +245,150 @@ def test_export_file_opens_without_a_server(browser, run_dir, tmp_path):
     wait(browser, lambda d: d.find_elements(By.CSS_SELECTOR, "#tokens .tok.m1"))
     errors = [e for e in browser.get_log("browser") if e.get("level") == "SEVERE"]
     assert not errors, errors  # no failed request, no script error
+
+
+# ------------------------------------------------------------------ a hostile run folder
+# Every field of the run folder holds script payloads (tests/viewer_hostile.py); each view of
+# the live page and of an export must show them as text, run none of them, and mark the
+# malformed episodes' bad fields.
+from viewer_hostile import (PAGE_TITLE, PAYLOADS, PROBE_FIELDS, RUN_NAME,  # noqa: E402
+                            write_hostile_run)
+
+PAYLOAD_MARKUP = ("#view img, #view iframe, #view script, #view object, #view embed, "
+                  "[onerror], [onload], [ontoggle], [onclick], [onmouseover]")
+
+
+@pytest.fixture(scope="module")
+def hostile_server(tmp_path_factory):
+    run = write_hostile_run(str(tmp_path_factory.mktemp("hostile")))
+    viewer = Viewer([run], cache_dir=str(tmp_path_factory.mktemp("hostile_cache")),
+                    load_tokenizer=False)
+    viewer.update()
+    with BackgroundServer(viewer, poll_s=0.3) as url:
+        yield url, run
+    viewer.close()
+
+
+def settle(driver) -> None:
+    """Let pending image loads (and any handler they would trigger) finish."""
+    driver.execute_async_script(
+        "const done = arguments[0]; requestAnimationFrame(() => setTimeout(done, 200));")
+
+
+def assert_no_script_ran(driver, title: str, where: str) -> None:
+    settle(driver)
+    state = driver.execute_script(
+        "return {title: document.title, pwned: window.__pwned === undefined ? null : "
+        f"String(window.__pwned), markup: document.querySelectorAll({PAYLOAD_MARKUP!r}).length}}")
+    assert state == {"title": title, "pwned": None, "markup": 0}, where
+
+
+def view_text(driver) -> str:
+    return driver.execute_script("return document.getElementById('view').textContent")
+
+
+HOSTILE_VIEWS = ["#runs", "#episodes?run=0", "#compare?run=0", "#compare?run=0&task=0",
+                 "#compare?run=0&task=1&sample=1"] + [
+    f"#episode?run=0&file={f}&row={r}&tab={tab}" for f, n in ((0, 5), (1, 4))
+    for r in range(n) for tab in ("turns", "tokens")]
+
+
+def test_a_hostile_run_runs_no_script_in_the_page(browser, hostile_server):
+    url, _ = hostile_server
+    browser.get_log("browser")  # drop what earlier pages logged
+    for view in HOSTILE_VIEWS:
+        open_view(browser, url, view)
+        assert not browser.find_elements(By.CSS_SELECTOR, "#view > .errorbox:only-child"), view
+        assert_no_script_ran(browser, PAGE_TITLE, view)
+    # the payloads are shown, as text
+    open_view(browser, url, "#episode?run=0&file=0&row=0")
+    text = view_text(browser)
+    assert all(p in text for p in PAYLOADS)
+    open_view(browser, url, "#runs")
+    assert RUN_NAME in view_text(browser) and PAYLOADS[4] in view_text(browser)
+    # the probe's episode: its six fields hold payloads, each marked, the rest shown
+    open_view(browser, url, "#episode?run=0&file=0&row=1")
+    marked = browser.execute_script(
+        "return [...document.querySelectorAll('.fields .malformed')].map(e => e.dataset.field)")
+    assert sorted(marked) == sorted(PROBE_FIELDS)
+    assert len(browser.find_elements(By.CSS_SELECTOR, ".malformed-record li")) == 6
+    assert browser.find_elements(By.CSS_SELECTOR, ".turn[data-turn]")
+    # wrong containers: the episode still opens, says why there are no turns / tokens
+    open_view(browser, url, "#episode?run=0&file=0&row=2&tab=tokens")
+    text = view_text(browser)
+    assert "invalid_actions: expected an integer, got str '<x>'" in text
+    assert "No token view for this episode: malformed token record (token_ids[0]" in text
+    errors = [e for e in browser.get_log("browser") if e.get("level") == "SEVERE"]
+    assert not errors, errors  # no blocked script, no failed image load, no script error
+
+
+def test_a_hostile_run_exported_runs_no_script(browser, hostile_server, tmp_path):
+    _, run = hostile_server
+    out = str(tmp_path / "hostile.html")
+    assert viewer_main([run, "--export", out, "--limit", "100", "--no-cache",
+                        "--no-tokenizer"]) == 0
+    title = f"{RUN_NAME}: 9 of 9 matching episodes"
+    browser.get_log("browser")
+    browser.get("file://" + out)
+    wait(browser, lambda d: len(d.find_elements(By.CSS_SELECTOR, "table.list tbody tr")) == 9)
+    assert_no_script_ran(browser, title, "export list")
+    rows = browser.execute_script("return [...document.querySelectorAll('table.list tbody tr')]"
+                                  ".map(tr => [tr.dataset.file, tr.dataset.row])")
+    for file, row in rows:
+        for tab in ("turns", "tokens"):
+            open_view(browser, "file://" + out, f"#episode?file={file}&row={row}&tab={tab}")
+            assert browser.find_elements(By.CSS_SELECTOR, ".tabs"), (file, row)
+            assert_no_script_ran(browser, title, f"export file {file} row {row} {tab}")
+    errors = [e for e in browser.get_log("browser") if e.get("level") == "SEVERE"]
+    assert not errors, errors
+
+
+INJECT = ("const i = document.createElement('div'); i.innerHTML = "
+          "'<img id=probe src=nothing-here onerror=\"window.__csp = 1\">'; "
+          "document.body.appendChild(i);")
+
+
+def injected_handler_ran(driver) -> bool:
+    driver.execute_script(INJECT)
+    wait(driver, lambda d: d.execute_script("return document.getElementById('probe').complete"))
+    settle(driver)
+    return driver.execute_script("return window.__csp === 1")
+
+
+def test_the_content_security_policy_blocks_an_inline_handler(browser, server, run_dir,
+                                                               tmp_path):
+    """Defence in depth: were markup ever inserted, its inline event handler would not run,
+    in the live page (CSP header) nor in an export (CSP meta). Control: the same injection
+    runs on a page without the policy."""
+    url, _ = server
+    browser.get("data:text/html,<title>no policy</title>")
+    assert injected_handler_ran(browser)  # the probe works
+    open_view(browser, url, "#runs")
+    assert not injected_handler_ran(browser)
+    out = str(tmp_path / "export.html")
+    assert viewer_main([run_dir, "--export", out, "--limit", "2", "--no-cache",
+                        "--no-tokenizer"]) == 0
+    browser.get("file://" + out)
+    wait(browser, lambda d: d.find_elements(By.CSS_SELECTOR, "table.list tbody tr"))
+    assert not injected_handler_ran(browser)
+    browser.get_log("browser")  # the blocked handlers logged their violations
+
+
+def test_a_keyed_viewer_asks_for_its_key(browser, run_dir, tmp_path):
+    viewer = Viewer([run_dir], cache_dir=str(tmp_path / "cache"), load_tokenizer=False)
+    viewer.update()
+    with BackgroundServer(viewer, api_key="k3y") as url:
+        open_view(browser, url, "#runs")
+        assert "needs its API key" in view_text(browser)
+        assert not browser.find_elements(By.CSS_SELECTOR, ".chart svg")  # no run data shown
+        rendered = lambda d: d.execute_script("return document.body.dataset.rendered")  # noqa
+        before = rendered(browser)
+        browser.find_element(By.ID, "api-key").send_keys("wrong\n")
+        wait(browser, lambda d: rendered(d) != before)  # asked the server again: refused
+        assert "needs its API key" in view_text(browser)
+        assert not browser.find_elements(By.CSS_SELECTOR, ".chart svg")
+        browser.find_element(By.ID, "api-key").send_keys("k3y\n")
+        wait(browser, lambda d: len(d.find_elements(By.CSS_SELECTOR, ".chart svg")) >= 5)
+        browser.execute_script("sessionStorage.clear()")
+        browser.get_log("browser")  # the refused requests logged their 401s
+    viewer.close()

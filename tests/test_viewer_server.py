@@ -312,7 +312,7 @@ async def test_export_endpoint_and_cli(client, run_dir, tmp_path):
     assert [(x["file"], x["row"]) for x in export_data_rows(html)] == list(
         zip(page.files.tolist(), page.rows.tolist()))
     _no_external_references(html)
-    assert "window.VIEWER_EXPORT" in html and "function tokensHtml" in html
+    assert 'id="viewer-export"' in html and "function tokensHtml" in html
     # the command line, with filters
     out = tmp_path / "x" / "export.html"
     assert viewer_main([run_dir, "--export", str(out), "--kind", "train", "--invalid", "yes",

@@ -5,9 +5,9 @@
     python -m agentrl_jax.viewer runs/babyai --print --search "pick up" --limit 3
 
 Serving: a local web page at http://127.0.0.1:8765/ (``--host`` / ``--port``; loopback by
-default, nothing fetched from the network) with the runs side by side, the episode browser, one
-episode turn by turn and token by token, and the before / after comparison; it follows runs that
-are still training. ``--export FILE.html`` writes one self-contained HTML file of the episodes
+default, any other address needs ``--api-key``; nothing fetched from the network) with the runs
+side by side, the episode browser, one episode turn by turn and token by token, and the before /
+after comparison; it follows runs that are still training. ``--export FILE.html`` writes one self-contained HTML file of the episodes
 chosen by the filter options (of run ``--run``) instead; ``--print`` prints them as text.
 """
 
@@ -18,8 +18,12 @@ import asyncio
 import os
 import sys
 
+from agentrl_common.httpguard import require_key_off_loopback
 from agentrl_jax.viewer.file_index import default_cache_dir
 from agentrl_jax.viewer.index import SORT_KEYS, Query
+
+
+API_KEY_ENV = "AGENTRL_VIEWER_API_KEY"  # the default of --api-key
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -28,7 +32,15 @@ def build_parser() -> argparse.ArgumentParser:
                                 formatter_class=argparse.RawDescriptionHelpFormatter,
                                 epilog=__doc__.split("\n\n", 1)[1])
     p.add_argument("runs", nargs="+", metavar="RUN_DIR", help="run directories (--workdir)")
-    p.add_argument("--host", default="127.0.0.1", help="address to bind (default loopback)")
+    p.add_argument("--host", default="127.0.0.1",
+                   help="interface to bind (default loopback; any other needs --api-key)")
+    p.add_argument("--api-key", default=os.environ.get(API_KEY_ENV) or None,
+                   help="require 'Authorization: Bearer <key>' on every /api/ route (the page "
+                        f"asks for it) (default: ${API_KEY_ENV})")
+    p.add_argument("--allowed-host", action="append", default=[],
+                   help="a host name clients reach this viewer by (repeatable); requests "
+                        "naming another Host are refused (421). Default: the loopback names "
+                        "on loopback, any Host elsewhere (the API key guards)")
     p.add_argument("--port", type=int, default=8765, help="port (0: any free port)")
     p.add_argument("--cache", default=None,
                    help=f"index cache directory (default {default_cache_dir()})")
@@ -76,18 +88,17 @@ def query_from_args(a: argparse.Namespace) -> Query:
                  limit=max(a.limit, 1))
 
 
-async def serve(viewer, host: str, port: int, poll: float) -> None:
-    from aiohttp import web
+async def serve(viewer, host: str, port: int, poll: float, api_key: str | None = None,
+                allowed_hosts: tuple[str, ...] = ()) -> None:
+    from agentrl_jax.viewer.server import make_app, start_site
 
-    from agentrl_jax.viewer.server import make_app
-
-    runner = web.AppRunner(make_app(viewer, poll_s=poll), access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, host, port)
-    await site.start()
-    bound = runner.addresses[0][1] if runner.addresses else port
+    app = make_app(viewer, poll_s=poll, host=host, allowed_hosts=allowed_hosts,
+                   api_key=api_key)
+    runner, site = await start_site(app, host, port, api_key)
+    bound = site.port
     shown = host if ":" not in host else f"[{host}]"
-    print(f"viewer: http://{shown}:{bound}/  ({len(viewer.runs)} run(s); Ctrl-C stops)",
+    keyed = "; the page asks for the API key" if api_key else ""
+    print(f"viewer: http://{shown}:{bound}/  ({len(viewer.runs)} run(s){keyed}; Ctrl-C stops)",
           flush=True)
     try:
         await asyncio.Event().wait()
@@ -97,6 +108,12 @@ async def serve(viewer, host: str, port: int, poll: float) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     a = build_parser().parse_args(argv)
+    if not (a.export or a.print_text):
+        try:  # before anything is read: refuse at once
+            require_key_off_loopback(a.host, a.api_key)
+        except ValueError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
     missing = [r for r in a.runs if not os.path.isdir(r)]
     if missing:
         print(f"not a directory: {', '.join(missing)}", file=sys.stderr)
@@ -119,8 +136,8 @@ def main(argv: list[str] | None = None) -> int:
                     print(f"--limit {q.limit}: an export holds at most {MAX_EPISODES}",
                           file=sys.stderr)
                     return 2
-                n = write_export(viewer, a.run, q, a.export, tokens=not a.no_tokens)
-                print(f"wrote {n} episodes to {a.export}")
+                written = write_export(viewer, a.run, q, a.export, tokens=not a.no_tokens)
+                print(written.line(a.export))
             if a.print_text:
                 page = viewer.episodes(a.run, q, preview=False)
                 print(f"{page['total']} matching episodes; showing {len(page['rows'])}")
@@ -129,7 +146,8 @@ def main(argv: list[str] | None = None) -> int:
                     print(viewer.render(a.run, r["file"], r["row"]))
             return 0
         try:
-            asyncio.run(serve(viewer, a.host, a.port, a.poll))
+            asyncio.run(serve(viewer, a.host, a.port, a.poll, a.api_key,
+                              tuple(a.allowed_host)))
         except KeyboardInterrupt:
             print("viewer stopped", file=sys.stderr)
         except OSError as e:

@@ -20,13 +20,11 @@ from typing import Any, Sequence
 import numpy as np
 
 from agentrl_jax.viewer import episode as episode_mod
+from agentrl_jax.viewer import record as record_mod
 from agentrl_jax.viewer.index import Query
 from agentrl_jax.viewer.runs import Run, curves, flatten
 
 PREVIEW_CHARS = 80
-EPISODE_FIELDS = ("env", "task_id", "episode_id", "step", "status", "reward", "success",
-                  "num_turns", "invalid_actions", "horizon", "policy_version", "group_id",
-                  "sample_index", "error", "elapsed_s", "prompt_length")
 
 
 class ViewerError(ValueError):
@@ -125,7 +123,8 @@ class Viewer:
             ep = r.index.read(file, row)
         except Exception as e:  # a file changed under the index: the list still shows
             return {"last_reply": None, "error": f"({e})"}
-        replies = [m.get("content") for m in ep.get("messages") or []
+        messages = ep.get("messages") if isinstance(ep.get("messages"), list) else []
+        replies = [m.get("content") for m in messages
                    if isinstance(m, dict) and m.get("role") == "assistant"]
         last = str(replies[-1]) if replies else None
         if last is not None and len(last) > PREVIEW_CHARS:
@@ -154,30 +153,49 @@ class Viewer:
 
     def episode(self, run_id: int, file: int, row: int, tokens: bool = True) -> dict[str, Any]:
         """The episode view: its fields, turns, and (``tokens``) the token view with the
-        loss-mask checks and the advantage."""
+        loss-mask checks and the advantage.
+
+        A malformed record is shown as far as it can be: ``malformed`` maps each field of the
+        wrong type to the reason (the field itself is ``None``; see ``record.py``), and token
+        arrays that cannot be laid out leave out the token view (``malformed["tokens"]``: why)."""
         r = self.run(run_id)
         ep = self.record(run_id, file, row)
         f = r.index.files[file]
         parser = episode_mod.parser_for(r.cfg("rollout.parser"))
+        fields, malformed = record_mod.episode_fields(ep)
+        messages = record_mod.list_field(ep, "messages", malformed)
+        record_mod.list_field(ep, "turn_rewards", malformed)
         out: dict[str, Any] = {"run": run_id, "file": file, "row": row, "kind": f.kind,
-                               "file_name": os.path.basename(f.path),
-                               "fields": {k: ep.get(k) for k in EPISODE_FIELDS if k in ep},
-                               "has_messages": bool(ep.get("messages")),
+                               "file_name": os.path.basename(f.path), "fields": fields,
+                               "malformed": malformed, "has_messages": bool(messages),
                                "has_tokens": bool(ep.get("token_ids"))}
         if "step" not in ep and f.default_step >= 0:
             out["fields"]["step"] = f.default_step
         out.update(episode_mod.turns(ep, parser))
-        if tokens and ep.get("token_ids"):
-            adv = self.advantage(r, file, row, ep)
-            ids = [int(x) for x in ep["token_ids"]]
-            strings = r.token_strings(ids)
-            out["tokens"] = episode_mod.token_view(ep, strings, adv["value"])
-            out["tokens"]["advantage_note"] = adv["note"]
-            out["tokens"]["tokenizer_error"] = r.tokenizer_error if strings is None else None
-            decode = r.decode if strings is not None else None
-            out["checks"] = episode_mod.mask_checks(
-                ep, decode, str(r.cfg("agent.response_prefix", "") or ""))
+        problem = record_mod.token_problem(ep) if ep.get("token_ids") else None
+        if problem is not None:
+            malformed["tokens"] = problem
+        elif tokens and ep.get("token_ids"):
+            out.update(self._token_section(r, file, row, ep))
         return out
+
+    def _token_section(self, r: Run, file: int, row: int, ep: dict[str, Any]
+                       ) -> dict[str, Any]:
+        """``{tokens, checks}`` of a record whose token arrays passed ``token_problem``."""
+        try:
+            adv = self.advantage(r, file, row, ep)
+        except (TypeError, ValueError, OverflowError, AttributeError) as e:  # a bad group member
+            adv = {"value": None, "note": f"not recomputed: a record of its group is "
+                                          f"malformed ({type(e).__name__}: {e})"}
+        ids = [int(x) for x in ep["token_ids"]]
+        strings = r.token_strings(ids)
+        view = episode_mod.token_view(ep, strings, adv["value"])
+        view["advantage_note"] = adv["note"]
+        view["tokenizer_error"] = r.tokenizer_error if strings is None else None
+        decode = r.decode if strings is not None else None
+        checks = episode_mod.mask_checks(ep, decode,
+                                         str(r.cfg("agent.response_prefix", "") or ""))
+        return {"tokens": view, "checks": checks}
 
     def advantage(self, r: Run, file: int, row: int, ep: dict[str, Any]) -> dict[str, Any]:
         """``{value, note}``: the episode's advantage recomputed from its group (see

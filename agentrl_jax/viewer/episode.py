@@ -30,6 +30,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from agentrl_jax.agent.parsing import INVALID_FORMAT_FEEDBACK, ParsedAction, get_parser
+from agentrl_jax.viewer.record import episode_fields, int_field
 
 ERROR_STATUSES = ("env_error", "engine_error")
 #: how the environment servers answer an action they do not understand (environments/*/env.py)
@@ -64,8 +65,10 @@ def turns(ep: dict[str, Any], parser: Callable[[str], ParsedAction]) -> dict[str
     ``unlocated_invalid``: recorded ``invalid_actions`` not matched to a turn (a rejection on
     the last turn has no observation to show it, or an unknown message).
     """
-    messages = [m for m in (ep.get("messages") or []) if isinstance(m, dict)]
-    rewards = ep.get("turn_rewards") or []
+    raw = ep.get("messages")
+    messages = [m for m in raw if isinstance(m, dict)] if isinstance(raw, list) else []
+    rewards = ep.get("turn_rewards")
+    rewards = rewards if isinstance(rewards, list) else []
     out: dict[str, Any] = {"system": None, "first_observation": None, "turns": [],
                            "warnings": []}
     i = 0
@@ -104,7 +107,7 @@ def turns(ep: dict[str, Any], parser: Callable[[str], ParsedAction]) -> dict[str
     rejected = sum(t["rejected"] for t in out["turns"])
     out["format_invalid"] = format_invalid
     out["env_rejected"] = rejected
-    recorded = int(ep.get("invalid_actions") or 0)
+    recorded = int_field(ep, "invalid_actions")
     out["unlocated_invalid"] = max(recorded - format_invalid - rejected, 0)
     return out
 
@@ -159,7 +162,7 @@ def token_view(ep: dict[str, Any], strings: list[str] | None,
            for m in mask]
     return {"ids": ids, "strings": strings, "mask": mask, "turn": turn, "logprob": logprob,
             "advantage": adv, "n_tokens": n, "n_trained": sum(mask),
-            "prompt_length": int(ep.get("prompt_length") or 0)}
+            "prompt_length": int_field(ep, "prompt_length")}
 
 
 def mask_checks(ep: dict[str, Any], decode: Callable[[list[int]], str | None] | None,
@@ -182,7 +185,7 @@ def mask_checks(ep: dict[str, Any], decode: Callable[[list[int]], str | None] | 
                        "detail": f"token_ids {len(ids)}, loss_mask {len(mask)}, turn_ids "
                                  f"{len(turn)}: not recorded or not aligned"})
         return checks
-    plen = int(ep.get("prompt_length") or 0)
+    plen = int_field(ep, "prompt_length")
     bad_prompt = [i for i in range(len(ids)) if mask[i] and (turn[i] < 0 or i < plen)]
     checks.append({"name": "prompt untrained", "ok": not bad_prompt,
                    "detail": "no prompt id has loss mask 1" if not bad_prompt else
@@ -203,7 +206,8 @@ def mask_checks(ep: dict[str, Any], decode: Callable[[list[int]], str | None] | 
         checks.append({"name": "trained spans are the replies", "ok": None,
                        "detail": "needs the run's tokenizer (not available)"})
         return checks
-    replies = [str(m.get("content") or "") for m in ep.get("messages") or []
+    messages = ep.get("messages") if isinstance(ep.get("messages"), list) else []
+    replies = [str(m.get("content") or "") for m in messages
                if isinstance(m, dict) and m.get("role") == "assistant"]
     mismatched = []
     for k, reply in enumerate(replies):
@@ -229,9 +233,13 @@ def render_text(ep: dict[str, Any], parser: Callable[[str], ParsedAction] | None
     wrap = lambda s, ind="    ": "\n".join(  # noqa: E731
         textwrap.fill(line, width, initial_indent=ind, subsequent_indent=ind) or ind
         for line in str(s).splitlines() or [""])
-    lines = [f"{ep.get('env')} / {ep.get('task_id')}  step {ep.get('step', '-')}  "
-             f"status {ep.get('status')}  reward {float(ep.get('reward') or 0):.3f}  "
-             f"turns {ep.get('num_turns')}  invalid actions {ep.get('invalid_actions', 0)}"]
+    fields, malformed = episode_fields(ep)
+    reward = fields.get("reward")
+    lines = [f"{fields.get('env')} / {fields.get('task_id')}  step {fields.get('step', '-')}  "
+             f"status {fields.get('status')}  "
+             f"reward {'-' if reward is None else f'{float(reward):.3f}'}  "
+             f"turns {fields.get('num_turns')}  invalid actions {fields.get('invalid_actions', 0)}"]
+    lines += [f"[malformed] {name}: {why}" for name, why in malformed.items()]
     if system and view["system"]:
         lines += ["[system]", wrap(view["system"])]
     if view["first_observation"] is not None:
@@ -245,6 +253,6 @@ def render_text(ep: dict[str, Any], parser: Callable[[str], ParsedAction] | None
                                                    if t["rejected"] else ""))
         if t["observation"] is not None:
             lines.append(wrap(t["observation"]))
-    if ep.get("error"):
-        lines.append(f"[error] {ep['error']}")
+    if fields.get("error"):
+        lines.append(f"[error] {fields['error']}")
     return "\n".join(lines)

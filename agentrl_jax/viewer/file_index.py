@@ -90,7 +90,7 @@ def as_int(value: Any, default: int = -1) -> int:
 def _float(value: Any) -> float:
     try:
         v = float(value)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         return 0.0
     return v if math.isfinite(v) else 0.0
 
@@ -100,7 +100,8 @@ def episode_text(ep: dict[str, Any]) -> str:
     and every message except the system prompt (the same long instructions in every episode of
     an environment, which would make every episode match its words)."""
     parts = [str(ep.get(k) or "") for k in ("env", "task_id", "episode_id", "status", "error")]
-    for m in ep.get("messages") or ():
+    messages = ep.get("messages")
+    for m in messages if isinstance(messages, list) else ():  # a malformed record: no messages
         if isinstance(m, dict) and m.get("role") != "system":
             parts.append(str(m.get("content") or ""))
     return "\n".join(parts).lower().replace("\x00", " ")

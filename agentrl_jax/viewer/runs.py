@@ -79,7 +79,9 @@ class MetricsLog:
                     row = json.loads(line)
                 except ValueError:
                     continue
-                if isinstance(row, dict) and isinstance(row.get("step"), (int, float)):
+                step = row.get("step") if isinstance(row, dict) else None
+                if (isinstance(step, (int, float)) and not isinstance(step, bool)
+                        and math.isfinite(step)):  # a row without a usable step is skipped
                     self._rows.append(row)
                     added += 1
             self._offset += end
@@ -166,7 +168,8 @@ class Run:
                     if env_match:
                         metric = env_match.group(2).split("@")[0]
                         row["per_env"].setdefault(env_match.group(1), {})[metric] = value
-        for step_s, ev in (self.summary().get("evals") or {}).items():
+        evals = self.summary().get("evals")
+        for step_s, ev in (evals.items() if isinstance(evals, dict) else ()):
             if not isinstance(ev, dict):
                 continue
             try:
@@ -195,7 +198,8 @@ class Run:
                          ("num_tasks", "num_tasks")):
             if src in ev and dst not in row:
                 row[dst] = ev[src]
-        for env, metrics in (ev.get("per_env") or {}).items():
+        per_env = ev.get("per_env")
+        for env, metrics in (per_env.items() if isinstance(per_env, dict) else ()):
             if isinstance(metrics, dict):
                 dest = row["per_env"].setdefault(env, {})
                 for key, value in metrics.items():

@@ -1,6 +1,7 @@
 """The viewer's HTTP server (aiohttp): the page, its static files and a JSON API.
 
-    GET /                      the page (static/index.html, app.js, style.css; nothing external)
+    GET /                      the page (static/index.html, dom.js, app.js, style.css; nothing
+                               external)
     GET /api/runs              every run: config, summary, evaluation table, trajectory files
     GET /api/metrics?run=R     metrics.jsonl rows and the learning-curve panels
     GET /api/status            per run: file sizes, last step, indexed episodes (polled: live view)
@@ -13,6 +14,14 @@
 Every parameter is validated (``params.py``): a bad one is a 400 (unknown run / file / row: 404)
 with a JSON ``{"error": message}``. A background thread indexes the runs' trajectory files and
 keeps indexing what the trainer appends, so lists, curves and status grow while a run trains.
+
+Guards (``agentrl_common.httpguard``, as the environment and rollout servers): a ``Host`` that
+is not one of the server's names is 421 (DNS rebinding), a foreign ``Origin`` or
+``Sec-Fetch-Site`` 403; with an API key every ``/api/`` route needs ``Authorization: Bearer
+<key>`` (401; the page and its static files carry no run data and stay open, the page asks for
+the key). Every answer carries ``X-Content-Type-Options: nosniff`` and a Content-Security-Policy:
+the page may run only its own script file (:data:`PAGE_CSP`: no inline script, no inline event
+handler, nothing from another origin), the JSON and the export nothing at all (:data:`DATA_CSP`).
 """
 
 from __future__ import annotations
@@ -28,6 +37,9 @@ from typing import Any, Awaitable, Callable
 
 from aiohttp import web
 
+from agentrl_common.httpguard import allowed_hosts as hosts_for
+from agentrl_common.httpguard import (GuardedSite, Limits, authorized, request_guard_middleware,
+                                     require_key_off_loopback)
 from agentrl_jax.viewer import export as export_mod
 from agentrl_jax.viewer import params as P
 from agentrl_jax.viewer.api import Viewer, ViewerError
@@ -35,9 +47,17 @@ from agentrl_jax.viewer.api import Viewer, ViewerError
 log = logging.getLogger(__name__)
 
 STATIC_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "static")
-STATIC_FILES = {"app.js": "application/javascript", "style.css": "text/css"}
+STATIC_FILES = {"dom.js": "application/javascript", "app.js": "application/javascript",
+                "style.css": "text/css"}
 VIEWER_KEY = web.AppKey("viewer", Viewer)
 STATE_KEY = web.AppKey("state", dict)
+MAX_REQUEST_BODY = 64 << 10  # the viewer takes no bodies (GET only)
+#: the page: its own script and style files only (inline styles for the charts' colours)
+PAGE_CSP = ("default-src 'none'; script-src 'self'; style-src 'self' 'unsafe-inline'; "
+            "img-src 'self' data:; connect-src 'self'; base-uri 'none'; form-action 'none'; "
+            "frame-ancestors 'none'")
+#: everything else (JSON, static files, the export download): no script, no frames
+DATA_CSP = "default-src 'none'; frame-ancestors 'none'; sandbox"
 
 
 class Indexer(threading.Thread):
@@ -121,6 +141,38 @@ async def _errors(request: web.Request, handler: Callable[[web.Request], Awaitab
         return _json({"error": e.reason or e.text or str(e.status)}, e.status)
 
 
+def _refused(status: int, message: str, headers: dict[str, str]) -> web.Response:
+    """The answer to a request the guards refuse: ``{"error": message}`` with ``status``."""
+    response = _json({"error": message}, status)
+    response.headers.update(headers)
+    return response
+
+
+def _api_key_middleware(api_key: str) -> Callable:
+    """401 for an ``/api/`` request without ``Authorization: Bearer <api_key>`` (the page and
+    its static files hold no run data; the page asks the user for the key)."""
+    @web.middleware
+    async def check_api_key(request: web.Request,
+                            handler: Callable[[web.Request], Awaitable]) -> Any:
+        if request.path.startswith("/api/") and not authorized(
+                request.headers.get("Authorization"), api_key):
+            response = _refused(401, "this viewer needs its API key: send 'Authorization: "
+                                     "Bearer <key>' (the page asks for it)",
+                                {"WWW-Authenticate": "Bearer"})
+            response.force_close()
+            return response
+        return await handler(request)
+    return check_api_key
+
+
+async def _security_headers(request: web.Request, response: web.StreamResponse) -> None:
+    """``nosniff`` and the Content-Security-Policy (the page's, or none-at-all) on every
+    answer, refusals and errors included."""
+    response.headers["X-Content-Type-Options"] = "nosniff"
+    response.headers["Referrer-Policy"] = "no-referrer"
+    response.headers["Content-Security-Policy"] = PAGE_CSP if request.path == "/" else DATA_CSP
+
+
 def _handler(allowed: tuple[str, ...], blocking: bool = True):
     """Wrap ``fn(viewer, params) -> data``: check parameter names, run it in the worker pool
     (``blocking``), answer JSON (or a ready Response)."""
@@ -201,7 +253,7 @@ def api_export(viewer: Viewer, params: Any) -> Any:
                           f"(limit={q.limit})")
     html = export_mod.export_html(viewer, run, q, tokens=bool(P.get_bool(params, "tokens",
                                                                             True)))
-    name = f"{viewer.run(run).name.replace('/', '_')}-episodes.html"
+    name = f"{export_mod.file_name(viewer.run(run).name)}-episodes.html"
     return web.Response(text=html, content_type="text/html", headers={
         "Content-Disposition": f'attachment; filename="{name}"'})
 
@@ -222,11 +274,20 @@ async def static(request: web.Request) -> web.StreamResponse:
                                      "Cache-Control": "no-cache"})
 
 
-def make_app(viewer: Viewer, index_in_background: bool = True,
-             poll_s: float = 1.0) -> web.Application:
-    """The aiohttp application for ``viewer``. ``index_in_background``: start the indexer
-    thread with the app (otherwise call ``viewer.update()`` yourself)."""
-    app = web.Application(middlewares=[_errors])
+def make_app(viewer: Viewer, index_in_background: bool = True, poll_s: float = 1.0,
+             host: str = "127.0.0.1", allowed_hosts: tuple[str, ...] = (),
+             api_key: str | None = None) -> web.Application:
+    """The aiohttp application for ``viewer`` served on ``host`` (whose names ``Host`` headers
+    may use, with ``allowed_hosts``: ``httpguard.allowed_hosts``). ``api_key``: required on
+    ``/api/`` routes. ``index_in_background``: start the indexer thread with the app
+    (otherwise call ``viewer.update()`` yourself)."""
+    middlewares: list[Callable] = [request_guard_middleware(hosts_for(host, allowed_hosts),
+                                                            _refused)]
+    if api_key:
+        middlewares.append(_api_key_middleware(api_key))
+    app = web.Application(middlewares=[*middlewares, _errors],
+                          client_max_size=MAX_REQUEST_BODY)
+    app.on_response_prepare.append(_security_headers)
     app[VIEWER_KEY] = viewer
     app[STATE_KEY] = {}
 
@@ -262,6 +323,25 @@ def make_app(viewer: Viewer, index_in_background: bool = True,
     return app
 
 
+async def start_site(app: web.Application, host: str, port: int, api_key: str | None
+                     ) -> tuple[web.AppRunner, GuardedSite]:
+    """Serve ``app`` on ``host:port`` with the other servers' limits (``httpguard``: header
+    and body read timeouts, a connection limit, one line per malformed request); refuses a
+    non-loopback ``host`` without ``api_key`` (``ValueError``)."""
+    require_key_off_loopback(host, api_key)
+    limits = Limits(max_body=MAX_REQUEST_BODY, api_key=api_key)
+    runner = web.AppRunner(app, access_log=None, **limits.runner_kwargs())
+    await runner.setup()
+    site = GuardedSite(runner, host, port, max_connections=limits.max_connections,
+                       refusal_body=b'{"error": "too many connections; retry later"}')
+    try:
+        await site.start()
+    except BaseException:
+        await runner.cleanup()
+        raise
+    return runner, site
+
+
 class BackgroundServer:
     """The viewer served from a thread of this process (tests, notebooks, scripts):
 
@@ -270,8 +350,11 @@ class BackgroundServer:
     """
 
     def __init__(self, viewer: Viewer, host: str = "127.0.0.1", port: int = 0,
-                 poll_s: float = 1.0):
+                 poll_s: float = 1.0, api_key: str | None = None,
+                 allowed_hosts: tuple[str, ...] = ()):
+        require_key_off_loopback(host, api_key)
         self.viewer, self.host, self.port, self.poll_s = viewer, host, port, poll_s
+        self.api_key, self.allowed_hosts = api_key, tuple(allowed_hosts)
         self.url: str | None = None
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="viewer-http",
@@ -279,13 +362,11 @@ class BackgroundServer:
         self._runner: web.AppRunner | None = None
 
     async def _start(self) -> str:
-        self._runner = web.AppRunner(make_app(self.viewer, poll_s=self.poll_s),
-                                     access_log=None)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, self.host, self.port)
-        await site.start()
-        port = self._runner.addresses[0][1]
-        return f"http://{self.host}:{port}/"
+        self._runner, site = await start_site(
+            make_app(self.viewer, poll_s=self.poll_s, host=self.host,
+                     allowed_hosts=self.allowed_hosts, api_key=self.api_key),
+            self.host, self.port, self.api_key)
+        return f"http://{self.host}:{site.port}/"
 
     def start(self) -> str:
         self._thread.start()
