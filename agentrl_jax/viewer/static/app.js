@@ -131,8 +131,8 @@ async function viewRuns(el) {
     const envs = [...new Set(r.evals.flatMap(e => Object.keys(e.per_env || {})))];
     h += `<div class="col"><h3>${esc(r.name)}</h3>`;
     if (!r.evals.length) { h += `<p class="muted">no evaluation yet</p></div>`; return; }
-    h += `<table class="evals"><tr><th>step</th><th>source</th><th class=num>k</th><th class=num>Avg@k</th><th class=num>Pass@k</th><th class=num>mean reward</th><th class=num>tasks</th><th class=num>dropped</th><th class=num>seconds</th>${envs.map(e => `<th class=num>${esc(e)} Avg@k</th>`).join("")}</tr>`;
-    for (const e of r.evals) h += `<tr><td class=num>${e.step}</td><td>${esc(e.source)}</td><td class=num>${fmt(e.k)}</td><td class=num>${fmt(e.avg)}</td><td class=num>${fmt(e.pass)}</td><td class=num>${fmt(e.mean_reward)}</td><td class=num>${fmt(e.num_tasks)}</td><td class=num>${fmt(e.dropped)}</td><td class=num>${fmt(e.seconds, 1)}</td>${envs.map(env => `<td class=num>${fmt((e.per_env[env] || {}).avg)}</td>`).join("")}</tr>`;
+    h += `<table class="evals"><tr><th>step</th><th>source</th><th class=num>k</th><th class=num title="mean task score">Avg@k</th><th class=num title="share of tasks with an episode scoring above 0">Pass@k</th><th class=num title="the environment's completion flag">success rate</th><th class=num>mean reward</th><th class=num>tasks</th><th class=num>dropped</th><th class=num>seconds</th>${envs.map(e => `<th class=num>${esc(e)} Avg@k</th>`).join("")}</tr>`;
+    for (const e of r.evals) h += `<tr><td class=num>${e.step}</td><td>${esc(e.source)}</td><td class=num>${fmt(e.k)}</td><td class=num>${fmt(e.avg)}${e.old_metric ? " (old metric)" : ""}</td><td class=num>${fmt(e.pass)}</td><td class=num>${fmt(e.success_rate)}</td><td class=num>${fmt(e.mean_reward)}</td><td class=num>${fmt(e.num_tasks)}</td><td class=num>${fmt(e.dropped)}</td><td class=num>${fmt(e.seconds, 1)}</td>${envs.map(env => `<td class=num>${fmt((e.per_env[env] || {}).avg)}</td>`).join("")}</tr>`;
     h += `</table></div>`;
   });
   h += `</div>`;
@@ -383,7 +383,7 @@ async function viewCompare(el, params) {
   const mean = side => { const v = tasks.map(t => t[side].success_rate).filter(x => x != null); return v.length ? v.reduce((a, b) => a + b, 0) / v.length : null; };
   const deltas = tasks.map(t => t.before.success_rate != null && t.after.success_rate != null ? t.after.success_rate - t.before.success_rate : null);
   const count = f => deltas.filter(d => d != null && f(d)).length;
-  h += `evaluation at step <b>${cmp.before}</b> (before) vs step <b>${cmp.after}</b> (after): ${tasks.length} tasks, success ${pct(mean("before"))} → ${pct(mean("after"))};
+  h += `evaluation at step <b>${cmp.before}</b> (before) vs step <b>${cmp.after}</b> (after): ${tasks.length} tasks, success (completion flag) ${pct(mean("before"))} → ${pct(mean("after"))};
     <span class="delta-pos">${count(d => d > 0)} better</span>, <span class="delta-neg">${count(d => d < 0)} worse</span>, ${count(d => d === 0)} unchanged.
     <label>sort <select id="cmp-sort">${[["task", "by task"], ["change", "by change (largest gain first)"], ["loss", "by change (largest loss first)"]].map(([v, l]) => `<option value="${v}" ${params.get("sort") === v ? "selected" : ""}>${l}</option>`).join("")}</select></label></div>`;
   const ti = params.has("task") ? +params.get("task") : null;
