@@ -44,6 +44,12 @@ class EvalResult:
     def tasks_scored(self) -> int:
         return self.num_tasks
 
+    def describe_scores(self) -> str:
+        """``avg@k=... (mean score) pass@k=... success=...`` (``eval_metrics.describe``)."""
+        return eval_metrics.describe(eval_metrics.Scores(
+            k=self.k, tasks=self.num_tasks, episodes=0, avg_at_k=self.avg_at_k,
+            pass_at_k=self.pass_at_k, success_rate=self.success_rate))
+
     def describe_failure(self) -> str:
         """Why the evaluation is not a result (one line)."""
         errors = ", ".join(f"{n} {status}" for status, n in sorted(self.errors.items()))
