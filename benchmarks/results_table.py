@@ -383,7 +383,9 @@ def table_stage(args: argparse.Namespace) -> None:
     text = markdown(table, runs)
     os.makedirs(args.results, exist_ok=True)
     with open(os.path.join(args.results, "table.json"), "w") as f:
-        json.dump({"runs": {k: os.path.relpath(v, ROOT) for k, v in runs.items()}, **table}, f,
+        json.dump({"runs": {k: os.path.relpath(v, ROOT) for k, v in runs.items()},
+                   "metric": "avg", "k": table["k"], **table["avg"],  # the headline: Avg@k
+                   "other_metrics": {m: table[m]["cells"] for m in TABLE_METRICS[1:]}}, f,
                   indent=1)
     with open(os.path.join(args.results, "table.md"), "w") as f:
         f.write(text)
