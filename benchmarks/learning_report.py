@@ -13,10 +13,13 @@ Full trajectory files are not copied (large).
 
 The interval: tasks are resampled with replacement (10,000 draws, seeded), each draw's gain is
 the mean over its tasks of (after success rate - before success rate) on the same task: a
-paired bootstrap over held-out tasks, the unit the evaluation samples. ``--metric`` picks
-what an episode counts as: ``success`` (default: the success flag or a positive reward),
-``strict_success`` (the flag alone; on ScienceWorld a positive reward is any partial score) or
-``reward`` (the episode reward: ScienceWorld's 0-100 score / 100).
+paired bootstrap over held-out tasks, the unit the evaluation samples. ``--metric`` picks the
+metric (``agentrl_jax/training/eval_metrics.py``): ``avg`` (default: Avg@k, the mean task
+score in [0, 1]; ScienceWorld's 0-100 score / 100), ``pass`` (Pass@k: a task passes when any of
+its episodes scores > 0) or ``success`` (the environment's completion flag; on ScienceWorld the
+task completed, not any partial score). Before 2026-12 the default counted an episode that had
+the flag or any positive score (the old Avg@k); ``strict_success`` and ``reward`` are accepted
+as the old names of ``success`` and ``avg``.
 
 Comparisons between runs evaluated on the same held-out tasks (``--diff``, comma-separated
 ``B:A`` pairs of labels, each optionally ``@first``, ``@last`` (default) or ``@<step>``): the
@@ -66,11 +69,13 @@ from collections import defaultdict
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # agentrl_jax
+from agentrl_jax.training import eval_metrics  # noqa: E402
 
 PANELS = (  # (title, metric keys tried in order, y label)
     ("train reward", ("rollout/mean_reward",), "mean episode reward"),
     ("train success", ("rollout/success_rate",), "success rate"),
-    ("held-out success", ("eval/avg@4", "eval/avg@1", "eval/avg@8"), "Avg@k"),
+    ("held-out Avg@k", ("eval/avg@4", "eval/avg@1", "eval/avg@8"),
+     "Avg@k (mean score; old runs: share > 0)"),
     ("entropy", ("actor/entropy",), "nats / token"),
     ("KL (to reference; else old -> new)", ("actor/ref_kl", "actor/ppo_kl"), "nats"),
     ("sampler vs learner log-prob", ("rollout/logprob_abs_diff_mean",), "mean |diff|"),
@@ -125,33 +130,31 @@ def eval_episodes(run: str) -> list[dict]:
     return out
 
 
-#: what ``--metric`` scores an evaluation episode with
-METRICS = ("success", "strict_success", "reward")
+#: what ``--metric`` can be (``eval_metrics.METRICS``) and the old names still accepted
+METRICS = eval_metrics.METRICS
+OLD_METRIC_NAMES = {"strict_success": "success", "reward": "avg"}
 
 
-def episode_value(t: dict, metric: str = "success") -> float:
-    """One evaluation episode's value: ``success`` = 1.0 if it succeeded or earned a positive
-    reward (the binary-reward families, where both agree), ``strict_success`` = its
-    ``success`` flag alone (ScienceWorld: score 100, not any partial score), ``reward`` = its
-    episode reward (ScienceWorld: final score / 100 in [0, 1])."""
-    if metric == "success":
-        return float(bool(t.get("success")) or float(t.get("reward") or 0.0) > 0)
-    if metric == "strict_success":
-        return float(bool(t.get("success")))
-    if metric == "reward":
-        return float(t.get("reward") or 0.0)
-    raise ValueError(f"unknown metric {metric!r} (one of {METRICS})")
+def metric_name(metric: str) -> str:
+    """``metric`` with an old name (:data:`OLD_METRIC_NAMES`) replaced; an unknown one raises
+    ``ValueError``."""
+    metric = OLD_METRIC_NAMES.get(metric, metric)
+    if metric not in METRICS:
+        raise ValueError(f"unknown metric {metric!r} (one of {', '.join(METRICS)})")
+    return metric
 
 
-def eval_success_by_task(run: str, metric: str = "success") -> dict[int, dict[str, list[float]]]:
-    """``{step: {task key: [value of each sample]}}`` of ``run``'s evaluation episodes, each
-    valued by :func:`episode_value` (episodes with an env / engine error are left out)."""
-    out: dict[int, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
+def eval_success_by_task(run: str, metric: str = "avg") -> dict[int, dict[str, list[float]]]:
+    """``{step: {task key: values}}`` of ``run``'s evaluation episodes: per task the values
+    whose mean is its ``metric`` (``eval_metrics.task_values``: ``avg`` the episodes' scores,
+    ``success`` their completion flags, ``pass`` one 0/1); error episodes left out."""
+    metric = metric_name(metric)
+    episodes: dict[int, list[dict]] = defaultdict(list)
     for t in eval_episodes(run):
-        if t.get("status") in ("env_error", "engine_error"):
-            continue
-        out[int(t["step"])][f"{t['env']}/{t['task_id']}"].append(episode_value(t, metric))
-    return out
+        episodes[int(t["step"])].append(t)
+    out = {step: eval_metrics.task_values(eval_metrics.outcomes(eps), metric)
+           for step, eps in sorted(episodes.items())}
+    return {step: values for step, values in out.items() if values}
 
 
 def collect_run(run: str, dest: str) -> int:
@@ -341,10 +344,10 @@ def main(argv=None) -> int:
                    "the paired difference B - A on their common held-out tasks")
     p.add_argument("--collect", action="store_true", help="only copy each run's small files "
                    "and evaluation episodes to --out/<label>/")
-    p.add_argument("--metric", choices=METRICS, default="success", help="what an evaluation "
-                   "episode counts as: success (or a positive reward; default), strict_success "
-                   "(the success flag alone) or reward (the episode reward, e.g. ScienceWorld's "
-                   "score / 100)")
+    p.add_argument("--metric", choices=(*METRICS, *OLD_METRIC_NAMES), default="avg",
+                   help="avg (Avg@k, the mean task score; default), pass (Pass@k: any episode "
+                   "scores > 0) or success (the completion flag); strict_success / reward: old "
+                   "names of success / avg")
     args = p.parse_args(argv)
     labels = args.labels.split(",") if args.labels else [os.path.basename(r.rstrip("/"))
                                                          for r in args.runs]

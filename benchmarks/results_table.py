@@ -29,8 +29,12 @@ Chromium is found (``MINIWOB_CHROME_BINARY`` or ``PATH``).
 Stage ``table``: reads the runs under ``--from`` directories (default ``--results``; a label is
 a subdirectory ``<job>`` or ``<job>_s<k>`` with evaluation episodes; ``--alias job=dir`` names
 single runs kept elsewhere, as seed 0) and writes ``<results>/table.md`` and ``table.json``:
-the family table and the comparisons, each cell ``seed_stats`` over the seeds that exist
-(``benchmarks/seed_stats.py``), "no runs yet" where none do. A comparison of two training
+the family table of Avg@k (the mean task score, the paper's headline metric) with the
+comparisons, then the same cells for Pass@k and for the success rate (the environment's
+completion flag), all three from ``agentrl_jax/training/eval_metrics.py``; each cell
+``seed_stats`` over the seeds that exist (``benchmarks/seed_stats.py``), "no runs yet" where
+none do. ``tests/test_results_doc.py`` rebuilds the tables of docs/RESULTS.md from the
+committed runs (:data:`DOC_SOURCES`) and fails when a printed number differs. A comparison of two training
 configurations from one start (``SAME_START``: GiGPO vs GRPO, ScalingInter-RL vs a fixed horizon,
 the twice-evaluated SFT policy) pairs a seed's two runs only when both started from the same
 policy (:func:`start_policy`); a seed whose runs did not is left out of it and named.
@@ -83,6 +87,13 @@ SAME_START = frozenset({"SFT+GiGPO - SFT+GRPO", "GiGPO - GRPO (RL only)",
                         "ScalingInter-RL - fixed 6 turns", "ScalingInter-RL - fixed 20 turns",
                         "control: the SFT policy evaluated twice"})
 BEGIN, END = "<!-- results-table:begin -->", "<!-- results-table:end -->"
+#: the metrics of the tables, headline first (``eval_metrics.METRICS``)
+TABLE_METRICS = ("avg", "pass", "success")
+#: ``--from`` directories and ``--alias`` entries of docs/RESULTS.md's table (relative to ROOT)
+DOC_SOURCES = ("docs/results/table", "docs/results/issue15_gpu_wave1",
+               "docs/results/families_gpu", "docs/results/webnav")
+DOC_ALIASES = {"textcraft_grpo": "docs/results/textcraft_shared_gpu",
+               "sciworld_sft_grpo": "docs/results/families_gpu/sciworld_sft_grpo_long"}
 
 
 # ------------------------------------------------------------------------------------ jobs
@@ -208,15 +219,27 @@ def different_starts(runs: dict[str, str], b_job: str, a_job: str) -> dict[int, 
     return out
 
 
-def build_table(runs: dict[str, str], draws: int = 10_000) -> dict:
-    """``{"cells": {family: {column: entry}}, "comparisons": {family: {name: entry}}}``; an
-    entry is ``seed_stats`` output plus ``job`` / ``which``, or ``{"missing": why}``."""
+def samples_per_task(runs: dict[str, str]) -> int:
+    """The k of the runs' evaluations: the most common number of finished episodes per task."""
+    counts: dict[int, int] = {}
+    for run in runs.values():
+        for values in learning_report.eval_success_by_task(run, "avg").values():
+            for v in values.values():
+                counts[len(v)] = counts.get(len(v), 0) + 1
+    return max(counts, key=lambda n: (counts[n], n)) if counts else 0
+
+
+def build_table(runs: dict[str, str], draws: int = 10_000, metric: str = "avg",
+                comparisons: bool = True) -> dict:
+    """``{"cells": {family: {column: entry}}, "comparisons": {family: {name: entry}}}`` of
+    ``metric`` (``eval_metrics.METRICS``; ``comparisons=False``: the cells only); an entry is
+    ``seed_stats`` output plus ``job`` / ``which``, or ``{"missing": why}``."""
     evals: dict[str, dict] = {}
 
     def load(labels: list[str]) -> dict[str, dict]:
         for label in labels:
             if label not in evals:
-                evals[label] = learning_report.eval_success_by_task(runs[label])
+                evals[label] = learning_report.eval_success_by_task(runs[label], metric)
         return {label: evals[label] for label in labels}
 
     out: dict = {"cells": {}, "comparisons": {}}
@@ -239,8 +262,8 @@ def build_table(runs: dict[str, str], draws: int = 10_000) -> dict:
                                       if "missing" in rep["configurations"][job] else {})}
                     break
         out["cells"][family] = row
-        comps = {}
-        for name, options in COMPARISONS:
+        comps: dict = {}
+        for name, options in COMPARISONS if comparisons else ():
             for spec_t in options:
                 spec = spec_t.format(p=p)
                 jobs = [side.partition("@")[0] for side in spec.split(":")]
@@ -271,8 +294,22 @@ def _cell(e: dict, signed: bool = False) -> str:
             f"{'†' if e['single_seed'] else ''})")
 
 
-def markdown(table: dict, runs: dict[str, str]) -> str:
-    """The table (and the comparisons) as markdown, in points (Avg@k x 100)."""
+def build_tables(runs: dict[str, str], draws: int = 10_000) -> dict:
+    """``{"k": k, "avg": table, "pass": cells, "success": cells}``: :func:`build_table` of
+    each of :data:`TABLE_METRICS`, the comparisons for Avg@k only."""
+    return {"k": samples_per_task(runs),
+            **{m: build_table(runs, draws, m, comparisons=m == "avg") for m in TABLE_METRICS}}
+
+
+def metric_title(metric: str, k: int) -> str:
+    """The heading naming what a table shows (``eval_metrics.METRIC_TITLES``)."""
+    from agentrl_jax.training.eval_metrics import METRIC_TITLES
+
+    return METRIC_TITLES[metric].format(k=k or "k")
+
+
+def cells_markdown(table: dict) -> list[str]:
+    """The family x column table of one metric (markdown lines)."""
     cols = list(COLUMNS)
     lines = ["| family | " + " | ".join(cols) + " |", "|---" * (len(cols) + 1) + "|"]
     for family, _ in FAMILIES:
@@ -281,7 +318,16 @@ def markdown(table: dict, runs: dict[str, str]) -> str:
             lines.append(f"| {family} | " + " | ".join(["no runs yet"] * len(cols)) + " |")
         else:
             lines.append(f"| {family} | " + " | ".join(_cell(cells[c]) for c in cols) + " |")
-    lines += ["", "| comparison | family | B - A, points (95% CI) | t over seeds | per seed |",
+    return lines
+
+
+def markdown(tables: dict, runs: dict[str, str]) -> str:
+    """The tables (:func:`build_tables`) as markdown, in points (the metric x 100): Avg@k with
+    the comparisons, then Pass@k and the success rate; each says which metric it shows."""
+    k, table = tables["k"], tables["avg"]
+    lines = [f"**{metric_title('avg', k)}**, held-out, in points:", "", *cells_markdown(table)]
+    lines += ["", f"| comparison of {metric_title('avg', k).split(' (')[0]} | family | "
+              "B - A, points (95% CI) | t over seeds | per seed |",
               "|---|---|---|---|---|"]
     for family, _ in FAMILIES:
         for name, e in table["comparisons"][family].items():
@@ -294,7 +340,14 @@ def markdown(table: dict, runs: dict[str, str]) -> str:
     used = sorted({e["job"] for c in table["cells"].values() for e in c.values() if "job" in e}
                   | {j.partition("@")[0] for c in table["comparisons"].values()
                      for e in c.values() for j in e["spec"].split(":")})
-    lines += ["", "Mean over training seeds of Avg@k on the held-out tasks, in points; the "
+    for metric in TABLE_METRICS[1:]:
+        lines += ["", f"**{metric_title(metric, k)}**, held-out, in points:", "",
+                  *cells_markdown(tables[metric])]
+    lines += ["", "Every cell: the mean over training seeds of the metric its table names, on "
+              "the held-out tasks, in points (`agentrl_jax/training/eval_metrics.py`: Avg@k the "
+              "mean task score in [0, 1], ScienceWorld's score / 100; Pass@k a task passes when "
+              "any of its k episodes scores > 0, the paper's success; success rate the "
+              "environment's completion flag, ScienceWorld's task completed); the "
               "interval is a two-level bootstrap 95% interval (seeds, then tasks within a seed; "
               "`benchmarks/seed_stats.py`). † one seed: the interval covers evaluation sampling "
               "only, not training variance. *t over seeds*: the Student-t 95% interval over the "
@@ -326,11 +379,13 @@ def table_stage(args: argparse.Namespace) -> None:
             raise SystemExit(f"--alias {a}: no evaluation episodes in {path}")
         aliases[job] = path
     runs = find_runs(args.sources or [args.results], aliases)
-    table = build_table(runs, args.draws)
+    table = build_tables(runs, args.draws)
     text = markdown(table, runs)
     os.makedirs(args.results, exist_ok=True)
     with open(os.path.join(args.results, "table.json"), "w") as f:
-        json.dump({"runs": {k: os.path.relpath(v, ROOT) for k, v in runs.items()}, **table}, f,
+        json.dump({"runs": {k: os.path.relpath(v, ROOT) for k, v in runs.items()},
+                   "metric": "avg", "k": table["k"], **table["avg"],  # the headline: Avg@k
+                   "other_metrics": {m: table[m]["cells"] for m in TABLE_METRICS[1:]}}, f,
                   indent=1)
     with open(os.path.join(args.results, "table.md"), "w") as f:
         f.write(text)

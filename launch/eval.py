@@ -1,4 +1,6 @@
-"""Evaluate an agent: Avg@k and Pass@k (success = score > 0) on the test split.
+"""Evaluate an agent on the test split: Avg@k (mean task score), Pass@k (a task passes when
+any of its k episodes scores > 0) and the success rate (the environment's completion flag);
+``agentrl_jax/training/eval_metrics.py`` defines them.
 
     python launch/eval.py --config experiments/babyai_grpo_scaling.py               # base model
     python launch/eval.py --config experiments/babyai_grpo_scaling.py \
@@ -69,7 +71,8 @@ def main(argv: list[str], config: Any) -> int:
         print(f"evaluation is not a result: {result.describe_failure()}", file=sys.stderr,
               flush=True)
         return 3
-    print(f"avg@{result.k}={result.avg_at_k:.4f} pass@{result.k}={result.pass_at_k:.4f} "
+    print(f"avg@{result.k}={result.avg_at_k:.4f} (mean score) pass@{result.k}="
+          f"{result.pass_at_k:.4f} success_rate={result.success_rate:.4f} "
           f"mean_reward={result.mean_reward:.4f} tasks={result.num_tasks} "
           f"dropped={result.dropped}")
     for env, m in result.per_env.items():

@@ -69,9 +69,11 @@ def test_avg_and_pass_at_k_by_hand():
     trajs = [_traj("a", 1.0), _traj("a", 0.0), _traj("b", 0.0), _traj("b", 0.0),
              _traj("c", 0.5), _traj("c", 0.9), _traj("c", 0.0, status="env_error")]
     r = score_trajectories(trajs, k=2)
-    # successes: a 1/2, b 0/2, c 2/2 (the env_error episode is excluded)
-    assert r.avg_at_k == pytest.approx(3 / 6)
+    # mean task scores: a (1 + 0)/2, b 0, c (0.5 + 0.9)/2 (the env_error episode is excluded);
+    # passes (score > 0): a and c; completed (the flag, here reward > 0): a 1/2, b 0, c 2/2
+    assert r.avg_at_k == pytest.approx((0.5 + 0.0 + 0.7) / 3)
     assert r.pass_at_k == pytest.approx(2 / 3)
+    assert r.success_rate == pytest.approx((0.5 + 0.0 + 1.0) / 3)
     assert r.dropped == 1 and r.num_tasks == 3
     assert r.mean_reward == pytest.approx((1.0 + 0.5 + 0.9) / 6)
 

@@ -15,7 +15,8 @@ from agentrl_jax.agent.parsing import INVALID_FORMAT_FEEDBACK
 from agentrl_jax.agent.trajectory import Trajectory
 from agentrl_jax.rollout.contract import RolloutError
 from benchmarks.episode_diagnosis import summarise
-from benchmarks.learning_report import episode_value
+from agentrl_jax.training import eval_metrics
+from benchmarks.learning_report import metric_name
 from agentrl_common.processes import server_environment
 
 
@@ -106,14 +107,19 @@ def test_the_deep_search_expert_searches_the_question_then_answers_the_title():
 
 
 def test_episode_values_and_diagnosis_by_hand():
-    partial = {"success": False, "reward": 0.35}  # ScienceWorld: score 35
-    full = {"success": True, "reward": 1.0}
-    none = {"success": False, "reward": 0.0}
-    assert [episode_value(e) for e in (partial, full, none)] == [1.0, 1.0, 0.0]
-    assert [episode_value(e, "strict_success") for e in (partial, full, none)] == [0.0, 1.0, 0.0]
-    assert [episode_value(e, "reward") for e in (partial, full, none)] == [0.35, 1.0, 0.0]
+    partial = {"task_id": "p", "success": False, "reward": 0.35}  # ScienceWorld: score 35
+    full = {"task_id": "f", "success": True, "reward": 1.0}
+    none = {"task_id": "n", "success": False, "reward": 0.0}
+    outs = eval_metrics.outcomes([partial, full, none])
+
+    def values(metric):
+        return [v[0] for v in eval_metrics.task_values(outs, metric_name(metric)).values()]
+
+    assert values("avg") == values("reward") == [0.35, 1.0, 0.0]  # "reward": the old name
+    assert values("success") == values("strict_success") == [0.0, 1.0, 0.0]
+    assert values("pass") == [1.0, 1.0, 0.0]  # a partial score passes (score > 0)
     with pytest.raises(ValueError):
-        episode_value(full, "score")
+        metric_name("score")
 
     episodes = [
         {"num_turns": 4, "invalid_actions": 2, "reward": 0.5, "success": False,

@@ -42,6 +42,29 @@ def test_table_from_runs_with_seeds_and_missing_families(tmp_path):
     assert "| BabyAI | 25.0 [" in text and "(1 seed†)" in text and "(2 seeds)" in text
 
 
+def test_partial_scores_give_three_tables_that_say_their_metric(tmp_path):
+    """ScienceWorld-like partial scores: Avg@k is the mean score, Pass@k counts a task with any
+    positive score, the success rate only completions (score 1); each table is titled."""
+    res = tmp_path / "results"
+    write_run(res / "sciworld_sft_grpo", {0: {"1": [0.2, 0.0], "2": [1, 0.4]},
+                                          9: {"1": [0.5, 0.3], "2": [0.0, 0.0]}})
+    results_table.main(["--stage", "table", "--results", str(res), "--draws", "200"])
+    t = json.load(open(res / "table.json"))
+    assert t["metric"] == "avg" and t["k"] == 2
+    sft = t["cells"]["ScienceWorld"]["SFT"]  # step 0: task means 0.1 and 0.7
+    assert sft["mean"] == pytest.approx(0.4)
+    assert t["cells"]["ScienceWorld"]["SFT+RL"]["mean"] == pytest.approx((0.4 + 0.0) / 2)
+    assert t["other_metrics"]["pass"]["ScienceWorld"]["SFT"]["mean"] == 1.0
+    assert t["other_metrics"]["pass"]["ScienceWorld"]["SFT+RL"]["mean"] == 0.5
+    assert t["other_metrics"]["success"]["ScienceWorld"]["SFT"]["mean"] == pytest.approx(0.25)
+    assert t["other_metrics"]["success"]["ScienceWorld"]["SFT+RL"]["mean"] == 0.0
+    text = (res / "table.md").read_text()
+    assert "**Avg@2 (mean task score)**, held-out, in points:" in text
+    assert "**Pass@2 (a task passes when any of its 2 episodes scores > 0)**" in text
+    assert "**success rate (the environment's completion flag)**" in text
+    assert "| ScienceWorld | no runs yet | 40.0 [" in text  # the Avg@2 row comes first
+
+
 def test_dry_run_plans_every_seed_and_writes_nothing(tmp_path, capfd):
     out = tmp_path / "runs"
     assert results_table.main(["--stage", "jobs", "--dry-run", "--seeds", "0,2",

@@ -127,15 +127,17 @@ def test_single_reference_run_pairs_with_every_seed_and_bad_input_is_refused():
 
 
 def write_run(path, steps: dict[int, dict[str, list[int]]]) -> str:
-    """A run directory at ``path`` with ``eval_episodes.jsonl``: ``{step: {task: [success of
-    each sample]}}`` (what ``learning_report.py`` reads)."""
+    """A run directory at ``path`` with ``eval_episodes.jsonl``: ``{step: {task: [score of
+    each sample]}}`` (what ``learning_report.py`` reads); a score of 1 is a completed episode
+    (success flag), a score between 0 and 1 partial credit."""
     os.makedirs(path)
     with open(os.path.join(path, "eval_episodes.jsonl"), "w") as f:
         for step, tasks in steps.items():
             for task, oks in tasks.items():
                 for ok in oks:
                     f.write(json.dumps({"env": "babyai", "task_id": task, "step": step,
-                                        "status": "done", "success": bool(ok)}) + "\n")
+                                        "status": "done", "reward": float(ok),
+                                        "success": ok == 1}) + "\n")
     return str(path)
 
 

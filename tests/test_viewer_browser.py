@@ -114,7 +114,7 @@ def test_runs_view_draws_curves_and_eval_tables(browser, server, run_dir):
     wait(browser, lambda d: len(d.find_elements(By.CSS_SELECTOR, ".chart svg")) >= 5)
     titles = [e.get_attribute("aria-label") for e in
               browser.find_elements(By.CSS_SELECTOR, ".chart svg")]
-    assert titles[:5] == ["train reward", "held-out success", "entropy", "KL", "step time"]
+    assert titles[:5] == ["train reward", "held-out Avg@k", "entropy", "KL", "step time"]
     reward = browser.find_elements(By.CSS_SELECTOR, ".chart svg")[0]
     n_steps = sum(1 for line in open(os.path.join(run_dir, "metrics.jsonl"))
                   if "rollout/mean_reward" in line)

@@ -16,7 +16,8 @@ def write_run(d, metrics=True, summary=True, evals=True, config=True):
     os.makedirs(d, exist_ok=True)
     if metrics:
         with open(os.path.join(d, "metrics.jsonl"), "w") as f:
-            f.write(json.dumps({"step": 0, "eval/avg@2": 0.25, "eval/pass@2": 0.5}) + "\n")
+            f.write(json.dumps({"step": 0, "eval/avg@2": 0.25, "eval/pass@2": 0.5,
+                                "eval/success_rate": 0.25}) + "\n")
             for s in range(1, 6):
                 f.write(json.dumps({"step": s, "rollout/mean_reward": 0.1 * s,
                                     "rollout/success_rate": 0.05 * s, "actor/entropy": 2 - s / 10,
@@ -24,14 +25,17 @@ def write_run(d, metrics=True, summary=True, evals=True, config=True):
                                     "rollout/status/done": 3, "rollout/status/max_turns": 5})
                         + "\n")
             f.write("{not json\n")
-            f.write(json.dumps({"step": 5, "eval/avg@2": 0.75, "eval/pass@2": 1.0}) + "\n")
+            f.write(json.dumps({"step": 5, "eval/avg@2": 0.75, "eval/pass@2": 1.0,
+                                "eval/success_rate": 0.5}) + "\n")
     if summary:
         with open(os.path.join(d, "summary.json"), "w") as f:
             json.dump({"final_step": 5, "sessions": [{"stopped": "total_steps", "seconds": 125.0}],
                        "evals": {"0": {"k": 2, "num_tasks": 2, "avg_at_k": 0.25, "pass_at_k": 0.5,
-                                       "mean_reward": 0.2, "dropped": 0},
+                                       "success_rate": 0.25, "mean_reward": 0.2, "dropped": 0,
+                                       "scoring": "paper"},
                                  "5": {"k": 2, "num_tasks": 2, "avg_at_k": 0.75, "pass_at_k": 1.0,
-                                       "mean_reward": 0.7, "dropped": 1}}}, f)
+                                       "success_rate": 0.5, "mean_reward": 0.7, "dropped": 1,
+                                       "scoring": "paper"}}}, f)
     if config:
         with open(os.path.join(d, "config.json"), "w") as f:
             json.dump({"model": {"name": "smollm2"}, "env": {"names": "babyai"},
@@ -62,8 +66,8 @@ def test_report_numbers_and_curves(tmp_path):
     assert "| train reward, first -> last step | 0.100 -> 0.500 |" in text
     assert "| best train reward | 0.500 (step 5) |" in text
     assert "done 3, max_turns 5" in text
-    assert "| 0 | 0.250 | 0.500 | 0.200 | 2 | 2 | 0 |" in text
-    assert "| 5 | 0.750 | 1.000 | 0.700 | 2 | 2 | 1 |" in text
+    assert "| 0 | 0.250 | 0.500 | 0.250 | 0.200 | 2 | 2 | 0 |" in text
+    assert "| 5 | 0.750 | 1.000 | 0.500 | 0.700 | 2 | 2 | 1 |" in text
     # per task: a 0 -> 1, b 0.5 -> 0.5: mean 0.25 -> 0.75, gain +50 points
     assert "0.250 -> 0.750, gain +50.0 points" in text
     assert "paired bootstrap over 2 tasks" in text
@@ -71,7 +75,7 @@ def test_report_numbers_and_curves(tmp_path):
     with open(out["curves"], "rb") as f:
         png = f.read()
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and 5_000 < len(png) < 300_000
-    assert "train reward, held-out success, train success, entropy, step time" in text
+    assert "train reward, held-out Avg@k, train success, entropy, step time" in text
 
 
 def test_paired_bootstrap_hand_cases():
@@ -105,7 +109,7 @@ def test_report_survives_missing_files(tmp_path, missing):
         assert "No training step was logged." in text and "No evaluation was run." in text
         assert "Not found in the workdir: metrics.jsonl, summary.json, config.json" in text
     if missing == "summary":  # evaluations come from metrics.jsonl then
-        assert "| 5 | 0.750 | 1.000 | – | – | 2 | – |" in text
+        assert "| 5 | 0.750 | 1.000 | 0.500 | – | – | 2 | – |" in text
     if missing == "evals":
         assert "gain" not in text
 

@@ -270,7 +270,7 @@ async def test_eval_episode_has_no_advantage_and_compare_matches_files(client, r
         for side, step in (("before", 0), ("after", 10)):
             eps = [e for e in evals if e["step"] == step and e["task_id"] == t["task_id"]]
             ok = [e for e in eps if e["status"] not in ("env_error", "engine_error")]
-            want = (np.mean([e["success"] or e["reward"] > 0 for e in ok]) if ok else None)
+            want = np.mean([e["success"] for e in ok]) if ok else None  # completion flag
             assert t[side]["success_rate"] == pytest.approx(want)
             assert [e["sample"] for e in t[side]["episodes"]] == [0, 1]
 

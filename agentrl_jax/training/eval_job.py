@@ -1,4 +1,5 @@
-"""Evaluate a trained or untrained policy: Avg@k and Pass@k on an environment's test split.
+"""Evaluate a trained or untrained policy on an environment's test split: Avg@k, Pass@k and the
+success rate (``training/eval_metrics.py``).
 
 The embedded engine is sized by what is evaluated (``k x tasks`` episodes), not by the config's
 ``train.*`` values; every long phase reports progress (see ``training/progress.py``).

@@ -1,20 +1,23 @@
-"""Avg@k and Pass@k on held-out tasks (success = episode score > 0, as in AgentGym-RL).
+"""Avg@k, Pass@k and the success rate on held-out tasks (``training/eval_metrics.py`` defines
+them: Avg@k the mean task score in [0, 1], Pass@k a task with any episode scoring > 0, the
+success rate the environment's completion flag).
 
 Error episodes (``env_error`` / ``engine_error``: a server died, the engine failed) are not
 outcomes of the policy: they are excluded. A task none of whose episodes finished is not
 scored (``tasks_failed``). An evaluation that scored fewer than ``min_scored`` of its tasks is
-not a result (``valid=False``): its Avg@k / Pass@k / mean reward are ``None``, never a number
-that looks like one.
+not a result (``valid=False``): its Avg@k / Pass@k / success rate / mean reward are ``None``,
+never a number that looks like one.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections import Counter, defaultdict
+from collections import Counter
 from typing import Callable, Sequence
 
 from agentrl_jax.agent.actor_pool import ActorPool, TaskRef
 from agentrl_jax.agent.trajectory import Trajectory
+from agentrl_jax.training import eval_metrics
 
 
 #: default share of an evaluation's tasks that must be scored for it to count as a result
@@ -25,19 +28,27 @@ MIN_SCORED = 0.9
 class EvalResult:
     k: int
     num_tasks: int  # tasks scored (at least one episode finished without an error)
-    avg_at_k: float | None  # mean success over all task x sample episodes (None: not valid)
-    pass_at_k: float | None  # fraction of tasks solved by at least one of k samples
-    mean_reward: float | None
+    avg_at_k: float | None  # mean task score in [0, 1] (None: not valid)
+    pass_at_k: float | None  # share of tasks with an episode scoring > 0 among its k
+    mean_reward: float | None  # mean episode reward over finished episodes
     dropped: int  # error episodes (excluded)
     per_env: dict[str, dict[str, float]]
     tasks_total: int = 0  # tasks evaluated
     tasks_failed: int = 0  # tasks without a single finished episode (not scored)
     valid: bool = True  # tasks scored >= min_scored x tasks evaluated (and at least one)
     errors: dict[str, int] = dataclasses.field(default_factory=dict)  # error status -> episodes
+    success_rate: float | None = None  # mean task completion rate (the environment's flag)
+    scoring: str = eval_metrics.SCORING  # how avg_at_k was computed (eval_metrics)
 
     @property
     def tasks_scored(self) -> int:
         return self.num_tasks
+
+    def describe_scores(self) -> str:
+        """``avg@k=... (mean score) pass@k=... success=...`` (``eval_metrics.describe``)."""
+        return eval_metrics.describe(eval_metrics.Scores(
+            k=self.k, tasks=self.num_tasks, episodes=0, avg_at_k=self.avg_at_k,
+            pass_at_k=self.pass_at_k, success_rate=self.success_rate))
 
     def describe_failure(self) -> str:
         """Why the evaluation is not a result (one line)."""
@@ -53,7 +64,8 @@ class EvalResult:
         if not self.valid:  # no success number that could be taken for a result
             return out
         out.update({f"{prefix}avg@{self.k}": self.avg_at_k, f"{prefix}pass@{self.k}":
-                    self.pass_at_k, f"{prefix}mean_reward": self.mean_reward})
+                    self.pass_at_k, f"{prefix}success_rate": self.success_rate,
+                    f"{prefix}mean_reward": self.mean_reward})
         for env, m in self.per_env.items():
             out.update({f"{prefix}{env}/{name}": v for name, v in m.items()})
         return out
@@ -61,40 +73,33 @@ class EvalResult:
 
 def score_trajectories(trajectories: Sequence[Trajectory], k: int,
                        min_scored: float = MIN_SCORED) -> EvalResult:
-    """Avg@k / Pass@k of ``trajectories`` (k episodes per task); valid when at least
-    ``min_scored`` of the tasks (and at least one) have a finished episode."""
+    """Avg@k / Pass@k / success rate of ``trajectories`` (k episodes per task,
+    ``eval_metrics.score``); valid when at least ``min_scored`` of the tasks (and at least one)
+    have a finished episode."""
     ok = [t for t in trajectories if t.ok]
     all_tasks = {(t.env, t.task_id) for t in trajectories}
     errors = dict(Counter(t.status for t in trajectories if not t.ok))
-    groups: dict[tuple[str, str], list[Trajectory]] = defaultdict(list)
-    for t in ok:
-        groups[(t.env, t.task_id)].append(t)
+    finished = eval_metrics.outcomes(ok)
+    overall = eval_metrics.score(finished, k)
 
-    def success(t: Trajectory) -> bool:
-        return t.success or t.reward > 0
+    def mean_reward(env: str | None = None) -> float:
+        rewards = [t.reward for t in ok if env is None or t.env == env]
+        return sum(rewards) / len(rewards) if rewards else 0.0
 
-    def summary(items: dict[tuple[str, str], list[Trajectory]]) -> tuple[float, float, float]:
-        episodes = [t for g in items.values() for t in g]
-        if not episodes:
-            return 0.0, 0.0, 0.0
-        avg = sum(success(t) for t in episodes) / len(episodes)
-        passed = sum(any(success(t) for t in g) for g in items.values()) / len(items)
-        return avg, passed, sum(t.reward for t in episodes) / len(episodes)
-
-    avg, passed, reward = summary(groups)
-    per_env = {}
-    for env in sorted({e for e, _ in groups}):
-        a, p, r = summary({key: g for key, g in groups.items() if key[0] == env})
-        per_env[env] = {f"avg@{k}": a, f"pass@{k}": p, "mean_reward": r}
-    scored = len(groups)
+    per_env = {env: {f"avg@{k}": s.avg_at_k, f"pass@{k}": s.pass_at_k,
+                     "success_rate": s.success_rate, "mean_reward": mean_reward(env)}
+               for env, s in eval_metrics.score_per_env(finished, k).items()}
+    scored = overall.tasks
     valid = scored > 0 and scored >= min_scored * len(all_tasks)
+    avg, passed, success = overall.avg_at_k, overall.pass_at_k, overall.success_rate
+    reward: float | None = mean_reward()
     if not valid:
-        avg = passed = reward = None
+        avg = passed = success = reward = None
         per_env = {}
     return EvalResult(k=k, num_tasks=scored, avg_at_k=avg, pass_at_k=passed,
                       mean_reward=reward, dropped=len(trajectories) - len(ok), per_env=per_env,
                       tasks_total=len(all_tasks), tasks_failed=len(all_tasks) - scored,
-                      valid=valid, errors=errors)
+                      valid=valid, errors=errors, success_rate=success)
 
 
 async def evaluate(pool: ActorPool, tasks: Sequence[TaskRef], k: int, horizon: int,

@@ -7,7 +7,10 @@ Written by ``launch/run.py`` when a run ends, from the run's own files: ``metric
 (what was trained) and the evaluation episodes (``trajectories_eval*.jsonl``, or the
 ``eval_episodes.jsonl`` kept with published results) for the held-out gain between the first
 and the last evaluation with a paired bootstrap 95% interval over tasks (each draw resamples
-tasks with replacement; a task's gain is its success rate after minus before).
+tasks with replacement; a task's gain is its mean score after minus before). Avg@k, Pass@k and
+the success rate are ``training/eval_metrics.py``'s; an evaluation of an older ``summary.json``
+(no ``scoring`` key) shows its Avg@k marked "(old metric)": it was the share of episodes with
+the success flag or a positive score.
 
 Every input is optional: a missing or partial file drops its section (the report says which)
 and never fails the run.
@@ -26,15 +29,16 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from agentrl_jax.training import eval_metrics
 from agentrl_jax.training.config import model_label
 
 REPORT_FILE = "report.md"
 CURVES_FILE = "report_curves.png"
-ERROR_STATUSES = ("env_error", "engine_error")
+ERROR_STATUSES = eval_metrics.ERROR_STATUSES
 #: (title, metric keys tried in order, y label); ``eval/avg@*`` is the run's ``eval/avg@k``
 PANELS: tuple[tuple[str, tuple[str, ...], str], ...] = (
     ("train reward", ("rollout/mean_reward",), "mean episode reward"),
-    ("held-out success", ("eval/avg@*",), "Avg@k"),
+    ("held-out Avg@k", ("eval/avg@*",), "Avg@k (mean score; old runs: share > 0)"),
     ("train success", ("rollout/success_rate",), "success rate"),
     ("entropy", ("actor/entropy",), "nats / token"),
     ("KL", ("actor/ref_kl", "actor/kl_loss", "actor/ppo_kl"), "nats"),
@@ -44,6 +48,7 @@ PANELS: tuple[tuple[str, tuple[str, ...], str], ...] = (
      "rate"),
 )
 _EVAL_AVG = re.compile(r"^eval/avg@(\d+)$")
+OLD_NOTE = eval_metrics.OLD_AVG_MEANING.removeprefix("old metric: ")
 
 
 def _loads(line: bytes) -> Any:
@@ -105,26 +110,27 @@ def series(rows: list[dict[str, Any]], keys: Sequence[str]) -> tuple[str | None,
     return None, [], []
 
 
-def eval_success_by_task(run_dir: str) -> dict[int, dict[str, list[float]]]:
-    """``{step: {env/task: [success of each sample]}}`` from the evaluation episodes (error
-    episodes left out; success = ``success`` or reward > 0, as Avg@k counts it)."""
+def eval_success_by_task(run_dir: str, metric: str = "avg") -> dict[int, dict[str, list[float]]]:
+    """``{step: {env/task: values}}`` from the evaluation episodes, the values of ``metric``
+    (``eval_metrics.task_values``: ``avg`` the episodes' scores, ``success`` their completion
+    flags, ``pass`` one 0/1 per task); error episodes left out."""
     names = [n for n in sorted(os.listdir(run_dir)) if
              (n.startswith("trajectories_eval") and n.endswith(".jsonl"))
              or n == "eval_episodes.jsonl"] if os.path.isdir(run_dir) else []
-    out: dict[int, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
+    episodes: dict[int, list[dict[str, Any]]] = defaultdict(list)
     for name in names:
         for t in read_jsonl(os.path.join(run_dir, name),
                             keep=("env", "task_id", "step", "status", "success", "reward")):
-            if t.get("status") in ERROR_STATUSES or not isinstance(t.get("step"), int):
-                continue
-            ok = bool(t.get("success")) or float(t.get("reward") or 0.0) > 0
-            out[int(t["step"])][f"{t.get('env')}/{t.get('task_id')}"].append(float(ok))
-    return {k: dict(v) for k, v in out.items()}
+            if isinstance(t.get("step"), int):
+                episodes[int(t["step"])].append(t)
+    out = {step: eval_metrics.task_values(eval_metrics.outcomes(eps), metric)
+           for step, eps in sorted(episodes.items())}
+    return {step: values for step, values in out.items() if values}
 
 
 def paired_bootstrap(before: dict[str, list[float]], after: dict[str, list[float]],
                      draws: int = 10_000, seed: int = 0) -> dict[str, float]:
-    """Gain in mean task success (after - before) over the tasks both sides have, with a
+    """Gain in the mean task value (after - before) over the tasks both sides have, with a
     paired bootstrap 95% interval ({} when no task is shared)."""
     tasks = sorted(set(before) & set(after))
     if not tasks:
@@ -279,16 +285,27 @@ def build_report(run_dir: str, curves_name: str | None = CURVES_FILE,
                 eval_rows.append((int(r["step"]), {
                     "k": int(kk), "avg_at_k": r.get(k.group(0)),
                     "pass_at_k": r.get(f"eval/pass@{kk}"),
+                    "success_rate": r.get("eval/success_rate"),
+                    **({"scoring": eval_metrics.SCORING} if "eval/success_rate" in r else {}),
                     "mean_reward": r.get("eval/mean_reward"),
                     "dropped": r.get("eval/dropped")}))
     if eval_rows:
-        lines += ["| step | Avg@k | Pass@k | mean reward | tasks | k | dropped |",
-                  "|---:|---:|---:|---:|---:|---:|---:|"]
+        lines += ["| step | Avg@k | Pass@k | success rate | mean reward | tasks | k | dropped |",
+                  "|---:|---:|---:|---:|---:|---:|---:|---:|"]
+        old = False
         for step, ev in eval_rows:
-            lines.append(f"| {step} | {_fmt(ev.get('avg_at_k'))} | {_fmt(ev.get('pass_at_k'))} | "
-                         f"{_fmt(ev.get('mean_reward'))} | {_fmt(ev.get('num_tasks'))} | "
-                         f"{_fmt(ev.get('k'))} | {_fmt(ev.get('dropped'))} |")
-        lines.append("")
+            mark = "" if ev.get("scoring") else " (old metric)"
+            old = old or (bool(mark) and ev.get("avg_at_k") is not None)
+            avg = _fmt(ev.get("avg_at_k")) + (mark if ev.get("avg_at_k") is not None else "")
+            lines.append(f"| {step} | {avg} | {_fmt(ev.get('pass_at_k'))} | "
+                         f"{_fmt(ev.get('success_rate'))} | {_fmt(ev.get('mean_reward'))} | "
+                         f"{_fmt(ev.get('num_tasks'))} | {_fmt(ev.get('k'))} | "
+                         f"{_fmt(ev.get('dropped'))} |")
+        lines += ["", "Avg@k: the mean task score in [0, 1]; Pass@k: the share of tasks with "
+                  "an episode scoring > 0 among its k; success rate: the environment's "
+                  "completion flag (`agentrl_jax/training/eval_metrics.py`)."
+                  + (f" *(old metric)*: written before these definitions, the {OLD_NOTE}."
+                     if old else ""), ""]
     else:
         lines += ["No evaluation was run.", ""]
     by_task = eval_success_by_task(run_dir)
@@ -296,7 +313,7 @@ def build_report(run_dir: str, curves_name: str | None = CURVES_FILE,
         first, last = min(by_task), max(by_task)
         gain = paired_bootstrap(by_task[first], by_task[last])
         if gain:
-            lines += [f"Held-out success from step {first} to step {last}: "
+            lines += [f"Held-out Avg@k (mean task score) from step {first} to step {last}: "
                       f"{gain['before']:.3f} -> {gain['after']:.3f}, gain "
                       f"{100 * gain['gain']:+.1f} points, 95% CI "
                       f"[{100 * gain['ci95_low']:+.1f}, {100 * gain['ci95_high']:+.1f}] "

@@ -148,8 +148,8 @@ class RunOutput:
             lines.append(f"  train reward: first step {summary['first_reward']:.3f}, last step "
                          f"{summary['last_reward']:.3f}; {summary['mean_step_seconds']:.1f} s/step")
         for step, r in self.evals:
-            lines.append(f"  eval @ step {step}: avg@{r.k}={r.avg_at_k:.3f} "
-                         f"pass@{r.k}={r.pass_at_k:.3f} ({r.num_tasks} tasks)" if r.valid else
+            lines.append(f"  eval @ step {step}: {r.describe_scores()} ({r.num_tasks} tasks)"
+                         if r.valid else
                          f"  eval @ step {step}: not a result: {r.describe_failure()}")
         lines.append(f"  outputs: {self.workdir} (checkpoints/, tensorboard/, metrics.jsonl, "
                      "trajectories_*.jsonl, summary.json)")

@@ -234,8 +234,9 @@ class SFTRun:
             summary["finished_step"] = last
         write_json_atomic(os.path.join(self.workdir, "summary.json"), summary)
         self._say(f"SFT finished: step {last}/{total}; policy in {self.export_dir}"
-                  + "".join(f"; eval @ step {k}: avg@{v['k']}={v['avg_at_k']:.3f} "
-                            f"pass@{v['k']}={v['pass_at_k']:.3f} ({v['num_tasks']} tasks)"
+                  + "".join(f"; eval @ step {k}: avg@{v['k']}={v['avg_at_k']:.3f} (mean score) "
+                            f"pass@{v['k']}={v['pass_at_k']:.3f} success="
+                            f"{v.get('success_rate') or 0:.3f} ({v['num_tasks']} tasks)"
                             for k, v in evals.items()))
         return summary
 

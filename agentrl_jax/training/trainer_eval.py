@@ -52,8 +52,7 @@ class TrainerEvaluation:
             self._say(f"[eval step {step}] NOT A RESULT: {result.describe_failure()}; "
                       f"{len(trajectories)} episodes in {format_seconds(metrics['eval/seconds'])}")
             return result
-        self._say(f"[eval step {step}] avg@{result.k}={result.avg_at_k:.3f} "
-                  f"pass@{result.k}={result.pass_at_k:.3f} over {result.num_tasks} tasks "
+        self._say(f"[eval step {step}] {result.describe_scores()} over {result.num_tasks} tasks "
                   f"x {k} ({len(trajectories)} episodes, dropped {result.dropped}) in "
                   f"{format_seconds(metrics['eval/seconds'])}")
         return result

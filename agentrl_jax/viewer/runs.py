@@ -24,7 +24,7 @@ from agentrl_jax.viewer.index import RunIndex
 log = logging.getLogger(__name__)
 
 _EVAL_KEY = re.compile(r"^eval/(avg|pass)@(\d+)$")
-_EVAL_ENV_KEY = re.compile(r"^eval/([^/]+)/(avg@\d+|pass@\d+|mean_reward)$")
+_EVAL_ENV_KEY = re.compile(r"^eval/([^/]+)/(avg@\d+|pass@\d+|success_rate|mean_reward)$")
 
 
 def _read_json(path: str) -> Any:
@@ -146,10 +146,13 @@ class Run:
 
     # ------------------------------------------------------------------ evaluations
     def eval_table(self) -> list[dict[str, Any]]:
-        """One row per evaluation, sorted by step: ``step, k, avg, pass, mean_reward, dropped,
-        num_tasks, seconds, per_env {env: {metric: value}}, source``. From ``metrics.jsonl``
-        (written as the run goes), ``summary.json`` (task counts) and ``launch/eval.py`` output
-        files in the run directory."""
+        """One row per evaluation, sorted by step: ``step, k, avg, pass, success_rate,
+        mean_reward, dropped, num_tasks, seconds, old_metric, per_env {env: {metric: value}},
+        source``. From ``metrics.jsonl`` (written as the run goes), ``summary.json`` (task
+        counts) and ``launch/eval.py`` output files in the run directory. ``avg`` is Avg@k, the
+        mean task score (``training/eval_metrics.py``); ``old_metric`` marks an evaluation
+        written before that definition (no success rate logged): its ``avg`` is the share of
+        episodes with the success flag or a positive score."""
         rows: dict[tuple[str, int], dict[str, Any]] = {}
         for m in self.metrics.rows():
             if not any(k.startswith("eval/") for k in m):
@@ -161,7 +164,8 @@ class Run:
                 if match:
                     row["k"] = int(match.group(2))
                     row["avg" if match.group(1) == "avg" else "pass"] = value
-                elif key in ("eval/mean_reward", "eval/dropped", "eval/seconds"):
+                elif key in ("eval/mean_reward", "eval/dropped", "eval/seconds",
+                             "eval/success_rate"):
                     row[key.split("/")[1]] = value
                 else:
                     env_match = _EVAL_ENV_KEY.match(key)
@@ -187,6 +191,8 @@ class Run:
                 row = {"step": step, "source": name, "per_env": {}}
                 self._merge_eval_result(row, ev)
                 rows[(name, step)] = row
+        for row in rows.values():
+            row["old_metric"] = "avg" in row and "success_rate" not in row
         return sorted(rows.values(), key=lambda r: (r["step"], r["source"] != "run",
                                                     r["source"]))
 
@@ -194,7 +200,7 @@ class Run:
     def _merge_eval_result(row: dict[str, Any], ev: dict[str, Any]) -> None:
         """Fields of an ``EvalResult`` dict (summary.json / launch/eval.py) into ``row``."""
         for src, dst in (("k", "k"), ("avg_at_k", "avg"), ("pass_at_k", "pass"),
-                         ("mean_reward", "mean_reward"), ("dropped", "dropped"),
+                         ("success_rate", "success_rate"), ("mean_reward", "mean_reward"), ("dropped", "dropped"),
                          ("num_tasks", "num_tasks")):
             if src in ev and dst not in row:
                 row[dst] = ev[src]
@@ -207,8 +213,8 @@ class Run:
 
     def before_after(self) -> dict[str, Any]:
         """The held-out tasks at the first and the last evaluated step, from the evaluation
-        episodes: per task the success rate and mean reward before and after and the episodes
-        (file, row, sample) of each side."""
+        episodes: per task the success rate (the environment's completion flag) and mean reward
+        (the score) before and after and the episodes (file, row, sample) of each side."""
         t = self.index.table()
         c = t.columns
         if "eval" not in t.kinds or not len(t):
@@ -234,12 +240,12 @@ class Run:
                 entry[side] = {
                     "episodes": [{"file": int(c["file"][i]), "row": int(c["row"][i]),
                                   "sample": int(c["sample_index"][i]),
-                                  "success": bool(c["success"][i] or c["reward"][i] > 0),
+                                  "success": bool(c["success"][i]),
                                   "reward": float(c["reward"][i]),
                                   "status": t.vocab["status"][int(c["status"][i])]}
                                  for i in sorted(idx, key=lambda i: int(c["sample_index"][i]))],
-                    "success_rate": (float(np.mean([bool(c["success"][i] or c["reward"][i] > 0)
-                                                    for i in ok])) if ok else None),
+                    "success_rate": (float(np.mean([bool(c["success"][i]) for i in ok]))
+                                     if ok else None),
                     "mean_reward": float(np.mean(c["reward"][ok])) if ok else None}
             out["tasks"].append(entry)
         return out
@@ -332,7 +338,7 @@ def metric_series(rows: list[dict[str, Any]], keys: tuple[str, ...]
 
 
 def eval_success_key(rows: list[dict[str, Any]]) -> tuple[str, ...]:
-    """The ``eval/avg@k`` keys present in ``rows`` (the held-out success curve)."""
+    """The ``eval/avg@k`` keys present in ``rows`` (the held-out Avg@k curve)."""
     keys = sorted({k for r in rows for k in r if _EVAL_KEY.match(k) and k.startswith("eval/avg")},
                   key=lambda k: int(k.split("@")[1]))
     return tuple(keys)
@@ -341,7 +347,7 @@ def eval_success_key(rows: list[dict[str, Any]]) -> tuple[str, ...]:
 #: the learning-curve panels: (title, metric keys tried in order, y label)
 CURVES: tuple[tuple[str, tuple[str, ...], str], ...] = (
     ("train reward", ("rollout/mean_reward",), "mean episode reward"),
-    ("held-out success", ("eval/avg@*",), "Avg@k"),
+    ("held-out Avg@k", ("eval/avg@*",), "Avg@k (mean score; old runs: share > 0)"),
     ("entropy", ("actor/entropy",), "nats / token"),
     ("KL", ("actor/ref_kl", "actor/kl_loss", "actor/ppo_kl"), "nats"),
     ("step time", ("train/step_seconds", "perf/step_time_s"), "seconds"),

@@ -20,6 +20,7 @@ from typing import Callable
 
 from agentrl_jax.agent.parsing import INVALID_FORMAT_FEEDBACK
 from agentrl_jax.agent.trajectory import ERROR_STATUSES, Trajectory
+from agentrl_jax.training import eval_metrics
 
 WORDS = ("red blue green yellow purple grey ball box key door wall room left right forward "
          "pick drop toggle open closed locked you see a the in front of to your near far "
@@ -141,7 +142,7 @@ def write_synthetic_run(run_dir: str, train_episodes: int, eval_steps: tuple[int
     evals = {}
     with open(os.path.join(run_dir, "trajectories_eval.jsonl"), "w") as f:
         for step in eval_steps:
-            ok = total = 0
+            episodes = []
             for task_i in range(eval_tasks):
                 env = envs[task_i % 2]
                 task = (f"BabyAI-GoToObj-v0/seed={1000000 + task_i}" if env == "babyai"
@@ -149,11 +150,13 @@ def write_synthetic_run(run_dir: str, train_episodes: int, eval_steps: tuple[int
                 for s in range(eval_samples):
                     ep = make_episode(rng, env, task, task_i, s, step, horizon, encode, **kw)
                     f.write(dumps(ep) + "\n")
-                    total += 1
-                    ok += bool(ep["success"] or ep["reward"] > 0)
+                    episodes.append(ep)
+            scores = eval_metrics.score(eval_metrics.outcomes(episodes), eval_samples)
             evals[str(step)] = {"k": eval_samples, "num_tasks": eval_tasks,
-                                "avg_at_k": ok / max(total, 1), "pass_at_k": 0.0,
-                                "mean_reward": 0.0, "dropped": 0, "per_env": {}}
+                                "avg_at_k": scores.avg_at_k, "pass_at_k": scores.pass_at_k,
+                                "success_rate": scores.success_rate,
+                                "mean_reward": 0.0, "dropped": 0, "per_env": {},
+                                "scoring": eval_metrics.SCORING}
     with open(os.path.join(run_dir, "metrics.jsonl"), "w") as f:
         for step in range(1, steps + 1):
             f.write(json.dumps({"step": step, "time": 1.0 + step,
@@ -164,7 +167,8 @@ def write_synthetic_run(run_dir: str, train_episodes: int, eval_steps: tuple[int
                                 "train/horizon": float(horizon)}) + "\n")
         for step in eval_steps:
             f.write(json.dumps({"step": step, "time": 1.0 + step,
-                                f"eval/avg@{eval_samples}": evals[str(step)]["avg_at_k"]}) + "\n")
+                                f"eval/avg@{eval_samples}": evals[str(step)]["avg_at_k"],
+                                "eval/success_rate": evals[str(step)]["success_rate"]}) + "\n")
     cfg = config or {"model": {"name": "synthetic"}, "env": {"names": ",".join(envs)},
                      "learner": {"advantage_estimator": "grpo"},
                      "train": {"total_steps": steps, "samples_per_task": group_size,

@@ -104,8 +104,8 @@ async function viewRuns(el) {
   const cols = runs.map(r => {
     const envs = [...new Set(r.evals.flatMap(e => Object.keys(e.per_env || {})))];
     if (!r.evals.length) return html`<div class="col"><h3>${r.name}</h3><p class="muted">no evaluation yet</p></div>`;
-    const rows = r.evals.map(e => html`<tr><td class=num>${e.step}</td><td>${e.source}</td><td class=num>${fmt(e.k)}</td><td class=num>${fmt(e.avg)}</td><td class=num>${fmt(e.pass)}</td><td class=num>${fmt(e.mean_reward)}</td><td class=num>${fmt(e.num_tasks)}</td><td class=num>${fmt(e.dropped)}</td><td class=num>${fmt(e.seconds, 1)}</td>${envs.map(env => html`<td class=num>${fmt(((e.per_env || {})[env] || {}).avg)}</td>`)}</tr>`);
-    return html`<div class="col"><h3>${r.name}</h3><table class="evals"><tr><th>step</th><th>source</th><th class=num>k</th><th class=num>Avg@k</th><th class=num>Pass@k</th><th class=num>mean reward</th><th class=num>tasks</th><th class=num>dropped</th><th class=num>seconds</th>${envs.map(e => html`<th class=num>${e} Avg@k</th>`)}</tr>${rows}</table></div>`;
+    const rows = r.evals.map(e => html`<tr><td class=num>${e.step}</td><td>${e.source}</td><td class=num>${fmt(e.k)}</td><td class=num>${fmt(e.avg)}${e.old_metric ? " (old metric)" : ""}</td><td class=num>${fmt(e.pass)}</td><td class=num>${fmt(e.success_rate)}</td><td class=num>${fmt(e.mean_reward)}</td><td class=num>${fmt(e.num_tasks)}</td><td class=num>${fmt(e.dropped)}</td><td class=num>${fmt(e.seconds, 1)}</td>${envs.map(env => html`<td class=num>${fmt(((e.per_env || {})[env] || {}).avg)}</td>`)}</tr>`);
+    return html`<div class="col"><h3>${r.name}</h3><table class="evals"><tr><th>step</th><th>source</th><th class=num>k</th><th class=num title="mean task score">Avg@k</th><th class=num title="share of tasks with an episode scoring above 0">Pass@k</th><th class=num title="the environment's completion flag">success rate</th><th class=num>mean reward</th><th class=num>tasks</th><th class=num>dropped</th><th class=num>seconds</th>${envs.map(e => html`<th class=num>${e} Avg@k</th>`)}</tr>${rows}</table></div>`;
   });
   h.push(html`<div class="row">${cols}</div>`);
 
@@ -366,7 +366,7 @@ async function viewCompare(el, params) {
   const mean = side => { const v = tasks.map(t => t[side].success_rate).filter(num); return v.length ? v.reduce((a, b) => a + b, 0) / v.length : null; };
   const deltas = tasks.map(t => num(t.before.success_rate) && num(t.after.success_rate) ? t.after.success_rate - t.before.success_rate : null);
   const count = f => deltas.filter(d => d != null && f(d)).length;
-  h.push(html`<h2>Before / after training</h2><div class="card">${runSelect(runs.runs, run, "cmp-run")}evaluation at step <b>${cmp.before}</b> (before) vs step <b>${cmp.after}</b> (after): ${tasks.length} tasks, success ${pct(mean("before"))} → ${pct(mean("after"))};
+  h.push(html`<h2>Before / after training</h2><div class="card">${runSelect(runs.runs, run, "cmp-run")}evaluation at step <b>${cmp.before}</b> (before) vs step <b>${cmp.after}</b> (after): ${tasks.length} tasks, success (completion flag) ${pct(mean("before"))} → ${pct(mean("after"))};
     <span class="delta-pos">${count(d => d > 0)} better</span>, <span class="delta-neg">${count(d => d < 0)} worse</span>, ${count(d => d === 0)} unchanged.
     <label>sort <select id="cmp-sort">${[["task", "by task"], ["change", "by change (largest gain first)"], ["loss", "by change (largest loss first)"]].map(([v, l]) => html`<option value="${v}" ${params.get("sort") === v ? "selected" : ""}>${l}</option>`)}</select></label></div>`);
   const ti = params.has("task") ? +params.get("task") : null;
