@@ -48,7 +48,9 @@ class QAItem:
     question: str
     golden_answers: tuple[str, ...]
     split: str
-    source: str = ""  # the passage id the question was made from (built-in set)
+    source: str = ""  # the passage id the answer is found in (built-in sets)
+    kind: str = "lookup"  # built-in sets: "lookup" (this module), "fact" / "hop" (search_qa.py)
+    path: tuple[str, ...] = ()  # built-in sets: the titles of the articles to read, in order
 
 
 def _digest(text: str) -> str:
@@ -112,6 +114,7 @@ def build_wiki_qa(passages: Sequence[Passage]) -> list[QAItem]:
                 golden_answers=answers,
                 split=hash_split(key),
                 source=passage.id,
+                path=(passage.title,),
             )
         )
     return items

@@ -1,0 +1,118 @@
+"""Deterministic rewriting rules that turn a sentence of a summary into a question clause.
+
+Used by the search task set (``search_qa.py``). Pure functions of their arguments:
+
+* ``split_sentences(text)``: sentences end at ". " before a capital letter, a quote or "(".
+* ``mentioned_titles(sentence, titles)``: the corpus titles a sentence names, as whole words
+  (longest first; one-word titles only away from the sentence start, where capitals are names).
+* ``question_clause(sentence, answer, wh, self_names)``: the sentence with
+
+  1. every name of the article it comes from (``self_names``: title, title without its
+     disambiguation) replaced by "it";
+  2. a leading connective ("However, ", "In addition, ", ...) dropped;
+  3. the answer replaced by the question word ``wh`` ("which year", "what", "which person");
+  4. words changed by the fixed synonym table ``SYNONYMS`` (one pass, so no rule feeds another;
+     the first letter keeps its case);
+  5. the final period replaced by "?" by the caller.
+
+  ``None`` when the answer does not occur exactly once as whole words.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Iterable, Mapping
+
+_SENTENCE_END = re.compile(r"\.\s+(?=[A-Z\"'(])")
+_WORD = re.compile(r"\w+(?:[-'’]\w+)*")
+YEAR = re.compile(r"(?<![\w.,-])(1[0-9]{3}|20[0-2][0-9])(?![\w-])")
+MAX_TITLE_WORDS = 6
+
+#: word -> replacement, applied once per word (whole words, case-insensitive on the first letter)
+SYNONYMS: Mapping[str, str] = {
+    "approximately": "roughly", "began": "started", "begins": "starts",
+    "biggest": "largest", "largest": "biggest", "built": "constructed", "called": "named",
+    "named": "called", "commonly": "usually", "usually": "typically", "considered": "regarded",
+    "created": "made", "died": "passed away", "during": "in the course of", "established": "set up",
+    "famous": "well known", "first": "earliest", "founded": "established", "important": "significant",
+    "including": "such as", "known": "recognised", "large": "big", "located": "situated", "main": "principal", "major": "leading", "many": "numerous",
+    "often": "frequently", "produced": "made", "received": "got",
+    "released": "put out", "several": "a number of", "small": "little", "started": "began",
+    "together": "jointly", "used": "employed", "uses": "employs", "using": "employing",
+    "widely": "broadly", "won": "gained", "wrote": "authored", "written": "authored",
+    "became": "turned into", "country": "nation", "city": "town",
+    "film": "movie", "largely": "mostly", "also": "additionally", "known as": "called",
+}
+_MULTI = sorted(SYNONYMS, key=len, reverse=True)
+_SYNONYM = re.compile(r"\b(" + "|".join(re.escape(w) for w in _MULTI) + r")\b", re.I)
+_CONNECTIVE = re.compile(
+    r"^(?:However|In addition|Additionally|Furthermore|Moreover|Also|Today|Currently|Nevertheless|Thus|Therefore)\s*,\s*"
+)
+
+
+def split_sentences(text: str) -> list[str]:
+    """The sentences of ``text``, each with its final period."""
+    parts, start = [], 0
+    for match in _SENTENCE_END.finditer(text):
+        parts.append(text[start : match.start() + 1].strip())
+        start = match.end()
+    tail = text[start:].strip()
+    if tail:
+        parts.append(tail)
+    return [p for p in parts if p]
+
+
+def words(text: str) -> list[str]:
+    return _WORD.findall(text)
+
+
+def whole_word(phrase: str) -> re.Pattern:
+    return re.compile(r"(?<![\w])" + re.escape(phrase) + r"(?![\w])")
+
+
+def mentioned_titles(sentence: str, titles: Mapping[str, str]) -> list[str]:
+    """Titles (values of ``titles``, keyed by their words joined by spaces) named in ``sentence``:
+    n-grams of 1..``MAX_TITLE_WORDS`` words, longest first, then in reading order; a one-word
+    title counts only past the first word and when capitalised."""
+    tokens = words(sentence)
+    found: list[str] = []
+    for n in range(min(MAX_TITLE_WORDS, len(tokens)), 0, -1):
+        for i in range(len(tokens) - n + 1):
+            key = " ".join(tokens[i : i + n])
+            title = titles.get(key)
+            if title is None or title in found:
+                continue
+            if n == 1 and (i == 0 or not key[:1].isupper()):
+                continue
+            if whole_word(key).search(sentence) is None:  # the words are adjacent in the text
+                continue
+            found.append(title)
+    return found
+
+
+def _keep_case(old: str, new: str) -> str:
+    return new[:1].upper() + new[1:] if old[:1].isupper() else new
+
+
+def rewrite_words(text: str) -> str:
+    """Step 4: one pass of ``SYNONYMS``."""
+    return _SYNONYM.sub(lambda m: _keep_case(m[0], SYNONYMS[m[0].lower()]), text)
+
+
+def question_clause(sentence: str, answer: str, wh: str, self_names: Iterable[str]) -> str | None:
+    """Steps 1-4 of the module docstring; the clause without its final punctuation."""
+    pattern = YEAR if wh == "which year" and YEAR.fullmatch(answer) else whole_word(answer)
+    if len([m for m in pattern.finditer(sentence) if m[0] == answer]) != 1:
+        return None
+    placeholder = "\x00"
+    text = pattern.sub(lambda m: placeholder if m[0] == answer else m[0], sentence)
+    for name in sorted(set(self_names), key=len, reverse=True):
+        if name and name != answer:
+            text = whole_word(name).sub("it", text)
+    text = _CONNECTIVE.sub("", text.strip())
+    text = rewrite_words(text)
+    text = text.replace(placeholder, wh)
+    text = text.rstrip(" .;:")
+    if text.startswith("it ") or text.startswith("it'"):
+        text = "It" + text[2:]
+    return " ".join(text.split()) or None
