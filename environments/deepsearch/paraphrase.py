@@ -7,10 +7,14 @@ Used by the search task set (``search_qa.py``). Pure functions of their argument
   (longest first; one-word titles only away from the sentence start, where capitals are names).
 * ``question_clause(sentence, answer, wh, self_names)``: the sentence with
 
-  1. every name of the article it comes from (``self_names``: title, title without its
-     disambiguation) replaced by "it";
+  1. an appositive of other names (", officially the Republic of India,", ", also known as
+     ...,") dropped, then every name of the article it comes from (``self_names``: title, title
+     without its disambiguation) replaced by "it"; ``None`` when a name is part of a longer
+     proper name ("the Republic of India", "Cairo Governorate": "it" there would read "the
+     Republic of it"); a name's own article goes with it ("The Netherlands is" -> "It is");
   2. a leading connective ("However, ", "In addition, ", ...) dropped;
-  3. the answer replaced by the question word ``wh`` ("which year", "what", "which person");
+  3. the answer (with an article before it) replaced by the question word ``wh`` ("which
+     year", "what", "which person");
   4. words changed by the fixed synonym table ``SYNONYMS`` (one pass, so no rule feeds another;
      the first letter keeps its case);
   5. the final period replaced by "?" by the caller.
@@ -45,6 +49,11 @@ SYNONYMS: Mapping[str, str] = {
 }
 _MULTI = sorted(SYNONYMS, key=len, reverse=True)
 _SYNONYM = re.compile(r"\b(" + "|".join(re.escape(w) for w in _MULTI) + r")\b", re.I)
+_APPOSITIVE = re.compile(
+    r",\s*(?:officially|formally|also known as|also called|known officially as|commonly known as|sometimes called)\b[^,;]*,"
+)
+_ARTICLE_BEFORE = re.compile(r"(?<![\w])(?:[Tt]he|an?)\s+(?=\x00)")  # "the which place" -> "which place"
+_CAPITALISED = r"(?:[A-Z][\w'’-]*)"
 _CONNECTIVE = re.compile(
     r"^(?:However|In addition|Additionally|Furthermore|Moreover|Also|Today|Currently|Nevertheless|Thus|Therefore)\s*,\s*"
 )
@@ -99,6 +108,16 @@ def rewrite_words(text: str) -> str:
     return _SYNONYM.sub(lambda m: _keep_case(m[0], SYNONYMS[m[0].lower()]), text)
 
 
+def inside_proper_name(text: str, name: str) -> bool:
+    """Whether ``name`` occurs in ``text`` as part of a longer proper name: after a capitalised
+    word other than the sentence's first (optionally joined by "of" / "of the": "Republic of
+    India") or before one ("Cairo Governorate")."""
+    escaped = re.escape(name)
+    before = re.compile(rf"(?<![\w])(?<!^){_CAPITALISED}\s+(?:of\s+(?:the\s+)?)?{escaped}(?![\w])")
+    after = re.compile(rf"(?<![\w]){escaped}\s+{_CAPITALISED}")
+    return bool(before.search(text) or after.search(text))
+
+
 def question_clause(sentence: str, answer: str, wh: str, self_names: Iterable[str]) -> str | None:
     """Steps 1-4 of the module docstring; the clause without its final punctuation."""
     pattern = YEAR if wh == "which year" and YEAR.fullmatch(answer) else whole_word(answer)
@@ -106,12 +125,15 @@ def question_clause(sentence: str, answer: str, wh: str, self_names: Iterable[st
         return None
     placeholder = "\x00"
     text = pattern.sub(lambda m: placeholder if m[0] == answer else m[0], sentence)
+    text = _APPOSITIVE.sub("", text)
     for name in sorted(set(self_names), key=len, reverse=True):
         if name and name != answer:
-            text = whole_word(name).sub("it", text)
+            if inside_proper_name(text, name):
+                return None
+            text = re.compile(r"(?<![\w])(?:[Tt]he\s+)?" + re.escape(name) + r"(?![\w])").sub("it", text)
     text = _CONNECTIVE.sub("", text.strip())
     text = rewrite_words(text)
-    text = text.replace(placeholder, wh)
+    text = _ARTICLE_BEFORE.sub("", text).replace(placeholder, wh)
     text = text.rstrip(" .;:")
     if text.startswith("it ") or text.startswith("it'"):
         text = "It" + text[2:]

@@ -50,7 +50,8 @@ from environments.deepsearch.paraphrase import YEAR, mentioned_titles, question_
 from environments.deepsearch.qa import QAItem, base_title, hash_split
 from environments.deepsearch.scoring import contains_answer
 
-SEARCH_TEST_MODULUS = 5
+SEARCH_TEST_MODULUS = 3
+QUESTIONS_PER_ANSWER = 2  # near-duplicates: the same supporting article and answer
 MIN_CLAUSE_WORDS = 6
 MAX_CLAUSE_WORDS = 40
 MIN_TITLE_CHARS = 4
@@ -199,12 +200,13 @@ def candidates(passages: Sequence[Passage], corpus: _Corpus, modulus: int) -> li
                 made.append(QAItem(f"fact-{_digest(a.title + '|' + answer)[:10]}", question, golden, split, a.id, "fact", (a.title,)))
         hops: collections.Counter = collections.Counter()
         for b, question, golden, answer in hop_questions(a, a_clue, corpus):
-            if hops[b.title] >= CANDIDATES_PER_ARTICLE or hash_split(b.title, modulus) != split:
+            if hops[b.title] >= CANDIDATES_PER_ARTICLE:
                 continue
             if contains_answer(a.contents, golden) or not _clean(question, golden, [a, b]):
                 continue
             hops[b.title] += 1
-            made.append(QAItem(f"hop-{_digest(a.title + '|' + b.title + '|' + answer)[:10]}", question, golden, split, b.id, "hop", (a.title, b.title)))
+            made.append(QAItem(f"hop-{_digest(a.title + '|' + b.title + '|' + answer)[:10]}", question, golden,
+                               hash_split(b.title, modulus), b.id, "hop", (a.title, b.title)))
     return made
 
 
@@ -218,15 +220,41 @@ def build_search_qa(passages: Sequence[Passage], retriever, k: int = 3, modulus:
     reachable = {t for t, results in zip(titles, retriever.search_many(titles, k)) if t in results}
     kept: dict[tuple[str, ...], QAItem] = {}
     hops: collections.Counter = collections.Counter()
+    per_answer: collections.Counter = collections.Counter()
     for item, top in zip(pool, found):
         key = (item.kind, *item.path)
         if key in kept or item.path[-1] in top or not all(t in reachable for t in item.path):
+            continue
+        if per_answer[item.path[-1], item.golden_answers[0]] >= QUESTIONS_PER_ANSWER:
             continue
         if item.kind == "hop":
             if hops[item.path[0]] >= HOPS_PER_ARTICLE:
                 continue
             hops[item.path[0]] += 1
+        per_answer[item.path[-1], item.golden_answers[0]] += 1
         kept[key] = item
     counts = collections.Counter(item.question.lower() for item in kept.values())
     ids = collections.Counter(item.id for item in kept.values())
-    return [item for item in kept.values() if counts[item.question.lower()] == 1 and ids[item.id] == 1]
+    return split_by_article([item for item in kept.values() if counts[item.question.lower()] == 1 and ids[item.id] == 1], modulus)
+
+
+def split_by_article(items: Sequence[QAItem], modulus: int = SEARCH_TEST_MODULUS) -> list[QAItem]:
+    """The questions that keep the split disjoint by article, in their order.
+
+    A question's split is its supporting article's (``item.split``); an article may serve as the
+    first hop of another split's question only when no question of its own split uses it. Greedy,
+    deterministic: first every question whose articles all hash to its split (these never
+    conflict), then the others, test questions first (held-out questions are the scarce ones),
+    each claiming its articles for its split and dropped when one is already claimed by the other.
+    """
+    owner: dict[str, str] = {}
+    order = sorted(range(len(items)), key=lambda i: (
+        any(hash_split(t, modulus) != items[i].split for t in items[i].path), items[i].split != "test", i))
+    kept = set()
+    for i in order:
+        item = items[i]
+        if any(owner.get(t, item.split) != item.split for t in item.path):
+            continue
+        owner.update((t, item.split) for t in item.path)
+        kept.add(i)
+    return [items[i] for i in sorted(kept)]
