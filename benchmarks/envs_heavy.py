@@ -6,7 +6,8 @@ sequential calls). Run::
     python benchmarks/envs_heavy.py [--families scienceworld,miniwob,deepsearch] [--episodes N] [--json out.json]
 
 ScienceWorld plays gold paths of test variations (a reference simulator makes them); MiniWoB++
-plays the rule-based expert on test seeds; deep search plays the retrieval oracle on test questions.
+plays the rule-based expert on test seeds; deep search plays the retrieval oracle on the ``lookup`` task set's test questions
+(``deepsearch_lookup``; the searching oracle of ``deepsearch``: ``benchmarks/deepsearch_oracle.py``).
 """
 
 from __future__ import annotations
@@ -217,7 +218,7 @@ def bench_deepsearch(episodes_n: int) -> dict[str, Any]:
 
     rss0 = rss_mb([os.getpid()])
     build: list[float] = []
-    backend = timed(lambda: SearchBackend(BackendConfig()), build)
+    backend = timed(lambda: SearchBackend(BackendConfig(), "lookup"), build)
     rss = rss_mb([os.getpid()]) - rss0
     env = DeepSearchEnvironment(backend_getter=lambda: backend)
     ids = list(backend.catalog.task_ids("test"))
@@ -249,7 +250,7 @@ async def _http_oracle(backend, ids: list[str]) -> dict[str, Any]:
     from agentrl_common.processes import start_env_server
 
     start = time.perf_counter()
-    server = start_env_server("deepsearch")
+    server = start_env_server("deepsearch_lookup")
     started = time.perf_counter() - start
     creates, steps = [], []
     try:

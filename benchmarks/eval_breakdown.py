@@ -16,7 +16,11 @@ Per evaluation with N episodes (``eval_episodes.jsonl`` or full trajectory files
 * ``failed_status`` = {status: failed episodes with it / N}: what ended the failures;
 * ``turns_success_mean`` = mean turns of the successful episodes (None without any);
 * ``invalid_per_episode`` = mean ``invalid_actions``;
-* ``levels`` = {level: [successes, episodes]}.
+* ``levels`` = {level: [successes, episodes]};
+* web navigation (an evaluation with a MiniWoB++ trivial task,
+  ``environments.miniwob.family.TRIVIAL_TASKS``): ``trivial`` and ``non_trivial`` = {"episodes",
+  "success_rate", "mean_score"} over the episodes of those four tasks and of the others; the
+  headline is ``non_trivial``.
 
 A JSONL file instead of a run directory (``launch/record_experts.py``'s episodes) is one
 evaluation at step 0 (``learning_report.eval_episodes``).
@@ -34,7 +38,9 @@ import sys
 from collections import Counter, defaultdict
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(1, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # environments
 from learning_report import eval_episodes  # noqa: E402
+from environments.miniwob.family import TRIVIAL_TASKS, is_trivial_task  # noqa: E402
 
 
 def level_of(task_id: str) -> str:
@@ -51,6 +57,15 @@ def evaluation_steps(episodes: list[dict]) -> dict[str, int]:
     return {"first": steps[0], **({"final": steps[-1]} if len(steps) > 1 else {})}
 
 
+def share(episodes: list[dict]) -> dict:
+    """``{"episodes", "success_rate", "mean_score"}`` of ``episodes`` (the score: the episode's
+    ``reward``)."""
+    n = len(episodes)
+    return {"episodes": n,
+            "success_rate": sum(bool(e.get("success")) for e in episodes) / n if n else None,
+            "mean_score": sum(float(e.get("reward") or 0.0) for e in episodes) / n if n else None}
+
+
 def breakdown(episodes: list[dict], step: int) -> dict:
     """The numbers of the module docstring for the evaluation at ``step``."""
     eps = [e for e in episodes if int(e["step"]) == step]
@@ -63,7 +78,11 @@ def breakdown(episodes: list[dict], step: int) -> dict:
         lv = levels[level_of(e["task_id"])]
         lv[0] += bool(e.get("success"))
         lv[1] += 1
+    trivial = [e for e in eps if is_trivial_task(e["task_id"])]
+    web = {"trivial": share(trivial), "non_trivial": share([e for e in eps if not is_trivial_task(e["task_id"])])} \
+        if trivial else {}
     return {
+        **web,
         "step": step, "episodes": n, "success_rate": len(wins) / n,
         "status": {k: v / n for k, v in Counter(e["status"] for e in eps).most_common()},
         "failed_status": {k: v / n for k, v in Counter(
@@ -111,6 +130,21 @@ def markdown(summary: dict) -> str:
             lines.append(f"| {label} | {b['step']} ({which}) | {b['success_rate']:.3f} | "
                          f"{shares(b['status'])} | {shares(b['failed_status'])} | {turns} | "
                          f"{b['invalid_per_episode']:.1f} |")
+    web = [(label, which, b) for label, evals in summary["runs"].items() for which, b in evals.items()
+           if "non_trivial" in b]
+    if web:
+        lines += ["", "Web navigation, the trivial tasks apart (" + ", ".join(TRIVIAL_TASKS) + "):", "",
+                  "| run | eval step | non-trivial success | non-trivial mean score (episodes) | "
+                  "trivial success | trivial mean score (episodes) |", "|---|---|---|---|---|---|"]
+        for label, which, b in web:
+            rest, easy = b["non_trivial"], b["trivial"]
+
+            def num(v):
+                return "-" if v is None else f"{v:.3f}"
+
+            lines.append(f"| {label} | {b['step']} ({which}) | {num(rest['success_rate'])} | "
+                         f"{num(rest['mean_score'])} ({rest['episodes']}) | {num(easy['success_rate'])} | "
+                         f"{num(easy['mean_score'])} ({easy['episodes']}) |")
     if "never_solved" in summary:
         lines += ["", f"Levels no final evaluation solved ({len(summary['never_solved'])}, "
                       f"{summary['never_solved_share']:.1%} of the final evaluations' episodes): "

@@ -1,4 +1,5 @@
-"""``python -m environments.deepsearch [--corpus FILE] [--qa FILE ...] [--k 3] [server options]``.
+"""``python -m environments.deepsearch [--corpus FILE] [--qa FILE ...] [--k 3] [server options]``
+(``python -m environments.deepsearch_lookup`` takes the same options).
 
 --corpus FILE       JSONL passages: {"id", "contents"} (Search-R1) or {"title", "text"}
 --qa FILE           JSONL questions {"question", "golden_answers"[, "id", "split"]}; split by the
@@ -7,7 +8,9 @@
 --qa-test FILE      JSONL questions that all go to the test split. Repeatable.
 --k N               passages per search (default 3)
 --max-steps N       replies per episode (default 30)
-Without --corpus / --qa the built-in Wikipedia-summary corpus and QA set are served.
+Without --corpus / --qa the built-in Wikipedia-summary corpus and a built-in task set are
+served: "search" for deepsearch (built once, then read from $AGENTRL_JAX_CACHE/deepsearch),
+"lookup" for deepsearch_lookup.
 """
 
 from __future__ import annotations
@@ -31,10 +34,15 @@ def parse_family_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     return parser.parse_known_args(argv)
 
 
-if __name__ == "__main__":
-    if any(a in ("-h", "--help") for a in sys.argv[1:]):
+def serve(name: str, argv: list[str]) -> None:
+    """Serve the deep-search family ``name`` ("deepsearch" or "deepsearch_lookup")."""
+    if any(a in ("-h", "--help") for a in argv):
         print(__doc__.strip(), "\n")
-    family_args, rest = parse_family_args(sys.argv[1:])
+    family_args, rest = parse_family_args(argv)
     configure(k=family_args.k, max_steps=family_args.max_steps)
     configure_backend(family_args.corpus, family_args.qa, family_args.qa_train, family_args.qa_test)
-    main("deepsearch", rest)
+    main(name, rest)
+
+
+if __name__ == "__main__":
+    serve("deepsearch", sys.argv[1:])

@@ -1,8 +1,18 @@
-"""The process-wide search backend: corpus, BM25 index and QA set, built once and shared.
+"""The process-wide search backends: corpus, BM25 index and QA set, built once and shared.
 
-Every deep-search session of a server process uses the same ``SearchBackend`` (the index takes
-seconds and ~100 MB for the default corpus). ``configure()`` chooses the corpus / QA files before
-the first use; ``get_backend()`` builds it on first call (thread-safe).
+Every deep-search session of a server process uses the same ``SearchBackend`` per task set (the
+index takes seconds and ~100 MB for the default corpus; the backends of both task sets share
+one). ``configure_backend()`` chooses the corpus / QA files before the first use;
+``get_backend(task_set)`` builds it on first call (thread-safe).
+
+Built-in task sets over the built-in corpus (``TASK_SETS``):
+
+* ``"search"`` (the ``deepsearch`` family): questions that one search with the question does not
+  answer (``search_qa.py``), cached on disk after the first build (``task_cache.py``);
+* ``"lookup"`` (the ``deepsearch_lookup`` family): the article's first sentence as the question
+  (``qa.py``; one search with the question finds the answer).
+
+User QA files (``--qa`` ...) replace the built-in set of either family.
 """
 
 from __future__ import annotations
@@ -12,12 +22,14 @@ import logging
 import threading
 import time
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
 from environments.core.base import InvalidTaskError, TaskCatalog
-from environments.deepsearch.corpus import CorpusError, Passage, load_jsonl_corpus, load_wiki_summaries
+from environments.deepsearch.corpus import CorpusError, Passage, load_jsonl_corpus, load_wiki_summaries, wiki_summaries_path
 from environments.deepsearch.qa import QAItem, build_wiki_qa, check_unique_ids, load_jsonl_qa
 from environments.deepsearch.retriever import BM25Retriever
+from environments.deepsearch.search_qa import SEARCH_FILTER_K, SEARCH_TEST_MODULUS, build_search_qa
+from environments.deepsearch.task_cache import load_or_build
 
 log = logging.getLogger("environments.deepsearch")
 
@@ -47,13 +59,37 @@ class DeepSearchCatalog(TaskCatalog):
         return self._ids[split]
 
 
-class SearchBackend:
-    """Corpus + index + QA set of one server process."""
+def _search_items(passages: Sequence[Passage], retriever: BM25Retriever) -> list[QAItem]:
+    params = {"k": SEARCH_FILTER_K, "modulus": SEARCH_TEST_MODULUS}
+    items, built = load_or_build("search", wiki_summaries_path(), params, lambda: build_search_qa(passages, retriever, **params))
+    log.info("deep search: the search task set %s", "built and cached" if built else "read from its cache")
+    return items
 
-    def __init__(self, config: BackendConfig = BackendConfig()) -> None:
+
+#: built-in task set name -> ``build(passages, retriever) -> items`` (over the built-in corpus)
+TASK_SETS: dict[str, Callable[[Sequence[Passage], BM25Retriever], list[QAItem]]] = {
+    "search": _search_items,
+    "lookup": lambda passages, retriever: build_wiki_qa(passages),
+}
+
+
+class SearchBackend:
+    """Corpus + index + QA set of one server process and task set (``TASK_SETS``).
+
+    ``shared``: ``(passages, retriever)`` already built for ``config.corpus`` (another task
+    set's), else they are built here."""
+
+    def __init__(self, config: BackendConfig = BackendConfig(), task_set: str = "search",
+                 shared: tuple[list[Passage], BM25Retriever] | None = None) -> None:
+        if task_set not in TASK_SETS:
+            raise ValueError(f"unknown deep-search task set {task_set!r}; known: {sorted(TASK_SETS)}")
         start = time.perf_counter()
         self.config = config
-        self.passages: list[Passage] = load_jsonl_corpus(config.corpus) if config.corpus else load_wiki_summaries()
+        self.task_set = task_set
+        if shared is None:
+            passages = load_jsonl_corpus(config.corpus) if config.corpus else load_wiki_summaries()
+            shared = (passages, BM25Retriever(passages))
+        self.passages, self.retriever = shared
         items: list[QAItem] = []
         for path in config.qa:
             items += load_jsonl_qa(path)
@@ -64,15 +100,15 @@ class SearchBackend:
         if not items:
             if config.corpus:
                 raise CorpusError("a custom corpus needs QA files (--qa, --qa-train or --qa-test)")
-            items = build_wiki_qa(self.passages)
+            items = TASK_SETS[task_set](self.passages, self.retriever)
         check_unique_ids(items)
         self.items = {item.id: item for item in items}
+        self.by_title = {p.title: p for p in self.passages if p.title}
         self.catalog = DeepSearchCatalog(items)
-        self.retriever = BM25Retriever(self.passages)
         self.build_seconds = time.perf_counter() - start
         log.info(
-            "deep search backend: %d passages, %d questions (%d train / %d test), built in %.2f s",
-            len(self.passages), len(items), len(self.catalog.task_ids("train")), len(self.catalog.task_ids("test")),
+            "deep search backend (%s): %d passages, %d questions (%d train / %d test), built in %.2f s",
+            task_set, len(self.passages), len(items), len(self.catalog.task_ids("train")), len(self.catalog.task_ids("test")),
             self.build_seconds,
         )  # fmt: skip
 
@@ -84,7 +120,7 @@ class SearchBackend:
 
 
 _CONFIG = BackendConfig()
-_BACKEND: SearchBackend | None = None
+_BACKENDS: dict[str, SearchBackend] = {}
 _LOCK = threading.Lock()
 
 
@@ -94,8 +130,8 @@ def configure_backend(
     qa_train: Sequence[str | Path] = (),
     qa_test: Sequence[str | Path] = (),
 ) -> None:
-    """Choose the corpus and QA files; drops an already built backend."""
-    global _CONFIG, _BACKEND
+    """Choose the corpus and QA files; drops the backends already built."""
+    global _CONFIG
     with _LOCK:
         _CONFIG = BackendConfig(
             corpus=None if corpus is None else str(corpus),
@@ -103,13 +139,15 @@ def configure_backend(
             qa_train=tuple(map(str, qa_train)),
             qa_test=tuple(map(str, qa_test)),
         )
-        _BACKEND = None
+        _BACKENDS.clear()
 
 
-def get_backend() -> SearchBackend:
-    """The shared backend, built on first use."""
-    global _BACKEND
+def get_backend(task_set: str = "search") -> SearchBackend:
+    """The shared backend of ``task_set``, built on first use (with the corpus and index of
+    another task set's backend when one is built)."""
     with _LOCK:
-        if _BACKEND is None:
-            _BACKEND = SearchBackend(_CONFIG)
-        return _BACKEND
+        if task_set not in _BACKENDS:
+            other = next(iter(_BACKENDS.values()), None)
+            shared = (other.passages, other.retriever) if other is not None else None
+            _BACKENDS[task_set] = SearchBackend(_CONFIG, task_set, shared)
+        return _BACKENDS[task_set]

@@ -1,20 +1,45 @@
-"""The oracle for deep search: search with the question, answer with the gold answer if found.
+"""The oracles for deep search (the families' experts for behaviour cloning).
 
-It uses the golden answers (so it is an upper bound on what retrieval allows, not an agent): it
-sends ``<search>question</search>``, and if a retrieved passage contains a golden answer
-(normalised, whole tokens) it answers with that answer; otherwise it answers "unknown". Its
-success rate is the retrieval success rate of BM25 top-k for the question text.
+Both use the golden answers, so they measure what retrieval allows, not an agent's skill.
+
+* ``DeepSearchOracle`` (the ``lookup`` task set, and user QA files): sends
+  ``<search>question</search>`` and answers with a golden answer that a retrieved passage
+  contains (normalised, whole tokens), else "unknown". Two turns; its success rate is BM25's
+  top-k retrieval rate for the question text.
+* ``SearchingOracle`` (the ``search`` task set): follows the question's path of articles
+  (``QAItem.path``) with real searches and reads each result: it searches the description that
+  names article A in the question (A's title when that search does not return A), then, for a
+  two-hop question, the title of the article B that A's text names, and answers with the golden
+  answer found in the last result (else "unknown"). Three to four turns for a two-hop question,
+  two to three for a fact.
 """
 
 from __future__ import annotations
 
-from typing import Sequence
+import re
+from typing import Mapping, Sequence
 
+from environments.deepsearch.corpus import Passage
+from environments.deepsearch.qa import QAItem
 from environments.deepsearch.scoring import contains_answer
+
+_RESULT_TITLE = re.compile(r"^Doc \d+ \(Title: (.*?)\) ", re.M)
+
+
+def result_titles(observation: str) -> list[str]:
+    """The titles of the passages in a search observation (``env.format_passages``)."""
+    return _RESULT_TITLE.findall(observation)
+
+
+def _answer(observation: str, golden_answers: Sequence[str]) -> str:
+    for answer in golden_answers:
+        if contains_answer(observation, [answer]):
+            return f"<answer>{answer}</answer>"
+    return "<answer>unknown</answer>"
 
 
 class DeepSearchOracle:
-    """Two turns per episode: search, then answer."""
+    """Two turns per episode: search the question, then answer."""
 
     def __init__(self, question: str, golden_answers: Sequence[str]) -> None:
         self.question = question
@@ -25,24 +50,68 @@ class DeepSearchOracle:
         if not self.searched:
             self.searched = True
             return f"<search>{self.question}</search>"
-        for answer in self.golden_answers:
-            if contains_answer(observation, [answer]):
-                return f"<answer>{answer}</answer>"
-        return "<answer>unknown</answer>"
+        return _answer(observation, self.golden_answers)
+
+
+class SearchingOracle:
+    """Search A by its description (its title if that misses), then B's title (two-hop), then
+    answer from the last result (module docstring). ``by_title``: the corpus's passages."""
+
+    def __init__(self, item: QAItem, by_title: Mapping[str, Passage]) -> None:
+        if not item.path or any(title not in by_title for title in item.path):
+            raise ValueError(f"question {item.id!r} has no path of corpus articles to follow")
+        self.item = item
+        self.path = [by_title[title] for title in item.path]
+        self.hop = 0  # the article on the path being looked for
+        self.tried_title = False
+        self.last_query: str | None = None
+
+    def act(self, observation: str) -> str:
+        if self.last_query is not None:
+            if self.path[self.hop].title in result_titles(observation):
+                self.hop, self.tried_title = self.hop + 1, False
+            elif self.tried_title:  # neither the description nor the title finds it
+                return _answer(observation, self.item.golden_answers)
+            else:
+                self.tried_title = True
+                return self._search(self.path[self.hop].title)
+        if self.hop == len(self.path):
+            return _answer(observation, self.item.golden_answers)
+        target = self.path[self.hop]
+        if self.hop == 0 and target.description:
+            return self._search(target.description)
+        self.tried_title = True
+        return self._search(target.title)
+
+    def _search(self, query: str) -> str:
+        self.last_query = query
+        return f"<search>{query}</search>"
 
 
 class DeepSearchExpertPolicy:
-    """The deep-search oracle for the task's question, from this process's search backend (the
-    default corpus and QA set, as the server's; built on first use, in seconds; not
-    interruptible)."""
+    """The ``deepsearch`` family's expert: ``SearchingOracle`` for the task's question (the
+    ``DeepSearchOracle`` for a user question without a path), from this process's search
+    backend (built on first use; not interruptible)."""
 
     interruptible = False
+    task_set = "search"
 
     def __init__(self, task_id: str):
         from environments.deepsearch.backend import get_backend
 
-        item = get_backend().question(task_id)
-        self.oracle = DeepSearchOracle(item.question, item.golden_answers)
+        backend = get_backend(self.task_set)
+        item = backend.question(task_id)
+        if item.path and all(title in backend.by_title for title in item.path) and self.task_set == "search":
+            self.oracle = SearchingOracle(item, backend.by_title)
+        else:
+            self.oracle = DeepSearchOracle(item.question, item.golden_answers)
 
     def act(self, observation: str) -> str | None:
         return self.oracle.act(observation)
+
+
+class DeepSearchLookupExpertPolicy(DeepSearchExpertPolicy):
+    """The ``deepsearch_lookup`` family's expert: ``DeepSearchOracle`` (search the question,
+    answer)."""
+
+    task_set = "lookup"

@@ -51,6 +51,7 @@ from environments.deepsearch.qa import QAItem, base_title, hash_split
 from environments.deepsearch.scoring import contains_answer
 
 SEARCH_TEST_MODULUS = 3
+SEARCH_FILTER_K = 3  # filters 3-4: top-k of one search
 QUESTIONS_PER_ANSWER = 2  # near-duplicates: the same supporting article and answer
 MIN_CLAUSE_WORDS = 6
 MAX_CLAUSE_WORDS = 40
@@ -210,7 +211,7 @@ def candidates(passages: Sequence[Passage], corpus: _Corpus, modulus: int) -> li
     return made
 
 
-def build_search_qa(passages: Sequence[Passage], retriever, k: int = 3, modulus: int = SEARCH_TEST_MODULUS) -> list[QAItem]:
+def build_search_qa(passages: Sequence[Passage], retriever, k: int = SEARCH_FILTER_K, modulus: int = SEARCH_TEST_MODULUS) -> list[QAItem]:
     """The ``search`` task set (module docstring), in corpus order. ``retriever``: a
     ``BM25Retriever`` over ``passages`` (its ``search_many`` is used for filters 3-4)."""
     corpus = _Corpus(passages)
