@@ -54,9 +54,11 @@ def built():
     return passages, retriever, build_search_qa(passages, retriever)
 
 
+@pytest.mark.slow  # two full builds, 1-2 minutes each on 2 cores
 def test_build_is_deterministic_and_split_by_article(built):
     passages, retriever, items = built
-    assert len(items) >= 100 and {i.kind for i in items} == {"fact", "hop"}
+    assert len(items) >= 300 and {i.kind for i in items} == {"fact", "hop"}
+    assert sum(i.split == "test" for i in items) >= 100
     again = build_search_qa(passages, retriever)
     assert again == items
     ids = [i.id for i in items]
@@ -66,6 +68,7 @@ def test_build_is_deterministic_and_split_by_article(built):
     assert test and train and not train & test
 
 
+@pytest.mark.slow  # a full build
 def test_every_question_passes_the_filters(built):
     passages, retriever, items = built
     by_title = {p.title: p for p in passages}

