@@ -151,3 +151,9 @@ def get_backend(task_set: str = "search") -> SearchBackend:
             shared = (other.passages, other.retriever) if other is not None else None
             _BACKENDS[task_set] = SearchBackend(_CONFIG, task_set, shared)
         return _BACKENDS[task_set]
+
+
+if __name__ == "__main__":  # build (or check) the cached search task set ahead of a run
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    built = get_backend("search")
+    print(f"{len(built.items)} questions ({len(built.catalog.task_ids('test'))} test), ready in {built.build_seconds:.1f} s")

@@ -12,7 +12,7 @@ version builds afresh (no version number to forget to bump). Files live in
 ``$AGENTRL_JAX_CACHE/deepsearch`` (default ``~/.cache/agentrl_jax/deepsearch``). A file that
 cannot be read back (truncated, edited, another layout) is rebuilt and replaced, with a warning;
 writes are atomic (a temporary file renamed into place), so concurrent servers never read half
-a file. ``python -m environments.deepsearch.task_cache`` builds the default set ahead of time.
+a file. ``python -m environments.deepsearch.backend`` builds the default set ahead of time.
 """
 
 from __future__ import annotations
@@ -120,10 +120,3 @@ def load_or_build(name: str, corpus_file: Path, params: Mapping[str, object], bu
             os.unlink(tmp)
     return items, True
 
-
-if __name__ == "__main__":
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    from environments.deepsearch.backend import get_backend
-
-    backend = get_backend("search")
-    print(f"{len(backend.items)} questions ({len(backend.catalog.task_ids('test'))} test) in {cache_dir()}")
