@@ -217,10 +217,10 @@ class SFTRun:
             if last > start or not os.path.exists(os.path.join(self.export_dir, "config.json")):
                 learner.wait()
                 with timed(self._say, f"exporting the policy to {self.export_dir}"):
-                    from agentrl_jax.models.safetensors_io import save_hf_directory
+                    from agentrl_jax.training.export import export_policy
 
-                    save_hf_directory(learner.policy_model(), self.export_dir, tokenizer,
-                                      dtype="float32")
+                    export_policy(learner.policy_model(), tokenizer, self.export_dir,
+                                  dtype="float32")
         finally:
             learner.close()
         evals = {}
