@@ -6,6 +6,12 @@ invalid actions, token counts, group, ...), and appends the episode's searchable
 task id, episode id, error and every non-system message) to a text file. Nothing of the episode
 itself is kept in memory: a page of results is served by seeking to the rows' offsets.
 
+A compressed file (``.jsonl.gz``, one gzip member per training step: ``agentrl_common.
+jsonl_files``) is indexed a whole member at a time: a row keeps its member's byte offset and
+compressed length and the line's place inside the decompressed member, and reading a row
+decompresses its member (the last one read is kept). A member cut short (being written, or a
+killed run) waits like a half-written line.
+
 :meth:`FileIndex.update` reads only the bytes appended since the last call (a line is indexed
 once its newline is written, so a half-written last line waits), and rebuilds from scratch when
 the file shrank or its first bytes changed (it was replaced). With a cache directory the
@@ -18,6 +24,7 @@ from __future__ import annotations
 
 import bisect
 import hashlib
+import itertools
 import json
 import logging
 import math
@@ -28,6 +35,8 @@ import threading
 from typing import Any
 
 import numpy as np
+
+from agentrl_common.jsonl_files import is_gzip, iter_gzip_members
 
 try:  # faster than json on these large lines; the stdlib is the fallback
     import orjson
@@ -40,12 +49,14 @@ except ImportError:  # pragma: no cover - orjson is a runtime dependency
 
 log = logging.getLogger(__name__)
 
-INDEX_VERSION = 1
+INDEX_VERSION = 2
 
 #: one index record per episode (little-endian, fixed size: the cache file is an array of these)
 RECORD = np.dtype([
-    ("offset", "<i8"),  # byte offset of the line in the JSONL file
+    ("offset", "<i8"),  # byte offset of the line in the JSONL file (.gz: of its gzip member)
     ("length", "<i4"),  # bytes of the line, without the newline
+    ("member_length", "<i8"),  # .gz: compressed bytes of the line's member (plain files: 0)
+    ("inner", "<i8"),  # .gz: the line's offset in its decompressed member (plain files: 0)
     ("step", "<i4"),  # training step (-1: not recorded)
     ("env", "<i4"),  # code into the file's "env" vocabulary
     ("task", "<i4"),  # code into the "task" vocabulary
@@ -145,6 +156,8 @@ class FileIndex:
         self.version = 0  # bumped on every change (rows added or a rebuild)
         self._mm: mmap.mmap | None = None
         self._mm_len = 0
+        self.compressed = is_gzip(self.path)
+        self._member: tuple[int, bytes] | None = None  # (offset, data): the last member read
         if cache_dir is not None:
             self._load_cache()
 
@@ -223,6 +236,7 @@ class FileIndex:
     def _reset(self) -> None:
         with self._lock:
             self._close_mmap()
+            self._member = None
             self._reset_files()
             self._rows = np.zeros(1024, RECORD)
             self.n = 0
@@ -248,7 +262,8 @@ class FileIndex:
         return code
 
     def _record(self, ep: dict[str, Any], offset: int, length: int, text_offset: int,
-                text_length: int, vocab_out: list) -> tuple:
+                text_length: int, vocab_out: list, member_length: int = 0,
+                inner: int = 0) -> tuple:
         tokens, mask = ep.get("token_ids"), ep.get("loss_mask")
         n_trained = -1
         if isinstance(mask, list):
@@ -257,7 +272,8 @@ class FileIndex:
             except TypeError:
                 n_trained = -1
         step = as_int(ep.get("step"), self.default_step)
-        return (offset, length, step, self._code("env", ep.get("env"), vocab_out),
+        return (offset, length, member_length, inner, step,
+                self._code("env", ep.get("env"), vocab_out),
                 self._code("task", ep.get("task_id"), vocab_out),
                 self._code("status", ep.get("status") or "unknown", vocab_out),
                 _float(ep.get("reward")), 1 if ep.get("success") else 0,
@@ -300,9 +316,57 @@ class FileIndex:
             self._write_meta()
             return added
 
+    def _parse(self, line: bytes, records: list, texts: list, vocab_out: list, text_pos: int,
+               offset: int, member_length: int = 0, inner: int = 0) -> int:
+        """Index one line (a record and its text); returns the text position after it."""
+        if not line.strip():
+            return text_pos
+        try:
+            ep = _loads(line)
+            if not isinstance(ep, dict):
+                raise ValueError("not an object")
+        except ValueError:
+            self.bad_lines += 1
+            return text_pos
+        text = episode_text(ep).encode("utf-8", "replace") + _TEXT_SEP
+        records.append(self._record(ep, offset, len(line), text_pos, len(text) - 1, vocab_out,
+                                    member_length, inner))
+        texts.append(text)
+        return text_pos + len(text)
+
+    def _index_members(self, end: int) -> int:
+        """Index the whole gzip members from ``indexed_bytes`` until one ends at or past
+        ``end``."""
+        records: list[tuple] = []
+        texts: list[bytes] = []
+        vocab_out: list[str] = []
+        text_pos = self.text_bytes
+        pos = self.indexed_bytes
+        with open(self.path, "rb") as f:
+            for offset, length, data in iter_gzip_members(f, pos):
+                start = 0
+                while True:
+                    nl = data.find(b"\n", start)
+                    if nl < 0:
+                        break
+                    text_pos = self._parse(data[start:nl], records, texts, vocab_out, text_pos,
+                                           offset, length, start)
+                    start = nl + 1
+                pos = offset + length
+                if pos >= end:
+                    break
+        if records:
+            self._append(records, texts, vocab_out)
+        with self._lock:
+            self.indexed_bytes = pos
+            self.text_bytes = text_pos
+        return len(records)
+
     def _index_range(self, end: int) -> int:
         """Index the complete lines in [indexed_bytes, end) (and the rest of a line that
         crosses ``end``)."""
+        if self.compressed:
+            return self._index_members(end)
         added = 0
         records: list[tuple] = []
         texts: list[bytes] = []
@@ -322,23 +386,9 @@ class FileIndex:
                     nl = buf.find(b"\n", start)
                     if nl < 0:
                         break
-                    line = buf[start:nl]
-                    line_offset = pos + start
+                    text_pos = self._parse(buf[start:nl], records, texts, vocab_out, text_pos,
+                                           pos + start)
                     start = nl + 1
-                    if not line.strip():
-                        continue
-                    try:
-                        ep = _loads(line)
-                        if not isinstance(ep, dict):
-                            raise ValueError("not an object")
-                    except ValueError:
-                        self.bad_lines += 1
-                        continue
-                    text = episode_text(ep).encode("utf-8", "replace") + _TEXT_SEP
-                    records.append(self._record(ep, line_offset, len(line), text_pos,
-                                                len(text) - 1, vocab_out))
-                    texts.append(text)
-                    text_pos += len(text)
                 pos += start
                 carry = buf[start:]
                 if pos >= end:
@@ -380,14 +430,36 @@ class FileIndex:
             return self._rows[:self.n], {c: list(v) for c, v in self.vocab.items()}
 
     def read_line(self, row: int) -> bytes:
-        """The raw JSON line of ``row`` (one seek + one read)."""
+        """The raw JSON line of ``row`` (one seek + one read; .gz: its member decompressed)."""
         rec = self.rows()[row]
+        if self.compressed:
+            return self._read_member_line(row, rec)
         with open(self.path, "rb") as f:
             f.seek(int(rec["offset"]))
             data = f.read(int(rec["length"]))
         if len(data) != int(rec["length"]):
             raise FileChangedError(f"{self.path} changed under the index (row {row})")
         return data
+
+    def _read_member_line(self, row: int, rec: np.void) -> bytes:
+        offset, length = int(rec["offset"]), int(rec["member_length"])
+        with self._lock:
+            cached = self._member
+        if cached is not None and cached[0] == offset:
+            data = cached[1]
+        else:
+            with open(self.path, "rb") as f:
+                members = list(itertools.islice(iter_gzip_members(f, offset), 1))
+            if not members or members[0][1] != length:
+                raise FileChangedError(f"{self.path} changed under the index (row {row})")
+            data = members[0][2]
+            with self._lock:
+                self._member = (offset, data)
+        start = int(rec["inner"])
+        line = data[start:start + int(rec["length"])]
+        if len(line) != int(rec["length"]):
+            raise FileChangedError(f"{self.path} changed under the index (row {row})")
+        return line
 
     def read(self, row: int) -> dict[str, Any]:
         """The episode of ``row`` as a dict."""
