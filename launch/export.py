@@ -41,7 +41,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"export: {error}", file=sys.stderr, flush=True)
         return EXIT_BAD_INPUT
     print(f"exporting step {step} of {args.workdir} ({args.dtype}) to {args.out} ...", flush=True)
-    out, step = export_checkpoint(args.workdir, args.out, step, args.dtype, force=True)
+    try:
+        out, step = export_checkpoint(args.workdir, args.out, step, args.dtype, force=True)
+    except ExportError as error:  # the run's config.json names no loadable model
+        print(f"export: {error}", file=sys.stderr, flush=True)
+        return EXIT_BAD_INPUT
     print(f"exported step {step}: {os.path.abspath(out)} (load it with "
           f"transformers.AutoModelForCausalLM.from_pretrained, or --config.model.name={out})",
           flush=True)

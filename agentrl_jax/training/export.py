@@ -73,18 +73,25 @@ def _run_model(workdir: str) -> tuple[Any, Any]:
     """(model config, tokenizer) of the run in ``workdir``, from its ``config.json``."""
     from agentrl_jax.models.pretrained import load_model_config, resolve_model_path
     from agentrl_jax.models.tokenizer import load_tokenizer
+    from agentrl_jax.training.config_sections import ModelConfig as ModelSection
     from agentrl_jax.training.policy import random_model_config
 
-    with open(os.path.join(workdir, "config.json")) as f:
-        model = json.load(f).get("model") or {}
-    if not isinstance(model, dict) or not isinstance(model.get("name"), str):
-        raise ExportError(f"{workdir}/config.json has no model.name")
-    dtype = str(model.get("dtype") or "float32")
-    path = resolve_model_path(model["name"])
-    tokenizer = load_tokenizer(path)
-    if model.get("random_init"):
-        return random_model_config(model["random_init"], tokenizer, dtype), tokenizer
-    return load_model_config(path, dtype=dtype), tokenizer
+    path = os.path.join(workdir, "config.json")
+    try:
+        with open(path) as f:
+            values = json.load(f)
+    except (OSError, ValueError) as error:
+        raise ExportError(f"{path}: not readable JSON ({error})") from None
+    if not isinstance(values, dict) or not isinstance(values.get(ModelSection.PREFIX), dict):
+        raise ExportError(f"{path} has no model section")
+    section, problems = ModelSection.from_mapping(values[ModelSection.PREFIX])
+    if problems:
+        raise ExportError(f"{path}: {'; '.join(problems)}")
+    model_path = resolve_model_path(section.name)
+    tokenizer = load_tokenizer(model_path)
+    if section.random_init:
+        return random_model_config(section.random_init, tokenizer, section.dtype), tokenizer
+    return load_model_config(model_path, dtype=section.dtype), tokenizer
 
 
 def checkpoint_policy(workdir: str, step: int) -> tuple[Any, Any]:
