@@ -36,9 +36,9 @@ from typing import Any
 import numpy as np
 
 from agentrl_common.jsonl_files import is_gzip, iter_gzip_members
-from agentrl_jax.viewer.records import (_READ_CHUNK, _TEXT_SEP, ERROR_STATUSES, RECORD,
-                                        VOCAB_COLUMNS, _float, as_int, default_cache_dir,
-                                        episode_text)
+from agentrl_jax.viewer.index_record import (_READ_CHUNK, _TEXT_SEP, ERROR_STATUSES, RECORD,
+                                             VOCAB_COLUMNS, _float, as_int, default_cache_dir,
+                                             episode_text)
 
 try:  # faster than json on these large lines; the stdlib is the fallback
     import orjson

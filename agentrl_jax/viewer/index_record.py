@@ -1,5 +1,6 @@
 """The fixed-size record an episode gets in a trajectory file's index (:data:`RECORD`) and the
-values it is built from: summary fields as int32 / float, the episode's searchable text."""
+values it is built from: summary fields as int32 / float, the episode's searchable text.
+(``viewer/record.py`` is the other side: the checked fields of one episode the page shows.)"""
 
 from __future__ import annotations
 
