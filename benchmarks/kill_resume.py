@@ -9,11 +9,11 @@ to 0.5 s after the line that opens that phase, in the first or second step the s
 runs), starting it again after each kill, then lets the
 last session finish with ``train.max_staleness=1`` (every update after the resume but the last
 overlaps a rollout). The run has ``2 x kills + 2`` steps. Then it checks (``check_run``): the run
-finished; every step appears exactly once in ``metrics.jsonl`` and ``trajectories_train.jsonl.gz``
-(the smoke config keeps every episode) and the final evaluation once in
-``trajectories_eval.jsonl.gz`` (a killed writer's cut-off gzip member is rewound away); no episode failed (no env_error /
-engine_error) and every turn is within the staleness bound of its step; each step's horizon is
-the schedule's; the checkpoint of the last step exists.
+finished; every step appears exactly once in ``metrics.jsonl`` and
+``trajectories_train.jsonl.gz`` (the smoke config keeps every episode) and the final evaluation
+once in ``trajectories_eval.jsonl.gz`` (a killed writer's cut-off gzip member is rewound away);
+no episode failed (no env_error / engine_error) and every turn is within the staleness bound
+of its step; each step's horizon is the schedule's; the checkpoint of the last step exists.
 
 ``tests/test_kill_resume.py`` uses the same pieces (``Run``, ``check_run``) with two kills.
 """

@@ -312,8 +312,8 @@ def trajectory_files(run_dir: str) -> list[tuple[str, str, int]]:
     """The episode files of a run directory as (path, kind, default step), in a stable order.
 
     ``trajectories_train[.process<i>].jsonl[.gz]`` (kind ``train``) and
-    ``trajectories_eval...`` (``eval``), written by the trainer; ``<name>_trajectories.jsonl`` written by
-    ``launch/eval.py --output <name>.json`` (``eval``, step from ``<name>.json``);
+    ``trajectories_eval...`` (``eval``), written by the trainer; ``<name>_trajectories.jsonl``
+    written by ``launch/eval.py --output <name>.json`` (``eval``, step from ``<name>.json``);
     ``eval_episodes.jsonl`` (``eval``; per-episode summaries kept with published results).
     """
     try:
