@@ -13,6 +13,7 @@ import gzip
 import json
 import os
 import random
+import sys
 
 import pytest
 
@@ -197,13 +198,53 @@ def test_the_viewer_indexes_a_compressed_run(tmp_path):
     plain.close()
 
 
-def test_report_reads_compressed_evaluations(tmp_path):
+def _scored_eval_episodes(step: int) -> list[Trajectory]:
+    """Two tasks x 3 episodes whose three metrics differ: scores 0 / 0.5 / 1.5 (clipped to 1),
+    the completion flag only on t1's last, and an ``env_error`` episode (left out)."""
+    eps = _episodes(step, 2, 3)
+    for t in eps:
+        t.reward = [0.0, 0.5, 1.5][t.sample_index]
+        t.success = t.task_id == "t1" and t.sample_index == 2
+    eps[0].status = "env_error"  # t0's first: not an outcome of the policy
+    return eps
+
+
+#: what eval_metrics.task_values gives for ``_scored_eval_episodes`` (worked by hand)
+_BY_METRIC = {"avg": {"babyai/t0": [0.5, 1.0], "babyai/t1": [0.0, 0.5, 1.0]},
+              "success": {"babyai/t0": [0.0, 0.0], "babyai/t1": [0.0, 0.0, 1.0]},
+              "pass": {"babyai/t0": [1.0], "babyai/t1": [1.0]}}
+
+
+@pytest.mark.parametrize("metric", sorted(_BY_METRIC))
+def test_report_reads_compressed_evaluations(tmp_path, metric):
+    """The run report's per-task values (``training/report.py``, through ``eval_metrics``) from
+    a ``.jsonl.gz`` evaluation log, every metric, error episodes left out."""
     from agentrl_jax.training.report import eval_success_by_task
 
-    log = TrajectoryLog(str(tmp_path))
-    eps = _episodes(5, 2, 2)
-    for t in eps:
-        t.success = t.sample_index == 1
-    log.write(5, eps, "eval")
-    assert eval_success_by_task(str(tmp_path)) == {5: {"babyai/t0": [0.0, 1.0],
-                                                       "babyai/t1": [0.0, 1.0]}}
+    log = TrajectoryLog(str(tmp_path), compress=True)
+    log.write(5, _scored_eval_episodes(5), "eval")
+    assert trajectory_files(str(tmp_path)) == [str(tmp_path / "trajectories_eval.jsonl.gz")]
+    assert eval_success_by_task(str(tmp_path), metric) == {5: _BY_METRIC[metric]}
+
+
+def test_learning_report_and_results_table_read_compressed_evaluations(tmp_path):
+    """``benchmarks/learning_report.py`` (which ``results_table.py`` calls for its runs) finds a
+    run's ``.jsonl.gz`` evaluation log, scores it like a plain one, and ``--collect`` writes its
+    small ``eval_episodes.jsonl`` from it."""
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "benchmarks"))
+    import learning_report
+
+    gz_run, plain_run = tmp_path / "gz", tmp_path / "plain"
+    gz_run.mkdir()
+    plain_run.mkdir()
+    TrajectoryLog(str(gz_run), compress=True).write(5, _scored_eval_episodes(5), "eval")
+    TrajectoryLog(str(plain_run), compress=False).write(5, _scored_eval_episodes(5), "eval")
+    assert learning_report.eval_episode_files(str(gz_run)) == [
+        str(gz_run / "trajectories_eval.jsonl.gz")]
+    for metric, expected in _BY_METRIC.items():
+        assert learning_report.eval_success_by_task(str(gz_run), metric) == {5: expected}
+        assert learning_report.eval_success_by_task(str(plain_run), metric) == {5: expected}
+    assert learning_report.collect_run(str(gz_run), str(tmp_path / "small")) == 6
+    small = read_records(str(tmp_path / "small" / "eval_episodes.jsonl"))
+    assert [(e["task_id"], e["reward"], e["status"]) for e in small] == [
+        (t.task_id, t.reward, t.status) for t in _scored_eval_episodes(5)]
