@@ -87,8 +87,11 @@ def check_summary(workdir: str, total_steps: int) -> list[str]:
         problems.append(f"summary.json has no final evaluation at step {total_steps}")
     for name in ("metrics.jsonl", "trajectories_train.jsonl", "trajectories_eval.jsonl",
                  os.path.join("checkpoints", str(total_steps))):
-        if not os.path.exists(os.path.join(workdir, name)):
-            problems.append(f"the run wrote no {name}")
+        path = os.path.join(workdir, name)
+        if not os.path.exists(path) and not (name.startswith("trajectories_")
+                                             and os.path.exists(path + ".gz")):
+            problems.append(f"the run wrote no {name}"
+                            + ("[.gz]" if name.startswith("trajectories_") else ""))
     return problems
 
 

@@ -6,7 +6,7 @@ how episodes ended (``context_limit`` = the history outgrew ``rollout.max_contex
     python benchmarks/episode_diagnosis.py runs/families/sciworld_grpo --out diag.json
     python benchmarks/episode_diagnosis.py runs/families/experts/scienceworld.jsonl
 
-Inputs: run directories (their ``trajectories_eval*.jsonl``, or with ``--train``
+Inputs: run directories (their ``trajectories_eval*.jsonl[.gz]``, or with ``--train``
 ``trajectories_train*.jsonl``) or trajectory JSONL files (``Trajectory.to_json`` lines, e.g.
 recorded expert episodes). Per group (file, step), with T = all turns of its episodes:
 
@@ -32,6 +32,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from agentrl_common import jsonl_files  # noqa: E402
 from agentrl_jax.agent.parsing import INVALID_FORMAT_FEEDBACK  # noqa: E402
 
 
@@ -40,8 +41,7 @@ def trajectory_files(source: str, train: bool = False) -> list[str]:
     file itself."""
     if os.path.isfile(source):
         return [source]
-    pattern = "trajectories_train*.jsonl" if train else "trajectories_eval*.jsonl"
-    files = sorted(glob.glob(os.path.join(source, pattern)))
+    files = jsonl_files.trajectory_files(source, "train" if train else "eval")
     if not files and not train:  # launch/eval.py --output X.json writes X_trajectories.jsonl
         files = sorted(glob.glob(os.path.join(source, "*_trajectories.jsonl")))
     return files
@@ -80,11 +80,8 @@ def diagnose(sources: list[str], train: bool = False) -> dict[str, dict[str, dic
     for source in sources:
         for path in trajectory_files(source, train):
             groups: dict[int, list[dict]] = defaultdict(list)
-            with open(path) as f:
-                for line in f:
-                    if line.strip():
-                        e = json.loads(line)
-                        groups[int(e.get("step") or 0)].append(e)
+            for e in jsonl_files.iter_records(path):
+                groups[int(e.get("step") or 0)].append(e)
             out[path] = {str(step): summarise(eps) for step, eps in sorted(groups.items())}
     return out
 

@@ -9,10 +9,11 @@ to 0.5 s after the line that opens that phase, in the first or second step the s
 runs), starting it again after each kill, then lets the
 last session finish with ``train.max_staleness=1`` (every update after the resume but the last
 overlaps a rollout). The run has ``2 x kills + 2`` steps. Then it checks (``check_run``): the run
-finished; every step appears exactly once in ``metrics.jsonl`` and ``trajectories_train.jsonl``
-and the final evaluation once in ``trajectories_eval.jsonl``; no episode failed (no env_error /
-engine_error) and every turn is within the staleness bound of its step; each step's horizon is
-the schedule's; the checkpoint of the last step exists.
+finished; every step appears exactly once in ``metrics.jsonl`` and
+``trajectories_train.jsonl.gz`` (the smoke config keeps every episode) and the final evaluation
+once in ``trajectories_eval.jsonl.gz`` (a killed writer's cut-off gzip member is rewound away);
+no episode failed (no env_error / engine_error) and every turn is within the staleness bound
+of its step; each step's horizon is the schedule's; the checkpoint of the last step exists.
 
 ``tests/test_kill_resume.py`` uses the same pieces (``Run``, ``check_run``) with two kills.
 """
@@ -36,6 +37,9 @@ from typing import Any
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if REPO not in sys.path:  # run as a script
     sys.path.insert(0, REPO)
+
+from agentrl_common.jsonl_files import GZIP_SUFFIX, read_records  # noqa: E402
+
 SMOKE = ["launch/run.py", "--config", "experiments/smoke.py", "--config.progress_seconds=0"]
 
 
@@ -136,7 +140,11 @@ def wait_gone(pids: list[int], timeout: float = 20.0) -> None:
 
 
 def rows(path: str) -> list[dict[str, Any]]:
-    return [json.loads(line) for line in open(path)] if os.path.exists(path) else []
+    """The JSON rows of a plain or ``.jsonl.gz`` file; the compressed log when ``path`` names
+    the plain one and only the compressed one exists."""
+    if not os.path.exists(path) and os.path.exists(path + GZIP_SUFFIX):
+        path += GZIP_SUFFIX
+    return read_records(path)
 
 
 PHASES = ("rollout", "update", "save", "later save", "first update")

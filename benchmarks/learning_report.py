@@ -33,7 +33,7 @@ They go to ``gain.json`` under ``"differences"``. A run directory that is missin
 evaluation episodes gets ``{"missing": why}`` (and so does every difference naming it): the
 other numbers are still computed.
 
-Evaluation episodes are read from ``trajectories_eval*.jsonl`` (a run's full files) or
+Evaluation episodes are read from ``trajectories_eval*.jsonl[.gz]`` (a run's full files) or
 ``*_trajectories.jsonl`` (``launch/eval.py --output X.json``: step 0), else from
 ``eval_episodes*.jsonl`` (the small per-episode files this script writes), never both.
 ``--collect`` only copies each run's small files, with ``eval_episodes.jsonl`` extracted from
@@ -71,6 +71,8 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # agentrl_jax
 from agentrl_jax.training import eval_metrics  # noqa: E402
 
+from agentrl_common.jsonl_files import read_records, trajectory_files  # noqa: E402
+
 PANELS = (  # (title, metric keys tried in order, y label)
     ("train reward", ("rollout/mean_reward",), "mean episode reward"),
     ("train success", ("rollout/success_rate",), "success rate"),
@@ -85,10 +87,8 @@ PANELS = (  # (title, metric keys tried in order, y label)
 
 
 def read_jsonl(path: str) -> list[dict]:
-    if not os.path.exists(path):
-        return []
-    with open(path) as f:
-        return [json.loads(line) for line in f if line.strip()]
+    """The JSON objects of a plain or ``.jsonl.gz`` file ([] when it does not exist)."""
+    return read_records(path)
 
 
 def series(rows: list[dict], keys: tuple[str, ...]) -> tuple[list[int], list[float], str]:
@@ -111,8 +111,8 @@ def eval_episode_files(run: str) -> list[str]:
     if not os.path.isdir(run):
         return []
     names = sorted(os.listdir(run))
-    full = [n for n in names if n.endswith(".jsonl") and (
-        n.startswith("trajectories_eval") or n.endswith("_trajectories.jsonl"))]
+    full = [os.path.basename(p) for p in trajectory_files(run, "eval")] + [
+        n for n in names if n.endswith("_trajectories.jsonl")]
     small = [n for n in names if n.startswith("eval_episodes") and n.endswith(".jsonl")]
     return [os.path.join(run, n) for n in (full or small)]
 

@@ -28,6 +28,7 @@ def get_config():
     c.train.eval_before = False
     c.train.eval_tasks = 2
     c.train.eval_samples = 1
+    c.train.trajectory_share = 1.0  # 4 episodes a step: every one is logged (and tests count them)
     c.train.eval_horizon = 2
     c.learner.learning_rate = 1e-4
     c.learner.micro_batch_size = 8

@@ -9,7 +9,7 @@
 The loss is the NLL of the assistant tokens only, through the RL learner (sharded, packed rows,
 orbax checkpoints). The same command resumes from the latest checkpoint; a finished run says so
 and exits. Outputs: checkpoints/, metrics.jsonl, tensorboard/, model/ (HF directory: what
-``--config.model.name=`` starts RL or evaluation from), trajectories_eval.jsonl, summary.json.
+``--config.model.name=`` starts RL or evaluation from), trajectories_eval.jsonl.gz, summary.json.
 """
 
 from __future__ import annotations

@@ -15,6 +15,8 @@ import sys
 
 import pytest
 
+from agentrl_common.jsonl_files import read_records
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -35,8 +37,7 @@ def test_smoke_run_then_resume(tmp_path, compile_cache_env):
     assert "[step 2/2]" in out and "run finished" in out
     assert os.path.isdir(os.path.join(workdir, "checkpoints", "2"))
     assert glob.glob(os.path.join(workdir, "tensorboard", "events.out.tfevents.*"))
-    trajectories = [json.loads(line) for line in open(os.path.join(workdir,
-                                                                   "trajectories_train.jsonl"))]
+    trajectories = read_records(os.path.join(workdir, "trajectories_train.jsonl.gz"))
     # smoke: 2 tasks x 2 samples per step, alternating BabyAI and TextCraft
     assert len(trajectories) == 8
     assert {t["env"] for t in trajectories} == {"babyai", "textcraft"}
@@ -52,8 +53,7 @@ def test_smoke_run_then_resume(tmp_path, compile_cache_env):
     assert steps == [1, 2, 3]
     assert [m["train/horizon"] for m in metrics if "train/horizon" in m] == [2, 2, 3]
     assert os.path.isdir(os.path.join(workdir, "checkpoints", "3"))
-    resumed = [json.loads(line) for line in open(os.path.join(workdir,
-                                                              "trajectories_train.jsonl"))]
+    resumed = read_records(os.path.join(workdir, "trajectories_train.jsonl.gz"))
     assert {t["step"] for t in resumed[8:]} == {3}
     # the task cursor continued where the first run stopped (5th and 6th draws of the sampler)
     first_tasks = [t["task_id"] for t in trajectories[::2]]

@@ -21,6 +21,8 @@ import sys
 import numpy as np
 import pytest
 
+from agentrl_common.jsonl_files import read_records
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIG = "experiments/babyai_choice_tiny.py"
 SEED = 0
@@ -31,8 +33,7 @@ MARGIN = 0.15  # mean reward of the last WINDOW steps minus the first WINDOW, at
 
 def _by_step(workdir: str) -> dict[int, list[dict]]:
     episodes: dict[int, list[dict]] = {}
-    for line in open(os.path.join(workdir, "trajectories_train.jsonl")):
-        episode = json.loads(line)
+    for episode in read_records(os.path.join(workdir, "trajectories_train.jsonl.gz")):
         episodes.setdefault(episode["step"], []).append(episode)
     return episodes
 
@@ -51,7 +52,8 @@ def test_grpo_raises_babyai_reward_from_a_random_start(tmp_path, compile_cache_e
     env = dict(os.environ, **compile_cache_env)
     env.pop("XLA_FLAGS", None)
     proc = subprocess.run([sys.executable, "launch/run.py", "--config", CONFIG, "--workdir",
-                           workdir, f"--config.seed={SEED}"], cwd=REPO, env=env,
+                           workdir, f"--config.seed={SEED}",
+                           "--config.train.trajectory_share=1"], cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=1150)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     rows = [json.loads(line) for line in open(os.path.join(workdir, "metrics.jsonl"))]

@@ -102,8 +102,13 @@ def worker(process_id: int, coordinator: str, workdir: str, out: str) -> None:
 
 # ----------------------------------------------------------------- the test (pytest process)
 def _lines(path: str) -> list[dict]:
-    with open(path) as f:
-        return [json.loads(line) for line in f]
+    """The rows of ``path``, or of its gzip log ``path.gz`` (the trainer's trajectories)."""
+    from agentrl_common.jsonl_files import read_records
+
+    if not os.path.exists(path):
+        assert os.path.exists(path + ".gz"), path
+        path += ".gz"
+    return read_records(path)
 
 
 @pytest.mark.slow
@@ -141,7 +146,7 @@ def test_two_process_trainer_then_resume(tmp_path):
     # global rollout numbers: 2 tasks x 2 samples per step, one group on each process
     per_process = [_lines(os.path.join(workdir, f"trajectories_train.process{i}.jsonl"))
                    for i in range(N_PROC)]
-    assert not os.path.exists(os.path.join(workdir, "trajectories_train.jsonl"))
+    assert not os.path.exists(os.path.join(workdir, "trajectories_train.jsonl.gz"))
     metrics = _lines(os.path.join(workdir, "metrics.jsonl"))
     train = [m for m in metrics if "train/horizon" in m]
     assert [m["step"] for m in train] == [1, 2]  # written once (by process 0)

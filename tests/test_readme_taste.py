@@ -65,7 +65,7 @@ def test_readme_taste_command_names_real_config_keys():
 def _finished_run(tmp_path, steps: int = 2, final_eval: bool = True) -> str:
     run = tmp_path / "run"
     (run / "checkpoints" / str(steps)).mkdir(parents=True, exist_ok=True)
-    for name in ("metrics.jsonl", "trajectories_train.jsonl", "trajectories_eval.jsonl"):
+    for name in ("metrics.jsonl", "trajectories_train.jsonl.gz", "trajectories_eval.jsonl.gz"):
         (run / name).write_text("{}\n")
     evals = {str(steps): {"avg_at_k": 0.25, "pass_at_k": 0.5}} if final_eval else {}
     (run / "summary.json").write_text(json.dumps({
@@ -79,7 +79,7 @@ def test_check_summary(tmp_path):
     assert ct.check_summary(_finished_run(tmp_path), 2) == []
     assert any("final_step" in p for p in ct.check_summary(_finished_run(tmp_path), 3))
     broken = _finished_run(tmp_path / "b", final_eval=False)
-    os.remove(os.path.join(broken, "trajectories_eval.jsonl"))
+    os.remove(os.path.join(broken, "trajectories_eval.jsonl.gz"))
     problems = ct.check_summary(broken, 2)
     assert any("final evaluation" in p for p in problems)
     assert any("trajectories_eval.jsonl" in p for p in problems)

@@ -21,6 +21,7 @@ from urllib.parse import urlparse
 
 import pytest
 
+from agentrl_common.jsonl_files import read_records
 from agentrl_jax.training.services import engine_slots, max_episodes_per_round
 from agentrl_jax.training.policy import checkpoint_steps
 from agentrl_jax.training.summary import merge_summary
@@ -48,9 +49,16 @@ def _ok(proc: subprocess.CompletedProcess) -> str:
     return proc.stdout
 
 
+def _rows(path: str) -> list[dict]:
+    """The rows of ``path``, or of its gzip log ``path.gz`` (the trainer's trajectories)."""
+    if not os.path.exists(path) and os.path.exists(path + ".gz"):
+        path += ".gz"
+    return read_records(path)
+
+
 def _work(path: str, first: int | None = None) -> tuple[int, int]:
     """(assistant turns, generated tokens) of the (``first``) episodes logged in ``path``."""
-    episodes = [json.loads(line) for line in open(path)][:first]
+    episodes = _rows(path)[:first]
     return sum(t["num_turns"] for t in episodes), sum(sum(t["loss_mask"]) for t in episodes)
 
 
@@ -63,8 +71,7 @@ def _last_count(out: str, prefix: str) -> tuple[int, int]:
 
 
 def _lines(path: str) -> int:
-    with open(path) as f:
-        return sum(1 for _ in f)
+    return len(_rows(path))
 
 
 @pytest.fixture(scope="module")

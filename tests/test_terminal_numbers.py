@@ -6,7 +6,6 @@ not mixed in); every compilation of an announced jitted function is announced.""
 from __future__ import annotations
 
 import asyncio
-import json
 import re
 from types import SimpleNamespace
 
@@ -14,6 +13,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from agentrl_common.jsonl_files import read_records
 from agentrl_jax import compile_notice
 from agentrl_jax.agent.trajectory import Trajectory
 from agentrl_jax.learner.learner import announced
@@ -24,12 +24,12 @@ from test_trainer_failed_step import (FailingPool, RecordingBackend, RecordingLe
 
 def test_printed_steps_are_the_stored_steps(tmp_path, capsys):
     learner = RecordingLearner()
-    run_fake_loop(fake_loop_config(3, save_every=2), tmp_path, learner, RecordingBackend(),
-                  FailingPool(failing=set()))
+    run_fake_loop(fake_loop_config(3, save_every=2, trajectory_share=1.0), tmp_path, learner,
+                  RecordingBackend(), FailingPool(failing=set()))
     printed = [int(k) for k in re.findall(r"^\[step (\d+)/3\]", capsys.readouterr().out, re.M)]
     assert printed == [1, 2, 3]
     assert [step for step, _ in learner.writer.rows] == printed  # metrics.jsonl's rows
-    episodes = [json.loads(line) for line in open(tmp_path / "trajectories_train.jsonl")]
+    episodes = read_records(str(tmp_path / "trajectories_train.jsonl.gz"))
     assert [t["step"] for t in episodes] == [1] * 4 + [2] * 4 + [3] * 4  # was 0, 1, 2
     assert learner.saved == [2, 3]  # checkpoints: after update 2 and the last one
 

@@ -211,4 +211,20 @@ class Checkpointer:
         self.close()
 
 
-__all__ = ["Checkpointer", "CheckpointSaveError", "flatten", "unflatten", "abstract_like"]
+def restore_item(step_path: str, name: str, target: Any) -> Any:
+    """One array tree (``name``, e.g. ``"params"``) of the checkpoint in ``step_path``, read
+    alone: the other items (the optimiser state: twice the parameters' bytes) are not read, and
+    no ``CheckpointManager`` is opened (it would clean up the temporary directories of a run that
+    is still saving). ``target``: the tree's structure, as arrays or ``ShapeDtypeStruct`` with
+    the sharding each array is placed in (e.g. one CPU device)."""
+    item = os.path.join(step_path, name)
+    if not os.path.isdir(item):
+        raise FileNotFoundError(f"checkpoint {step_path} has no {name}/")
+    abstract = abstract_like(target)
+    with ocp.StandardCheckpointer() as checkpointer:
+        restored = checkpointer.restore(item, flatten(abstract))
+    return unflatten(abstract, restored)
+
+
+__all__ = ["Checkpointer", "CheckpointSaveError", "flatten", "unflatten", "abstract_like",
+           "restore_item"]

@@ -118,6 +118,18 @@ def load_model(name_or_path: str, sharding_fn: ShardingFn | None = None,
     return load_safetensors_model(path, sharding_fn=sharding_fn, **config_overrides)
 
 
+def load_model_config(name_or_path: str, **config_overrides: Any) -> ModelConfig:
+    """The ``ModelConfig`` ``load_model`` would build for ``name_or_path`` (a known name, a HF
+    directory's config.json or a GGUF file's metadata), read without loading any weight."""
+    from agentrl_jax.models.gguf_io import gguf_config, open_index
+    from agentrl_jax.models.safetensors_io import read_model_config
+
+    path = resolve_model_path(name_or_path)
+    if path.endswith(".gguf"):
+        return gguf_config(open_index(path), path, **config_overrides)
+    return read_model_config(path, **config_overrides)
+
+
 def load_pretrained(name_or_path: str, sharding_fn: ShardingFn | None = None,
                     **config_overrides: Any) -> Pretrained:
     """Model, config and tokenizer from a name, HF directory or GGUF file.

@@ -96,7 +96,7 @@ def load_safetensors_model(directory: str, config: ModelConfig | None = None,
     """
     if not os.path.isdir(directory):
         raise FileNotFoundError(f"model directory not found: {directory}")
-    cfg = config or _read_config(directory, **config_overrides)
+    cfg = config or read_model_config(directory, **config_overrides)
     if check_config is not None:
         check_config(cfg)
     with contextlib.ExitStack() as stack:
@@ -124,11 +124,6 @@ def load_safetensors_model(directory: str, config: ModelConfig | None = None,
 
 
 def read_model_config(directory: str, **overrides: Any) -> ModelConfig:
-    """``ModelConfig`` of ``directory/config.json`` (see ``_read_config``)."""
-    return _read_config(directory, **overrides)
-
-
-def _read_config(directory: str, **overrides: Any) -> ModelConfig:
     """``ModelConfig`` of ``directory/config.json``; any malformed content is a ``CheckpointError``
     (or ``UnsupportedModelError``), never another exception type."""
     path = os.path.join(directory, "config.json")

@@ -302,7 +302,20 @@ class TrainConfig(Section):
     tasks_per_step: int = setting(16, ge=1)
     samples_per_task: int = setting(8, ge=1)  # GRPO group size
     save_every: int = setting(25, ge=1)
-    keep_checkpoints: int = setting(3, ge=1)
+    # the last N checkpoints are kept (the final one is the last; each holds the parameters
+    # and the optimiser state: 1.4 GB for the 135M model)
+    keep_checkpoints: int = setting(2, ge=1)
+    # the share of training episodes written to trajectories_train.jsonl.gz: whole groups,
+    # round(share x groups) of each step's (at least one), chosen by a hash of (step, group id)
+    # (training/trajectory_log.py); evaluations keep every episode, metrics count every one.
+    # Why 0.25: the headline run (experiments/babyai_grpo_gpu.py, one H200) wrote 420 MB of
+    # uncompressed training episodes in 360 s, 4.2 GB an hour; a quarter is 1.05 GB an hour
+    # even if gzip saved nothing, and gzip makes BabyAI episodes 16x smaller
+    # (benchmarks/trajectory_log_size.py: 52 kB -> 3.2 kB an episode), ~66 MB an hour.
+    trajectory_share: float = setting(0.25, ge=0, le=1)
+    # gzip the trajectory logs (.jsonl.gz: one gzip member per step, flushed; a killed run
+    # leaves a readable prefix); False: plain .jsonl
+    compress_trajectories: bool = setting(True)
     eval_every: int = setting(50, ge=0)  # 0: no evaluation during training
     eval_before: bool = setting(True)
     eval_after: bool = setting(True)

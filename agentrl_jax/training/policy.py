@@ -26,18 +26,10 @@ def load_policy(config: Any, mesh: Any = None):
     mc = config.model
     random_init = mc.random_init
     if random_init:
-        from agentrl_jax.models.config import ModelConfig
         from agentrl_jax.models.llama import init_model
 
-        path = resolve_model_path(mc.name)
-        tokenizer = load_tokenizer(path)
-        # the tokenizer's vocabulary unless the shape names its own (a larger one: ids past
-        # the tokenizer decode to nothing, as for a benchmark of a bigger model's shape)
-        shape = {"vocab_size": len(tokenizer), **dict(random_init)}
-        cfg = ModelConfig(eos_token_id=tokenizer.eos_token_id,
-                          pad_token_id=tokenizer.pad_token_id,
-                          bos_token_id=tokenizer.bos_token_id, dtype=mc.dtype,
-                          **shape)
+        tokenizer = load_tokenizer(resolve_model_path(mc.name))
+        cfg = random_model_config(random_init, tokenizer, mc.dtype)
         return init_model(cfg, seed=int(config.seed), mesh=mesh), tokenizer, None
     shard = None
     if mesh is not None:
@@ -45,6 +37,18 @@ def load_policy(config: Any, mesh: Any = None):
         shard = sharding_fn(mesh)
     pretrained = load_pretrained(mc.name, sharding_fn=shard, dtype=mc.dtype)
     return pretrained.model, pretrained.tokenizer, pretrained.path
+
+
+def random_model_config(shape: Any, tokenizer: Any, dtype: str) -> Any:
+    """The ``ModelConfig`` of a ``model.random_init`` policy: ``shape``'s sizes over the
+    tokenizer's vocabulary and special tokens (unless the shape names its own, larger
+    vocabulary: ids past the tokenizer decode to nothing, as for a benchmark of a bigger
+    model's shape)."""
+    from agentrl_jax.models.config import ModelConfig
+
+    return ModelConfig(eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
+                       bos_token_id=tokenizer.bos_token_id, dtype=dtype,
+                       **{"vocab_size": len(tokenizer), **dict(shape)})
 
 
 def load_learner(config: Any, checkpoint_dir: str | None = None, max_to_keep: int = 3,

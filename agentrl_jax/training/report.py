@@ -4,7 +4,7 @@
 
 Written by ``launch/run.py`` when a run ends, from the run's own files: ``metrics.jsonl``
 (curves, last-step statistics), ``summary.json`` (steps, time, evaluations), ``config.json``
-(what was trained) and the evaluation episodes (``trajectories_eval*.jsonl``, or the
+(what was trained) and the evaluation episodes (``trajectories_eval*.jsonl[.gz]``, or the
 ``eval_episodes.jsonl`` kept with published results) for the held-out gain between the first
 and the last evaluation with a paired bootstrap 95% interval over tasks (each draw resamples
 tasks with replacement; a task's gain is its mean score after minus before). Avg@k, Pass@k and
@@ -29,6 +29,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from agentrl_common.jsonl_files import iter_lines, trajectory_files
 from agentrl_jax.training import eval_metrics
 from agentrl_jax.training.config import model_label
 
@@ -60,23 +61,20 @@ def _loads(line: bytes) -> Any:
 
 
 def read_jsonl(path: str, keep: Sequence[str] | None = None) -> list[dict[str, Any]]:
-    """The JSON objects of a JSONL file (malformed lines skipped; a missing file: []).
-    ``keep``: only these fields of each object (large trajectory lines)."""
+    """The JSON objects of a JSONL file, plain or ``.jsonl.gz`` (malformed lines skipped; a
+    missing file: []). ``keep``: only these fields of each object (large trajectory lines)."""
     out: list[dict[str, Any]] = []
     try:
-        f = open(path, "rb")
-    except OSError:
-        return out
-    with f:
-        for line in f:
-            if not line.strip():
-                continue
+        lines = iter_lines(path)
+        for line in lines:
             try:
                 obj = _loads(line)
             except ValueError:
                 continue
             if isinstance(obj, dict):
                 out.append({k: obj[k] for k in keep if k in obj} if keep else obj)
+    except OSError:
+        return out
     return out
 
 
@@ -111,15 +109,15 @@ def series(rows: list[dict[str, Any]], keys: Sequence[str]) -> tuple[str | None,
 
 
 def eval_success_by_task(run_dir: str, metric: str = "avg") -> dict[int, dict[str, list[float]]]:
-    """``{step: {env/task: values}}`` from the evaluation episodes, the values of ``metric``
+    """``{step: {env/task: values}}`` from the evaluation episodes (``trajectories_eval*.jsonl``
+    plain or ``.gz``, or ``eval_episodes.jsonl``), the values of ``metric``
     (``eval_metrics.task_values``: ``avg`` the episodes' scores, ``success`` their completion
     flags, ``pass`` one 0/1 per task); error episodes left out."""
-    names = [n for n in sorted(os.listdir(run_dir)) if
-             (n.startswith("trajectories_eval") and n.endswith(".jsonl"))
-             or n == "eval_episodes.jsonl"] if os.path.isdir(run_dir) else []
+    paths = trajectory_files(run_dir, "eval") + [
+        p for p in [os.path.join(run_dir, "eval_episodes.jsonl")] if os.path.isfile(p)]
     episodes: dict[int, list[dict[str, Any]]] = defaultdict(list)
-    for name in names:
-        for t in read_jsonl(os.path.join(run_dir, name),
+    for path in paths:
+        for t in read_jsonl(path,
                             keep=("env", "task_id", "step", "status", "success", "reward")):
             if isinstance(t.get("step"), int):
                 episodes[int(t["step"])].append(t)

@@ -18,6 +18,7 @@ from agentrl_jax.agent.trajectory import Trajectory
 from agentrl_jax.training import runlog, storage
 from agentrl_jax.training.config import config_json
 from agentrl_jax.training.progress import say_line
+from agentrl_jax.training.trajectory_log import TrajectoryLog
 from agentrl_jax.training.summary import (SUMMARY_FILE, append_session, merge_summary, outcome,
                                           read_summary, write_json_atomic)
 
@@ -45,12 +46,15 @@ class RunOutput:
             json.dump(config_json(self.config), f, indent=2)
 
     def _log_trajectories(self, step: int, trajectories: list[Trajectory], kind: str) -> None:
-        suffix = f".process{self.process_index}" if self.multi_process else ""
-        path = os.path.join(self.workdir, f"trajectories_{kind}{suffix}.jsonl")
+        """Append ``step``'s episodes to this process's ``kind`` log: every evaluation episode,
+        ``train.trajectory_share`` of the training groups (``training/trajectory_log.py``)."""
+        train = self.config.train
+        log = TrajectoryLog(self.workdir,
+                            f".process{self.process_index}" if self.multi_process else "",
+                            train.trajectory_share, train.compress_trajectories)
+        path = log.path(kind)
         try:
-            with open(path, "a") as f:
-                for t in trajectories:
-                    f.write(json.dumps(t.to_json(step)) + "\n")
+            log.write(step, trajectories, kind)
         except OSError as error:  # a failed write of an open file names no file
             if error.filename:
                 raise
@@ -151,8 +155,9 @@ class RunOutput:
             lines.append(f"  eval @ step {step}: {r.describe_scores()} ({r.num_tasks} tasks)"
                          if r.valid else
                          f"  eval @ step {step}: not a result: {r.describe_failure()}")
+        gz = ".gz" if self.config.train.compress_trajectories else ""
         lines.append(f"  outputs: {self.workdir} (checkpoints/, tensorboard/, metrics.jsonl, "
-                     "trajectories_*.jsonl, summary.json)")
+                     f"trajectories_*.jsonl{gz}, summary.json)")
         self._say("\n".join(lines))
         return summary
 

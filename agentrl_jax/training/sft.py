@@ -22,7 +22,7 @@ epoch and is a function of the step, so a resumed run sees the same batches.
 Outputs in the workdir: ``checkpoints/`` (the learner's orbax format; the same command resumes
 from the latest), ``metrics.jsonl`` / ``tensorboard/`` (``actor/nll`` per step), ``model/`` (a
 HF safetensors directory with the tokenizer: what ``--config.model.name=`` of ``launch/run.py``
-and ``launch/eval.py`` load), ``trajectories_eval.jsonl`` (the held-out evaluation after
+and ``launch/eval.py`` load), ``trajectories_eval.jsonl.gz`` (the held-out evaluation after
 training, ``eval_job``) and ``summary.json``.
 """
 
@@ -217,10 +217,10 @@ class SFTRun:
             if last > start or not os.path.exists(os.path.join(self.export_dir, "config.json")):
                 learner.wait()
                 with timed(self._say, f"exporting the policy to {self.export_dir}"):
-                    from agentrl_jax.models.safetensors_io import save_hf_directory
+                    from agentrl_jax.training.export import export_policy
 
-                    save_hf_directory(learner.policy_model(), self.export_dir, tokenizer,
-                                      dtype="float32")
+                    export_policy(learner.policy_model(), tokenizer, self.export_dir,
+                                  dtype="float32")
         finally:
             learner.close()
         evals = {}
@@ -300,7 +300,7 @@ class SFTRun:
 
     async def _evaluate(self, step: int) -> dict[str, Any]:
         """The exported policy on the held-out split (``eval_job``, the RL evaluation's tasks
-        and sampling); episodes go to ``trajectories_eval.jsonl`` at ``step``."""
+        and sampling); episodes go to ``trajectories_eval.jsonl.gz`` at ``step``."""
         import dataclasses
 
         from agentrl_jax.training.eval_job import run_evaluation
@@ -313,9 +313,10 @@ class SFTRun:
                                       horizon=int(t.eval_horizon), say=self._say,
                                       progress=self.progress_mode,
                                       trajectories_out=trajectories)
-        with open(os.path.join(self.workdir, "trajectories_eval.jsonl"), "a") as f:
-            for tr in trajectories:
-                f.write(json.dumps(tr.to_json(step)) + "\n")
+        from agentrl_jax.training.trajectory_log import TrajectoryLog
+
+        TrajectoryLog(self.workdir, compress=t.compress_trajectories).write(step, trajectories,
+                                                                              "eval")
         from agentrl_jax.learner.metrics import MetricsWriter
 
         writer = MetricsWriter(None, os.path.join(self.workdir, "metrics.jsonl"))

@@ -6,6 +6,12 @@ invalid actions, token counts, group, ...), and appends the episode's searchable
 task id, episode id, error and every non-system message) to a text file. Nothing of the episode
 itself is kept in memory: a page of results is served by seeking to the rows' offsets.
 
+A compressed file (``.jsonl.gz``, one gzip member per training step: ``agentrl_common.
+jsonl_files``) is indexed a whole member at a time: a row keeps its member's byte offset and
+compressed length and the line's place inside the decompressed member, and reading a row
+decompresses its member (the last one read is kept). A member cut short (being written, or a
+killed run) waits like a half-written line.
+
 :meth:`FileIndex.update` reads only the bytes appended since the last call (a line is indexed
 once its newline is written, so a half-written last line waits), and rebuilds from scratch when
 the file shrank or its first bytes changed (it was replaced). With a cache directory the
@@ -18,9 +24,9 @@ from __future__ import annotations
 
 import bisect
 import hashlib
+import itertools
 import json
 import logging
-import math
 import mmap
 import os
 import tempfile
@@ -28,6 +34,11 @@ import threading
 from typing import Any
 
 import numpy as np
+
+from agentrl_common.jsonl_files import is_gzip, iter_gzip_members
+from agentrl_jax.viewer.index_record import (_READ_CHUNK, _TEXT_SEP, ERROR_STATUSES, RECORD,
+                                             VOCAB_COLUMNS, _float, as_int, default_cache_dir,
+                                             episode_text)
 
 try:  # faster than json on these large lines; the stdlib is the fallback
     import orjson
@@ -40,71 +51,7 @@ except ImportError:  # pragma: no cover - orjson is a runtime dependency
 
 log = logging.getLogger(__name__)
 
-INDEX_VERSION = 1
-
-#: one index record per episode (little-endian, fixed size: the cache file is an array of these)
-RECORD = np.dtype([
-    ("offset", "<i8"),  # byte offset of the line in the JSONL file
-    ("length", "<i4"),  # bytes of the line, without the newline
-    ("step", "<i4"),  # training step (-1: not recorded)
-    ("env", "<i4"),  # code into the file's "env" vocabulary
-    ("task", "<i4"),  # code into the "task" vocabulary
-    ("status", "<i4"),  # code into the "status" vocabulary
-    ("reward", "<f8"),
-    ("success", "i1"),
-    ("num_turns", "<i4"),
-    ("invalid", "<i4"),  # invalid_actions
-    ("n_tokens", "<i4"),  # len(token_ids) (-1: not recorded)
-    ("n_trained", "<i4"),  # sum(loss_mask) (-1: not recorded)
-    ("group_id", "<i4"),
-    ("sample_index", "<i4"),
-    ("policy_version", "<i4"),
-    ("horizon", "<i4"),
-    ("has_error", "i1"),  # a non-empty "error" field
-    ("text_offset", "<i8"),  # the episode's searchable text in the text file
-    ("text_length", "<i4"),
-])
-VOCAB_COLUMNS = ("env", "task", "status")
-ERROR_STATUSES = ("env_error", "engine_error")
-_INT32_MAX = 2**31 - 1
-_READ_CHUNK = 8 << 20  # bytes read per block while indexing
-_TEXT_SEP = b"\x00"  # between two episodes' texts: a search term cannot contain it
-
-
-def default_cache_dir() -> str:
-    """``$AGENTRL_JAX_CACHE/viewer`` (default ``~/.cache/agentrl_jax/viewer``)."""
-    root = os.environ.get("AGENTRL_JAX_CACHE",
-                          os.path.join(os.path.expanduser("~"), ".cache", "agentrl_jax"))
-    return os.path.join(root, "viewer")
-
-
-def as_int(value: Any, default: int = -1) -> int:
-    """An int32 from a JSON value (bools, floats and numeric strings too), else ``default``."""
-    try:
-        v = int(value)
-    except (TypeError, ValueError, OverflowError):
-        return default
-    return v if -_INT32_MAX <= v <= _INT32_MAX else default
-
-
-def _float(value: Any) -> float:
-    try:
-        v = float(value)
-    except (TypeError, ValueError, OverflowError):
-        return 0.0
-    return v if math.isfinite(v) else 0.0
-
-
-def episode_text(ep: dict[str, Any]) -> str:
-    """The searchable text of an episode (lower-cased): env, task id, episode id, status, error
-    and every message except the system prompt (the same long instructions in every episode of
-    an environment, which would make every episode match its words)."""
-    parts = [str(ep.get(k) or "") for k in ("env", "task_id", "episode_id", "status", "error")]
-    messages = ep.get("messages")
-    for m in messages if isinstance(messages, list) else ():  # a malformed record: no messages
-        if isinstance(m, dict) and m.get("role") != "system":
-            parts.append(str(m.get("content") or ""))
-    return "\n".join(parts).lower().replace("\x00", " ")
+INDEX_VERSION = 2
 
 
 class FileIndex:
@@ -145,6 +92,8 @@ class FileIndex:
         self.version = 0  # bumped on every change (rows added or a rebuild)
         self._mm: mmap.mmap | None = None
         self._mm_len = 0
+        self.compressed = is_gzip(self.path)
+        self._member: tuple[int, bytes] | None = None  # (offset, data): the last member read
         if cache_dir is not None:
             self._load_cache()
 
@@ -223,6 +172,7 @@ class FileIndex:
     def _reset(self) -> None:
         with self._lock:
             self._close_mmap()
+            self._member = None
             self._reset_files()
             self._rows = np.zeros(1024, RECORD)
             self.n = 0
@@ -248,7 +198,8 @@ class FileIndex:
         return code
 
     def _record(self, ep: dict[str, Any], offset: int, length: int, text_offset: int,
-                text_length: int, vocab_out: list) -> tuple:
+                text_length: int, vocab_out: list, member_length: int = 0,
+                inner: int = 0) -> tuple:
         tokens, mask = ep.get("token_ids"), ep.get("loss_mask")
         n_trained = -1
         if isinstance(mask, list):
@@ -257,7 +208,8 @@ class FileIndex:
             except TypeError:
                 n_trained = -1
         step = as_int(ep.get("step"), self.default_step)
-        return (offset, length, step, self._code("env", ep.get("env"), vocab_out),
+        return (offset, length, member_length, inner, step,
+                self._code("env", ep.get("env"), vocab_out),
                 self._code("task", ep.get("task_id"), vocab_out),
                 self._code("status", ep.get("status") or "unknown", vocab_out),
                 _float(ep.get("reward")), 1 if ep.get("success") else 0,
@@ -300,9 +252,57 @@ class FileIndex:
             self._write_meta()
             return added
 
+    def _parse(self, line: bytes, records: list, texts: list, vocab_out: list, text_pos: int,
+               offset: int, member_length: int = 0, inner: int = 0) -> int:
+        """Index one line (a record and its text); returns the text position after it."""
+        if not line.strip():
+            return text_pos
+        try:
+            ep = _loads(line)
+            if not isinstance(ep, dict):
+                raise ValueError("not an object")
+        except ValueError:
+            self.bad_lines += 1
+            return text_pos
+        text = episode_text(ep).encode("utf-8", "replace") + _TEXT_SEP
+        records.append(self._record(ep, offset, len(line), text_pos, len(text) - 1, vocab_out,
+                                    member_length, inner))
+        texts.append(text)
+        return text_pos + len(text)
+
+    def _index_members(self, end: int) -> int:
+        """Index the whole gzip members from ``indexed_bytes`` until one ends at or past
+        ``end``."""
+        records: list[tuple] = []
+        texts: list[bytes] = []
+        vocab_out: list[str] = []
+        text_pos = self.text_bytes
+        pos = self.indexed_bytes
+        with open(self.path, "rb") as f:
+            for offset, length, data in iter_gzip_members(f, pos):
+                start = 0
+                while True:
+                    nl = data.find(b"\n", start)
+                    if nl < 0:
+                        break
+                    text_pos = self._parse(data[start:nl], records, texts, vocab_out, text_pos,
+                                           offset, length, start)
+                    start = nl + 1
+                pos = offset + length
+                if pos >= end:
+                    break
+        if records:
+            self._append(records, texts, vocab_out)
+        with self._lock:
+            self.indexed_bytes = pos
+            self.text_bytes = text_pos
+        return len(records)
+
     def _index_range(self, end: int) -> int:
         """Index the complete lines in [indexed_bytes, end) (and the rest of a line that
         crosses ``end``)."""
+        if self.compressed:
+            return self._index_members(end)
         added = 0
         records: list[tuple] = []
         texts: list[bytes] = []
@@ -322,23 +322,9 @@ class FileIndex:
                     nl = buf.find(b"\n", start)
                     if nl < 0:
                         break
-                    line = buf[start:nl]
-                    line_offset = pos + start
+                    text_pos = self._parse(buf[start:nl], records, texts, vocab_out, text_pos,
+                                           pos + start)
                     start = nl + 1
-                    if not line.strip():
-                        continue
-                    try:
-                        ep = _loads(line)
-                        if not isinstance(ep, dict):
-                            raise ValueError("not an object")
-                    except ValueError:
-                        self.bad_lines += 1
-                        continue
-                    text = episode_text(ep).encode("utf-8", "replace") + _TEXT_SEP
-                    records.append(self._record(ep, line_offset, len(line), text_pos,
-                                                len(text) - 1, vocab_out))
-                    texts.append(text)
-                    text_pos += len(text)
                 pos += start
                 carry = buf[start:]
                 if pos >= end:
@@ -380,14 +366,36 @@ class FileIndex:
             return self._rows[:self.n], {c: list(v) for c, v in self.vocab.items()}
 
     def read_line(self, row: int) -> bytes:
-        """The raw JSON line of ``row`` (one seek + one read)."""
+        """The raw JSON line of ``row`` (one seek + one read; .gz: its member decompressed)."""
         rec = self.rows()[row]
+        if self.compressed:
+            return self._read_member_line(row, rec)
         with open(self.path, "rb") as f:
             f.seek(int(rec["offset"]))
             data = f.read(int(rec["length"]))
         if len(data) != int(rec["length"]):
             raise FileChangedError(f"{self.path} changed under the index (row {row})")
         return data
+
+    def _read_member_line(self, row: int, rec: np.void) -> bytes:
+        offset, length = int(rec["offset"]), int(rec["member_length"])
+        with self._lock:
+            cached = self._member
+        if cached is not None and cached[0] == offset:
+            data = cached[1]
+        else:
+            with open(self.path, "rb") as f:
+                members = list(itertools.islice(iter_gzip_members(f, offset), 1))
+            if not members or members[0][1] != length:
+                raise FileChangedError(f"{self.path} changed under the index (row {row})")
+            data = members[0][2]
+            with self._lock:
+                self._member = (offset, data)
+        start = int(rec["inner"])
+        line = data[start:start + int(rec["length"])]
+        if len(line) != int(rec["length"]):
+            raise FileChangedError(f"{self.path} changed under the index (row {row})")
+        return line
 
     def read(self, row: int) -> dict[str, Any]:
         """The episode of ``row`` as a dict."""

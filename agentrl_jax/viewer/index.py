@@ -9,12 +9,12 @@ import dataclasses
 import json
 import logging
 import os
-import re
 import threading
 from typing import Any, Iterable, Sequence
 
 import numpy as np
 
+from agentrl_common.jsonl_files import TRAJECTORY_FILE
 from agentrl_jax.viewer.file_index import ERROR_STATUSES, RECORD, VOCAB_COLUMNS, FileIndex, as_int
 
 log = logging.getLogger(__name__)
@@ -155,7 +155,8 @@ class RunIndex:
             for i, (f, (rows, fvocab)) in enumerate(zip(self.files, snaps)):
                 n = len(rows)
                 cols = {name: rows[name] for name in RECORD.names
-                        if name not in ("offset", "length", "text_offset", "text_length")}
+                        if name not in ("offset", "length", "member_length", "inner",
+                                        "text_offset", "text_length")}
                 for c in VOCAB_COLUMNS:
                     remap = np.empty(len(fvocab[c]) + 1, np.int32)
                     for j, s in enumerate(fvocab[c]):
@@ -305,15 +306,14 @@ def _sort_column(t: Table, name: str) -> np.ndarray:
 
 
 # ---------------------------------------------------------------------------------- discovery
-_PROCESS_RE = re.compile(r"^trajectories_(train|eval)(\.process\d+)?\.jsonl$")
 
 
 def trajectory_files(run_dir: str) -> list[tuple[str, str, int]]:
     """The episode files of a run directory as (path, kind, default step), in a stable order.
 
-    ``trajectories_train[.process<i>].jsonl`` (kind ``train``) and ``trajectories_eval...``
-    (``eval``), written by the trainer; ``<name>_trajectories.jsonl`` written by
-    ``launch/eval.py --output <name>.json`` (``eval``, step from ``<name>.json``);
+    ``trajectories_train[.process<i>].jsonl[.gz]`` (kind ``train``) and
+    ``trajectories_eval...`` (``eval``), written by the trainer; ``<name>_trajectories.jsonl``
+    written by ``launch/eval.py --output <name>.json`` (``eval``, step from ``<name>.json``);
     ``eval_episodes.jsonl`` (``eval``; per-episode summaries kept with published results).
     """
     try:
@@ -325,7 +325,7 @@ def trajectory_files(run_dir: str) -> list[tuple[str, str, int]]:
         path = os.path.join(run_dir, name)
         if not os.path.isfile(path):
             continue
-        m = _PROCESS_RE.match(name)
+        m = TRAJECTORY_FILE.match(name)
         if m:
             out.append((path, m.group(1), -1))
         elif name.endswith("_trajectories.jsonl"):
