@@ -284,3 +284,44 @@ def test_sampled_logprobs_equal_a_forward_over_each_training_row():
         assert trained.size and trained[0] > 0
         np.testing.assert_allclose(batch.rollout_logprobs[r, trained],
                                    ref[trained - 1, np.asarray(ids)[trained]], atol=2e-4)
+
+
+def test_worker_processes_relay_windowed_prompts_exactly(tokenizer):
+    """A windowed prompt is not an extension of the previous one: a worker process sends the
+    parent the ids past their common prefix, and the parent's ids equal the worker's."""
+    backend = RecordingBackend(tokenizer)
+    from environments.core.client import EnvClient
+    from agentrl_common.processes import start_env_server
+
+    server = start_env_server("babyai")  # workers need EnvClient-like clients (config())
+    try:
+        async def run():
+            async with EnvClient(server.url) as client:
+                ids = (await client.tasks("train"))[:2]
+                tasks = [TaskRef("babyai", i) for i in ids]
+                kwargs = dict(max_context=4096, max_concurrency=8, prompt_style="action",
+                              response_prefix="Action:", history_turns=2)
+                here = ActorPool(RecordingBackend(tokenizer), {"babyai": client},
+                                 ChatFormatter(tokenizer), SamplingParams(max_new_tokens=8),
+                                 **kwargs)
+                pool = ActorPool(backend, {"babyai": client}, ChatFormatter(tokenizer),
+                                 SamplingParams(max_new_tokens=8), workers=1, **kwargs)
+                try:
+                    return (await here.collect(tasks, 1, 6, seed=1))[0], \
+                        (await pool.collect(tasks, 1, 6, seed=1))[0]
+                finally:
+                    pool.close()
+        in_process, workers = asyncio.run(run())
+    finally:
+        server.stop()
+    assert any(len(t.chunk_starts) > 1 for t in workers)
+    for a, b in zip(in_process, workers):
+        assert (a.token_ids, a.chunk_starts, a.messages) == (b.token_ids, b.chunk_starts,
+                                                             b.messages)
+        # what the parent handed the backend for each turn is exactly the worker's chunk up to
+        # that turn's reply
+        for turn, (ids, _) in enumerate(backend.calls[b.episode_id]):
+            first = next(i for i, (k, m) in enumerate(zip(b.turn_ids, b.loss_mask))
+                         if k == turn and m)
+            start = max(c for c in b.chunk_starts if c <= first)
+            assert ids == b.token_ids[start:first], turn
