@@ -325,3 +325,32 @@ def test_worker_processes_relay_windowed_prompts_exactly(tokenizer):
                          if k == turn and m)
             start = max(c for c in b.chunk_starts if c <= first)
             assert ids == b.token_ids[start:first], turn
+
+
+@pytest.mark.slow
+def test_smoke_run_with_the_window_ends_normally(tmp_path, compile_cache_env):
+    """The smoke config with a one-turn window and 3-turn episodes: windowed episodes are
+    trained (several chunks each) and the run finishes."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ, **compile_cache_env)
+    env.pop("XLA_FLAGS", None)
+    workdir = str(tmp_path / "run")
+    proc = subprocess.run(
+        [sys.executable, "launch/run.py", "--config", "experiments/smoke.py", "--workdir",
+         workdir, "--config.train.total_steps=2", "--config.agent.history_turns=1",
+         "--config.horizon.type=fixed", "--config.horizon.turns=3"],
+        cwd=repo, env=env, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "[step 2/2]" in proc.stdout and "run finished" in proc.stdout
+    with open(os.path.join(workdir, "trajectories_train.jsonl")) as f:
+        episodes = [json.loads(line) for line in f]
+    assert len(episodes) == 8
+    windowed = [e for e in episodes if len(e["chunk_starts"]) > 1]
+    assert windowed and all(e["num_turns"] == 3 for e in windowed)
+    for e in windowed:  # the 3rd turn's prompt dropped the 1st turn: a new chunk
+        assert len(e["chunk_starts"]) == 2 and sum(e["loss_mask"]) > 0
