@@ -69,7 +69,7 @@ class ActorPool:
                  env_errors: tuple[type[BaseException], ...] | None = None,
                  progress: Callable[[Trajectory], None] | None = None,
                  prompt_style: str = "react", response_prefix: str = "", workers: int = 0,
-                 direct_workers: bool = True):
+                 direct_workers: bool = True, history_turns: int = 0):
         if env_errors is None:
             from environments.core.client import EnvConnectionError, EnvServerError
             env_errors = (EnvConnectionError, EnvServerError, OSError, asyncio.TimeoutError)
@@ -78,6 +78,8 @@ class ActorPool:
         self.max_concurrency, self.parser, self.env_errors = max_concurrency, parser, env_errors
         self.progress = progress
         self.prompt_style, self.response_prefix = prompt_style, response_prefix
+        # > 0: each prompt keeps only the last this many turns (episode.py, "History window")
+        self.history_turns = int(history_turns)
         if workers < 0:
             raise ValueError(f"workers must be >= 0, got {workers}")
         self.workers = int(workers)
@@ -104,6 +106,7 @@ class ActorPool:
                 sampling=self.sampling, max_context=self.max_context,
                 max_concurrency=per_worker, parser=self.parser,
                 prompt_style=self.prompt_style, response_prefix=self.response_prefix,
+                history_turns=self.history_turns,
                 direct=self.backend.client_spec()
                 if self.direct_workers and hasattr(self.backend, "client_spec") else None)
             self._group = WorkerGroup(self.workers, setup)
@@ -125,7 +128,8 @@ class ActorPool:
                              formatter=self.formatter, parser=self.parser,
                              sampling=self.sampling, max_context=self.max_context,
                              env_errors=self.env_errors, prompt_style=self.prompt_style,
-                             response_prefix=self.response_prefix, version_fn=version_fn)
+                             response_prefix=self.response_prefix, version_fn=version_fn,
+                             history_turns=self.history_turns)
 
     def episodes_for(self, tasks: Sequence[TaskRef], n_samples: int, horizon: int,
                      policy_version: int = 0, seed: int | None = None,

@@ -3,10 +3,26 @@
 The two halves of a turn (``generate_turn`` and ``env_turn``) are separate coroutines so the
 actor pool can run episodes fully asynchronously (each episode loops on its own) or, for
 comparison, in lock-step rounds.
+
+**History window** (``history_turns = N > 0``, config ``agent.history_turns``): the prompt of
+turn ``t`` holds the system prompt, the first user message (the task) and only the last ``N``
+(assistant reply, observation) pairs; when turns were dropped the first user message ends with
+one line "(k earlier turns omitted)". Turns ``0..N`` extend one token sequence as without a
+window; from turn ``N + 1`` on every turn's prompt drops a turn, so it is no longer an
+extension of the previous one and starts a new *chunk* of the trajectory
+(``Trajectory.chunk_starts``). The prompt is built from token pieces: the first prompt's ids
+for the windowed first message, then each kept turn's own ids (its generated ids, its
+observation ids, the response prefix) exactly as they stood in the sequence they were
+generated in. The engine is given exactly the current chunk (``Trajectory.context_ids``), and
+the learner trains each chunk as one row, so a generated id is trained in the very context it
+was sampled in (``training/batching.py``). The prompt stops growing with the turn count; the
+cost is a fresh prefill per turn past ``N`` (only the system prompt's prefix is reused) and
+learner rows that repeat the kept turns as context.
 """
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import time
 import uuid
@@ -17,7 +33,7 @@ from agentrl_jax.agent.chat import ChatFormatter
 from agentrl_jax.agent.loop_times import LoopTimes
 from agentrl_jax.agent.parsing import (INVALID_FORMAT_FEEDBACK, ParsedAction, options_block,
                                        takes_options)
-from agentrl_jax.agent.prompts import first_user_message, system_prompt
+from agentrl_jax.agent.prompts import first_user_message, system_prompt, windowed_first_message
 from agentrl_jax.agent.trajectory import (STATUS_CONTEXT_LIMIT, STATUS_DONE, STATUS_ENGINE_ERROR,
                                           STATUS_ENV_ERROR, STATUS_MAX_TURNS, Trajectory,
                                           anchor_state)
@@ -36,8 +52,9 @@ class Episode:
                  max_context: int, policy_version: int, seed: int | None = None,
                  env_errors: tuple[type[BaseException], ...] = (Exception,),
                  prompt_style: str = "react", response_prefix: str = "",
-                 version_fn: Callable[[], int] | None = None):
-        """``version_fn``: the weights version the backend serves now, read when a turn starts
+                 version_fn: Callable[[], int] | None = None, history_turns: int = 0):
+        """``history_turns``: 0 keeps the whole history; ``N > 0``: the history window of the
+        module docstring. ``version_fn``: the weights version the backend serves now, read when a turn starts
         (default: ``policy_version`` throughout). Weights only get newer, so that is the oldest
         version any token of the turn can come from, also when they change mid-turn; it is
         the turn's entry of ``trajectory.turn_versions``."""
@@ -45,6 +62,13 @@ class Episode:
                                                                      formatter, parser)
         self.sampling, self.max_context, self.horizon = sampling, max_context, horizon
         self.seed = seed
+        if not isinstance(history_turns, int) or history_turns < 0:
+            raise ValueError(f"history_turns must be an integer >= 0 (got {history_turns!r})")
+        self.history_turns = history_turns
+        # the kept turns' token spans (reply ids + observation ids + response prefix), newest
+        # last, and the first user message: the pieces of a windowed prompt
+        self._spans: collections.deque[list[int]] = collections.deque(maxlen=history_turns or 1)
+        self._first_user = ""
         self.version_fn = version_fn
         self.env_errors = env_errors
         self.prompt_style = prompt_style
@@ -126,6 +150,7 @@ class Episode:
         self.system = system_prompt(info.get("instructions", ""), self.trajectory.env,
                                     self.prompt_style)
         user = first_user_message(self._with_options(observation, info))
+        self._first_user = user
         self.trajectory.messages = [{"role": "system", "content": self.system},
                                     {"role": "user", "content": user}]
         prompt = self.formatter.prompt_ids(self.system, user) + self._prefix_ids
@@ -145,7 +170,8 @@ class Episode:
 
     async def _generate_turn(self) -> None:
         traj = self.trajectory
-        room = self.max_context - len(traj.token_ids)
+        context = traj.context_ids()  # the current chunk: exactly what the engine is given
+        room = self.max_context - len(context)
         if room < MIN_NEW_TOKENS:
             self._finish(STATUS_CONTEXT_LIMIT)
             return
@@ -155,7 +181,7 @@ class Episode:
         version = self.version_fn() if self.version_fn is not None else traj.policy_version
         t1 = _clock()
         try:
-            result = await self.backend.generate(list(traj.token_ids), sampling,
+            result = await self.backend.generate(list(context), sampling,
                                                  session_id=self.session_id)
         except (RolloutError, OSError, TimeoutError) as e:
             self._finish(STATUS_ENGINE_ERROR, f"generate: {e}")
@@ -177,7 +203,7 @@ class Episode:
         self._last_generated = list(result.output_ids)
         text = self.response_prefix + self.formatter.decode(result.output_ids)
         traj.messages.append({"role": "assistant", "content": text})
-        if result.finish_reason == "length" and len(traj.token_ids) >= self.max_context:
+        if result.finish_reason == "length" and len(traj.context_ids()) >= self.max_context:
             self._finish(STATUS_CONTEXT_LIMIT)
             return
         self._pending_action = (self.parser(text, self._options) if self._takes_options
@@ -229,12 +255,26 @@ class Episode:
             self._finish(STATUS_MAX_TURNS)
             return
         obs_ids = self.formatter.observation_ids(self.system, observation, self._last_generated)
-        if (len(traj.token_ids) + len(obs_ids) + len(self._prefix_ids) + MIN_NEW_TOKENS
-                > self.max_context):
+        tail = obs_ids + self._prefix_ids
+        if self.history_turns:
+            self._spans.append(self._last_generated + tail)
+        if self.history_turns and traj.num_turns > self.history_turns:
+            # the next turn's window drops a turn: its prompt starts a new chunk
+            omitted = traj.num_turns - self.history_turns
+            prompt = (self.formatter.prompt_ids(
+                self.system, windowed_first_message(self._first_user, omitted))
+                + self._prefix_ids + [i for span in self._spans for i in span])
+            if len(prompt) + MIN_NEW_TOKENS > self.max_context:
+                self._finish(STATUS_CONTEXT_LIMIT)
+                return
+            traj.messages.append({"role": "user", "content": observation})
+            traj.start_chunk(prompt)
+            return
+        if len(traj.context_ids()) + len(tail) + MIN_NEW_TOKENS > self.max_context:
             self._finish(STATUS_CONTEXT_LIMIT)
             return
         traj.messages.append({"role": "user", "content": observation})
-        traj.append(obs_ids + self._prefix_ids, generated=False, turn=traj.num_turns - 1)
+        traj.append(tail, generated=False, turn=traj.num_turns - 1)
 
     async def close(self) -> None:
         if self.env_id is not None:
@@ -282,7 +322,8 @@ def start_episode(task: TaskRef, group_id: int, sample_index: int, horizon: int,
                   sampling: SamplingParams, max_context: int,
                   env_errors: tuple[type[BaseException], ...], prompt_style: str,
                   response_prefix: str,
-                  version_fn: Callable[[], int] | None = None) -> Episode:
+                  version_fn: Callable[[], int] | None = None,
+                  history_turns: int = 0) -> Episode:
     """The :class:`Episode` of sample ``sample_index`` of group ``group_id`` (the actor pool's
     and an actor worker's). With a seed (``seed``, else ``sampling.seed``) the episode's base
     seed is ``derive_seed(seed, group_id, sample_index)``; the episode derives every turn's
@@ -297,4 +338,5 @@ def start_episode(task: TaskRef, group_id: int, sample_index: int, horizon: int,
                    sample_index=sample_index, horizon=horizon, sampling=sampling,
                    max_context=max_context, policy_version=policy_version,
                    env_errors=env_errors, prompt_style=prompt_style,
-                   response_prefix=response_prefix, version_fn=version_fn)
+                   response_prefix=response_prefix, version_fn=version_fn,
+                   history_turns=history_turns)

@@ -80,3 +80,12 @@ def system_prompt(instructions: str, env_name: str | None = None, style: str = "
 
 def first_user_message(observation: str) -> str:
     return observation.strip()
+
+
+def windowed_first_message(first_user: str, omitted: int) -> str:
+    """The first user message of a prompt whose history window (``agent.history_turns``) has
+    dropped ``omitted`` turns: the message itself (the task), then one line saying so."""
+    if omitted <= 0:
+        return first_user
+    turns = "turn" if omitted == 1 else "turns"
+    return f"{first_user}\n\n({omitted} earlier {turns} omitted)"

@@ -35,9 +35,17 @@ class Trajectory:
     """A multi-turn episode.
 
     token_ids [T]: prompt + (generated ids + observation ids) per turn, exactly as sampled.
-    loss_mask [T]: 1 on ids the policy generated, 0 on prompt and observation ids.
+      With a history window (``agent.history_turns``) the ids are the episode's *chunks*
+      end to end: a chunk is one sequence the engine extended turn by turn; when the window
+      drops a turn, the next turn's prompt (system, first user message, the kept turns) starts
+      a new chunk. ``token_ids[a:b]`` of a chunk ``(a, b)`` is exactly what the engine was given
+      for its turns (plus their replies), so each chunk is trained as its own row.
+    chunk_starts [C]: where each chunk begins in ``token_ids`` (``[0]``: one chunk, the
+      whole episode, as without a window).
+    loss_mask [T]: 1 on ids the policy generated, 0 on prompt and observation ids (and on the
+      earlier turns repeated in a later chunk's prompt: each generated id is trained once).
     logprobs [T]: the engine's logprob of each generated id (0 elsewhere).
-    turn_ids [T]: the turn index of each id (-1 for the prompt).
+    turn_ids [T]: the turn index of each id (-1 for the prompt, and for each chunk's prompt).
     turn_states [num_turns]: the anchor state (``anchor_state``) each turn acted from.
     reward: the episode's total environment reward (the outcome score trained on).
     policy_version: the weights version (learner updates done) the episode started with.
@@ -55,6 +63,7 @@ class Trajectory:
     loss_mask: list[int] = dataclasses.field(default_factory=list)
     logprobs: list[float] = dataclasses.field(default_factory=list)
     turn_ids: list[int] = dataclasses.field(default_factory=list)
+    chunk_starts: list[int] = dataclasses.field(default_factory=lambda: [0])
     prompt_length: int = 0
     messages: list[dict[str, str]] = dataclasses.field(default_factory=list)
     turn_rewards: list[float] = dataclasses.field(default_factory=list)
@@ -88,6 +97,24 @@ class Trajectory:
     @property
     def num_generated(self) -> int:
         return int(sum(self.loss_mask))
+
+    def chunk_bounds(self) -> list[tuple[int, int]]:
+        """``[(start, end), ...]``: each chunk's span of ``token_ids`` (one training row
+        each)."""
+        starts = list(self.chunk_starts) or [0]
+        ends = starts[1:] + [len(self.token_ids)]
+        return list(zip(starts, ends))
+
+    def context_ids(self) -> list[int]:
+        """The current chunk: the ids the next turn's generation continues."""
+        start = self.chunk_starts[-1] if self.chunk_starts else 0
+        return self.token_ids[start:]
+
+    def start_chunk(self, prompt_ids: list[int]) -> None:
+        """End the current chunk and start a new one with ``prompt_ids`` (turn id -1, loss
+        mask 0)."""
+        self.chunk_starts.append(len(self.token_ids))
+        self.append(prompt_ids, generated=False, turn=-1)
 
     def append(self, ids: list[int], generated: bool, turn: int,
                logprobs: list[float] | None = None) -> None:

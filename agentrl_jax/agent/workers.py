@@ -9,8 +9,10 @@ its episodes exactly as ``ActorPool`` does in-process (the same ``Episode`` code
 ``ChatFormatter`` and ``EnvClient``s) and sends each generation request here over a Unix socket:
 
 * worker -> here: ``("gen", request, job, session, start, new_ids, sampling)``: the episode's token
-  ids are ``ids[:start] + new_ids`` (only the ids added since its previous request travel; this
-  side keeps each session's ids); ``("done", index, trajectory)`` when an episode ends.
+  ids are ``ids[:start] + new_ids`` (``start``: the length of the common prefix with its
+  previous request, so only the new ids travel; this side keeps each session's ids; with a
+  history window a prompt is not always an extension of the previous one);
+  ``("done", index, trajectory)`` when an episode ends.
 * here -> worker: ``("run", [(index, task, group, sample), ...], horizon, policy_version,
   seed, version)``; ``("res", request, result, version)`` / ``("err", request, message)``;
   ``("ver", job, version)``.
@@ -58,6 +60,17 @@ async def _read(reader: asyncio.StreamReader) -> Any:
     return pickle.loads(await reader.readexactly(size))
 
 
+def _common_prefix(a: list[int], b: list[int]) -> int:
+    """The length of the longest common prefix of ``a`` and ``b``."""
+    n = min(len(a), len(b))
+    if a[:n] == b[:n]:  # the usual case: ``b`` extends ``a``
+        return n
+    i = 0
+    while a[i] == b[i]:
+        i += 1
+    return i
+
+
 def _write(writer: asyncio.StreamWriter, message: Any) -> None:
     data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
     writer.write(_HEADER.pack(len(data)) + data)
@@ -77,6 +90,7 @@ class WorkerSetup:
     parser: Callable
     prompt_style: str
     response_prefix: str
+    history_turns: int = 0  # agent.history_turns (episode.py, "History window")
     direct: dict[str, Any] | None = None  # SGLangBackend kwargs: post to the servers directly
 
 
@@ -86,20 +100,21 @@ class _RemoteBackend:
     def __init__(self, writer: asyncio.StreamWriter):
         self.writer = writer
         self.pending: dict[int, asyncio.Future] = {}
-        self.sent: dict[str, int] = {}  # session -> ids already known to the parent
+        self.sent: dict[str, list[int]] = {}  # session -> the ids the parent holds for it
         self.versions: dict[str, list[int]] = {}  # session -> version of each answered turn
         self.jobs: dict[str, int] = {}  # session -> the parent's job (its version_fn)
         self._next = 0
 
     async def generate(self, input_ids, sampling=None, session_id=None, rid=None):
-        start = self.sent.get(session_id, 0)
+        ids = list(input_ids)
+        start = _common_prefix(self.sent.get(session_id, []), ids)
         request = self._next
         self._next += 1
         future = asyncio.get_running_loop().create_future()
         self.pending[request] = future
         _write(self.writer, ("gen", request, self.jobs.get(session_id, -1), session_id, start,
-                             list(input_ids[start:]), sampling))
-        self.sent[session_id] = len(input_ids)
+                             ids[start:], sampling))
+        self.sent[session_id] = ids
         result, version = await future
         if result.finish_reason != "abort":
             self.versions.setdefault(session_id, []).append(version)
@@ -166,7 +181,8 @@ async def _worker(path: str) -> None:
                                     parser=setup.parser, sampling=setup.sampling,
                                     max_context=setup.max_context, env_errors=env_errors,
                                     prompt_style=setup.prompt_style,
-                                    response_prefix=setup.response_prefix)
+                                    response_prefix=setup.response_prefix,
+                                    history_turns=setup.history_turns)
             session = episode.session_id
             backend.jobs[session] = index >> 32
             try:

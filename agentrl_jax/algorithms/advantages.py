@@ -156,6 +156,12 @@ class AdvantageEstimator:
     supervised_loss: it needs a supervised policy loss (``dpo``: its advantages are the
       gradient weights of ``-A * logp``).
     loss_agg_mode: the loss aggregation it needs (None: any).
+    episode_scalar: its advantage of a row is one number broadcast on the row's generated
+      tokens, a function of the row's outcome score and its group's scores only (``grpo``,
+      ``dr_grpo``, ``rloo``). Such an estimator can score an episode once and give that score
+      to every training row the episode is split into (``agent.history_turns``,
+      ``training/batching.py``); the others (GAE's per-token values, REINFORCE++'s
+      per-token returns and batch whitening, GiGPO's turns) cannot.
     """
 
     fn: Callable[..., AdvantageOutput]
@@ -163,6 +169,7 @@ class AdvantageEstimator:
     options: tuple[str, ...] = ()
     supervised_loss: bool = False
     loss_agg_mode: str | None = None
+    episode_scalar: bool = False
 
     def __post_init__(self) -> None:
         unknown = sorted(set(self.inputs) - set(OPTIONAL_INPUTS))
@@ -204,16 +211,17 @@ ADVANTAGE_ESTIMATORS: Registry[AdvantageEstimator] = Registry(
 def register_advantage_estimator(name: str, *, inputs: tuple[str, ...] = (),
                                  options: tuple[str, ...] = (), jit: bool = True,
                                  overwrite: bool = False, supervised_loss: bool = False,
-                                 loss_agg_mode: str | None = None):
+                                 loss_agg_mode: str | None = None, episode_scalar: bool = False):
     """Decorator: register ``fn(inputs, settings, **options)`` under ``name`` as an
     :class:`AdvantageEstimator` (jitted with ``settings`` and ``options`` static unless
     ``jit=False``); returns the record. ``inputs``: the optional :class:`AdvantageInputs`
-    fields it reads."""
+    fields it reads; ``episode_scalar``: see :class:`AdvantageEstimator`."""
 
     def deco(fn: Callable) -> AdvantageEstimator:
         f = jax.jit(fn, static_argnames=("settings",) + tuple(options)) if jit else fn
         record = AdvantageEstimator(f, frozenset(inputs), tuple(options),
-                                    supervised_loss=supervised_loss, loss_agg_mode=loss_agg_mode)
+                                    supervised_loss=supervised_loss, loss_agg_mode=loss_agg_mode,
+                                    episode_scalar=episode_scalar)
         ADVANTAGE_ESTIMATORS.register(name, record, replace=overwrite)
         return record
 

@@ -273,6 +273,10 @@ class AgentConfig(Section):
     list_valid_actions: int = setting(0, check=lambda v: None if is_int(v) and (
         0 <= v <= _max_listed_actions()) else (f"must be an integer in 0.."
                                               f"{_max_listed_actions()} (got {v!r})"))
+    # > 0: a bounded history window: each prompt holds the system prompt, the first user
+    # message (the task) and only the last this many (reply, observation) pairs; a windowed
+    # episode trains as several rows (agent/episode.py, docs/TRAINING.md); 0: the whole history
+    history_turns: int = setting(0, ge=0)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -379,6 +383,32 @@ def run_learner() -> LearnerConfig:
     return LearnerConfig(kl_coef=0.001, entropy_coef=0.001, dtype="float32")
 
 
+def _history_window_problems(learner: LearnerConfig) -> list[str]:
+    """What ``agent.history_turns > 0`` needs of the learner: a windowed episode is trained as
+    several rows that share the episode's advantage, which is exact only for an estimator
+    whose advantage is one number per episode (its record's ``episode_scalar``), with no
+    per-row token rewards, and with a loss that weighs every generated token alike
+    (``token_mean``)."""
+    out = []
+    if not learner.estimator.episode_scalar:
+        from agentrl_jax.algorithms import ADVANTAGE_ESTIMATORS
+
+        ok = [n for n in ADVANTAGE_ESTIMATORS.names()
+              if ADVANTAGE_ESTIMATORS.get(n).episode_scalar]
+        out.append(f"agent.history_turns: a windowed episode trains as several rows sharing one "
+                   f"episode advantage; learner.advantage_estimator={learner.advantage_estimator!r}"
+                   f" computes per-token or per-turn advantages over the whole episode; use one "
+                   f"of {', '.join(ok)} or agent.history_turns=0")
+    if learner.kl_in_reward:
+        out.append("agent.history_turns: needs learner.kl_in_reward=False (the KL penalty in "
+                   "the reward would be summed per row, not per episode)")
+    if learner.loss_agg_mode.replace("-", "_") != "token_mean":
+        out.append(f"agent.history_turns: needs learner.loss_agg_mode='token_mean' (got "
+                   f"{learner.loss_agg_mode!r}: a seq_mean_* mode counts each row as a "
+                   f"sequence, and a windowed episode is several rows)")
+    return out
+
+
 SECTIONS: dict[str, type[Section]] = {
     "model": ModelConfig, "env": EnvConfig, "rollout": RolloutConfig, "agent": AgentConfig,
     "horizon": HorizonConfig, "train": TrainConfig, "learner": LearnerConfig, "sft": SFTConfig}
@@ -411,7 +441,9 @@ class RunConfig(Section):
         """The checks that span sections, over the valid ``sections`` by name (a check whose
         sections are not all there is skipped)."""
         out = []
-        r, t, lr = (sections.get(k) for k in ("rollout", "train", "learner"))
+        r, t, lr, agent = (sections.get(k) for k in ("rollout", "train", "learner", "agent"))
+        if agent is not None and lr is not None and agent.history_turns:
+            out.extend(_history_window_problems(lr))
         if r is not None and t is not None and r.release_kv_during_update and t.max_staleness:
             out.append("rollout.release_kv_during_update: needs train.max_staleness = 0 (with "
                        f"{t.max_staleness} the next rollout decodes during the update)")

@@ -12,6 +12,7 @@ global values. With one process every function here is the identity or a no-op.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Sequence
 
 import jax
@@ -78,10 +79,15 @@ def global_rollout_stats(trajectories: Sequence[Trajectory], local: RolloutStats
     return summarize(global_records(trajectories), float(np.max(walls)))
 
 
-def empty_batch() -> RolloutBatch:
+def empty_batch(advantages: bool = False) -> RolloutBatch:
     """A zero-row batch for a process-local ``Learner.update`` on a process whose share
-    produced no trainable trajectory (the others still need it in the collectives)."""
-    return RolloutBatch.empty()
+    produced no trainable trajectory (the others still need it in the collectives);
+    ``advantages``: with an (empty) ``advantages`` array, as the other processes' batches
+    have under a history window."""
+    batch = RolloutBatch.empty()
+    if advantages:
+        batch = dataclasses.replace(batch, advantages=np.zeros(batch.tokens.shape, np.float32))
+    return batch
 
 
 def local_policy(learner: Any) -> Any:

@@ -55,6 +55,12 @@ class TrainingLoop:
                     eval_tasks: list[TaskRef], start_step: int) -> dict[str, Any]:
         cfg = self.config
         total = int(cfg.train.total_steps)
+        # a history window splits an episode into rows: its advantage is computed per episode
+        # when the batch is assembled (training/batching.py)
+        window_batch = {"pad_id": cfg.model.pad_id, "episode_estimator": (
+            cfg.learner.advantage_estimator if cfg.agent.history_turns else None),
+            "advantage_settings": {"gamma": cfg.learner.gamma, "lam": cfg.learner.lam,
+                                   **cfg.learner.advantage_kwargs}}
         eval_every = cfg.train.eval_every
         save_every = cfg.train.save_every
         if cfg.train.eval_before and start_step == 0 and eval_tasks:
@@ -154,11 +160,12 @@ class TrainingLoop:
                         freed = 0
                     metrics["rollout/kv_released_gib"] = freed / 2 ** 30
                 if self.multi_process:  # this process's rows (none: an empty share)
-                    batch = (assemble_batch(ok, pad_id=cfg.model.pad_id) if ok
-                             else distributed.empty_batch())
+                    batch = (assemble_batch(ok, **window_batch) if ok
+                             else distributed.empty_batch(
+                                 advantages=bool(window_batch["episode_estimator"])))
                     update = await self._update(learner, batch, True)
                 else:
-                    batch = assemble_batch(ok, pad_id=cfg.model.pad_id)
+                    batch = assemble_batch(ok, **window_batch)
                     update = await self._update(learner, batch, False)
                 metrics.update(update)
                 t_sync = time.monotonic()

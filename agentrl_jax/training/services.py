@@ -289,6 +289,8 @@ def make_actor_pool(config: Any, backend: Any, clients: Mapping[str, Any], token
                      make_sampling(config), max_context=r.max_context,
                      max_concurrency=r.max_concurrency, parser=get_parser(r.parser),
                      prompt_style=agent.prompt_style, response_prefix=agent.response_prefix,
+                     # > 0: prompts keep only the last this many turns (episode.py)
+                     history_turns=agent.history_turns,
                      # episodes in N spawned processes, the backend here (docs/ROLLOUT.md)
                      workers=r.actor_workers,
                      # workers post to HTTP rollout servers themselves (engine_servers, sglang)
