@@ -274,6 +274,43 @@ def test_run_py_refuses_each_item_before_starting_anything(tmp_path):
     assert processes_with(marker) == []
 
 
+@pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="needs Linux /proc")
+def test_run_py_refuses_settings_that_cannot_learn_or_crash_late_before_starting(tmp_path):
+    """Issue 52's probes of settings that used to run to the end training nothing (exit 0) or
+    crash after 14-18 s with 50-94 lines of tracebacks: one line each, exit code 2, nothing
+    started (no stdout line, no workdir, no process left)."""
+    marker = uuid.uuid4().hex
+    workdir = tmp_path / "run"
+    proc = _run(["--workdir", str(workdir), "--config.env.timeout=0.001",
+                 "--config.model.random_init.num_kv_heads=3",
+                 "--config.learner.clip_ratio_low=1.5", "--config.learner.dual_clip=1.0"],
+                marker)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert proc.stderr.strip().splitlines() == [
+        "invalid config (4 problems):",
+        "  model.random_init: num_heads=4 is not a multiple of num_kv_heads=3",
+        "  env.timeout: must be a finite number >= 1 (got 0.001)",
+        "  learner.clip_ratio_low: must be a number in (0, 1) (got 1.5)",
+        "  learner.dual_clip: must be a number > 1, or None: off (got 1.0)"]
+    assert proc.stdout == "" and not workdir.exists()
+    proc = _run(["--workdir", str(workdir), "--config.rollout.max_context=48",
+                 "--config.train.samples_per_task=1"], marker)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert lines[:2] == [
+        "invalid config (3 problems):",
+        "  train.samples_per_task: learner.advantage_estimator='grpo' needs at least 2 samples "
+        "per task (its baseline is the task's group: with 1 every advantage is 0 and no step "
+        "trains anything)"], lines
+    for env, line in zip(("babyai", "textcraft"), lines[2:]):
+        assert line.startswith(f"  rollout.max_context: 48 tokens leave no room for the first "
+                               f"turn of {env}: its first prompt takes at least "), lines
+        assert line.endswith("every episode would end with context_limit before its first "
+                             "turn"), lines
+    assert proc.stdout == "" and not workdir.exists()
+    assert processes_with(marker) == []
+
+
 def test_check_run_raises_all_lines_at_once(tmp_path):
     c = _smoke()
     c.env.names = "babyai,babyai"
