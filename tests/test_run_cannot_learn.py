@@ -387,3 +387,17 @@ def test_environment_servers_that_cannot_list_their_tasks_are_one_line(tmp_path)
         "cannot list the tasks of the environment servers: GET http://127.0.0.1:9/tasks "
         "failed: TimeoutError:  (env.timeout=120 s); nothing was trained "
         f"(workdir {tmp_path})")
+
+    class Listing:
+        async def tasks(self, split):
+            return ["GoTo/1", "GoTo/2"]
+
+    c = _smoke()
+    c.env.task_filter = {"babyai": "Pickup/.*"}
+    trainer = Trainer(c, str(tmp_path), progress=False)
+    with pytest.raises(RunFailure) as info:
+        asyncio.run(trainer._task_lists({"babyai": Listing()}))
+    assert str(info.value) == (
+        "cannot list the tasks of the environment servers: env.task_filter.babyai "
+        "('Pickup/.*') keeps none of the 2 train tasks of babyai; nothing was trained "
+        f"(workdir {tmp_path})")

@@ -153,9 +153,10 @@ class Trainer(TrainingLoop, TrainerEvaluation, RunOutput):
             evaluation = await services.task_refs(clients, cfg.train.eval_split,
                                                   int(cfg.train.eval_tasks), filters=filters)
         except (EnvConnectionError, EnvServerError, ValueError) as error:
-            raise RunFailure(f"cannot list the tasks of the environment servers: {error} "
-                             f"(env.timeout={cfg.env.timeout:g} s); nothing was trained "
-                             f"(workdir {self.workdir})") from None
+            timeout = ("" if isinstance(error, ValueError)  # a task filter that keeps nothing
+                       else f" (env.timeout={cfg.env.timeout:g} s)")
+            raise RunFailure(f"cannot list the tasks of the environment servers: {error}"
+                             f"{timeout}; nothing was trained (workdir {self.workdir})") from None
         return train, evaluation
 
     def _storage_failure(self, error: BaseException) -> storage.StorageFailure | None:
