@@ -106,11 +106,11 @@ def test_a_group_estimator_with_one_sample_per_task_is_refused():
 
 
 @pytest.mark.parametrize("key,value,problem", [
-    ("clip_ratio_low", 1.0, "must be a number in (0, 1) (got 1.0)"),
-    ("clip_ratio_low", 0.0, "must be a number in (0, 1) (got 0.0)"),
+    ("clip_ratio_low", 1.0, "must be a number in (0, 1), or None (got 1.0)"),
+    ("clip_ratio_low", 0.0, "must be a number in (0, 1), or None (got 0.0)"),
     ("clip_ratio_high", 0.0, "must be a finite number > 0 (got 0.0)"),
-    ("dual_clip", 1.0, "must be a number > 1, or None: off (got 1.0)"),
-    ("dual_clip", 0.5, "must be a number > 1, or None: off (got 0.5)"),
+    ("dual_clip", 1.0, "must be a finite number > 1 (got 1.0)"),
+    ("dual_clip", 0.5, "must be a finite number > 1 (got 0.5)"),
 ])
 def test_clip_ratios_outside_their_meaning_are_refused(key, value, problem):
     c = _smoke()
