@@ -203,17 +203,25 @@ async def test_killed_env_server_gives_env_error_and_the_pool_goes_on(tokenizer)
 async def test_async_pool_does_not_wait_for_slow_episodes(servers, tokenizer):
     """Async mode overlaps episodes; lock-step rounds are bounded by the slowest member.
     Each episode has exactly one slow turn (0.3 s; the others 0.02 s), at a turn that depends on
-    the episode: async, an episode takes ~0.36 s; lock-step, nearly every round waits 0.3 s.
-    (When an episode was slow on every turn, both modes took 4 x 0.3 s and the comparison was
-    a coin toss: a CI failure.)"""
+    the episode. The behaviour, not the wall time: async, episodes start later turns while
+    another episode's slow earlier turn is still generating; lock-step, a turn never starts
+    while a turn of an earlier round is in flight."""
 
     class VariableDelay(ScriptedBackend):
         turns: dict[str, int] = {}
+        in_flight: dict[str, int] = {}  # session -> its turn being generated
+        ahead = 0  # turns started while an earlier turn of another episode was generating
 
         async def generate(self, input_ids, sampling=None, session_id=None, rid=None):
             turn = self.turns[session_id] = self.turns.get(session_id, -1) + 1
+            if any(t < turn for t in self.in_flight.values()):
+                VariableDelay.ahead += 1
+            self.in_flight[session_id] = turn
             slow = (zlib.crc32(session_id.encode()) + turn) % 4 == 0
-            await asyncio.sleep(0.3 if slow else 0.02)
+            try:
+                await asyncio.sleep(0.3 if slow else 0.02)
+            finally:
+                del self.in_flight[session_id]
             return await super().generate(input_ids, sampling, session_id, rid)
 
     backend = VariableDelay(tokenizer, "Thought: go\nAction: turn left")
@@ -221,9 +229,10 @@ async def test_async_pool_does_not_wait_for_slow_episodes(servers, tokenizer):
         tasks = [TaskRef("babyai", t) for t in (await client.tasks("test"))[:8]]
         pool = _pool(backend, {"babyai": client}, tokenizer, concurrency=16)
         _, async_stats = await pool.collect(tasks, n_samples=2, horizon=4)
+        async_ahead, VariableDelay.ahead = VariableDelay.ahead, 0
         _, lock_stats = await pool.collect(tasks, n_samples=2, horizon=4, lockstep=True)
     assert async_stats.dropped == lock_stats.dropped == 0
-    assert async_stats.wall_s < 0.8 * lock_stats.wall_s, (async_stats.wall_s, lock_stats.wall_s)
+    assert async_ahead > 0 and VariableDelay.ahead == 0, (async_ahead, VariableDelay.ahead)
 
 
 async def test_every_finished_episode_ends_its_session_once(servers, tokenizer):

@@ -251,6 +251,9 @@ class _SlowEnv(TextEnvironment):
 
     name = "slow"
     closed: list["_SlowEnv"] = []
+    running = 0  # steps running now, over all instances
+    most_running = 0  # the most steps that ran at once
+    counter = threading.Lock()
 
     def __init__(self) -> None:
         self._busy = threading.Lock()
@@ -268,7 +271,14 @@ class _SlowEnv(TextEnvironment):
         try:
             if action == "crash":
                 raise RuntimeError("boom")
-            time.sleep(0.1)
+            with _SlowEnv.counter:
+                _SlowEnv.running += 1
+                _SlowEnv.most_running = max(_SlowEnv.most_running, _SlowEnv.running)
+            try:
+                time.sleep(0.1)
+            finally:
+                with _SlowEnv.counter:
+                    _SlowEnv.running -= 1
             self.n += 1
             return StepResult(f"step {self.n}", 0.0, False, False, {"steps": self.n})
         finally:
@@ -292,16 +302,16 @@ async def test_core_serializes_one_instance_and_runs_instances_concurrently(star
     async with TestServer(build_app(SLOW, workers=8)) as test_server:
         async with EnvClient(str(test_server.make_url(""))) as client:
             one = (await client.create(task_id="a")).env_id
-            started = time.perf_counter()
+            _SlowEnv.most_running = 0
             results = await asyncio.gather(*(client.step(one, "x") for _ in range(4)))
-            serial = time.perf_counter() - started
             assert sorted(r.info["steps"] for r in results) == [1, 2, 3, 4]
-            assert serial >= 0.38
+            assert _SlowEnv.most_running == 1  # one instance: one step at a time
 
             many = [(await client.create(task_id="b")).env_id for _ in range(4)]
-            started = time.perf_counter()
+            _SlowEnv.most_running = 0
             await asyncio.gather(*(client.step(env_id, "x") for env_id in many))
-            assert time.perf_counter() - started < serial * 0.75
+            # four instances: their steps overlapped (not one after the other)
+            assert _SlowEnv.most_running >= 2, _SlowEnv.most_running
 
 
 async def test_core_reports_environment_errors_as_500_and_keeps_serving():

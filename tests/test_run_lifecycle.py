@@ -338,3 +338,51 @@ def test_sigterm_checkpoints_the_last_step_and_the_run_resumes(tmp_path, compile
     assert "resumed at step 2" in out and "[step 3/3]" in out and "[step 2/3]" not in out
     rows = [json.loads(line) for line in open(os.path.join(workdir, "metrics.jsonl"))]
     assert [r["step"] for r in rows if "train/horizon" in r] == [1, 2, 3]
+
+
+@pytest.mark.slow
+def test_sigterm_during_the_final_evaluation_says_one_line_and_the_run_evaluates_again(
+        tmp_path, compile_cache_env):
+    """SIGTERM while the final evaluation runs (it used to end the process at once, exit 143
+    with no line): the evaluation is cancelled, one line, exit code 143, the servers gone, the
+    run not marked finished; the same command evaluates the step-1 checkpoint again."""
+    workdir = str(tmp_path / "run")
+    args = [*SMOKE, "--workdir", workdir, "--config.train.total_steps=1",
+            "--config.train.eval_horizon=8", "--config.train.eval_tasks=4",
+            "--config.rollout.max_new_tokens=100"]
+    stderr_path = tmp_path / "stderr.txt"
+    code, out, urls = _signal_when(compile_cache_env, args, "eval at step 1: 0/",
+                                   signal.SIGTERM, stderr_path)
+    stderr = stderr_path.read_text()
+    assert code == 143, stderr
+    lines = [ln for ln in stderr.splitlines() if ln.strip() and "WARNING" not in ln]
+    assert lines == [f"stopped by SIGTERM during the final evaluation at step 1/1; the same "
+                     f"command evaluates the checkpoint of step 1 again (workdir {workdir})"]
+    assert "SIGTERM: stopping at a safe point (1 steps done;" in out
+    assert checkpoint_steps(os.path.join(workdir, "checkpoints")) == [1]
+    assert not any(_port_open(u) for u in urls)
+    summary = json.load(open(os.path.join(workdir, "summary.json")))
+    assert "finished_step" not in summary and summary["sessions"][-1]["stopped"] == "terminated"
+
+    out = _ok(_launch("launch/run.py", compile_cache_env, *args))
+    assert "resumed at step 1" in out and "[eval step 1]" in out and "[step " not in out
+    assert json.load(open(os.path.join(workdir, "summary.json")))["finished_step"] == 1
+
+
+@pytest.mark.slow
+def test_a_learning_rate_that_blows_up_stops_the_run_in_one_line(tmp_path, compile_cache_env):
+    """``learner.learning_rate=1e10`` (it used to log pg_loss=nan from step 3, finish, write
+    checkpoints and exit 0): the step whose update goes non-finite stops the run with one
+    line, exit code 3, no checkpoint of that step or later, the run not marked finished."""
+    workdir = str(tmp_path / "run")
+    proc = _launch("launch/run.py", compile_cache_env, *SMOKE, "--workdir", workdir,
+                   "--config.learner.learning_rate=1e10", "--config.train.total_steps=4")
+    assert proc.returncode == 3, proc.stdout[-3000:] + proc.stderr[-3000:]
+    lines = [ln for ln in proc.stderr.splitlines() if ln.strip() and "WARNING" not in ln]
+    assert len(lines) == 1 and lines[0].startswith("run failed: stopped at step "), lines
+    assert "the update went non-finite (" in lines[0], lines
+    step = int(lines[0].split("stopped at step ")[1].split(":")[0])
+    assert f"[step {step}/4]" not in proc.stdout
+    assert checkpoint_steps(os.path.join(workdir, "checkpoints")) == list(range(1, step))
+    summary = json.load(open(os.path.join(workdir, "summary.json")))
+    assert "finished_step" not in summary and summary["sessions"][-1]["stopped"] == "run_failed"

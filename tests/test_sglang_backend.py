@@ -308,10 +308,20 @@ async def test_a_dropped_keep_alive_connection_is_retried_at_once():
     15 s: a request sent on one fails with ``ServerDisconnectedError`` (89 times in one BabyAI
     rollout against SGLang 0.5.16). The stub drops the connection of its first request; the
     client must send it again at once (not after its back-off, 5 s here) and keep the server
-    up. A second drop in a row is a connection failure, retried after the back-off."""
-    import time
-
+    up. A second drop in a row is a connection failure, retried after the back-off. The
+    back-off sleeps of the client are recorded (and cut short), not timed."""
     from aiohttp import web
+
+    from agentrl_jax.rollout.backends import sglang as sglang_module
+
+    backoffs: list[float] = []
+    real_sleep = asyncio.sleep
+
+    async def recorded_sleep(seconds, *args, **kwargs):
+        if seconds >= 1.0:  # the client's back-off (its other waits are short polls)
+            backoffs.append(seconds)
+            seconds = 0.0
+        return await real_sleep(seconds, *args, **kwargs)
 
     calls = {"n": 0}
     drop = {1}
@@ -328,16 +338,16 @@ async def test_a_dropped_keep_alive_connection_is_retried_at_once():
     try:
         async with SGLangBackend([url], max_retries=1, backoff_s=5.0,
                                  max_backoff_s=5.0) as backend:
-            t0 = time.perf_counter()
+            sglang_module.asyncio.sleep = recorded_sleep
             res = await backend.generate([1, 2, 3], SamplingParams(max_new_tokens=1))
             assert res.output_ids == [7] and calls["n"] == 2
-            assert time.perf_counter() - t0 < 2.0  # no back-off sleep
+            assert backoffs == []  # no back-off sleep
             assert backend.servers[0].healthy and backend.servers[0].failures == 0
 
             calls["n"], drop = 0, {1, 2}  # dropped twice: the second waits out the back-off
-            t0 = time.perf_counter()
             res = await backend.generate([1, 2, 3], SamplingParams(max_new_tokens=1))
             assert res.output_ids == [7] and calls["n"] == 3
-            assert time.perf_counter() - t0 >= 0.8 * 5.0
+            assert len(backoffs) == 1 and 0.8 * 5.0 <= backoffs[0] <= 1.2 * 5.0, backoffs
     finally:
+        sglang_module.asyncio.sleep = real_sleep
         await runner.cleanup()

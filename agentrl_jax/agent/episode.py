@@ -157,7 +157,9 @@ class Episode:
         self.trajectory.prompt_length = len(prompt)
         self.trajectory.append(prompt, generated=False, turn=-1)
         if len(prompt) + MIN_NEW_TOKENS > self.max_context:
-            self._finish(STATUS_CONTEXT_LIMIT, "the first observation does not fit the context")
+            self._finish(STATUS_CONTEXT_LIMIT,
+                         f"the first prompt takes {len(prompt)} of the {self.max_context} tokens "
+                         f"of the context: fewer than {MIN_NEW_TOKENS} are left to generate")
 
     async def generate_turn(self) -> None:
         """Ask the backend for the next assistant turn and parse its action."""

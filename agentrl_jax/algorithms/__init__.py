@@ -15,6 +15,7 @@ from .advantages import (
     get_advantage_estimator,
     is_logprob_level,
     is_turn_level,
+    min_group_size,
     register_advantage_estimator,
 )
 from .gae import GAE_METHODS, gae_advantages_raw  # registers "gae"
@@ -74,6 +75,7 @@ __all__ = [
     "is_turn_level",
     "LOGPROB_INPUTS",
     "is_logprob_level",
+    "min_group_size",
     "dpo",
     "anchor_group_ids",
     "gigpo",

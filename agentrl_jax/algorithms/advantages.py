@@ -63,6 +63,7 @@ __all__ = [
     "is_turn_level",
     "LOGPROB_INPUTS",
     "is_logprob_level",
+    "min_group_size",
 ]
 
 
@@ -162,6 +163,10 @@ class AdvantageEstimator:
       to every training row the episode is split into (``agent.history_turns``,
       ``training/batching.py``); the others (GAE's per-token values, REINFORCE++'s
       per-token returns and batch whitening, GiGPO's turns) cannot.
+    min_group_size: the fewest samples per group (``train.samples_per_task``) with which its
+      advantages can be non-zero: 2 for a group baseline (a group of one is its own baseline,
+      so its advantage is 0: GRPO, Dr.GRPO, RLOO, REINFORCE++-baseline, DPO's pairs); a run
+      with fewer is refused before it starts.
     """
 
     fn: Callable[..., AdvantageOutput]
@@ -170,6 +175,7 @@ class AdvantageEstimator:
     supervised_loss: bool = False
     loss_agg_mode: str | None = None
     episode_scalar: bool = False
+    min_group_size: int = 1
 
     def __post_init__(self) -> None:
         unknown = sorted(set(self.inputs) - set(OPTIONAL_INPUTS))
@@ -211,17 +217,20 @@ ADVANTAGE_ESTIMATORS: Registry[AdvantageEstimator] = Registry(
 def register_advantage_estimator(name: str, *, inputs: tuple[str, ...] = (),
                                  options: tuple[str, ...] = (), jit: bool = True,
                                  overwrite: bool = False, supervised_loss: bool = False,
-                                 loss_agg_mode: str | None = None, episode_scalar: bool = False):
+                                 loss_agg_mode: str | None = None, episode_scalar: bool = False,
+                                 min_group_size: int = 1):
     """Decorator: register ``fn(inputs, settings, **options)`` under ``name`` as an
     :class:`AdvantageEstimator` (jitted with ``settings`` and ``options`` static unless
     ``jit=False``); returns the record. ``inputs``: the optional :class:`AdvantageInputs`
-    fields it reads; ``episode_scalar``: see :class:`AdvantageEstimator`."""
+    fields it reads; ``episode_scalar`` and ``min_group_size``: see
+    :class:`AdvantageEstimator`."""
 
     def deco(fn: Callable) -> AdvantageEstimator:
         f = jax.jit(fn, static_argnames=("settings",) + tuple(options)) if jit else fn
         record = AdvantageEstimator(f, frozenset(inputs), tuple(options),
                                     supervised_loss=supervised_loss, loss_agg_mode=loss_agg_mode,
-                                    episode_scalar=episode_scalar)
+                                    episode_scalar=episode_scalar,
+                                    min_group_size=min_group_size)
         ADVANTAGE_ESTIMATORS.register(name, record, replace=overwrite)
         return record
 
@@ -242,6 +251,12 @@ def is_turn_level(name: str) -> bool:
 def is_logprob_level(name: str) -> bool:
     """Whether estimator ``name`` takes policy / reference log-probs (:data:`LOGPROB_INPUTS`)."""
     return get_advantage_estimator(name).needs_reference
+
+
+def min_group_size(name: str) -> int:
+    """The fewest samples per group with which estimator ``name`` can give a non-zero
+    advantage (:class:`AdvantageEstimator`)."""
+    return get_advantage_estimator(name).min_group_size
 
 
 def compute_advantages(name: str, *, rewards: Array, loss_mask: Array, **kwargs: Any

@@ -34,7 +34,7 @@ __all__ = ["dpo"]
 
 @register_advantage_estimator("dpo", inputs=("group_ids", "token_rewards") + LOGPROB_INPUTS,
                               options=("beta",), supervised_loss=True,
-                              loss_agg_mode="seq_mean_token_sum")
+                              loss_agg_mode="seq_mean_token_sum", min_group_size=2)
 def dpo(x: AdvantageInputs, settings: AdvantageSettings, *, beta: float = 0.1) -> AdvantageOutput:
     """Per-token DPO weights (see the module docstring). Trained with the supervised loss
     aggregated by ``seq_mean_token_sum`` (the record says so; config validation reads it)."""

@@ -32,7 +32,7 @@ def _outcome_setup(rewards, loss_mask, token_rewards, group_ids):
 
 
 @register_advantage_estimator("grpo", inputs=("group_ids", "token_rewards"),
-                              episode_scalar=True)
+                              episode_scalar=True, min_group_size=2)
 def grpo(x: AdvantageInputs, settings: AdvantageSettings) -> AdvantageOutput:
     """GRPO: ``A_i = (R_i - mean_g) / (std_g + eps)`` broadcast on generated tokens.
 
@@ -49,7 +49,7 @@ def grpo(x: AdvantageInputs, settings: AdvantageSettings) -> AdvantageOutput:
 
 
 @register_advantage_estimator("dr_grpo", inputs=("group_ids", "token_rewards"),
-                              episode_scalar=True)
+                              episode_scalar=True, min_group_size=2)
 def dr_grpo(x: AdvantageInputs, settings: AdvantageSettings) -> AdvantageOutput:
     """Dr.GRPO: ``A_i = R_i - mean_g`` (no std division; pair it with the
     ``seq_mean_token_sum_norm`` loss aggregation). verl: ``grpo`` with
@@ -62,7 +62,7 @@ def dr_grpo(x: AdvantageInputs, settings: AdvantageSettings) -> AdvantageOutput:
 
 
 @register_advantage_estimator("rloo", inputs=("group_ids", "token_rewards"),
-                              episode_scalar=True)
+                              episode_scalar=True, min_group_size=2)
 def rloo(x: AdvantageInputs, settings: AdvantageSettings) -> AdvantageOutput:
     """RLOO: ``A_i = R_i - mean_{j != i} R_j = n/(n-1) * (R_i - mean_g)``; groups of
     one give 0 (verl leaves ``R_i`` there)."""
@@ -95,7 +95,8 @@ def reinforce_pp(x: AdvantageInputs, settings: AdvantageSettings) -> AdvantageOu
     return AdvantageOutput(adv, G)
 
 
-@register_advantage_estimator("reinforce_pp_baseline", inputs=("group_ids", "token_rewards"))
+@register_advantage_estimator("reinforce_pp_baseline", inputs=("group_ids", "token_rewards"),
+                              min_group_size=2)
 def reinforce_pp_baseline(x: AdvantageInputs, settings: AdvantageSettings) -> AdvantageOutput:
     """REINFORCE++-baseline: ``s_i = R_i - mean_g`` broadcast on generated tokens,
     then whitened over the batch's masked tokens (verl

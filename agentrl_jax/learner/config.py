@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Mapping
 
-from agentrl_common.typed_sections import Section, is_int, setting
+from agentrl_common.typed_sections import Section, is_int, is_number, setting
 
 SCHEDULES = ("constant", "warmup_constant", "warmup_cosine")
 RATIO_SOURCES = ("rollout", "recompute")
@@ -118,8 +118,12 @@ class LearnerConfig(Section):
                                  normalize=_normalize, kind="loss aggregation mode")
     loss_max_len: int | None = setting(None, ge=1)  # seq_mean_token_sum_norm constant
     # the policy loss entry's clip numbers, overridden where set (None: the entry's own)
-    clip_ratio_low: float | None = setting(None, ge=0)
-    clip_ratio_high: float | None = setting(None, ge=0)  # clip-higher (DAPO): e.g. 0.28
+    # the ratio is clipped to [1 - clip_ratio_low, 1 + clip_ratio_high]: low in (0, 1) (>= 1
+    # leaves no lower bound, a ratio is > 0; 0 stops every token with A < 0 whose ratio fell
+    # below 1), high > 0; None: the policy loss entry's numbers
+    clip_ratio_low: float | None = setting(None, check=lambda v: None if v is None or (
+        is_number(v) and 0 < v < 1) else f"must be a number in (0, 1), or None (got {v!r})")
+    clip_ratio_high: float | None = setting(None, gt=0)  # clip-higher (DAPO): e.g. 0.28
     dual_clip: float | None = setting(None, gt=1)  # dual-clip constant c > 1 for A < 0
     ratio_source: str = setting("rollout", choices=RATIO_SOURCES, kind="ratio source")
     # truncated importance sampling of the sampler / learner mismatch (packed updates): each

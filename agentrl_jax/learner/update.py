@@ -11,7 +11,8 @@
                    batch brings advantages), ``importance_stage`` (``tis_cap``)
     shuffle        ``jax.random.permutation`` of the rows per epoch (key: seed, update step)
     optimise       ``epochs`` x ``mini_batches`` optimiser steps (the layout's mini-batches)
-    metrics        one read-back of the token-space arrays for the batch statistics
+    metrics        one read-back of the token-space arrays for the batch statistics, and
+                   ``learner/params_finite`` (every parameter finite after the update)
 
 Every per-token array (log-probs, KL, advantages, returns, values, importance weights) and the
 permutation is a device array from the stage that makes it to the optimiser steps; only the
@@ -39,6 +40,15 @@ from agentrl_jax.learner.optim import optimizer_step_count
 from agentrl_jax.sharding.placement import to_host_tree
 
 Arrays = dict[str, jax.Array]
+
+
+@jax.jit
+def all_finite(*trees: Any) -> jax.Array:
+    """Whether every floating-point value of ``trees`` (parameter trees) is finite: one
+    boolean, reduced on the devices that hold the values (``[]``, replicated)."""
+    flags = [jnp.all(jnp.isfinite(x)) for tree in trees for x in jax.tree_util.tree_leaves(tree)
+             if jnp.issubdtype(x.dtype, jnp.inexact)]
+    return jnp.all(jnp.stack(flags)) if flags else jnp.bool_(True)
 
 
 def kl_stage(cfg: Any, placed: Arrays, old_lp, ref_lp) -> tuple[jax.Array, jax.Array | None]:
@@ -212,6 +222,9 @@ class UpdatePipeline:
                                                 + int(values is not None)))
         metrics["perf/forward_time_s"] = t_forward
         metrics["perf/update_time_s"] = time.perf_counter() - t_start
+        # 1.0 / 0.0: the parameters after this update (policy and critic) are all finite; the
+        # trainer stops a run whose update made them, its loss or its gradients non-finite
+        metrics["learner/params_finite"] = float(all_finite(lr.params, lr.critic_params))
         metrics["learner/update_step"] = float(lr.update_step)
         metrics["learner/optimizer_step"] = float(optimizer_step_count(lr.opt_state) or 0)
         return metrics
@@ -258,4 +271,4 @@ class UpdatePipeline:
         return lp
 
 
-__all__ = ["UpdatePipeline"]
+__all__ = ["UpdatePipeline", "all_finite"]

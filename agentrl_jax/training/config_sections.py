@@ -24,6 +24,8 @@ HORIZON_TYPES = ("scaling_inter", "fixed")
 ENGINE_DTYPES = ("", "float32", "bfloat16")
 PREFILL_ATTENTION = ("auto", "flash", "flash_in_cache", "dense")  # EngineConfig's names
 MODEL_DTYPES = ("float32", "bfloat16")
+#: the shortest ``env.timeout`` (seconds per environment request) a run accepts
+MIN_ENV_TIMEOUT = 1.0
 
 
 def as_list(value: Any) -> list[str]:
@@ -93,11 +95,16 @@ class ModelConfig(Section):
 
 
 def _random_init_problems(shape: Mapping[str, Any], where: str) -> list[str]:
-    """A random model's shape checked against the network config's field types."""
+    """A random model's shape checked against the network config's field types, then as a
+    whole: every size the network needs is given (the vocabulary comes from the tokenizer when
+    it is not) and the network config accepts them together (``num_heads`` a multiple of
+    ``num_kv_heads``, ...)."""
     from agentrl_jax.models.config import ModelConfig as NetworkConfig
 
     fields = {f.name: f for f in dataclasses.fields(NetworkConfig)}
     out = []
+    if not shape:
+        return out
     for key, value in shape.items():
         field = fields.get(key)
         kind = None if field is None else str(field.type)  # "int", "bool", "float", ...
@@ -112,6 +119,18 @@ def _random_init_problems(shape: Mapping[str, Any], where: str) -> list[str]:
             out.append(f"{where}.{key}: must be a number > 0 (got {value!r})")
         elif kind == "str" and not isinstance(value, str):
             out.append(f"{where}.{key}: must be a string (got {value!r})")
+    if out:
+        return out
+    required = [name for name, f in fields.items() if f.default is dataclasses.MISSING
+                and f.default_factory is dataclasses.MISSING and name != "vocab_size"]
+    missing = [name for name in required if name not in shape]
+    if missing:
+        return [f"{where}: lacks {', '.join(missing)} (a random model needs "
+                f"{', '.join(required)})"]
+    try:
+        NetworkConfig(**{"vocab_size": 2, **dict(shape)})
+    except (ValueError, TypeError) as error:  # UnsupportedModelError is a ValueError
+        out.append(f"{where}: {error}")
     return out
 
 
@@ -126,7 +145,9 @@ class EnvConfig(Section):
     # <name>: a regular expression every task id of that family must fully match (train and test)
     task_filter: Mapping[str, Any] = setting(factory=dict)
     replicas: int = setting(1, ge=1)  # servers started per family
-    timeout: float = setting(120.0, gt=0)  # seconds per environment request
+    # seconds per environment request; less than MIN_ENV_TIMEOUT cannot reliably reach even a
+    # server on loopback (a Python server answers in milliseconds, more under load)
+    timeout: float = setting(120.0, ge=MIN_ENV_TIMEOUT)
     max_restarts: int = setting(3, ge=0)  # a server started here that dies: restarts at most
 
     @property
@@ -447,6 +468,15 @@ class RunConfig(Section):
         if r is not None and t is not None and r.release_kv_during_update and t.max_staleness:
             out.append("rollout.release_kv_during_update: needs train.max_staleness = 0 (with "
                        f"{t.max_staleness} the next rollout decodes during the update)")
+        if t is not None and lr is not None:
+            from agentrl_jax.algorithms.advantages import min_group_size
+
+            need = min_group_size(lr.advantage_estimator)
+            if t.samples_per_task < need:
+                out.append(f"train.samples_per_task: learner.advantage_estimator="
+                           f"{lr.advantage_estimator!r} needs at least {need} samples per task "
+                           f"(its baseline is the task's group: with {t.samples_per_task} every "
+                           f"advantage is 0 and no step trains anything)")
         if r is not None and lr is not None and lr.pack_length and (
                 lr.pack_length < r.max_context):
             out.append(f"learner.pack_length: must be 0 (off) or >= rollout.max_context="

@@ -2,8 +2,9 @@
 
 A step *fails* when none of its episodes can be trained on for a reason that is not the
 policy's own: every episode ended with an error status (``engine_error``: e.g. sampling
-parameters the rollout backend rejects; ``env_error``: environment servers failing) or was
-too stale for ``train.max_staleness``. Such a step updates nothing, and the same cause
+parameters the rollout backend rejects; ``env_error``: environment servers failing), ended
+without a generated token (``context_limit`` before the first turn: a first prompt longer
+than ``rollout.max_context`` allows) or was too stale for ``train.max_staleness``. Such a step updates nothing, and the same cause
 usually fails the next one too, so after ``limit`` failed steps in a row the run stops
 instead of going on training nothing. Groups dropped because their rewards are all equal
 (``train.skip_flat_groups``) do not make a step fail: that is what sparse rewards look like
@@ -21,10 +22,10 @@ ERROR_CHARS = 300
 
 
 def first_error(trajectories: Sequence[Trajectory]) -> str | None:
-    """The first line of the first error message among ``trajectories`` (cut to
-    ``ERROR_CHARS``), or None when none of them ended with an error status."""
+    """The first line of the first error message among ``trajectories`` that had nothing to
+    train on (an error status, or no generated token) (cut to ``ERROR_CHARS``), or None."""
     for t in trajectories:
-        if t.status in ERROR_STATUSES and t.error:
+        if (t.status in ERROR_STATUSES or not t.num_generated) and t.error:
             line = str(t.error).strip().splitlines()[0] if str(t.error).strip() else ""
             return line[:ERROR_CHARS] + ("..." if len(line) > ERROR_CHARS else "")
     return None
@@ -45,8 +46,9 @@ class FailedSteps:
                trajectories: Sequence[Trajectory] = ()) -> str | None:
         """Record one step and return why the run must stop, else None.
 
-        ``usable``: the step's episodes (over all processes) that ended without an error and
-        are fresh enough to train on, before flat groups are skipped; ``statuses``: the step's
+        ``usable``: the step's episodes (over all processes) that ended without an error,
+        generated at least one token and are fresh enough to train on, before flat groups
+        are skipped; ``statuses``: the step's
         episode count per status; ``trajectories``: this process's episodes (for the error
         quoted in the message)."""
         if usable > 0:
@@ -70,7 +72,9 @@ class RunFailure(RuntimeError):
     not be restarted (``env.max_restarts``), too many episodes ended with ``env_error``
     (``train.max_env_error_rate`` over ``train.env_error_window`` steps), too many steps in a
     row had no episode to train on (``train.max_failed_steps``, ``training/failed_steps.py``),
-    or the final evaluation scored too few of its tasks (``train.eval_min_scored``).
+    an update went non-finite (``training/nonfinite.py``), the environment servers could not
+    list their tasks, or the final evaluation scored too few of its tasks
+    (``train.eval_min_scored``).
     ``launch/run.py`` prints the message and exits with :data:`EXIT_RUN_FAILED`."""
 
 

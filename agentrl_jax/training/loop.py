@@ -10,7 +10,10 @@ next rollout runs during the update (off-policy by at most that many updates).
 SIGTERM (a preempted machine, a job's time limit) during the loop stops it at a safe point: the
 rollout in flight is cancelled, an update in progress finishes, the last finished step is
 checkpointed (if it was not), and the run ends without its final evaluation
-(``stopped = "terminated"``; ``launch/run.py`` exits 143); the same command resumes it.
+(``stopped = "terminated"``; ``launch/run.py`` prints one line and exits 143); the same command
+resumes it. SIGTERM during the opening or the final evaluation cancels that evaluation and
+ends the same way (the final step's checkpoint is saved already; the same command evaluates
+it again).
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from agentrl_jax.learner.batch import UpdateOptions
 from agentrl_jax.training import distributed, hostmem
 from agentrl_jax.training.batching import assemble_batch, informative_groups
 from agentrl_jax.training.failed_steps import RunFailure
+from agentrl_jax.training.nonfinite import nonfinite_message, nonfinite_values
 from agentrl_jax.training.policy import LearnerWeights
 from agentrl_jax.training.progress import EpisodeProgress, timed
 from agentrl_jax.training.run_output import StepRecord
@@ -53,6 +57,16 @@ class TrainingLoop:
 
     async def _loop(self, learner: Any, backend: Any, pool: ActorPool, sampler: TaskSampler,
                     eval_tasks: list[TaskRef], start_step: int) -> dict[str, Any]:
+        """The steps and evaluations of this session, with SIGTERM caught from the opening
+        evaluation to the end of the final one (module docstring)."""
+        self._catch_sigterm(True)
+        try:
+            return await self._steps(learner, backend, pool, sampler, eval_tasks, start_step)
+        finally:
+            self._catch_sigterm(False)  # from here a SIGTERM ends the process at once
+
+    async def _steps(self, learner: Any, backend: Any, pool: ActorPool, sampler: TaskSampler,
+                     eval_tasks: list[TaskRef], start_step: int) -> dict[str, Any]:
         cfg = self.config
         total = int(cfg.train.total_steps)
         # a history window splits an episode into rows: its advantage is computed per episode
@@ -64,7 +78,8 @@ class TrainingLoop:
         eval_every = cfg.train.eval_every
         save_every = cfg.train.save_every
         if cfg.train.eval_before and start_step == 0 and eval_tasks:
-            await self._evaluate(pool, eval_tasks, 0, learner)
+            if not await self._evaluate_unless_terminated(pool, eval_tasks, 0, learner):
+                total = start_step  # SIGTERM during the opening evaluation: no step
         max_seconds = cfg.train.max_seconds
         max_staleness = cfg.train.max_staleness
         samples = int(cfg.train.samples_per_task)
@@ -106,7 +121,6 @@ class TrainingLoop:
             return task
 
         pending = launch(start_step) if start_step < total else None
-        self._catch_sigterm(True)
         for step in range(start_step, total):
             t0 = time.monotonic()
             try:
@@ -124,7 +138,9 @@ class TrainingLoop:
             # terminal's [step k/n], metrics.jsonl, the checkpoints and the evaluations
             self._log_trajectories(step + 1, trajectories, "train")
             fresh = fresh_trajectories(trajectories, step, max_staleness)
-            ok = [t for t in fresh if t.ok]
+            # an episode without a generated token (context_limit before its first turn) has
+            # nothing to train on, as one that ended with an error
+            ok = [t for t in fresh if t.ok and t.num_generated]
             usable = len(ok)  # before flat groups are skipped (those are no failure)
             flat_groups = 0
             if cfg.train.skip_flat_groups:  # all-equal rewards: advantage 0
@@ -167,6 +183,10 @@ class TrainingLoop:
                 else:
                     batch = assemble_batch(ok, **window_batch)
                     update = await self._update(learner, batch, False)
+                nonfinite = nonfinite_values(update)
+                if nonfinite:  # before the weights reach the backend or a checkpoint
+                    raise RunFailure(nonfinite_message(step + 1, nonfinite, self.saved_step,
+                                                       self.workdir))
                 metrics.update(update)
                 t_sync = time.monotonic()
                 await backend.sync_weights(self._weights(learner, copy=max_staleness >= 1),
@@ -219,7 +239,6 @@ class TrainingLoop:
                 pending = launch(step + 1)
         if pending is not None:
             await self._cancel(pending)
-        self._catch_sigterm(False)  # from here a SIGTERM ends the process at once
         # the clock of train.max_seconds stops here: the final evaluation is not training
         self.trained_seconds_before, self._loop_started = self.train_seconds(), None
         if self.terminate_requested:
@@ -238,7 +257,8 @@ class TrainingLoop:
                     learner.wait()
                 writes_pending = False
             hostmem.release_freed_memory()
-            await self._evaluate(pool, eval_tasks, last_step, learner)
+            if not await self._evaluate_unless_terminated(pool, eval_tasks, last_step, learner):
+                self.stopped = "terminated"  # the checkpoint of last_step is saved already
         if writes_pending:
             with timed(self._say, "finishing checkpoint writes"):
                 learner.wait()
@@ -268,6 +288,22 @@ class TrainingLoop:
         self._update_compiled = True
         return update
 
+    async def _evaluate_unless_terminated(self, pool: ActorPool, tasks: list[TaskRef],
+                                          step: int, learner: Any) -> bool:
+        """``_evaluate`` as a task that SIGTERM cancels (``_on_sigterm``); False when it did
+        (``terminated_eval`` then names the step of the evaluation cut short)."""
+        task = asyncio.ensure_future(self._evaluate(pool, tasks, step, learner))
+        self._rollouts.add(task)
+        task.add_done_callback(self._rollouts.discard)
+        try:
+            await task
+        except asyncio.CancelledError:
+            if not self.terminate_requested:
+                raise
+            self.terminated_eval = step
+            return False
+        return True
+
     def _weights(self, learner: Any, copy: bool = False) -> LearnerWeights:
         """The learner's weights as ``backend.sync_weights`` takes them."""
         return LearnerWeights(learner, copy=copy, multi_process=self.multi_process,
@@ -292,8 +328,8 @@ class TrainingLoop:
             return
         self.terminate_requested = True
         self._say(f"SIGTERM: stopping at a safe point ({self.step_done} steps done; the "
-                  "rollout in flight is cancelled, an update in progress finishes, then a "
-                  "checkpoint)")
+                  "rollout or evaluation in flight is cancelled, an update in progress "
+                  "finishes, then a checkpoint if the last step has none)")
         for task in list(self._rollouts):
             task.cancel()
 

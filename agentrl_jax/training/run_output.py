@@ -99,17 +99,24 @@ class RunOutput:
 
     def terminated_message(self) -> str:
         """The line printed when SIGTERM stopped the run (``training/loop.py``)."""
+        total = int(self.config.train.total_steps)
+        if self.terminated_eval is not None and self.terminated_eval == self.saved_step:
+            return (f"stopped by SIGTERM during the final evaluation at step "
+                    f"{self.terminated_eval}/{total}; the same command evaluates the checkpoint "
+                    f"of step {self.saved_step} again (workdir {self.workdir})")
         resume = (f"the same command resumes from the checkpoint of step {self.saved_step}"
                   if self.saved_step else "the same command starts it again")
-        return (f"stopped by SIGTERM after step {self.step_done}/"
-                f"{int(self.config.train.total_steps)}, without the final evaluation; {resume} "
-                f"(workdir {self.workdir})")
+        where = (f"during the evaluation at step {self.terminated_eval}, "
+                 if self.terminated_eval is not None else "")
+        return (f"stopped by SIGTERM {where}after step {self.step_done}/{total}, without the "
+                f"final evaluation; {resume} (workdir {self.workdir})")
 
     def _session_record(self, start_step: int, total: int) -> dict[str, Any]:
         """What this invocation did (one entry of the summary's ``sessions``)."""
         record: dict[str, Any] = {
             "start_step": start_step, "final_step": total, "steps": len(self.history),
-            "stopped": self.stopped if self.history or total > start_step else "evaluate_only",
+            "stopped": (self.stopped if self.history or total > start_step
+                        or self.stopped == "terminated" else "evaluate_only"),
             "evals": [step for step, _ in self.evals],
             "seconds": round(time.time() - self._started, 1),
             "ended": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
@@ -137,7 +144,8 @@ class RunOutput:
         final_eval = self.evals[-1][1] if self.evals and self.evals[-1][0] == total else None
         if final_eval is not None and not final_eval.valid:
             summary["final_eval_invalid"] = final_eval.describe_failure()
-        elif total >= int(self.config.train.total_steps) or self.stopped == "time_budget":
+        elif self.stopped != "terminated" and (total >= int(self.config.train.total_steps)
+                                               or self.stopped == "time_budget"):
             summary["finished_step"] = total
         if self.is_main:  # merged with what earlier sessions of this workdir wrote
             invalid = "final_eval_invalid" in summary

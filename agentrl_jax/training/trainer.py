@@ -33,7 +33,7 @@ from agentrl_jax import compile_notice
 from agentrl_jax.training import distributed, runlog, services, storage
 from agentrl_jax.training.config import model_label, to_run_config
 from agentrl_jax.training.evaluation import EvalResult
-from agentrl_jax.training.failed_steps import FailedSteps
+from agentrl_jax.training.failed_steps import FailedSteps, RunFailure
 from agentrl_jax.training.loop import TrainingLoop
 from agentrl_jax.training.policy import checkpoint_steps, engine_policy, load_learner
 from agentrl_jax.training.progress import BAR, LINES, OFF, TurnCounter, timed
@@ -76,6 +76,7 @@ class Trainer(TrainingLoop, TrainerEvaluation, RunOutput):
         self.saved_this_session = False
         self.stopped = "total_steps"  # why training ended: total_steps | time_budget | terminated
         self.terminate_requested = False  # SIGTERM during the loop (training/loop.py)
+        self.terminated_eval: int | None = None  # the step of an evaluation SIGTERM cut short
         # seconds of the training loop before this session (from the checkpoint it resumes):
         # train.max_seconds is a budget over all sessions of the run
         self.trained_seconds_before = 0.0
@@ -138,6 +139,25 @@ class Trainer(TrainingLoop, TrainerEvaluation, RunOutput):
             raise
         finally:
             storage.unquiet(quiet)
+
+    async def _task_lists(self, clients: dict[str, Any]) -> tuple[list, list]:
+        """(train tasks, evaluation tasks) from the environment servers; a server that cannot
+        be reached or answers badly, or a task filter that keeps nothing, is a
+        :class:`RunFailure` (one line) before the rollout backend starts."""
+        from environments.core.client import EnvConnectionError, EnvServerError
+
+        cfg = self.config
+        filters = services.task_filters(cfg)
+        try:
+            train = await services.task_refs(clients, "train", filters=filters)
+            evaluation = await services.task_refs(clients, cfg.train.eval_split,
+                                                  int(cfg.train.eval_tasks), filters=filters)
+        except (EnvConnectionError, EnvServerError, ValueError) as error:
+            timeout = ("" if isinstance(error, ValueError)  # a task filter that keeps nothing
+                       else f" (env.timeout={cfg.env.timeout:g} s)")
+            raise RunFailure(f"cannot list the tasks of the environment servers: {error}"
+                             f"{timeout}; nothing was trained (workdir {self.workdir})") from None
+        return train, evaluation
 
     def _storage_failure(self, error: BaseException) -> storage.StorageFailure | None:
         """``error`` as a one-line ``StorageFailure`` when it is a failed checkpoint save or a
@@ -242,11 +262,7 @@ class Trainer(TrainingLoop, TrainerEvaluation, RunOutput):
                 self.turn_counter = TurnCounter(backend)
                 pool = services.make_actor_pool(cfg, self.turn_counter, clients, tokenizer,
                                                 model.cfg.eos_token_ids)
-                filters = services.task_filters(cfg)
-                train_tasks = await services.task_refs(clients, "train", filters=filters)
-                eval_tasks = await services.task_refs(clients, cfg.train.eval_split,
-                                                      int(cfg.train.eval_tasks),
-                                                      filters=filters)
+                train_tasks, eval_tasks = await self._task_lists(clients)
                 sampler = TaskSampler(train_tasks, seed=int(cfg.seed), cursor=cursor)
                 # the loaded weights: the engine's until the first weight sync, then unused (the
                 # learner holds its own copies); kept by these names they would stay in memory

@@ -7,9 +7,11 @@ The values of a config are checked by its typed sections (``training/config_sect
 
 ``run_problems(config, workdir)`` adds what depends on this host, still without starting
 anything: the model source exists in the format its loader reads (``models/pretrained.py``,
-nothing is loaded), the workdir can be created and written (a temporary file in it, or in its
-nearest existing parent), and one step's batch fits this host's memory (which bounds
-``train.tasks_per_step``). ``check_run`` raises ``ConfigError`` with all of those lines;
+nothing but the tokenizer is loaded), the first prompt leaves room to generate within
+``rollout.max_context`` (``training/prompt_room.py``: a lower bound from the tokenizer, the
+chat template, the answer format and ``agent.response_prefix``), the workdir can be created
+and written (a temporary file in it, or in its nearest existing parent), and one step's batch
+fits this host's memory (which bounds ``train.tasks_per_step``). ``check_run`` raises ``ConfigError`` with all of those lines;
 ``launch/run.py`` calls it and exits with code 2 (``EXIT_BAD_CONFIG``).
 """
 
@@ -92,6 +94,7 @@ def run_problems(config: Any, workdir: str, processes: int = 1,
         _, sections, problems = RunConfig.build_sections(mapping)
         problems = problems or config_problems(config)  # the checks spanning sections
     model, train, rollout = (sections.get(k) for k in ("model", "train", "rollout"))
+    env, agent = sections.get("env"), sections.get("agent")
     if model is not None and model.name.strip():
         from agentrl_jax.models.pretrained import check_model_source
 
@@ -99,6 +102,11 @@ def run_problems(config: Any, workdir: str, processes: int = 1,
             check_model_source(model.name, weights=not model.random_init)
         except (OSError, ValueError) as e:
             problems.append(f"model.name: {e}")
+        else:
+            if None not in (env, agent, rollout):
+                from agentrl_jax.training.prompt_room import run_prompt_problems
+
+                problems.extend(run_prompt_problems(model, env, agent, rollout))
     workdir_line = workdir_problem(workdir)
     if workdir_line:
         problems.append(f"--workdir: {workdir_line}")
