@@ -100,10 +100,10 @@ class ModelConfig:
         any backend, masks and ``segment_ids`` included); ``"xla"`` / ``"cudnn"``: passed to
         ``jax.nn.dot_product_attention`` (cuDNN: GPU + bf16/fp16, causal without masks only;
         masked calls use XLA with a ``[B, 1, T, T]`` mask); ``"pallas"``: JAX's Pallas (Triton)
-        flash attention on NVIDIA GPUs with ``segment_ids`` (``models/pallas_attention.py``;
+        flash attention on NVIDIA GPUs with ``segment_ids`` (``kernels/flash_attention.py``;
         packed rows, T a multiple of 32; calls with a key mask use ``"chunked"``);
         ``"pallas_segments"``: our Pallas (Triton) kernels that skip the blocks between packed
-        sequences (``models/segment_attention.py``; T a multiple of 64, GQA without repeating
+        sequences (``kernels/segment_attention.py``; T a multiple of 64, GQA without repeating
         the keys; calls with a key mask use ``"chunked"``); ``None``:
         ``"chunked"`` on CPU,
         XLA elsewhere. Cached (decode) attention always uses XLA.
