@@ -16,9 +16,7 @@ flags describe is supported by registering one more ``ModelFamily`` (docs/EXTEND
 from __future__ import annotations
 
 import dataclasses
-import json
 import numbers
-import os
 from typing import Any
 
 from agentrl_common.registry import Registry, did_you_mean
@@ -255,19 +253,6 @@ class ModelConfig:
         )
         values.update(overrides)
         return cls(**values)
-
-    @classmethod
-    def from_hf_file(cls, path: str, **overrides: Any) -> "ModelConfig":
-        if os.path.isdir(path):
-            path = os.path.join(path, "config.json")
-        if not os.path.exists(path):
-            raise FileNotFoundError(f"no config.json at {path}")
-        with open(path) as f:
-            try:
-                hf = json.load(f)
-            except json.JSONDecodeError as e:
-                raise UnsupportedModelError(f"{path} is not valid JSON: {e}") from e
-        return cls.from_hf_dict(hf, **overrides)
 
     def to_hf_dict(self) -> dict[str, Any]:
         """A HF ``config.json`` dictionary that transformers and SGLang load."""

@@ -123,11 +123,6 @@ def load_safetensors_model(directory: str, config: ModelConfig | None = None,
     return model, cfg
 
 
-def read_model_config(directory: str, **overrides: Any) -> ModelConfig:
-    """``ModelConfig`` of ``directory/config.json`` (see ``_read_config``)."""
-    return _read_config(directory, **overrides)
-
-
 def _read_config(directory: str, **overrides: Any) -> ModelConfig:
     """``ModelConfig`` of ``directory/config.json``; any malformed content is a ``CheckpointError``
     (or ``UnsupportedModelError``), never another exception type."""
