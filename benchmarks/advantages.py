@@ -186,7 +186,7 @@ def make_scan_time_major(gamma: float, lam: float):
 
 
 def make_pallas(gamma: float, lam: float, interpret: bool, precision: str, **tile):
-    from agentrl_jax.algorithms.pallas_gae import gae_pallas_full
+    from agentrl_jax.kernels.gae import gae_pallas_full
 
     def f(r, V, m):
         adv, ret, _ = gae_pallas_full(r, V, m, gamma=gamma, lam=lam, interpret=interpret, precision=precision, **tile)
@@ -322,7 +322,7 @@ def main(argv=None) -> dict:
         if lam > 0:
             run(f"blocked_L{ch}", make_jitted("blocked", g, lam, chunk=ch), (r, V, m), args.repeats)
     if "pallas" in variants:
-        from agentrl_jax.algorithms import pallas_gae
+        from agentrl_jax.kernels import gae as pallas_gae
 
         if not pallas_gae.supported(g, lam):
             notes["pallas"] = "skipped: parameters outside the kernel's range (see pallas_gae.supported)"

@@ -84,7 +84,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     import jax.numpy as jnp
     from jax.experimental.pallas.ops.gpu.decode_attention import mqa
 
-    from agentrl_jax.rollout.engine.decode_attention import dense_decode_attention
+    from agentrl_jax.kernels.decode_attention import dense_decode_attention
 
     interpret = args.small or jax.default_backend() != "gpu"
     if args.small:

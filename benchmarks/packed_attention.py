@@ -7,8 +7,8 @@ shape, side by side in one process (GPU).
 Rows: ``cudnn_causal`` (jax.nn.dot_product_attention, cuDNN, causal, no segments: the
 unpacked learner's attention, a lower bound), ``xla_masked`` (XLA with a [B, 1, T, T] segment
 mask), ``chunked`` / ``chunked512`` (models/attention.py, pure JAX blockwise, blocks of 128 /
-512), ``pallas`` (models/pallas_attention.py, JAX's Triton flash attention with segment ids),
-``pallas_segments`` (models/segment_attention.py: ours, skipping the blocks between packed
+512), ``pallas`` (kernels/flash_attention.py, JAX's Triton flash attention with segment ids),
+``pallas_segments`` (kernels/segment_attention.py: ours, skipping the blocks between packed
 sequences). Each row packs four sequences per row (``--segments``). Times: median of ``--repeats`` calls after a warm-up, synchronised.
 Each row also reports its largest absolute difference from ``xla_masked`` computed in float32 at
 ``HIGHEST`` matmul precision (output and the three gradients of the benchmark's loss), so a
@@ -47,8 +47,8 @@ def main(argv=None) -> int:
     import numpy as np
 
     from agentrl_jax.models.attention import chunked_causal_attention
-    from agentrl_jax.models.pallas_attention import pallas_causal_attention
-    from agentrl_jax.models.segment_attention import segment_causal_attention
+    from agentrl_jax.kernels.flash_attention import pallas_causal_attention
+    from agentrl_jax.kernels.segment_attention import segment_causal_attention
 
     b, t, h, kh, d = args.batch, args.length, args.heads, args.kv_heads, args.head_dim
     rng = np.random.default_rng(0)

@@ -8,7 +8,7 @@ Each contender is the engine's own jitted prefill (``compiled.compiled_functions
 random-weight model of ``--shape`` with the engine of ``experiments/babyai_grpo_gpu.py``
 (``--slots`` slots of ``--max-length`` positions, head-major cache), differing only in
 ``prefill_attention`` (``dense``: XLA einsums over the call's KV length; ``flash``: the Pallas
-kernel of ``rollout/engine/prefill_attention.py`` on the gathered rows; ``flash_in_cache``: the
+kernel of ``kernels/prefill_attention.py`` on the gathered rows; ``flash_in_cache``: the
 kernel reading the rows where they are in the cache, no gather or write-back, with the call's
 tokens packed into rows of 64 as the engine then runs it: ``prefill_plan.plan_packed``). The calls are the shapes a BabyAI rollout
 makes (docs/PERFORMANCE.md, "The agent loop, profiled"): each scenario is ``rows x chunk``
@@ -117,7 +117,7 @@ def run_contender(impl: str, cfg, args, scenarios, platform_name: str) -> dict[s
         kv = scenario[2]
         if impl == "flash_in_cache":  # as the engine runs it: packed rows, the whole row's KV
             from agentrl_jax.rollout.engine.engine_config import EngineConfig
-            from agentrl_jax.rollout.engine.prefill_attention import BLOCK_Q
+            from agentrl_jax.kernels.prefill_attention import BLOCK_Q
 
             buckets = EngineConfig(max_length=args.max_length, prefill_chunks=(BLOCK_Q,),
                                    prefill_tokens=args.prefill_tokens).packed_row_buckets()

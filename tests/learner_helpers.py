@@ -1,5 +1,6 @@
 """Shared by the learner tests: a tiny model, a one-device learner, a random right-padded
-rollout batch and a recorder of the XLA compiles that happen while a test runs."""
+rollout batch, the update's own log-prob pass on a batch, and a recorder of the XLA compiles
+that happen while a test runs."""
 
 from __future__ import annotations
 
@@ -11,13 +12,45 @@ import numpy as np
 from jax._src import monitoring
 
 from agentrl_jax.learner import Learner, LearnerConfig, RolloutBatch
+from agentrl_jax.learner.layouts import PaddedRows
+from agentrl_jax.learner.update import UpdatePipeline
 from agentrl_jax.models.config import ModelConfig
 from agentrl_jax.models.llama import init_model
 from agentrl_jax.sharding.mesh import make_mesh
+from agentrl_jax.sharding.placement import process_rows, to_host_tree
 
 #: a one-layer model small enough for many updates in a test
 TINY_MODEL = ModelConfig(vocab_size=88, hidden_size=32, intermediate_size=40, num_layers=1,
                          num_heads=2, num_kv_heads=1, head_dim=16)
+
+
+def update_logprobs(learner: Learner, batch, which: str = "policy", with_entropy: bool = False,
+                    process_local: bool = False):
+    """Token-aligned ``logprobs [B, T]`` float32 NumPy (``(logprobs, entropy)`` with
+    ``with_entropy``) of ``batch``'s rows under the policy (``which="policy"``, in its dtype)
+    or the frozen reference (``"reference"``, in ``config.reference_dtype``), computed the way
+    ``Learner.update`` computes its old / reference log-probs: the padded layout of an
+    ``UpdatePipeline`` places the batch and runs ``learner.logprob_fn`` over it in chunks of
+    ``logprob_batch_size`` rows. ``process_local``: ``batch`` holds this process's rows and the
+    result is for those rows (a collective: every process calls it)."""
+    rollout = RolloutBatch.from_mapping(batch)
+    layout = UpdatePipeline(learner, rollout, process_local).layout
+    if not isinstance(layout, PaddedRows):
+        raise ValueError("update_logprobs runs the padded layout (pack_length=0)")
+    if which == "policy":
+        params, dtype = learner.params, str(jax.tree.leaves(learner.params)[0].dtype)
+    elif which == "reference":
+        params, dtype = learner.ref_params, learner.config.reference_dtype
+    else:
+        raise ValueError(f"which must be 'policy' or 'reference', got {which!r}")
+    lp, ent = layout.forward(learner.logprob_fn(dtype), params, layout.place())
+    b, t = rollout.shape
+    # token-space rows: this process's rows first (in its block), then padding rows
+    lp, ent = (jax.tree.map(process_rows, (lp, ent)) if process_local
+               else to_host_tree((lp, ent)))
+    lp, ent = lp[:b, :t], ent[:b, :t]
+    return (lp, ent) if with_entropy else lp
+
 
 
 def tiny_learner(cfg: LearnerConfig, seed: int = 0) -> Learner:

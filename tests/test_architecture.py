@@ -101,8 +101,11 @@ RULES = {
         ("agentrl_common", ("agentrl_jax", "environments", "jax", "flax", "optax"), False, ()),
     "environments never imports agentrl_jax":
         ("environments", ("agentrl_jax",), False, ()),
-    "algorithms imports nothing else in agentrl_jax":
-        ("agentrl_jax.algorithms", ("agentrl_jax",), False, ("agentrl_jax.algorithms",)),
+    "algorithms imports nothing else in agentrl_jax but the kernels":
+        ("agentrl_jax.algorithms", ("agentrl_jax",), False,
+         ("agentrl_jax.algorithms", "agentrl_jax.kernels")),
+    "kernels import nothing else in agentrl_jax":
+        ("agentrl_jax.kernels", ("agentrl_jax", "environments"), False, ("agentrl_jax.kernels",)),
     "learner does not import rollout":
         ("agentrl_jax.learner", ("agentrl_jax.rollout",), False, ()),
     "rollout does not import learner":
@@ -161,6 +164,42 @@ def test_backend_contract_is_light():
         elif imp.top_level and root in ("jax", "flax", "numpy", "aiohttp", "pydantic"):
             bad.append(imp.where())
     assert bad == []
+
+
+PALLAS = "jax.experimental.pallas"
+
+
+def kernels_outside_kernels(modules: dict[pathlib.Path, list[Import]]) -> list[str]:
+    """Library modules outside ``agentrl_jax.kernels`` that import Pallas (a ``pallas_call``
+    needs ``jax.experimental.pallas``, and so does a library kernel such as ``mha``)."""
+    return sorted({imp.where() for imports in modules.values() for imp in imports
+                   if _within(imp.target, PALLAS)
+                   and not _within(imp.module, "agentrl_jax.kernels")})
+
+
+def test_the_kernels_live_in_one_place():
+    """Every Pallas kernel is in ``agentrl_jax/kernels/``: no other library module imports
+    Pallas or calls ``pallas_call``."""
+    assert kernels_outside_kernels(ALL) == []
+    calls = sorted(str(p.relative_to(REPO)) for p in ALL if "pallas_call" in p.read_text()
+                   and not _within(_module_name(p), "agentrl_jax.kernels")
+                   and any(isinstance(n, ast.Attribute) and n.attr == "pallas_call"
+                           for n in ast.walk(ast.parse(p.read_text()))))
+    assert calls == []
+
+
+def test_the_kernel_check_sees_a_lazy_pallas_import(tmp_path):
+    """A kernel written outside ``kernels/``, with Pallas imported inside a function, is found;
+    the same module under ``kernels/`` is not."""
+    probe = tmp_path / "probe.py"
+    probe.write_text("def f(x):\n"
+                     "    from jax.experimental import pallas as pl\n"
+                     "    return pl.pallas_call(None, out_shape=x)(x)\n")
+    outside = {probe: _imports(probe, "agentrl_jax.models.probe")}
+    inside = {probe: _imports(probe, "agentrl_jax.kernels.probe")}
+    assert kernels_outside_kernels(outside) == ["agentrl_jax.models.probe:2 imports "
+                                                "jax.experimental.pallas"]
+    assert kernels_outside_kernels(inside) == []
 
 
 def test_the_checker_sees_lazy_and_relative_imports(tmp_path):

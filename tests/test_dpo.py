@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from agentrl_jax.algorithms import compute_advantages, sft_policy_loss
+from learner_helpers import update_logprobs
 
 
 def _batch(seed: int, B: int = 7, T: int = 12):
@@ -103,7 +104,7 @@ def test_learner_update_runs_dpo():
                            min_length_bucket=32, kl_coef=0.0, learning_rate=1e-3),
                       mesh=make_mesh(devices=jax.devices()[:1]))
     assert learner.ref_params is not None
-    lp = learner.compute_logprobs(batch)
+    lp = update_logprobs(learner, batch)
     metrics = learner.update(batch, UpdateOptions(log=False))
     # one pair (rows 0, 1), policy == reference: A = +-(N=4) * 0.5 * 0.5 / 1 = +-1
     expected = (-(m[0] * lp[0]).sum() + (m[1] * lp[1]).sum()) / 4

@@ -16,9 +16,9 @@ import numpy as np
 import pytest
 
 from agentrl_jax.rollout.contract import SamplingParams
-from agentrl_jax.rollout.engine.decode_attention import (dense_decode_attention, ragged_tiling,
+from agentrl_jax.kernels.decode_attention import (dense_decode_attention, ragged_tiling,
                                                   ragged_decode_attention)
-from agentrl_jax.rollout.engine.fused_decode_attention import fused_decode_attention
+from agentrl_jax.kernels.fused_decode_attention import fused_decode_attention
 from tests.rollout_helpers import TINY, make_engine, random_prompt, tiny_model
 
 
@@ -203,7 +203,7 @@ def test_engine_with_fused_attention_matches_dense(model_dh32, prompts, decode_g
 def test_fused_attention_falls_back_to_ragged_for_shapes_its_tiles_miss(model):
     """The tiny model's head dim (16) is not a multiple of 32: the engine compiles the ragged
     kernel instead, and the kernel itself refuses the shape with the same reason."""
-    from agentrl_jax.rollout.engine.fused_decode_attention import unsupported_shape
+    from agentrl_jax.kernels.fused_decode_attention import unsupported_shape
 
     assert unsupported_shape(4, 2, 16) is not None and unsupported_shape(12, 2, 128) is None
     assert unsupported_shape(34, 2, 64) is not None  # 17 query heads per KV head

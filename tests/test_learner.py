@@ -21,6 +21,7 @@ from agentrl_jax.learner.metrics import (matmul_params, peak_flops_per_device,
 from agentrl_jax.models.config import ModelConfig
 from agentrl_jax.models.llama import init_model
 from agentrl_jax.sharding.mesh import make_mesh
+from learner_helpers import update_logprobs
 
 TINY = ModelConfig(vocab_size=512, hidden_size=64, intermediate_size=128, num_layers=2,
                    num_heads=4, num_kv_heads=2, head_dim=16)
@@ -74,7 +75,7 @@ def multiturn_batch(seed: int, batch: int = 6, length: int = 30, vocab: int = 51
 
 def on_policy(learner: Learner, batch: dict, noise_seed: int = 0) -> dict:
     """Replace rollout logprobs by the learner's own + small noise (realistic ratios ~1)."""
-    lp = learner.compute_logprobs(batch)
+    lp = update_logprobs(learner, batch)
     rng = np.random.default_rng(noise_seed)
     out = dict(batch)
     out["rollout_logprobs"] = ((lp + 0.05 * rng.standard_normal(lp.shape)) *
@@ -107,7 +108,7 @@ def reference_run(base_state):
 def test_logprobs_match_numpy_float64(reference_run, base_state):
     learner = reference_run["learner"]
     batch = multiturn_batch(7, batch=5, length=27)
-    lp, ent = learner.compute_logprobs(batch, with_entropy=True)
+    lp, ent = update_logprobs(learner, batch, with_entropy=True)
     assert lp.shape == ent.shape == batch["tokens"].shape
     # NumPy float64 reference from the model's full [B, T, V] logits (explicit attention mask)
     logits = learner.policy_model()(jnp.asarray(batch["tokens"]),
@@ -125,7 +126,7 @@ def test_logprobs_match_numpy_float64(reference_run, base_state):
     np.testing.assert_allclose(ent[real], expect_ent[real], atol=2e-5, rtol=1e-5)
     assert np.all(lp[:, 0] == 0)
     # the reference model is the initial policy: after two updates they differ, a little
-    ref = learner.compute_logprobs(batch, which="reference")
+    ref = update_logprobs(learner, batch, which="reference")
     fresh = fresh_model(base_state)(jnp.asarray(batch["tokens"])).logits
     zf = np.asarray(fresh, np.float64)
     zf = zf - zf.max(-1, keepdims=True)

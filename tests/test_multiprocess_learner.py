@@ -106,6 +106,7 @@ def worker(process_id: int, coordinator: str, out: str) -> None:
 
     from agentrl_jax.learner import UpdateOptions
     init_worker(process_id, coordinator, N_PROC)
+    from learner_helpers import update_logprobs
     results: dict[str, np.ndarray] = {}
     for mesh_name, shape in MESHES.items():
         for mode in MODES:
@@ -119,8 +120,8 @@ def worker(process_id: int, coordinator: str, out: str) -> None:
         # the global computation
         batch = make_batch(3)
         mine = local_half(batch, process_id)
-        results[f"{mesh_name}/lp_global"] = learner.compute_logprobs(batch)
-        results[f"{mesh_name}/lp_local"] = learner.compute_logprobs(mine, process_local=True)
+        results[f"{mesh_name}/lp_global"] = update_logprobs(learner, batch)
+        results[f"{mesh_name}/lp_local"] = update_logprobs(learner, mine, process_local=True)
     # every process numbering its groups from 0 is refused, on every process
     try:
         learner.update(local_half(make_batch(4), process_id) | {"group_id": np.arange(6) // 3},

@@ -125,8 +125,8 @@ def test_pallas_attention_is_split_over_the_mesh(axes):
     import jax.numpy as jnp
     from jax.sharding import NamedSharding, PartitionSpec as P
 
-    from agentrl_jax.models.pallas_attention import (pallas_causal_attention,
-                                                     sharded_pallas_causal_attention)
+    from agentrl_jax.kernels.flash_attention import pallas_causal_attention
+    from agentrl_jax.models.sharded_attention import sharded_pallas_causal_attention
     from agentrl_jax.sharding.activations import activation_mesh
 
     mesh = make_mesh(data=axes.get("data", 1), fsdp=axes["fsdp"], tensor=axes.get("tensor", 1),
@@ -190,7 +190,7 @@ def test_pallas_attention_matches_chunked_on_packed_rows():
     import jax.numpy as jnp
 
     from agentrl_jax.models.attention import chunked_causal_attention
-    from agentrl_jax.models.pallas_attention import pallas_causal_attention
+    from agentrl_jax.kernels.flash_attention import pallas_causal_attention
 
     rng = np.random.default_rng(0)
     b, t, h, kh, d = 2, 64, 4, 2, 16

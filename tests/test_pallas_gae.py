@@ -11,7 +11,7 @@ pl = pytest.importorskip("jax.experimental.pallas")
 
 from agentrl_jax.algorithms import compute_advantages, masked_whiten  # noqa: E402
 from agentrl_jax.algorithms.gae import gae_advantages_raw  # noqa: E402
-from agentrl_jax.algorithms.pallas_gae import gae_pallas_full, lower_for_gpu, supported  # noqa: E402
+from agentrl_jax.kernels.gae import gae_pallas_full, lower_for_gpu, supported  # noqa: E402
 
 
 def test_pallas_gae_interpret_matches_scan():

@@ -1,4 +1,4 @@
-"""Prefill attention (``rollout/engine/prefill_attention.py``): the dense einsums and the flash
+"""Prefill attention (``kernels/prefill_attention.py``): the dense einsums and the flash
 kernel (Pallas interpreter on CPU) against a float64 NumPy loop, the kernel's key-block bound,
 and an engine whose prefill runs the kernel against one whose prefill runs dense attention
 (greedy tokens and log-probs; that engine is itself checked against the model's own forward in
@@ -12,7 +12,7 @@ import pytest
 
 from agentrl_jax.rollout.contract import SamplingParams
 from agentrl_jax.rollout.engine.engine_config import PREFILL_ATTENTION, EngineConfig
-from agentrl_jax.rollout.engine.prefill_attention import (dense_prefill_attention,
+from agentrl_jax.kernels.prefill_attention import (dense_prefill_attention,
                                                           flash_prefill_attention,
                                                           flash_prefill_attention_in_cache,
                                                           unsupported_prefill_shape)

@@ -1,4 +1,4 @@
-"""``models/segment_attention.py``: the block-skipping packed attention (Pallas kernels, run in
+"""``kernels/segment_attention.py``: the block-skipping packed attention (Pallas kernels, run in
 the interpreter on CPU) against a float64 NumPy reference of causal same-segment softmax
 attention, forward and all three gradients, with GQA, several packed sequences per row,
 trailing padding and a row of one sequence; its block bounds against a NumPy loop."""
@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from agentrl_jax.models.segment_attention import BLOCK, block_bounds, segment_causal_attention
+from agentrl_jax.kernels.segment_attention import BLOCK, block_bounds, segment_causal_attention
 
 
 def _segments(b: int, t: int) -> np.ndarray:

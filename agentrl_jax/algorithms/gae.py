@@ -85,7 +85,7 @@ def gae_advantages_raw(
         from one blocked two-level scan (:mod:`.scan`). Needs ``lam > 0``; relative
         error grows like ``float_eps / lam``.
       * ``pallas``: GPU Pallas (Triton) kernel of the blocked scan
-        (:mod:`.pallas_gae`; ``interpret`` mode elsewhere).
+        (:mod:`agentrl_jax.kernels.gae`; ``interpret`` mode elsewhere).
       * ``auto``: ``scan`` on CPU; on accelerators ``blocked`` if ``lam >= 0.05``
         else ``associative``.
     """
@@ -120,7 +120,7 @@ def gae_advantages_raw(
         if lam != 1.0:
             A = A + ((1.0 - lam) / lam) * S[1]
     else:  # pallas: the kernels where their parameter range is met, else the XLA scans
-        from . import pallas_gae  # lazy: pallas import is optional
+        from agentrl_jax.kernels import gae as pallas_gae  # lazy: pallas import is optional
 
         if pallas_gae.supported(gamma, lam):
             A = pallas_gae.gae_pallas_full(r, V, m, gamma=gamma, lam=lam, whiten=False)[2]
@@ -146,7 +146,7 @@ def gae(x: AdvantageInputs, settings: AdvantageSettings) -> AdvantageOutput:
     r = effective_token_rewards(x.rewards, m, x.token_rewards)
     V = jnp.asarray(x.values, jnp.float32)
     if method == "pallas":
-        from . import pallas_gae
+        from agentrl_jax.kernels import gae as pallas_gae
 
         if pallas_gae.supported(gamma, lam):  # kernels with fused whitening statistics
             adv, returns, _ = pallas_gae.gae_pallas_full(r, V, m, gamma=gamma, lam=lam, whiten=whiten)

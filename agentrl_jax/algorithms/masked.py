@@ -28,11 +28,6 @@ def as_mask(loss_mask: Array) -> Array:
     return (jnp.asarray(loss_mask) != 0).astype(jnp.float32)
 
 
-def masked_sum(x: Array, mask: Array, axis=None) -> Array:
-    """``sum(x * mask)`` over ``axis``."""
-    return jnp.sum(x * mask, axis=axis)
-
-
 def masked_mean(x: Array, mask: Array, axis=None) -> Array:
     """``sum(x*mask) / sum(mask)``; 0 where the mask is empty (never NaN)."""
     n = jnp.sum(mask, axis=axis)

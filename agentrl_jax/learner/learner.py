@@ -30,7 +30,7 @@ from jax.sharding import Mesh
 
 from agentrl_jax.learner.batch import RolloutBatch, UpdateOptions
 from agentrl_jax.learner.checkpoint import Checkpointer
-from agentrl_jax.learner.config import LearnerConfig, bucket_length, model_attention_impl
+from agentrl_jax.learner.config import LearnerConfig, model_attention_impl
 from agentrl_jax.learner.jit_cache import cached
 from agentrl_jax.learner.critic import ValueModel, critic_from_policy
 from agentrl_jax.learner.metrics import MetricsWriter, Throughput
@@ -46,8 +46,7 @@ from agentrl_jax.models.config import ModelConfig
 from agentrl_jax.models.llama import CausalLM
 from agentrl_jax.sharding.mesh import mesh_from_config
 from agentrl_jax.sharding.placement import (agree_max, check_process_local_layout,
-                                            place_global, place_process_local, process_rows,
-                                            to_host_tree)
+                                            place_global, place_process_local)
 from agentrl_jax.sharding.rules import BATCH_AXES, batch_sharding, state_shardings
 
 Batch = Mapping[str, Any]
@@ -247,90 +246,6 @@ class Learner:
         check_process_local_layout(batch_sharding(self.mesh, 2), (self.batch_shards, 1))
         return n_proc
 
-    def _forward_rows(self, fn, params, tokens: np.ndarray, attention_mask: np.ndarray,
-                      local: bool = False):
-        """Run ``fn(params, tokens, mask)`` over row chunks of ``logprob_batch_size``.
-
-        ``local``: ``tokens`` are this process's rows (the same count on every process);
-        each chunk takes ``logprob_batch_size / P`` of them from every process, and the
-        outputs are this process's rows."""
-        n = self.logprob_batch_size
-        step = n // self.require_process_local_layout() if local else n
-        b = tokens.shape[0]
-        rows = -(-b // step) * step
-        if rows != b:
-            tokens = np.pad(tokens, ((0, rows - b), (0, 0)))
-            attention_mask = np.pad(attention_mask, ((0, rows - b), (0, 0)))
-        bs = batch_sharding(self.mesh, 2)
-        outs: list[Any] = []
-        skipped = []  # single-process chunks of padding rows only: zeros, no forward pass
-        for s in range(0, rows, step):
-            if local:
-                shape = (n, tokens.shape[1])
-                t = place_process_local(tokens[s:s + step], bs, shape)
-                a = place_process_local(attention_mask[s:s + step], bs, shape)
-            elif s > 0 and not attention_mask[s:s + n].any():
-                skipped.append(len(outs))
-                outs.append(None)
-                continue
-            else:
-                t = place_global(tokens[s:s + n], bs)
-                a = place_global(attention_mask[s:s + n], bs)
-            outs.append(fn(params, t, a))
-        outs = jax.tree.map(process_rows, outs) if local else to_host_tree(outs)
-        for i in skipped:
-            outs[i] = jax.tree.map(np.zeros_like, outs[0])
-        if isinstance(outs[0], tuple):
-            return tuple(np.concatenate([o[i] for o in outs])[:b] for i in range(len(outs[0])))
-        return np.concatenate(outs)[:b]
-
-    def _prepared_forward(self, batch: Batch, run, local: bool = False) -> Any:
-        tokens = np.asarray(batch["tokens"])
-        b, t = tokens.shape
-        am = np.asarray(batch.get("attention_mask", np.ones_like(tokens)))
-        # process-local rows: every process runs the same number of chunks of the same shape
-        rows, width = (agree_max(b), agree_max(t)) if local else (b, t)
-        cols = bucket_length(width, self.config)
-        tp = np.zeros((rows, cols), np.int32)
-        tp[:b, :t] = tokens
-        ap = np.zeros((rows, cols), np.int32)
-        ap[:b, :t] = am
-        out = run(tp, ap)
-        return tuple(o[:b, :t] for o in out) if isinstance(out, tuple) else out[:b, :t]
-
-    def compute_logprobs(self, batch: Batch, which: str = "policy", with_entropy: bool = False,
-                         process_local: bool = False):
-        """Token-aligned ``logprobs [B, T]`` float32 NumPy (``(logprobs, entropy)`` with
-        ``with_entropy``) of ``batch["tokens"]`` under the current policy (``which="policy"``)
-        or the frozen reference (``"reference"``). See ``logprobs.py`` for the alignment.
-
-        ``process_local``: ``batch`` holds this process's rows only (any count and length)
-        and the result is for those rows; otherwise every process passes the same batch and
-        gets the whole result."""
-        if which == "policy":
-            params = self.params
-        elif which == "reference":
-            if self.ref_params is None:
-                raise ValueError("this learner has no reference model (kl_coef == 0)")
-            params = self.ref_params
-        else:
-            raise ValueError(f"which must be 'policy' or 'reference', got {which!r}")
-        local = _local_mode(process_local)
-        fn = self.logprob_fn(str(jax.tree.leaves(params)[0].dtype))
-        lp, ent = self._prepared_forward(
-            batch, lambda t, a: self._forward_rows(fn, params, t, a, local), local)
-        return (lp, ent) if with_entropy else lp
-
-    def compute_values(self, batch: Batch, process_local: bool = False) -> np.ndarray:
-        """Token-aligned critic values ``[B, T]`` (``values[:, t] = V(tokens[:, :t])``);
-        ``process_local`` as in ``compute_logprobs``."""
-        if self.critic_params is None:
-            raise ValueError("this learner has no critic")
-        local = _local_mode(process_local)
-        fn = self.value_fn()
-        return self._prepared_forward(
-            batch, lambda t, a: self._forward_rows(fn, self.critic_params, t, a, local), local)
-
     def update(self, batch: RolloutBatch | Batch, options: UpdateOptions | None = None
                ) -> dict[str, float]:
         """One RL update from a rollout batch; returns metrics (also written to the log
@@ -414,9 +329,6 @@ class Learner:
     def policy_model(self) -> CausalLM:
         """The current policy as an nnx module (compute dtype, sharded float32 parameters)."""
         return nnx.merge(self.graphdef, self.params)
-
-    def policy_state(self) -> nnx.State:
-        return self.params
 
     # ------------------------------------------------------------------ checkpoints
     def _trees(self) -> dict[str, Any]:

@@ -16,9 +16,7 @@ flags describe is supported by registering one more ``ModelFamily`` (docs/EXTEND
 from __future__ import annotations
 
 import dataclasses
-import json
 import numbers
-import os
 from typing import Any
 
 from agentrl_common.registry import Registry, did_you_mean
@@ -100,10 +98,10 @@ class ModelConfig:
         any backend, masks and ``segment_ids`` included); ``"xla"`` / ``"cudnn"``: passed to
         ``jax.nn.dot_product_attention`` (cuDNN: GPU + bf16/fp16, causal without masks only;
         masked calls use XLA with a ``[B, 1, T, T]`` mask); ``"pallas"``: JAX's Pallas (Triton)
-        flash attention on NVIDIA GPUs with ``segment_ids`` (``models/pallas_attention.py``;
+        flash attention on NVIDIA GPUs with ``segment_ids`` (``kernels/flash_attention.py``;
         packed rows, T a multiple of 32; calls with a key mask use ``"chunked"``);
         ``"pallas_segments"``: our Pallas (Triton) kernels that skip the blocks between packed
-        sequences (``models/segment_attention.py``; T a multiple of 64, GQA without repeating
+        sequences (``kernels/segment_attention.py``; T a multiple of 64, GQA without repeating
         the keys; calls with a key mask use ``"chunked"``); ``None``:
         ``"chunked"`` on CPU,
         XLA elsewhere. Cached (decode) attention always uses XLA.
@@ -255,19 +253,6 @@ class ModelConfig:
         )
         values.update(overrides)
         return cls(**values)
-
-    @classmethod
-    def from_hf_file(cls, path: str, **overrides: Any) -> "ModelConfig":
-        if os.path.isdir(path):
-            path = os.path.join(path, "config.json")
-        if not os.path.exists(path):
-            raise FileNotFoundError(f"no config.json at {path}")
-        with open(path) as f:
-            try:
-                hf = json.load(f)
-            except json.JSONDecodeError as e:
-                raise UnsupportedModelError(f"{path} is not valid JSON: {e}") from e
-        return cls.from_hf_dict(hf, **overrides)
 
     def to_hf_dict(self) -> dict[str, Any]:
         """A HF ``config.json`` dictionary that transformers and SGLang load."""

@@ -30,10 +30,10 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from agentrl_jax.kernels.segment_attention import segment_causal_attention
 from agentrl_jax.models.attention import chunked_causal_attention
 from agentrl_jax.models.config import ModelConfig
-from agentrl_jax.models.pallas_attention import sharded_pallas_causal_attention
-from agentrl_jax.models.segment_attention import segment_causal_attention
+from agentrl_jax.models.sharded_attention import sharded_pallas_causal_attention
 from agentrl_jax.models.rope import apply_rope, inverse_frequencies, rope_cos_sin
 from agentrl_jax.sharding.activations import (constrain_attention_inputs, constrain_batch_sharded,
                                               current_mesh)

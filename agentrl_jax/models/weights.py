@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any, Callable, Iterable
 
 import jax
 import numpy as np
@@ -63,10 +63,6 @@ def hf_name(path: ParamPath) -> tuple[str, bool]:
         if leaf == "scale":
             return f"{prefix}.{sub}.weight", False
     raise KeyError(f"no HF name for parameter {'/'.join(map(str, path))}")
-
-
-def expected_hf_names(cfg: ModelConfig) -> list[str]:
-    return list(expected_hf_shapes(cfg))
 
 
 def expected_hf_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
@@ -167,8 +163,3 @@ def model_to_hf_tensors(model: CausalLM, dtype: str = "float32") -> dict[str, np
             out[name] = np.ascontiguousarray(array.T if transpose else array)
     flush()
     return {name: out[name] for name in order}
-
-
-def tensors_from_mapping(tensors: Mapping[str, np.ndarray]) -> tuple[list[str],
-                                                                      Callable[[str], np.ndarray]]:
-    return list(tensors), tensors.__getitem__

@@ -100,14 +100,6 @@ def state_shardings(state: nnx.State, mesh: Mesh, rules: Rules = DEFAULT_RULES) 
     return jax.tree_util.tree_map_with_path(leaf_sharding, state)
 
 
-def shard_model(model: nnx.Module, mesh: Mesh, rules: Rules = DEFAULT_RULES) -> nnx.Module:
-    """Move every parameter of ``model`` to its sharding (in place); returns the model."""
-    state = nnx.state(model)
-    shardings = state_shardings(state, mesh, rules)
-    nnx.update(model, jax.device_put(state, shardings))
-    return model
-
-
 def batch_sharding(mesh: Mesh, ndim: int = 2) -> NamedSharding:
     """Batch arrays ``[B, ...]`` split over ``data`` x ``fsdp`` on the leading axis."""
     return NamedSharding(mesh, P(BATCH_AXES, *([None] * (ndim - 1))))

@@ -10,14 +10,14 @@ from __future__ import annotations
 import logging
 
 from agentrl_jax.models.config import ModelConfig
-from agentrl_jax.rollout.engine.decode_attention import ragged_tiling
+from agentrl_jax.kernels.decode_attention import ragged_tiling
 from agentrl_jax.rollout.engine.engine_config import EngineConfig
 from agentrl_jax.rollout.engine.forward import (DENSE, FLASH, FLASH_IN_CACHE,
                                                 FLASH_IN_CACHE_INTERPRET, FLASH_INTERPRET, FUSED,
                                                 FUSED_INTERPRET, HEAD_MAJOR, RAGGED,
                                                 RAGGED_INTERPRET)
-from agentrl_jax.rollout.engine.fused_decode_attention import unsupported_shape
-from agentrl_jax.rollout.engine.prefill_attention import BLOCK_Q, unsupported_prefill_shape
+from agentrl_jax.kernels.fused_decode_attention import unsupported_shape
+from agentrl_jax.kernels.prefill_attention import BLOCK_Q, unsupported_prefill_shape
 
 log = logging.getLogger(__name__)
 

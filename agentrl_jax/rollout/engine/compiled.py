@@ -18,7 +18,7 @@ from agentrl_jax.models.lm_head import lm_head_f32
 from agentrl_jax.rollout.engine.forward import (DECODE_GEMM, DENSE, FLASH_IN_CACHE,
                                                 FLASH_IN_CACHE_INTERPRET, HEAD_MAJOR, forward,
                                                 map_cache, merge_projections)
-from agentrl_jax.rollout.engine.prefill_attention import unsupported_prefill_shape
+from agentrl_jax.kernels.prefill_attention import unsupported_prefill_shape
 from agentrl_jax.rollout.engine.sampling import sample_tokens
 
 # Columns of the packed per-slot int32 array: last token, its position, active flag, tokens

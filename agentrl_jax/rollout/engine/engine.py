@@ -74,7 +74,7 @@ from agentrl_jax.rollout.engine.failures import FailureHandling
 from agentrl_jax.rollout.engine.forward import (FLASH_IN_CACHE, FLASH_IN_CACHE_INTERPRET,
                                                 new_cache)
 from agentrl_jax.rollout.engine.placement import EnginePlacement, to_state
-from agentrl_jax.rollout.engine.prefill_attention import BLOCK_Q
+from agentrl_jax.kernels.prefill_attention import BLOCK_Q
 from agentrl_jax.rollout.engine.requests import EngineStats, Request, Seq
 from agentrl_jax.rollout.engine.sampling import GREEDY, SAMPLE
 from agentrl_jax.rollout.engine.scheduler import Scheduler

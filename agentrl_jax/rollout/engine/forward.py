@@ -27,9 +27,9 @@ import jax.numpy as jnp
 from agentrl_jax.models.config import ModelConfig
 from agentrl_jax.models.llama import CausalLM, KVCache
 from agentrl_jax.models.rope import apply_rope, inverse_frequencies, rope_cos_sin
-from agentrl_jax.rollout.engine.decode_attention import ragged_decode_attention
-from agentrl_jax.rollout.engine.fused_decode_attention import fused_decode_attention
-from agentrl_jax.rollout.engine.prefill_attention import (dense_prefill_attention,
+from agentrl_jax.kernels.decode_attention import ragged_decode_attention
+from agentrl_jax.kernels.fused_decode_attention import fused_decode_attention
+from agentrl_jax.kernels.prefill_attention import (dense_prefill_attention,
                                                           flash_prefill_attention,
                                                           flash_prefill_attention_in_cache,
                                                           unsupported_prefill_shape)

@@ -107,8 +107,5 @@ class SlotTable:
             del self._cached[slot]
             self._free.append(slot)
 
-    def cached_sessions(self) -> dict[str, int]:
-        return {p.session_id: len(p.tokens) for p in self._cached.values()}
-
 
 __all__ = ["SlotTable", "CachedPrefix", "common_prefix_length"]

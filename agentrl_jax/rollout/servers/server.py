@@ -117,17 +117,6 @@ class ServerThread:
             self._thread.join(timeout=30)
 
 
-def build_server(model: str = "smollm2", max_batch: int = 32, max_length: int = 4096,
-                 dtype: str | None = None, **engine_kwargs: Any) -> RolloutServer:
-    from agentrl_jax.models.pretrained import load_pretrained
-
-    pretrained = load_pretrained(model)
-    config = EngineConfig(max_batch=max_batch, max_length=max_length, dtype=dtype,
-                          **engine_kwargs)
-    engine = Engine(pretrained, config)
-    return RolloutServer(engine, model_path=pretrained.path)
-
-
 _REFUSAL_BODY = json.dumps({"error": {"message": "too many connections; retry later",
                                        "type": "overloaded", "code": 503}}).encode()
 

@@ -37,7 +37,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from agentrl_jax.rollout.engine.decode_attention import ragged_tiling
+from agentrl_jax.kernels.decode_attention import ragged_tiling
 
 BLOCK_H = 16  # query heads per program, padded (Triton's smallest dot tile)
 _NEG = 0.7 * float(jnp.finfo(jnp.float32).min)  # "minus infinity" that keeps exp() finite

@@ -2,7 +2,7 @@
 Triton kernels for NVIDIA GPUs; ``interpret=True`` runs them on CPU for tests).
 
 A packed row (``learner/packing.py``) holds several trajectories one after another. JAX's
-Pallas ``mha`` (``models/pallas_attention.py``) computes every block on or below the diagonal
+Pallas ``mha`` (``kernels/flash_attention.py``) computes every block on or below the diagonal
 and masks the pairs of different sequences afterwards; with ~3 sequences of ~1,000 tokens in a
 3,072-token row most of those blocks pair tokens that never attend to each other (that kernel's
 share of the learner's update: docs/PERFORMANCE.md). Here every query
