@@ -73,8 +73,9 @@ async def post(url: str, path: str, body: bytes | str | dict) -> tuple[int, dict
 async def test_health_tasks_and_stats(server):
     async with EnvClient(server.url) as client:
         assert (await client.health())["status"] == "ok"
-        train, test = await client.tasks("train"), await client.tasks("test")
-        assert len(train) + len(test) == 544 and not set(train) & set(test)
+        train, dev, test = [await client.tasks(s) for s in ("train", "dev", "test")]
+        assert len(train) + len(dev) + len(test) == 544 and not set(train) & set(test)
+        assert not set(dev) & (set(train) | set(test))
         stats = await client.stats()
         for key in ("live_sessions", "steps", "errors_total", "uptime_s", "invalid_actions", "sessions_reaped"):
             assert key in stats
