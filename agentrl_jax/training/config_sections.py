@@ -80,6 +80,10 @@ class ModelConfig(Section):
     # non-empty: a random model of this shape (fields of models/config.py's ModelConfig) that
     # uses the tokenizer of ``name`` (smoke tests, memory benchmarks)
     random_init: Mapping[str, Any] = setting(factory=dict)
+    # with random_init: each of these characters (one token each) starts prior_logit nats above
+    # the rest of the vocabulary in every state (models/token_prior.py; "" = no prior)
+    prior_letters: str = setting("")
+    prior_logit: float = setting(0.0, ge=0)
     pad_id: int = setting(2, ge=0)  # the token id padding a step's batch
 
     def _extra_problems(self, prefix: str, bad: set[str]) -> list[str]:
@@ -89,6 +93,13 @@ class ModelConfig(Section):
                        f"{self.name!r})")
         if "random_init" not in bad:
             out.extend(_random_init_problems(self.random_init, f"{prefix}.random_init"))
+        if self.prior_letters and not self.random_init:
+            out.append(f"{prefix}.prior_letters: a prior is an initialisation of a random model: "
+                       f"set {prefix}.random_init too (a pretrained model keeps its weights)")
+        if bool(self.prior_letters) != (self.prior_logit > 0):
+            out.append(f"{prefix}.prior_letters and {prefix}.prior_logit go together: letters "
+                       f"and a logit > 0, or neither (got {self.prior_letters!r}, "
+                       f"{self.prior_logit})")
         return out
 
 
