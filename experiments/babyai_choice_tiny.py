@@ -23,15 +23,13 @@ def get_config():
     c = base_config()
     c.model.random_init = dict(hidden_size=64, intermediate_size=128, num_layers=2, num_heads=4,
                                num_kv_heads=2, head_dim=16)
-    c.model.prior_letters = "abcdefghijklmnopqrstuvwxyz"
-    c.model.prior_logit = 9.0
     c.env.names = "babyai"
     c.env.task_filter = {"babyai": r"BabyAI-GoToRedBallNoDists-v0/seed=[0-9]+"}
     c.rollout.parser = "choice"
     c.agent.prompt_style = "choice"
     c.agent.response_prefix = "Action:"
     c.rollout.max_new_tokens = 1  # one token: its first letter is the choice
-    c.rollout.temperature = 1.0
+    c.rollout.temperature = 0.05
     c.rollout.max_batch = 16
     c.rollout.max_concurrency = 16
     c.rollout.max_context = 1024  # a 3-turn episode is ~300-600 tokens
@@ -44,8 +42,8 @@ def get_config():
     c.train.eval_every = 0
     c.train.eval_before = False
     c.train.eval_after = False
-    c.learner.temperature = 1.0  # the sampler's: the ratio and the loss see its log-probs
-    c.learner.learning_rate = 5e-3
+    c.learner.temperature = 0.05  # the sampler's: the ratio and the loss see its log-probs
+    c.learner.learning_rate = 1e-3
     c.learner.kl_coef = 0.0
     c.learner.entropy_coef = 0.0
     # packed rows: the update's cost is the 49k-way output layer at every position, so padding
