@@ -19,6 +19,7 @@ from agentrl_common.registry import did_you_mean
 from agentrl_common.typed_sections import Section, SectionError, is_int, is_number, setting
 from agentrl_jax.learner.config import LearnerConfig
 from agentrl_jax.rollout import sampling_limits as limits
+from agentrl_jax.training.random_model_checks import random_model_problems
 
 HORIZON_TYPES = ("scaling_inter", "fixed")
 ENGINE_DTYPES = ("", "float32", "bfloat16")
@@ -92,38 +93,9 @@ class ModelConfig(Section):
             out.append(f"{prefix}.name: must be a model name, HF directory or .gguf path (got "
                        f"{self.name!r})")
         if "random_init" not in bad:
-            out.extend(_random_init_problems(self.random_init, f"{prefix}.random_init"))
-        if self.prior_letters and not self.random_init:
-            out.append(f"{prefix}.prior_letters: a prior is an initialisation of a random model: "
-                       f"set {prefix}.random_init too (a pretrained model keeps its weights)")
-        if bool(self.prior_letters) != (self.prior_logit > 0):
-            out.append(f"{prefix}.prior_letters and {prefix}.prior_logit go together: letters "
-                       f"and a logit > 0, or neither (got {self.prior_letters!r}, "
-                       f"{self.prior_logit})")
+            out.extend(random_model_problems(self.random_init, self.prior_letters,
+                                             self.prior_logit, prefix))
         return out
-
-
-def _random_init_problems(shape: Mapping[str, Any], where: str) -> list[str]:
-    """A random model's shape checked against the network config's field types."""
-    from agentrl_jax.models.config import ModelConfig as NetworkConfig
-
-    fields = {f.name: f for f in dataclasses.fields(NetworkConfig)}
-    out = []
-    for key, value in shape.items():
-        field = fields.get(key)
-        kind = None if field is None else str(field.type)  # "int", "bool", "float", ...
-        if field is None:
-            out.append(f"{where}.{key}: is not a ModelConfig field (known: "
-                       + ", ".join(sorted(fields)) + ")")
-        elif kind == "bool" and not isinstance(value, bool):
-            out.append(f"{where}.{key}: must be true or false (got {value!r})")
-        elif kind == "int" and (not is_int(value) or value < 1):
-            out.append(f"{where}.{key}: must be an integer >= 1 (got {value!r})")
-        elif kind == "float" and (not is_number(value) or value <= 0):
-            out.append(f"{where}.{key}: must be a number > 0 (got {value!r})")
-        elif kind == "str" and not isinstance(value, str):
-            out.append(f"{where}.{key}: must be a string (got {value!r})")
-    return out
 
 
 @dataclasses.dataclass(frozen=True)
