@@ -54,6 +54,13 @@ def main(argv: list[str], config: Any) -> int:
     except ConfigError as error:
         print(error, file=sys.stderr, flush=True)
         return EXIT_BAD_CONFIG
+    from agentrl_jax.training.validate import eval_problems
+
+    problems = eval_problems(config, _CHECKPOINT.value, _STEP.value, _OUTPUT.value)
+    if problems:  # a command that cannot work: one line each, before any server or model starts
+        for line in problems:
+            print(f"cannot evaluate: {line}", file=sys.stderr, flush=True)
+        return EXIT_BAD_CONFIG
     from agentrl_jax import compile_cache
 
     compile_cache.enable(config.compile_cache)

@@ -41,7 +41,8 @@ def main(argv: list[str], config: Any) -> int:
     workdir = _WORKDIR.value or os.path.join(
         "runs", os.path.splitext(os.path.basename(flags.FLAGS["config"].config_filename))[0])
     from agentrl_jax import compile_cache
-    from agentrl_jax.training.sft import SFTRun, finished_step
+    from agentrl_jax.training.sft import SFTRun, finished_step, sft_problems
+    from agentrl_jax.training.validate import EXIT_BAD_CONFIG
 
     compile_cache.enable(config.compile_cache)
 
@@ -50,6 +51,11 @@ def main(argv: list[str], config: Any) -> int:
         print(f"SFT run already finished at step {done} (workdir {os.path.abspath(workdir)}); "
               f"its policy: {os.path.join(workdir, 'model')}", flush=True)
         return 0
+    problems = sft_problems(config, workdir)
+    if problems:  # a command that cannot work: one line each, before the model loads
+        for line in problems:
+            print(f"cannot train: {line}", file=sys.stderr, flush=True)
+        return EXIT_BAD_CONFIG
     try:
         SFTRun(config, workdir).run()
     except KeyboardInterrupt:

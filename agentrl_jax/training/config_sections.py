@@ -19,6 +19,7 @@ from agentrl_common.registry import did_you_mean
 from agentrl_common.typed_sections import Section, SectionError, is_int, is_number, setting
 from agentrl_jax.learner.config import LearnerConfig
 from agentrl_jax.rollout import sampling_limits as limits
+from agentrl_jax.training.random_model_checks import random_model_problems
 
 HORIZON_TYPES = ("scaling_inter", "fixed")
 ENGINE_DTYPES = ("", "float32", "bfloat16")
@@ -82,6 +83,10 @@ class ModelConfig(Section):
     # non-empty: a random model of this shape (fields of models/config.py's ModelConfig) that
     # uses the tokenizer of ``name`` (smoke tests, memory benchmarks)
     random_init: Mapping[str, Any] = setting(factory=dict)
+    # with random_init: each of these characters (one token each) starts prior_logit nats above
+    # the rest of the vocabulary in every state (models/token_prior.py; "" = no prior)
+    prior_letters: str = setting("")
+    prior_logit: float = setting(0.0, ge=0)
     pad_id: int = setting(2, ge=0)  # the token id padding a step's batch
 
     def _extra_problems(self, prefix: str, bad: set[str]) -> list[str]:
@@ -90,48 +95,9 @@ class ModelConfig(Section):
             out.append(f"{prefix}.name: must be a model name, HF directory or .gguf path (got "
                        f"{self.name!r})")
         if "random_init" not in bad:
-            out.extend(_random_init_problems(self.random_init, f"{prefix}.random_init"))
+            out.extend(random_model_problems(self.random_init, self.prior_letters,
+                                             self.prior_logit, prefix))
         return out
-
-
-def _random_init_problems(shape: Mapping[str, Any], where: str) -> list[str]:
-    """A random model's shape checked against the network config's field types, then as a
-    whole: every size the network needs is given (the vocabulary comes from the tokenizer when
-    it is not) and the network config accepts them together (``num_heads`` a multiple of
-    ``num_kv_heads``, ...)."""
-    from agentrl_jax.models.config import ModelConfig as NetworkConfig
-
-    fields = {f.name: f for f in dataclasses.fields(NetworkConfig)}
-    out = []
-    if not shape:
-        return out
-    for key, value in shape.items():
-        field = fields.get(key)
-        kind = None if field is None else str(field.type)  # "int", "bool", "float", ...
-        if field is None:
-            out.append(f"{where}.{key}: is not a ModelConfig field (known: "
-                       + ", ".join(sorted(fields)) + ")")
-        elif kind == "bool" and not isinstance(value, bool):
-            out.append(f"{where}.{key}: must be true or false (got {value!r})")
-        elif kind == "int" and (not is_int(value) or value < 1):
-            out.append(f"{where}.{key}: must be an integer >= 1 (got {value!r})")
-        elif kind == "float" and (not is_number(value) or value <= 0):
-            out.append(f"{where}.{key}: must be a number > 0 (got {value!r})")
-        elif kind == "str" and not isinstance(value, str):
-            out.append(f"{where}.{key}: must be a string (got {value!r})")
-    if out:
-        return out
-    required = [name for name, f in fields.items() if f.default is dataclasses.MISSING
-                and f.default_factory is dataclasses.MISSING and name != "vocab_size"]
-    missing = [name for name in required if name not in shape]
-    if missing:
-        return [f"{where}: lacks {', '.join(missing)} (a random model needs "
-                f"{', '.join(required)})"]
-    try:
-        NetworkConfig(**{"vocab_size": 2, **dict(shape)})
-    except (ValueError, TypeError) as error:  # UnsupportedModelError is a ValueError
-        out.append(f"{where}: {error}")
-    return out
 
 
 @dataclasses.dataclass(frozen=True)

@@ -71,6 +71,24 @@ def data_files(data: str, envs: Sequence[str]) -> list[str]:
     return files
 
 
+def sft_problems(config: Any, workdir: str) -> list[str]:
+    """What keeps ``launch/sft.py`` from running, one line each, before anything is loaded or
+    written: expert data that ``sft.data`` does not name or that is missing
+    (:func:`data_files`), and a workdir that cannot be created."""
+    from agentrl_jax.training import services
+    from agentrl_jax.training.validate import workdir_problem
+
+    problems = []
+    try:
+        data_files(config.sft.data, services.env_names(config))
+    except (OSError, ValueError) as e:
+        problems.append(f"sft.data: {e}")
+    line = workdir_problem(workdir)
+    if line:
+        problems.append(f"--workdir: {line}")
+    return problems
+
+
 def check_meta(path: str, fingerprint: str, fmt: dict[str, Any]) -> None:
     """Raise unless ``path`` was recorded with this tokenizer and answer format."""
     meta_path = path[:-len(".jsonl")] + META_SUFFIX if path.endswith(".jsonl") else None

@@ -134,3 +134,61 @@ def check_run(config: Any, workdir: str, processes: int = 1) -> RunConfig:
     if problems:
         raise ConfigError(problems)
     return to_run_config(config)
+
+
+# --------------------------------------------------------------------------- other commands
+def checkpoint_problem(checkpoint_dir: str, step: int | None = None) -> str | None:
+    """Why ``checkpoint_dir`` (``launch/eval.py --checkpoint``) holds no checkpoint to restore
+    at ``step`` (None: the latest), or None when it does. Reads the folder only: nothing is
+    created (orbax would create a missing folder, empty)."""
+    from agentrl_jax.training.policy import checkpoint_steps
+
+    path = os.path.abspath(checkpoint_dir)
+    if not os.path.exists(path):
+        hint = ""
+        if os.path.isdir(os.path.dirname(path)):
+            hint = f" (found in {os.path.dirname(path)}: " + (
+                ", ".join(sorted(os.listdir(os.path.dirname(path)))[:8]) or "nothing") + ")"
+        return f"{path} does not exist{hint}"
+    if not os.path.isdir(path):
+        return f"{path} is a file, not a checkpoint directory"
+    steps = checkpoint_steps(path)
+    if not steps:
+        nested = os.path.join(path, "checkpoints")
+        if checkpoint_steps(nested):
+            return f"{path} holds no checkpoint, but {nested} does: pass that"
+        return f"{path} holds no finished checkpoint (no step folder in it)"
+    if step is not None and step not in steps:
+        return f"no checkpoint of step {step} in {path} (steps: " + ", ".join(
+            map(str, steps)) + ")"
+    return None
+
+
+def eval_problems(config: Any, checkpoint_dir: str | None, step: int | None,
+                  output: str | None) -> list[str]:
+    """What keeps ``launch/eval.py`` from running, one line each, before anything starts: the
+    model source, the checkpoint (``checkpoint_problem``), ``--step`` without ``--checkpoint``,
+    and an ``--output`` file that cannot be written."""
+    problems = []
+    model = to_run_config(config).model
+    from agentrl_jax.models.pretrained import check_model_source
+
+    try:
+        check_model_source(model.name, weights=not model.random_init)
+    except (OSError, ValueError) as e:
+        problems.append(f"model.name: {e}")
+    if checkpoint_dir is not None:
+        line = checkpoint_problem(checkpoint_dir, step)
+        if line:
+            problems.append(f"--checkpoint: {line}")
+    elif step is not None:
+        problems.append("--step: needs --checkpoint (the base model has no steps)")
+    if output:
+        if os.path.isdir(output):
+            problems.append(f"--output: {os.path.abspath(output)} is a directory; it names the "
+                            "result's JSON file")
+        else:
+            line = workdir_problem(os.path.dirname(os.path.abspath(output)))
+            if line:
+                problems.append(f"--output: {line}")
+    return problems
