@@ -177,30 +177,17 @@ def token_logprobs(graphdef: nnx.GraphDef, params: nnx.State, tokens: Array,
                    attention_mask: Array | None = None, *, chunk_size: int = 512,
                    temperature: float = 1.0, with_entropy: bool = False,
                    use_attention_mask: bool = False, positions: Array | None = None,
-                   segment_ids: Array | None = None, loss_mask: Array | None = None,
-                   capacity: int | None = None) -> tuple[Array, Array | None]:
+                   segment_ids: Array | None = None) -> tuple[Array, Array | None]:
     """Token-aligned log-probs (+ entropy) of the policy ``nnx.merge(graphdef, params)``.
 
     ``positions`` / ``segment_ids``: packed rows (see :func:`model_hidden`). The value at a
     segment's first token is then scored by the previous segment's last hidden state, as
     meaningless as ``logprobs[:, 0]``: keep ``loss_mask`` 0 there (a trajectory starts with a
-    prompt token).
-
-    ``capacity`` (with ``loss_mask [B, T]``): the head only at the scored positions, at most
-    ``capacity`` a row (``scored.scored_logprobs_from_hidden``; 0 elsewhere); ``None``: at
-    every position."""
-    from agentrl_jax.learner.scored import scored_logprobs_from_hidden
-
+    prompt token). The head runs at every position (only at the scored ones:
+    ``scored.scored_token_logprobs``)."""
     model = nnx.merge(graphdef, params)
     hidden = model_hidden(model, tokens, attention_mask, use_attention_mask,
                           positions=positions, segment_ids=segment_ids)
-    if capacity is not None:
-        if loss_mask is None:
-            raise ValueError("token_logprobs: a capacity needs the loss_mask of the tokens")
-        return scored_logprobs_from_hidden(
-            hidden, tokens, loss_mask, lm_head_f32(model), capacity, chunk_size=chunk_size,
-            temperature=temperature, with_entropy=with_entropy,
-            vocab_size=model.cfg.vocab_size)
     return logprobs_from_hidden(hidden, tokens, lm_head_f32(model), chunk_size=chunk_size,
                                 temperature=temperature, with_entropy=with_entropy,
                                 vocab_size=model.cfg.vocab_size)

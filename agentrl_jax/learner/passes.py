@@ -26,6 +26,7 @@ from agentrl_jax.learner.config import LearnerConfig
 from agentrl_jax.learner.critic import values_fn
 from agentrl_jax.learner.jit_cache import cached
 from agentrl_jax.learner.logprobs import token_logprobs
+from agentrl_jax.learner.scored import scored_token_logprobs
 from agentrl_jax.learner.train_step import cast_params
 from agentrl_jax.sharding.activations import activation_mesh
 from agentrl_jax.sharding.rules import batch_sharding
@@ -69,12 +70,10 @@ def logprob_fn(graphdef: nnx.GraphDef, mesh: Mesh, shardings: Any, cfg: LearnerC
 
         def scored(params, tokens, attention_mask, loss_mask):
             with activation_mesh(mesh):
-                lp, _ = token_logprobs(graphdef, cast_params(params, cfg.dtype), tokens,
-                                       attention_mask, chunk_size=cfg.logprob_chunk_size,
-                                       temperature=cfg.temperature,
-                                       use_attention_mask=cfg.use_attention_mask,
-                                       loss_mask=loss_mask, capacity=capacity)
-            return lp
+                return scored_token_logprobs(
+                    graphdef, cast_params(params, cfg.dtype), tokens, attention_mask,
+                    loss_mask, capacity, chunk_size=cfg.logprob_chunk_size,
+                    temperature=cfg.temperature, use_attention_mask=cfg.use_attention_mask)
         if capacity is None:
             return announced(jax.jit(fn, in_shardings=(shardings, bs, bs),
                                      out_shardings=(bs, bs)), "the log-prob pass")
@@ -98,11 +97,13 @@ def packed_logprob_fn(graphdef: nnx.GraphDef, mesh: Mesh, shardings: Any, cfg: L
 
         def packed_logprobs(params, tokens, segment_ids, positions, loss_mask=None):
             with activation_mesh(mesh):  # compute-dtype cast: see logprob_fn
-                lp, _ = token_logprobs(graphdef, cast_params(params, cfg.dtype), tokens, None,
-                                       chunk_size=cfg.logprob_chunk_size,
-                                       temperature=cfg.temperature, segment_ids=segment_ids,
-                                       positions=positions, loss_mask=loss_mask,
-                                       capacity=capacity)
+                head = dict(chunk_size=cfg.logprob_chunk_size, temperature=cfg.temperature,
+                            segment_ids=segment_ids, positions=positions)
+                compute = cast_params(params, cfg.dtype)
+                if capacity is not None:
+                    return scored_token_logprobs(graphdef, compute, tokens, None, loss_mask,
+                                                 capacity, **head)
+                lp, _ = token_logprobs(graphdef, compute, tokens, None, **head)
             return lp
         n_in = 4 if capacity is None else 5
         what = "the packed log-prob pass" + (

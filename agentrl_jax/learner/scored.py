@@ -32,7 +32,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from agentrl_jax.learner.logprobs import position_stats
+from flax import nnx
+
+from agentrl_jax.learner.logprobs import model_hidden, position_stats
+from agentrl_jax.models.lm_head import lm_head_f32
 
 Array = jax.Array
 
@@ -76,6 +79,22 @@ def scored_logprobs_from_hidden(hidden: Array, tokens: Array, loss_mask: Array,
     return scatter(lp), (scatter(ent) if with_entropy else None)
 
 
+def scored_token_logprobs(graphdef: nnx.GraphDef, params: nnx.State, tokens: Array,
+                          attention_mask: Array | None, loss_mask: Array, capacity: int, *,
+                          chunk_size: int = 512, temperature: float = 1.0,
+                          use_attention_mask: bool = False, positions: Array | None = None,
+                          segment_ids: Array | None = None) -> Array:
+    """``logprobs.token_logprobs`` (no entropy) with the head only at the scored positions of
+    ``loss_mask [B, T]``, at most ``capacity`` a row: ``logprobs [B, T]``, 0 elsewhere."""
+    model = nnx.merge(graphdef, params)
+    hidden = model_hidden(model, tokens, attention_mask, use_attention_mask,
+                          positions=positions, segment_ids=segment_ids)
+    lp, _ = scored_logprobs_from_hidden(hidden, tokens, loss_mask, lm_head_f32(model), capacity,
+                                        chunk_size=chunk_size, temperature=temperature,
+                                        vocab_size=model.cfg.vocab_size)
+    return lp
+
+
 def row_counts(loss_mask: np.ndarray) -> np.ndarray:
     """Host: scored tokens per row, ``[R]`` int (``loss_mask != 0`` at ``t >= 1``)."""
     m = np.asarray(loss_mask) != 0
@@ -113,5 +132,5 @@ class ScoredCapacity:
         return self.current(length)
 
 
-__all__ = ["scored_positions", "scored_logprobs_from_hidden", "row_counts", "capacity_bucket",
+__all__ = ["scored_positions", "scored_logprobs_from_hidden", "scored_token_logprobs", "row_counts", "capacity_bucket",
            "ScoredCapacity"]
