@@ -75,10 +75,14 @@ def synthetic_batch(args, vocab: int, seed: int = 0) -> dict:
     lens[0] = t
     attn = (np.arange(t)[None] < lens[:, None]).astype(np.int32)
     loss = np.zeros((b, t), np.float32)
+    # turn spans [lo, hi) in tokens: trained (actions) and observation; other scripts' args
+    # may not carry them
+    act = getattr(args, "action_tokens", (8, 48))
+    obs = getattr(args, "observation_tokens", (32, 160))
     for i in range(b):
         pos, gen = int(rng.integers(16, 64)), True  # prompt, then turns
         while pos < lens[i]:
-            span = int(rng.integers(8, 48)) if gen else int(rng.integers(32, 160))
+            span = int(rng.integers(*act)) if gen else int(rng.integers(*obs))
             if gen:
                 loss[i, pos:min(pos + span, lens[i])] = 1
             pos, gen = pos + span, not gen

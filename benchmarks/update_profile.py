@@ -12,7 +12,10 @@ to ``--length`` tokens, turns alternating between trained and observation spans)
 = XLA's own attention, ``cudnn``) it reports the median wall time of ``--repeats`` updates after
 one untimed (compiling) update, then one update under the JAX profiler (``benchmarks/devtime.py``):
 the device's busy time, the span from first to last kernel, the time by kernel class and the top
-kernels. Wall time far above busy time means the host (dispatch, transfers, Python) holds the
+kernels. ``--lm-head full,scored`` runs every variant with the LM head at every position
+(``learner.scored_lm_head=False``, the reference) and only at the scored tokens (the default),
+side by side in this process, and reports the log-prob pass and optimiser steps apart
+(``perf/forward_time_s``) and the ratio of the two update times. Wall time far above busy time means the host (dispatch, transfers, Python) holds the
 update back; busy time close to wall time means the kernels do. Nothing is trained for real: the
 numbers are time, not learning.
 """
@@ -33,6 +36,15 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 #: --variants name -> learner.attention_impl
 ATTENTION = {"pallas": "pallas", "pallas_segments": "pallas_segments", "chunked": "chunked",
              "xla": "xla", "cudnn": "cudnn"}
+#: --lm-head name -> learner.scored_lm_head
+LM_HEAD = {"full": False, "scored": True}
+
+
+def _span(text: str) -> tuple[int, int]:
+    lo, hi = (int(x) for x in text.split(","))
+    if not 1 <= lo < hi:
+        raise argparse.ArgumentTypeError(f"want lo,hi with 1 <= lo < hi (got {text!r})")
+    return lo, hi
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -46,6 +58,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--group", type=int, default=8, help="samples per task (GRPO group)")
     p.add_argument("--length", type=int, default=1536, help="longest trajectory (tokens)")
     p.add_argument("--min-frac", type=float, default=0.3, help="shortest / longest length")
+    p.add_argument("--lm-head", default="scored",
+                   help="comma list of full,scored (learner.scored_lm_head False / True)")
+    p.add_argument("--action-tokens", type=_span, default=(8, 48),
+                   help="lo,hi: tokens of a trained turn span (BabyAI's action format: 6,10)")
+    p.add_argument("--observation-tokens", type=_span, default=(32, 160),
+                   help="lo,hi: tokens of an observation span between trained ones")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--no-profile", action="store_true", help="wall times only")
     p.add_argument("--json", default=None)
@@ -53,6 +71,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     unknown = [v for v in args.variants.split(",") if v not in ATTENTION]
     if unknown:
         p.error(f"unknown variants {unknown}; known: {sorted(ATTENTION)}")
+    heads = args.lm_head.split(",")
+    if not heads or not set(heads) <= set(LM_HEAD):
+        p.error(f"--lm-head: a comma list of {sorted(LM_HEAD)} (got {args.lm_head!r})")
     return args
 
 
@@ -85,8 +106,11 @@ def main(argv=None) -> dict:
     opts = UpdateOptions(log=False)
     out = {"config": args.config, "device": str(device.device_kind), "rows": args.rows,
            "real_tokens": real, "trained_tokens": trained, "variants": {}}
-    for name in args.variants.split(","):
-        cfg = dataclasses.replace(base, attention_impl=ATTENTION[name])
+    runs = [(attn, head) for attn in args.variants.split(",") for head in args.lm_head.split(",")]
+    for attn, head in runs:
+        name = attn if len(args.lm_head.split(",")) == 1 else f"{attn}/{head}"
+        cfg = dataclasses.replace(base, attention_impl=ATTENTION[attn],
+                                  scored_lm_head=LM_HEAD[head])
         learner = Learner(model, cfg)
         t0 = time.perf_counter()
         try:
@@ -97,16 +121,27 @@ def main(argv=None) -> dict:
             out["variants"][name] = {"error": f"{type(e).__name__}: {str(e)[:500]}"}
             continue
         first = time.perf_counter() - t0
-        times = []
+        times, forward = [], []
         for _ in range(args.repeats):
             t0 = time.perf_counter()
-            learner.update(batch, opts)
+            metrics = learner.update(batch, opts)
             jax.block_until_ready(learner.params)
             times.append(time.perf_counter() - t0)
+            forward.append(metrics["perf/forward_time_s"])
         row = {"first_s": first, "median_s": statistics.median(times), "times_s": times,
-               "real_tokens_per_s": real / statistics.median(times)}
-        print(f"[{name}] update {row['median_s']:.3f} s median of {args.repeats} "
-              f"({row['real_tokens_per_s']:,.0f} real tok/s); first {first:.1f} s", flush=True)
+               "logprob_pass_median_s": statistics.median(forward),
+               "real_tokens_per_s": real / statistics.median(times),
+               "scored_lm_head": LM_HEAD[head],
+               "scored_capacity_per_row": learner.scored_capacity.current(
+                   cfg.pack_length or args.length)}
+        print(f"[{name}] update {row['median_s']:.3f} s median of {args.repeats} (log-prob pass "
+              f"{row['logprob_pass_median_s']:.3f} s; {row['real_tokens_per_s']:,.0f} real "
+              f"tok/s); first {first:.1f} s", flush=True)
+        full = out["variants"].get(f"{attn}/full", {})
+        if head == "scored" and "median_s" in full:
+            row["update_ratio_vs_full"] = row["median_s"] / full["median_s"]
+            print(f"[{name}] update time {row['update_ratio_vs_full']:.2f}x the full head's",
+                  flush=True)
         if not args.no_profile:
             def one_update(lr=learner):
                 lr.update(batch, opts)

@@ -5,13 +5,17 @@ start-up", says how long), and until now it did so only when the first batch arr
 after the engine's start-up, the step-0 evaluation and the first rollout. With packed rows
 (``learner.pack_length``) their shapes do not depend on the batch:
 
-    packed log-prob pass   (params, tokens, segment_ids, positions [logprob_batch_size, P])
+    packed log-prob pass   (params, tokens, segment_ids, positions [logprob_batch_size, P]
+                            and, with the scored LM head, loss_mask)
     gradient accumulation  (params, grad_sum, metric_sum, micro [micro_batch_size, P], share)
     optimiser apply        (params, opt_state, grad_sum)
 
 so :func:`compile_first_update` lowers and compiles them from abstract values (shape, dtype and
 sharding of the learner's own arrays; nothing runs, nothing is donated) and jit's cache keeps
-the executables for the real calls. The trainer runs it on a background thread on accelerators
+the executables for the real calls. The scored LM head's capacity (``learner/scored.py``) is
+static too: the learner's current one (``learner.scored_capacity_min`` rounded up to a power of
+two before the first update); a batch whose packed rows hold more scored tokens compiles one
+larger bucket in its update. The trainer runs it on a background thread on accelerators
 (:class:`AheadCompile`), beside the engine's warm-up and the first rollout. The smaller programs
 of an update (placement, advantages, shuffling) still compile on first use.
 """
@@ -75,17 +79,22 @@ def compile_first_update(learner: Any, sampler_logprobs: bool = True,
         return jax.ShapeDtypeStruct((n, cfg.pack_length), dtype, sharding=rows)
 
     n_lp = learner.logprob_batch_size
+    # the scored LM head's capacity as it stands (scored.py): the first update compiles
+    # another only where a packed row holds more scored tokens than it
+    capacity = learner.scored_capacity.current(cfg.pack_length)
     lp_args = (rows_of(n_lp, np.int32), rows_of(n_lp, np.int32), rows_of(n_lp, np.int32))
+    if capacity is not None:
+        lp_args += (rows_of(n_lp, np.float32),)  # the loss mask
     calls: list[tuple[Callable[..., Any], tuple]] = [
-        (learner.packed_logprob_fn(str(jax.tree.leaves(learner.params)[0].dtype)),
+        (learner.packed_logprob_fn(str(jax.tree.leaves(learner.params)[0].dtype), capacity),
          (params, *lp_args))]
     if learner.ref_params is not None:
-        calls.append((learner.packed_logprob_fn(cfg.reference_dtype),
+        calls.append((learner.packed_logprob_fn(cfg.reference_dtype, capacity),
                       (_abstract(learner.ref_params), *lp_args)))
     mb = cfg.micro_batch_size
     micro = {k: rows_of(mb, np.int32 if k in ("tokens", "segment_ids", "positions")
                         else np.float32) for k in keys}
-    steps = learner.packed_steps(keys)
+    steps = learner.packed_steps(keys, capacity)
     grad_sum = jax.tree.map(
         lambda x: jax.ShapeDtypeStruct(x.shape, np.float32, sharding=x.sharding), params)
     # the metric names (traced: the arguments are abstract, and a cast of real parameters

@@ -101,6 +101,12 @@ class LearnerConfig(Section):
     # compiled shape per run, little padding; micro_batch_size / logprob_batch_size then count
     # packed rows. Must be >= the longest trajectory (the rollout's max_context).
     pack_length: int = setting(0, ge=0)
+    # the update's LM head (log-prob pass and train step) only at the scored tokens (loss mask
+    # != 0), gathered into [rows, capacity] (learner/scored.py; exact: the same log-probs where
+    # the loss reads them); False: at every position. The per-row capacity is a power of two
+    # >= scored_capacity_min, grown to the largest row count seen (never shrinks)
+    scored_lm_head: bool = setting(True)
+    scored_capacity_min: int = setting(64, ge=1)
     # ------------------------------------------------------------------ RL loss
     # the policy loss (algorithms.POLICY_LOSSES): "ppo_dual_clip" (clipped surrogate, clip 0.2,
     # dual clip 3), "ppo" (no dual clip), "clip_higher" (clip 0.2 / 0.28, no dual clip), or "sft"

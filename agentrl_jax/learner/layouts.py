@@ -39,6 +39,7 @@ from agentrl_jax.learner.batch import RolloutBatch
 from agentrl_jax.learner.config import bucket_length
 from agentrl_jax.learner.jit_cache import cached
 from agentrl_jax.learner.packing import pack, pack_index, plan_packing, segment_layout, unpack_index
+from agentrl_jax.learner.scored import row_counts
 from agentrl_jax.learner.train_step import minibatch_sharding, pass_rows
 from agentrl_jax.sharding.placement import (agree_max, allgather_rows, place_global,
                                             place_process_local, to_host_tree)
@@ -104,6 +105,11 @@ class PaddedRows:
             turn_slots = agree_max(k) if local else k
         self.host = _pad(batch, self.rows_local, self.cols, first_pad_group, turn_slots)
         self.n_rows = self.rows_local  # rows the shuffle permutes (the same on every process)
+        # the LM head's per-row capacity (scored.py) of both passes: a row's count does not
+        # change when the rows are shuffled into mini-batches; None: the full head
+        count = int(row_counts(self.host["loss_mask"]).max(initial=0))
+        self.capacity = lr.scored_capacity.for_rows(agree_max(count) if local else count,
+                                                    self.cols)
 
     # ---------------------------------------------------------------- place
     def place(self) -> Arrays:
@@ -117,16 +123,18 @@ class PaddedRows:
         return out
 
     # ---------------------------------------------------------------- forward passes
-    def forward(self, fn, params, placed: Arrays) -> Any:
-        """``fn(params, tokens, attention_mask)`` (outputs ``[n, cols]`` or a tuple of them)
-        over chunks of ``logprob_batch_size`` rows -> token-space ``[rows, cols]`` outputs.
-        Single-process chunks of padding rows only are zeros (no forward pass)."""
+    def forward(self, fn, params, placed: Arrays, scored: bool = False) -> Any:
+        """``fn(params, tokens, attention_mask)`` (``scored``: and ``loss_mask``; outputs
+        ``[n, cols]`` or a tuple of them) over chunks of ``logprob_batch_size`` rows ->
+        token-space ``[rows, cols]`` outputs. Single-process chunks of padding rows only are
+        zeros (no forward pass)."""
         lr = self.learner
         n = lr.logprob_batch_size
         step = n // self.n_proc
         bs = batch_sharding(lr.mesh, 2)
         take = _take_rows(lr.mesh, bs)
-        inputs = {"tokens": placed["tokens"], "attention_mask": placed["attention_mask"]}
+        keys = ("tokens", "attention_mask") + (("loss_mask",) if scored else ())
+        inputs = {k: placed[k] for k in keys}
         has_tokens = self.host["attention_mask"].any(-1)
         outs, order = [], []
         for s in range(0, self.rows_local, step):
@@ -138,7 +146,7 @@ class PaddedRows:
                 outs.append(None)
                 continue
             chunk = take(inputs, idx.astype(np.int32))
-            outs.append(fn(params, chunk["tokens"], chunk["attention_mask"]))
+            outs.append(fn(params, *(chunk[k] for k in keys)))
         template = next(o for o in outs if o is not None)
         outs = [o if o is not None else jax.tree.map(jnp.zeros_like, template) for o in outs]
         stacked = jax.tree.map(lambda *xs: jnp.concatenate(xs), *outs)
@@ -155,7 +163,8 @@ class PaddedRows:
         ``k`` on the rows ``order[k * per_mini:(k + 1) * per_mini]`` of every process's
         block. ``per_token``: token-space arrays keyed as the mini-batch wants them."""
         lr, cfg = self.learner, self.config
-        step_fn = lr.train_step(tuple(sorted(per_token)), train_policy, train_critic)
+        step_fn = lr.train_step(tuple(sorted(per_token)), train_policy, train_critic,
+                                self.capacity)
         per_mini = self.rows_local // cfg.mini_batches
         n_micro = self.rows // cfg.mini_batches // cfg.micro_batch_size
         micro = cfg.micro_batch_size // self.n_proc
@@ -268,14 +277,25 @@ class PackedRows:
         self.n_rows = self.b
         self.packed_rows = 0  # packed rows trained on over the epochs
         self.plan = plan_packing(self.lengths, cfg.pack_length, lr.logprob_batch_size)
+        self.counts = row_counts(batch.loss_mask)  # scored tokens per source row
+        self.capacity = self.scored_capacity(self.plan)  # of the log-prob pass
+
+    def scored_capacity(self, plan: Any, rows: np.ndarray | None = None) -> int | None:
+        """The LM head's per-row capacity (``scored.py``) for the packed rows of ``plan``
+        (made for source rows ``rows``, default all); ``None``: the full head."""
+        counts = self.counts if rows is None else self.counts[rows]
+        per_row = np.bincount(plan.row, weights=counts, minlength=plan.num_rows)
+        return self.learner.scored_capacity.for_rows(int(per_row.max(initial=0)),
+                                                     plan.pack_length)
 
     def place(self) -> Arrays:
         """The batch's arrays on the device, replicated (``[B, T]``, ``[B]``, ``[B, K]``)."""
         rep = NamedSharding(self.learner.mesh, P())
         return {k: place_global(v, rep) for k, v in self.batch.arrays().items()}
 
-    def forward(self, fn, params, placed: Arrays) -> jax.Array:
-        """``fn(params, tokens, segment_ids, positions)`` over the whole batch packed in
+    def forward(self, fn, params, placed: Arrays, scored: bool = False) -> jax.Array:
+        """``fn(params, tokens, segment_ids, positions)`` (``scored``: and ``loss_mask``,
+        packed on the device like the tokens) over the whole batch packed in
         ``[logprob_batch_size, pack_length]`` calls -> token-space ``[B, T]``. Each call's
         output goes to its tokens' places at once (:func:`_unpack_into`), so no program's
         shape depends on how many packed rows the batch makes."""
@@ -291,8 +311,9 @@ class PackedRows:
         out = None
         for s in range(0, plan.num_rows, n):
             tokens = pack_dev(placed["tokens"], src[s:s + n])
+            mask = (pack_dev(placed["loss_mask"], src[s:s + n]),) if scored else ()
             chunk = fn(params, tokens, place_global(seg[s:s + n], sh),
-                       place_global(pos[s:s + n], sh))
+                       place_global(pos[s:s + n], sh), *mask)
             if out is None:
                 out = jnp.zeros(index.shape, chunk.dtype, device=rep)
             out = unpack(out, chunk, index, np.int32(s * plan.pack_length))
@@ -311,11 +332,11 @@ class PackedRows:
         pack_dev = _gather_flat(lr.mesh, sh)
         mask = self.batch.loss_mask
         per_token = {k: v for k, v in per_token.items() if k != "attention_mask"}
-        steps = lr.packed_steps(tuple(sorted({*per_token, "segment_ids", "positions",
-                                              "loss_weights"})))
+        keys = tuple(sorted({*per_token, "segment_ids", "positions", "loss_weights"}))
         metrics = []
         for rows in (p for p in np.array_split(order, cfg.mini_batches) if p.size):
             plan = plan_packing(self.lengths[rows], cfg.pack_length, mb)
+            steps = lr.packed_steps(keys, self.scored_capacity(plan, rows))
             seg, pos = segment_layout(plan)
             src = pack_index(plan, rows, self.t)
             weights = pack(plan, aggregation_weights(mask[rows], cfg.loss_agg_mode,

@@ -40,6 +40,7 @@ from agentrl_jax.learner.optim import make_optimizer
 from agentrl_jax.learner import passes
 from agentrl_jax.learner.packed_step import PackedSteps
 from agentrl_jax.learner.passes import announced
+from agentrl_jax.learner.scored import ScoredCapacity
 from agentrl_jax.learner.train_step import make_train_step, minibatch_sharding
 from agentrl_jax.learner.update import UpdatePipeline
 from agentrl_jax.models.config import ModelConfig
@@ -162,6 +163,7 @@ class Learner:
         self.opt_state = init_opt_state(self.tx, offload_parts(config), self.params,
                                         self.opt_shardings)
         self.update_step = 0  # completed update() calls (rollout batches)
+        self.scored_capacity = ScoredCapacity(config.scored_lm_head, config.scored_capacity_min)
 
         self.checkpointer = (Checkpointer(checkpoint_dir, max_to_keep=max_to_keep,
                                           async_save=async_checkpoint)
@@ -175,41 +177,44 @@ class Learner:
         self.cfg_key = json.dumps(config.to_dict(), sort_keys=True, default=str)
 
     # ------------------------------------------------------------------ jitted functions
-    def logprob_fn(self, params_dtype: str):
+    def logprob_fn(self, params_dtype: str, capacity: int | None = None):
         """``passes.logprob_fn`` for parameters of ``params_dtype``."""
         return passes.logprob_fn(self.graphdef, self.mesh, self.param_shardings, self.config,
-                                 params_dtype)
+                                 params_dtype, capacity)
 
-    def packed_logprob_fn(self, params_dtype: str):
+    def packed_logprob_fn(self, params_dtype: str, capacity: int | None = None):
         """``passes.packed_logprob_fn`` for parameters of ``params_dtype``."""
         return passes.packed_logprob_fn(self.graphdef, self.mesh, self.param_shardings,
-                                        self.config, params_dtype)
+                                        self.config, params_dtype, capacity)
 
     def row_sharding(self):
         """``[rows, T]`` arrays: rows over data x fsdp."""
         return batch_sharding(self.mesh, 2)
 
-    def packed_steps(self, batch_keys: tuple[str, ...]) -> PackedSteps:
-        key = ("packed", self.graphdef, self.cfg_key, self.mesh, batch_keys)
+    def packed_steps(self, batch_keys: tuple[str, ...], capacity: int | None = None
+                     ) -> PackedSteps:
+        key = ("packed", self.graphdef, self.cfg_key, self.mesh, batch_keys, capacity)
         return cached(key, lambda: PackedSteps(
             config=self.config, mesh=self.mesh, graphdef=self.graphdef, tx=self.tx,
             param_shardings=self.param_shardings, opt_shardings=self.opt_shardings,
-            batch_keys=batch_keys))
+            batch_keys=batch_keys, scored_capacity=capacity))
 
     def value_fn(self):
         """``passes.value_fn`` of the critic."""
         return passes.value_fn(self.critic_graphdef, self.mesh, self.critic_shardings,
                                self.config.use_attention_mask)
 
-    def train_step(self, batch_keys: tuple[str, ...], train_policy: bool, train_critic: bool):
+    def train_step(self, batch_keys: tuple[str, ...], train_policy: bool, train_critic: bool,
+                   capacity: int | None = None):
         key = ("train", self.graphdef, self.critic_graphdef, self.cfg_key, self.mesh, batch_keys,
-               train_policy, train_critic)
+               train_policy, train_critic, capacity)
         return cached(key, lambda: announced(make_train_step(
             config=self.config, mesh=self.mesh, policy_graphdef=self.graphdef, policy_tx=self.tx,
             policy_shardings=self.param_shardings, policy_opt_shardings=self.opt_shardings,
             critic_graphdef=self.critic_graphdef, critic_tx=self.critic_tx,
             critic_shardings=self.critic_shardings, critic_opt_shardings=self.critic_opt_shardings,
-            batch_keys=batch_keys, train_policy=train_policy, train_critic=train_critic),
+            batch_keys=batch_keys, train_policy=train_policy, train_critic=train_critic,
+            scored_capacity=capacity),
             "the train step", key_args=(4,)))
 
     def before_donating_opt_state(self) -> None:

@@ -92,21 +92,16 @@ def chunk_length(t: int, rows: int, vocab: int, chunk_size: int,
     return -(-t // n)
 
 
-def logprobs_from_hidden(hidden: Array, tokens: Array, logits_fn: Callable[[Array], Array], *,
-                         chunk_size: int = 512, temperature: float = 1.0,
-                         with_entropy: bool = False, vocab_size: int | None = None,
-                         max_chunk_bytes: int | None | str = "auto"
-                         ) -> tuple[Array, Array | None]:
-    """Token-aligned ``(logprobs [B, T], entropy [B, T] | None)`` from final hidden states.
-
-    ``hidden [B, T, D]`` are the model's final-normed hidden states, ``logits_fn`` maps
-    ``[..., D] -> [..., V]`` (the LM head). ``entropy[b, t]`` is the entropy of the distribution
-    that token ``t`` was drawn from (0 at ``t = 0``). Chunks: :func:`chunk_length` with
-    ``max_chunk_bytes`` (``"auto"``: :func:`default_chunk_bytes`; ``vocab_size`` ``V``,
-    default: read from ``logits_fn``'s output shape).
-    """
+def position_stats(hidden: Array, targets: Array, logits_fn: Callable[[Array], Array], *,
+                   chunk_size: int = 512, temperature: float = 1.0, with_entropy: bool = False,
+                   vocab_size: int | None = None, max_chunk_bytes: int | None | str = "auto"
+                   ) -> tuple[Array, Array]:
+    """``(lp [N, L], ent [N, L])`` at every position of ``hidden [N, L, D]``:
+    ``lp = log softmax(logits_fn(h) / temperature)[target]`` with ``targets [N, L]``, and the
+    entropy of that distribution (zeros unless ``with_entropy``). Chunks of positions
+    (:func:`chunk_length`) in a ``lax.scan``, each rematerialised in the backward pass: the
+    ``[N, L, V]`` logits never exist at once."""
     b, t, d = hidden.shape
-    targets = next_token_targets(tokens)
     if max_chunk_bytes == "auto":
         max_chunk_bytes = default_chunk_bytes()
     if vocab_size is None and max_chunk_bytes is not None:
@@ -133,6 +128,27 @@ def logprobs_from_hidden(hidden: Array, tokens: Array, logits_fn: Callable[[Arra
         _, (lp, ent) = jax.lax.scan(step, None, (hs, ts))
     lp = lp.swapaxes(0, 1).reshape(b, n * c)[:, :t]
     ent = ent.swapaxes(0, 1).reshape(b, n * c)[:, :t]
+    return lp, ent
+
+
+def logprobs_from_hidden(hidden: Array, tokens: Array, logits_fn: Callable[[Array], Array], *,
+                         chunk_size: int = 512, temperature: float = 1.0,
+                         with_entropy: bool = False, vocab_size: int | None = None,
+                         max_chunk_bytes: int | None | str = "auto"
+                         ) -> tuple[Array, Array | None]:
+    """Token-aligned ``(logprobs [B, T], entropy [B, T] | None)`` from final hidden states.
+
+    ``hidden [B, T, D]`` are the model's final-normed hidden states, ``logits_fn`` maps
+    ``[..., D] -> [..., V]`` (the LM head). ``entropy[b, t]`` is the entropy of the distribution
+    that token ``t`` was drawn from (0 at ``t = 0``). Chunks: :func:`chunk_length` with
+    ``max_chunk_bytes`` (``"auto"``: :func:`default_chunk_bytes`; ``vocab_size`` ``V``,
+    default: read from ``logits_fn``'s output shape). The head runs at every position; the
+    update's passes run it only at scored ones (``scored.py``).
+    """
+    lp, ent = position_stats(hidden, next_token_targets(tokens), logits_fn,
+                             chunk_size=chunk_size, temperature=temperature,
+                             with_entropy=with_entropy, vocab_size=vocab_size,
+                             max_chunk_bytes=max_chunk_bytes)
     return shift_right(lp), (shift_right(ent) if with_entropy else None)
 
 
@@ -167,7 +183,8 @@ def token_logprobs(graphdef: nnx.GraphDef, params: nnx.State, tokens: Array,
     ``positions`` / ``segment_ids``: packed rows (see :func:`model_hidden`). The value at a
     segment's first token is then scored by the previous segment's last hidden state, as
     meaningless as ``logprobs[:, 0]``: keep ``loss_mask`` 0 there (a trajectory starts with a
-    prompt token)."""
+    prompt token). The head runs at every position (only at the scored ones:
+    ``scored.scored_token_logprobs``)."""
     model = nnx.merge(graphdef, params)
     hidden = model_hidden(model, tokens, attention_mask, use_attention_mask,
                           positions=positions, segment_ids=segment_ids)
@@ -176,6 +193,6 @@ def token_logprobs(graphdef: nnx.GraphDef, params: nnx.State, tokens: Array,
                                 vocab_size=model.cfg.vocab_size)
 
 
-__all__ = ["logprobs_from_hidden", "token_logprobs", "model_hidden",
+__all__ = ["logprobs_from_hidden", "position_stats", "token_logprobs", "model_hidden",
            "shift_right", "next_token_targets", "chunk_length", "default_chunk_bytes",
            "CPU_CHUNK_BYTES"]

@@ -54,9 +54,10 @@ class PackedSteps:
 
     def __init__(self, *, config: LearnerConfig, mesh: Mesh, graphdef: nnx.GraphDef,
                  tx: optax.GradientTransformation, param_shardings: Any, opt_shardings: Any,
-                 batch_keys: tuple[str, ...]):
+                 batch_keys: tuple[str, ...], scored_capacity: int | None = None):
         self.batch_keys = batch_keys
-        loss_fn = policy_loss_fn(graphdef, config)
+        self.scored_capacity = scored_capacity  # LM head at <= this many scored positions a row
+        loss_fn = policy_loss_fn(graphdef, config, scored_capacity)
         grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
         replicated = NamedSharding(mesh, P())
         mb_sh = {k: micro_sharding(mesh) for k in batch_keys}
@@ -87,7 +88,9 @@ class PackedSteps:
                                       replicated),
             out_shardings=(param_shardings, replicated), donate_argnums=(1, 2)), (3,),
             lambda args: "the packed train step for rows of "
-                         f"{getattr(args[3].get('tokens'), 'shape', ('?',))[-1]} tokens")
+                         f"{getattr(args[3].get('tokens'), 'shape', ('?',))[-1]} tokens"
+                         + (f" (LM head at {scored_capacity} scored positions a row)"
+                            if scored_capacity is not None else ""))
         parts = offload_parts(config)
         if parts is None:
             self.apply = jax.jit(apply, in_shardings=(param_shardings, opt_shardings,

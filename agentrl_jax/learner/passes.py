@@ -3,7 +3,9 @@ values), with explicit shardings, each compile announced (``compile_notice.py``)
 across learners of the same model / config / mesh (``jit_cache.py``).
 
     logprob_fn(...)(params, tokens, attention_mask [n, T]) -> (logprobs, entropy) [n, T]
+    logprob_fn(..., capacity)(params, tokens, attention_mask, loss_mask [n, T]) -> logprobs
     packed_logprob_fn(...)(params, tokens, segment_ids, positions [R, P]) -> logprobs [R, P]
+    packed_logprob_fn(..., capacity)(params, tokens, segment_ids, positions, loss_mask [R, P])
     value_fn(...)(critic_params, tokens, attention_mask [n, T]) -> values [n, T]
 
 Token alignment: ``logprobs.py``. The builders close over their arguments only (never a
@@ -24,6 +26,7 @@ from agentrl_jax.learner.config import LearnerConfig
 from agentrl_jax.learner.critic import values_fn
 from agentrl_jax.learner.jit_cache import cached
 from agentrl_jax.learner.logprobs import token_logprobs
+from agentrl_jax.learner.scored import scored_token_logprobs
 from agentrl_jax.learner.train_step import cast_params
 from agentrl_jax.sharding.activations import activation_mesh
 from agentrl_jax.sharding.rules import batch_sharding
@@ -44,10 +47,14 @@ def announced(fn: Any, what: str, key_args: tuple[int, ...] = (1, 2)) -> Announc
 
 
 def logprob_fn(graphdef: nnx.GraphDef, mesh: Mesh, shardings: Any, cfg: LearnerConfig,
-               params_dtype: str):
-    """Log-probs and entropies of ``[n, T]`` rows (``n`` a multiple of the batch shards)."""
+               params_dtype: str, capacity: int | None = None):
+    """Log-probs and entropies of ``[n, T]`` rows (``n`` a multiple of the batch shards).
+
+    ``capacity``: the update's pass, ``(params, tokens, attention_mask, loss_mask) -> logprobs``
+    with the LM head only at the scored positions, at most ``capacity`` a row (``scored.py``;
+    0 elsewhere; no entropy: the update does not read it)."""
     key = ("logprobs", graphdef, mesh, params_dtype, cfg.dtype, cfg.logprob_chunk_size,
-           cfg.temperature, cfg.use_attention_mask)
+           cfg.temperature, cfg.use_attention_mask, capacity)
 
     def build():
         bs = batch_sharding(mesh, 2)
@@ -60,30 +67,49 @@ def logprob_fn(graphdef: nnx.GraphDef, mesh: Mesh, shardings: Any, cfg: LearnerC
                                       attention_mask, chunk_size=cfg.logprob_chunk_size,
                                       temperature=cfg.temperature, with_entropy=True,
                                       use_attention_mask=cfg.use_attention_mask)
-        return announced(jax.jit(fn, in_shardings=(shardings, bs, bs), out_shardings=(bs, bs)),
-                         "the log-prob pass")
+
+        def scored(params, tokens, attention_mask, loss_mask):
+            with activation_mesh(mesh):
+                return scored_token_logprobs(
+                    graphdef, cast_params(params, cfg.dtype), tokens, attention_mask,
+                    loss_mask, capacity, chunk_size=cfg.logprob_chunk_size,
+                    temperature=cfg.temperature, use_attention_mask=cfg.use_attention_mask)
+        if capacity is None:
+            return announced(jax.jit(fn, in_shardings=(shardings, bs, bs),
+                                     out_shardings=(bs, bs)), "the log-prob pass")
+        return announced(jax.jit(scored, in_shardings=(shardings, bs, bs, bs), out_shardings=bs),
+                         f"the log-prob pass (LM head at {capacity} scored positions a row)",
+                         key_args=(1, 2, 3))
     return cached(key, build)
 
 
 def packed_logprob_fn(graphdef: nnx.GraphDef, mesh: Mesh, shardings: Any, cfg: LearnerConfig,
-                      params_dtype: str):
-    """Log-probs of packed ``[R, P]`` rows (segment ids and positions restart per sequence)."""
+                      params_dtype: str, capacity: int | None = None):
+    """Log-probs of packed ``[R, P]`` rows (segment ids and positions restart per sequence).
+
+    ``capacity``: ``(params, tokens, segment_ids, positions, loss_mask) -> logprobs`` with the
+    LM head only at the scored positions, at most ``capacity`` a row (``scored.py``)."""
     key = ("packed_logprobs", graphdef, mesh, params_dtype, cfg.dtype, cfg.logprob_chunk_size,
-           cfg.temperature)
+           cfg.temperature, capacity)
 
     def build():
         bs = batch_sharding(mesh, 2)
 
-        def packed_logprobs(params, tokens, segment_ids, positions):
+        def packed_logprobs(params, tokens, segment_ids, positions, loss_mask=None):
             with activation_mesh(mesh):  # compute-dtype cast: see logprob_fn
-                lp, _ = token_logprobs(graphdef, cast_params(params, cfg.dtype), tokens, None,
-                                       chunk_size=cfg.logprob_chunk_size,
-                                       temperature=cfg.temperature, segment_ids=segment_ids,
-                                       positions=positions)
+                head = dict(chunk_size=cfg.logprob_chunk_size, temperature=cfg.temperature,
+                            segment_ids=segment_ids, positions=positions)
+                compute = cast_params(params, cfg.dtype)
+                if capacity is not None:
+                    return scored_token_logprobs(graphdef, compute, tokens, None, loss_mask,
+                                                 capacity, **head)
+                lp, _ = token_logprobs(graphdef, compute, tokens, None, **head)
             return lp
-        return announced(jax.jit(packed_logprobs, in_shardings=(shardings, bs, bs, bs),
-                                 out_shardings=bs),
-                         "the packed log-prob pass", key_args=(1, 2, 3))
+        n_in = 4 if capacity is None else 5
+        what = "the packed log-prob pass" + (
+            f" (LM head at {capacity} scored positions a row)" if capacity is not None else "")
+        return announced(jax.jit(packed_logprobs, in_shardings=(shardings,) + (bs,) * (n_in - 1),
+                                 out_shardings=bs), what, key_args=tuple(range(1, n_in)))
     return cached(key, build)
 
 

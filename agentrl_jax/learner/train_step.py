@@ -41,6 +41,7 @@ from agentrl_jax.learner.config import LearnerConfig
 from agentrl_jax.learner.logprobs import logprobs_from_hidden, model_hidden
 from agentrl_jax.learner.offload import LeafwiseUpdate
 from agentrl_jax.learner.optim import optimizer_parts
+from agentrl_jax.learner.scored import scored_logprobs_from_hidden
 from agentrl_jax.models.lm_head import lm_head_f32
 from agentrl_jax.sharding.activations import activation_mesh
 from agentrl_jax.sharding.rules import BATCH_AXES
@@ -115,9 +116,13 @@ def cast_params(params, dtype: str, keep_float32: tuple[str, ...] = ("value_head
     return jax.tree_util.tree_map_with_path(cast, params)
 
 
-def policy_loss_fn(graphdef: nnx.GraphDef, config: LearnerConfig
+def policy_loss_fn(graphdef: nnx.GraphDef, config: LearnerConfig, capacity: int | None = None
                    ) -> Callable[[nnx.State, dict[str, Array], Array], tuple[Array, dict]]:
-    """``(params, micro_batch [mb, T] arrays, denom) -> (loss, metrics)``."""
+    """``(params, micro_batch [mb, T] arrays, denom) -> (loss, metrics)``.
+
+    ``capacity``: the LM head only at the scored positions (``loss_mask != 0``), at most
+    ``capacity`` a row (``scored.py``; the log-probs and entropies elsewhere are 0, and every
+    loss term and metric reads them through ``loss_mask``); ``None``: at every position."""
     kl_loss_coef = 0.0 if config.kl_in_reward else config.kl_coef
     with_entropy = bool(config.entropy_coef) or config.entropy_metric
 
@@ -126,10 +131,13 @@ def policy_loss_fn(graphdef: nnx.GraphDef, config: LearnerConfig
         hidden = model_hidden(model, mb["tokens"], mb.get("attention_mask"),
                               config.use_attention_mask, positions=mb.get("positions"),
                               segment_ids=mb.get("segment_ids"))
-        lp, ent = logprobs_from_hidden(hidden, mb["tokens"], lm_head_f32(model),
-                                       chunk_size=config.logprob_chunk_size,
-                                       temperature=config.temperature, with_entropy=with_entropy,
-                                       vocab_size=model.cfg.vocab_size)
+        head = dict(chunk_size=config.logprob_chunk_size, temperature=config.temperature,
+                    with_entropy=with_entropy, vocab_size=model.cfg.vocab_size)
+        if capacity is None:
+            lp, ent = logprobs_from_hidden(hidden, mb["tokens"], lm_head_f32(model), **head)
+        else:
+            lp, ent = scored_logprobs_from_hidden(hidden, mb["tokens"], mb["loss_mask"],
+                                                  lm_head_f32(model), capacity, **head)
         return actor_loss(
             lp, mb.get("old_logprobs"), mb["advantages"], mb["loss_mask"],
             policy_loss=config.policy_loss, ref_logprobs=mb.get("ref_logprobs"),
@@ -244,12 +252,13 @@ def make_train_step(*, config: LearnerConfig, mesh: Mesh,
                     critic_tx: optax.GradientTransformation | None = None,
                     critic_shardings: Any = None, critic_opt_shardings: Any = None,
                     batch_keys: tuple[str, ...] = (), train_policy: bool = True,
-                    train_critic: bool = True):
+                    train_critic: bool = True, scored_capacity: int | None = None):
     """A jitted ``step(pparams, popt, cparams, copt, minibatch) -> (pparams, popt, cparams,
     copt, metrics)`` with in/out ``NamedSharding``s and donated state buffers.
 
     Without a critic pass ``None`` for ``cparams`` / ``copt``. ``batch_keys`` lists the
     mini-batch dict's keys (their shardings are ``minibatch_sharding(mesh)``).
+    ``scored_capacity``: the policy's LM head only at scored positions (``policy_loss_fn``).
 
     With ``config.offload_optimizer_state`` the step is not one jitted program:
     :func:`_offloaded_train_step` (same signature, donation and results).
@@ -260,10 +269,11 @@ def make_train_step(*, config: LearnerConfig, mesh: Mesh,
             policy_shardings=policy_shardings, policy_opt_shardings=policy_opt_shardings,
             critic_graphdef=critic_graphdef, critic_shardings=critic_shardings,
             critic_opt_shardings=critic_opt_shardings, batch_keys=batch_keys,
-            train_policy=train_policy, train_critic=train_critic)
+            train_policy=train_policy, train_critic=train_critic,
+            scored_capacity=scored_capacity)
     has_critic = critic_graphdef is not None
     train_critic = train_critic and has_critic
-    grads_of = _grads_fn(config, mesh, policy_graphdef, critic_graphdef)
+    grads_of = _grads_fn(config, mesh, policy_graphdef, critic_graphdef, scored_capacity)
     replicated = NamedSharding(mesh, P())
 
     def step(pparams, popt, cparams, copt, minibatch):
@@ -301,7 +311,7 @@ def make_train_step(*, config: LearnerConfig, mesh: Mesh,
 
 
 def _grads_fn(config: LearnerConfig, mesh: Mesh, policy_graphdef: nnx.GraphDef,
-              critic_graphdef: nnx.GraphDef | None):
+              critic_graphdef: nnx.GraphDef | None, scored_capacity: int | None = None):
     """Traced inside a jitted step: ``grads_of(minibatch) -> (loss_mask [n_micro, mb, T],
     grads_and_metrics)``, where ``grads_and_metrics(which, params, shardings, prefix,
     metrics)`` returns the mini-batch gradient of ``which`` (``"policy"`` / ``"critic"``;
@@ -309,7 +319,7 @@ def _grads_fn(config: LearnerConfig, mesh: Mesh, policy_graphdef: nnx.GraphDef,
     = ``global_norm(grads)`` before clipping) to the dict ``metrics``."""
     rows = pass_rows(config, mesh)
     skip_empty = rows < config.micro_batch_size
-    losses = {"policy": policy_loss_fn(policy_graphdef, config),
+    losses = {"policy": policy_loss_fn(policy_graphdef, config, scored_capacity),
               "critic": (critic_loss_fn(critic_graphdef, config)
                          if critic_graphdef is not None else None)}
     agg = config.loss_agg_mode
@@ -335,7 +345,8 @@ def _offloaded_train_step(*, config: LearnerConfig, mesh: Mesh,
                           policy_graphdef: nnx.GraphDef, policy_shardings: Any,
                           policy_opt_shardings: Any, critic_graphdef: nnx.GraphDef | None,
                           critic_shardings: Any, critic_opt_shardings: Any,
-                          batch_keys: tuple[str, ...], train_policy: bool, train_critic: bool):
+                          batch_keys: tuple[str, ...], train_policy: bool, train_critic: bool,
+                          scored_capacity: int | None = None):
     """``make_train_step`` with ``offload_optimizer_state``: the optimiser states are in
     pinned host memory (``*_opt_shardings``), so the step is a Python function of the same
     signature and donation: one jitted call for the gradients and metrics
@@ -345,7 +356,7 @@ def _offloaded_train_step(*, config: LearnerConfig, mesh: Mesh,
     ``optim.make_optimizer(config)``'s (the critic's with ``peak_lr=critic_learning_rate``)."""
     has_critic = critic_graphdef is not None
     train_critic = train_critic and has_critic
-    grads_of = _grads_fn(config, mesh, policy_graphdef, critic_graphdef)
+    grads_of = _grads_fn(config, mesh, policy_graphdef, critic_graphdef, scored_capacity)
 
     def grads(pparams, cparams, minibatch):
         with activation_mesh(mesh):

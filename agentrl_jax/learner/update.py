@@ -264,9 +264,15 @@ class UpdatePipeline:
 
     # ---------------------------------------------------------------- helpers
     def _logprobs(self, params, dtype: str, placed: Arrays) -> jax.Array:
-        lr = self.learner
+        """The log-prob pass of ``params`` over the token space; with the layout's scored
+        capacity (``learner.scored_lm_head``) the LM head runs only where ``loss_mask != 0``
+        (0 elsewhere: every consumer reads the log-probs through the loss mask)."""
+        lr, cap = self.learner, self.layout.capacity
+        scored = cap is not None
         if isinstance(self.layout, PackedRows):
-            return self.layout.forward(lr.packed_logprob_fn(dtype), params, placed)
+            return self.layout.forward(lr.packed_logprob_fn(dtype, cap), params, placed, scored)
+        if scored:
+            return self.layout.forward(lr.logprob_fn(dtype, cap), params, placed, scored)
         lp, _ = self.layout.forward(lr.logprob_fn(dtype), params, placed)
         return lp
 
