@@ -219,21 +219,3 @@ def test_the_scan_finds_a_config_get(tmp_path):
     path.write_text(source)
     assert [h.split(": ", 1)[1] for h in _config_gets(str(path))] == [
         "s.get('steps', 0)", "config.train.get('save_every', 1)"]
-
-
-def test_settings_whose_default_is_none_can_still_be_set_on_the_command_line(monkeypatch):
-    """``clip_ratio_high`` defaults to None (the policy-loss entry's own number); ml_collections
-    refuses to override a bare None field from the command line, so base_config() makes it a
-    typed placeholder: the flag sets a float, and without the flag the value stays None."""
-    from absl import flags
-    from ml_collections import config_flags
-
-    from agentrl_jax.training.config import to_run_config
-
-    for argv, expected in ((["--config.learner.clip_ratio_high=0.3"], 0.3), ([], None)):
-        values = flags.FlagValues()
-        config_flags.DEFINE_config_file("config", flag_values=values)
-        args = ["prog", "--config=experiments/smoke.py", *argv]
-        monkeypatch.setattr("sys.argv", args)  # ml_collections reads the overrides from there
-        values(args)
-        assert to_run_config(values.config).learner.clip_ratio_high == expected

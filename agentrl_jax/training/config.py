@@ -10,10 +10,9 @@ raised as ``ConfigError``); library code reads that typed object.
 from __future__ import annotations
 
 import dataclasses
-import typing
 from typing import Any, Mapping
 
-from ml_collections import ConfigDict, config_dict
+from ml_collections import ConfigDict
 
 from agentrl_common.typed_sections import Section
 from agentrl_jax.training.config_sections import RunConfig
@@ -37,28 +36,13 @@ def format_problems(problems: list[str]) -> str:
         f"  {p}" for p in problems)
 
 
-def _optional_scalar_type(annotation: Any) -> type | None:
-    """``X`` for an annotation ``X | None`` with ``X`` one scalar type, else None."""
-    args = [a for a in typing.get_args(annotation) if a is not type(None)]
-    if len(args) == 1 and type(None) in typing.get_args(annotation) and args[0] in (
-            float, int, str, bool):
-        return args[0]
-    return None
-
-
 def _plain(section: Section) -> dict[str, Any]:
-    """A section's values as nested plain dicts (tuples stay tuples: their ConfigDict type).
-    A setting whose default is ``None`` and whose type is ``X | None`` becomes a typed
-    placeholder, so the command line can still set it (``--config.learner.clip_ratio_high=0.3``;
-    a bare ``None`` field cannot be overridden there)."""
-    hints = typing.get_type_hints(type(section))
+    """A section's values as nested plain dicts (tuples stay tuples: their ConfigDict type)."""
     out: dict[str, Any] = {}
     for f in dataclasses.fields(section):
         value = getattr(section, f.name)
-        scalar = _optional_scalar_type(hints.get(f.name)) if value is None else None
         out[f.name] = (_plain(value) if isinstance(value, Section)
-                       else dict(value) if isinstance(value, Mapping)
-                       else config_dict.placeholder(scalar) if scalar is not None else value)
+                       else dict(value) if isinstance(value, Mapping) else value)
     return out
 
 
