@@ -20,7 +20,7 @@ from agentrl_jax.learner.config import LearnerConfig
 from agentrl_jax.training.config import (ConfigError, base_config, config_problems,
                                          to_run_config)
 from agentrl_jax.training.config_sections import (SECTIONS, HorizonConfig, RunConfig,
-                                                  TrainConfig, run_learner)
+                                                  TrainConfig)
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -46,7 +46,7 @@ def test_base_config_is_the_dataclass_defaults():
     assert (base.model.pad_id, base.agent.prompt_style) == (2, "action")
     assert (base.learner.kl_coef, base.learner.entropy_coef, base.learner.dtype) == (
         0.001, 0.001, "float32")
-    assert run_learner().learning_rate == LearnerConfig().learning_rate  # one default
+    assert RunConfig().learner == LearnerConfig()  # one default: the section's own
 
 
 def test_every_experiment_loads_into_a_valid_run_config():

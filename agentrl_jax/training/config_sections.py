@@ -364,12 +364,6 @@ class SFTConfig(Section):
     expert: str = setting("")
 
 
-#: the run's learner: the paper's GRPO settings (a bare ``LearnerConfig()`` has no KL or entropy
-#: term and computes in bfloat16)
-def run_learner() -> LearnerConfig:
-    return LearnerConfig(kl_coef=0.001, entropy_coef=0.001, dtype="float32")
-
-
 def _history_window_problems(learner: LearnerConfig) -> list[str]:
     """What ``agent.history_turns > 0`` needs of the learner: a windowed episode is trained as
     several rows that share the episode's advantage, which is exact only for an estimator
@@ -417,7 +411,7 @@ class RunConfig(Section):
     agent: AgentConfig = setting(factory=AgentConfig)
     horizon: HorizonConfig = setting(factory=HorizonConfig)
     train: TrainConfig = setting(factory=TrainConfig)
-    learner: LearnerConfig = setting(factory=run_learner)
+    learner: LearnerConfig = setting(factory=LearnerConfig)
     sft: SFTConfig = setting(factory=SFTConfig)
 
     def _extra_problems(self, prefix: str, bad: set[str]) -> list[str]:
@@ -471,8 +465,6 @@ class RunConfig(Section):
             if not isinstance(given, Mapping):
                 problems.append(f"{key}: must be a section (got {given!r})")
                 continue
-            if key == "learner":  # the run's defaults under the given keys
-                given = {**run_learner().to_dict(), **given}
             section, section_problems = section_type.from_mapping(given)
             problems.extend(section_problems)
             if section is not None:
