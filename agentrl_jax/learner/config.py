@@ -135,7 +135,9 @@ class LearnerConfig(Section):
     # truncated importance sampling of the sampler / learner mismatch (packed updates): each
     # token's policy loss is weighted by min(exp(learner_old - rollout), tis_cap); None = off
     tis_cap: float | None = setting(None, gt=0)
-    temperature: float = setting(1.0, gt=0)  # sampling temperature; logits are divided by it
+    # the sampler's temperature; logits are divided by it. In a run it is rollout.temperature
+    # (training/config_sections.py::DERIVED_KEYS): a run's config does not set it here
+    temperature: float = setting(1.0, gt=0)
     # the paper's GRPO settings (AgentGym-RL): a small KL loss to a frozen reference and a small
     # entropy bonus; 0 turns each term off (kl_coef 0: no reference model)
     kl_coef: float = setting(0.001, ge=0)

@@ -16,7 +16,7 @@ from typing import Any, Mapping
 from ml_collections import ConfigDict, config_dict
 
 from agentrl_common.typed_sections import Section
-from agentrl_jax.training.config_sections import RunConfig
+from agentrl_jax.training.config_sections import DERIVED_KEYS, RunConfig
 
 #: exit code of the launch scripts for an invalid config (as for bad usage)
 EXIT_BAD_CONFIG = 2
@@ -50,10 +50,13 @@ def _plain(section: Section) -> dict[str, Any]:
     """A section's values as nested plain dicts (tuples stay tuples: their ConfigDict type).
     A setting whose default is ``None`` and whose type is ``X | None`` becomes a typed
     placeholder, so the command line can still set it (``--config.learner.clip_ratio_high=0.3``;
-    a bare ``None`` field cannot be overridden there)."""
+    a bare ``None`` field cannot be overridden there). Keys the run derives (``DERIVED_KEYS``)
+    are left out."""
     hints = typing.get_type_hints(type(section))
     out: dict[str, Any] = {}
     for f in dataclasses.fields(section):
+        if (section.PREFIX, f.name) in DERIVED_KEYS:  # the run fills it from another key
+            continue
         value = getattr(section, f.name)
         scalar = _optional_scalar_type(hints.get(f.name)) if value is None else None
         out[f.name] = (_plain(value) if isinstance(value, Section)

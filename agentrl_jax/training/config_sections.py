@@ -390,6 +390,27 @@ def _history_window_problems(learner: LearnerConfig) -> list[str]:
     return out
 
 
+def learner_temperature(sampling_temperature: float) -> float:
+    """The temperature the learner divides the logits by: the sampler's (``rollout.temperature``),
+    whose log-probs the ratio and the loss compare with; a greedy sampler (0) reports untempered
+    log-probs (``rollout/contract.py``), i.e. temperature 1."""
+    return float(sampling_temperature) if sampling_temperature > 0 else 1.0
+
+
+#: keys of a section that a run's config does not take, as (section, key) -> the key to set
+#: instead and why: the run fills them from that key (``RunConfig.__post_init__``), an old config
+#: that still sets one is refused with this hint, and ``base_config()`` does not list them
+DERIVED_KEYS: dict[tuple[str, str], str] = {
+    ("learner", "temperature"): "set rollout.temperature instead (one setting: the learner "
+                                "divides the logits by the sampler's temperature)"}
+
+
+def derived_key_problems(section: str, values: Mapping[str, Any]) -> list[str]:
+    """One line per key of ``values`` (the ``section`` of a config) that the run derives."""
+    return [f"{section}.{key}: {hint}" for (where, key), hint in DERIVED_KEYS.items()
+            if where == section and key in values]
+
+
 SECTIONS: dict[str, type[Section]] = {
     "model": ModelConfig, "env": EnvConfig, "rollout": RolloutConfig, "agent": AgentConfig,
     "horizon": HorizonConfig, "train": TrainConfig, "learner": LearnerConfig, "sft": SFTConfig}
@@ -413,6 +434,13 @@ class RunConfig(Section):
     train: TrainConfig = setting(factory=TrainConfig)
     learner: LearnerConfig = setting(factory=LearnerConfig)
     sft: SFTConfig = setting(factory=SFTConfig)
+
+    def __post_init__(self) -> None:
+        if isinstance(self.learner, LearnerConfig) and isinstance(self.rollout, RolloutConfig):
+            wanted = learner_temperature(self.rollout.temperature)  # DERIVED_KEYS
+            if self.learner.temperature != wanted:
+                object.__setattr__(self, "learner", self.learner.replace(temperature=wanted))
+        super().__post_init__()
 
     def _extra_problems(self, prefix: str, bad: set[str]) -> list[str]:
         return self.cross_problems({name: getattr(self, name) for name in SECTIONS})
@@ -465,6 +493,10 @@ class RunConfig(Section):
             if not isinstance(given, Mapping):
                 problems.append(f"{key}: must be a section (got {given!r})")
                 continue
+            derived = derived_key_problems(key, given)
+            if derived:
+                problems.extend(derived)
+                given = {k: v for k, v in given.items() if (key, k) not in DERIVED_KEYS}
             section, section_problems = section_type.from_mapping(given)
             problems.extend(section_problems)
             if section is not None:
