@@ -19,6 +19,8 @@ from agentrl_common.registry import did_you_mean
 from agentrl_common.typed_sections import Section, SectionError, is_int, is_number, setting
 from agentrl_jax.learner.config import LearnerConfig
 from agentrl_jax.rollout import sampling_limits as limits
+from agentrl_jax.training.derived_keys import (DERIVED_KEYS, derived_key_problems,
+                                               learner_temperature)
 from agentrl_jax.training.random_model_checks import random_model_problems
 
 HORIZON_TYPES = ("scaling_inter", "fixed")
@@ -390,27 +392,6 @@ def _history_window_problems(learner: LearnerConfig) -> list[str]:
     return out
 
 
-def learner_temperature(sampling_temperature: float) -> float:
-    """The temperature the learner divides the logits by: the sampler's (``rollout.temperature``),
-    whose log-probs the ratio and the loss compare with; a greedy sampler (0) reports untempered
-    log-probs (``rollout/contract.py``), i.e. temperature 1."""
-    return float(sampling_temperature) if sampling_temperature > 0 else 1.0
-
-
-#: keys of a section that a run's config does not take, as (section, key) -> the key to set
-#: instead and why: the run fills them from that key (``RunConfig.__post_init__``), an old config
-#: that still sets one is refused with this hint, and ``base_config()`` does not list them
-DERIVED_KEYS: dict[tuple[str, str], str] = {
-    ("learner", "temperature"): "set rollout.temperature instead (one setting: the learner "
-                                "divides the logits by the sampler's temperature)"}
-
-
-def derived_key_problems(section: str, values: Mapping[str, Any]) -> list[str]:
-    """One line per key of ``values`` (the ``section`` of a config) that the run derives."""
-    return [f"{section}.{key}: {hint}" for (where, key), hint in DERIVED_KEYS.items()
-            if where == section and key in values]
-
-
 SECTIONS: dict[str, type[Section]] = {
     "model": ModelConfig, "env": EnvConfig, "rollout": RolloutConfig, "agent": AgentConfig,
     "horizon": HorizonConfig, "train": TrainConfig, "learner": LearnerConfig, "sft": SFTConfig}
@@ -437,9 +418,8 @@ class RunConfig(Section):
 
     def __post_init__(self) -> None:
         if isinstance(self.learner, LearnerConfig) and isinstance(self.rollout, RolloutConfig):
-            wanted = learner_temperature(self.rollout.temperature)  # DERIVED_KEYS
-            if self.learner.temperature != wanted:
-                object.__setattr__(self, "learner", self.learner.replace(temperature=wanted))
+            temperature = learner_temperature(self.rollout.temperature)  # DERIVED_KEYS
+            object.__setattr__(self, "learner", self.learner.replace(temperature=temperature))
         super().__post_init__()
 
     def _extra_problems(self, prefix: str, bad: set[str]) -> list[str]:
@@ -493,10 +473,8 @@ class RunConfig(Section):
             if not isinstance(given, Mapping):
                 problems.append(f"{key}: must be a section (got {given!r})")
                 continue
-            derived = derived_key_problems(key, given)
-            if derived:
-                problems.extend(derived)
-                given = {k: v for k, v in given.items() if (key, k) not in DERIVED_KEYS}
+            problems.extend(derived_key_problems(key, given))  # refused with a hint
+            given = {k: v for k, v in given.items() if (key, k) not in DERIVED_KEYS}
             section, section_problems = section_type.from_mapping(given)
             problems.extend(section_problems)
             if section is not None:
