@@ -176,7 +176,8 @@ def main(argv=None) -> dict:
     peak = peak_flops_per_device(kind)
 
     def build(mesh, global_micro):
-        cfg = LearnerConfig(dtype=dtype, remat=remat, remat_policy=policy,
+        cfg = LearnerConfig(kl_coef=0.0, entropy_coef=0.0, dtype=dtype, remat=remat,
+                            remat_policy=policy,
                             attention_impl=attention, micro_batch_size=global_micro,
                             logprob_chunk_size=args.chunk, learning_rate=1e-6,
                             entropy_metric=not args.no_entropy, min_length_bucket=seq)

@@ -55,7 +55,8 @@ def run_setting(offload: bool, div: int, steps: int) -> dict:
     make = jax.jit(lambda: {k: jnp.full(s, 0.01, jnp.float32) for k, s in leaf_shapes.items()},
                    out_shardings=param_shardings)
     params = make()
-    config = LearnerConfig(weight_decay=0.01, offload_optimizer_state=offload)
+    config = LearnerConfig(dtype="bfloat16", kl_coef=0.0, entropy_coef=0.0, weight_decay=0.01,
+                           offload_optimizer_state=offload)
     tx, _ = make_optimizer(config)
     parts = optimizer_parts(config) if offload else None
     opt_shardings = jax.tree.map(lambda _: device, jax.eval_shape(tx.init, params))

@@ -65,7 +65,8 @@ def worker(args) -> dict:
     on_cpu = jax.devices()[0].platform == "cpu"
     model_cfg = ModelConfig(**SHAPES[args.shape])
     learner = Learner(init_model(model_cfg, seed=0),
-                      LearnerConfig(dtype="float32" if on_cpu else "bfloat16", remat=not on_cpu,
+                      LearnerConfig(kl_coef=0.0, entropy_coef=0.0,
+                                    dtype="float32" if on_cpu else "bfloat16", remat=not on_cpu,
                                     micro_batch_size=args.micro_batch, learning_rate=1e-6,
                                     pack_length=0, advantage_estimator="grpo"))
     steps = []

@@ -112,7 +112,8 @@ def worker(args) -> dict:
     results = {}
     for layout in args.layouts.split(","):
         pack = (args.pack_length or args.length) if layout == "packed" else 0
-        cfg = LearnerConfig(dtype="float32" if on_cpu else "bfloat16", remat=not on_cpu,
+        cfg = LearnerConfig(entropy_coef=0.0, dtype="float32" if on_cpu else "bfloat16",
+                            remat=not on_cpu,
                             micro_batch_size=args.micro_batch, mini_batches=args.mini_batches,
                             kl_coef=1e-3, ratio_source="recompute", pack_length=pack,
                             learning_rate=1e-6)

@@ -29,7 +29,7 @@ def get_config():
     c.agent.prompt_style = "choice"
     c.agent.response_prefix = "Action:"
     c.rollout.max_new_tokens = 1  # one token: its first letter is the choice
-    c.rollout.temperature = 0.05
+    c.rollout.temperature = 0.05  # the learner divides by it too (the ratio sees its log-probs)
     c.rollout.max_batch = 16
     c.rollout.max_concurrency = 16
     c.rollout.max_context = 1024  # a 3-turn episode is ~300-600 tokens
@@ -42,7 +42,6 @@ def get_config():
     c.train.eval_every = 0
     c.train.eval_before = False
     c.train.eval_after = False
-    c.learner.temperature = 0.05  # the sampler's: the ratio and the loss see its log-probs
     c.learner.learning_rate = 1e-3
     c.learner.kl_coef = 0.0
     c.learner.entropy_coef = 0.0

@@ -21,7 +21,6 @@ def get_config():
     c.model.prior_letters = "abcdefghijklmnopqrstuvwxyz"
     c.model.prior_logit = 9.0
     c.rollout.temperature = 1.0
-    c.learner.temperature = 1.0  # the sampler's: the ratio and the loss see its log-probs
     c.learner.learning_rate = 5e-3
     c.train.total_steps = 20
     return c

@@ -84,7 +84,8 @@ def test_fsdp_train_step_gathers_weights_not_activations():
                       tie_word_embeddings=True, attention_bias=True)
     mesh = make_mesh(devices=jax.devices()[:2], data=1, fsdp=2, tensor=1)
     mb, T = 4, 64
-    learner = Learner(CausalLM(cfg, nnx.Rngs(0)), LearnerConfig(dtype="float32", remat=False,
+    learner = Learner(CausalLM(cfg, nnx.Rngs(0)), LearnerConfig(kl_coef=0.0, entropy_coef=0.0,
+                                                                dtype="float32", remat=False,
                       micro_batch_size=mb, min_length_bucket=T), mesh=mesh)
     shape = (2, mb, T)
     batch = {"tokens": np.zeros(shape, np.int32), "attention_mask": np.ones(shape, np.int32),

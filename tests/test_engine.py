@@ -635,7 +635,8 @@ async def test_weights_from_the_learner_do_not_recompile(model, tokenizer):
     from agentrl_jax.learner import Learner, LearnerConfig
     from agentrl_jax.sharding.mesh import make_mesh
 
-    learner = Learner(model, LearnerConfig(dtype="float32", remat=False),
+    learner = Learner(model, LearnerConfig(kl_coef=0.0, entropy_coef=0.0, dtype="float32",
+                                           remat=False),
                       mesh=make_mesh(devices=jax.devices()[:1]))
     assert all(x.committed for x in jax.tree.leaves(learner.params))
     engine = make_engine(model, tokenizer)  # fresh: its compilation cache is this test's own

@@ -36,7 +36,8 @@ KEYS = ("advantages", "is_weights", "loss_mask", "loss_weights", "old_logprobs",
 def compiled_step_text(remat: bool, remat_impl: str | None) -> str:
     """HLO of the learner's micro-batch step (forward, backward, gradient accumulation)."""
     mesh = make_mesh(fsdp=4, devices=jax.devices()[:4])
-    lcfg = LearnerConfig(dtype="bfloat16", remat=remat, micro_batch_size=ROWS,
+    lcfg = LearnerConfig(kl_coef=0.0, entropy_coef=0.0, dtype="bfloat16", remat=remat,
+                         micro_batch_size=ROWS,
                          pack_length=LENGTH, mesh=dict(fsdp=4))
     mcfg = ModelConfig(**SHAPE).replace(dtype="bfloat16", remat=remat, remat_impl=remat_impl,
                                         attention_impl="chunked")

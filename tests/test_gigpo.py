@@ -446,7 +446,8 @@ def test_learner_update_uses_gigpo(pack_length):
     learner = Learner(init_model(cfg, seed=0),
                       dict(advantage_estimator="gigpo", advantage_kwargs=opts, gamma=0.9,
                            dtype="float32", remat=False, micro_batch_size=2,
-                           min_length_bucket=32, pack_length=pack_length, kl_coef=0.0),
+                           min_length_bucket=32, pack_length=pack_length, kl_coef=0.0,
+                           entropy_coef=0.0),
                       mesh=make_mesh(devices=jax.devices()[:1]))
     metrics = learner.update(learner_batch, UpdateOptions(log=False))
     ref = gigpo_reference(**batch, gamma=0.9, **opts)[batch["loss_mask"] > 0]

@@ -268,7 +268,8 @@ def train_on_task(learner: Learner, sample, steps: int, seed: int = 0) -> list[f
     return rewards
 
 
-TASK = LearnerConfig(dtype="float32", remat=False, learning_rate=1e-2, critic_learning_rate=1e-2,
+TASK = LearnerConfig(kl_coef=0.0, entropy_coef=0.0, dtype="float32", remat=False,
+                     learning_rate=1e-2, critic_learning_rate=1e-2,
                      micro_batch_size=32, min_length_bucket=16, ratio_source="rollout",
                      value_clip=None)
 
@@ -285,7 +286,8 @@ def test_rl_raises_reward(base_state, sampler, estimator):
 
 
 # ----------------------------------------------------------------- checkpoint / resume
-RESUME = LearnerConfig(dtype="float32", remat=False, learning_rate=1e-3, micro_batch_size=4,
+RESUME = LearnerConfig(kl_coef=0.0, entropy_coef=0.0, dtype="float32", remat=False,
+                       learning_rate=1e-3, micro_batch_size=4,
                        mini_batches=2, epochs=2, min_length_bucket=32, lr_schedule="warmup_cosine",
                        warmup_steps=3, decay_steps=20, weight_decay=0.01,
                        ratio_source="recompute", logprob_chunk_size=12)
@@ -342,7 +344,7 @@ def test_config_dict_roundtrip_and_validation():
     with pytest.raises(ValueError):
         LearnerConfig(loss_agg_mode="sum")
     assert LearnerConfig(advantage_estimator="gae").use_critic
-    assert not LearnerConfig().use_critic and not LearnerConfig().use_reference
+    assert not LearnerConfig().use_critic and not LearnerConfig(kl_coef=0.0).use_reference
 
 
 def test_length_buckets():
@@ -381,7 +383,8 @@ def test_bf16_logprob_pass_casts_first_with_the_same_values(base_state):
     from agentrl_jax.sharding.activations import activation_mesh
     from agentrl_jax.sharding.rules import batch_sharding
 
-    cfg = LearnerConfig(dtype="bfloat16", remat=False, learning_rate=1e-3, micro_batch_size=4,
+    cfg = LearnerConfig(kl_coef=0.0, entropy_coef=0.0, dtype="bfloat16", remat=False,
+                        learning_rate=1e-3, micro_batch_size=4,
                         min_length_bucket=32, logprob_chunk_size=12)
     mesh = make_mesh(fsdp=4, devices=jax.devices()[:4])
     learner = Learner(fresh_model(base_state), cfg, mesh=mesh)

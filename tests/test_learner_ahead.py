@@ -19,7 +19,8 @@ from learner_helpers import random_batch, recorded_compiles
 # shapes no other test uses, so none of these programs is in jit's cache yet
 MODEL = ModelConfig(vocab_size=96, hidden_size=32, intermediate_size=48, num_layers=1,
                     num_heads=2, num_kv_heads=1, head_dim=16)
-CFG = LearnerConfig(dtype="float32", remat=False, learning_rate=1e-3, micro_batch_size=2,
+CFG = LearnerConfig(entropy_coef=0.0, dtype="float32", remat=False, learning_rate=1e-3,
+                    micro_batch_size=2,
                     pack_length=80, logprob_batch_size=3, logprob_chunk_size=16,
                     kl_coef=0.05, kl_in_reward=False, tis_cap=2.0,
                     advantage_estimator="grpo")

@@ -16,7 +16,8 @@ from agentrl_jax.learner import LearnerConfig, UpdateOptions
 from agentrl_jax.learner.layouts import packed_token_space
 from learner_helpers import recorded_compiles, tiny_batch, tiny_learner
 
-CFG = LearnerConfig(dtype="float32", remat=False, learning_rate=1e-3, micro_batch_size=2,
+CFG = LearnerConfig(kl_coef=0.0, entropy_coef=0.0, dtype="float32", remat=False,
+                    learning_rate=1e-3, micro_batch_size=2,
                     pack_length=96, logprob_batch_size=2, min_length_bucket=32,
                     advantage_estimator="grpo", shuffle=False)
 

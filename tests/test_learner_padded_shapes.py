@@ -15,7 +15,8 @@ from agentrl_jax.learner import layouts
 from agentrl_jax.sharding.mesh import make_mesh
 from learner_helpers import recorded_compiles, tiny_batch, tiny_learner
 
-CFG = LearnerConfig(dtype="float32", remat=False, learning_rate=1e-3, micro_batch_size=2,
+CFG = LearnerConfig(kl_coef=0.0, entropy_coef=0.0, dtype="float32", remat=False,
+                    learning_rate=1e-3, micro_batch_size=2,
                     pack_length=0, logprob_batch_size=2, min_length_bucket=32,
                     advantage_estimator="grpo", shuffle=False)
 

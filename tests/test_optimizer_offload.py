@@ -45,11 +45,13 @@ TINY = ModelConfig(vocab_size=256, hidden_size=32, intermediate_size=64, num_lay
 LR = 1e-3
 # the 7B experiment's path: packed rows (experiments/paper_scale_7b.py: pack_length=4096);
 # one optimiser step per update, so that update 1 is a single step from the same state
-PACKED = LearnerConfig(dtype="float32", remat=False, learning_rate=LR, weight_decay=0.01,
+PACKED = LearnerConfig(kl_coef=0.0, entropy_coef=0.0, dtype="float32", remat=False,
+                       learning_rate=LR, weight_decay=0.01,
                        micro_batch_size=2, mini_batches=1, pack_length=64, min_length_bucket=32,
                        logprob_chunk_size=16, ratio_source="recompute")
 # the padded path with a PPO critic (GAE): two optimiser states offloaded, two mini-batches
-PADDED = LearnerConfig(dtype="float32", remat=False, learning_rate=LR, weight_decay=0.01,
+PADDED = LearnerConfig(kl_coef=0.0, entropy_coef=0.0, dtype="float32", remat=False,
+                       learning_rate=LR, weight_decay=0.01,
                        micro_batch_size=2, mini_batches=2, min_length_bucket=32,
                        logprob_chunk_size=16, advantage_estimator="gae",
                        critic_learning_rate=LR)

@@ -171,7 +171,8 @@ def test_packed_update_with_pallas_attention_on_fsdp_equals_one_device(base_stat
     4 devices, gives the parameters of the blockwise-attention update on one device."""
     batch = multiturn_batch(5, batch=8, length=30)
     common = dict(dtype="float32", remat=True, learning_rate=0.1, adam_eps=1.0,
-                  min_length_bucket=32, logprob_chunk_size=12, ratio_source="recompute",
+                  kl_coef=0.0, entropy_coef=0.0, min_length_bucket=32, logprob_chunk_size=12,
+                  ratio_source="recompute",
                   shuffle=False, pack_length=64, micro_batch_size=4)
     one = Learner(fresh_model(base_state), LearnerConfig(attention_impl="chunked", **common),
                   mesh=one_device_mesh())

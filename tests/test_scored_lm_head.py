@@ -87,9 +87,9 @@ BASE = dict(dtype="float32", remat=False, learning_rate=1e-3, micro_batch_size=2
             logprob_batch_size=2, min_length_bucket=32, advantage_estimator="grpo",
             shuffle=False, scored_capacity_min=4)
 VARIANTS = {
-    "packed": dict(pack_length=96, tis_cap=2.0, mini_batches=2),
+    "packed": dict(pack_length=96, tis_cap=2.0, mini_batches=2, kl_coef=0.0, entropy_coef=0.0),
     "packed_kl_entropy": dict(pack_length=96, kl_coef=0.05, entropy_coef=0.01),
-    "padded": dict(ratio_source="recompute"),
+    "padded": dict(ratio_source="recompute", kl_coef=0.0, entropy_coef=0.0),
     "padded_kl_entropy": dict(ratio_source="recompute", kl_coef=0.05, entropy_coef=0.01,
                               mini_batches=2),
 }

@@ -19,8 +19,8 @@ from agentrl_common.typed_sections import SectionError
 from agentrl_jax.learner.config import LearnerConfig
 from agentrl_jax.training.config import (ConfigError, base_config, config_problems,
                                          to_run_config)
-from agentrl_jax.training.config_sections import (SECTIONS, HorizonConfig, RunConfig,
-                                                  TrainConfig, run_learner)
+from agentrl_jax.training.config_sections import (DERIVED_KEYS, SECTIONS, HorizonConfig,
+                                                  RolloutConfig, RunConfig, TrainConfig)
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -38,15 +38,17 @@ def _leaves(values: dict, prefix: str = "") -> dict:
 def test_base_config_is_the_dataclass_defaults():
     base = base_config()
     assert to_run_config(base) == RunConfig()
-    # every key of base_config is a field, every field a key, with the field's default
-    defaults = _leaves(dataclasses.asdict(RunConfig()))
+    # every key of base_config is a field, every field a key, with the field's default (but
+    # the keys the run derives from another key: DERIVED_KEYS)
+    defaults = {k: v for k, v in _leaves(dataclasses.asdict(RunConfig())).items()
+                if tuple(k.split(".")) not in DERIVED_KEYS}
     assert _leaves(base.to_dict()) == defaults
     # the values the previous hand-written base_config() held
     assert (base.train.save_every, base.train.eval_every, base.train.eval_before) == (25, 50, True)
     assert (base.model.pad_id, base.agent.prompt_style) == (2, "action")
     assert (base.learner.kl_coef, base.learner.entropy_coef, base.learner.dtype) == (
         0.001, 0.001, "float32")
-    assert run_learner().learning_rate == LearnerConfig().learning_rate  # one default
+    assert RunConfig().learner == LearnerConfig()  # one default: the section's own
 
 
 def test_every_experiment_loads_into_a_valid_run_config():
@@ -59,6 +61,26 @@ def test_every_experiment_loads_into_a_valid_run_config():
         assert isinstance(run, RunConfig) and isinstance(run.learner, LearnerConfig), name
     sft = to_run_config(importlib.import_module("experiments.smoke_sft").get_config())
     assert (sft.sft.batch_size, sft.sft.steps, sft.sft.record_horizon) == (4, 3, 8)
+
+
+def test_the_learner_divides_by_the_samplers_temperature_one_setting():
+    """``rollout.temperature`` is the one temperature: the run's learner takes it (a greedy
+    sampler's log-probs are untempered: 1), and an old config's ``learner.temperature`` is
+    refused with one line naming the key to set."""
+    c = base_config()
+    assert "temperature" not in c.learner and c.rollout.temperature == 1.0
+    c.rollout.temperature = 0.05
+    assert to_run_config(c).learner.temperature == 0.05
+    c.rollout.temperature = 0.0
+    assert to_run_config(c).learner.temperature == 1.0
+    run = RunConfig(rollout=RolloutConfig(temperature=0.7))
+    assert run.learner.temperature == 0.7
+    assert run.replace(rollout=RolloutConfig(temperature=2.0)).learner.temperature == 2.0
+    old = base_config()
+    old.learner.temperature = 0.05  # ConfigDict takes the new key
+    assert config_problems(old) == [
+        "learner.temperature: set rollout.temperature instead (one setting: the learner divides "
+        "the logits by the sampler's temperature)"]
 
 
 def test_an_unknown_key_gets_one_line_with_the_closest_name():

@@ -30,7 +30,8 @@ from agentrl_jax.sharding.mesh import make_mesh
 
 SMALL = ModelConfig(vocab_size=128, hidden_size=32, intermediate_size=64, num_layers=1,
                     num_heads=2, num_kv_heads=1, head_dim=16)
-CFG = LearnerConfig(dtype="float32", remat=False, learning_rate=1e-2, adam_eps=1.0,
+CFG = LearnerConfig(entropy_coef=0.0, dtype="float32", remat=False, learning_rate=1e-2,
+                    adam_eps=1.0,
                     grad_clip=None, micro_batch_size=2, min_length_bucket=32,
                     logprob_chunk_size=16, kl_coef=0.05, kl_in_reward=False,
                     ratio_source="recompute", clip_ratio_high=0.28, advantage_estimator="grpo")

@@ -135,12 +135,16 @@ class LearnerConfig(Section):
     # truncated importance sampling of the sampler / learner mismatch (packed updates): each
     # token's policy loss is weighted by min(exp(learner_old - rollout), tis_cap); None = off
     tis_cap: float | None = setting(None, gt=0)
-    temperature: float = setting(1.0, gt=0)  # sampling temperature; logits are divided by it
-    kl_coef: float = setting(0.0, ge=0)
+    # the sampler's temperature; logits are divided by it. In a run it is rollout.temperature
+    # (training/config_sections.py::DERIVED_KEYS): a run's config does not set it here
+    temperature: float = setting(1.0, gt=0)
+    # the paper's GRPO settings (AgentGym-RL): a small KL loss to a frozen reference and a small
+    # entropy bonus; 0 turns each term off (kl_coef 0: no reference model)
+    kl_coef: float = setting(0.001, ge=0)
     kl_estimator: str = setting("k3", choices=_names("KL_ESTIMATORS"), normalize=_normalize,
                                 kind="KL estimator")  # k1 | k2 | k3 (low_var_kl)
     kl_in_reward: bool = setting(False)  # True: -kl_coef*KL on token rewards; False: KL loss
-    entropy_coef: float = setting(0.0, ge=0)
+    entropy_coef: float = setting(0.001, ge=0)
     entropy_metric: bool = setting(True)  # the entropy in the train step even when coef = 0
     # ------------------------------------------------------------------ critic
     critic: bool | None = setting(None)  # None: on iff advantage_estimator needs values (gae)
@@ -149,7 +153,8 @@ class LearnerConfig(Section):
     value_coef: float = setting(1.0, ge=0)
     value_clip: float | None = setting(0.5, gt=0)  # PPO value clip around old values; None off
     # ------------------------------------------------------------------ compute
-    dtype: str = setting("bfloat16", choices=DTYPES, kind="dtype")  # params stay float32
+    # the forward / backward compute dtype (params stay float32); GPU recipes set bfloat16
+    dtype: str = setting("float32", choices=DTYPES, kind="dtype")
     remat: bool = setting(True)
     remat_policy: str | None = setting(None)  # a jax.checkpoint_policies name
     # models.config.ATTENTION_IMPLS; None: by backend, spelled "auto" on a command line (an

@@ -15,7 +15,7 @@ from typing import Any, Mapping
 from ml_collections import ConfigDict
 
 from agentrl_common.typed_sections import Section
-from agentrl_jax.training.config_sections import RunConfig
+from agentrl_jax.training.config_sections import DERIVED_KEYS, RunConfig
 
 #: exit code of the launch scripts for an invalid config (as for bad usage)
 EXIT_BAD_CONFIG = 2
@@ -37,9 +37,12 @@ def format_problems(problems: list[str]) -> str:
 
 
 def _plain(section: Section) -> dict[str, Any]:
-    """A section's values as nested plain dicts (tuples stay tuples: their ConfigDict type)."""
+    """A section's values as nested plain dicts (tuples stay tuples: their ConfigDict type).
+    Keys the run derives (``DERIVED_KEYS``) are left out."""
     out: dict[str, Any] = {}
     for f in dataclasses.fields(section):
+        if (section.PREFIX, f.name) in DERIVED_KEYS:  # the run fills it from another key
+            continue
         value = getattr(section, f.name)
         out[f.name] = (_plain(value) if isinstance(value, Section)
                        else dict(value) if isinstance(value, Mapping) else value)

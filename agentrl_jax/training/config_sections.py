@@ -19,6 +19,8 @@ from agentrl_common.registry import did_you_mean
 from agentrl_common.typed_sections import Section, SectionError, is_int, is_number, setting
 from agentrl_jax.learner.config import LearnerConfig
 from agentrl_jax.rollout import sampling_limits as limits
+from agentrl_jax.training.derived_keys import (DERIVED_KEYS, derived_key_problems,
+                                               learner_temperature)
 from agentrl_jax.training.random_model_checks import random_model_problems
 
 HORIZON_TYPES = ("scaling_inter", "fixed")
@@ -364,12 +366,6 @@ class SFTConfig(Section):
     expert: str = setting("")
 
 
-#: the run's learner: the paper's GRPO settings (a bare ``LearnerConfig()`` has no KL or entropy
-#: term and computes in bfloat16)
-def run_learner() -> LearnerConfig:
-    return LearnerConfig(kl_coef=0.001, entropy_coef=0.001, dtype="float32")
-
-
 def _history_window_problems(learner: LearnerConfig) -> list[str]:
     """What ``agent.history_turns > 0`` needs of the learner: a windowed episode is trained as
     several rows that share the episode's advantage, which is exact only for an estimator
@@ -417,8 +413,14 @@ class RunConfig(Section):
     agent: AgentConfig = setting(factory=AgentConfig)
     horizon: HorizonConfig = setting(factory=HorizonConfig)
     train: TrainConfig = setting(factory=TrainConfig)
-    learner: LearnerConfig = setting(factory=run_learner)
+    learner: LearnerConfig = setting(factory=LearnerConfig)
     sft: SFTConfig = setting(factory=SFTConfig)
+
+    def __post_init__(self) -> None:
+        if isinstance(self.learner, LearnerConfig) and isinstance(self.rollout, RolloutConfig):
+            temperature = learner_temperature(self.rollout.temperature)  # DERIVED_KEYS
+            object.__setattr__(self, "learner", self.learner.replace(temperature=temperature))
+        super().__post_init__()
 
     def _extra_problems(self, prefix: str, bad: set[str]) -> list[str]:
         return self.cross_problems({name: getattr(self, name) for name in SECTIONS})
@@ -471,8 +473,8 @@ class RunConfig(Section):
             if not isinstance(given, Mapping):
                 problems.append(f"{key}: must be a section (got {given!r})")
                 continue
-            if key == "learner":  # the run's defaults under the given keys
-                given = {**run_learner().to_dict(), **given}
+            problems.extend(derived_key_problems(key, given))  # refused with a hint
+            given = {k: v for k, v in given.items() if (key, k) not in DERIVED_KEYS}
             section, section_problems = section_type.from_mapping(given)
             problems.extend(section_problems)
             if section is not None:

@@ -153,14 +153,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-length", type=int, default=4096, help="context length per slot")
     p.add_argument("--dtype", choices=["float32", "bfloat16"], default=None)
     p.add_argument("--weights-dtype", choices=["float32", "bfloat16"], default=None)
-    p.add_argument("--decode-steps", type=int, default=16)
+    p.add_argument("--decode-steps", type=int, default=EngineConfig.decode_steps)
     p.add_argument("--prefill-chunks", default=None,
                    help="chunk sizes of chunked prefill, e.g. 64,256,1024 (default: by backend, "
                         "as the trainer's engine: one sequence per call on CPU)")
     p.add_argument("--prefill-tokens", type=int, default=None,
                    help="tokens per prefill call (default: by backend)")
-    p.add_argument("--max-queue", type=int, default=4096)
-    p.add_argument("--seed", type=int, default=0, help="sampling seed of requests without one")
+    p.add_argument("--max-queue", type=int, default=EngineConfig.max_queue)
+    p.add_argument("--seed", type=int, default=EngineConfig.seed,
+                   help="sampling seed of requests without one")
     p.add_argument("--decode-attention", choices=list(DECODE_ATTENTION), default="auto",
                    help="auto (ragged_fused on GPU), ragged_fused, ragged or dense "
                         "(EngineConfig.decode_attention)")
