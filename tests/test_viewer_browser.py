@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import time
 
 import pytest
 
@@ -224,9 +223,7 @@ def test_live_view_shows_new_episodes(browser, server, run_dir):
             f.write(json.dumps({**ep, "step": 20}) + "\n")
     with open(os.path.join(run_dir, "metrics.jsonl"), "a") as f:
         f.write(json.dumps({"step": 20, "rollout/mean_reward": 0.9}) + "\n")
-    t0 = time.monotonic()
-    wait(browser, lambda d: range_total(d) == n + 7, timeout=30)
-    assert time.monotonic() - t0 < 30
+    wait(browser, lambda d: range_total(d) == n + 7, timeout=30)  # the page follows the run
     wait(browser, lambda d: "step 20" in d.find_element(By.ID, "live-status").text)
     errors = [e for e in browser.get_log("browser") if e.get("level") == "SEVERE"]
     assert not errors, errors  # no script error or failed request on any page so far
