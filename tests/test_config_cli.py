@@ -47,7 +47,8 @@ def test_an_abbreviation_gets_the_key_its_initials_spell():
 
 def test_a_key_with_no_close_name_lists_its_section():
     (line,) = _problems("--config.train.zzz=1")
-    assert line.startswith("--config.train.zzz: no such key (train has: compile_ahead, env_error_window, ")
+    assert line.startswith("--config.train.zzz: no such key (train has: compile_ahead, "
+                           "compress_trajectories, env_error_window, ")
     assert "total_steps" in line
 
 
