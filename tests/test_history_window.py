@@ -331,7 +331,6 @@ def test_worker_processes_relay_windowed_prompts_exactly(tokenizer):
 def test_smoke_run_with_the_window_ends_normally(tmp_path, compile_cache_env):
     """The smoke config with a one-turn window and 3-turn episodes: windowed episodes are
     trained (several chunks each) and the run finishes."""
-    import json
     import os
     import subprocess
     import sys
@@ -347,8 +346,9 @@ def test_smoke_run_with_the_window_ends_normally(tmp_path, compile_cache_env):
         cwd=repo, env=env, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "[step 2/2]" in proc.stdout and "run finished" in proc.stdout
-    with open(os.path.join(workdir, "trajectories_train.jsonl")) as f:
-        episodes = [json.loads(line) for line in f]
+    from agentrl_common.jsonl_files import read_records, trajectory_files
+
+    episodes = [e for path in trajectory_files(workdir, "train") for e in read_records(path)]
     assert len(episodes) == 8
     windowed = [e for e in episodes if len(e["chunk_starts"]) > 1]
     assert windowed and all(e["num_turns"] == 3 for e in windowed)
