@@ -301,10 +301,8 @@ class TrainConfig(Section):
     # the share of training episodes written to trajectories_train.jsonl.gz: whole groups,
     # round(share x groups) of each step's (at least one), chosen by a hash of (step, group id)
     # (training/trajectory_log.py); evaluations keep every episode, metrics count every one.
-    # Why 0.25: the headline run (experiments/babyai_grpo_gpu.py, one H200) wrote 420 MB of
-    # uncompressed training episodes in 360 s, 4.2 GB an hour; a quarter is 1.05 GB an hour
-    # even if gzip saved nothing, and gzip makes BabyAI episodes 16x smaller
-    # (benchmarks/trajectory_log_size.py: 52 kB -> 3.2 kB an episode), ~66 MB an hour.
+    # Why 0.25: it keeps a one-GPU hour's training log under ~1 GB even uncompressed (the
+    # measured sizes: docs/TRAINING.md, "How big a run folder gets").
     trajectory_share: float = setting(0.25, ge=0, le=1)
     # gzip the trajectory logs (.jsonl.gz: one gzip member per step, flushed; a killed run
     # leaves a readable prefix); False: plain .jsonl
