@@ -205,11 +205,13 @@ def test_sft_time_budget_leaves_out_the_first_update_unless_asked(
     from agentrl_jax.training import sft as sft_module
     from agentrl_jax.training.sft import SFTRun
 
-    class Clock:  # the real clock, 100 s ahead from inside the first update on
-        offset = 0.0
+    class Clock:  # a fake clock: 0.5 s a reading, 100 s ahead from inside the first update on
+        offset = 0.0  # (no real elapsed time enters the budget: the box's load cannot matter)
+        ticks = 0
 
         def monotonic(self):
-            return real_time.monotonic() + self.offset
+            self.ticks += 1
+            return 0.5 * self.ticks + self.offset
 
         def __getattr__(self, name):
             return getattr(real_time, name)
