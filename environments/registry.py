@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import types
-from typing import Callable, Mapping
+from typing import Callable, Mapping, Sequence
 
 from agentrl_common.registry import Registry
 from environments.core.base import ExpertPolicy, TaskCatalog, TextEnvironment
@@ -44,6 +44,10 @@ class Family:
       (``babyai_macro``).
     action_example: one action of the family, shown by the ``action`` prompt style (small models
       copy the example, so it must be an action of this family); None: no example.
+    prepare: ``prepare(server_args, say)``, a one-time build the launcher runs in its own
+      process before it starts the family's servers (a server start is given ~2 minutes; a
+      first build that may take longer, deep search's cached task set, goes here, announced
+      through ``say(line)``); given the servers' extra arguments; None: nothing to prepare.
     """
 
     name: str
@@ -55,6 +59,7 @@ class Family:
     expert_variants: Mapping[str, Callable[[str], ExpertPolicy]] = dataclasses.field(
         default_factory=dict)
     action_example: str | None = None
+    prepare: Callable[[Sequence[str], Callable[[str], None]], None] | None = None
 
     def __post_init__(self) -> None:
         bad = [v for v in self.expert_variants if not v.startswith(self.name + "_")]

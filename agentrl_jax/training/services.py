@@ -17,6 +17,7 @@ from agentrl_jax.learner.config import LearnerConfig
 from agentrl_jax.rollout.engine.sizing import engine_prefill, fit_engine_slots
 from agentrl_jax.training.config import to_run_config
 from agentrl_jax.training.config_sections import as_list
+from agentrl_jax.training.progress import say_line
 
 log = logging.getLogger(__name__)
 
@@ -36,7 +37,8 @@ def start_env_services(config: Any, stack: contextlib.ExitStack) -> dict[str, li
 
 
 def start_supervised_env_services(config: Any, stack: contextlib.ExitStack,
-                                  on_event: Callable[[str], None] | None = None
+                                  on_event: Callable[[str], None] | None = None,
+                                  say: Callable[[str], None] | None = None
                                   ) -> tuple[dict[str, list[str]], Any]:
     """``(urls per environment, supervisor)``. URLs come from ``config.env.urls.<name>`` or
     from servers started here on loopback; those are watched by an
@@ -44,8 +46,11 @@ def start_supervised_env_services(config: Any, stack: contextlib.ExitStack,
     port, at most ``config.env.max_restarts`` times per server (its ``failures`` list the
     servers given up on; ``on_event`` gets a line per death / restart). The supervisor is None
     when no server was started here. Everything stops when ``stack`` closes (the supervisor
-    first)."""
+    first). Before a family's servers start, its registry entry's ``prepare`` (a one-time build
+    that may outlast a server's start-up limit, e.g. deep search's task set) runs here, its
+    lines going to ``say`` (default: stdout)."""
     from agentrl_common.processes import ServerSupervisor, start_env_server
+    from environments.registry import get_family
 
     env = to_run_config(config).env
     urls: dict[str, list[str]] = {}
@@ -58,8 +63,12 @@ def start_supervised_env_services(config: Any, stack: contextlib.ExitStack,
         flags = env.server_args[name] if name in env.server_args else []
         extra = as_list(flags) if isinstance(flags, str) else list(flags)
         urls[name] = []
+        server_args = [a for arg in extra for a in arg.split()]
+        family = get_family(name)
+        if family.prepare is not None:
+            family.prepare(server_args, say or say_line)
         for _ in range(env.replicas):
-            server = start_env_server(name, extra_args=[a for arg in extra for a in arg.split()])
+            server = start_env_server(name, extra_args=server_args)
             stack.callback(server.stop)
             started.append(server)
             log.info("started %s environment server at %s", name, server.url)

@@ -197,7 +197,7 @@ class Trainer(TrainingLoop, TrainerEvaluation, RunOutput):
             async with contextlib.AsyncExitStack() as astack:
                 with timed(self._say, f"starting environment servers {services.env_names(cfg)}"):
                     urls, self.supervisor = services.start_supervised_env_services(
-                        cfg, stack, on_event=lambda line: log.warning("%s", line))
+                        cfg, stack, on_event=lambda line: log.warning("%s", line), say=self._say)
                 self._say(services.describe_urls(urls))
                 clients = services.make_env_clients(urls, cfg, astack)
                 with timed(self._say, "loading model "

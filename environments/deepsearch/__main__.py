@@ -15,23 +15,11 @@ served: "search" for deepsearch (built once, then read from $AGENTRL_JAX_CACHE/d
 
 from __future__ import annotations
 
-import argparse
 import sys
 
 from environments.core.cli import main
 from environments.deepsearch.backend import configure_backend
-from environments.deepsearch.family import CONFIG, configure
-
-
-def parse_family_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
-    parser = argparse.ArgumentParser(add_help=False)
-    parser.add_argument("--corpus", default=None)
-    parser.add_argument("--qa", action="append", default=[])
-    parser.add_argument("--qa-train", action="append", default=[])
-    parser.add_argument("--qa-test", action="append", default=[])
-    parser.add_argument("--k", type=int, default=CONFIG.k)
-    parser.add_argument("--max-steps", type=int, default=CONFIG.max_steps)
-    return parser.parse_known_args(argv)
+from environments.deepsearch.family import configure, parse_family_args
 
 
 def serve(name: str, argv: list[str]) -> None:

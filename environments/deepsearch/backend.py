@@ -29,7 +29,7 @@ from environments.deepsearch.corpus import CorpusError, Passage, load_jsonl_corp
 from environments.deepsearch.qa import QAItem, build_wiki_qa, check_unique_ids, load_jsonl_qa
 from environments.deepsearch.retriever import BM25Retriever
 from environments.deepsearch.search_qa import SEARCH_FILTER_K, SEARCH_TEST_MODULUS, build_search_qa
-from environments.deepsearch.task_cache import load_or_build
+from environments.deepsearch.task_cache import cache_path, load_or_build
 
 log = logging.getLogger("environments.deepsearch")
 
@@ -59,8 +59,12 @@ class DeepSearchCatalog(TaskCatalog):
         return self._ids[split]
 
 
+#: the build arguments of the built-in ``search`` task set (part of its cache key)
+SEARCH_PARAMS = {"k": SEARCH_FILTER_K, "modulus": SEARCH_TEST_MODULUS}
+
+
 def _search_items(passages: Sequence[Passage], retriever: BM25Retriever) -> list[QAItem]:
-    params = {"k": SEARCH_FILTER_K, "modulus": SEARCH_TEST_MODULUS}
+    params = SEARCH_PARAMS
     items, built = load_or_build("search", wiki_summaries_path(), params, lambda: build_search_qa(passages, retriever, **params))
     log.info("deep search: the search task set %s", "built and cached" if built else "read from its cache")
     return items
@@ -151,6 +155,28 @@ def get_backend(task_set: str = "search") -> SearchBackend:
             shared = (other.passages, other.retriever) if other is not None else None
             _BACKENDS[task_set] = SearchBackend(_CONFIG, task_set, shared)
         return _BACKENDS[task_set]
+
+
+def prepare_search_task_set(config: BackendConfig, say: Callable[[str], None],
+                            build: Callable[[], object] | None = None) -> bool:
+    """Build the built-in ``search`` task set into its cache unless it is there already (True
+    when it built). Run by the launcher before it starts ``deepsearch`` servers (the family's
+    ``prepare``): the first build takes a minute or two, longer than a server may take to
+    start, and here the user is told what the wait is. Nothing to do (False) for user QA files
+    or a custom corpus (``config``), which have no built-in set, or when the cache file exists
+    (a file that cannot be read back is rebuilt by the server, with a warning).
+    ``build``: what builds and caches it (default: a fresh backend of the ``search`` set)."""
+    if config.corpus or config.qa or config.qa_train or config.qa_test:
+        return False
+    path = cache_path("search", wiki_summaries_path(), SEARCH_PARAMS)
+    if path.exists():
+        return False
+    say(f"deepsearch: building its search task set once (first use: a minute or two; cached in "
+        f"{path.parent} for later runs)")
+    start = time.perf_counter()
+    (build or (lambda: SearchBackend(BackendConfig(), "search")))()
+    say(f"deepsearch: search task set built in {time.perf_counter() - start:.0f} s")
+    return True
 
 
 if __name__ == "__main__":  # build (or check) the cached search task set ahead of a run

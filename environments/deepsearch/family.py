@@ -4,11 +4,13 @@
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
-
 import functools
+from typing import Callable, Sequence
 
-from environments.deepsearch.backend import DeepSearchCatalog, get_backend
+from environments.deepsearch.backend import (BackendConfig, DeepSearchCatalog, get_backend,
+                                             prepare_search_task_set)
 from environments.deepsearch.env import DeepSearchEnvironment
 from environments.deepsearch.expert import DeepSearchExpertPolicy, DeepSearchLookupExpertPolicy
 from environments.registry import Family
@@ -32,6 +34,28 @@ def configure(**options) -> DeepSearchConfig:
     return CONFIG
 
 
+def parse_family_args(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
+    """The deep-search options of a server command line (``python -m environments.deepsearch
+    --help``) and the rest (the server core's options)."""
+    parser = argparse.ArgumentParser(add_help=False)
+    parser.add_argument("--corpus", default=None)
+    parser.add_argument("--qa", action="append", default=[])
+    parser.add_argument("--qa-train", action="append", default=[])
+    parser.add_argument("--qa-test", action="append", default=[])
+    parser.add_argument("--k", type=int, default=CONFIG.k)
+    parser.add_argument("--max-steps", type=int, default=CONFIG.max_steps)
+    return parser.parse_known_args(list(argv))
+
+
+def prepare(server_args: Sequence[str], say: Callable[[str], None]) -> None:
+    """The ``deepsearch`` family's ``prepare``: build the cached ``search`` task set before the
+    servers start, unless ``server_args`` name user QA files / a corpus or it is cached."""
+    args, _ = parse_family_args(server_args)
+    prepare_search_task_set(BackendConfig(corpus=args.corpus, qa=tuple(args.qa),
+                                          qa_train=tuple(args.qa_train),
+                                          qa_test=tuple(args.qa_test)), say)
+
+
 def make_env(task_set: str = "search") -> DeepSearchEnvironment:
     return DeepSearchEnvironment(k=CONFIG.k, max_steps=CONFIG.max_steps,
                                  backend_getter=functools.partial(get_backend, task_set))
@@ -43,7 +67,7 @@ def make_catalog(task_set: str = "search") -> DeepSearchCatalog:
 
 
 FAMILY = Family(name="deepsearch", env_factory=make_env, catalog_factory=make_catalog,
-                expert=DeepSearchExpertPolicy,
+                expert=DeepSearchExpertPolicy, prepare=prepare,
                 action_example="<search> capital of France </search>")
 
 LOOKUP_FAMILY = Family(name="deepsearch_lookup", env_factory=functools.partial(make_env, "lookup"),

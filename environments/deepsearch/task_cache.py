@@ -93,13 +93,22 @@ def _decode(records: object) -> list[QAItem]:
     return items
 
 
+def cache_path(name: str, corpus_file: Path, params: Mapping[str, object],
+               directory: Path | None = None) -> Path:
+    """The cache file of the task set ``name`` over ``corpus_file`` built with ``params``
+    (it may not exist yet): ``<directory>/<name>-<key>.json``, directory default
+    :func:`cache_dir`."""
+    directory = Path(directory) if directory is not None else cache_dir()
+    return directory / f"{name}-{cache_key(name, Path(corpus_file), params)}.json"
+
+
 def load_or_build(name: str, corpus_file: Path, params: Mapping[str, object], build: Callable[[], list[QAItem]],
                   directory: Path | None = None) -> tuple[list[QAItem], bool]:
     """``(items, built)``: the task set ``name`` over ``corpus_file`` from its cache file, or
     ``build()`` written to it (``built`` True). ``params``: every build argument that changes
     the result (part of the key)."""
-    directory = Path(directory) if directory is not None else cache_dir()
-    path = directory / f"{name}-{cache_key(name, Path(corpus_file), params)}.json"
+    path = cache_path(name, corpus_file, params, directory)
+    directory = path.parent
     if path.exists():
         try:
             return _decode(json.loads(path.read_text(encoding="utf-8"))), False
