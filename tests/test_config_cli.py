@@ -63,8 +63,27 @@ def test_a_value_of_the_wrong_type():
 def test_a_key_the_command_line_cannot_set_and_an_override_before_the_file():
     assert cli_problems(["--config.train.total_steps=2", "--config", SMOKE]) == [
         "--config.train.total_steps: must come after --config <experiment file>"]
+
+def test_a_none_default_can_be_set_but_a_none_the_file_adds_cannot(tmp_path):
+    """Settings whose default is None (``tis_cap``, ``clip_ratio_high``, ...) hold a typed
+    placeholder in ``base_config()``, so the command line sets them and the run sees the
+    value; a key an experiment file itself makes None has no type and is refused."""
+    from agentrl_jax.training.config import to_run_config
+    from agentrl_jax.training.config_cli import load_config_file
+
     sft = os.path.join(REPO, "experiments", "smoke_sft.py")
-    assert _problems("--config.learner.tis_cap=2.0", config=sft) == [
+    assert _problems("--config.learner.tis_cap=2.0", "--config.learner.clip_ratio_high=0.28",
+                     config=sft) == []
+    assert _problems("--config.learner.clip_ratio_low=low") == [
+        "--config.learner.clip_ratio_low: must be a number (got 'low')"]
+    config, problem = load_config_file(SMOKE)
+    assert problem is None and config.learner.clip_ratio_high is None
+    config.learner.clip_ratio_high = 0.28
+    assert to_run_config(config).learner.clip_ratio_high == 0.28
+    untyped = tmp_path / "untyped.py"
+    untyped.write_text("from ml_collections import ConfigDict\n\n"
+                       "def get_config():\n    return ConfigDict({'learner': {'tis_cap': None}})\n")
+    assert _problems("--config.learner.tis_cap=2.0", config=str(untyped)) == [
         "--config.learner.tis_cap: is None in the experiment file, so its type is unknown and "
         "it cannot be set on the command line; set it in the file"]
 

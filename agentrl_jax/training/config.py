@@ -10,9 +10,10 @@ raised as ``ConfigError``); library code reads that typed object.
 from __future__ import annotations
 
 import dataclasses
+import typing
 from typing import Any, Mapping
 
-from ml_collections import ConfigDict
+from ml_collections import ConfigDict, config_dict
 
 from agentrl_common.typed_sections import Section
 from agentrl_jax.training.config_sections import DERIVED_KEYS, RunConfig
@@ -36,23 +37,42 @@ def format_problems(problems: list[str]) -> str:
         f"  {p}" for p in problems)
 
 
-def _plain(section: Section) -> dict[str, Any]:
+def _plain(section: Section, typed_none: bool = False) -> dict[str, Any]:
     """A section's values as nested plain dicts (tuples stay tuples: their ConfigDict type).
-    Keys the run derives (``DERIVED_KEYS``) are left out."""
+    Keys the run derives (``DERIVED_KEYS``) are left out. ``typed_none``: a None default of a
+    setting typed ``T | None`` (T a plain scalar) becomes ``placeholder(T)``, so a
+    ``ConfigDict`` knows its type and ``--config.<key>=<value>`` can set it."""
+    hints = typing.get_type_hints(type(section)) if typed_none else {}
     out: dict[str, Any] = {}
     for f in dataclasses.fields(section):
         if (section.PREFIX, f.name) in DERIVED_KEYS:  # the run fills it from another key
             continue
         value = getattr(section, f.name)
-        out[f.name] = (_plain(value) if isinstance(value, Section)
-                       else dict(value) if isinstance(value, Mapping) else value)
+        if isinstance(value, Section):
+            out[f.name] = _plain(value, typed_none)
+        elif isinstance(value, Mapping):
+            out[f.name] = dict(value)
+        elif value is None and _optional_scalar(hints.get(f.name)) is not None:
+            out[f.name] = config_dict.placeholder(_optional_scalar(hints[f.name]))
+        else:
+            out[f.name] = value
     return out
+
+
+def _optional_scalar(hint: Any) -> type | None:
+    """T for a hint ``T | None`` with T one of bool, int, float, str; else None."""
+    args = [a for a in typing.get_args(hint) if a is not type(None)]
+    if len(args) == 1 and type(None) in typing.get_args(hint) and args[0] in (bool, int, float, str):
+        return args[0]
+    return None
 
 
 def base_config() -> ConfigDict:
     """The ``ConfigDict`` experiment files start from: ``RunConfig()``'s defaults
-    (``training/config_sections.py`` holds each default once)."""
-    return ConfigDict(_plain(RunConfig()))
+    (``training/config_sections.py`` holds each default once). A setting whose default is None
+    holds a typed placeholder, so the command line can set it (``--config.learner.
+    clip_ratio_high=0.28``); ``to_dict()`` reads it back as None or its value."""
+    return ConfigDict(_plain(RunConfig(), typed_none=True))
 
 
 def config_problems(config: Any) -> list[str]:
