@@ -29,6 +29,8 @@ from absl import app, flags  # noqa: E402
 from absl import logging as absl_logging  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
+from agentrl_jax.training.config_cli import experiment_run_name  # noqa: E402
+
 _CONFIG = config_flags.DEFINE_config_file("config", None, "experiment config file",
                                           lock_config=True)
 _WORKDIR = flags.DEFINE_string("workdir", None, "output directory (default runs/<config name>)")
@@ -73,9 +75,9 @@ def check(config: Any) -> Any:
 
 
 def _workdir() -> str:
-    """--workdir, or runs/<config file name>."""
+    """--workdir, or runs/<config file name>[_<variant>]."""
     return _WORKDIR.value or os.path.join(
-        "runs", os.path.splitext(os.path.basename(flags.FLAGS["config"].config_filename))[0])
+        "runs", experiment_run_name(flags.FLAGS["config"].config_filename))
 
 
 def _processes() -> int:
