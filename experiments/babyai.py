@@ -267,8 +267,8 @@ def paper_scale_7b(num_gpus: int | None = None) -> ConfigDict:
     """A paper-scale RL step for sizing runs: a Qwen2.5-7B-shaped policy (random weights), GRPO,
     BabyAI, 32 tasks x 8 samples, a fixed 13-turn horizon.
 
-    Timed with ``benchmarks/rl_step.py --config experiments/babyai.py:paper_scale_7b --variants packed``
-    (``benchmarks/scaling_step_gpu.sh`` runs it) on the GPUs of ``CUDA_VISIBLE_DEVICES``: the
+    Timed with ``benchmarks/rl_step.py --config experiments/babyai.py:paper_scale_7b --variants
+    packed`` (``benchmarks/scaling_step_gpu.sh`` runs it) on the GPUs of ``CUDA_VISIBLE_DEVICES``: the
     learner shards over every visible GPU (``learner.mesh``: FSDP) and the embedded engine runs a
     bf16 replica on each of them (``rollout.engine_replicas=0``). By the estimate below 1 and 2
     H100 80GB cannot hold it and 4 can (with the KV cache freed during the update), and 2 (or

@@ -1,7 +1,11 @@
 """The main job: train an LLM agent with multi-turn RL.
 
-    python launch/run.py --config experiments/babyai_grpo_scaling.py --workdir runs/babyai
+    python launch/run.py --config experiments/babyai.py --workdir runs/babyai
+    python launch/run.py --config experiments/babyai.py:grpo_gpu    # a named variant
     python launch/run.py --config experiments/smoke.py --config.train.total_steps=2
+
+An experiment file holds one family's variants (``experiments/common.py``); ``FILE:VARIANT``
+picks one, ``FILE`` alone its default, and an unknown name is refused with the file's list.
 
 The config is checked first (``training/config_cli.py``: the file and every --config.* override
 names a real key with a value of its type; ``training/validate.py``: every key, the model

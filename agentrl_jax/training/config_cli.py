@@ -77,6 +77,16 @@ def load_config_file(spec: str, **kwargs: Any) -> tuple[Any, str | None]:
     return config, None
 
 
+def load_experiment(spec: str, **kwargs: Any) -> ConfigDict:
+    """The config of ``spec`` (``path`` or ``path:variant``; ``kwargs`` as for
+    :func:`load_config_file`) for a tool's command line: ``SystemExit`` with the one-line
+    problem when it does not load."""
+    config, problem = load_config_file(spec, **kwargs)
+    if problem:
+        raise SystemExit(problem)
+    return config
+
+
 def _variant_problem(module: Any, get_config: Callable[..., Any], path: str,
                      arg: list[str]) -> str | None:
     """The problem of ``path:<arg>``: a variant the file does not have (its ``VARIANTS`` named),
