@@ -17,7 +17,7 @@ Styles (``--styles``, comma-separated):
 * ``react``: ``agent.prompt_style="react"`` (Thought + Action lines), no response prefix,
   ``rollout.max_new_tokens=128``: the format for larger models;
 * ``action``: ``agent.prompt_style="action"``, every turn opened with ``"Action:"``,
-  ``rollout.max_new_tokens=24`` (``experiments/babyai_grpo_scaling_gpu10min.py``);
+  ``rollout.max_new_tokens=24`` (``experiments/babyai.py:grpo_scaling_gpu10min``);
 * ``action_line``: ``action`` whose turns also end at their first line break
   (``rollout.stop=("\n",)``): the default of ``training/config.py::base_config``.
 

@@ -3,7 +3,7 @@ run twice in fresh processes with one empty cache folder, the first compiling (c
 loading (warm); each phase's time from the run's own progress lines, side by side.
 
     python benchmarks/compile_cache.py --config experiments/smoke.py --set train.total_steps=2
-    python3 benchmarks/compile_cache.py --config experiments/babyai_grpo_gpu.py \\
+    python3 benchmarks/compile_cache.py --config experiments/babyai.py:grpo_gpu \\
         --set train.max_seconds=60 --set train.eval_before=False      # GPU
 """
 

@@ -1,7 +1,7 @@
 """Start-up time of a run's embedded rollout engine: prefill KV buckets on / off, warm-up
 compiles in parallel or one after another.
 
-    python3 benchmarks/engine_startup.py --config experiments/babyai_grpo_gpu.py \\
+    python3 benchmarks/engine_startup.py --config experiments/babyai.py:grpo_gpu \\
         --variants "seq:,seq:auto,par:,par:auto" --gpus 0,1,2,3 --json startup.json
 
 A run prints this phase as ``starting rollout backend embedded ... done in``: the engine
@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import importlib.util
 import json
 import os
 import subprocess
@@ -44,10 +43,10 @@ def parse_variant(text: str) -> tuple[str, str]:
 
 
 def load_config(path: str) -> Any:
-    spec = importlib.util.spec_from_file_location("experiment_config", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.get_config()
+    """The config of experiment ``path`` (``file.py`` or ``file.py:variant``)."""
+    from agentrl_jax.training.config_cli import load_experiment
+
+    return load_experiment(path)
 
 
 def one_variant(config_path: str, variant: str, shape: str) -> dict[str, Any]:
@@ -80,7 +79,7 @@ def one_variant(config_path: str, variant: str, shape: str) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--config", default="experiments/babyai_grpo_gpu.py")
+    p.add_argument("--config", default="experiments/babyai.py:grpo_gpu")
     p.add_argument("--variants", default="seq:,seq:auto,par:,par:auto",
                    help="comma list of WARMUP:BUCKETS (WARMUP: seq | par)")
     p.add_argument("--shape", default="smollm2-135m")

@@ -124,7 +124,7 @@ record() {  # record FAMILY LANE
   else
     [ $(( episodes / 50 + 1 )) -lt "$workers" ] && workers=$(( episodes / 50 + 1 ))
     run_job "record_$env" "$lane" "$CAP_RECORD" CPU "$PY" launch/record_experts.py --env "$env" \
-      --episodes "$episodes" --out "$EXPERTS" --config "experiments/${fam}_sft_gpu.py" \
+      --episodes "$episodes" --out "$EXPERTS" --config "experiments/${fam}.py:sft_gpu" \
       --workers "$workers" --timeout $(( CAP_RECORD - 30 )) --progress_every 100 \
       "${MODEL[@]}" "${RECORD_ARGS[@]}" ${FAMILY_ARGS[$fam]:-} || true
   fi
@@ -144,7 +144,7 @@ lane_a() {  # lane_a FAMILY LANE: record -> SFT -> SFT+GRPO
   local fam=$1 lane=$2 secs
   record "$fam" "$lane" || { say "no expert data for $fam"; touch "$OUT/.done/${fam}_sft.failed"; return 1; }
   run_job "${fam}_sft" "$lane" "$CAP_SFT" GPU "$PY" launch/sft.py \
-    --config "experiments/${fam}_sft_gpu.py" --workdir "$OUT/${fam}_sft" "${MODEL[@]}" \
+    --config "experiments/${fam}.py:sft_gpu" --workdir "$OUT/${fam}_sft" "${MODEL[@]}" \
     "${SFT_ARGS[@]}" ${FAMILY_ARGS[$fam]:-} || return 1
   secs=$(rl_seconds_now "$fam")
   if [ "$SMOKE" != 1 ] && [ "$secs" -lt 30 ]; then
@@ -152,7 +152,7 @@ lane_a() {  # lane_a FAMILY LANE: record -> SFT -> SFT+GRPO
     return 1
   fi
   run_job "${fam}_sft_grpo" "$lane" $(( secs + $(overhead "$fam") + RL_SLACK )) GPU "$PY" launch/run.py \
-    --config "experiments/${fam}_sft_grpo_gpu.py" --workdir "$OUT/${fam}_sft_grpo" \
+    --config "experiments/${fam}.py:sft_grpo_gpu" --workdir "$OUT/${fam}_sft_grpo" \
     --config.model.name="$OUT/${fam}_sft/model" --config.train.max_seconds="$secs" "${RL_ARGS[@]}" \
     ${FAMILY_ARGS[$fam]:-}
 }
@@ -161,7 +161,7 @@ lane_b() {  # lane_b FAMILY LANE: GRPO from the base model (step 0 = the base mo
   local fam=$1 lane=$2 secs
   secs=$(rl_seconds_now "$fam")
   run_job "${fam}_grpo" "$lane" $(( secs + $(overhead "$fam") + RL_SLACK )) GPU "$PY" launch/run.py \
-    --config "experiments/${fam}_grpo_gpu.py" --workdir "$OUT/${fam}_grpo" "${MODEL[@]}" \
+    --config "experiments/${fam}.py:grpo_gpu" --workdir "$OUT/${fam}_grpo" "${MODEL[@]}" \
     --config.train.max_seconds="$secs" "${RL_ARGS[@]}" ${FAMILY_ARGS[$fam]:-}
 }
 
@@ -172,7 +172,7 @@ lane_long() {  # lane_long FAMILY LANE SEED: longer RL from F_sft's policy
   left=$(( $(time_left) - $(overhead "$fam") ))
   if [ "$BUDGET" -gt 0 ] && [ "$SMOKE" != 1 ] && [ "$left" -lt "$secs" ]; then secs=$left; fi
   run_job "$name" "$lane" $(( secs + $(overhead "$fam") + RL_SLACK )) GPU "$PY" launch/run.py \
-    --config "experiments/${fam}_sft_grpo_gpu.py" --workdir "$OUT/$name" \
+    --config "experiments/${fam}.py:sft_grpo_gpu" --workdir "$OUT/$name" \
     --config.model.name="$OUT/${fam}_sft/model" --config.train.max_seconds="$secs" \
     --config.seed="$seed" "${RL_ARGS[@]}" ${FAMILY_ARGS[$fam]:-}
 }

@@ -24,7 +24,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 def shapes() -> dict[str, dict]:
     """The shapes of benchmarks/engine.py and the paper-scale experiment's 7B."""
     from benchmarks.engine import SHAPES
-    from experiments.paper_scale_7b import QWEN25_7B
+    from experiments.babyai import QWEN25_7B
 
     return {**SHAPES, "qwen2.5-7b": dict(QWEN25_7B)}
 

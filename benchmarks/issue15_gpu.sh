@@ -158,9 +158,9 @@ record() {  # record ENV CONFIG EPISODES LANE
   # at least ~100 episodes per worker (a worker's start costs a few seconds)
   [ $(( episodes / 100 + 1 )) -lt "$workers" ] && [ "$SMOKE" != 1 ] && workers=$(( episodes / 100 + 1 ))
   # --expert "$env": the environment's own expert (the table's SFT rows: the primitive
-  # BabyAIBot), whatever the config's sft.expert (babyai_sft_gpu.py: the macro expert)
+  # BabyAIBot), whatever the config's sft.expert (babyai.py:sft_gpu: the macro expert)
   run_job "record_$env" "$lane" "$CAP_RECORD" CPU "$PY" launch/record_experts.py --env "$env" \
-    --expert "$env" --episodes "$episodes" --out "$EXPERTS" --config "experiments/$config.py" \
+    --expert "$env" --episodes "$episodes" --out "$EXPERTS" --config "experiments/$config" \
     --workers "$workers" --timeout $(( CAP_RECORD - 30 )) --progress_every 250 \
     "${MODEL[@]}" "${RECORD_ARGS[@]}"
   local rc=$?
@@ -188,7 +188,7 @@ sft_rl() {  # sft_rl ENV ALGO LANE: ENV_sft_ALGO from ENV_sft's policy (this see
     return 1
   fi
   run_job "$job" "$lane" $(( secs + RL_OVERHEAD + RL_SLACK )) GPU "$PY" launch/run.py \
-    --config "experiments/${env}_sft_${algo}_gpu.py" --workdir "$OUT/$job" \
+    --config "experiments/${env}.py:sft_${algo}_gpu" --workdir "$OUT/$job" \
     --config.model.name="$OUT/$sft/model" --config.train.max_seconds="$secs" "${RL_ARGS[@]}"
 }
 
@@ -196,14 +196,14 @@ lane_a() {  # lane_a ENV EPISODES LANE: record -> SFT -> SFT+GRPO
   local env=$1 episodes=$2 lane=$3
   record "$env" "${env}_sft_gpu" "$episodes" "$lane" || { touch "$OUT/.done/${env}_sft$SUF.failed"; return 1; }
   run_job "${env}_sft$SUF" "$lane" "$CAP_SFT" GPU "$PY" launch/sft.py \
-    --config "experiments/${env}_sft_gpu.py" --workdir "$OUT/${env}_sft$SUF" "${MODEL[@]}" "${SFT_ARGS[@]}"
+    --config "experiments/${env}.py:sft_gpu" --workdir "$OUT/${env}_sft$SUF" "${MODEL[@]}" "${SFT_ARGS[@]}"
   sft_rl "$env" grpo "$lane"
 }
 
 lane_b() {  # lane_b ENV LANE: base-model evaluation -> SFT+GiGPO
   local env=$1 lane=$2
   run_job "${env}_base" "$lane" "$CAP_EVAL" GPU "$PY" launch/eval.py \
-    --config "experiments/${env}_grpo_gpu.py" --output "$OUT/${env}_base/eval.json" \
+    --config "experiments/${env}.py:grpo_gpu" --output "$OUT/${env}_base/eval.json" \
     "${MODEL[@]}" "${EVAL_ARGS[@]}"
   sft_rl "$env" gigpo "$lane"
 }
@@ -216,7 +216,7 @@ rl_base() {  # rl_base NAME CONFIG LANE [args]: RL from the base model for --rl-
     secs=$left
   fi
   run_job "$name" "$lane" $(( secs + RL_OVERHEAD + RL_SLACK )) GPU "$PY" launch/run.py \
-    --config "experiments/$config.py" --workdir "$OUT/$name" "${MODEL[@]}" \
+    --config "experiments/$config" --workdir "$OUT/$name" "${MODEL[@]}" \
     --config.train.max_seconds="$secs" "${RL_ARGS[@]}" "$@"
 }
 
@@ -253,8 +253,8 @@ EOF
 echo "SFT -> RL comparison in $OUT (results: $RESULTS): $LANES lane(s) on $GPUS GPU(s) ($PER_GPU per GPU)," \
   "stages $STAGE$([ "$BUDGET" -gt 0 ] && echo ", budget $BUDGET s")$([ "$SMOKE" = 1 ] && echo ' (smoke: CPU, tiny model)')"
 if has_stage record; then
-  record babyai babyai_sft_gpu "$BABYAI_EXPERTS" 0 &
-  record textcraft textcraft_sft_gpu "$TEXTCRAFT_EXPERTS" 2 &
+  record babyai babyai.py:sft_gpu "$BABYAI_EXPERTS" 0 &
+  record textcraft textcraft.py:sft_gpu "$TEXTCRAFT_EXPERTS" 2 &
   wait
 fi
 if has_stage wave1; then
@@ -265,20 +265,20 @@ if has_stage wave1; then
   wait
 fi
 if has_stage wave2; then
-  rl_base "babyai_grpo$SUF" babyai_grpo_gpu 0 &
-  rl_base "babyai_gigpo$SUF" babyai_gigpo_gpu 1 &
+  rl_base "babyai_grpo$SUF" babyai.py:grpo_gpu 0 &
+  rl_base "babyai_gigpo$SUF" babyai.py:gigpo_gpu 1 &
   case "$WAVE2_PAIR2" in
     horizons)
-      rl_base "babyai_fixed6$SUF" babyai_grpo_gpu 2 --config.horizon.type=fixed \
+      rl_base "babyai_fixed6$SUF" babyai.py:grpo_gpu 2 --config.horizon.type=fixed \
         --config.horizon.turns=6 &
-      rl_base "babyai_fixed20$SUF" babyai_grpo_gpu 3 --config.horizon.type=fixed \
+      rl_base "babyai_fixed20$SUF" babyai.py:grpo_gpu 3 --config.horizon.type=fixed \
         --config.horizon.turns=20 & ;;
     babyai_seed1)
-      rl_base babyai_grpo_s1 babyai_grpo_gpu 2 --config.seed=1 &
-      rl_base babyai_gigpo_s1 babyai_gigpo_gpu 3 --config.seed=1 & ;;
+      rl_base babyai_grpo_s1 babyai.py:grpo_gpu 2 --config.seed=1 &
+      rl_base babyai_gigpo_s1 babyai.py:gigpo_gpu 3 --config.seed=1 & ;;
     textcraft_base)
-      rl_base "textcraft_grpo$SUF" textcraft_grpo_gpu 2 &
-      rl_base "textcraft_gigpo$SUF" textcraft_gigpo_gpu 3 & ;;
+      rl_base "textcraft_grpo$SUF" textcraft.py:grpo_gpu 2 &
+      rl_base "textcraft_gigpo$SUF" textcraft.py:gigpo_gpu 3 & ;;
   esac
   wait
 fi

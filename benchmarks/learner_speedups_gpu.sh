@@ -4,7 +4,7 @@
 #
 #   bash benchmarks/learner_speedups_gpu.sh OUT [GPU_A] [GPU_B]
 #
-# 1. The whole BabyAI RL step (benchmarks/rl_step.py, experiments/babyai_grpo_gpu.py, 4 steps)
+# 1. The whole BabyAI RL step (benchmarks/rl_step.py, experiments/babyai.py:grpo_gpu, 4 steps)
 #    with train.compile_ahead on (GPU_A) and off (GPU_B), at the same time: the first step and the
 #    run's wall clock show the compile moved out of the way.
 # 2. GPU_A: packed attention forward + backward (benchmarks/packed_attention.py), float32 (the
@@ -19,7 +19,7 @@ GB=${3:-1}
 cd "$(dirname "$0")/.."
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
-CFG=experiments/babyai_grpo_gpu.py
+CFG=experiments/babyai.py:grpo_gpu
 (
   export CUDA_VISIBLE_DEVICES=$GA
   timeout -k 10 250 python3 benchmarks/rl_step.py --config $CFG --steps 4 --variants packed \

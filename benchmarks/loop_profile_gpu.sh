@@ -15,7 +15,7 @@ BASE=${2:-}
 HERE=$(cd "$(dirname "$0")/.." && pwd)
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
-CFG=experiments/babyai_grpo_gpu.py
+CFG=experiments/babyai.py:grpo_gpu
 cd "$HERE"
 CUDA_VISIBLE_DEVICES=0 python3 benchmarks/rollout_profile.py --config $CFG --replicas 1 \
     --variants noshare,share --rollouts 3 --label "1 GPU" --json "$OUT/profile_1gpu.json" \

@@ -5,7 +5,7 @@
     python benchmarks/prefill.py --small                  # CPU smoke run (Pallas interpreter)
 
 Each contender is the engine's own jitted prefill (``compiled.compiled_functions``) for a
-random-weight model of ``--shape`` with the engine of ``experiments/babyai_grpo_gpu.py``
+random-weight model of ``--shape`` with the engine of ``experiments/babyai.py:grpo_gpu``
 (``--slots`` slots of ``--max-length`` positions, head-major cache), differing only in
 ``prefill_attention`` (``dense``: XLA einsums over the call's KV length; ``flash``: the Pallas
 kernel of ``kernels/prefill_attention.py`` on the gathered rows; ``flash_in_cache``: the

@@ -5,7 +5,7 @@
 #
 #   bash benchmarks/prefill_knobs_gpu.sh OUT [GPU_A] [GPU_B]
 #
-# GPU_A (default 0), one after the other: the rollout profile of experiments/babyai_grpo_gpu.py
+# GPU_A (default 0), one after the other: the rollout profile of experiments/babyai.py:grpo_gpu
 # as committed; with prefill KV buckets (rollout.prefill_kv_buckets='auto': each prefill call
 # attends over the smallest power-of-two prefix of its rows that holds them, not the whole
 # 3,072-position row); with the buckets and 4 BabyAI servers (env.replicas=4), also with
@@ -18,7 +18,7 @@ GB=${3:-1}
 cd "$(dirname "$0")/.."
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
-CFG=experiments/babyai_grpo_gpu.py
+CFG=experiments/babyai.py:grpo_gpu
 KV="rollout.prefill_kv_buckets='auto'"
 (
   export CUDA_VISIBLE_DEVICES=$GA

@@ -76,12 +76,9 @@ VARIANTS = {
 
 
 def load_config(path: str, steps: int, overrides: dict):
-    import importlib.util
+    from agentrl_jax.training.config_cli import load_experiment
 
-    spec = importlib.util.spec_from_file_location("experiment", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    c = module.get_config()
+    c = load_experiment(path)  # path or path:variant
     c.train.total_steps = steps
     c.train.eval_before = c.train.eval_after = False
     c.train.eval_every = 0
@@ -235,7 +232,7 @@ def run_in_processes(args: argparse.Namespace) -> int:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--config", default="experiments/babyai_grpo_gpu.py")
+    p.add_argument("--config", default="experiments/babyai.py:grpo_gpu")
     p.add_argument("--steps", type=int, default=5)
     p.add_argument("--variants", default="packed,padded")
     p.add_argument("--workdir", default=None)

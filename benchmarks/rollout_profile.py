@@ -208,12 +208,10 @@ def children_cpu_s() -> float:
 
 def load_config(path: str, overrides: list[str]):
     import ast
-    import importlib.util
 
-    spec = importlib.util.spec_from_file_location("experiment", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    c = module.get_config()
+    from agentrl_jax.training.config_cli import load_experiment
+
+    c = load_experiment(path)  # path or path:variant
     for item in overrides:
         key, _, value = item.partition("=")
         section, name = key.split(".")
@@ -414,7 +412,7 @@ def format_table(summary: dict[str, Any], replicas: int) -> str:
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--config", default="experiments/babyai_grpo_gpu.py")
+    p.add_argument("--config", default="experiments/babyai.py:grpo_gpu")
     p.add_argument("--replicas", type=int, default=1,
                    help="engine replicas (rollout.engine_replicas; one per local device)")
     p.add_argument("--warmup", type=int, default=1)

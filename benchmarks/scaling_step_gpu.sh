@@ -2,7 +2,7 @@
 # The whole RL step on 1, 2 and 4 GPUs of one host, timed part by
 # part by benchmarks/rl_step.py (rollout, learner log-prob passes, optimizer, weight sync, host):
 #
-#   (a) experiments/babyai_grpo_gpu.py (the standard RL-step benchmark of docs/PERFORMANCE.md:
+#   (a) experiments/babyai.py:grpo_gpu (the standard RL-step benchmark of docs/PERFORMANCE.md:
 #       BabyAI, SmolLM2-135M-Instruct, GRPO, 32 tasks x 8 samples = 256 episodes a step,
 #       float32 engine and learner; every group trained: train.skip_flat_groups=False, so the
 #       learner's work does not depend on which groups got different rewards) on 1, 2, 4 GPUs.
@@ -13,7 +13,7 @@
 #       run alone. With 2 or 3 GPUs: the 1-GPU run on GPU 0, then the 2-GPU run on GPUs 0,1
 #       (one after the other, each up to 200 s; when a 7B run follows, 40% of the time left
 #       is kept for it); with 1 GPU the 1-GPU run only.
-#   (b) experiments/paper_scale_7b.py (a Qwen2.5-7B-shaped random policy, bf16 engine replica
+#   (b) experiments/babyai.py:paper_scale_7b (a Qwen2.5-7B-shaped random policy, bf16 engine replica
 #       per GPU, f32 master weights + AdamW, 32 tasks x 8 samples, 13 turns) on 4, 2, 1 GPUs
 #       (those the machine has), each only where the memory arithmetic
 #       (agentrl_jax/training/memory_estimate.py, for this machine's card memory) does
@@ -84,8 +84,8 @@ elapsed() { echo $((SECONDS - T0)); }
 say() { echo "[$(elapsed) s] $*"; }
 left() { echo $((BUDGET_S - (SECONDS - T0))); }  # seconds of the budget left
 
-SMALL_CONFIG=experiments/babyai_grpo_gpu.py
-BIG_CONFIG=experiments/paper_scale_7b.py
+SMALL_CONFIG=experiments/babyai.py:grpo_gpu
+BIG_CONFIG=experiments/babyai.py:paper_scale_7b
 # every group trained (no flat-group skipping): the learner's work is the whole batch in every
 # step and on every GPU count, not whichever groups happened to get different rewards
 SMALL_SET=(--set train.skip_flat_groups=False)
@@ -209,7 +209,7 @@ print('model:', r('smollm2'))"; then
        "SETUP=<file> that puts it on PYTHONPATH" >&2
   exit 2
 fi
-"$PY" -m agentrl_jax.training.memory_estimate --config experiments/paper_scale_7b.py \
+"$PY" -m agentrl_jax.training.memory_estimate --config experiments/babyai.py:paper_scale_7b \
   --gpus "$EST_GPUS" --gpu-memory-gib "$GPU_MEM_GIB" \
   --mem-fraction "$EST_FRACTION" --json "$OUT/qwen7b_memory.json" \
   | tee "$OUT/logs/qwen7b_memory.log"
@@ -418,7 +418,7 @@ small_ran = [n for n, r in small.items() if r["ran"] and "skipped" not in r]
 summary = {
     "machine": machine,
     "smollm2_babyai": {
-        "config": "experiments/babyai_grpo_gpu.py (packed; float32 engine and learner; "
+        "config": "experiments/babyai.py:grpo_gpu (packed; float32 engine and learner; "
                   "train.skip_flat_groups=False: every group trained)",
         "scaling": "strong: the same step (32 tasks x 8 samples = 256 episodes, 256 engine "
                    "slots split over one replica per GPU, learner FSDP over all GPUs) on "
@@ -428,7 +428,7 @@ summary = {
         "vs_1gpu": {str(n): ratios(small[1], small[n], n) for n in (2, 4)},
     },
     "qwen25_7b_babyai": {
-        "config": "experiments/paper_scale_7b.py (random Qwen2.5-7B shape, packed, bf16 "
+        "config": "experiments/babyai.py:paper_scale_7b (random Qwen2.5-7B shape, packed, bf16 "
                   "engine, f32 master weights + AdamW, 13 turns)",
         "runs": big,
         "memory_estimate": read_json(os.path.join(out, "qwen7b_memory.json")),

@@ -6,7 +6,7 @@
 # workdirs), OUT_DIR/*.log and OUT_DIR/compare.json (benchmarks/compare_runs.py).
 set -uo pipefail
 OUT=${1:?usage: two_process_gpu.sh OUT_DIR [CONFIG]}
-CONFIG=${2:-experiments/babyai_grpo_gpu.py}
+CONFIG=${2:-experiments/babyai.py:grpo_gpu}
 read -r GPU_A GPU_B <<<"${GPUS:-0 1}"
 mkdir -p "$OUT"
 COMMON=(--config "$CONFIG" --config.train.tasks_per_step=8 --config.train.samples_per_task=4

@@ -1,6 +1,6 @@
 """Where a learner update's time goes: wall clock against device busy time, by kernel class.
 
-    python benchmarks/update_profile.py --config experiments/babyai_grpo_gpu.py \
+    python benchmarks/update_profile.py --config experiments/babyai.py:grpo_gpu \
         --variants pallas,chunked,xla --json out.json
 
 Builds the learner exactly as the trainer does for ``--config`` (``services.learner_settings``:
@@ -49,7 +49,7 @@ def _span(text: str) -> tuple[int, int]:
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--config", default="experiments/babyai_grpo_gpu.py")
+    p.add_argument("--config", default="experiments/babyai.py:grpo_gpu")
     p.add_argument("--variants", default="pallas,chunked",
                    help=f"comma list of {sorted(ATTENTION)} (learner.attention_impl)")
     p.add_argument("--shape", default="smollm2-135m", help="model shape of "

@@ -2,9 +2,9 @@
 any of its k episodes scores > 0) and the success rate (the environment's completion flag);
 ``agentrl_jax/training/eval_metrics.py`` defines them.
 
-    python launch/eval.py --config experiments/babyai_grpo_scaling.py               # base model
-    python launch/eval.py --config experiments/babyai_grpo_scaling.py \
-        --checkpoint runs/babyai_grpo_scaling/checkpoints [--step 300] --k 4 --tasks 64
+    python launch/eval.py --config experiments/babyai.py     # base model
+    python launch/eval.py --config experiments/babyai.py \
+        --checkpoint runs/babyai/checkpoints [--step 300] --k 4 --tasks 64
 
 The embedded engine gets a decode slot per episode of the evaluation (``k x tasks`` per
 environment, capped by ``rollout.max_batch`` / ``max_concurrency`` and, on CPU, by RAM); the

@@ -2,9 +2,9 @@
 chat template and answer format as RL (``agentrl_jax/training/experts.py``).
 
     python launch/record_experts.py --env babyai --episodes 2000 --out runs/experts \
-        --config experiments/babyai_sft.py
+        --config experiments/babyai.py:sft
     python launch/record_experts.py --env textcraft --episodes 426 --out runs/experts \
-        --config experiments/textcraft_sft.py
+        --config experiments/textcraft.py:sft
 
 Writes ``<out>/<env>.jsonl`` (one trajectory per line) and ``<out>/<env>.meta.json``. The
 token ids are the config's model tokenizer's; record with the config you fine-tune with. Experts:

@@ -1,7 +1,11 @@
 """The main job: train an LLM agent with multi-turn RL.
 
-    python launch/run.py --config experiments/babyai_grpo_scaling.py --workdir runs/babyai
+    python launch/run.py --config experiments/babyai.py --workdir runs/babyai
+    python launch/run.py --config experiments/babyai.py:grpo_gpu    # a named variant
     python launch/run.py --config experiments/smoke.py --config.train.total_steps=2
+
+An experiment file holds one family's variants (``experiments/common.py``); ``FILE:VARIANT``
+picks one, ``FILE`` alone its default, and an unknown name is refused with the file's list.
 
 The config is checked first (``training/config_cli.py``: the file and every --config.* override
 names a real key with a value of its type; ``training/validate.py``: every key, the model
@@ -28,6 +32,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from absl import app, flags  # noqa: E402
 from absl import logging as absl_logging  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
+
+from agentrl_jax.training.config_cli import experiment_run_name  # noqa: E402
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "experiment config file",
                                           lock_config=True)
@@ -73,9 +79,9 @@ def check(config: Any) -> Any:
 
 
 def _workdir() -> str:
-    """--workdir, or runs/<config file name>."""
+    """--workdir, or runs/<config file name>[_<variant>]."""
     return _WORKDIR.value or os.path.join(
-        "runs", os.path.splitext(os.path.basename(flags.FLAGS["config"].config_filename))[0])
+        "runs", experiment_run_name(flags.FLAGS["config"].config_filename))
 
 
 def _processes() -> int:

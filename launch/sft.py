@@ -1,9 +1,9 @@
 """Behaviour cloning (SFT) on recorded expert episodes (``agentrl_jax/training/sft.py``).
 
     python launch/record_experts.py --env babyai --episodes 2000 --out runs/experts \
-        --config experiments/babyai_sft.py
-    python launch/sft.py --config experiments/babyai_sft.py --workdir runs/babyai_sft
-    python launch/run.py --config experiments/babyai_grpo_gpu.py \
+        --config experiments/babyai.py:sft
+    python launch/sft.py --config experiments/babyai.py:sft --workdir runs/babyai_sft
+    python launch/run.py --config experiments/babyai.py:grpo_gpu \
         --config.model.name=runs/babyai_sft/model
 
 The loss is the NLL of the assistant tokens only, through the RL learner (sharded, packed rows,
@@ -25,6 +25,8 @@ from absl import app, flags  # noqa: E402
 from absl import logging as absl_logging  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
+from agentrl_jax.training.config_cli import experiment_run_name  # noqa: E402
+
 _CONFIG = config_flags.DEFINE_config_file("config", None, "SFT experiment config file",
                                           lock_config=True)
 _WORKDIR = flags.DEFINE_string("workdir", None, "output directory (default runs/<config name>)")
@@ -36,10 +38,10 @@ def main(argv: list[str], config: Any) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     absl_logging.set_verbosity(absl_logging.WARNING)
     if config is None:
-        raise app.UsageError("--config experiments/<name>_sft.py (with an sft section) is "
-                             "required")
+        raise app.UsageError("--config experiments/<family>.py:<sft variant> (with an sft "
+                             "section) is required")
     workdir = _WORKDIR.value or os.path.join(
-        "runs", os.path.splitext(os.path.basename(flags.FLAGS["config"].config_filename))[0])
+        "runs", experiment_run_name(flags.FLAGS["config"].config_filename))
     from agentrl_jax import compile_cache
     from agentrl_jax.training.sft import SFTRun, finished_step, sft_problems
     from agentrl_jax.training.validate import EXIT_BAD_CONFIG

@@ -4,10 +4,10 @@ SFT policy. Each stage is the project's own command (``launch/record_experts.py`
 and each resumes, so the same command again skips the stages that finished and resumes the one
 that was cut off (a time limit, a preempted machine, Ctrl-C).
 
-    python launch/sft_rl.py --sft_config experiments/babyai_sft_gpu.py \\
-        --config experiments/babyai_sft_grpo_gpu.py --workdir runs/babyai_sft_rl
-    python launch/sft_rl.py --sft_config experiments/babyai_sft_gpu.py \\
-        --sft_config.sft.max_seconds=90 --config experiments/babyai_sft_grpo_gpu.py \\
+    python launch/sft_rl.py --sft_config experiments/babyai.py:sft_gpu \\
+        --config experiments/babyai.py:sft_grpo_gpu --workdir runs/babyai_sft_rl
+    python launch/sft_rl.py --sft_config experiments/babyai.py:sft_gpu \\
+        --sft_config.sft.max_seconds=90 --config experiments/babyai.py:sft_grpo_gpu \\
         --config.train.max_seconds=270 --workdir runs/babyai_sft_rl   # overrides per stage
 
 Folders under ``--workdir``: ``experts/`` (``<env>.jsonl`` and ``<env>.meta.json`` for each

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Launch the main job on every worker of a Cloud TPU pod slice.
 #
-#   TPU_NAME=my-v5p-64 ZONE=us-east5-a bash launch/tpu_pod.sh experiments/babyai_grpo_scaling.py \
+#   TPU_NAME=my-v5p-64 ZONE=us-east5-a bash launch/tpu_pod.sh experiments/babyai.py \
 #       --config.learner.mesh.fsdp=-1 --config.rollout.engine_dtype=bfloat16
 #
 # Every host runs the same command; --distributed calls jax.distributed.initialize(), which on

@@ -71,7 +71,7 @@ def test_macros_shorten_the_bot_overall():
 
 
 def test_the_recorder_acts_with_the_macro_expert_by_name(tmp_path):
-    from experiments.smoke_sft import get_config
+    from experiments.smoke import sft as get_config
 
     from agentrl_jax.training.experts import record_experts_sync
 

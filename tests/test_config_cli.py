@@ -71,7 +71,7 @@ def test_a_none_default_can_be_set_but_a_none_the_file_adds_cannot(tmp_path):
     from agentrl_jax.training.config import to_run_config
     from agentrl_jax.training.config_cli import load_config_file
 
-    sft = os.path.join(REPO, "experiments", "smoke_sft.py")
+    sft = os.path.join(REPO, "experiments", "smoke.py:sft")
     assert _problems("--config.learner.tis_cap=2.0", "--config.learner.clip_ratio_high=0.28",
                      config=sft) == []
     assert _problems("--config.learner.clip_ratio_low=low") == [

@@ -243,7 +243,7 @@ def test_shard_bounds_and_meta_merge():
 def test_workers_record_what_one_process_records(tmp_path):
     """2 worker processes and 1 process: the same TextCraft episodes in the same order (token
     ids equal), merged meta counts equal; progress lines come every N episodes."""
-    from experiments.smoke_sft import get_config
+    from experiments.smoke import sft as get_config
 
     from agentrl_jax.training.experts import record_experts_parallel
 

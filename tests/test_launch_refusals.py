@@ -66,7 +66,7 @@ def test_eval_refuses_a_step_the_folder_does_not_hold(tmp_path):
 
 
 def test_sft_refuses_missing_expert_data_before_writing_its_workdir(tmp_path):
-    proc = _launch("sft.py", ["--config", os.path.join(REPO, "experiments/smoke_sft.py"),
+    proc = _launch("sft.py", ["--config", os.path.join(REPO, "experiments/smoke.py:sft"),
                               "--config.sft.data=nowhere/experts", "--workdir", "runs/sft"],
                    cwd=str(tmp_path))
     assert proc.returncode == 2, proc.stderr[-2000:]

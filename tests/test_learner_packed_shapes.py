@@ -2,7 +2,7 @@
 length bucket capped at ``pack_length``), so batches whose row count and length change every
 step (flat groups skipped, longer or shorter episodes) stop compiling new programs once their
 buckets are compiled: before, every new ``[B, T]`` compiled the update's gather, derive and
-shuffle programs again (four to five programs a step in `experiments/first_trainer_cpu.py`,
+shuffle programs again (four to five programs a step in `experiments/smoke.py:first_trainer_cpu`,
 docs/PERFORMANCE.md). The padded rows change nothing: the same parameters and metrics as
 the same update on the token space as given."""
 

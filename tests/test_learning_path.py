@@ -1,7 +1,7 @@
 """The learning path stays honest: a short GRPO run of a tiny random model against a real BabyAI
 server (started by the trainer, as in any run) raises the environment's reward over its own start.
 
-``experiments/babyai_choice_tiny.py``: BabyAI-GoToRedBallNoDists, the valid actions listed as
+``experiments/babyai.py:choice_tiny``: BabyAI-GoToRedBallNoDists, the valid actions listed as
 lettered options, a one-token reply whose first letter picks one (``rollout.parser = "choice"``),
 3 turns, 4 tasks x 4 samples a step. The untrained model picks at random; the reward is
 minigrid's (``1 - 0.9 * steps / max_steps`` on success), so a rise can only come from the
@@ -24,7 +24,7 @@ import pytest
 from agentrl_common.jsonl_files import read_records
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-CONFIG = "experiments/babyai_choice_tiny.py"
+CONFIG = "experiments/babyai.py:choice_tiny"
 SEED = 0
 STEPS = 12  # the config's train.total_steps
 WINDOW = 4  # steps averaged at each end of the run

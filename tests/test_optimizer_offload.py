@@ -43,7 +43,7 @@ from experiments import smoke
 TINY = ModelConfig(vocab_size=256, hidden_size=32, intermediate_size=64, num_layers=2,
                    num_heads=4, num_kv_heads=2, head_dim=8)
 LR = 1e-3
-# the 7B experiment's path: packed rows (experiments/paper_scale_7b.py: pack_length=4096);
+# the 7B experiment's path: packed rows (experiments/babyai.py:paper_scale_7b: pack_length=4096);
 # one optimiser step per update, so that update 1 is a single step from the same state
 PACKED = LearnerConfig(kl_coef=0.0, entropy_coef=0.0, dtype="float32", remat=False,
                        learning_rate=LR, weight_decay=0.01,

@@ -83,7 +83,7 @@ def test_dry_run_plans_every_seed_and_writes_nothing(tmp_path, capfd):
     # through launch/sft_rl.py, and RL only)
     for job in ("webnav_sft_grpo", "webnav_sft_grpo_s2", "webnav_grpo", "webnav_grpo_s1"):
         assert f"plan: {job} " in plan
-    assert "launch/sft_rl.py --sft_config experiments/webnav_sft_gpu.py" in plan
+    assert "launch/sft_rl.py --sft_config experiments/webnav.py:sft_gpu" in plan
     assert not out.exists() and not (tmp_path / "res").exists()
     assert results_table.main(["--stage", "jobs", "--dry-run", "--seeds", "0", "--family-jobs",
                                "", "--web-jobs", "", "--out", str(out),

@@ -19,7 +19,7 @@ transformers = pytest.importorskip("transformers")
 def _config(data_dir: str, steps: int):
     """The smoke SFT config on TextCraft (short expert episodes), packed rows of 1024 tokens
     (the learners run on one device: ``one_device``)."""
-    from experiments.smoke_sft import get_config
+    from experiments.smoke import sft as get_config
 
     c = get_config()
     c.env.names = "textcraft"

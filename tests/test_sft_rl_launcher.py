@@ -13,7 +13,7 @@ import pytest
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LAUNCHER = os.path.join(REPO, "launch", "sft_rl.py")
-SFT = os.path.join(REPO, "experiments", "smoke_sft.py")
+SFT = os.path.join(REPO, "experiments", "smoke.py:sft")
 RL = os.path.join(REPO, "experiments", "smoke.py")
 
 
@@ -95,7 +95,7 @@ def test_one_command_records_fine_tunes_and_trains_then_resumes_with_nothing_lef
         meta = json.load(f)
     assert meta["episodes"] == 8 and meta["expert"] == "babyai"
     with open(wd / "sft" / "summary.json") as f:
-        assert json.load(f)["finished_step"] == 3  # smoke_sft.py: sft.steps = 3
+        assert json.load(f)["finished_step"] == 3  # smoke.py:sft: sft.steps = 3
     assert os.path.exists(wd / "sft" / "model" / "config.json")
     with open(wd / "rl" / "config.json") as f:
         assert json.load(f)["model"]["name"] == str(wd / "sft" / "model")

@@ -102,7 +102,7 @@ def test_the_7b_shape_initialises_abstractly_in_its_sharding():
     output shardings, nothing allocated), and the parameter count is Qwen2.5-7B's."""
     from agentrl_jax.models.llama import abstract_model
     from agentrl_jax.training.memory_estimate import parameter_count
-    from experiments.paper_scale_7b import QWEN25_7B
+    from experiments.babyai import QWEN25_7B
 
     cfg = ModelConfig(**QWEN25_7B)
     abstract = nnx.state(abstract_model(cfg), nnx.Param)
@@ -120,13 +120,14 @@ def test_the_7b_shape_initialises_abstractly_in_its_sharding():
 
 
 def test_memory_estimate_of_the_7b_step_by_hand():
-    """training.memory_estimate of experiments/paper_scale_7b.py against the arithmetic written out: N =
+    """training.memory_estimate of experiments/babyai.py:paper_scale_7b against the arithmetic
+    written out: N =
     7,615,616,512 parameters; KV per token 2 x 28 layers x 4 KV heads x 128 x 2 bytes (bf16);
     256 slots over the replicas; 2,048 tokens a slot; the one-GPU replica's merged decode
     weights: 28 layers x (3584 x (q|k|v 36 x 128 + gate|up 2 x 18944) + the q|k|v bias 4608)
     x 2 bytes, live with the KV cache."""
     from agentrl_jax.training.memory_estimate import memory_estimate
-    from experiments.paper_scale_7b import get_config
+    from experiments.babyai import paper_scale_7b as get_config
 
     def estimate(g: int, **kwargs):  # AdamW on the GPUs (the offloaded 1-GPU case: below)
         c = get_config(num_gpus=g)
@@ -174,7 +175,7 @@ def test_memory_estimate_of_the_7b_step_by_hand():
     assert by_gpus[2] == memory_estimate(2, get_config(num_gpus=2))
     # without the release (as the 4 H100s ran out of memory, 2026-11-27, before the merged
     # weights existed): KV and merged weights live in the update, 57.5 / 77.3 GiB
-    from experiments.paper_scale_7b import get_config
+    from experiments.babyai import paper_scale_7b as get_config
     c = get_config()
     c.rollout.release_kv_during_update = False
     e = memory_estimate(4, c)
@@ -194,7 +195,7 @@ def test_memory_estimate_with_the_optimizer_state_offloaded(monkeypatch):
     step, twice the moments of the largest leaf (V x D = 152064 x 3584) are assumed on it (its
     copy in and the updated moments: offload.py updates one leaf per jitted call)."""
     from agentrl_jax.training.memory_estimate import memory_estimate
-    from experiments.paper_scale_7b import get_config
+    from experiments.babyai import paper_scale_7b as get_config
 
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     assert not get_config().learner.offload_optimizer_state  # GPU count unknown: off
@@ -231,17 +232,17 @@ def test_memory_estimate_command_line(tmp_path, capsys):
     import json
 
     from agentrl_jax.training.memory_estimate import main, memory_estimate
-    from experiments.paper_scale_7b import get_config
+    from experiments.babyai import paper_scale_7b as get_config
 
     out = tmp_path / "rows.json"
-    assert main(["--config", "experiments/paper_scale_7b.py", "--gpus", "1,4", "--check",
+    assert main(["--config", "experiments/babyai.py:paper_scale_7b", "--gpus", "1,4", "--check",
                  "--json", str(out)]) == 3
     rows = json.loads(out.read_text())
     assert rows == [json.loads(json.dumps(memory_estimate(g, get_config(num_gpus=g))))
                     for g in (1, 4)]
     assert [r["offloads_optimizer_state"] for r in rows] == [True, False]
     assert "| 4 |" in capsys.readouterr().out
-    assert main(["--config", "experiments/paper_scale_7b.py", "--gpus", "4", "--check"]) == 0
+    assert main(["--config", "experiments/babyai.py:paper_scale_7b", "--gpus", "4", "--check"]) == 0
     with pytest.raises(SystemExit, match="no such file"):
         main(["--config", str(tmp_path / "missing.py"), "--gpus", "4"])
 

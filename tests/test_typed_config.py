@@ -54,12 +54,14 @@ def test_base_config_is_the_dataclass_defaults():
 def test_every_experiment_loads_into_a_valid_run_config():
     names = sorted(os.path.basename(p)[:-3] for p in glob.glob(os.path.join(REPO, "experiments",
                                                                             "*.py"))
-                   if not p.endswith("__init__.py"))
-    assert len(names) >= 10
-    for name in names:
-        run = to_run_config(importlib.import_module(f"experiments.{name}").get_config())
-        assert isinstance(run, RunConfig) and isinstance(run.learner, LearnerConfig), name
-    sft = to_run_config(importlib.import_module("experiments.smoke_sft").get_config())
+                   if not p.endswith(("__init__.py", "common.py")))
+    variants = [(name, variant) for name in names
+                for variant in importlib.import_module(f"experiments.{name}").VARIANTS]
+    assert len(variants) >= 40
+    for name, variant in variants:
+        run = to_run_config(importlib.import_module(f"experiments.{name}").get_config(variant))
+        assert isinstance(run, RunConfig) and isinstance(run.learner, LearnerConfig), variant
+    sft = to_run_config(importlib.import_module("experiments.smoke").get_config("sft"))
     assert (sft.sft.batch_size, sft.sft.steps, sft.sft.record_horizon) == (4, 3, 8)
 
 

@@ -6,7 +6,8 @@ that does not parse as the key's type, a missing or broken file). ``cli_problems
 at the same command line first and returns one line per mistake, all of them at once:
 
 - ``--config``: the file is missing, does not import (the exception and its line), has no
-  ``get_config()``, or its ``get_config()`` fails or returns no ``ConfigDict``;
+  ``get_config()``, has no variant of the name after ``:`` (its variants listed) or takes no
+  variant, or its ``get_config()`` fails or returns no ``ConfigDict``;
 - ``--config.<key>``: no such key (with a "did you mean" from ``difflib`` over the real keys,
   or the same key name in another section), a key under a value that is not a section, a value
   that does not parse as the key's type (``int``, ``float``, ``bool``, ``tuple``, ``str``,
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 import ast
 import importlib.util
+import inspect
 import os
 import re
 import sys
@@ -39,9 +41,12 @@ _PARSERS: dict[type, flags.ArgumentParser] = {
     str: flags.ArgumentParser(), tuple: tuple_parser.TupleParser()}
 
 
-def load_config_file(spec: str) -> tuple[Any, str | None]:
+def load_config_file(spec: str, **kwargs: Any) -> tuple[Any, str | None]:
     """(the config of ``spec``, None) or (None, one-line problem). ``spec`` is ``path`` or
-    ``path:arg`` (``arg`` is passed to ``get_config``, as ``ml_collections`` does)."""
+    ``path:variant`` (``variant`` is passed to ``get_config``, as ``ml_collections`` does; a
+    file with named variants lists them in ``VARIANTS``, experiments/common.py).
+    ``kwargs`` go to ``get_config`` where it takes them (``num_gpus`` for a config sized by
+    GPU count) and are dropped where it does not."""
     path, *arg = spec.split(":", 1)
     if not path:
         return None, "--config: no file given"
@@ -57,14 +62,57 @@ def load_config_file(spec: str) -> tuple[Any, str | None]:
     if not callable(get_config):
         return None, (f"--config: {path} has no get_config() (an experiment file defines "
                       "get_config() returning its ConfigDict)")
+    problem = _variant_problem(module, get_config, path, arg)
+    if problem:
+        return None, problem
+    parameters = inspect.signature(get_config).parameters
+    given = {k: v for k, v in kwargs.items() if k in parameters}
     try:
-        config = get_config(*arg)
+        config = get_config(*arg, **given)
     except Exception as e:
         return None, f"--config: {path}: get_config() failed: {_describe(e, path)}"
     if not isinstance(config, ConfigDict):
         return None, (f"--config: {path}: get_config() returned {type(config).__name__}, "
                       "not a ConfigDict")
     return config, None
+
+
+def load_experiment(spec: str, **kwargs: Any) -> ConfigDict:
+    """The config of ``spec`` (``path`` or ``path:variant``; ``kwargs`` as for
+    :func:`load_config_file`) for a tool's command line: ``SystemExit`` with the one-line
+    problem when it does not load."""
+    config, problem = load_config_file(spec, **kwargs)
+    if problem:
+        raise SystemExit(problem)
+    return config
+
+
+def _variant_problem(module: Any, get_config: Callable[..., Any], path: str,
+                     arg: list[str]) -> str | None:
+    """The problem of ``path:<arg>``: a variant the file does not have (its ``VARIANTS`` named),
+    or a variant given to a ``get_config()`` that takes none; None when there is none."""
+    if not arg:
+        return None
+    variants = getattr(module, "VARIANTS", None)
+    if isinstance(variants, dict) and arg[0] not in variants:
+        close = close_names(arg[0], list(variants))
+        hint = f" (did you mean {close[0]}?)" if close else ""
+        return (f"--config: {path} has no variant {arg[0]!r}{hint}; its variants: "
+                f"{', '.join(variants)}")
+    positional = [p for p in inspect.signature(get_config).parameters.values()
+                  if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.VAR_POSITIONAL)]
+    if not positional:
+        return f"--config: {path} takes no variant (got :{arg[0]}; give the file alone)"
+    return None
+
+
+def experiment_run_name(spec: str) -> str:
+    """The run's name of ``--config`` ``spec``: the file's name without ``.py``, then
+    ``_<variant>`` when one is given (``experiments/babyai.py:grpo_gpu`` -> ``babyai_grpo_gpu``).
+    A run's default workdir is ``runs/<this>``."""
+    path, _, variant = spec.partition(":")
+    name = os.path.splitext(os.path.basename(path))[0]
+    return f"{name}_{variant}" if variant else name
 
 
 def _describe(error: BaseException, path: str) -> str:

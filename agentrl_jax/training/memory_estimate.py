@@ -8,7 +8,7 @@ transients; it returns a lower bound (what must be live whatever XLA does), a pe
 verdict against the card's usable memory. :func:`parameter_count` counts a Llama / Qwen2
 decoder's parameters from its shape.
 
-``python -m agentrl_jax.training.memory_estimate --config experiments/paper_scale_7b.py
+``python -m agentrl_jax.training.memory_estimate --config experiments/babyai.py:paper_scale_7b
 --gpus 1,2,4`` prints the table (``--check``: exit 3 when a count cannot fit; ``--json``).
 An estimate, not a measurement: ``benchmarks/rl_step.py`` records each GPU's measured peak
 (docs/PERFORMANCE.md).
@@ -17,12 +17,9 @@ An estimate, not a measurement: ``benchmarks/rl_step.py`` records each GPU's mea
 from __future__ import annotations
 
 import argparse
-import importlib.util
-import inspect
 import json
 import math
-import os
-from typing import Any, Callable, Mapping
+from typing import Any, Mapping
 
 from agentrl_jax.models.config import ModelConfig
 from agentrl_jax.rollout.engine.engine_config import EngineConfig
@@ -197,33 +194,22 @@ def memory_estimate(num_gpus: int, config: Any, usable_gib: float | None = None,
             "usable_gib": usable_gib, "verdict": verdict, "reason": reason}
 
 
-def load_get_config(path: str) -> Callable[..., Any]:
-    """The ``get_config`` of the experiment file ``path``."""
-    if not os.path.isfile(path):
-        raise SystemExit(f"--config: no such file: {path}")
-    spec = importlib.util.spec_from_file_location("_memory_estimate_config", path)
-    module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
-    spec.loader.exec_module(module)  # type: ignore[union-attr]
-    get_config = getattr(module, "get_config", None)
-    if not callable(get_config):
-        raise SystemExit(f"--config: {path} has no get_config()")
-    return get_config
+def config_for(spec: str, num_gpus: int) -> Any:
+    """The config of experiment ``spec`` (``path`` or ``path:variant``) for ``num_gpus`` GPUs:
+    ``get_config(variant, num_gpus=num_gpus)`` when the experiment sizes itself by GPU count (as
+    ``experiments/babyai.py:paper_scale_7b`` does: optimiser state offloaded on one GPU), else
+    ``get_config(variant)``; ``SystemExit`` with the problem when it does not load."""
+    from agentrl_jax.training.config_cli import load_experiment
 
-
-def config_for(get_config: Callable[..., Any], num_gpus: int) -> Any:
-    """``get_config(num_gpus=num_gpus)`` when the experiment sizes itself by GPU count (as
-    ``experiments/paper_scale_7b.py`` does: optimiser state offloaded on one GPU), else
-    ``get_config()``."""
-    if "num_gpus" in inspect.signature(get_config).parameters:
-        return get_config(num_gpus=num_gpus)
-    return get_config()
+    return load_experiment(spec, num_gpus=num_gpus)
 
 
 def main(argv: list[str] | None = None) -> int:
     """Print the per-GPU memory table of an experiment (``--config FILE``, a
     ``model.random_init`` shape); ``--gpus N --check``: exit 3 when N GPUs cannot fit."""
     p = argparse.ArgumentParser(description=main.__doc__)
-    p.add_argument("--config", required=True, help="experiment file (get_config())")
+    p.add_argument("--config", required=True,
+                   help="experiment file[:variant] (get_config())")
     p.add_argument("--gpus", default="1,2,4")
     p.add_argument("--check", action="store_true",
                    help="one GPU count: exit 3 if the estimate says it does not fit")
@@ -239,8 +225,7 @@ def main(argv: list[str] | None = None) -> int:
         p.error("--gpu-memory-gib must be > 0")
     if not 0 < args.mem_fraction <= 1:
         p.error("--mem-fraction must be in (0, 1]")
-    get_config = load_get_config(args.config)
-    rows = [memory_estimate(int(g), config_for(get_config, int(g)),
+    rows = [memory_estimate(int(g), config_for(args.config, int(g)),
                             gpu_memory_gib=args.gpu_memory_gib, mem_fraction=args.mem_fraction)
             for g in args.gpus.split(",")]
     keys = list(rows[0]["parts_gib"])

@@ -1,9 +1,9 @@
 """Behaviour cloning (SFT) on recorded expert episodes, with the RL learner and checkpoints.
 
     python launch/record_experts.py --env babyai --episodes 2000 --out runs/experts \
-        --config experiments/babyai_sft.py
-    python launch/sft.py --config experiments/babyai_sft.py --workdir runs/babyai_sft
-    python launch/run.py --config experiments/babyai_grpo_gpu.py \
+        --config experiments/babyai.py:sft
+    python launch/sft.py --config experiments/babyai.py:sft --workdir runs/babyai_sft
+    python launch/run.py --config experiments/babyai.py:grpo_gpu \
         --config.model.name=runs/babyai_sft/model          # RL from the SFT policy
 
 Data: the trajectories ``launch/record_experts.py`` wrote (``sft.data``: a directory holding

@@ -1,0 +1,383 @@
+"""BabyAI + SmolLM2-135M-Instruct: every BabyAI experiment, one named variant each.
+
+    python launch/run.py --config experiments/babyai.py --workdir runs/babyai   # grpo_scaling
+    python launch/run.py --config experiments/babyai.py:grpo_gpu                # one GPU, ~10 min
+
+The default (``grpo_scaling``) is the README's main job: GRPO + ScalingInter-RL at the paper's
+schedule (6 -> 13 -> 20 turns, 100 steps a phase). Variants (``experiments/common.py`` holds the
+shared pieces):
+
+================== ==========================================================================
+grpo_scaling       the default: the paper's schedule with the settings' defaults
+grpo_fixed         the ScalingInter baseline: a fixed 20-turn horizon
+ppo                ``grpo_scaling`` with PPO (critic + GAE) instead of GRPO
+grpo_gpu           one GPU, ~10 minutes: the learning result (``common.gpu_recipe``)
+grpo_long_gpu      ``grpo_gpu`` to the end of its curve: 1,350 s of training, resumable
+grpo_scaling_gpu10min  an older one-GPU sizing: bf16, 8 steps a phase, 64 evaluation tasks
+gigpo_gpu          ``grpo_gpu`` with the GiGPO estimator
+dpo_gpu            ``grpo_gpu``'s rollouts trained by DPO on success/failure pairs
+sft                behaviour cloning of the macro-action expert, CPU-sized
+sft_gpu            behaviour cloning on one GPU, ~7 minutes
+sft_grpo_gpu       ``grpo_gpu`` started from ``sft_gpu``'s policy
+sft_gigpo_gpu      ``sft_grpo_gpu`` with the GiGPO estimator
+choice_tiny        the CPU learning-path check: a tiny random model picks lettered actions
+choice_tiny_t1     ``choice_tiny`` at temperature 1 with a letter prior (work in progress)
+paper_scale_7b     a paper-scale RL step for sizing runs: a Qwen2.5-7B-shaped random policy
+================== ==========================================================================
+"""
+
+from __future__ import annotations
+
+import os
+
+from ml_collections import ConfigDict
+
+from agentrl_jax.training.config import base_config, use_fixed_horizon, use_ppo
+from experiments.common import (bc_gpu, cpu_sized_sft, gpu_recipe, long_run, paper_scaling,
+                                select, sft_learner, sft_section, use_gigpo)
+
+DEFAULT = "grpo_scaling"
+
+
+def grpo_scaling() -> ConfigDict:
+    """GRPO + ScalingInter-RL (6 -> 13 -> 20 turns, K=100): the README's main job."""
+    return paper_scaling(env="babyai", phases=(6, 13, 20), steps_per_phase=100, eval_horizon=20)
+
+
+def grpo_fixed() -> ConfigDict:
+    """GRPO with a fixed 20-turn horizon (the ScalingInter baseline)."""
+    c = base_config()
+    c.env.names = "babyai"
+    use_fixed_horizon(c, 20)
+    c.train.eval_horizon = 20
+    return c
+
+
+def ppo() -> ConfigDict:
+    """``grpo_scaling`` with PPO (critic + GAE) instead of GRPO."""
+    return use_ppo(grpo_scaling())
+
+
+def grpo_gpu() -> ConfigDict:
+    """GRPO + ScalingInter-RL on one GPU, the learning result: the published schedule
+    (6 -> 13 -> 20 turns) compressed to 15 steps a phase for a ~10-minute budget, with the
+    one-GPU recipe (``common.gpu_recipe``: packed rows, flat groups skipped, no entropy bonus or
+    KL term, float32 sampler and learner, truncated importance sampling, two optimiser steps
+    per batch). Evaluation: 128 held-out test tasks x 4 samples, 20 turns, before and after."""
+    return gpu_recipe(env="babyai", server_args="--max-sessions 1024", phases=(6, 13, 20),
+                      steps_per_phase=15, eval_horizon=20, context=3072, max_new_tokens=24)
+
+
+def grpo_long_gpu() -> ConfigDict:
+    """``grpo_gpu`` to the end of its curve (issue 28): 1,350 s of training instead of 360 s
+    (about 25 minutes on one H200 with both evaluations), 40 steps a phase (15 would put most
+    of a long run at 20 turns, where a step costs ~3x one at 6), a held-out evaluation every 40
+    steps, a checkpoint every 5 steps and at a SIGTERM (``benchmarks/jobs_gpu.sh``'s ``resume``
+    jobs: the same command resumes a run cut off within the same budget)::
+
+        bash benchmarks/jobs_gpu.sh --jobs benchmarks/jobs/babyai_long.txt --out runs/long \\
+             --results docs/results/long --gpu-ids 0,1,2,3 --budget 575      # three calls
+    """
+    return long_run(grpo_gpu(), max_seconds=1350.0, eval_every=40, steps_per_phase=40)
+
+
+def grpo_scaling_gpu10min() -> ConfigDict:
+    """An older one-GPU sizing: 8 steps a phase, ``train.max_seconds`` 330, 64 held-out test
+    tasks (k=4, 20 turns) before and after training, bf16 rollout and learner compute. Each
+    assistant turn is opened with "Action:" (SmolLM2-135M does not follow a ReAct format at
+    temperature 1: 0 of 256 base-model episodes produced an "Action:" line)."""
+    c = base_config()
+    c.env.names = "babyai"
+    c.env.server_args = {"babyai": "--max-sessions 1024"}
+    c.horizon.phases = (6, 13, 20)
+    c.horizon.steps_per_phase = 8
+    c.rollout.engine_dtype = "bfloat16"
+    c.rollout.max_batch = 128
+    c.rollout.max_concurrency = 128
+    c.rollout.max_context = 4096
+    c.rollout.max_new_tokens = 24
+    c.agent.prompt_style = "action"
+    c.agent.response_prefix = "Action:"
+    c.rollout.stop = ()  # as measured in docs/RESULTS.md (base_config ends turns at "\n")
+    c.train.total_steps = 1000
+    c.train.max_seconds = 330.0
+    c.train.tasks_per_step = 32
+    c.train.samples_per_task = 8
+    c.train.save_every = 1000
+    c.train.eval_every = 0
+    c.train.eval_tasks = 64
+    c.train.eval_samples = 4
+    c.train.eval_horizon = 20
+    c.learner.learning_rate = 1e-5
+    c.learner.dtype = "bfloat16"
+    c.learner.micro_batch_size = 32
+    return c
+
+
+def gigpo_gpu() -> ConfigDict:
+    """``grpo_gpu`` (same budget, seeds, schedule and learner) with GiGPO: anchor states are
+    minigrid's hash + what the agent carries; discount 0.95, omega 1, std normalisation."""
+    return use_gigpo(grpo_gpu())
+
+
+def dpo_gpu() -> ConfigDict:
+    """DPO on pairs from the same rollouts (algorithms/dpo.py): ``grpo_gpu``'s rollouts, budget
+    and evaluation; each task's successful episodes against its failed ones, beta 0.1, through
+    the supervised loss (one optimiser step per rollout batch, so each step is exact DPO at the
+    sampling parameters)."""
+    c = grpo_gpu()
+    c.learner.advantage_estimator = "dpo"
+    c.learner.advantage_kwargs = ConfigDict({"beta": 0.1})
+    c.learner.policy_loss = "sft"
+    c.learner.loss_agg_mode = "seq_mean_token_sum"
+    c.learner.mini_batches = 1
+    c.learner.tis_cap = None
+    return c
+
+
+def sft() -> ConfigDict:
+    """Behaviour cloning of minigrid's BabyAIBot shortened with macro actions (every stretch a
+    ``go to <object>`` reaches replaced by it; ``--expert babyai`` records the primitive bot),
+    CPU-sized; ``grpo_gpu``'s answer format, context and evaluation, so the recorded token
+    layout is the one RL trains on. Episodes are recorded with the evaluation horizon (20
+    turns) and only successful ones are trained on::
+
+        python launch/record_experts.py --env babyai --episodes 2000 --out runs/experts \\
+            --config experiments/babyai.py:sft
+        python launch/sft.py --config experiments/babyai.py:sft --workdir runs/babyai_sft
+    """
+    c = grpo_gpu()
+    c.sft = sft_section(record_horizon=int(c.train.eval_horizon))
+    c.sft.record_episodes = 2000  # launch/record_experts.py's default
+    c.sft.expert = "babyai_macro"
+    sft_learner(c)
+    return cpu_sized_sft(c)
+
+
+def sft_gpu() -> ConfigDict:
+    """Behaviour cloning of the macro expert on one GPU, ~7 minutes (docs/RESULTS.md, "BabyAI:
+    behaviour cloning on a macro-action expert"): ``grpo_gpu``'s model, answer format, engine,
+    packed learner and evaluation with the ``sft`` loss. Data: ``launch/record_experts.py --env
+    babyai --config experiments/babyai.py:sft_gpu``; ``benchmarks/issue15_gpu.sh`` (the results
+    table's SFT rows) records the primitive BabyAIBot with ``--expert babyai``."""
+    c = bc_gpu(grpo_gpu(), data="runs/issue15/experts", record_episodes=2000, batch_size=32,
+               epochs=4, max_seconds=240.0)
+    c.sft.expert = "babyai_macro"
+    return c
+
+
+def sft_grpo_gpu() -> ConfigDict:
+    """SFT + RL: ``grpo_gpu`` started from the behaviour-cloned policy that ``launch/sft.py
+    --config experiments/babyai.py:sft_gpu --workdir runs/issue15/babyai_sft`` exported (another
+    one: ``--config.model.name=<sft workdir>/model``). Its step-0 evaluation is the SFT
+    policy's; the final one is SFT + RL."""
+    c = grpo_gpu()
+    c.model.name = "runs/issue15/babyai_sft/model"
+    return c
+
+
+def sft_gigpo_gpu() -> ConfigDict:
+    """``sft_grpo_gpu`` with GiGPO: next to the GRPO run from the same SFT policy it gives
+    GiGPO - GRPO from SFT (``benchmarks/issue15_gpu.sh``)."""
+    return use_gigpo(sft_grpo_gpu())
+
+
+def choice_tiny() -> ConfigDict:
+    """The learning-path check on CPU (``tests/test_learning_path.py``; a few minutes on 2
+    cores): a tiny random model learns BabyAI-GoToRedBallNoDists by GRPO. An untrained model
+    never writes a valid action in free text, so it picks among the valid actions listed as
+    lettered options (``rollout.parser = "choice"``): the first letter of its one-token reply
+    names the action. At the start the choice is random (about 15% success in 3 turns); RL
+    has to learn which letter to give in which state.
+
+    Sampling temperature 0.05 (sampler and learner alike): the random model's logits have a
+    standard deviation of ~0.16, so at temperature 1 every reply is one of ~49k near-equally
+    likely tokens (15 steps at temperature 1 left the invalid share at ~0.7 and the reward
+    flat); at 0.05 their spread is ~3.2 and each state's policy sits on a handful of tokens."""
+    c = base_config()
+    c.model.random_init = dict(hidden_size=64, intermediate_size=128, num_layers=2, num_heads=4,
+                               num_kv_heads=2, head_dim=16)
+    c.env.names = "babyai"
+    c.env.task_filter = {"babyai": r"BabyAI-GoToRedBallNoDists-v0/seed=[0-9]+"}
+    c.rollout.parser = "choice"
+    c.agent.prompt_style = "choice"
+    c.agent.response_prefix = "Action:"
+    c.rollout.max_new_tokens = 1  # one token: its first letter is the choice
+    c.rollout.temperature = 0.05  # the learner divides by it too (the ratio sees its log-probs)
+    c.rollout.max_batch = 16
+    c.rollout.max_concurrency = 16
+    c.rollout.max_context = 1024  # a 3-turn episode is ~300-600 tokens
+    c.rollout.decode_steps = 1
+    use_fixed_horizon(c, 3)
+    c.train.total_steps = 12
+    c.train.tasks_per_step = 4
+    c.train.samples_per_task = 4
+    c.train.save_every = 1000
+    c.train.eval_every = 0
+    c.train.eval_before = False
+    c.train.eval_after = False
+    c.learner.learning_rate = 1e-3
+    c.learner.kl_coef = 0.0
+    c.learner.entropy_coef = 0.0
+    # packed rows: the update's cost is the 49k-way output layer at every position, so padding
+    # costs as much as content
+    c.learner.pack_length = 1024
+    c.learner.micro_batch_size = 4
+    return c
+
+
+def choice_tiny_t1() -> ConfigDict:
+    """Work in progress (issue 47 item 6): ``choice_tiny`` at temperature 1 (sampler and
+    learner), the 26 letters given a logit head start of 9 nats by the random model's
+    initialisation (``model.prior_letters`` / ``model.prior_logit``;
+    ``agentrl_jax/models/token_prior.py``). Every token can still be sampled; the untrained
+    policy puts ~80-90% of its mass on the letters, at random among them.
+
+    Measured once on the shared 2-core box (seed 0, 20 steps, 4 tasks x 4, learning rate 5e-3):
+    mean reward of steps 1-5 0.05 -> steps 16-20 0.12, invalid turns 0.83 -> 0.67: a rise
+    within one seed's per-step noise (0.00 to 0.41 between neighbouring steps). With learning
+    rate 1e-2 and 8 tasks x 4 (seed 0, 15 steps): 0.11 -> 0.17. Neither is yet the learning
+    test (3 seeds and a margin above their noise are still to measure)."""
+    c = choice_tiny()
+    c.model.prior_letters = "abcdefghijklmnopqrstuvwxyz"
+    c.model.prior_logit = 9.0
+    c.rollout.temperature = 1.0
+    c.learner.learning_rate = 5e-3
+    c.train.total_steps = 20
+    return c
+
+
+QWEN25_7B = dict(model_type="qwen2", vocab_size=152064, hidden_size=3584,
+                 intermediate_size=18944, num_layers=28, num_heads=28, num_kv_heads=4,
+                 head_dim=128, rope_theta=1e6, rms_norm_eps=1e-6, tie_word_embeddings=False,
+                 attention_bias=True, max_position_embeddings=32768)
+
+
+def visible_gpu_count() -> int | None:
+    """GPUs the run will use: the entries of ``CUDA_VISIBLE_DEVICES`` (how
+    ``benchmarks/scaling_step_gpu.sh`` gives a run its GPUs), ``None`` when it is unset (then
+    all of the machine's, a number this config does not know without starting JAX)."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is None:
+        return None
+    return len([d for d in visible.split(",") if d.strip()])
+
+
+def paper_scale_7b(num_gpus: int | None = None) -> ConfigDict:
+    """A paper-scale RL step for sizing runs: a Qwen2.5-7B-shaped policy (random weights), GRPO,
+    BabyAI, 32 tasks x 8 samples, a fixed 13-turn horizon.
+
+    Timed with ``benchmarks/rl_step.py --config experiments/babyai.py:paper_scale_7b --variants
+    packed`` (``benchmarks/scaling_step_gpu.sh`` runs it) on the GPUs of ``CUDA_VISIBLE_DEVICES``: the
+    learner shards over every visible GPU (``learner.mesh``: FSDP) and the embedded engine runs a
+    bf16 replica on each of them (``rollout.engine_replicas=0``). By the estimate below 1 and 2
+    H100 80GB cannot hold it and 4 can (with the KV cache freed during the update), and 2 (or
+    more) H200 141GB can (measured runs: below the table); 1 H200 can by the estimate only with
+    the AdamW moments in host memory (``learner.offload_optimizer_state``, which this variant turns
+    on for 1 GPU; measured on one H200: below). Random weights: actions are rarely valid, rewards are 0 and every
+    episode runs 13 turns of up to 24 tokens; ``train.skip_flat_groups`` is off so that the update
+    runs (on zero advantages) and is timed.
+    Results: docs/PERFORMANCE.md.
+
+    Memory (``agentrl_jax.training.memory_estimate``; ``python -m agentrl_jax.training.memory_estimate
+    --config experiments/babyai.py:paper_scale_7b`` prints the table):
+    float32 master weights + AdamW + the float32 gradient accumulator are 16 bytes x 7.62 B
+    parameters = 113 GiB, sharded over the GPUs, plus on each GPU a whole 14.2 GiB bfloat16 engine
+    replica and its KV cache (256 slots x 2,048 tokens x 56 KiB = 28 GiB, split over the replicas).
+    The policy is created directly in the learner's sharding (``init_model(..., mesh=...)``) and
+    the engine's first weights are cast from those shards: no GPU ever holds the float32 model.
+    On 1 GPU (``CUDA_VISIBLE_DEVICES`` names one; :func:`get_config`) the AdamW moments, 8 bytes x
+    N = 56.7 GiB, stay in pinned host memory and visit the GPU one parameter leaf at a time during
+    the optimiser step (a host loop of per-leaf jitted calls, ``agentrl_jax/learner/offload.py``;
+    the config uses packed rows, ``pack_length`` 4096, whose ``apply`` this replaces): 2 x 8
+    bytes per parameter (122 GB) cross the host link each optimiser step, and the host needs
+    56.7 GiB of page-locked RAM.
+
+    GiB per GPU; the verdicts are for an H100 80GB (79.1 GiB total; JAX may use 75.1 at
+    ``XLA_PYTHON_CLIENT_MEM_FRACTION=0.95``; at the default 0.75, 59.3: below the 4-GPU step's
+    estimated peak). The usable memory is ``--gpu-memory-gib`` (the card's total, GiB; default the
+    H100's 79.1) x ``--mem-fraction`` (0.95)::
+
+        GPUs  master  AdamW      grads  engine  KV    merged  lower bound  peak   verdict
+        1     28.4    56.7       28.4   14.2    28.0  7.9     135.2        164.3  does not fit
+        1     28.4    0 (+8.1)   28.4   14.2    28.0  7.9      78.5        107.6  does not fit  (offloaded)
+        2     14.2    28.4       14.2   14.2    14.0  7.9      78.7         96.3  does not fit
+        4      7.1    14.2        7.1   14.2     7.0  7.9      50.4         62.4  fits
+
+    (``merged``: the decode GEMMs' concatenated q|k|v and gate|up weights a one-GPU replica keeps,
+    built and freed with the KV cache; the KV cache and they are released during the update:
+    ``rollout.release_kv_during_update``; without it 4 GPUs are 57.5 / 77.3, "does not fit"). The
+    lower bounds of 1 and 2 GPUs are the rollout's live set (no gradients; KV cache and merged
+    weights) and exceed an H100's 75.1 whatever XLA does. The offloaded row is the config's for 1
+    GPU: AdamW 0 on the GPU, plus 8.1 GiB of moments assumed in flight during the optimiser step (twice the
+    moments of the 152064 x 3584 embedding: the largest leaf's, copied in and updated), which is
+    below the update's transients (36.6), so the peak is the forward / backward's: 164.3 - 56.7 =
+    107.6. An estimate: the per-leaf schedule's peak matched its estimate on a synthetic
+    1.9 B-parameter tree on an H100 (docs/LEARNER.md); the 7B step on one H200 peaked at 91.9 GiB
+    (below). H200 141GB
+    (``--gpu-memory-gib 140.4``: nvidia-smi's 143771 MiB, which ``benchmarks/scaling_step_gpu.sh``
+    passes; 133.4 GiB usable): 1 GPU fits only offloaded (107.6; 164.3 without), 2 and 4 fit
+    (peaks 96.3 and 62.4, below 90% of 133.4). Measured (2026-11-27, this config as it is on 2
+    and 4 GPUs, H200s; docs/PERFORMANCE.md, "session 9", which has the step times): 2 GPUs peak
+    86.4 GiB a GPU (estimate 96.3);
+    4 GPUs with JAX's memory capped at an H100's 75.1 GiB (``XLA_PYTHON_CLIENT_MEM_FRACTION=0.535``)
+    peak 54.7 GiB (estimate 62.4); 1 GPU (one H200, the moments offloaded, 2026-11-27, session 11):
+    peak 91.9 GiB (estimate 107.6: above an H100's 75.1).
+    Earlier: 4 H200s with a 110.5 GiB peak (before the remat fix), and 4 H100s out of
+    memory at the first update (before the KV release and the bf16 log-prob weights).
+
+    (lower bound: what must be live during an update or a rollout; peak adds the update's
+    transients -- the bf16 compute copy, a micro-batch's gradients, activations -- or, at a weight
+    sync, the new replica next to the old one and the one bf16 cast of the learner's shards.) An estimate, not
+    a measurement: benchmarks/rl_step.py records each GPU's measured peak.
+
+    ``num_gpus``: the GPUs it is sized for (default :func:`visible_gpu_count`); on one GPU the AdamW
+    moments are kept in pinned host memory; with more, or an unknown count, they stay on the
+    GPUs (``--config.learner.offload_optimizer_state=True`` turns it on by hand).
+    """
+    if num_gpus is None:
+        num_gpus = visible_gpu_count()
+    c = grpo_gpu()
+    c.model.random_init = dict(QWEN25_7B)
+    c.model.dtype = "bfloat16"
+    c.rollout.engine_dtype = "bfloat16"
+    c.rollout.max_context = 2048
+    c.rollout.max_batch = 256
+    c.rollout.max_concurrency = 256
+    c.horizon.type = "fixed"
+    c.horizon.turns = 13
+    c.train.tasks_per_step = 32
+    c.train.samples_per_task = 8
+    c.train.skip_flat_groups = False
+    c.train.max_seconds = 0.0
+    c.train.eval_before = False
+    c.train.eval_after = False
+    # the engines' KV cache (7 GiB a GPU on 4 GPUs) is freed while the learner updates
+    c.rollout.release_kv_during_update = True
+    c.learner.dtype = "bfloat16"  # compute dtype; the master weights stay float32
+    c.learner.pack_length = 4096
+    c.learner.micro_batch_size = 4
+    c.learner.logprob_batch_size = 8
+    c.learner.mini_batches = 1
+    # one GPU cannot hold the float32 master weights, gradients and AdamW moments (113 GiB)
+    # next to the engine replica: the moments (57 GiB) go to pinned host memory
+    c.learner.offload_optimizer_state = num_gpus == 1
+    return c
+
+
+VARIANTS = {
+    "grpo_scaling": grpo_scaling, "grpo_fixed": grpo_fixed, "ppo": ppo,
+    "grpo_gpu": grpo_gpu, "grpo_long_gpu": grpo_long_gpu,
+    "grpo_scaling_gpu10min": grpo_scaling_gpu10min, "gigpo_gpu": gigpo_gpu, "dpo_gpu": dpo_gpu,
+    "sft": sft, "sft_gpu": sft_gpu, "sft_grpo_gpu": sft_grpo_gpu, "sft_gigpo_gpu": sft_gigpo_gpu,
+    "choice_tiny": choice_tiny, "choice_tiny_t1": choice_tiny_t1,
+    "paper_scale_7b": paper_scale_7b,
+}
+
+
+def get_config(variant: str | None = None, num_gpus: int | None = None) -> ConfigDict:
+    """The config of ``variant`` (default ``grpo_scaling``); ``num_gpus`` sizes
+    ``paper_scale_7b`` (the only variant that depends on the GPU count)."""
+    if num_gpus is not None and (variant or DEFAULT) == "paper_scale_7b":
+        return paper_scale_7b(num_gpus)
+    return select(VARIANTS, DEFAULT, variant, __file__)

@@ -1,0 +1,85 @@
+"""Deep search (BM25 over the offline Wikipedia summaries) + SmolLM2-135M-Instruct: every
+deep-search experiment, one named variant each.
+
+    python launch/run.py --config experiments/deepsearch.py              # grpo_scaling
+    python launch/run.py --config experiments/deepsearch.py:grpo_gpu     # one GPU, ~10 min
+
+The default (``grpo_scaling``) is the paper's schedule (5 -> 8 -> 10 turns, 100 steps a phase),
+as for every family; the learning result is SFT then RL (``sft_gpu``, then ``sft_grpo_gpu``;
+docs/RESULTS.md). A turn is ``Action: <search> query </search>`` or ``Action: <answer> text
+</answer>`` (one line; the environment reads the first tag). Variants
+(``experiments/common.py`` holds the shared pieces):
+
+============= ==============================================================================
+grpo_scaling  the default: the paper's schedule, 64 new tokens a turn
+ppo           ``grpo_scaling`` with PPO (critic + GAE) instead of GRPO
+grpo_gpu      one GPU, ~10 minutes with both evaluations (``common.gpu_recipe``)
+sft_gpu       behaviour cloning of the retrieval oracle on one GPU
+sft_grpo_gpu  ``grpo_gpu`` started from ``sft_gpu``'s policy
+============= ==============================================================================
+"""
+
+from __future__ import annotations
+
+from ml_collections import ConfigDict
+
+from agentrl_jax.training.config import use_ppo
+from experiments.common import bc_gpu, gpu_recipe, paper_scaling, select
+
+DEFAULT = "grpo_scaling"
+
+
+def grpo_scaling() -> ConfigDict:
+    """GRPO + ScalingInter-RL (5 -> 8 -> 10 turns, K=100), evaluated at 30 turns."""
+    c = paper_scaling(env="deepsearch", phases=(5, 8, 10), steps_per_phase=100, eval_horizon=30)
+    c.rollout.max_new_tokens = 64  # "<search> query </search>" / "<answer> ... </answer>"
+    return c
+
+
+def ppo() -> ConfigDict:
+    """``grpo_scaling`` with PPO (critic + GAE) instead of GRPO."""
+    return use_ppo(grpo_scaling())
+
+
+def grpo_gpu() -> ConfigDict:
+    """GRPO + ScalingInter-RL on one GPU with the one-GPU recipe (``common.gpu_recipe``): the
+    published schedule (5 -> 8 -> 10 turns) compressed to 10 steps a phase. Three passages per
+    search (median 73 words each), so 10 turns fit 4096 tokens; 128 engine slots and episodes
+    in flight (what the measured runs used). Evaluation: 128 of the 298 held-out questions x 4
+    samples, 10 turns."""
+    c = gpu_recipe(env="deepsearch", server_args="--max-sessions 1024 --max-steps 30",
+                   phases=(5, 8, 10), steps_per_phase=10, eval_horizon=10, context=4096,
+                   max_new_tokens=64)
+    c.rollout.max_batch = 128
+    c.rollout.max_concurrency = 128
+    return c
+
+
+def sft_gpu() -> ConfigDict:
+    """Behaviour cloning of the retrieval oracle on one GPU: ``grpo_gpu``'s model, answer
+    format, engine, packed learner and evaluation with the ``sft`` loss. Data:
+    ``launch/record_experts.py --env deepsearch --config experiments/deepsearch.py:sft_gpu``
+    (``benchmarks/families_gpu.sh`` records it: the oracle searches with the question and
+    answers with the golden title found in a passage; only successful episodes are trained
+    on)."""
+    return bc_gpu(grpo_gpu(), data="runs/families/experts", record_episodes=1000, batch_size=32,
+                  epochs=4, max_seconds=120.0)
+
+
+def sft_grpo_gpu() -> ConfigDict:
+    """SFT + RL: ``grpo_gpu`` started from the behaviour-cloned policy of ``launch/sft.py
+    --config experiments/deepsearch.py:sft_gpu --workdir runs/families/deepsearch_sft``
+    (another one: ``--config.model.name=<sft workdir>/model``). Its step-0 evaluation is the
+    SFT policy's; the final one is SFT + RL."""
+    c = grpo_gpu()
+    c.model.name = "runs/families/deepsearch_sft/model"
+    return c
+
+
+VARIANTS = {"grpo_scaling": grpo_scaling, "ppo": ppo, "grpo_gpu": grpo_gpu, "sft_gpu": sft_gpu,
+            "sft_grpo_gpu": sft_grpo_gpu}
+
+
+def get_config(variant: str | None = None) -> ConfigDict:
+    """The config of ``variant`` (default ``grpo_scaling``)."""
+    return select(VARIANTS, DEFAULT, variant, __file__)

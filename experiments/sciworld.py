@@ -1,0 +1,95 @@
+"""ScienceWorld + SmolLM2-135M-Instruct: every ScienceWorld experiment, one named variant each.
+
+    python launch/run.py --config experiments/sciworld.py                # grpo_scaling
+    python launch/run.py --config experiments/sciworld.py:grpo_gpu       # one GPU, ~10 min
+
+The default (``grpo_scaling``) is the paper's schedule (10 -> 20 -> 30 turns, 100 steps a
+phase), as for every family; the learning result is SFT then RL (``sft_gpu``, then
+``sft_grpo_gpu``; docs/RESULTS.md). Each simulator is a JVM of ~2 GB. Variants
+(``experiments/common.py`` holds the shared pieces):
+
+============= ==============================================================================
+grpo_scaling  the default: the paper's schedule, 8 episodes in flight, 4 simulators
+ppo           ``grpo_scaling`` with PPO (critic + GAE) instead of GRPO
+grpo_gpu      one GPU, ~10 minutes (``common.gpu_recipe``), 4 servers of 16 simulators
+sft_gpu       behaviour cloning of the gold action sequences on one GPU
+sft_grpo_gpu  ``grpo_gpu`` started from ``sft_gpu``'s policy
+============= ==============================================================================
+"""
+
+from __future__ import annotations
+
+from ml_collections import ConfigDict
+
+from agentrl_jax.training.config import use_ppo
+from experiments.common import bc_gpu, gpu_recipe, paper_scaling, select
+
+DEFAULT = "grpo_scaling"
+
+
+def grpo_scaling() -> ConfigDict:
+    """GRPO + ScalingInter-RL (10 -> 20 -> 30 turns, K=100)."""
+    c = paper_scaling(env="scienceworld", phases=(10, 20, 30), steps_per_phase=100,
+                      eval_horizon=30)
+    c.rollout.max_concurrency = 8  # each ScienceWorld simulator is a ~2 GB JVM
+    c.env.server_args = {"scienceworld": "--pool-size 4"}
+    return c
+
+
+def ppo() -> ConfigDict:
+    """``grpo_scaling`` with PPO (critic + GAE) instead of GRPO."""
+    return use_ppo(grpo_scaling())
+
+
+def grpo_gpu() -> ConfigDict:
+    """GRPO + ScalingInter-RL on one GPU (~10 minutes with both evaluations): the published
+    schedule (10 -> 20 -> 30 turns) compressed to 4 steps a phase, with the one-GPU recipe
+    (``common.gpu_recipe``). The reward is the simulator's score gain / 100 (an episode's
+    rewards sum to its final score / 100), so partial progress is rewarded; ``success`` is a
+    score of 100.
+
+    Simulators: each is a JVM (~2 GB), borrowed per episode from a pool; four server processes
+    of 16 JVMs each, and at most 64 episodes in flight (a pool's waiting borrowers are bounded:
+    more episodes than simulators would fail); a 64-core machine runs two such jobs side by
+    side. Evaluation: 128 of the 1,819 held-out test variations (evenly spaced: 26 of the 30
+    task types) x 4 samples, 30 turns (its duration: docs/RESULTS.md)."""
+    c = gpu_recipe(env="scienceworld", server_args="--pool-size 16 --max-sessions 1024 "
+                   "--max-steps 100", phases=(10, 20, 30), steps_per_phase=4, eval_horizon=30,
+                   context=6144, max_new_tokens=32)
+    c.env.replicas = 4
+    c.rollout.max_concurrency = 64
+    c.rollout.max_batch = 64
+    c.train.tasks_per_step = 16
+    c.train.samples_per_task = 8
+    return c
+
+
+def sft_gpu() -> ConfigDict:
+    """Behaviour cloning of ScienceWorld's gold action sequences on one GPU: ``grpo_gpu``'s
+    model, answer format, engine, packed learner and evaluation with the ``sft`` loss. Data:
+    ``launch/record_experts.py --env scienceworld --config experiments/sciworld.py:sft_gpu``
+    (``benchmarks/families_gpu.sh`` records it) with the evaluation horizon (30 turns): a gold
+    path longer than that (about half of the train variations) is recorded up to the limit, and
+    such an episode, which earned part of the score, is kept as a demonstration
+    (``sft.only_success`` keeps episodes with a positive reward)."""
+    return bc_gpu(grpo_gpu(), data="runs/families/experts", record_episodes=320, batch_size=16,
+                  epochs=8, max_seconds=120.0)
+
+
+def sft_grpo_gpu() -> ConfigDict:
+    """SFT + RL: ``grpo_gpu`` started from the behaviour-cloned policy of ``launch/sft.py
+    --config experiments/sciworld.py:sft_gpu --workdir runs/families/sciworld_sft`` (another
+    one: ``--config.model.name=<sft workdir>/model``). Its step-0 evaluation is the SFT
+    policy's; the final one is SFT + RL."""
+    c = grpo_gpu()
+    c.model.name = "runs/families/sciworld_sft/model"
+    return c
+
+
+VARIANTS = {"grpo_scaling": grpo_scaling, "ppo": ppo, "grpo_gpu": grpo_gpu, "sft_gpu": sft_gpu,
+            "sft_grpo_gpu": sft_grpo_gpu}
+
+
+def get_config(variant: str | None = None) -> ConfigDict:
+    """The config of ``variant`` (default ``grpo_scaling``)."""
+    return select(VARIANTS, DEFAULT, variant, __file__)

@@ -1,0 +1,122 @@
+"""TextCraft + SmolLM2-135M-Instruct: every TextCraft experiment, one named variant each.
+
+    python launch/run.py --config experiments/textcraft.py               # grpo_scaling
+    python launch/run.py --config experiments/textcraft.py:grpo_gpu      # one GPU, ~10 min
+
+The default (``grpo_scaling``) is the paper's schedule (10 -> 20 -> 30 turns, 100 steps a
+phase), as for every family. From the base model TextCraft gives RL no signal (0/472 successes:
+every group is flat); the learning result is SFT then RL (``sft_gpu``, then ``sft_grpo_gpu``;
+docs/RESULTS.md). Variants (``experiments/common.py`` holds the shared pieces):
+
+=================== =========================================================================
+grpo_scaling        the default: the paper's schedule with the settings' defaults
+ppo                 ``grpo_scaling`` with PPO (critic + GAE) instead of GRPO
+grpo_gpu            one GPU, ~10 minutes (``common.gpu_recipe``)
+gigpo_gpu           ``grpo_gpu`` with the GiGPO estimator (anchor states: the inventory)
+sft                 behaviour cloning of the recipe expert, CPU-sized
+sft_gpu             behaviour cloning on one GPU, ~7 minutes
+sft_grpo_gpu        ``grpo_gpu`` started from ``sft_gpu``'s policy
+sft_gigpo_gpu       ``sft_grpo_gpu`` with the GiGPO estimator
+sft_grpo_long_gpu   ``sft_grpo_gpu`` to the end of its curve: 1,200 s of training, resumable
+=================== =========================================================================
+"""
+
+from __future__ import annotations
+
+from ml_collections import ConfigDict
+
+from agentrl_jax.training.config import use_ppo
+from experiments.common import (bc_gpu, cpu_sized_sft, gpu_recipe, long_run, paper_scaling,
+                                select, sft_learner, sft_section, use_gigpo)
+
+DEFAULT = "grpo_scaling"
+
+
+def grpo_scaling() -> ConfigDict:
+    """GRPO + ScalingInter-RL (10 -> 20 -> 30 turns, K=100)."""
+    return paper_scaling(env="textcraft", phases=(10, 20, 30), steps_per_phase=100,
+                         eval_horizon=30)
+
+
+def ppo() -> ConfigDict:
+    """``grpo_scaling`` with PPO (critic + GAE) instead of GRPO."""
+    return use_ppo(grpo_scaling())
+
+
+def grpo_gpu() -> ConfigDict:
+    """GRPO + ScalingInter-RL on one GPU: the published schedule (10 -> 20 -> 30 turns)
+    compressed to 15 steps a phase for a ~10-minute budget, with the one-GPU recipe
+    (``common.gpu_recipe``). Evaluation: 128 held-out test tasks x 4 samples, 30 turns."""
+    return gpu_recipe(env="textcraft", server_args="--max-sessions 1024", phases=(10, 20, 30),
+                      steps_per_phase=15, eval_horizon=30, context=4096, max_new_tokens=32)
+
+
+def gigpo_gpu() -> ConfigDict:
+    """``grpo_gpu`` with the GiGPO estimator (TextCraft reports its state: the inventory)."""
+    return use_gigpo(grpo_gpu())
+
+
+def sft() -> ConfigDict:
+    """Behaviour cloning of the TextCraft recipe expert, CPU-sized, with ``grpo_gpu``'s answer
+    format, context and evaluation. The train split has 426 goals (one expert episode each; the
+    expert solves all but one in 30 turns)::
+
+        python launch/record_experts.py --env textcraft --episodes 426 --out runs/experts \\
+            --config experiments/textcraft.py:sft
+        python launch/sft.py --config experiments/textcraft.py:sft --workdir runs/textcraft_sft
+    """
+    c = grpo_gpu()
+    c.sft = sft_section(record_horizon=int(c.train.eval_horizon))
+    c.sft.record_episodes = 426  # launch/record_experts.py's default
+    c.sft.epochs = 3
+    sft_learner(c)
+    return cpu_sized_sft(c)
+
+
+def sft_gpu() -> ConfigDict:
+    """Behaviour cloning of the recipe expert on one GPU, sized for ~7 minutes: ``grpo_gpu``'s
+    model, answer format, engine, packed learner and evaluation (all 118 held-out goals x 4)
+    with the ``sft`` loss. Data: ``launch/record_experts.py --env textcraft --config
+    experiments/textcraft.py:sft_gpu`` (one episode per train goal: 426)."""
+    return bc_gpu(grpo_gpu(), data="runs/issue15/experts", record_episodes=426, batch_size=16,
+                  epochs=8, max_seconds=240.0)
+
+
+def sft_grpo_gpu() -> ConfigDict:
+    """SFT + RL: ``grpo_gpu`` started from the behaviour-cloned policy of ``launch/sft.py
+    --config experiments/textcraft.py:sft_gpu --workdir runs/issue15/textcraft_sft`` (another
+    one: ``--config.model.name=<sft workdir>/model``)."""
+    c = grpo_gpu()
+    c.model.name = "runs/issue15/textcraft_sft/model"
+    return c
+
+
+def sft_gigpo_gpu() -> ConfigDict:
+    """``sft_grpo_gpu`` (the behaviour-cloned policy, same budget, seeds, schedule and learner)
+    with GiGPO: the GiGPO - GRPO comparison on TextCraft starts from the SFT policy
+    (``benchmarks/issue15_gpu.sh``)."""
+    return use_gigpo(sft_grpo_gpu())
+
+
+def sft_grpo_long_gpu() -> ConfigDict:
+    """``sft_grpo_gpu`` to the end of its curve (issue 28): 1,200 s of training instead of 110 s,
+    a held-out evaluation every 25 steps, 20 steps a phase, a checkpoint every 5 steps and at a
+    SIGTERM (the same command resumes a run cut off within the same budget). The SFT policy
+    comes from ``launch/sft.py --config experiments/textcraft.py:sft_gpu`` (its 240 s)::
+
+        bash benchmarks/jobs_gpu.sh --jobs benchmarks/jobs/textcraft_long.txt --out runs/long \\
+             --results docs/results/long --gpu-ids 0,1 --budget 575         # four calls
+    """
+    return long_run(sft_grpo_gpu(), max_seconds=1200.0, eval_every=25, steps_per_phase=20)
+
+
+VARIANTS = {
+    "grpo_scaling": grpo_scaling, "ppo": ppo, "grpo_gpu": grpo_gpu, "gigpo_gpu": gigpo_gpu,
+    "sft": sft, "sft_gpu": sft_gpu, "sft_grpo_gpu": sft_grpo_gpu, "sft_gigpo_gpu": sft_gigpo_gpu,
+    "sft_grpo_long_gpu": sft_grpo_long_gpu,
+}
+
+
+def get_config(variant: str | None = None) -> ConfigDict:
+    """The config of ``variant`` (default ``grpo_scaling``)."""
+    return select(VARIANTS, DEFAULT, variant, __file__)
