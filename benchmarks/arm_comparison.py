@@ -5,8 +5,8 @@ and the paired difference B - A at the last one, each with a Student-t 95% inter
 seeds (``seed_stats.t_interval``).
 
     python benchmarks/arm_comparison.py \\
-        --a docs/results/choice_dev/babyai_action_dev{,_s1,_s2} \\
-        --b docs/results/choice_dev/babyai_choice_dev{,_s1,_s2} --k 4
+        --a results/choice_dev/babyai_action_dev{,_s1,_s2} \\
+        --b results/choice_dev/babyai_choice_dev{,_s1,_s2} --k 4
 
 Run folders are paired in the order given (the same training seed at the same position).
 """

@@ -3,7 +3,7 @@ at its first and final evaluation, how episodes ended, how long the successes to
 per level (the task id's part before ``/``, e.g. ``BabyAI-GoTo-v0``); over all runs given, the
 levels no final evaluation solved once.
 
-    python benchmarks/eval_breakdown.py docs/results/table/babyai_grpo{,_s1,_s2} \
+    python benchmarks/eval_breakdown.py results/table/babyai_grpo{,_s1,_s2} \
         --labels rl,rl_s1,rl_s2 --out breakdown.json
     python benchmarks/eval_breakdown.py runs/experts/babyai.jsonl   # recorded expert episodes
 

@@ -4,7 +4,7 @@
 # folder as soon as it ends (benchmarks/gpu_jobs_lib.sh, the machinery of issue15_gpu.sh and
 # families_gpu.sh). For seeds and ablations that do not fit those two drivers' fixed plans.
 #
-#   bash benchmarks/jobs_gpu.sh --jobs JOBS --out runs/seeds --results docs/results/seeds \
+#   bash benchmarks/jobs_gpu.sh --jobs JOBS --out runs/seeds --results results/seeds \
 #        --gpu-ids 0,1 [--per-gpu 1] [--budget 590] [--dry-run]
 #
 # JOBS: one job per line, `NAME CAP_SECONDS LANE [after=JOB[,JOB...]] [resume] COMMAND...` (blank

@@ -2,8 +2,8 @@
 ``metrics.jsonl`` and the held-out gain with a paired bootstrap 95% interval computed from
 ``trajectories_eval.jsonl`` (evaluation at the first and the last evaluated step).
 
-    python benchmarks/learning_report.py runs/babyai_gpu --out docs/results/babyai_gpu
-    python benchmarks/learning_report.py runs/a runs/b --labels scaling,fixed --out docs/results/cmp
+    python benchmarks/learning_report.py runs/babyai_gpu --out results/babyai_gpu
+    python benchmarks/learning_report.py runs/a runs/b --labels scaling,fixed --out results/cmp
 
 Writes to ``--out``: ``curves.png``, ``gain.json`` (before / after Avg@k, the gain and its
 interval, number of tasks and samples) and copies of the runs' small files (``metrics.jsonl``,
@@ -27,7 +27,7 @@ difference B - A with the same paired bootstrap, e.g. GiGPO against GRPO after t
 SFT policy against the base model (the RL run's step-0 evaluation)::
 
     python benchmarks/learning_report.py runs/grpo runs/gigpo runs/sft --labels grpo,gigpo,sft \
-        --diff gigpo:grpo,sft:grpo@first --out docs/results/cmp
+        --diff gigpo:grpo,sft:grpo@first --out results/cmp
 
 They go to ``gain.json`` under ``"differences"``. A run directory that is missing or has no
 evaluation episodes gets ``{"missing": why}`` (and so does every difference naming it): the

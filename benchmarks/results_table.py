@@ -90,10 +90,10 @@ BEGIN, END = "<!-- results-table:begin -->", "<!-- results-table:end -->"
 #: the metrics of the tables, headline first (``eval_metrics.METRICS``)
 TABLE_METRICS = ("avg", "pass", "success")
 #: ``--from`` directories and ``--alias`` entries of docs/RESULTS.md's table (relative to ROOT)
-DOC_SOURCES = ("docs/results/table", "docs/results/issue15_gpu_wave1",
-               "docs/results/families_gpu", "docs/results/webnav")
-DOC_ALIASES = {"textcraft_grpo": "docs/results/textcraft_shared_gpu",
-               "sciworld_sft_grpo": "docs/results/families_gpu/sciworld_sft_grpo_long"}
+DOC_SOURCES = ("results/table", "results/issue15_gpu_wave1",
+               "results/families_gpu", "results/webnav")
+DOC_ALIASES = {"textcraft_grpo": "results/textcraft_shared_gpu",
+               "sciworld_sft_grpo": "results/families_gpu/sciworld_sft_grpo_long"}
 
 
 # ------------------------------------------------------------------------------------ jobs
@@ -409,11 +409,11 @@ def main(argv=None) -> int:
                    help="jobs_gpu.sh file of the web-navigation row (needs Chromium), run last "
                         "('' to leave it out)")
     p.add_argument("--out", default="runs/table", help="runs (checkpoints, full trajectories)")
-    p.add_argument("--results", default="docs/results/table", help="the small files, the table")
+    p.add_argument("--results", default="results/table", help="the small files, the table")
     p.add_argument("--from", dest="sources", action="append", default=[],
                    help="directories of collected runs for the table (default: --results)")
     p.add_argument("--alias", action="append", default=[], help="job=directory: one run kept "
-                   "elsewhere, as seed 0 of job (e.g. babyai_grpo=docs/results/babyai_gpu_f32)")
+                   "elsewhere, as seed 0 of job (e.g. babyai_grpo=results/babyai_gpu_f32)")
     p.add_argument("--doc", default="", help="file whose results-table block gets the table")
     p.add_argument("--draws", type=int, default=10_000)
     p.add_argument("--dry-run", action="store_true", help="print the job plan, run nothing")
@@ -428,7 +428,7 @@ def main(argv=None) -> int:
         args.seeds, args.waves, args.pair2 = "0,1", "wave2", "none"
         if args.out == "runs/table":
             args.out = "/tmp/results_table_smoke"
-        if args.results == "docs/results/table":
+        if args.results == "results/table":
             args.results = os.path.join(args.out, "results")
     try:
         args.seeds = [int(s) for s in args.seeds.split(",") if s.strip()]

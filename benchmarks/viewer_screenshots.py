@@ -1,7 +1,7 @@
 """Screenshots of the trajectory viewer's views (docs/VIEWER.md), taken in headless Chromium.
 
     python benchmarks/viewer_screenshots.py --out docs/viewer \\
-        --shot runs=docs/results/babyai_gpu_f32,docs/results/babyai_gpu_bf16#runs \\
+        --shot runs=results/babyai_gpu_f32,results/babyai_gpu_bf16#runs \\
         --shot browser=runs/cpu#episodes?run=0&sort=reward&order=desc \\
         --shot episode=runs/cpu#episode?run=0&file=0&row=3
 

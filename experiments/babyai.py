@@ -76,7 +76,7 @@ def grpo_long_gpu() -> ConfigDict:
     jobs: the same command resumes a run cut off within the same budget)::
 
         bash benchmarks/jobs_gpu.sh --jobs benchmarks/jobs/babyai_long.txt --out runs/long \\
-             --results docs/results/long --gpu-ids 0,1,2,3 --budget 575      # three calls
+             --results results/long --gpu-ids 0,1,2,3 --budget 575      # three calls
     """
     return long_run(grpo_gpu(), max_seconds=1350.0, eval_every=40, steps_per_phase=40)
 

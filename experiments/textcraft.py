@@ -105,7 +105,7 @@ def sft_grpo_long_gpu() -> ConfigDict:
     comes from ``launch/sft.py --config experiments/textcraft.py:sft_gpu`` (its 240 s)::
 
         bash benchmarks/jobs_gpu.sh --jobs benchmarks/jobs/textcraft_long.txt --out runs/long \\
-             --results docs/results/long --gpu-ids 0,1 --budget 575         # four calls
+             --results results/long --gpu-ids 0,1 --budget 575         # four calls
     """
     return long_run(sft_grpo_gpu(), max_seconds=1200.0, eval_every=25, steps_per_phase=20)
 

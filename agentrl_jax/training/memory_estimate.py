@@ -85,7 +85,7 @@ def memory_estimate(num_gpus: int, config: Any, usable_gib: float | None = None,
       ``bytes(learner.dtype) x N/g``, and activations (rough: the ``L`` saved layer inputs
       ``[rows, pack_length, D]`` and ~3 layers' worth of MLP activations ``[rows, pack_length,
       F]``, ``rows = ceil(micro_batch_size / g)``). Calibrated on a measurement: on 4 H100s
-      (2026-11-27, ``docs/results/scaling_s8/qwen7b_4gpu_h100/``) the micro-batch step asked
+      (2026-11-27, ``results/scaling_s8/qwen7b_4gpu_h100/``) the micro-batch step asked
       XLA for one 17.1 GiB scratch buffer, which a sharded compute copy (``2 x bytes x N/g``
       = 7.1 GiB with the activations' 2.1: this estimate's form until then) cannot explain and
       the gathered weights (14.2) + activations (2.1) nearly do -- as if XLA kept each layer's
