@@ -146,3 +146,33 @@ def test_results_readme_names_every_run_set():
     listed = set(re.findall(r"^\| `([\w.-]+)/` \|", text, re.M))
     on_disk = {p.name for p in (REPO / "results").iterdir() if p.is_dir()}
     assert listed == on_disk
+
+
+def benchmarks_readme_listing(readme: pathlib.Path) -> dict[str, set[str]]:
+    """``{folder: {script names}}`` of benchmarks/README.md: its ``## `folder/` ...`` sections
+    and the first backquoted cell of each table row under them."""
+    listing: dict[str, set[str]] = {}
+    folder = None
+    for line in readme.read_text(encoding="utf-8").splitlines():
+        heading = re.match(r"^## `([\w-]+)/`", line)
+        if heading:
+            folder = heading.group(1)
+            listing.setdefault(folder, set())
+        row = re.match(r"^\| `([\w.-]+)` \|", line)
+        if row and folder:
+            listing[folder].add(row.group(1))
+    return listing
+
+
+def test_benchmarks_readme_lists_every_script_and_only_those():
+    """benchmarks/README.md names each script of each folder (jobs/ holds job lists, not
+    scripts), and every name it lists is a file of that folder."""
+    listing = benchmarks_readme_listing(REPO / "benchmarks" / "README.md")
+    on_disk = {p.name: sorted(f.name for f in p.iterdir() if f.suffix in (".py", ".sh"))
+               for p in (REPO / "benchmarks").iterdir() if p.is_dir() and p.name != "jobs"
+               and p.name != "__pycache__"}
+    assert set(listing) - {"jobs"} == set(on_disk)
+    for folder, names in on_disk.items():
+        assert sorted(listing[folder]) == names, folder
+    loose = [p.name for p in (REPO / "benchmarks").iterdir() if p.is_file()]
+    assert len(loose) <= 12, loose  # issue 46: at most 12 loose files at benchmarks/' top

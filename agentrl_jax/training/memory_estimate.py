@@ -10,7 +10,7 @@ decoder's parameters from its shape.
 
 ``python -m agentrl_jax.training.memory_estimate --config experiments/babyai.py:paper_scale_7b
 --gpus 1,2,4`` prints the table (``--check``: exit 3 when a count cannot fit; ``--json``).
-An estimate, not a measurement: ``benchmarks/rl_step.py`` records each GPU's measured peak
+An estimate, not a measurement: ``benchmarks/speed/rl_step.py`` records each GPU's measured peak
 (docs/PERFORMANCE.md).
 """
 
@@ -31,7 +31,7 @@ GIB = 1024 ** 3
 #: the total memory of one H100 80GB as JAX reports it (GiB); nvidia-smi's 81559 MiB is 79.6
 H100_TOTAL_GIB = 79.1
 #: the share of it JAX may allocate: XLA_PYTHON_CLIENT_MEM_FRACTION, which
-#: benchmarks/scaling_step_gpu.sh sets to 0.95 (the default 0.75 would leave 59 GiB of an H100)
+#: benchmarks/gpu/scaling_step.sh sets to 0.95 (the default 0.75 would leave 59 GiB of an H100)
 DEFAULT_MEM_FRACTION = 0.95
 #: what JAX can allocate on one H100 80GB at that fraction (the default ``usable_gib``)
 H100_USABLE_GIB = H100_TOTAL_GIB * DEFAULT_MEM_FRACTION
