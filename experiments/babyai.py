@@ -72,11 +72,11 @@ def grpo_long_gpu() -> ConfigDict:
     """``grpo_gpu`` to the end of its curve (issue 28): 1,350 s of training instead of 360 s
     (about 25 minutes on one H200 with both evaluations), 40 steps a phase (15 would put most
     of a long run at 20 turns, where a step costs ~3x one at 6), a held-out evaluation every 40
-    steps, a checkpoint every 5 steps and at a SIGTERM (``benchmarks/jobs_gpu.sh``'s ``resume``
+    steps, a checkpoint every 5 steps and at a SIGTERM (``benchmarks/gpu/jobs.sh``'s ``resume``
     jobs: the same command resumes a run cut off within the same budget)::
 
-        bash benchmarks/jobs_gpu.sh --jobs benchmarks/jobs/babyai_long.txt --out runs/long \\
-             --results docs/results/long --gpu-ids 0,1,2,3 --budget 575      # three calls
+        bash benchmarks/gpu/jobs.sh --jobs benchmarks/jobs/babyai_long.txt --out runs/long \\
+             --results results/long --gpu-ids 0,1,2,3 --budget 575      # three calls
     """
     return long_run(grpo_gpu(), max_seconds=1350.0, eval_every=40, steps_per_phase=40)
 
@@ -158,7 +158,7 @@ def sft_gpu() -> ConfigDict:
     """Behaviour cloning of the macro expert on one GPU, ~7 minutes (docs/RESULTS.md, "BabyAI:
     behaviour cloning on a macro-action expert"): ``grpo_gpu``'s model, answer format, engine,
     packed learner and evaluation with the ``sft`` loss. Data: ``launch/record_experts.py --env
-    babyai --config experiments/babyai.py:sft_gpu``; ``benchmarks/issue15_gpu.sh`` (the results
+    babyai --config experiments/babyai.py:sft_gpu``; ``benchmarks/gpu/sft_rl_comparison.sh`` (the results
     table's SFT rows) records the primitive BabyAIBot with ``--expert babyai``."""
     c = bc_gpu(grpo_gpu(), data="runs/issue15/experts", record_episodes=2000, batch_size=32,
                epochs=4, max_seconds=240.0)
@@ -178,7 +178,7 @@ def sft_grpo_gpu() -> ConfigDict:
 
 def sft_gigpo_gpu() -> ConfigDict:
     """``sft_grpo_gpu`` with GiGPO: next to the GRPO run from the same SFT policy it gives
-    GiGPO - GRPO from SFT (``benchmarks/issue15_gpu.sh``)."""
+    GiGPO - GRPO from SFT (``benchmarks/gpu/sft_rl_comparison.sh``)."""
     return use_gigpo(sft_grpo_gpu())
 
 
@@ -255,7 +255,7 @@ QWEN25_7B = dict(model_type="qwen2", vocab_size=152064, hidden_size=3584,
 
 def visible_gpu_count() -> int | None:
     """GPUs the run will use: the entries of ``CUDA_VISIBLE_DEVICES`` (how
-    ``benchmarks/scaling_step_gpu.sh`` gives a run its GPUs), ``None`` when it is unset (then
+    ``benchmarks/gpu/scaling_step.sh`` gives a run its GPUs), ``None`` when it is unset (then
     all of the machine's, a number this config does not know without starting JAX)."""
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     if visible is None:
@@ -267,8 +267,8 @@ def paper_scale_7b(num_gpus: int | None = None) -> ConfigDict:
     """A paper-scale RL step for sizing runs: a Qwen2.5-7B-shaped policy (random weights), GRPO,
     BabyAI, 32 tasks x 8 samples, a fixed 13-turn horizon.
 
-    Timed with ``benchmarks/rl_step.py --config experiments/babyai.py:paper_scale_7b --variants
-    packed`` (``benchmarks/scaling_step_gpu.sh`` runs it) on the GPUs of ``CUDA_VISIBLE_DEVICES``: the
+    Timed with ``benchmarks/speed/rl_step.py --config experiments/babyai.py:paper_scale_7b --variants
+    packed`` (``benchmarks/gpu/scaling_step.sh`` runs it) on the GPUs of ``CUDA_VISIBLE_DEVICES``: the
     learner shards over every visible GPU (``learner.mesh``: FSDP) and the embedded engine runs a
     bf16 replica on each of them (``rollout.engine_replicas=0``). By the estimate below 1 and 2
     H100 80GB cannot hold it and 4 can (with the KV cache freed during the update), and 2 (or
@@ -315,7 +315,7 @@ def paper_scale_7b(num_gpus: int | None = None) -> ConfigDict:
     107.6. An estimate: the per-leaf schedule's peak matched its estimate on a synthetic
     1.9 B-parameter tree on an H100 (docs/LEARNER.md); the 7B step on one H200 peaked at 91.9 GiB
     (below). H200 141GB
-    (``--gpu-memory-gib 140.4``: nvidia-smi's 143771 MiB, which ``benchmarks/scaling_step_gpu.sh``
+    (``--gpu-memory-gib 140.4``: nvidia-smi's 143771 MiB, which ``benchmarks/gpu/scaling_step.sh``
     passes; 133.4 GiB usable): 1 GPU fits only offloaded (107.6; 164.3 without), 2 and 4 fit
     (peaks 96.3 and 62.4, below 90% of 133.4). Measured (2026-11-27, this config as it is on 2
     and 4 GPUs, H200s; docs/PERFORMANCE.md, "session 9", which has the step times): 2 GPUs peak
@@ -329,7 +329,7 @@ def paper_scale_7b(num_gpus: int | None = None) -> ConfigDict:
     (lower bound: what must be live during an update or a rollout; peak adds the update's
     transients -- the bf16 compute copy, a micro-batch's gradients, activations -- or, at a weight
     sync, the new replica next to the old one and the one bf16 cast of the learner's shards.) An estimate, not
-    a measurement: benchmarks/rl_step.py records each GPU's measured peak.
+    a measurement: benchmarks/speed/rl_step.py records each GPU's measured peak.
 
     ``num_gpus``: the GPUs it is sized for (default :func:`visible_gpu_count`); on one GPU the AdamW
     moments are kept in pinned host memory; with more, or an unknown count, they stay on the

@@ -99,7 +99,7 @@ def gpu_recipe(*, env: str, server_args: str, phases: tuple[int, ...], steps_per
     c.learner.pack_length = context
     # flash attention for packed rows that skips the blocks between packed sequences (our
     # Pallas/Triton kernels; JAX's "pallas" computes them and masks them out): the faster update
-    # in benchmarks/update_profile.py, docs/PERFORMANCE.md "Learner: compile ahead and
+    # in benchmarks/speed/update_profile.py, docs/PERFORMANCE.md "Learner: compile ahead and
     # segment-skipping attention". Runs compared with those made before 2026-11-28 pin "pallas".
     c.learner.attention_impl = "pallas_segments"
     c.learner.micro_batch_size = 4

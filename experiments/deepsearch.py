@@ -59,7 +59,7 @@ def sft_gpu() -> ConfigDict:
     """Behaviour cloning of the retrieval oracle on one GPU: ``grpo_gpu``'s model, answer
     format, engine, packed learner and evaluation with the ``sft`` loss. Data:
     ``launch/record_experts.py --env deepsearch --config experiments/deepsearch.py:sft_gpu``
-    (``benchmarks/families_gpu.sh`` records it: the oracle searches with the question and
+    (``benchmarks/gpu/sft_rl_families.sh`` records it: the oracle searches with the question and
     answers with the golden title found in a passage; only successful episodes are trained
     on)."""
     return bc_gpu(grpo_gpu(), data="runs/families/experts", record_episodes=1000, batch_size=32,

@@ -79,7 +79,7 @@ def sft() -> ConfigDict:
 def first_trainer_cpu() -> ConfigDict:
     """The first-trainer update check: a small random model on BabyAI with packed learner rows
     (one compiled shape) and every group trained, so two trainers in one process see the same
-    batches (``benchmarks/rl_step.py --config experiments/smoke.py:first_trainer_cpu --steps 6
+    batches (``benchmarks/speed/rl_step.py --config experiments/smoke.py:first_trainer_cpu --steps 6
     --variants packed,packed``; docs/PERFORMANCE.md, "Our engine beside SGLang"). The untrained
     model earns no reward at this horizon."""
     c = base_config()

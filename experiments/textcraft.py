@@ -94,7 +94,7 @@ def sft_grpo_gpu() -> ConfigDict:
 def sft_gigpo_gpu() -> ConfigDict:
     """``sft_grpo_gpu`` (the behaviour-cloned policy, same budget, seeds, schedule and learner)
     with GiGPO: the GiGPO - GRPO comparison on TextCraft starts from the SFT policy
-    (``benchmarks/issue15_gpu.sh``)."""
+    (``benchmarks/gpu/sft_rl_comparison.sh``)."""
     return use_gigpo(sft_grpo_gpu())
 
 
@@ -104,8 +104,8 @@ def sft_grpo_long_gpu() -> ConfigDict:
     SIGTERM (the same command resumes a run cut off within the same budget). The SFT policy
     comes from ``launch/sft.py --config experiments/textcraft.py:sft_gpu`` (its 240 s)::
 
-        bash benchmarks/jobs_gpu.sh --jobs benchmarks/jobs/textcraft_long.txt --out runs/long \\
-             --results docs/results/long --gpu-ids 0,1 --budget 575         # four calls
+        bash benchmarks/gpu/jobs.sh --jobs benchmarks/jobs/textcraft_long.txt --out runs/long \\
+             --results results/long --gpu-ids 0,1 --budget 575         # four calls
     """
     return long_run(sft_grpo_gpu(), max_seconds=1200.0, eval_every=25, steps_per_phase=20)
 

@@ -6,8 +6,8 @@
 The default (``grpo_scaling``) is the paper's schedule (8 -> 12 -> 15 turns, 80 steps a phase),
 as for every family; the best result is SFT then RL (``sft_gpu``, then ``sft_grpo_gpu``;
 docs/RESULTS.md). Each episode drives its own headless Chromium (~1 GB and a CPU core while it
-renders); a machine without Chromium gets it from ``benchmarks/chromium_portable.sh``
-(``unpack``, then ``source benchmarks/chromium_portable.sh env PREFIX`` before the run).
+renders); a machine without Chromium gets it from ``benchmarks/gpu/chromium_portable.sh``
+(``unpack``, then ``source benchmarks/gpu/chromium_portable.sh env PREFIX`` before the run).
 Variants (``experiments/common.py`` holds the shared pieces):
 
 ============= ==============================================================================
@@ -67,7 +67,7 @@ def sft_gpu() -> ConfigDict:
         python launch/record_experts.py --env miniwob --episodes 400 --workers 4 \\
             --config experiments/webnav.py:sft_gpu --out runs/families/experts
 
-    The evaluation needs Chromium where it runs (``benchmarks/chromium_portable.sh``)."""
+    The evaluation needs Chromium where it runs (``benchmarks/gpu/chromium_portable.sh``)."""
     return bc_gpu(grpo_gpu(), data="runs/families/experts", record_episodes=400, batch_size=32,
                   epochs=4, max_seconds=120.0)
 

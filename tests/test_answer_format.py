@@ -1,4 +1,4 @@
-"""The default answer format and the per-turn counts of benchmarks/action_format.py,
+"""The default answer format and the per-turn counts of benchmarks/analysis/action_format.py,
 on hand-built cases."""
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 def _benchmark():
     spec = importlib.util.spec_from_file_location(
-        "action_format", os.path.join(REPO, "benchmarks", "action_format.py"))
+        "action_format", os.path.join(REPO, "benchmarks", "analysis", "action_format.py"))
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # dataclasses look their module up
     spec.loader.exec_module(module)

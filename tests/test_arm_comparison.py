@@ -1,10 +1,10 @@
-"""benchmarks/arm_comparison.py on hand-made evaluation files: the gains and the paired
+"""benchmarks/analysis/arm_comparison.py on hand-made evaluation files: the gains and the paired
 difference, computed here by hand."""
 
 import json
 import math
 
-from benchmarks.arm_comparison import compare
+from benchmarks.analysis.arm_comparison import compare
 
 
 def _run(path, before, after):

@@ -1,6 +1,6 @@
 """The profiler-trace parser behind the GPU device-time numbers (hand-built traces)."""
 
-from benchmarks.devtime import kernel_category, kernel_events, summarize
+from benchmarks.speed.devtime import kernel_category, kernel_events, summarize
 
 
 def _trace(kernels, host=()):

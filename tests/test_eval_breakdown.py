@@ -1,4 +1,4 @@
-"""benchmarks/eval_breakdown.py against hand-computed numbers on hand-made evaluation files."""
+"""benchmarks/analysis/eval_breakdown.py against hand-computed numbers on hand-made evaluation files."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "benchmarks"))
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "benchmarks", "analysis"))
 import eval_breakdown  # noqa: E402
 
 

@@ -14,9 +14,9 @@ from environments.deepsearch.expert import DeepSearchLookupExpertPolicy
 from agentrl_jax.agent.parsing import INVALID_FORMAT_FEEDBACK
 from agentrl_jax.agent.trajectory import Trajectory
 from agentrl_jax.rollout.contract import RolloutError
-from benchmarks.episode_diagnosis import summarise
+from benchmarks.analysis.episode_diagnosis import summarise
 from agentrl_jax.training import eval_metrics
-from benchmarks.learning_report import metric_name
+from benchmarks.analysis.learning_report import metric_name
 from agentrl_common.processes import server_environment
 
 

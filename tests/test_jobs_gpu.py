@@ -1,4 +1,4 @@
-"""benchmarks/jobs_gpu.sh: lanes, GPU pinning, done markers, time caps, and two drivers that
+"""benchmarks/gpu/jobs.sh: lanes, GPU pinning, done markers, time caps, and two drivers that
 share one --out on different GPUs running side by side (they once shared a lane lock and took
 turns, which cost a GPU call its third seed)."""
 
@@ -13,7 +13,7 @@ import time
 import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-DRIVER = ROOT / "benchmarks" / "jobs_gpu.sh"
+DRIVER = ROOT / "benchmarks" / "gpu" / "jobs.sh"
 pytestmark = pytest.mark.skipif(not os.path.exists("/bin/bash") or
                                 subprocess.run(["which", "flock"], capture_output=True).returncode,
                                 reason="needs bash and flock")

@@ -12,7 +12,7 @@
 
 The runs share the test session's JAX compilation cache (``compile_cache_env``,
 tests/conftest.py, also used by tests/test_e2e.py's smoke runs) so that restarts do not compile
-everything again. ``benchmarks/kill_resume.py`` runs longer campaigns of random kills.
+everything again. ``benchmarks/checks/kill_resume.py`` runs longer campaigns of random kills.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks" / "checks"))
 
 from kill_resume import Run, children, kill_and_resume, rows, wait_gone  # noqa: E402
 

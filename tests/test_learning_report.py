@@ -1,4 +1,4 @@
-"""benchmarks/learning_report.py: the paired bootstrap interval on hand-computed cases."""
+"""benchmarks/analysis/learning_report.py: the paired bootstrap interval on hand-computed cases."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "benchmarks"))
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "benchmarks", "analysis"))
 import learning_report  # noqa: E402
 
 

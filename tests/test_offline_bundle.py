@@ -1,4 +1,4 @@
-"""benchmarks/offline_bundle.sh: the model split into parts that fit the size limit, put back
+"""benchmarks/gpu/offline_bundle.sh: the model split into parts that fit the size limit, put back
 together byte for byte on the other side, and a damaged part refused before anything installs
 (the wheel download needs PyPI and is not exercised here: NO_DOWNLOAD=1)."""
 
@@ -8,7 +8,7 @@ import hashlib
 import os
 import subprocess
 
-SCRIPT = os.path.join(os.path.dirname(__file__), "..", "benchmarks", "offline_bundle.sh")
+SCRIPT = os.path.join(os.path.dirname(__file__), "..", "benchmarks", "gpu", "offline_bundle.sh")
 
 
 def _run(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:

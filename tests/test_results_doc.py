@@ -1,7 +1,7 @@
 """docs/RESULTS.md's results tables against the committed run files (issue 50, item 5).
 
 The block between ``<!-- results-table:begin -->`` and ``<!-- results-table:end -->`` is what
-``benchmarks/results_table.py --stage table`` wrote. This test parses its markdown tables,
+``benchmarks/analysis/results_table.py --stage table`` wrote. This test parses its markdown tables,
 rebuilds them from the committed evaluation episodes with the same code
 (``results_table.DOC_SOURCES`` / ``DOC_ALIASES``) and compares every cell at its printed
 precision, so no table outlives its data. It reads small JSON files only.
@@ -16,7 +16,7 @@ import sys
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+sys.path.insert(0, os.path.join(ROOT, "benchmarks", "analysis"))
 import results_table  # noqa: E402
 
 DOC = os.path.join(ROOT, "docs", "RESULTS.md")

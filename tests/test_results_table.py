@@ -1,4 +1,4 @@
-"""benchmarks/results_table.py: the table stage on hand-made runs (no training: the runs'
+"""benchmarks/analysis/results_table.py: the table stage on hand-made runs (no training: the runs'
 evaluation files are written here), the job plan, and the marked block of a document."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "benchmarks"))
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "benchmarks", "analysis"))
 import results_table  # noqa: E402
 from test_seed_stats import write_run  # noqa: E402
 

@@ -1,4 +1,4 @@
-"""``benchmarks/rl_step.py --fresh-process``: each variant runs in its own Python process (the
+"""``benchmarks/speed/rl_step.py --fresh-process``: each variant runs in its own Python process (the
 first trainer of a process updates slower than later ones, which favoured every variant after
 the first), and the results are merged into one JSON in variant order."""
 
@@ -17,7 +17,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 @pytest.mark.slow
 def test_each_variant_runs_in_its_own_process(tmp_path):
     out = tmp_path / "steps.json"
-    cmd = [sys.executable, os.path.join(ROOT, "benchmarks", "rl_step.py"), "--config",
+    cmd = [sys.executable, os.path.join(ROOT, "benchmarks", "speed", "rl_step.py"), "--config",
            os.path.join(ROOT, "experiments", "smoke.py"), "--steps", "1",
            "--variants", "packed,no_remat", "--fresh-process", "--workdir", str(tmp_path / "w"),
            "--json", str(out), "--label", "test"]

@@ -1,4 +1,4 @@
-"""benchmarks/rollout_profile.py on the CPU smoke config: the profile's independently measured
+"""benchmarks/speed/rollout_profile.py on the CPU smoke config: the profile's independently measured
 parts add up to the rollout's wall time (engine thread: device calls + host work + idle waits;
 episodes: queueing + generation + environment + host work), within 5%."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from benchmarks.rollout_profile import main
+from benchmarks.speed.rollout_profile import main
 
 
 @pytest.mark.slow

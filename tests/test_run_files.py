@@ -228,10 +228,10 @@ def test_report_reads_compressed_evaluations(tmp_path, metric):
 
 
 def test_learning_report_and_results_table_read_compressed_evaluations(tmp_path):
-    """``benchmarks/learning_report.py`` (which ``results_table.py`` calls for its runs) finds a
+    """``benchmarks/analysis/learning_report.py`` (which ``results_table.py`` calls for its runs) finds a
     run's ``.jsonl.gz`` evaluation log, scores it like a plain one, and ``--collect`` writes its
     small ``eval_episodes.jsonl`` from it."""
-    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "benchmarks"))
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "benchmarks", "analysis"))
     import learning_report
 
     gz_run, plain_run = tmp_path / "gz", tmp_path / "plain"

@@ -1,4 +1,4 @@
-"""benchmarks/seed_stats.py: seed-level mean, spread and the two-level bootstrap against hand
+"""benchmarks/analysis/seed_stats.py: seed-level mean, spread and the two-level bootstrap against hand
 computations and an exact enumeration of every bootstrap resample of tiny cases."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import sys
 import numpy as np
 import pytest
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "benchmarks"))
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "benchmarks", "analysis"))
 import seed_stats  # noqa: E402
 
 # 3 seeds x 2 tasks, a few samples a task: task values 0.5 / 1.0, 0.25 / 0.25, 0.5 / 0.0

@@ -1,4 +1,4 @@
-"""``benchmarks/sglang_server_check.py`` (the checks our SGLang client ran against a real SGLang
+"""``benchmarks/checks/sglang_server_check.py`` (the checks our SGLang client ran against a real SGLang
 server on a GPU) against our own server on the tiny model: every check passes there, and a
 server that answers differently fails the check it breaks."""
 
@@ -12,7 +12,7 @@ import pytest
 from agentrl_jax.models.safetensors_io import save_hf_directory
 from rollout_helpers import TINY, byte_tokenizer, make_engine, start_server, tiny_model
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(__file__)), "benchmarks"))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(__file__)), "benchmarks", "checks"))
 import sglang_server_check  # noqa: E402
 
 SMALL = ["--vocab", str(TINY.vocab_size), "--check-prompt-len", "16", "--reuse-prompt-len",

@@ -1,12 +1,12 @@
-"""The Pallas skinny matmul (``benchmarks/skinny_matmul.py``, a contender of
-``benchmarks/decode_gemm.py``) against a float64 NumPy product, in the Pallas interpreter."""
+"""The Pallas skinny matmul (``benchmarks/contenders/skinny_matmul.py``, a contender of
+``benchmarks/contenders/decode_gemm.py``) against a float64 NumPy product, in the Pallas interpreter."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from benchmarks.skinny_matmul import MatmulTiling, skinny_matmul
+from benchmarks.contenders.skinny_matmul import MatmulTiling, skinny_matmul
 
 
 @pytest.mark.parametrize("m,k,n,tiling", [
@@ -45,7 +45,7 @@ def test_bf16_output_and_bad_tiling():
 
 
 def test_decode_gemm_benchmark_smoke(tmp_path):
-    """``benchmarks/decode_gemm.py --small --gemms o,down`` runs on CPU: XLA and every fitting
+    """``benchmarks/contenders/decode_gemm.py --small --gemms o,down`` runs on CPU: XLA and every fitting
     Pallas tiling are timed, each Pallas output having matched XLA's first."""
     import json
     import os
@@ -54,7 +54,7 @@ def test_decode_gemm_benchmark_smoke(tmp_path):
 
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     out = tmp_path / "gemm.json"
-    proc = subprocess.run([sys.executable, "benchmarks/decode_gemm.py", "--small", "--gemms",
+    proc = subprocess.run([sys.executable, "benchmarks/contenders/decode_gemm.py", "--small", "--gemms",
                            "o,down", "--json", str(out)], cwd=root, capture_output=True,
                           text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]

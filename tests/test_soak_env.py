@@ -1,4 +1,4 @@
-"""A short soak of the BabyAI server (``benchmarks/soak_env.py``): memory, file descriptors and
+"""A short soak of the BabyAI server (``benchmarks/checks/soak_env.py``): memory, file descriptors and
 threads stay flat over create / step / close storms (before: RSS grew 139 -> 208 MB over four
 storms while ``gc.set_threshold(20_000, 20, 50)`` let closed levels pile up)."""
 
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks" / "checks"))
 
 from soak_env import run_soak  # noqa: E402
 

@@ -1,4 +1,4 @@
-"""benchmarks/wheel_closure.py: what a machine lacks of a resolved closure, by PEP 503 name
+"""benchmarks/gpu/wheel_closure.py: what a machine lacks of a resolved closure, by PEP 503 name
 (the resolution itself needs PyPI and is not exercised here)."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 import sys
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "benchmarks"))
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "benchmarks", "gpu"))
 
 from wheel_closure import missing, normalise, read_present  # noqa: E402
 

@@ -2,7 +2,7 @@
 
 ``action`` (the default, ``training/config.py``): one ``Action:`` line per turn; with
 ``agent.response_prefix = "Action:"`` the model only completes the action, which the default
-SmolLM2-135M-Instruct does (``benchmarks/action_format.py``, docs/RESULTS.md). ``react``: a
+SmolLM2-135M-Instruct does (``benchmarks/analysis/action_format.py``, docs/RESULTS.md). ``react``: a
 ``Thought:`` line, then an ``Action:`` line, for models that can follow it
 (``training.config.use_react``).
 """

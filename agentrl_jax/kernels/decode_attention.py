@@ -62,7 +62,7 @@ def ragged_tiling(max_length: int, long_split: int = 1024) -> RaggedTiling | Non
     """The tiling for a cache row of ``max_length`` positions, or None when no block of 16+
     positions divides it (the engine then uses the dense attention).
 
-    From the sweep ``benchmarks/decode_attention.py`` (docs/PERFORMANCE.md, "Attention tiling
+    From the sweep ``benchmarks/contenders/decode_attention.py`` (docs/PERFORMANCE.md, "Attention tiling
     sweep"): a short row (``<= long_split``) is one split of 32-key blocks with 2 warps and 3
     stages (faster there than 128-key blocks); a long row is cut into splits of at least
     ``long_split`` keys in 64-key blocks with 4 warps and 2 stages (faster than 16 splits of

@@ -40,7 +40,7 @@ peak of the update: parameters + gradients (resident anyway) + the largest leaf'
 when XLA does not update them in place); gradient leaves are freed as their calls complete.
 For a Qwen2.5-7B shape the largest leaves are the embedding and the LM head, 152064 x 3584 =
 545 M parameters: 4.4 GB of moments (8.7 GB at most) instead of 57 GiB resident. Measured
-on an H100 (``benchmarks/optimizer_offload.py``, a synthetic 1.9 B-parameter tree): peak
+on an H100 (``benchmarks/speed/optimizer_offload.py``, a synthetic 1.9 B-parameter tree): peak
 22.3 GiB with offload (the expected value) vs 35.5 without; the step is much slower, since the
 moments cross the host link (step times: docs/LEARNER.md).
 

@@ -121,7 +121,7 @@ def use_ppo(c: ConfigDict) -> ConfigDict:
 
 def use_react(c: ConfigDict, max_new_tokens: int = 128) -> ConfigDict:
     """ReAct answers (a ``Thought:`` line, then an ``Action:`` line) for models that follow
-    that format (check a model with ``benchmarks/action_format.py --model M --styles react``);
+    that format (check a model with ``benchmarks/analysis/action_format.py --model M --styles react``);
     a turn then needs ~128 tokens. On the command line: ``--config.agent.prompt_style=react
     --config.agent.response_prefix= --config.rollout.stop="()"
     --config.rollout.max_new_tokens=128``."""

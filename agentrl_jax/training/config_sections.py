@@ -249,7 +249,7 @@ class RolloutConfig(Section):
 @dataclasses.dataclass(frozen=True)
 class AgentConfig(Section):
     """The answer format. The default model (SmolLM2-135M-Instruct) cannot follow a ReAct
-    format at temperature 1 (docs/RESULTS.md, benchmarks/action_format.py), so each assistant
+    format at temperature 1 (docs/RESULTS.md, benchmarks/analysis/action_format.py), so each assistant
     turn is opened with "Action:", the model only completes the action and the turn ends at the
     line break. Larger models: ``config.use_react``."""
 

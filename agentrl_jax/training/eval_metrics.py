@@ -2,7 +2,7 @@
 
 The one place these numbers are defined; the evaluation during a run, ``summary.json``, the
 terminal lines, the run report, the viewer and the results table
-(``benchmarks/results_table.py``) all call it.
+(``benchmarks/analysis/results_table.py``) all call it.
 
 Definitions (AgentGym-RL, arXiv 2509.08755, section "Evaluation"; notation: task t has the
 finished episodes j = 1..k_t, usually k_t = k):
@@ -125,7 +125,7 @@ def by_task(items: Iterable[EpisodeOutcome]) -> dict[str, list[EpisodeOutcome]]:
 
 def task_values(items: Iterable[EpisodeOutcome], metric: str = "avg") -> dict[str, list[float]]:
     """``{task: values}`` whose per-task mean is the task's value of ``metric`` (the input of
-    ``benchmarks/seed_stats.py`` and the paired bootstraps): ``avg`` the episodes' scores,
+    ``benchmarks/analysis/seed_stats.py`` and the paired bootstraps): ``avg`` the episodes' scores,
     ``success`` their completion flags (0/1), ``pass`` one value per task, 1 when any episode
     scored > 0."""
     if metric not in METRICS:

@@ -10,7 +10,7 @@ decoder's parameters from its shape.
 
 ``python -m agentrl_jax.training.memory_estimate --config experiments/babyai.py:paper_scale_7b
 --gpus 1,2,4`` prints the table (``--check``: exit 3 when a count cannot fit; ``--json``).
-An estimate, not a measurement: ``benchmarks/rl_step.py`` records each GPU's measured peak
+An estimate, not a measurement: ``benchmarks/speed/rl_step.py`` records each GPU's measured peak
 (docs/PERFORMANCE.md).
 """
 
@@ -31,7 +31,7 @@ GIB = 1024 ** 3
 #: the total memory of one H100 80GB as JAX reports it (GiB); nvidia-smi's 81559 MiB is 79.6
 H100_TOTAL_GIB = 79.1
 #: the share of it JAX may allocate: XLA_PYTHON_CLIENT_MEM_FRACTION, which
-#: benchmarks/scaling_step_gpu.sh sets to 0.95 (the default 0.75 would leave 59 GiB of an H100)
+#: benchmarks/gpu/scaling_step.sh sets to 0.95 (the default 0.75 would leave 59 GiB of an H100)
 DEFAULT_MEM_FRACTION = 0.95
 #: what JAX can allocate on one H100 80GB at that fraction (the default ``usable_gib``)
 H100_USABLE_GIB = H100_TOTAL_GIB * DEFAULT_MEM_FRACTION
@@ -85,7 +85,7 @@ def memory_estimate(num_gpus: int, config: Any, usable_gib: float | None = None,
       ``bytes(learner.dtype) x N/g``, and activations (rough: the ``L`` saved layer inputs
       ``[rows, pack_length, D]`` and ~3 layers' worth of MLP activations ``[rows, pack_length,
       F]``, ``rows = ceil(micro_batch_size / g)``). Calibrated on a measurement: on 4 H100s
-      (2026-11-27, ``docs/results/scaling_s8/qwen7b_4gpu_h100/``) the micro-batch step asked
+      (2026-11-27, ``results/scaling_s8/qwen7b_4gpu_h100/``) the micro-batch step asked
       XLA for one 17.1 GiB scratch buffer, which a sharded compute copy (``2 x bytes x N/g``
       = 7.1 GiB with the activations' 2.1: this estimate's form until then) cannot explain and
       the gathered weights (14.2) + activations (2.1) nearly do -- as if XLA kept each layer's

@@ -1,6 +1,6 @@
 """Synthetic runs: a run directory shaped like the trainer's (``trajectories_train.jsonl``,
 ``trajectories_eval.jsonl``, ``metrics.jsonl``, ``config.json``, ``summary.json``) with made-up
-episodes, for the viewer's tests and its speed benchmark (``benchmarks/viewer_index.py``).
+episodes, for the viewer's tests and its speed benchmark (``benchmarks/speed/viewer_index.py``).
 
 Invalid turns come in the two kinds the real system has: an empty reply (no action after the
 ``Action:`` prefix; answered with ``INVALID_FORMAT_FEEDBACK``, the environment is not stepped) and

@@ -64,7 +64,7 @@ def merge_projections(model: CausalLM) -> tuple[MergedProjections, ...]:
     param dtype). The engine builds them once per weight version (``compiled_functions``'s
     ``merge``): left to itself, XLA merges the separate GEMMs of a decode step but concatenates
     the weights inside the GEMM kernel at every step, which is slower than a GEMM on a
-    pre-concatenated weight (``benchmarks/decode_gemm.py``; docs/PERFORMANCE.md, "Decode
+    pre-concatenated weight (``benchmarks/contenders/decode_gemm.py``; docs/PERFORMANCE.md, "Decode
     GEMMs")."""
     merged = []
     for layer in model.layers:

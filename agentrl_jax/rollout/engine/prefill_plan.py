@@ -23,7 +23,7 @@ which are one contiguous span of the flattened arrays), not one per row. It runs
 thread, which shares the GIL with the event loop: it avoids the NumPy calls that release the GIL
 (``np.zeros`` / ``np.full`` / ``np.arange`` of a call's arrays, copies of more than
 :data:`GIL_SAFE` elements), because each release lets a busy thread take the GIL for up to the
-switch interval (5 ms) before the engine thread gets it back (benchmarks/scheduler_host.py).
+switch interval (5 ms) before the engine thread gets it back (benchmarks/contenders/scheduler_host.py).
 """
 
 from __future__ import annotations

@@ -56,7 +56,7 @@ def gather_to_replicas(state: Any, replica_devices: Sequence[Sequence[Any]],
     returned are the gathered buffers themselves, each on its replica's device. None when the
     fast path does not apply (a replica with several devices, arrays not fully addressable or
     laid out over other devices, host arrays) or, unless ``on_cpu``, on CPU devices (XLA's
-    CPU all-gather is slower than the transfers there: ``benchmarks/weight_sync.py``,
+    CPU all-gather is slower than the transfers there: ``benchmarks/contenders/weight_sync.py``,
     docs/PERFORMANCE.md): the caller places the weights as before.
     """
     import jax

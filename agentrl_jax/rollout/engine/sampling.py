@@ -111,7 +111,7 @@ def sample_tokens(logits: jax.Array, temperature: jax.Array, top_k: jax.Array, t
     ``one_pass`` (static): the log-sum-exps and argmaxes as :func:`logsumexp_and_argmax`, one
     read of the logits per pair (the engine's choice on GPUs, where it shortens the decode
     step); off, XLA's separate reductions (on CPUs the variadic reduction is slower, so CPUs
-    keep them; ``benchmarks/sampler_reduction.py``, docs/PERFORMANCE.md, "Decode step: fused
+    keep them; ``benchmarks/contenders/sampler_reduction.py``, docs/PERFORMANCE.md, "Decode step: fused
     attention + cache write, one-pass sampler").
     """
     logits = logits.astype(jnp.float32)

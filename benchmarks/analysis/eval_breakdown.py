@@ -1,0 +1,181 @@
+"""Where a policy's held-out failures are, from a run's committed evaluation episodes: per run,
+at its first and final evaluation, how episodes ended, how long the successes took, and success
+per level (the task id's part before ``/``, e.g. ``BabyAI-GoTo-v0``); over all runs given, the
+levels no final evaluation solved once.
+
+    python benchmarks/analysis/eval_breakdown.py results/table/babyai_grpo{,_s1,_s2} \
+        --labels rl,rl_s1,rl_s2 --out breakdown.json
+    python benchmarks/analysis/eval_breakdown.py runs/experts/babyai.jsonl   # recorded expert episodes
+
+Per evaluation with N episodes (``eval_episodes.jsonl`` or full trajectory files, read by
+``learning_report.eval_episodes``):
+
+* ``success_rate`` = successes / N; ``status`` = {status: episodes / N} (``done``: the
+  environment ended the episode, ``max_turns``: the horizon did, ``context_limit``: the history
+  outgrew ``rollout.max_context``);
+* ``failed_status`` = {status: failed episodes with it / N}: what ended the failures;
+* ``turns_success_mean`` = mean turns of the successful episodes (None without any);
+* ``invalid_per_episode`` = mean ``invalid_actions``;
+* ``levels`` = {level: [successes, episodes]};
+* web navigation (an evaluation with a MiniWoB++ trivial task,
+  ``environments.miniwob.family.TRIVIAL_TASKS``): ``trivial`` and ``non_trivial`` = {"episodes",
+  "success_rate", "mean_score"} over the episodes of those four tasks and of the others; the
+  headline is ``non_trivial``.
+
+A JSONL file instead of a run directory (``launch/record_experts.py``'s episodes) is one
+evaluation at step 0 (``learning_report.eval_episodes``).
+
+Across runs: ``never_solved`` = levels with no success in any run's final evaluation, and
+``never_solved_share`` = their episodes / all episodes of the final evaluations.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections import Counter, defaultdict
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(1, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))  # environments
+from learning_report import eval_episodes  # noqa: E402
+from environments.miniwob.family import TRIVIAL_TASKS, is_trivial_task  # noqa: E402
+
+
+def level_of(task_id: str) -> str:
+    """The level of a task id: its part before the first ``/`` (the whole id without one)."""
+    return str(task_id).split("/", 1)[0]
+
+
+def evaluation_steps(episodes: list[dict]) -> dict[str, int]:
+    """``{"first": step, "final": step}`` of a run's evaluations (``final`` only when a later
+    evaluation than the first exists)."""
+    steps = sorted({int(e["step"]) for e in episodes})
+    if not steps:
+        return {}
+    return {"first": steps[0], **({"final": steps[-1]} if len(steps) > 1 else {})}
+
+
+def share(episodes: list[dict]) -> dict:
+    """``{"episodes", "success_rate", "mean_score"}`` of ``episodes`` (the score: the episode's
+    ``reward``)."""
+    n = len(episodes)
+    return {"episodes": n,
+            "success_rate": sum(bool(e.get("success")) for e in episodes) / n if n else None,
+            "mean_score": sum(float(e.get("reward") or 0.0) for e in episodes) / n if n else None}
+
+
+def breakdown(episodes: list[dict], step: int) -> dict:
+    """The numbers of the module docstring for the evaluation at ``step``."""
+    eps = [e for e in episodes if int(e["step"]) == step]
+    n = len(eps)
+    if not n:
+        raise ValueError(f"no evaluation episodes at step {step}")
+    wins = [e for e in eps if e.get("success")]
+    levels: dict[str, list[int]] = defaultdict(lambda: [0, 0])
+    for e in eps:
+        lv = levels[level_of(e["task_id"])]
+        lv[0] += bool(e.get("success"))
+        lv[1] += 1
+    trivial = [e for e in eps if is_trivial_task(e["task_id"])]
+    web = {"trivial": share(trivial), "non_trivial": share([e for e in eps if not is_trivial_task(e["task_id"])])} \
+        if trivial else {}
+    return {
+        **web,
+        "step": step, "episodes": n, "success_rate": len(wins) / n,
+        "status": {k: v / n for k, v in Counter(e["status"] for e in eps).most_common()},
+        "failed_status": {k: v / n for k, v in Counter(
+            e["status"] for e in eps if not e.get("success")).most_common()},
+        "turns_success_mean": (sum(e["num_turns"] for e in wins) / len(wins)) if wins else None,
+        "invalid_per_episode": sum(e.get("invalid_actions") or 0 for e in eps) / n,
+        "levels": dict(sorted(levels.items())),
+    }
+
+
+def summarize(runs: dict[str, list[dict]]) -> dict:
+    """``{"runs": {label: {which: breakdown}}, "never_solved": [...], "never_solved_share"}``;
+    ``runs`` maps a label to its evaluation episodes."""
+    out: dict = {"runs": {}}
+    finals = []
+    for label, episodes in runs.items():
+        out["runs"][label] = {which: breakdown(episodes, step)
+                              for which, step in evaluation_steps(episodes).items()}
+        if "final" in out["runs"][label]:
+            finals.append(out["runs"][label]["final"])
+    if finals:
+        solved: Counter = Counter()
+        seen: Counter = Counter()
+        for f in finals:
+            for level, (wins, n) in f["levels"].items():
+                solved[level] += wins
+                seen[level] += n
+        never = sorted(level for level in seen if solved[level] == 0)
+        out["never_solved"] = never
+        out["never_solved_share"] = sum(seen[lv] for lv in never) / sum(seen.values())
+    return out
+
+
+def markdown(summary: dict) -> str:
+    """One row per run and evaluation, then the never-solved levels."""
+    lines = ["| run | eval step | success | ended by (share of episodes) | failures ended by | "
+             "turns per success | invalid actions per episode |", "|---|---|---|---|---|---|---|"]
+
+    def shares(d: dict) -> str:
+        return ", ".join(f"{k} {v:.2f}" for k, v in d.items())
+
+    for label, evals in summary["runs"].items():
+        for which, b in evals.items():
+            turns = "-" if b["turns_success_mean"] is None else f"{b['turns_success_mean']:.1f}"
+            lines.append(f"| {label} | {b['step']} ({which}) | {b['success_rate']:.3f} | "
+                         f"{shares(b['status'])} | {shares(b['failed_status'])} | {turns} | "
+                         f"{b['invalid_per_episode']:.1f} |")
+    web = [(label, which, b) for label, evals in summary["runs"].items() for which, b in evals.items()
+           if "non_trivial" in b]
+    if web:
+        lines += ["", "Web navigation, the trivial tasks apart (" + ", ".join(TRIVIAL_TASKS) + "):", "",
+                  "| run | eval step | non-trivial success | non-trivial mean score (episodes) | "
+                  "trivial success | trivial mean score (episodes) |", "|---|---|---|---|---|---|"]
+        for label, which, b in web:
+            rest, easy = b["non_trivial"], b["trivial"]
+
+            def num(v):
+                return "-" if v is None else f"{v:.3f}"
+
+            lines.append(f"| {label} | {b['step']} ({which}) | {num(rest['success_rate'])} | "
+                         f"{num(rest['mean_score'])} ({rest['episodes']}) | {num(easy['success_rate'])} | "
+                         f"{num(easy['mean_score'])} ({easy['episodes']}) |")
+    if "never_solved" in summary:
+        lines += ["", f"Levels no final evaluation solved ({len(summary['never_solved'])}, "
+                      f"{summary['never_solved_share']:.1%} of the final evaluations' episodes): "
+                  + ", ".join(summary["never_solved"])]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("runs", nargs="+", help="run directories with evaluation episodes, or "
+                    "JSONL files of episodes")
+    ap.add_argument("--labels", default="", help="comma-separated, one per run (default: names)")
+    ap.add_argument("--out", default="", help="write the JSON here as well")
+    args = ap.parse_args(argv)
+    labels = args.labels.split(",") if args.labels else [
+        os.path.basename(os.path.normpath(r)) for r in args.runs]
+    if len(labels) != len(args.runs):
+        ap.error(f"{len(labels)} labels for {len(args.runs)} runs")
+    runs = {}
+    for label, run in zip(labels, args.runs):
+        episodes = eval_episodes(run) if os.path.exists(run) else []
+        if not episodes:
+            ap.error(f"{run}: no evaluation episodes")
+        runs[label] = episodes
+    summary = summarize(runs)
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(summary, f, indent=1)
+    print(markdown(summary), end="")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

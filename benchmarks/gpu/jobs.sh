@@ -1,0 +1,123 @@
+#!/usr/bin/env bash
+# Run a list of independent GPU jobs, one or more lanes per GPU, each under a time cap, with a
+# done marker per job (a job done before is skipped) and its small files copied to the results
+# folder as soon as it ends (benchmarks/gpu/jobs_lib.sh, the machinery of sft_rl_comparison.sh and
+# sft_rl_families.sh). For seeds and ablations that do not fit those two drivers' fixed plans.
+#
+#   bash benchmarks/gpu/jobs.sh --jobs JOBS --out runs/seeds --results results/seeds \
+#        --gpu-ids 0,1 [--per-gpu 1] [--budget 590] [--dry-run]
+#
+# JOBS: one job per line, `NAME CAP_SECONDS LANE [after=JOB[,JOB...]] [resume] COMMAND...` (blank
+# lines and `#` comments ignored; LANE picks the lane, lanes map to --gpu-ids in turn, --per-gpu
+# lanes per GPU). A lane runs its jobs in file order; lanes run in parallel. `after=` makes a job
+# wait until the named jobs (any lane) are done, e.g. an RL run for the SFT policy it starts from;
+# if one of them failed or was skipped, the job is skipped too. With --budget (s, this call) a job
+# whose cap does not fit in the time left is skipped (not shortened: runs stay comparable) and
+# runs in a later call (the driver run again with the same --out: done jobs are skipped, failed
+# and skipped ones tried again, from scratch). A `resume` job is longer than one call: it runs
+# for its cap or what is left of the budget less 45 s, whichever is less, then gets SIGTERM
+# (launch/run.py then checkpoints its last finished step; SIGKILL 45 s later), and a later call
+# runs the same command again in the same folder, which resumes it (launch/run.py resumes from
+# its checkpoint and counts train.max_seconds over every session). `{out}` in a command is
+# replaced by --out. A job's run folder is OUT/NAME (its small files are collected from there,
+# an earlier attempt is moved aside from there): a command whose `--workdir` names any other
+# folder is refused before anything starts (exit 2), since its files would be lost with the
+# machine. Exit code 1 if any job failed or was skipped.
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+
+JOBS=
+OUT=runs/jobs
+RESULTS=
+GPU_IDS=0
+PER_GPU=1
+BUDGET=0
+DRY_RUN=0
+PY=${PYTHON:-python3}
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --jobs) JOBS=$2; shift 2 ;;
+    --out) OUT=$2; shift 2 ;;
+    --results) RESULTS=$2; shift 2 ;;
+    --gpu-ids) GPU_IDS=$2; shift 2 ;;
+    --per-gpu) PER_GPU=$2; shift 2 ;;
+    --budget) BUDGET=$2; shift 2 ;;
+    --dry-run) DRY_RUN=1; shift ;;
+    -h|--help) sed -n '2,25p' "$0"; exit 0 ;;
+    *) echo "unknown argument $1 (see --help)" >&2; exit 2 ;;
+  esac
+done
+[ -f "$JOBS" ] || { echo "--jobs FILE is required (got '${JOBS}')" >&2; exit 2; }
+RESULTS=${RESULTS:-$OUT/results}
+IFS=, read -r -a GPU_LIST <<< "$GPU_IDS"
+GPUS=${#GPU_LIST[@]}
+LANES=$(( GPUS * PER_GPU ))
+MEM_FRACTION=$(awk "BEGIN {printf \"%.2f\", 0.9 / $PER_GPU}")
+T0=$(date +%s)
+REPORT_RESERVE=5
+STAGE=jobs
+SMOKE=0
+FIXED_LENGTH=1
+LOGS=$OUT/logs
+# shellcheck source=benchmarks/gpu/jobs_lib.sh
+source benchmarks/gpu/jobs_lib.sh
+# lane l runs on GPU GPU_LIST[l % GPUS]; its lock is named by that GPU, so drivers sharing one
+# --out on different GPUs run side by side and two on the same GPU lane take turns
+declare -a LANE_GPU=() LANE_LOCK=()
+for (( l = 0; l < LANES; l++ )); do
+  LANE_GPU[l]=${GPU_LIST[$(( l % GPUS ))]}
+  LANE_LOCK[l]="gpu${LANE_GPU[l]}_$(( l / GPUS ))"
+done
+
+job_command() {  # job_command REST: a jobs-file command with {out} replaced by --out
+  printf '%s' "${1//\{out\}/$OUT}"
+}
+
+job_lines() {  # the jobs file without blank lines and # comments
+  grep -v -E '^[[:space:]]*(#|$)' "$JOBS"
+}
+
+check_workdirs() {  # every job's --workdir must be OUT/NAME (collect, move-aside and resume use it)
+  local name cap lane rest cmd wd bad=0
+  while read -r name cap lane rest; do
+    cmd=$(job_command "$rest")
+    [[ "$cmd" =~ --workdir[=\ ]+([^ ]+) ]] || continue
+    wd=${BASH_REMATCH[1]}
+    if [ "$(realpath -m -- "$wd")" != "$(realpath -m -- "$OUT/$name")" ]; then
+      echo "job $name writes to --workdir $wd, not to $OUT/$name: its files would not be collected into $RESULTS (use --out $(dirname -- "$wd"), or {out}/$name in $JOBS)" >&2
+      bad=1
+    fi
+  done < <(job_lines)
+  return "$bad"
+}
+
+lane_jobs() {  # lane_jobs LANE: the lane's jobs, in file order, on its physical GPU
+  local want=$1 name cap lane rest
+  while read -r name cap lane rest; do
+    [ $(( lane % LANES )) -eq "$want" ] || continue
+    if [[ "$rest" == after=* ]]; then
+      local deps=${rest%% *} dep ready=1
+      rest=${rest#* }
+      deps=${deps#after=}
+      for dep in ${deps//,/ }; do wait_for "$dep" || ready=0; done
+      if [ "$ready" != 1 ] && [ ! -f "$OUT/.done/$name" ]; then
+        say "SKIPPED $name: a job it runs after ($deps) failed or ran out of time"
+        [ "$DRY_RUN" = 1 ] || touch "$OUT/.done/$name.failed"
+        continue
+      fi
+    fi
+    local resume=0
+    if [[ "$rest" == "resume "* ]]; then resume=1; rest=${rest#resume }; fi
+    JOB_RESUME=$resume run_job "$name" "$lane" "$cap" GPU bash -c "$(job_command "$rest")"
+  done < <(job_lines)
+}
+
+check_workdirs || exit 2
+if [ "$DRY_RUN" != 1 ]; then
+  mkdir -p "$OUT/.done" "$OUT/.lanes" "$LOGS" "$RESULTS/logs"
+  rm -f "$OUT"/.done/*.failed  # failed or skipped in an earlier call: this call tries them again
+fi
+echo "jobs of $JOBS: $LANES lane(s) on GPU(s) $GPU_IDS ($PER_GPU per GPU), out $OUT, results $RESULTS"
+for (( l = 0; l < LANES; l++ )); do lane_jobs "$l" & done
+wait
+finish

@@ -1,0 +1,451 @@
+"""Where each second of a rollout goes: the real rollout of a training config, profiled.
+
+    python benchmarks/speed/rollout_profile.py                       # GPU: BabyAI, SmolLM2, 1 replica
+    python benchmarks/speed/rollout_profile.py --replicas 4 --json out.json     # 4 GPUs (strong scaling)
+    python benchmarks/speed/rollout_profile.py --config experiments/smoke.py --rollouts 1   # CPU smoke
+
+Builds what the trainer builds for a rollout (``training/services.py``: environment servers,
+clients, the embedded engine on ``--replicas`` local devices, the actor pool behind the
+trainer's turn counter), draws the first training step's tasks and plays ``--warmup`` rollouts
+and then ``--rollouts`` measured ones (the engine's prefix cache is flushed between them, as a
+weight sync does). Nothing is trained; the weights are the config's initial ones.
+
+Three views of each measured rollout (wall ``W``):
+
+* **engine thread** (per replica): device prefill and decode (the engine's own counters: the
+  time from dispatching a call to its results being on the host, ``EngineStats``), the engine's
+  host work (admission, building prefill rows, handling decode results, finishing requests),
+  idle (waiting for a request: ``Condition.wait``) and the rest of its loop (commands). These
+  are measured independently; ``parts`` / ``W`` says how well they add up.
+* **episode critical path** (mean over episodes, ``agent/loop_times.py``): waiting for a place
+  in the pool, generation (of which the engine's own request latency; the rest is the hand-off
+  from the engine thread and the event loop's delay), environment round trips, the episode's
+  own host work.
+* **CPU**: the CPU seconds of the event-loop thread, of each engine thread and of the child
+  processes (environment servers) over the rollout: one process's threads share one GIL.
+
+The engine's scheduler methods are wrapped (instance attributes, ``EngineProbe``) with clock
+reads; no device synchronisation is added (the engine's counters already wait for each call's
+results).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import copy
+import dataclasses
+import json
+import os
+import statistics
+import sys
+import threading
+import time
+from typing import Any, Callable
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+
+_clock = time.perf_counter
+#: variants of the same rollout, run one after the other on the same engine(s): pool-level
+#: config overrides and ``switch_interval`` (``sys.setswitchinterval`` during the rollout: how
+#: long a thread holding the GIL keeps it while another thread waits for it; Python's 5 ms)
+VARIANTS: dict[str, dict[str, Any]] = {
+    "base": {},
+    "noshare": {"engine.share_prompts": False},  # every prompt prefilled (the engine before)
+    "share": {"engine.share_prompts": True, "engine.deliver_after_launch": False},
+    # finished requests' results handed over after the next device launch (or when idle)
+    "deliver_late": {"engine.share_prompts": True, "engine.deliver_after_launch": True},
+    "switch": {"switch_interval": 0.0005},
+    "workers": {"rollout.actor_workers": "WORKERS"},
+    "workers_switch": {"rollout.actor_workers": "WORKERS", "switch_interval": 0.0005},
+}
+ENGINE_METHODS = ("_step", "_admit", "_run_prefill", "_run_forks", "_run_decode")
+
+
+class _TimedCondition:
+    """A ``threading.Condition`` whose ``wait`` calls from ``owner`` are clocked (same lock:
+    swapping it in for the engine's own is safe while other threads use the original)."""
+
+    def __init__(self, cond: threading.Condition, owner: threading.Thread):
+        self._cond, self._owner = cond, owner
+        self.wait_s = 0.0
+        self.since: float | None = None  # when the owner's current wait began
+
+    def waited(self, now: float) -> float:
+        """Seconds waited so far, the wait in progress up to ``now`` included."""
+        return self.wait_s + (now - self.since if self.since is not None else 0.0)
+
+    def __enter__(self):
+        return self._cond.__enter__()
+
+    def __exit__(self, *exc):
+        return self._cond.__exit__(*exc)
+
+    def wait(self, timeout: float | None = None) -> bool:
+        if threading.current_thread() is not self._owner:
+            return self._cond.wait(timeout)
+        self.since = t0 = _clock()
+        try:
+            return self._cond.wait(timeout)
+        finally:
+            self.since = None
+            self.wait_s += _clock() - t0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._cond, name)
+
+
+class EngineProbe:
+    """Clocks one embedded ``Engine``'s scheduler thread: wall time inside each scheduler
+    method, time idle in ``Condition.wait`` and the thread's CPU time."""
+
+    def __init__(self, engine: Any):
+        self.engine = engine
+        self.seconds = {name: 0.0 for name in ENGINE_METHODS}
+        self.step_since: float | None = None  # when the _step in progress began
+        for name in ENGINE_METHODS:
+            setattr(engine, name, self._timed(name, getattr(engine, name)))
+        self.cond = _TimedCondition(engine._cv, engine._thread)
+        engine._cv = self.cond
+        self._cpu_clock = time.pthread_getcpuclockid(engine._thread.ident)
+
+    def _timed(self, name: str, fn: Callable[[], Any]) -> Callable[[], Any]:
+        seconds = self.seconds
+
+        def timed(*args: Any) -> Any:
+            t0 = _clock()
+            if name == "_step":
+                self.step_since = t0
+            try:
+                return fn(*args)
+            finally:
+                seconds[name] += _clock() - t0
+                if name == "_step":
+                    self.step_since = None
+        return timed
+
+    def snapshot(self) -> dict[str, float]:
+        s = self.engine.stats
+        now = _clock()
+        out = {f"{k}_s": v for k, v in self.seconds.items()}
+        out["clock_s"] = now
+        since = self.step_since  # a step in progress counts up to now (a snapshot's window)
+        if since is not None:
+            out["_step_s"] += now - since
+        out.update(idle_s=self.cond.waited(now), cpu_s=time.clock_gettime(self._cpu_clock),
+                   prefill_device_s=s.prefill_time_s, decode_device_s=s.decode_time_s,
+                   prefill_calls=s.prefill_calls, decode_calls=s.decode_calls,
+                   decode_steps=s.decode_steps, decode_slot_steps=s.decode_slot_steps,
+                   prefill_tokens=s.prefill_tokens, prompt_tokens=s.prompt_tokens,
+                   cached_tokens=s.cached_tokens, generated_tokens=s.generated_tokens,
+                   requests=s.requests, shared_prompts=s.shared_prompts,
+                   engine_step_s=s.step_time_s, engine_idle_s=s.idle_time_s,
+                   copy_calls=s.copy_calls, prefill_positions=s.prefill_positions,
+                   prefill_rows=s.prefill_rows, prefill_rows_used=s.prefill_rows_used,
+                   prefill_used_positions=s.prefill_used_positions,
+                   prefill_row_tokens=s.prefill_row_tokens, prefill_kv_sum=s.prefill_kv_sum)
+        return out
+
+
+def engine_view(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    """One engine thread's seconds between two snapshots (``wall_s``: the time between them,
+    the rollout's wall up to two clock reads), by part; ``parts_s`` is the sum of the parts
+    measured on their own (``_step`` calls + idle waits); ``loop_other_s`` the rest
+    (commands, locking)."""
+    d = {k: after[k] - before[k] for k in after}
+    wall = d["clock_s"]
+    step = d["_step_s"]
+    device = d["prefill_device_s"] + d["decode_device_s"]
+    out = {
+        "wall_s": wall,
+        "prefill_device_s": d["prefill_device_s"],
+        "decode_device_s": d["decode_device_s"],
+        "host_admit_s": d["_admit_s"],
+        "host_prefill_rows_s": d["_run_prefill_s"] - d["prefill_device_s"],
+        "host_decode_results_s": d["_run_decode_s"] - d["decode_device_s"],
+        "host_other_s": step - d["_admit_s"] - d["_run_prefill_s"] - d["_run_decode_s"],
+        "idle_s": d["idle_s"],
+    }
+    out["host_s"] = step - device
+    # the scheduler loop outside _step and the wait: commands (end_session, flushes), locking
+    out["loop_other_s"] = wall - step - d["idle_s"]
+    out["parts_s"] = step + d["idle_s"]
+    out["cpu_s"] = d["cpu_s"]
+    # the engine's own always-on clocks (EngineStats), to compare with the probe's
+    out["engine_step_s"] = d["engine_step_s"]
+    out["engine_idle_s"] = d["engine_idle_s"]
+    for k in ("prefill_calls", "decode_calls", "decode_steps", "decode_slot_steps",
+              "prefill_tokens", "prompt_tokens", "cached_tokens", "generated_tokens",
+              "requests", "shared_prompts", "copy_calls", "prefill_positions", "prefill_rows",
+              "prefill_rows_used", "prefill_used_positions", "prefill_row_tokens",
+              "prefill_kv_sum"):
+        out[k] = int(d[k])
+    # where the prefill calls' padding is: empty rows, or the unused end of the rows used
+    out["prefill_row_occupancy"] = (d["prefill_rows_used"] / d["prefill_rows"]
+                                    if d["prefill_rows"] else None)
+    out["prefill_used_row_fill"] = (d["prefill_row_tokens"] / d["prefill_used_positions"]
+                                    if d["prefill_used_positions"] else None)
+    out["busy_share"] = device / wall if wall else 0.0
+    out["mean_decode_step_ms"] = (1e3 * d["decode_device_s"] / d["decode_steps"]
+                                  if d["decode_steps"] else None)
+    out["mean_active_slots"] = (d["decode_slot_steps"] / d["decode_steps"]
+                                if d["decode_steps"] else None)
+    return out
+
+
+def children_cpu_s() -> float:
+    """CPU seconds (user + system) of this process's live child processes."""
+    import psutil
+
+    total = 0.0
+    for child in psutil.Process().children(recursive=True):
+        with contextlib.suppress(psutil.Error):
+            t = child.cpu_times()
+            total += t.user + t.system
+    return total
+
+
+def load_config(path: str, overrides: list[str]):
+    import ast
+
+    from agentrl_jax.training.config_cli import load_experiment
+
+    c = load_experiment(path)  # path or path:variant
+    for item in overrides:
+        key, _, value = item.partition("=")
+        section, name = key.split(".")
+        try:
+            c[section][name] = ast.literal_eval(value)
+        except (ValueError, SyntaxError):
+            c[section][name] = value  # a bare string
+    return c
+
+
+async def profile(config: Any, warmup: int, rollouts: int, horizon: int | None,
+                  say: Callable[[str], None] = print, variants: tuple[str, ...] = ("base",),
+                  workers: int = 4) -> dict[str, Any]:
+    """Build the trainer's rollout from ``config`` and, for each of ``variants``
+    (:data:`VARIANTS`), profile ``rollouts`` rollouts after ``warmup`` ones; returns the report
+    (``variants[name]["rollouts"]``: one entry per measured rollout, ``["summary"]``)."""
+    import jax
+
+    from agentrl_jax.rollout.engine.engine import Engine
+    from agentrl_jax.training import services
+    from agentrl_jax.training.progress import TurnCounter
+    from agentrl_jax.training.task_sampler import TaskSampler
+    from agentrl_jax.training.policy import load_policy
+
+    t0 = _clock()
+    model, tokenizer, model_path = load_policy(config)
+    if horizon is None:
+        horizon = int(config.horizon.phases[0] if config.horizon.type == "scaling_inter"
+                      else config.horizon.turns)
+    report: dict[str, Any] = {"horizon": horizon}
+    with contextlib.ExitStack() as stack:
+        urls = services.start_env_services(config, stack)
+        async with contextlib.AsyncExitStack() as astack:
+            clients = services.make_env_clients(urls, config, astack)
+            backend = services.make_backend(config, model, tokenizer, model_path)
+            astack.push_async_callback(services.close_backend, backend)
+            engines = [backend] if isinstance(backend, Engine) else list(
+                getattr(backend, "replicas", []))
+            if not engines:
+                raise SystemExit("the profile needs the embedded engine (rollout.backend="
+                                 "'embedded')")
+            probes = [EngineProbe(e) for e in engines]
+            eos_ids = model.cfg.eos_token_ids
+            del model
+            train_tasks = await services.task_refs(clients, "train")
+            sampler = TaskSampler(train_tasks, seed=int(config.seed))
+            tasks = sampler.next(int(config.train.tasks_per_step))
+            samples = int(config.train.samples_per_task)
+            devices = jax.local_devices()
+            report.update(device=f"{devices[0].platform}:{devices[0].device_kind}",
+                          replicas=len(engines), episodes=len(tasks) * samples,
+                          slots_per_replica=engines[0].config.max_batch,
+                          setup_s=_clock() - t0)
+            say(f"# {report['episodes']} episodes, horizon {horizon}, {len(engines)} engine "
+                f"replica(s) of {report['slots_per_replica']} slots on {report['device']}; "
+                f"set up in {report['setup_s']:.1f} s")
+            report["variants"] = {}
+            for variant in variants:
+                settings = dict(VARIANTS[variant])
+                switch = settings.pop("switch_interval", None)
+                for key in [k for k in settings if k.startswith("engine.")]:
+                    value = settings.pop(key)  # set on the live engines (idle between rollouts)
+                    for e in engines:
+                        e.config = dataclasses.replace(e.config, **{key[len("engine."):]: value})
+                vconfig = copy.deepcopy(config)
+                for key, value in settings.items():
+                    section, name = key.split(".")
+                    vconfig[section][name] = workers if value == "WORKERS" else value
+                pool = services.make_actor_pool(vconfig, TurnCounter(backend), clients,
+                                                tokenizer, eos_ids)
+                say(f"## variant {variant}: {VARIANTS[variant] or 'the config as given'}")
+                old_switch = sys.getswitchinterval()
+                if switch is not None:
+                    sys.setswitchinterval(switch)
+                try:
+                    runs = await _rollouts(pool, backend, probes, tasks, samples, horizon,
+                                           warmup, rollouts, int(config.seed), say)
+                finally:
+                    sys.setswitchinterval(old_switch)
+                    pool.close()
+                report["variants"][variant] = {
+                    "settings": VARIANTS[variant], "rollouts": runs,
+                    "summary": summarize_runs(runs) if runs else {}}
+    return report
+
+
+async def _rollouts(pool: Any, backend: Any, probes: list[EngineProbe], tasks: list,
+                    samples: int, horizon: int, warmup: int, rollouts: int, seed: int,
+                    say: Callable[[str], None]) -> list[dict[str, Any]]:
+    """``warmup`` + ``rollouts`` rollouts of ``tasks``; the measured ones' views."""
+    runs = []
+    for i in range(warmup + rollouts):
+        turns0 = pool.backend.turns  # the TurnCounter (episodes in worker processes too)
+        main_cpu, child_cpu = time.thread_time(), children_cpu_s()
+        await backend.flush_cache()  # as a weight sync does
+        before = [p.snapshot() for p in probes]
+        start = _clock()
+        _, stats = await pool.collect(
+            tasks, samples, horizon, policy_version=i, seed=seed + i)
+        wall = _clock() - start
+        after = [p.snapshot() for p in probes]
+        main_cpu, child_cpu = time.thread_time() - main_cpu, children_cpu_s() - child_cpu
+        loop = pool.loop_times
+        run = {"wall_s": wall, "episodes": stats.episodes, "dropped": stats.dropped,
+               "turns": pool.backend.turns - turns0,
+               "generated_tokens": stats.generated_tokens,
+               "tokens_per_s": stats.generated_tokens / wall,
+               "turns_per_s": (pool.backend.turns - turns0) / wall, "mean_reward": stats.mean_reward,
+               "statuses": stats.statuses,
+               "engines": [engine_view(b, a) for b, a in zip(before, after)],
+               "episode": episode_view(loop),
+               "cpu": {"event_loop_s": main_cpu,
+                       "engine_threads_s": sum(p["cpu_s"] - b["cpu_s"]
+                                               for p, b in zip(after, before)),
+                       "child_processes_s": child_cpu}}
+        label = "warm-up" if i < warmup else "measured"
+        say(f"rollout {i + 1} ({label}): {wall:.2f} s, {run['turns']} turns, "
+            f"{run['generated_tokens']} generated tokens, "
+            f"{run['tokens_per_s']:,.0f} tok/s")
+        if i >= warmup:
+            runs.append(run)
+    return runs
+
+
+def episode_view(loop: Any) -> dict[str, float]:
+    """The mean episode's seconds by kind of work (``LoopTimes`` summed over the episodes)."""
+    n = max(loop.episodes, 1)
+    out = {k: v / n for k, v in loop.as_dict().items()
+           if k.endswith("_s")}
+    out["handoff_s"] = out["gen_s"] - out["engine_s"]
+    out["turns"] = loop.turns / n
+    out["env_calls"] = loop.env_calls / n
+    out["per_turn_ms"] = {k: 1e3 * getattr(loop, k) / max(loop.turns, 1)
+                          for k in ("gen_s", "engine_s", "env_s", "host_s")}
+    out["per_env_call_ms"] = 1e3 * loop.env_s / max(loop.env_calls, 1)
+    return out
+
+
+def summarize_runs(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Medians over the measured rollouts; engine parts averaged over the replicas."""
+    def med(values):
+        return statistics.median(values)
+
+    out = {k: med([r[k] for r in runs]) for k in ("wall_s", "tokens_per_s", "turns_per_s",
+                                                  "generated_tokens", "turns")}
+    keys = [k for k, v in runs[0]["engines"][0].items() if isinstance(v, (int, float))]
+    out["engine"] = {k: med([statistics.fmean(e[k] for e in r["engines"]) for r in runs])
+                     for k in keys}
+    out["episode"] = {k: med([r["episode"][k] for r in runs])
+                      for k, v in runs[0]["episode"].items() if isinstance(v, (int, float))}
+    out["cpu"] = {k: med([r["cpu"][k] for r in runs]) for k in runs[0]["cpu"]}
+    return out
+
+
+def format_table(summary: dict[str, Any], replicas: int) -> str:
+    w = summary["wall_s"]
+    e, ep, cpu = summary["engine"], summary["episode"], summary["cpu"]
+
+    def row(name: str, s: float, base: float) -> str:
+        share = f"{100 * s / base:.1f}%" if base else "-"
+        return f"| {name} | {s:.3f} | {share} |"
+
+    lines = [f"rollout wall {w:.3f} s, {summary['tokens_per_s']:,.0f} generated tok/s, "
+             f"{summary['turns_per_s']:,.0f} turns/s (medians)", "",
+             f"engine thread (mean of {replicas} replica(s)) | s | of wall", "|---|---|---|",
+             row("device: prefill", e["prefill_device_s"], w),
+             row("device: decode", e["decode_device_s"], w),
+             row("host: admission", e["host_admit_s"], w),
+             row("host: prefill rows", e["host_prefill_rows_s"], w),
+             row("host: decode results, stops, finishing", e["host_decode_results_s"], w),
+             row("host: other (forks)", e["host_other_s"], w),
+             row("idle (no work queued)", e["idle_s"], w),
+             row("loop: commands", e["loop_other_s"], w),
+             row("measured parts (sum)", e["parts_s"], w), "",
+             f"decode: {e['decode_calls']:.0f} calls, {e['decode_steps']:.0f} steps, "
+             f"{e['mean_decode_step_ms'] or 0:.2f} ms a step, "
+             f"{e['mean_active_slots'] or 0:.1f} active slots a step; prefill: "
+             f"{e['prefill_calls']:.0f} calls, {e['prefill_tokens']:.0f} tokens, "
+             f"{e['prefill_row_tokens']:.0f} of {e['prefill_positions']:.0f} positions real "
+             f"(rows used {e.get('prefill_row_occupancy') or 0:.0%}, filled "
+             f"{e.get('prefill_used_row_fill') or 0:.0%}), mean KV "
+             f"{e['prefill_kv_sum'] / max(e['prefill_calls'], 1):.0f}; "
+             f"{e['shared_prompts']:.0f} prompts shared ({e['copy_calls']:.0f} row-copy calls)",
+             "",
+             f"mean episode ({ep['turns']:.2f} turns) | s | of its wall", "|---|---|---|"]
+    ew = ep["wall_s"]  # 0 when the episodes ran in worker processes (their clocks stay there)
+    lines += [row("waiting for a place in the pool", ep["gate_s"], ew),
+              row("generation: engine (request latency)", ep["engine_s"], ew),
+              row("generation: hand-off + event-loop wait", ep["handoff_s"], ew),
+              row("environment round trips", ep["env_s"], ew),
+              row("host: template, tokenise, detokenise, parse", ep["host_s"], ew),
+              row("measured parts (sum)", ep["accounted_s"], ew), "",
+              f"CPU over the rollout: event loop {cpu['event_loop_s']:.2f} s, engine threads "
+              f"{cpu['engine_threads_s']:.2f} s, child processes (environment servers) "
+              f"{cpu['child_processes_s']:.2f} s"]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--config", default="experiments/babyai.py:grpo_gpu")
+    p.add_argument("--replicas", type=int, default=1,
+                   help="engine replicas (rollout.engine_replicas; one per local device)")
+    p.add_argument("--warmup", type=int, default=1)
+    p.add_argument("--rollouts", type=int, default=3)
+    p.add_argument("--horizon", type=int, default=None,
+                   help="turns per episode (default: the config's first horizon phase)")
+    p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE")
+    p.add_argument("--variants", default="base",
+                   help=f"comma list of {sorted(VARIANTS)}, run in turn on the same engine(s)")
+    p.add_argument("--workers", type=int, default=4,
+                   help="actor worker processes of the *workers* variants")
+    p.add_argument("--label", default="")
+    p.add_argument("--json", default=None)
+    args = p.parse_args(argv)
+    config = load_config(args.config, args.set)
+    config.rollout.engine_replicas = args.replicas
+    variants = tuple(v for v in args.variants.split(",") if v)
+    unknown = [v for v in variants if v not in VARIANTS]
+    if unknown:
+        raise SystemExit(f"unknown variants {unknown}; known: {sorted(VARIANTS)}")
+    report = asyncio.run(profile(config, args.warmup, args.rollouts, args.horizon,
+                                 variants=variants, workers=args.workers))
+    report.update(config=args.config, overrides=args.set, label=args.label,
+                  date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()))
+    for name, v in report["variants"].items():
+        if v["summary"]:
+            print(f"\n### {name} ({report['replicas']} replica(s))")
+            print(format_table(v["summary"], report["replicas"]))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(report, f, indent=2)
+    return report
+
+
+if __name__ == "__main__":
+    main()
