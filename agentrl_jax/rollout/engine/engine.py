@@ -165,7 +165,7 @@ class Engine(BatchedSamplesBackend):
         self.scheduler = Scheduler(c, self.functions, self.weights, self.kv, self.inbox,
                                    self.stats, tokenizer, self.vocab_size, self.packed_prefill)
         self.failures = FailurePolicy(self.inbox, self.scheduler, self.kv)
-        self.loop = EngineLoop(self.inbox, self.scheduler, self.failures, self.stats,
+        self.loop = EngineLoop(self.inbox, self.scheduler, self.failures, self.kv, self.stats,
                                self._allocate_cache)
         if warmup:
             self.warmup()

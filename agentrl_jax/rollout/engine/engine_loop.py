@@ -14,6 +14,7 @@ from typing import Callable
 
 from agentrl_jax.rollout.engine.failures import FailurePolicy
 from agentrl_jax.rollout.engine.inbox import EngineInbox
+from agentrl_jax.rollout.engine.kv_memory import KVCacheMemory
 from agentrl_jax.rollout.engine.requests import EngineStats
 from agentrl_jax.rollout.engine.scheduler import Scheduler
 
@@ -21,13 +22,15 @@ log = logging.getLogger(__name__)
 
 
 class EngineLoop:
-    """The engine's background thread (``thread``, started by ``start``)."""
+    """The engine's background thread (``thread``, started by ``start``). ``allocate_cache``:
+    allocates a released KV cache (and what goes with it) before a step that needs it."""
 
     def __init__(self, inbox: EngineInbox, scheduler: Scheduler, failures: FailurePolicy,
-                 stats: EngineStats, allocate_cache: Callable[[], int]):
+                 kv: KVCacheMemory, stats: EngineStats, allocate_cache: Callable[[], int]):
         self._inbox = inbox
         self._scheduler = scheduler
         self._failures = failures
+        self._kv = kv
         self._stats = stats
         self._allocate_cache = allocate_cache
         self.thread = threading.Thread(target=self._run, name="agentrl-engine", daemon=True)
@@ -77,7 +80,7 @@ class EngineLoop:
         self._failures.shutdown()
 
     def _step(self) -> None:
-        if self._scheduler.kv.released:  # (release_kv_cache while the engine was idle)
+        if self._kv.released:  # (release_kv_cache while the engine was idle)
             if not self._scheduler.waiting:  # woken by a command only: stay released
                 return
             self._allocate_cache()

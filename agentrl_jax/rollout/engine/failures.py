@@ -15,16 +15,13 @@ from __future__ import annotations
 
 import concurrent.futures
 import logging
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from agentrl_jax.rollout.contract import (BackendUnavailableError, InvalidRequestError,
                                           RequestFailedError, RolloutError)
 from agentrl_jax.rollout.engine.inbox import EngineInbox
 from agentrl_jax.rollout.engine.kv_memory import KVCacheMemory
 from agentrl_jax.rollout.engine.requests import Request
-
-if TYPE_CHECKING:  # (the scheduler imports this module's functions)
-    from agentrl_jax.rollout.engine.scheduler import Scheduler
 
 log = logging.getLogger(__name__)
 
@@ -51,12 +48,20 @@ def fail_future(future: concurrent.futures.Future, error: BaseException) -> None
             pass
 
 
+class Resettable(Protocol):
+    """What recovery needs of the scheduler (``scheduler.Scheduler``)."""
+
+    def deliver(self) -> None: ...
+
+    def reset(self) -> None: ...
+
+
 class FailurePolicy:
     """Engine-wide failures: recovery after a failed step, and shutdown. Owns no state of its
     own; it acts on the ``inbox`` (the requests and commands in flight), the ``scheduler``
     (its queues and slots) and the ``kv`` cache memory."""
 
-    def __init__(self, inbox: EngineInbox, scheduler: Scheduler, kv: KVCacheMemory):
+    def __init__(self, inbox: EngineInbox, scheduler: Resettable, kv: KVCacheMemory):
         self._inbox = inbox
         self._scheduler = scheduler
         self._kv = kv
@@ -86,4 +91,4 @@ class FailurePolicy:
             fail_future(future, BackendUnavailableError("the engine was closed"))
 
 
-__all__ = ["FailurePolicy", "fail_future", "request_error"]
+__all__ = ["FailurePolicy", "Resettable", "fail_future", "request_error"]
