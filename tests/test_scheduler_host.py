@@ -189,7 +189,8 @@ def snapshot(h: Harness) -> dict[str, Any]:
     assert failed == [r.rid for r in h.all_requests if not h.inbox.is_running(r.rid)]
     stats = {k: v for k, v in h.scheduler.stats.as_dict().items() if "time" not in k}
     return {"stats": stats, "calls": h.calls, "finished": h.finished,
-            "failed": failed, "queue": [f"{s.req.rid}/{s.index}" for s in h.scheduler.prefill_queue],
+            "failed": failed,
+            "queue": [f"{s.req.rid}/{s.index}" for s in h.scheduler.prefill_queue],
             "seqs": [(s.req.rid, s.index, s.cursor, s.kv_len, s.state, s.slot) for s in seqs]}
 
 

@@ -161,5 +161,5 @@ def compiled_functions(graphdef: Any, max_batch: int, max_length: int, decode_st
             (lambda state: None) if decode_gemm == "xla" else jax.jit(merge))
 
 
-__all__ = ["EngineFunctions", "compiled_functions", "TOK", "POS", "ACT", "REM", "TOPK", "CNT", "KEY0", "KEY1",
-           "IDX", "STOP", "TEMP", "TOPP", "MINP"]
+__all__ = ["EngineFunctions", "compiled_functions", "TOK", "POS", "ACT", "REM", "TOPK", "CNT",
+           "KEY0", "KEY1", "IDX", "STOP", "TEMP", "TOPP", "MINP"]

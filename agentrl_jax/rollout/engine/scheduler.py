@@ -281,20 +281,20 @@ class Scheduler:
             if seq.cursor >= seq.prompt_len - 1 and seq not in done:
                 done.append(seq)
         self.prefill_queue = [s for s in queue
-                               if s.state != DONE and s.cursor < s.prompt_len - 1]
+                              if s.state != DONE and s.cursor < s.prompt_len - 1]
         for seq in done:
             self.isolated(seq.req, self.prefill_done, seq)
         jax.block_until_ready(kv_memory.cache.keys[0])
         self.stats.prefill_time_s += time.perf_counter() - t0
 
     def write_rows(self, seq: Seq, start: int, n: int, tokens: np.ndarray,
-                    positions: np.ndarray) -> bool:
-        """``_prefill_row`` for ``seq`` alone (``_isolated``): whether it succeeded."""
+                   positions: np.ndarray) -> bool:
+        """``prefill_row`` for ``seq`` alone (``isolated``): whether it succeeded."""
         return self.isolated(seq.req, self.prefill_row, seq, start, n, tokens, positions)
 
     @staticmethod
     def prefill_row(seq: Seq, start: int, n: int, tokens: np.ndarray, positions: np.ndarray
-                     ) -> None:
+                    ) -> None:
         """Write a sequence's ``n`` prompt tokens from position ``start`` into a prefill row, or
         consecutive rows of one call: ``tokens`` / ``positions`` int32 ``[>= n]`` (1-D, the
         rows flattened); in blocks that keep the GIL (``prefill_plan.copy_blocks``)."""
@@ -363,7 +363,7 @@ class Scheduler:
             try:
                 check[check] = slots_to_check(toks[:steps], valid[:steps], active[check],
                                               buffers.stop_masks)
-            except Exception:  # noqa: BLE001 -- check each such slot alone (_after_decode)
+            except Exception:  # noqa: BLE001 -- check each such slot alone (after_decode)
                 log.exception("stop-string pre-check failed; checking every slot")
         attention = active[stop_hit | length_hit | check]
         for slot in attention.tolist():  # only slots that (may) finish need Python work
@@ -446,10 +446,11 @@ class Scheduler:
                 self.deliver()
 
     def deliver(self) -> None:
-        """Set the futures of the finished requests ``_finish`` queued. With
+        """Set the futures of the finished requests ``finish`` queued. With
         ``deliver_after_launch`` this runs right after a device call is launched, or when the
-        engine is about to go idle (``_loop``, ``_step``, ``_recover``, ``_shutdown``); else at
-        once from ``_finish``. Each result wakes the event loop (a thread that wants the GIL)."""
+        engine is about to go idle (``EngineLoop``, ``step``, ``FailurePolicy.recover`` /
+        ``shutdown``); else at once from ``finish``. Each result wakes the event loop (a thread
+        that wants the GIL)."""
         pending, self.deliveries = self.deliveries, []
         for req in pending:
             if not req.future.done():
