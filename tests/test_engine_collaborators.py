@@ -221,3 +221,22 @@ def test_weights_swap_replaces_the_state_and_rebuilds_the_merged_copy() -> None:
     assert weights.ensure_merged() == 16 and len(merges) == 3
     with pytest.raises(ValueError, match="num_layers: 2 != 3"):
         weights.check_compatible(TINY.replace(num_layers=3))
+
+
+def test_new_scheduling_settings_reach_the_scheduler_and_shapes_stay() -> None:
+    """``engine.config = ...`` (benchmarks/rollout_profile.py switches variants so) reaches the
+    scheduler and the inbox; a compiled-in shape cannot change."""
+    import dataclasses
+
+    from tests.rollout_helpers import make_engine
+
+    engine = make_engine(warmup=False, share_prompts=True, max_queue=5)
+    try:
+        engine.config = dataclasses.replace(engine.config, share_prompts=False, max_queue=7)
+        assert engine.scheduler.config is engine.config
+        assert not engine.scheduler.config.share_prompts and engine.inbox.max_queue == 7
+        with pytest.raises(ValueError, match="max_batch"):
+            engine.config = dataclasses.replace(engine.config, max_batch=99)
+        assert engine.scheduler.config is engine.config and engine.config.max_batch != 99
+    finally:
+        engine.close()

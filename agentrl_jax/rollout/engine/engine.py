@@ -113,7 +113,7 @@ class Engine(BatchedSamplesBackend):
             tokenizer = tokenizer if tokenizer is not None else model.tokenizer
             model_path = model_path or model.path
             model = model.model
-        self.config = config or EngineConfig()
+        self._config = config or EngineConfig()
         self.tokenizer = tokenizer
         self.model_path = model_path
         base_cfg: ModelConfig = model.cfg
@@ -133,7 +133,7 @@ class Engine(BatchedSamplesBackend):
         self.packed_prefill = self.prefill_attention in (FLASH_IN_CACHE,
                                                          FLASH_IN_CACHE_INTERPRET)
         if self.packed_prefill:
-            self.config = c = dataclasses.replace(c, prefill_kv_buckets=(),
+            self._config = c = dataclasses.replace(c, prefill_kv_buckets=(),
                                                   prefill_chunks=(BLOCK_Q,))
         self.decode_gemm = c.resolved_decode_gemm(platform, tp)
         decode, prefill, copy_rows, merge = compiled_functions(
@@ -232,6 +232,26 @@ class Engine(BatchedSamplesBackend):
         jax.block_until_ready((memory.cache, outs))
 
     # ------------------------------------------------------------------------- public API
+    #: the settings compiled into the engine's functions and buffers: fixed for its lifetime
+    FIXED_SETTINGS = ("max_batch", "max_length", "decode_steps", "max_stop_ids", "kv_layout",
+                      "dtype", "weights_dtype")
+
+    @property
+    def config(self) -> EngineConfig:
+        return self._config
+
+    @config.setter
+    def config(self, config: EngineConfig) -> None:
+        """New scheduling settings (``share_prompts``, ``deliver_after_launch``,
+        ``session_cache``, ``prefill_calls_per_step``, ``max_queue``, ...), used from the next
+        scheduling step; raises ``ValueError`` if one of :attr:`FIXED_SETTINGS` differs."""
+        changed = [k for k in self.FIXED_SETTINGS
+                   if getattr(config, k) != getattr(self._config, k)]
+        if changed:
+            raise ValueError(f"cannot change {changed} of a running engine")
+        self._config = self.scheduler.config = config
+        self.inbox.max_queue = config.max_queue
+
     @property
     def vocab_size(self) -> int:
         return self.model_config.vocab_size

@@ -23,7 +23,7 @@ Command = tuple[Callable[[], Any], concurrent.futures.Future]
 class EngineInbox:
     """The engine's admission queue and command queue.
 
-    Owns (guarded by ``cv``): ``incoming`` requests not yet seen by the engine thread,
+    Owns (guarded by ``cv``) ``max_queue`` and: ``incoming`` requests not yet seen by the engine thread,
     ``commands`` (function, future) pairs, ``requests`` (rid -> request, from ``submit`` until
     its result or failure), ``num_waiting`` (admitted to the queue, not yet given slots; bounded
     by ``max_queue``), and the flags ``paused``, ``closed`` and ``error`` (why the engine
@@ -33,7 +33,7 @@ class EngineInbox:
 
     def __init__(self, max_queue: int):
         self.cv = threading.Condition()
-        self._max_queue = max_queue
+        self.max_queue = max_queue
         self._incoming: list[Request] = []
         self._commands: list[Command] = []
         self._requests: dict[str, Request] = {}
@@ -71,10 +71,10 @@ class EngineInbox:
                 raise BackendUnavailableError(f"the engine failed: {self.error}")
             if req.rid in self._requests:
                 raise InvalidRequestError(f"a request with rid {req.rid!r} is already running")
-            if self._num_waiting + 1 > self._max_queue:
+            if self._num_waiting + 1 > self.max_queue:
                 raise OverloadedError(
                     f"admission queue full ({self._num_waiting} requests waiting, "
-                    f"max_queue={self._max_queue}); retry later")
+                    f"max_queue={self.max_queue}); retry later")
             self._num_waiting += 1
             self._requests[req.rid] = req
             self._incoming.append(req)
