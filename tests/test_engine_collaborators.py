@@ -224,8 +224,8 @@ def test_weights_swap_replaces_the_state_and_rebuilds_the_merged_copy() -> None:
 
 
 def test_new_scheduling_settings_reach_the_scheduler_and_shapes_stay() -> None:
-    """``engine.config = ...`` (benchmarks/rollout_profile.py switches variants so) reaches the
-    scheduler and the inbox; a compiled-in shape cannot change."""
+    """``engine.config = ...`` (benchmarks/speed/rollout_profile.py switches variants so)
+    reaches the scheduler and the inbox; a compiled-in shape cannot change."""
     import dataclasses
 
     from tests.rollout_helpers import make_engine

@@ -23,12 +23,12 @@ Command = tuple[Callable[[], Any], concurrent.futures.Future]
 class EngineInbox:
     """The engine's admission queue and command queue.
 
-    Owns (guarded by ``cv``) ``max_queue`` and: ``incoming`` requests not yet seen by the engine thread,
+    Owns (guarded by ``cv``): ``incoming`` requests not yet seen by the engine thread,
     ``commands`` (function, future) pairs, ``requests`` (rid -> request, from ``submit`` until
     its result or failure), ``num_waiting`` (admitted to the queue, not yet given slots; bounded
-    by ``max_queue``), and the flags ``paused``, ``closed`` and ``error`` (why the engine
+    by ``max_queue``, public: a new engine config may change it), and the flags ``paused``, ``closed`` and ``error`` (why the engine
     cannot serve any more). ``cv`` is public so a profiler can clock its waits
-    (benchmarks/rollout_profile.py).
+    (benchmarks/speed/rollout_profile.py).
     """
 
     def __init__(self, max_queue: int):
