@@ -293,14 +293,14 @@ def test_followers_prefill_themselves_when_the_shared_prefill_fails(engine, mode
 
     prompt = random_prompt(np.random.default_rng(23), 40)
     sp = SamplingParams(max_new_tokens=8, ignore_eos=True, **GREEDY)
-    original = engine._prefill_row
+    original = engine.scheduler.prefill_row
 
     def failing(seq, *args):
         if seq.req.rid == "lead":
             raise RuntimeError("injected prefill failure")
         return original(seq, *args)
 
-    engine._prefill_row = failing
+    engine.scheduler.prefill_row = failing
     try:
         futures = _submit_paused(engine, [(prompt, sp, rid) for rid in ("lead", "f1", "f2")])
         with pytest.raises(RequestFailedError):
@@ -310,7 +310,7 @@ def test_followers_prefill_themselves_when_the_shared_prefill_fails(engine, mode
             (res,) = f.result(60)
             assert res.output_ids == reference and res.cached_tokens == 0
     finally:
-        del engine._prefill_row
+        del engine.scheduler.prefill_row
 
 
 def test_abort_pause_resume(engine):
@@ -583,9 +583,9 @@ def test_merged_weights_follow_weight_updates_and_kv_release(model):
     sp = SamplingParams(max_new_tokens=8, ignore_eos=True, **GREEDY)
     prompt = random_prompt(np.random.default_rng(21), 15)
     try:
-        merged_before = eng._merged
+        merged_before = eng.weights.merged
         eng.update_weights_sync(other)
-        assert eng._merged is not merged_before
+        assert eng.weights.merged is not merged_before
         (res,) = eng.generate_sync(prompt, sp)
         assert res.output_ids == reference_greedy(other, prompt, 8)
         cfg, c = TINY, eng.config
@@ -593,10 +593,10 @@ def test_merged_weights_follow_weight_updates_and_kv_release(model):
         per_layer = cfg.hidden_size * ((cfg.num_heads + 2 * cfg.num_kv_heads) * cfg.head_dim
                                        + 2 * cfg.intermediate_size)
         assert eng.release_kv_cache_sync() == kv + cfg.num_layers * per_layer * 4  # float32
-        assert eng._cache is None and eng._merged is None
+        assert eng.kv.cache is None and eng.weights.merged is None
         (res,) = eng.generate_sync(prompt, sp)
         assert res.output_ids == reference_greedy(other, prompt, 8)
-        assert eng._merged is not None
+        assert eng.weights.merged is not None
     finally:
         eng.close()
 
@@ -644,11 +644,11 @@ async def test_weights_from_the_learner_do_not_recompile(model, tokenizer):
         prompt = random_prompt(np.random.default_rng(12), 9)
         sp = SamplingParams(max_new_tokens=6, ignore_eos=True, **GREEDY)
         await engine.generate(prompt, sp)
-        sizes = (engine._decode_fn._cache_size(), engine._prefill_fn._cache_size())
+        sizes = (engine.functions.decode._cache_size(), engine.functions.prefill._cache_size())
         await engine.update_weights(learner.params)
         after = await engine.generate(prompt, sp)
         assert after.output_ids == reference_greedy(model, prompt, 6)
-        assert (engine._decode_fn._cache_size(), engine._prefill_fn._cache_size()) == sizes
+        assert (engine.functions.decode._cache_size(), engine.functions.prefill._cache_size()) == sizes
     finally:
         await engine.aclose()
 

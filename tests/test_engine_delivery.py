@@ -23,14 +23,14 @@ def _run(model, deliver_after_launch: bool, prompts, lengths):
     eng = make_engine(model, deliver_after_launch=deliver_after_launch)
     futures: list = []
     launches_before_done = [0] * len(prompts)
-    decode = eng._decode_fn
+    decode = eng.functions.decode
 
     def counting_decode(*args, **kwargs):
         for i, f in enumerate(futures):
             launches_before_done[i] += not f.done()
         return decode(*args, **kwargs)
 
-    eng._decode_fn = counting_decode
+    eng.functions.decode = counting_decode
     try:
         eng.pause("in_place")
         try:
@@ -76,6 +76,6 @@ def test_an_abort_reaches_its_future_while_the_engine_is_paused(model):
         assert res.finish_reason == "abort" and len(res.output_ids) < 120
         eng.resume()
         # the engine then goes idle with nothing left queued for hand-over
-        assert eng._deliveries == []
+        assert eng.scheduler.deliveries == []
     finally:
         eng.close()

@@ -222,10 +222,10 @@ def test_engine_runs_on_the_device_it_is_given(model, prompts, reference):
     device = jax.devices()[5]
     engine = make_engine(model, warmup=False, devices=[device])
     try:
-        assert {d for x in jax.tree.leaves(engine._state) for d in x.devices()} == {device}
-        assert engine._cache.keys[0].devices() == {device}
+        assert {d for x in jax.tree.leaves(engine.weights.state) for d in x.devices()} == {device}
+        assert engine.kv.cache.keys[0].devices() == {device}
         _assert_same(_greedy(engine, prompts), reference)
-        assert engine._cache.keys[0].devices() == {device}  # the donated cache stays there
+        assert engine.kv.cache.keys[0].devices() == {device}  # the donated cache stays there
     finally:
         engine.close()
 
@@ -235,11 +235,11 @@ def test_tensor_parallel_engine_matches_one_device(model, prompts, reference):
     engine = make_engine(model, warmup=False, devices=devices)
     try:
         assert engine.placement.tensor_parallel == 2
-        kernel = engine._state["layers"][0]["attn"]["q_proj"]["kernel"].value
+        kernel = engine.weights.state["layers"][0]["attn"]["q_proj"]["kernel"].value
         # column-parallel: each device holds half of the q projection's output columns
         assert {s.data.shape for s in kernel.addressable_shards} == {(64, 32)}
         # the cache's 2 KV heads are split over the 2 devices
-        assert {s.data.shape for s in engine._cache.keys[0].addressable_shards} == {(8, 1, 128, 16)}
+        assert {s.data.shape for s in engine.kv.cache.keys[0].addressable_shards} == {(8, 1, 128, 16)}
         _assert_same(_greedy(engine, prompts), reference)
     finally:
         engine.close()
@@ -302,7 +302,7 @@ def test_replicas_pin_sessions_and_sync_weights_everywhere(model, prompts, refer
         want = _greedy_on(other, prompts)
         for replica in backend.replicas:
             _assert_same(_greedy(replica, prompts), want)
-            leaves = jax.tree.leaves(replica._state)
+            leaves = jax.tree.leaves(replica.weights.state)
             assert {d for x in leaves for d in x.devices()} == set(replica.placement.devices)
     finally:
         backend.close()
@@ -328,12 +328,12 @@ def test_kv_cache_released_while_idle_comes_back_for_the_next_request(model, pro
         row_bytes = c.max_length * m.num_kv_heads * m.head_dim * 4  # float32 K or V, one layer
         expected = 2 * m.num_layers * c.max_batch * row_bytes * backend.num_replicas
         assert asyncio.run(backend.release_kv_cache()) == expected
-        assert all(r._cache is None for r in backend.replicas) and not backend._sessions
+        assert all(r.kv.cache is None for r in backend.replicas) and not backend._sessions
         assert first.load()["cached_slots"] == 0
         assert asyncio.run(backend.release_kv_cache()) == 0  # nothing left to free
         _assert_same(_greedy(first, prompts), reference)  # a fresh cache, same answers
         assert (first.stats.kv_releases, first.stats.kv_allocations) == (1, 1)
-        assert first._cache is not None and backend.replicas[1]._cache is None
+        assert first.kv.cache is not None and backend.replicas[1].kv.cache is None
 
         # a request submitted before the release: the engine thread queues it first, so the
         # release is refused, and the request finishes normally
@@ -342,7 +342,7 @@ def test_kv_cache_released_while_idle_comes_back_for_the_next_request(model, pro
         with pytest.raises(RuntimeError, match="requests are running"):
             first.release_kv_cache_sync()
         assert len(slow.result(timeout=300)[0].output_ids) == 40
-        assert first._cache is not None
+        assert first.kv.cache is not None
     finally:
         backend.close()
 
@@ -410,13 +410,13 @@ def test_weights_sharded_over_the_replicas_devices_reach_them_by_one_all_gather(
                                            version="3"))
         want = _greedy_on(learner, prompts)
         for replica, device in zip(backend.replicas, devices):
-            leaves = jax.tree.leaves(replica._state)
+            leaves = jax.tree.leaves(replica.weights.state)
             assert all(x.devices() == {device} for x in leaves)
             _assert_same(_greedy(replica, prompts), want)
         # an engine given its gathered copy keeps those very buffers (no second copy)
-        mine = to_state(copies[1], backend.replicas[1]._abstract_state)
+        mine = to_state(copies[1], backend.replicas[1].weights.abstract_state)
         backend.replicas[1].update_weights_sync(mine, version="4")
-        assert ([x.unsafe_buffer_pointer() for x in jax.tree.leaves(backend.replicas[1]._state)]
+        assert ([x.unsafe_buffer_pointer() for x in jax.tree.leaves(backend.replicas[1].weights.state)]
                 == [x.unsafe_buffer_pointer() for x in jax.tree.leaves(mine)])
     finally:
         backend.close()

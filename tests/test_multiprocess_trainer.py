@@ -86,7 +86,7 @@ def worker(process_id: int, coordinator: str, workdir: str, out: str) -> None:
     from agentrl_jax.models.safetensors_io import save_hf_directory
     save_hf_directory(trainer.learner.policy_model(), os.path.join(workdir, "export"),
                       dtype="float32")
-    engine = flat(trainer.backend._state)
+    engine = flat(trainer.backend.weights.state)
     results = {f"param{k}": v for k, v in params.items()}
     results.update({f"engine{k}": np.asarray(v) for k, v in engine.items()})
     results.update({f"initial{k}": np.asarray(v)

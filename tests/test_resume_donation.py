@@ -47,9 +47,9 @@ def test_engine_on_the_learners_arrays_loses_them_and_engine_policy_copies():
     own = make_engine(engine_policy(learner, overlap=True), warmup=False)  # the fixed one
     try:
         # the old path: the engine holds (some of) the learner's buffers themselves
-        assert _buffers(shared._state) & _buffers(learner.params)
+        assert _buffers(shared.weights.state) & _buffers(learner.params)
         # the fix: none of them; without overlap the arrays themselves (no second copy)
-        assert not _buffers(own._state) & _buffers(learner.params)
+        assert not _buffers(own.weights.state) & _buffers(learner.params)
         assert _buffers(engine_policy(learner, overlap=False)) == _buffers(learner.params)
 
         learner.update(multiturn_batch(1))  # donates learner.params (an overlapped update)
@@ -57,11 +57,11 @@ def test_engine_on_the_learners_arrays_loses_them_and_engine_policy_copies():
         assert any(not np.array_equal(a, b) for a, b in zip(jax.tree.leaves(before),
                                                             jax.tree.leaves(after)))
         prompt = random_prompt(np.random.default_rng(0), 9)
-        assert any(x.is_deleted() for x in jax.tree.leaves(shared._state))
+        assert any(x.is_deleted() for x in jax.tree.leaves(shared.weights.state))
         with pytest.raises(RolloutError, match="deleted"):
             _generate(shared, prompt)
         # the engine with its own copy still decodes, with the restored (pre-update) weights
-        assert not any(x.is_deleted() for x in jax.tree.leaves(own._state))
+        assert not any(x.is_deleted() for x in jax.tree.leaves(own.weights.state))
         model_before = tiny_model(seed=4)
         nnx.update(model_before, jax.tree.map(np.asarray, before))
         assert _generate(own, prompt).output_ids == reference_greedy(model_before, prompt, 5)

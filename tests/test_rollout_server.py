@@ -170,21 +170,21 @@ async def test_admin_endpoints(served, http):
     assert status == 200 and models["data"][0]["id"] == "tiny-random"
     # SGLang's memory saver, for the KV cache only: frees it (a second time: nothing left),
     # re-allocates it; other tags and bad bodies are 400
-    kv_bytes = sum(int(x.nbytes) for x in jax.tree.leaves(engine._cache))
+    kv_bytes = sum(int(x.nbytes) for x in jax.tree.leaves(engine.kv.cache))
     status, out, _ = await post(http, url + "/release_memory_occupation", {"tags": ["kv_cache"]})
     assert status == 200 and out == {"success": True, "released": ["kv_cache"],
                                      "bytes": kv_bytes}
-    assert engine._cache is None
+    assert engine.kv.cache is None
     status, out, _ = await post(http, url + "/release_memory_occupation", {})
     assert status == 200 and out["bytes"] == 0
     status, out, _ = await post(http, url + "/resume_memory_occupation", {"tags": None})
-    assert status == 200 and out["bytes"] == kv_bytes and engine._cache is not None
+    assert status == 200 and out["bytes"] == kv_bytes and engine.kv.cache is not None
     for body, message in (({"tags": ["weights"]}, "releases only its KV cache"),
                           ({"tags": ["vram"]}, "unknown tag 'vram'"),
                           ({"tags": "kv_cache"}, "tags"), ({"nope": 1}, "nope")):
         status, out, _ = await post(http, url + "/release_memory_occupation", body)
         assert status == 400 and message in out["error"]["message"], (body, out)
-    assert engine._cache is not None
+    assert engine.kv.cache is not None
 
 
 async def test_abort_and_pause(served, http):
@@ -195,13 +195,13 @@ async def test_abort_and_pause(served, http):
         "input_ids": [5, 6, 7], "rid": "abort-me",
         "sampling_params": {"max_new_tokens": 50, "ignore_eos": True}}))
     for _ in range(200):
-        if "abort-me" in engine._requests:
+        if engine.inbox.is_running("abort-me"):
             break
         await asyncio.sleep(0.01)
     # a queued request: the KV cache cannot be released under it
     status, out, _ = await post(http, url + "/release_memory_occupation", {})
     assert status == 409 and "requests are running" in out["error"]["message"]
-    assert engine._cache is not None
+    assert engine.kv.cache is not None
     status, out, _ = await post(http, url + "/abort_request", {"rid": "abort-me"})
     assert status == 200 and out["aborted"] == 1
     status, out, _ = await task
@@ -317,10 +317,10 @@ async def test_client_disconnect_aborts(served):
                 await session.post(url + "/generate", json={
                     "input_ids": [5, 6], "rid": "gone", "sampling_params": {"max_new_tokens": 50}})
         for _ in range(300):
-            if "gone" not in engine._requests:
+            if not engine.inbox.is_running("gone"):
                 break
             await asyncio.sleep(0.01)
-        assert "gone" not in engine._requests
+        assert not engine.inbox.is_running("gone")
     finally:
         engine.resume()
     status, out, _ = await post_json(url + "/generate", {"input_ids": [1] * 3, "sampling_params":

@@ -218,23 +218,23 @@ def alone(served) -> list[list[int]]:
 
 
 def _poison_when(engine, monkeypatch, name: str, rid_of) -> None:
-    """Make the engine method ``name`` raise for the request whose rid is "poison"."""
-    original = getattr(engine, name)
+    """Make the scheduler method ``name`` raise for the request whose rid is "poison"."""
+    original = getattr(engine.scheduler, name)
 
     def poisoned(*args, **kwargs):
         if rid_of(*args) == "poison":
             raise RuntimeError(f"injected failure in {name}")
         return original(*args, **kwargs)
 
-    monkeypatch.setattr(engine, name, poisoned)
+    monkeypatch.setattr(engine.scheduler, name, poisoned)
 
 
 STAGES = {  # the per-request host step -> how to find the request's rid from its arguments
-    "_admit_one": lambda req: req.rid,
-    "_prefill_row": lambda seq, *_: seq.req.rid,
-    "_activate": lambda seq: seq.req.rid,
-    "_after_decode": lambda seq: seq.req.rid,
-    "_result": lambda seq, *_: seq.req.rid,  # detokenisation of the finished output
+    "admit_one": lambda req: req.rid,
+    "prefill_row": lambda seq, *_: seq.req.rid,
+    "activate": lambda seq: seq.req.rid,
+    "after_decode": lambda seq: seq.req.rid,
+    "result": lambda seq, *_: seq.req.rid,  # detokenisation of the finished output
 }
 
 
@@ -305,7 +305,7 @@ def test_a_failed_device_call_still_fails_every_request(served, alone, monkeypat
     def broken(*args, **kwargs):
         raise RuntimeError("injected device failure")
 
-    monkeypatch.setattr(engine, "_decode_fn", broken)
+    monkeypatch.setattr(engine.functions, "decode", broken)
     engine.pause("in_place")
     try:
         futures = [engine.submit(b["input_ids"], SamplingParams(**b["sampling_params"]))

@@ -1,31 +1,30 @@
 """The engine thread's prefill-row building (``prefill_plan.build_rows`` via
-``Scheduler._run_prefill``) against the plain per-row loop it replaced, on randomised queues:
+``Scheduler.run_prefill``) against the plain per-row loop it replaced, on randomised queues:
 packed (several rows per sequence) and chunked plans, sequences already done, sequences whose
 row writing fails (before or after writing part of a row), requests of several sequences.
 
-Both run ``Scheduler._run_prefill`` on a host-only harness (no device: the prefill call is a
+Both run ``Scheduler.run_prefill`` on a host-only harness (no device: the prefill call is a
 stub that records its arguments) built twice from the same seed; everything must be equal: the
 call's slot ids, tokens, positions and KV length, the counters, each sequence's cursor /
 KV length / state, the queue left, the sequences whose prefill finished and the failed requests.
-Also: ``Scheduler._cached_tokens`` (a finished session's prefix) against the list expression it
+Also: ``Scheduler.cached_tokens`` (a finished session's prefix) against the list expression it
 replaced, and ``copy_blocks`` writing in blocks that keep the GIL.
 """
 
 from __future__ import annotations
 
-import collections
 import concurrent.futures
 import logging
-import threading
+import types
 from typing import Any
 
 import numpy as np
 import pytest
 
 from agentrl_jax.rollout.contract import SamplingParams
-from agentrl_jax.rollout.engine.compiled import STOP
+from agentrl_jax.rollout.engine.compiled import EngineFunctions
 from agentrl_jax.rollout.engine.engine_config import EngineConfig
-from agentrl_jax.rollout.engine.failures import FailureHandling
+from agentrl_jax.rollout.engine.inbox import EngineInbox
 from agentrl_jax.rollout.engine.prefill_plan import (
     GIL_SAFE,
     build_rows,
@@ -42,41 +41,32 @@ from agentrl_jax.rollout.engine.requests import (
     Seq,
 )
 from agentrl_jax.rollout.engine.scheduler import Scheduler
-from agentrl_jax.rollout.engine.slots import SlotTable
 
 
 class _Cache:
     keys = [np.zeros((1,), np.float32)]
 
 
-class Harness(Scheduler, FailureHandling):
-    """The scheduler's prefill path with the engine's state and no device."""
+class Harness:
+    """The scheduler's prefill path with no device: a real ``Scheduler`` and ``EngineInbox``,
+    a prefill function that records its arguments, and ``prefill_done`` recording which
+    sequences finished their prefill."""
 
     def __init__(self, config: EngineConfig, packed: bool):
-        self.config = config
-        self.packed_prefill = packed
-        self.stats = EngineStats()
-        self._cv = threading.Condition()
-        self._requests: dict[str, Request] = {}
-        self._deliveries: list[Request] = []
-        self._waiting: collections.deque = collections.deque()
-        self._num_waiting = 0
-        self._prefill_queue: list[Seq] = []
-        self._fork_ready: list[Seq] = []
-        self._prompt_leaders: dict = {}
-        self._slot_seq: dict[int, Seq] = {}
-        self._slots = SlotTable(config.max_batch)
-        self._ints = np.zeros((config.max_batch, STOP + config.max_stop_ids), np.int32)
-        self._has_stop_str = np.zeros((config.max_batch,), np.bool_)
-        self._stop_masks: list = [None] * config.max_batch
-        self._state = None
-        self._cache = _Cache()
         self.calls: list[tuple[np.ndarray, ...]] = []
         self.finished: list[str] = []
         self.all_requests: list[Request] = []
+        self.inbox = EngineInbox(max_queue=1 << 20)
+        functions = EngineFunctions(decode=None, prefill=self._prefill, copy_rows=None,
+                                    merge=None)
+        weights = types.SimpleNamespace(state=None, merged=None, version="0")
+        kv = types.SimpleNamespace(cache=_Cache(), released=False)
+        self.scheduler = Scheduler(config, functions, weights, kv, self.inbox, EngineStats(),
+                                   None, 49152, packed)
+        self.scheduler.prefill_done = self._prefill_done
 
-    def _prefill_fn(self, state: Any, cache: Any, slot_ids: np.ndarray, tokens: np.ndarray,
-                    positions: np.ndarray, kv: int) -> _Cache:
+    def _prefill(self, state: Any, cache: Any, slot_ids: np.ndarray, tokens: np.ndarray,
+                 positions: np.ndarray, kv: int) -> _Cache:
         self.calls.append((slot_ids.copy(), tokens.copy(), positions.copy(), np.int64(kv)))
         return cache
 
@@ -84,12 +74,13 @@ class Harness(Scheduler, FailureHandling):
         self.finished.append(f"{seq.req.rid}/{seq.index}")
 
 
-def reference_run_prefill(self: Harness) -> None:
-    """``Scheduler._run_prefill`` as it was: one isolated write per row, from the prompt list."""
+def reference_run_prefill(h: Harness) -> None:
+    """``Scheduler.run_prefill`` as it was: one isolated write per row, from the prompt list."""
     from agentrl_jax.rollout.engine.prefill_plan import plan_chunked
 
+    self = h.scheduler
     c = self.config
-    queue = self._prefill_queue
+    queue = self.prefill_queue
     if self.packed_prefill:
         chunk, rows, pieces = plan_packed(queue, c.chunk_buckets[0], c.packed_row_buckets())
     else:
@@ -100,13 +91,13 @@ def reference_run_prefill(self: Harness) -> None:
     positions = np.full((rows, chunk), c.max_length, np.int32)
 
     def row(seq: Seq, start: int, n: int, tok: np.ndarray, pos: np.ndarray) -> None:
-        self._prefill_row_hook(seq, start, n)
+        h.prefill_row_hook(seq, start, n)
         tok[:n] = seq.req.input_ids[start:start + n]
         pos[:n] = np.arange(start, start + n)
-        self._prefill_row_hook(seq, start, n, after=True)
+        h.prefill_row_hook(seq, start, n, after=True)
 
     for r, (seq, start, n) in enumerate(pieces):
-        if seq.state != DONE and self._isolated(seq.req, row, seq, start, n, tokens[r],
+        if seq.state != DONE and self.isolated(seq.req, row, seq, start, n, tokens[r],
                                                 positions[r]):
             slot_ids[r] = seq.slot
     counts = []
@@ -116,7 +107,8 @@ def reference_run_prefill(self: Harness) -> None:
         counts.append(n)
     kv = c.prefill_kv(chunk, max((start + n for (_, start, _), n in zip(pieces, counts)),
                                  default=0))
-    self._cache = self._prefill_fn(self._state, self._cache, slot_ids, tokens, positions, kv)
+    self.kv.cache = self.functions.prefill(self.weights.state, self.kv.cache, slot_ids, tokens,
+                                           positions, kv)
     stats, used = self.stats, sum(n > 0 for n in counts)
     stats.prefill_calls += 1
     stats.prefill_positions += rows * chunk
@@ -132,9 +124,9 @@ def reference_run_prefill(self: Harness) -> None:
         seq.cursor = seq.kv_len = start + n
         if seq.cursor >= seq.prompt_len - 1 and seq not in done:
             done.append(seq)
-    self._prefill_queue = [s for s in queue if s.state != DONE and s.cursor < s.prompt_len - 1]
+    self.prefill_queue = [s for s in queue if s.state != DONE and s.cursor < s.prompt_len - 1]
     for seq in done:
-        self._isolated(seq.req, self._prefill_done, seq)
+        self.isolated(seq.req, self.prefill_done, seq)
 
 
 def build(seed: int, packed: bool, max_length: int = 3072) -> Harness:
@@ -152,12 +144,12 @@ def build(seed: int, packed: bool, max_length: int = 3072) -> Harness:
         req = Request(f"r{i}", rng.integers(0, 49152, L).tolist(), SamplingParams(),
                       None, concurrent.futures.Future(), seed=i)
         req.seqs = [Seq(req, k, []) for k in range(1 if rng.random() < 0.9 else 3)]
-        h._requests[req.rid] = req
-        h.all_requests.append(req)  # (a failed request leaves _requests)
+        h.inbox.submit(req)
+        h.all_requests.append(req)  # (a failed request leaves the inbox)
         first = req.seqs[0]
         for seq in req.seqs:
-            seq.slot = h._slots.acquire()
-            h._slot_seq[seq.slot] = seq
+            seq.slot = h.scheduler.slots.acquire()
+            h.scheduler.slot_seq[seq.slot] = seq
             seq.state = PREFILL if seq is first else FORK_WAIT
         first.cursor = first.kv_len = int(rng.integers(0, L - 1)) if rng.random() < 0.5 else 0
         u = rng.random()
@@ -165,14 +157,14 @@ def build(seed: int, packed: bool, max_length: int = 3072) -> Harness:
                      else "fail_other" if u < 0.18 else None)
         if req.fault == "done":
             first.state = DONE
-        h._prefill_queue.append(first)
+        h.scheduler.prefill_queue.append(first)
     return h
 
 
 def inject(h: Harness) -> None:
     """Row writes fail as each request's ``fault`` says (the same way on both paths)."""
-    original = Scheduler._prefill_row
-    queue = list(h._prefill_queue)
+    original = Scheduler.prefill_row
+    queue = list(h.scheduler.prefill_queue)
 
     def hook(seq: Seq, start: int, n: int, after: bool = False) -> None:
         fault = seq.req.fault
@@ -180,24 +172,25 @@ def inject(h: Harness) -> None:
             raise RuntimeError("injected row failure")
         if fault == "fail_other" and after:  # fails the next queued request: after its rows?
             other = queue[(queue.index(seq) + 1) % len(queue)]
-            h._fail_request(other.req, RuntimeError("failed by another"))
+            h.scheduler.fail_request(other.req, RuntimeError("failed by another"))
 
     def row(seq: Seq, start: int, n: int, tokens: np.ndarray, positions: np.ndarray) -> None:
         hook(seq, start, n)
         original(seq, start, n, tokens, positions)
         hook(seq, start, n, after=True)
 
-    h._prefill_row_hook = hook
-    h._prefill_row = row
+    h.prefill_row_hook = hook
+    h.scheduler.prefill_row = row
 
 
 def snapshot(h: Harness) -> dict[str, Any]:
     seqs = [s for r in h.all_requests for s in r.seqs]
     failed = [r.rid for r in h.all_requests if r.future.done()]
-    assert failed == [r.rid for r in h.all_requests if r.rid not in h._requests]
-    stats = {k: v for k, v in h.stats.as_dict().items() if "time" not in k}  # (clocks)
+    assert failed == [r.rid for r in h.all_requests if not h.inbox.is_running(r.rid)]
+    stats = {k: v for k, v in h.scheduler.stats.as_dict().items() if "time" not in k}
     return {"stats": stats, "calls": h.calls, "finished": h.finished,
-            "failed": failed, "queue": [f"{s.req.rid}/{s.index}" for s in h._prefill_queue],
+            "failed": failed,
+            "queue": [f"{s.req.rid}/{s.index}" for s in h.scheduler.prefill_queue],
             "seqs": [(s.req.rid, s.index, s.cursor, s.kv_len, s.state, s.slot) for s in seqs]}
 
 
@@ -228,12 +221,12 @@ def test_run_prefill_matches_the_per_row_loop(seed: int, packed: bool) -> None:
         inject(new)
         inject(ref)
         for _ in range(50):  # until the queue is empty
-            if not ref._prefill_queue:
+            if not ref.scheduler.prefill_queue:
                 break
-            new._run_prefill()
+            new.scheduler.run_prefill()
             reference_run_prefill(ref)
             assert_same(snapshot(new), snapshot(ref))
-        assert not new._prefill_queue
+        assert not new.scheduler.prefill_queue
     finally:
         logger.setLevel(level)
 
@@ -316,7 +309,7 @@ def test_copy_blocks_touch_at_most_gil_safe_elements() -> None:
 
 
 def test_cached_tokens_match_the_list_way() -> None:
-    """``Scheduler._cached_tokens`` (what a finished session's slot keeps) against the list
+    """``Scheduler.cached_tokens`` (what a finished session's slot keeps) against the list
     expression it replaced: ``(input_ids + out_ids)[:kv_len]`` as int32."""
     rng = np.random.default_rng(3)
     for i in range(300):
@@ -328,4 +321,4 @@ def test_cached_tokens_match_the_list_way() -> None:
         full = req.input_ids + seq.out_ids
         seq.kv_len = int(rng.integers(1, len(full) + 3))
         expected = np.asarray(full[:min(seq.kv_len, len(full))], np.int32)
-        assert_same(Scheduler._cached_tokens(seq), expected)
+        assert_same(Scheduler.cached_tokens(seq), expected)

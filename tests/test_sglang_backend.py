@@ -110,11 +110,11 @@ async def test_kv_cache_released_on_every_server_and_resumed(servers, model):
         await asyncio.gather(*[backend.generate(prompt, sp, session_id=f"kv-{i}")
                                for i in range(2)])
         assert backend._sticky
-        kv = [sum(int(x.nbytes) for x in jax.tree.leaves(e._cache)) for e in engines]
+        kv = [sum(int(x.nbytes) for x in jax.tree.leaves(e.kv.cache)) for e in engines]
         assert await backend.release_kv_cache() == sum(kv)
-        assert all(e._cache is None for e in engines) and not backend._sticky
+        assert all(e.kv.cache is None for e in engines) and not backend._sticky
         assert await backend.resume_kv_cache() == sum(kv)
-        assert all(e._cache is not None for e in engines)
+        assert all(e.kv.cache is not None for e in engines)
         res = await backend.generate(prompt, sp)
         assert res.output_ids == reference_greedy(model, prompt, 4) and res.cached_tokens == 0
 

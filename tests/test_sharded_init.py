@@ -293,16 +293,16 @@ def _check_setup(cfg, expect_values=None, monkeypatch=None, before=None):
     before = _preexisting() if before is None else before
     given: list[list[jax.Array]] = []  # what each replica's engine was handed, per call
     if monkeypatch is not None:
-        from agentrl_jax.rollout.engine.engine import Engine
+        from agentrl_jax.rollout.engine.weights import EngineWeights
 
-        original = Engine._prepare_state
+        original = EngineWeights.prepare
 
         def spy(self, params):
             given.append(jax.tree.leaves(nnx.state(params, nnx.Param)
                                          if isinstance(params, nnx.Module) else params))
             return original(self, params)
 
-        monkeypatch.setattr(Engine, "_prepare_state", spy)
+        monkeypatch.setattr(EngineWeights, "prepare", spy)
     learner, model, tokenizer, path = load_learner(cfg)
     params = leaves(model)
     big_shapes = {tuple(x.shape) for x in params if x.size >= BIG}
@@ -333,7 +333,7 @@ def _check_setup(cfg, expect_values=None, monkeypatch=None, before=None):
         assert _full_f32_copies(big_shapes, before) == []
         learner_f32 = [np.asarray(x) for x in jax.tree.leaves(learner.params)]
         for r in replicas:
-            state = jax.tree.leaves(r._state)
+            state = jax.tree.leaves(r.weights.state)
             for x, want in zip(state, learner_f32, strict=True):
                 # each replica: the learner's values cast to bfloat16, whole on its device
                 assert x.dtype == jnp.bfloat16
@@ -351,7 +351,7 @@ def _check_setup(cfg, expect_values=None, monkeypatch=None, before=None):
         gc.collect()
         assert _full_f32_copies(big_shapes, before) == []
         for r in replicas:
-            assert all(x.dtype == jnp.bfloat16 for x in jax.tree.leaves(r._state))
+            assert all(x.dtype == jnp.bfloat16 for x in jax.tree.leaves(r.weights.state))
     finally:
         backend.close()
         learner.close()
@@ -370,7 +370,7 @@ def test_trainer_setup_random_policy_keeps_no_whole_float32_copy(monkeypatch):
     start-up, nor a weight sync."""
     replicas = _check_setup(_config(engine_replicas=2), monkeypatch=monkeypatch)
     assert len(replicas) == 2
-    assert [next(iter(jax.tree.leaves(r._state)[0].sharding.device_set)) for r in replicas] \
+    assert [next(iter(jax.tree.leaves(r.weights.state)[0].sharding.device_set)) for r in replicas] \
         == jax.devices()[:2]
 
 

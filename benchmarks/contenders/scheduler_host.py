@@ -2,15 +2,15 @@
 was against the way it is now, side by side in one process on the same synthetic data. No
 device, no JAX call.
 
-* prefill rows (``first_turns`` .. ``chunked``): the part of ``Scheduler._run_prefill`` before
+* prefill rows (``first_turns`` .. ``chunked``): the part of ``Scheduler.run_prefill`` before
   the jitted prefill (plan, the rows' tokens / positions / slots, the KV length), which
   ``benchmarks/speed/rollout_profile.py`` reports as "host: prefill rows": one isolated write per row
   from the prompt's list of ints, against ``prefill_plan.build_rows`` (one write per run of a
   sequence's rows, from the prompt's int32 array made at admission);
-* ``finish_kv``: in ``Scheduler._finish`` (part of "host: decode results, stops, finishing"),
+* ``finish_kv``: in ``Scheduler.finish`` (part of "host: decode results, stops, finishing"),
   the ids a finished session's slot keeps for the prefix cache, for the sequences one decode
   call finishes: ``np.asarray((input_ids + out_ids)[:kv_len])`` (a list of thousands of ints
-  converted a finish), against ``Scheduler._cached_tokens`` (a slice of the prompt's array).
+  converted a finish), against ``Scheduler.cached_tokens`` (a slice of the prompt's array).
 
     python3 benchmarks/contenders/scheduler_host.py                 # ~1 minute on 2 cores
     python3 benchmarks/contenders/scheduler_host.py --calls 500 --json out.json
@@ -66,7 +66,7 @@ CHUNK_ROWS = [(64, 64), (256, 16), (1024, 4)]  # prefill_tokens 4096
 
 
 def isolated(req: Request, fn: Callable[..., Any], *args: Any) -> bool:
-    """``FailureHandling._isolated`` without a failure (nothing fails here)."""
+    """``Scheduler.isolated`` without a failure (nothing fails here)."""
     try:
         fn(*args)
         return True
@@ -81,7 +81,7 @@ def plan(queue: list[Seq], packed: bool) -> tuple[int, int, list]:
 
 
 def old_rows(queue: list[Seq], packed: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
-    """The per-row way (``Scheduler._run_prefill`` before ``build_rows``): ``(slot_ids [rows],
+    """The per-row way (``Scheduler.run_prefill`` before ``build_rows``): ``(slot_ids [rows],
     tokens [rows, chunk], positions [rows, chunk], kv)``, one isolated write per row from the
     prompt's list of ints."""
     chunk, rows, pieces = plan(queue, packed)
@@ -107,12 +107,12 @@ def old_rows(queue: list[Seq], packed: bool) -> tuple[np.ndarray, np.ndarray, np
 
 
 def new_rows(queue: list[Seq], packed: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
-    """What ``Scheduler._run_prefill`` does now: ``build_rows``, one isolated
-    ``Scheduler._prefill_row`` per run of a sequence's rows."""
+    """What ``Scheduler.run_prefill`` does now: ``build_rows``, one isolated
+    ``Scheduler.prefill_row`` per run of a sequence's rows."""
     chunk, rows, pieces = plan(queue, packed)
 
     def write(seq: Seq, start: int, n: int, tok: np.ndarray, pos: np.ndarray) -> bool:
-        return isolated(seq.req, Scheduler._prefill_row, seq, start, n, tok, pos)
+        return isolated(seq.req, Scheduler.prefill_row, seq, start, n, tok, pos)
 
     slot_ids, tokens, positions, counts = build_rows(
         pieces, rows, chunk, MAX_BATCH, MAX_LENGTH, write, lambda s: s.state != DONE,
@@ -201,7 +201,7 @@ def time_calls(fn: Callable[[], Any], calls: int, repeats: int) -> float:
 
 
 def old_cached_tokens(seq: Seq) -> np.ndarray:
-    """What ``Scheduler._finish`` kept for a finished session's slot before: the prompt list
+    """What ``Scheduler.finish`` kept for a finished session's slot before: the prompt list
     plus the output list, cut at ``kv_len``, converted to int32."""
     full = seq.req.input_ids + seq.out_ids
     return np.asarray(full[:min(seq.kv_len, len(full))], np.int32)
@@ -270,11 +270,11 @@ def main() -> None:
                            setting, args.calls, args.repeats))
     seqs = finished_sessions(np.random.default_rng(args.seed), args.finishes)
     for seq in seqs:
-        np.testing.assert_array_equal(old_cached_tokens(seq), Scheduler._cached_tokens(seq))
+        np.testing.assert_array_equal(old_cached_tokens(seq), Scheduler.cached_tokens(seq))
     for setting in ("alone", "busy"):
         report(rows, "finish_kv", setting, "decode call (finished sessions)", len(seqs),
                compare(lambda: [old_cached_tokens(s) for s in seqs],
-                       lambda: [Scheduler._cached_tokens(s) for s in seqs],
+                       lambda: [Scheduler.cached_tokens(s) for s in seqs],
                        setting, max(1, args.calls // 4), args.repeats))
     if args.json:
         with open(args.json, "w") as f:

@@ -2,12 +2,12 @@
 
 Engine-like state on the host, no model: ``--slots`` slots each generate ``--tokens`` token ids
 drawn uniformly from the real SmolLM2 tokenizer's non-special vocabulary, delivered in decode
-calls of ``--decode-steps`` tokens (the ``[steps, slots]`` block ``Engine._run_decode`` gets), with
+calls of ``--decode-steps`` tokens (the ``[steps, slots]`` block ``Scheduler.run_decode`` gets), with
 stop strings ``--stop`` (default ``["\\n"]``, as in the BabyAI configs). A slot finishes (and is
 trimmed) at its first match, as in the engine.
 
 * old: every slot with stop strings decodes its whole output prefix once per new token (the
-  ``Engine._check_stop_strings`` loop before ``stop_strings.py``, copied here verbatim);
+  ``Scheduler.check_stop_strings`` loop before ``stop_strings.py``, copied here verbatim);
 * new: ``slots_to_check`` over the block, then ``find_stop`` with the may-complete mask for the
   flagged slots only (what the engine does now).
 
@@ -37,7 +37,7 @@ from agentrl_jax.rollout.engine.stop_strings import (  # noqa: E402
 
 
 def old_check(tokenizer, ids: list[int], start: int, stops, skip: bool):
-    """The pre-``stop_strings.py`` loop of ``Engine._check_stop_strings``."""
+    """The pre-``stop_strings.py`` loop of ``Scheduler.check_stop_strings``."""
     for j in range(start, len(ids)):
         text = tokenizer.decode(ids[:j + 1], skip_special_tokens=skip)
         hits = [(text.find(s), s) for s in stops if s in text]

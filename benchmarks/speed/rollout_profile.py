@@ -60,7 +60,7 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "workers": {"rollout.actor_workers": "WORKERS"},
     "workers_switch": {"rollout.actor_workers": "WORKERS", "switch_interval": 0.0005},
 }
-ENGINE_METHODS = ("_step", "_admit", "_run_prefill", "_run_forks", "_run_decode")
+ENGINE_METHODS = ("step", "admit", "run_prefill", "run_forks", "run_decode")  # Scheduler
 
 
 class _TimedCondition:
@@ -103,25 +103,25 @@ class EngineProbe:
     def __init__(self, engine: Any):
         self.engine = engine
         self.seconds = {name: 0.0 for name in ENGINE_METHODS}
-        self.step_since: float | None = None  # when the _step in progress began
+        self.step_since: float | None = None  # when the step in progress began
         for name in ENGINE_METHODS:
-            setattr(engine, name, self._timed(name, getattr(engine, name)))
-        self.cond = _TimedCondition(engine._cv, engine._thread)
-        engine._cv = self.cond
-        self._cpu_clock = time.pthread_getcpuclockid(engine._thread.ident)
+            setattr(engine.scheduler, name, self._timed(name, getattr(engine.scheduler, name)))
+        self.cond = _TimedCondition(engine.inbox.cv, engine.loop.thread)
+        engine.inbox.cv = self.cond
+        self._cpu_clock = time.pthread_getcpuclockid(engine.loop.thread.ident)
 
     def _timed(self, name: str, fn: Callable[[], Any]) -> Callable[[], Any]:
         seconds = self.seconds
 
         def timed(*args: Any) -> Any:
             t0 = _clock()
-            if name == "_step":
+            if name == "step":
                 self.step_since = t0
             try:
                 return fn(*args)
             finally:
                 seconds[name] += _clock() - t0
-                if name == "_step":
+                if name == "step":
                     self.step_since = None
         return timed
 
@@ -132,7 +132,7 @@ class EngineProbe:
         out["clock_s"] = now
         since = self.step_since  # a step in progress counts up to now (a snapshot's window)
         if since is not None:
-            out["_step_s"] += now - since
+            out["step_s"] += now - since
         out.update(idle_s=self.cond.waited(now), cpu_s=time.clock_gettime(self._cpu_clock),
                    prefill_device_s=s.prefill_time_s, decode_device_s=s.decode_time_s,
                    prefill_calls=s.prefill_calls, decode_calls=s.decode_calls,
@@ -151,20 +151,20 @@ class EngineProbe:
 def engine_view(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
     """One engine thread's seconds between two snapshots (``wall_s``: the time between them,
     the rollout's wall up to two clock reads), by part; ``parts_s`` is the sum of the parts
-    measured on their own (``_step`` calls + idle waits); ``loop_other_s`` the rest
+    measured on their own (``Scheduler.step`` calls + idle waits); ``loop_other_s`` the rest
     (commands, locking)."""
     d = {k: after[k] - before[k] for k in after}
     wall = d["clock_s"]
-    step = d["_step_s"]
+    step = d["step_s"]
     device = d["prefill_device_s"] + d["decode_device_s"]
     out = {
         "wall_s": wall,
         "prefill_device_s": d["prefill_device_s"],
         "decode_device_s": d["decode_device_s"],
-        "host_admit_s": d["_admit_s"],
-        "host_prefill_rows_s": d["_run_prefill_s"] - d["prefill_device_s"],
-        "host_decode_results_s": d["_run_decode_s"] - d["decode_device_s"],
-        "host_other_s": step - d["_admit_s"] - d["_run_prefill_s"] - d["_run_decode_s"],
+        "host_admit_s": d["admit_s"],
+        "host_prefill_rows_s": d["run_prefill_s"] - d["prefill_device_s"],
+        "host_decode_results_s": d["run_decode_s"] - d["decode_device_s"],
+        "host_other_s": step - d["admit_s"] - d["run_prefill_s"] - d["run_decode_s"],
         "idle_s": d["idle_s"],
     }
     out["host_s"] = step - device

@@ -7,6 +7,7 @@ top-p, min-p).
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from typing import Any, Callable
 
@@ -26,6 +27,19 @@ from agentrl_jax.rollout.engine.sampling import sample_tokens
 TOK, POS, ACT, REM, TOPK, CNT, KEY0, KEY1, IDX, STOP = range(10)
 # Columns of the packed float32 array.
 TEMP, TOPP, MINP = range(3)
+
+
+@dataclasses.dataclass
+class EngineFunctions:
+    """The compiled device functions one engine calls (signatures at
+    :func:`compiled_functions`). Owns nothing but the references: the compilations are cached
+    per model structure and engine shape by ``compiled_functions``; the engine may wrap them
+    (``compile_notice.Announced``), and a probe may replace one."""
+
+    decode: Callable
+    prefill: Callable
+    copy_rows: Callable
+    merge: Callable
 
 
 @functools.lru_cache(maxsize=16)
@@ -147,9 +161,5 @@ def compiled_functions(graphdef: Any, max_batch: int, max_length: int, decode_st
             (lambda state: None) if decode_gemm == "xla" else jax.jit(merge))
 
 
-# ------------------------------------------------------------------------------ request state
-_WAITING, _PREFILL, _FORK_WAIT, _DECODE, _DONE = "waiting", "prefill", "fork_wait", "decode", "done"
-
-
-__all__ = ["compiled_functions", "TOK", "POS", "ACT", "REM", "TOPK", "CNT", "KEY0", "KEY1",
-           "IDX", "STOP", "TEMP", "TOPP", "MINP"]
+__all__ = ["EngineFunctions", "compiled_functions", "TOK", "POS", "ACT", "REM", "TOPK", "CNT",
+           "KEY0", "KEY1", "IDX", "STOP", "TEMP", "TOPP", "MINP"]

@@ -29,25 +29,28 @@ Design (see docs/ROLLOUT.md for the long version):
   **prefill attention** is a flash kernel there that reads each row where it is in the cache
   (``prefill_attention.py``; ``attention_choice.py`` picks both kernels).
 * **Fault isolation**: the host-side work of one request (admission, activation, building its
-  prefill row, stop detection, detokenisation) runs under ``_isolated``: an error there fails
-  that request alone (``_fail_request``: its future gets the error, its slots are freed) and
-  the batch goes on. Only a failed device call (prefill, decode, row copy) or an error in the
-  engine's shared bookkeeping fails every request in flight (``_recover``: "engine step
-  failed").
+  prefill row, stop detection, detokenisation) runs under ``Scheduler.isolated``: an error
+  there fails that request alone (``Scheduler.fail_request``: its future gets the error, its
+  slots are freed) and the batch goes on. Only a failed device call (prefill, decode, row copy)
+  or an error in the engine's shared bookkeeping fails every request in flight
+  (``FailurePolicy.recover``: "engine step failed").
 
-Modules by job: ``engine_config.py`` (shapes and knobs), ``compiled.py`` (the jitted device
-functions), ``requests.py`` (request / sequence bookkeeping, counters), ``placement.py``
-(devices and shardings), ``slots.py`` (slot table and prefix cache); this module is the
-scheduler and its thread.
+``Engine`` is the wiring and the public API; its collaborators own the state (docs/ROLLOUT.md,
+"Who owns what"): ``EngineWeights`` (weights.py: the served state, its merged copy, the
+version, the swap), ``KVCacheMemory`` (kv_memory.py: the KV cache, release / allocate),
+``EngineFunctions`` (compiled.py: the jitted device functions), ``EngineInbox`` (inbox.py:
+incoming requests, commands, the requests in flight, pause / close), ``Scheduler``
+(scheduler.py: slots and queues; the per-slot decode buffers of slot_buffers.py),
+``FailurePolicy`` (failures.py) and ``EngineLoop`` (engine_loop.py: the thread). Shapes and
+knobs: ``engine_config.py``; request bookkeeping and counters: ``requests.py``; devices:
+``placement.py``.
 """
 
 from __future__ import annotations
 
 import asyncio
-import collections
 import concurrent.futures
 import dataclasses
-import itertools
 import logging
 import threading
 import uuid
@@ -55,7 +58,6 @@ import warnings
 from typing import Any, Callable, Sequence
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
@@ -63,38 +65,41 @@ from agentrl_jax import compile_notice
 from agentrl_jax.compile_notice import Announced
 from agentrl_jax.models.config import ModelConfig
 from agentrl_jax.models.llama import CausalLM, abstract_model
-from agentrl_jax.rollout.contract import (BackendUnavailableError, BatchedSamplesBackend,
-                                               GenerateResult, InvalidRequestError,
-                                               OverloadedError, SamplingParams, check_input_ids)
+from agentrl_jax.models.weights import LoadCancelled
+from agentrl_jax.rollout.contract import (BatchedSamplesBackend, GenerateResult,
+                                          InvalidRequestError, SamplingParams, WeightSource,
+                                          check_input_ids)
 from agentrl_jax.rollout.engine.attention_choice import (resolve_decode_attention,
                                                          resolve_prefill_attention)
-from agentrl_jax.rollout.engine.compiled import STOP, compiled_functions
+from agentrl_jax.rollout.engine.compiled import STOP, EngineFunctions, compiled_functions
 from agentrl_jax.rollout.engine.engine_config import EngineConfig
-from agentrl_jax.rollout.engine.failures import FailureHandling
-from agentrl_jax.rollout.engine.forward import (FLASH_IN_CACHE, FLASH_IN_CACHE_INTERPRET,
-                                                new_cache)
-from agentrl_jax.rollout.engine.placement import EnginePlacement, to_state
+from agentrl_jax.rollout.engine.engine_loop import EngineLoop
+from agentrl_jax.rollout.engine.failures import FailurePolicy
+from agentrl_jax.rollout.engine.forward import FLASH_IN_CACHE, FLASH_IN_CACHE_INTERPRET
+from agentrl_jax.rollout.engine.inbox import EngineInbox
+from agentrl_jax.rollout.engine.kv_memory import KVCacheMemory
+from agentrl_jax.rollout.engine.placement import EnginePlacement
 from agentrl_jax.kernels.prefill_attention import BLOCK_Q
 from agentrl_jax.rollout.engine.requests import EngineStats, Request, Seq
 from agentrl_jax.rollout.engine.sampling import GREEDY, SAMPLE
 from agentrl_jax.rollout.engine.scheduler import Scheduler
-from agentrl_jax.rollout.engine.slots import SlotTable
-from agentrl_jax.rollout.engine.weights import WeightsAndCache
+from agentrl_jax.rollout.engine.weights import EngineWeights
 
 log = logging.getLogger(__name__)
-_PLACE_LOCK = threading.Lock()  # Engine._prepare_state's device_put (see there)
 # CPU backends cannot always reuse donated buffers; that is harmless.
 warnings.filterwarnings("ignore", message="Some donated buffers were not usable")
 
 
-class Engine(WeightsAndCache, Scheduler, FailureHandling, BatchedSamplesBackend):
+class Engine(BatchedSamplesBackend):
     """The embedded continuous-batching engine (registry name ``embedded``).
 
     >>> engine = Engine(model, EngineConfig(max_batch=32, max_length=4096), tokenizer=tok)
     >>> result = await engine.generate(ids, SamplingParams(temperature=1.0), session_id="ep-7")
 
     ``devices``: the device (group) the engine runs on (default: the first local device); a
-    group of several runs it tensor-parallel (``placement.py``).
+    group of several runs it tensor-parallel (``placement.py``). The engine wires its
+    collaborators (module docstring) and keeps the public API; they own the state:
+    ``weights``, ``kv``, ``functions``, ``inbox``, ``scheduler``, ``failures``, ``loop``.
     """
 
     name = "embedded"
@@ -108,7 +113,7 @@ class Engine(WeightsAndCache, Scheduler, FailureHandling, BatchedSamplesBackend)
             tokenizer = tokenizer if tokenizer is not None else model.tokenizer
             model_path = model_path or model.path
             model = model.model
-        self.config = config or EngineConfig()
+        self._config = config or EngineConfig()
         self.tokenizer = tokenizer
         self.model_path = model_path
         base_cfg: ModelConfig = model.cfg
@@ -118,10 +123,7 @@ class Engine(WeightsAndCache, Scheduler, FailureHandling, BatchedSamplesBackend)
             log.warning("max_length %d exceeds the model's max_position_embeddings %d",
                         self.config.max_length, base_cfg.max_position_embeddings)
         self.placement = EnginePlacement(devices)
-        self.graphdef, self._abstract_state = nnx.split(abstract_model(self.model_config))
-        self._state_shardings = self.placement.state_shardings(self._abstract_state)
-        self._state = self._prepare_state(model)
-        self.weight_version = "0"
+        self.graphdef, abstract_state = nnx.split(abstract_model(self.model_config))
         c = self.config
         platform, tp = self.placement.platform, self.placement.tensor_parallel
         self.decode_attention = resolve_decode_attention(c, self.model_config, platform, tp)
@@ -131,68 +133,43 @@ class Engine(WeightsAndCache, Scheduler, FailureHandling, BatchedSamplesBackend)
         self.packed_prefill = self.prefill_attention in (FLASH_IN_CACHE,
                                                          FLASH_IN_CACHE_INTERPRET)
         if self.packed_prefill:
-            self.config = c = dataclasses.replace(c, prefill_kv_buckets=(),
+            self._config = c = dataclasses.replace(c, prefill_kv_buckets=(),
                                                   prefill_chunks=(BLOCK_Q,))
-        self.decode_gemm = c.resolved_decode_gemm(self.placement.platform,
-                                                  self.placement.tensor_parallel)
-        self._decode_fn, self._prefill_fn, self._copy_fn, self._merge_fn = compiled_functions(
+        self.decode_gemm = c.resolved_decode_gemm(platform, tp)
+        decode, prefill, copy_rows, merge = compiled_functions(
             self.graphdef, c.max_batch, c.max_length, c.decode_steps, c.max_stop_ids,
             c.kv_layout, self.decode_attention, self.decode_gemm,
-            one_pass_sampler=self.placement.platform == "gpu",
-            prefill_attention=self.prefill_attention)
+            one_pass_sampler=platform == "gpu", prefill_attention=self.prefill_attention)
         # a compile after the warm-up (a sampling mode first used, a shape it did not cover) is
         # announced (``compile_notice.py``); the warm-up's own compiles are its caller's phase
-        self._decode_fn = Announced(self._decode_fn, (2, 3, 6), lambda a: (
-            f"the engine's decode step (sampling mode {a[6]})"))
-        self._prefill_fn = Announced(self._prefill_fn, (2, 3, 4, 5), lambda a: (
-            f"the engine's prefill of {a[3].shape[0]} x {a[3].shape[1]} tokens "
-            f"(attending over {a[5]})"))
-        # the decode GEMMs' concatenated weights (decode_gemm merged*), one copy per weight
-        # version; freed with the KV cache (release_kv_cache) and rebuilt with it
-        self._merged = self._merge_fn(self._state)
-        self._cache_sharding = self.placement.cache_sharding(self.model_config.num_kv_heads,
-                                                             c.kv_layout)
-        self._cache = self._new_cache()
+        self.functions = EngineFunctions(
+            decode=Announced(decode, (2, 3, 6), lambda a: (
+                f"the engine's decode step (sampling mode {a[6]})")),
+            prefill=Announced(prefill, (2, 3, 4, 5), lambda a: (
+                f"the engine's prefill of {a[3].shape[0]} x {a[3].shape[1]} tokens "
+                f"(attending over {a[5]})")),
+            copy_rows=copy_rows, merge=merge)
+        # the decode GEMMs' concatenated weights: one copy per weight version, freed with the
+        # KV cache (release_kv_cache) and rebuilt with it
+        self.weights = EngineWeights(model, abstract_state,
+                                     self.placement.state_shardings(abstract_state),
+                                     self.model_config, c.weights_dtype, merge)
+        self.kv = KVCacheMemory(c, self.model_config, self.placement.cache_sharding(
+            self.model_config.num_kv_heads, c.kv_layout))
         self.eos_token_ids = list(base_cfg.eos_token_ids)
         if not self.eos_token_ids and tokenizer is not None and tokenizer.eos_token_id is not None:
             self.eos_token_ids = [tokenizer.eos_token_id]
         self.stats = EngineStats()
-        # Host mirrors of the per-slot decode state.
-        self._ints = np.zeros((c.max_batch, STOP + c.max_stop_ids), np.int32)
-        self._ints[:, STOP:] = -1
-        self._floats = np.zeros((c.max_batch, 3), np.float32)
-        # Outputs accumulate per slot on the host; copied to the sequence when it finishes.
-        self._out_tok = np.zeros((c.max_batch, c.max_length), np.int32)
-        self._out_lp = np.zeros((c.max_batch, c.max_length), np.float32)
-        self._out_raw = np.zeros((c.max_batch, c.max_length), np.float32)
-        self._out_len = np.zeros((c.max_batch,), np.int64)
-        self._has_stop_str = np.zeros((c.max_batch,), np.bool_)
-        # Per slot with stop strings: which tokens may complete a match (stop_strings.py).
-        self._stop_masks: list[np.ndarray | None] = [None] * c.max_batch
-        self._slots = SlotTable(c.max_batch)
-        self._slot_seq: dict[int, Seq] = {}
-        self._waiting: collections.deque[Request] = collections.deque()
-        self._prefill_queue: list[Seq] = []
-        self._fork_ready: list[Seq] = []
-        # prompt ids -> the sequence prefilling them (``share_prompts``): an equal prompt that
-        # arrives before that prefill ends copies its row instead of prefilling again
-        self._prompt_leaders: dict[tuple[int, ...], Seq] = {}
-        self._requests: dict[str, Request] = {}
-        self._deliveries: list[Request] = []  # finished, results not handed over yet
-        self._rng = np.random.default_rng(c.seed)
-        self._rid_counter = itertools.count()
-        # Thread plumbing.
-        self._cv = threading.Condition()
-        self._incoming: list[Request] = []
-        self._commands: list[tuple[Callable[[], Any], concurrent.futures.Future]] = []
-        self._num_waiting = 0
-        self._paused = False
-        self._closed = False
-        self._error: str | None = None
+        self._rng = np.random.default_rng(c.seed)  # request seeds (submit)
+        self.inbox = EngineInbox(c.max_queue)
+        self.scheduler = Scheduler(c, self.functions, self.weights, self.kv, self.inbox,
+                                   self.stats, tokenizer, self.vocab_size, self.packed_prefill)
+        self.failures = FailurePolicy(self.inbox, self.scheduler, self.kv)
+        self.loop = EngineLoop(self.inbox, self.scheduler, self.failures, self.kv, self.stats,
+                               self._allocate_cache)
         if warmup:
             self.warmup()
-        self._thread = threading.Thread(target=self._loop, name="agentrl-engine", daemon=True)
-        self._thread.start()
+        self.loop.start()
 
     # ------------------------------------------------------------------------ construction
     @classmethod
@@ -216,30 +193,6 @@ class Engine(WeightsAndCache, Scheduler, FailureHandling, BatchedSamplesBackend)
             model = load_pretrained(model)
         return cls(model, config, tokenizer=tokenizer, warmup=warmup)
 
-    def _new_cache(self):
-        """A zero KV cache, allocated directly in its sharding on the engine's devices."""
-        c = self.config
-        return jax.jit(lambda: new_cache(c.kv_layout, self.model_config, c.max_batch,
-                                         c.max_length), out_shardings=self._cache_sharding)()
-
-    def _prepare_state(self, params: Any) -> nnx.State:
-        state = to_state(params, self._abstract_state)
-        if self.config.weights_dtype:
-            dt = jnp.dtype(self.config.weights_dtype)
-            state = jax.tree.map(
-                lambda x: x.astype(dt) if jnp.issubdtype(x.dtype, jnp.floating) and x.dtype != dt
-                else x, state)
-        # Every state, the first one included, is committed to the engine's own shardings: the
-        # compiled decode / prefill functions are keyed on their inputs' shardings, and weights
-        # laid out otherwise (a learner's mesh, an uncommitted array) would recompile all of
-        # them on the next call (docs/PERFORMANCE.md, "A whole RL step"). Arrays already laid
-        # out so are not copied;
-        # arrays on other devices (a learner sharded over every GPU) are transferred. One thread
-        # at a time: replicas (threads) put the same arrays, and two concurrent device_puts of one
-        # sharded array can fail in JAX ("safe_zip() argument 1 has length 8 but argument 0 ...").
-        with _PLACE_LOCK:
-            return jax.device_put(state, self._state_shardings)
-
     def warmup(self, parallel: bool = True) -> None:
         """Compile every jitted shape (decode, each prefill bucket, row copy), then run each
         once with calls that change nothing (all rows idle / padded). ``parallel``: compile
@@ -248,20 +201,22 @@ class Engine(WeightsAndCache, Scheduler, FailureHandling, BatchedSamplesBackend)
         than their sum (the prefill KV buckets multiply the prefill shapes:
         ``EngineConfig.prefill_kv_buckets``)."""
         c = self.config
-        ints = np.zeros_like(self._ints)
+        ints = np.zeros_like(self.scheduler.buffers.ints)
         ints[:, STOP:] = -1
         n = c.copy_rows
         # (function, arguments, position of the KV cache among them)
         calls: list[tuple[Any, tuple, int]] = []
+        fns, weights, memory = self.functions, self.weights, self.kv
+        floats = self.scheduler.buffers.floats
         for mode in (GREEDY, SAMPLE):  # top-k/p/min-p (SAMPLE_FILTERED): on first use
-            calls.append((self._decode_fn, ((self._state, self._merged), self._cache, ints,
-                                            self._floats, np.int32(1), np.bool_(False), mode), 1))
+            calls.append((fns.decode, ((weights.state, weights.merged), memory.cache, ints, floats,
+                                       np.int32(1), np.bool_(False), mode), 1))
         for chunk, rows, kv in c.prefill_shapes(self.packed_prefill):
-            calls.append((self._prefill_fn, (
-                self._state, self._cache, np.full((rows,), c.max_batch, np.int32),
+            calls.append((fns.prefill, (
+                weights.state, memory.cache, np.full((rows,), c.max_batch, np.int32),
                 np.zeros((rows, chunk), np.int32),
                 np.full((rows, chunk), c.max_length, np.int32), kv), 1))
-        calls.append((self._copy_fn, (self._cache, np.zeros((n,), np.int32),
+        calls.append((fns.copy_rows, (memory.cache, np.zeros((n,), np.int32),
                                       np.full((n,), c.max_batch, np.int32)), 0))
         outs = None
         with warnings.catch_warnings(), compile_notice.quiet():
@@ -269,14 +224,34 @@ class Engine(WeightsAndCache, Scheduler, FailureHandling, BatchedSamplesBackend)
             if parallel:
                 compile_notice.compile_ahead([(fn, args) for fn, args, _ in calls])
             for fn, args, at in calls:  # the cache is donated: each call gets the last one's
-                result = fn(*args[:at], self._cache, *args[at + 1:])
-                if fn is self._decode_fn:
-                    self._cache, outs, _ = result
+                result = fn(*args[:at], memory.cache, *args[at + 1:])
+                if fn is fns.decode:
+                    memory.cache, outs, _ = result
                 else:
-                    self._cache = result
-        jax.block_until_ready((self._cache, outs))
+                    memory.cache = result
+        jax.block_until_ready((memory.cache, outs))
 
     # ------------------------------------------------------------------------- public API
+    #: the settings compiled into the engine's functions and buffers: fixed for its lifetime
+    FIXED_SETTINGS = ("max_batch", "max_length", "decode_steps", "max_stop_ids", "kv_layout",
+                      "dtype", "weights_dtype")
+
+    @property
+    def config(self) -> EngineConfig:
+        return self._config
+
+    @config.setter
+    def config(self, config: EngineConfig) -> None:
+        """New scheduling settings (``share_prompts``, ``deliver_after_launch``,
+        ``session_cache``, ``prefill_calls_per_step``, ``max_queue``, ...), used from the next
+        scheduling step; raises ``ValueError`` if one of :attr:`FIXED_SETTINGS` differs."""
+        changed = [k for k in self.FIXED_SETTINGS
+                   if getattr(config, k) != getattr(self._config, k)]
+        if changed:
+            raise ValueError(f"cannot change {changed} of a running engine")
+        self._config = self.scheduler.config = config
+        self.inbox.max_queue = config.max_queue
+
     @property
     def vocab_size(self) -> int:
         return self.model_config.vocab_size
@@ -299,10 +274,10 @@ class Engine(WeightsAndCache, Scheduler, FailureHandling, BatchedSamplesBackend)
         vocabulary)."""
         ids = check_input_ids(input_ids, self.vocab_size, self.config.max_length)
         sampling.validate(self.vocab_size, self.sampling_context)
-        if len(self._stop_ids(sampling)) > self.config.max_stop_ids:
+        if len(self.stop_ids(sampling)) > self.config.max_stop_ids:
             raise InvalidRequestError(
                 f"at most {self.config.max_stop_ids} stop token ids per request "
-                f"(got {len(self._stop_ids(sampling))})")
+                f"(got {len(self.stop_ids(sampling))})")
         if sampling.stop and self.tokenizer is None:
             raise InvalidRequestError("stop strings need a tokenizer; this engine has none")
         return ids
@@ -311,7 +286,8 @@ class Engine(WeightsAndCache, Scheduler, FailureHandling, BatchedSamplesBackend)
                session_id: str | None = None, rid: str | None = None
                ) -> concurrent.futures.Future:
         """Queue a request (thread-safe). The future resolves to ``list[GenerateResult]``
-        (``sampling.n`` samples). Raises ``InvalidRequestError`` / ``OverloadedError``."""
+        (``sampling.n`` samples). Raises ``InvalidRequestError`` / ``OverloadedError`` /
+        ``BackendUnavailableError`` (``EngineInbox.submit``)."""
         sampling = sampling or SamplingParams()
         ids = self.validate(input_ids, sampling)
         if session_id is not None and not isinstance(session_id, str):
@@ -322,26 +298,12 @@ class Engine(WeightsAndCache, Scheduler, FailureHandling, BatchedSamplesBackend)
         seed = sampling.seed if sampling.seed is not None else int(
             self._rng.integers(0, 2**63 - 1))
         req = Request(rid, ids, sampling, session_id, future, seed)
-        stop_ids = self._stop_ids(sampling)
+        stop_ids = self.stop_ids(sampling)
         req.seqs = [Seq(req, i, stop_ids) for i in range(sampling.n)]
         if sampling.max_new_tokens == 0:
-            future.set_result([self._result(s, "length", None) for s in req.seqs])
+            future.set_result([self.scheduler.result(s, "length", None) for s in req.seqs])
             return future
-        with self._cv:
-            if self._closed:
-                raise BackendUnavailableError("the engine is closed")
-            if self._error is not None:
-                raise BackendUnavailableError(f"the engine failed: {self._error}")
-            if rid in self._requests:
-                raise InvalidRequestError(f"a request with rid {rid!r} is already running")
-            if self._num_waiting + 1 > self.config.max_queue:
-                raise OverloadedError(
-                    f"admission queue full ({self._num_waiting} requests waiting, "
-                    f"max_queue={self.config.max_queue}); retry later")
-            self._num_waiting += 1
-            self._requests[rid] = req
-            self._incoming.append(req)
-            self._cv.notify()
+        self.inbox.submit(req)
         return future
 
     async def generate_n(self, input_ids: list[int], sampling: SamplingParams | None = None,
@@ -363,28 +325,15 @@ class Engine(WeightsAndCache, Scheduler, FailureHandling, BatchedSamplesBackend)
 
     def abort(self, rid: str) -> bool:
         """Abort a request (thread-safe, returns at once); True if it was known."""
-        with self._cv:
-            req = self._requests.get(str(rid))
-            if req is None:
-                return False
-            req.aborted = True
-            self._commands.append((lambda: self._abort_request(req),
-                                   concurrent.futures.Future()))
-            self._cv.notify()
-        return True
+        return self.inbox.mark_aborted(rid, self.scheduler.abort_request)
 
     def end_session(self, session_id: str) -> None:
         """Free the KV row cached for a finished session (thread-safe, returns at once)."""
-        with self._cv:
-            if self._closed:
-                return
-            self._commands.append((lambda: self._slots.forget_session(session_id),
-                                   concurrent.futures.Future()))
-            self._cv.notify()
+        self.inbox.command(lambda: self.scheduler.slots.forget_session(session_id),
+                           quiet_when_closed=True)
 
     def abort_all(self) -> int:
-        with self._cv:
-            rids = list(self._requests)
+        rids = self.inbox.running_ids()
         for rid in rids:
             self.abort(rid)
         return len(rids)
@@ -396,50 +345,143 @@ class Engine(WeightsAndCache, Scheduler, FailureHandling, BatchedSamplesBackend)
             raise InvalidRequestError(f"pause mode must be abort, retract or in_place, got {mode!r}")
         if mode == "abort":
             self.abort_all()
-        with self._cv:
-            self._paused = True
-            self._cv.notify()
+        self.inbox.set_paused(True)
 
     def resume(self) -> None:
-        with self._cv:
-            self._paused = False
-            self._cv.notify()
+        self.inbox.set_paused(False)
 
     @property
     def paused(self) -> bool:
-        return self._paused
+        return self.inbox.paused
 
     def _call_in_engine(self, fn: Callable[[], Any]) -> concurrent.futures.Future:
-        future: concurrent.futures.Future = concurrent.futures.Future()
-        with self._cv:
-            if self._closed:
-                raise BackendUnavailableError("the engine is closed")
-            self._commands.append((fn, future))
-            self._cv.notify()
-        return future
+        """Run ``fn`` on the engine thread between steps (``EngineInbox.command``)."""
+        return self.inbox.command(fn)
 
     def load(self) -> dict[str, int]:
         """Current load: running sequences, waiting requests, free / cached slots."""
-        return {"running": len(self._slot_seq), "waiting": self._num_waiting,
-                "free_slots": self._slots.num_free, "cached_slots": self._slots.num_cached}
+        load = self.scheduler.load()
+        return {"running": load["running"], "waiting": self.inbox.num_waiting,
+                "free_slots": load["free_slots"], "cached_slots": load["cached_slots"]}
 
     def close(self) -> None:
-        with self._cv:
-            if self._closed:
-                return
-            self._closed = True
-            self._cv.notify()
-        if threading.current_thread() is not self._thread:
-            self._thread.join(timeout=60)
+        if self.inbox.close():
+            self.loop.join(timeout=60)
 
     async def aclose(self) -> None:
         await asyncio.to_thread(self.close)
 
-    # ---------------------------------------------------------------------------- internals
-    def _stop_ids(self, sampling: SamplingParams) -> list[int]:
+    async def health(self) -> bool:
+        return not self.inbox.closed and self.inbox.error is None and self.loop.alive()
+
+    def stop_ids(self, sampling: SamplingParams) -> list[int]:
+        """The stop token ids of a request: ``stop_token_ids`` (replacing the EOS default),
+        else the EOS ids unless ``ignore_eos``."""
         if sampling.stop_token_ids is not None:
             return list(dict.fromkeys(sampling.stop_token_ids))  # replaces the EOS default
         return [] if sampling.ignore_eos else list(self.eos_token_ids)
+
+    # ---------------------------------------------------------------- weights and KV memory
+    @property
+    def weight_version(self) -> str:
+        """The served weights' version (``EngineWeights.version``)."""
+        return self.weights.version
+
+    def update_weights_sync(self, params: Any = None, *, path: str | None = None,
+                            version: str | None = None, flush_cache: bool = True,
+                            abort_all: bool = False, cancel: threading.Event | None = None
+                            ) -> str:
+        """Swap the weights between two engine steps (blocking). ``params``: a CausalLM,
+        nnx.State or pure dict -- used without a copy unless ``weights_dtype`` asks for a cast;
+        ``path``: a HF safetensors directory, whose config must match the served model's before
+        anything is built (``load_checkpoint``); ``cancel`` stops that load between tensors.
+        Running requests continue with the new weights (their earlier KV was computed with the
+        old ones) unless ``abort_all``. Returns the new weight version."""
+        if (params is None) == (path is None):
+            raise ValueError("pass exactly one of params or path")
+        if path is not None:
+            params = self.load_checkpoint(path, cancel)
+        state = self.weights.prepare(params)
+        if cancel is not None and cancel.is_set():  # nobody wants these weights any more
+            raise LoadCancelled("loading was cancelled")
+        if abort_all:
+            self.abort_all()
+
+        def swap() -> str:
+            new_version = self.weights.swap(state, version)
+            if flush_cache:
+                self.scheduler.slots.flush()
+            self.stats.weight_updates += 1
+            return new_version
+
+        return self._call_in_engine(swap).result()
+
+    def load_checkpoint(self, path: str, cancel: threading.Event | None = None) -> Any:
+        """The model of the safetensors directory ``path``, refused (``ValueError``) unless its
+        config has this engine's architecture, checked before anything is built or read."""
+        return self.weights.load_checkpoint(path, cancel)
+
+    async def sync_weights(self, weights: WeightSource, version: int) -> None:
+        """The learner's arrays themselves (this engine runs in the trainer's process: no
+        export, no copy unless ``weights`` makes one)."""
+        await self.update_weights(weights.arrays(), version=str(version))
+
+    async def update_weights(self, params: Any = None, *, path: str | None = None,
+                             version: str | None = None, flush_cache: bool = True,
+                             abort_all: bool = False, cancel: threading.Event | None = None
+                             ) -> str:
+        return await asyncio.to_thread(self.update_weights_sync, params, path=path,
+                                       version=version, flush_cache=flush_cache,
+                                       abort_all=abort_all, cancel=cancel)
+
+    def flush_cache_sync(self) -> int:
+        """Drop every cached session prefix; returns how many slots were freed."""
+        return self._call_in_engine(self.scheduler.slots.flush).result()
+
+    async def flush_cache(self) -> int:
+        return await asyncio.to_thread(self.flush_cache_sync)
+
+    def release_kv_cache_sync(self) -> int:
+        """Free the KV cache (``[max_batch, max_length]`` rows of every layer) and the merged
+        decode weights while the engine is idle; cached prefixes are dropped and the next
+        request allocates a zero cache again (``stats.kv_allocations``). Returns the bytes
+        freed (0 when already released). Raises ``RuntimeError`` while a request is queued or
+        running."""
+
+        def release() -> int:
+            scheduler = self.scheduler
+            if scheduler.busy:
+                raise RuntimeError("cannot release the KV cache while requests are running "
+                                   f"({len(scheduler.slot_seq)} running, "
+                                   f"{len(scheduler.waiting)} waiting)")
+            if self.kv.released:
+                return 0
+            scheduler.slots.flush()
+            freed = self.kv.release() + self.weights.release_merged()
+            self.stats.kv_releases += 1
+            return freed
+
+        return self._call_in_engine(release).result()
+
+    async def release_kv_cache(self) -> int:
+        return await asyncio.to_thread(self.release_kv_cache_sync)
+
+    def resume_kv_cache_sync(self) -> int:
+        """Allocate a released KV cache now (else the next request does); returns its bytes
+        (0 when it was not released)."""
+        return self._call_in_engine(self._allocate_cache).result()
+
+    async def resume_kv_cache(self) -> int:
+        return await asyncio.to_thread(self.resume_kv_cache_sync)
+
+    def _allocate_cache(self) -> int:
+        """(Engine thread.) A zero KV cache and the merged weights in place of released ones;
+        returns their bytes (0 when the cache was not released)."""
+        if not self.kv.released:
+            return 0
+        allocated = self.kv.allocate() + self.weights.ensure_merged()
+        self.stats.kv_allocations += 1
+        return allocated
 
 
 EmbeddedBackend = Engine

@@ -1,116 +1,94 @@
-"""What the engine does when a step fails: isolate the request that caused it (retry the others
-without it), fail that request's future with a clear error, recover the device state (a fresh
-KV cache) or, when that is impossible, refuse new work; at shutdown, fail every pending request
-and command with ``BackendUnavailableError``. A mixin of
-:class:`~agentrl_jax.rollout.engine.engine.Engine`."""
+"""What the engine does when something fails.
+
+* One request's host-side work raised (admission, activation, building its prefill row, stop
+  detection, detokenisation): that request alone fails (``Scheduler.isolated`` /
+  ``Scheduler.fail_request``), with the error :func:`request_error` names; the batch goes on.
+* A device call (prefill, decode, row copy) or the engine's shared bookkeeping raised:
+  :meth:`FailurePolicy.recover` fails every request in flight ("engine step failed"), forgets
+  the scheduler's state and allocates a fresh KV cache -- or, when that is impossible, marks
+  the engine failed so it refuses new work.
+* At shutdown (:meth:`FailurePolicy.shutdown`) every pending request and command fails with
+  ``BackendUnavailableError``.
+"""
 
 from __future__ import annotations
 
 import concurrent.futures
 import logging
-from typing import Any, Callable
-
+from typing import Protocol
 
 from agentrl_jax.rollout.contract import (BackendUnavailableError, InvalidRequestError,
-                                               RequestFailedError, RolloutError)
-from agentrl_jax.rollout.engine.compiled import ACT, STOP
-from agentrl_jax.rollout.engine.requests import DONE, PREFILL, Request
-from agentrl_jax.rollout.engine.slots import SlotTable
+                                          RequestFailedError, RolloutError)
+from agentrl_jax.rollout.engine.inbox import EngineInbox
+from agentrl_jax.rollout.engine.kv_memory import KVCacheMemory
+from agentrl_jax.rollout.engine.requests import Request
 
 log = logging.getLogger(__name__)
 
 
-class FailureHandling:
-    """Failure isolation and recovery; ``self`` is an ``Engine``."""
+def request_error(req: Request, error: BaseException) -> Exception:
+    """The error ``req``'s caller gets when its own host-side work raised ``error``: an
+    ``InvalidRequestError`` as it is (HTTP 400), anything else as a ``RequestFailedError``
+    naming the request and the cause (HTTP 500). Logs it."""
+    if isinstance(error, InvalidRequestError):
+        log.warning("request %s refused in the engine: %s", req.rid, error)
+        return error
+    log.error("request %s failed alone: %s: %s", req.rid, type(error).__name__, error,
+              exc_info=error)
+    return RequestFailedError(f"request {req.rid!r} failed in the engine (the other "
+                              f"requests go on): {type(error).__name__}: {error}")
 
-    def _isolated(self, req: Request, fn: Callable[..., Any], *args: Any) -> bool:
-        """``fn(*args)``, host-side work of ``req`` alone; if it raises, ``req`` fails (and
-        only it: ``_fail_request``). Returns whether it succeeded."""
+
+def fail_future(future: concurrent.futures.Future, error: BaseException) -> None:
+    """Set ``error`` on ``future`` unless it is done already."""
+    if not future.done():
         try:
-            fn(*args)
-            return True
-        except Exception as e:  # noqa: BLE001 -- reported to the request's caller
-            self._fail_request(req, e)
-            return False
+            future.set_exception(error)
+        except concurrent.futures.InvalidStateError:
+            pass
 
-    def _fail_request(self, req: Request, error: BaseException) -> None:
-        """Fail one request after an error in its own host-side work; every other request
-        goes on. Its sequences leave the queues and their slots (no prefix is cached from
-        them: their KV may be incomplete); its future gets the error: an
-        ``InvalidRequestError`` as it is (HTTP 400), anything else as a
-        ``RequestFailedError`` naming the request and the cause (HTTP 500)."""
-        if isinstance(error, InvalidRequestError):
-            exc: Exception = error
-            log.warning("request %s refused in the engine: %s", req.rid, error)
-        else:
-            exc = RequestFailedError(f"request {req.rid!r} failed in the engine (the other "
-                                     f"requests go on): {type(error).__name__}: {error}")
-            log.error("request %s failed alone: %s: %s", req.rid, type(error).__name__, error,
-                      exc_info=error)
-        with self._cv:
-            self._requests.pop(req.rid, None)
-        if req in self._waiting:
-            self._waiting.remove(req)
-            self._dequeued()
-        for seq in req.seqs:
-            if seq.state == PREFILL:
-                self._orphan_followers(seq)
-            if seq in self._prefill_queue:
-                self._prefill_queue.remove(seq)
-            if seq in self._fork_ready:
-                self._fork_ready.remove(seq)
-            if seq.slot is not None:
-                slot = seq.slot
-                self._ints[slot, ACT] = 0
-                self._has_stop_str[slot] = False
-                self._stop_masks[slot] = None
-                if self._slot_seq.get(slot) is seq:
-                    del self._slot_seq[slot]
-                self._slots.release(slot)
-                seq.slot = None
-            seq.state = DONE
-        if not req.future.done():
-            try:
-                req.future.set_exception(exc)
-            except concurrent.futures.InvalidStateError:
-                pass
 
-    def _recover(self, error: BaseException) -> None:
-        """After a failed device call (or an error in the engine's shared bookkeeping, which no
-        single request explains): fail every in-flight request, reset the cache."""
+class Resettable(Protocol):
+    """What recovery needs of the scheduler (``scheduler.Scheduler``)."""
+
+    def deliver(self) -> None: ...
+
+    def reset(self) -> None: ...
+
+
+class FailurePolicy:
+    """Engine-wide failures: recovery after a failed step, and shutdown. Owns no state of its
+    own; it acts on the ``inbox`` (the requests and commands in flight), the ``scheduler``
+    (its queues and slots) and the ``kv`` cache memory."""
+
+    def __init__(self, inbox: EngineInbox, scheduler: Resettable, kv: KVCacheMemory):
+        self._inbox = inbox
+        self._scheduler = scheduler
+        self._kv = kv
+
+    def recover(self, error: BaseException) -> None:
+        """After a failed device call (or an error in the engine's shared bookkeeping, which
+        no single request explains): fail every in-flight request, reset the scheduler and the
+        cache; if no cache can be allocated, the engine refuses new work (``inbox.error``)."""
         message = f"{type(error).__name__}: {error}"
-        self._deliver()  # finished before the failure: their results stand
-        with self._cv:
-            requests = list(self._requests.values())
-            self._requests.clear()
-            self._num_waiting = 0
-        for req in requests:
-            if not req.future.done():
-                req.future.set_exception(RolloutError(f"engine step failed: {message}"))
-        self._waiting.clear()
-        self._prefill_queue, self._fork_ready = [], []
-        self._prompt_leaders.clear()
-        self._slot_seq.clear()
-        self._ints[:, :STOP] = 0
-        self._has_stop_str[:] = False
-        self._slots = SlotTable(self.config.max_batch)
+        self._scheduler.deliver()  # finished before the failure: their results stand
+        for req in self._inbox.take_all():
+            fail_future(req.future, RolloutError(f"engine step failed: {message}"))
+        self._scheduler.reset()
         try:
-            self._cache = self._new_cache()
+            self._kv.reset()
         except Exception as e:  # noqa: BLE001
-            self._error = f"cannot reallocate the KV cache after {message}: {e}"
+            self._inbox.error = f"cannot reallocate the KV cache after {message}: {e}"
 
-    def _shutdown(self) -> None:
-        self._deliver()  # finished before the close: their results stand
-        with self._cv:
-            requests = list(self._requests.values())
-            self._requests.clear()
-            commands, self._commands = self._commands, []
+    def shutdown(self) -> None:
+        """Fail every pending request and command: the engine was closed."""
+        self._scheduler.deliver()  # finished before the close: their results stand
+        requests = self._inbox.take_all(reset_waiting=False)
+        commands = self._inbox.take_commands()
         for req in requests:
-            if not req.future.done():
-                req.future.set_exception(BackendUnavailableError("the engine was closed"))
+            fail_future(req.future, BackendUnavailableError("the engine was closed"))
         for _, future in commands:
-            if not future.done():
-                future.set_exception(BackendUnavailableError("the engine was closed"))
+            fail_future(future, BackendUnavailableError("the engine was closed"))
 
 
-__all__ = ["FailureHandling"]
+__all__ = ["FailurePolicy", "Resettable", "fail_future", "request_error"]

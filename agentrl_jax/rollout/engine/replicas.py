@@ -252,7 +252,7 @@ class EngineReplicas(BatchedSamplesBackend):
         if path is not None:  # read the checkpoint once, then place it on every replica
             params = await asyncio.to_thread(self.replicas[0].load_checkpoint, path, cancel)
         params = cast_once(params, self.config.weights_dtype)
-        per_replica = gather_to_replicas(to_state(params, self.replicas[0]._abstract_state),
+        per_replica = gather_to_replicas(to_state(params, self.replicas[0].weights.abstract_state),
                                          [r.placement.devices for r in self.replicas])
         versions = list(await asyncio.gather(*(
             asyncio.to_thread(r.update_weights_sync, params if mine is None else mine,

@@ -1,155 +1,141 @@
-"""The engine's weights and KV cache between requests: loading new weights (in memory or from a
-safetensors directory, checked against the served model's shape), flushing the prefix cache,
-and releasing / reallocating the KV cache (so a learner update on the same devices can use the
-memory). A mixin of :class:`~agentrl_jax.rollout.engine.engine.Engine`; every call runs on the
-engine thread (``_call_in_engine``) between decode steps."""
+"""The engine's served weights: the parameter state in the engine's shardings, the decode GEMMs'
+merged copy of it, and the weight version, with an explicit swap between engine steps.
+
+:class:`EngineWeights` owns that state. Preparing new weights (``prepare``: the cast to
+``weights_dtype`` and the placement on the engine's devices) runs on any thread; ``swap``,
+``release_merged`` and ``ensure_merged`` run on the engine thread between device calls (the
+``Engine`` sends them there), so no decode call uses weights while they change.
+"""
 
 from __future__ import annotations
 
-import asyncio
-import logging
 import threading
-from typing import Any
+from typing import Any, Callable
 
 import jax
+import jax.numpy as jnp
+from flax import nnx
 
 from agentrl_jax.models.config import ModelConfig
-from agentrl_jax.models.weights import LoadCancelled
-from agentrl_jax.rollout.contract import WeightSource
+from agentrl_jax.rollout.engine.placement import to_state
 
-log = logging.getLogger(__name__)
+# One device_put of weights at a time (see EngineWeights.prepare).
+_PLACE_LOCK = threading.Lock()
+
+#: the architecture fields a loaded checkpoint must share with the served model
+ARCHITECTURE_KEYS = ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads",
+                     "num_kv_heads", "head_dim", "tie_word_embeddings", "attention_bias",
+                     "qk_norm")
 
 
-def _nbytes(tree: Any) -> int:
+def nbytes(tree: Any) -> int:
+    """The bytes of every array leaf of ``tree`` (0 for ``None``)."""
     return sum(int(x.nbytes) for x in jax.tree.leaves(tree))
 
 
-class WeightsAndCache:
-    """Weight updates and KV-cache memory; ``self`` is an ``Engine``."""
+def check_compatible(served: ModelConfig, loaded: ModelConfig) -> None:
+    """Raise ``ValueError`` naming each of :data:`ARCHITECTURE_KEYS` where ``loaded`` differs
+    from ``served``."""
+    diff = {k: (getattr(served, k), getattr(loaded, k)) for k in ARCHITECTURE_KEYS
+            if getattr(served, k) != getattr(loaded, k)}
+    if diff:
+        raise ValueError("checkpoint architecture differs from the served model: "
+                         + ", ".join(f"{k}: {a} != {b}" for k, (a, b) in diff.items()))
 
-    def update_weights_sync(self, params: Any = None, *, path: str | None = None,
-                            version: str | None = None, flush_cache: bool = True,
-                            abort_all: bool = False, cancel: threading.Event | None = None
-                            ) -> str:
-        """Swap the weights between two engine steps (blocking). ``params``: a CausalLM,
-        nnx.State or pure dict -- used without a copy unless ``weights_dtype`` asks for a cast;
-        ``path``: a HF safetensors directory, whose config must match the served model's before
-        anything is built (``load_checkpoint``); ``cancel`` stops that load between tensors.
-        Running requests continue with the new weights (their earlier KV was computed with the
-        old ones) unless ``abort_all``. Returns the new weight version."""
-        if (params is None) == (path is None):
-            raise ValueError("pass exactly one of params or path")
-        if path is not None:
-            params = self.load_checkpoint(path, cancel)
-        state = self._prepare_state(params)
-        if cancel is not None and cancel.is_set():  # nobody wants these weights any more
-            raise LoadCancelled("loading was cancelled")
-        if abort_all:
-            self.abort_all()
 
-        def swap() -> str:
-            self._state = state
-            # the old merged weights go before the new ones are built (between engine steps:
-            # no decode call is using them), so a sync holds one merged copy, not two
-            if self._merged is not None:
-                for x in jax.tree.leaves(self._merged):
-                    x.delete()
-                self._merged = self._merge_fn(state)
-            if flush_cache:
-                self._slots.flush()
-            self.stats.weight_updates += 1
-            self.weight_version = str(version) if version is not None else str(
-                int(self.weight_version) + 1 if self.weight_version.isdigit() else 1)
-            return self.weight_version
+def next_version(current: str, requested: str | None) -> str:
+    """The version after a swap: ``requested`` when given, else ``current + 1`` for a numeric
+    version and ``"1"`` otherwise."""
+    if requested is not None:
+        return str(requested)
+    return str(int(current) + 1) if current.isdigit() else "1"
 
-        return self._call_in_engine(swap).result()
+
+class EngineWeights:
+    """The weights one engine serves.
+
+    Owns: ``state`` (an ``nnx.State`` committed to the engine's shardings), ``merged`` (the
+    q/k/v and gate/up weights concatenated for the decode GEMMs, ``compiled.merge(state)``;
+    ``None`` while the KV cache is released, and always ``None`` for ``decode_gemm="xla"``) and
+    ``version`` (a string; ``"0"`` at start). ``merge``: the compiled merge function.
+    """
+
+    def __init__(self, params: Any, abstract_state: nnx.State, shardings: nnx.State,
+                 model_config: ModelConfig, weights_dtype: str | None,
+                 merge: Callable[[nnx.State], Any]):
+        self._abstract_state = abstract_state
+        self._shardings = shardings
+        self._model_config = model_config
+        self._weights_dtype = weights_dtype
+        self._merge = merge
+        self.state: nnx.State = self.prepare(params)
+        self.merged: Any = merge(self.state)
+        self.version = "0"
+
+    @property
+    def abstract_state(self) -> nnx.State:
+        """The served model's state structure (shapes and dtypes, no arrays)."""
+        return self._abstract_state
+
+    def prepare(self, params: Any) -> nnx.State:
+        """``params`` (a CausalLM, nnx.State or pure dict) as a state of the served structure,
+        cast to ``weights_dtype`` (floating leaves) and committed to the engine's shardings.
+        Any thread; does not change the served weights."""
+        state = to_state(params, self._abstract_state)
+        if self._weights_dtype:
+            dt = jnp.dtype(self._weights_dtype)
+            state = jax.tree.map(
+                lambda x: x.astype(dt) if jnp.issubdtype(x.dtype, jnp.floating) and x.dtype != dt
+                else x, state)
+        # Every state, the first one included, is committed to the engine's own shardings: the
+        # compiled decode / prefill functions are keyed on their inputs' shardings, and weights
+        # laid out otherwise (a learner's mesh, an uncommitted array) would recompile all of
+        # them on the next call (docs/PERFORMANCE.md, "A whole RL step"). Arrays already laid
+        # out so are not copied;
+        # arrays on other devices (a learner sharded over every GPU) are transferred. One thread
+        # at a time: replicas (threads) put the same arrays, and two concurrent device_puts of one
+        # sharded array can fail in JAX ("safe_zip() argument 1 has length 8 but argument 0 ...").
+        with _PLACE_LOCK:
+            return jax.device_put(state, self._shardings)
+
+    def swap(self, state: nnx.State, version: str | None = None) -> str:
+        """(Engine thread, between steps.) Serve ``state`` (from ``prepare``) from now on;
+        returns the new version (:func:`next_version`). The old merged weights are deleted
+        before the new ones are built, so a swap holds one merged copy, not two."""
+        self.state = state
+        if self.merged is not None:
+            for x in jax.tree.leaves(self.merged):
+                x.delete()
+            self.merged = self._merge(state)
+        self.version = next_version(self.version, version)
+        return self.version
+
+    def release_merged(self) -> int:
+        """(Engine thread.) Delete the merged weights (with the KV cache); returns their bytes."""
+        freed = nbytes(self.merged)
+        for x in jax.tree.leaves(self.merged):
+            x.delete()
+        self.merged = None
+        return freed
+
+    def ensure_merged(self) -> int:
+        """(Engine thread.) Build the merged weights if released; returns their bytes."""
+        if self.merged is None:
+            self.merged = self._merge(self.state)
+        return nbytes(self.merged)
+
+    def check_compatible(self, cfg: ModelConfig) -> None:
+        """Refuse (``ValueError``) a checkpoint config of another architecture."""
+        check_compatible(self._model_config, cfg)
 
     def load_checkpoint(self, path: str, cancel: threading.Event | None = None) -> Any:
         """The model of the safetensors directory ``path``, refused (``ValueError``) unless its
-        config has this engine's architecture, checked before anything is built or read."""
+        config has the served architecture, checked before anything is built or read."""
         from agentrl_jax.models.safetensors_io import load_safetensors_model
 
-        model, _ = load_safetensors_model(path, check_config=self._check_compatible,
+        model, _ = load_safetensors_model(path, check_config=self.check_compatible,
                                           cancel=cancel)
         return model
 
-    def _check_compatible(self, cfg: ModelConfig) -> None:
-        mine = self.model_config
-        keys = ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads",
-                "num_kv_heads", "head_dim", "tie_word_embeddings", "attention_bias", "qk_norm")
-        diff = {k: (getattr(mine, k), getattr(cfg, k)) for k in keys
-                if getattr(mine, k) != getattr(cfg, k)}
-        if diff:
-            raise ValueError("checkpoint architecture differs from the served model: "
-                             + ", ".join(f"{k}: {a} != {b}" for k, (a, b) in diff.items()))
 
-    async def sync_weights(self, weights: WeightSource, version: int) -> None:
-        """The learner's arrays themselves (this engine runs in the trainer's process: no
-        export, no copy unless ``weights`` makes one)."""
-        await self.update_weights(weights.arrays(), version=str(version))
-
-    async def update_weights(self, params: Any = None, *, path: str | None = None,
-                             version: str | None = None, flush_cache: bool = True,
-                             abort_all: bool = False, cancel: threading.Event | None = None
-                             ) -> str:
-        return await asyncio.to_thread(self.update_weights_sync, params, path=path,
-                                       version=version, flush_cache=flush_cache,
-                                       abort_all=abort_all, cancel=cancel)
-
-    def flush_cache_sync(self) -> int:
-        """Drop every cached session prefix; returns how many slots were freed."""
-        return self._call_in_engine(self._slots.flush).result()
-
-    def release_kv_cache_sync(self) -> int:
-        """Free the KV cache (``[max_batch, max_length]`` rows of every layer) while the
-        engine is idle; cached prefixes are dropped and the next request allocates a zero
-        cache again (``stats.kv_allocations``). Returns the bytes freed (0 when already
-        released). Raises ``RuntimeError`` while a request is queued or running."""
-
-        def release() -> int:
-            if self._slot_seq or self._waiting or self._prefill_queue or self._fork_ready:
-                raise RuntimeError("cannot release the KV cache while requests are running "
-                                   f"({len(self._slot_seq)} running, {len(self._waiting)} "
-                                   "waiting)")
-            if self._cache is None:
-                return 0
-            freed = _nbytes(self._cache) + _nbytes(self._merged)
-            self._slots.flush()
-            for x in jax.tree.leaves((self._cache, self._merged)):
-                x.delete()
-            self._cache = self._merged = None
-            self.stats.kv_releases += 1
-            return freed
-
-        return self._call_in_engine(release).result()
-
-    async def release_kv_cache(self) -> int:
-        return await asyncio.to_thread(self.release_kv_cache_sync)
-
-    def resume_kv_cache_sync(self) -> int:
-        """Allocate a released KV cache now (else the next request does); returns its bytes
-        (0 when it was not released)."""
-
-        return self._call_in_engine(self._reallocate_cache).result()
-
-    def _reallocate_cache(self) -> int:
-        """(Engine thread.) A zero KV cache in place of a released one; returns its bytes."""
-        if self._cache is not None:
-            return 0
-        self._cache = self._new_cache()
-        if self._merged is None:
-            self._merged = self._merge_fn(self._state)
-        self.stats.kv_allocations += 1
-        return _nbytes(self._cache) + _nbytes(self._merged)
-
-    async def resume_kv_cache(self) -> int:
-        return await asyncio.to_thread(self.resume_kv_cache_sync)
-
-    async def flush_cache(self) -> int:
-        return await asyncio.to_thread(self.flush_cache_sync)
-
-    async def health(self) -> bool:
-        return not self._closed and self._error is None and self._thread.is_alive()
-
-
-__all__ = ["WeightsAndCache"]
+__all__ = ["ARCHITECTURE_KEYS", "EngineWeights", "check_compatible", "next_version", "nbytes"]
