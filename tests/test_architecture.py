@@ -206,7 +206,7 @@ def test_every_training_module_is_in_a_room():
 
 
 def test_the_training_rules_see_a_planted_upward_or_sideways_import(tmp_path):
-    """A config module importing the RL loop (lazily) and a job importing the trainer are
+    """The config's sections importing the RL loop (lazily) and a job importing the trainer are
     reported; the RL loop importing the config is not."""
     probe = tmp_path / "probe.py"
     probe.write_text("def f():\n    from agentrl_jax.training.rl import loop\n")
@@ -214,7 +214,7 @@ def test_the_training_rules_see_a_planted_upward_or_sideways_import(tmp_path):
     job.write_text("from agentrl_jax.training.rl.trainer import Trainer\n")
     fine = tmp_path / "fine.py"
     fine.write_text("from agentrl_jax.training.config.sections import RunConfig\n")
-    planted = {probe: _imports(probe, "agentrl_jax.training.config.probe"),
+    planted = {probe: _imports(probe, "agentrl_jax.training.config.sections"),
                job: _imports(job, "agentrl_jax.training.jobs.job"),
                fine: _imports(fine, "agentrl_jax.training.rl.fine")}
     found = []
@@ -222,8 +222,8 @@ def test_the_training_rules_see_a_planted_upward_or_sideways_import(tmp_path):
         found += _violations(importer, forbidden, top_level_only=top_level_only,
                              allowed=allowed, modules=planted)
     assert sorted(set(found)) == [
-        "agentrl_jax.training.config.probe:2 imports agentrl_jax.training.rl",
-        "agentrl_jax.training.config.probe:2 imports agentrl_jax.training.rl.loop",
+        "agentrl_jax.training.config.sections:2 imports agentrl_jax.training.rl",
+        "agentrl_jax.training.config.sections:2 imports agentrl_jax.training.rl.loop",
         "agentrl_jax.training.jobs.job:1 imports agentrl_jax.training.rl.trainer",
         "agentrl_jax.training.jobs.job:1 imports agentrl_jax.training.rl.trainer.Trainer"]
 
