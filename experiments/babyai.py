@@ -32,7 +32,7 @@ import os
 
 from ml_collections import ConfigDict
 
-from agentrl_jax.training.config import base_config, use_fixed_horizon, use_ppo
+from agentrl_jax.training.config.experiment import base_config, use_fixed_horizon, use_ppo
 from experiments.common import (bc_gpu, cpu_sized_sft, gpu_recipe, long_run, paper_scaling,
                                 select, sft_learner, sft_section, use_gigpo)
 
@@ -279,7 +279,7 @@ def paper_scale_7b(num_gpus: int | None = None) -> ConfigDict:
     runs (on zero advantages) and is timed.
     Results: docs/PERFORMANCE.md.
 
-    Memory (``agentrl_jax.training.memory_estimate``; ``python -m agentrl_jax.training.memory_estimate
+    Memory (``agentrl_jax.training.preflight.memory_estimate``; ``python -m agentrl_jax.training.preflight.memory_estimate
     --config experiments/babyai.py:paper_scale_7b`` prints the table):
     float32 master weights + AdamW + the float32 gradient accumulator are 16 bytes x 7.62 B
     parameters = 113 GiB, sharded over the GPUs, plus on each GPU a whole 14.2 GiB bfloat16 engine

@@ -20,7 +20,7 @@ from typing import Callable
 
 from ml_collections import ConfigDict
 
-from agentrl_jax.training.config import base_config
+from agentrl_jax.training.config.experiment import base_config
 
 Variant = Callable[[], ConfigDict]
 
@@ -115,7 +115,7 @@ def gpu_recipe(*, env: str, server_args: str, phases: tuple[int, ...], steps_per
 def paper_scaling(*, env: str, phases: tuple[int, ...], steps_per_phase: int,
                   eval_horizon: int) -> ConfigDict:
     """GRPO + ScalingInter-RL at the paper's schedule (``phases``, ``steps_per_phase`` steps a
-    phase) on ``env`` with the settings' defaults otherwise (training/config_sections.py)."""
+    phase) on ``env`` with the settings' defaults otherwise (training/config/sections.py)."""
     c = base_config()
     c.env.names = env
     c.horizon.phases = phases
@@ -151,7 +151,7 @@ def long_run(c: ConfigDict, max_seconds: float, eval_every: int,
 
 
 def sft_section(data: str = "runs/experts", record_horizon: int = 20) -> ConfigDict:
-    """The ``sft`` section (its other keys keep their defaults, training/config_sections.py's
+    """The ``sft`` section (its other keys keep their defaults, training/config/sections.py's
     SFTConfig): expert episodes from ``data`` (a directory of <env>.jsonl from
     launch/record_experts.py, or files), recorded with ``record_horizon`` turns."""
     s = base_config().sft

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from ml_collections import ConfigDict
 
-from agentrl_jax.training.config import use_ppo
+from agentrl_jax.training.config.experiment import use_ppo
 from experiments.common import bc_gpu, gpu_recipe, paper_scaling, select
 
 DEFAULT = "grpo_scaling"

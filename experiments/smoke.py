@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from ml_collections import ConfigDict
 
-from agentrl_jax.training.config import base_config
+from agentrl_jax.training.config.experiment import base_config
 from experiments.common import select, sft_learner, sft_section
 
 DEFAULT = "smoke"

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from ml_collections import ConfigDict
 
-from agentrl_jax.training.config import use_ppo
+from agentrl_jax.training.config.experiment import use_ppo
 from experiments.common import (bc_gpu, cpu_sized_sft, gpu_recipe, long_run, paper_scaling,
                                 select, sft_learner, sft_section, use_gigpo)
 

@@ -1,6 +1,6 @@
 """Evaluate an agent on the test split: Avg@k (mean task score), Pass@k (a task passes when
 any of its k episodes scores > 0) and the success rate (the environment's completion flag);
-``agentrl_jax/training/eval_metrics.py`` defines them.
+``agentrl_jax/training/evaluation/eval_metrics.py`` defines them.
 
     python launch/eval.py --config experiments/babyai.py     # base model
     python launch/eval.py --config experiments/babyai.py \
@@ -43,7 +43,7 @@ def main(argv: list[str], config: Any) -> int:
     absl_logging.set_verbosity(absl_logging.WARNING)
     if config is None:
         raise app.UsageError("--config is required")
-    from agentrl_jax.training.config import EXIT_BAD_CONFIG, ConfigError
+    from agentrl_jax.training.config.experiment import EXIT_BAD_CONFIG, ConfigError
 
     try:  # the flags, before any server or model starts
         if _K.value < 1 or _TASKS.value < 1 or (_HORIZON.value is not None and _HORIZON.value < 1):
@@ -54,7 +54,7 @@ def main(argv: list[str], config: Any) -> int:
     except ConfigError as error:
         print(error, file=sys.stderr, flush=True)
         return EXIT_BAD_CONFIG
-    from agentrl_jax.training.validate import eval_problems
+    from agentrl_jax.training.preflight.validate import eval_problems
 
     problems = eval_problems(config, _CHECKPOINT.value, _STEP.value, _OUTPUT.value)
     if problems:  # a command that cannot work: one line each, before any server or model starts
@@ -65,7 +65,7 @@ def main(argv: list[str], config: Any) -> int:
 
     compile_cache.enable(config.compile_cache)
     try:
-        from agentrl_jax.training.eval_job import evaluate_sync
+        from agentrl_jax.training.jobs.evaluate import evaluate_sync
 
         result = evaluate_sync(config, _CHECKPOINT.value, _STEP.value, k=_K.value,
                                num_tasks=_TASKS.value, horizon=_HORIZON.value,
@@ -88,6 +88,6 @@ def main(argv: list[str], config: Any) -> int:
 
 
 if __name__ == "__main__":
-    from agentrl_jax.training.config_cli import run_main
+    from agentrl_jax.training.config.command_line import run_main
 
     run_main(main)  # --config mistakes: one line each, exit code 2

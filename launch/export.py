@@ -6,7 +6,7 @@ inference server load it).
 
 Reads only the checkpoint's policy parameters (not the optimiser state), on the CPU; writes
 config.json, model.safetensors, generation_config.json and the tokenizer with its chat template
-(``agentrl_jax/training/export.py``, the same export as ``launch/sft.py``'s ``model/``). Bad
+(``agentrl_jax/training/jobs/export.py``, the same export as ``launch/sft.py``'s ``model/``). Bad
 input (no such workdir, no checkpoint, unknown step, a non-empty ``--out`` without ``--force``)
 is refused in one line with exit code 2 before anything is read or written.
 """
@@ -33,7 +33,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--force", action="store_true", help="write into a non-empty --out")
     args = parser.parse_args(argv)
     os.environ.setdefault("JAX_PLATFORMS", "cpu")  # the export runs on the host, never a GPU
-    from agentrl_jax.training.export import ExportError, check_export, export_checkpoint
+    from agentrl_jax.training.jobs.export import ExportError, check_export, export_checkpoint
 
     try:
         step = check_export(args.workdir, args.out, args.step, args.force)

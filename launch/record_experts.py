@@ -1,5 +1,5 @@
 """Record expert episodes for behaviour cloning (SFT), through the same HTTP protocol, prompts,
-chat template and answer format as RL (``agentrl_jax/training/experts.py``).
+chat template and answer format as RL (``agentrl_jax/training/jobs/record_experts.py``).
 
     python launch/record_experts.py --env babyai --episodes 2000 --out runs/experts \
         --config experiments/babyai.py:sft
@@ -69,11 +69,11 @@ def main(argv: list[str], config: Any) -> int:
     if _ENV.value is None or _OUT.value is None:
         raise app.UsageError("--env and --out are required")
     if config is None:
-        from agentrl_jax.training.config_sections import RunConfig
+        from agentrl_jax.training.config.sections import RunConfig
         config = RunConfig()
     horizon = _HORIZON.value or config.sft.record_horizon
     episodes = _EPISODES.value or config.sft.record_episodes
-    from agentrl_jax.training.experts import record_experts_parallel
+    from agentrl_jax.training.jobs.record_experts import record_experts_parallel
 
     try:
         meta = record_experts_parallel(config, _ENV.value, episodes, _OUT.value,
@@ -90,6 +90,6 @@ def main(argv: list[str], config: Any) -> int:
 
 
 if __name__ == "__main__":
-    from agentrl_jax.training.config_cli import run_main
+    from agentrl_jax.training.config.command_line import run_main
 
     run_main(main)  # --config mistakes: one line each, exit code 2

@@ -7,8 +7,8 @@
 An experiment file holds one family's variants (``experiments/common.py``); ``FILE:VARIANT``
 picks one, ``FILE`` alone its default, and an unknown name is refused with the file's list.
 
-The config is checked first (``training/config_cli.py``: the file and every --config.* override
-names a real key with a value of its type; ``training/validate.py``: every key, the model
+The config is checked first (``training/config/command_line.py``: the file and every --config.* override
+names a real key with a value of its type; ``training/preflight/validate.py``: every key, the model
 source, the workdir, a step's batch against this host's memory); a bad one exits with code 2,
 one line per problem, before anything starts. With no URLs in the config it starts the environment servers
 and the embedded rollout engine on loopback and stops them on exit. Ctrl-C stops the run
@@ -33,7 +33,7 @@ from absl import app, flags  # noqa: E402
 from absl import logging as absl_logging  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
-from agentrl_jax.training.config_cli import experiment_run_name  # noqa: E402
+from agentrl_jax.training.config.command_line import experiment_run_name  # noqa: E402
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "experiment config file",
                                           lock_config=True)
@@ -71,9 +71,9 @@ def main(argv: list[str], config: Any) -> int:
 
 
 def check(config: Any) -> Any:
-    """The whole config, the model source and the workdir (``training/validate.py``): the
+    """The whole config, the model source and the workdir (``training/preflight/validate.py``): the
     typed ``RunConfig``, or ``ConfigError`` with one line per problem."""
-    from agentrl_jax.training.validate import check_run
+    from agentrl_jax.training.preflight.validate import check_run
 
     return check_run(config, _workdir(), processes=_processes())
 
@@ -103,7 +103,7 @@ def _train(config: Any) -> int:
                   if os.environ.get(var)}
         jax.distributed.initialize(**counts)
     workdir = _workdir()
-    from agentrl_jax.training.storage import quiet_storage_errors
+    from agentrl_jax.training.outputs.storage import quiet_storage_errors
 
     # for the whole job: orbax's and tensorstore's threads may still report a failed save's
     # other writes after the trainer returned (the one-line failure says it all)
@@ -124,9 +124,9 @@ def _lock_workdir(workdir: str) -> tuple[Any, int | None]:
     made (:data:`EXIT_BAD_CONFIG`). Only the main process takes the lock; every process gets
     the same answer. A lock left by a run that died is taken over, said in one line, and that
     run's session is recorded in ``summary.json`` as ``killed``."""
-    from agentrl_jax.training.summary import append_session
-    from agentrl_jax.training.validate import EXIT_BAD_CONFIG
-    from agentrl_jax.training.workdir_lock import WorkdirBusy, WorkdirLock, WorkdirLockError
+    from agentrl_jax.training.outputs.summary import append_session
+    from agentrl_jax.training.preflight.validate import EXIT_BAD_CONFIG
+    from agentrl_jax.training.outputs.workdir_lock import WorkdirBusy, WorkdirLock, WorkdirLockError
 
     is_main = True
     if _DISTRIBUTED.value:
@@ -156,7 +156,7 @@ def _lock_workdir(workdir: str) -> tuple[Any, int | None]:
 
 
 def _train_locked(config: Any, workdir: str) -> int:
-    from agentrl_jax.training.trainer import Trainer
+    from agentrl_jax.training.rl.trainer import Trainer
 
     trainer = Trainer(config, workdir, eval_again=_EVAL_AGAIN.value)
     finished = trainer.finished_step()
@@ -168,8 +168,8 @@ def _train_locked(config: Any, workdir: str) -> int:
                   flush=True)
             _complete_report(trainer.workdir)
         return 0
-    from agentrl_jax.training.storage import EXIT_STORAGE_FAILED, StorageFailure
-    from agentrl_jax.training.failed_steps import EXIT_RUN_FAILED, RunFailure
+    from agentrl_jax.training.outputs.storage import EXIT_STORAGE_FAILED, StorageFailure
+    from agentrl_jax.training.rl.failed_steps import EXIT_RUN_FAILED, RunFailure
 
     try:
         trainer.run()
@@ -190,7 +190,7 @@ def _train_locked(config: Any, workdir: str) -> int:
             print(f"run failed: {failure}", file=sys.stderr, flush=True)
         return EXIT_STORAGE_FAILED
     if trainer.is_main:  # report.md + PNG curves in the workdir (never fails the run)
-        from agentrl_jax.training.report import write_report_safely
+        from agentrl_jax.training.outputs.report import write_report_safely
 
         write_report_safely(trainer.workdir)
     return 0
@@ -199,7 +199,7 @@ def _train_locked(config: Any, workdir: str) -> int:
 def _complete_report(workdir: str) -> None:
     """Write the report of a finished run whose ``report.md`` or ``report_curves.png`` is
     missing (a kill after the summary was written, before the report)."""
-    from agentrl_jax.training.report import CURVES_FILE, REPORT_FILE, write_report_safely
+    from agentrl_jax.training.outputs.report import CURVES_FILE, REPORT_FILE, write_report_safely
 
     if all(os.path.exists(os.path.join(workdir, name)) for name in (REPORT_FILE, CURVES_FILE)):
         return
@@ -207,6 +207,6 @@ def _complete_report(workdir: str) -> None:
 
 
 if __name__ == "__main__":
-    from agentrl_jax.training.config_cli import run_main
+    from agentrl_jax.training.config.command_line import run_main
 
     run_main(main, check=check)  # --config mistakes: one line each, exit code 2

@@ -1,4 +1,4 @@
-"""Behaviour cloning (SFT) on recorded expert episodes (``agentrl_jax/training/sft.py``).
+"""Behaviour cloning (SFT) on recorded expert episodes (``agentrl_jax/training/jobs/sft.py``).
 
     python launch/record_experts.py --env babyai --episodes 2000 --out runs/experts \
         --config experiments/babyai.py:sft
@@ -25,7 +25,7 @@ from absl import app, flags  # noqa: E402
 from absl import logging as absl_logging  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
-from agentrl_jax.training.config_cli import experiment_run_name  # noqa: E402
+from agentrl_jax.training.config.command_line import experiment_run_name  # noqa: E402
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "SFT experiment config file",
                                           lock_config=True)
@@ -43,8 +43,8 @@ def main(argv: list[str], config: Any) -> int:
     workdir = _WORKDIR.value or os.path.join(
         "runs", experiment_run_name(flags.FLAGS["config"].config_filename))
     from agentrl_jax import compile_cache
-    from agentrl_jax.training.sft import SFTRun, finished_step, sft_problems
-    from agentrl_jax.training.validate import EXIT_BAD_CONFIG
+    from agentrl_jax.training.jobs.sft import SFTRun, finished_step, sft_problems
+    from agentrl_jax.training.preflight.validate import EXIT_BAD_CONFIG
 
     compile_cache.enable(config.compile_cache)
 
@@ -68,6 +68,6 @@ def main(argv: list[str], config: Any) -> int:
 
 
 if __name__ == "__main__":
-    from agentrl_jax.training.config_cli import run_main
+    from agentrl_jax.training.config.command_line import run_main
 
     run_main(main)  # --config mistakes: one line each, exit code 2

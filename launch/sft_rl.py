@@ -41,7 +41,7 @@ OWNED = {"sft_config": ("sft.data",), "config": ("model.name",)}
 def parse(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str], list[str], list[str]]:
     """(the launcher's own flags, the SFT stages' overrides, the RL stage's overrides,
     problems) of ``argv`` (without the program name)."""
-    from agentrl_jax.training.config_cli import load_with_overrides
+    from agentrl_jax.training.config.command_line import load_with_overrides
 
     p = argparse.ArgumentParser(prog="launch/sft_rl.py", description=__doc__.split("\n")[0])
     p.add_argument("--sft_config", required=True, help="SFT experiment file (an sft section)")
@@ -65,7 +65,7 @@ def parse(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str], list[str]
         problems.append(f"--sft_config: {args.sft_config} has no sft section")
     args.envs = []
     if not problems:
-        from agentrl_jax.training.services import env_names
+        from agentrl_jax.training.runtime.services import env_names
 
         args.envs = env_names(configs["sft_config"])
     return args, overrides["sft_config"], overrides["config"], problems
@@ -112,7 +112,7 @@ def run_stage(command: list[str]) -> int:
 
 
 def main(argv: Sequence[str]) -> int:
-    from agentrl_jax.training.config import EXIT_BAD_CONFIG, format_problems
+    from agentrl_jax.training.config.experiment import EXIT_BAD_CONFIG, format_problems
 
     args, sft_overrides, rl_overrides, problems = parse(argv)
     if problems:

@@ -24,7 +24,7 @@ from agentrl_jax.agent.parsing import get_parser
 from agentrl_jax.models.pretrained import resolve_model_path
 from agentrl_jax.models.tokenizer import load_tokenizer
 from agentrl_jax.rollout.contract import GenerateResult, RolloutBackend, SamplingParams
-from agentrl_jax.training.progress import OFF, EpisodeProgress, TurnCounter
+from agentrl_jax.training.outputs.progress import OFF, EpisodeProgress, TurnCounter
 from environments.core.client import EnvClient, EnvServerError
 from agentrl_common.processes import start_env_server
 

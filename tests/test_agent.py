@@ -7,9 +7,9 @@ import pytest
 from agentrl_jax.agent.actor_pool import TaskRef
 from agentrl_jax.agent.parsing import parse_react
 from agentrl_jax.agent.trajectory import Trajectory
-from agentrl_jax.training.evaluation import score_trajectories
-from agentrl_jax.training.schedule import HorizonSchedule
-from agentrl_jax.training.task_sampler import TaskSampler
+from agentrl_jax.training.evaluation.held_out import score_trajectories
+from agentrl_jax.training.rl.schedule import HorizonSchedule
+from agentrl_jax.training.rl.task_sampler import TaskSampler
 
 
 @pytest.mark.parametrize("text, action", [

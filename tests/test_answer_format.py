@@ -10,8 +10,8 @@ import sys
 from agentrl_jax.agent.parsing import parse_react
 from agentrl_jax.agent.prompts import system_prompt
 from agentrl_jax.agent.trajectory import Trajectory
-from agentrl_jax.training.config import base_config, use_react
-from agentrl_jax.training.services import make_sampling, stop_strings
+from agentrl_jax.training.config.experiment import base_config, use_react
+from agentrl_jax.training.runtime.services import make_sampling, stop_strings
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

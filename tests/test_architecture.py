@@ -82,11 +82,12 @@ def _within(target: str, package: str) -> bool:
 
 
 def _violations(importer: str, forbidden: tuple[str, ...], *, top_level_only: bool = False,
-                allowed: tuple[str, ...] = ()) -> list[str]:
-    """Imports made by modules under ``importer`` of anything under ``forbidden`` (except
-    under ``allowed``)."""
+                allowed: tuple[str, ...] = (),
+                modules: dict[pathlib.Path, list[Import]] | None = None) -> list[str]:
+    """Imports made by modules under ``importer`` (of ``modules``, default the library) of
+    anything under ``forbidden`` (except under ``allowed``)."""
     bad = []
-    for imports in ALL.values():
+    for imports in (ALL if modules is None else modules).values():
         for imp in imports:
             if not _within(imp.module, importer) or (top_level_only and not imp.top_level):
                 continue
@@ -140,6 +141,34 @@ RULES = {
 }
 
 
+#: the rooms of ``training/`` (floor 5), bottom first: each imports only the rooms before it, and
+#: the rooms of one row never import each other (docs/ARCHITECTURE.md)
+TRAINING_FLOORS = (
+    ("agentrl_jax.training.config",),
+    ("agentrl_jax.training.evaluation",),
+    ("agentrl_jax.training.outputs",),
+    ("agentrl_jax.training.runtime",),
+    ("agentrl_jax.training.preflight",),
+    ("agentrl_jax.training.rl", "agentrl_jax.training.jobs"),
+)
+
+
+def training_floor_rules() -> dict[str, tuple[str, tuple[str, ...], bool, tuple[str, ...]]]:
+    """One rule per room of ``training/``: no import of a room above it or beside it."""
+    rules = {}
+    for level, row in enumerate(TRAINING_FLOORS):
+        above = tuple(room for later in TRAINING_FLOORS[level + 1:] for room in later)
+        for room in row:
+            beside = tuple(other for other in row if other != room)
+            name = room.rpartition(".")[2]
+            rules[f"training/{name} imports no room of training above or beside it"] = (
+                room, above + beside, False, ())
+    return rules
+
+
+RULES.update(training_floor_rules())
+
+
 @pytest.mark.parametrize("rule", sorted(RULES))
 def test_floor(rule):
     importer, forbidden, top_level_only, allowed = RULES[rule]
@@ -164,6 +193,39 @@ def test_backend_contract_is_light():
         elif imp.top_level and root in ("jax", "flax", "numpy", "aiohttp", "pydantic"):
             bad.append(imp.where())
     assert bad == []
+
+
+def test_every_training_module_is_in_a_room():
+    """``training/`` holds its modules in the rooms of ``TRAINING_FLOORS`` (none loose beside
+    ``__init__``), so no module escapes the rules above, and every room is on the plan."""
+    rooms = {room for row in TRAINING_FLOORS for room in row}
+    loose = sorted(m for m in MODULES if _within(m, "agentrl_jax.training")
+                   and m != "agentrl_jax.training" and not any(_within(m, r) for r in rooms))
+    assert loose == []
+    assert all(room in MODULES for room in rooms)  # each room is a package with an __init__
+
+
+def test_the_training_rules_see_a_planted_upward_or_sideways_import(tmp_path):
+    """The config's sections importing the RL loop (lazily) and a job importing the trainer are
+    reported; the RL loop importing the config is not."""
+    probe = tmp_path / "probe.py"
+    probe.write_text("def f():\n    from agentrl_jax.training.rl import loop\n")
+    job = tmp_path / "job.py"
+    job.write_text("from agentrl_jax.training.rl.trainer import Trainer\n")
+    fine = tmp_path / "fine.py"
+    fine.write_text("from agentrl_jax.training.config.sections import RunConfig\n")
+    planted = {probe: _imports(probe, "agentrl_jax.training.config.sections"),
+               job: _imports(job, "agentrl_jax.training.jobs.job"),
+               fine: _imports(fine, "agentrl_jax.training.rl.fine")}
+    found = []
+    for importer, forbidden, top_level_only, allowed in training_floor_rules().values():
+        found += _violations(importer, forbidden, top_level_only=top_level_only,
+                             allowed=allowed, modules=planted)
+    assert sorted(set(found)) == [
+        "agentrl_jax.training.config.sections:2 imports agentrl_jax.training.rl",
+        "agentrl_jax.training.config.sections:2 imports agentrl_jax.training.rl.loop",
+        "agentrl_jax.training.jobs.job:1 imports agentrl_jax.training.rl.trainer",
+        "agentrl_jax.training.jobs.job:1 imports agentrl_jax.training.rl.trainer.Trainer"]
 
 
 PALLAS = "jax.experimental.pallas"

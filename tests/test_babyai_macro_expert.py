@@ -73,7 +73,7 @@ def test_macros_shorten_the_bot_overall():
 def test_the_recorder_acts_with_the_macro_expert_by_name(tmp_path):
     from experiments.smoke import sft as get_config
 
-    from agentrl_jax.training.experts import record_experts_sync
+    from agentrl_jax.training.jobs.record_experts import record_experts_sync
 
     c = get_config()
     c.env.names = "babyai"
@@ -108,7 +108,7 @@ def test_the_recorder_acts_with_the_macro_expert_by_name(tmp_path):
 
 
 def test_an_expert_of_one_environment_never_records_another():
-    from agentrl_jax.training.experts import resolve_expert
+    from agentrl_jax.training.jobs.record_experts import resolve_expert
 
     assert resolve_expert("babyai", None) == "babyai"
     assert resolve_expert("babyai", "babyai_macro") == "babyai_macro"

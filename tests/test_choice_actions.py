@@ -19,9 +19,9 @@ from agentrl_jax.agent.parsing import (INVALID_FORMAT_FEEDBACK, get_parser, opti
 from agentrl_jax.models.pretrained import resolve_model_path
 from agentrl_jax.models.tokenizer import load_tokenizer
 from agentrl_jax.rollout.contract import GenerateResult, RolloutBackend, SamplingParams
-from agentrl_jax.training import services
-from agentrl_jax.training.config import base_config
-from agentrl_jax.training.validate import ConfigError, check_config
+from agentrl_jax.training.runtime import services
+from agentrl_jax.training.config.experiment import base_config
+from agentrl_jax.training.preflight.validate import ConfigError, check_config
 from environments.babyai.env import BabyAIEnv
 from environments.core.client import EnvClient
 from agentrl_common.processes import start_env_server

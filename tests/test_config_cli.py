@@ -1,4 +1,4 @@
-"""Mistakes on the ``--config`` command line (``training/config_cli.py``): one line each, all
+"""Mistakes on the ``--config`` command line (``training/config/command_line.py``): one line each, all
 at once, exit code 2 before anything starts, instead of an ``ml_collections`` traceback."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import os
 import subprocess
 import sys
 
-from agentrl_jax.training.config_cli import cli_problems
+from agentrl_jax.training.config.command_line import cli_problems
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SMOKE = os.path.join(REPO, "experiments", "smoke.py")
@@ -68,8 +68,8 @@ def test_a_none_default_can_be_set_but_a_none_the_file_adds_cannot(tmp_path):
     """Settings whose default is None (``tis_cap``, ``clip_ratio_high``, ...) hold a typed
     placeholder in ``base_config()``, so the command line sets them and the run sees the
     value; a key an experiment file itself makes None has no type and is refused."""
-    from agentrl_jax.training.config import to_run_config
-    from agentrl_jax.training.config_cli import load_config_file
+    from agentrl_jax.training.config.experiment import to_run_config
+    from agentrl_jax.training.config.command_line import load_config_file
 
     sft = os.path.join(REPO, "experiments", "smoke.py:sft")
     assert _problems("--config.learner.tis_cap=2.0", "--config.learner.clip_ratio_high=0.28",

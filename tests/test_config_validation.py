@@ -18,8 +18,8 @@ import uuid
 import pytest
 
 from agentrl_jax.algorithms import ADVANTAGE_ESTIMATORS
-from agentrl_jax.training.config import base_config
-from agentrl_jax.training.validate import ConfigError, check_config, config_problems
+from agentrl_jax.training.config.experiment import base_config
+from agentrl_jax.training.preflight.validate import ConfigError, check_config, config_problems
 from environments.registry import family_names
 from process_helpers import processes_with
 
@@ -93,7 +93,7 @@ def test_attention_impl_auto_is_the_command_lines_none(tmp_path):
     backend's choice from the command line: ml_collections keeps a string field a string, so
     "None" is refused with a pointer to "auto", which the learner hands the model as None."""
     from agentrl_jax.learner.config import model_attention_impl
-    from agentrl_jax.training.config_cli import load_with_overrides
+    from agentrl_jax.training.config.command_line import load_with_overrides
 
     gpu = os.path.join(REPO, "experiments", "babyai.py:grpo_gpu")
     config, _, problems = load_with_overrides(
@@ -201,7 +201,7 @@ def test_random_init_shapes_are_checked_by_the_model_configs_field_types():
     keys are each reported (the paper-scale benchmark config uses such a shape)."""
     import sys
 
-    from agentrl_jax.training.validate import config_problems
+    from agentrl_jax.training.preflight.validate import config_problems
 
     sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parents[1]))
     from experiments.babyai import paper_scale_7b as get_config
@@ -220,7 +220,7 @@ def test_random_init_shapes_are_checked_by_the_model_configs_field_types():
 
 
 def test_model_label_names_a_random_models_shape_and_tokenizer():
-    from agentrl_jax.training.config import model_label
+    from agentrl_jax.training.config.experiment import model_label
 
     assert model_label("smollm2", {}) == "smollm2"
     assert model_label("qwen2.5-1.5b", None) == "qwen2.5-1.5b"

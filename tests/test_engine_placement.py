@@ -358,7 +358,7 @@ def _greedy_on(model, prompts):
 def test_engine_device_groups_from_the_config():
     from ml_collections import ConfigDict
 
-    from agentrl_jax.training.services import engine_device_groups
+    from agentrl_jax.training.runtime.services import engine_device_groups
 
     cfg = ConfigDict({"rollout": {"engine_replicas": 0, "tensor_parallel": 2}})
     # the default on the CPU backend: one engine (virtual CPU devices share the same cores)

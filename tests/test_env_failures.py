@@ -22,11 +22,11 @@ import pytest
 
 from agentrl_jax.agent.actor_pool import summarize
 from agentrl_jax.agent.trajectory import Trajectory
-from agentrl_jax.training.config import base_config
-from agentrl_jax.training.evaluation import score_trajectories
+from agentrl_jax.training.config.experiment import base_config
+from agentrl_jax.training.evaluation.held_out import score_trajectories
 from agentrl_common.processes import ServerSupervisor, start_env_server
-from agentrl_jax.training.failed_steps import RunFailure
-from agentrl_jax.training.trainer import Trainer
+from agentrl_jax.training.rl.failed_steps import RunFailure
+from agentrl_jax.training.rl.trainer import Trainer
 
 
 def _health(url: str) -> dict:
@@ -121,7 +121,7 @@ def test_env_errors_warn_and_stop_the_run_over_the_threshold(tmp_path, caplog):
         return ([_traj("babyai", f"b{i}", "env_error") for i in range(errors)]
                 + [_traj("textcraft", f"t{i}") for i in range(n - errors)])
 
-    with caplog.at_level(logging.WARNING, logger="agentrl_jax.training.trainer"):
+    with caplog.at_level(logging.WARNING, logger="agentrl_jax.training.rl.trainer"):
         for step, errors in enumerate((0, 2, 4)):  # window rates 0, 2/16, 6/24: go on
             trajs = rollout(errors)
             trainer._check_env_errors(step, trajs, summarize(trajs, 1.0))

@@ -10,8 +10,8 @@ import contextlib
 
 import pytest
 
-from agentrl_jax.training import services
-from agentrl_jax.training.config import base_config
+from agentrl_jax.training.runtime import services
+from agentrl_jax.training.config.experiment import base_config
 from environments.registry import FAMILIES, register_family
 
 

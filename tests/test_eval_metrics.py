@@ -1,4 +1,4 @@
-"""The paper's metrics (``training/eval_metrics.py``) against hand-computed cases, and every
+"""The paper's metrics (``training/evaluation/eval_metrics.py``) against hand-computed cases, and every
 consumer (the run's evaluation, the report, the results table's per-task values) using them."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import json
 import pytest
 
 from agentrl_jax.agent.trajectory import Trajectory
-from agentrl_jax.training import eval_metrics as em
-from agentrl_jax.training.evaluation import score_trajectories
+from agentrl_jax.training.evaluation import eval_metrics as em
+from agentrl_jax.training.evaluation.held_out import score_trajectories
 
 
 def _ep(task: str, reward: float, success: bool = False, env: str = "e",
@@ -97,7 +97,7 @@ def test_the_runs_evaluation_uses_the_paper_metrics():
 
 
 def test_report_reads_new_and_old_summaries(tmp_path):
-    from agentrl_jax.training.report import build_report, eval_success_by_task
+    from agentrl_jax.training.outputs.report import build_report, eval_success_by_task
 
     run = tmp_path / "run"
     run.mkdir()

@@ -15,8 +15,8 @@ import os
 import pytest
 from ml_collections import ConfigDict
 
-from agentrl_jax.training.config import base_config, to_run_config
-from agentrl_jax.training.config_cli import experiment_run_name, load_config_file
+from agentrl_jax.training.config.experiment import base_config, to_run_config
+from agentrl_jax.training.config.command_line import experiment_run_name, load_config_file
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FROZEN = os.path.join(REPO, "tests", "data", "experiment_configs_before_variants.json")
@@ -145,7 +145,7 @@ def test_unknown_variant_lists_the_variants():
 
 def test_a_variant_of_a_file_without_variants_is_refused(tmp_path):
     path = tmp_path / "plain.py"
-    path.write_text("from agentrl_jax.training.config import base_config\n\n"
+    path.write_text("from agentrl_jax.training.config.experiment import base_config\n\n"
                     "def get_config():\n    return base_config()\n")
     config, problem = load_config_file(f"{path}:grpo_gpu")
     assert config is None and "takes no variant" in problem and "grpo_gpu" in problem

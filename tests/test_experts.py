@@ -149,7 +149,7 @@ def test_bounded_policy_acts_like_the_raw_bot():
     action sequence equals the raw bot's (independent loop over BabyAIBotExpert)."""
     from environments.babyai.catalog import BabyAICatalog
     from environments.babyai.expert import BOT_UNSOLVABLE, BabyAIBotExpert
-    from agentrl_jax.training.experts import sample_tasks
+    from agentrl_jax.training.jobs.record_experts import sample_tasks
 
     ids = list(BabyAICatalog().task_ids("train"))
     tasks = [t for t in sample_tasks(ids, 60, seed=3)
@@ -217,7 +217,7 @@ def test_backend_turns_a_stuck_expert_into_a_failed_turn():
 
 
 def test_shard_bounds_and_meta_merge():
-    from agentrl_jax.training.experts import merge_shard_metas, shard_bounds
+    from agentrl_jax.training.jobs.record_experts import merge_shard_metas, shard_bounds
 
     assert shard_bounds(10, 3) == [(0, 3), (3, 6), (6, 10)]
     assert shard_bounds(2, 5) == [(0, 1), (1, 2)]
@@ -245,7 +245,7 @@ def test_workers_record_what_one_process_records(tmp_path):
     ids equal), merged meta counts equal; progress lines come every N episodes."""
     from experiments.smoke import sft as get_config
 
-    from agentrl_jax.training.experts import record_experts_parallel
+    from agentrl_jax.training.jobs.record_experts import record_experts_parallel
 
     c = get_config()
     c.env.names = "textcraft"

@@ -33,8 +33,8 @@ def run(tmp_path_factory):
 
     from agentrl_jax.learner import Learner
     from agentrl_jax.sharding.mesh import make_mesh
-    from agentrl_jax.training.config import config_json, to_run_config
-    from agentrl_jax.training.policy import load_policy
+    from agentrl_jax.training.config.experiment import config_json, to_run_config
+    from agentrl_jax.training.runtime.policy import load_policy
     from experiments.smoke import get_config
 
     workdir = str(tmp_path_factory.mktemp("run"))
@@ -108,7 +108,7 @@ async def test_our_inference_server_serves_the_export(run, tmp_path):
     import aiohttp
 
     from agentrl_jax.models.pretrained import load_pretrained
-    from agentrl_jax.training.export import export_checkpoint
+    from agentrl_jax.training.jobs.export import export_checkpoint
     from rollout_helpers import full_logprobs, make_engine, start_server
 
     workdir, model = run

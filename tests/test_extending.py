@@ -13,7 +13,7 @@ from typing import Any, Iterator
 import pytest
 
 from agentrl_common.registry import Registry, UnknownNameError
-from agentrl_jax.training.validate import config_problems
+from agentrl_jax.training.preflight.validate import config_problems
 
 
 @contextlib.contextmanager
@@ -64,7 +64,7 @@ def test_a_family_entry_carries_its_expert_and_example_action():
     and its example action in the ``action`` prompt; nothing else lists them."""
     from agentrl_jax.agent.experts import EXPERT_POLICIES
     from agentrl_jax.agent.prompts import system_prompt
-    from agentrl_jax.training.experts import resolve_expert
+    from agentrl_jax.training.jobs.record_experts import resolve_expert
     from environments.registry import FAMILIES, register_family
 
     class _Expert:
@@ -213,7 +213,7 @@ def test_a_backend_registered_alone_is_accepted_and_built_by_make_backend():
     from ml_collections import ConfigDict
 
     from agentrl_jax.rollout.contract import ROLLOUT_BACKENDS, create_backend, register_backend
-    from agentrl_jax.training import services
+    from agentrl_jax.training.runtime import services
 
     assert ROLLOUT_BACKENDS.names() == ["embedded", "engine_servers", "sglang"]
     assert _problems(rollout__backend="toy") == [
@@ -242,7 +242,7 @@ def test_a_local_engine_backend_gets_the_engine_config_and_device_groups():
 
     from agentrl_jax.rollout.contract import ROLLOUT_BACKENDS
     from agentrl_jax.rollout.engine.engine_config import EngineConfig
-    from agentrl_jax.training import services
+    from agentrl_jax.training.runtime import services
 
     class _LocalToy(_ToyBackend):
         uses_local_engine = True

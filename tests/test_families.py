@@ -15,7 +15,7 @@ from agentrl_jax.agent.parsing import INVALID_FORMAT_FEEDBACK
 from agentrl_jax.agent.trajectory import Trajectory
 from agentrl_jax.rollout.contract import RolloutError
 from benchmarks.analysis.episode_diagnosis import summarise
-from agentrl_jax.training import eval_metrics
+from agentrl_jax.training.evaluation import eval_metrics
 from benchmarks.analysis.learning_report import metric_name
 from agentrl_common.processes import server_environment
 

@@ -312,7 +312,7 @@ async def test_async_actor_pool_anchors_and_advantages_match_lockstep(tokenizer)
     from agentrl_jax.agent.actor_pool import TaskRef
     from agentrl_jax.agent.parsing import parse_react
     from agentrl_jax.agent.trajectory import anchor_state
-    from agentrl_jax.training.batching import assemble_batch
+    from agentrl_jax.training.rl.batching import assemble_batch
     from environments.babyai.env import BabyAIEnv
     from agentrl_common.processes import start_env_server
 
@@ -374,7 +374,7 @@ def test_assembled_anchor_ids():
     (independent of trajectory order); other groups' digests never matter; turn ids follow
     the trajectory; turn slots beyond an episode's turns are -1."""
     from agentrl_jax.agent.trajectory import Trajectory
-    from agentrl_jax.training.batching import assemble_batch
+    from agentrl_jax.training.rl.batching import assemble_batch
 
     def traj(group, states, rewards):
         t = Trajectory(env="x", task_id="t", group_id=group, sample_index=0)
@@ -403,7 +403,7 @@ def test_informative_groups_keeps_step_signal():
     """With equal episode rewards a GRPO group is flat; under GiGPO it is flat only when
     every turn reward is 0."""
     from agentrl_jax.agent.trajectory import Trajectory
-    from agentrl_jax.training.batching import informative_groups
+    from agentrl_jax.training.rl.batching import informative_groups
 
     def traj(group, turn_rewards):
         t = Trajectory(env="x", task_id="t", group_id=group, sample_index=0)

@@ -23,8 +23,8 @@ from agentrl_jax.agent.trajectory import Trajectory
 from agentrl_jax.models.pretrained import resolve_model_path
 from agentrl_jax.models.tokenizer import load_tokenizer
 from agentrl_jax.rollout.contract import GenerateResult, SamplingParams
-from agentrl_jax.training.batching import assemble_batch, training_rows
-from agentrl_jax.training.config_sections import RunConfig
+from agentrl_jax.training.rl.batching import assemble_batch, training_rows
+from agentrl_jax.training.config.sections import RunConfig
 from environments.core.base import StepResult
 from fake_backends import QuietBackend
 

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from agentrl_jax.training.hostmem import _libc, release_freed_memory
+from agentrl_jax.training.runtime.hostmem import _libc, release_freed_memory
 
 
 def _rss_bytes() -> int:

@@ -8,7 +8,7 @@ import os
 import subprocess
 import sys
 
-from agentrl_jax.training.validate import checkpoint_problem
+from agentrl_jax.training.preflight.validate import checkpoint_problem
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -73,7 +73,7 @@ def test_background_compile_waits_and_unpacked_updates_are_left_alone():
 def test_the_training_loop_waits_for_the_ahead_compile_before_its_first_update():
     import asyncio
 
-    from agentrl_jax.training.loop import TrainingLoop
+    from agentrl_jax.training.rl.loop import TrainingLoop
 
     order: list[str] = []
 

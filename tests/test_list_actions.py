@@ -7,8 +7,8 @@ import pytest
 from aiohttp.test_utils import TestServer
 from ml_collections import ConfigDict
 
-from agentrl_jax.training.config import base_config
-from agentrl_jax.training.validate import ConfigError, check_config
+from agentrl_jax.training.config.experiment import base_config
+from agentrl_jax.training.preflight.validate import ConfigError, check_config
 from environments.core.base import ResetResult, StepResult, TaskCatalog, TextEnvironment
 from environments.core.client import EnvClient, EnvServerError
 from environments.core.server import build_app

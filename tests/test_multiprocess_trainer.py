@@ -69,8 +69,8 @@ def worker(process_id: int, coordinator: str, workdir: str, out: str) -> None:
     from flax import nnx
 
     from agentrl_jax.sharding.placement import to_host
-    from agentrl_jax.training.policy import load_policy
-    from agentrl_jax.training.trainer import Trainer
+    from agentrl_jax.training.runtime.policy import load_policy
+    from agentrl_jax.training.rl.trainer import Trainer
 
     config = smoke_config()
     initial, _, _ = load_policy(config)

@@ -37,7 +37,7 @@ from agentrl_jax.learner.optim import make_optimizer, optimizer_parts, optimizer
 from agentrl_jax.models.config import ModelConfig
 from agentrl_jax.models.llama import init_model
 from agentrl_jax.sharding.mesh import make_mesh
-from agentrl_jax.training.validate import config_problems
+from agentrl_jax.training.preflight.validate import config_problems
 from experiments import smoke
 
 TINY = ModelConfig(vocab_size=256, hidden_size=32, intermediate_size=64, num_layers=2,

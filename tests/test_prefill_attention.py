@@ -122,9 +122,9 @@ def test_unsupported_shapes_are_named():
 
 
 def test_prefill_attention_config():
-    from agentrl_jax.training import config_sections
+    from agentrl_jax.training.config import sections
 
-    assert config_sections.PREFILL_ATTENTION == PREFILL_ATTENTION
+    assert sections.PREFILL_ATTENTION == PREFILL_ATTENTION
     assert EngineConfig().resolved_prefill_attention("gpu") == "flash_in_cache"
     assert EngineConfig().resolved_prefill_attention("cpu") == "dense"
     assert EngineConfig(prefill_attention="dense").resolved_prefill_attention("gpu") == "dense"

@@ -20,7 +20,7 @@ from flax import nnx
 
 from agentrl_jax.learner import Learner
 from agentrl_jax.rollout.contract import RolloutError, SamplingParams
-from agentrl_jax.training.policy import engine_policy
+from agentrl_jax.training.runtime.policy import engine_policy
 from rollout_helpers import make_engine, random_prompt, reference_greedy, tiny_model
 from test_learner import BASE, multiturn_batch
 

@@ -36,13 +36,13 @@ from agentrl_jax.agent.trajectory import Trajectory
 from agentrl_jax.algorithms import ADVANTAGE_ESTIMATORS, is_logprob_level, is_turn_level
 from agentrl_jax.algorithms import compute_advantages, min_group_size
 from agentrl_jax.learner import LearnerConfig
-from agentrl_jax.training.config import base_config
-from agentrl_jax.training.failed_steps import RunFailure
-from agentrl_jax.training.nonfinite import nonfinite_values
-from agentrl_jax.training.prompt_room import first_prompt_floor
-from agentrl_jax.training.task_sampler import TaskSampler
-from agentrl_jax.training.trainer import Trainer
-from agentrl_jax.training.validate import config_problems, run_problems
+from agentrl_jax.training.config.experiment import base_config
+from agentrl_jax.training.rl.failed_steps import RunFailure
+from agentrl_jax.training.rl.nonfinite import nonfinite_values
+from agentrl_jax.training.preflight.prompt_room import first_prompt_floor
+from agentrl_jax.training.rl.task_sampler import TaskSampler
+from agentrl_jax.training.rl.trainer import Trainer
+from agentrl_jax.training.preflight.validate import config_problems, run_problems
 from learner_helpers import tiny_batch, tiny_learner
 from tests.test_trainer_failed_step import (FailingPool, RecordingBackend, RecordingLearner,
                                             fake_loop_config, run_fake_loop)

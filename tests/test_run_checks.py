@@ -22,11 +22,11 @@ import pytest
 from agentrl_jax.agent.actor_pool import TaskRef
 from agentrl_jax.agent.trajectory import Trajectory
 from agentrl_jax.models.pretrained import check_model_source
-from agentrl_jax.training.config import base_config
-from agentrl_jax.training.failed_steps import FailedSteps
-from agentrl_jax.training.task_sampler import TaskSampler
-from agentrl_jax.training.failed_steps import RunFailure
-from agentrl_jax.training.validate import (BATCH_BYTES_PER_TOKEN, ConfigError, check_run,
+from agentrl_jax.training.config.experiment import base_config
+from agentrl_jax.training.rl.failed_steps import FailedSteps
+from agentrl_jax.training.rl.task_sampler import TaskSampler
+from agentrl_jax.training.rl.failed_steps import RunFailure
+from agentrl_jax.training.preflight.validate import (BATCH_BYTES_PER_TOKEN, ConfigError, check_run,
                                            config_problems, max_tasks_per_step, run_problems,
                                            workdir_problem)
 from process_helpers import processes_with
@@ -173,7 +173,7 @@ def test_a_read_only_directory_is_refused(tmp_path):
 # --------------------------------------------------------------------------- tasks_per_step
 def test_batch_bytes_per_token_is_what_assemble_batch_allocates():
     """Independent reference: the [rows, tokens] arrays of a real batch."""
-    from agentrl_jax.training.batching import assemble_batch
+    from agentrl_jax.training.rl.batching import assemble_batch
 
     trajectories = []
     for i, n in enumerate((3, 7)):

@@ -27,10 +27,10 @@ import numpy as np
 import pytest
 
 from agentrl_jax.learner.metrics import MetricsWriter
-from agentrl_jax.training import storage
-from agentrl_jax.training.summary import append_session, merge_summary, outcome, read_summary
+from agentrl_jax.training.outputs import storage
+from agentrl_jax.training.outputs.summary import append_session, merge_summary, outcome, read_summary
 from process_helpers import processes_with
-from agentrl_jax.training.workdir_lock import (LOCK_FILE, WorkdirBusy, WorkdirLock,
+from agentrl_jax.training.outputs.workdir_lock import (LOCK_FILE, WorkdirBusy, WorkdirLock,
                                                WorkdirLockError)
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -101,7 +101,7 @@ def read_events(path: str) -> list:
 
 def hold_lock(workdir: str) -> subprocess.Popen:
     """A process that holds ``workdir``'s lock (until it is killed)."""
-    code = ("import sys, time; from agentrl_jax.training.workdir_lock import WorkdirLock; "
+    code = ("import sys, time; from agentrl_jax.training.outputs.workdir_lock import WorkdirLock; "
             f"WorkdirLock({workdir!r}).acquire(); print('locked', flush=True); time.sleep(600)")
     proc = subprocess.Popen([sys.executable, "-c", code], env=ENV, stdout=subprocess.PIPE,
                             text=True)
@@ -445,7 +445,7 @@ def test_append_session_on_a_full_disk_says_so_and_leaves_the_summary(small_fs):
 
 
 def test_outcome_classifies_how_a_session_ended():
-    from agentrl_jax.training.failed_steps import RunFailure
+    from agentrl_jax.training.rl.failed_steps import RunFailure
 
     assert outcome(KeyboardInterrupt()) == {"stopped": "interrupted"}
     assert outcome(RunFailure("stopped at step 3: babyai died")) == {
@@ -460,7 +460,7 @@ def test_outcome_classifies_how_a_session_ended():
 
 # ----------------------------------------------------------------------------- the trainer
 def _trainer(workdir: str):
-    from agentrl_jax.training.trainer import Trainer
+    from agentrl_jax.training.rl.trainer import Trainer
     sys.path.insert(0, REPO)
     from experiments.smoke import get_config
 

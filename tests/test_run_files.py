@@ -20,7 +20,7 @@ import pytest
 from agentrl_common.jsonl_files import (append_lines, is_whole, iter_records, read_records,
                                         trajectory_files)
 from agentrl_jax.agent.trajectory import Trajectory
-from agentrl_jax.training.trajectory_log import TrajectoryLog, kept_groups
+from agentrl_jax.training.outputs.trajectory_log import TrajectoryLog, kept_groups
 
 
 def _rows(step: int, n: int) -> list[bytes]:
@@ -124,7 +124,7 @@ def test_a_cut_off_gzip_file_yields_its_complete_records(tmp_path):
 def test_resume_rewinds_a_cut_off_member_then_appends(tmp_path):
     """Killed while writing step 3 after checkpoint 2: the rewind leaves steps 1-2 as whole
     members, and the resumed run's step 3 and 4 follow them (gzip.open reads every row)."""
-    from agentrl_jax.training.runlog import rewind_run_logs
+    from agentrl_jax.training.outputs.runlog import rewind_run_logs
 
     log = TrajectoryLog(str(tmp_path), train_share=1.0)
     for step in (1, 2, 3):
@@ -217,9 +217,9 @@ _BY_METRIC = {"avg": {"babyai/t0": [0.5, 1.0], "babyai/t1": [0.0, 0.5, 1.0]},
 
 @pytest.mark.parametrize("metric", sorted(_BY_METRIC))
 def test_report_reads_compressed_evaluations(tmp_path, metric):
-    """The run report's per-task values (``training/report.py``, through ``eval_metrics``) from
+    """The run report's per-task values (``training/outputs/report.py``, through ``eval_metrics``) from
     a ``.jsonl.gz`` evaluation log, every metric, error episodes left out."""
-    from agentrl_jax.training.report import eval_success_by_task
+    from agentrl_jax.training.outputs.report import eval_success_by_task
 
     log = TrajectoryLog(str(tmp_path), compress=True)
     log.write(5, _scored_eval_episodes(5), "eval")

@@ -22,9 +22,9 @@ from urllib.parse import urlparse
 import pytest
 
 from agentrl_common.jsonl_files import read_records
-from agentrl_jax.training.services import engine_slots, max_episodes_per_round
-from agentrl_jax.training.policy import checkpoint_steps
-from agentrl_jax.training.summary import merge_summary
+from agentrl_jax.training.runtime.services import engine_slots, max_episodes_per_round
+from agentrl_jax.training.runtime.policy import checkpoint_steps
+from agentrl_jax.training.outputs.summary import merge_summary
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SMOKE = ["--config", "experiments/smoke.py", "--config.progress_seconds=0"]

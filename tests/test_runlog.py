@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import os
 
-from agentrl_jax.training.runlog import rewind_jsonl, rewind_run_logs
+from agentrl_jax.training.outputs.runlog import rewind_jsonl, rewind_run_logs
 
 
 def _write(path, rows, tail: str = "") -> None:

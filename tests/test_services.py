@@ -1,10 +1,10 @@
-"""Embedded-engine slot sizing (``training.services.engine_slots``), hand-computed cases."""
+"""Embedded-engine slot sizing (``training.runtime.services.engine_slots``), hand-computed cases."""
 
 from ml_collections import ConfigDict
 
 from agentrl_jax.models.config import ModelConfig
-from agentrl_jax.training.config import base_config
-from agentrl_jax.training.services import engine_slots, max_episodes_per_round
+from agentrl_jax.training.config.experiment import base_config
+from agentrl_jax.training.runtime.services import engine_slots, max_episodes_per_round
 
 # SmolLM2-135M's attention shape: 30 layers, 3 KV heads of 64
 SMOL = ModelConfig(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_layers=30,

@@ -50,7 +50,7 @@ def one_device(monkeypatch):
 @pytest.fixture(scope="module")
 def recorded(tmp_path_factory):
     """Four TextCraft expert episodes recorded with the smoke SFT config (SmolLM2 tokenizer)."""
-    from agentrl_jax.training.experts import record_experts_sync
+    from agentrl_jax.training.jobs.record_experts import record_experts_sync
 
     out = str(tmp_path_factory.mktemp("experts"))
     c = _config(out, 2)
@@ -133,8 +133,8 @@ def test_sft_nll_export_and_resume(recorded, tmp_path, capsys, one_device):
     from flax import nnx
 
     from agentrl_jax.learner import Learner
-    from agentrl_jax.training.sft import SFTRun, batch_rows, finished_step
-    from agentrl_jax.training.policy import load_policy
+    from agentrl_jax.training.jobs.sft import SFTRun, batch_rows, finished_step
+    from agentrl_jax.training.runtime.policy import load_policy
 
     data, _, trajectories = recorded
     c = _config(data, 2)
@@ -174,7 +174,7 @@ def test_sft_time_budget_counts_every_session(recorded, tmp_path, capsys, one_de
     """``sft.max_seconds`` is the training time of the whole run: a session resumed after its
     budget was spent trains no step (it used to train for another ``max_seconds``), and the
     seconds trained are kept in the checkpoint and in ``summary.json``."""
-    from agentrl_jax.training.sft import SFTRun
+    from agentrl_jax.training.jobs.sft import SFTRun
 
     data, _, _ = recorded
     work = str(tmp_path / "sft")
@@ -202,8 +202,8 @@ def test_sft_time_budget_leaves_out_the_first_update_unless_asked(
     the budget is spent by the first step, which is where the run stops."""
     import time as real_time
 
-    from agentrl_jax.training import sft as sft_module
-    from agentrl_jax.training.sft import SFTRun
+    from agentrl_jax.training.jobs import sft as sft_module
+    from agentrl_jax.training.jobs.sft import SFTRun
 
     class Clock:  # a fake clock: 0.5 s a reading, 100 s ahead from inside the first update on
         offset = 0.0  # (no real elapsed time enters the budget: the box's load cannot matter)

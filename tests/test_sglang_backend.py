@@ -191,7 +191,7 @@ async def test_api_key_on_generation_and_weight_updates(model, tmp_path, monkeyp
     from ml_collections import ConfigDict
 
     from agentrl_jax.rollout.backends.sglang import API_KEY_ENV
-    from agentrl_jax.training import services
+    from agentrl_jax.training.runtime import services
 
     tok = byte_tokenizer(TINY.vocab_size)
     engine = make_engine(model, tok)

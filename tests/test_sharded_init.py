@@ -21,9 +21,9 @@ from agentrl_jax.models.config import ModelConfig
 from agentrl_jax.models.llama import CausalLM, init_model
 from agentrl_jax.sharding.mesh import make_mesh
 from agentrl_jax.sharding.rules import state_shardings
-from agentrl_jax.training import services
-from agentrl_jax.training.config import base_config
-from agentrl_jax.training.policy import load_learner
+from agentrl_jax.training.runtime import services
+from agentrl_jax.training.config.experiment import base_config
+from agentrl_jax.training.runtime.policy import load_learner
 
 # every dimension divisible by 8, so that every matrix is split over all 8 devices
 SHAPE = dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_layers=2, num_heads=4,
@@ -101,7 +101,7 @@ def test_the_7b_shape_initialises_abstractly_in_its_sharding():
     devices each holds a quarter of every big matrix (checked on the compiled function's
     output shardings, nothing allocated), and the parameter count is Qwen2.5-7B's."""
     from agentrl_jax.models.llama import abstract_model
-    from agentrl_jax.training.memory_estimate import parameter_count
+    from agentrl_jax.training.preflight.memory_estimate import parameter_count
     from experiments.babyai import QWEN25_7B
 
     cfg = ModelConfig(**QWEN25_7B)
@@ -120,13 +120,13 @@ def test_the_7b_shape_initialises_abstractly_in_its_sharding():
 
 
 def test_memory_estimate_of_the_7b_step_by_hand():
-    """training.memory_estimate of experiments/babyai.py:paper_scale_7b against the arithmetic
+    """training.preflight.memory_estimate of experiments/babyai.py:paper_scale_7b against the arithmetic
     written out: N =
     7,615,616,512 parameters; KV per token 2 x 28 layers x 4 KV heads x 128 x 2 bytes (bf16);
     256 slots over the replicas; 2,048 tokens a slot; the one-GPU replica's merged decode
     weights: 28 layers x (3584 x (q|k|v 36 x 128 + gate|up 2 x 18944) + the q|k|v bias 4608)
     x 2 bytes, live with the KV cache."""
-    from agentrl_jax.training.memory_estimate import memory_estimate
+    from agentrl_jax.training.preflight.memory_estimate import memory_estimate
     from experiments.babyai import paper_scale_7b as get_config
 
     def estimate(g: int, **kwargs):  # AdamW on the GPUs (the offloaded 1-GPU case: below)
@@ -194,7 +194,7 @@ def test_memory_estimate_with_the_optimizer_state_offloaded(monkeypatch):
     (learner.offload_optimizer_state), so 8N bytes leave the GPU and, during the optimiser
     step, twice the moments of the largest leaf (V x D = 152064 x 3584) are assumed on it (its
     copy in and the updated moments: offload.py updates one leaf per jitted call)."""
-    from agentrl_jax.training.memory_estimate import memory_estimate
+    from agentrl_jax.training.preflight.memory_estimate import memory_estimate
     from experiments.babyai import paper_scale_7b as get_config
 
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
@@ -226,12 +226,12 @@ def test_memory_estimate_with_the_optimizer_state_offloaded(monkeypatch):
 
 
 def test_memory_estimate_command_line(tmp_path, capsys):
-    """``python -m agentrl_jax.training.memory_estimate --config FILE``: each GPU count gets the
+    """``python -m agentrl_jax.training.preflight.memory_estimate --config FILE``: each GPU count gets the
     experiment's config for that count (one GPU: offloaded), ``--check`` exits 3 when one does
     not fit an H100 80GB, and ``--json`` holds the rows printed."""
     import json
 
-    from agentrl_jax.training.memory_estimate import main, memory_estimate
+    from agentrl_jax.training.preflight.memory_estimate import main, memory_estimate
     from experiments.babyai import paper_scale_7b as get_config
 
     out = tmp_path / "rows.json"

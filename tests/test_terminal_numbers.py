@@ -17,7 +17,7 @@ from agentrl_common.jsonl_files import read_records
 from agentrl_jax import compile_notice
 from agentrl_jax.agent.trajectory import Trajectory
 from agentrl_jax.learner.learner import announced
-from agentrl_jax.training.progress import OFF, EpisodeProgress, TurnCounter
+from agentrl_jax.training.outputs.progress import OFF, EpisodeProgress, TurnCounter
 from test_trainer_failed_step import (FailingPool, RecordingBackend, RecordingLearner,
                                       fake_loop_config, run_fake_loop)
 
@@ -158,15 +158,15 @@ def test_a_printed_line_is_one_write(monkeypatch):
     stream's line (absl's warnings on stderr, the same pipe) cannot land between a line and its
     newline, as it did in CI with PYTHONUNBUFFERED set ('... (0.6 s)W1129 ... died'). ``print``
     itself writes the text and the end separately (the reference)."""
-    from agentrl_jax.training import experts
-    from agentrl_jax.training.progress import say_line
+    from agentrl_jax.training.jobs import record_experts
+    from agentrl_jax.training.outputs.progress import say_line
 
     for args, kwargs in ((("step 2/4 rollout",), {}), (("a", 3), {"sep": ", "}),
                          (("announce ...",), {"end": ""}), ((), {})):
         reference = _Writes()
         print(*args, **kwargs, file=reference)
         assert len(reference.writes) > 1 or not args  # what goes wrong with print
-        for say in (say_line, experts.say_flush):
+        for say in (say_line, record_experts.say_flush):
             out = _Writes()
             monkeypatch.setattr("sys.stdout", out)
             say(*args, **kwargs)

@@ -15,9 +15,9 @@ import asyncio
 
 from agentrl_jax.agent.actor_pool import TaskRef, summarize
 from agentrl_jax.agent.trajectory import Trajectory
-from agentrl_jax.training.config import base_config
-from agentrl_jax.training.task_sampler import TaskSampler
-from agentrl_jax.training.trainer import Trainer
+from agentrl_jax.training.config.experiment import base_config
+from agentrl_jax.training.rl.task_sampler import TaskSampler
+from agentrl_jax.training.rl.trainer import Trainer
 
 
 class Writer:

@@ -1,4 +1,4 @@
-"""The typed config: one set of defaults (the sections of training/config_sections.py), each
+"""The typed config: one set of defaults (the sections of training/config/sections.py), each
 mistake in a config reported on one line (unknown key with a did-you-mean, bad value, bad type,
 missing file), and library code that reads the typed object instead of ``.get(key, default)``."""
 
@@ -17,9 +17,9 @@ import pytest
 
 from agentrl_common.typed_sections import SectionError
 from agentrl_jax.learner.config import LearnerConfig
-from agentrl_jax.training.config import (ConfigError, base_config, config_problems,
+from agentrl_jax.training.config.experiment import (ConfigError, base_config, config_problems,
                                          to_run_config)
-from agentrl_jax.training.config_sections import (DERIVED_KEYS, SECTIONS, HorizonConfig,
+from agentrl_jax.training.config.sections import (DERIVED_KEYS, SECTIONS, HorizonConfig,
                                                   RolloutConfig, RunConfig, TrainConfig)
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -1,4 +1,4 @@
-"""The end-of-run report (agentrl_jax/training/report.py): numbers in report.md against the run's
+"""The end-of-run report (agentrl_jax/training/outputs/report.py): numbers in report.md against the run's
 files computed here by hand, the curves PNG, the paired bootstrap on hand cases, and robustness
 to missing, partial and malformed files."""
 
@@ -9,7 +9,7 @@ import os
 
 import pytest
 
-from agentrl_jax.training import report
+from agentrl_jax.training.outputs import report
 
 
 def write_run(d, metrics=True, summary=True, evals=True, config=True):

@@ -15,7 +15,7 @@ for the windowed first message, then each kept turn's own ids (its generated ids
 observation ids, the response prefix) exactly as they stood in the sequence they were
 generated in. The engine is given exactly the current chunk (``Trajectory.context_ids``), and
 the learner trains each chunk as one row, so a generated id is trained in the very context it
-was sampled in (``training/batching.py``). The prompt stops growing with the turn count; the
+was sampled in (``training/rl/batching.py``). The prompt stops growing with the turn count; the
 cost is a fresh prefill per turn past ``N`` (only the system prompt's prefix is reused) and
 learner rows that repeat the kept turns as context.
 """

@@ -181,7 +181,7 @@ class ExpertBackend(RolloutBackend):
     """A rollout backend whose replies are expert actions (see the module docstring).
 
     ``sessions`` maps each episode's session id to its trajectory (filled by the caller
-    before the episode runs, e.g. :class:`~agentrl_jax.training.experts.ExpertPool`); the
+    before the episode runs, e.g. :class:`~agentrl_jax.training.jobs.record_experts.ExpertPool`); the
     expert of a session is created on its first turn from the trajectory's environment and
     task, and sees the trajectory's latest user message (the observation).
 

@@ -1,10 +1,10 @@
 """System prompts: the environment's own instructions followed by an answer format.
 
-``action`` (the default, ``training/config.py``): one ``Action:`` line per turn; with
+``action`` (the default, ``training/config/experiment.py``): one ``Action:`` line per turn; with
 ``agent.response_prefix = "Action:"`` the model only completes the action, which the default
 SmolLM2-135M-Instruct does (``benchmarks/analysis/action_format.py``, docs/RESULTS.md). ``react``: a
 ``Thought:`` line, then an ``Action:`` line, for models that can follow it
-(``training.config.use_react``).
+(``training.config.experiment.use_react``).
 """
 
 from __future__ import annotations

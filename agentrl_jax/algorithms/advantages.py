@@ -111,7 +111,7 @@ class AdvantageInputs:
 OPTIONAL_INPUTS = tuple(f.name for f in dataclasses.fields(AdvantageInputs))[2:]
 
 #: per-turn inputs of the turn-level estimators (``gigpo``): ``turn_ids [B, T]``,
-#: ``turn_rewards [B, K]``, ``turn_anchors [B, K]`` (see ``training/batching.py``)
+#: ``turn_rewards [B, K]``, ``turn_anchors [B, K]`` (see ``training/rl/batching.py``)
 TURN_INPUTS = ("turn_ids", "turn_rewards", "turn_anchors")
 
 #: log-prob inputs of the preference estimators (``dpo``): ``logprobs [B, T]`` (the current
@@ -161,7 +161,7 @@ class AdvantageEstimator:
       tokens, a function of the row's outcome score and its group's scores only (``grpo``,
       ``dr_grpo``, ``rloo``). Such an estimator can score an episode once and give that score
       to every training row the episode is split into (``agent.history_turns``,
-      ``training/batching.py``); the others (GAE's per-token values, REINFORCE++'s
+      ``training/rl/batching.py``); the others (GAE's per-token values, REINFORCE++'s
       per-token returns and batch whitening, GiGPO's turns) cannot.
     min_group_size: the fewest samples per group (``train.samples_per_task``) with which its
       advantages can be non-zero: 2 for a group baseline (a group of one is its own baseline,

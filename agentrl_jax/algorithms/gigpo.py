@@ -91,7 +91,7 @@ def gigpo(x: AdvantageInputs, settings: AdvantageSettings, *, omega: float = 1.0
         raise ValueError("the 'gigpo' estimator needs group_ids [B]")
     if x.turn_ids is None or x.turn_anchors is None:
         raise ValueError("the 'gigpo' estimator needs turn_ids [B, T] and turn_anchors [B, K] "
-                         "(training.batching.assemble_batch builds them from trajectories)")
+                         "(training.rl.batching.assemble_batch builds them from trajectories)")
     rewards, loss_mask, group_ids, token_rewards = x.rewards, x.loss_mask, x.group_ids, x.token_rewards
     turn_ids, turn_rewards, turn_anchors = x.turn_ids, x.turn_rewards, x.turn_anchors
     gamma, eps = settings.gamma, settings.eps

@@ -187,7 +187,7 @@ def sft_policy_loss(
     """Supervised (behaviour-cloning) loss: the weighted negative log-likelihood of the masked
     tokens, ``l = -A * logp`` aggregated like the policy losses.
 
-    With ``advantages = loss_mask`` (what ``training/sft.py`` passes) this is the NLL of the
+    With ``advantages = loss_mask`` (what ``training/jobs/sft.py`` passes) this is the NLL of the
     assistant tokens only (prompt and observation tokens have mask 0), per token for
     ``token_mean``. ``old_logprobs`` and ``is_weights`` are not used (no ratio).
     Metrics: ``pg_loss`` (the loss) and ``nll`` (the unweighted aggregated NLL).

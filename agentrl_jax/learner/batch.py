@@ -1,6 +1,6 @@
 """The learner's input: a typed rollout batch (``RolloutBatch``) and update options.
 
-``training.batching.assemble_batch`` builds a ``RolloutBatch`` from the actor pool's
+``training.rl.batching.assemble_batch`` builds a ``RolloutBatch`` from the actor pool's
 trajectories; ``Learner.update(batch, UpdateOptions(...))`` consumes it. Arrays are host
 (NumPy) arrays; the update places them on the device once.
 """

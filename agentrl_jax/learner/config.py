@@ -111,7 +111,7 @@ class LearnerConfig(Section):
     # the policy loss (algorithms.POLICY_LOSSES): "ppo_dual_clip" (clipped surrogate, clip 0.2,
     # dual clip 3), "ppo" (no dual clip), "clip_higher" (clip 0.2 / 0.28, no dual clip), or "sft"
     # (supervised: weighted NLL of the masked tokens, no ratio, no old log-prob pass; behaviour
-    # cloning, training/sft.py). Each entry carries its clip numbers; clip_ratio_* and
+    # cloning, training/jobs/sft.py). Each entry carries its clip numbers; clip_ratio_* and
     # dual_clip below override them only when set.
     policy_loss: str = setting("ppo_dual_clip", choices=lambda: sorted(_policy_losses()),
                                kind="policy loss")
@@ -136,7 +136,7 @@ class LearnerConfig(Section):
     # token's policy loss is weighted by min(exp(learner_old - rollout), tis_cap); None = off
     tis_cap: float | None = setting(None, gt=0)
     # the sampler's temperature; logits are divided by it. In a run it is rollout.temperature
-    # (training/config_sections.py::DERIVED_KEYS): a run's config does not set it here
+    # (training/config/sections.py::DERIVED_KEYS): a run's config does not set it here
     temperature: float = setting(1.0, gt=0)
     # the paper's GRPO settings (AgentGym-RL): a small KL loss to a frozen reference and a small
     # entropy bonus; 0 turns each term off (kl_coef 0: no reference model)

@@ -180,7 +180,7 @@ class GenerateResult:
 
 class WeightSource(Protocol):
     """A learner's current weights in the forms a backend loads (``sync_weights``; the
-    trainer's ``training/policy.py::LearnerWeights``)."""
+    trainer's ``training/runtime/policy.py::LearnerWeights``)."""
 
     is_main: bool  # the main process of a multi-process run (True with one process)
 
@@ -211,7 +211,7 @@ class RolloutBackend(abc.ABC):
 
     @classmethod
     def from_run(cls, build: BackendBuild) -> "RolloutBackend":
-        """Registry factory of the training job (``training/services.make_backend``): the
+        """Registry factory of the training job (``training/runtime/services.make_backend``): the
         backend for this run's policy, engine config / devices or server URLs."""
         raise NotImplementedError(f"{cls.__name__} cannot be built for a training run "
                                   "(it defines no from_run)")
@@ -315,7 +315,7 @@ class BatchedSamplesBackend(RolloutBackend):
 # ------------------------------------------------------------------------------------ registry
 @dataclasses.dataclass(frozen=True)
 class BackendBuild:
-    """What the training job hands a backend's ``from_run`` (``training/services.make_backend``).
+    """What the training job hands a backend's ``from_run`` (``training/runtime/services.make_backend``).
 
     model: the policy (a ``CausalLM``). tokenizer: its tokenizer. model_path: where it was
     loaded from (None: built in memory). urls: server URLs (``rollout.urls``). api_key:

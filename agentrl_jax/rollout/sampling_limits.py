@@ -2,7 +2,7 @@
 
 The rollout server's request models (``api_models.py``), ``SamplingParams.validate`` (every
 backend, the engine's last check before a request enters its batch) and the run-config
-validation (``training/validate.py``, ``rollout.*``) all read their ranges from here, so a value
+validation (``training/preflight/validate.py``, ``rollout.*``) all read their ranges from here, so a value
 is refused the same way -- with the same range in the message -- wherever it comes from.
 
 The bounds fit the engine's per-slot arrays (``compiled.py``: int32 ``ints``, float32

@@ -150,7 +150,7 @@ class Run:
         mean_reward, dropped, num_tasks, seconds, old_metric, per_env {env: {metric: value}},
         source``. From ``metrics.jsonl`` (written as the run goes), ``summary.json`` (task
         counts) and ``launch/eval.py`` output files in the run directory. ``avg`` is Avg@k, the
-        mean task score (``training/eval_metrics.py``); ``old_metric`` marks an evaluation
+        mean task score (``training/evaluation/eval_metrics.py``); ``old_metric`` marks an evaluation
         written before that definition (no success rate logged): its ``avg`` is the share of
         episodes with the success flag or a positive score."""
         rows: dict[tuple[str, int], dict[str, Any]] = {}

@@ -20,7 +20,7 @@ from typing import Callable
 
 from agentrl_jax.agent.parsing import INVALID_FORMAT_FEEDBACK
 from agentrl_jax.agent.trajectory import ERROR_STATUSES, Trajectory
-from agentrl_jax.training import eval_metrics
+from agentrl_jax.training.evaluation import eval_metrics
 
 WORDS = ("red blue green yellow purple grey ball box key door wall room left right forward "
          "pick drop toggle open closed locked you see a the in front of to your near far "

@@ -19,7 +19,7 @@ Styles (``--styles``, comma-separated):
 * ``action``: ``agent.prompt_style="action"``, every turn opened with ``"Action:"``,
   ``rollout.max_new_tokens=24`` (``experiments/babyai.py:grpo_scaling_gpu10min``);
 * ``action_line``: ``action`` whose turns also end at their first line break
-  (``rollout.stop=("\n",)``): the default of ``training/config.py::base_config``.
+  (``rollout.stop=("\n",)``): the default of ``training/config/experiment.py::base_config``.
 
 CPU-friendly defaults: 16 episodes of 3 turns, ``max_context`` 2048. Prints one line per style
 and, with ``--json``, writes the numbers.
@@ -41,8 +41,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspa
 
 from agentrl_jax.agent.parsing import get_parser  # noqa: E402
 from agentrl_jax.agent.trajectory import Trajectory  # noqa: E402
-from agentrl_jax.training import services  # noqa: E402
-from agentrl_jax.training.config import base_config  # noqa: E402
+from agentrl_jax.training.runtime import services  # noqa: E402
+from agentrl_jax.training.config.experiment import base_config  # noqa: E402
 
 #: (prompt_style, response_prefix, max_new_tokens, stop strings) per style name
 STYLES: dict[str, tuple[str, str, int, tuple[str, ...]]] = {
@@ -128,7 +128,7 @@ def style_config(args: argparse.Namespace, style: str) -> Any:
 
 
 async def measure(args: argparse.Namespace) -> list[FormatStats]:
-    from agentrl_jax.training.policy import load_policy
+    from agentrl_jax.training.runtime.policy import load_policy
 
     styles = [s.strip() for s in args.styles.split(",") if s.strip()]
     configs = {s: style_config(args, s) for s in styles}

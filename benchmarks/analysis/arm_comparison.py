@@ -1,5 +1,5 @@
 """Two arms of a recipe comparison, seed by seed, from their committed evaluation episodes:
-Avg@k / Pass@k / success rate before and after (``training/eval_metrics.py``), the invalid-action
+Avg@k / Pass@k / success rate before and after (``training/evaluation/eval_metrics.py``), the invalid-action
 share per turn and the context-limit share of the episodes, the gains over the first evaluation
 and the paired difference B - A at the last one, each with a Student-t 95% interval over the
 seeds (``seed_stats.t_interval``).
@@ -22,7 +22,7 @@ from typing import Any, Sequence
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
-from agentrl_jax.training import eval_metrics  # noqa: E402
+from agentrl_jax.training.evaluation import eval_metrics  # noqa: E402
 from benchmarks.analysis.seed_stats import t_interval  # noqa: E402
 
 METRICS = ("avg_at_k", "pass_at_k", "success_rate")

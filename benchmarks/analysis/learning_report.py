@@ -14,7 +14,7 @@ Full trajectory files are not copied (large).
 The interval: tasks are resampled with replacement (10,000 draws, seeded), each draw's gain is
 the mean over its tasks of (after success rate - before success rate) on the same task: a
 paired bootstrap over held-out tasks, the unit the evaluation samples. ``--metric`` picks the
-metric (``agentrl_jax/training/eval_metrics.py``): ``avg`` (default: Avg@k, the mean task
+metric (``agentrl_jax/training/evaluation/eval_metrics.py``): ``avg`` (default: Avg@k, the mean task
 score in [0, 1]; ScienceWorld's 0-100 score / 100), ``pass`` (Pass@k: a task passes when any of
 its episodes scores > 0) or ``success`` (the environment's completion flag; on ScienceWorld the
 task completed, not any partial score). Before 2026-12 the default counted an episode that had
@@ -69,7 +69,7 @@ from collections import defaultdict
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))  # agentrl_jax
-from agentrl_jax.training import eval_metrics  # noqa: E402
+from agentrl_jax.training.evaluation import eval_metrics  # noqa: E402
 
 from agentrl_common.jsonl_files import read_records, trajectory_files  # noqa: E402
 
@@ -178,9 +178,9 @@ def collect_run(run: str, dest: str) -> int:
 
 def paired_bootstrap(before: dict[str, list[float]], after: dict[str, list[float]],
                      draws: int = 10_000, seed: int = 0) -> dict[str, float]:
-    """The run report's paired bootstrap (``agentrl_jax.training.report``) in this script's
+    """The run report's paired bootstrap (``agentrl_jax.training.outputs.report``) in this script's
     ``gain.json`` field names, plus the median samples per task."""
-    from agentrl_jax.training.report import paired_bootstrap as bootstrap
+    from agentrl_jax.training.outputs.report import paired_bootstrap as bootstrap
 
     r = bootstrap(before, after, draws=draws, seed=seed)
     if not r:

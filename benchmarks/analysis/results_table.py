@@ -31,7 +31,7 @@ a subdirectory ``<job>`` or ``<job>_s<k>`` with evaluation episodes; ``--alias j
 single runs kept elsewhere, as seed 0) and writes ``<results>/table.md`` and ``table.json``:
 the family table of Avg@k (the mean task score, the paper's headline metric) with the
 comparisons, then the same cells for Pass@k and for the success rate (the environment's
-completion flag), all three from ``agentrl_jax/training/eval_metrics.py``; each cell
+completion flag), all three from ``agentrl_jax/training/evaluation/eval_metrics.py``; each cell
 ``seed_stats`` over the seeds that exist (``benchmarks/analysis/seed_stats.py``), "no runs yet" where
 none do. ``tests/test_results_doc.py`` rebuilds the tables of docs/RESULTS.md from the
 committed runs (:data:`DOC_SOURCES`) and fails when a printed number differs. A comparison of two training
@@ -303,7 +303,7 @@ def build_tables(runs: dict[str, str], draws: int = 10_000) -> dict:
 
 def metric_title(metric: str, k: int) -> str:
     """The heading naming what a table shows (``eval_metrics.METRIC_TITLES``)."""
-    from agentrl_jax.training.eval_metrics import METRIC_TITLES
+    from agentrl_jax.training.evaluation.eval_metrics import METRIC_TITLES
 
     return METRIC_TITLES[metric].format(k=k or "k")
 
@@ -344,7 +344,7 @@ def markdown(tables: dict, runs: dict[str, str]) -> str:
         lines += ["", f"**{metric_title(metric, k)}**, held-out, in points:", "",
                   *cells_markdown(tables[metric])]
     lines += ["", "Every cell: the mean over training seeds of the metric its table names, on "
-              "the held-out tasks, in points (`agentrl_jax/training/eval_metrics.py`: Avg@k the "
+              "the held-out tasks, in points (`agentrl_jax/training/evaluation/eval_metrics.py`: Avg@k the "
               "mean task score in [0, 1], ScienceWorld's score / 100; Pass@k a task passes when "
               "any of its k episodes scores > 0, the paper's success; success rate the "
               "environment's completion flag, ScienceWorld's task completed); the "

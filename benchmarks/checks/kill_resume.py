@@ -184,7 +184,7 @@ def resumed_at(output: str) -> int:
 def check_run(workdir: str, total: int, overlap_from: int) -> dict[str, Any]:
     """Check a finished run (see the module docstring); ``overlap_from``: the first rollout
     step (0-based) of the session with ``max_staleness=1``. Returns counts for the report."""
-    from agentrl_jax.training.schedule import HorizonSchedule
+    from agentrl_jax.training.rl.schedule import HorizonSchedule
     from experiments.smoke import get_config
 
     schedule = HorizonSchedule.from_config(dict(get_config().horizon))
@@ -224,7 +224,7 @@ def kill_and_resume(workdir: str, cache: str | None, kills: list[tuple[str, floa
     ``phase`` of step ``target_step(phase, latest checkpoint, offset, total)``, starting it
     again after each kill; then let the last session finish with ``max_staleness=1`` and check
     the run. Returns a report (one record per session)."""
-    from agentrl_jax.training.policy import checkpoint_steps
+    from agentrl_jax.training.runtime.policy import checkpoint_steps
 
     total = total or 2 * len(kills) + 2
     sessions = []

@@ -16,7 +16,7 @@
 #   (b) experiments/babyai.py:paper_scale_7b (a Qwen2.5-7B-shaped random policy, bf16 engine replica
 #       per GPU, f32 master weights + AdamW, 32 tasks x 8 samples, 13 turns) on 4, 2, 1 GPUs
 #       (those the machine has), each only where the memory arithmetic
-#       (agentrl_jax/training/memory_estimate.py, for this machine's card memory) does
+#       (agentrl_jax/training/preflight/memory_estimate.py, for this machine's card memory) does
 #       not rule it out -- otherwise skipped with the printed reason (an H100 80GB: 1 and 2
 #       ruled out; an H200 141GB: 1 ruled out).
 #
@@ -209,7 +209,7 @@ print('model:', r('smollm2'))"; then
        "SETUP=<file> that puts it on PYTHONPATH" >&2
   exit 2
 fi
-"$PY" -m agentrl_jax.training.memory_estimate --config experiments/babyai.py:paper_scale_7b \
+"$PY" -m agentrl_jax.training.preflight.memory_estimate --config experiments/babyai.py:paper_scale_7b \
   --gpus "$EST_GPUS" --gpu-memory-gib "$GPU_MEM_GIB" \
   --mem-fraction "$EST_FRACTION" --json "$OUT/qwen7b_memory.json" \
   | tee "$OUT/logs/qwen7b_memory.log"

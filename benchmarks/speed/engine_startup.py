@@ -44,7 +44,7 @@ def parse_variant(text: str) -> tuple[str, str]:
 
 def load_config(path: str) -> Any:
     """The config of experiment ``path`` (``file.py`` or ``file.py:variant``)."""
-    from agentrl_jax.training.config_cli import load_experiment
+    from agentrl_jax.training.config.command_line import load_experiment
 
     return load_experiment(path)
 
@@ -55,7 +55,7 @@ def one_variant(config_path: str, variant: str, shape: str) -> dict[str, Any]:
 
     from agentrl_jax.models.llama import init_model
     from agentrl_jax.rollout.engine.engine import Engine
-    from agentrl_jax.training import services
+    from agentrl_jax.training.runtime import services
     from benchmarks.speed.engine import model_config
 
     warmup, buckets = parse_variant(variant)

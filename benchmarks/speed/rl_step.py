@@ -76,7 +76,7 @@ VARIANTS = {
 
 
 def load_config(path: str, steps: int, overrides: dict):
-    from agentrl_jax.training.config_cli import load_experiment
+    from agentrl_jax.training.config.command_line import load_experiment
 
     c = load_experiment(path)  # path or path:variant
     c.train.total_steps = steps
@@ -159,7 +159,7 @@ def device_memory() -> list[dict]:
 
 def run_variant(config_path: str, name: str, steps: int, workdir: str,
                 checkpoint: bool = False) -> dict:
-    from agentrl_jax.training.trainer import Trainer
+    from agentrl_jax.training.rl.trainer import Trainer
 
     class BenchTrainer(Trainer):
         """The trainer without its checkpoint of the last step (taken after the step's time

@@ -4,7 +4,7 @@
     python benchmarks/speed/rollout_profile.py --replicas 4 --json out.json     # 4 GPUs (strong scaling)
     python benchmarks/speed/rollout_profile.py --config experiments/smoke.py --rollouts 1   # CPU smoke
 
-Builds what the trainer builds for a rollout (``training/services.py``: environment servers,
+Builds what the trainer builds for a rollout (``training/runtime/services.py``: environment servers,
 clients, the embedded engine on ``--replicas`` local devices, the actor pool behind the
 trainer's turn counter), draws the first training step's tasks and plays ``--warmup`` rollouts
 and then ``--rollouts`` measured ones (the engine's prefix cache is flushed between them, as a
@@ -209,7 +209,7 @@ def children_cpu_s() -> float:
 def load_config(path: str, overrides: list[str]):
     import ast
 
-    from agentrl_jax.training.config_cli import load_experiment
+    from agentrl_jax.training.config.command_line import load_experiment
 
     c = load_experiment(path)  # path or path:variant
     for item in overrides:
@@ -231,10 +231,10 @@ async def profile(config: Any, warmup: int, rollouts: int, horizon: int | None,
     import jax
 
     from agentrl_jax.rollout.engine.engine import Engine
-    from agentrl_jax.training import services
-    from agentrl_jax.training.progress import TurnCounter
-    from agentrl_jax.training.task_sampler import TaskSampler
-    from agentrl_jax.training.policy import load_policy
+    from agentrl_jax.training.runtime import services
+    from agentrl_jax.training.outputs.progress import TurnCounter
+    from agentrl_jax.training.rl.task_sampler import TaskSampler
+    from agentrl_jax.training.runtime.policy import load_policy
 
     t0 = _clock()
     model, tokenizer, model_path = load_policy(config)

@@ -174,7 +174,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     from agentrl_jax.rollout.backends.engine_servers import EngineServers
     from agentrl_jax.rollout.engine.replicas import EngineReplicas
     from agentrl_jax.rollout.engine.requests import merge_stats
-    from agentrl_jax.training.services import prefill_kv_buckets
+    from agentrl_jax.training.runtime.services import prefill_kv_buckets
 
     cfg = model_config(args.shape, args.dtype)
     if cfg.vocab_size < 49152:

@@ -85,8 +85,8 @@ def main(argv=None) -> dict:
     from agentrl_jax.learner.batch import UpdateOptions
     from agentrl_jax.models.config import ModelConfig
     from agentrl_jax.models.llama import init_model
-    from agentrl_jax.training.config_cli import load_config_file
-    from agentrl_jax.training.services import learner_settings
+    from agentrl_jax.training.config.command_line import load_config_file
+    from agentrl_jax.training.runtime.services import learner_settings
     from devtime import device_time, format_kernels
     from benchmarks.contenders.update_pipeline import SHAPES, synthetic_batch
 

@@ -120,7 +120,7 @@ def cast_once(params: Any, dtype: Any) -> Any:
 
 class EngineReplicas(BatchedSamplesBackend):
     """``len(devices) // tensor_parallel`` engine replicas (registry name ``embedded`` with
-    ``replicas`` > 1 through ``training.services.make_backend``).
+    ``replicas`` > 1 through ``training.runtime.services.make_backend``).
 
     >>> backend = EngineReplicas(model, EngineConfig(max_batch=64), devices=jax.local_devices())
     """

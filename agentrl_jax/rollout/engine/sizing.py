@@ -18,7 +18,7 @@ def fit_engine_slots(slots: int, model_config: Any, max_length: int, dtype: str 
     """``slots`` decode slots, or fewer on the CPU backend: as many as hold their KV cache
     (``2 x layers x kv_heads x head_dim x max_length`` values of ``dtype``, default the
     model's, per slot) in :data:`CPU_KV_RAM_FRACTION` of ``host_ram_bytes`` (default: this
-    machine's RAM), at least one. The trainer's engine (``training.services.engine_slots``)
+    machine's RAM), at least one. The trainer's engine (``training.runtime.services.engine_slots``)
     and the standalone inference server (``rollout/servers/server.py``) are sized by it."""
     import jax
     import jax.numpy as jnp

@@ -2,7 +2,7 @@
 
 A fact that two sections need is set once: ``learner.temperature`` (what the learner divides the
 logits by) is ``rollout.temperature`` (what the sampler used). ``RunConfig`` fills the derived
-key from its source (``config_sections.RunConfig.__post_init__``), a config that still sets it is
+key from its source (``config.sections.RunConfig.__post_init__``), a config that still sets it is
 refused with a one-line hint (``derived_key_problems``), and ``base_config()`` does not list it.
 """
 

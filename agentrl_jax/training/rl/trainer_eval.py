@@ -11,16 +11,16 @@ from typing import Any
 
 from agentrl_jax.agent.actor_pool import ActorPool, RolloutStats, TaskRef
 from agentrl_jax.agent.trajectory import STATUS_ENV_ERROR, Trajectory
-from agentrl_jax.training import distributed
-from agentrl_jax.training.evaluation import EvalResult, evaluate, score_trajectories
-from agentrl_jax.training.failed_steps import RunFailure
-from agentrl_jax.training.progress import EpisodeProgress, format_seconds
+from agentrl_jax.training.runtime import distributed
+from agentrl_jax.training.evaluation.held_out import EvalResult, evaluate, score_trajectories
+from agentrl_jax.training.rl.failed_steps import RunFailure
+from agentrl_jax.training.outputs.progress import EpisodeProgress, format_seconds
 
 log = logging.getLogger(__name__)
 
 
 class TrainerEvaluation:
-    """Evaluating the policy and watching the environments of :class:`~agentrl_jax.training.trainer.Trainer`."""
+    """Evaluating the policy and watching the environments of :class:`~agentrl_jax.training.rl.trainer.Trainer`."""
 
     async def _evaluate(self, pool: ActorPool, tasks: list[TaskRef], step: int,
                         learner: Any) -> EvalResult:

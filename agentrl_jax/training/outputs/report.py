@@ -1,6 +1,6 @@
 """The end-of-run report: ``report.md`` and PNG learning curves in the run's workdir.
 
-    python -m agentrl_jax.training.report RUN_DIR [--out DIR]
+    python -m agentrl_jax.training.outputs.report RUN_DIR [--out DIR]
 
 Written by ``launch/run.py`` when a run ends, from the run's own files: ``metrics.jsonl``
 (curves, last-step statistics), ``summary.json`` (steps, time, evaluations), ``config.json``
@@ -8,7 +8,7 @@ Written by ``launch/run.py`` when a run ends, from the run's own files: ``metric
 ``eval_episodes.jsonl`` kept with published results) for the held-out gain between the first
 and the last evaluation with a paired bootstrap 95% interval over tasks (each draw resamples
 tasks with replacement; a task's gain is its mean score after minus before). Avg@k, Pass@k and
-the success rate are ``training/eval_metrics.py``'s; an evaluation of an older ``summary.json``
+the success rate are ``training/evaluation/eval_metrics.py``'s; an evaluation of an older ``summary.json``
 (no ``scoring`` key) shows its Avg@k marked "(old metric)": it was the share of episodes with
 the success flag or a positive score.
 
@@ -30,8 +30,8 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from agentrl_common.jsonl_files import iter_lines, trajectory_files
-from agentrl_jax.training import eval_metrics
-from agentrl_jax.training.config import model_label
+from agentrl_jax.training.evaluation import eval_metrics
+from agentrl_jax.training.config.experiment import model_label
 
 REPORT_FILE = "report.md"
 CURVES_FILE = "report_curves.png"
@@ -301,7 +301,7 @@ def build_report(run_dir: str, curves_name: str | None = CURVES_FILE,
                          f"{_fmt(ev.get('dropped'))} |")
         lines += ["", "Avg@k: the mean task score in [0, 1]; Pass@k: the share of tasks with "
                   "an episode scoring > 0 among its k; success rate: the environment's "
-                  "completion flag (`agentrl_jax/training/eval_metrics.py`)."
+                  "completion flag (`agentrl_jax/training/evaluation/eval_metrics.py`)."
                   + (f" *(old metric)*: written before these definitions, the {OLD_NOTE}."
                      if old else ""), ""]
     else:

@@ -10,7 +10,7 @@ every episode; only the file is thinned.
 
 Files are written through ``agentrl_common.jsonl_files``: with ``train.compress_trajectories``
 one gzip member per step (``.jsonl.gz``), flushed, so a killed run leaves every whole step
-readable; the resume rewinds the files to the checkpoint (``training/runlog.py``) and appends.
+readable; the resume rewinds the files to the checkpoint (``training/outputs/runlog.py``) and appends.
 """
 
 from __future__ import annotations

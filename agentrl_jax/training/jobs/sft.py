@@ -23,7 +23,7 @@ Outputs in the workdir: ``checkpoints/`` (the learner's orbax format; the same c
 from the latest), ``metrics.jsonl`` / ``tensorboard/`` (``actor/nll`` per step), ``model/`` (a
 HF safetensors directory with the tokenizer: what ``--config.model.name=`` of ``launch/run.py``
 and ``launch/eval.py`` load), ``trajectories_eval.jsonl.gz`` (the held-out evaluation after
-training, ``eval_job``) and ``summary.json``.
+training, ``jobs/evaluate.py``) and ``summary.json``.
 """
 
 from __future__ import annotations
@@ -39,9 +39,9 @@ import numpy as np
 
 from agentrl_jax import compile_notice
 from agentrl_jax.learner.batch import UpdateOptions
-from agentrl_jax.training.config import config_json, model_label, to_run_config
-from agentrl_jax.training.experts import META_SUFFIX, answer_format, tokenizer_fingerprint
-from agentrl_jax.training.progress import (BAR, LINES, EpisodeProgress, format_seconds,
+from agentrl_jax.training.config.experiment import config_json, model_label, to_run_config
+from agentrl_jax.training.jobs.record_experts import META_SUFFIX, answer_format, tokenizer_fingerprint
+from agentrl_jax.training.outputs.progress import (BAR, LINES, EpisodeProgress, format_seconds,
                                            say_line, timed)
 
 EXPORT_DIR = "model"
@@ -75,8 +75,8 @@ def sft_problems(config: Any, workdir: str) -> list[str]:
     """What keeps ``launch/sft.py`` from running, one line each, before anything is loaded or
     written: expert data that ``sft.data`` does not name or that is missing
     (:func:`data_files`), and a workdir that cannot be created."""
-    from agentrl_jax.training import services
-    from agentrl_jax.training.validate import workdir_problem
+    from agentrl_jax.training.runtime import services
+    from agentrl_jax.training.preflight.validate import workdir_problem
 
     problems = []
     try:
@@ -194,9 +194,9 @@ class SFTRun:
 
     async def _run(self) -> dict[str, Any]:
         from agentrl_jax.learner.learner import Learner
-        from agentrl_jax.training import services
-        from agentrl_jax.training.policy import load_policy
-        from agentrl_jax.training.summary import write_json_atomic
+        from agentrl_jax.training.runtime import services
+        from agentrl_jax.training.runtime.policy import load_policy
+        from agentrl_jax.training.outputs.summary import write_json_atomic
 
         cfg, s = self.config, self.config.sft
         with open(os.path.join(self.workdir, "config.json"), "w") as f:
@@ -235,7 +235,7 @@ class SFTRun:
             if last > start or not os.path.exists(os.path.join(self.export_dir, "config.json")):
                 learner.wait()
                 with timed(self._say, f"exporting the policy to {self.export_dir}"):
-                    from agentrl_jax.training.export import export_policy
+                    from agentrl_jax.training.jobs.export import export_policy
 
                     export_policy(learner.policy_model(), tokenizer, self.export_dir,
                                   dtype="float32")
@@ -317,11 +317,11 @@ class SFTRun:
         return step, spent
 
     async def _evaluate(self, step: int) -> dict[str, Any]:
-        """The exported policy on the held-out split (``eval_job``, the RL evaluation's tasks
+        """The exported policy on the held-out split (``jobs/evaluate.py``, the RL evaluation's tasks
         and sampling); episodes go to ``trajectories_eval.jsonl.gz`` at ``step``."""
         import dataclasses
 
-        from agentrl_jax.training.eval_job import run_evaluation
+        from agentrl_jax.training.jobs.evaluate import run_evaluation
 
         cfg = self.config.replace(model=self.config.model.replace(name=self.export_dir,
                                                                    random_init={}))
@@ -331,7 +331,7 @@ class SFTRun:
                                       horizon=int(t.eval_horizon), say=self._say,
                                       progress=self.progress_mode,
                                       trajectories_out=trajectories)
-        from agentrl_jax.training.trajectory_log import TrajectoryLog
+        from agentrl_jax.training.outputs.trajectory_log import TrajectoryLog
 
         TrajectoryLog(self.workdir, compress=t.compress_trajectories).write(step, trajectories,
                                                                               "eval")

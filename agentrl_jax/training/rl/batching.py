@@ -20,7 +20,7 @@ the learner's estimator on one row per episode), and broadcast on every generate
 rows (``RolloutBatch.advantages``; the learner then skips its own estimator). That is exact for
 the estimators whose advantage is one number per episode (``AdvantageEstimator.episode_scalar``:
 GRPO, Dr.GRPO, RLOO), with the ``token_mean`` loss; the config refuses the others
-(``config_sections._history_window_problems``).
+(``config.sections._history_window_problems``).
 
 Anchor ids: the turns of one group (one task's episodes) that acted from the same environment
 state (equal ``Trajectory.turn_states`` digests) get the same id, turns from different states

@@ -287,9 +287,9 @@ def run_main(main: Callable[[list[str], Any], Any], name: str = "config",
 
     Mistakes in the command line (:func:`cli_problems`) and in the loaded config's values
     (``check``: ConfigDict -> RunConfig raising ``ConfigError``; default
-    ``training/config.py::to_run_config``) are printed as ``invalid config (N problems):``
+    ``training/config/experiment.py::to_run_config``) are printed as ``invalid config (N problems):``
     then one indented line each, and the process exits with ``EXIT_BAD_CONFIG`` (2)."""
-    from agentrl_jax.training.config import (EXIT_BAD_CONFIG, ConfigError, format_problems,
+    from agentrl_jax.training.config.experiment import (EXIT_BAD_CONFIG, ConfigError, format_problems,
                                              to_run_config)
 
     argv = sys.argv[1:]

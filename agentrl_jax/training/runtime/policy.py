@@ -7,8 +7,8 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from agentrl_jax.training import distributed, services
-from agentrl_jax.training.config import to_run_config
+from agentrl_jax.training.runtime import distributed, services
+from agentrl_jax.training.config.experiment import to_run_config
 
 
 def load_policy(config: Any, mesh: Any = None):

@@ -1,6 +1,6 @@
 """What a run writes and prints (``Trainer`` is built on it): ``config.json``, trajectory logs
-(rewound to the checkpoint on resume, ``training/runlog.py``), the session record and summary
-(merged with earlier sessions, ``training/summary.py``) and the terminal's lines."""
+(rewound to the checkpoint on resume, ``training/outputs/runlog.py``), the session record and summary
+(merged with earlier sessions, ``training/outputs/summary.py``) and the terminal's lines."""
 
 from __future__ import annotations
 
@@ -15,11 +15,11 @@ import numpy as np
 
 from agentrl_jax.agent.actor_pool import RolloutStats
 from agentrl_jax.agent.trajectory import Trajectory
-from agentrl_jax.training import runlog, storage
-from agentrl_jax.training.config import config_json
-from agentrl_jax.training.progress import say_line
-from agentrl_jax.training.trajectory_log import TrajectoryLog
-from agentrl_jax.training.summary import (SUMMARY_FILE, append_session, merge_summary, outcome,
+from agentrl_jax.training.outputs import runlog, storage
+from agentrl_jax.training.config.experiment import config_json
+from agentrl_jax.training.outputs.progress import say_line
+from agentrl_jax.training.outputs.trajectory_log import TrajectoryLog
+from agentrl_jax.training.outputs.summary import (SUMMARY_FILE, append_session, merge_summary, outcome,
                                           read_summary, write_json_atomic)
 
 log = logging.getLogger(__name__)
@@ -36,7 +36,7 @@ class StepRecord:
 
 
 class RunOutput:
-    """The files and lines of :class:`~agentrl_jax.training.trainer.Trainer`."""
+    """The files and lines of :class:`~agentrl_jax.training.rl.trainer.Trainer`."""
 
     def _write_config(self) -> None:
         """``config.json`` of the workdir, without secrets (``rollout.api_key``)."""
@@ -47,7 +47,7 @@ class RunOutput:
 
     def _log_trajectories(self, step: int, trajectories: list[Trajectory], kind: str) -> None:
         """Append ``step``'s episodes to this process's ``kind`` log: every evaluation episode,
-        ``train.trajectory_share`` of the training groups (``training/trajectory_log.py``)."""
+        ``train.trajectory_share`` of the training groups (``training/outputs/trajectory_log.py``)."""
         train = self.config.train
         log = TrajectoryLog(self.workdir,
                             f".process{self.process_index}" if self.multi_process else "",
@@ -61,7 +61,7 @@ class RunOutput:
             raise storage.with_path(error, path) from error
 
     def _rewind_logs(self, step: int) -> None:
-        """Rewind this process's per-step logs to checkpoint ``step`` (``training/runlog.py``);
+        """Rewind this process's per-step logs to checkpoint ``step`` (``training/outputs/runlog.py``);
         the evaluation of ``step`` is dropped too when this session runs it again (the opening
         evaluation of a run at step 0, the final one of a run killed during it)."""
         train = self.config.train
@@ -98,7 +98,7 @@ class RunOutput:
                 f"{resume} (workdir {self.workdir})")
 
     def terminated_message(self) -> str:
-        """The line printed when SIGTERM stopped the run (``training/loop.py``)."""
+        """The line printed when SIGTERM stopped the run (``training/rl/loop.py``)."""
         total = int(self.config.train.total_steps)
         if self.terminated_eval is not None and self.terminated_eval == self.saved_step:
             return (f"stopped by SIGTERM during the final evaluation at step "

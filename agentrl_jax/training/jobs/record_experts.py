@@ -12,7 +12,7 @@ same prompts, same chat template, same answer format (``agent.prompt_style``,
                             what the trajectories were recorded with: tokenizer fingerprint,
                             model, answer format, split, horizon, counts, success rate
 
-The token ids are those of the config's model tokenizer; ``training/sft.py`` refuses data
+The token ids are those of the config's model tokenizer; ``training/jobs/sft.py`` refuses data
 recorded with another tokenizer or answer format (record again with the SFT config).
 
 Progress: a line (flushed) every ``progress_every`` finished episodes and every
@@ -41,7 +41,7 @@ from agentrl_jax.agent.actor_pool import ActorPool, TaskRef
 from agentrl_jax.agent.chat import ChatFormatter
 from agentrl_jax.agent.experts import EXPERT_POLICIES, ExpertBackend
 from agentrl_jax.agent.trajectory import Trajectory
-from agentrl_jax.training.progress import say_line
+from agentrl_jax.training.outputs.progress import say_line
 
 META_SUFFIX = ".meta.json"
 
@@ -69,9 +69,9 @@ def tokenizer_fingerprint(tokenizer: Any) -> str:
 
 def answer_format(config: Any) -> dict[str, Any]:
     """The parts of a config that decide a trajectory's token layout besides the tokenizer."""
-    from agentrl_jax.training.services import stop_strings
+    from agentrl_jax.training.runtime.services import stop_strings
 
-    from agentrl_jax.training.config import to_run_config
+    from agentrl_jax.training.config.experiment import to_run_config
 
     config = to_run_config(config)
     return {"prompt_style": config.agent.prompt_style,
@@ -118,10 +118,10 @@ async def record_experts(config: Any, env: str, episodes: int, out_dir: str, *,
     record."""
     from agentrl_jax.models.pretrained import resolve_model_path
     from agentrl_jax.models.tokenizer import load_tokenizer
-    from agentrl_jax.training import services
-    from agentrl_jax.training.progress import EpisodeProgress, format_seconds, progress_mode
+    from agentrl_jax.training.runtime import services
+    from agentrl_jax.training.outputs.progress import EpisodeProgress, format_seconds, progress_mode
 
-    from agentrl_jax.training.config import to_run_config
+    from agentrl_jax.training.config.experiment import to_run_config
 
     config = to_run_config(config)
     expert = resolve_expert(env, expert or config.sft.expert)
@@ -284,7 +284,7 @@ def record_experts_parallel(config: Any, env: str, episodes: int, out_dir: str, 
     exits with it); the parts that finished are kept and the meta record lists the missing
     ones under ``failed_shards`` (with ``episodes_requested``). Raises ``RuntimeError`` when no
     part finished. ``workers <= 1`` records in this process (no time limit)."""
-    from agentrl_jax.training.config import to_run_config
+    from agentrl_jax.training.config.experiment import to_run_config
 
     expert = resolve_expert(env, expert or to_run_config(config).sft.expert)  # before spawning
     if workers <= 1:
@@ -292,7 +292,7 @@ def record_experts_parallel(config: Any, env: str, episodes: int, out_dir: str, 
                                           horizon=horizon, offset=offset, say=say,
                                           progress_every=progress_every,
                                           act_timeout_s=act_timeout_s, expert=expert))
-    from agentrl_jax.training.progress import format_seconds
+    from agentrl_jax.training.outputs.progress import format_seconds
 
     t0 = time.monotonic()
     bounds = shard_bounds(episodes, workers)

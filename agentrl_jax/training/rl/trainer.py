@@ -1,13 +1,13 @@
 """The RL trainer: sets a run up, runs it, records how it ended.
 
-Its rooms: ``training/policy.py`` (loading the policy and the learner, checkpoints, the weights
-a backend syncs), ``training/loop.py`` (the training loop), ``training/trainer_eval.py``
-(evaluations, the environment-error stop), ``training/run_output.py`` (config.json, logs,
+Its rooms: ``training/runtime/policy.py`` (loading the policy and the learner, checkpoints, the weights
+a backend syncs), ``training/rl/loop.py`` (the training loop), ``training/rl/trainer_eval.py``
+(evaluations, the environment-error stop), ``training/outputs/run_output.py`` (config.json, logs,
 summary, printed lines). Resuming restores params, optimizer, step and task cursor; the
 horizon is a pure function of the step, so it resumes exactly.
 
 Several JAX processes (``launch/run.py --distributed``, one per host) run as one big run
-(``training/distributed.py``): every process draws the same global task list, rolls out a
+(``training/runtime/distributed.py``): every process draws the same global task list, rolls out a
 contiguous block of its groups on its own environment servers and engine, and passes its share
 to ``Learner.update(..., process_local=True)`` with globally unique group ids; the updated
 parameters are gathered onto each host's devices for its embedded engine; rollout and
@@ -30,18 +30,19 @@ from typing import Any
 
 
 from agentrl_jax import compile_notice
-from agentrl_jax.training import distributed, runlog, services, storage
-from agentrl_jax.training.config import model_label, to_run_config
-from agentrl_jax.training.evaluation import EvalResult
-from agentrl_jax.training.failed_steps import FailedSteps, RunFailure
-from agentrl_jax.training.loop import TrainingLoop
-from agentrl_jax.training.policy import checkpoint_steps, engine_policy, load_learner
-from agentrl_jax.training.progress import BAR, LINES, OFF, TurnCounter, timed
-from agentrl_jax.training.run_output import RunOutput, StepRecord
-from agentrl_jax.training.schedule import HorizonSchedule
-from agentrl_jax.training.summary import read_summary
-from agentrl_jax.training.task_sampler import TaskSampler
-from agentrl_jax.training.trainer_eval import TrainerEvaluation
+from agentrl_jax.training.runtime import distributed, services
+from agentrl_jax.training.outputs import runlog, storage
+from agentrl_jax.training.config.experiment import model_label, to_run_config
+from agentrl_jax.training.evaluation.held_out import EvalResult
+from agentrl_jax.training.rl.failed_steps import FailedSteps, RunFailure
+from agentrl_jax.training.rl.loop import TrainingLoop
+from agentrl_jax.training.runtime.policy import checkpoint_steps, engine_policy, load_learner
+from agentrl_jax.training.outputs.progress import BAR, LINES, OFF, TurnCounter, timed
+from agentrl_jax.training.outputs.run_output import RunOutput, StepRecord
+from agentrl_jax.training.rl.schedule import HorizonSchedule
+from agentrl_jax.training.outputs.summary import read_summary
+from agentrl_jax.training.rl.task_sampler import TaskSampler
+from agentrl_jax.training.rl.trainer_eval import TrainerEvaluation
 
 log = logging.getLogger(__name__)
 
@@ -75,7 +76,7 @@ class Trainer(TrainingLoop, TrainerEvaluation, RunOutput):
         self.turn_counter: TurnCounter | None = None  # between the actor pool and the backend
         self.saved_this_session = False
         self.stopped = "total_steps"  # why training ended: total_steps | time_budget | terminated
-        self.terminate_requested = False  # SIGTERM during the loop (training/loop.py)
+        self.terminate_requested = False  # SIGTERM during the loop (training/rl/loop.py)
         self.terminated_eval: int | None = None  # the step of an evaluation SIGTERM cut short
         # seconds of the training loop before this session (from the checkpoint it resumes):
         # train.max_seconds is a budget over all sessions of the run
@@ -120,9 +121,9 @@ class Trainer(TrainingLoop, TrainerEvaluation, RunOutput):
     def run(self) -> dict[str, Any]:
         """Train (resuming from the workdir's checkpoint) and return the summary.
 
-        However the session ends, ``summary.json`` gets its record (``training/summary.py``).
+        However the session ends, ``summary.json`` gets its record (``training/outputs/summary.py``).
         A failed checkpoint save or a refused write (a full disk) is raised as one line, a
-        :class:`~agentrl_jax.training.storage.StorageFailure`, after the servers stopped and
+        :class:`~agentrl_jax.training.outputs.storage.StorageFailure`, after the servers stopped and
         the partial checkpoint was removed; orbax's tracebacks of it are kept out of the log.
         """
         quiet = storage.quiet_storage_errors()

@@ -1,6 +1,6 @@
 """Check that a config can run on this host, before anything starts.
 
-The values of a config are checked by its typed sections (``training/config_sections.py``):
+The values of a config are checked by its typed sections (``training/config/sections.py``):
 ``config_problems(config)`` returns one line per unknown key, bad type or bad value
 (``"learner.learning_rate: must be a finite number > 0 (got -0.0001)"``), all at once, and
 ``check_config`` raises ``ConfigError`` carrying those lines.
@@ -8,7 +8,7 @@ The values of a config are checked by its typed sections (``training/config_sect
 ``run_problems(config, workdir)`` adds what depends on this host, still without starting
 anything: the model source exists in the format its loader reads (``models/pretrained.py``,
 nothing but the tokenizer is loaded), the first prompt leaves room to generate within
-``rollout.max_context`` (``training/prompt_room.py``: a lower bound from the tokenizer, the
+``rollout.max_context`` (``training/preflight/prompt_room.py``: a lower bound from the tokenizer, the
 chat template, the answer format and ``agent.response_prefix``), the workdir can be created
 and written (a temporary file in it, or in its nearest existing parent), and one step's batch
 fits this host's memory (which bounds ``train.tasks_per_step``). ``check_run`` raises ``ConfigError`` with all of those lines;
@@ -21,9 +21,9 @@ import os
 import tempfile
 from typing import Any
 
-from agentrl_jax.training.config import (EXIT_BAD_CONFIG, ConfigError,  # noqa: F401
+from agentrl_jax.training.config.experiment import (EXIT_BAD_CONFIG, ConfigError,  # noqa: F401
                                          config_problems, format_problems, to_run_config)
-from agentrl_jax.training.config_sections import SECTIONS, RunConfig
+from agentrl_jax.training.config.sections import SECTIONS, RunConfig
 
 
 def check_config(config: Any) -> RunConfig:
@@ -32,7 +32,7 @@ def check_config(config: Any) -> RunConfig:
 
 
 # --------------------------------------------------------------------------- this host
-#: bytes one token takes in a step's batch (``training/batching.py``): ``tokens``,
+#: bytes one token takes in a step's batch (``training/rl/batching.py``): ``tokens``,
 #: ``attention_mask``, ``turn_ids`` (int32) and ``loss_mask``, ``rollout_logprobs`` (float32)
 BATCH_BYTES_PER_TOKEN = 5 * 4
 
@@ -104,7 +104,7 @@ def run_problems(config: Any, workdir: str, processes: int = 1,
             problems.append(f"model.name: {e}")
         else:
             if None not in (env, agent, rollout):
-                from agentrl_jax.training.prompt_room import run_prompt_problems
+                from agentrl_jax.training.preflight.prompt_room import run_prompt_problems
 
                 problems.extend(run_prompt_problems(model, env, agent, rollout))
     workdir_line = workdir_problem(workdir)
@@ -141,7 +141,7 @@ def checkpoint_problem(checkpoint_dir: str, step: int | None = None) -> str | No
     """Why ``checkpoint_dir`` (``launch/eval.py --checkpoint``) holds no checkpoint to restore
     at ``step`` (None: the latest), or None when it does. Reads the folder only: nothing is
     created (orbax would create a missing folder, empty)."""
-    from agentrl_jax.training.policy import checkpoint_steps
+    from agentrl_jax.training.runtime.policy import checkpoint_steps
 
     path = os.path.abspath(checkpoint_dir)
     if not os.path.exists(path):

@@ -15,9 +15,9 @@ from typing import Any, Callable, Mapping, Sequence
 
 from agentrl_jax.learner.config import LearnerConfig
 from agentrl_jax.rollout.engine.sizing import engine_prefill, fit_engine_slots
-from agentrl_jax.training.config import to_run_config
-from agentrl_jax.training.config_sections import as_list
-from agentrl_jax.training.progress import say_line
+from agentrl_jax.training.config.experiment import to_run_config
+from agentrl_jax.training.config.sections import as_list
+from agentrl_jax.training.outputs.progress import say_line
 
 log = logging.getLogger(__name__)
 

@@ -1,7 +1,7 @@
 """The experiment config: a ``ConfigDict`` for experiment files, a typed ``RunConfig`` for the code.
 
 Experiment files start from ``base_config()`` (the ``ConfigDict`` of the typed sections'
-defaults, ``training/config_sections.py``) and every key can be overridden from the command
+defaults, ``training/config/sections.py``) and every key can be overridden from the command
 line: ``--config.learner.kl_coef=0.01``. The launch scripts turn the result into a
 ``RunConfig`` once (``to_run_config``: every unknown key, bad type and bad value, one line each,
 raised as ``ConfigError``); library code reads that typed object.
@@ -16,7 +16,7 @@ from typing import Any, Mapping
 from ml_collections import ConfigDict, config_dict
 
 from agentrl_common.typed_sections import Section
-from agentrl_jax.training.config_sections import DERIVED_KEYS, RunConfig
+from agentrl_jax.training.config.sections import DERIVED_KEYS, RunConfig
 
 #: exit code of the launch scripts for an invalid config (as for bad usage)
 EXIT_BAD_CONFIG = 2
@@ -69,7 +69,7 @@ def _optional_scalar(hint: Any) -> type | None:
 
 def base_config() -> ConfigDict:
     """The ``ConfigDict`` experiment files start from: ``RunConfig()``'s defaults
-    (``training/config_sections.py`` holds each default once). A setting whose default is None
+    (``training/config/sections.py`` holds each default once). A setting whose default is None
     holds a typed placeholder, so the command line can set it (``--config.learner.
     clip_ratio_high=0.28``); ``to_dict()`` reads it back as None or its value."""
     return ConfigDict(_plain(RunConfig(), typed_none=True))

@@ -1,8 +1,8 @@
 """Evaluate a trained or untrained policy on an environment's test split: Avg@k, Pass@k and the
-success rate (``training/eval_metrics.py``).
+success rate (``training/evaluation/eval_metrics.py``).
 
 The embedded engine is sized by what is evaluated (``k x tasks`` episodes), not by the config's
-``train.*`` values; every long phase reports progress (see ``training/progress.py``).
+``train.*`` values; every long phase reports progress (see ``training/outputs/progress.py``).
 """
 
 from __future__ import annotations
@@ -16,12 +16,12 @@ import time
 from typing import Any, Callable
 
 from agentrl_jax import compile_notice
-from agentrl_jax.training import services
-from agentrl_jax.training.evaluation import EvalResult, evaluate
-from agentrl_jax.training.progress import (EpisodeProgress, TurnCounter, format_seconds,
+from agentrl_jax.training.runtime import services
+from agentrl_jax.training.evaluation.held_out import EvalResult, evaluate
+from agentrl_jax.training.outputs.progress import (EpisodeProgress, TurnCounter, format_seconds,
                                            progress_mode, timed)
-from agentrl_jax.training.config import to_run_config
-from agentrl_jax.training.policy import load_policy
+from agentrl_jax.training.config.experiment import to_run_config
+from agentrl_jax.training.runtime.policy import load_policy
 
 
 def _restore_policy(config: Any, model: Any, checkpoint_dir: str, step: int | None,

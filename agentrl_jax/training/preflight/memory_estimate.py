@@ -8,7 +8,7 @@ transients; it returns a lower bound (what must be live whatever XLA does), a pe
 verdict against the card's usable memory. :func:`parameter_count` counts a Llama / Qwen2
 decoder's parameters from its shape.
 
-``python -m agentrl_jax.training.memory_estimate --config experiments/babyai.py:paper_scale_7b
+``python -m agentrl_jax.training.preflight.memory_estimate --config experiments/babyai.py:paper_scale_7b
 --gpus 1,2,4`` prints the table (``--check``: exit 3 when a count cannot fit; ``--json``).
 An estimate, not a measurement: ``benchmarks/speed/rl_step.py`` records each GPU's measured peak
 (docs/PERFORMANCE.md).
@@ -24,8 +24,8 @@ from typing import Any, Mapping
 from agentrl_jax.models.config import ModelConfig
 from agentrl_jax.rollout.engine.engine_config import EngineConfig
 from agentrl_jax.rollout.engine.forward import XLA_GEMM
-from agentrl_jax.training import services
-from agentrl_jax.training.config import to_run_config
+from agentrl_jax.training.runtime import services
+from agentrl_jax.training.config.experiment import to_run_config
 
 GIB = 1024 ** 3
 #: the total memory of one H100 80GB as JAX reports it (GiB); nvidia-smi's 81559 MiB is 79.6
@@ -199,7 +199,7 @@ def config_for(spec: str, num_gpus: int) -> Any:
     ``get_config(variant, num_gpus=num_gpus)`` when the experiment sizes itself by GPU count (as
     ``experiments/babyai.py:paper_scale_7b`` does: optimiser state offloaded on one GPU), else
     ``get_config(variant)``; ``SystemExit`` with the problem when it does not load."""
-    from agentrl_jax.training.config_cli import load_experiment
+    from agentrl_jax.training.config.command_line import load_experiment
 
     return load_experiment(spec, num_gpus=num_gpus)
 

@@ -1,4 +1,4 @@
-"""The training loop of a run (``Trainer`` is built on it, ``training/trainer.py``).
+"""The training loop of a run (``Trainer`` is built on it, ``training/rl/trainer.py``).
 
 Each step: horizon from the schedule -> tasks from the sampler -> asynchronous rollout ->
 batch assembly (error trajectories dropped) -> learner update (old / reference logprobs,
@@ -31,14 +31,14 @@ from agentrl_jax.agent.actor_pool import ActorPool, TaskRef
 from agentrl_jax.agent.trajectory import Trajectory
 from agentrl_jax.algorithms.advantages import is_turn_level
 from agentrl_jax.learner.batch import UpdateOptions
-from agentrl_jax.training import distributed, hostmem
-from agentrl_jax.training.batching import assemble_batch, informative_groups
-from agentrl_jax.training.failed_steps import RunFailure
-from agentrl_jax.training.nonfinite import nonfinite_message, nonfinite_values
-from agentrl_jax.training.policy import LearnerWeights
-from agentrl_jax.training.progress import EpisodeProgress, timed
-from agentrl_jax.training.run_output import StepRecord
-from agentrl_jax.training.task_sampler import TaskSampler
+from agentrl_jax.training.runtime import distributed, hostmem
+from agentrl_jax.training.rl.batching import assemble_batch, informative_groups
+from agentrl_jax.training.rl.failed_steps import RunFailure
+from agentrl_jax.training.rl.nonfinite import nonfinite_message, nonfinite_values
+from agentrl_jax.training.runtime.policy import LearnerWeights
+from agentrl_jax.training.outputs.progress import EpisodeProgress, timed
+from agentrl_jax.training.outputs.run_output import StepRecord
+from agentrl_jax.training.rl.task_sampler import TaskSampler
 
 log = logging.getLogger(__name__)
 
@@ -53,7 +53,7 @@ def fresh_trajectories(trajectories: list[Trajectory], step: int,
 
 
 class TrainingLoop:
-    """The loop of :class:`~agentrl_jax.training.trainer.Trainer` (its set-up builds the learner, backend, actor pool and task sampler this loop drives)."""
+    """The loop of :class:`~agentrl_jax.training.rl.trainer.Trainer` (its set-up builds the learner, backend, actor pool and task sampler this loop drives)."""
 
     async def _loop(self, learner: Any, backend: Any, pool: ActorPool, sampler: TaskSampler,
                     eval_tasks: list[TaskRef], start_step: int) -> dict[str, Any]:
@@ -70,7 +70,7 @@ class TrainingLoop:
         cfg = self.config
         total = int(cfg.train.total_steps)
         # a history window splits an episode into rows: its advantage is computed per episode
-        # when the batch is assembled (training/batching.py)
+        # when the batch is assembled (training/rl/batching.py)
         window_batch = {"pad_id": cfg.model.pad_id, "episode_estimator": (
             cfg.learner.advantage_estimator if cfg.agent.history_turns else None),
             "advantage_settings": {"gamma": cfg.learner.gamma, "lam": cfg.learner.lam,

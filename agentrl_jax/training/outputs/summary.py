@@ -10,7 +10,7 @@ Each session adds one record to ``sessions``, however it ended:
   could not be written: a full disk) or ``error`` (anything else), with ``error``: the one-line
   message (:func:`outcome`);
 * a session that died without a word (kill -9, out of memory, a lost host) cannot write
-  anything; the next session finds the workdir lock it left (``training/workdir_lock.py``) and
+  anything; the next session finds the workdir lock it left (``training/outputs/workdir_lock.py``) and
   appends ``stopped: killed`` for it, with its pid, host and start time.
 
 A failed session's record never touches the other fields (a failed session does not finish a

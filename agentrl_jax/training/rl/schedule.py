@@ -49,11 +49,11 @@ class HorizonSchedule:
 
     @classmethod
     def from_config(cls, config: Any) -> "HorizonSchedule":
-        """The schedule of a ``HorizonConfig`` (``training/config_sections.py``) or of a mapping
+        """The schedule of a ``HorizonConfig`` (``training/config/sections.py``) or of a mapping
         of its keys (``{"type": "scaling_inter", "phases": [6, 13, 20], "steps_per_phase":
         100}``, ``{"type": "fixed", "turns": 20}``; the other keys take their defaults). A bad
         value raises ``ValueError``."""
-        from agentrl_jax.training.config_sections import HorizonConfig
+        from agentrl_jax.training.config.sections import HorizonConfig
 
         if not isinstance(config, HorizonConfig):
             config = HorizonConfig(**dict(config))

@@ -22,7 +22,7 @@ import json
 import os
 from typing import Any
 
-from agentrl_jax.training.policy import checkpoint_steps
+from agentrl_jax.training.runtime.policy import checkpoint_steps
 
 EXPORT_DTYPES = ("bfloat16", "float32")
 CHECKPOINTS = "checkpoints"
@@ -73,8 +73,8 @@ def _run_model(workdir: str) -> tuple[Any, Any]:
     """(model config, tokenizer) of the run in ``workdir``, from its ``config.json``."""
     from agentrl_jax.models.pretrained import load_model_config, resolve_model_path
     from agentrl_jax.models.tokenizer import load_tokenizer
-    from agentrl_jax.training.config_sections import ModelConfig as ModelSection
-    from agentrl_jax.training.policy import random_model_config
+    from agentrl_jax.training.config.sections import ModelConfig as ModelSection
+    from agentrl_jax.training.runtime.policy import random_model_config
 
     path = os.path.join(workdir, "config.json")
     try:

@@ -1,4 +1,4 @@
-"""Avg@k, Pass@k and the success rate on held-out tasks (``training/eval_metrics.py`` defines
+"""Avg@k, Pass@k and the success rate on held-out tasks (``training/evaluation/eval_metrics.py`` defines
 them: Avg@k the mean task score in [0, 1], Pass@k a task with any episode scoring > 0, the
 success rate the environment's completion flag).
 
@@ -17,7 +17,7 @@ from typing import Callable, Sequence
 
 from agentrl_jax.agent.actor_pool import ActorPool, TaskRef
 from agentrl_jax.agent.trajectory import Trajectory
-from agentrl_jax.training import eval_metrics
+from agentrl_jax.training.evaluation import eval_metrics
 
 
 #: default share of an evaluation's tasks that must be scored for it to count as a result

@@ -5,7 +5,7 @@
 ``agentrl_common.typed_sections.setting``: its default, its type and its range or its known
 names; a section checks itself when it is built (one line per bad field), and ``RunConfig``
 adds the checks that span sections (``rollout.max_new_tokens < rollout.max_context``, ...).
-``training/config.py`` turns these defaults into the ``ConfigDict`` experiment files start from
+``training/config/experiment.py`` turns these defaults into the ``ConfigDict`` experiment files start from
 (``base_config()``) and a ``ConfigDict`` back into a ``RunConfig`` (``to_run_config``).
 """
 
@@ -19,9 +19,9 @@ from agentrl_common.registry import did_you_mean
 from agentrl_common.typed_sections import Section, SectionError, is_int, is_number, setting
 from agentrl_jax.learner.config import LearnerConfig
 from agentrl_jax.rollout import sampling_limits as limits
-from agentrl_jax.training.derived_keys import (DERIVED_KEYS, derived_key_problems,
+from agentrl_jax.training.config.derived_keys import (DERIVED_KEYS, derived_key_problems,
                                                learner_temperature)
-from agentrl_jax.training.random_model_checks import random_model_problems
+from agentrl_jax.training.config.random_model_checks import random_model_problems
 
 HORIZON_TYPES = ("scaling_inter", "fixed")
 ENGINE_DTYPES = ("", "float32", "bfloat16")
@@ -300,7 +300,7 @@ class TrainConfig(Section):
     keep_checkpoints: int = setting(2, ge=1)
     # the share of training episodes written to trajectories_train.jsonl.gz: whole groups,
     # round(share x groups) of each step's (at least one), chosen by a hash of (step, group id)
-    # (training/trajectory_log.py); evaluations keep every episode, metrics count every one.
+    # (training/outputs/trajectory_log.py); evaluations keep every episode, metrics count every one.
     # Why 0.25: it keeps a one-GPU hour's training log under ~1 GB even uncompressed (the
     # measured sizes: docs/TRAINING.md, "How big a run folder gets").
     trajectory_share: float = setting(0.25, ge=0, le=1)
@@ -316,7 +316,7 @@ class TrainConfig(Section):
     # takes its compile out of train.max_seconds, so runs compared at equal wall time must agree
     compile_ahead: bool = setting(True)
     # drop groups whose samples all scored the same (group advantages are 0 there; see
-    # training/batching.py::informative_groups); for group estimators (GRPO / RLOO / Dr.GRPO)
+    # training/rl/batching.py::informative_groups); for group estimators (GRPO / RLOO / Dr.GRPO)
     skip_flat_groups: bool = setting(False)
     max_seconds: float = setting(0.0, ge=0, what=">= 0 (0: no limit)")  # then eval_after
     eval_tasks: int = setting(64, ge=0)
@@ -339,7 +339,7 @@ class TrainConfig(Section):
 
 @dataclasses.dataclass(frozen=True)
 class SFTConfig(Section):
-    """Behaviour cloning on recorded expert episodes (``launch/sft.py``, training/sft.py)."""
+    """Behaviour cloning on recorded expert episodes (``launch/sft.py``, training/jobs/sft.py)."""
 
     PREFIX = "sft"
     data: str = setting("runs/experts")  # a directory of <env>.jsonl (record_experts) or files
