@@ -236,8 +236,9 @@ def choice_tiny_t1() -> ConfigDict:
     Measured once on the shared 2-core box (seed 0, 20 steps, 4 tasks x 4, learning rate 5e-3):
     mean reward of steps 1-5 0.05 -> steps 16-20 0.12, invalid turns 0.83 -> 0.67: a rise
     within one seed's per-step noise (0.00 to 0.41 between neighbouring steps). With learning
-    rate 1e-2 and 8 tasks x 4 (seed 0, 15 steps): 0.11 -> 0.17. Neither is yet the learning
-    test (3 seeds and a margin above their noise are still to measure)."""
+    rate 1e-2 and 8 tasks x 4 (seed 0, 15 steps): 0.11 -> 0.17. Neither is the learning test:
+    the prior collapses to a uniform choice over the vocabulary after two or three optimiser
+    steps (docs/RESULTS.md, "The CPU learning check at temperature 1")."""
     c = choice_tiny()
     c.model.prior_letters = "abcdefghijklmnopqrstuvwxyz"
     c.model.prior_logit = 9.0
