@@ -93,7 +93,9 @@ def _lengths(value: Any) -> tuple[int, ...]:
 
 @dataclasses.dataclass(frozen=True)
 class EngineConfig(Section):
-    """Static engine shape and scheduling knobs.
+    """The engine's settings: static shapes and scheduling knobs (one default each, below).
+    ``"auto"`` values are resolved for the engine's devices by
+    ``resolution.resolve_engine_config`` (the shape helpers below refuse them until then).
 
     max_batch: number of slots (sequences decoded together). max_length: KV-cache length per
     slot (prompt + generated tokens must fit). dtype: compute / KV-cache dtype override
@@ -125,8 +127,9 @@ class EngineConfig(Section):
     tensor-parallel engine's sharded weights would gather them). prefill_kv_buckets: a prefill call
     attends over (and gathers / writes back) only the first ``kv`` positions of its slots'
     rows, ``kv`` the smallest of these lengths that holds every row's last prefilled position
-    (``max_length`` is always the last bucket); ``None``: powers of two from
-    :data:`MIN_PREFILL_KV` below ``max_length``; ``()`` (the default): every call attends over
+    (``max_length`` is always the last bucket); ``"auto"`` (the default; ``None`` is read as
+    ``"auto"``): powers of two from :data:`MIN_PREFILL_KV` below ``max_length`` on an
+    accelerator, the whole row on CPU (``resolution.py``); ``()`` or ``""``: every call attends over
     the whole row. Buckets cut prefill time but multiply the prefill shapes compiled at
     start-up (docs/PERFORMANCE.md, "Rollout on 1, 2, 4 GPUs"). share_prompts: a request
     (``n == 1``) whose prompt equals, id for id, that of a request still waiting for its
