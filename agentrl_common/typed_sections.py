@@ -44,16 +44,18 @@ def setting(default: Any = dataclasses.MISSING, *, factory: Callable[[], Any] | 
             ge: float | None = None, gt: float | None = None, le: float | None = None,
             choices: Iterable[str] | Callable[[], Iterable[str]] | None = None,
             kind: str = "value", normalize: Callable[[str], str] | None = None,
-            what: str | None = None, check: Callable[[Any], str | None] | None = None) -> Any:
+            what: str | None = None, check: Callable[[Any], str | None] | None = None,
+            help: str | None = None) -> Any:
     """A section field: its default (``factory`` for a mutable one) and its check.
 
     ``ge`` / ``gt`` / ``le``: bounds of a number; ``choices``: the known names of a string (or
     a function returning them, read when checked: a registry's ``names``), compared after
     ``normalize``, reported as ``unknown <kind> 'x'; known: a, b``; ``what``: the wording of a
     number's range (default from the bounds); ``check``: ``value -> problem or None`` replacing
-    the type and bound checks (a value with its own rules, e.g. a sampling parameter)."""
+    the type and bound checks (a value with its own rules, e.g. a sampling parameter);
+    ``help``: one line saying what the setting does (a generated command line's ``--help``)."""
     meta = {"ge": ge, "gt": gt, "le": le, "choices": choices, "kind": kind,
-            "normalize": normalize, "what": what, "check": check}
+            "normalize": normalize, "what": what, "check": check, "help": help}
     if factory is not None:
         return dataclasses.field(default_factory=factory, metadata=meta)
     return dataclasses.field(default=default, metadata=meta)

@@ -655,16 +655,25 @@ async def test_weights_from_the_learner_do_not_recompile(model, tokenizer):
 
 def test_prefill_kv_buckets_choose_the_smallest_row_prefix():
     from agentrl_jax.rollout.engine.engine import EngineConfig
+    from agentrl_jax.rollout.engine.resolution import resolve_engine_config
 
-    assert EngineConfig(max_length=4096).kv_buckets == (4096,)  # default: the whole row
-    c = EngineConfig(max_length=4096, prefill_chunks=(64, 256, 1024), prefill_kv_buckets=None)
-    assert c.kv_buckets == (512, 1024, 2048, 4096)  # None: powers of two from 512
+    # the default "auto": the whole row on CPU, powers of two from 512 on an accelerator
+    assert resolve_engine_config(EngineConfig(max_length=4096), "cpu").kv_buckets == (4096,)
+    c = resolve_engine_config(EngineConfig(max_length=4096, max_batch=32, prefill_tokens=4096,
+                                           prefill_chunks=(64, 256, 1024),
+                                           prefill_kv_buckets=None, prefill_attention="dense"),
+                              "gpu")
+    assert c.kv_buckets == (512, 1024, 2048, 4096)  # None ("auto"): powers of two from 512
     assert c.prefill_kv(64, 10) == 512 and c.prefill_kv(64, 512) == 512
     assert c.prefill_kv(64, 513) == 1024 and c.prefill_kv(256, 3000) == 4096
     assert c.prefill_kv(1024, 100) == 1024  # never below the chunk: fewer compiled shapes
     assert (1024, 4, 512) not in c.prefill_shapes() and (64, 32, 512) in c.prefill_shapes()
     assert len(c.prefill_shapes()) == 4 + 4 + 3
-    assert EngineConfig(max_length=384, prefill_kv_buckets=None).kv_buckets == (384,)
+    assert resolve_engine_config(EngineConfig(max_length=384, prefill_kv_buckets=None,
+                                              prefill_attention="dense"), "gpu"
+                                 ).kv_buckets == (384,)
+    with pytest.raises(ValueError, match="resolve"):  # "auto" is no length until resolved
+        EngineConfig(max_length=4096).kv_buckets
     assert EngineConfig(max_length=4096, prefill_kv_buckets=()).kv_buckets == (4096,)
     assert EngineConfig(max_length=100, prefill_kv_buckets=(32, 64, 500)).kv_buckets == (
         32, 64, 100)

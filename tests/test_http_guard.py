@@ -315,13 +315,21 @@ async def test_a_server_off_loopback_checks_host_only_against_listed_names(serve
 def test_standalone_server_defaults_are_sized_like_the_trainers_engine():
     from agentrl_jax.models.config import ModelConfig
     from agentrl_jax.rollout.engine.engine import EngineConfig
-    from agentrl_jax.rollout.servers.server import engine_config_from_args, parse_args
+    from agentrl_jax.rollout.engine.resolution import resolve_engine_config
+    from agentrl_jax.rollout.servers.engine_flags import engine_config_from_args
+    from agentrl_jax.rollout.servers.server import parse_args
     from agentrl_jax.rollout.engine.sizing import CPU_KV_RAM_FRACTION, engine_prefill, fit_engine_slots
+    from agentrl_jax.training.config.sections import RunConfig
 
     smol = ModelConfig(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_layers=30,
                        num_heads=9, num_kv_heads=3, head_dim=64)  # SmolLM2-135M's KV shape, f32
     args = parse_args([])
-    cpu = engine_config_from_args(args, smol, "cpu")
+    # the server's defaults are the section's, which are the run config's
+    assert engine_config_from_args(args) == EngineConfig()
+    rollout = RunConfig().rollout
+    assert (args.max_batch, args.max_length, args.decode_steps, args.prefill_kv_buckets) == (
+        rollout.max_batch, rollout.max_context, rollout.decode_steps, rollout.prefill_kv_buckets)
+    cpu = resolve_engine_config(engine_config_from_args(args), "cpu", 1, smol)
     # the trainer's own sizing functions
     assert cpu.max_batch == fit_engine_slots(args.max_batch, smol, args.max_length, None, backend="cpu")
     prefill = engine_prefill("cpu")
@@ -330,14 +338,17 @@ def test_standalone_server_defaults_are_sized_like_the_trainers_engine():
     # and by hand: 2 x 30 layers x 3 heads x 64 x 4096 positions x 4 bytes per slot
     ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     per_slot = 2 * 30 * 3 * 64 * 4096 * 4
-    assert cpu.max_batch == min(32, max(1, int(ram * CPU_KV_RAM_FRACTION // per_slot)))
-    assert cpu.prefill_tokens == min(cpu.prefill_chunks) < EngineConfig.prefill_tokens
-    # on an accelerator the engine's defaults stay
-    gpu = engine_config_from_args(args, smol, "gpu")
+    assert cpu.max_batch == min(64, max(1, int(ram * CPU_KV_RAM_FRACTION // per_slot)))
+    assert cpu.prefill_tokens == min(cpu.prefill_chunks) < 4096
+    assert (cpu.dtype, cpu.decode_attention, cpu.prefill_attention) == ("float32", "dense", "dense")
+    # on an accelerator: every slot, chunks up to 1024, 4096 tokens a call, KV buckets 512..2048
+    gpu = resolve_engine_config(engine_config_from_args(parse_args(["--prefill-attention", "dense"])),
+                                "gpu", 1, smol)
     assert (gpu.max_batch, gpu.prefill_chunks, gpu.prefill_tokens, gpu.prefill_kv_buckets) == (
-        32, EngineConfig.prefill_chunks, EngineConfig.prefill_tokens, EngineConfig.prefill_kv_buckets)
-    # flags given on the command line win
-    given = engine_config_from_args(parse_args(["--prefill-chunks", "64,256,1024", "--prefill-tokens", "2048",
-                                                "--prefill-kv-buckets", "auto", "--max-batch", "2"]), smol, "cpu")
+        64, (64, 256, 1024), 4096, (512, 1024, 2048))
+    # flags given on the command line win, on CPU too
+    given = resolve_engine_config(engine_config_from_args(parse_args([
+        "--prefill-chunks", "64,256,1024", "--prefill-tokens", "2048",
+        "--prefill-kv-buckets", "512,1024", "--max-batch", "2"])), "cpu", 1, smol)
     assert (given.max_batch, given.prefill_chunks, given.prefill_tokens, given.prefill_kv_buckets) == (
-        2, (64, 256, 1024), 2048, None)
+        2, (64, 256, 1024), 2048, (512, 1024))

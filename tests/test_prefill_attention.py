@@ -122,9 +122,12 @@ def test_unsupported_shapes_are_named():
 
 
 def test_prefill_attention_config():
-    from agentrl_jax.training.config import sections
+    import dataclasses
 
-    assert sections.PREFILL_ATTENTION == PREFILL_ATTENTION
+    from agentrl_jax.training.config.rollout_section import RolloutConfig
+
+    field = next(f for f in dataclasses.fields(RolloutConfig) if f.name == "prefill_attention")
+    assert tuple(field.metadata["choices"]) == PREFILL_ATTENTION  # the run config's names
     assert EngineConfig().resolved_prefill_attention("gpu") == "flash_in_cache"
     assert EngineConfig().resolved_prefill_attention("cpu") == "dense"
     assert EngineConfig(prefill_attention="dense").resolved_prefill_attention("gpu") == "dense"

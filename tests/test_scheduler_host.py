@@ -136,7 +136,7 @@ def build(seed: int, packed: bool, max_length: int = 3072) -> Harness:
     ``fail_late``: after writing; ``fail_other``: failing another request's sequence)."""
     rng = np.random.default_rng(seed)
     c = EngineConfig(max_batch=256, max_length=max_length, prefill_tokens=4096,
-                     prefill_chunks=(64, 256, 1024))
+                     prefill_chunks=(64, 256, 1024), prefill_kv_buckets=())
     h = Harness(c, packed)
     for i in range(int(rng.integers(1, 200))):
         L = int(rng.integers(2, max_length + 1)) if rng.random() < 0.2 else \

@@ -89,7 +89,7 @@ def bench_engine(model, cfg, args, batch_prompts, decode_attention: str = "auto"
                           decode_steps=args.decode_steps, prefill_chunks=(chunk,),
                           prefill_tokens=max(chunk, args.prefill_tokens),
                           kv_layout=args.kv_layout, decode_attention=decode_attention,
-                          decode_gemm=decode_gemm)
+                          decode_gemm=decode_gemm, prefill_kv_buckets=())  # the whole row
     t0 = time.perf_counter()
     engine = Engine(model, config)
     compile_s = time.perf_counter() - t0
@@ -251,7 +251,7 @@ def bench_prefix_reuse(model, cfg, args) -> dict[str, Any]:
     config = EngineConfig(max_batch=sessions, max_length=max_length, dtype=args.dtype,
                           decode_steps=args.decode_steps, kv_layout=args.kv_layout,
                           prefill_chunks=(chunk, 1 << (args.prompt_len - 1).bit_length(), 512),
-                          prefill_tokens=max(2048, chunk))
+                          prefill_tokens=max(2048, chunk), prefill_kv_buckets=())  # whole row
     engine = Engine(model, config)
     sampling = SamplingParams(max_new_tokens=args.turn_tokens, temperature=args.temperature,
                               ignore_eos=True)

@@ -174,7 +174,6 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     from agentrl_jax.rollout.backends.engine_servers import EngineServers
     from agentrl_jax.rollout.engine.replicas import EngineReplicas
     from agentrl_jax.rollout.engine.requests import merge_stats
-    from agentrl_jax.training.runtime.services import prefill_kv_buckets
 
     cfg = model_config(args.shape, args.dtype)
     if cfg.vocab_size < 49152:
@@ -204,9 +203,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                               dtype=args.dtype, weights_dtype=args.dtype,
                               prefill_chunks=(64, 256, 1024), prefill_tokens=8192,
                               decode_attention=args.decode_attention,
-                              prefill_kv_buckets=prefill_kv_buckets(
-                                  "" if args.prefill_kv_buckets == "whole"
-                                  else args.prefill_kv_buckets))
+                              prefill_kv_buckets=("" if args.prefill_kv_buckets == "whole"
+                                                  else args.prefill_kv_buckets))
         t0 = time.perf_counter()
         if args.replicas == "processes":
             backend = EngineServers(model, config, [[i] for i in range(n)],

@@ -40,6 +40,7 @@ from typing import Any, Sequence
 from agentrl_jax.rollout.contract import BackendBuild
 from agentrl_jax.rollout.engine.engine_config import EngineConfig
 from agentrl_jax.rollout.backends.sglang import SGLangBackend
+from agentrl_jax.rollout.servers.engine_flags import engine_flags
 
 log = logging.getLogger(__name__)
 
@@ -48,23 +49,10 @@ SHARED_MEMORY_DIR = "/dev/shm"
 
 
 def server_flags(config: EngineConfig) -> list[str]:
-    """``agentrl_jax.rollout.servers.server`` command-line flags that rebuild ``config`` there."""
-    flags = ["--max-batch", str(config.max_batch), "--max-length", str(config.max_length),
-             "--decode-steps", str(config.decode_steps),
-             "--prefill-chunks", ",".join(str(c) for c in config.prefill_chunks),
-             "--prefill-tokens", str(config.prefill_tokens),
-             "--max-queue", str(config.max_queue), "--seed", str(config.seed),
-             "--decode-attention", config.decode_attention,
-             "--decode-gemm", config.decode_gemm,
-             "--prefill-attention", config.prefill_attention]
-    buckets = config.prefill_kv_buckets
-    flags += ["--prefill-kv-buckets",
-              "auto" if buckets is None else ",".join(str(b) for b in buckets)]
-    if config.dtype:
-        flags += ["--dtype", config.dtype]
-    if config.weights_dtype:
-        flags += ["--weights-dtype", config.weights_dtype]
-    return flags
+    """``agentrl_jax.rollout.servers.server`` command-line flags that rebuild ``config`` there:
+    every engine setting, written by the options' own generator (``servers/engine_flags.py``),
+    so no setting of a run (``share_prompts``, ...) is left to the server's defaults."""
+    return engine_flags(config)
 
 
 def device_environment(group: Sequence[int], platform: str,

@@ -79,7 +79,7 @@ from agentrl_jax.rollout.engine.forward import FLASH_IN_CACHE, FLASH_IN_CACHE_IN
 from agentrl_jax.rollout.engine.inbox import EngineInbox
 from agentrl_jax.rollout.engine.kv_memory import KVCacheMemory
 from agentrl_jax.rollout.engine.placement import EnginePlacement
-from agentrl_jax.kernels.prefill_attention import BLOCK_Q
+from agentrl_jax.rollout.engine.resolution import resolve_engine_config
 from agentrl_jax.rollout.engine.requests import EngineStats, Request, Seq
 from agentrl_jax.rollout.engine.sampling import GREEDY, SAMPLE
 from agentrl_jax.rollout.engine.scheduler import Scheduler
@@ -113,29 +113,24 @@ class Engine(BatchedSamplesBackend):
             tokenizer = tokenizer if tokenizer is not None else model.tokenizer
             model_path = model_path or model.path
             model = model.model
-        self._config = config or EngineConfig()
         self.tokenizer = tokenizer
         self.model_path = model_path
         base_cfg: ModelConfig = model.cfg
-        self.model_config = base_cfg.replace(dtype=self.config.dtype or base_cfg.dtype,
-                                             remat=False)
-        if self.config.max_length > base_cfg.max_position_embeddings:
-            log.warning("max_length %d exceeds the model's max_position_embeddings %d",
-                        self.config.max_length, base_cfg.max_position_embeddings)
         self.placement = EnginePlacement(devices)
-        self.graphdef, abstract_state = nnx.split(abstract_model(self.model_config))
-        c = self.config
         platform, tp = self.placement.platform, self.placement.tensor_parallel
+        # the one place "auto" and platform values are decided (resolution.py)
+        self._config = c = resolve_engine_config(config or EngineConfig(), platform, tp, base_cfg)
+        self.model_config = base_cfg.replace(dtype=c.dtype, remat=False)
+        if c.max_length > base_cfg.max_position_embeddings:
+            log.warning("max_length %d exceeds the model's max_position_embeddings %d",
+                        c.max_length, base_cfg.max_position_embeddings)
+        self.graphdef, abstract_state = nnx.split(abstract_model(self.model_config))
         self.decode_attention = resolve_decode_attention(c, self.model_config, platform, tp)
         self.prefill_attention = resolve_prefill_attention(c, self.model_config, platform, tp)
-        # rows read where they are in the cache: one KV length (the whole row), packed calls of
-        # BLOCK_Q-token rows (several per sequence; scheduler.py, prefill_plan.py)
+        # rows read where they are in the cache (the resolution set one KV length, BLOCK_Q rows)
         self.packed_prefill = self.prefill_attention in (FLASH_IN_CACHE,
                                                          FLASH_IN_CACHE_INTERPRET)
-        if self.packed_prefill:
-            self._config = c = dataclasses.replace(c, prefill_kv_buckets=(),
-                                                  prefill_chunks=(BLOCK_Q,))
-        self.decode_gemm = c.resolved_decode_gemm(platform, tp)
+        self.decode_gemm = c.decode_gemm
         decode, prefill, copy_rows, merge = compiled_functions(
             self.graphdef, c.max_batch, c.max_length, c.decode_steps, c.max_stop_ids,
             c.kv_layout, self.decode_attention, self.decode_gemm,

@@ -1,23 +1,101 @@
-"""The embedded engine's static configuration (shapes and scheduling knobs)."""
+"""The engine's settings: one typed section (``EngineConfig``), the one default of each.
+
+``EngineConfig`` is a ``agentrl_common.typed_sections.Section``: every field is declared with
+``setting(default, checks, help=...)`` and nowhere else. Its users:
+
+* the embedded engine (``Engine(model, EngineConfig(...))``), which resolves the section's
+  ``"auto"`` and platform-dependent values once, on entry (``resolution.resolve_engine_config``);
+* the run config: ``rollout`` (``training/config/rollout_section.py``) declares the engine
+  settings a run sets with ``engine_setting(<field>)`` (default, checks and help copied from
+  here), and ``engine_config_of_run`` maps them back, field by field;
+* the rollout server, whose engine options are generated from these fields
+  (``rollout/servers/engine_flags.py``: name, type, default, help), and the engine-servers
+  backend, which writes a server's command line from an ``EngineConfig`` with the same module.
+
+``"auto"`` values (the attention kernels, the decode GEMMs, the prefill chunks, tokens and KV
+buckets) stay ``"auto"`` here; they are meaningful only once a platform is known.
+"""
 
 from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Any
+from typing import Any, Callable
 
+from agentrl_common.typed_sections import Section, is_int, setting
 from agentrl_jax.rollout.engine.forward import (DECODE_GEMM, HEAD_MAJOR, MERGED_CUBLAS, SEQ_MAJOR,
                                          XLA_GEMM)
 
 DECODE_ATTENTION = ("auto", "ragged_fused", "ragged", "dense")
 PREFILL_ATTENTION = ("auto", "flash", "flash_in_cache", "dense")
+#: the compute / KV-cache dtypes an engine may be given (None or "": the model's own)
+ENGINE_DTYPES = ("float32", "bfloat16", "float16")
 #: the smallest default prefill KV bucket (``EngineConfig.prefill_kv_buckets``)
 MIN_PREFILL_KV = 512
+#: ``"auto"`` prefill chunks and tokens per call on an accelerator (``resolution.py`` says CPU's)
+ACCELERATOR_PREFILL_CHUNKS = (64, 256, 1024)
+ACCELERATOR_PREFILL_TOKENS = 4096
+AUTO = "auto"
+
+
+def parse_prefill_kv_buckets(value: Any, name: str = "prefill_kv_buckets"
+                             ) -> tuple[int, ...] | None:
+    """A configured / command-line ``value`` as KV buckets: ``""`` -> ``()`` (the whole row),
+    ``"auto"`` -> ``None`` (resolved per platform), ``"512,1024"`` / a sequence -> those
+    lengths. ``name`` names the setting in the ``ValueError``."""
+    if value in (None, "", ()):
+        return ()
+    if value == AUTO:
+        return None
+    items = value.split(",") if isinstance(value, str) else list(value)
+    try:
+        lengths = tuple(int(x) for x in items if str(x).strip())
+    except (ValueError, TypeError):
+        raise ValueError(f"{name} must be '', 'auto' or a comma list of lengths, "
+                         f"got {value!r}") from None
+    if not lengths or min(lengths) < 1:
+        raise ValueError(f"{name}: lengths must be >= 1, got {value!r}")
+    return lengths
+
+
+def kv_buckets_check(name: str) -> Callable[[Any], str | None]:
+    """A field check of KV buckets (``parse_prefill_kv_buckets``'s rules; None is ``"auto"``)."""
+    def problem(value: Any) -> str | None:
+        try:
+            parse_prefill_kv_buckets(value, name)
+        except ValueError as error:
+            return str(error)
+        return None
+    return problem
+
+
+def _chunks_problem(value: Any) -> str | None:
+    if value == AUTO:
+        return None
+    items = value.split(",") if isinstance(value, str) else value
+    if not isinstance(items, (tuple, list)) or not items or not all(
+            is_int(c) or (isinstance(c, str) and c.strip().isdigit()) for c in items) or min(
+            int(c) for c in items) < 1:
+        return f"must be 'auto' or non-empty positive sizes, e.g. '64,256' (got {value!r})"
+    return None
+
+
+def _tokens_problem(value: Any) -> str | None:
+    if value == AUTO or (is_int(value) and value >= 1):
+        return None
+    return f"must be 'auto' or an integer >= 1 (got {value!r})"
+
+
+def _lengths(value: Any) -> tuple[int, ...]:
+    items = value.split(",") if isinstance(value, str) else value
+    return tuple(int(x) for x in items if str(x).strip())
 
 
 @dataclasses.dataclass(frozen=True)
-class EngineConfig:
-    """Static engine shape and scheduling knobs.
+class EngineConfig(Section):
+    """The engine's settings: static shapes and scheduling knobs (one default each, below).
+    ``"auto"`` values are resolved for the engine's devices by
+    ``resolution.resolve_engine_config`` (the shape helpers below refuse them until then).
 
     max_batch: number of slots (sequences decoded together). max_length: KV-cache length per
     slot (prompt + generated tokens must fit). dtype: compute / KV-cache dtype override
@@ -49,8 +127,9 @@ class EngineConfig:
     tensor-parallel engine's sharded weights would gather them). prefill_kv_buckets: a prefill call
     attends over (and gathers / writes back) only the first ``kv`` positions of its slots'
     rows, ``kv`` the smallest of these lengths that holds every row's last prefilled position
-    (``max_length`` is always the last bucket); ``None``: powers of two from
-    :data:`MIN_PREFILL_KV` below ``max_length``; ``()`` (the default): every call attends over
+    (``max_length`` is always the last bucket); ``"auto"`` (the default; ``None`` is read as
+    ``"auto"``): powers of two from :data:`MIN_PREFILL_KV` below ``max_length`` on an
+    accelerator, the whole row on CPU (``resolution.py``); ``()`` or ``""``: every call attends over
     the whole row. Buckets cut prefill time but multiply the prefill shapes compiled at
     start-up (docs/PERFORMANCE.md, "Rollout on 1, 2, 4 GPUs"). share_prompts: a request
     (``n == 1``) whose prompt equals, id for id, that of a request still waiting for its
@@ -73,74 +152,96 @@ class EngineConfig:
     GPU).
     """
 
-    max_batch: int = 32
-    max_length: int = 2048
-    dtype: str | None = None
-    weights_dtype: str | None = None
-    prefill_chunks: tuple[int, ...] = (64, 256, 1024)
-    prefill_tokens: int = 4096
-    decode_steps: int = 16
-    max_stop_ids: int = 8
-    max_queue: int = 4096
-    copy_rows: int = 8
-    session_cache: bool = True
-    seed: int = 0
-    kv_layout: str = HEAD_MAJOR
-    prefill_calls_per_step: int = 4
-    decode_attention: str = "auto"
-    decode_gemm: str = "auto"
-    prefill_kv_buckets: tuple[int, ...] | None = ()
-    share_prompts: bool = True
-    prefill_attention: str = "auto"
-    deliver_after_launch: bool = False
+    PREFIX = "engine"
+    max_batch: int = setting(64, ge=1, help="slots: sequences decoded together (on the CPU "
+                             "backend at most as many as hold their KV cache in a sixth of RAM)")
+    max_length: int = setting(4096, ge=2, help="KV-cache length per slot (prompt + generated "
+                              "tokens)")
+    dtype: str | None = setting(None, choices=ENGINE_DTYPES, kind="dtype", help="compute / "
+                                "KV-cache dtype (default: the model's)")
+    weights_dtype: str | None = setting(None, choices=ENGINE_DTYPES, kind="dtype", help="cast "
+                                        "a copy of the weights to this dtype")
+    prefill_chunks: str | tuple[int, ...] = setting(AUTO, check=_chunks_problem, help=(
+        "chunk sizes of chunked prefill, e.g. 64,256,1024 ('auto': by platform)"))
+    prefill_tokens: int | str = setting(AUTO, check=_tokens_problem, help=(
+        "tokens per prefill call ('auto': by platform)"))
+    decode_steps: int = setting(16, ge=1, help="decode steps per jitted call")
+    max_stop_ids: int = setting(8, ge=1, help="stop token ids per request")
+    max_queue: int = setting(4096, ge=0, help="waiting requests beyond which a request is "
+                             "refused (overloaded)")
+    copy_rows: int = setting(8, ge=1, help="KV rows copied per call (n > 1 and shared "
+                             "prompts)")
+    session_cache: bool = setting(True, help="keep finished sessions' KV rows for prefix reuse")
+    seed: int = setting(0, help="sampling seed of requests without one")
+    kv_layout: str = setting(HEAD_MAJOR, choices=(HEAD_MAJOR, SEQ_MAJOR), kind="kv_layout",
+                             help="bksd (head-major cache, the engine's forward) or bskd (the "
+                                  "model's own)")
+    prefill_calls_per_step: int = setting(4, ge=1, help="prefill calls before each decode call "
+                                          "while prompts wait")
+    decode_attention: str = setting(AUTO, choices=DECODE_ATTENTION, kind="decode_attention",
+                                    help="auto (ragged_fused on GPU), ragged_fused, ragged or "
+                                         "dense")
+    decode_gemm: str = setting(AUTO, choices=(AUTO, *DECODE_GEMM), kind="decode_gemm",
+                               help="auto (merged q/k/v and gate/up on cuBLAS for one GPU), "
+                                    "xla, merged or merged_cublas")
+    prefill_kv_buckets: str | tuple[int, ...] | None = setting(
+        AUTO, check=kv_buckets_check("prefill_kv_buckets"), help="'' (the whole row), 'auto' "
+        "(powers of two from 512 on an accelerator, the whole row on CPU) or a comma list")
+    share_prompts: bool = setting(True, help="a prompt equal to one waiting for its prefill "
+                                  "copies that prefill's KV row")
+    prefill_attention: str = setting(AUTO, choices=PREFILL_ATTENTION, kind="prefill_attention",
+                                     help="auto (flash_in_cache on GPU), flash, flash_in_cache "
+                                          "or dense")
+    deliver_after_launch: bool = setting(False, help="hand results over once the next device "
+                                         "call is launched")
 
     def __post_init__(self) -> None:
-        if self.kv_layout not in (HEAD_MAJOR, SEQ_MAJOR):
-            raise ValueError(f"kv_layout must be {HEAD_MAJOR!r} (the engine's head-major cache) "
-                             f"or {SEQ_MAJOR!r} (the model's own cache and forward)")
-        if self.max_batch < 1 or self.max_length < 2:
-            raise ValueError("max_batch must be >= 1 and max_length >= 2")
-        if self.decode_steps < 1:
-            raise ValueError("decode_steps must be >= 1")
-        if not self.prefill_chunks or min(self.prefill_chunks) < 1:
-            raise ValueError("prefill_chunks must be non-empty positive sizes")
-        if self.decode_attention not in DECODE_ATTENTION:
-            raise ValueError(f"decode_attention must be one of {DECODE_ATTENTION}, "
-                             f"got {self.decode_attention!r}")
-        if self.prefill_attention not in PREFILL_ATTENTION:
-            raise ValueError(f"prefill_attention must be one of {PREFILL_ATTENTION}, "
-                             f"got {self.prefill_attention!r}")
-        if self.decode_gemm not in DECODE_GEMM + ("auto",):
-            raise ValueError(f"decode_gemm must be 'auto' or one of {DECODE_GEMM}, "
-                             f"got {self.decode_gemm!r}")
-        if self.decode_gemm not in ("auto", "xla") and self.kv_layout != HEAD_MAJOR:
-            raise ValueError(f"decode_gemm={self.decode_gemm!r} needs kv_layout={HEAD_MAJOR!r}")
-        if self.prefill_kv_buckets is not None and any(
-                int(b) < 1 for b in self.prefill_kv_buckets):
-            raise ValueError("prefill_kv_buckets must be positive lengths")
-        for name in ("dtype", "weights_dtype"):
-            value = getattr(self, name)
-            if value not in (None, "float32", "bfloat16", "float16"):
-                raise ValueError(f"{name} must be float32, bfloat16 or float16, got {value!r}")
+        """Spellings normalised before the checks: ``""`` dtype -> None (the model's),
+        KV buckets ``None`` -> ``"auto"``, comma strings and lists -> tuples of ints."""
+        normal = {"dtype": self.dtype or None, "weights_dtype": self.weights_dtype or None}
+        if self.prefill_kv_buckets is None:
+            normal["prefill_kv_buckets"] = AUTO
+        elif self.prefill_kv_buckets != AUTO and not kv_buckets_check("")(
+                self.prefill_kv_buckets):
+            normal["prefill_kv_buckets"] = parse_prefill_kv_buckets(self.prefill_kv_buckets)
+        if self.prefill_chunks != AUTO and _chunks_problem(self.prefill_chunks) is None:
+            normal["prefill_chunks"] = _lengths(self.prefill_chunks)
+        for name, value in normal.items():
+            object.__setattr__(self, name, value)
+        super().__post_init__()
+
+    def _extra_problems(self, prefix: str, bad: set[str]) -> list[str]:
+        if not bad & {"decode_gemm", "kv_layout"} and self.decode_gemm not in (
+                AUTO, XLA_GEMM) and self.kv_layout != HEAD_MAJOR:
+            return [f"{prefix}.decode_gemm: {self.decode_gemm!r} needs kv_layout="
+                    f"{HEAD_MAJOR!r} (got kv_layout={self.kv_layout!r})"]
+        return []
+
+    @property
+    def resolved(self) -> bool:
+        """Whether no setting is ``"auto"`` any more (``resolution.resolve_engine_config``)."""
+        return AUTO not in (self.prefill_chunks, self.prefill_tokens, self.prefill_kv_buckets,
+                            self.decode_attention, self.prefill_attention, self.decode_gemm)
+
+    def _concrete(self, name: str) -> Any:
+        value = getattr(self, name)
+        if value == AUTO:
+            raise ValueError(f"EngineConfig.{name} is 'auto': resolve the config for a "
+                             "platform first (rollout.engine.resolution.resolve_engine_config)")
+        return value
 
     @property
     def chunk_buckets(self) -> tuple[int, ...]:
-        chunks = sorted({min(c, self.max_length) for c in self.prefill_chunks})
+        chunks = sorted({min(c, self.max_length) for c in self._concrete('prefill_chunks')})
         return tuple(chunks)
 
     def prefill_rows(self, chunk: int) -> int:
-        return max(1, min(self.max_batch, self.prefill_tokens // chunk))
+        return max(1, min(self.max_batch, self._concrete('prefill_tokens') // chunk))
 
     @functools.cached_property
     def kv_buckets(self) -> tuple[int, ...]:
         """The KV lengths prefill calls are compiled for, ascending, ending at ``max_length``."""
-        if self.prefill_kv_buckets is None:
-            below, b = [], MIN_PREFILL_KV
-            while b < self.max_length:
-                below.append(b)
-                b *= 2
-        else:
-            below = [int(b) for b in self.prefill_kv_buckets if int(b) < self.max_length]
+        below = [int(b) for b in self._concrete("prefill_kv_buckets") if int(b) < self.max_length]
         return tuple(sorted(set(below))) + (self.max_length,)
 
     def prefill_kv(self, chunk: int, needed: int) -> int:
@@ -154,7 +255,7 @@ class EngineConfig:
         """Row counts of a packed prefill call (``prefill_plan.plan_packed``) of rows of the
         smallest chunk: ``prefill_tokens / chunk`` rows and a quarter and a sixteenth of that,
         so a call with few tokens queued does not compute a whole ``prefill_tokens`` call."""
-        most = max(1, self.prefill_tokens // self.chunk_buckets[0])
+        most = max(1, self._concrete('prefill_tokens') // self.chunk_buckets[0])
         return tuple(sorted({max(1, most // 16), max(1, most // 4), most}))
 
     def prefill_shapes(self, packed: bool = False) -> list[tuple[int, int, int]]:
@@ -167,6 +268,15 @@ class EngineConfig:
                     for kv in self.kv_buckets if kv >= chunk]
         return [(chunk, self.prefill_rows(chunk), kv) for chunk in self.chunk_buckets
                 for kv in self.kv_buckets if kv >= chunk]
+
+    def accelerator_kv_buckets(self) -> tuple[int, ...]:
+        """What ``"auto"`` KV buckets are on an accelerator: the powers of two from
+        :data:`MIN_PREFILL_KV` below ``max_length``."""
+        below, b = [], MIN_PREFILL_KV
+        while b < self.max_length:
+            below.append(b)
+            b *= 2
+        return tuple(below)
 
     def resolved_decode_attention(self, platform: str) -> str:
         """``ragged_fused``, ``ragged`` or ``dense`` for a device platform (``"gpu"``,
@@ -194,24 +304,6 @@ class EngineConfig:
         return MERGED_CUBLAS if one_gpu else XLA_GEMM
 
 
-def parse_prefill_kv_buckets(value: Any, name: str = "prefill_kv_buckets"
-                             ) -> tuple[int, ...] | None:
-    """A configured / command-line ``value`` as ``EngineConfig.prefill_kv_buckets``: ``""`` ->
-    ``()`` (the whole row), ``"auto"`` -> ``None`` (powers of two), ``"512,1024"`` / a sequence
-    -> those lengths. ``name`` names the setting in the ``ValueError``."""
-    if value in (None, "", ()):
-        return ()
-    if value == "auto":
-        return None
-    items = value.split(",") if isinstance(value, str) else list(value)
-    try:
-        lengths = tuple(int(x) for x in items if str(x).strip())
-    except ValueError:
-        raise ValueError(f"{name} must be '', 'auto' or a comma list of lengths, "
-                         f"got {value!r}") from None
-    if not lengths or min(lengths) < 1:
-        raise ValueError(f"{name}: lengths must be >= 1, got {value!r}")
-    return lengths
-
-
-__all__ = ["EngineConfig", "DECODE_ATTENTION", "PREFILL_ATTENTION", "MIN_PREFILL_KV", "parse_prefill_kv_buckets"]
+__all__ = ["EngineConfig", "DECODE_ATTENTION", "PREFILL_ATTENTION", "ENGINE_DTYPES", "MIN_PREFILL_KV",
+           "ACCELERATOR_PREFILL_CHUNKS", "ACCELERATOR_PREFILL_TOKENS", "AUTO",
+           "kv_buckets_check", "parse_prefill_kv_buckets"]

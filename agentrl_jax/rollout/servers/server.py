@@ -28,9 +28,11 @@ only (405 otherwise, ``/flush_cache`` included) and takes ``Content-Type: applic
 only (415), a foreign ``Origin`` is 403, and on loopback (or with ``--allowed-host``) a ``Host``
 that is not one of the server's names is 421 (DNS rebinding).
 
-Engine defaults follow the backend as the trainer's engine does
-(``rollout.engine.sizing``: ``fit_engine_slots`` and ``engine_prefill``): on CPU at most as many slots
-as fit a sixth of host RAM, and one-sequence prefill calls; see ``engine_config_from_args``.
+The engine's options (``--max-batch``, ``--max-length``, ``--prefill-kv-buckets``, ...) are
+generated from ``EngineConfig``'s fields (``engine_flags.py``): the same names, defaults and
+checks as the run config's ``rollout`` section. Their ``auto`` values are resolved by the engine
+for its devices as the trainer's engine resolves them (``rollout.engine.resolution``): on CPU
+at most as many slots as fit a sixth of host RAM, one-sequence prefill calls over the whole row.
 """
 
 from __future__ import annotations
@@ -48,12 +50,9 @@ from aiohttp import web
 from agentrl_common.httpguard import (DEFAULT_MAX_CONNECTIONS, DEFAULT_READ_TIMEOUT_S, GuardedSite,
                                      Limits, exit_with_parent, fit_connection_limit,
                                      freeze_startup_objects, require_key_off_loopback, run_app)
-from agentrl_jax.rollout.engine.engine import Engine, EngineConfig
-from agentrl_jax.rollout.engine.engine_config import (DECODE_ATTENTION, PREFILL_ATTENTION,
-                                                      parse_prefill_kv_buckets)
-from agentrl_jax.rollout.engine.forward import DECODE_GEMM
-from agentrl_jax.rollout.engine.sizing import engine_prefill, fit_engine_slots
+from agentrl_jax.rollout.engine.engine import Engine
 from agentrl_jax.rollout.servers.app import RolloutServer
+from agentrl_jax.rollout.servers.engine_flags import add_engine_arguments, engine_config_from_args
 from agentrl_jax.rollout.servers.protocol import API_KEY_ENV, DEFAULT_MAX_BODY_BYTES
 
 log = logging.getLogger(__name__)
@@ -147,33 +146,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "naming another Host are refused (421). Default: the loopback names "
                         "on loopback, any Host elsewhere (the API key guards)")
     p.add_argument("--port", type=int, default=30000)
-    p.add_argument("--max-batch", type=int, default=EngineConfig.max_batch,
-                   help="slots decoded together, at most: on the CPU backend only as many as "
-                        "hold their KV cache in a sixth of host RAM (as the trainer's engine)")
-    p.add_argument("--max-length", type=int, default=4096, help="context length per slot")
-    p.add_argument("--dtype", choices=["float32", "bfloat16"], default=None)
-    p.add_argument("--weights-dtype", choices=["float32", "bfloat16"], default=None)
-    p.add_argument("--decode-steps", type=int, default=EngineConfig.decode_steps)
-    p.add_argument("--prefill-chunks", default=None,
-                   help="chunk sizes of chunked prefill, e.g. 64,256,1024 (default: by backend, "
-                        "as the trainer's engine: one sequence per call on CPU)")
-    p.add_argument("--prefill-tokens", type=int, default=None,
-                   help="tokens per prefill call (default: by backend)")
-    p.add_argument("--max-queue", type=int, default=EngineConfig.max_queue)
-    p.add_argument("--seed", type=int, default=EngineConfig.seed,
-                   help="sampling seed of requests without one")
-    p.add_argument("--decode-attention", choices=list(DECODE_ATTENTION), default="auto",
-                   help="auto (ragged_fused on GPU), ragged_fused, ragged or dense "
-                        "(EngineConfig.decode_attention)")
-    p.add_argument("--decode-gemm", choices=["auto", *DECODE_GEMM], default="auto",
-                   help="auto (merged q/k/v and gate/up on cuBLAS for one GPU), xla, merged or "
-                        "merged_cublas (EngineConfig.decode_gemm)")
-    p.add_argument("--prefill-attention", choices=list(PREFILL_ATTENTION), default="auto",
-                   help="auto (a flash kernel on GPU), flash, flash_in_cache or dense "
-                        "(EngineConfig.prefill_attention)")
-    p.add_argument("--prefill-kv-buckets", default=None,
-                   help="'' (whole row), 'auto' or a comma list of lengths "
-                        "(EngineConfig.prefill_kv_buckets; default: by backend)")
     p.add_argument("--tensor-parallel", type=int, default=1,
                    help="shard the engine over this process's first N local devices")
     p.add_argument("--parent-pid", type=int, default=None,
@@ -181,34 +153,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-body-mb", type=float, default=DEFAULT_MAX_BODY_BYTES / 2**20)
     p.add_argument("--served-model-name", default=None)
     p.add_argument("--log-level", default="info")
+    add_engine_arguments(p)  # --max-batch, --max-length, ...: generated from EngineConfig
     return p.parse_args(argv)
-
-
-def engine_config_from_args(args: argparse.Namespace, model_config: Any,
-                            platform: str) -> EngineConfig:
-    """The engine configuration of ``args`` for a model of ``model_config`` on ``platform``
-    (``"cpu"``, ``"gpu"``...), sized as the trainer sizes its engine: ``--max-batch`` slots at
-    most, fewer on CPU where their KV cache would take more than a sixth of host RAM
-    (``rollout.engine.sizing.fit_engine_slots``), and the prefill settings not given on the
-    command line from ``rollout.engine.sizing.engine_prefill`` (on CPU one sequence per call over
-    small chunks), else ``EngineConfig``'s."""
-    sized = engine_prefill(platform)
-    chunks = (tuple(int(x) for x in args.prefill_chunks.split(","))
-              if args.prefill_chunks is not None
-              else sized.get("prefill_chunks", EngineConfig.prefill_chunks))
-    tokens = (args.prefill_tokens if args.prefill_tokens is not None
-              else sized.get("prefill_tokens", EngineConfig.prefill_tokens))
-    kv_buckets = (parse_prefill_kv_buckets(args.prefill_kv_buckets)
-                  if args.prefill_kv_buckets is not None
-                  else sized.get("prefill_kv_buckets", EngineConfig.prefill_kv_buckets))
-    return EngineConfig(
-        max_batch=fit_engine_slots(args.max_batch, model_config, args.max_length, args.dtype,
-                                   backend=platform),
-        max_length=args.max_length, dtype=args.dtype, weights_dtype=args.weights_dtype,
-        decode_steps=args.decode_steps, prefill_chunks=chunks, prefill_tokens=tokens,
-        max_queue=args.max_queue, seed=args.seed, decode_attention=args.decode_attention,
-        decode_gemm=args.decode_gemm, prefill_kv_buckets=kv_buckets,
-        prefill_attention=args.prefill_attention)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -216,6 +162,7 @@ def main(argv: list[str] | None = None) -> None:
     logging.basicConfig(level=args.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:  # before the model is loaded: refuse at once
+        config = engine_config_from_args(args)
         require_key_off_loopback(args.host, args.api_key)
         Limits(max_body=int(args.max_body_mb * 2**20), read_timeout=args.read_timeout,
                max_connections=args.max_connections, api_key=args.api_key)
@@ -230,9 +177,9 @@ def main(argv: list[str] | None = None) -> None:
     from agentrl_jax.models.pretrained import load_pretrained
 
     pretrained = load_pretrained(args.model)
-    config = engine_config_from_args(args, pretrained.config, devices[0].platform)
-    log.info("compiling the engine (%s) on %d device(s)", config, args.tensor_parallel)
+    log.info("compiling the engine on %d device(s)", args.tensor_parallel)
     engine = Engine(pretrained, config, devices=devices[:args.tensor_parallel])
+    log.info("engine: %s", engine.config)  # "auto" resolved for these devices
     server = RolloutServer(engine, model_path=pretrained.path,
                            served_model_name=args.served_model_name,
                            max_body_bytes=int(args.max_body_mb * 2**20), api_key=args.api_key,

@@ -18,49 +18,21 @@ from typing import Any, Mapping
 from agentrl_common.registry import did_you_mean
 from agentrl_common.typed_sections import Section, SectionError, is_int, is_number, setting
 from agentrl_jax.learner.config import LearnerConfig
-from agentrl_jax.rollout import sampling_limits as limits
 from agentrl_jax.training.config.derived_keys import (DERIVED_KEYS, derived_key_problems,
                                                learner_temperature)
 from agentrl_jax.training.config.random_model_checks import random_model_problems
+from agentrl_jax.training.config.rollout_section import RolloutConfig, as_list
 
 HORIZON_TYPES = ("scaling_inter", "fixed")
-ENGINE_DTYPES = ("", "float32", "bfloat16")
-PREFILL_ATTENTION = ("auto", "flash", "flash_in_cache", "dense")  # EngineConfig's names
 MODEL_DTYPES = ("float32", "bfloat16")
 #: the shortest ``env.timeout`` (seconds per environment request) a run accepts
 MIN_ENV_TIMEOUT = 1.0
-
-
-def as_list(value: Any) -> list[str]:
-    """A comma-separated string or a sequence as a list of non-empty names / URLs."""
-    if value is None:
-        return []
-    if isinstance(value, str):
-        return [v.strip() for v in value.split(",") if v.strip()]
-    return [str(v) for v in value]
-
-
-def _limit(limit: limits.Limit):
-    """A field check by a sampling parameter's range (the one the rollout server applies)."""
-    return lambda value: limit.problem(value)
 
 
 def _family_names() -> list[str]:
     from environments.registry import family_names
 
     return family_names()
-
-
-def _rollout_backends() -> list[str]:
-    from agentrl_jax.rollout.contract import available_backends
-
-    return available_backends()
-
-
-def _parsers() -> list[str]:
-    from agentrl_jax.agent.parsing import PARSERS
-
-    return PARSERS.names()
 
 
 def _answer_formats() -> list[str]:
@@ -155,94 +127,6 @@ class EnvConfig(Section):
                     except re.error as error:
                         out.append(f"{where}: is not a regular expression: {error} "
                                    f"(got {pattern!r})")
-        return out
-
-
-def _stop_problem(stop: Any) -> str | None:
-    if stop is None:
-        return None
-    if not isinstance(stop, str) and not (isinstance(stop, (tuple, list)) and all(
-            isinstance(s, str) for s in stop)):
-        return f"must be a string or a sequence of strings (got {stop!r})"
-    strings = [s for s in ([stop] if isinstance(stop, str) else stop) if s]
-    return limits.stop_problem(strings) if strings else None
-
-
-def _kv_buckets_problem(value: Any) -> str | None:
-    from agentrl_jax.rollout.engine.engine_config import parse_prefill_kv_buckets
-
-    try:
-        parse_prefill_kv_buckets(value, "rollout.prefill_kv_buckets")
-    except (ValueError, TypeError) as e:
-        return str(e)
-    return None
-
-
-@dataclasses.dataclass(frozen=True)
-class RolloutConfig(Section):
-    """How episodes are generated: the backend, its engine and the sampling parameters."""
-
-    PREFIX = "rollout"
-    # embedded | engine_servers (a process per replica) | sglang
-    backend: str = setting("embedded", choices=_rollout_backends, kind="rollout backend")
-    urls: str | tuple[str, ...] = setting("")  # sglang servers, comma-separated
-    api_key: str = setting("")  # sglang servers' --api-key ("": $AGENTRL_ROLLOUT_API_KEY)
-    max_batch: int = setting(64, ge=1)  # engine slots
-    max_context: int = setting(4096, ge=16)  # tokens per episode (prompt + all turns)
-    # per turn: one action line (react needs ~128, use_react)
-    max_new_tokens: int = setting(24, check=_limit(limits.MAX_NEW_TOKENS))
-    stop: str | tuple[str, ...] = setting(("\n",), check=_stop_problem)  # strings ending a turn
-    temperature: float = setting(1.0, check=_limit(limits.TEMPERATURE))
-    top_p: float = setting(1.0, check=_limit(limits.TOP_P))
-    top_k: int = setting(-1, check=_limit(limits.TOP_K))
-    max_concurrency: int = setting(64, ge=1)  # episodes in flight
-    engine_dtype: str = setting("", choices=ENGINE_DTYPES, kind="dtype")  # "": model dtype
-    decode_steps: int = setting(16, ge=1)
-    # embedded engine placement: one replica per group of `tensor_parallel` local devices
-    # (0 = every group: all local accelerators decode, one engine on CPU; N = the first N)
-    engine_replicas: int = setting(0, ge=0)
-    tensor_parallel: int = setting(1, ge=1)
-    # auto (ragged_fused on GPU) | ragged_fused | ragged | dense
-    decode_attention: str = setting("auto")
-    # prefill attention: auto (flash_in_cache on GPU, dense elsewhere) | flash_in_cache (a flash
-    # kernel reading only the keys each query block sees, rows in place, packed calls) | flash
-    # (the kernel on a gathered copy of the rows) | dense (XLA einsums over the whole KV
-    # length; EngineConfig.prefill_attention)
-    prefill_attention: str = setting("auto", choices=PREFILL_ATTENTION, kind="prefill attention")
-    # decode GEMMs: auto (merged q/k/v and gate/up on cuBLAS for a one-GPU engine) | xla |
-    # merged | merged_cublas (EngineConfig.decode_gemm)
-    decode_gemm: str = setting("auto")
-    # free the engines' KV cache during each learner update (allocated again after the weight
-    # sync; cached prefixes go): the update gets that memory on shared devices. Only without
-    # overlap (train.max_staleness = 0); engine servers and SGLang get /release_memory_occupation
-    # (SGLang frees memory only with --enable-memory-saver)
-    release_kv_during_update: bool = setting(False)
-    # prefill attends over a KV-length bucket of each row: "auto" (powers of two from 512; on
-    # CPU the engine keeps the whole row), "" (off: the whole row) or a comma list of lengths;
-    # more prefill shapes to compile (docs/PERFORMANCE.md, "Prefill KV buckets by default")
-    prefill_kv_buckets: str | tuple[int, ...] = setting("auto", check=_kv_buckets_problem)
-    #: a prompt equal to one being prefilled copies that prefill's KV row instead of computing
-    #: it again (EngineConfig.share_prompts): the samples of a group share their first prompt
-    share_prompts: bool = setting(True)
-    parser: str = setting("react", choices=_parsers, kind="action parser")
-    # episodes in N spawned worker processes (0: in the trainer's process; docs/ROLLOUT.md);
-    # with an HTTP backend (engine_servers, sglang) the workers post to the servers themselves
-    # unless actor_workers_direct is False (then every request is relayed by the trainer)
-    actor_workers: int = setting(0, ge=0)
-    actor_workers_direct: bool = setting(True)
-
-    @property
-    def url_list(self) -> list[str]:
-        return as_list(self.urls)
-
-    def _extra_problems(self, prefix: str, bad: set[str]) -> list[str]:
-        out = []
-        if "backend" not in bad and self.backend == "sglang" and not self.url_list:
-            out.append(f"{prefix}.urls: rollout.backend='sglang' needs server URLs "
-                       "(comma-separated)")
-        if not bad & {"max_context", "max_new_tokens"} and self.max_new_tokens >= self.max_context:
-            out.append(f"{prefix}.max_new_tokens: must be < rollout.max_context="
-                       f"{self.max_context} (got {self.max_new_tokens})")
         return out
 
 

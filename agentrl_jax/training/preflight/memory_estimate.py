@@ -22,10 +22,11 @@ import math
 from typing import Any, Mapping
 
 from agentrl_jax.models.config import ModelConfig
-from agentrl_jax.rollout.engine.engine_config import EngineConfig
+from agentrl_jax.rollout.engine.resolution import resolve_engine_config
 from agentrl_jax.rollout.engine.forward import XLA_GEMM
 from agentrl_jax.training.runtime import services
 from agentrl_jax.training.config.experiment import to_run_config
+from agentrl_jax.training.config.rollout_section import engine_config_of_run
 
 GIB = 1024 ** 3
 #: the total memory of one H100 80GB as JAX reports it (GiB); nvidia-smi's 81559 MiB is 79.6
@@ -117,8 +118,8 @@ def memory_estimate(num_gpus: int, config: Any, usable_gib: float | None = None,
     replica_slots = math.ceil(slots / g)
     kv_per_token = 2 * mcfg.num_layers * mcfg.num_kv_heads * mcfg.head_dim * eb
     tensor_parallel = int(c.rollout.tensor_parallel)
-    decode_gemm = EngineConfig(decode_gemm=str(c.rollout.decode_gemm)
-                               ).resolved_decode_gemm("gpu", tensor_parallel)
+    decode_gemm = resolve_engine_config(engine_config_of_run(c.rollout, c.seed), "gpu",
+                                        tensor_parallel).decode_gemm
     qkv_width = (mcfg.num_heads + 2 * mcfg.num_kv_heads) * mcfg.head_dim
     merged_per_layer = (mcfg.hidden_size * (qkv_width + 2 * mcfg.intermediate_size)
                         + (qkv_width if mcfg.attention_bias else 0))

@@ -14,9 +14,9 @@ import re
 from typing import Any, Callable, Mapping, Sequence
 
 from agentrl_jax.learner.config import LearnerConfig
-from agentrl_jax.rollout.engine.sizing import engine_prefill, fit_engine_slots
+from agentrl_jax.rollout.engine.sizing import fit_engine_slots
 from agentrl_jax.training.config.experiment import to_run_config
-from agentrl_jax.training.config.sections import as_list
+from agentrl_jax.training.config.rollout_section import as_list, engine_config_of_run
 from agentrl_jax.training.outputs.progress import say_line
 
 log = logging.getLogger(__name__)
@@ -131,15 +131,6 @@ def engine_slots(config: Any, model_config: Any, dtype: str | None = None,
     return fit_engine_slots(slots, model_config, r.max_context, dtype, host_ram_bytes, backend)
 
 
-def prefill_kv_buckets(value: Any) -> tuple[int, ...] | None:
-    """``rollout.prefill_kv_buckets`` as ``EngineConfig.prefill_kv_buckets``: ``""`` -> ``()``
-    (the whole row), ``"auto"`` -> ``None`` (powers of two), ``"512,1024"`` / a sequence ->
-    those lengths."""
-    from agentrl_jax.rollout.engine.engine_config import parse_prefill_kv_buckets
-
-    return parse_prefill_kv_buckets(value, "rollout.prefill_kv_buckets")
-
-
 #: the learner's length buckets on the CPU backend: multiples of this many tokens
 CPU_LENGTH_BUCKET = 256
 
@@ -211,23 +202,15 @@ def make_backend(config: Any, model: Any, tokenizer: Any, model_path: str | None
                          urls=tuple(rollout.url_list),
                          api_key=rollout.api_key or None)
     if backend_cls.uses_local_engine:
-        from agentrl_jax.rollout.engine.engine_config import EngineConfig
-
         model_config = model.cfg if hasattr(model, "cfg") else None
         slots = (engine_slots(config, model_config, rollout.engine_dtype or None,
                               episodes=episodes)
                  if model_config is not None else int(rollout.max_batch))
         groups = engine_device_groups(config)
         per_replica = -(-slots // len(groups))  # sessions spread evenly over the replicas
-        engine_kwargs = dict(
-            max_batch=per_replica, max_length=rollout.max_context,
-            dtype=rollout.engine_dtype or None, weights_dtype=rollout.engine_dtype or None,
-            decode_steps=rollout.decode_steps, seed=config.seed,
-            decode_attention=rollout.decode_attention, decode_gemm=rollout.decode_gemm,
-            prefill_kv_buckets=prefill_kv_buckets(rollout.prefill_kv_buckets),
-            share_prompts=rollout.share_prompts, prefill_attention=rollout.prefill_attention)
-        engine_kwargs.update(engine_prefill(groups[0][0].platform))
-        build = dataclasses.replace(build, engine_config=EngineConfig(**engine_kwargs),
+        # "auto" values stay: each engine resolves them for its devices (engine/resolution.py)
+        engine_config = engine_config_of_run(rollout, config.seed, max_batch=per_replica)
+        build = dataclasses.replace(build, engine_config=engine_config,
                                     device_groups=tuple(tuple(g) for g in groups))
     return backend_cls.from_run(build)
 
