@@ -30,8 +30,8 @@ from agentrl_jax.training.outputs.progress import ProgressSettings, timed
 from agentrl_jax.training.outputs.run_output import RunOutput, SessionEnd, StepRecord
 from agentrl_jax.training.rl.failed_steps import FailedSteps, RunFailure
 from agentrl_jax.training.rl.schedule import HorizonSchedule
-from agentrl_jax.training.rl.stages import (BatchSettings, RolloutLauncher, RolloutResult,
-                                            record_step, select_batch, step_line)
+from agentrl_jax.training.rl.stages import (RolloutLauncher, RolloutResult, record_step,
+                                            select_batch, step_line)
 from agentrl_jax.training.rl.stop_policy import Checkpoints, StopPolicy, cancel
 from agentrl_jax.training.rl.task_sampler import TaskSampler
 from agentrl_jax.training.rl.trainer_eval import EnvErrorWatch, Evaluator

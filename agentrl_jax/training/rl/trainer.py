@@ -9,8 +9,9 @@ training/rl/stop_policy.py: time budget, SIGTERM, non-finite stop, the last step
 ``checkpoints`` (``Checkpoints``: the last checkpoint and its saves), ``failed_steps``
 (training/rl/failed_steps.py) and ``schedule`` (the horizons). The loop itself
 (training/rl/loop.py) runs the typed stages of training/rl/stages.py and
-training/rl/update_stage.py; ``training/runtime/policy.py`` loads the policy and the learner. Resuming restores params, optimizer, step and task cursor; the
-horizon is a pure function of the step, so it resumes exactly.
+training/rl/update_stage.py; ``training/runtime/policy.py`` loads the policy and the learner.
+Resuming restores params, optimizer, step and task cursor; the horizon is a pure function of
+the step, so it resumes exactly.
 
 Several JAX processes (``launch/run.py --distributed``, one per host) run as one big run
 (``training/runtime/distributed.py``): every process draws the same global task list, rolls out a
@@ -269,7 +270,7 @@ class Trainer:
                         purge_step=start_step + 1 if start_step else None)
                 cursor = int(resumed.get("cursor", 0)) if resumed else 0
                 self.stop.trained_seconds_before = float(resumed.get("train_seconds", 0.0)
-                                                    if resumed else 0.0)
+                                                         if resumed else 0.0)
                 if self.multi_process:  # every process must resume at the same step and tasks
                     seen = distributed.allgather_objects([start_step, cursor])
                     if any(s != seen[0] for s in seen):
@@ -299,15 +300,15 @@ class Trainer:
                     # last (possibly a step after the checkpoint, or the base model); engine
                     # servers were just started from the restored policy
                     with timed(say, f"loading the step-{start_step} weights into the "
-                                          "rollout servers"):
+                                    "rollout servers"):
                         await backend.sync_weights(
                             LearnerWeights(learner, multi_process=self.multi_process,
                                            is_main=self.is_main), start_step)
                 astack.push_async_callback(self.stop.cancel_in_flight)  # runs first (LIFO)
                 self.backend = backend
                 self.progress.turn_counter = TurnCounter(backend)
-                pool = services.make_actor_pool(cfg, self.progress.turn_counter, clients, tokenizer,
-                                                model.cfg.eos_token_ids)
+                pool = services.make_actor_pool(cfg, self.progress.turn_counter, clients,
+                                                tokenizer, model.cfg.eos_token_ids)
                 train_tasks, eval_tasks = await self._task_lists(clients)
                 sampler = TaskSampler(train_tasks, seed=int(cfg.seed), cursor=cursor)
                 # the loaded weights: the engine's until the first weight sync, then unused (the
