@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 import numpy as np
 
@@ -110,7 +110,7 @@ class RolloutLauncher:
 
     def __init__(self, cfg: RunConfig, pool: ActorPool, sampler: TaskSampler,
                  schedule: HorizonSchedule, stop: StopPolicy, progress: ProgressSettings,
-                 say: Any, total: int, weights_version: int):
+                 say: Callable[..., None], total: int, weights_version: int):
         self.pool, self.sampler, self.schedule = pool, sampler, schedule
         self.stop, self.progress, self.say = stop, progress, say
         self.total = total

@@ -14,7 +14,7 @@ from __future__ import annotations
 import collections
 import logging
 import time
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Sequence
 
 from agentrl_jax.agent.actor_pool import ActorPool, RolloutStats, TaskRef
 from agentrl_jax.agent.trajectory import STATUS_ENV_ERROR, Trajectory
@@ -27,6 +27,7 @@ from agentrl_jax.training.outputs.progress import (EpisodeProgress, ProgressSett
 from agentrl_jax.training.outputs.run_output import RunOutput
 
 if TYPE_CHECKING:
+    from agentrl_common.processes import ServerSupervisor
     from agentrl_jax.learner.learner import Learner
     from agentrl_jax.training.config.sections import RunConfig
 
@@ -123,7 +124,8 @@ class EnvErrorWatch:
         self.max_rate = config.train.max_env_error_rate
         self.workdir = workdir
         self.multi_process = multi_process
-        self.supervisor: Any = None  # restarts the environment servers started here
+        # restarts the environment servers started here (None: none was)
+        self.supervisor: ServerSupervisor | None = None
         # (env_error episodes, episodes) of the last train.env_error_window rollouts
         self.window: collections.deque[tuple[int, int]] = collections.deque(
             maxlen=config.train.env_error_window)
