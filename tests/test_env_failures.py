@@ -115,7 +115,7 @@ def _trainer(tmp_path, **train) -> Trainer:
 
 def test_env_errors_warn_and_stop_the_run_over_the_threshold(tmp_path, caplog):
     trainer = _trainer(tmp_path, max_env_error_rate=0.3, env_error_window=3)
-    trainer.saved_step = 4
+    trainer.checkpoints.saved_step = 4
 
     def rollout(errors: int, n: int = 8) -> list[Trajectory]:
         return ([_traj("babyai", f"b{i}", "env_error") for i in range(errors)]
@@ -124,7 +124,8 @@ def test_env_errors_warn_and_stop_the_run_over_the_threshold(tmp_path, caplog):
     with caplog.at_level(logging.WARNING, logger="agentrl_jax.training.rl.trainer"):
         for step, errors in enumerate((0, 2, 4)):  # window rates 0, 2/16, 6/24: go on
             trajs = rollout(errors)
-            trainer._check_env_errors(step, trajs, summarize(trajs, 1.0))
+            trainer.env_errors.check(step, trajs, summarize(trajs, 1.0),
+                                     trainer.checkpoints.resume_hint())
         warnings = [r.getMessage() for r in caplog.records]
     assert warnings == [
         "step 2: 2 of 8 episodes ended with env_error (babyai 2); first error: step: babyai "
@@ -133,7 +134,8 @@ def test_env_errors_warn_and_stop_the_run_over_the_threshold(tmp_path, caplog):
         "is gone"]
     trajs = rollout(6)  # window (steps 2-4): 12 of 24 = 0.5 > 0.3
     with pytest.raises(RunFailure) as failure:
-        trainer._check_env_errors(3, trajs, summarize(trajs, 1.0))
+        trainer.env_errors.check(3, trajs, summarize(trajs, 1.0),
+                                 trainer.checkpoints.resume_hint())
     assert str(failure.value) == (
         f"stopped at step 4: 12 of 24 episodes of the last 3 rollout(s) ended with env_error "
         f"(rate 0.50 > train.max_env_error_rate=0.3); last error: step: babyai is gone; the "
@@ -146,8 +148,9 @@ def test_a_server_dead_for_good_stops_the_run(tmp_path):
                     "env.max_restarts=3 reached, not restarting it"]
 
     trainer = _trainer(tmp_path)
-    trainer.supervisor = GaveUp()
+    trainer.env_errors.supervisor = GaveUp()
     trajs = [_traj("textcraft", "t")]
     with pytest.raises(RunFailure, match=r"^stopped at step 1: babyai server http://127.0.0.1:1 "
                                          r"died .*; the same command starts it again"):
-        trainer._check_env_errors(0, trajs, summarize(trajs, 1.0))
+        trainer.env_errors.check(0, trajs, summarize(trajs, 1.0),
+                                 trainer.checkpoints.resume_hint())

@@ -73,7 +73,7 @@ def test_background_compile_waits_and_unpacked_updates_are_left_alone():
 def test_the_training_loop_waits_for_the_ahead_compile_before_its_first_update():
     import asyncio
 
-    from agentrl_jax.training.rl.loop import TrainingLoop
+    from agentrl_jax.training.rl.update_stage import LearnerUpdate
 
     order: list[str] = []
 
@@ -86,12 +86,10 @@ def test_the_training_loop_waits_for_the_ahead_compile_before_its_first_update()
             order.append("update")
             return {"batch": batch}
 
-    loop = TrainingLoop.__new__(TrainingLoop)  # only the attributes _update reads
-    loop._update_compiled, loop._ahead_compile = False, Ahead()
-    loop._say = lambda *args, **kwargs: None
-    assert asyncio.run(loop._update(StubLearner(), "b1", False)) == {"batch": "b1"}
-    asyncio.run(loop._update(StubLearner(), "b2", False))
-    assert order == ["wait", "update", "update"] and loop._ahead_compile is None
+    stage = LearnerUpdate(StubLearner(), None, lambda *args, **kwargs: None, ahead=Ahead())
+    assert asyncio.run(stage.update_learner("b1", False)) == {"batch": "b1"}
+    asyncio.run(stage.update_learner("b2", False))
+    assert order == ["wait", "update", "update"] and stage.ahead_compile is None
 
 
 def test_an_update_of_several_micro_batches_compiles_the_accumulation_once(compiled_names):

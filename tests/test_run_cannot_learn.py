@@ -346,7 +346,7 @@ def _eval_loop(tmp_path, pool, eval_before: bool):
     trainer = Trainer(c, str(tmp_path), progress=False)
     learner = RecordingLearner()
     sampler = TaskSampler([TaskRef("babyai", str(i)) for i in range(20)], seed=0)
-    asyncio.run(trainer._loop(learner, RecordingBackend(), pool, sampler,
+    asyncio.run(trainer.train(learner, RecordingBackend(), pool, sampler,
                               [TaskRef("babyai", "t0"), TaskRef("babyai", "t1")], 0))
     return trainer, learner
 

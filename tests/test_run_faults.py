@@ -475,7 +475,7 @@ def test_every_session_end_is_recorded_in_the_summary(tmp_path, error, stopped):
     trainer = _trainer(str(tmp_path / "run"))
 
     async def run():
-        trainer.start_step, trainer.step_done = 2, 3
+        trainer.start_step, trainer.stop.step_done = 2, 3
         raise error
 
     trainer._run = run
@@ -498,7 +498,7 @@ def test_a_refused_write_ends_the_trainer_in_one_line(tmp_path):
     path = os.path.join(trainer.workdir, "trajectories_train.jsonl")
 
     async def run():
-        trainer.start_step, trainer.step_done = 0, 1
+        trainer.start_step, trainer.stop.step_done = 0, 1
         raise OSError(errno.ENOSPC, "No space left on device", path)
 
     trainer._run = run

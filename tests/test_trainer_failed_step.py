@@ -3,7 +3,7 @@
 With the default ``max_staleness=0``, a step whose episodes all failed did no update; the
 weights version then stayed one behind the step counter, every later rollout was stamped one
 version behind and dropped as stale, and training never updated again. Here the trainer's real
-loop (``Trainer._loop``: staleness filter, batch assembly, update / weight-sync bookkeeping)
+loop (``Trainer.train``: staleness filter, batch assembly, update / weight-sync bookkeeping)
 runs against a recording learner and backend and an actor pool whose first rollout fails
 entirely (engine errors); the reference is the hand-written sequence of updates and weight
 versions.
@@ -105,10 +105,10 @@ def fake_loop_config(total_steps: int, save_every: int = 100, **train):
 
 
 def run_fake_loop(c, workdir, learner, backend, pool) -> None:
-    """``Trainer._loop`` of config ``c`` in ``workdir`` over 20 BabyAI task ids."""
+    """``Trainer.train`` of config ``c`` in ``workdir`` over 20 BabyAI task ids."""
     trainer = Trainer(c, str(workdir), progress=False)
     sampler = TaskSampler([TaskRef("babyai", str(i)) for i in range(20)], seed=0)
-    asyncio.run(trainer._loop(learner, backend, pool, sampler, [], 0))
+    asyncio.run(trainer.train(learner, backend, pool, sampler, [], 0))
 
 
 def test_a_step_where_every_episode_failed_leaves_later_steps_training(tmp_path):
@@ -118,7 +118,7 @@ def test_a_step_where_every_episode_failed_leaves_later_steps_training(tmp_path)
     learner, backend, pool = RecordingLearner(), RecordingBackend(), FailingPool(failing={1})
     sampler = TaskSampler([TaskRef("babyai", str(i)) for i in range(20)], seed=0)
 
-    asyncio.run(trainer._loop(learner, backend, pool, sampler, [], 0))
+    asyncio.run(trainer.train(learner, backend, pool, sampler, [], 0))
 
     assert pool.rollouts == 4
     assert learner.updates == [4, 4, 4]  # steps 2, 3, 4: every episode trained on
@@ -136,7 +136,7 @@ def test_config_json_leaves_the_api_key_out(tmp_path):
     c = base_config()
     c.rollout.api_key = "sesame"
     trainer = Trainer(c, str(tmp_path), progress=False)
-    trainer._write_config()
+    trainer.output.write_config()
     text = open(tmp_path / "config.json").read()
     assert "sesame" not in text and '"api_key": "<redacted>"' in text
     assert c.rollout.api_key == "sesame"  # the run itself keeps it
@@ -177,7 +177,7 @@ def test_kv_cache_released_before_each_update_when_configured(tmp_path):
         trainer = Trainer(c, str(tmp_path / str(release)), progress=False)
         learner = Learner()
         sampler = TaskSampler([TaskRef("babyai", str(i)) for i in range(20)], seed=0)
-        asyncio.run(trainer._loop(learner, Backend(), FailingPool(failing={1}), sampler, [], 0))
+        asyncio.run(trainer.train(learner, Backend(), FailingPool(failing={1}), sampler, [], 0))
         rows = {step: m for step, m in learner.writer.rows}
         if release:  # step 1 failed entirely: no update, no release
             assert events == ["release", "update", "sync", "resume"] * 2

@@ -159,21 +159,24 @@ def device_memory() -> list[dict]:
 
 def run_variant(config_path: str, name: str, steps: int, workdir: str,
                 checkpoint: bool = False) -> dict:
+    from agentrl_jax.training.rl.stop_policy import Checkpoints
     from agentrl_jax.training.rl.trainer import Trainer
 
-    class BenchTrainer(Trainer):
-        """The trainer without its checkpoint of the last step (taken after the step's time
-        is measured, but a Qwen2.5-7B shape's parameters + AdamW are 85 GiB to write)."""
+    class BenchCheckpoints(Checkpoints):
+        """The trainer's checkpoints without the one of the last step (taken after the step's
+        time is measured, but a Qwen2.5-7B shape's parameters + AdamW are 85 GiB to write)."""
 
-        def _save(self, learner, step, cursor):
+        def save(self, learner, step, cursor, train_seconds):
             if checkpoint:
-                super()._save(learner, step, cursor)
+                super().save(learner, step, cursor, train_seconds)
 
     config = load_config(config_path, steps, VARIANTS[name])
     out = os.path.join(workdir, name)
     shutil.rmtree(out, ignore_errors=True)
     t0 = time.perf_counter()
-    BenchTrainer(config, out, progress=False).run()
+    trainer = Trainer(config, out, progress=False)
+    trainer.checkpoints = BenchCheckpoints(trainer.output.say)
+    trainer.run()
     rows = step_rows(os.path.join(out, "metrics.jsonl"))
     result = {"variant": name, "wall_s": time.perf_counter() - t0, "steps": rows,
               "pid": os.getpid()}

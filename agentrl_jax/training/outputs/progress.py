@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
+import dataclasses
 import shutil
 import sys
 import time
@@ -30,8 +31,8 @@ from typing import Any, Callable, Iterator
 from agentrl_jax.compile_notice import format_seconds
 
 BAR, LINES, OFF = "bar", "lines", "off"
-__all__ = ["BAR", "LINES", "OFF", "EpisodeProgress", "TurnCounter", "format_seconds",
-           "progress_mode", "timed"]
+__all__ = ["BAR", "LINES", "OFF", "EpisodeProgress", "ProgressSettings", "TurnCounter",
+           "format_seconds", "progress_mode", "timed"]
 
 
 def progress_mode(enabled: bool = True, force_bar: bool = False, stream: Any = None) -> str:
@@ -198,3 +199,14 @@ class EpisodeProgress:
         if self._bar is not None:
             self._bar.close()
             self._bar = None
+
+
+@dataclasses.dataclass
+class ProgressSettings:
+    """How a job's rounds (rollouts, evaluations) show their episodes: ``mode`` (``BAR``,
+    ``LINES`` or ``OFF``), a line every ``seconds`` without a terminal, and the turn counter
+    between the actor pool and the backend (``None`` until the backend runs)."""
+
+    mode: str
+    seconds: float
+    turn_counter: TurnCounter | None = None

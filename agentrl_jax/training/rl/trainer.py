@@ -1,10 +1,17 @@
 """The RL trainer: sets a run up, runs it, records how it ended.
 
-Its rooms: ``training/runtime/policy.py`` (loading the policy and the learner, checkpoints, the weights
-a backend syncs), ``training/rl/loop.py`` (the training loop), ``training/rl/trainer_eval.py``
-(evaluations, the environment-error stop), ``training/outputs/run_output.py`` (config.json, logs,
-summary, printed lines). Resuming restores params, optimizer, step and task cursor; the
-horizon is a pure function of the step, so it resumes exactly.
+``Trainer`` converts the config ONCE (to the typed ``RunConfig``) and is composed of
+collaborators that own their state: ``output`` (``RunOutput``, training/outputs/run_output.py:
+config.json, logs, step history, summary, printed lines), ``evaluator`` (``Evaluator``,
+training/rl/trainer_eval.py: the held-out evaluations, when, what, how recorded),
+``env_errors`` (``EnvErrorWatch``: the environment-error stop), ``stop`` (``StopPolicy``,
+training/rl/stop_policy.py: time budget, SIGTERM, non-finite stop, the last step done),
+``checkpoints`` (``Checkpoints``: the last checkpoint and its saves), ``failed_steps``
+(training/rl/failed_steps.py) and ``schedule`` (the horizons). The loop itself
+(training/rl/loop.py) runs the typed stages of training/rl/stages.py and
+training/rl/update_stage.py; ``training/runtime/policy.py`` loads the policy and the learner.
+Resuming restores params, optimizer, step and task cursor; the horizon is a pure function of
+the step, so it resumes exactly.
 
 Several JAX processes (``launch/run.py --distributed``, one per host) run as one big run
 (``training/runtime/distributed.py``): every process draws the same global task list, rolls out a
@@ -20,80 +27,115 @@ its own trajectories to ``trajectories_<kind>.process<i>.jsonl`` (one process:
 from __future__ import annotations
 
 import asyncio
-import collections
 import contextlib
 import logging
 import os
 import sys
-import time
-from typing import Any
-
+from typing import TYPE_CHECKING, Any
 
 from agentrl_jax import compile_notice
+from agentrl_jax.agent.actor_pool import ActorPool, TaskRef
 from agentrl_jax.training.runtime import distributed, services
 from agentrl_jax.training.outputs import runlog, storage
 from agentrl_jax.training.config.experiment import model_label, to_run_config
 from agentrl_jax.training.evaluation.held_out import EvalResult
 from agentrl_jax.training.rl.failed_steps import FailedSteps, RunFailure
-from agentrl_jax.training.rl.loop import TrainingLoop
-from agentrl_jax.training.runtime.policy import checkpoint_steps, engine_policy, load_learner
-from agentrl_jax.training.outputs.progress import BAR, LINES, OFF, TurnCounter, timed
-from agentrl_jax.training.outputs.run_output import RunOutput, StepRecord
+from agentrl_jax.training.rl.loop import RunParts, TrainingLoop
+from agentrl_jax.training.rl.stages import BatchSettings
+from agentrl_jax.training.rl.stop_policy import Checkpoints, StopPolicy
+from agentrl_jax.training.rl.update_stage import LearnerUpdate
+from agentrl_jax.training.runtime.policy import (LearnerWeights, checkpoint_steps,
+                                                 engine_policy, load_learner)
+from agentrl_jax.training.outputs.progress import (BAR, LINES, OFF, ProgressSettings,
+                                                   TurnCounter, timed)
+from agentrl_jax.training.outputs.run_output import (RunOutput, SessionEnd, StepRecord,
+                                                     interrupted_message, terminated_message)
 from agentrl_jax.training.rl.schedule import HorizonSchedule
 from agentrl_jax.training.outputs.summary import read_summary
 from agentrl_jax.training.rl.task_sampler import TaskSampler
-from agentrl_jax.training.rl.trainer_eval import TrainerEvaluation
+from agentrl_jax.training.rl.trainer_eval import EnvErrorWatch, Evaluator
+
+if TYPE_CHECKING:
+    from ml_collections import ConfigDict
+
+    from agentrl_jax.learner.ahead import AheadCompile
+    from agentrl_jax.learner.learner import Learner
+    from agentrl_jax.rollout.contract import RolloutBackend
+    from agentrl_jax.training.config.sections import RunConfig
 
 log = logging.getLogger(__name__)
 
 
-class Trainer(TrainingLoop, TrainerEvaluation, RunOutput):
-    """Owns every component of a run; ``run()`` trains and returns a summary dict."""
+class Trainer:
+    """Owns the collaborators of a run (module docstring); ``run()`` trains and returns a
+    summary dict."""
 
-    def __init__(self, config: Any, workdir: str, progress: bool = True,
+    def __init__(self, config: ConfigDict | RunConfig, workdir: str, progress: bool = True,
                  eval_again: bool = False):
         """``progress=False``: no per-episode progress (bars or lines); ``eval_again``: a run
         that already finished evaluates its final policy again (see :meth:`finished_step`)."""
-        config = self.config = to_run_config(config)
+        config = self.config = to_run_config(config)  # the one conversion of the run
         self.workdir = os.path.abspath(workdir)
         self.process_index = distributed.process_index()
         self.process_count = distributed.process_count()
         self.multi_process = self.process_count > 1
         self.is_main = self.process_index == 0
-        self.show_progress = self.is_main and (progress and sys.stderr.isatty()
-                                               or config.progress)
+        show_bar = self.is_main and (progress and sys.stderr.isatty() or config.progress)
         # per-episode progress of rollouts and evaluations: a bar on a terminal, else lines
-        self.progress_mode = (BAR if self.show_progress else LINES if self.is_main and progress
-                              else OFF)
-        self.progress_seconds = config.progress_seconds
+        self.progress = ProgressSettings(
+            BAR if show_bar else LINES if self.is_main and progress else OFF,
+            config.progress_seconds)
         self.eval_again = eval_again
-        self.step_done = 0  # the last training step finished in this process
-        self.saved_step: int | None = None  # the last checkpoint step saved or restored
         self.start_step: int | None = None  # the step this session started (or resumed) at
-        self._update_compiled = False
-        self._ahead_compile: Any = None  # learner.ahead.AheadCompile on accelerators
-        self._rollouts: set[asyncio.Future] = set()
-        self.turn_counter: TurnCounter | None = None  # between the actor pool and the backend
-        self.saved_this_session = False
-        self.stopped = "total_steps"  # why training ended: total_steps | time_budget | terminated
-        self.terminate_requested = False  # SIGTERM during the loop (training/rl/loop.py)
-        self.terminated_eval: int | None = None  # the step of an evaluation SIGTERM cut short
-        # seconds of the training loop before this session (from the checkpoint it resumes):
-        # train.max_seconds is a budget over all sessions of the run
-        self.trained_seconds_before = 0.0
-        self._loop_started: float | None = None  # time.monotonic() when this session's loop began
-        self._started = time.time()
-        self.learner: Any = None
-        self.backend: Any = None
-        self.supervisor: Any = None  # restarts the environment servers started here
-        # (env_error episodes, episodes) of the last train.env_error_window rollouts
-        self._env_errors: collections.deque[tuple[int, int]] = collections.deque(
-            maxlen=config.train.env_error_window)
-        self.failed_steps = FailedSteps(config.train.max_failed_steps)
+        self.learner: Learner | None = None
+        self.backend: RolloutBackend | None = None
+        self._ahead_compile: AheadCompile | None = None  # on accelerators (learner/ahead.py)
         os.makedirs(self.workdir, exist_ok=True)
+        self.output = RunOutput(config, self.workdir, self.process_index, self.process_count,
+                                eval_again)
+        self.evaluator = Evaluator(config, self.output, self.progress, eval_again)
+        self.env_errors = EnvErrorWatch(config, self.workdir, self.multi_process)
+        self.stop = StopPolicy(config.train, self.output.say, self.multi_process)
+        self.checkpoints = Checkpoints(self.output.say)
+        self.failed_steps = FailedSteps(config.train.max_failed_steps)
         self.schedule = HorizonSchedule.from_config(config.horizon)
-        self.history: list[StepRecord] = []
-        self.evals: list[tuple[int, EvalResult]] = []
+
+    # ------------------------------------------------------------------ how the session stands
+    @property
+    def stopped(self) -> str:
+        """Why training ended: ``total_steps | time_budget | terminated``."""
+        return self.stop.stopped
+
+    @property
+    def step_done(self) -> int:
+        """The last training step finished in this process."""
+        return self.stop.step_done
+
+    @property
+    def saved_step(self) -> int | None:
+        """The last checkpoint step saved or restored (None: none)."""
+        return self.checkpoints.saved_step
+
+    @property
+    def evals(self) -> list[tuple[int, EvalResult]]:
+        """The evaluations of this session: ``(step, result)``."""
+        return self.evaluator.evals
+
+    @property
+    def history(self) -> list[StepRecord]:
+        """The steps this session trained."""
+        return self.output.history
+
+    def interrupted_message(self) -> str:
+        """The line printed when Ctrl-C stops the run."""
+        return interrupted_message(self.step_done, int(self.config.train.total_steps),
+                                   self.checkpoints.resume_hint(), self.workdir)
+
+    def terminated_message(self) -> str:
+        """The line printed when SIGTERM stopped the run (``training/rl/loop.py``)."""
+        return terminated_message(self.step_done, int(self.config.train.total_steps),
+                                  self.saved_step, self.evaluator.terminated_eval,
+                                  self.checkpoints.resume_hint(), self.workdir)
 
     def finished_step(self) -> int | None:
         """The final step if this workdir holds a finished run of this config, else None.
@@ -131,7 +173,9 @@ class Trainer(TrainingLoop, TrainerEvaluation, RunOutput):
             return asyncio.run(self._run())
         except BaseException as error:
             failure = self._storage_failure(error)
-            problem = self._record_session(failure or error)
+            start = self.start_step if self.start_step is not None else 0
+            problem = self.output.record_session(failure or error, SessionEnd(
+                start, max(self.step_done, start), self.stopped, self.evals))
             if failure is not None:  # on a full disk the summary may be refused too
                 raise (storage.StorageFailure(f"{failure}; {problem}") if problem
                        else failure) from None
@@ -141,7 +185,7 @@ class Trainer(TrainingLoop, TrainerEvaluation, RunOutput):
         finally:
             storage.unquiet(quiet)
 
-    async def _task_lists(self, clients: dict[str, Any]) -> tuple[list, list]:
+    async def _task_lists(self, clients: dict[str, Any]) -> tuple[list[TaskRef], list[TaskRef]]:
         """(train tasks, evaluation tasks) from the environment servers; a server that cannot
         be reached or answers badly, or a task filter that keeps nothing, is a
         :class:`RunFailure` (one line) before the rollout backend starts."""
@@ -180,7 +224,7 @@ class Trainer(TrainingLoop, TrainerEvaluation, RunOutput):
         return storage.StorageFailure(message)
 
     async def _run(self) -> dict[str, Any]:
-        compile_notice.set_announcer(self._say)  # every later compile gets a line
+        compile_notice.set_announcer(self.output.say)  # every later compile gets a line
         try:
             return await self._run_announced()
         finally:
@@ -192,16 +236,16 @@ class Trainer(TrainingLoop, TrainerEvaluation, RunOutput):
         from agentrl_jax.learner.ahead import AheadCompile
         from agentrl_jax.learner.metrics import MetricsWriter
 
-        cfg = self.config
-        self._write_config()
+        cfg, say = self.config, self.output.say
+        self.output.write_config()
         with contextlib.ExitStack() as stack:
             async with contextlib.AsyncExitStack() as astack:
-                with timed(self._say, f"starting environment servers {services.env_names(cfg)}"):
-                    urls, self.supervisor = services.start_supervised_env_services(
-                        cfg, stack, on_event=lambda line: log.warning("%s", line), say=self._say)
-                self._say(services.describe_urls(urls))
+                with timed(say, f"starting environment servers {services.env_names(cfg)}"):
+                    urls, self.env_errors.supervisor = services.start_supervised_env_services(
+                        cfg, stack, on_event=lambda line: log.warning("%s", line), say=say)
+                say(services.describe_urls(urls))
                 clients = services.make_env_clients(urls, cfg, astack)
-                with timed(self._say, "loading model "
+                with timed(say, "loading model "
                            + model_label(cfg.model.name, cfg.model.random_init)):
                     learner, model, tokenizer, model_path = load_learner(
                         cfg, checkpoint_dir=os.path.join(self.workdir, "checkpoints"),
@@ -211,29 +255,29 @@ class Trainer(TrainingLoop, TrainerEvaluation, RunOutput):
                 self.learner = learner
                 resumed = None
                 if learner.checkpointer.latest_step() is not None:
-                    with timed(self._say, "restoring the latest checkpoint"):
+                    with timed(say, "restoring the latest checkpoint"):
                         resumed = learner.restore_latest()
                 start_step = int(resumed["step"]) if resumed else 0
-                self.saved_step = start_step or None
+                self.checkpoints.restored(start_step)
                 self.start_step = start_step
                 # the logs hold each step once: rows the steps after the checkpoint wrote before
                 # a kill are dropped (they are logged again); then the metrics writer opens
-                self._rewind_logs(start_step)
+                self.output.rewind_logs(start_step)
                 if self.is_main:  # the only process that writes metrics
                     learner.writer = MetricsWriter(
                         os.path.join(self.workdir, "tensorboard"),
                         os.path.join(self.workdir, runlog.METRICS_FILE),
                         purge_step=start_step + 1 if start_step else None)
                 cursor = int(resumed.get("cursor", 0)) if resumed else 0
-                self.trained_seconds_before = float(resumed.get("train_seconds", 0.0)
-                                                    if resumed else 0.0)
+                self.stop.trained_seconds_before = float(resumed.get("train_seconds", 0.0)
+                                                         if resumed else 0.0)
                 if self.multi_process:  # every process must resume at the same step and tasks
                     seen = distributed.allgather_objects([start_step, cursor])
                     if any(s != seen[0] for s in seen):
                         raise RuntimeError(f"processes resumed at different (step, task cursor): "
                                            f"{seen}; is the checkpoint directory shared?")
                 if resumed:
-                    self._say(f"resumed at step {start_step}")
+                    say(f"resumed at step {start_step}")
                 if not resumed:
                     policy = model
                 elif self.multi_process:  # this host's full copy of the sharded parameters
@@ -246,30 +290,51 @@ class Trainer(TrainingLoop, TrainerEvaluation, RunOutput):
                     # the first update's large programs compile on a background thread beside
                     # the engine's start-up, the step-0 evaluation and the first rollout (on CPU
                     # they would take the cores those need)
-                    self._ahead_compile = AheadCompile(learner, self._say)
-                with timed(self._say, f"starting rollout backend {cfg.rollout.backend}"):
+                    self._ahead_compile = AheadCompile(learner, say)
+                with timed(say, f"starting rollout backend {cfg.rollout.backend}"):
                     backend = services.make_backend(cfg, policy, tokenizer, model_path)
                 astack.push_async_callback(services.close_backend, backend)
-                self._say(services.describe_backend(backend))
+                say(services.describe_backend(backend))
                 if resumed and backend.external_servers:
                     # SGLang servers outlive the trainer: they still serve whatever was synced
                     # last (possibly a step after the checkpoint, or the base model); engine
                     # servers were just started from the restored policy
-                    with timed(self._say, f"loading the step-{start_step} weights into the "
-                                          "rollout servers"):
-                        await backend.sync_weights(self._weights(learner), start_step)
-                astack.push_async_callback(self._cancel_rollouts)  # runs first (LIFO)
+                    with timed(say, f"loading the step-{start_step} weights into the "
+                                    "rollout servers"):
+                        await backend.sync_weights(
+                            LearnerWeights(learner, multi_process=self.multi_process,
+                                           is_main=self.is_main), start_step)
+                astack.push_async_callback(self.stop.cancel_in_flight)  # runs first (LIFO)
                 self.backend = backend
-                self.turn_counter = TurnCounter(backend)
-                pool = services.make_actor_pool(cfg, self.turn_counter, clients, tokenizer,
-                                                model.cfg.eos_token_ids)
+                self.progress.turn_counter = TurnCounter(backend)
+                pool = services.make_actor_pool(cfg, self.progress.turn_counter, clients,
+                                                tokenizer, model.cfg.eos_token_ids)
                 train_tasks, eval_tasks = await self._task_lists(clients)
                 sampler = TaskSampler(train_tasks, seed=int(cfg.seed), cursor=cursor)
                 # the loaded weights: the engine's until the first weight sync, then unused (the
                 # learner holds its own copies); kept by these names they would stay in memory
                 del model, policy
-                loop = self._loop(learner, backend, pool, sampler, eval_tasks, start_step)
+                loop = self.train(learner, backend, pool, sampler, eval_tasks, start_step)
                 if self.multi_process:  # a failed save surfaces at the next one, everywhere
                     return await loop
                 # a failed background save stops the run at once (storage.watched)
                 return await storage.watched(loop, learner.checkpointer.check)
+
+    async def train(self, learner: Learner, backend: RolloutBackend, pool: ActorPool,
+                    sampler: TaskSampler, eval_tasks: list[TaskRef],
+                    start_step: int) -> dict[str, Any]:
+        """The steps and evaluations of this session over components already set up (the
+        set-up of :meth:`run` builds them; tests pass fakes): the training loop
+        (``training/rl/loop.py``) from ``start_step``; returns the summary."""
+        update = LearnerUpdate(learner, backend, self.output.say,
+                               settings=BatchSettings.from_config(self.config),
+                               release_kv=self.config.rollout.release_kv_during_update,
+                               multi_process=self.multi_process, is_main=self.is_main,
+                               ahead=self._ahead_compile)
+        self._ahead_compile = None  # the update stage owns it now
+        parts = RunParts(output=self.output, evaluator=self.evaluator,
+                         env_errors=self.env_errors, stop=self.stop,
+                         checkpoints=self.checkpoints, failed_steps=self.failed_steps,
+                         schedule=self.schedule, progress=self.progress)
+        return await TrainingLoop(self.config, parts, learner, update, pool, sampler,
+                                  eval_tasks, start_step).run()
