@@ -19,7 +19,7 @@ from agentrl_jax.agent.trajectory import Trajectory
 from agentrl_jax.models.pretrained import resolve_model_path
 from agentrl_jax.models.tokenizer import load_tokenizer
 from agentrl_jax.rollout.contract import GenerateResult, SamplingParams
-from agentrl_jax.training.rl.loop import fresh_trajectories
+from agentrl_jax.training.rl.stages import fresh_trajectories
 from fake_backends import QuietBackend
 from environments.core.base import StepResult
 
