@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# Issue 49 (the agent loop at engine speed, round 2): this tree beside an older checkout on one
+# H200, in two calls that each fit a 10-minute command.
+#
+#   bash benchmarks/gpu/speed_round2.sh step  OUT [BASELINE_DIR]   # RL step, old then new
+#   bash benchmarks/gpu/speed_round2.sh parts OUT                   # update, engine, rollout
+#
+# step:  the device copy bandwidth; then benchmarks/speed/rl_step.py (--variants packed, 6 steps,
+#        --fresh-process) of BASELINE_DIR (a checkout of the code before, e.g.
+#        `git archive 2554fb5 agentrl_jax launch experiments environments agentrl_common
+#        benchmarks pyproject.toml | tar -x -C DIR`) and of this tree, one after the other, alone
+#        on the GPU.
+# parts: the learner update with the LM head at every position vs only at scored ones
+#        (update_profile.py), the engine alone for both model shapes with the roofline from a
+#        bandwidth measured in the same process (engine.py --bandwidth measure), and the
+#        rollout's profile (rollout_profile.py: engine busy vs idle, prefill vs decode, host,
+#        environment).
+# Logs and JSON go to OUT; docs/PERFORMANCE.md quotes them with this command.
+set -u
+PART=${1:?usage: speed_round2.sh step|parts OUT [BASELINE_DIR]}
+OUT=${2:?usage: speed_round2.sh step|parts OUT [BASELINE_DIR]}
+BASE=${3:-}
+HERE=$(cd "$(dirname "$0")/../.." && pwd)
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1
+CFG=experiments/babyai.py:grpo_gpu
+cd "$HERE"
+case "$PART" in
+  step)
+    python3 benchmarks/speed/copy_bandwidth.py > "$OUT/copy_bandwidth.log" 2>&1
+    if [ -n "$BASE" ]; then
+      # a checkout from before benchmarks/ had folders keeps rl_step.py at its top level and one
+      # experiment file per run
+      BASE_RL_STEP=benchmarks/speed/rl_step.py BASE_CFG=$CFG
+      [ -f "$BASE/$BASE_RL_STEP" ] || { BASE_RL_STEP=benchmarks/rl_step.py; BASE_CFG=experiments/babyai_grpo_gpu.py; }
+      (cd "$BASE" && PYTHONPATH=$BASE:${PYTHONPATH:-} timeout 280 python3 "$BASE_RL_STEP" --config $BASE_CFG --steps 6 \
+          --variants packed --fresh-process --label "baseline" --json "$OUT/rl_step_baseline.json" \
+          > "$OUT/rl_step_baseline.log" 2>&1)
+    fi
+    timeout 280 python3 benchmarks/speed/rl_step.py --config $CFG --steps 6 --variants packed \
+        --fresh-process --label "this tree" --json "$OUT/rl_step_new.json" > "$OUT/rl_step_new.log" 2>&1
+    ;;
+  parts)
+    [ -n "$BASE" ] && (cd "$BASE" && PYTHONPATH=$BASE:${PYTHONPATH:-} timeout 200 python3 benchmarks/rl_step.py --config experiments/babyai_grpo_gpu.py --steps 6 \
+        --variants packed --fresh-process --label "baseline" --json "$OUT/rl_step_baseline.json" \
+        > "$OUT/rl_step_baseline.log" 2>&1)
+    timeout 150 python3 benchmarks/speed/update_profile.py --config $CFG --variants pallas_segments \
+        --lm-head full,scored --json "$OUT/update_profile.json" > "$OUT/update_profile.log" 2>&1
+    for shape in smollm2-135m qwen2.5-1.5b; do
+      timeout 150 python3 benchmarks/speed/engine.py --shape $shape --bandwidth measure \
+          --skip naive,hf,reuse --json "$OUT/engine_$shape.json" > "$OUT/engine_$shape.log" 2>&1
+    done
+    timeout 150 python3 benchmarks/speed/rollout_profile.py --config $CFG --replicas 1 --rollouts 3 \
+        --json "$OUT/rollout_profile.json" > "$OUT/rollout_profile.log" 2>&1
+    ;;
+  *) echo "unknown part $PART (step or parts)" >&2; exit 2 ;;
+esac
+for f in "$OUT"/*.log; do echo "== $f"; grep -E "steady|tok/s|GB/s|TB/s|roofline|^rollout|update|busy" "$f" | head -12; tail -3 "$f"; done
