@@ -24,7 +24,9 @@ Timing: after warm-up (compile), ``median`` of per-call wall time with
 ``block_until_ready`` (includes dispatch + host sync), and ``pipelined``: N calls
 issued back to back then one ``block_until_ready``, divided by N (closer to device
 time for small kernels). Memory-bandwidth floor: read r, V, m + write A, returns =
-20 bytes/token, divided by 3.0e12 B/s (H100 SXM device copy, measured).
+20 bytes/token, divided by ``--bandwidth`` (by default a device copy measured in this process,
+``benchmarks/speed/copy_bandwidth.py``; or a number in B/s: the 3.0e12 this script used to
+assume for an H100 was never measured).
 
     python benchmarks/contenders/advantages.py --batch 256 --time 4096 --repeats 50 --json out.json
     # on the GPU, to tune: --blocked-chunks 32,128 --pallas-sweep
@@ -50,9 +52,10 @@ import jax.numpy as jnp  # noqa: E402
 
 from agentrl_jax.algorithms.gae import gae_advantages_raw  # noqa: E402
 from agentrl_jax.algorithms.masked import masked_whiten  # noqa: E402
+from benchmarks.speed.copy_bandwidth import (  # noqa: E402
+    add_bandwidth_arguments, describe_bandwidth, resolve_bandwidth)
 from benchmarks.speed.devtime import device_time  # noqa: E402
 
-HBM_BYTES_PER_S = 3.0e12
 BYTES_PER_TOKEN = 4 * 5  # r, V, m in; A, returns out (float32)
 
 
@@ -263,6 +266,7 @@ def main(argv=None) -> dict:
     ap.add_argument("--no-device-time", action="store_true", help="GPU: skip the profiler-trace device timing")
     ap.add_argument("--json", default=None, help="write results here")
     ap.add_argument("--seed", type=int, default=0)
+    add_bandwidth_arguments(ap, default_copy_bytes=1e9)
     args = ap.parse_args(argv)
 
     B, T, g, lam = args.batch, args.time, args.gamma, args.lam
@@ -270,7 +274,10 @@ def main(argv=None) -> dict:
     dev = jax.devices()[0]
     on_gpu = dev.platform == "gpu"
     bytes_moved = BYTES_PER_TOKEN * B * T
-    floor_ms = bytes_moved / HBM_BYTES_PER_S * 1e3
+    bandwidth, bandwidth_note = resolve_bandwidth(
+        args.bandwidth, args.copy_bytes or (1e9 if on_gpu else 1e7))
+    print(describe_bandwidth(bandwidth_note), flush=True)
+    floor_ms = bytes_moved / bandwidth * 1e3
 
     r_np, V_np, m_np = make_inputs(B, T, args.seed)
     r, V, m = (jax.device_put(x) for x in (r_np, V_np, m_np))
@@ -392,7 +399,8 @@ def main(argv=None) -> dict:
             f"{res['x_floor']:8.1f} {res.get('max_abs_err_adv', float('nan')):9.2e} {res.get('max_abs_err_ret', float('nan')):9.2e}"
         )
     print(
-        f"\nbandwidth floor: {bytes_moved / 1e6:.1f} MB / 3.0e12 B/s = {floor_ms * 1e3:.2f} us"
+        f"\nbandwidth floor: {bytes_moved / 1e6:.1f} MB / {bandwidth:.3g} B/s"
+        f" ({bandwidth_note['source']}) = {floor_ms * 1e3:.2f} us"
         f"  (target on H100 for 256x4096: <= 50 us)"
     )
     for k, v in notes.items():
@@ -411,6 +419,7 @@ def main(argv=None) -> dict:
         "generated_fraction": float(m_np.mean()),
         "bytes_moved": bytes_moved,
         "bandwidth_floor_ms": floor_ms,
+        "bandwidth": bandwidth_note,
         "results": results,
         "notes": notes,
     }

@@ -11,8 +11,10 @@ layer's decode attention ``[B, H, Dh]`` x ``[B, K, S, Dh]`` for the dense attent
 ragged kernel at every tiling of the grid (``block_k`` x ``k_splits`` x ``num_warps`` x
 ``num_stages``), ``--reps`` calls inside one jitted ``fori_loop`` (so launch overhead is
 excluded), and reports microseconds per call and the bandwidth it reaches over the valid KV
-bytes (``sum_b len_b x K x Dh x 2 (k, v) x 2 bytes``). Every tiling's output is checked against
-the dense attention before it is timed.
+bytes (``sum_b len_b x K x Dh x 2 (k, v) x 2 bytes``), against the roofline of those bytes /
+``--bandwidth`` (by default a device copy measured in this process,
+``benchmarks/speed/copy_bandwidth.py``; or a number in B/s). Every tiling's output is checked
+against the dense attention before it is timed.
 """
 
 from __future__ import annotations
@@ -28,6 +30,9 @@ from typing import Any
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+
+from benchmarks.speed.copy_bandwidth import (  # noqa: E402
+    add_bandwidth_arguments, describe_bandwidth, resolve_bandwidth)
 
 SHAPES = {"smollm2-135m": dict(kv_heads=3, group=3, head_dim=64),
           "qwen2.5-1.5b": dict(kv_heads=2, group=6, head_dim=128)}
@@ -75,7 +80,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--splits", default="1,2,3,4,6,8,12,16")
     p.add_argument("--warps", default="2,4,8")
     p.add_argument("--stages", default="1,2,3")
-    p.add_argument("--bandwidth", type=float, default=3.0e12)
+    add_bandwidth_arguments(p, default_copy_bytes=4e9)  # --small copies 1e7
     p.add_argument("--small", action="store_true", help="CPU smoke run (Pallas interpreter)")
     p.add_argument("--json", default=None)
     args = p.parse_args(argv)
@@ -90,9 +95,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if args.small:
         args.batch, args.row, args.min_len, args.max_len, args.reps = 4, 64, 8, 64, 2
         args.block_k, args.splits, args.warps, args.stages = "16,32", "1,2", "4", "2"
+    args.bandwidth, bandwidth_note = resolve_bandwidth(
+        args.bandwidth, args.copy_bytes or (1e7 if args.small else 4e9))
+    print(describe_bandwidth(bandwidth_note), flush=True)
     ints = lambda s: [int(x) for x in s.split(",") if x]  # noqa: E731
     report: dict[str, Any] = {"device": str(jax.devices()[0].device_kind),
-                              "jax": jax.__version__, "args": vars(args), "shapes": {}}
+                              "jax": jax.__version__, "args": vars(args),
+                              "bandwidth": bandwidth_note, "shapes": {}}
     rng = np.random.default_rng(0)
     for shape in args.shapes.split(","):
         kh, g, dh = (SHAPES[shape][k] for k in ("kv_heads", "group", "head_dim"))

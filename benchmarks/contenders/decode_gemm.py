@@ -11,8 +11,10 @@ Each contender runs ``L`` independent GEMMs (distinct inputs and weights, so not
 L2 and XLA cannot merge them) inside a ``fori_loop`` of ``--iters`` iterations (device-side
 timing, see :func:`time_loop`); the time per GEMM is the median call time, less the same loop
 without GEMMs, / (iterations x ``L``). Bandwidth = (weights + input + output bytes) / time;
-a GEMM's bandwidth roofline is those bytes / ``--bandwidth``. A Pallas tiling is timed only
-after its output matches XLA's on the same inputs (relative max error <= 2e-2, bf16).
+a GEMM's bandwidth roofline is those bytes / ``--bandwidth`` (by default a device copy
+measured in this process, ``benchmarks/speed/copy_bandwidth.py``; or a number in B/s). A
+Pallas tiling is timed only after its output matches XLA's on the same inputs (relative max
+error <= 2e-2, bf16).
 """
 
 from __future__ import annotations
@@ -30,6 +32,8 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
+from benchmarks.speed.copy_bandwidth import (  # noqa: E402
+    add_bandwidth_arguments, describe_bandwidth, resolve_bandwidth)
 from benchmarks.speed.engine import SHAPES  # noqa: E402
 
 # (block_m, block_n, block_k, splits, num_warps, num_stages)
@@ -188,7 +192,7 @@ def bench_gemm(m: int, k: int, n: int, tilings: list[tuple], args, deadline: flo
     return row
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--shape", default="smollm2-135m,qwen2.5-1.5b")
     p.add_argument("--batch", type=int, default=256)
@@ -197,7 +201,7 @@ def main() -> None:
     p.add_argument("--iters", type=int, default=20, help="loop iterations per timed call")
     p.add_argument("--min-bytes", type=float, default=256e6,
                    help="weights per timed call (distinct copies, so they come from HBM)")
-    p.add_argument("--bandwidth", type=float, default=3.0e12)
+    add_bandwidth_arguments(p, default_copy_bytes=4e9)  # --small copies 1e7
     p.add_argument("--exhaustive", action="store_true",
                    help="also XLA with --xla_gpu_exhaustive_tiling_search (slow to compile)")
     p.add_argument("--deadline-s", type=float, default=480.0,
@@ -205,7 +209,7 @@ def main() -> None:
     p.add_argument("--gemms", default="", help="comma list (qkv,o,gate_up,down,lm_head); "
                                                    "empty: all")
     p.add_argument("--json", default=None)
-    args = p.parse_args()
+    args = p.parse_args(argv)
 
     import jax
 
@@ -216,10 +220,14 @@ def main() -> None:
     if args.small:
         args.min_bytes, args.repeats, args.iters = 0, 2, 2
     tilings = SMALL_TILINGS if args.small else TILINGS
+    args.bandwidth, bandwidth_note = resolve_bandwidth(
+        args.bandwidth, args.copy_bytes or (1e7 if args.small else 4e9))
+    print(describe_bandwidth(bandwidth_note), flush=True)
     dev = jax.devices()[0]
     result: dict[str, Any] = dict(device=f"{dev.platform}:{getattr(dev, 'device_kind', '')}",
                                   jax=jax.__version__, host=platform.node(), batch=batch,
-                                  bandwidth=args.bandwidth, shapes={})
+                                  bandwidth=args.bandwidth, bandwidth_source=bandwidth_note,
+                                  shapes={})
     for shape in shapes:
         rows = {}
         print(f"# {shape}: batch {batch}, {dev.platform}:{getattr(dev, 'device_kind', '')}")

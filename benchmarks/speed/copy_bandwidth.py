@@ -1,5 +1,6 @@
 """The device's copy bandwidth, measured in the process that uses it (the bandwidth roofline of
-``benchmarks/speed/engine.py``'s decode step).
+``benchmarks/speed/engine.py``'s decode step and of the kernel contenders in
+``benchmarks/contenders/``: ``--bandwidth measure``, their default).
 
     python benchmarks/speed/copy_bandwidth.py [--bytes 4e9]
 """
@@ -61,6 +62,55 @@ def measure_copy_bandwidth(n_bytes: int, repeats: int = 20) -> dict[str, Any]:
         pass
     out["bandwidth_Bps"] = max(out["jax_Bps"], out.get("torch_Bps", 0.0))
     return out
+
+
+def bandwidth_arg(value: str) -> str | float:
+    """``--bandwidth``'s type: ``"measure"`` or a positive number of bytes/s (e.g. ``3.35e12``)."""
+    if value == "measure":
+        return value
+    try:
+        number = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"--bandwidth must be 'measure' or bytes/s such as 3.35e12, got {value!r}") from None
+    if not number > 0 or number == float("inf"):
+        raise argparse.ArgumentTypeError(f"--bandwidth must be a positive finite number, got {value!r}")
+    return number
+
+
+def add_bandwidth_arguments(parser: argparse.ArgumentParser, default_copy_bytes: float = 4e9
+                            ) -> None:
+    """``--bandwidth`` (default ``measure``) and ``--copy-bytes``, as every roofline benchmark
+    takes them: the roofline's bandwidth is a device copy timed in the same process unless a
+    number is given (an assumed figure is never the default)."""
+    parser.add_argument("--bandwidth", type=bandwidth_arg, default="measure",
+                        help="bytes/s for the bandwidth roofline, or 'measure' (the default: a "
+                             "device copy of --copy-bytes timed in this process, JAX and PyTorch, "
+                             "read + write bytes / time)")
+    parser.add_argument("--copy-bytes", type=float, default=None,
+                        help=f"bytes copied by --bandwidth measure (default {default_copy_bytes:g}; "
+                             "less in CPU / --small runs)")
+
+
+def resolve_bandwidth(bandwidth: str | float, copy_bytes: float) -> tuple[float, dict[str, Any]]:
+    """``(bytes/s, note)`` for ``--bandwidth``: a given number as it is (note ``{"source":
+    "given"}``), or ``measure``: :func:`measure_copy_bandwidth` of ``copy_bytes`` (note
+    ``{"source": "measured", **its result}``)."""
+    bandwidth = bandwidth_arg(bandwidth) if isinstance(bandwidth, str) else float(bandwidth)
+    if bandwidth != "measure":
+        return float(bandwidth), {"source": "given", "bandwidth_Bps": float(bandwidth)}
+    measured = measure_copy_bandwidth(int(copy_bytes))
+    return measured["bandwidth_Bps"], {"source": "measured", **measured}
+
+
+def describe_bandwidth(note: dict[str, Any]) -> str:
+    """One line saying which bandwidth a roofline uses and where it came from."""
+    if note["source"] != "measured":
+        return f"# the roofline uses {note['bandwidth_Bps'] / 1e12:.2f} TB/s (given, not measured)"
+    torch_tbps = note.get("torch_Bps", float("nan")) / 1e12
+    return (f"# device copy of {note['copy_bytes'] / 1e9:.2f} GB: JAX {note['jax_Bps'] / 1e12:.2f} TB/s, "
+            f"PyTorch {torch_tbps:.2f} TB/s (read + write): the roofline uses "
+            f"{note['bandwidth_Bps'] / 1e12:.2f} TB/s")
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:

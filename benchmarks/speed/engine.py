@@ -44,6 +44,9 @@ import numpy as np
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
+from benchmarks.speed.copy_bandwidth import (  # noqa: E402
+    add_bandwidth_arguments, describe_bandwidth, resolve_bandwidth)
+
 SHAPES: dict[str, dict[str, Any]] = {
     "smollm2-135m": dict(model_type="llama", vocab_size=49152, hidden_size=576,
                          intermediate_size=1536, num_layers=30, num_heads=9, num_kv_heads=3,
@@ -320,10 +323,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--max-length", type=int, default=0,
                    help="KV-cache row length (default prompt + new tokens); an RL engine "
                         "allocates the whole episode context, e.g. 4096")
-    p.add_argument("--bandwidth", default="measure",
-                   help="bytes/s for the roofline, or 'measure' (a device copy timed here)")
-    p.add_argument("--copy-bytes", type=float, default=None,
-                   help="bytes copied by --bandwidth measure (default 4e9, --small 1e8)")
+    add_bandwidth_arguments(p, default_copy_bytes=4e9)  # --small copies 1e8
     p.add_argument("--sessions", type=int, default=None)
     p.add_argument("--turns", type=int, default=10)
     p.add_argument("--obs-tokens", type=int, default=50)
@@ -344,18 +344,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
     import jax
 
-    from benchmarks.speed.copy_bandwidth import measure_copy_bandwidth
-
-    bandwidth_note: dict[str, Any] = {"source": "given"}
-    if args.bandwidth == "measure":
-        copy_bytes = int(args.copy_bytes or (1e8 if small else 4e9))
-        bandwidth_note = {"source": "measured", **measure_copy_bandwidth(copy_bytes)}
-        args.bandwidth = bandwidth_note["bandwidth_Bps"]
-        print(f"# device copy of {copy_bytes / 1e9:.2f} GB: JAX {bandwidth_note['jax_Bps'] / 1e12:.2f}"
-              f" TB/s, PyTorch {bandwidth_note.get('torch_Bps', float('nan')) / 1e12:.2f} TB/s "
-              f"(read + write): the roofline uses {args.bandwidth / 1e12:.2f} TB/s", flush=True)
-    else:
-        args.bandwidth = float(args.bandwidth)
+    args.bandwidth, bandwidth_note = resolve_bandwidth(
+        args.bandwidth, args.copy_bytes or (1e8 if small else 4e9))
+    print(describe_bandwidth(bandwidth_note), flush=True)
 
     from agentrl_jax.models.llama import init_model
 
