@@ -62,6 +62,11 @@ class ModelConfig(Section):
     prior_letters: str = setting("")
     prior_logit: float = setting(0.0, ge=0)
     pad_id: int = setting(2, ge=0)  # the token id padding a step's batch
+    # the policy restricted to these tokens and EOS (a string: one token per character; a list:
+    # token strings), each exactly one token of the model's tokenizer: every other token's logit
+    # is -inf in the sampler, the learner, evaluation and the engine servers alike
+    # (models/output_tokens.py); "" = the whole vocabulary
+    output_tokens: str | tuple[str, ...] = setting("")
 
     def _extra_problems(self, prefix: str, bad: set[str]) -> list[str]:
         out = []
@@ -327,6 +332,12 @@ class RunConfig(Section):
                            f"{lr.advantage_estimator!r} needs at least {need} samples per task "
                            f"(its baseline is the task's group: with {t.samples_per_task} every "
                            f"advantage is 0 and no step trains anything)")
+        m = sections.get("model")
+        if m is not None and r is not None and m.output_tokens and r.backend == "sglang":
+            out.append("model.output_tokens: rollout.backend='sglang' cannot restrict the "
+                       "policy (SGLang's constrained decoding masks what it samples but not the "
+                       "log-probs it reports, so the sampler and the learner would score "
+                       "different distributions); use the embedded or engine_servers backend")
         if r is not None and lr is not None and lr.pack_length and (
                 lr.pack_length < r.max_context):
             out.append(f"learner.pack_length: must be 0 (off) or >= rollout.max_context="
