@@ -13,8 +13,7 @@ from agentrl_jax.training.config.experiment import to_run_config
 
 def load_policy(config: Any, mesh: Any = None):
     """(model, tokenizer, path) from ``config.model``: a pretrained checkpoint, or a random
-    model of ``config.model.random_init`` shape that uses the named checkpoint's tokenizer
-    (with ``model.prior_letters``: those letters start ``model.prior_logit`` nats ahead).
+    model of ``config.model.random_init`` shape that uses the named checkpoint's tokenizer.
 
     ``mesh``: create every parameter directly in the learner's sharding over this mesh
     (``agentrl_jax.sharding.rules.DEFAULT_RULES``), random or loaded, so that no device ever
@@ -56,11 +55,6 @@ def _load_weights(config: Any, mesh: Any):
         tokenizer = load_tokenizer(resolve_model_path(mc.name))
         cfg = random_model_config(random_init, tokenizer, mc.dtype)
         model = init_model(cfg, seed=int(config.seed), mesh=mesh)
-        if mc.prior_letters:
-            from agentrl_jax.models.token_prior import add_token_prior, letter_token_ids
-
-            add_token_prior(model, letter_token_ids(tokenizer, mc.prior_letters),
-                            float(mc.prior_logit))
         return model, tokenizer, None
     shard = None
     if mesh is not None:
