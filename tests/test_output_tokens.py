@@ -202,6 +202,7 @@ def test_run_config_refuses_sglang_and_tokens_that_are_not_one_token():
     c.rollout.backend = "embedded"
     model = to_run_config(c).model
     assert output_token_problems(model) == []  # SmolLM2's tokenizer: one token per letter
-    c.model.output_tokens = ("a", " forward", "pickup up")
-    problems = output_token_problems(to_run_config(c).model)
+    from agentrl_jax.training.config.sections import ModelConfig as ModelSection
+
+    problems = output_token_problems(ModelSection(output_tokens=("a", " forward", "pickup up")))
     assert len(problems) == 1 and "'pickup up' is" in problems[0] and "not one" in problems[0]
