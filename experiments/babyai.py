@@ -21,7 +21,7 @@ sft_gpu            behaviour cloning on one GPU, ~7 minutes
 sft_grpo_gpu       ``grpo_gpu`` started from ``sft_gpu``'s policy
 sft_gigpo_gpu      ``sft_grpo_gpu`` with the GiGPO estimator
 choice_tiny        the CPU learning-path check: a tiny random model picks lettered actions
-choice_tiny_t1     ``choice_tiny`` at temperature 1 with a letter prior (work in progress)
+choice_tiny_t1     ``choice_tiny`` at temperature 1, the policy restricted to the option letters
 paper_scale_7b     a paper-scale RL step for sizing runs: a Qwen2.5-7B-shaped random policy
 ================== ==========================================================================
 """
@@ -32,6 +32,7 @@ import os
 
 from ml_collections import ConfigDict
 
+from agentrl_jax.agent.parsing import CHOICE_LABELS
 from agentrl_jax.training.config.experiment import base_config, use_fixed_horizon, use_ppo
 from experiments.common import (bc_gpu, cpu_sized_sft, gpu_recipe, long_run, paper_scaling,
                                 select, sft_learner, sft_section, use_gigpo)
@@ -227,24 +228,16 @@ def choice_tiny() -> ConfigDict:
 
 
 def choice_tiny_t1() -> ConfigDict:
-    """Work in progress (issue 47 item 6): ``choice_tiny`` at temperature 1 (sampler and
-    learner), the 26 letters given a logit head start of 9 nats by the random model's
-    initialisation (``model.prior_letters`` / ``model.prior_logit``;
-    ``agentrl_jax/models/token_prior.py``). Every token can still be sampled; the untrained
-    policy puts ~80-90% of its mass on the letters, at random among them.
-
-    Measured once on the shared 2-core box (seed 0, 20 steps, 4 tasks x 4, learning rate 5e-3):
-    mean reward of steps 1-5 0.05 -> steps 16-20 0.12, invalid turns 0.83 -> 0.67: a rise
-    within one seed's per-step noise (0.00 to 0.41 between neighbouring steps). With learning
-    rate 1e-2 and 8 tasks x 4 (seed 0, 15 steps): 0.11 -> 0.17. Neither is the learning test:
-    the prior collapses to a uniform choice over the vocabulary after two or three optimiser
-    steps (docs/RESULTS.md, "The CPU learning check at temperature 1")."""
+    """The learning-path check at sampling temperature 1 (issue 47 item 6): ``choice_tiny``
+    with the policy restricted to the option letters (``model.output_tokens``: the 26 labels
+    the choice prompt can list, and EOS; every other token's logit is -inf in the sampler and
+    the learner alike, ``agentrl_jax/models/output_tokens.py``). The untrained policy picks
+    near-uniformly among those 27 tokens; RL moves mass between them (docs/RESULTS.md, "The CPU
+    learning check at temperature 1")."""
     c = choice_tiny()
-    c.model.prior_letters = "abcdefghijklmnopqrstuvwxyz"
-    c.model.prior_logit = 9.0
-    c.rollout.temperature = 1.0
-    c.learner.learning_rate = 5e-3
-    c.train.total_steps = 20
+    c.model.output_tokens = CHOICE_LABELS
+    c.rollout.temperature = 1.0  # the learner divides by it too
+    c.learner.learning_rate = 1e-2
     return c
 
 

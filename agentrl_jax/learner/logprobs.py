@@ -36,6 +36,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from agentrl_jax.algorithms.losses import entropy_from_logits
 from agentrl_jax.models.llama import CausalLM
 from agentrl_jax.models.lm_head import lm_head_f32
 from agentrl_jax.sharding.activations import current_mesh
@@ -63,8 +64,8 @@ def _chunk_stats(logits_fn: Callable[[Array], Array], h: Array, tgt: Array, temp
     picked = jnp.take_along_axis(logits, tgt[..., None].astype(jnp.int32), axis=-1)[..., 0]
     lp = picked - lse
     if with_entropy:
-        probs = jnp.exp(logits - lse[..., None])
-        ent = lse - jnp.sum(probs * logits, axis=-1)
+        # -inf logits (tokens outside ``cfg.output_token_ids``) contribute 0, value and gradient
+        ent = entropy_from_logits(logits)
     else:
         ent = jnp.zeros_like(lp)
     return lp, ent

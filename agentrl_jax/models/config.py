@@ -112,6 +112,10 @@ class ModelConfig:
         ``lax.scan`` over stacked layer parameters, its step under ``jax.checkpoint``);
         ``None``: ``"scan"`` on CPU, where XLA undoes ``"checkpoint"``'s remat, else
         ``"checkpoint"`` (see ``llama.resolve_remat_impl``). Both honour ``remat_policy``.
+    output_token_ids: the policy restricted to these token ids (sorted): every other token's
+        logit is -inf in every place logits are made (``models/output_tokens.py``), so the
+        sampler and the learner renormalise over the same set; ``None``: the whole vocabulary.
+        Not part of a Hugging Face ``config.json`` (``to_hf_dict`` leaves it out).
     """
 
     vocab_size: int
@@ -139,6 +143,7 @@ class ModelConfig:
     attention_impl: str | None = None
     attention_block_size: int = 128
     remat_impl: str | None = None
+    output_token_ids: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
         model_family(self.model_type)
@@ -158,6 +163,11 @@ class ModelConfig:
             raise ValueError(f"remat_impl {self.remat_impl!r} is not None, 'checkpoint' or 'scan'")
         if self.attention_block_size < 1:
             raise ValueError(f"attention_block_size must be >= 1, got {self.attention_block_size}")
+        if self.output_token_ids is not None:
+            from agentrl_jax.models.output_tokens import check_token_ids
+
+            object.__setattr__(self, "output_token_ids",
+                               check_token_ids(self.output_token_ids, self.vocab_size))
         rope_type = self.rope_scaling_dict.get("rope_type", "default")
         if rope_type not in SUPPORTED_ROPE_TYPES:
             raise UnsupportedModelError(

@@ -33,6 +33,7 @@ from flax import nnx
 from agentrl_jax.kernels.segment_attention import segment_causal_attention
 from agentrl_jax.models.attention import chunked_causal_attention
 from agentrl_jax.models.config import ModelConfig
+from agentrl_jax.models.output_tokens import restrict_logits
 from agentrl_jax.models.sharded_attention import sharded_pallas_causal_attention
 from agentrl_jax.models.rope import apply_rope, inverse_frequencies, rope_cos_sin
 from agentrl_jax.sharding.activations import (constrain_attention_inputs, constrain_batch_sharded,
@@ -359,12 +360,13 @@ class CausalLM(nnx.Module):
         return x
 
     def logits(self, hidden: jax.Array) -> jax.Array:
-        """``hidden [..., D] -> logits [..., V]`` in float32."""
+        """``hidden [..., D] -> logits [..., V]`` in float32 (restricted to
+        ``cfg.output_token_ids`` when set: ``models/output_tokens.py``)."""
         if self.cfg.tie_word_embeddings:
             out = self.embed.attend(hidden)
         else:
             out = self.lm_head(hidden)
-        return out.astype(jnp.float32)
+        return restrict_logits(out.astype(jnp.float32), self.cfg.output_token_ids)
 
 
 def init_model(cfg: ModelConfig, seed: int = 0, mesh: jax.sharding.Mesh | None = None,

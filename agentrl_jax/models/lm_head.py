@@ -14,6 +14,7 @@ import jax
 import jax.numpy as jnp
 
 from agentrl_jax.models.llama import CausalLM
+from agentrl_jax.models.output_tokens import restrict_logits
 
 Array = jax.Array
 
@@ -63,15 +64,22 @@ def lm_head_f32(model: CausalLM) -> Callable[[Array], Array]:
     the bf16 compute dtype first: bf16 logits carry ~3 significant digits (a logit of 20 is
     +-0.06), which is visible in PPO ratios. Operands stay in the compute dtype, so the matmul
     (and, through :func:`head_logits`' backward rule, its gradient matmuls) run at bf16 speed;
-    in float32 mode this equals ``model.logits``."""
+    in float32 mode this equals ``model.logits``.
+
+    With ``cfg.output_token_ids`` the logits of every other token are -inf
+    (``output_tokens.restrict_logits``): this is where the engine's sampler and the learner's
+    log-probs (full and scored head, padded and packed rows) get their logits, so a restricted
+    policy is restricted identically in both."""
     cfg = model.cfg
     dtype = jnp.dtype(cfg.dtype)
 
     def fn(h: Array) -> Array:
         h = h.astype(dtype)
         if cfg.tie_word_embeddings:
-            return head_logits(h, model.embed.embedding[...].astype(dtype), True)
-        return head_logits(h, model.lm_head.kernel[...].astype(dtype), False)
+            logits = head_logits(h, model.embed.embedding[...].astype(dtype), True)
+        else:
+            logits = head_logits(h, model.lm_head.kernel[...].astype(dtype), False)
+        return restrict_logits(logits, cfg.output_token_ids)
     return fn
 
 

@@ -125,6 +125,8 @@ class EngineServers(SGLangBackend):
                                         tokenizer=tokenizer, dtype=dtype)
             flags = server_flags(config) + ["--model", initial, "--weights-dir", export_root,
                                             "--log-level", "warning"]
+            if model.cfg.output_token_ids is not None:  # a restricted policy stays restricted
+                flags += ["--output-token-ids", ",".join(map(str, model.cfg.output_token_ids))]
             # start every server at once (each loads and compiles for a while), then wait
             with concurrent.futures.ThreadPoolExecutor(len(self.groups)) as pool:
                 futures = [pool.submit(start_env_server, "rollout",

@@ -120,6 +120,17 @@ _REFUSAL_BODY = json.dumps({"error": {"message": "too many connections; retry la
                                        "type": "overloaded", "code": 503}}).encode()
 
 
+def _token_ids(text: str) -> tuple[int, ...]:
+    """``--output-token-ids``: ``"1,5,9"`` -> ``(1, 5, 9)`` (argparse reports a bad value)."""
+    try:
+        ids = tuple(int(part) for part in text.split(",") if part.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not comma-separated token ids: {text!r}") from None
+    if not ids:
+        raise argparse.ArgumentTypeError("names no token id")
+    return ids
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description="SGLang-compatible rollout server (embedded JAX "
                                             "engine)")
@@ -152,6 +163,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="shut down when this process is gone (engine_servers sets it)")
     p.add_argument("--max-body-mb", type=float, default=DEFAULT_MAX_BODY_BYTES / 2**20)
     p.add_argument("--served-model-name", default=None)
+    p.add_argument("--output-token-ids", type=_token_ids, default=None,
+                   help="comma-separated token ids: the policy restricted to them (every other "
+                        "token's logit -inf, in sampling and reported log-probs alike; "
+                        "models/output_tokens.py). A run's model.output_tokens resolved")
     p.add_argument("--log-level", default="info")
     add_engine_arguments(p)  # --max-batch, --max-length, ...: generated from EngineConfig
     return p.parse_args(argv)
@@ -177,6 +192,12 @@ def main(argv: list[str] | None = None) -> None:
     from agentrl_jax.models.pretrained import load_pretrained
 
     pretrained = load_pretrained(args.model)
+    if args.output_token_ids is not None:
+        try:
+            pretrained.model.cfg = pretrained.model.cfg.replace(
+                output_token_ids=args.output_token_ids)
+        except ValueError as e:
+            raise SystemExit(f"error: --output-token-ids: {e}") from None
     log.info("compiling the engine on %d device(s)", args.tensor_parallel)
     engine = Engine(pretrained, config, devices=devices[:args.tensor_parallel])
     log.info("engine: %s", engine.config)  # "auto" resolved for these devices

@@ -1,5 +1,4 @@
-"""The checks of ``model.random_init`` and the prior written into a random model
-(``model.prior_letters`` / ``model.prior_logit``): one line per problem."""
+"""The checks of ``model.random_init``: one line per problem."""
 
 from __future__ import annotations
 
@@ -7,20 +6,6 @@ import dataclasses
 from typing import Any, Mapping
 
 from agentrl_common.typed_sections import is_int, is_number
-
-
-def random_model_problems(shape: Mapping[str, Any], prior_letters: str, prior_logit: float,
-                          prefix: str = "model") -> list[str]:
-    """``random_init``'s shape (:func:`random_init_problems`) and the prior: letters and a
-    logit > 0 together, and only for a random model (a pretrained model keeps its weights)."""
-    out = random_init_problems(shape, f"{prefix}.random_init")
-    if prior_letters and not shape:
-        out.append(f"{prefix}.prior_letters: a prior is an initialisation of a random model: "
-                   f"set {prefix}.random_init too (a pretrained model keeps its weights)")
-    if bool(prior_letters) != (prior_logit > 0):
-        out.append(f"{prefix}.prior_letters and {prefix}.prior_logit go together: letters and "
-                   f"a logit > 0, or neither (got {prior_letters!r}, {prior_logit})")
-    return out
 
 
 def random_init_problems(shape: Mapping[str, Any], where: str) -> list[str]:

@@ -20,7 +20,7 @@ from agentrl_common.typed_sections import Section, SectionError, is_int, is_numb
 from agentrl_jax.learner.config import LearnerConfig
 from agentrl_jax.training.config.derived_keys import (DERIVED_KEYS, derived_key_problems,
                                                learner_temperature)
-from agentrl_jax.training.config.random_model_checks import random_model_problems
+from agentrl_jax.training.config.random_model_checks import random_init_problems
 from agentrl_jax.training.config.rollout_section import RolloutConfig, as_list
 
 HORIZON_TYPES = ("scaling_inter", "fixed")
@@ -57,11 +57,12 @@ class ModelConfig(Section):
     # non-empty: a random model of this shape (fields of models/config.py's ModelConfig) that
     # uses the tokenizer of ``name`` (smoke tests, memory benchmarks)
     random_init: Mapping[str, Any] = setting(factory=dict)
-    # with random_init: each of these characters (one token each) starts prior_logit nats above
-    # the rest of the vocabulary in every state (models/token_prior.py; "" = no prior)
-    prior_letters: str = setting("")
-    prior_logit: float = setting(0.0, ge=0)
     pad_id: int = setting(2, ge=0)  # the token id padding a step's batch
+    # the policy restricted to these tokens and EOS (a string: one token per character; a list:
+    # token strings), each exactly one token of the model's tokenizer: every other token's logit
+    # is -inf in the sampler, the learner, evaluation and the engine servers alike
+    # (models/output_tokens.py); "" = the whole vocabulary
+    output_tokens: str | tuple[str, ...] = setting("")
 
     def _extra_problems(self, prefix: str, bad: set[str]) -> list[str]:
         out = []
@@ -69,8 +70,7 @@ class ModelConfig(Section):
             out.append(f"{prefix}.name: must be a model name, HF directory or .gguf path (got "
                        f"{self.name!r})")
         if "random_init" not in bad:
-            out.extend(random_model_problems(self.random_init, self.prior_letters,
-                                             self.prior_logit, prefix))
+            out.extend(random_init_problems(self.random_init, f"{prefix}.random_init"))
         return out
 
 
@@ -327,6 +327,12 @@ class RunConfig(Section):
                            f"{lr.advantage_estimator!r} needs at least {need} samples per task "
                            f"(its baseline is the task's group: with {t.samples_per_task} every "
                            f"advantage is 0 and no step trains anything)")
+        m = sections.get("model")
+        if m is not None and r is not None and m.output_tokens and r.backend == "sglang":
+            out.append("model.output_tokens: rollout.backend='sglang' cannot restrict the "
+                       "policy (SGLang's constrained decoding masks what it samples but not the "
+                       "log-probs it reports, so the sampler and the learner would score "
+                       "different distributions); use the embedded or engine_servers backend")
         if r is not None and lr is not None and lr.pack_length and (
                 lr.pack_length < r.max_context):
             out.append(f"learner.pack_length: must be 0 (off) or >= rollout.max_context="

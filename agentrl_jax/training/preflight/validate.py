@@ -103,6 +103,7 @@ def run_problems(config: Any, workdir: str, processes: int = 1,
         except (OSError, ValueError) as e:
             problems.append(f"model.name: {e}")
         else:
+            problems.extend(output_token_problems(model))
             if None not in (env, agent, rollout):
                 from agentrl_jax.training.preflight.prompt_room import run_prompt_problems
 
@@ -125,6 +126,23 @@ def run_problems(config: Any, workdir: str, processes: int = 1,
                 f"{memory / 2 ** 30:.1f} GiB of memory"
                 + (f" on each of {processes} processes" if processes > 1 else ""))
     return problems
+
+
+def output_token_problems(model: Any) -> list[str]:
+    """``model.output_tokens`` (a valid ``model`` section whose source exists) against its
+    tokenizer: each entry must be exactly one token, no two the same (one line, or none)."""
+    if not model.output_tokens:
+        return []
+    from agentrl_jax.models.output_tokens import resolve_output_tokens
+    from agentrl_jax.models.pretrained import resolve_model_path
+    from agentrl_jax.models.tokenizer import load_tokenizer
+
+    try:
+        resolve_output_tokens(load_tokenizer(resolve_model_path(model.name)),
+                              model.output_tokens)
+    except ValueError as e:
+        return [str(e)]
+    return []
 
 
 def check_run(config: Any, workdir: str, processes: int = 1) -> RunConfig:
@@ -177,6 +195,8 @@ def eval_problems(config: Any, checkpoint_dir: str | None, step: int | None,
         check_model_source(model.name, weights=not model.random_init)
     except (OSError, ValueError) as e:
         problems.append(f"model.name: {e}")
+    else:
+        problems.extend(output_token_problems(model))
     if checkpoint_dir is not None:
         line = checkpoint_problem(checkpoint_dir, step)
         if line:

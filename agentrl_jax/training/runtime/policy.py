@@ -13,17 +13,40 @@ from agentrl_jax.training.config.experiment import to_run_config
 
 def load_policy(config: Any, mesh: Any = None):
     """(model, tokenizer, path) from ``config.model``: a pretrained checkpoint, or a random
-    model of ``config.model.random_init`` shape that uses the named checkpoint's tokenizer
-    (with ``model.prior_letters``: those letters start ``model.prior_logit`` nats ahead).
+    model of ``config.model.random_init`` shape that uses the named checkpoint's tokenizer.
 
     ``mesh``: create every parameter directly in the learner's sharding over this mesh
     (``agentrl_jax.sharding.rules.DEFAULT_RULES``), random or loaded, so that no device ever
     holds the whole model (the Learner built on the same mesh adopts the arrays as they are).
-    ``None``: whole on the default device."""
+    ``None``: whole on the default device.
+
+    With ``model.output_tokens`` the policy is restricted to those tokens
+    (:func:`restrict_policy`): the learner and the engine built from it both apply it."""
+    config = to_run_config(config)
+    model, tokenizer, path = _load_weights(config, mesh)
+    if config.model.output_tokens:
+        restrict_policy(model, tokenizer, config.model.output_tokens)
+    return model, tokenizer, path
+
+
+def restrict_policy(model: Any, tokenizer: Any, output_tokens: Any) -> None:
+    """Restrict ``model`` (in place: its static config) to the tokens of ``output_tokens``
+    (``model.output_tokens``) and its EOS tokens: ``ModelConfig.output_token_ids``, which every
+    LM head built from the model applies (``models/output_tokens.py``). ``ValueError`` when an
+    entry is not one token of ``tokenizer``."""
+    from agentrl_jax.models.output_tokens import resolve_output_tokens
+
+    eos = model.cfg.eos_token_ids or ((tokenizer.eos_token_id,)
+                                      if tokenizer.eos_token_id is not None else ())
+    ids = resolve_output_tokens(tokenizer, output_tokens, eos)
+    model.cfg = model.cfg.replace(output_token_ids=ids)
+
+
+def _load_weights(config: Any, mesh: Any):
+    """(model, tokenizer, path) of ``config.model`` before any restriction (``load_policy``)."""
     from agentrl_jax.models.pretrained import load_pretrained, resolve_model_path
     from agentrl_jax.models.tokenizer import load_tokenizer
 
-    config = to_run_config(config)
     mc = config.model
     random_init = mc.random_init
     if random_init:
@@ -32,11 +55,6 @@ def load_policy(config: Any, mesh: Any = None):
         tokenizer = load_tokenizer(resolve_model_path(mc.name))
         cfg = random_model_config(random_init, tokenizer, mc.dtype)
         model = init_model(cfg, seed=int(config.seed), mesh=mesh)
-        if mc.prior_letters:
-            from agentrl_jax.models.token_prior import add_token_prior, letter_token_ids
-
-            add_token_prior(model, letter_token_ids(tokenizer, mc.prior_letters),
-                            float(mc.prior_logit))
         return model, tokenizer, None
     shard = None
     if mesh is not None:
