@@ -101,3 +101,33 @@ def test_an_update_of_several_micro_batches_compiles_the_accumulation_once(compi
     rows_per_step = metrics["batch/packed_rows"] / CFG.mini_batches
     assert rows_per_step > CFG.micro_batch_size  # two micro-batches or more per step
     assert compiled_names.count("jit(accumulate)") == 1, compiled_names
+
+
+def _turn_batch(b: int = 8, t: int = 40, scored: int = 6, seed: int = 0) -> RolloutBatch:
+    """``b`` trajectories of ``t`` tokens whose last ``scored`` tokens carry the loss (an
+    agent's short action after a long observation)."""
+    rng = np.random.default_rng(seed)
+    loss = np.zeros((b, t), np.float32)
+    loss[:, t - scored:] = 1.0
+    return RolloutBatch.from_mapping({
+        "tokens": rng.integers(1, MODEL.vocab_size, (b, t)).astype(np.int32),
+        "attention_mask": np.ones((b, t), np.int32), "loss_mask": loss,
+        "rollout_logprobs": (-rng.random((b, t)) * loss).astype(np.float32),
+        "group_id": np.arange(b) // 4, "reward": rng.random(b).astype(np.float32)})
+
+
+def test_the_scored_lm_head_first_update_runs_the_programs_compiled_ahead(compiled_names):
+    """Packed rows of 128 tokens would hold three 40-token trajectories of 6 scored tokens
+    each (18 > the 16 compiled ahead: the first update compiled a 32 bucket of the log-prob
+    pass and the train step). The pack plan keeps each row within the capacity instead."""
+    cfg = CFG.replace(pack_length=128, kl_coef=0.0, micro_batch_size=2, logprob_batch_size=2,
+                      scored_capacity_min=16)
+    assert cfg.scored_lm_head
+    learner = Learner(init_model(MODEL, seed=0), cfg, mesh=make_mesh(devices=jax.devices()[:1]))
+    assert compile_first_update(learner) == 3  # log-prob pass, accumulate, apply
+    assert BIG <= set(compiled_names), compiled_names
+    compiled_names.clear()
+    metrics = learner.update(_turn_batch(), UpdateOptions(log=False))
+    assert np.isfinite(metrics["actor/pg_loss"]) and metrics["batch/packed_rows"] > 0
+    assert learner.scored_capacity.value == 16
+    assert not BIG & set(compiled_names), compiled_names

@@ -276,9 +276,20 @@ class PackedRows:
         self.lengths = batch.lengths()
         self.n_rows = self.b
         self.packed_rows = 0  # packed rows trained on over the epochs
-        self.plan = plan_packing(self.lengths, cfg.pack_length, lr.logprob_batch_size)
         self.counts = row_counts(batch.loss_mask)  # scored tokens per source row
+        self.plan = self.pack_plan(np.arange(self.b), lr.logprob_batch_size)
         self.capacity = self.scored_capacity(self.plan)  # of the log-prob pass
+
+    def pack_plan(self, rows: np.ndarray, row_multiple: int) -> Any:
+        """The pack plan of source rows ``rows``: rows of ``pack_length`` tokens (a multiple
+        of ``row_multiple`` of them) holding at most the learner's current scored LM head
+        capacity of scored tokens each (``packing.plan_packing``'s budget; none with the full
+        head), so the update runs the programs compiled for that capacity (``ahead.py``)
+        unless one trajectory alone holds more."""
+        cfg = self.config
+        return plan_packing(self.lengths[rows], cfg.pack_length, row_multiple,
+                            scored=self.counts[rows],
+                            scored_budget=self.learner.scored_capacity.current(cfg.pack_length))
 
     def scored_capacity(self, plan: Any, rows: np.ndarray | None = None) -> int | None:
         """The LM head's per-row capacity (``scored.py``) for the packed rows of ``plan``
@@ -335,7 +346,7 @@ class PackedRows:
         keys = tuple(sorted({*per_token, "segment_ids", "positions", "loss_weights"}))
         metrics = []
         for rows in (p for p in np.array_split(order, cfg.mini_batches) if p.size):
-            plan = plan_packing(self.lengths[rows], cfg.pack_length, mb)
+            plan = self.pack_plan(rows, mb)
             steps = lr.packed_steps(keys, self.scored_capacity(plan, rows))
             seg, pos = segment_layout(plan)
             src = pack_index(plan, rows, self.t)

@@ -41,31 +41,45 @@ class PackPlan:
         return float(self.length.sum()) / max(self.num_rows * self.pack_length, 1)
 
 
-def plan_packing(lengths: np.ndarray, pack_length: int, row_multiple: int = 1) -> PackPlan:
+def plan_packing(lengths: np.ndarray, pack_length: int, row_multiple: int = 1,
+                 scored: np.ndarray | None = None, scored_budget: int | None = None) -> PackPlan:
     """First-fit-decreasing bin packing of ``lengths [B]`` into rows of ``pack_length``.
 
     ``row_multiple``: the number of rows is rounded up to a multiple of it (empty rows).
-    Raises ``ValueError`` for a sequence longer than ``pack_length``.
+    ``scored [B]`` and ``scored_budget``: a second room per row, the scored tokens
+    (``scored.row_counts``): a sequence joins a row only where both its tokens and its scored
+    tokens fit, so no packed row holds more than ``max(scored_budget, max(scored))`` scored
+    tokens (a sequence over the budget gets a row of its own). The scored LM head's capacity
+    is then known before the batch is (``learner/ahead.py``). Raises ``ValueError`` for a
+    sequence longer than ``pack_length``.
     """
     lengths = np.asarray(lengths, np.int64)
     if lengths.size and lengths.max() > pack_length:
         raise ValueError(f"a trajectory of {int(lengths.max())} tokens does not fit the pack "
                          f"length {pack_length}; raise learner.pack_length (>= the rollout's "
                          "max_context)")
+    budgeted = scored is not None and scored_budget is not None
+    counts = (np.asarray(scored, np.int64) if budgeted else np.zeros_like(lengths))
+    if counts.shape != lengths.shape:
+        raise ValueError(f"scored counts {counts.shape} do not match lengths {lengths.shape}")
+    budget = int(scored_budget) if budgeted else 0
     order = np.argsort(-lengths, kind="stable")
     free: list[int] = []  # remaining room per packed row
+    free_scored: list[int] = []  # remaining scored-token room per packed row (budgeted)
     row = np.zeros(lengths.shape, np.int64)
     offset = np.zeros(lengths.shape, np.int64)
     for i in order:
-        n = int(lengths[i])
+        n, s = int(lengths[i]), int(counts[i])
         for r, room in enumerate(free):
-            if room >= n:
+            if room >= n and (not budgeted or free_scored[r] >= s):
                 break
         else:
             r = len(free)
             free.append(pack_length)
+            free_scored.append(budget)
         row[i], offset[i] = r, pack_length - free[r]
         free[r] -= n
+        free_scored[r] -= s
     num_rows = max(len(free), 1)
     num_rows = -(-num_rows // row_multiple) * row_multiple
     return PackPlan(row=row, offset=offset, length=lengths, num_rows=num_rows,
