@@ -129,5 +129,5 @@ def test_the_scored_lm_head_first_update_runs_the_programs_compiled_ahead(compil
     compiled_names.clear()
     metrics = learner.update(_turn_batch(), UpdateOptions(log=False))
     assert np.isfinite(metrics["actor/pg_loss"]) and metrics["batch/packed_rows"] > 0
-    assert learner.scored_capacity.value == 16
     assert not BIG & set(compiled_names), compiled_names
+    assert learner.scored_capacity.value == 16

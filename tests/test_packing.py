@@ -33,6 +33,37 @@ def test_plan_places_every_sequence_once_without_overlap():
     assert len(set(plan.row.tolist())) <= int(11 / 9 * np.ceil(lengths.sum() / 128)) + 1
 
 
+def test_plan_keeps_each_row_within_the_scored_budget():
+    """``scored`` / ``scored_budget``: the scored LM head's capacity as a second room per row;
+    a sequence over the budget gets a row of its own; without a budget, the plan is the one
+    of lengths alone."""
+    rng = np.random.default_rng(1)
+    lengths = rng.integers(10, 60, 40)
+    scored = rng.integers(0, 13, 40)
+    scored[3] = 30  # over the budget: alone in its row
+    plain = plan_packing(lengths, 128, row_multiple=2)
+    plan = plan_packing(lengths, 128, row_multiple=2, scored=scored, scored_budget=16)
+    per_row = np.zeros(plan.num_rows, np.int64)
+    used = np.zeros((plan.num_rows, 128), np.int32)
+    for i, (r, o, n) in enumerate(zip(plan.row, plan.offset, plan.length)):
+        assert 0 <= o and o + n <= 128
+        used[r, o:o + n] += 1
+        per_row[r] += scored[i]
+    assert used.max() == 1 and used.sum() == lengths.sum()
+    assert np.sum(plan.row == plan.row[3]) == 1 and per_row[plan.row[3]] == 30
+    others = np.delete(np.arange(plan.num_rows), plan.row[3])
+    assert per_row[others].max() <= 16
+    # the lengths alone pack more scored tokens into some row: the budget changed the plan
+    plain_rows = np.bincount(plain.row, weights=scored, minlength=plain.num_rows)
+    assert np.delete(plain_rows, plain.row[3]).max() > 16
+    # a budget that never binds leaves the plan as it was
+    loose = plan_packing(lengths, 128, row_multiple=2, scored=scored, scored_budget=10 ** 6)
+    for a, b in ((loose.row, plain.row), (loose.offset, plain.offset)):
+        np.testing.assert_array_equal(a, b)
+    with pytest.raises(ValueError, match="scored counts"):
+        plan_packing(lengths, 128, scored=scored[:3], scored_budget=16)
+
+
 def test_pack_unpack_round_trip_and_segments():
     rng = np.random.default_rng(1)
     lengths = np.array([5, 3, 7, 2, 8])

@@ -185,3 +185,23 @@ def test_train_step_gradients_equal_the_full_head(packed):
     for x, y in zip(jax.tree.leaves(g_s), jax.tree.leaves(g_f), strict=True):
         scale = float(np.abs(np.asarray(y)).max())
         np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=1e-5, atol=1e-6 * scale)
+
+
+def test_the_run_reserves_the_most_scored_tokens_a_trajectory_holds():
+    """``scored_tokens_bound``: the longest horizon x generated tokens a turn (BabyAI's
+    grpo_gpu: 20 x 24); ``reserve`` rounds it up to the capacity bucket, never shrinks it,
+    and leaves the full head where the bucket fills a row."""
+    from agentrl_jax.learner.scored import ScoredCapacity
+    from agentrl_jax.training.rl.schedule import HorizonSchedule, scored_tokens_bound
+
+    bound = scored_tokens_bound(HorizonSchedule(phases=(6, 13, 20), steps_per_phase=15), 24)
+    assert bound == 480
+    cap = ScoredCapacity(True, 64)
+    assert cap.current(3072) == 64
+    cap.reserve(bound)
+    assert cap.current(3072) == 512 and cap.current(512) is None
+    cap.reserve(100)
+    assert cap.value == 512
+    off = ScoredCapacity(False, 64)
+    off.reserve(bound)
+    assert off.current(3072) is None

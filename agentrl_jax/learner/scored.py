@@ -20,8 +20,12 @@ behaviour metrics) reads them through ``loss_mask`` only.
 The capacity ``C`` is static per compiled program: the host, which lays the batch out, counts
 the scored tokens of every row and :class:`ScoredCapacity` rounds the largest count up to a
 power of two (never below ``learner.scored_capacity_min``), keeping the largest capacity it has
-given out (it never shrinks: one program per run once warmed up, and the compile-ahead path
-compiles its current value). A capacity of at least ``T`` falls back to the full head (``None``).
+given out (it never shrinks: one program per run once warmed up). With packed rows the same
+value is the pack plan's scored-token budget per row (``packing.plan_packing``), so a row grows
+it only where one trajectory alone holds more; the trainer reserves the most a trajectory can
+hold before the first update (:meth:`ScoredCapacity.reserve`), and the compile-ahead path
+(``ahead.py``) compiles that value: the programs every update runs. A capacity of at least
+``T`` falls back to the full head (``None``).
 """
 
 from __future__ import annotations
@@ -123,6 +127,14 @@ class ScoredCapacity:
         if not self.enabled or self.value >= length:
             return None
         return self.value
+
+    def reserve(self, count: int) -> None:
+        """Grow the kept value to hold ``count`` scored tokens a row (``capacity_bucket``):
+        the trainer reserves the most one trajectory can hold (its turns x generated tokens a
+        turn) before compiling ahead, so no update of the run needs a larger capacity (the
+        pack plan keeps every packed row within it: ``packing.plan_packing``)."""
+        if self.enabled:
+            self.value = max(self.value, capacity_bucket(count, self.minimum))
 
     def for_rows(self, max_row_count: int, length: int) -> int | None:
         """The capacity for rows of ``length`` tokens whose largest scored count is

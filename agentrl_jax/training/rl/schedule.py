@@ -60,3 +60,10 @@ class HorizonSchedule:
         if config.type == "fixed":
             return cls.fixed(config.turns)
         return cls(phases=tuple(config.phases), steps_per_phase=config.steps_per_phase)
+
+
+def scored_tokens_bound(schedule: HorizonSchedule, max_new_tokens: int) -> int:
+    """The most tokens one trajectory of the run generates (the learner's scored tokens): its
+    longest horizon x ``max_new_tokens`` a turn. The trainer reserves it as the scored LM
+    head's capacity (``learner/scored.py``) before the first update."""
+    return int(schedule.max_horizon) * int(max_new_tokens)

@@ -50,7 +50,7 @@ from agentrl_jax.training.outputs.progress import (BAR, LINES, OFF, ProgressSett
                                                    TurnCounter, timed)
 from agentrl_jax.training.outputs.run_output import (RunOutput, SessionEnd, StepRecord,
                                                      interrupted_message, terminated_message)
-from agentrl_jax.training.rl.schedule import HorizonSchedule
+from agentrl_jax.training.rl.schedule import HorizonSchedule, scored_tokens_bound
 from agentrl_jax.training.outputs.summary import read_summary
 from agentrl_jax.training.rl.task_sampler import TaskSampler
 from agentrl_jax.training.rl.trainer_eval import EnvErrorWatch, Evaluator
@@ -285,6 +285,10 @@ class Trainer:
                 else:
                     policy = engine_policy(learner,
                                            overlap=cfg.train.max_staleness >= 1)
+                # the scored LM head's capacity (learner/scored.py): the most scored tokens one
+                # trajectory can hold, so the pack plans stay within the programs compiled ahead
+                learner.scored_capacity.reserve(
+                    scored_tokens_bound(self.schedule, cfg.rollout.max_new_tokens))
                 if (cfg.train.compile_ahead and not self.multi_process
                         and jax.default_backend() != "cpu"):
                     # the first update's large programs compile on a background thread beside
