@@ -281,15 +281,22 @@ class PackedRows:
         self.capacity = self.scored_capacity(self.plan)  # of the log-prob pass
 
     def pack_plan(self, rows: np.ndarray, row_multiple: int) -> Any:
-        """The pack plan of source rows ``rows``: rows of ``pack_length`` tokens (a multiple
-        of ``row_multiple`` of them) holding at most the learner's current scored LM head
-        capacity of scored tokens each (``packing.plan_packing``'s budget; none with the full
-        head), so the update runs the programs compiled for that capacity (``ahead.py``)
-        unless one trajectory alone holds more."""
+        """The pack plan of source rows ``rows``: rows of ``pack_length`` tokens, a multiple of
+        ``row_multiple`` of them (``packing.plan_packing``). Where a packed row of that plan
+        would hold more scored tokens than the learner's scored LM head capacity, the plan is
+        made again with the capacity as a budget per row, and taken where it needs no more
+        rows: the update then runs the programs compiled for that capacity (``ahead.py``)
+        instead of compiling a larger one, at the same cost in rows."""
         cfg = self.config
-        return plan_packing(self.lengths[rows], cfg.pack_length, row_multiple,
-                            scored=self.counts[rows],
-                            scored_budget=self.learner.scored_capacity.current(cfg.pack_length))
+        counts = self.counts[rows]
+        plain = plan_packing(self.lengths[rows], cfg.pack_length, row_multiple)
+        budget = self.learner.scored_capacity.current(cfg.pack_length)
+        per_row = np.bincount(plain.row, weights=counts, minlength=plain.num_rows)
+        if budget is None or per_row.max(initial=0) <= budget:
+            return plain
+        kept = plan_packing(self.lengths[rows], cfg.pack_length, row_multiple, scored=counts,
+                            scored_budget=budget)
+        return kept if kept.num_rows <= plain.num_rows else plain
 
     def scored_capacity(self, plan: Any, rows: np.ndarray | None = None) -> int | None:
         """The LM head's per-row capacity (``scored.py``) for the packed rows of ``plan``
