@@ -13,10 +13,12 @@ after the engine's start-up, the step-0 evaluation and the first rollout. With p
 so :func:`compile_first_update` lowers and compiles them from abstract values (shape, dtype and
 sharding of the learner's own arrays; nothing runs, nothing is donated) and jit's cache keeps
 the executables for the real calls. The scored LM head's capacity (``learner/scored.py``) is
-static too: the learner's current one (``learner.scored_capacity_min`` rounded up to a power of
-two before the first update); a batch whose packed rows hold more scored tokens compiles one
-larger bucket in its update. The trainer runs it on a background thread on accelerators
-(:class:`AheadCompile`), beside the engine's warm-up and the first rollout. The smaller programs
+static too: the learner's current one, which the trainer first raises to the most scored tokens
+one trajectory can hold (``ScoredCapacity.reserve``); the pack plans keep each row within it
+where that costs no extra rows (``layouts.PackedRows.pack_plan``), so only a batch that cannot
+compiles one larger bucket in its update. The trainer runs it on a background thread on
+accelerators (:class:`AheadCompile`), beside the engine's warm-up and the first rollout. The
+smaller programs
 of an update (placement, advantages, shuffling) still compile on first use.
 """
 

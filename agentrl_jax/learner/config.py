@@ -104,7 +104,9 @@ class LearnerConfig(Section):
     # the update's LM head (log-prob pass and train step) only at the scored tokens (loss mask
     # != 0), gathered into [rows, capacity] (learner/scored.py; exact: the same log-probs where
     # the loss reads them); False: at every position. The per-row capacity is a power of two
-    # >= scored_capacity_min, grown to the largest row count seen (never shrinks)
+    # >= scored_capacity_min, grown to the largest row count seen (never shrinks); an RL run
+    # first reserves its longest trajectory's (horizon x max_new_tokens), and packed rows keep
+    # within it where that costs no extra rows (layouts.PackedRows.pack_plan)
     scored_lm_head: bool = setting(True)
     scored_capacity_min: int = setting(64, ge=1)
     # ------------------------------------------------------------------ RL loss
