@@ -131,3 +131,25 @@ def test_every_launch_script_refuses_a_missing_config_file_in_one_line(tmp_path)
                               cwd=REPO, capture_output=True, text=True, timeout=120)
         assert (proc.returncode, proc.stderr) == (
             2, f"invalid config (1 problem):\n  --config: no such file: {missing}\n"), script
+
+
+def test_a_text_or_texts_setting_takes_either_form_from_the_command_line():
+    """``model.output_tokens`` (typed ``str | tuple[str, ...]``) takes a string of characters
+    or a tuple of token strings, from an experiment file's assignment and from the command
+    line, and config.json writes both."""
+    import json
+
+    from agentrl_jax.training.config.command_line import load_with_overrides
+    from agentrl_jax.training.config.experiment import base_config, to_run_config
+
+    spec = ["launch", "--config", "experiments/babyai.py:choice_tiny_t1"]
+    config, _, problems = load_with_overrides(spec + ["--config.model.output_tokens=(' a', ' b')"])
+    assert problems == [] and config.model.output_tokens == (" a", " b")
+    assert to_run_config(config).model.output_tokens == (" a", " b")
+    config, _, problems = load_with_overrides(spec + ["--config.model.output_tokens=xyz"])
+    assert problems == [] and to_run_config(config).model.output_tokens == "xyz"
+    c = base_config()
+    c.model.output_tokens = ("left", "right")
+    c.rollout.stop = "\n"
+    assert json.loads(c.to_json())["model"]["output_tokens"] == ["left", "right"]
+    assert to_run_config(c).rollout.stop == "\n"

@@ -54,9 +54,18 @@ def _plain(section: Section, typed_none: bool = False) -> dict[str, Any]:
             out[f.name] = dict(value)
         elif value is None and _optional_scalar(hints.get(f.name)) is not None:
             out[f.name] = config_dict.placeholder(_optional_scalar(hints[f.name]))
+        elif typed_none and _text_or_texts(hints.get(f.name)):
+            # ``str | tuple[str, ...]``: either form may replace the default (an experiment
+            # file's assignment, or ``--config.k="(' a', ' b')"``); the section checks it
+            out[f.name] = config_dict.FieldReference(value, field_type=object)
         else:
             out[f.name] = value
     return out
+
+
+def _text_or_texts(hint: Any) -> bool:
+    """Whether ``hint`` is ``str | tuple[str, ...]`` (a setting given as one string or several)."""
+    return set(typing.get_args(hint)) == {str, tuple[str, ...]}
 
 
 def _optional_scalar(hint: Any) -> type | None:
@@ -71,7 +80,9 @@ def base_config() -> ConfigDict:
     """The ``ConfigDict`` experiment files start from: ``RunConfig()``'s defaults
     (``training/config/sections.py`` holds each default once). A setting whose default is None
     holds a typed placeholder, so the command line can set it (``--config.learner.
-    clip_ratio_high=0.28``); ``to_dict()`` reads it back as None or its value."""
+    clip_ratio_high=0.28``); ``to_dict()`` reads it back as None or its value. A setting typed
+    ``str | tuple[str, ...]`` takes either form (``--config.model.output_tokens=abc`` or
+    ``--config.model.output_tokens="(' a', ' b')"``)."""
     return ConfigDict(_plain(RunConfig(), typed_none=True))
 
 
