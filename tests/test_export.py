@@ -162,3 +162,43 @@ def test_bad_input_is_refused_in_one_line_before_anything_is_written(run, tmp_pa
         assert message in err and len(err.splitlines()) == 1, err
     assert not (tmp_path / "a").exists()
     assert os.listdir(taken) == ["x"]
+
+
+def test_a_restricted_policy_is_exported_with_its_token_ids(run, tmp_path):
+    """A run with ``model.output_tokens`` exports the whole network plus its token ids in
+    ``config.json`` (``agentrl_output_token_ids``); our loader restores the restriction, so the
+    loaded policy's logits are -inf outside the ids and equal the trained model's inside them,
+    and transformers still loads the directory (it ignores the key)."""
+    import jax.numpy as jnp
+
+    from agentrl_jax.models.pretrained import load_pretrained
+    from agentrl_jax.models.tokenizer import load_tokenizer
+    from agentrl_jax.training.jobs.export import export_checkpoint
+
+    workdir, model = run
+    restricted = str(tmp_path / "restricted_run")
+    os.makedirs(restricted)
+    with open(os.path.join(workdir, "config.json")) as f:
+        config = json.load(f)
+    config["model"]["output_tokens"] = "abc"
+    with open(os.path.join(restricted, "config.json"), "w") as f:
+        json.dump(config, f)
+    os.symlink(os.path.join(workdir, "checkpoints"), os.path.join(restricted, "checkpoints"))
+    out, _ = export_checkpoint(restricted, str(tmp_path / "export"))
+
+    tokenizer = load_tokenizer(out)
+    eos = {tokenizer.eos_token_id} | set(model.cfg.eos_token_ids)
+    want = sorted({tokenizer.convert_tokens_to_ids(c) for c in "abc"} | eos)
+    with open(os.path.join(out, "config.json")) as f:
+        assert json.load(f)["agentrl_output_token_ids"] == want
+    loaded = load_pretrained(out).model
+    assert loaded.cfg.output_token_ids == tuple(want)
+    ids = [5, 17, 99, 3, 250]
+    got = np.asarray(loaded(jnp.asarray([ids], jnp.int32)).logits)[0]
+    full = _our_logits(model, ids)
+    outside = np.ones(full.shape[-1], bool)
+    outside[want] = False
+    assert np.all(np.isneginf(got[:, outside]))
+    np.testing.assert_allclose(got[:, want], full[:, want], atol=1e-5)
+    hf = transformers.AutoModelForCausalLM.from_pretrained(out)
+    assert hf.config.vocab_size == model.cfg.vocab_size

@@ -30,6 +30,8 @@ MAX_MODEL_SIZES = {"num_layers": 512, "hidden_size": 65536, "intermediate_size":
                    "num_heads": 1024, "num_kv_heads": 1024, "head_dim": 1024,
                    "vocab_size": 4 * 1024**2, "max_position_embeddings": 16 * 1024**2}
 ATTENTION_IMPLS = (None, "chunked", "xla", "cudnn", "pallas", "pallas_segments")
+# config.json key of a restricted policy's token ids (``ModelConfig.output_token_ids``)
+OUTPUT_TOKENS_HF_KEY = "agentrl_output_token_ids"
 
 
 class UnsupportedModelError(ValueError):
@@ -115,7 +117,8 @@ class ModelConfig:
     output_token_ids: the policy restricted to these token ids (sorted): every other token's
         logit is -inf in every place logits are made (``models/output_tokens.py``), so the
         sampler and the learner renormalise over the same set; ``None``: the whole vocabulary.
-        Not part of a Hugging Face ``config.json`` (``to_hf_dict`` leaves it out).
+        ``to_hf_dict`` writes it as ``config.json``'s ``agentrl_output_token_ids`` (a key of
+        ours that other loaders ignore) and ``from_hf_dict`` reads it back.
     """
 
     vocab_size: int
@@ -261,6 +264,13 @@ class ModelConfig:
             eos_token_id=eos,
             pad_token_id=hf.get("pad_token_id"),
         )
+        restricted = hf.get(OUTPUT_TOKENS_HF_KEY)
+        if restricted is not None:  # an export of a restricted policy (``to_hf_dict``)
+            if not isinstance(restricted, list) or not all(
+                    isinstance(i, int) and not isinstance(i, bool) for i in restricted):
+                raise UnsupportedModelError(
+                    f"config.json's {OUTPUT_TOKENS_HF_KEY} must be a list of token ids")
+            values["output_token_ids"] = tuple(restricted)
         values.update(overrides)
         return cls(**values)
 
@@ -294,4 +304,9 @@ class ModelConfig:
         if family.hf_attention_bias_key:
             hf["attention_bias"] = self.attention_bias
         hf.update(family.hf_extra)
+        if self.output_token_ids is not None:
+            # ours alone: transformers / SGLang keep it as an unused attribute and sample from
+            # the whole vocabulary (restrict them to these ids yourself); ``from_hf_dict`` and so
+            # our servers and ``--config.model.name=DIR`` restore the restriction
+            hf[OUTPUT_TOKENS_HF_KEY] = list(self.output_token_ids)
         return hf

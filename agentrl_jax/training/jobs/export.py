@@ -8,7 +8,10 @@ The directory holds ``config.json``, ``model.safetensors`` (shards + index above
 ``generation_config.json`` and the tokenizer's files with its chat template
 (``models/safetensors_io.save_hf_directory``, the same writer as the SGLang disk sync):
 ``transformers.AutoModelForCausalLM``, our inference server (``--model DIR``), SGLang and
-``--config.model.name=DIR`` load it.
+``--config.model.name=DIR`` load it. A policy restricted to its action tokens
+(``model.output_tokens``) is written whole, with its token ids in ``config.json``'s
+``agentrl_output_token_ids``: our loaders restore the restriction, other loaders sample from
+the whole vocabulary unless told those ids.
 
 From a checkpoint only the policy parameters are read (``checkpoints/<step>/params``, float32
 master weights), not the optimiser state, on the host CPU; the model's shape and tokenizer come
@@ -90,8 +93,20 @@ def _run_model(workdir: str) -> tuple[Any, Any]:
     model_path = resolve_model_path(section.name)
     tokenizer = load_tokenizer(model_path)
     if section.random_init:
-        return random_model_config(section.random_init, tokenizer, section.dtype), tokenizer
-    return load_model_config(model_path, dtype=section.dtype), tokenizer
+        cfg = random_model_config(section.random_init, tokenizer, section.dtype)
+    else:
+        cfg = load_model_config(model_path, dtype=section.dtype)
+    if section.output_tokens:  # a restricted policy: the export records its token ids
+        from agentrl_jax.models.output_tokens import resolve_output_tokens
+
+        eos = cfg.eos_token_ids or ((tokenizer.eos_token_id,)
+                                    if tokenizer.eos_token_id is not None else ())
+        try:
+            ids = resolve_output_tokens(tokenizer, section.output_tokens, eos)
+        except ValueError as error:
+            raise ExportError(f"{path}: {error}") from None
+        cfg = cfg.replace(output_token_ids=ids)
+    return cfg, tokenizer
 
 
 def checkpoint_policy(workdir: str, step: int) -> tuple[Any, Any]:
