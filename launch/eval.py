@@ -17,13 +17,16 @@ from __future__ import annotations
 import logging
 import os
 import sys
-from typing import Any
+from typing import TYPE_CHECKING
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from absl import app, flags  # noqa: E402
 from absl import logging as absl_logging  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
+
+if TYPE_CHECKING:
+    from agentrl_jax.training.config.sections import RunConfig
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "experiment config file")
 _CHECKPOINT = flags.DEFINE_string("checkpoint", None, "checkpoint directory (omit: base model)")
@@ -36,7 +39,7 @@ _SPLIT = flags.DEFINE_string("split", "test", "task split")
 _OUTPUT = flags.DEFINE_string("output", None, "write the result JSON (+ trajectories) here")
 
 
-def main(argv: list[str], config: Any) -> int:
+def main(argv: list[str], config: RunConfig | None) -> int:
     """``config``: the typed ``RunConfig`` (checked before anything started)."""
     del argv
     logging.basicConfig(level=logging.WARNING)

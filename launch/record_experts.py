@@ -27,7 +27,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
-from typing import Any
+from typing import TYPE_CHECKING
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 os.environ.setdefault("JAX_PLATFORMS", "cpu")  # before anything imports jax: no GPU is needed
@@ -35,6 +35,9 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")  # before anything imports jax: no
 from absl import app, flags  # noqa: E402
 from absl import logging as absl_logging  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
+
+if TYPE_CHECKING:
+    from agentrl_jax.training.config.sections import RunConfig
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "experiment config file (the SFT "
                                           "config: its model tokenizer and answer format)")
@@ -61,7 +64,7 @@ _PROGRESS_EVERY = flags.DEFINE_integer("progress_every", 100, "a progress line e
                                        "episodes (per worker)")
 
 
-def main(argv: list[str], config: Any) -> int:
+def main(argv: list[str], config: RunConfig | None) -> int:
     """``config``: the typed ``RunConfig`` of --config (None: the defaults)."""
     del argv
     logging.basicConfig(level=logging.WARNING)

@@ -25,7 +25,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -34,6 +34,11 @@ from absl import logging as absl_logging  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
 from agentrl_jax.training.config.command_line import experiment_run_name  # noqa: E402
+
+if TYPE_CHECKING:
+    from ml_collections import ConfigDict
+
+    from agentrl_jax.training.config.sections import RunConfig
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "experiment config file",
                                           lock_config=True)
@@ -52,7 +57,7 @@ EXIT_TERMINATED = 143
 EXIT_WORKDIR_BUSY = 5
 
 
-def main(argv: list[str], config: Any) -> int:
+def main(argv: list[str], config: RunConfig | None) -> int:
     """``config``: the typed ``RunConfig``, checked with the model source, the workdir and this
     host's memory (:func:`check`) before anything started."""
     del argv
@@ -70,7 +75,7 @@ def main(argv: list[str], config: Any) -> int:
         return EXIT_INTERRUPTED
 
 
-def check(config: Any) -> Any:
+def check(config: ConfigDict) -> RunConfig:
     """The whole config, the model source and the workdir (``training/preflight/validate.py``): the
     typed ``RunConfig``, or ``ConfigError`` with one line per problem."""
     from agentrl_jax.training.preflight.validate import check_run
@@ -91,7 +96,7 @@ def _processes() -> int:
     return int(count) if count.isdigit() and int(count) >= 1 else 1
 
 
-def _train(config: Any) -> int:
+def _train(config: RunConfig) -> int:
     """Train ``config`` in the workdir (or say that its run already finished)."""
     if _DISTRIBUTED.value:
         import jax
@@ -155,7 +160,7 @@ def _lock_workdir(workdir: str) -> tuple[Any, int | None]:
     return lock, code
 
 
-def _train_locked(config: Any, workdir: str) -> int:
+def _train_locked(config: RunConfig, workdir: str) -> int:
     from agentrl_jax.training.rl.trainer import Trainer
 
     trainer = Trainer(config, workdir, eval_again=_EVAL_AGAIN.value)

@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
-from typing import Any
+from typing import TYPE_CHECKING
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -27,12 +27,15 @@ from ml_collections import config_flags  # noqa: E402
 
 from agentrl_jax.training.config.command_line import experiment_run_name  # noqa: E402
 
+if TYPE_CHECKING:
+    from agentrl_jax.training.config.sections import RunConfig
+
 _CONFIG = config_flags.DEFINE_config_file("config", None, "SFT experiment config file",
                                           lock_config=True)
 _WORKDIR = flags.DEFINE_string("workdir", None, "output directory (default runs/<config name>)")
 
 
-def main(argv: list[str], config: Any) -> int:
+def main(argv: list[str], config: RunConfig | None) -> int:
     """``config``: the typed ``RunConfig`` (checked before anything started)."""
     del argv
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")

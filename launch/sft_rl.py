@@ -65,9 +65,10 @@ def parse(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str], list[str]
         problems.append(f"--sft_config: {args.sft_config} has no sft section")
     args.envs = []
     if not problems:
+        from agentrl_jax.training.config.experiment import to_run_config
         from agentrl_jax.training.runtime.services import env_names
 
-        args.envs = env_names(configs["sft_config"])
+        args.envs = env_names(to_run_config(configs["sft_config"]))
     return args, overrides["sft_config"], overrides["config"], problems
 
 

@@ -10,7 +10,7 @@ import sys
 from agentrl_jax.agent.parsing import parse_react
 from agentrl_jax.agent.prompts import system_prompt
 from agentrl_jax.agent.trajectory import Trajectory
-from agentrl_jax.training.config.experiment import base_config, use_react
+from agentrl_jax.training.config.experiment import base_config, to_run_config, use_react
 from agentrl_jax.training.runtime.services import make_sampling, stop_strings
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -28,11 +28,11 @@ def _benchmark():
 def test_default_is_one_action_line_and_react_is_one_call_away():
     c = base_config()
     assert (c.agent.prompt_style, c.agent.response_prefix) == ("action", "Action:")
-    sampling = make_sampling(c)
+    sampling = make_sampling(to_run_config(c))
     assert sampling.max_new_tokens == 24 and sampling.stop == ["\n"]
     use_react(c)
     assert (c.agent.prompt_style, c.agent.response_prefix) == ("react", "")
-    sampling = make_sampling(c)
+    sampling = make_sampling(to_run_config(c))
     assert sampling.max_new_tokens == 128 and sampling.stop is None
 
 

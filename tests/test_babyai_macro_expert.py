@@ -73,13 +73,15 @@ def test_macros_shorten_the_bot_overall():
 def test_the_recorder_acts_with_the_macro_expert_by_name(tmp_path):
     from experiments.smoke import sft as get_config
 
+    from agentrl_jax.training.config.experiment import to_run_config
     from agentrl_jax.training.jobs.record_experts import record_experts_sync
 
     c = get_config()
     c.env.names = "babyai"
     c.rollout.max_context = 8192  # the smoke config's 1,024 cuts the bot's longer episodes
     quiet = dict(horizon=64, say=lambda *a, **k: None)
-    meta = record_experts_sync(c, "babyai", 3, str(tmp_path / "macro"), expert="babyai_macro",
+    run = to_run_config(c)
+    meta = record_experts_sync(run, "babyai", 3, str(tmp_path / "macro"), expert="babyai_macro",
                                **quiet)
     assert meta["expert"] == "babyai_macro" and meta["successful"] == 3
     with open(tmp_path / "macro" / "babyai.jsonl") as f:
@@ -88,22 +90,23 @@ def test_the_recorder_acts_with_the_macro_expert_by_name(tmp_path):
         said = [m["content"].split("Action:", 1)[-1].strip()
                 for m in ep["messages"] if m["role"] == "assistant"]
         assert said == list(macro_plan(ep["task_id"]).actions), ep["task_id"]
-    bot = record_experts_sync(c, "babyai", 3, str(tmp_path / "bot"), **quiet)
+    bot = record_experts_sync(run, "babyai", 3, str(tmp_path / "bot"), **quiet)
     assert bot["expert"] == "babyai" and bot["successful"] == 3
     assert meta["mean_turns_successful"] < bot["mean_turns_successful"]
     with pytest.raises(ValueError, match="no expert 'nope'"):
-        record_experts_sync(c, "babyai", 1, str(tmp_path / "x"), expert="nope", **quiet)
+        record_experts_sync(run, "babyai", 1, str(tmp_path / "x"), expert="nope", **quiet)
     assert not os.path.exists(tmp_path / "x" / "babyai.jsonl")
     # the config's sft.expert is the default; an explicit --expert still wins
     c.sft.expert = "babyai_macro"
-    by_config = record_experts_sync(c, "babyai", 1, str(tmp_path / "cfg"), **quiet)
+    run = to_run_config(c)
+    by_config = record_experts_sync(run, "babyai", 1, str(tmp_path / "cfg"), **quiet)
     assert by_config["expert"] == "babyai_macro"
     with open(tmp_path / "cfg" / "babyai.jsonl") as f:
         ep = json.loads(f.readline())
     said = [m["content"].split("Action:", 1)[-1].strip()
             for m in ep["messages"] if m["role"] == "assistant"]
     assert said == list(macro_plan(ep["task_id"]).actions)
-    assert record_experts_sync(c, "babyai", 1, str(tmp_path / "own"), expert="babyai",
+    assert record_experts_sync(run, "babyai", 1, str(tmp_path / "own"), expert="babyai",
                                **quiet)["expert"] == "babyai"
 
 

@@ -20,7 +20,7 @@ from agentrl_jax.models.pretrained import resolve_model_path
 from agentrl_jax.models.tokenizer import load_tokenizer
 from agentrl_jax.rollout.contract import GenerateResult, RolloutBackend, SamplingParams
 from agentrl_jax.training.runtime import services
-from agentrl_jax.training.config.experiment import base_config
+from agentrl_jax.training.config.experiment import base_config, to_run_config
 from agentrl_jax.training.preflight.validate import ConfigError, check_config
 from environments.babyai.env import BabyAIEnv
 from environments.core.client import EnvClient
@@ -145,7 +145,7 @@ async def test_task_filter_keeps_matching_ids_in_full():
     config = base_config()
     config.env.names = "babyai,textcraft"
     config.env.task_filter = {"babyai": r"L1/seed=[0-9]+"}
-    filters = services.task_filters(config)
+    filters = services.task_filters(to_run_config(config))
     refs = await services.task_refs({"babyai": _Tasks(ids), "textcraft": _Tasks(ids[:2])}, "train",
                                     filters=filters)
     assert [r.task_id for r in refs if r.env == "babyai"] == [t for t in ids if t.startswith("L1/")]
@@ -156,7 +156,7 @@ async def test_task_filter_keeps_matching_ids_in_full():
     with pytest.raises(ValueError, match=re.escape("env.task_filter.babyai ('L1') keeps none of "
                                                    "the 12 train tasks of babyai")):
         await services.task_refs({"babyai": _Tasks(ids)}, "train",
-                                 filters=services.task_filters(config))
+                                 filters=services.task_filters(to_run_config(config)))
 
 
 @pytest.mark.parametrize("given, message", [

@@ -358,18 +358,19 @@ def _greedy_on(model, prompts):
 def test_engine_device_groups_from_the_config():
     from ml_collections import ConfigDict
 
+    from agentrl_jax.training.config.experiment import to_run_config
     from agentrl_jax.training.runtime.services import engine_device_groups
 
     cfg = ConfigDict({"rollout": {"engine_replicas": 0, "tensor_parallel": 2}})
     # the default on the CPU backend: one engine (virtual CPU devices share the same cores)
-    assert [len(g) for g in engine_device_groups(cfg)] == [2]
+    assert [len(g) for g in engine_device_groups(to_run_config(cfg))] == [2]
     cfg.rollout.engine_replicas = 4  # asked for: 4 groups of 2 of the 8 virtual devices
-    groups = engine_device_groups(cfg)
+    groups = engine_device_groups(to_run_config(cfg))
     assert [len(g) for g in groups] == [2] * 4
     assert len({d for g in groups for d in g}) == 8
     cfg.rollout.engine_replicas = 99
     with pytest.raises(ValueError, match="engine_replicas=99"):
-        engine_device_groups(cfg)
+        engine_device_groups(to_run_config(cfg))
 
 
 def test_weights_sharded_over_the_replicas_devices_reach_them_by_one_all_gather(prompts):

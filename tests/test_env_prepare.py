@@ -11,7 +11,8 @@ import contextlib
 import pytest
 
 from agentrl_jax.training.runtime import services
-from agentrl_jax.training.config.experiment import base_config
+from agentrl_jax.training.config.experiment import base_config, to_run_config
+from agentrl_jax.training.config.sections import RunConfig
 from environments.registry import FAMILIES, register_family
 
 
@@ -35,12 +36,12 @@ class _FakeSupervisor:
         pass
 
 
-def _config(**env):
+def _config(**env) -> RunConfig:
     c = base_config()
     c.env.names = "prepfam"
     for key, value in env.items():
         c.env[key] = value
-    return c
+    return to_run_config(c)
 
 
 @pytest.fixture

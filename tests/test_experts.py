@@ -245,11 +245,13 @@ def test_workers_record_what_one_process_records(tmp_path):
     ids equal), merged meta counts equal; progress lines come every N episodes."""
     from experiments.smoke import sft as get_config
 
+    from agentrl_jax.training.config.experiment import to_run_config
     from agentrl_jax.training.jobs.record_experts import record_experts_parallel
 
     c = get_config()
     c.env.names = "textcraft"
     c.rollout.max_context = 1024
+    c = to_run_config(c)
     lines: list[str] = []
     one = record_experts_parallel(c, "textcraft", 6, str(tmp_path / "one"), workers=1,
                                   horizon=12, progress_every=2,

@@ -213,6 +213,7 @@ def test_a_backend_registered_alone_is_accepted_and_built_by_make_backend():
     from ml_collections import ConfigDict
 
     from agentrl_jax.rollout.contract import ROLLOUT_BACKENDS, create_backend, register_backend
+    from agentrl_jax.training.config.experiment import to_run_config
     from agentrl_jax.training.runtime import services
 
     assert ROLLOUT_BACKENDS.names() == ["embedded", "engine_servers", "sglang"]
@@ -229,7 +230,8 @@ def test_a_backend_registered_alone_is_accepted_and_built_by_make_backend():
         assert create_backend({"name": "toy", "x": 1}).options == {"x": 1}
         config = ConfigDict({"seed": 0, "rollout": {"backend": "toy", "urls": "http://a:1,http://b:2",
                                                     "api_key": "k"}})
-        built = services.make_backend(config, "the-model", "the-tokenizer", "/path").options["build"]
+        built = services.make_backend(to_run_config(config), "the-model", "the-tokenizer",
+                                      "/path").options["build"]
         assert (built.model, built.tokenizer, built.model_path) == ("the-model", "the-tokenizer", "/path")
         assert built.urls == ("http://a:1", "http://b:2") and built.api_key == "k"
         assert built.engine_config is None and built.device_groups == ()  # no local engine
@@ -242,6 +244,7 @@ def test_a_local_engine_backend_gets_the_engine_config_and_device_groups():
 
     from agentrl_jax.rollout.contract import ROLLOUT_BACKENDS
     from agentrl_jax.rollout.engine.engine_config import EngineConfig
+    from agentrl_jax.training.config.experiment import to_run_config
     from agentrl_jax.training.runtime import services
 
     class _LocalToy(_ToyBackend):
@@ -250,8 +253,9 @@ def test_a_local_engine_backend_gets_the_engine_config_and_device_groups():
     c = importlib.import_module("experiments.smoke").get_config()
     c.rollout.backend = "toylocal"
     with registered(ROLLOUT_BACKENDS, "toylocal", _LocalToy):
-        built = services.make_backend(c, None, None, None).options["build"]  # model=None: max_batch slots
-        groups = services.engine_device_groups(c)  # reads the typed config: toylocal is known here
+        run = to_run_config(c)  # toylocal is a known backend here
+        built = services.make_backend(run, None, None, None).options["build"]  # model=None: max_batch slots
+        groups = services.engine_device_groups(run)
     assert built.device_groups == tuple(tuple(g) for g in groups)
     assert all(isinstance(d, jax.Device) for g in built.device_groups for d in g)
     assert isinstance(built.engine_config, EngineConfig)

@@ -69,10 +69,11 @@ def worker(process_id: int, coordinator: str, workdir: str, out: str) -> None:
     from flax import nnx
 
     from agentrl_jax.sharding.placement import to_host
+    from agentrl_jax.training.config.experiment import to_run_config
     from agentrl_jax.training.runtime.policy import load_policy
     from agentrl_jax.training.rl.trainer import Trainer
 
-    config = smoke_config()
+    config = to_run_config(smoke_config())
     initial, _, _ = load_policy(config)
     trainer = Trainer(config, workdir, progress=False)
     summary = trainer.run()

@@ -22,6 +22,7 @@ from urllib.parse import urlparse
 import pytest
 
 from agentrl_common.jsonl_files import read_records
+from agentrl_jax.training.config.experiment import to_run_config
 from agentrl_jax.training.runtime.services import engine_slots, max_episodes_per_round
 from agentrl_jax.training.runtime.policy import checkpoint_steps
 from agentrl_jax.training.outputs.summary import merge_summary
@@ -221,7 +222,7 @@ def test_eval_episodes_size_the_engine():
     from experiments.smoke import get_config
     tiny = ModelConfig(vocab_size=100, hidden_size=64, intermediate_size=128, num_layers=2,
                        num_heads=4, num_kv_heads=2, head_dim=16)
-    c = get_config()
+    c = to_run_config(get_config())
     # smoke's own rounds: 2 tasks x 2 samples (train), 2 tasks x 1 sample x 2 envs (eval)
     assert max_episodes_per_round(c) == 4
     assert engine_slots(c, tiny, backend="gpu") == 4

@@ -12,6 +12,8 @@ import os
 import numpy as np
 import pytest
 
+from agentrl_jax.training.config.experiment import to_run_config
+
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
@@ -56,7 +58,7 @@ def recorded(tmp_path_factory):
     c = _config(out, 2)
     # offset 4: since the dev split was carved out of the training goals, the first four include
     # "painting", whose first prompt alone (1,237 tokens) exceeds this config's 1,024-token context
-    meta = record_experts_sync(c, "textcraft", 4, out, horizon=12, offset=4,
+    meta = record_experts_sync(to_run_config(c), "textcraft", 4, out, horizon=12, offset=4,
                                say=lambda *a, **k: None)
     with open(os.path.join(out, "textcraft.jsonl")) as f:
         trajectories = [json.loads(line) for line in f]
@@ -139,11 +141,11 @@ def test_sft_nll_export_and_resume(recorded, tmp_path, capsys, one_device):
     data, _, trajectories = recorded
     c = _config(data, 2)
     first = [trajectories[i] for i in batch_rows(0, len(trajectories), 2, int(c.seed))]
-    nll = _hf_assistant_nll(load_policy(c)[0], first, tmp_path)
+    nll = _hf_assistant_nll(load_policy(to_run_config(c))[0], first, tmp_path)
     work = str(tmp_path / "sft")
-    SFTRun(c, work, progress=False).run()
+    SFTRun(to_run_config(c), work, progress=False).run()
     assert finished_step(work) == 2
-    summary = SFTRun(_config(data, 3), work, progress=False).run()
+    summary = SFTRun(to_run_config(_config(data, 3)), work, progress=False).run()
     assert "resumed at step 2" in capsys.readouterr().out
     assert summary["final_step"] == 3 and finished_step(work) == 3
     rows = [json.loads(line) for line in open(os.path.join(work, "metrics.jsonl"))]
@@ -154,14 +156,15 @@ def test_sft_nll_export_and_resume(recorded, tmp_path, capsys, one_device):
     assert rows[2]["actor/nll"] < rows[0]["actor/nll"]  # lr 1e-3: the NLL falls
 
     c = _config(data, 3)
-    restored = Learner(load_policy(c)[0], dict(c.learner),
+    restored = Learner(load_policy(to_run_config(c))[0], dict(c.learner),
                        checkpoint_dir=os.path.join(work, "checkpoints"))
     restored.restore()
     rl = _config(data, 3)
     rl.model.name = os.path.join(work, "model")
     rl.model.random_init = {}
-    model, tokenizer, path = load_policy(rl)
-    assert path == os.path.join(work, "model") and len(tokenizer) == len(load_policy(c)[1])
+    model, tokenizer, path = load_policy(to_run_config(rl))
+    assert path == os.path.join(work, "model")
+    assert len(tokenizer) == len(load_policy(to_run_config(c))[1])
     ours = jax.tree.leaves(nnx.state(model, nnx.Param))
     ref = jax.tree.leaves(restored.params)
     assert len(ours) == len(ref)
@@ -180,12 +183,12 @@ def test_sft_time_budget_counts_every_session(recorded, tmp_path, capsys, one_de
     work = str(tmp_path / "sft")
     c = _config(data, 2)
     c.sft.count_first_update = True
-    first = SFTRun(c, work, progress=False).run()
+    first = SFTRun(to_run_config(c), work, progress=False).run()
     assert first["final_step"] == 2 and first["train_seconds"] > 0.05  # compile + 2 updates
     more = _config(data, 6)
     more.sft.count_first_update = True
     more.sft.max_seconds = 0.05  # already spent by the first session
-    second = SFTRun(more, work, progress=False).run()
+    second = SFTRun(to_run_config(more), work, progress=False).run()
     out = capsys.readouterr().out
     assert "resumed at step 2" in out and "already spent" in out
     assert second["final_step"] == 2
@@ -228,7 +231,7 @@ def test_sft_time_budget_leaves_out_the_first_update_unless_asked(
     c = _config(recorded[0], 3)
     c.sft.max_seconds = 50.0
     c.sft.count_first_update = count_first_update
-    summary = SFTRun(c, str(tmp_path / "sft"), progress=False).run()
+    summary = SFTRun(to_run_config(c), str(tmp_path / "sft"), progress=False).run()
     if count_first_update:
         assert summary["final_step"] == 1 and summary["train_seconds"] > 100.0
     else:

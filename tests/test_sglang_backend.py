@@ -191,6 +191,7 @@ async def test_api_key_on_generation_and_weight_updates(model, tmp_path, monkeyp
     from ml_collections import ConfigDict
 
     from agentrl_jax.rollout.backends.sglang import API_KEY_ENV
+    from agentrl_jax.training.config.experiment import to_run_config
     from agentrl_jax.training.runtime import services
 
     tok = byte_tokenizer(TINY.vocab_size)
@@ -212,7 +213,7 @@ async def test_api_key_on_generation_and_weight_updates(model, tmp_path, monkeyp
 
         config = ConfigDict({"rollout": {"backend": "sglang", "urls": thread.url,
                                          "api_key": "sesame"}})
-        backend = services.make_backend(config, None, None, None)
+        backend = services.make_backend(to_run_config(config), None, None, None)
         backend.export_dir, backend.export_dtype = str(tmp_path), "float32"
         async with backend:
             res = await backend.generate(prompt, sp)

@@ -22,7 +22,7 @@ from agentrl_jax.models.llama import CausalLM, init_model
 from agentrl_jax.sharding.mesh import make_mesh
 from agentrl_jax.sharding.rules import state_shardings
 from agentrl_jax.training.runtime import services
-from agentrl_jax.training.config.experiment import base_config
+from agentrl_jax.training.config.experiment import base_config, to_run_config
 from agentrl_jax.training.runtime.policy import load_learner
 
 # every dimension divisible by 8, so that every matrix is split over all 8 devices
@@ -132,7 +132,7 @@ def test_memory_estimate_of_the_7b_step_by_hand():
     def estimate(g: int, **kwargs):  # AdamW on the GPUs (the offloaded 1-GPU case: below)
         c = get_config(num_gpus=g)
         c.learner.offload_optimizer_state = False
-        return memory_estimate(g, c, **kwargs)
+        return memory_estimate(g, to_run_config(c), **kwargs)
 
     n, gib = 7_615_616_512, 2 ** 30
     kv_token = 2 * 28 * 4 * 128 * 2
@@ -172,18 +172,18 @@ def test_memory_estimate_of_the_7b_step_by_hand():
     assert [estimate(g, gpu_memory_gib=140.4)["verdict"] for g in (1, 2, 4)] == [
         "does not fit", "fits", "fits"]
     # the experiment's own 2-GPU config: no offload
-    assert by_gpus[2] == memory_estimate(2, get_config(num_gpus=2))
+    assert by_gpus[2] == memory_estimate(2, to_run_config(get_config(num_gpus=2)))
     # without the release (as the 4 H100s ran out of memory, 2026-11-27, before the merged
     # weights existed): KV and merged weights live in the update, 57.5 / 77.3 GiB
     from experiments.babyai import paper_scale_7b as get_config
     c = get_config()
     c.rollout.release_kv_during_update = False
-    e = memory_estimate(4, c)
+    e = memory_estimate(4, to_run_config(c))
     assert (round(e["lower_bound_gib"], 1), round(e["peak_gib"], 1), e["verdict"]) == (
         57.5, 77.3, "does not fit")
     # XLA's GEMMs keep no merged copy
     c.rollout.decode_gemm = "xla"
-    e = memory_estimate(4, c)
+    e = memory_estimate(4, to_run_config(c))
     assert e["parts_gib"]["engine_merged"] == 0.0
     assert (round(e["lower_bound_gib"], 1), round(e["peak_gib"], 1), e["verdict"]) == (
         49.6, 69.4, "tight")
@@ -206,7 +206,7 @@ def test_memory_estimate_with_the_optimizer_state_offloaded(monkeypatch):
     assert not get_config(num_gpus=4).learner.offload_optimizer_state
 
     n, gib = 7_615_616_512, 2 ** 30
-    e = memory_estimate(1, get_config(num_gpus=1))
+    e = memory_estimate(1, to_run_config(get_config(num_gpus=1)))
     p = e["parts_gib"]
     assert e["offloads_optimizer_state"] and p["adamw"] == 0.0
     assert e["host_adamw_gib"] == pytest.approx(8 * n / gib)
@@ -220,9 +220,11 @@ def test_memory_estimate_with_the_optimizer_state_offloaded(monkeypatch):
     assert round(e["peak_gib"], 1) == 107.6
     # an H100: the rollout's 78.5 GiB cannot be held
     assert e["verdict"] == "does not fit" and "78.5 GiB must be live" in e["reason"]
-    assert memory_estimate(1, get_config(num_gpus=1), gpu_memory_gib=140.4)["verdict"] == "fits"
+    one_gpu = to_run_config(get_config(num_gpus=1))
+    assert memory_estimate(1, one_gpu, gpu_memory_gib=140.4)["verdict"] == "fits"
     for g in (2, 4):
-        assert not memory_estimate(g, get_config(num_gpus=g))["offloads_optimizer_state"]
+        estimate = memory_estimate(g, to_run_config(get_config(num_gpus=g)))
+        assert not estimate["offloads_optimizer_state"]
 
 
 def test_memory_estimate_command_line(tmp_path, capsys):
@@ -238,8 +240,8 @@ def test_memory_estimate_command_line(tmp_path, capsys):
     assert main(["--config", "experiments/babyai.py:paper_scale_7b", "--gpus", "1,4", "--check",
                  "--json", str(out)]) == 3
     rows = json.loads(out.read_text())
-    assert rows == [json.loads(json.dumps(memory_estimate(g, get_config(num_gpus=g))))
-                    for g in (1, 4)]
+    assert rows == [json.loads(json.dumps(memory_estimate(
+        g, to_run_config(get_config(num_gpus=g))))) for g in (1, 4)]
     assert [r["offloads_optimizer_state"] for r in rows] == [True, False]
     assert "| 4 |" in capsys.readouterr().out
     assert main(["--config", "experiments/babyai.py:paper_scale_7b", "--gpus", "4", "--check"]) == 0
@@ -290,6 +292,7 @@ def _full_f32_copies(shapes: set[tuple[int, ...]], before: list[jax.Array]) -> l
 
 
 def _check_setup(cfg, expect_values=None, monkeypatch=None, before=None):
+    cfg = to_run_config(cfg)
     before = _preexisting() if before is None else before
     given: list[list[jax.Array]] = []  # what each replica's engine was handed, per call
     if monkeypatch is not None:
@@ -401,7 +404,7 @@ def test_learner_adopts_the_arrays_unless_a_rollout_overlaps_the_first_update(st
     model's own buffers); otherwise it adopts them (one copy)."""
     cfg = _config()
     cfg.train.max_staleness = staleness
-    learner, model, _, _ = load_learner(cfg)
+    learner, model, _, _ = load_learner(to_run_config(cfg))
     try:
         mine = {s.data.unsafe_buffer_pointer() for x in leaves(model)
                 for s in x.addressable_shards}

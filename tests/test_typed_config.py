@@ -243,3 +243,57 @@ def test_the_scan_finds_a_config_get(tmp_path):
     path.write_text(source)
     assert [h.split(": ", 1)[1] for h in _config_gets(str(path))] == [
         "s.get('steps', 0)", "config.train.get('save_every', 1)"]
+
+
+# --------------------------------------------------------------------------- converted once
+#: where a ``ConfigDict`` becomes a ``RunConfig`` (``to_run_config``): the conversion itself,
+#: the launch scripts' ``run_main``, the preflight checks (``check_config`` / ``check_run``),
+#: the memory estimate's command line (``config_for``) and the ``Trainer`` (the entry point
+#: that tests and benchmarks/speed/rl_step.py call with a ConfigDict); everything else takes
+#: the ``RunConfig``
+_CONVERTERS = {"agentrl_jax/training/config/experiment.py",
+               "agentrl_jax/training/config/command_line.py",
+               "agentrl_jax/training/preflight/validate.py",
+               "agentrl_jax/training/preflight/memory_estimate.py",
+               "agentrl_jax/training/rl/trainer.py"}
+
+
+def _untyped_configs(path: str) -> list[str]:
+    """``path:line: what`` for each call of ``to_run_config`` and each parameter named
+    ``config`` / ``cfg`` that is annotated ``Any`` or not at all."""
+    tree = ast.parse(open(path).read(), path)
+    where = os.path.relpath(path, REPO)
+    found = []
+    for node in ast.walk(tree):
+        if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+                and node.func.id == "to_run_config"):
+            found.append(f"{where}:{node.lineno}: {ast.unparse(node)}")
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            args = node.args
+            for arg in args.posonlyargs + args.args + args.kwonlyargs:
+                hint = ast.unparse(arg.annotation) if arg.annotation else None
+                if arg.arg in ("config", "cfg") and hint in (None, "Any"):
+                    found.append(f"{where}:{node.lineno}: {node.name}({arg.arg}: {hint})")
+    return found
+
+
+def test_the_config_is_converted_once_at_the_entry_point():
+    """Library code takes the typed ``RunConfig`` (or its section): no ``config: Any`` that
+    may be a ConfigDict, and no conversion inside (``to_run_config`` was called again in 22
+    places, issue 46); the entry points convert once."""
+    files = glob.glob(os.path.join(REPO, "agentrl_jax", "**", "*.py"), recursive=True)
+    found = [hit for path in sorted(files)
+             if os.path.relpath(path, REPO) not in _CONVERTERS
+             for hit in _untyped_configs(path)]
+    assert found == []
+
+
+def test_the_scan_finds_an_untyped_config_and_a_conversion(tmp_path):
+    source = ("from typing import Any\n"
+              "def f(config: Any, n: int):\n    return to_run_config(config).seed\n"
+              "def g(cfg, config: RunConfig):\n    return cfg\n"
+              "def h(config: LearnerConfig):\n    return config\n")
+    path = tmp_path / "probe.py"
+    path.write_text(source)
+    assert sorted(h.split(": ", 1)[1] for h in _untyped_configs(str(path))) == [
+        "f(config: Any)", "g(cfg: None)", "to_run_config(config)"]

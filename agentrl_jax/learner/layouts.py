@@ -36,7 +36,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 from agentrl_jax.algorithms import aggregation_weights, is_turn_level
 from agentrl_jax.learner.batch import RolloutBatch
-from agentrl_jax.learner.config import bucket_length
+from agentrl_jax.learner.config import LearnerConfig, bucket_length
 from agentrl_jax.learner.jit_cache import cached
 from agentrl_jax.learner.packing import pack, pack_index, plan_packing, segment_layout, unpack_index
 from agentrl_jax.learner.scored import row_counts
@@ -214,7 +214,7 @@ class PaddedRows:
         return int(agree_sum(int(am.sum()))) if self.local else int(am.sum())
 
 
-def skips_padding_passes(config: Any, mesh: Any, local: bool) -> bool:
+def skips_padding_passes(config: LearnerConfig, mesh: Any, local: bool) -> bool:
     """Whether the padded layout's padding rows cost nothing: its train step runs passes
     smaller than a micro-batch and skips those without loss tokens (``pass_rows``: CPU
     meshes), and its log-prob passes skip chunks of padding rows (rows not ``local``:
@@ -222,7 +222,7 @@ def skips_padding_passes(config: Any, mesh: Any, local: bool) -> bool:
     return not local and pass_rows(config, mesh) < config.micro_batch_size
 
 
-def padded_token_space(rows: int, length: int, config: Any, mesh: Any,
+def padded_token_space(rows: int, length: int, config: LearnerConfig, mesh: Any,
                        local: bool = False) -> tuple[int, int]:
     """``(rows_pad, cols)`` of the padded layout for ``rows`` x ``length`` tokens (global
     sizes: with process-local batches ``rows`` is the number of processes times the largest
@@ -244,7 +244,7 @@ def agree_sum(value: int) -> int:
     return int(np.sum(allgather_rows(np.asarray([int(value)], np.int64))))
 
 
-def packed_token_space(rows: int, length: int, config: Any) -> tuple[int, int]:
+def packed_token_space(rows: int, length: int, config: LearnerConfig) -> tuple[int, int]:
     """The packed layout's token space for a ``[rows, length]`` batch: rows up to a power of
     two, the length up to its bucket (``bucket_length``) but not past ``pack_length`` (nor
     below ``length``). Batches that differ in row count and length from step to step then share

@@ -33,6 +33,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 from agentrl_jax.algorithms import (TURN_INPUTS, AdvantageInputs, compute_advantages,
                                     is_supervised, kl_estimate, kl_penalized_token_rewards)
 from agentrl_jax.learner.batch import RolloutBatch
+from agentrl_jax.learner.config import LearnerConfig
 from agentrl_jax.learner.jit_cache import cached
 from agentrl_jax.learner.layouts import PackedRows, PaddedRows
 from agentrl_jax.learner.metrics import batch_stats, behaviour_consistency, reduce_step_metrics
@@ -51,7 +52,8 @@ def all_finite(*trees: Any) -> jax.Array:
     return jnp.all(jnp.stack(flags)) if flags else jnp.bool_(True)
 
 
-def kl_stage(cfg: Any, placed: Arrays, old_lp, ref_lp) -> tuple[jax.Array, jax.Array | None]:
+def kl_stage(cfg: LearnerConfig, placed: Arrays, old_lp, ref_lp
+             ) -> tuple[jax.Array, jax.Array | None]:
     """``(kl [N, W] on loss tokens, token rewards)``; with ``kl_in_reward`` the rewards carry
     the ``kl_coef`` penalty."""
     mask, token_rewards = placed["loss_mask"], placed.get("token_rewards")
@@ -62,7 +64,7 @@ def kl_stage(cfg: Any, placed: Arrays, old_lp, ref_lp) -> tuple[jax.Array, jax.A
     return kl, token_rewards
 
 
-def advantage_stage(cfg: Any, placed: Arrays, values, token_rewards, old_lp, ref_lp
+def advantage_stage(cfg: LearnerConfig, placed: Arrays, values, token_rewards, old_lp, ref_lp
                     ) -> tuple[jax.Array, jax.Array]:
     """``(advantages, returns)`` ``[N, W]``: the batch's own, or ``cfg.advantage_estimator``
     over the whole token space (group statistics over the global batch)."""
@@ -78,14 +80,14 @@ def advantage_stage(cfg: Any, placed: Arrays, values, token_rewards, old_lp, ref
     return out.advantages.astype(jnp.float32), out.returns.astype(jnp.float32)
 
 
-def importance_stage(cfg: Any, placed: Arrays, old_lp) -> jax.Array:
+def importance_stage(cfg: LearnerConfig, placed: Arrays, old_lp) -> jax.Array:
     """Truncated importance sampling: ``min(exp(learner - rollout), tis_cap)`` on loss
     tokens."""
     ratio = jnp.exp(jnp.clip(old_lp - placed["rollout_logprobs"], -20.0, 20.0))
     return jnp.minimum(ratio, cfg.tis_cap).astype(jnp.float32) * placed["loss_mask"]
 
 
-def derived_stages(cfg: Any, use_tis: bool, placed: Arrays, old_lp, ref_lp, values
+def derived_stages(cfg: LearnerConfig, use_tis: bool, placed: Arrays, old_lp, ref_lp, values
                    ) -> dict[str, jax.Array]:
     """KL -> advantages -> importance weights (jitted as one program by the pipeline):
     ``advantages``, ``returns`` and, where they apply, ``kl``, ``is_weights``."""

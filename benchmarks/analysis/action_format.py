@@ -42,7 +42,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspa
 from agentrl_jax.agent.parsing import get_parser  # noqa: E402
 from agentrl_jax.agent.trajectory import Trajectory  # noqa: E402
 from agentrl_jax.training.runtime import services  # noqa: E402
-from agentrl_jax.training.config.experiment import base_config  # noqa: E402
+from agentrl_jax.training.config.experiment import base_config, to_run_config  # noqa: E402
+from agentrl_jax.training.config.sections import RunConfig  # noqa: E402
 
 #: (prompt_style, response_prefix, max_new_tokens, stop strings) per style name
 STYLES: dict[str, tuple[str, str, int, tuple[str, ...]]] = {
@@ -112,7 +113,8 @@ def sample_replies(trajectories: list[Trajectory], n: int, width: int = 100) -> 
     return [r[:width] for r in replies]
 
 
-def style_config(args: argparse.Namespace, style: str) -> Any:
+def style_config(args: argparse.Namespace, style: str) -> RunConfig:
+    """The ``RunConfig`` that measures answer style ``style`` (:data:`STYLES`) with ``args``."""
     prompt_style, prefix, max_new_tokens, stop = STYLES[style]
     c = base_config()
     c.env.names = args.env
@@ -124,7 +126,7 @@ def style_config(args: argparse.Namespace, style: str) -> Any:
     c.agent.prompt_style = prompt_style
     c.agent.response_prefix = prefix
     c.rollout.stop = stop
-    return c
+    return to_run_config(c)
 
 
 async def measure(args: argparse.Namespace) -> list[FormatStats]:

@@ -27,9 +27,12 @@ import os
 import subprocess
 import sys
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+
+if TYPE_CHECKING:
+    from agentrl_jax.training.config.sections import RunConfig
 
 WARMUPS = ("seq", "par")
 
@@ -42,11 +45,15 @@ def parse_variant(text: str) -> tuple[str, str]:
     return warmup, buckets
 
 
-def load_config(path: str) -> Any:
-    """The config of experiment ``path`` (``file.py`` or ``file.py:variant``)."""
+def load_config(path: str, prefill_kv_buckets: Any) -> RunConfig:
+    """The ``RunConfig`` of experiment ``path`` (``file.py`` or ``file.py:variant``) with
+    ``rollout.prefill_kv_buckets`` set to ``prefill_kv_buckets``."""
     from agentrl_jax.training.config.command_line import load_experiment
+    from agentrl_jax.training.config.experiment import to_run_config
 
-    return load_experiment(path)
+    config = load_experiment(path)
+    config.rollout.prefill_kv_buckets = prefill_kv_buckets
+    return to_run_config(config)
 
 
 def one_variant(config_path: str, variant: str, shape: str) -> dict[str, Any]:
@@ -59,8 +66,7 @@ def one_variant(config_path: str, variant: str, shape: str) -> dict[str, Any]:
     from benchmarks.speed.engine import model_config
 
     warmup, buckets = parse_variant(variant)
-    config = load_config(config_path)
-    config.rollout.prefill_kv_buckets = buckets
+    config = load_config(config_path, buckets)
     if warmup == "seq":
         Engine.warmup = functools.partialmethod(Engine.warmup, parallel=False)
     dtype = config.rollout.engine_dtype or "bfloat16"

@@ -34,7 +34,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import copy
 import dataclasses
 import json
 import os
@@ -42,9 +41,12 @@ import statistics
 import sys
 import threading
 import time
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+
+if TYPE_CHECKING:
+    from agentrl_jax.training.config.sections import RunConfig
 
 _clock = time.perf_counter
 #: variants of the same rollout, run one after the other on the same engine(s): pool-level
@@ -206,10 +208,12 @@ def children_cpu_s() -> float:
     return total
 
 
-def load_config(path: str, overrides: list[str]):
+def load_config(path: str, overrides: list[str]) -> RunConfig:
+    """The ``RunConfig`` of experiment ``path`` with ``overrides`` (``section.key=value``)."""
     import ast
 
     from agentrl_jax.training.config.command_line import load_experiment
+    from agentrl_jax.training.config.experiment import to_run_config
 
     c = load_experiment(path)  # path or path:variant
     for item in overrides:
@@ -219,10 +223,10 @@ def load_config(path: str, overrides: list[str]):
             c[section][name] = ast.literal_eval(value)
         except (ValueError, SyntaxError):
             c[section][name] = value  # a bare string
-    return c
+    return to_run_config(c)
 
 
-async def profile(config: Any, warmup: int, rollouts: int, horizon: int | None,
+async def profile(config: RunConfig, warmup: int, rollouts: int, horizon: int | None,
                   say: Callable[[str], None] = print, variants: tuple[str, ...] = ("base",),
                   workers: int = 4) -> dict[str, Any]:
     """Build the trainer's rollout from ``config`` and, for each of ``variants``
@@ -276,10 +280,12 @@ async def profile(config: Any, warmup: int, rollouts: int, horizon: int | None,
                     value = settings.pop(key)  # set on the live engines (idle between rollouts)
                     for e in engines:
                         e.config = dataclasses.replace(e.config, **{key[len("engine."):]: value})
-                vconfig = copy.deepcopy(config)
+                vconfig = config
                 for key, value in settings.items():
                     section, name = key.split(".")
-                    vconfig[section][name] = workers if value == "WORKERS" else value
+                    value = workers if value == "WORKERS" else value
+                    vconfig = vconfig.replace(**{section: getattr(vconfig, section).replace(
+                        **{name: value})})
                 pool = services.make_actor_pool(vconfig, TurnCounter(backend), clients,
                                                 tokenizer, eos_ids)
                 say(f"## variant {variant}: {VARIANTS[variant] or 'the config as given'}")
@@ -427,8 +433,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--label", default="")
     p.add_argument("--json", default=None)
     args = p.parse_args(argv)
-    config = load_config(args.config, args.set)
-    config.rollout.engine_replicas = args.replicas
+    config = load_config(args.config, [*args.set, f"rollout.engine_replicas={args.replicas}"])
     variants = tuple(v for v in args.variants.split(",") if v)
     unknown = [v for v in variants if v not in VARIANTS]
     if unknown:

@@ -86,6 +86,7 @@ def main(argv=None) -> dict:
     from agentrl_jax.models.config import ModelConfig
     from agentrl_jax.models.llama import init_model
     from agentrl_jax.training.config.command_line import load_config_file
+    from agentrl_jax.training.config.experiment import to_run_config
     from agentrl_jax.training.runtime.services import learner_settings
     from devtime import device_time, format_kernels
     from benchmarks.contenders.update_pipeline import SHAPES, synthetic_batch
@@ -93,7 +94,7 @@ def main(argv=None) -> dict:
     config, problem = load_config_file(args.config)
     if problem:
         raise SystemExit(problem)
-    base = learner_settings(config)
+    base = learner_settings(to_run_config(config))
     model = init_model(ModelConfig(**SHAPES[args.shape]), seed=0)
     batch = synthetic_batch(args, model.cfg.vocab_size)
     real = int(batch["attention_mask"].sum())

@@ -18,6 +18,10 @@ from ml_collections import ConfigDict, config_dict
 from agentrl_common.typed_sections import Section
 from agentrl_jax.training.config.sections import DERIVED_KEYS, RunConfig
 
+#: what ``to_run_config`` accepts: an experiment file's ``ConfigDict``, a nested mapping of
+#: the same keys, or a ``RunConfig`` (returned as it is)
+ConfigSource = ConfigDict | Mapping[str, Any] | RunConfig
+
 #: exit code of the launch scripts for an invalid config (as for bad usage)
 EXIT_BAD_CONFIG = 2
 
@@ -86,7 +90,7 @@ def base_config() -> ConfigDict:
     return ConfigDict(_plain(RunConfig(), typed_none=True))
 
 
-def config_problems(config: Any) -> list[str]:
+def config_problems(config: ConfigSource) -> list[str]:
     """One line per problem of ``config`` (a ``ConfigDict``, a nested mapping or a
     ``RunConfig``): unknown keys (with the closest name), bad types and bad values; []."""
     if isinstance(config, RunConfig):
@@ -94,13 +98,15 @@ def config_problems(config: Any) -> list[str]:
     return RunConfig.from_mapping(_as_mapping(config))[1]
 
 
-def _as_mapping(config: Any) -> Mapping[str, Any]:
+def _as_mapping(config: ConfigDict | Mapping[str, Any]) -> Mapping[str, Any]:
     return config.to_dict() if hasattr(config, "to_dict") else dict(config)
 
 
-def to_run_config(config: Any) -> RunConfig:
+def to_run_config(config: ConfigSource) -> RunConfig:
     """``config`` as the typed ``RunConfig`` (itself when it is one); raises ``ConfigError``
-    with one line per problem."""
+    with one line per problem. Called once per job, at its entry point (``run_main`` of the
+    launch scripts, a benchmark's ``main``, the ``Trainer``); library code takes the
+    ``RunConfig``."""
     if isinstance(config, RunConfig):
         return config
     run, problems = RunConfig.from_mapping(_as_mapping(config))

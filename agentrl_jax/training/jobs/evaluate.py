@@ -20,11 +20,11 @@ from agentrl_jax.training.runtime import services
 from agentrl_jax.training.evaluation.held_out import EvalResult, evaluate
 from agentrl_jax.training.outputs.progress import (EpisodeProgress, TurnCounter, format_seconds,
                                            progress_mode, timed)
-from agentrl_jax.training.config.experiment import to_run_config
+from agentrl_jax.training.config.sections import RunConfig
 from agentrl_jax.training.runtime.policy import load_policy
 
 
-def _restore_policy(config: Any, model: Any, checkpoint_dir: str, step: int | None,
+def _restore_policy(config: RunConfig, model: Any, checkpoint_dir: str, step: int | None,
                     stack: contextlib.ExitStack) -> tuple[Any, int]:
     """The policy of checkpoint ``step`` (None: the latest) and that step."""
     from agentrl_jax.learner.learner import Learner
@@ -49,9 +49,10 @@ def _write_output(output: str, result: EvalResult, trajectories: list, checkpoin
             f.write(json.dumps(t.to_json()) + "\n")
 
 
-async def run_evaluation(config: Any, checkpoint_dir: str | None = None, step: int | None = None,
-                         k: int = 4, num_tasks: int = 64, horizon: int | None = None,
-                         output: str | None = None, split: str = "test",
+async def run_evaluation(config: RunConfig, checkpoint_dir: str | None = None,
+                         step: int | None = None, k: int = 4, num_tasks: int = 64,
+                         horizon: int | None = None, output: str | None = None,
+                         split: str = "test",
                          say: Callable[..., None] = print, progress: str | None = None,
                          progress_interval_s: float | None = None,
                          trajectories_out: list | None = None) -> EvalResult:
@@ -62,7 +63,6 @@ async def run_evaluation(config: Any, checkpoint_dir: str | None = None, step: i
     lines every ``progress_interval_s`` (config ``progress_seconds``) otherwise).
     ``trajectories_out``: a list that receives the evaluation's trajectories.
     """
-    config = to_run_config(config)
     horizon = int(horizon or config.train.eval_horizon)
     mode = progress or progress_mode(force_bar=config.progress)
     interval = float(config.progress_seconds if progress_interval_s is None

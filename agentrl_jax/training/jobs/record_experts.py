@@ -41,6 +41,7 @@ from agentrl_jax.agent.actor_pool import ActorPool, TaskRef
 from agentrl_jax.agent.chat import ChatFormatter
 from agentrl_jax.agent.experts import EXPERT_POLICIES, ExpertBackend
 from agentrl_jax.agent.trajectory import Trajectory
+from agentrl_jax.training.config.sections import RunConfig
 from agentrl_jax.training.outputs.progress import say_line
 
 META_SUFFIX = ".meta.json"
@@ -67,13 +68,10 @@ def tokenizer_fingerprint(tokenizer: Any) -> str:
     return h.hexdigest()[:16]
 
 
-def answer_format(config: Any) -> dict[str, Any]:
+def answer_format(config: RunConfig) -> dict[str, Any]:
     """The parts of a config that decide a trajectory's token layout besides the tokenizer."""
     from agentrl_jax.training.runtime.services import stop_strings
 
-    from agentrl_jax.training.config.experiment import to_run_config
-
-    config = to_run_config(config)
     return {"prompt_style": config.agent.prompt_style,
             "response_prefix": config.agent.response_prefix,
             "stop": stop_strings(config.rollout.stop),
@@ -102,7 +100,7 @@ def sample_tasks(ids: list[str], n: int, seed: int = 0, offset: int = 0) -> list
     return [ids[i] for i in picked]
 
 
-async def record_experts(config: Any, env: str, episodes: int, out_dir: str, *,
+async def record_experts(config: RunConfig, env: str, episodes: int, out_dir: str, *,
                          split: str = "train", horizon: int | None = None, offset: int = 0,
                          say: Callable[..., None] = say_flush, progress_every: int = 100,
                          act_timeout_s: float | None = 10.0,
@@ -121,9 +119,6 @@ async def record_experts(config: Any, env: str, episodes: int, out_dir: str, *,
     from agentrl_jax.training.runtime import services
     from agentrl_jax.training.outputs.progress import EpisodeProgress, format_seconds, progress_mode
 
-    from agentrl_jax.training.config.experiment import to_run_config
-
-    config = to_run_config(config)
     expert = resolve_expert(env, expert or config.sft.expert)
     fmt = answer_format(config)
     horizon = int(horizon or config.train.eval_horizon)
@@ -234,7 +229,7 @@ def shard_bounds(episodes: int, workers: int) -> list[tuple[int, int]]:
     return [(episodes * k // workers, episodes * (k + 1) // workers) for k in range(workers)]
 
 
-def _record_shard(config: Any, env: str, episodes: int, out_dir: str, kwargs: dict) -> None:
+def _record_shard(config: RunConfig, env: str, episodes: int, out_dir: str, kwargs: dict) -> None:
     """A worker process of :func:`record_experts_parallel` (its lines prefixed with the shard)."""
     start, stop = kwargs["shard"]
     prefix = f"[shard {start}:{stop}] "
@@ -269,7 +264,7 @@ def merge_shard_metas(metas: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
-def record_experts_parallel(config: Any, env: str, episodes: int, out_dir: str, *,
+def record_experts_parallel(config: RunConfig, env: str, episodes: int, out_dir: str, *,
                             workers: int = 1, split: str = "train", horizon: int | None = None,
                             offset: int = 0, say: Callable[..., None] = say_flush,
                             progress_every: int = 100, act_timeout_s: float | None = 10.0,
@@ -284,9 +279,7 @@ def record_experts_parallel(config: Any, env: str, episodes: int, out_dir: str, 
     exits with it); the parts that finished are kept and the meta record lists the missing
     ones under ``failed_shards`` (with ``episodes_requested``). Raises ``RuntimeError`` when no
     part finished. ``workers <= 1`` records in this process (no time limit)."""
-    from agentrl_jax.training.config.experiment import to_run_config
-
-    expert = resolve_expert(env, expert or to_run_config(config).sft.expert)  # before spawning
+    expert = resolve_expert(env, expert or config.sft.expert)  # before spawning
     if workers <= 1:
         return asyncio.run(record_experts(config, env, episodes, out_dir, split=split,
                                           horizon=horizon, offset=offset, say=say,

@@ -39,7 +39,8 @@ import numpy as np
 
 from agentrl_jax import compile_notice
 from agentrl_jax.learner.batch import UpdateOptions
-from agentrl_jax.training.config.experiment import config_json, model_label, to_run_config
+from agentrl_jax.training.config.experiment import config_json, model_label
+from agentrl_jax.training.config.sections import RunConfig
 from agentrl_jax.training.jobs.record_experts import META_SUFFIX, answer_format, tokenizer_fingerprint
 from agentrl_jax.training.outputs.progress import (BAR, LINES, EpisodeProgress, format_seconds,
                                            say_line, timed)
@@ -71,7 +72,7 @@ def data_files(data: str, envs: Sequence[str]) -> list[str]:
     return files
 
 
-def sft_problems(config: Any, workdir: str) -> list[str]:
+def sft_problems(config: RunConfig, workdir: str) -> list[str]:
     """What keeps ``launch/sft.py`` from running, one line each, before anything is loaded or
     written: expert data that ``sft.data`` does not name or that is missing
     (:func:`data_files`), and a workdir that cannot be created."""
@@ -170,8 +171,8 @@ def batch_rows(step: int, n: int, batch_size: int, seed: int) -> np.ndarray:
 class SFTRun:
     """One behaviour-cloning run (see the module docstring); ``run()`` returns the summary."""
 
-    def __init__(self, config: Any, workdir: str, progress: bool = True):
-        config = self.config = to_run_config(config)
+    def __init__(self, config: RunConfig, workdir: str, progress: bool = True):
+        self.config = config
         self.workdir = os.path.abspath(workdir)
         self.progress_mode = (BAR if progress and (sys.stderr.isatty() or config.progress)
                               else LINES)

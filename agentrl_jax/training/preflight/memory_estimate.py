@@ -26,6 +26,7 @@ from agentrl_jax.rollout.engine.resolution import resolve_engine_config
 from agentrl_jax.rollout.engine.forward import XLA_GEMM
 from agentrl_jax.training.runtime import services
 from agentrl_jax.training.config.experiment import to_run_config
+from agentrl_jax.training.config.sections import RunConfig
 from agentrl_jax.training.config.rollout_section import engine_config_of_run
 
 GIB = 1024 ** 3
@@ -51,10 +52,10 @@ def parameter_count(shape: Mapping[str, Any]) -> int:
     return v * d * (1 if shape.get("tie_word_embeddings") else 2) + d + n * layer
 
 
-def memory_estimate(num_gpus: int, config: Any, usable_gib: float | None = None,
+def memory_estimate(num_gpus: int, config: RunConfig, usable_gib: float | None = None,
                     gpu_memory_gib: float = H100_TOTAL_GIB,
                     mem_fraction: float = DEFAULT_MEM_FRACTION) -> dict[str, Any]:
-    """Device memory per GPU (GiB) of the run ``config`` (a ConfigDict whose
+    """Device memory per GPU (GiB) of the run ``config`` (a ``RunConfig`` whose
     ``model.random_init`` holds the decoder's shape, as :func:`parameter_count` reads it) on
     ``num_gpus`` GPUs of one host: the learner FSDP over all of them, one engine replica on each.
 
@@ -106,7 +107,7 @@ def memory_estimate(num_gpus: int, config: Any, usable_gib: float | None = None,
     """
     if usable_gib is None:
         usable_gib = gpu_memory_gib * mem_fraction
-    c = to_run_config(config)
+    c = config
     shape = dict(c.model.random_init)
     n = parameter_count(shape)
     g = int(num_gpus)
@@ -195,14 +196,15 @@ def memory_estimate(num_gpus: int, config: Any, usable_gib: float | None = None,
             "usable_gib": usable_gib, "verdict": verdict, "reason": reason}
 
 
-def config_for(spec: str, num_gpus: int) -> Any:
+def config_for(spec: str, num_gpus: int) -> RunConfig:
     """The config of experiment ``spec`` (``path`` or ``path:variant``) for ``num_gpus`` GPUs:
     ``get_config(variant, num_gpus=num_gpus)`` when the experiment sizes itself by GPU count (as
     ``experiments/babyai.py:paper_scale_7b`` does: optimiser state offloaded on one GPU), else
-    ``get_config(variant)``; ``SystemExit`` with the problem when it does not load."""
+    ``get_config(variant)``, as a ``RunConfig``; ``SystemExit`` with the problem when it does
+    not load, ``ConfigError`` when a value is bad."""
     from agentrl_jax.training.config.command_line import load_experiment
 
-    return load_experiment(spec, num_gpus=num_gpus)
+    return to_run_config(load_experiment(spec, num_gpus=num_gpus))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -19,14 +19,14 @@ from __future__ import annotations
 
 import os
 import tempfile
-from typing import Any
 
 from agentrl_jax.training.config.experiment import (EXIT_BAD_CONFIG, ConfigError,  # noqa: F401
-                                         config_problems, format_problems, to_run_config)
-from agentrl_jax.training.config.sections import SECTIONS, RunConfig
+                                                    ConfigSource, config_problems,
+                                                    format_problems, to_run_config)
+from agentrl_jax.training.config.sections import SECTIONS, ModelConfig, RunConfig
 
 
-def check_config(config: Any) -> RunConfig:
+def check_config(config: ConfigSource) -> RunConfig:
     """``config`` as a ``RunConfig``; raises ``ConfigError`` (all problems, one line each)."""
     return to_run_config(config)
 
@@ -80,7 +80,7 @@ def workdir_problem(workdir: str) -> str | None:
     return None
 
 
-def run_problems(config: Any, workdir: str, processes: int = 1,
+def run_problems(config: ConfigSource, workdir: str, processes: int = 1,
                  memory: int | None = None) -> list[str]:
     """``config_problems(config)`` and the problems of running it here (module docstring):
     the model source, ``workdir`` (the ``--workdir`` of ``launch/run.py``) and the batch
@@ -128,7 +128,7 @@ def run_problems(config: Any, workdir: str, processes: int = 1,
     return problems
 
 
-def output_token_problems(model: Any) -> list[str]:
+def output_token_problems(model: ModelConfig) -> list[str]:
     """``model.output_tokens`` (a valid ``model`` section whose source exists) against its
     tokenizer: each entry must be exactly one token, no two the same (one line, or none)."""
     if not model.output_tokens:
@@ -145,7 +145,7 @@ def output_token_problems(model: Any) -> list[str]:
     return []
 
 
-def check_run(config: Any, workdir: str, processes: int = 1) -> RunConfig:
+def check_run(config: ConfigSource, workdir: str, processes: int = 1) -> RunConfig:
     """``config`` as a ``RunConfig``; raises ``ConfigError`` (one line per problem) unless it
     can run here in ``workdir`` (``run_problems``)."""
     problems = run_problems(config, workdir, processes)
@@ -182,13 +182,13 @@ def checkpoint_problem(checkpoint_dir: str, step: int | None = None) -> str | No
     return None
 
 
-def eval_problems(config: Any, checkpoint_dir: str | None, step: int | None,
+def eval_problems(config: RunConfig, checkpoint_dir: str | None, step: int | None,
                   output: str | None) -> list[str]:
     """What keeps ``launch/eval.py`` from running, one line each, before anything starts: the
     model source, the checkpoint (``checkpoint_problem``), ``--step`` without ``--checkpoint``,
     and an ``--output`` file that cannot be written."""
     problems = []
-    model = to_run_config(config).model
+    model = config.model
     from agentrl_jax.models.pretrained import check_model_source
 
     try:

@@ -11,7 +11,10 @@ interrupted run would have had (the reference code's resume was off by one phase
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import TYPE_CHECKING, Any, Mapping
+
+if TYPE_CHECKING:
+    from agentrl_jax.training.config.sections import HorizonConfig
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,7 +51,7 @@ class HorizonSchedule:
         return cls(phases=(int(turns),), steps_per_phase=1)
 
     @classmethod
-    def from_config(cls, config: Any) -> "HorizonSchedule":
+    def from_config(cls, config: HorizonConfig | Mapping[str, Any]) -> "HorizonSchedule":
         """The schedule of a ``HorizonConfig`` (``training/config/sections.py``) or of a mapping
         of its keys (``{"type": "scaling_inter", "phases": [6, 13, 20], "steps_per_phase":
         100}``, ``{"type": "fixed", "turns": 20}``; the other keys take their defaults). A bad

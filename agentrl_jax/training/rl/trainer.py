@@ -37,7 +37,7 @@ from agentrl_jax import compile_notice
 from agentrl_jax.agent.actor_pool import ActorPool, TaskRef
 from agentrl_jax.training.runtime import distributed, services
 from agentrl_jax.training.outputs import runlog, storage
-from agentrl_jax.training.config.experiment import model_label, to_run_config
+from agentrl_jax.training.config.experiment import ConfigSource, model_label, to_run_config
 from agentrl_jax.training.evaluation.held_out import EvalResult
 from agentrl_jax.training.rl.failed_steps import FailedSteps, RunFailure
 from agentrl_jax.training.rl.loop import RunParts, TrainingLoop
@@ -56,8 +56,6 @@ from agentrl_jax.training.rl.task_sampler import TaskSampler
 from agentrl_jax.training.rl.trainer_eval import EnvErrorWatch, Evaluator
 
 if TYPE_CHECKING:
-    from ml_collections import ConfigDict
-
     from agentrl_jax.learner.ahead import AheadCompile
     from agentrl_jax.learner.learner import Learner
     from agentrl_jax.rollout.contract import RolloutBackend
@@ -70,7 +68,7 @@ class Trainer:
     """Owns the collaborators of a run (module docstring); ``run()`` trains and returns a
     summary dict."""
 
-    def __init__(self, config: ConfigDict | RunConfig, workdir: str, progress: bool = True,
+    def __init__(self, config: ConfigSource, workdir: str, progress: bool = True,
                  eval_again: bool = False):
         """``progress=False``: no per-episode progress (bars or lines); ``eval_again``: a run
         that already finished evaluates its final policy again (see :meth:`finished_step`)."""

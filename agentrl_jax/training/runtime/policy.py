@@ -8,10 +8,10 @@ import os
 from typing import Any
 
 from agentrl_jax.training.runtime import distributed, services
-from agentrl_jax.training.config.experiment import to_run_config
+from agentrl_jax.training.config.sections import RunConfig
 
 
-def load_policy(config: Any, mesh: Any = None):
+def load_policy(config: RunConfig, mesh: Any = None):
     """(model, tokenizer, path) from ``config.model``: a pretrained checkpoint, or a random
     model of ``config.model.random_init`` shape that uses the named checkpoint's tokenizer.
 
@@ -76,7 +76,7 @@ def random_model_config(shape: Any, tokenizer: Any, dtype: str) -> Any:
                        **{"vocab_size": len(tokenizer), **dict(shape)})
 
 
-def load_learner(config: Any, checkpoint_dir: str | None = None, max_to_keep: int = 3,
+def load_learner(config: RunConfig, checkpoint_dir: str | None = None, max_to_keep: int = 3,
                  multi_process: bool = False) -> tuple[Any, Any, Any, str | None]:
     """(learner, model, tokenizer, model_path): the policy of ``config.model`` and the
     ``Learner`` over it, as the trainer builds them.
@@ -95,7 +95,6 @@ def load_learner(config: Any, checkpoint_dir: str | None = None, max_to_keep: in
     from agentrl_jax.learner.learner import Learner
     from agentrl_jax.sharding.mesh import mesh_from_config
 
-    config = to_run_config(config)
     settings = services.learner_settings(config)
     mesh = None if multi_process else mesh_from_config(settings.mesh)
     model, tokenizer, model_path = load_policy(config, mesh=mesh)

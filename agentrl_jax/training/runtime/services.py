@@ -15,28 +15,28 @@ from typing import Any, Callable, Mapping, Sequence
 
 from agentrl_jax.learner.config import LearnerConfig
 from agentrl_jax.rollout.engine.sizing import fit_engine_slots
-from agentrl_jax.training.config.experiment import to_run_config
 from agentrl_jax.training.config.rollout_section import as_list, engine_config_of_run
+from agentrl_jax.training.config.sections import RunConfig
 from agentrl_jax.training.outputs.progress import say_line
 
 log = logging.getLogger(__name__)
 
 
-def env_names(config: Any) -> list[str]:
-    """The environment families of ``config.env.names`` (a ``RunConfig`` or a ConfigDict)."""
-    names = to_run_config(config).env.name_list
+def env_names(config: RunConfig) -> list[str]:
+    """The environment families of ``config.env.names``."""
+    names = config.env.name_list
     if not names:
         raise ValueError("config.env.names lists no environment")
     return names
 
 
-def start_env_services(config: Any, stack: contextlib.ExitStack) -> dict[str, list[str]]:
+def start_env_services(config: RunConfig, stack: contextlib.ExitStack) -> dict[str, list[str]]:
     """URLs per environment: from ``config.env.urls.<name>`` or servers started here (and
     supervised: see :func:`start_supervised_env_services`)."""
     return start_supervised_env_services(config, stack)[0]
 
 
-def start_supervised_env_services(config: Any, stack: contextlib.ExitStack,
+def start_supervised_env_services(config: RunConfig, stack: contextlib.ExitStack,
                                   on_event: Callable[[str], None] | None = None,
                                   say: Callable[[str], None] | None = None
                                   ) -> tuple[dict[str, list[str]], Any]:
@@ -52,7 +52,7 @@ def start_supervised_env_services(config: Any, stack: contextlib.ExitStack,
     from agentrl_common.processes import ServerSupervisor, start_env_server
     from environments.registry import get_family
 
-    env = to_run_config(config).env
+    env = config.env
     urls: dict[str, list[str]] = {}
     started = []
     for name in env.name_list:
@@ -81,11 +81,10 @@ def start_supervised_env_services(config: Any, stack: contextlib.ExitStack,
     return urls, supervisor
 
 
-def make_env_clients(urls: Mapping[str, Sequence[str]], config: Any,
+def make_env_clients(urls: Mapping[str, Sequence[str]], config: RunConfig,
                      stack: contextlib.AsyncExitStack) -> dict[str, Any]:
     from environments.core.client import EnvClient
 
-    config = to_run_config(config)
     clients = {}
     for name, replica_urls in urls.items():
         client = EnvClient(list(replica_urls), timeout=config.env.timeout,
@@ -96,18 +95,17 @@ def make_env_clients(urls: Mapping[str, Sequence[str]], config: Any,
     return clients
 
 
-def max_episodes_per_round(config: Any) -> int:
+def max_episodes_per_round(config: RunConfig) -> int:
     """Most episodes one rollout or evaluation round can have in flight: the larger of
     ``tasks_per_step x samples_per_task`` and ``eval_tasks x eval_samples`` per environment
     family."""
-    config = to_run_config(config)
     t, n_envs = config.train, len(config.env.name_list)
     train = t.tasks_per_step * t.samples_per_task
     evals = t.eval_tasks * t.eval_samples * max(n_envs, 1)
     return max(1, train, evals)
 
 
-def engine_slots(config: Any, model_config: Any, dtype: str | None = None,
+def engine_slots(config: RunConfig, model_config: Any, dtype: str | None = None,
                  host_ram_bytes: int | None = None, backend: str | None = None,
                  episodes: int | None = None) -> int:
     """Decode slots (KV-cache rows) for the embedded engine.
@@ -123,7 +121,6 @@ def engine_slots(config: Any, model_config: Any, dtype: str | None = None,
     start-up peak of ~2x the cache did not survive). Requests beyond the slots wait in the
     engine's queue; nothing is dropped.
     """
-    config = to_run_config(config)
     r = config.rollout
     if episodes is None:
         episodes = max_episodes_per_round(config)
@@ -135,7 +132,7 @@ def engine_slots(config: Any, model_config: Any, dtype: str | None = None,
 CPU_LENGTH_BUCKET = 256
 
 
-def learner_settings(config: Any, platform: str | None = None) -> LearnerConfig:
+def learner_settings(config: RunConfig, platform: str | None = None) -> LearnerConfig:
     """``config.learner`` as ``Learner`` takes it, with length buckets for the backend.
 
     The learner pads every row to a length bucket and computes the padding too. On
@@ -148,7 +145,6 @@ def learner_settings(config: Any, platform: str | None = None) -> LearnerConfig:
     """
     import jax
 
-    config = to_run_config(config)
     settings = config.learner
     platform = platform or jax.default_backend()
     if platform == "cpu" and not settings.length_buckets and not settings.pack_length:
@@ -158,7 +154,7 @@ def learner_settings(config: Any, platform: str | None = None) -> LearnerConfig:
     return settings
 
 
-def engine_device_groups(config: Any) -> list[list[Any]]:
+def engine_device_groups(config: RunConfig) -> list[list[Any]]:
     """The local device groups the embedded engine runs on: ``rollout.tensor_parallel``
     devices per replica, ``rollout.engine_replicas`` replicas (0: as many as the local
     accelerators make; on the CPU backend one, since its "devices" are slices of the same
@@ -167,7 +163,7 @@ def engine_device_groups(config: Any) -> list[list[Any]]:
 
     from agentrl_jax.rollout.engine.placement import device_groups
 
-    rollout = to_run_config(config).rollout
+    rollout = config.rollout
     devices = jax.local_devices()
     groups = device_groups(devices, rollout.tensor_parallel)
     wanted = rollout.engine_replicas
@@ -180,7 +176,7 @@ def engine_device_groups(config: Any) -> list[list[Any]]:
     return groups[:wanted] if wanted > 0 else groups
 
 
-def make_backend(config: Any, model: Any, tokenizer: Any, model_path: str | None,
+def make_backend(config: RunConfig, model: Any, tokenizer: Any, model_path: str | None,
                  episodes: int | None = None) -> Any:
     """The rollout backend named by ``config.rollout.backend``; ``episodes``: the most episodes
     one round has (sizes the embedded engine, see :func:`engine_slots`).
@@ -195,7 +191,6 @@ def make_backend(config: Any, model: Any, tokenizer: Any, model_path: str | None
 
     from agentrl_jax.rollout.contract import ROLLOUT_BACKENDS, BackendBuild
 
-    config = to_run_config(config)
     rollout = config.rollout
     backend_cls = ROLLOUT_BACKENDS.get(rollout.backend)  # UnknownNameError: known names
     build = BackendBuild(model=model, tokenizer=tokenizer, model_path=model_path,
@@ -252,10 +247,10 @@ async def close_backend(backend: Any, drain_timeout: float = 30.0) -> None:
     await backend.aclose()
 
 
-def make_sampling(config: Any):
+def make_sampling(config: RunConfig):
     from agentrl_jax.rollout.contract import SamplingParams
 
-    r = to_run_config(config).rollout
+    r = config.rollout
     return SamplingParams(max_new_tokens=r.max_new_tokens, temperature=r.temperature,
                           top_p=r.top_p, top_k=r.top_k, stop=stop_strings(r.stop))
 
@@ -269,13 +264,12 @@ def stop_strings(value: Any) -> list[str] | None:
     return [str(v) for v in items if str(v)] or None
 
 
-def make_actor_pool(config: Any, backend: Any, clients: Mapping[str, Any], tokenizer: Any,
+def make_actor_pool(config: RunConfig, backend: Any, clients: Mapping[str, Any], tokenizer: Any,
                     eos_token_ids: Sequence[int] = ()):
     from agentrl_jax.agent.actor_pool import ActorPool
     from agentrl_jax.agent.chat import ChatFormatter
     from agentrl_jax.agent.parsing import get_parser
 
-    config = to_run_config(config)
     r, agent = config.rollout, config.agent
     return ActorPool(backend, clients, ChatFormatter(tokenizer, tuple(eos_token_ids) or None),
                      make_sampling(config), max_context=r.max_context,
@@ -289,11 +283,11 @@ def make_actor_pool(config: Any, backend: Any, clients: Mapping[str, Any], token
                      direct_workers=r.actor_workers_direct)
 
 
-def task_filters(config: Any) -> dict[str, re.Pattern[str]]:
+def task_filters(config: RunConfig) -> dict[str, re.Pattern[str]]:
     """``config.env.task_filter``: per environment, a regular expression a task id must match
     in full to be trained or evaluated on (e.g. ``{"babyai": r"BabyAI-GoToObj-v0/.*"}`` keeps
     one BabyAI level); environments not named keep every task."""
-    given = to_run_config(config).env.task_filter
+    given = config.env.task_filter
     return {str(name): re.compile(str(pattern)) for name, pattern in given.items()}
 
 
