@@ -348,7 +348,7 @@ async def test_async_actor_pool_anchors_and_advantages_match_lockstep(tokenizer)
     kw = dict(gamma=0.9, omega=1.0, norm_std=True)
 
     def per_episode(trajectories):
-        batch = assemble_batch(trajectories)
+        batch = assemble_batch(trajectories, pad_id=0)
         # the episodes are not rewarded within 6 random turns: give them a synthetic outcome
         # (one reward per turn reached from a state of the episode's third turn) so that the
         # advantages are not all 0
@@ -387,7 +387,7 @@ def test_assembled_anchor_ids():
 
     ts = [traj(0, ["c", "a", "b"], [0, 0, 1]), traj(0, ["c", "b"], [0, 0]),
           traj(1, ["a", "z"], [0, 1])]
-    batch = assemble_batch(ts)
+    batch = assemble_batch(ts, pad_id=0)
     assert batch.turn_anchors.shape == (3, 8)
     np.testing.assert_array_equal(batch.turn_anchors[:, :3], [[2, 0, 1], [2, 1, -1],
                                                                  [0, 1, -1]])
@@ -395,7 +395,7 @@ def test_assembled_anchor_ids():
     np.testing.assert_array_equal(batch.turn_ids[0], [-1, -1, 0, 0, 0, 1, 1, 1, 2, 2, 2])
     np.testing.assert_array_equal(batch.turn_ids[2, 8:], [-1, -1, -1])
     np.testing.assert_array_equal(batch.turn_rewards[0, :4], [0, 0, 1, 0])
-    rev = assemble_batch(ts[::-1])
+    rev = assemble_batch(ts[::-1], pad_id=0)
     np.testing.assert_array_equal(rev.turn_anchors, batch.turn_anchors[::-1])
 
 

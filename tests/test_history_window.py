@@ -199,18 +199,18 @@ def test_group_advantages_count_each_episode_once():
     episodes = [_episode(1.0, 0, 3), _episode(0.0, 0, 1), _episode(0.0, 0, 2),
                 _episode(0.5, 1, 2), _episode(0.5, 1, 1)]
     with pytest.raises(ValueError, match="several rows"):
-        assemble_batch(episodes)
-    batch = assemble_batch(episodes, episode_estimator="grpo")
+        assemble_batch(episodes, pad_id=0)
+    batch = assemble_batch(episodes, pad_id=0, episode_estimator="grpo")
     r = np.array([1.0, 0.0, 0.0])
     grpo = (r - r.mean()) / (r.std(ddof=1) + 1e-6)  # by hand, over the 3 episodes
     per_row = np.repeat(np.concatenate([grpo, [0.0, 0.0]]), [3, 1, 2, 2, 1])
     np.testing.assert_allclose(batch.advantages, per_row[:, None] * batch.loss_mask,
                                atol=1e-5)
     # rloo over the same episodes: n / (n - 1) * (R - mean)
-    rloo = assemble_batch(episodes, episode_estimator="rloo").advantages
+    rloo = assemble_batch(episodes, pad_id=0, episode_estimator="rloo").advantages
     np.testing.assert_allclose(rloo[0, batch.loss_mask[0] > 0], 1.5 * (1 - 1 / 3), atol=1e-6)
     with pytest.raises(ValueError, match="one advantage per episode"):
-        assemble_batch(episodes, episode_estimator="reinforce_pp")
+        assemble_batch(episodes, pad_id=0, episode_estimator="reinforce_pp")
 
 
 @pytest.mark.parametrize("learner, needs", [

@@ -73,6 +73,7 @@ def test_background_compile_waits_and_unpacked_updates_are_left_alone():
 def test_the_training_loop_waits_for_the_ahead_compile_before_its_first_update():
     import asyncio
 
+    from agentrl_jax.training.rl.stages import BatchSettings
     from agentrl_jax.training.rl.update_stage import LearnerUpdate
 
     order: list[str] = []
@@ -86,7 +87,8 @@ def test_the_training_loop_waits_for_the_ahead_compile_before_its_first_update()
             order.append("update")
             return {"batch": batch}
 
-    stage = LearnerUpdate(StubLearner(), None, lambda *args, **kwargs: None, ahead=Ahead())
+    stage = LearnerUpdate(StubLearner(), None, lambda *args, **kwargs: None,
+                          settings=BatchSettings(), ahead=Ahead())
     assert asyncio.run(stage.update_learner("b1", False)) == {"batch": "b1"}
     asyncio.run(stage.update_learner("b2", False))
     assert order == ["wait", "update", "update"] and stage.ahead_compile is None

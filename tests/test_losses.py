@@ -182,7 +182,9 @@ def test_actor_loss_composition():
     ref = (old - 0.3).astype(np.float32)
     ent = np.abs(adv)
     total, met = jax.jit(
-        lambda *a: actor_loss(*a, ref_logprobs=ref, kl_coef=1e-3, entropy=ent, entropy_coef=1e-3, policy_loss="ppo")
+        lambda *a: actor_loss(*a, ref_logprobs=ref, kl_coef=1e-3, kl_estimator="low_var_kl",
+                              entropy=ent, entropy_coef=1e-3, policy_loss="ppo",
+                              agg="token_mean")
     )(new, old, adv, m)
     pg = np_agg(np_ppo(new, old, adv, 0.2, 0.2, None), m, "token_mean")
     x = np.clip(ref.astype(np.float64) - new, -20, 20)

@@ -182,7 +182,7 @@ def test_batch_bytes_per_token_is_what_assemble_batch_allocates():
         t.append([8, 9], generated=True, turn=0, logprobs=[-0.5, -0.5])
         t.num_turns, t.turn_states, t.turn_rewards, t.status = 1, ["s"], [0.0], "done"
         trajectories.append(t)
-    batch = assemble_batch(trajectories)
+    batch = assemble_batch(trajectories, pad_id=0)
     rows, length = batch.shape
     per_token = sum(a.nbytes for a in batch.arrays().values() if a.shape == (rows, length))
     assert per_token / (rows * length) == BATCH_BYTES_PER_TOKEN == 20

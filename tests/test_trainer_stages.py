@@ -231,7 +231,7 @@ def test_an_update_without_episodes_moves_the_version_and_the_learner_step_on():
     batch = select_batch(RolloutResult(4, 5, episodes, summarize(episodes, 1.0)),
                          BatchSettings(), HorizonSchedule.fixed(5))
     learner = Learner()
-    stage = LearnerUpdate(learner, None, lambda *a, **k: None)
+    stage = LearnerUpdate(learner, None, lambda *a, **k: None, settings=BatchSettings())
     stop = _policy(FakeClock(), [], total_steps=9)
     result = asyncio.run(stage.run(batch, stop, Checkpoints(print), "/w"))
     assert (result.step, result.updated, result.weights_version, result.metrics) == (

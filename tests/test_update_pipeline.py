@@ -77,7 +77,7 @@ def reference():
     def loss(p):
         return actor_loss(logprobs(p), old, adv, mask, policy_loss=CFG.policy_loss,
                           ref_logprobs=ref, kl_coef=CFG.kl_coef, kl_estimator=CFG.kl_estimator,
-                          agg=CFG.loss_agg_mode, **CFG.policy_loss_options())
+                          entropy_coef=0.0, agg=CFG.loss_agg_mode, **CFG.policy_loss_options())
     (_, metrics), grads = jax.value_and_grad(loss, has_aux=True)(params)
     tx = make_optimizer(CFG)[0]
     updates, _ = tx.update(grads, tx.init(params), params)

@@ -373,13 +373,13 @@ def actor_loss(
     advantages: Array,
     loss_mask: Array,
     *,
-    policy_loss: str = "ppo",
+    policy_loss: str,
     ref_logprobs: Array | None = None,
-    kl_coef: float = 0.0,
-    kl_estimator: str = "low_var_kl",
+    kl_coef: float,
+    kl_estimator: str,
     entropy: Array | None = None,
-    entropy_coef: float = 0.0,
-    agg: str = "token_mean",
+    entropy_coef: float,
+    agg: str,
     max_len: int | None = None,
     denom: Array | float | None = None,
     token_weights: Array | None = None,
@@ -388,7 +388,9 @@ def actor_loss(
     """``total = pg_loss + kl_coef * kl_loss - entropy_coef * aggregate(entropy)``.
 
     ``policy_loss`` names an entry of :data:`POLICY_LOSSES`; ``policy_kwargs``
-    override its defaults (``clip_low``, ``clip_high``, ``dual_clip``, ...).
+    override its defaults (``clip_low``, ``clip_high``, ``dual_clip``, ...). The loss settings
+    (``policy_loss``, ``kl_coef``, ``kl_estimator``, ``entropy_coef``, ``agg``) have no
+    default here: the learner section (``learner/config.py``) holds them.
     ``ref_logprobs`` (needed when ``kl_coef != 0``) and ``entropy [B, T]`` (e.g. from
     :func:`log_probs_and_entropy`) are optional. AgentGym-RL uses ``ppo``, clip 0.2,
     ``kl_coef=1e-3`` with ``low_var_kl`` and ``entropy_coef=1e-3``.

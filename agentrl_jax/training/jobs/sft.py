@@ -144,8 +144,9 @@ def load_expert_data(files: Sequence[str], fingerprint: str, fmt: dict[str, Any]
     return items, counts
 
 
-def sft_batch(items: Sequence[dict[str, Any]], pad_id: int = 0) -> dict[str, np.ndarray]:
-    """Right-padded learner batch; ``advantages = loss_mask`` (the ``sft`` loss weights)."""
+def sft_batch(items: Sequence[dict[str, Any]], pad_id: int) -> dict[str, np.ndarray]:
+    """Right-padded learner batch; ``advantages = loss_mask`` (the ``sft`` loss weights);
+    ``pad_id``: ``model.pad_id``."""
     length = max(len(it["token_ids"]) for it in items)
     b = len(items)
     tokens = np.full((b, length), pad_id, np.int32)

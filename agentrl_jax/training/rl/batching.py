@@ -103,7 +103,7 @@ def turn_arrays(trajectories: Sequence[Trajectory], length: int,
     return {"turn_ids": turn_ids, "turn_rewards": rewards, "turn_anchors": anchors}
 
 
-def assemble_batch(trajectories: Sequence[Trajectory], pad_id: int = 0,
+def assemble_batch(trajectories: Sequence[Trajectory], *, pad_id: int,
                    max_length: int | None = None, episode_estimator: str | None = None,
                    advantage_settings: Mapping[str, Any] | None = None) -> RolloutBatch:
     """Stack trajectories into a right-padded ``RolloutBatch``, one row per chunk
@@ -113,7 +113,8 @@ def assemble_batch(trajectories: Sequence[Trajectory], pad_id: int = 0,
     ``episode_estimator`` (runs with a history window): the batch carries ``advantages``:
     ``episode_advantages(trajectories, episode_estimator, advantage_settings)[e] * loss_mask``
     on every row of episode ``e``. Without it, a trajectory of several chunks is refused (the
-    learner's estimator would count its episode once per row)."""
+    learner's estimator would count its episode once per row). ``pad_id``: ``model.pad_id``
+    (no default here: the model section holds it)."""
     if not trajectories:
         raise ValueError("no trajectories to train on")
     bad = [t.status for t in trajectories if not t.ok]

@@ -53,7 +53,7 @@ class LearnerUpdate:
     the background compile of accelerators (``learner/ahead.py``), waited for first."""
 
     def __init__(self, learner: Learner, backend: RolloutBackend | None,
-                 say: Callable[..., None], *, settings: BatchSettings = BatchSettings(),
+                 say: Callable[..., None], *, settings: BatchSettings,
                  release_kv: bool = False, multi_process: bool = False, is_main: bool = True,
                  ahead: AheadCompile | None = None):
         self.learner, self.backend, self.say = learner, backend, say
