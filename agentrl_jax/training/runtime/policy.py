@@ -22,7 +22,6 @@ def load_policy(config: RunConfig, mesh: Any = None):
 
     With ``model.output_tokens`` the policy is restricted to those tokens
     (:func:`restrict_policy`): the learner and the engine built from it both apply it."""
-    config = to_run_config(config)
     model, tokenizer, path = _load_weights(config, mesh)
     if config.model.output_tokens:
         restrict_policy(model, tokenizer, config.model.output_tokens)
@@ -42,7 +41,7 @@ def restrict_policy(model: Any, tokenizer: Any, output_tokens: Any) -> None:
     model.cfg = model.cfg.replace(output_token_ids=ids)
 
 
-def _load_weights(config: Any, mesh: Any):
+def _load_weights(config: RunConfig, mesh: Any):
     """(model, tokenizer, path) of ``config.model`` before any restriction (``load_policy``)."""
     from agentrl_jax.models.pretrained import load_pretrained, resolve_model_path
     from agentrl_jax.models.tokenizer import load_tokenizer
