@@ -70,8 +70,9 @@ def load_old_scheduler(rev: str) -> type:
     show rev:...`` into private modules that import each other (the rest is today's)."""
     names = {m: f"_old_{rev.replace('/', '_')}_{m}" for m in PATH_MODULES}
     for m in PATH_MODULES:
-        src = subprocess.run(["git", "-C", ROOT, "show", f"{rev}:agentrl_jax/rollout/engine/{m}.py"],
-                             check=True, capture_output=True, text=True).stdout
+        path = f"{rev}:agentrl_jax/rollout/engine/{m}.py"
+        src = subprocess.run(["git", "-C", ROOT, "show", path], check=True,
+                             capture_output=True, text=True).stdout
         for other, private in names.items():
             src = src.replace(f"{ENGINE_PKG}.{other} import", f"{private} import")
         module = types.ModuleType(names[m])
