@@ -33,6 +33,9 @@ def test_profile_parts_add_up_to_the_wall(tmp_path):
         # the engine's always-on clocks agree with the probe's (only whole steps / waits)
         assert engine["engine_step_s"] + engine["engine_idle_s"] == pytest.approx(
             engine["parts_s"], rel=0.05, abs=0.05)
+        # run_decode's wall split: the engine thread's CPU in it, its collections
+        assert 0 < engine["run_decode_cpu_s"] <= engine["run_decode_s"] * 1.05 + 0.01
+        assert 0 <= engine["engine_gc_s"] <= engine["wall_s"]
         episode = run["episode"]
         assert episode["accounted_s"] == pytest.approx(episode["wall_s"], rel=0.05)
         assert 0 < episode["wall_s"] <= run["wall_s"]

@@ -53,7 +53,7 @@ def run(tokenizer, toks: np.ndarray, stops: list[str], decode_steps: int, new: b
     n_tok, n_slots = toks.shape
     out_tok = np.zeros((n_slots, n_tok), np.int32)
     out_len = np.zeros((n_slots,), np.int64)
-    checked = np.zeros((n_slots,), np.int64)  # Seq.stop_checked
+    checked = np.zeros((n_slots,), np.int64)  # SlotBuffers.stop_checked
     live = np.ones((n_slots,), np.bool_)
     mask = may_complete_mask(tokenizer, stops, True)
     masks = [mask] * n_slots

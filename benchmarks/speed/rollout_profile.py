@@ -35,6 +35,7 @@ import argparse
 import asyncio
 import contextlib
 import dataclasses
+import gc
 import json
 import os
 import statistics
@@ -105,6 +106,10 @@ class EngineProbe:
     def __init__(self, engine: Any):
         self.engine = engine
         self.seconds = {name: 0.0 for name in ENGINE_METHODS}
+        self.decode_cpu_s = 0.0  # the engine thread's CPU seconds inside run_decode
+        self.gc_s = 0.0  # garbage collections run by the engine thread (any method)
+        self._gc_since: float | None = None
+        gc.callbacks.append(self._gc)
         self.step_since: float | None = None  # when the step in progress began
         for name in ENGINE_METHODS:
             setattr(engine.scheduler, name, self._timed(name, getattr(engine.scheduler, name)))
@@ -116,7 +121,7 @@ class EngineProbe:
         seconds = self.seconds
 
         def timed(*args: Any) -> Any:
-            t0 = _clock()
+            t0, cpu0 = _clock(), time.thread_time()
             if name == "step":
                 self.step_since = t0
             try:
@@ -125,7 +130,19 @@ class EngineProbe:
                 seconds[name] += _clock() - t0
                 if name == "step":
                     self.step_since = None
+                elif name == "run_decode":
+                    self.decode_cpu_s += time.thread_time() - cpu0
         return timed
+
+    def _gc(self, phase: str, info: dict[str, Any]) -> None:
+        """``gc.callbacks``: clocks the collections that the engine thread runs."""
+        if threading.current_thread() is not self.engine.loop.thread:
+            return
+        if phase == "start":
+            self._gc_since = _clock()
+        elif self._gc_since is not None:
+            self.gc_s += _clock() - self._gc_since
+            self._gc_since = None
 
     def snapshot(self) -> dict[str, float]:
         s = self.engine.stats
@@ -136,6 +153,7 @@ class EngineProbe:
         if since is not None:
             out["step_s"] += now - since
         out.update(idle_s=self.cond.waited(now), cpu_s=time.clock_gettime(self._cpu_clock),
+                   run_decode_cpu_s=self.decode_cpu_s, engine_gc_s=self.gc_s,
                    prefill_device_s=s.prefill_time_s, decode_device_s=s.decode_time_s,
                    prefill_calls=s.prefill_calls, decode_calls=s.decode_calls,
                    decode_steps=s.decode_steps, decode_slot_steps=s.decode_slot_steps,
@@ -174,6 +192,12 @@ def engine_view(before: dict[str, float], after: dict[str, float]) -> dict[str, 
     out["loop_other_s"] = wall - step - d["idle_s"]
     out["parts_s"] = step + d["idle_s"]
     out["cpu_s"] = d["cpu_s"]
+    # of run_decode's wall: the engine thread's CPU (its device wait included, ~0 unless the
+    # runtime spins) and its garbage collections (in any method): what is neither is waiting,
+    # for the GIL or a lock
+    out["run_decode_s"] = d["run_decode_s"]
+    out["run_decode_cpu_s"] = d["run_decode_cpu_s"]
+    out["engine_gc_s"] = d["engine_gc_s"]
     # the engine's own always-on clocks (EngineStats), to compare with the probe's
     out["engine_step_s"] = d["engine_step_s"]
     out["engine_idle_s"] = d["engine_idle_s"]
@@ -392,6 +416,9 @@ def format_table(summary: dict[str, Any], replicas: int) -> str:
              row("idle (no work queued)", e["idle_s"], w),
              row("loop: commands", e["loop_other_s"], w),
              row("measured parts (sum)", e["parts_s"], w), "",
+             f"run_decode: {e.get('run_decode_s', 0):.3f} s wall, "
+             f"{e.get('run_decode_cpu_s', 0):.3f} s CPU of the engine thread; its garbage "
+             f"collections {e.get('engine_gc_s', 0):.3f} s (all methods)", "",
              f"decode: {e['decode_calls']:.0f} calls, {e['decode_steps']:.0f} steps, "
              f"{e['mean_decode_step_ms'] or 0:.2f} ms a step, "
              f"{e['mean_active_slots'] or 0:.1f} active slots a step; prefill: "

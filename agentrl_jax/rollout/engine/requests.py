@@ -57,7 +57,6 @@ class Seq:
         self.logprobs_raw: list[float] = []
         self.stop_ids = stop_ids
         self.stop_set = set(stop_ids)
-        self.stop_checked = 0  # output tokens already checked against stop strings
         self.forks: list[Seq] = []
         self.stop_text: str | None = None  # output text when a stop string matched
         self.prompt_key: tuple[int, ...] | None = None  # set while others may share its prefill

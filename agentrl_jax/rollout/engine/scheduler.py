@@ -29,8 +29,8 @@ from agentrl_jax.rollout.engine.requests import (DECODE, DONE, FORK_WAIT, PREFIL
                                                  Request, Seq)
 from agentrl_jax.rollout.engine.sampling import sampling_mode
 from agentrl_jax.rollout.engine.slot_buffers import SlotBuffers
-from agentrl_jax.rollout.engine.slots import SlotTable
-from agentrl_jax.rollout.engine.stop_strings import find_stop, slots_to_check
+from agentrl_jax.rollout.engine.slots import SlotTable, join_blocks, session_prefix
+from agentrl_jax.rollout.engine.stop_strings import detokenize, find_stop
 from agentrl_jax.rollout.engine.weights import EngineWeights
 
 log = logging.getLogger(__name__)
@@ -359,10 +359,12 @@ class Scheduler:
         stop_hit = (ints[active, STOP:] == last[:, None]).any(axis=1)
         length_hit = ints[active, REM] <= 0
         check = buffers.has_stop_str[active]  # stop strings: only if a new token may complete one
+        found: dict[int, np.ndarray | None] = {}  # slot -> where a stop string may end
         if check.any():
             try:
-                check[check] = slots_to_check(toks[:steps], valid[:steps], active[check],
-                                              buffers.stop_masks)
+                found = buffers.stop_candidates(toks[:steps], valid[:steps], active[check],
+                                                n[check])
+                check[check] = [slot in found for slot in active[check].tolist()]
             except Exception:  # noqa: BLE001 -- check each such slot alone (after_decode)
                 log.exception("stop-string pre-check failed; checking every slot")
         attention = active[stop_hit | length_hit | check]
@@ -370,28 +372,33 @@ class Scheduler:
             seq = self.slot_seq.get(slot)
             if seq is None or seq.state != DECODE:
                 continue
-            self.isolated(seq.req, self.after_decode, seq)
+            self.isolated(seq.req, self.after_decode, seq, found.get(slot))
 
-    def after_decode(self, seq: Seq) -> None:
+    def after_decode(self, seq: Seq, candidates: np.ndarray | None = None) -> None:
         """Finish a decoding sequence if its last token is a stop id, its output contains a
-        stop string, or its token budget is spent."""
+        stop string, or its token budget is spent. ``candidates``: the output positions of
+        this decode call that may complete a stop string (``SlotBuffers.stop_candidates``)."""
         slot, ints = seq.slot, self.buffers.ints
         tok = int(ints[slot, TOK])
         if tok in seq.stop_set:
             self.finish(seq, "stop", tok)
-        elif seq.req.sampling.stop and self.check_stop_strings(seq):
+        elif seq.req.sampling.stop and self.check_stop_strings(seq, candidates):
             pass  # finished inside
         elif ints[slot, REM] <= 0:
             self.finish(seq, "length", None)
 
-    def check_stop_strings(self, seq: Seq) -> bool:
+    def check_stop_strings(self, seq: Seq, candidates: np.ndarray | None = None) -> bool:
+        """Finish ``seq`` at the first stop string in its output past ``stop_checked``.
+        ``candidates``: the positions there that may complete one (``SlotBuffers``);
+        ``None``: the slot's mask finds them."""
         sp, slot = seq.req.sampling, seq.slot
         buffers = self.buffers
         length = int(buffers.out_len[slot])
-        hit = find_stop(self.tokenizer, buffers.out_tok[slot, :length], seq.stop_checked,
-                        sp.stop or [], sp.skip_special_tokens, buffers.stop_masks[slot])
+        hit = find_stop(self.tokenizer, buffers.out_tok[slot, :length],
+                        int(buffers.stop_checked[slot]), sp.stop or [], sp.skip_special_tokens,
+                        buffers.stop_masks[slot], candidates)
         if hit is None:
-            seq.stop_checked = length
+            buffers.stop_checked[slot] = length
             return False
         j, text, index, matched = hit
         buffers.out_len[slot] = j + 1  # drop the tokens decoded after the match
@@ -431,10 +438,10 @@ class Scheduler:
             self.buffers.deactivate(slot)
             self.slot_seq.pop(slot, None)
             session = req.session_id if (self.config.session_cache and seq.index == 0) else None
-            tokens = None
+            head = tail = None
             if session is not None and seq.kv_len > 0:
-                tokens = self.cached_tokens(seq)
-            self.slots.release(slot, session, tokens)
+                head, tail = self.cached_parts(seq)
+            self.slots.release(slot, session, head, tail)
             seq.slot = None
         if reason == "abort":
             self.stats.aborted += 1
@@ -460,18 +467,15 @@ class Scheduler:
                     pass
 
     @staticmethod
+    def cached_parts(seq: Seq) -> tuple[np.ndarray, np.ndarray | None]:
+        """The ids whose KV ``seq``'s slot row holds (``slots.session_prefix``)."""
+        return session_prefix(seq.req.ids(), seq.out_ids, seq.kv_len)
+
+    @staticmethod
     def cached_tokens(seq: Seq) -> np.ndarray:
-        """The ids whose KV ``seq``'s slot row holds, int32 ``[min(kv_len, L + len(out))]``: the
-        prompt then the output, cut at ``kv_len`` (from the prompt's ids array, not a list of
-        thousands of ints converted again; copies in blocks that keep the GIL)."""
-        ids = seq.req.ids()
-        if seq.kv_len <= len(ids):
-            return ids[:seq.kv_len]
-        out = seq.out_ids[:seq.kv_len - len(ids)]
-        tokens = np.empty((len(ids) + len(out),), np.int32)
-        copy_blocks(tokens, ids)
-        tokens[len(ids):] = out
-        return tokens
+        """``cached_parts`` joined: int32 ``[min(kv_len, L + len(out))]``."""
+        head, tail = Scheduler.cached_parts(seq)
+        return head if tail is None else join_blocks(head, tail)
 
     def result(self, seq: Seq, reason: str, matched: int | str | None) -> GenerateResult:
         req, sp = seq.req, seq.req.sampling
@@ -483,7 +487,7 @@ class Scheduler:
                 ids = seq.out_ids
                 if reason == "stop" and isinstance(matched, int) and not sp.no_stop_trim:
                     ids = ids[:-1]
-                text = self.tokenizer.decode(ids, skip_special_tokens=sp.skip_special_tokens)
+                text = detokenize(self.tokenizer, ids, sp.skip_special_tokens)
         return GenerateResult(
             output_ids=list(seq.out_ids), output_logprobs=list(seq.logprobs),
             finish_reason=reason, matched_stop=matched, prompt_tokens=seq.prompt_len,

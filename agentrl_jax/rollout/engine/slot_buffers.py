@@ -9,8 +9,9 @@ and the output buffers its tokens accumulate in.
   every decode call (one host-to-device copy each);
 * ``out_tok`` / ``out_lp`` / ``out_raw`` ``[B, max_length]`` and ``out_len [B]``: each decoding
   slot's sampled tokens, log-probabilities (processed and raw) so far;
-* ``has_stop_str [B]`` and ``stop_masks`` (per slot: which tokens may complete a stop string,
-  ``stop_strings.py``).
+* ``has_stop_str [B]``, ``stop_masks`` (per slot: which tokens may complete a stop string,
+  ``stop_strings.py``) and ``stop_checked [B]`` (output tokens already known not to complete
+  one: checked, or no possible completer among them).
 
 Only the engine thread uses it.
 """
@@ -25,7 +26,7 @@ from agentrl_jax.rollout.engine.compiled import (ACT, CNT, IDX, KEY0, KEY1, POS,
                                                  TOPK)
 from agentrl_jax.rollout.engine.requests import Seq
 from agentrl_jax.rollout.engine.sampling import seed_to_key
-from agentrl_jax.rollout.engine.stop_strings import may_complete_mask
+from agentrl_jax.rollout.engine.stop_strings import completer_hits, may_complete_mask
 
 
 class SlotBuffers:
@@ -42,6 +43,7 @@ class SlotBuffers:
         self.out_len = np.zeros((max_batch,), np.int64)
         self.has_stop_str = np.zeros((max_batch,), np.bool_)
         self.stop_masks: list[np.ndarray | None] = [None] * max_batch
+        self.stop_checked = np.zeros((max_batch,), np.int64)
 
     def activate(self, seq: Seq, vocab_size: int, tokenizer: Any) -> None:
         """Make prefilled ``seq`` decodable in its slot: the first decode step feeds the last
@@ -62,6 +64,7 @@ class SlotBuffers:
         self.floats[s] = (sp.temperature, sp.top_p, sp.min_p)
         self.out_len[s] = 0
         self.has_stop_str[s] = bool(sp.stop)
+        self.stop_checked[s] = 0
         self.stop_masks[s] = (may_complete_mask(tokenizer, sp.stop, sp.skip_special_tokens)
                               if sp.stop else None)
 
@@ -80,8 +83,9 @@ class SlotBuffers:
         ``POS`` / ``CNT`` += its new tokens, ``REM`` -= them. Returns ``(active slots [A], new
         tokens per active slot [A], last token per active slot [A])`` or ``None`` when no slot
         decoded."""
-        for j in range(steps):
-            rows = np.flatnonzero(valid[j])
+        before = self.out_len.copy()
+        for j in range(steps):  # (NumPy ops on [B]: no [steps, B] one, which would let a busy
+            rows = np.flatnonzero(valid[j])  # thread take the GIL, prefill_plan.GIL_SAFE)
             if rows.size == 0:
                 break
             n = self.out_len[rows]
@@ -89,7 +93,7 @@ class SlotBuffers:
             self.out_lp[rows, n] = lps[j, rows]
             self.out_raw[rows, n] = raws[j, rows]
             self.out_len[rows] = n + 1
-        counts = valid[:steps].sum(axis=0)
+        counts = self.out_len - before
         active = np.flatnonzero(counts)
         if active.size == 0:
             return None
@@ -101,6 +105,26 @@ class SlotBuffers:
         ints[active, REM] -= n
         ints[active, CNT] += n
         return active, n, last
+
+    def stop_candidates(self, toks: np.ndarray, valid: np.ndarray, slots: np.ndarray,
+                        new: np.ndarray) -> dict[int, np.ndarray | None]:
+        """The possible stop-string completers of one decode call (``toks`` / ``valid``
+        ``[steps, B]``, already ``record`` ed) for ``slots [S]`` (with stop strings; ``new [S]``
+        tokens each this call) -> ``{slot: output positions [k] ascending}`` for the slots
+        that have one (``None``: tokens before this call are not checked yet; the slot's mask
+        finds them all). A slot with none has every output token checked now
+        (``stop_checked``; exact: a match appears only at a completer, ``stop_strings.py``)
+        if all before this call were."""
+        hits = completer_hits(toks, valid, slots, self.stop_masks)  # [steps, S]
+        base = self.out_len[slots] - new  # [S] output length before this call
+        flagged = hits.any(axis=0)
+        ready = self.stop_checked[slots] == base
+        quiet = slots[~flagged & ready]
+        self.stop_checked[quiet] = self.out_len[quiet]
+        return {slot: start + np.flatnonzero(hits[:, i]) if ok else None
+                for i, slot, start, ok in zip(np.flatnonzero(flagged).tolist(),
+                                              slots[flagged].tolist(), base[flagged].tolist(),
+                                              ready[flagged].tolist())}
 
     def output(self, slot: int) -> tuple[list[int], list[float], list[float]]:
         """``slot``'s sampled tokens, log-probabilities and raw log-probabilities so far."""

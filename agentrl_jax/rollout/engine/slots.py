@@ -20,11 +20,36 @@ import dataclasses
 
 import numpy as np
 
+from agentrl_jax.rollout.engine.prefill_plan import copy_blocks
+
+
+_EMPTY = np.zeros((0,), np.int32)
+
 
 @dataclasses.dataclass
 class CachedPrefix:
+    """The ids whose KV is valid in rows ``0 .. len - 1`` of a slot: ``head`` then ``tail``
+    (int32 ``[h]`` and ``[t]``). A finished turn keeps its prompt's array as ``head`` (shared,
+    not copied) and its few output ids as ``tail``, so finishing copies no prompt."""
+
     session_id: str
-    tokens: np.ndarray  # int32 ids whose KV is valid in rows 0..len-1 of the slot
+    head: np.ndarray
+    tail: np.ndarray = dataclasses.field(default_factory=lambda: _EMPTY)
+
+    @property
+    def tokens(self) -> np.ndarray:
+        """``head`` then ``tail``, int32 ``[h + t]`` (a new array when ``tail`` is not empty)."""
+        return join_blocks(self.head, self.tail) if len(self.tail) else self.head
+
+    def __len__(self) -> int:
+        return len(self.head) + len(self.tail)
+
+    def shared_length(self, ids: np.ndarray) -> int:
+        """``common_prefix_length(self.tokens, ids)`` without joining ``head`` and ``tail``."""
+        n = common_prefix_length(self.head, ids)
+        if n < len(self.head) or not len(self.tail):
+            return n
+        return n + common_prefix_length(self.tail, ids[n:])
 
 
 def common_prefix_length(a: np.ndarray, b: np.ndarray) -> int:
@@ -33,6 +58,26 @@ def common_prefix_length(a: np.ndarray, b: np.ndarray) -> int:
         return 0
     diff = np.flatnonzero(a[:m] != b[:m])
     return int(diff[0]) if diff.size else m
+
+
+def session_prefix(ids: np.ndarray, out_ids: list[int], kv_len: int
+                   ) -> tuple[np.ndarray, np.ndarray | None]:
+    """The ids whose KV a finished turn's slot row holds, ``min(kv_len, L + len(out))`` of the
+    prompt ``ids`` (int32 ``[L]``) then ``out_ids``, as two int32 arrays for ``SlotTable.release``:
+    a slice of ``ids`` (not copied: the prompt's array made once at admission) and the output
+    ids past it (``None`` when the KV ends inside the prompt)."""
+    if kv_len <= len(ids):
+        return ids[:kv_len], None
+    return ids, np.asarray(out_ids[:kv_len - len(ids)], np.int32)
+
+
+def join_blocks(head: np.ndarray, tail: np.ndarray) -> np.ndarray:
+    """``concatenate((head, tail))`` int32, copied in blocks that keep the GIL
+    (``prefill_plan.copy_blocks``)."""
+    tokens = np.empty((len(head) + len(tail),), np.int32)
+    copy_blocks(tokens, head)
+    tokens[len(head):] = tail
+    return tokens
 
 
 class SlotTable:
@@ -76,19 +121,21 @@ class SlotTable:
             if slot is not None and slot in self._cached:
                 prefix = self._cached.pop(slot)
                 del self._session_slot[session_id]
-                reuse = min(common_prefix_length(prefix.tokens, input_ids), max_reuse)
+                reuse = min(prefix.shared_length(input_ids), max_reuse)
                 return slot, reuse
         return self.acquire(), 0
 
     def release(self, slot: int, session_id: str | None = None,
-                tokens: np.ndarray | None = None) -> None:
-        """Give a slot back; with a session and tokens its KV row is kept for reuse."""
-        if session_id is not None and tokens is not None and len(tokens) > 0:
+                tokens: np.ndarray | None = None, tail: np.ndarray | None = None) -> None:
+        """Give a slot back; with a session and tokens its KV row is kept for reuse: the ids
+        whose KV it holds are ``tokens`` then ``tail`` (int32 arrays, kept as they are)."""
+        tail = _EMPTY if tail is None else np.asarray(tail, np.int32)
+        if session_id is not None and tokens is not None and len(tokens) + len(tail) > 0:
             old = self._session_slot.get(session_id)
             if old is not None and old in self._cached:  # an older prefix of the same session
                 del self._cached[old]
                 self._free.append(old)
-            self._cached[slot] = CachedPrefix(session_id, np.asarray(tokens, np.int32))
+            self._cached[slot] = CachedPrefix(session_id, np.asarray(tokens, np.int32), tail)
             self._session_slot[session_id] = slot
         else:
             self._free.append(slot)
@@ -108,4 +155,4 @@ class SlotTable:
             self._free.append(slot)
 
 
-__all__ = ["SlotTable", "CachedPrefix", "common_prefix_length"]
+__all__ = ["SlotTable", "CachedPrefix", "common_prefix_length", "session_prefix", "join_blocks"]

@@ -22,9 +22,12 @@ token counts as a possible completer (the plain per-token check).
 from __future__ import annotations
 
 import functools
+import sys
 from typing import Any, Sequence
 
 import numpy as np
+
+from agentrl_jax.rollout.engine.prefill_plan import GIL_SAFE
 
 
 def may_complete_mask(tokenizer: Any, stops: Sequence[str], skip_special_tokens: bool
@@ -76,41 +79,74 @@ def candidates(mask: np.ndarray, ids: np.ndarray) -> np.ndarray:
     return np.flatnonzero(mask[np.minimum(ids, len(mask) - 1)])
 
 
-def slots_to_check(toks: np.ndarray, valid: np.ndarray, slots: np.ndarray,
+def completer_hits(toks: np.ndarray, valid: np.ndarray, slots: np.ndarray,
                    masks: Sequence[np.ndarray | None]) -> np.ndarray:
-    """Which of ``slots`` generated a possible completer in this decode call.
+    """Where ``slots`` generated a possible completer in this decode call.
 
     ``toks``, ``valid``: ``[steps, max_batch]`` tokens and valid flags of one decode call;
     ``slots``: ``[n]`` slot ids with stop strings; ``masks[slot]``: that slot's
-    ``may_complete_mask``. Returns ``[n]`` bool. One vectorised lookup per distinct mask."""
-    out = np.zeros(slots.shape, np.bool_)
+    ``may_complete_mask``. Returns ``[steps, n]`` bool: ``mask[toks[j, slot]] & valid[j, slot]``.
+    One vectorised lookup per distinct mask, over at most :data:`GIL_SAFE` tokens per NumPy op
+    (``prefill_plan``: larger ones let a busy thread take the engine thread's GIL)."""
+    steps = toks.shape[0]
+    out = np.zeros((steps, len(slots)), np.bool_)
     groups: dict[int, list[int]] = {}
     for i, slot in enumerate(slots.tolist()):
         groups.setdefault(id(masks[slot]), []).append(i)
+    width = max(1, GIL_SAFE // max(steps, 1))  # columns per op
     for rows in groups.values():
-        idx = np.asarray(rows)
-        cols = slots[idx]
-        mask = masks[int(cols[0])]
-        hit = mask[np.minimum(toks[:, cols], len(mask) - 1)] & valid[:, cols]
-        out[idx] = hit.any(axis=0)
+        mask = masks[int(slots[rows[0]])]
+        top = len(mask) - 1
+        for k in range(0, len(rows), width):
+            idx = np.asarray(rows[k:k + width])
+            cols = slots[idx]
+            out[:, idx] = mask[np.minimum(toks[:, cols], top)] & valid[:, cols]
     return out
 
 
+def slots_to_check(toks: np.ndarray, valid: np.ndarray, slots: np.ndarray,
+                   masks: Sequence[np.ndarray | None]) -> np.ndarray:
+    """Which of ``slots`` generated a possible completer in this decode call -> ``[n]`` bool
+    (``completer_hits`` over the call's steps)."""
+    return completer_hits(toks, valid, slots, masks).any(axis=0)
+
+
+def detokenize(tokenizer: Any, ids: list[int], skip_special_tokens: bool) -> str:
+    """``tokenizer.decode(ids, skip_special_tokens=...)`` (``ids``: a list of ints), the same
+    text. For a transformers ``TokenizersBackend`` (every fast tokenizer) whose ``_decode`` is
+    the library's own and that cleans up no spaces, that ``decode`` ends in one call of its
+    Rust tokenizer's ``decode``; called here directly, without the per-id Python conversion
+    before it (most of a short output's detokenising time)."""
+    module = sys.modules.get("transformers.tokenization_utils_tokenizers")
+    backend = getattr(module, "TokenizersBackend", None)
+    if backend is not None and isinstance(tokenizer, backend) and \
+            type(tokenizer)._decode is backend._decode and \
+            not tokenizer.clean_up_tokenization_spaces:
+        return tokenizer.backend_tokenizer.decode(ids, skip_special_tokens=skip_special_tokens)
+    return tokenizer.decode(ids, skip_special_tokens=skip_special_tokens)
+
+
 def find_stop(tokenizer: Any, ids: np.ndarray, start: int, stops: Sequence[str],
-              skip_special_tokens: bool, mask: np.ndarray | None = None
+              skip_special_tokens: bool, mask: np.ndarray | None = None,
+              positions: Sequence[int] | np.ndarray | None = None
               ) -> tuple[int, str, int, str] | None:
     """The earliest ``j >= start`` at which ``decode(ids[:j + 1])`` contains a stop string.
 
     ``ids``: ``[n]`` output token ids; positions before ``start`` are known not to match.
-    ``mask``: the stops' ``may_complete_mask`` (``None``: test every position). Returns
-    ``(j, text, index, matched)`` -- the decoded prefix, and the stop string found at the
-    smallest ``index`` in it (ties: the smallest string) -- or ``None``."""
-    positions = range(start, len(ids)) if mask is None else start + candidates(mask, ids[start:])
+    ``mask``: the stops' ``may_complete_mask`` (``None``: test every position).
+    ``positions``: the candidates of ``ids[start:]`` (ascending, ``>= start``) when the
+    caller has them already (the engine: from ``completer_hits`` of the decode call);
+    ``None``: found here with ``mask``. Returns ``(j, text, index, matched)`` -- the decoded
+    prefix, and the stop string found at the smallest ``index`` in it (ties: the smallest
+    string) -- or ``None``."""
+    if positions is None:
+        positions = (range(start, len(ids)) if mask is None
+                     else start + candidates(mask, ids[start:]))
     if len(positions) == 0:
         return None
     prefix = ids.tolist()
     for j in positions:
-        text = tokenizer.decode(prefix[:j + 1], skip_special_tokens=skip_special_tokens)
+        text = detokenize(tokenizer, prefix[:j + 1], skip_special_tokens)
         hits = [(text.find(s), s) for s in stops if s in text]
         if hits:
             index, matched = min(hits)
