@@ -1,17 +1,19 @@
 """BabyAI + SmolLM2-135M-Instruct: every BabyAI experiment, one named variant each.
 
-    python launch/run.py --config experiments/babyai.py --workdir runs/babyai   # grpo_scaling
-    python launch/run.py --config experiments/babyai.py:grpo_gpu                # one GPU, ~10 min
+    python launch/run.py --config experiments/babyai.py --workdir runs/babyai   # grpo_gpu
+    python launch/run.py --config experiments/babyai.py:grpo_scaling  # the paper's schedule
 
-The default (``grpo_scaling``) is the README's main job: GRPO + ScalingInter-RL at the paper's
-schedule (6 -> 13 -> 20 turns, 100 steps a phase). Variants (``experiments/common.py`` holds the
+The default (``grpo_gpu``, the README's main job) is the recipe that learns: GRPO +
+ScalingInter-RL (6 -> 13 -> 20 turns) compressed to 15 steps a phase for a ~10-minute run on one
+GPU (``common.gpu_recipe``); ``grpo_scaling`` is the paper's schedule (100 steps a phase) with
+the settings' defaults. Variants (``experiments/common.py`` holds the
 shared pieces):
 
 ================== ==========================================================================
-grpo_scaling       the default: the paper's schedule with the settings' defaults
+grpo_scaling       the paper's schedule with the settings' defaults
 grpo_fixed         the ScalingInter baseline: a fixed 20-turn horizon
 ppo                ``grpo_scaling`` with PPO (critic + GAE) instead of GRPO
-grpo_gpu           one GPU, ~10 minutes: the learning result (``common.gpu_recipe``)
+grpo_gpu           the default: one GPU, ~10 minutes: the learning result (``common.gpu_recipe``)
 grpo_long_gpu      ``grpo_gpu`` to the end of its curve: 1,350 s of training, resumable
 grpo_scaling_gpu10min  an older one-GPU sizing: bf16, 8 steps a phase, 64 evaluation tasks
 gigpo_gpu          ``grpo_gpu`` with the GiGPO estimator
@@ -37,7 +39,7 @@ from agentrl_jax.training.config.experiment import base_config, use_fixed_horizo
 from experiments.common import (bc_gpu, cpu_sized_sft, gpu_recipe, long_run, paper_scaling,
                                 select, sft_learner, sft_section, use_gigpo)
 
-DEFAULT = "grpo_scaling"
+DEFAULT = "grpo_gpu"
 
 
 def grpo_scaling() -> ConfigDict:

@@ -1,19 +1,20 @@
 """Deep search (BM25 over the offline Wikipedia summaries) + SmolLM2-135M-Instruct: every
 deep-search experiment, one named variant each.
 
-    python launch/run.py --config experiments/deepsearch.py              # grpo_scaling
-    python launch/run.py --config experiments/deepsearch.py:grpo_gpu     # one GPU, ~10 min
+    python launch/run.py --config experiments/deepsearch.py              # grpo_gpu
+    python launch/run.py --config experiments/deepsearch.py:grpo_scaling  # the paper's schedule
 
-The default (``grpo_scaling``) is the paper's schedule (5 -> 8 -> 10 turns, 100 steps a phase),
+The default is the one-GPU recipe (``grpo_gpu``, ``common.gpu_recipe``); ``grpo_scaling`` is
+the paper's schedule (5 -> 8 -> 10 turns, 100 steps a phase),
 as for every family; the learning result is SFT then RL (``sft_gpu``, then ``sft_grpo_gpu``;
 docs/RESULTS.md). A turn is ``Action: <search> query </search>`` or ``Action: <answer> text
 </answer>`` (one line; the environment reads the first tag). Variants
 (``experiments/common.py`` holds the shared pieces):
 
 ============= ==============================================================================
-grpo_scaling  the default: the paper's schedule, 64 new tokens a turn
+grpo_scaling  the paper's schedule, 64 new tokens a turn
 ppo           ``grpo_scaling`` with PPO (critic + GAE) instead of GRPO
-grpo_gpu      one GPU, ~10 minutes with both evaluations (``common.gpu_recipe``)
+grpo_gpu      the default: one GPU, ~10 minutes with both evaluations (``common.gpu_recipe``)
 sft_gpu       behaviour cloning of the retrieval oracle on one GPU
 sft_grpo_gpu  ``grpo_gpu`` started from ``sft_gpu``'s policy
 ============= ==============================================================================
@@ -26,7 +27,7 @@ from ml_collections import ConfigDict
 from agentrl_jax.training.config.experiment import use_ppo
 from experiments.common import bc_gpu, gpu_recipe, paper_scaling, select
 
-DEFAULT = "grpo_scaling"
+DEFAULT = "grpo_gpu"
 
 
 def grpo_scaling() -> ConfigDict:

@@ -1,17 +1,18 @@
 """ScienceWorld + SmolLM2-135M-Instruct: every ScienceWorld experiment, one named variant each.
 
-    python launch/run.py --config experiments/sciworld.py                # grpo_scaling
-    python launch/run.py --config experiments/sciworld.py:grpo_gpu       # one GPU, ~10 min
+    python launch/run.py --config experiments/sciworld.py                # grpo_gpu
+    python launch/run.py --config experiments/sciworld.py:grpo_scaling  # the paper's schedule
 
-The default (``grpo_scaling``) is the paper's schedule (10 -> 20 -> 30 turns, 100 steps a
+The default is the one-GPU recipe (``grpo_gpu``, ``common.gpu_recipe``); ``grpo_scaling`` is
+the paper's schedule (10 -> 20 -> 30 turns, 100 steps a
 phase), as for every family; the learning result is SFT then RL (``sft_gpu``, then
 ``sft_grpo_gpu``; docs/RESULTS.md). Each simulator is a JVM of ~2 GB. Variants
 (``experiments/common.py`` holds the shared pieces):
 
 ============= ==============================================================================
-grpo_scaling  the default: the paper's schedule, 8 episodes in flight, 4 simulators
+grpo_scaling  the paper's schedule, 8 episodes in flight, 4 simulators
 ppo           ``grpo_scaling`` with PPO (critic + GAE) instead of GRPO
-grpo_gpu      one GPU, ~10 minutes (``common.gpu_recipe``), 4 servers of 16 simulators
+grpo_gpu      the default: one GPU, ~10 minutes (``common.gpu_recipe``), 4 servers of 16 simulators
 sft_gpu       behaviour cloning of the gold action sequences on one GPU
 sft_grpo_gpu  ``grpo_gpu`` started from ``sft_gpu``'s policy
 ============= ==============================================================================
@@ -24,7 +25,7 @@ from ml_collections import ConfigDict
 from agentrl_jax.training.config.experiment import use_ppo
 from experiments.common import bc_gpu, gpu_recipe, paper_scaling, select
 
-DEFAULT = "grpo_scaling"
+DEFAULT = "grpo_gpu"
 
 
 def grpo_scaling() -> ConfigDict:

@@ -1,17 +1,18 @@
 """TextCraft + SmolLM2-135M-Instruct: every TextCraft experiment, one named variant each.
 
-    python launch/run.py --config experiments/textcraft.py               # grpo_scaling
-    python launch/run.py --config experiments/textcraft.py:grpo_gpu      # one GPU, ~10 min
+    python launch/run.py --config experiments/textcraft.py               # grpo_gpu
+    python launch/run.py --config experiments/textcraft.py:grpo_scaling  # the paper's schedule
 
-The default (``grpo_scaling``) is the paper's schedule (10 -> 20 -> 30 turns, 100 steps a
+The default is the one-GPU recipe (``grpo_gpu``, ``common.gpu_recipe``); ``grpo_scaling`` is
+the paper's schedule (10 -> 20 -> 30 turns, 100 steps a
 phase), as for every family. From the base model TextCraft gives RL no signal (0/472 successes:
 every group is flat); the learning result is SFT then RL (``sft_gpu``, then ``sft_grpo_gpu``;
 docs/RESULTS.md). Variants (``experiments/common.py`` holds the shared pieces):
 
 =================== =========================================================================
-grpo_scaling        the default: the paper's schedule with the settings' defaults
+grpo_scaling        the paper's schedule with the settings' defaults
 ppo                 ``grpo_scaling`` with PPO (critic + GAE) instead of GRPO
-grpo_gpu            one GPU, ~10 minutes (``common.gpu_recipe``)
+grpo_gpu            the default: one GPU, ~10 minutes (``common.gpu_recipe``)
 gigpo_gpu           ``grpo_gpu`` with the GiGPO estimator (anchor states: the inventory)
 sft                 behaviour cloning of the recipe expert, CPU-sized
 sft_gpu             behaviour cloning on one GPU, ~7 minutes
@@ -29,7 +30,7 @@ from agentrl_jax.training.config.experiment import use_ppo
 from experiments.common import (bc_gpu, cpu_sized_sft, gpu_recipe, long_run, paper_scaling,
                                 select, sft_learner, sft_section, use_gigpo)
 
-DEFAULT = "grpo_scaling"
+DEFAULT = "grpo_gpu"
 
 
 def grpo_scaling() -> ConfigDict:

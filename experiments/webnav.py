@@ -1,9 +1,10 @@
 """Web navigation (MiniWoB++) + SmolLM2-135M-Instruct: every web experiment, one named variant each.
 
-    python launch/run.py --config experiments/webnav.py                  # grpo_scaling
-    python launch/run.py --config experiments/webnav.py:grpo_gpu         # one GPU
+    python launch/run.py --config experiments/webnav.py                  # grpo_gpu
+    python launch/run.py --config experiments/webnav.py:grpo_scaling  # the paper's schedule
 
-The default (``grpo_scaling``) is the paper's schedule (8 -> 12 -> 15 turns, 80 steps a phase),
+The default is the one-GPU recipe (``grpo_gpu``, ``common.gpu_recipe``); ``grpo_scaling`` is
+the paper's schedule (8 -> 12 -> 15 turns, 80 steps a phase),
 as for every family; the best result is SFT then RL (``sft_gpu``, then ``sft_grpo_gpu``;
 docs/RESULTS.md). Each episode drives its own headless Chromium (~1 GB and a CPU core while it
 renders); a machine without Chromium gets it from ``benchmarks/gpu/chromium_portable.sh``
@@ -11,9 +12,9 @@ renders); a machine without Chromium gets it from ``benchmarks/gpu/chromium_port
 Variants (``experiments/common.py`` holds the shared pieces):
 
 ============= ==============================================================================
-grpo_scaling  the default: the paper's schedule, 8 browsers in flight
+grpo_scaling  the paper's schedule, 8 browsers in flight
 ppo           ``grpo_scaling`` with PPO (critic + GAE) instead of GRPO
-grpo_gpu      one GPU, a few minutes of training (``common.gpu_recipe``), 24 browsers
+grpo_gpu      the default: one GPU, a few minutes of training (``common.gpu_recipe``), 24 browsers
 sft_gpu       behaviour cloning of the rule-based expert on one GPU
 sft_grpo_gpu  ``grpo_gpu`` started from ``sft_gpu``'s policy
 ============= ==============================================================================
@@ -26,7 +27,7 @@ from ml_collections import ConfigDict
 from agentrl_jax.training.config.experiment import use_ppo
 from experiments.common import bc_gpu, gpu_recipe, paper_scaling, select
 
-DEFAULT = "grpo_scaling"
+DEFAULT = "grpo_gpu"
 
 
 def grpo_scaling() -> ConfigDict:

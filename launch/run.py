@@ -1,7 +1,7 @@
 """The main job: train an LLM agent with multi-turn RL.
 
     python launch/run.py --config experiments/babyai.py --workdir runs/babyai
-    python launch/run.py --config experiments/babyai.py:grpo_gpu    # a named variant
+    python launch/run.py --config experiments/babyai.py:grpo_scaling    # a named variant
     python launch/run.py --config experiments/smoke.py --config.train.total_steps=2
 
 An experiment file holds one family's variants (``experiments/common.py``); ``FILE:VARIANT``

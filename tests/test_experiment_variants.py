@@ -21,10 +21,11 @@ from agentrl_jax.training.config.command_line import experiment_run_name, load_c
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FROZEN = os.path.join(REPO, "tests", "data", "experiment_configs_before_variants.json")
 
-#: every old experiment file -> the file:variant that replaces it (the default has no variant)
+#: every old experiment file -> the file:variant that replaces it (a family file alone is its
+#: default, the one-GPU recipe ``grpo_gpu``)
 OLD_TO_NEW = {
-    "babyai_grpo_scaling": "babyai.py", "babyai_grpo_fixed": "babyai.py:grpo_fixed",
-    "babyai_ppo": "babyai.py:ppo", "babyai_grpo_gpu": "babyai.py:grpo_gpu",
+    "babyai_grpo_scaling": "babyai.py:grpo_scaling", "babyai_grpo_fixed": "babyai.py:grpo_fixed",
+    "babyai_ppo": "babyai.py:ppo", "babyai_grpo_gpu": "babyai.py",
     "babyai_grpo_long_gpu": "babyai.py:grpo_long_gpu",
     "babyai_grpo_scaling_gpu10min": "babyai.py:grpo_scaling_gpu10min",
     "babyai_gigpo_gpu": "babyai.py:gigpo_gpu", "babyai_dpo_gpu": "babyai.py:dpo_gpu",
@@ -34,20 +35,20 @@ OLD_TO_NEW = {
     "babyai_choice_tiny": "babyai.py:choice_tiny",
     "babyai_choice_tiny_t1": "babyai.py:choice_tiny_t1",
     "paper_scale_7b": "babyai.py:paper_scale_7b",
-    "textcraft_grpo_scaling": "textcraft.py", "textcraft_ppo": "textcraft.py:ppo",
-    "textcraft_grpo_gpu": "textcraft.py:grpo_gpu", "textcraft_gigpo_gpu": "textcraft.py:gigpo_gpu",
+    "textcraft_grpo_scaling": "textcraft.py:grpo_scaling", "textcraft_ppo": "textcraft.py:ppo",
+    "textcraft_grpo_gpu": "textcraft.py", "textcraft_gigpo_gpu": "textcraft.py:gigpo_gpu",
     "textcraft_sft": "textcraft.py:sft", "textcraft_sft_gpu": "textcraft.py:sft_gpu",
     "textcraft_sft_grpo_gpu": "textcraft.py:sft_grpo_gpu",
     "textcraft_sft_gigpo_gpu": "textcraft.py:sft_gigpo_gpu",
     "textcraft_sft_grpo_long_gpu": "textcraft.py:sft_grpo_long_gpu",
-    "sciworld_grpo_scaling": "sciworld.py", "sciworld_ppo": "sciworld.py:ppo",
-    "sciworld_grpo_gpu": "sciworld.py:grpo_gpu", "sciworld_sft_gpu": "sciworld.py:sft_gpu",
+    "sciworld_grpo_scaling": "sciworld.py:grpo_scaling", "sciworld_ppo": "sciworld.py:ppo",
+    "sciworld_grpo_gpu": "sciworld.py", "sciworld_sft_gpu": "sciworld.py:sft_gpu",
     "sciworld_sft_grpo_gpu": "sciworld.py:sft_grpo_gpu",
-    "webnav_grpo_scaling": "webnav.py", "webnav_ppo": "webnav.py:ppo",
-    "webnav_grpo_gpu": "webnav.py:grpo_gpu", "webnav_sft_gpu": "webnav.py:sft_gpu",
+    "webnav_grpo_scaling": "webnav.py:grpo_scaling", "webnav_ppo": "webnav.py:ppo",
+    "webnav_grpo_gpu": "webnav.py", "webnav_sft_gpu": "webnav.py:sft_gpu",
     "webnav_sft_grpo_gpu": "webnav.py:sft_grpo_gpu",
-    "deepsearch_grpo_scaling": "deepsearch.py", "deepsearch_ppo": "deepsearch.py:ppo",
-    "deepsearch_grpo_gpu": "deepsearch.py:grpo_gpu", "deepsearch_sft_gpu": "deepsearch.py:sft_gpu",
+    "deepsearch_grpo_scaling": "deepsearch.py:grpo_scaling", "deepsearch_ppo": "deepsearch.py:ppo",
+    "deepsearch_grpo_gpu": "deepsearch.py", "deepsearch_sft_gpu": "deepsearch.py:sft_gpu",
     "deepsearch_sft_grpo_gpu": "deepsearch.py:sft_grpo_gpu",
     "smoke": "smoke.py", "smoke_sft": "smoke.py:sft",
     "first_trainer_cpu": "smoke.py:first_trainer_cpu",

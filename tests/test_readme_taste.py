@@ -47,10 +47,10 @@ def test_readme_taste_command_names_real_config_keys():
     assert args[:2] == ["python", "launch/run.py"]
     config_file = next(a.split("=", 1)[1] if "=" in a else args[i + 1]
                        for i, a in enumerate(args) if a.split("=", 1)[0] == "--config")
-    spec = importlib.util.spec_from_file_location("exp", os.path.join(ROOT, config_file))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    config = module.get_config()
+    from agentrl_jax.training.config.command_line import load_config_file
+
+    config, problem = load_config_file(os.path.join(ROOT, config_file))  # FILE[:VARIANT]
+    assert problem is None, problem
     overrides = [a for a in args if a.startswith("--config.")]
     assert overrides, "the taste command overrides nothing"
     for arg in overrides:
