@@ -63,7 +63,18 @@ def test_results_unchanged_and_handed_over_after_the_next_launch(model):
 
 
 def test_an_abort_reaches_its_future_while_the_engine_is_paused(model):
+    import time
+
     eng = make_engine(model, deliver_after_launch=True)
+    decode = eng.functions.decode
+
+    def slow_decode(*args, **kwargs):
+        # each decode call of the tiny model takes ~1 ms: the long request's ~29 remaining calls
+        # would race the pause below; 20 ms a call leaves it >0.5 s of work to be paused in
+        time.sleep(0.02)
+        return decode(*args, **kwargs)
+
+    eng.functions.decode = slow_decode
     try:
         rng = np.random.default_rng(4)
         prompt = random_prompt(rng, 6)
