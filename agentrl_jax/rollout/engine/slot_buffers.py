@@ -11,7 +11,8 @@ and the output buffers its tokens accumulate in.
   slot's sampled tokens, log-probabilities (processed and raw) so far;
 * ``has_stop_str [B]``, ``stop_masks`` (per slot: which tokens may complete a stop string,
   ``stop_strings.py``) and ``stop_checked [B]`` (output tokens already known not to complete
-  one: checked, or no possible completer among them).
+  one: checked, or no possible completer among them); ``cut_at_stop_string`` ends an output
+  at the token that completes a stop string.
 
 Only the engine thread uses it.
 """
