@@ -4,11 +4,12 @@
 
 Host only: a real ``Scheduler`` whose decode function is a stub with the jitted decode's
 semantics (``compiled.py``: each active slot emits the next token of its planned stream until a
-stop id or its budget ends it). The reference runs each request alone, one decode call at a
-time: after a call, a stop id as the last token finishes it (``"stop"``, the id), else the
-earliest output prefix whose text (``tokenizer.decode`` of every prefix, no masks) contains a
-stop string (``"stop"``, the string; tokens after it dropped, text cut before it), else a spent
-budget (``"length"``). Byte-level tokens make stop strings span decode calls; the streams mix
+stop id or its budget ends it). The reference runs each request alone, one token at a time,
+whatever the engine's ``decode_steps``: the first token that is a stop id (``"stop"``, the id;
+text without it), completes a stop string in the text of the output so far
+(``tokenizer.decode`` of every prefix, no masks; ``"stop"``, the string; tokens after it
+dropped, text cut before it) or spends the budget (``"length"``) ends it; at one token, in
+that order. Byte-level tokens make stop strings span decode calls; the streams mix
 text, partial UTF-8 bytes, special and filler tokens. Also: the pieces on their own (the slot
 table's split prefix, the block's completer hits, Rust detokenising).
 """
@@ -123,30 +124,27 @@ class Harness:
 
 
 def reference(prompt: list[int], stream: list[int], sampling: SamplingParams,
-              stop_ids: list[int], decode_steps: int, max_length: int) -> dict[str, Any]:
-    """One request alone, one decode call at a time, as the module docstring says."""
+              stop_ids: list[int], max_length: int) -> dict[str, Any]:
+    """One request alone, one token at a time, as the module docstring says: the earliest stop
+    event in token order wins, whatever the decode calls' sizes."""
     tok = tokenizer()
     budget = min(sampling.max_new_tokens, max_length - len(prompt))
     out: list[int] = []
-    while True:
-        for _ in range(decode_steps):  # the device
-            out.append(stream[len(out)])
-            if out[-1] in stop_ids or len(out) >= budget:
-                break
-        if out[-1] in stop_ids:
+    for token in stream:
+        out.append(token)
+        if token in stop_ids:
             ids = out if sampling.no_stop_trim else out[:-1]
-            return dict(ids=out, reason="stop", matched=out[-1],
+            return dict(ids=out, reason="stop", matched=token,
                         text=tok.decode(ids, skip_special_tokens=sampling.skip_special_tokens))
-        for j in range(len(out) if sampling.stop else 0):
-            text = tok.decode(out[:j + 1], skip_special_tokens=sampling.skip_special_tokens)
-            hits = sorted((text.find(s), s) for s in sampling.stop if s in text)
-            if hits:
-                index, matched = hits[0]
-                return dict(ids=out[:j + 1], reason="stop", matched=matched,
-                            text=text if sampling.no_stop_trim else text[:index])
+        text = tok.decode(out, skip_special_tokens=sampling.skip_special_tokens)
+        hits = sorted((text.find(s), s) for s in sampling.stop or [] if s in text)
+        if hits:
+            index, matched = hits[0]
+            return dict(ids=list(out), reason="stop", matched=matched,
+                        text=text if sampling.no_stop_trim else text[:index])
         if len(out) >= budget:
-            return dict(ids=out, reason="length", matched=None,
-                        text=tok.decode(out, skip_special_tokens=sampling.skip_special_tokens))
+            return dict(ids=out, reason="length", matched=None, text=text)
+    raise AssertionError("the stream ended before the request")
 
 
 @pytest.mark.parametrize("decode_steps", [1, 3, 8])
@@ -170,8 +168,7 @@ def test_run_decode_matches_a_reference_loop(seed: int, decode_steps: int) -> No
             stop_ids = [EOS] if rng.random() < 0.7 else []
             stream = random_stream(rng, 40)
             requests[rid] = h.start(rid, prompt, sampling, stop_ids, stream)
-            expected[rid] = reference(prompt, stream, sampling, stop_ids, decode_steps,
-                                      h.config.max_length)
+            expected[rid] = reference(prompt, stream, sampling, stop_ids, h.config.max_length)
         if not s.slot_seq:
             break
         s.run_decode()
@@ -189,6 +186,23 @@ def test_run_decode_matches_a_reference_loop(seed: int, decode_steps: int) -> No
     assert min(finishes.values()) > 5  # both kinds of finish happened
     assert sum(isinstance(requests[r].future.result()[0].matched_stop, str)
                for r in requests) > 5  # and stop strings matched
+
+
+@pytest.mark.parametrize("decode_steps", [1, 8])
+def test_stop_string_before_a_later_stop_id_in_one_call_wins(decode_steps: int) -> None:
+    """Hand-computed: "go\n" then " to" then EOS, all inside one 8-step call. The stop string
+    "\n" completes at output position 2, before the stop id: the request ends there."""
+    h = Harness(decode_steps)
+    stream = tokenizer().encode("go\n to", add_special_tokens=False) + [EOS] + [7] * 8
+    sampling = SamplingParams(max_new_tokens=20, stop=["\n"])
+    req = h.start("a", [5, 6, 7], sampling, [EOS], stream)
+    while h.scheduler.slot_seq:
+        h.scheduler.run_decode()
+    (got,) = req.future.result(timeout=0)
+    assert (got.output_ids, got.finish_reason, got.matched_stop, got.text) == (
+        stream[:3], "stop", "\n", "go")
+    np.testing.assert_array_equal(got.output_logprobs,
+                                  np.float32([logprob(t, j)[0] for j, t in enumerate(stream[:3])]))
 
 
 def test_finished_session_keeps_prompt_and_output_ids() -> None:

@@ -232,3 +232,54 @@ def test_engine_smollm2_newline(smol):
     j, text, index, _ = expected
     assert res.finish_reason == "stop" and res.matched_stop == "\n"
     assert res.output_ids == full.output_ids[:j + 1] and res.text == text[:index]
+
+
+def test_engine_results_do_not_depend_on_decode_steps(btok):
+    """The same request stream on engines with ``decode_steps`` 1 and 8 (the tiny model,
+    greedy): identical results. Each prompt's stop string is the piece of an early greedy
+    token and its stop id a later token of the same 8-step call, so the string ends the
+    request first; other cases put the stop id first, on the same token, or alone."""
+    model = tiny_model(seed=0)
+    rng = np.random.default_rng(5)
+    prompts = [random_prompt(rng, int(rng.integers(3, 12))) for _ in range(10)]
+    base = dict(max_new_tokens=16, ignore_eos=True, temperature=0.0)
+    engines = {k: make_engine(model, btok, warmup=False, decode_steps=k) for k in (1, 8)}
+    try:
+        fulls = [f.result()[0].output_ids
+                 for f in [engines[1].submit(p, SamplingParams(**base)) for p in prompts]]
+        cases, string_first = [], []
+        for prompt, ids in zip(prompts, fulls):
+            for i in range(1, 6):  # a token whose piece first appears at output position i
+                piece = btok.decode([ids[i]], skip_special_tokens=True)
+                if not piece.strip() or "\ufffd" in piece or \
+                        (reference(btok, ids, [piece]) or (None,))[0] != i:
+                    continue
+                later = [k for k in range(i + 1, 8) if ids[k] not in ids[:k]]
+                earlier = [k for k in range(i) if ids[k] not in ids[:k]]
+                if later:
+                    string_first.append(len(cases))
+                    cases.append((prompt, dict(base, stop=[piece], stop_token_ids=[ids[later[-1]]]),
+                                  ids[:i + 1], piece))
+                    cases.append((prompt, dict(base, stop=[piece], no_stop_trim=True,
+                                               stop_token_ids=[ids[later[0]]]), ids[:i + 1], piece))
+                if earlier:
+                    first = earlier[0]
+                    cases.append((prompt, dict(base, stop=[piece], stop_token_ids=[ids[first]]),
+                                  ids[:first + 1], ids[first]))
+                if ids[i] not in ids[:i]:  # the same token: the stop id comes first
+                    cases.append((prompt, dict(base, stop=[piece], stop_token_ids=[ids[i]]),
+                                  ids[:i + 1], ids[i]))
+                break
+        assert len(string_first) >= 5 and len(cases) >= 15
+        results = {k: [f.result()[0] for f in [eng.submit(p, SamplingParams(**sp))
+                                               for p, sp, _, _ in cases]]
+                   for k, eng in engines.items()}
+    finally:
+        for eng in engines.values():
+            eng.close()
+    fields = ("output_ids", "output_logprobs", "output_logprobs_raw", "text", "finish_reason",
+              "matched_stop")
+    for (prompt, sp, want_ids, want_match), one, eight in zip(cases, results[1], results[8]):
+        assert [getattr(eight, f) for f in fields] == [getattr(one, f) for f in fields], sp
+        assert (one.output_ids, one.finish_reason, one.matched_stop) == (want_ids, "stop",
+                                                                         want_match), sp

@@ -30,7 +30,7 @@ from agentrl_jax.rollout.engine.requests import (DECODE, DONE, FORK_WAIT, PREFIL
 from agentrl_jax.rollout.engine.sampling import sampling_mode
 from agentrl_jax.rollout.engine.slot_buffers import SlotBuffers
 from agentrl_jax.rollout.engine.slots import SlotTable, join_blocks, session_prefix
-from agentrl_jax.rollout.engine.stop_strings import detokenize, find_stop
+from agentrl_jax.rollout.engine.stop_strings import detokenize
 from agentrl_jax.rollout.engine.weights import EngineWeights
 
 log = logging.getLogger(__name__)
@@ -375,33 +375,31 @@ class Scheduler:
             self.isolated(seq.req, self.after_decode, seq, found.get(slot))
 
     def after_decode(self, seq: Seq, candidates: np.ndarray | None = None) -> None:
-        """Finish a decoding sequence if its last token is a stop id, its output contains a
-        stop string, or its token budget is spent. ``candidates``: the output positions of
-        this decode call that may complete a stop string (``SlotBuffers.stop_candidates``)."""
+        """Finish a decoding sequence at its earliest stop event in token order, as if each
+        decode call made one step: a stop string completed before its last token, else its
+        last token a stop id (the device ends a slot there), else a stop string completed by
+        its last token, else a spent budget. ``candidates``: the output positions of this
+        decode call that may complete a stop string (``SlotBuffers.stop_candidates``)."""
         slot, ints = seq.slot, self.buffers.ints
         tok = int(ints[slot, TOK])
-        if tok in seq.stop_set:
-            self.finish(seq, "stop", tok)
-        elif seq.req.sampling.stop and self.check_stop_strings(seq, candidates):
+        stop_id = tok in seq.stop_set
+        if seq.req.sampling.stop and self.check_stop_strings(seq, candidates, stop_id):
             pass  # finished inside
+        elif stop_id:
+            self.finish(seq, "stop", tok)
         elif ints[slot, REM] <= 0:
             self.finish(seq, "length", None)
 
-    def check_stop_strings(self, seq: Seq, candidates: np.ndarray | None = None) -> bool:
-        """Finish ``seq`` at the first stop string in its output past ``stop_checked``.
-        ``candidates``: the positions there that may complete one (``SlotBuffers``);
-        ``None``: the slot's mask finds them."""
-        sp, slot = seq.req.sampling, seq.slot
-        buffers = self.buffers
-        length = int(buffers.out_len[slot])
-        hit = find_stop(self.tokenizer, buffers.out_tok[slot, :length],
-                        int(buffers.stop_checked[slot]), sp.stop or [], sp.skip_special_tokens,
-                        buffers.stop_masks[slot], candidates)
+    def check_stop_strings(self, seq: Seq, candidates: np.ndarray | None = None,
+                           before_last: bool = False) -> bool:
+        """Finish ``seq`` at the first stop string in its output past ``stop_checked`` (only
+        before its last token if ``before_last``: ``SlotBuffers.cut_at_stop_string``)."""
+        sp = seq.req.sampling
+        hit = self.buffers.cut_at_stop_string(seq.slot, self.tokenizer, sp, candidates,
+                                              before_last)
         if hit is None:
-            buffers.stop_checked[slot] = length
             return False
-        j, text, index, matched = hit
-        buffers.out_len[slot] = j + 1  # drop the tokens decoded after the match
+        text, index, matched = hit
         seq.stop_text = text if sp.no_stop_trim else text[:index]
         self.finish(seq, "stop", matched)
         return True

@@ -11,7 +11,8 @@ and the output buffers its tokens accumulate in.
   slot's sampled tokens, log-probabilities (processed and raw) so far;
 * ``has_stop_str [B]``, ``stop_masks`` (per slot: which tokens may complete a stop string,
   ``stop_strings.py``) and ``stop_checked [B]`` (output tokens already known not to complete
-  one: checked, or no possible completer among them).
+  one: checked, or no possible completer among them); ``cut_at_stop_string`` ends an output
+  at the token that completes a stop string.
 
 Only the engine thread uses it.
 """
@@ -22,11 +23,13 @@ from typing import Any
 
 import numpy as np
 
+from agentrl_jax.rollout.contract import SamplingParams
 from agentrl_jax.rollout.engine.compiled import (ACT, CNT, IDX, KEY0, KEY1, POS, REM, STOP, TOK,
                                                  TOPK)
 from agentrl_jax.rollout.engine.requests import Seq
 from agentrl_jax.rollout.engine.sampling import seed_to_key
-from agentrl_jax.rollout.engine.stop_strings import completer_hits, may_complete_mask
+from agentrl_jax.rollout.engine.stop_strings import (completer_hits, find_stop,
+                                                     may_complete_mask)
 
 
 class SlotBuffers:
@@ -125,6 +128,30 @@ class SlotBuffers:
                 for i, slot, start, ok in zip(np.flatnonzero(flagged).tolist(),
                                               slots[flagged].tolist(), base[flagged].tolist(),
                                               ready[flagged].tolist())}
+
+    def cut_at_stop_string(self, slot: int, tokenizer: Any, sampling: SamplingParams,
+                           candidates: np.ndarray | None = None, before_last: bool = False
+                           ) -> tuple[str, int, str] | None:
+        """Find the first stop string of ``sampling.stop`` in ``slot``'s output past
+        ``stop_checked`` (``stop_strings.find_stop``) and cut the output after the token that
+        completes it. ``candidates``: the output positions that may complete one, ascending
+        (``stop_candidates``; ``None``: the slot's mask finds them). ``before_last``: search
+        only before the last output token (a stop id there, which comes first in token
+        order). Returns ``(text, index, matched)`` -- the text up to that token, the stop
+        string's index in it and the string -- or ``None`` (the positions searched are marked
+        checked)."""
+        end = int(self.out_len[slot]) - int(before_last)  # search positions [0, end)
+        if candidates is not None:
+            candidates = candidates[candidates < end]
+        hit = find_stop(tokenizer, self.out_tok[slot, :end], int(self.stop_checked[slot]),
+                        sampling.stop or [], sampling.skip_special_tokens,
+                        self.stop_masks[slot], candidates)
+        if hit is None:
+            self.stop_checked[slot] = max(end, int(self.stop_checked[slot]))
+            return None
+        j, text, index, matched = hit
+        self.out_len[slot] = j + 1  # drop the tokens decoded after the match
+        return text, index, matched
 
     def output(self, slot: int) -> tuple[list[int], list[float], list[float]]:
         """``slot``'s sampled tokens, log-probabilities and raw log-probabilities so far."""
