@@ -16,6 +16,7 @@ import pytest
 
 from agentrl_jax.agent.actor_pool import ActorPool, TaskRef
 from agentrl_jax.agent.chat import ChatFormatter
+from agentrl_jax.agent.parsing import parse_react
 from agentrl_jax.models.pretrained import resolve_model_path
 from agentrl_jax.models.tokenizer import load_tokenizer
 from agentrl_jax.rollout.contract import GenerateResult, RolloutBackend, SamplingParams
@@ -92,7 +93,9 @@ class RecordingBackend(RolloutBackend):
 def _pool(backend, clients, tokenizer, max_context=4096, max_new_tokens=64, concurrency=16):
     return ActorPool(backend, clients, ChatFormatter(tokenizer),
                      SamplingParams(max_new_tokens=max_new_tokens, temperature=1.0),
-                     max_context=max_context, max_concurrency=concurrency)
+                     max_context=max_context, max_concurrency=concurrency,
+                     parser=parse_react, prompt_style="react", response_prefix="",
+                     history_turns=0)
 
 
 @pytest.mark.parametrize("style, prefix, reply", [

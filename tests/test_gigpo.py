@@ -290,6 +290,7 @@ def tokenizer():
 async def _collect(tokenizer, url, tasks, delays: bool, lockstep: bool):
     from agentrl_jax.agent.actor_pool import ActorPool
     from agentrl_jax.agent.chat import ChatFormatter
+    from agentrl_jax.agent.parsing import parse_react
     from agentrl_jax.rollout.contract import SamplingParams
     from environments.core.client import EnvClient
 
@@ -297,8 +298,8 @@ async def _collect(tokenizer, url, tasks, delays: bool, lockstep: bool):
     async with EnvClient(url) as client:
         pool = ActorPool(SeededBackend(tokenizer, delays), {"babyai": client},
                          ChatFormatter(tokenizer), SamplingParams(max_new_tokens=8, seed=3),
-                         max_context=4096, max_concurrency=16, prompt_style="action",
-                         response_prefix="Action:")
+                         max_context=4096, max_concurrency=16, parser=parse_react,
+                         prompt_style="action", response_prefix="Action:", history_turns=0)
         trajectories, _ = await pool.collect(tasks, n_samples=4, horizon=6, seed=11,
                                              lockstep=lockstep, progress=finished.append)
     return trajectories, finished

@@ -18,7 +18,7 @@ import pytest
 
 from agentrl_jax.agent.actor_pool import ActorPool, TaskRef
 from agentrl_jax.agent.chat import ChatFormatter
-from agentrl_jax.agent.parsing import ParsedAction
+from agentrl_jax.agent.parsing import ParsedAction, parse_react
 from agentrl_jax.agent.trajectory import Trajectory
 from agentrl_jax.models.pretrained import resolve_model_path
 from agentrl_jax.models.tokenizer import load_tokenizer
@@ -86,8 +86,8 @@ def _collect(tokenizer, backend, history_turns: int, horizon: int, tasks=("t",),
     pool = ActorPool(backend, {"fake": CountingEnv()},
                      formatter or ChatFormatter(tokenizer),
                      SamplingParams(max_new_tokens=8, seed=5), max_context=max_context,
-                     max_concurrency=8, prompt_style="action", response_prefix="Action:",
-                     history_turns=history_turns)
+                     max_concurrency=8, parser=parse_react, prompt_style="action",
+                     response_prefix="Action:", history_turns=history_turns)
     trajectories, _ = asyncio.run(pool.collect([TaskRef("fake", t) for t in tasks], samples,
                                                horizon))
     return trajectories
@@ -299,7 +299,8 @@ def test_worker_processes_relay_windowed_prompts_exactly(tokenizer):
             async with EnvClient(server.url) as client:
                 ids = (await client.tasks("train"))[:2]
                 tasks = [TaskRef("babyai", i) for i in ids]
-                kwargs = dict(max_context=4096, max_concurrency=8, prompt_style="action",
+                kwargs = dict(max_context=4096, max_concurrency=8, parser=parse_react,
+                              prompt_style="action",
                               response_prefix="Action:", history_turns=2)
                 here = ActorPool(RecordingBackend(tokenizer), {"babyai": client},
                                  ChatFormatter(tokenizer), SamplingParams(max_new_tokens=8),

@@ -88,7 +88,10 @@ def test_the_training_loop_waits_for_the_ahead_compile_before_its_first_update()
             return {"batch": batch}
 
     stage = LearnerUpdate(StubLearner(), None, lambda *args, **kwargs: None,
-                          settings=BatchSettings(), ahead=Ahead())
+                          settings=BatchSettings(max_staleness=0, skip_flat_groups=False,
+                                                 turn_level=False, pad_id=0,
+                                                 episode_estimator=None, advantage_settings={}),
+                          ahead=Ahead())
     assert asyncio.run(stage.update_learner("b1", False)) == {"batch": "b1"}
     asyncio.run(stage.update_learner("b2", False))
     assert order == ["wait", "update", "update"] and stage.ahead_compile is None

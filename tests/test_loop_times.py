@@ -14,6 +14,7 @@ import pytest
 
 from agentrl_jax.agent.actor_pool import ActorPool, TaskRef
 from agentrl_jax.agent.chat import ChatFormatter
+from agentrl_jax.agent.parsing import parse_react
 from agentrl_jax.models.pretrained import resolve_model_path
 from agentrl_jax.models.tokenizer import load_tokenizer
 from agentrl_jax.rollout.contract import GenerateResult, SamplingParams
@@ -71,7 +72,8 @@ async def test_loop_times_match_the_delays_and_add_up(tokenizer):
     env = SleepyEnv()
     pool = ActorPool(SleepyBackend(tokenizer), {"babyai": env}, ChatFormatter(tokenizer),
                      SamplingParams(max_new_tokens=16), max_context=4096, max_concurrency=2,
-                     prompt_style="action", response_prefix="Action:")
+                     parser=parse_react, prompt_style="action", response_prefix="Action:",
+                     history_turns=0)
     trajectories, stats = await pool.collect([TaskRef("babyai", "t0"), TaskRef("babyai", "t1")],
                                              n_samples=2, horizon=HORIZON)
     times = pool.loop_times

@@ -32,6 +32,15 @@ class FakeClock:
         return self.now
 
 
+def _batch_settings(**given) -> BatchSettings:
+    """Every batch setting explicit (``BatchSettings`` has no defaults): a run with no staleness
+    allowance, flat groups kept, an episode-level estimator, pad id 0 and no history window,
+    with ``given`` replacing any of them."""
+    return BatchSettings(**{**dict(max_staleness=0, skip_flat_groups=False, turn_level=False,
+                                   pad_id=0, episode_estimator=None, advantage_settings={}),
+                            **given})
+
+
 def _train(**keys):
     c = base_config()
     for key, value in keys.items():
@@ -202,7 +211,7 @@ def test_the_batch_stage_drops_and_counts_as_a_hand_count_says():
     rollout = RolloutResult(step=4, horizon=7, trajectories=episodes,
                             stats=summarize(episodes, 2.0))
     schedule = HorizonSchedule(phases=(5, 7), steps_per_phase=3)
-    settings = BatchSettings(max_staleness=1, skip_flat_groups=True)
+    settings = _batch_settings(max_staleness=1, skip_flat_groups=True)
     batch = select_batch(rollout, settings, schedule)
     assert [(t.group_id, t.reward) for t in batch.episodes] == [(0, 1.0), (0, 0.0)]
     assert (batch.usable, batch.trainable, batch.stale, batch.flat_groups, batch.mixed) == (
@@ -214,12 +223,12 @@ def test_the_batch_stage_drops_and_counts_as_a_hand_count_says():
     assert batch.metrics["rollout/stale_dropped"] == 1.0
     assert batch.metrics["rollout/status/engine_error"] == 1.0
     # flat groups kept when not skipped: the usable episodes are the batch
-    kept = select_batch(rollout, BatchSettings(max_staleness=1), schedule)
+    kept = select_batch(rollout, _batch_settings(max_staleness=1), schedule)
     assert (kept.usable, kept.trainable, kept.flat_groups) == (5, 5, 0)
     # a turn-level estimator keeps a group of equal episode rewards with a turn reward
     turn = [_episode(0, 1.0, turn_rewards=[0.0]), _episode(0, 1.0, turn_rewards=[1.0])]
     level = select_batch(RolloutResult(0, 5, turn, summarize(turn, 1.0)),
-                         BatchSettings(skip_flat_groups=True, turn_level=True), schedule)
+                         _batch_settings(skip_flat_groups=True, turn_level=True), schedule)
     assert level.trainable == 2 and level.flat_groups == 0
 
 
@@ -229,9 +238,9 @@ def test_an_update_without_episodes_moves_the_version_and_the_learner_step_on():
 
     episodes = [_episode(0, 0.0, status="engine_error")]
     batch = select_batch(RolloutResult(4, 5, episodes, summarize(episodes, 1.0)),
-                         BatchSettings(), HorizonSchedule.fixed(5))
+                         _batch_settings(), HorizonSchedule.fixed(5))
     learner = Learner()
-    stage = LearnerUpdate(learner, None, lambda *a, **k: None, settings=BatchSettings())
+    stage = LearnerUpdate(learner, None, lambda *a, **k: None, settings=_batch_settings())
     stop = _policy(FakeClock(), [], total_steps=9)
     result = asyncio.run(stage.run(batch, stop, Checkpoints(print), "/w"))
     assert (result.step, result.updated, result.weights_version, result.metrics) == (
@@ -243,7 +252,7 @@ def test_an_update_without_episodes_moves_the_version_and_the_learner_step_on():
 def test_the_bookkeeping_record_and_line():
     episodes = [_episode(0, 1.0), _episode(0, 0.0), _episode(1, 0.0, status="env_error")]
     stats = summarize(episodes, 3.0)
-    batch = select_batch(RolloutResult(2, 6, episodes, stats), BatchSettings(),
+    batch = select_batch(RolloutResult(2, 6, episodes, stats), _batch_settings(),
                          HorizonSchedule.fixed(6))
     record = record_step(batch, {"rollout/kv_released_gib": 1.5, "actor/pg_loss": -0.25,
                                  "perf/weight_sync_s": 0.5}, seconds=12.34)

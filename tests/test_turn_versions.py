@@ -15,6 +15,7 @@ import pytest
 
 from agentrl_jax.agent.actor_pool import ActorPool, TaskRef
 from agentrl_jax.agent.chat import ChatFormatter
+from agentrl_jax.agent.parsing import parse_react
 from agentrl_jax.agent.trajectory import Trajectory
 from agentrl_jax.models.pretrained import resolve_model_path
 from agentrl_jax.models.tokenizer import load_tokenizer
@@ -69,7 +70,8 @@ def tokenizer():
 def _collect(tokenizer, backend, n_episodes: int, horizon: int, start_version: int):
     pool = ActorPool(backend, {"fake": EndlessEnv()}, ChatFormatter(tokenizer),
                      SamplingParams(max_new_tokens=8), max_context=2048, max_concurrency=1,
-                     prompt_style="action", response_prefix="Action:")
+                     parser=parse_react, prompt_style="action", response_prefix="Action:",
+                     history_turns=0)
     tasks = [TaskRef("fake", str(i)) for i in range(n_episodes)]
     trajectories, _ = asyncio.run(pool.collect(tasks, 1, horizon, policy_version=start_version,
                                                version_fn=lambda: backend.version))

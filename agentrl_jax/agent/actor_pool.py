@@ -25,7 +25,7 @@ from typing import Any, Callable, Mapping, Sequence
 from agentrl_jax.agent.chat import ChatFormatter
 from agentrl_jax.agent.episode import Episode, TaskRef, start_episode
 from agentrl_jax.agent.loop_times import LoopTimes
-from agentrl_jax.agent.parsing import ParsedAction, parse_react
+from agentrl_jax.agent.parsing import ParsedAction
 from agentrl_jax.agent.trajectory import Trajectory
 from agentrl_jax.rollout.contract import SamplingParams
 
@@ -64,12 +64,18 @@ class ActorPool:
     """Runs episodes against env servers (``env_clients[name]``) and a rollout backend."""
 
     def __init__(self, backend: Any, env_clients: Mapping[str, Any], formatter: ChatFormatter,
-                 sampling: SamplingParams, max_context: int, max_concurrency: int = 64,
-                 parser: Callable[[str], ParsedAction] = parse_react,
+                 sampling: SamplingParams, *, max_context: int, max_concurrency: int,
+                 parser: Callable[..., ParsedAction], prompt_style: str, response_prefix: str,
+                 history_turns: int,
                  env_errors: tuple[type[BaseException], ...] | None = None,
                  progress: Callable[[Trajectory], None] | None = None,
-                 prompt_style: str = "react", response_prefix: str = "", workers: int = 0,
-                 direct_workers: bool = True, history_turns: int = 0):
+                 workers: int = 0, direct_workers: bool = True):
+        """The run's settings have one source, the typed config (``rollout.max_context``,
+        ``rollout.max_concurrency``, ``rollout.parser``, ``agent.prompt_style``,
+        ``agent.response_prefix``, ``agent.history_turns``): they have no defaults here, and
+        ``training.runtime.services.make_actor_pool`` passes the config's. ``workers`` /
+        ``direct_workers`` (``rollout.actor_workers`` / ``rollout.actor_workers_direct``)
+        default to in-process episodes."""
         if env_errors is None:
             from environments.core.client import EnvConnectionError, EnvServerError
             env_errors = (EnvConnectionError, EnvServerError, OSError, asyncio.TimeoutError)

@@ -50,10 +50,11 @@ class Episode:
                  parser: Callable[[str], ParsedAction], env_name: str, task_id: str,
                  group_id: int, sample_index: int, horizon: int, sampling: SamplingParams,
                  max_context: int, policy_version: int, seed: int | None = None,
+                 prompt_style: str, response_prefix: str, history_turns: int,
                  env_errors: tuple[type[BaseException], ...] = (Exception,),
-                 prompt_style: str = "react", response_prefix: str = "",
-                 version_fn: Callable[[], int] | None = None, history_turns: int = 0):
-        """``history_turns``: 0 keeps the whole history; ``N > 0``: the history window of the
+                 version_fn: Callable[[], int] | None = None):
+        """``prompt_style``, ``response_prefix``, ``history_turns``: ``agent.*`` of the run
+        config (no defaults here: one source per setting). ``history_turns``: 0 keeps the whole history; ``N > 0``: the history window of the
         module docstring. ``version_fn``: the weights version the backend serves now, read when a turn starts
         (default: ``policy_version`` throughout). Weights only get newer, so that is the oldest
         version any token of the turn can come from, also when they change mid-turn; it is
@@ -323,9 +324,8 @@ def start_episode(task: TaskRef, group_id: int, sample_index: int, horizon: int,
                   backend: Any, formatter: ChatFormatter, parser: Callable[[str], ParsedAction],
                   sampling: SamplingParams, max_context: int,
                   env_errors: tuple[type[BaseException], ...], prompt_style: str,
-                  response_prefix: str,
-                  version_fn: Callable[[], int] | None = None,
-                  history_turns: int = 0) -> Episode:
+                  response_prefix: str, history_turns: int,
+                  version_fn: Callable[[], int] | None = None) -> Episode:
     """The :class:`Episode` of sample ``sample_index`` of group ``group_id`` (the actor pool's
     and an actor worker's). With a seed (``seed``, else ``sampling.seed``) the episode's base
     seed is ``derive_seed(seed, group_id, sample_index)``; the episode derives every turn's

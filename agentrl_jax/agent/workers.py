@@ -90,7 +90,7 @@ class WorkerSetup:
     parser: Callable
     prompt_style: str
     response_prefix: str
-    history_turns: int = 0  # agent.history_turns (episode.py, "History window")
+    history_turns: int  # agent.history_turns (episode.py, "History window")
     direct: dict[str, Any] | None = None  # SGLangBackend kwargs: post to the servers directly
 
 

@@ -22,6 +22,7 @@ import numpy as np
 
 from agentrl_jax.agent.actor_pool import ActorPool, TaskRef
 from agentrl_jax.agent.chat import ChatFormatter
+from agentrl_jax.agent.parsing import parse_react
 from agentrl_jax.models.pretrained import resolve_model_path
 from agentrl_jax.models.tokenizer import load_tokenizer
 from agentrl_jax.rollout.contract import GenerateResult, RolloutBackend, SamplingParams
@@ -105,7 +106,9 @@ async def run(args) -> dict:
                 env = SlowEnv(client, args)
                 pool = ActorPool(TimedBackend(tokenizer, args), {"babyai": env},
                                  ChatFormatter(tokenizer), SamplingParams(max_new_tokens=32),
-                                 max_context=8192, max_concurrency=args.concurrency)
+                                 max_context=8192, max_concurrency=args.concurrency,
+                                 parser=parse_react, prompt_style="react",
+                                 response_prefix="", history_turns=0)
                 trajectories, stats = await pool.collect(tasks, 1, args.turns,
                                                          lockstep=mode == "lockstep")
                 results[mode] = {"wall_s": stats.wall_s, "episodes": stats.episodes,

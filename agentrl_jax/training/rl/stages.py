@@ -70,16 +70,19 @@ class TrainBatch:
 
 @dataclasses.dataclass(frozen=True)
 class BatchSettings:
-    """The run's settings of the batch stage (from ``RunConfig``, once)."""
+    """The run's settings of the batch stage, built from ``RunConfig`` once
+    (:meth:`from_config`); no defaults of its own, so a setting has one source, its typed
+    config section (``train.max_staleness``, ``train.skip_flat_groups``, ``model.pad_id``,
+    ``learner.*``)."""
 
-    max_staleness: int = 0
-    skip_flat_groups: bool = False
-    turn_level: bool = False  # GiGPO-like estimators: flat means every turn reward is 0
-    pad_id: int = 0
+    max_staleness: int
+    skip_flat_groups: bool
+    turn_level: bool  # GiGPO-like estimators: flat means every turn reward is 0
+    pad_id: int
     # a history window (agent.history_turns) splits an episode into rows: its advantage is
-    # computed per episode when the rows are assembled (training/rl/batching.py)
-    episode_estimator: str | None = None
-    advantage_settings: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    # computed per episode when the rows are assembled (training/rl/batching.py); None: off
+    episode_estimator: str | None
+    advantage_settings: Mapping[str, Any]
 
     @classmethod
     def from_config(cls, cfg: RunConfig) -> "BatchSettings":
