@@ -105,6 +105,99 @@ def test_recorded_episodes_have_the_rl_layout(recorded):
         assert spans == "".join(actions) and all(a.endswith("\n") for a in actions)
 
 
+@pytest.fixture(scope="module")
+def recorded_windowed(tmp_path_factory):
+    """Two TextCraft expert episodes recorded with a history window of one turn
+    (``agent.history_turns = 1``), as an SFT run of a windowed config records them."""
+    from agentrl_jax.training.jobs.record_experts import record_experts_sync
+
+    out = str(tmp_path_factory.mktemp("experts_windowed"))
+    c = _config(out, 2)
+    c.agent.history_turns = 1
+    config = to_run_config(c)
+    meta = record_experts_sync(config, "textcraft", 2, out, horizon=12, offset=4,
+                               say=lambda *a, **k: None)
+    with open(os.path.join(out, "textcraft.jsonl")) as f:
+        trajectories = [json.loads(line) for line in f]
+    return out, config, meta, trajectories
+
+
+def test_recording_follows_the_configs_history_window(recorded_windowed):
+    """Each prompt of a recorded episode is the one an RL run of the same config builds: from
+    turn 2 on the system prompt, the task marked with the omitted turns and only the last
+    (reply, observation) pair, rendered by the chat template (a hand-built message list),
+    then "Action:"; each such prompt starts a chunk, whose only trained ids are its reply."""
+    from agentrl_jax.models.pretrained import resolve_model_path
+    from agentrl_jax.models.tokenizer import load_tokenizer
+
+    _, _, meta, trajectories = recorded_windowed
+    assert (meta["history_turns"], meta["parser"]) == (1, "react")
+    tok = load_tokenizer(resolve_model_path("smollm2"))
+
+    def rendered(messages):
+        text = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        return (tok.encode(text, add_special_tokens=False)
+                + tok.encode("Action:", add_special_tokens=False))
+
+    checked = 0
+    for t in trajectories:
+        assert t["status"] not in ("env_error", "engine_error"), t["error"]
+        m = t["messages"]  # system, task, then (reply, observation) pairs: the whole record
+        turns = sum(1 for x in m if x["role"] == "assistant")
+        starts = t["chunk_starts"] + [len(t["token_ids"])]
+        assert len(t["chunk_starts"]) == max(turns - 1, 1)
+        for turn in range(2, turns):
+            a, b = starts[turn - 1], starts[turn]
+            omitted = "turn" if turn == 2 else "turns"
+            expected = rendered([
+                m[0], {"role": "user",
+                       "content": f"{m[1]['content']}\n\n({turn - 1} earlier {omitted} omitted)"},
+                m[2 * turn], m[2 * turn + 1]])
+            assert t["token_ids"][a:a + len(expected)] == expected, turn
+            assert t["loss_mask"][a:b] == [0] * len(expected) + [1] * (b - a - len(expected))
+            reply = m[2 * turn + 2]["content"][len("Action:"):]
+            assert tok.decode(t["token_ids"][a + len(expected):b]) == reply
+            checked += 1
+    assert checked > 0  # some episode has a windowed turn
+
+
+def test_sft_trains_a_windowed_recording_chunk_by_chunk(recorded_windowed):
+    """The SFT loader makes one row of each chunk (what the generated ids were sampled in)
+    and refuses the recording for a config without the window."""
+    from agentrl_jax.models.pretrained import resolve_model_path
+    from agentrl_jax.models.tokenizer import load_tokenizer
+    from agentrl_jax.training.jobs.record_experts import answer_format, tokenizer_fingerprint
+    from agentrl_jax.training.jobs.sft import load_expert_data
+
+    out, config, _, trajectories = recorded_windowed
+    files = [os.path.join(out, "textcraft.jsonl")]
+    fingerprint = tokenizer_fingerprint(load_tokenizer(resolve_model_path("smollm2")))
+    items, counts = load_expert_data(files, fingerprint, answer_format(config),
+                                     only_success=False)
+    rows = []
+    for t in trajectories:
+        starts = t["chunk_starts"] + [len(t["token_ids"])]
+        rows += [t["token_ids"][a:b] for a, b in zip(starts, starts[1:])]
+    assert counts["kept"] == len(trajectories) and len(rows) > len(trajectories)
+    assert [list(it["token_ids"]) for it in items] == rows
+    unwindowed = config.replace(agent=config.agent.replace(history_turns=0))
+    with pytest.raises(ValueError, match="history_turns 1 != 0"):
+        load_expert_data(files, fingerprint, answer_format(unwindowed))
+
+
+def test_a_parser_that_cannot_read_expert_replies_is_refused():
+    """The experts answer with the action's text: ``react`` reads it back, ``choice`` (an
+    option letter) and ``raw`` after an "Action:" prefix do not."""
+    from agentrl_jax.training.jobs.record_experts import check_expert_parser
+
+    check_expert_parser("react", "Action:", "\n")
+    check_expert_parser("react", "", None)
+    check_expert_parser("raw", " ", None)
+    for name, prefix in (("choice", "Action:"), ("raw", "Action:"), ("raw", "")):
+        with pytest.raises(ValueError, match=f"rollout.parser='{name}'"):
+            check_expert_parser(name, prefix, "\n")
+
+
 def _hf_assistant_nll(model, trajectories, tmp_path) -> list[float]:
     """Per assistant token NLL under HF transformers' Llama with ``model``'s weights, the mask
     derived from the rendered text (``_assistant_mask_from_text``)."""

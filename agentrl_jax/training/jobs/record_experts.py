@@ -4,7 +4,9 @@
 server of ``env`` exactly as a run does, and collects episodes with the RL actor pool, whose
 rollout backend is an :class:`~agentrl_jax.agent.experts.ExpertBackend`: same HTTP protocol,
 same prompts, same chat template, same answer format (``agent.prompt_style``,
-``agent.response_prefix``, ``rollout.stop``) and the same context limit as RL. Output::
+``agent.response_prefix``, ``rollout.stop``, ``rollout.parser``), the same history window
+(``agent.history_turns``) and the same context limit as RL. A parser that cannot read an
+expert's reply as its action (``choice``: option letters) is refused. Output::
 
     <out_dir>/<env>.jsonl   one trajectory per line (``Trajectory.to_json``: token ids, loss
                             mask, messages, rewards, status, turn states)
@@ -40,6 +42,7 @@ from typing import Any, Callable
 from agentrl_jax.agent.actor_pool import ActorPool, TaskRef
 from agentrl_jax.agent.chat import ChatFormatter
 from agentrl_jax.agent.experts import EXPERT_POLICIES, ExpertBackend
+from agentrl_jax.agent.parsing import get_parser
 from agentrl_jax.agent.trajectory import Trajectory
 from agentrl_jax.training.config.sections import RunConfig
 from agentrl_jax.training.outputs.progress import say_line
@@ -69,13 +72,34 @@ def tokenizer_fingerprint(tokenizer: Any) -> str:
 
 
 def answer_format(config: RunConfig) -> dict[str, Any]:
-    """The parts of a config that decide a trajectory's token layout besides the tokenizer."""
+    """The parts of a config that decide a trajectory's token layout besides the tokenizer:
+    the answer format, the parser (``choice`` lists options after each observation) and the
+    history window (``agent.history_turns``: windowed prompts, several chunks an episode)."""
     from agentrl_jax.training.runtime.services import stop_strings
 
     return {"prompt_style": config.agent.prompt_style,
             "response_prefix": config.agent.response_prefix,
             "stop": stop_strings(config.rollout.stop),
-            "max_context": config.rollout.max_context}
+            "max_context": config.rollout.max_context,
+            "parser": config.rollout.parser,
+            "history_turns": config.agent.history_turns}
+
+
+def check_expert_parser(parser_name: str, response_prefix: str, stop: str | None) -> None:
+    """Raise ``ValueError`` unless the config's parser reads an expert's reply
+    (:func:`~agentrl_jax.agent.experts.reply_text`) back as the expert's action: the experts
+    answer with the action's text, so a multiple-choice parser (``rollout.parser='choice'``,
+    which reads an option letter) cannot record them."""
+    from agentrl_jax.agent.experts import reply_text
+    from agentrl_jax.agent.parsing import get_parser, takes_options
+
+    parser = get_parser(parser_name)
+    probe = "go to the red ball"
+    if takes_options(parser) or parser(response_prefix + reply_text(
+            probe, response_prefix, stop)).action != probe:
+        raise ValueError(f"rollout.parser={parser_name!r} does not read an expert's reply "
+                         f"(the action's text after agent.response_prefix={response_prefix!r}) "
+                         "as its action: record with a parser that does (e.g. 'react')")
 
 
 class ExpertPool(ActorPool):
@@ -126,6 +150,7 @@ async def record_experts(config: RunConfig, env: str, episodes: int, out_dir: st
     stops = fmt["stop"] or []
     if len(stops) > 1:
         raise ValueError(f"expert replies end with one stop string; rollout.stop is {stops}")
+    check_expert_parser(fmt["parser"], fmt["response_prefix"], stops[0] if stops else None)
     os.makedirs(out_dir, exist_ok=True)
     path = os.path.join(out_dir, f"{env}.jsonl")
     t0 = time.monotonic()
@@ -150,8 +175,12 @@ async def record_experts(config: RunConfig, env: str, episodes: int, out_dir: st
             pool = ExpertPool(backend, clients, formatter, services.make_sampling(sub),
                               max_context=fmt["max_context"],
                               max_concurrency=int(sub.rollout.max_concurrency),
+                              # the run's parser and history window: the recorded prompts are
+                              # those the SFT and RL runs of this config see
+                              parser=get_parser(fmt["parser"]),
                               prompt_style=fmt["prompt_style"],
-                              response_prefix=fmt["response_prefix"])
+                              response_prefix=fmt["response_prefix"],
+                              history_turns=fmt["history_turns"])
             async with EpisodeProgress(len(tasks), f"recording {env} experts",
                                        progress_mode(force_bar=config.progress),
                                        config.progress_seconds, say) as bar:

@@ -90,6 +90,11 @@ def sft_problems(config: RunConfig, workdir: str) -> list[str]:
     return problems
 
 
+#: what a recording whose meta record predates these keys was made with (the recorder then
+#: always parsed with ``react`` and kept the whole history)
+_RECORDED_BEFORE = {"parser": "react", "history_turns": 0}
+
+
 def check_meta(path: str, fingerprint: str, fmt: dict[str, Any]) -> None:
     """Raise unless ``path`` was recorded with this tokenizer and answer format."""
     meta_path = path[:-len(".jsonl")] + META_SUFFIX if path.endswith(".jsonl") else None
@@ -105,6 +110,9 @@ def check_meta(path: str, fingerprint: str, fmt: dict[str, Any]) -> None:
     for key in ("prompt_style", "response_prefix", "stop"):
         if meta.get(key) != fmt[key]:
             problems.append(f"{key} {meta.get(key)!r} != {fmt[key]!r}")
+    for key, recorded_before in _RECORDED_BEFORE.items():
+        if meta.get(key, recorded_before) != fmt[key]:
+            problems.append(f"{key} {meta.get(key, recorded_before)!r} != {fmt[key]!r}")
     if problems:
         raise ValueError(f"{path} was recorded with another token layout than this config's "
                          f"({'; '.join(problems)}); record it again with this config")
@@ -113,8 +121,9 @@ def check_meta(path: str, fingerprint: str, fmt: dict[str, Any]) -> None:
 def load_expert_data(files: Sequence[str], fingerprint: str, fmt: dict[str, Any],
                      only_success: bool = True, max_length: int | None = None
                      ) -> tuple[list[dict[str, Any]], dict[str, int]]:
-    """Trainable episodes ``{"token_ids", "loss_mask", "env", "task_id"}`` and counts
-    (read, kept, failed, error, too_long, empty)."""
+    """Trainable rows ``{"token_ids", "loss_mask", "env", "task_id"}`` (one per episode; one
+    per chunk of a windowed episode) and counts of episodes (read, kept, failed, error,
+    too_long, empty)."""
     items: list[dict[str, Any]] = []
     counts = dict(read=0, kept=0, failed=0, error=0, too_long=0, empty=0)
     for path in files:
@@ -134,13 +143,18 @@ def load_expert_data(files: Sequence[str], fingerprint: str, fmt: dict[str, Any]
                 if not any(t["loss_mask"]):
                     counts["empty"] += 1
                     continue
-                if max_length is not None and len(t["token_ids"]) > max_length:
+                # a windowed episode (agent.history_turns) is several chunks, each the context
+                # its turns were generated in: one row each, as in RL (Trajectory.chunk_starts)
+                starts = list(t.get("chunk_starts") or [0])
+                bounds = list(zip(starts, starts[1:] + [len(t["token_ids"])]))
+                if max_length is not None and any(b - a > max_length for a, b in bounds):
                     counts["too_long"] += 1
                     continue
-                items.append({"token_ids": np.asarray(t["token_ids"], np.int32),
-                              "loss_mask": np.asarray(t["loss_mask"], np.float32),
-                              "env": t["env"], "task_id": t["task_id"]})
-    counts["kept"] = len(items)
+                counts["kept"] += 1
+                items += [{"token_ids": np.asarray(t["token_ids"][a:b], np.int32),
+                           "loss_mask": np.asarray(t["loss_mask"][a:b], np.float32),
+                           "env": t["env"], "task_id": t["task_id"]}
+                          for a, b in bounds if any(t["loss_mask"][a:b])]
     return items, counts
 
 
