@@ -297,3 +297,26 @@ def test_the_scan_finds_an_untyped_config_and_a_conversion(tmp_path):
     path.write_text(source)
     assert sorted(h.split(": ", 1)[1] for h in _untyped_configs(str(path))) == [
         "f(config: Any)", "g(cfg: None)", "to_run_config(config)"]
+
+
+def test_the_agent_and_the_batch_stage_take_the_configs_settings_without_second_defaults():
+    """The actor pool, an episode, an actor worker's setup and the batch stage's settings have
+    no default of their own for a setting of a typed section (one source per setting: the
+    config); ``make_actor_pool`` / ``BatchSettings.from_config`` pass the config's."""
+    import inspect
+
+    from agentrl_jax.agent.actor_pool import ActorPool
+    from agentrl_jax.agent.episode import Episode, start_episode
+    from agentrl_jax.agent.workers import WorkerSetup
+    from agentrl_jax.training.rl.stages import BatchSettings
+
+    agent = {"parser", "prompt_style", "response_prefix", "history_turns", "max_context"}
+    for fn, names in ((ActorPool.__init__, agent | {"max_concurrency"}), (Episode.__init__, agent),
+                      (start_episode, agent), (WorkerSetup, agent | {"max_concurrency"})):
+        params = inspect.signature(fn).parameters
+        defaulted = {n for n in names if params[n].default is not inspect.Parameter.empty}
+        assert not defaulted, (fn.__qualname__, defaulted)
+    defaulted = [f.name for f in dataclasses.fields(BatchSettings)
+                 if f.default is not dataclasses.MISSING
+                 or f.default_factory is not dataclasses.MISSING]
+    assert defaulted == []
