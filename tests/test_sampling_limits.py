@@ -233,7 +233,7 @@ STAGES = {  # the per-request host step -> how to find the request's rid from it
     "admit_one": lambda req: req.rid,
     "prefill_row": lambda seq, *_: seq.req.rid,
     "activate": lambda seq: seq.req.rid,
-    "after_decode": lambda seq: seq.req.rid,
+    "after_decode": lambda seq, *_: seq.req.rid,  # (seq, the stop-string candidates)
     "result": lambda seq, *_: seq.req.rid,  # detokenisation of the finished output
 }
 
