@@ -1,28 +1,45 @@
-"""How often does the base model produce a parsable action, per prompt style?
+"""How often does the base model produce a valid action, per answer format?
 
     python benchmarks/analysis/action_format.py --env babyai --episodes 16
     python benchmarks/analysis/action_format.py --env textcraft --episodes 16 --turns 3 --styles action
+    python benchmarks/analysis/action_format.py --experiment experiments/babyai.py:grpo_gpu \\
+        --episodes 16 --turns 5 --styles recipe,choice,choice_letters,choice_space_letters
 
-Runs ``--episodes`` base-model episodes per prompt style through the real stack: the environment
-server (started here on loopback), the embedded JAX engine and the actor pool, at the experiment's
-sampling settings (temperature 1). Every assistant turn is parsed with the configured parser and
-counted as
+Runs ``--episodes`` base-model episodes per answer format through the real stack: the
+environment server (started here on loopback), the embedded JAX engine and the actor pool, at the
+sampling settings of ``--experiment`` (a family's experiment file and variant; without it
+``base_config()`` for ``--env``; temperature 1). Every assistant turn is parsed with the style's
+parser (a ``choice`` reply against the options listed in the observation before it) and counted as
 
-* parsable: the parser found an action (otherwise the env is not stepped: an invalid turn);
-* accepted: parsable and the environment did not flag it as an invalid action;
+* parsable: the parser found an action (otherwise the env is not stepped: an invalid turn, a
+  parser failure);
+* accepted (the valid-action share): parsable and the environment did not flag it as invalid;
 * capped: the turn used all ``max_new_tokens`` (the model did not end its turn).
 
-Styles (``--styles``, comma-separated):
+Per episode: its score (``eval_metrics.episode_score``: the reward clipped to [0, 1]), whether
+it scores above 0 (the paper's pass) and completed (the environment's flag), its turns, its
+context length in tokens and whether it ended at ``rollout.max_context``.
+
+Styles (``--styles``, comma-separated; :data:`STYLES`):
 
 * ``react``: ``agent.prompt_style="react"`` (Thought + Action lines), no response prefix,
   ``rollout.max_new_tokens=128``: the format for larger models;
 * ``action``: ``agent.prompt_style="action"``, every turn opened with ``"Action:"``,
   ``rollout.max_new_tokens=24`` (``experiments/babyai.py:grpo_scaling_gpu10min``);
 * ``action_line``: ``action`` whose turns also end at their first line break
-  (``rollout.stop=("\n",)``): the default of ``training/config/experiment.py::base_config``.
+  (``rollout.stop=("\\n",)``): the default of ``training/config/experiment.py::base_config``;
+* ``recipe``: the experiment's own answer format, unchanged (``--experiment``'s ``grpo_gpu``: its
+  family's GPU recipe);
+* ``choice``: the environment's valid actions listed as lettered options after each observation
+  (``agent.list_valid_actions`` 26 where the observation does not list them), a reply of at most
+  2 tokens whose first letter names one (``rollout.parser="choice"``);
+* ``choice_letters``: ``choice`` with the policy restricted to the 26 letters ``"a".."z"`` and
+  EOS (``model.output_tokens``), one token per reply;
+* ``choice_space_letters``: the same restricted to the space-prefixed tokens ``" a".." z"`` (the
+  natural next token after ``"Action:"``).
 
-CPU-friendly defaults: 16 episodes of 3 turns, ``max_context`` 2048. Prints one line per style
-and, with ``--json``, writes the numbers.
+CPU-friendly defaults: 16 episodes of 3 turns, ``max_context`` 2048 (``--experiment``: its own).
+Prints one line per style and, with ``--json``, writes the numbers.
 """
 
 from __future__ import annotations
@@ -35,27 +52,52 @@ import json
 import os
 import sys
 import time
-from typing import Any
+from typing import Any, Sequence
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
-from agentrl_jax.agent.parsing import get_parser  # noqa: E402
+from agentrl_jax.agent.parsing import CHOICE_LABELS, get_parser, takes_options  # noqa: E402
 from agentrl_jax.agent.trajectory import Trajectory  # noqa: E402
-from agentrl_jax.training.runtime import services  # noqa: E402
 from agentrl_jax.training.config.experiment import base_config, to_run_config  # noqa: E402
 from agentrl_jax.training.config.sections import RunConfig  # noqa: E402
+from agentrl_jax.training.evaluation.eval_metrics import episode_score, passes  # noqa: E402
+from agentrl_jax.training.runtime import services  # noqa: E402
 
-#: (prompt_style, response_prefix, max_new_tokens, stop strings) per style name
-STYLES: dict[str, tuple[str, str, int, tuple[str, ...]]] = {
-    "react": ("react", "", 128, ()),
-    "action": ("action", "Action:", 24, ()),
-    "action_line": ("action", "Action:", 24, ("\n",)),
+
+@dataclasses.dataclass(frozen=True)
+class AnswerStyle:
+    """One answer format. ``prompt_style`` None keeps the experiment's answer format whole;
+    ``stop`` None keeps the experiment's stop strings; ``list_actions``: ask the server to list
+    the valid actions (``agent.list_valid_actions``, as many as there are option letters)."""
+
+    prompt_style: str | None
+    response_prefix: str = "Action:"
+    max_new_tokens: int = 24
+    stop: tuple[str, ...] | None = ()
+    parser: str = "react"
+    output_tokens: str | tuple[str, ...] = ""
+    list_actions: bool = False
+
+
+#: the option letters as space-prefixed tokens: " a", " b", ... (SmolLM2: one token each)
+SPACE_LETTERS: tuple[str, ...] = tuple(" " + label for label in CHOICE_LABELS)
+
+STYLES: dict[str, AnswerStyle] = {
+    "react": AnswerStyle("react", "", 128, ()),
+    "action": AnswerStyle("action", "Action:", 24, ()),
+    "action_line": AnswerStyle("action", "Action:", 24, ("\n",)),
+    "recipe": AnswerStyle(None),
+    "choice": AnswerStyle("choice", "Action:", 2, None, "choice", list_actions=True),
+    "choice_letters": AnswerStyle("choice", "Action:", 1, None, "choice",
+                                  output_tokens=CHOICE_LABELS, list_actions=True),
+    "choice_space_letters": AnswerStyle("choice", "Action:", 1, None, "choice",
+                                        output_tokens=SPACE_LETTERS, list_actions=True),
 }
 
 
 @dataclasses.dataclass
 class FormatStats:
-    """Per-turn counts of one prompt style."""
+    """Per-turn and per-episode counts of one answer format."""
 
     style: str
     episodes: int = 0
@@ -64,18 +106,34 @@ class FormatStats:
     accepted: int = 0
     capped: int = 0
     generated_tokens: int = 0
-    successes: int = 0
+    successes: int = 0  # episodes completed (the env's flag) or scoring above 0 (older meaning)
+    score_sum: float = 0.0  # sum of episode scores in [0, 1]
+    scored: int = 0  # episodes with score > 0 (the paper's pass)
+    completed: int = 0  # episodes with the environment's completion flag
+    context_tokens: int = 0  # sum over episodes of the final context length
+    max_context_tokens: int = 0
+    context_limit: int = 0  # episodes ended by rollout.max_context
     seconds: float = 0.0
 
     def rate(self, count: int) -> float:
+        """``count`` per turn."""
         return count / self.turns if self.turns else 0.0
+
+    def per_episode(self, value: float) -> float:
+        """``value`` per episode."""
+        return value / self.episodes if self.episodes else 0.0
 
     def line(self) -> str:
         return (f"{self.style:>7}: parsable {self.rate(self.parsable):6.1%} "
                 f"({self.parsable}/{self.turns} turns), accepted by the env "
                 f"{self.rate(self.accepted):6.1%}, hit the token cap {self.rate(self.capped):6.1%},"
-                f" {self.generated_tokens / max(self.turns, 1):.1f} tokens/turn, "
-                f"{self.successes}/{self.episodes} episodes solved, {self.seconds:.0f} s")
+                f" {self.generated_tokens / max(self.turns, 1):.1f} tokens/turn; episodes: "
+                f"mean score {self.per_episode(self.score_sum):.3f}, score > 0 "
+                f"{self.scored}/{self.episodes}, completed {self.completed}, "
+                f"{self.per_episode(self.turns):.1f} turns, context "
+                f"{self.per_episode(self.context_tokens):.0f} tokens (max "
+                f"{self.max_context_tokens}), {self.context_limit} at the context limit; "
+                f"{self.seconds:.0f} s")
 
 
 def turn_token_counts(t: Trajectory) -> list[int]:
@@ -87,23 +145,70 @@ def turn_token_counts(t: Trajectory) -> list[int]:
     return counts
 
 
+OPTIONS_MARKER = "Options: "
+
+
+def listed_options(observation: str) -> list[str]:
+    """The options of the last ``parsing.options_block`` line of ``observation`` (``"Options:
+    a) turn left, b) go to red ball 1"`` -> ``["turn left", "go to red ball 1"]``); [] when it
+    lists none. An option is the text from its label to the next label in order."""
+    start = observation.rfind(OPTIONS_MARKER)
+    if start < 0:
+        return []
+    line = observation[start + len(OPTIONS_MARKER):].split("\n", 1)[0]
+    if not line.startswith(f"{CHOICE_LABELS[0]}) "):
+        return []
+    options: list[str] = []
+    position = 3
+    for label in CHOICE_LABELS[1:]:
+        nxt = line.find(f", {label}) ", position)
+        if nxt < 0:
+            break
+        options.append(line[position:nxt])
+        position = nxt + len(f", {label}) ")
+    options.append(line[position:])
+    return options
+
+
+def replies_with_options(t: Trajectory) -> list[tuple[str, list[str]]]:
+    """Each assistant reply of ``t`` with the options listed in the message before it."""
+    pairs, previous = [], ""
+    for message in t.messages:
+        if message["role"] == "assistant":
+            pairs.append((message["content"], listed_options(previous)))
+        previous = message["content"]
+    return pairs
+
+
 def count_turns(stats: FormatStats, trajectories: list[Trajectory], parser: Any,
-                max_new_tokens: int) -> None:
-    """Add the trajectories' turns to ``stats``; an invalid turn is either unparsable (the env
-    was not stepped) or flagged by the environment, so ``accepted = parsable - (invalid_actions
-    - unparsable)``."""
+                max_new_tokens: int, max_context: int | None = None) -> None:
+    """Add the trajectories' turns and episodes to ``stats``; an invalid turn is either
+    unparsable (the env was not stepped) or flagged by the environment, so ``accepted =
+    parsable - (invalid_actions - unparsable)``. A parser that ``takes_options`` reads each
+    reply against the options of the observation before it. ``max_context``: an episode whose
+    status is ``context_limit`` counts as ended there."""
+    with_options = takes_options(parser)
     for t in trajectories:
         if not t.ok:
             continue
-        replies = [m["content"] for m in t.messages if m["role"] == "assistant"]
-        parsable = sum(parser(text).action is not None for text in replies)
+        pairs = replies_with_options(t)
+        parsable = sum((parser(text, options) if with_options else parser(text)).action
+                       is not None for text, options in pairs)
         stats.episodes += 1
-        stats.turns += len(replies)
+        stats.turns += len(pairs)
         stats.parsable += parsable
-        stats.accepted += parsable - (t.invalid_actions - (len(replies) - parsable))
+        stats.accepted += parsable - (t.invalid_actions - (len(pairs) - parsable))
         stats.capped += sum(n >= max_new_tokens for n in turn_token_counts(t))
         stats.generated_tokens += t.num_generated
         stats.successes += int(t.success or t.reward > 0)
+        score = episode_score(t.reward)
+        stats.score_sum += score
+        stats.scored += int(passes(score))
+        stats.completed += int(bool(t.success))
+        length = len(t.context_ids())
+        stats.context_tokens += length
+        stats.max_context_tokens = max(stats.max_context_tokens, length)
+        stats.context_limit += int(t.status == "context_limit")
 
 
 def sample_replies(trajectories: list[Trajectory], n: int, width: int = 100) -> list[str]:
@@ -113,74 +218,126 @@ def sample_replies(trajectories: list[Trajectory], n: int, width: int = 100) -> 
     return [r[:width] for r in replies]
 
 
-def style_config(args: argparse.Namespace, style: str) -> RunConfig:
-    """The ``RunConfig`` that measures answer style ``style`` (:data:`STYLES`) with ``args``."""
-    prompt_style, prefix, max_new_tokens, stop = STYLES[style]
-    c = base_config()
-    c.env.names = args.env
+def base_of(args: argparse.Namespace) -> Any:
+    """The experiment's config (``--experiment``), else ``base_config()`` for ``--env``, sized
+    for this measurement: ``--episodes`` in flight (at most ``--concurrency``), one server of
+    each family (``--server_args`` replacing the experiment's)."""
+    if args.experiment:
+        from agentrl_jax.training.config.command_line import load_experiment
+
+        c = load_experiment(args.experiment)
+    else:
+        c = base_config()
+        c.env.names = args.env
+        c.rollout.max_context = args.max_context or 2048
+    if args.max_context:
+        c.rollout.max_context = args.max_context
     c.model.name = args.model
-    c.rollout.max_context = args.max_context
-    c.rollout.max_concurrency = args.episodes
-    c.rollout.max_new_tokens = args.max_new_tokens or max_new_tokens
+    c.env.replicas = 1
+    if args.server_args is not None:
+        c.env.server_args = {name: args.server_args for name in str(c.env.names).split(",")}
+    c.rollout.max_concurrency = min(args.episodes, args.concurrency or args.episodes)
+    c.rollout.max_batch = args.episodes
     c.rollout.temperature = args.temperature
-    c.agent.prompt_style = prompt_style
-    c.agent.response_prefix = prefix
-    c.rollout.stop = stop
+    return c
+
+
+def style_config(args: argparse.Namespace, style: str) -> RunConfig:
+    """The ``RunConfig`` that measures answer style ``style`` (:data:`STYLES`) with ``args``:
+    :func:`base_of` with the style's answer format (a fresh config each: a copied ConfigDict
+    would no longer take a tuple for ``model.output_tokens``)."""
+    s = STYLES[style]
+    c = base_of(args)
+    if s.prompt_style is None:  # recipe: the experiment's answer format
+        if args.max_new_tokens:
+            c.rollout.max_new_tokens = args.max_new_tokens
+        return to_run_config(c)
+    c.rollout.max_new_tokens = args.max_new_tokens or s.max_new_tokens
+    c.rollout.decode_steps = min(int(c.rollout.decode_steps), int(c.rollout.max_new_tokens))
+    c.agent.prompt_style = s.prompt_style
+    c.agent.response_prefix = s.response_prefix
+    c.rollout.parser = s.parser
+    if s.stop is not None:
+        c.rollout.stop = s.stop
+    c.model.output_tokens = s.output_tokens
+    c.agent.list_valid_actions = len(CHOICE_LABELS) if s.list_actions else 0
     return to_run_config(c)
 
 
 async def measure(args: argparse.Namespace) -> list[FormatStats]:
-    from agentrl_jax.training.runtime.policy import load_policy
+    from agentrl_jax.training.runtime.policy import load_policy, restrict_policy
 
     styles = [s.strip() for s in args.styles.split(",") if s.strip()]
+    unknown = [s for s in styles if s not in STYLES]
+    if unknown:
+        raise SystemExit(f"unknown style(s) {unknown}; known: {sorted(STYLES)}")
+    base = base_of(args)
     configs = {s: style_config(args, s) for s in styles}
-    first = configs[styles[0]]
+    whole = base_of(args)
+    whole.model.output_tokens = ""
     results = []
     with contextlib.ExitStack() as stack:
         async with contextlib.AsyncExitStack() as astack:
-            urls = services.start_env_services(first, stack)
-            clients = services.make_env_clients(urls, first, astack)
+            urls = services.start_env_services(base, stack)
             t0 = time.monotonic()
-            model, tokenizer, path = load_policy(first)
+            model, tokenizer, path = load_policy(whole)
+            unrestricted = model.cfg
             print(f"loaded {args.model} in {time.monotonic() - t0:.1f} s", flush=True)
-            backend = services.make_backend(first, model, tokenizer, path,
-                                            episodes=args.episodes)
-            astack.push_async_callback(backend.aclose)
-            tasks = await services.task_refs(clients, args.split, args.episodes)
+            tasks = None
             for style in styles:
                 c = configs[style]
-                pool = services.make_actor_pool(c, backend, clients, tokenizer,
-                                                model.cfg.eos_token_ids)
-                stats = FormatStats(style)
-                t0 = time.monotonic()
-                trajectories, _ = await pool.collect(tasks, n_samples=1, horizon=args.turns,
-                                                     seed=args.seed)
-                stats.seconds = time.monotonic() - t0
-                count_turns(stats, trajectories, get_parser(c.rollout.parser),
-                            int(c.rollout.max_new_tokens))
-                print(stats.line(), flush=True)
-                for text in sample_replies(trajectories, args.show):
-                    print(f"      e.g. {text!r}", flush=True)
-                results.append(stats)
+                async with contextlib.AsyncExitStack() as style_stack:
+                    clients = services.make_env_clients(urls, c, style_stack)
+                    if tasks is None:
+                        tasks = await services.task_refs(clients, args.split, args.episodes)
+                    model.cfg = unrestricted
+                    if c.model.output_tokens:
+                        restrict_policy(model, tokenizer, c.model.output_tokens)
+                    backend = services.make_backend(c, model, tokenizer, path,
+                                                    episodes=args.episodes)
+                    style_stack.push_async_callback(backend.aclose)
+                    pool = services.make_actor_pool(c, backend, clients, tokenizer,
+                                                    model.cfg.eos_token_ids)
+                    stats = FormatStats(style)
+                    t0 = time.monotonic()
+                    trajectories, _ = await pool.collect(tasks, n_samples=1,
+                                                         horizon=args.turns, seed=args.seed)
+                    stats.seconds = time.monotonic() - t0
+                    count_turns(stats, trajectories, get_parser(c.rollout.parser),
+                                int(c.rollout.max_new_tokens))
+                    print(stats.line(), flush=True)
+                    for text in sample_replies(trajectories, args.show):
+                        print(f"      e.g. {text!r}", flush=True)
+                    results.append(stats)
+            model.cfg = unrestricted
     return results
 
 
-def main() -> None:
+def main(argv: Sequence[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--env", default="babyai", help="environment family")
+    p.add_argument("--env", default="babyai", help="environment family (without --experiment)")
+    p.add_argument("--experiment", default=None,
+                   help="PATH[:VARIANT] of an experiment file: its settings (e.g. "
+                        "experiments/sciworld.py:grpo_gpu)")
     p.add_argument("--model", default="smollm2")
     p.add_argument("--episodes", type=int, default=16, help="episodes per style (one per task)")
+    p.add_argument("--concurrency", type=int, default=0,
+                   help="episodes in flight at most (0: all); ScienceWorld: its simulators")
+    p.add_argument("--server_args", default=None,
+                   help="the environment server's arguments instead of the experiment's")
     p.add_argument("--turns", type=int, default=3, help="horizon of each episode")
     p.add_argument("--styles", default="react,action,action_line", help=f"of {sorted(STYLES)}")
     p.add_argument("--max_new_tokens", type=int, default=0, help="0: the style's default")
-    p.add_argument("--max_context", type=int, default=2048)
+    p.add_argument("--max_context", type=int, default=0,
+                   help="0: the experiment's (without --experiment: 2048)")
     p.add_argument("--temperature", type=float, default=1.0)
     p.add_argument("--split", default="train")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--show", type=int, default=2, help="print this many example replies")
     p.add_argument("--json", default=None, help="write the numbers here")
-    args = p.parse_args()
-    print(f"{args.env}: {args.episodes} episodes x {args.turns} turns per style, "
+    args = p.parse_args(argv)
+    source = args.experiment or f"base_config, env {args.env}"
+    print(f"{source}: {args.episodes} episodes x {args.turns} turns per style, "
           f"temperature {args.temperature}, model {args.model}", flush=True)
     results = asyncio.run(measure(args))
     if args.json:
