@@ -88,3 +88,79 @@ def test_action_prompt_examples_belong_to_the_environment():
     assert textcraft.endswith("Action: get 1 oak log") and "turn left" not in textcraft
     assert system_prompt("Click.", "miniwob", "action").endswith("Action: <the action>")
     assert "For example" not in system_prompt("Go.", "babyai", "react")
+
+
+def _choice_trajectory() -> Trajectory:
+    """Three choice turns, by hand: turn 1 names option b of three (accepted: the env steps
+    "go to red ball 1"), turn 2 names c of two (unparsable: no option c), turn 3 starts with no
+    letter (unparsable); 2 + 1 + 1 generated tokens, reward 0.25, 40 tokens in all."""
+    t = Trajectory(env="babyai", task_id="t", group_id=0, sample_index=0)
+    t.append(list(range(30)), generated=False, turn=-1)
+    t.messages = [{"role": "system", "content": "s"},
+                  {"role": "user", "content": "You see a ball.\nOptions: a) turn left, "
+                   "b) go to red ball 1, c) pick up, the key"}]
+    for turn, (reply, n, observation) in enumerate([
+            ("Action: b)", 2, "Nothing.\nOptions: a) turn right, b) drop"),
+            ("Action: c", 1, "Invalid.\nOptions: a) turn right, b) drop"),
+            ("Action: 7", 1, "Invalid.\nOptions: a) turn right, b) drop")]):
+        t.append(list(range(n)), generated=True, turn=turn)
+        t.append([9, 9], generated=False, turn=turn)
+        t.messages += [{"role": "assistant", "content": reply},
+                       {"role": "user", "content": observation}]
+    t.num_turns, t.invalid_actions, t.reward, t.status = 3, 2, 0.25, "max_turns"
+    return t
+
+
+def test_listed_options_read_back_the_options_block():
+    bench = _benchmark()
+    from agentrl_jax.agent.parsing import options_block
+
+    options = ["turn left", "go to red ball 1", "pick up, the key"]
+    assert bench.listed_options("obs\n" + options_block(options)) == options
+    assert bench.listed_options("You see a ball.") == []
+    assert bench.listed_options("Options: x") == []
+    many = [f"open door {i}" for i in range(30)]  # 26 letters: the first 26 are listed
+    assert bench.listed_options(options_block(many)) == many[:26]
+
+
+def test_benchmark_counts_choice_turns_against_their_options():
+    bench = _benchmark()
+    from agentrl_jax.agent.parsing import parse_choice
+
+    t = _choice_trajectory()
+    assert [opts for _, opts in bench.replies_with_options(t)] == [
+        ["turn left", "go to red ball 1", "pick up, the key"],
+        ["turn right", "drop"], ["turn right", "drop"]]
+    stats = bench.FormatStats("choice")
+    bench.count_turns(stats, [t], parse_choice, max_new_tokens=2)
+    assert (stats.episodes, stats.turns, stats.parsable, stats.accepted, stats.capped,
+            stats.generated_tokens) == (1, 3, 1, 1, 1, 4)
+    assert (stats.score_sum, stats.scored, stats.completed) == (0.25, 1, 0)
+    assert (stats.context_tokens, stats.max_context_tokens, stats.context_limit) == (40, 40, 0)
+    ended = _choice_trajectory()
+    ended.status, ended.reward, ended.success = "context_limit", 1.5, True  # score clipped to 1
+    bench.count_turns(stats, [ended], parse_choice, max_new_tokens=2)
+    assert (stats.episodes, stats.score_sum, stats.scored, stats.completed,
+            stats.context_limit) == (2, 1.25, 2, 1, 1)
+    assert stats.per_episode(stats.turns) == 3.0
+
+
+def test_choice_styles_configure_the_restricted_policy():
+    bench = _benchmark()
+    args = bench.argparse.Namespace(experiment=os.path.join(REPO, "experiments", "babyai.py:grpo_gpu"),
+                                    env="babyai",
+                                    model="smollm2", episodes=4, concurrency=0,
+                                    server_args=None, max_new_tokens=0, max_context=0,
+                                    temperature=1.0)
+    recipe = bench.style_config(args, "recipe")
+    assert (recipe.rollout.parser, recipe.agent.prompt_style, recipe.rollout.max_new_tokens,
+            recipe.rollout.max_context, recipe.model.output_tokens) == (
+        "react", "action", 24, 3072, "")
+    spaced = bench.style_config(args, "choice_space_letters")
+    assert spaced.model.output_tokens == tuple(" " + c for c in "abcdefghijklmnopqrstuvwxyz")
+    assert (spaced.rollout.parser, spaced.agent.prompt_style, spaced.rollout.max_new_tokens,
+            spaced.agent.list_valid_actions, spaced.rollout.max_context) == (
+        "choice", "choice", 1, 26, 3072)
+    assert bench.style_config(args, "choice_letters").model.output_tokens == \
+        "abcdefghijklmnopqrstuvwxyz"
+    assert bench.style_config(args, "choice").model.output_tokens == ""
