@@ -22,6 +22,7 @@ sft                behaviour cloning of the macro-action expert, CPU-sized
 sft_gpu            behaviour cloning on one GPU, ~7 minutes
 sft_grpo_gpu       ``grpo_gpu`` started from ``sft_gpu``'s policy
 sft_gigpo_gpu      ``sft_grpo_gpu`` with the GiGPO estimator
+choice_gpu         ``grpo_gpu`` answering with the letter of a listed action, restricted policy
 choice_tiny        the CPU learning-path check: a tiny random model picks lettered actions
 choice_tiny_t1     ``choice_tiny`` at temperature 1, the policy restricted to the option letters
 paper_scale_7b     a paper-scale RL step for sizing runs: a Qwen2.5-7B-shaped random policy
@@ -37,7 +38,7 @@ from ml_collections import ConfigDict
 from agentrl_jax.agent.parsing import CHOICE_LABELS
 from agentrl_jax.training.config.experiment import base_config, use_fixed_horizon, use_ppo
 from experiments.common import (bc_gpu, cpu_sized_sft, gpu_recipe, long_run, paper_scaling,
-                                select, sft_learner, sft_section, use_gigpo)
+                                select, sft_learner, sft_section, use_choice, use_gigpo)
 
 DEFAULT = "grpo_gpu"
 
@@ -183,6 +184,16 @@ def sft_gigpo_gpu() -> ConfigDict:
     """``sft_grpo_gpu`` with GiGPO: next to the GRPO run from the same SFT policy it gives
     GiGPO - GRPO from SFT (``benchmarks/gpu/sft_rl_comparison.sh``)."""
     return use_gigpo(sft_grpo_gpu())
+
+
+def choice_gpu() -> ConfigDict:
+    """``grpo_gpu`` (same schedule, learner, budget and evaluation) in the lettered-choice
+    format with the policy restricted to the option letters (``common.use_choice``): BabyAI's
+    observations list its available actions, shown as options ``a) ... b) ...``; the one-token
+    reply is one of " a" .. " z" or EOS, so a reply is a valid action whenever its letter is
+    within the listed options (docs/RESULTS.md, "Lettered options and a policy restricted to the
+    letters, per family, at step 0"; the jobs: benchmarks/jobs/families_choice_scratch.txt)."""
+    return use_choice(grpo_gpu(), list_actions=False)
 
 
 def choice_tiny() -> ConfigDict:
@@ -366,7 +377,7 @@ VARIANTS = {
     "grpo_gpu": grpo_gpu, "grpo_long_gpu": grpo_long_gpu,
     "grpo_scaling_gpu10min": grpo_scaling_gpu10min, "gigpo_gpu": gigpo_gpu, "dpo_gpu": dpo_gpu,
     "sft": sft, "sft_gpu": sft_gpu, "sft_grpo_gpu": sft_grpo_gpu, "sft_gigpo_gpu": sft_gigpo_gpu,
-    "choice_tiny": choice_tiny, "choice_tiny_t1": choice_tiny_t1,
+    "choice_gpu": choice_gpu, "choice_tiny": choice_tiny, "choice_tiny_t1": choice_tiny_t1,
     "paper_scale_7b": paper_scale_7b,
 }
 

@@ -20,6 +20,7 @@ from typing import Callable
 
 from ml_collections import ConfigDict
 
+from agentrl_jax.agent.parsing import CHOICE_LABELS
 from agentrl_jax.training.config.experiment import base_config
 
 Variant = Callable[[], ConfigDict]
@@ -109,6 +110,32 @@ def gpu_recipe(*, env: str, server_args: str, phases: tuple[int, ...], steps_per
     c.learner.kl_coef = 0.0
     c.learner.clip_ratio_high = 0.28
     c.learner.tis_cap = 2.0
+    return c
+
+
+#: the option letters as the tokens that follow the "Action:" prefix: a space, then the letter
+#: (" a" .. " z", one token each in SmolLM2's vocabulary)
+SPACED_CHOICE_LABELS: tuple[str, ...] = tuple(" " + label for label in CHOICE_LABELS)
+
+
+def use_choice(c: ConfigDict, *, list_actions: bool,
+               output_tokens: str | tuple[str, ...] = SPACED_CHOICE_LABELS) -> ConfigDict:
+    """The lettered-choice answer format on a recipe (docs/TRAINING.md, "A policy restricted to
+    its action tokens"): the environment's valid actions follow each observation as options
+    ``a) ... b) ...`` and the reply is one letter (``rollout.parser = "choice"``), sampled from
+    the policy restricted to ``output_tokens`` and EOS (``model.output_tokens``), so every reply
+    is a letter and one token is the whole reply. ``list_actions``: ask the environment server
+    to list its valid actions (``agent.list_valid_actions``, as many as there are letters) for a
+    family whose observations do not list them (ScienceWorld; BabyAI's do). The default tokens
+    are the space-prefixed letters, measured against the bare ones in docs/RESULTS.md ("Lettered
+    options and a policy restricted to the letters, per family, at step 0")."""
+    c.rollout.parser = "choice"
+    c.agent.prompt_style = "choice"
+    c.agent.response_prefix = "Action:"
+    c.agent.list_valid_actions = len(CHOICE_LABELS) if list_actions else 0
+    c.model.output_tokens = output_tokens
+    c.rollout.max_new_tokens = 1
+    c.rollout.decode_steps = 1
     return c
 
 

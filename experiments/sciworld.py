@@ -13,6 +13,7 @@ phase), as for every family; the learning result is SFT then RL (``sft_gpu``, th
 grpo_scaling  the paper's schedule, 8 episodes in flight, 4 simulators
 ppo           ``grpo_scaling`` with PPO (critic + GAE) instead of GRPO
 grpo_gpu      the default: one GPU, ~10 minutes (``common.gpu_recipe``), 4 servers of 16 simulators
+choice_gpu    ``grpo_gpu`` answering with the letter of a listed valid action, restricted policy
 sft_gpu       behaviour cloning of the gold action sequences on one GPU
 sft_grpo_gpu  ``grpo_gpu`` started from ``sft_gpu``'s policy
 ============= ==============================================================================
@@ -23,7 +24,7 @@ from __future__ import annotations
 from ml_collections import ConfigDict
 
 from agentrl_jax.training.config.experiment import use_ppo
-from experiments.common import bc_gpu, gpu_recipe, paper_scaling, select
+from experiments.common import bc_gpu, gpu_recipe, paper_scaling, select, use_choice
 
 DEFAULT = "grpo_gpu"
 
@@ -65,6 +66,18 @@ def grpo_gpu() -> ConfigDict:
     return c
 
 
+def choice_gpu() -> ConfigDict:
+    """``grpo_gpu`` (same schedule, simulators, learner, budget and evaluation) in the
+    lettered-choice format with the policy restricted to the option letters
+    (``common.use_choice``): the server lists the first 26 of the simulator's valid actions
+    after each observation (``agent.list_valid_actions``; ``rank_valid_actions`` order: one
+    action of each command before the combinatorial ones repeat), shown as options ``a) ...
+    b) ...``, and the one-token reply is one of " a" .. " z" or EOS (docs/RESULTS.md, "Lettered
+    options and a policy restricted to the letters, per family, at step 0"). Only the listed
+    26 of the hundreds of valid actions can be chosen."""
+    return use_choice(grpo_gpu(), list_actions=True)
+
+
 def sft_gpu() -> ConfigDict:
     """Behaviour cloning of ScienceWorld's gold action sequences on one GPU: ``grpo_gpu``'s
     model, answer format, engine, packed learner and evaluation with the ``sft`` loss. Data:
@@ -87,8 +100,8 @@ def sft_grpo_gpu() -> ConfigDict:
     return c
 
 
-VARIANTS = {"grpo_scaling": grpo_scaling, "ppo": ppo, "grpo_gpu": grpo_gpu, "sft_gpu": sft_gpu,
-            "sft_grpo_gpu": sft_grpo_gpu}
+VARIANTS = {"grpo_scaling": grpo_scaling, "ppo": ppo, "grpo_gpu": grpo_gpu,
+            "choice_gpu": choice_gpu, "sft_gpu": sft_gpu, "sft_grpo_gpu": sft_grpo_gpu}
 
 
 def get_config(variant: str | None = None) -> ConfigDict:

@@ -159,3 +159,22 @@ def test_a_variant_of_a_file_without_variants_is_refused(tmp_path):
 def test_run_name_of_a_config(spec, name):
     """The default workdir of a run is runs/<this>: one per variant."""
     assert experiment_run_name(spec) == name
+
+
+@pytest.mark.parametrize("family, lists", [("babyai.py", False), ("sciworld.py", True)])
+def test_choice_gpu_is_grpo_gpu_answering_with_a_restricted_letter(family, lists):
+    """``choice_gpu`` changes only the answer format of ``grpo_gpu`` (so the two compare at
+    equal schedule, learner and evaluation): lettered options, one-token replies restricted to
+    " a" .. " z" (each one token of SmolLM2's tokenizer), the server's listed valid actions
+    where the observation has none (ScienceWorld)."""
+    from agentrl_jax.training.preflight.validate import output_token_problems
+
+    grpo, choice = flat(load(f"{family}:grpo_gpu")), flat(load(f"{family}:choice_gpu"))
+    changed = {k for k in grpo if grpo[k] != choice.get(k)}
+    assert changed == {"rollout.parser", "agent.prompt_style", "model.output_tokens",
+                       "rollout.max_new_tokens", "rollout.decode_steps",
+                       *(["agent.list_valid_actions"] if lists else [])}
+    assert choice["model.output_tokens"][0] == [" " + c for c in "abcdefghijklmnopqrstuvwxyz"]
+    assert (choice["rollout.parser"][0], choice["rollout.max_new_tokens"][0],
+            choice["agent.list_valid_actions"][0]) == ("choice", 1, 26 if lists else 0)
+    assert output_token_problems(to_run_config(load(f"{family}:choice_gpu")).model) == []
