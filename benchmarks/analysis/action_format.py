@@ -271,10 +271,11 @@ async def measure(args: argparse.Namespace) -> list[FormatStats]:
     unknown = [s for s in styles if s not in STYLES]
     if unknown:
         raise SystemExit(f"unknown style(s) {unknown}; known: {sorted(STYLES)}")
-    base = base_of(args)
+    base = to_run_config(base_of(args))
     configs = {s: style_config(args, s) for s in styles}
     whole = base_of(args)
     whole.model.output_tokens = ""
+    whole = to_run_config(whole)
     results = []
     with contextlib.ExitStack() as stack:
         async with contextlib.AsyncExitStack() as astack:
