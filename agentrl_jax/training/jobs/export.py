@@ -97,15 +97,12 @@ def _run_model(workdir: str) -> tuple[Any, Any]:
     else:
         cfg = load_model_config(model_path, dtype=section.dtype)
     if section.output_tokens:  # a restricted policy: the export records its token ids
-        from agentrl_jax.models.output_tokens import resolve_output_tokens
+        from agentrl_jax.models.output_tokens import restricted_config
 
-        eos = cfg.eos_token_ids or ((tokenizer.eos_token_id,)
-                                    if tokenizer.eos_token_id is not None else ())
         try:
-            ids = resolve_output_tokens(tokenizer, section.output_tokens, eos)
+            cfg = restricted_config(cfg, tokenizer, section.output_tokens)
         except ValueError as error:
             raise ExportError(f"{path}: {error}") from None
-        cfg = cfg.replace(output_token_ids=ids)
     return cfg, tokenizer
 
 

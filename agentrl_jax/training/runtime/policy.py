@@ -33,12 +33,9 @@ def restrict_policy(model: Any, tokenizer: Any, output_tokens: Any) -> None:
     (``model.output_tokens``) and its EOS tokens: ``ModelConfig.output_token_ids``, which every
     LM head built from the model applies (``models/output_tokens.py``). ``ValueError`` when an
     entry is not one token of ``tokenizer``."""
-    from agentrl_jax.models.output_tokens import resolve_output_tokens
+    from agentrl_jax.models.output_tokens import restricted_config
 
-    eos = model.cfg.eos_token_ids or ((tokenizer.eos_token_id,)
-                                      if tokenizer.eos_token_id is not None else ())
-    ids = resolve_output_tokens(tokenizer, output_tokens, eos)
-    model.cfg = model.cfg.replace(output_token_ids=ids)
+    model.cfg = restricted_config(model.cfg, tokenizer, output_tokens)
 
 
 def _load_weights(config: RunConfig, mesh: Any):
