@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import numbers
-from typing import Any
+from typing import Any, Sequence
 
 from agentrl_common.registry import Registry, did_you_mean
 
@@ -190,6 +190,17 @@ class ModelConfig:
 
     def replace(self, **changes: Any) -> "ModelConfig":
         return dataclasses.replace(self, **changes)
+
+    def restricted_to(self, tokenizer: Any, spec: "str | Sequence[str]") -> "ModelConfig":
+        """This config restricted to the tokens of ``spec`` (``model.output_tokens``) and its
+        EOS tokens (the tokenizer's when the config names none): ``output_token_ids`` set.
+        ``ValueError`` as ``output_tokens.resolve_output_tokens`` (an entry that is not one
+        token of ``tokenizer``, a repeated token, an empty list)."""
+        from agentrl_jax.models.output_tokens import resolve_output_tokens
+
+        eos = self.eos_token_ids or ((tokenizer.eos_token_id,)
+                                     if tokenizer.eos_token_id is not None else ())
+        return self.replace(output_token_ids=resolve_output_tokens(tokenizer, spec, eos))
 
     @property
     def num_parameters(self) -> int:

@@ -93,14 +93,5 @@ def resolve_output_tokens(tokenizer: Any, spec: str | Sequence[str],
     return tuple(sorted(set(ids) | {int(e) for e in eos_token_ids}))
 
 
-def restricted_config(cfg: Any, tokenizer: Any, spec: str | Sequence[str]) -> Any:
-    """``cfg`` (a ``ModelConfig``) restricted to the tokens of ``spec`` and its EOS tokens (the
-    tokenizer's when the config names none): ``cfg.output_token_ids`` set. ``ValueError`` as
-    :func:`resolve_output_tokens`."""
-    eos = cfg.eos_token_ids or ((tokenizer.eos_token_id,)
-                                if tokenizer.eos_token_id is not None else ())
-    return cfg.replace(output_token_ids=resolve_output_tokens(tokenizer, spec, eos))
-
-
 __all__ = ["allowed_mask", "restrict_logits", "check_token_ids", "token_entries",
-           "resolve_output_tokens", "restricted_config"]
+           "resolve_output_tokens"]

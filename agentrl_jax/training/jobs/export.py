@@ -97,10 +97,8 @@ def _run_model(workdir: str) -> tuple[Any, Any]:
     else:
         cfg = load_model_config(model_path, dtype=section.dtype)
     if section.output_tokens:  # a restricted policy: the export records its token ids
-        from agentrl_jax.models.output_tokens import restricted_config
-
         try:
-            cfg = restricted_config(cfg, tokenizer, section.output_tokens)
+            cfg = cfg.restricted_to(tokenizer, section.output_tokens)
         except ValueError as error:
             raise ExportError(f"{path}: {error}") from None
     return cfg, tokenizer

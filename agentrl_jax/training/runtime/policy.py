@@ -33,9 +33,7 @@ def restrict_policy(model: Any, tokenizer: Any, output_tokens: Any) -> None:
     (``model.output_tokens``) and its EOS tokens: ``ModelConfig.output_token_ids``, which every
     LM head built from the model applies (``models/output_tokens.py``). ``ValueError`` when an
     entry is not one token of ``tokenizer``."""
-    from agentrl_jax.models.output_tokens import restricted_config
-
-    model.cfg = restricted_config(model.cfg, tokenizer, output_tokens)
+    model.cfg = model.cfg.restricted_to(tokenizer, output_tokens)
 
 
 def _load_weights(config: RunConfig, mesh: Any):
