@@ -175,3 +175,91 @@ def write_lines_atomic(path: str, members: Iterable[list[bytes]]) -> None:
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
+
+
+# --- committed run files: plain or gzip-compressed, found by their plain name -----------------
+
+#: a JSON-lines run file larger than this is stored gzip-compressed when committed to
+#: ``results/`` (the GPU machine copies the whole tracked tree under a 64 MiB limit)
+COMPRESS_ABOVE_BYTES = 64 << 10
+#: gzip level of committed run files (``gzip -n -9``: best ratio, no name, no time stamp)
+STORED_GZIP_LEVEL = 9
+
+
+def find_run_file(folder: str, name: str) -> str | None:
+    """The path of the run file ``name`` (e.g. ``"metrics.jsonl"``) in ``folder``: the plain
+    file, else its compressed copy ``name + ".gz"``; None when neither exists. ``name`` may
+    itself end with ``.gz`` (then only that file is looked for)."""
+    candidates = [name] if is_gzip(name) else [name, name + GZIP_SUFFIX]
+    for candidate in candidates:
+        path = os.path.join(folder, candidate)
+        if os.path.isfile(path):
+            return path
+    return None
+
+
+def run_file(folder: str, name: str) -> str:
+    """:func:`find_run_file`, raising ``FileNotFoundError`` naming both places looked at when
+    neither the plain nor the compressed file exists."""
+    path = find_run_file(folder, name)
+    if path is None:
+        plain = os.path.join(folder, name)
+        raise FileNotFoundError(
+            f"no {name} in {folder}: neither {plain} nor {plain}{GZIP_SUFFIX} exists")
+    return path
+
+
+def read_run_file(folder: str, name: str, missing_ok: bool = False) -> list[dict[str, Any]]:
+    """The JSON objects of the run file ``name`` of ``folder``, plain or ``.gz``
+    (:func:`run_file`, :func:`iter_records`); ``missing_ok``: [] instead of the error when
+    neither exists."""
+    path = find_run_file(folder, name)
+    if path is None:
+        if missing_ok:
+            return []
+        run_file(folder, name)  # raises the error naming both paths
+    return list(iter_records(path))
+
+
+def run_file_name(name: str) -> str:
+    """``name`` without its ``.gz`` suffix: the plain name a run file is known by."""
+    return name[:-len(GZIP_SUFFIX)] if is_gzip(name) else name
+
+
+def store_compact(path: str, above: int = COMPRESS_ABOVE_BYTES) -> str:
+    """Store the plain JSON-lines file ``path`` as committed run files are kept: over
+    ``above`` bytes it is replaced by ``path + ".gz"`` (``gzip -n -9``, deterministic; written
+    to a temporary file, checked to decompress to the same bytes, then renamed, and only then is
+    the plain file removed), else it stays plain and a stale ``.gz`` copy of an earlier run is
+    removed. Returns the path kept."""
+    packed = path + GZIP_SUFFIX
+    if os.path.getsize(path) <= above:
+        if os.path.exists(packed):
+            os.remove(packed)
+        return path
+    with open(path, "rb") as f:
+        data = f.read()
+    compressed = gzip.compress(data, compresslevel=STORED_GZIP_LEVEL, mtime=0)
+    if gzip.decompress(compressed) != data:  # pragma: no cover - zlib's own guarantee
+        raise OSError(f"{packed}: the compressed copy does not decompress to {path}")
+    tmp = f"{packed}.tmp{os.getpid()}"
+    with open(tmp, "wb") as f:
+        f.write(compressed)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, packed)
+    os.remove(path)
+    return packed
+
+
+def store_compact_tree(root: str, above: int = COMPRESS_ABOVE_BYTES) -> list[str]:
+    """:func:`store_compact` for every plain ``*.jsonl`` file under ``root`` (recursively);
+    returns the paths now compressed."""
+    out = []
+    for folder, _, names in os.walk(root):
+        for name in sorted(names):
+            if name.endswith(".jsonl"):
+                kept = store_compact(os.path.join(folder, name), above)
+                if is_gzip(kept):
+                    out.append(kept)
+    return out
