@@ -14,7 +14,7 @@ from typing import Any, Iterable, Sequence
 
 import numpy as np
 
-from agentrl_common.jsonl_files import TRAJECTORY_FILE
+from agentrl_common.jsonl_files import TRAJECTORY_FILE, run_file_name
 from agentrl_jax.viewer.file_index import ERROR_STATUSES, RECORD, VOCAB_COLUMNS, FileIndex, as_int
 
 log = logging.getLogger(__name__)
@@ -315,6 +315,8 @@ def trajectory_files(run_dir: str) -> list[tuple[str, str, int]]:
     ``trajectories_eval...`` (``eval``), written by the trainer; ``<name>_trajectories.jsonl``
     written by ``launch/eval.py --output <name>.json`` (``eval``, step from ``<name>.json``);
     ``eval_episodes.jsonl`` (``eval``; per-episode summaries kept with published results).
+    The last two may be gzip-compressed (``.jsonl.gz``, as large files are committed to
+    ``results/``); when both forms exist the plain one is read.
     """
     try:
         names = sorted(os.listdir(run_dir))
@@ -326,17 +328,20 @@ def trajectory_files(run_dir: str) -> list[tuple[str, str, int]]:
         if not os.path.isfile(path):
             continue
         m = TRAJECTORY_FILE.match(name)
+        plain = run_file_name(name)
         if m:
             out.append((path, m.group(1), -1))
-        elif name.endswith("_trajectories.jsonl"):
+        elif plain != name and plain in names:
+            continue  # X.jsonl.gz beside X.jsonl: the plain file is the one read
+        elif plain.endswith("_trajectories.jsonl"):
             step = -1
             try:
-                with open(os.path.join(run_dir, name[:-len("_trajectories.jsonl")] + ".json")) as f:
+                with open(os.path.join(run_dir, plain[:-len("_trajectories.jsonl")] + ".json")) as f:
                     step = as_int(json.load(f).get("step"))
             except (OSError, ValueError, AttributeError):
                 pass
             out.append((path, "eval", step))
-        elif name == "eval_episodes.jsonl":
+        elif plain == "eval_episodes.jsonl":
             out.append((path, "eval", -1))
     order = {"train": 0, "eval": 1}
     out.sort(key=lambda x: (order.get(x[1], 2), x[0]))

@@ -1,9 +1,9 @@
 """A run directory as the viewer sees it: config, summary, metrics, evaluations, episodes.
 
 Everything is read from the files the trainer writes (``config.json``, ``summary.json``,
-``metrics.jsonl``, ``trajectories_*.jsonl``; ``launch/eval.py --output`` files too) and re-read
-when they change, so a run that is still training is shown as it grows. Missing or partial files
-give empty sections, never errors.
+``metrics.jsonl``, ``trajectories_*.jsonl``, each plain or ``.gz``; ``launch/eval.py --output``
+files too) and re-read when they change, so a run that is still training is shown as it grows.
+Missing or partial files give empty sections, never errors.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from agentrl_common.jsonl_files import find_run_file, is_gzip, iter_lines
 from agentrl_jax.viewer.index import RunIndex
 
 log = logging.getLogger(__name__)
@@ -48,40 +49,61 @@ def flatten(d: Any, prefix: str = "") -> dict[str, Any]:
     return out
 
 
+def _metrics_row(line: bytes) -> dict[str, Any] | None:
+    """The JSON object of one ``metrics.jsonl`` line; None when it is not one or has no usable
+    (finite, numeric) ``step``."""
+    try:
+        row = json.loads(line)
+    except ValueError:
+        return None
+    step = row.get("step") if isinstance(row, dict) else None
+    if isinstance(step, (int, float)) and not isinstance(step, bool) and math.isfinite(step):
+        return row
+    return None
+
+
 class MetricsLog:
     """``metrics.jsonl`` read incrementally: only bytes appended since the last ``update``
-    are parsed; a shorter file (rewritten) is read again from the start."""
+    are parsed; a shorter file (rewritten) is read again from the start. A committed run's
+    ``metrics.jsonl.gz`` (``find_run_file``: used when there is no plain file) is read whole,
+    and again when its size changes."""
 
     def __init__(self, path: str):
-        self.path = path
+        self.path = path  # the plain file's path
+        self._source: str | None = None  # the file read: ``path`` or ``path + ".gz"``
         self._rows: list[dict[str, Any]] = []
         self._offset = 0
         self._lock = threading.Lock()
 
     def update(self) -> int:
         with self._lock:
+            source = find_run_file(os.path.dirname(self.path), os.path.basename(self.path))
+            if source != self._source:
+                self._rows, self._offset, self._source = [], 0, source
             try:
-                size = os.path.getsize(self.path)
+                size = os.path.getsize(source) if source else -1
             except OSError:
+                size = -1
+            if size < 0:
                 self._rows, self._offset = [], 0
                 return 0
-            if size < self._offset:
+            if size < self._offset or (is_gzip(source) and size != self._offset):
                 self._rows, self._offset = [], 0
             if size == self._offset:
                 return 0
-            with open(self.path, "rb") as f:
-                f.seek(self._offset)
-                data = f.read(size - self._offset)
-            end = data.rfind(b"\n") + 1  # a half-written last line waits
+            if is_gzip(source):
+                lines: list[bytes] = list(iter_lines(source))
+                end = size
+            else:
+                with open(source, "rb") as f:
+                    f.seek(self._offset)
+                    data = f.read(size - self._offset)
+                end = data.rfind(b"\n") + 1  # a half-written last line waits
+                lines = data[:end].splitlines()
             added = 0
-            for line in data[:end].splitlines():
-                try:
-                    row = json.loads(line)
-                except ValueError:
-                    continue
-                step = row.get("step") if isinstance(row, dict) else None
-                if (isinstance(step, (int, float)) and not isinstance(step, bool)
-                        and math.isfinite(step)):  # a row without a usable step is skipped
+            for line in lines:
+                row = _metrics_row(line)  # a row without a usable step is skipped
+                if row is not None:
                     self._rows.append(row)
                     added += 1
             self._offset += end
@@ -256,8 +278,10 @@ class Run:
         self.metrics.update()
         files = {}
         for name in ("metrics.jsonl", "summary.json", "config.json"):
+            path = find_run_file(self.path, name)  # metrics.jsonl may be .gz (committed runs)
             try:
-                files[name] = os.path.getsize(os.path.join(self.path, name))
+                if path:
+                    files[os.path.basename(path)] = os.path.getsize(path)
             except OSError:
                 pass
         for f in self.index.files:

@@ -22,6 +22,7 @@ from typing import Any, Sequence
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
+from agentrl_common.jsonl_files import read_run_file  # noqa: E402
 from agentrl_jax.training.evaluation import eval_metrics  # noqa: E402
 from benchmarks.analysis.seed_stats import t_interval  # noqa: E402
 
@@ -30,12 +31,10 @@ METRICS = ("avg_at_k", "pass_at_k", "success_rate")
 
 def evaluations(run: str, k: int) -> dict[int, dict[str, Any]]:
     """``{step: {metric: value, "invalid_per_turn", "context_limit_share"}}`` of one run's
-    ``eval_episodes.jsonl``."""
+    ``eval_episodes.jsonl`` (or ``eval_episodes.jsonl.gz``)."""
     by_step: dict[int, list[dict]] = collections.defaultdict(list)
-    with open(os.path.join(run, "eval_episodes.jsonl")) as f:
-        for line in f:
-            episode = json.loads(line)
-            by_step[int(episode["step"])].append(episode)
+    for episode in read_run_file(run, "eval_episodes.jsonl"):
+        by_step[int(episode["step"])].append(episode)
     out = {}
     for step, episodes in sorted(by_step.items()):
         scores = eval_metrics.score(eval_metrics.outcomes(episodes), k)

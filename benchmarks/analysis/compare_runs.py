@@ -3,7 +3,7 @@ of the same config and seed).
 
     python benchmarks/analysis/compare_runs.py RUN_A RUN_B [--keys k1,k2] [--json out.json]
 
-Reads ``metrics.jsonl`` of both workdirs; for every step both logged, prints each key's values
+Reads ``metrics.jsonl`` (or ``.gz``) of both workdirs; for every step both logged, prints each key's values
 and absolute / relative difference, and checks that each step appears exactly once per run.
 """
 
@@ -12,7 +12,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 from collections import Counter
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+from agentrl_common.jsonl_files import read_run_file  # noqa: E402
 
 KEYS = ("rollout/episodes", "rollout/mean_reward", "rollout/generated_tokens",
         "rollout/mean_turns", "batch/real_tokens", "actor/pg_loss", "actor/entropy",
@@ -20,8 +24,8 @@ KEYS = ("rollout/episodes", "rollout/mean_reward", "rollout/generated_tokens",
 
 
 def read_rows(workdir: str) -> list[dict]:
-    with open(os.path.join(workdir, "metrics.jsonl")) as f:
-        return [json.loads(line) for line in f if line.strip()]
+    """``workdir``'s ``metrics.jsonl`` rows (or ``metrics.jsonl.gz``'s: a committed run)."""
+    return read_run_file(workdir, "metrics.jsonl")
 
 
 def by_step(rows: list[dict]) -> dict[int, dict]:

@@ -43,7 +43,10 @@ def trajectory_files(source: str, train: bool = False) -> list[str]:
         return [source]
     files = jsonl_files.trajectory_files(source, "train" if train else "eval")
     if not files and not train:  # launch/eval.py --output X.json writes X_trajectories.jsonl
-        files = sorted(glob.glob(os.path.join(source, "*_trajectories.jsonl")))
+        plain = glob.glob(os.path.join(source, "*_trajectories.jsonl"))
+        files = sorted(plain + [p for p in glob.glob(os.path.join(source, "*_trajectories.jsonl"
+                                                                  + jsonl_files.GZIP_SUFFIX))
+                                if p[:-len(jsonl_files.GZIP_SUFFIX)] not in plain])
     return files
 
 

@@ -9,7 +9,9 @@ Writes to ``--out``: ``curves.png``, ``gain.json`` (before / after Avg@k, the ga
 interval, number of tasks and samples) and copies of the runs' small files (``metrics.jsonl``,
 ``summary.json``, ``config.json``, and ``eval_episodes.jsonl`` when the run has it: one line
 per evaluation episode with its task, step, status and score) so every figure can be checked.
-Full trajectory files are not copied (large).
+Full trajectory files are not copied (large); a copied JSON-lines file over 64 KiB is stored
+gzip-compressed (``X.jsonl.gz``, lossless: the GPU machine copies the tracked tree under a
+64 MiB limit), and every script here reads both forms.
 
 The interval: tasks are resampled with replacement (10,000 draws, seeded), each draw's gain is
 the mean over its tasks of (after success rate - before success rate) on the same task: a
@@ -35,7 +37,7 @@ other numbers are still computed.
 
 Evaluation episodes are read from ``trajectories_eval*.jsonl[.gz]`` (a run's full files) or
 ``*_trajectories.jsonl`` (``launch/eval.py --output X.json``: step 0), else from
-``eval_episodes*.jsonl`` (the small per-episode files this script writes), never both.
+``eval_episodes*.jsonl[.gz]`` (the small per-episode files this script writes), never both.
 ``--collect`` only copies each run's small files, with ``eval_episodes.jsonl`` extracted from
 its full trajectories, to ``--out/<label>/`` (what a GPU machine sends back; the report can be
 made from those directories later)::
@@ -71,7 +73,9 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))  # agentrl_jax
 from agentrl_jax.training.evaluation import eval_metrics  # noqa: E402
 
-from agentrl_common.jsonl_files import read_records, trajectory_files  # noqa: E402
+from agentrl_common.jsonl_files import (GZIP_SUFFIX, find_run_file, read_records,  # noqa: E402
+                                        read_run_file, run_file_name, store_compact,
+                                        trajectory_files)
 
 PANELS = (  # (title, metric keys tried in order, y label)
     ("train reward", ("rollout/mean_reward",), "mean episode reward"),
@@ -107,14 +111,18 @@ SMALL_FILES = ("metrics.jsonl", "summary.json", "config.json", "eval.json")
 
 def eval_episode_files(run: str) -> list[str]:
     """The files holding ``run``'s evaluation episodes: the full trajectory files if any,
-    else the small ``eval_episodes*.jsonl`` (never both: they hold the same episodes)."""
+    else the small ``eval_episodes*.jsonl`` (never both: they hold the same episodes). Each
+    may be gzip-compressed (``.jsonl.gz``, as committed to ``results/``); of a file present in
+    both forms the plain one is read."""
     if not os.path.isdir(run):
         return []
     names = sorted(os.listdir(run))
+    plain = sorted({run_file_name(n) for n in names})
+    found = {n: find_run_file(run, n) for n in plain}
     full = [os.path.basename(p) for p in trajectory_files(run, "eval")] + [
-        n for n in names if n.endswith("_trajectories.jsonl")]
-    small = [n for n in names if n.startswith("eval_episodes") and n.endswith(".jsonl")]
-    return [os.path.join(run, n) for n in (full or small)]
+        n for n in plain if n.endswith("_trajectories.jsonl")]
+    small = [n for n in plain if n.startswith("eval_episodes") and n.endswith(".jsonl")]
+    return [found.get(n) or os.path.join(run, n) for n in (full or small)]
 
 
 def eval_episodes(run: str) -> list[dict]:
@@ -159,13 +167,19 @@ def eval_success_by_task(run: str, metric: str = "avg") -> dict[int, dict[str, l
 
 def collect_run(run: str, dest: str) -> int:
     """Copy ``run``'s small files to ``dest`` and write its evaluation episodes there as
-    ``eval_episodes.jsonl``; returns the number of episodes (0: none, nothing written)."""
+    ``eval_episodes.jsonl``; returns the number of episodes (0: none, nothing written). JSON-lines
+    files over 64 KiB are stored gzip-compressed (``store_compact``: ``X.jsonl.gz``, lossless),
+    as committed run folders keep them (results/README.md: the GPU machine's copy limit)."""
     os.makedirs(dest, exist_ok=True)
     for name in SMALL_FILES:
-        src = os.path.join(run, name)
-        if os.path.exists(src) and os.path.abspath(src) != os.path.abspath(
-                os.path.join(dest, name)):
-            shutil.copy(src, os.path.join(dest, name))
+        src = find_run_file(run, name) if os.path.isdir(run) else None
+        target = os.path.join(dest, os.path.basename(src)) if src else None
+        if src and os.path.abspath(src) != os.path.abspath(target):
+            shutil.copy(src, target)
+            if target.endswith(GZIP_SUFFIX) and os.path.exists(target[:-len(GZIP_SUFFIX)]):
+                os.remove(target[:-len(GZIP_SUFFIX)])  # a stale plain copy would be read first
+        if name.endswith(".jsonl") and os.path.isfile(os.path.join(dest, name)):
+            store_compact(os.path.join(dest, name))
     episodes = eval_episodes(run)
     if episodes:
         tmp = os.path.join(dest, "eval_episodes.jsonl.tmp")
@@ -173,6 +187,7 @@ def collect_run(run: str, dest: str) -> int:
             for e in episodes:
                 f.write(json.dumps(e) + "\n")
         os.replace(tmp, os.path.join(dest, "eval_episodes.jsonl"))
+        store_compact(os.path.join(dest, "eval_episodes.jsonl"))
     return len(episodes)
 
 
@@ -314,7 +329,7 @@ def plot(runs: list[str], labels: list[str], path: str) -> None:
 
     fig, axes = plt.subplots(2, 4, figsize=(18, 7.5))
     for run, label in zip(runs, labels):
-        rows = read_jsonl(os.path.join(run, "metrics.jsonl"))
+        rows = read_run_file(run, "metrics.jsonl", missing_ok=True)
         for ax, (title, keys, ylabel) in zip(axes.flat, PANELS):
             x, y, key = series(rows, keys)
             if x:

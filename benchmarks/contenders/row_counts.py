@@ -13,7 +13,7 @@ sequence first, in its own subprocess (fresh compile caches for both).
     python3 benchmarks/contenders/row_counts.py --baseline-ref f50b026 --json out.json
 
 The default ``--rows`` are the first 26 ``batch/rows`` of
-``results/ablations/babyai_grpo_lr1e-4/metrics.jsonl`` divided by 4.
+``results/ablations/babyai_grpo_lr1e-4/metrics.jsonl.gz`` divided by 4.
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@
 Written by ``launch/run.py`` when a run ends, from the run's own files: ``metrics.jsonl``
 (curves, last-step statistics), ``summary.json`` (steps, time, evaluations), ``config.json``
 (what was trained) and the evaluation episodes (``trajectories_eval*.jsonl[.gz]``, or the
-``eval_episodes.jsonl`` kept with published results) for the held-out gain between the first
+``eval_episodes.jsonl[.gz]`` kept with published results) for the held-out gain between the first
 and the last evaluation with a paired bootstrap 95% interval over tasks (each draw resamples
 tasks with replacement; a task's gain is its mean score after minus before). Avg@k, Pass@k and
 the success rate are ``training/evaluation/eval_metrics.py``'s; an evaluation of an older ``summary.json``
@@ -29,7 +29,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from agentrl_common.jsonl_files import iter_lines, trajectory_files
+from agentrl_common.jsonl_files import find_run_file, iter_lines, trajectory_files
 from agentrl_jax.training.evaluation import eval_metrics
 from agentrl_jax.training.config.experiment import model_label
 
@@ -78,6 +78,12 @@ def read_jsonl(path: str, keep: Sequence[str] | None = None) -> list[dict[str, A
     return out
 
 
+def run_file_path(run_dir: str, name: str) -> str:
+    """``run_dir``'s file ``name`` (e.g. ``metrics.jsonl``), plain or ``.gz`` (committed runs
+    keep large ones compressed): ``find_run_file``, else the plain path (which reads as [])."""
+    return find_run_file(run_dir, name) or os.path.join(run_dir, name)
+
+
 def _read_json(path: str) -> dict[str, Any]:
     try:
         with open(path) as f:
@@ -110,11 +116,11 @@ def series(rows: list[dict[str, Any]], keys: Sequence[str]) -> tuple[str | None,
 
 def eval_success_by_task(run_dir: str, metric: str = "avg") -> dict[int, dict[str, list[float]]]:
     """``{step: {env/task: values}}`` from the evaluation episodes (``trajectories_eval*.jsonl``
-    plain or ``.gz``, or ``eval_episodes.jsonl``), the values of ``metric``
+    or ``eval_episodes.jsonl``, each plain or ``.gz``), the values of ``metric``
     (``eval_metrics.task_values``: ``avg`` the episodes' scores, ``success`` their completion
     flags, ``pass`` one 0/1 per task); error episodes left out."""
     paths = trajectory_files(run_dir, "eval") + [
-        p for p in [os.path.join(run_dir, "eval_episodes.jsonl")] if os.path.isfile(p)]
+        p for p in [find_run_file(run_dir, "eval_episodes.jsonl")] if p]
     episodes: dict[int, list[dict[str, Any]]] = defaultdict(list)
     for path in paths:
         for t in read_jsonl(path,
@@ -206,7 +212,7 @@ def _cfg(cfg: dict[str, Any], dotted: str) -> Any:
 def build_report(run_dir: str, curves_name: str | None = CURVES_FILE,
                  panels: Sequence[str] = ()) -> str:
     """The markdown text of the report of ``run_dir`` (``curves_name``: the PNG beside it)."""
-    metrics = read_jsonl(os.path.join(run_dir, "metrics.jsonl"))
+    metrics = read_jsonl(run_file_path(run_dir, "metrics.jsonl"))
     summary = _read_json(os.path.join(run_dir, "summary.json"))
     cfg = _read_json(os.path.join(run_dir, "config.json"))
     missing = [n for n, present in (("metrics.jsonl", metrics), ("summary.json", summary),
@@ -330,7 +336,7 @@ def write_report(run_dir: str, out_dir: str | None = None) -> dict[str, Any]:
     (default: the run directory). Returns ``{"report": path, "curves": path or None}``."""
     out_dir = out_dir or run_dir
     os.makedirs(out_dir, exist_ok=True)
-    metrics = read_jsonl(os.path.join(run_dir, "metrics.jsonl"))
+    metrics = read_jsonl(run_file_path(run_dir, "metrics.jsonl"))
     curves_path = os.path.join(out_dir, CURVES_FILE)
     name = os.path.basename(os.path.abspath(run_dir).rstrip("/"))
     panels = plot_curves(metrics, curves_path, title=name)
