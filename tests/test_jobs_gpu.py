@@ -200,3 +200,30 @@ def test_a_sft_rl_pipeline_job_is_collected_as_its_rl_and_sft_runs(tmp_path):
     assert json.loads((results / "pipe_sft" / "summary.json").read_text()) == {"finished_step": 3}
     assert json.loads((results / "pipe_sft" / "babyai.meta.json").read_text()) == {"episodes": 8}
     assert not (results / "pipe" / "babyai.meta.json").exists()
+
+
+def test_a_large_run_file_reaches_results_compressed(tmp_path):
+    """--results gets a run's JSON-lines files over 64 KiB as `X.jsonl.gz` (results/README.md:
+    the GPU machine's copy limit), holding the same bytes; a small one stays plain."""
+    import gzip
+
+    out = tmp_path / "out"
+    maker = tmp_path / "run.py"
+    maker.write_text(
+        "import json, os, sys\n"
+        "d = sys.argv[2]\n"
+        "os.makedirs(d, exist_ok=True)\n"
+        "with open(os.path.join(d, 'metrics.jsonl'), 'w') as f:\n"
+        "    for s in range(400):\n"
+        "        f.write(json.dumps({'step': s, 'pad': 'x' * 300}) + '\\n')\n"
+        "with open(os.path.join(d, 'trajectories_eval.jsonl'), 'w') as f:\n"
+        "    f.write(json.dumps({'step': 0, 'env': 'e', 'task_id': 't', 'reward': 1.0}) + '\\n')\n"
+        "json.dump({'finished_step': 400}, open(os.path.join(d, 'summary.json'), 'w'))\n")
+    jobs = _jobs(tmp_path / "jobs.txt", [f"big 40 0 python3 {maker} --workdir {out}/big"])
+    done = _run(jobs, out, "0")
+    assert done.returncode == 0, done.stdout + done.stderr
+    collected = out / "results" / "big"
+    assert sorted(p.name for p in collected.iterdir()) == [
+        "eval_episodes.jsonl", "metrics.jsonl.gz", "summary.json"]
+    assert (gzip.decompress((collected / "metrics.jsonl.gz").read_bytes())
+            == (out / "big" / "metrics.jsonl").read_bytes())

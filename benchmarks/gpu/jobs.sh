@@ -22,7 +22,8 @@
 # replaced by --out. A job's run folder is OUT/NAME (its small files are collected from there,
 # an earlier attempt is moved aside from there): a command whose `--workdir` names any other
 # folder is refused before anything starts (exit 2), since its files would be lost with the
-# machine. Exit code 1 if any job failed or was skipped.
+# machine. Exit code 1 if any job failed or was skipped. In the results folder a JSON-lines file
+# over 64 KiB is stored gzip-compressed (X.jsonl.gz, lossless; results/README.md says why).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 

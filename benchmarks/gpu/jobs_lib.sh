@@ -44,7 +44,7 @@ print("tiny model in", sys.argv[1])
 PYEOF
 }
 
-collect() {  # collect NAME: the job's small files and log -> $RESULTS
+collect() {  # collect NAME: the job's small files (JSONL over 64 KiB as .gz) and log -> $RESULTS
   local name=$1
   if [ -d "$OUT/$name/rl" ] || [ -d "$OUT/$name/sft" ]; then
     # a launch/sft_rl.py pipeline: its RL run as NAME, its SFT run and expert metas as NAME_sft

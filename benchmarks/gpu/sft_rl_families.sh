@@ -22,7 +22,8 @@
 # (<results>/report_F/gain.json and curves.png; ScienceWorld also report_F_score, its 0-100 score,
 # and success counted as score 100 only). A job with a marker in <out>/.done is skipped. Each job
 # runs under `timeout`; its wall time goes to <results>/timings.jsonl and its small files
-# (metrics.jsonl, summary.json, config.json, eval_episodes.jsonl) and a filtered log to
+# (metrics.jsonl, summary.json, config.json, eval_episodes.jsonl; .jsonl.gz when over 64 KiB)
+# and a filtered log to
 # <results>/<job>/ and <results>/logs/ as soon as it ends. Exit code 1 if any job failed.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
