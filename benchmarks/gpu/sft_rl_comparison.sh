@@ -41,8 +41,8 @@
 # start minus 25 s for the report); its wall time goes to <results>/timings.jsonl. After each job
 # its small files (metrics.jsonl, summary.json, config.json, eval_episodes.jsonl: one line per
 # evaluation episode with task, step, status, success, the input of the paired bootstrap; each as
-# .jsonl.gz when over 64 KiB) and a filtered copy of its log are copied to <results>/<job>/ and <results>/logs/, so they exist even
-# if a later job or the call itself is cut short. Runs (checkpoints, full trajectories) stay in
+# .jsonl.gz when over 64 KiB) and a filtered copy of its log are copied to <results>/<job>/ and
+# <results>/logs/, so they exist even if a later job or the call itself is cut short. Runs (checkpoints, full trajectories) stay in
 # --out. Exit code 1 if any job failed or was skipped.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
