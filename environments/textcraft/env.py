@@ -10,6 +10,10 @@ distractors, shuffled by the episode seed) and the goal. Actions, as in the orig
   one batch (the recipe's output count);
 * ``inventory``: list what you hold.
 
+``valid_actions`` lists the actions that would succeed now (``actions.admissible_actions``): the
+crafts the inventory allows, the ``get`` of the base items the commands use, then ``inventory``;
+the server appends them to the observations of sessions created with ``list_actions``.
+
 Reward 1 and ``done`` when the goal item is crafted; ``truncated`` after ``max_steps`` steps.
 """
 
@@ -20,6 +24,7 @@ import zlib
 from typing import Any
 
 from environments.core.base import InvalidTaskError, ResetResult, StepResult, TextEnvironment
+from environments.textcraft.actions import CraftCommand, admissible_actions, parse_commands
 from environments.textcraft.world import PREFIX, CraftingWorld, item_id, item_name, world
 
 MAX_STEPS = 50
@@ -64,6 +69,7 @@ class TextCraftEnv(TextEnvironment):
         self._ended = True
         self._success = False
         self._commands: list[str] = []
+        self._parsed: tuple[CraftCommand, ...] = ()
 
     def reset(self, task_id: str, seed: int | None = None) -> ResetResult:
         """Start goal ``task_id``, a goal name exactly as the catalog lists it (``dark_oak_sign``)."""
@@ -76,6 +82,7 @@ class TextCraftEnv(TextEnvironment):
         self._steps = 0
         self._ended = self._success = False
         self._commands = self._world.commands(goal_id, default_seed(self._task_id) if seed is None else seed)
+        self._parsed = parse_commands(self._commands)
         observation = "Crafting commands:\n{}\n\nGoal: craft {}.".format("\n".join(self._commands), item_name(goal_id))
         info = {
             "task_id": self._task_id,
@@ -122,6 +129,13 @@ class TextCraftEnv(TextEnvironment):
 
     def close(self) -> None:
         self._inventory = {}
+
+    def valid_actions(self) -> list[str] | None:
+        """The actions that succeed now, most useful first, at most 26 with ``inventory`` last
+        (``actions.admissible_actions``); None before the first reset and after the episode."""
+        if not self._goal_id or self._ended:
+            return None
+        return admissible_actions(self._world, self._parsed, self._goal_id, self._inventory)
 
     # -- actions
 
