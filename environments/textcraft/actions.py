@@ -51,21 +51,30 @@ def parse_commands(lines: Sequence[str]) -> tuple[CraftCommand, ...]:
     return tuple(parsed)
 
 
-def goal_relevant_items(world: CraftingWorld, commands: Sequence[CraftCommand], goal_id: str) -> set[str]:
-    """Items (and tags) the goal is crafted from through ``commands``: the goal, the ingredients
-    of every command making a relevant item (or an item of a relevant tag), transitively. The
-    agent can derive the same from the observation; distractor commands make other items."""
-    relevant = {goal_id}
-    grew = True
-    while grew:
-        grew = False
+def goal_distances(world: CraftingWorld, commands: Sequence[CraftCommand], goal_id: str) -> dict[str, int]:
+    """Items (and tags) the goal is crafted from through ``commands``, each with its distance
+    from the goal: the goal is 0; the ingredients of a command making an item at distance d (or
+    an item of a tag at distance d) are at d + 1 unless nearer (breadth first). The agent can
+    derive the same from the observation; distractor commands make items not in this map."""
+    distance = {goal_id: 0}
+    frontier = [goal_id]
+    while frontier:
+        wanted = set(frontier)
+        frontier = []
         for command in commands:
-            if command.output in relevant or world.tag_of(command.output) in relevant:
-                for ingredient, _ in command.ingredients:
-                    if ingredient not in relevant:
-                        relevant.add(ingredient)
-                        grew = True
-    return relevant
+            made = command.output if command.output in wanted else world.tag_of(command.output)
+            if made not in wanted:
+                continue
+            for ingredient, _ in command.ingredients:
+                if ingredient not in distance:
+                    distance[ingredient] = distance[made] + 1
+                    frontier.append(ingredient)
+    return distance
+
+
+def _is_relevant(world: CraftingWorld, command: CraftCommand, distance: Mapping[str, int]) -> bool:
+    """``command`` makes a goal-relevant item (or an item of a goal-relevant tag)."""
+    return command.output in distance or world.tag_of(command.output) in distance
 
 
 def _craft_variants(world: CraftingWorld, command: CraftCommand, inventory: Mapping[str, int]) -> list[str]:
@@ -102,11 +111,12 @@ def admissible_actions(world: CraftingWorld, commands: Sequence[CraftCommand], g
     """The actions that succeed in this state, most useful first, at most ``limit`` (``>= 1``),
     ``inventory`` always last:
 
-    1. ``craft`` of the goal, then of the other goal-relevant items (``goal_relevant_items``),
-       in command order, for every command whose ingredients the inventory holds
+    1. ``craft`` of the goal, then of the other goal-relevant items (``goal_distances``), in
+       command order, for every command whose ingredients the inventory holds
        (``_craft_variants``: tag ingredients written as held concrete items);
-    2. ``get N <item>`` for each goal-relevant base item held in fewer than N, where N is the
-       most any relevant command needs of it (one batch of any of them; repeat for more);
+    2. ``get N <item>`` for each goal-relevant base item held in fewer than N, nearest the
+       goal first (then in order of first appearance), where N is the most any relevant command
+       needs of it (one batch of any of them; repeat it for more);
     3. the crafts of distractor commands;
     4. the ``get`` of relevant base items already held in N, then of the base items only
        distractor commands use (N: the most such a command needs);
@@ -117,31 +127,27 @@ def admissible_actions(world: CraftingWorld, commands: Sequence[CraftCommand], g
     """
     if limit < 1:
         raise ValueError(f"limit must be >= 1, got {limit}")
-    relevant = goal_relevant_items(world, commands, goal_id)
+    distance = goal_distances(world, commands, goal_id)
     goal_crafts, relevant_crafts, other_crafts = [], [], []
     for command in commands:
         variants = _craft_variants(world, command, inventory)
         if command.output == goal_id:
             goal_crafts += variants
-        elif command.output in relevant or world.tag_of(command.output) in relevant:
+        elif _is_relevant(world, command, distance):
             relevant_crafts += variants
         else:
             other_crafts += variants
-    get_count: dict[str, int] = {}  # base item -> N, relevant commands' needs first
-    is_relevant: dict[str, bool] = {}
-    for relevant_pass in (True, False):
-        for command in commands:
-            command_relevant = command.output in relevant or world.tag_of(command.output) in relevant
-            if command_relevant != relevant_pass:
-                continue
-            for ingredient, count in command.ingredients:
-                if not world.is_base_item(ingredient) or is_relevant.get(ingredient, relevant_pass) != relevant_pass:
-                    continue
-                is_relevant[ingredient] = relevant_pass
-                get_count[ingredient] = max(get_count.get(ingredient, 0), count)
-    missing = [k for k in get_count if is_relevant[k] and inventory.get(k, 0) < get_count[k]]
-    held = [k for k in get_count if is_relevant[k] and inventory.get(k, 0) >= get_count[k]]
-    distractor_items = [k for k in get_count if not is_relevant[k]]
-    gets = [f"get {get_count[k]} {item_name(k)}" for k in missing + held + distractor_items]
+    get_count: dict[str, int] = {}  # base item -> N: the most a relevant command needs
+    other_count: dict[str, int] = {}  # base items only distractor commands use -> N
+    for command in commands:
+        counts = get_count if _is_relevant(world, command, distance) else other_count
+        for ingredient, count in command.ingredients:
+            if world.is_base_item(ingredient):
+                counts[ingredient] = max(counts.get(ingredient, 0), count)
+    nearest = sorted(get_count, key=lambda k: distance[k])  # stable: first appearance within a distance
+    missing = [k for k in nearest if inventory.get(k, 0) < get_count[k]]
+    held = [k for k in nearest if inventory.get(k, 0) >= get_count[k]]
+    gets = [f"get {get_count[k]} {item_name(k)}" for k in missing + held]
+    gets += [f"get {n} {item_name(k)}" for k, n in other_count.items() if k not in get_count]
     ordered = goal_crafts + relevant_crafts + gets[:len(missing)] + other_crafts + gets[len(missing):]
     return list(dict.fromkeys(ordered))[:limit - 1] + [INVENTORY]
