@@ -14,6 +14,7 @@ grpo_scaling        the paper's schedule with the settings' defaults
 ppo                 ``grpo_scaling`` with PPO (critic + GAE) instead of GRPO
 grpo_gpu            the default: one GPU, ~10 minutes (``common.gpu_recipe``)
 gigpo_gpu           ``grpo_gpu`` with the GiGPO estimator (anchor states: the inventory)
+choice_gpu          ``grpo_gpu`` answering with the letter of a listed valid action, restricted policy
 sft                 behaviour cloning of the recipe expert, CPU-sized
 sft_gpu             behaviour cloning on one GPU, ~7 minutes
 sft_grpo_gpu        ``grpo_gpu`` started from ``sft_gpu``'s policy
@@ -28,7 +29,7 @@ from ml_collections import ConfigDict
 
 from agentrl_jax.training.config.experiment import use_ppo
 from experiments.common import (bc_gpu, cpu_sized_sft, gpu_recipe, long_run, paper_scaling,
-                                select, sft_learner, sft_section, use_gigpo)
+                                select, sft_learner, sft_section, use_choice, use_gigpo)
 
 DEFAULT = "grpo_gpu"
 
@@ -55,6 +56,18 @@ def grpo_gpu() -> ConfigDict:
 def gigpo_gpu() -> ConfigDict:
     """``grpo_gpu`` with the GiGPO estimator (TextCraft reports its state: the inventory)."""
     return use_gigpo(grpo_gpu())
+
+
+def choice_gpu() -> ConfigDict:
+    """``grpo_gpu`` (same schedule, learner, budget and evaluation) in the lettered-choice format
+    with the policy restricted to the option letters (``common.use_choice``): the server lists
+    the actions that succeed now after each observation (``agent.list_valid_actions``;
+    ``environments/textcraft/actions.py``: the crafts the inventory allows, the goal's first,
+    then the ``get`` of the commands' base items nearest the goal, then ``inventory``; at most
+    26), shown as options ``a) ... b) ...``, and the one-token reply is one of " a" .. " z" or
+    EOS (docs/RESULTS.md, "Lettered options and a policy restricted to the letters, per family,
+    at step 0"; the jobs: benchmarks/jobs/families_choice_scratch.txt)."""
+    return use_choice(grpo_gpu(), list_actions=True)
 
 
 def sft() -> ConfigDict:
@@ -113,7 +126,7 @@ def sft_grpo_long_gpu() -> ConfigDict:
 
 VARIANTS = {
     "grpo_scaling": grpo_scaling, "ppo": ppo, "grpo_gpu": grpo_gpu, "gigpo_gpu": gigpo_gpu,
-    "sft": sft, "sft_gpu": sft_gpu, "sft_grpo_gpu": sft_grpo_gpu, "sft_gigpo_gpu": sft_gigpo_gpu,
+    "choice_gpu": choice_gpu, "sft": sft, "sft_gpu": sft_gpu, "sft_grpo_gpu": sft_grpo_gpu, "sft_gigpo_gpu": sft_gigpo_gpu,
     "sft_grpo_long_gpu": sft_grpo_long_gpu,
 }
 
