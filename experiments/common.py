@@ -128,11 +128,15 @@ def use_choice(c: ConfigDict, *, list_actions: bool,
     to list its valid actions (``agent.list_valid_actions``, as many as there are letters) for a
     family whose observations do not list them (ScienceWorld; BabyAI's do). The default tokens
     are the space-prefixed letters, measured against the bare ones in docs/RESULTS.md ("Lettered
-    options and a policy restricted to the letters, per family, at step 0")."""
+    options and a policy restricted to the letters, per family, at step 0"). The options block
+    is the only action list a prompt shows (``agent.actions_in_observation`` False: no BabyAI
+    "Available actions" line, no server "Valid actions" line), so the actions are not paid for
+    twice in every turn's tokens."""
     c.rollout.parser = "choice"
     c.agent.prompt_style = "choice"
     c.agent.response_prefix = "Action:"
     c.agent.list_valid_actions = len(CHOICE_LABELS) if list_actions else 0
+    c.agent.actions_in_observation = False
     c.model.output_tokens = output_tokens
     c.rollout.max_new_tokens = 1
     c.rollout.decode_steps = 1

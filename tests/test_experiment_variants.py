@@ -167,14 +167,18 @@ def test_choice_gpu_is_grpo_gpu_answering_with_a_restricted_letter(family, lists
     """``choice_gpu`` changes only the answer format of ``grpo_gpu`` (so the two compare at
     equal schedule, learner and evaluation): lettered options, one-token replies restricted to
     " a" .. " z" (each one token of SmolLM2's tokenizer), the server's listed valid actions
-    where the observation has none (ScienceWorld, TextCraft)."""
+    where the observation has none (ScienceWorld, TextCraft), and no action list in the
+    observation text beside the options block (``agent.actions_in_observation``)."""
     from agentrl_jax.training.preflight.validate import output_token_problems
 
     grpo, choice = flat(load(f"{family}:grpo_gpu")), flat(load(f"{family}:choice_gpu"))
     changed = {k for k in grpo if grpo[k] != choice.get(k)}
     assert changed == {"rollout.parser", "agent.prompt_style", "model.output_tokens",
                        "rollout.max_new_tokens", "rollout.decode_steps",
+                       "agent.actions_in_observation",
                        *(["agent.list_valid_actions"] if lists else [])}
+    assert (grpo["agent.actions_in_observation"][0], choice["agent.actions_in_observation"][0]) \
+        == (True, False)
     assert choice["model.output_tokens"][0] == [" " + c for c in "abcdefghijklmnopqrstuvwxyz"]
     assert (choice["rollout.parser"][0], choice["rollout.max_new_tokens"][0],
             choice["agent.list_valid_actions"][0]) == ("choice", 1, 26 if lists else 0)

@@ -36,7 +36,9 @@ Styles (``--styles``, comma-separated; :data:`STYLES`):
 * ``choice_letters``: ``choice`` with the policy restricted to the 26 letters ``"a".."z"`` and
   EOS (``model.output_tokens``), one token per reply;
 * ``choice_space_letters``: the same restricted to the space-prefixed tokens ``" a".." z"`` (the
-  natural next token after ``"Action:"``).
+  natural next token after ``"Action:"``);
+* ``choice_options_only``: ``choice_space_letters`` with no action list in the observation text
+  (``agent.actions_in_observation=False``: the options block is the only list; ``use_choice``).
 
 CPU-friendly defaults: 16 episodes of 3 turns, ``max_context`` 2048 (``--experiment``: its own).
 Prints one line per style and, with ``--json``, writes the numbers.
@@ -77,6 +79,7 @@ class AnswerStyle:
     parser: str = "react"
     output_tokens: str | tuple[str, ...] = ""
     list_actions: bool = False
+    actions_in_observation: bool = True  # False: the options block is the only action list
 
 
 #: the option letters as space-prefixed tokens: " a", " b", ... (SmolLM2: one token each)
@@ -92,6 +95,9 @@ STYLES: dict[str, AnswerStyle] = {
                                   output_tokens=CHOICE_LABELS, list_actions=True),
     "choice_space_letters": AnswerStyle("choice", "Action:", 1, None, "choice",
                                         output_tokens=SPACE_LETTERS, list_actions=True),
+    "choice_options_only": AnswerStyle("choice", "Action:", 1, None, "choice",
+                                       output_tokens=SPACE_LETTERS, list_actions=True,
+                                       actions_in_observation=False),
 }
 
 
@@ -261,6 +267,7 @@ def style_config(args: argparse.Namespace, style: str) -> RunConfig:
         c.rollout.stop = s.stop
     c.model.output_tokens = s.output_tokens
     c.agent.list_valid_actions = len(CHOICE_LABELS) if s.list_actions else 0
+    c.agent.actions_in_observation = s.actions_in_observation
     return to_run_config(c)
 
 

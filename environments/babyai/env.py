@@ -196,9 +196,12 @@ class BabyAIEnv(TextEnvironment):
         self._actions = None
 
     def _render(self, feedback: str = "") -> str:
-        body = describe(self._env.mission, self._view, self._objects, self._env.carrying)
-        actions = "Available actions: " + ", ".join(self.available_actions())
-        return f"{feedback}\n{body}\n{actions}" if feedback else f"{body}\n{actions}"
+        """The feedback line, the view, and (unless ``action_text`` is off) the available actions."""
+        lines = [feedback] if feedback else []
+        lines.append(describe(self._env.mission, self._view, self._objects, self._env.carrying))
+        if self.action_text:
+            lines.append("Available actions: " + ", ".join(self.available_actions()))
+        return "\n".join(lines)
 
     def _info(self, invalid: bool) -> dict[str, Any]:
         return {

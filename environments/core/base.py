@@ -99,6 +99,11 @@ class TextEnvironment(abc.ABC):
     name: ClassVar[str]
     #: True where every observation already ends with the list of available actions (BabyAI)
     lists_actions_in_observation: ClassVar[bool] = False
+    #: False: leave the family's own action list out of the observation text (a session created
+    #: with ``"action_text": false``; the server sets it before every reset). Only families that
+    #: list actions in their observations (``lists_actions_in_observation``) read it; they still
+    #: give the actions in ``info``.
+    action_text: bool = True
 
     @abc.abstractmethod
     def reset(self, task_id: str, seed: int | None = None) -> ResetResult:

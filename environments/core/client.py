@@ -92,13 +92,19 @@ class EnvClient:
         api_key: str | None = None,
         batch: bool | None = None,
         list_actions: int = 0,
+        action_text: bool = True,
     ) -> None:
         """``list_actions``: > 0 asks the server, at every create and reset, to end each
         observation with up to this many of the environment's valid actions (families that have
-        them; the server's ``list_actions`` field)."""
+        them; the server's ``list_actions`` field). ``action_text`` False asks for no action list
+        in the observation text at all (the server's ``action_text`` field): the actions come in
+        ``info`` only, for an agent that shows them its own way (lettered options)."""
         if isinstance(list_actions, bool) or not isinstance(list_actions, int) or list_actions < 0:
             raise ValueError(f"list_actions must be an integer >= 0 (got {list_actions!r})")
+        if not isinstance(action_text, bool):
+            raise ValueError(f"action_text must be True or False (got {action_text!r})")
         self.list_actions = list_actions
+        self.action_text = action_text
         self.urls = [urls.rstrip("/")] if isinstance(urls, str) else [u.rstrip("/") for u in urls]
         if not self.urls:
             raise ValueError("EnvClient needs at least one server URL")
@@ -127,7 +133,8 @@ class EnvClient:
         api_key = self._auth.get("Authorization", "")[len("Bearer "):] or None
         return {"urls": list(self.urls), "timeout": self.timeout, "retries": self.retries,
                 "backoff": self.backoff, "max_connections": self.max_connections,
-                "api_key": api_key, "batch": self.batch, "list_actions": self.list_actions}
+                "api_key": api_key, "batch": self.batch, "list_actions": self.list_actions,
+                "action_text": self.action_text}
 
     # -- lifecycle
 
@@ -321,13 +328,20 @@ class EnvClient:
 
     # -- protocol
 
+    def _listing_fields(self, payload: dict[str, Any]) -> None:
+        """Add the session's action-listing fields to a create / reset body (only those that
+        differ from the server's defaults, so an older server sees the same requests)."""
+        if self.list_actions:
+            payload["list_actions"] = self.list_actions
+        if not self.action_text:
+            payload["action_text"] = False
+
     async def create(
         self, task_id: str | None = None, split: str | None = None, index: int | None = None, seed: int | None = None
     ) -> CreateResult:
         """Start an episode on a new instance: give ``task_id``, or ``split`` and ``index``."""
         payload = _task_payload(task_id, split, index, seed)
-        if self.list_actions:
-            payload["list_actions"] = self.list_actions
+        self._listing_fields(payload)
 
         async def attempt() -> CreateResult:
             replica = self._pick_replica()  # _call counts it in flight before its first await
@@ -366,8 +380,7 @@ class EnvClient:
         """Start a new episode on the same instance (same task unless another is named)."""
         replica, server_id = self._decode(env_id)
         payload = {"env_id": server_id, **_task_payload(task_id, split, index, seed, needed=False)}
-        if self.list_actions:
-            payload["list_actions"] = self.list_actions
+        self._listing_fields(payload)
         data = await self._call(replica, "POST", "/reset", payload)
         return ResetResult(observation=data["observation"], info=data.get("info", {}))
 

@@ -91,6 +91,13 @@ def optional(data: dict[str, Any], key: str, kind: type) -> Any:
     return value
 
 
+def action_text_field(data: dict[str, Any]) -> bool | None:
+    """``data["action_text"]``: False keeps every action list out of the observation text (the
+    server's ``Valid actions:`` line and a family's own listing, e.g. BabyAI's ``Available
+    actions:``); the actions still come in ``info``. None: not given."""
+    return optional(data, "action_text", bool)
+
+
 def list_actions_field(data: dict[str, Any]) -> int | None:
     """``data["list_actions"]``: how many valid actions to list, 0..``MAX_LISTED_ACTIONS``."""
     value = optional(data, "list_actions", int)

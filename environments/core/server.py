@@ -2,11 +2,14 @@
 
 Endpoints (all bodies and answers are JSON; see docs/ENVIRONMENTS.md):
 
-* ``POST /create {"task_id"} | {"split", "index"} [+ "seed"] [+ "list_actions"]`` -> ``{"env_id",
-  "observation", "info"}``; ``list_actions`` N (0..``MAX_LISTED_ACTIONS``): every observation of
-  the session ends with up to N of the environment's valid actions (families that have them)
+* ``POST /create {"task_id"} | {"split", "index"} [+ "seed"] [+ "list_actions"] [+ "action_text"]``
+  -> ``{"env_id", "observation", "info"}``; ``list_actions`` N (0..``MAX_LISTED_ACTIONS``): every
+  observation of the session ends with up to N of the environment's valid actions (families that
+  have them), also given as ``info["listed_actions"]``; ``"action_text": false``: no action list
+  in the observation text at all (neither that line nor a family's own, e.g. BabyAI's), the
+  actions in ``info`` only (``listed_actions``, or the family's ``available_actions``)
 * ``POST /step {"env_id", "action"}`` -> ``{"observation", "reward", "done", "truncated", "info"}``
-* ``POST /reset {"env_id" [, "task_id" | "split"+"index"] [, "seed"] [, "list_actions"]}`` -> like
+* ``POST /reset {"env_id" [, "task_id" | "split"+"index"] [, "seed"] [, "list_actions"] [, "action_text"]}`` -> like
   ``/create``
 * ``POST /close {"env_id"}`` -> ``{"closed": true}``
 * ``POST /batch {"calls": [{"op": "step", "env_id", "action"}, ...]}`` -> ``{"results": [{"status",
@@ -42,8 +45,9 @@ from agentrl_common.httpguard import (DEFAULT_READ_TIMEOUT_S, GuardError, Limits
                                          api_key_middleware, exit_with_parent, request_guard_middleware)
 from environments.core.base import (InvalidTaskError, ResetResult, StepResult, TaskCatalog, TextEnvironment,
                                     action_list_text)
-from environments.core.requests import (ProtocolError, error_response, json_response, list_actions_field, optional,
-                                        query_int, read_json, required, task_id_field)
+from environments.core.requests import (ProtocolError, action_text_field, error_response, json_response,
+                                        list_actions_field, optional, query_int, read_json, required,
+                                        task_id_field)
 from environments.core.sessions import CapacityError, Session, SessionTable, Stats
 from environments.core.spares import SpareInstances
 from environments.registry import Family
@@ -67,15 +71,16 @@ def _wants_list(session: Session) -> bool:
     return bool(session.list_actions) and not session.finished and not session.env.lists_actions_in_observation
 
 
-def with_action_list(result: R, actions: list[str] | None, limit: int) -> R:
-    """``result`` with ``action_list_text(actions, limit)`` as the observation's last line and the
-    listed actions in ``info["listed_actions"]``; unchanged where ``actions`` is None or empty
-    (the family has no list, or nothing is valid)."""
+def with_action_list(result: R, actions: list[str] | None, limit: int, text: bool = True) -> R:
+    """``result`` with the listed actions (the first ``limit``) in ``info["listed_actions"]`` and,
+    when ``text``, ``action_list_text(actions, limit)`` as the observation's last line; unchanged
+    where ``actions`` is None or empty (the family has no list, or nothing is valid)."""
     if not actions or limit <= 0:
         return result
     info = dict(result.info)
     info["listed_actions"] = list(actions[:limit])
-    observation = f"{result.observation.rstrip()}\n{action_list_text(actions, limit)}"
+    observation = (f"{result.observation.rstrip()}\n{action_list_text(actions, limit)}" if text
+                   else result.observation)
     return dataclasses.replace(result, observation=observation, info=info)
 
 
@@ -218,16 +223,18 @@ class EnvServer:
     async def op_create(self, data: dict[str, Any]) -> dict[str, Any]:
         seed = optional(data, "seed", int)
         list_actions = list_actions_field(data) or 0
+        action_text = action_text_field(data)
+        action_text = True if action_text is None else action_text
         task_id = self._task_from(data, needed=True)
         try:
             self.sessions.reserve()
         except CapacityError as error:
             raise ProtocolError(503, str(error), headers={"Retry-After": RETRY_AFTER_S}) from None
         try:
-            env, result, reused = await self._reset_an_instance(task_id, seed)
+            env, result, reused = await self._reset_an_instance(task_id, seed, action_text)
             self.stats.sessions_reused += reused
             session = self.sessions.add(env, task_id, seed)
-            session.list_actions = list_actions
+            session.list_actions, session.action_text = list_actions, action_text
             try:
                 result = await self._listing_actions(session, result)
             except BaseException:  # the client gets an error, not this session: close it
@@ -239,8 +246,10 @@ class EnvServer:
         self.stats.sessions_created += 1
         return self._reset_payload(session, result)
 
-    async def _reset_an_instance(self, task_id: str, seed: int | None) -> tuple[TextEnvironment, ResetResult, bool]:
-        """A spare instance (or a new one) reset onto ``task_id``: (instance, reset result, reused).
+    async def _reset_an_instance(self, task_id: str, seed: int | None, action_text: bool = True,
+                                 ) -> tuple[TextEnvironment, ResetResult, bool]:
+        """A spare instance (or a new one) reset onto ``task_id``, its ``action_text`` set first:
+        (instance, reset result, reused).
 
         A spare whose reset fails is closed. When the request itself is bad (an unknown task) the
         error goes to the client; any other failure means the spare broke while idle (a browser
@@ -249,6 +258,7 @@ class EnvServer:
         spare = self.spares.take()
         if spare is not None:
             try:
+                spare.action_text = action_text
                 return spare, await self.call(spare.reset, task_id, seed), True
             except BaseException as error:
                 await self.call(spare.close)
@@ -259,6 +269,7 @@ class EnvServer:
                 self.stats.spares_replaced += 1
         env = await self.call(self.family.env_factory)
         try:
+            env.action_text = action_text
             return env, await self.call(env.reset, task_id, seed), False
         except BaseException:
             await self.call(env.close)
@@ -268,6 +279,7 @@ class EnvServer:
         required(data, "env_id", str)
         seed = optional(data, "seed", int)
         list_actions = list_actions_field(data)
+        action_text = action_text_field(data)
         task_id = self._task_from(data, needed=False)
         session = self._session(data)
         async with session.lock:
@@ -275,6 +287,9 @@ class EnvServer:
                 raise ProtocolError(404, f"unknown env_id {session.env_id!r}")
             task_id = task_id if task_id is not None else session.task_id
             seed = seed if "seed" in data else session.seed
+            if action_text is not None:
+                session.action_text = action_text
+            session.env.action_text = session.action_text
             result = await self._env_call(session, session.env.reset, task_id, seed)
             session.task_id, session.seed = task_id, seed
             session.finished, session.steps = False, 0
@@ -292,7 +307,8 @@ class EnvServer:
             self._check_steppable(session)
             result = self._record_step(session, session.env.step(action))
             if _wants_list(session):
-                result = with_action_list(result, session.env.valid_actions(), session.list_actions)
+                result = with_action_list(result, session.env.valid_actions(), session.list_actions,
+                                          session.action_text)
         else:
             async with session.lock:
                 self._check_steppable(session)
@@ -323,7 +339,7 @@ class EnvServer:
             return result
         env = session.env
         actions = env.valid_actions() if self.family.inline else await self.call(env.valid_actions)
-        return with_action_list(result, actions, session.list_actions)
+        return with_action_list(result, actions, session.list_actions, session.action_text)
 
     def _check_steppable(self, session: Session) -> None:
         if session.closed:

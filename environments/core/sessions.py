@@ -30,6 +30,9 @@ class Session:
     steps: int = 0
     failed: bool = False  # a reset or step of this instance raised: never reuse it
     list_actions: int = 0  # > 0: append up to this many valid actions to each observation
+    # False: no action list in the observation text (``listed_actions`` in info only); the
+    # instance is told too (``TextEnvironment.action_text``), for families that list their own
+    action_text: bool = True
 
     def touch(self) -> None:
         """Mark the session as used now (for idle reaping)."""

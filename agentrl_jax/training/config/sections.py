@@ -146,6 +146,12 @@ class AgentConfig(Section):
     list_valid_actions: int = setting(0, check=lambda v: None if is_int(v) and (
         0 <= v <= _max_listed_actions()) else (f"must be an integer in 0.."
                                               f"{_max_listed_actions()} (got {v!r})"))
+    # False: the environments write no action list into the observation text (BabyAI's
+    # "Available actions: ..." line, the servers' "Valid actions: ..." line for
+    # list_valid_actions); the actions reach the agent in info only. For the lettered-choice
+    # prompt (rollout.parser = "choice"), whose options block lists them already: with True each
+    # turn shows them twice (experiments/common.py: use_choice sets False)
+    actions_in_observation: bool = setting(True)
     # > 0: a bounded history window: each prompt holds the system prompt, the first user
     # message (the task) and only the last this many (reply, observation) pairs; a windowed
     # episode trains as several rows (agent/episode.py, docs/TRAINING.md); 0: the whole history

@@ -89,7 +89,8 @@ def make_env_clients(urls: Mapping[str, Sequence[str]], config: RunConfig,
     for name, replica_urls in urls.items():
         client = EnvClient(list(replica_urls), timeout=config.env.timeout,
                            max_connections=config.rollout.max_concurrency * 2,
-                           list_actions=config.agent.list_valid_actions)
+                           list_actions=config.agent.list_valid_actions,
+                           action_text=config.agent.actions_in_observation)
         stack.push_async_callback(client.aclose)
         clients[name] = client
     return clients
