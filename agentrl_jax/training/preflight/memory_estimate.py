@@ -52,12 +52,29 @@ def parameter_count(shape: Mapping[str, Any]) -> int:
     return v * d * (1 if shape.get("tie_word_embeddings") else 2) + d + n * layer
 
 
+#: the ModelConfig fields that make a decoder's shape (what ``parameter_count`` and the estimate read)
+SHAPE_FIELDS = ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads",
+                "num_kv_heads", "head_dim", "tie_word_embeddings", "attention_bias", "model_type")
+
+
+def model_shape(config: RunConfig) -> dict[str, Any]:
+    """The decoder shape of ``config.model``: its ``random_init`` when set, else the named model's
+    (``model.name``: a known name, a HF directory's config.json or a GGUF file's metadata, read
+    without loading a weight), as the ``SHAPE_FIELDS`` of its ``ModelConfig``."""
+    if config.model.random_init:
+        return dict(config.model.random_init)
+    from agentrl_jax.models.pretrained import load_model_config
+
+    cfg = load_model_config(config.model.name)
+    return {name: getattr(cfg, name) for name in SHAPE_FIELDS}
+
+
 def memory_estimate(num_gpus: int, config: RunConfig, usable_gib: float | None = None,
                     gpu_memory_gib: float = H100_TOTAL_GIB,
                     mem_fraction: float = DEFAULT_MEM_FRACTION) -> dict[str, Any]:
-    """Device memory per GPU (GiB) of the run ``config`` (a ``RunConfig`` whose
-    ``model.random_init`` holds the decoder's shape, as :func:`parameter_count` reads it) on
-    ``num_gpus`` GPUs of one host: the learner FSDP over all of them, one engine replica on each.
+    """Device memory per GPU (GiB) of the run ``config`` (a ``RunConfig``; the decoder's shape is
+    :func:`model_shape`'s: ``model.random_init``, else the named model's) on ``num_gpus`` GPUs of
+    one host: the learner FSDP over all of them, one engine replica on each.
 
     The memory JAX may use on each GPU: ``usable_gib`` when given, else ``gpu_memory_gib``
     (the card's total, default an H100 80GB's) x ``mem_fraction``
@@ -108,7 +125,7 @@ def memory_estimate(num_gpus: int, config: RunConfig, usable_gib: float | None =
     if usable_gib is None:
         usable_gib = gpu_memory_gib * mem_fraction
     c = config
-    shape = dict(c.model.random_init)
+    shape = model_shape(c)
     n = parameter_count(shape)
     g = int(num_gpus)
     mcfg = ModelConfig(**shape)
@@ -208,8 +225,9 @@ def config_for(spec: str, num_gpus: int) -> RunConfig:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Print the per-GPU memory table of an experiment (``--config FILE``, a
-    ``model.random_init`` shape); ``--gpus N --check``: exit 3 when N GPUs cannot fit."""
+    """Print the per-GPU memory table of an experiment (``--config FILE[:variant]``: its
+    ``model.random_init`` shape or its named model's); ``--gpus N --check``: exit 3 when N GPUs
+    cannot fit."""
     p = argparse.ArgumentParser(description=main.__doc__)
     p.add_argument("--config", required=True,
                    help="experiment file[:variant] (get_config())")
