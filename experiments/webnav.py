@@ -17,6 +17,7 @@ ppo           ``grpo_scaling`` with PPO (critic + GAE) instead of GRPO
 grpo_gpu      the default: one GPU, a few minutes of training (``common.gpu_recipe``), 24 browsers
 sft_gpu       behaviour cloning of the rule-based expert on one GPU
 sft_grpo_gpu  ``grpo_gpu`` started from ``sft_gpu``'s policy
+choice_gpu    ``grpo_gpu`` answering with the letter of a listed admissible action, restricted policy
 ============= ==============================================================================
 """
 
@@ -25,7 +26,7 @@ from __future__ import annotations
 from ml_collections import ConfigDict
 
 from agentrl_jax.training.config.experiment import use_ppo
-from experiments.common import bc_gpu, gpu_recipe, paper_scaling, select
+from experiments.common import bc_gpu, gpu_recipe, paper_scaling, select, use_choice
 
 DEFAULT = "grpo_gpu"
 
@@ -83,8 +84,20 @@ def sft_grpo_gpu() -> ConfigDict:
     return c
 
 
+def choice_gpu() -> ConfigDict:
+    """``grpo_gpu`` (same schedule, browsers, learner, budget and evaluation) in the
+    lettered-choice format with the policy restricted to the option letters
+    (``common.use_choice``): the server lists the page's admissible actions after each
+    observation (``agent.list_valid_actions``; ``environments/miniwob/admissible.py``: typing the
+    instruction's quoted texts into fields, choosing options, clicking elements, pressing Enter,
+    at most 26), shown as options ``a) ... b) ...``, and the one-token reply is one of " a" ..
+    " z" or EOS (docs/RESULTS.md, "Lettered options and a policy restricted to the letters, per
+    family, at step 0"; the jobs: benchmarks/jobs/families_choice_scratch.txt)."""
+    return use_choice(grpo_gpu(), list_actions=True)
+
+
 VARIANTS = {"grpo_scaling": grpo_scaling, "ppo": ppo, "grpo_gpu": grpo_gpu, "sft_gpu": sft_gpu,
-            "sft_grpo_gpu": sft_grpo_gpu}
+            "sft_grpo_gpu": sft_grpo_gpu, "choice_gpu": choice_gpu}
 
 
 def get_config(variant: str | None = None) -> ConfigDict:

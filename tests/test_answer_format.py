@@ -3,6 +3,7 @@ on hand-built cases."""
 
 from __future__ import annotations
 
+import asyncio
 import importlib.util
 import os
 import sys
@@ -143,6 +144,24 @@ def test_benchmark_counts_choice_turns_against_their_options():
     assert (stats.episodes, stats.score_sum, stats.scored, stats.completed,
             stats.context_limit) == (2, 1.25, 2, 1, 1)
     assert stats.per_episode(stats.turns) == 3.0
+    assert stats.episode_scores == [["t", 0.25, 3], ["t", 1.0, 3]]  # per episode, to split tasks
+
+
+def test_the_task_sample_is_evenly_spaced_or_the_splits_first():
+    """An evenly spaced sample of an interleaved split (MiniWoB: index i is task i % 22) can land
+    on two tasks; ``--sample first`` takes one of each of the first tasks."""
+    bench = _benchmark()
+
+    class Catalog:
+        async def tasks(self, split):
+            return [f"task{i % 22}/seed={i // 22}" for i in range(22 * 1000)]
+
+    def sample(how: str) -> list[str]:
+        args = bench.argparse.Namespace(split="train", episodes=16, sample=how)
+        return [t.task_id for t in asyncio.run(bench.sample_tasks({"miniwob": Catalog()}, args))]
+
+    assert {t.split("/")[0] for t in sample("spaced")} == {"task0", "task11"}
+    assert sample("first") == [f"task{i}/seed=0" for i in range(16)]
 
 
 def test_choice_styles_configure_the_restricted_policy():

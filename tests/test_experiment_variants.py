@@ -162,13 +162,13 @@ def test_run_name_of_a_config(spec, name):
 
 
 @pytest.mark.parametrize("family, lists", [("babyai.py", False), ("sciworld.py", True),
-                                           ("textcraft.py", True)])
+                                           ("textcraft.py", True), ("webnav.py", True)])
 def test_choice_gpu_is_grpo_gpu_answering_with_a_restricted_letter(family, lists):
     """``choice_gpu`` changes only the answer format of ``grpo_gpu`` (so the two compare at
     equal schedule, learner and evaluation): lettered options, one-token replies restricted to
     " a" .. " z" (each one token of SmolLM2's tokenizer), the server's listed valid actions
-    where the observation has none (ScienceWorld, TextCraft), and no action list in the
-    observation text beside the options block (``agent.actions_in_observation``)."""
+    where the observation has none (ScienceWorld, TextCraft, web navigation), and no action
+    list in the observation text beside the options block (``agent.actions_in_observation``)."""
     from agentrl_jax.training.preflight.validate import output_token_problems
 
     grpo, choice = flat(load(f"{family}:grpo_gpu")), flat(load(f"{family}:choice_gpu"))

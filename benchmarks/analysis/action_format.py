@@ -120,6 +120,8 @@ class FormatStats:
     max_context_tokens: int = 0
     context_limit: int = 0  # episodes ended by rollout.max_context
     seconds: float = 0.0
+    # one [task id, score, turns] per episode (to split a family's tasks afterwards)
+    episode_scores: list[list[Any]] = dataclasses.field(default_factory=list)
 
     def rate(self, count: int) -> float:
         """``count`` per turn."""
@@ -215,6 +217,7 @@ def count_turns(stats: FormatStats, trajectories: list[Trajectory], parser: Any,
         stats.context_tokens += length
         stats.max_context_tokens = max(stats.max_context_tokens, length)
         stats.context_limit += int(t.status == "context_limit")
+        stats.episode_scores.append([t.task_id, score, len(pairs)])
 
 
 def sample_replies(trajectories: list[Trajectory], n: int, width: int = 100) -> list[str]:
@@ -222,6 +225,16 @@ def sample_replies(trajectories: list[Trajectory], n: int, width: int = 100) -> 
     replies = [next((m["content"] for m in t.messages if m["role"] == "assistant"), "")
                for t in trajectories[:n]]
     return [r[:width] for r in replies]
+
+
+async def sample_tasks(clients: Any, args: argparse.Namespace) -> list:
+    """``--episodes`` task references of ``--split``: evenly spaced over the split
+    (``--sample spaced``, ``services.task_refs``), or its first ones (``--sample first``: for a
+    catalog interleaved across tasks, such as MiniWoB's, one episode of each of the first tasks;
+    an evenly spaced sample of an interleaved split can land on a few tasks only)."""
+    if args.sample == "first":
+        return (await services.task_refs(clients, args.split))[: args.episodes]
+    return await services.task_refs(clients, args.split, args.episodes)
 
 
 def base_of(args: argparse.Namespace) -> Any:
@@ -297,7 +310,7 @@ async def measure(args: argparse.Namespace) -> list[FormatStats]:
                 async with contextlib.AsyncExitStack() as style_stack:
                     clients = services.make_env_clients(urls, c, style_stack)
                     if tasks is None:
-                        tasks = await services.task_refs(clients, args.split, args.episodes)
+                        tasks = await sample_tasks(clients, args)
                     model.cfg = unrestricted
                     if c.model.output_tokens:
                         restrict_policy(model, tokenizer, c.model.output_tokens)
@@ -340,6 +353,9 @@ def main(argv: Sequence[str] | None = None) -> None:
                    help="0: the experiment's (without --experiment: 2048)")
     p.add_argument("--temperature", type=float, default=1.0)
     p.add_argument("--split", default="train")
+    p.add_argument("--sample", default="spaced", choices=("spaced", "first"),
+                   help="which tasks of the split: evenly spaced, or the first --episodes (one of "
+                        "each task where the split is interleaved across tasks, as MiniWoB's is)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--show", type=int, default=2, help="print this many example replies")
     p.add_argument("--json", default=None, help="write the numbers here")

@@ -26,12 +26,17 @@ MAX_TEXT = 300
 
 @dataclasses.dataclass(frozen=True)
 class Element:
-    """One element of the page (shown or not)."""
+    """One element of the page (shown or not), with the state its line shows: ``value`` of an
+    input or text area, ``options`` and ``selected`` of a ``<select>``, ``focused``."""
 
     ref: int
     tag: str
     text: str
     shown: bool
+    value: str = ""
+    options: tuple[str, ...] = ()
+    selected: str | None = None
+    focused: bool = False
 
 
 def _quote(text: str) -> str:
@@ -67,7 +72,14 @@ def render(root: dict[str, Any]) -> tuple[str, dict[int, Element]]:
         ref = int(node["ref"])
         text = _text_of(node)
         shown = not is_root and (bool(text) or _is_interactive(tag))
-        elements[ref] = Element(ref=ref, tag=tag, text=text, shown=shown)
+        select = selects.get(str(ref)) if tag == "select" else None
+        elements[ref] = Element(
+            ref=ref, tag=tag, text=text, shown=shown,
+            value="" if tag in ("input_checkbox", "input_radio") else str(node.get("value") or ""),
+            options=tuple(str(o) for o in select.get("options", [])) if select else (),
+            selected=None if not select or select.get("selected") is None else str(select["selected"]),
+            focused=bool(node.get("focused")),
+        )  # fmt: skip
         if shown:
             parts = [f"[{ref}] {tag}"]
             if text and not tag.startswith("input"):
@@ -78,11 +90,10 @@ def render(root: dict[str, Any]) -> tuple[str, dict[int, Element]]:
                 parts.append(f"checked={'true' if node.get('value') else 'false'}")
             elif tag.startswith("input") or tag == "textarea":
                 parts.append(f"value={_quote(str(node.get('value') or ''))}")
-            if tag == "select" and str(ref) in selects:
-                info = selects[str(ref)]
-                parts.append("options=[" + ", ".join(_quote(o) for o in info.get("options", [])) + "]")
-                if info.get("selected") is not None:
-                    parts.append(f"selected={_quote(info['selected'])}")
+            if select is not None:
+                parts.append("options=[" + ", ".join(_quote(o) for o in select.get("options", [])) + "]")
+                if select.get("selected") is not None:
+                    parts.append(f"selected={_quote(select['selected'])}")
             if node.get("focused"):
                 parts.append("focused")
             lines.append("  " * depth + " ".join(parts))

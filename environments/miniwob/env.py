@@ -2,7 +2,8 @@
 
 Observation: the task's instruction (MiniWoB's "utterance") and the page's visible elements, one
 per line with a ref (see ``dom_text.py``). Actions: ``click [ref]``, ``type [ref] "text"``,
-``select [ref] "option"``, ``press [key]`` (see ``actions.py``).
+``select [ref] "option"``, ``press [key]`` (see ``actions.py``). ``valid_actions()`` lists the
+page's admissible ones (``admissible.py``), which the server appends for ``list_actions`` sessions.
 
 Reward: MiniWoB ends the episode itself (a right or wrong final click, a submitted form); the
 step that ends it gets reward 1.0 when MiniWoB's raw reward is > 0 (``success``), else 0.0.
@@ -22,6 +23,7 @@ from typing import Any
 
 from environments.core.base import ResetResult, StepResult, TextEnvironment
 from environments.miniwob.actions import parse_action
+from environments.miniwob.admissible import admissible_actions
 from environments.miniwob.browser import MiniWoBBrowser
 from environments.miniwob.catalog import SUPPORTED_TASKS, make_task_id, parse_task_id, split_of_seed
 from environments.miniwob.dom_text import Element, render
@@ -129,6 +131,15 @@ class MiniWoBEnvironment(TextEnvironment):
             self._active = False
         info.update(success=False, score=0.0)
         return StepResult(observation=observation, reward=0.0, done=False, truncated=truncated, info=info)
+
+    def valid_actions(self) -> list[str] | None:
+        """The current page's admissible actions (``admissible.admissible_actions``: typing the
+        instruction's quoted texts into fields, choosing options, clicking elements, pressing
+        Enter), at most 26, from the elements of the last observation (no browser call); None
+        between episodes."""
+        if not self._active:
+            return None
+        return admissible_actions(list(self._elements.values()), self._utterance)
 
     def close(self) -> None:
         """Kill the browser and chromedriver. Idempotent."""
