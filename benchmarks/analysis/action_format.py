@@ -229,12 +229,14 @@ def sample_replies(trajectories: list[Trajectory], n: int, width: int = 100) -> 
 
 async def sample_tasks(clients: Any, args: argparse.Namespace) -> list:
     """``--episodes`` task references of ``--split``: evenly spaced over the split
-    (``--sample spaced``, ``services.task_refs``), or its first ones (``--sample first``: for a
-    catalog interleaved across tasks, such as MiniWoB's, one episode of each of the first tasks;
-    an evenly spaced sample of an interleaved split can land on a few tasks only)."""
+    (``--sample spaced``, the default, which the committed step-0 tables used), spread over its
+    task groups (``--sample stratified``, what evaluations use: ``runtime/task_sample.py``), or
+    its first ones (``--sample first``: for a catalog interleaved across tasks, such as
+    MiniWoB's, one episode of each of the first tasks; an evenly spaced sample of an interleaved
+    split can land on a few tasks only)."""
     if args.sample == "first":
         return (await services.task_refs(clients, args.split))[: args.episodes]
-    return await services.task_refs(clients, args.split, args.episodes)
+    return await services.task_refs(clients, args.split, args.episodes, sample=args.sample)
 
 
 def base_of(args: argparse.Namespace) -> Any:
@@ -353,9 +355,10 @@ def main(argv: Sequence[str] | None = None) -> None:
                    help="0: the experiment's (without --experiment: 2048)")
     p.add_argument("--temperature", type=float, default=1.0)
     p.add_argument("--split", default="train")
-    p.add_argument("--sample", default="spaced", choices=("spaced", "first"),
-                   help="which tasks of the split: evenly spaced, or the first --episodes (one of "
-                        "each task where the split is interleaved across tasks, as MiniWoB's is)")
+    p.add_argument("--sample", default="spaced", choices=("spaced", "stratified", "first"),
+                   help="which tasks of the split: evenly spaced, spread over its task groups "
+                        "(as evaluations sample), or the first --episodes (one of each task "
+                        "where the split is interleaved across tasks, as MiniWoB's is)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--show", type=int, default=2, help="print this many example replies")
     p.add_argument("--json", default=None, help="write the numbers here")

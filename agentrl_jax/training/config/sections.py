@@ -215,6 +215,12 @@ class TrainConfig(Section):
     # the split the run's evaluations read: "test" for results, "dev" (a held-out carve of the
     # training distribution, where a family has one) for ablations and recipe choices
     eval_split: str = setting("test", choices=("test", "dev"), kind="evaluation split")
+    # which eval_tasks of the split: "stratified" spreads them over its task groups (every
+    # BabyAI level, ScienceWorld / MiniWoB task; runtime/task_sample.py), "spaced" takes evenly
+    # spaced ids (what runs before 2026-12-02 evaluated: on BabyAI's interleaved split 128 of
+    # them are 64 of the 96 levels, 100 are 2)
+    eval_sample: str = setting("stratified", choices=("stratified", "spaced"),
+                               kind="evaluation task sample")
     # an evaluation is a result only if at least this share of its tasks was scored (a task is
     # scored when one of its episodes finished without an environment / engine error)
     eval_min_scored: float = setting(0.9, ge=0, le=1)

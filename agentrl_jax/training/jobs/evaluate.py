@@ -58,8 +58,8 @@ async def run_evaluation(config: RunConfig, checkpoint_dir: str | None = None,
                          trajectories_out: list | None = None) -> EvalResult:
     """Evaluate ``config``'s policy (restored from ``checkpoint_dir`` at ``step`` if given).
 
-    ``k`` samples of each of the first ``num_tasks`` test tasks per environment (evenly spaced
-    over the split). ``progress``: ``bar`` / ``lines`` / ``off`` (default: a bar on a terminal,
+    ``k`` samples of each of ``num_tasks`` test tasks per environment (``train.eval_sample``:
+    spread over the split's task groups by default, ``runtime/task_sample.py``). ``progress``: ``bar`` / ``lines`` / ``off`` (default: a bar on a terminal,
     lines every ``progress_interval_s`` (config ``progress_seconds``) otherwise).
     ``trajectories_out``: a list that receives the evaluation's trajectories.
     """
@@ -76,7 +76,8 @@ async def run_evaluation(config: RunConfig, checkpoint_dir: str | None = None,
             say(services.describe_urls(urls))
             clients = services.make_env_clients(urls, config, astack)
             tasks = await services.task_refs(clients, split, num_tasks,
-                                             filters=services.task_filters(config))
+                                             filters=services.task_filters(config),
+                                             sample=config.train.eval_sample)
             episodes = k * len(tasks)
             with timed(say, f"loading model {config.model.name}"):
                 model, tokenizer, model_path = load_policy(config)

@@ -194,7 +194,8 @@ class Trainer:
         try:
             train = await services.task_refs(clients, "train", filters=filters)
             evaluation = await services.task_refs(clients, cfg.train.eval_split,
-                                                  int(cfg.train.eval_tasks), filters=filters)
+                                                  int(cfg.train.eval_tasks), filters=filters,
+                                                  sample=cfg.train.eval_sample)
         except (EnvConnectionError, EnvServerError, ValueError) as error:
             timeout = ("" if isinstance(error, ValueError)  # a task filter that keeps nothing
                        else f" (env.timeout={cfg.env.timeout:g} s)")

@@ -293,13 +293,16 @@ def task_filters(config: RunConfig) -> dict[str, re.Pattern[str]]:
 
 
 async def task_refs(clients: Mapping[str, Any], split: str, limit: int | None = None,
-                    filters: Mapping[str, re.Pattern[str]] | None = None) -> list:
+                    filters: Mapping[str, re.Pattern[str]] | None = None,
+                    sample: str = "stratified") -> list:
     """Task references of ``split`` for every environment. ``filters``: per environment, a
     pattern the task id must match in full (``task_filters``); a filter that keeps no task is
-    an error. With ``limit``, an evenly spaced sample of the (filtered) split (a split is
-    ordered by level/task, so the first N ids would all be one level); the same ids every
-    time."""
+    an error. With ``limit``, ``limit`` ids of the (filtered) split per environment, chosen by
+    ``sample`` (``train.eval_sample``; ``runtime/task_sample.py``): ``stratified`` spreads them
+    over the split's task groups (BabyAI levels, ScienceWorld and MiniWoB tasks), ``spaced``
+    takes evenly spaced ids (which alias on interleaved splits); the same ids every time."""
     from agentrl_jax.agent.actor_pool import TaskRef
+    from agentrl_jax.training.runtime.task_sample import sample_tasks
 
     tasks = []
     for name, client in clients.items():
@@ -312,6 +315,6 @@ async def task_refs(clients: Mapping[str, Any], split: str, limit: int | None = 
                 raise ValueError(f"env.task_filter.{name} ({pattern.pattern!r}) keeps none of "
                                  f"the {total} {split} tasks of {name}")
         if limit is not None and len(ids) > limit:
-            ids = [ids[(i * len(ids)) // limit] for i in range(limit)]
+            ids = sample_tasks(ids, limit, sample)
         tasks.extend(TaskRef(name, t) for t in ids)
     return tasks
