@@ -223,6 +223,14 @@ def build_search_qa(passages: Sequence[Passage], retriever, k: int = SEARCH_FILT
     """The ``search`` task set (module docstring), in corpus order. ``retriever``: a
     ``BM25Retriever`` over ``passages`` (its ``search_many`` is used for filters 3-4);
     ``dev_modulus`` None: no dev split."""
+    return split_by_article(search_questions(passages, retriever, k, modulus), modulus, dev_modulus=dev_modulus)
+
+
+def search_questions(passages: Sequence[Passage], retriever, k: int = SEARCH_FILTER_K,
+                     modulus: int = SEARCH_TEST_MODULUS) -> list[QAItem]:
+    """Every question that passes filters 1-5 (the limits per article and per answer applied),
+    in corpus order, with its supporting article's train / test split, before
+    ``split_by_article``."""
     corpus = _Corpus(passages)
     pool = candidates(passages, corpus, modulus)
     found = retriever.search_many([item.question for item in pool], k)
@@ -245,8 +253,7 @@ def build_search_qa(passages: Sequence[Passage], retriever, k: int = SEARCH_FILT
         kept[key] = item
     counts = collections.Counter(item.question.lower() for item in kept.values())
     ids = collections.Counter(item.id for item in kept.values())
-    unique = [item for item in kept.values() if counts[item.question.lower()] == 1 and ids[item.id] == 1]
-    return split_by_article(unique, modulus, dev_modulus=dev_modulus)
+    return [item for item in kept.values() if counts[item.question.lower()] == 1 and ids[item.id] == 1]
 
 
 def split_by_article(items: Sequence[QAItem], modulus: int = SEARCH_TEST_MODULUS,
