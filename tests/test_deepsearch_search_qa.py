@@ -12,7 +12,20 @@ pytest.importorskip("bm25s", reason="deep search needs bm25s")
 from environments.deepsearch.corpus import CorpusError, Passage, load_wiki_summaries, wiki_summaries_path  # noqa: E402
 from environments.deepsearch.paraphrase import mentioned_titles, question_clause, split_sentences  # noqa: E402
 from environments.deepsearch.scoring import contains_answer  # noqa: E402
-from environments.deepsearch.search_qa import build_search_qa, kind_of, names_of, with_the  # noqa: E402
+from environments.deepsearch.search_qa import (SEARCH_DEV_MODULUS, SEARCH_TEST_MODULUS, build_search_qa,  # noqa: E402
+                                               kind_of, names_of, search_questions, split_by_article, with_the)
+
+#: the search set's splits as the code before the dev split built them (main at d8030ce): count,
+#: first id, last id, sha256 of the ids joined by newlines (first 16 hex)
+TEST_BEFORE = (122, "hop-5c509747a1", "hop-2f8ca0e395", "3cc5d06385e3f14e")
+TRAIN_BEFORE = (285, "hop-9406defc59", "hop-d7b8f133ee", "5fc54c91b0a8dae6")
+
+
+def fingerprint(ids) -> tuple[int, str, str, str]:
+    import hashlib
+
+    ids = list(ids)
+    return len(ids), ids[0], ids[-1], hashlib.sha256("\n".join(ids).encode()).hexdigest()[:16]
 
 
 def test_sentences_and_mentions():
@@ -51,26 +64,33 @@ def built():
 
     passages = load_wiki_summaries()
     retriever = BM25Retriever(passages)
-    return passages, retriever, build_search_qa(passages, retriever)
+    pool = search_questions(passages, retriever)
+    return passages, retriever, split_by_article(pool, SEARCH_TEST_MODULUS, dev_modulus=SEARCH_DEV_MODULUS), pool
 
 
 @pytest.mark.slow  # two full builds, 1-2 minutes each on 2 cores
 def test_build_is_deterministic_and_split_by_article(built):
-    passages, retriever, items = built
+    passages, retriever, items, pool = built
     assert len(items) >= 300 and {i.kind for i in items} == {"fact", "hop"}
-    assert sum(i.split == "test" for i in items) >= 100
+    assert sum(i.split == "test" for i in items) >= 100 and sum(i.split == "dev" for i in items) >= 50
     again = build_search_qa(passages, retriever)
     assert again == items
     ids = [i.id for i in items]
     assert len(set(ids)) == len(ids)
-    train = {title for i in items if i.split == "train" for title in i.path}
-    test = {title for i in items if i.split == "test" for title in i.path}
-    assert test and train and not train & test
+    articles = {s: {title for i in items if i.split == s for title in i.path} for s in ("train", "dev", "test")}
+    assert all(articles.values())
+    assert not articles["train"] & articles["test"] and not articles["dev"] & (articles["train"] | articles["test"])
+    # the dev split is carved out of the training questions of before; the test split is unchanged
+    two_way = split_by_article(pool, SEARCH_TEST_MODULUS)
+    assert fingerprint(i.id for i in two_way if i.split == "test") == TEST_BEFORE
+    assert fingerprint(i.id for i in two_way if i.split == "train") == TRAIN_BEFORE
+    assert [i for i in items if i.split == "test"] == [i for i in two_way if i.split == "test"]
+    assert {i.id for i in items if i.split != "test"} <= {i.id for i in two_way if i.split == "train"}
 
 
 @pytest.mark.slow  # a full build
 def test_every_question_passes_the_filters(built):
-    passages, retriever, items = built
+    passages, retriever, items, _ = built
     by_title = {p.title: p for p in passages}
     for item in items:
         path = [by_title[t] for t in item.path]

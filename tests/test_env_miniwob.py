@@ -68,9 +68,10 @@ def test_render_shows_refs_text_and_state():
 
 def test_catalog_seeds_are_disjoint_and_interleaved():
     catalog = MiniWoBCatalog()
-    train, test = catalog.task_ids("train"), catalog.task_ids("test")
-    assert not set(train) & set(test)
-    assert len(train) == 1000 * len(SUPPORTED_TASKS) and len(test) == 50 * len(SUPPORTED_TASKS)
+    train, dev, test = catalog.task_ids("train"), catalog.task_ids("dev"), catalog.task_ids("test")
+    assert not set(train) & set(test) and not set(dev) & (set(train) | set(test))
+    assert len(train) == 950 * len(SUPPORTED_TASKS) and len(test) == 50 * len(SUPPORTED_TASKS)
+    assert len(dev) == 50 * len(SUPPORTED_TASKS)
     assert [parse_task_id(t)[0] for t in test[: len(SUPPORTED_TASKS)]] == list(SUPPORTED_TASKS)
     assert parse_task_id(test[0]) == (SUPPORTED_TASKS[0], TEST_SEED_BASE)
     assert parse_task_id("click-button", seed=5) == ("click-button", 5)
@@ -79,7 +80,7 @@ def test_catalog_seeds_are_disjoint_and_interleaved():
         with pytest.raises(InvalidTaskError):
             parse_task_id(bad)
     with pytest.raises(InvalidTaskError):
-        catalog.task_ids("dev")
+        catalog.task_ids("validation")
 
 
 # ---------------------------------------------------------------------------- with Chromium
@@ -132,6 +133,8 @@ class TestInProcess:
         assert a.observation == b.observation and a.observation != c.observation
         assert a.info["task_id"] == "click-button/seed=11" and a.info["split"] == "train"
         assert a.info["max_steps"] == 4 and "click [ref]" in a.info["instructions"]
+        dev = env.reset("click-button/seed=950")  # a dev seed: MiniWoB's training data mode
+        assert dev.info["split"] == "dev" and dev.info["utterance"] and dev.observation != a.observation
 
     def test_observation_matches_the_page(self, env):
         from selenium.webdriver.common.by import By

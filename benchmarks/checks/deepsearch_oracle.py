@@ -65,7 +65,7 @@ async def play(family: str, split: str) -> dict[str, Any]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--family", default="deepsearch", choices=["deepsearch", "deepsearch_lookup"])
-    parser.add_argument("--split", default="test", choices=["train", "test"])
+    parser.add_argument("--split", default="test", choices=["train", "dev", "test"])
     parser.add_argument("--json", default=None, help="also write the result here")
     args = parser.parse_args()
     result = asyncio.run(play(args.family, args.split))

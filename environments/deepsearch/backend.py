@@ -26,9 +26,9 @@ from typing import Callable, Sequence
 
 from environments.core.base import InvalidTaskError, TaskCatalog
 from environments.deepsearch.corpus import CorpusError, Passage, load_jsonl_corpus, load_wiki_summaries, wiki_summaries_path
-from environments.deepsearch.qa import QAItem, build_wiki_qa, check_unique_ids, load_jsonl_qa
+from environments.deepsearch.qa import SPLITS, QAItem, build_wiki_qa, check_unique_ids, load_jsonl_qa
 from environments.deepsearch.retriever import BM25Retriever
-from environments.deepsearch.search_qa import SEARCH_FILTER_K, SEARCH_TEST_MODULUS, build_search_qa
+from environments.deepsearch.search_qa import SEARCH_DEV_MODULUS, SEARCH_FILTER_K, SEARCH_TEST_MODULUS, build_search_qa
 from environments.deepsearch.task_cache import cache_path, load_or_build
 
 log = logging.getLogger("environments.deepsearch")
@@ -37,7 +37,7 @@ log = logging.getLogger("environments.deepsearch")
 @dataclasses.dataclass(frozen=True)
 class BackendConfig:
     """corpus: a JSONL corpus (None = the built-in Wikipedia summaries).
-    qa: JSONL QA files, each split by its records' ``"split"`` field or by hash.
+    qa: JSONL QA files, each split by its records' ``"split"`` field or by hash (train / dev / test).
     qa_train / qa_test: JSONL QA files whose every record is train / test.
     With no QA file, the built-in QA set is derived from the built-in corpus."""
 
@@ -48,7 +48,10 @@ class BackendConfig:
 
 
 class DeepSearchCatalog(TaskCatalog):
-    """Train / test QA ids in file (or corpus) order."""
+    """Train / dev / test QA ids in file (or corpus) order (dev: questions held out of training
+    for ablations and recipe choices; empty for user files that name no dev question)."""
+
+    splits = SPLITS
 
     def __init__(self, items: Sequence[QAItem]) -> None:
         self._ids = {split: tuple(i.id for i in items if i.split == split) for split in self.splits}
@@ -60,7 +63,7 @@ class DeepSearchCatalog(TaskCatalog):
 
 
 #: the build arguments of the built-in ``search`` task set (part of its cache key)
-SEARCH_PARAMS = {"k": SEARCH_FILTER_K, "modulus": SEARCH_TEST_MODULUS}
+SEARCH_PARAMS = {"k": SEARCH_FILTER_K, "modulus": SEARCH_TEST_MODULUS, "dev_modulus": SEARCH_DEV_MODULUS}
 
 
 def _search_items(passages: Sequence[Passage], retriever: BM25Retriever) -> list[QAItem]:
@@ -111,8 +114,9 @@ class SearchBackend:
         self.catalog = DeepSearchCatalog(items)
         self.build_seconds = time.perf_counter() - start
         log.info(
-            "deep search backend (%s): %d passages, %d questions (%d train / %d test), built in %.2f s",
-            task_set, len(self.passages), len(items), len(self.catalog.task_ids("train")), len(self.catalog.task_ids("test")),
+            "deep search backend (%s): %d passages, %d questions (%d train / %d dev / %d test), built in %.2f s",
+            task_set, len(self.passages), len(items), len(self.catalog.task_ids("train")), len(self.catalog.task_ids("dev")),
+            len(self.catalog.task_ids("test")),
             self.build_seconds,
         )  # fmt: skip
 

@@ -15,10 +15,12 @@ corpus, one candidate per article:
 
 The answer is in the corpus by construction (the title heads its own passage). Task ids are
 ``wiki-<first 10 hex of sha1(title)>``; an article is in the test split when
-``int(sha1(title), 16) % 10 == 0`` (about 10%), so the split does not depend on file order.
+``int(sha1(title), 16) % 10 == 0`` (about 10%), and a non-test article in the dev split when
+``int(sha1("dev:" + title), 16) % 10 == 0`` (about a tenth of the rest, taken out of train), so
+the split does not depend on file order.
 
 User sets: JSONL lines ``{"question", "golden_answers"}`` (Search-R1; ``"answer"`` / ``"answers"``
-also accepted), optional ``"id"`` and ``"split"``.
+also accepted), optional ``"id"`` and ``"split"`` (``"train"``, ``"dev"`` or ``"test"``).
 """
 
 from __future__ import annotations
@@ -36,6 +38,8 @@ from environments.deepsearch.scoring import contains_answer
 MIN_PREDICATE_WORDS = 8
 MAX_PREDICATE_WORDS = 40
 TEST_MODULUS = 10
+DEV_MODULUS = 10  # about a tenth of the non-test keys are dev (lookup set, user files)
+SPLITS = ("train", "dev", "test")
 
 _SENTENCE_END = re.compile(r"\.\s+(?=[A-Z\"'(])")
 _PAREN = r"\((?:[^()]|\([^()]*\))*\)"
@@ -57,9 +61,17 @@ def _digest(text: str) -> str:
     return hashlib.sha1(text.encode("utf-8")).hexdigest()
 
 
-def hash_split(key: str, modulus: int = TEST_MODULUS) -> str:
-    """``"test"`` for about 1/modulus of keys, else ``"train"`` (stable across runs and machines)."""
-    return "test" if int(_digest(key), 16) % modulus == 0 else "train"
+def hash_split(key: str, modulus: int = TEST_MODULUS, dev_modulus: int | None = None) -> str:
+    """Stable across runs and machines: ``"test"`` when ``int(sha1(key), 16) % modulus == 0``
+    (about 1/modulus of keys); else, with ``dev_modulus``, ``"dev"`` when
+    ``int(sha1("dev:" + key), 16) % dev_modulus == 0`` (about 1/dev_modulus of the rest, a second
+    hash independent of the first); else ``"train"``. The test keys do not depend on
+    ``dev_modulus``: the dev split is carved out of train only."""
+    if int(_digest(key), 16) % modulus == 0:
+        return "test"
+    if dev_modulus is not None and int(_digest(f"dev:{key}"), 16) % dev_modulus == 0:
+        return "dev"
+    return "train"
 
 
 def first_sentence(text: str) -> str:
@@ -112,7 +124,7 @@ def build_wiki_qa(passages: Sequence[Passage]) -> list[QAItem]:
                 id=f"wiki-{_digest(key)[:10]}",
                 question=question,
                 golden_answers=answers,
-                split=hash_split(key),
+                split=hash_split(key, TEST_MODULUS, DEV_MODULUS),
                 source=passage.id,
                 path=(passage.title,),
             )
@@ -122,7 +134,7 @@ def build_wiki_qa(passages: Sequence[Passage]) -> list[QAItem]:
 
 def load_jsonl_qa(path: str | Path, split: str | None = None) -> list[QAItem]:
     """A user QA file. ``split`` forces every item's split; otherwise a record's ``"split"`` field
-    is used, else ``hash_split`` of its question."""
+    is used, else ``hash_split`` of its question (about 10% test, a tenth of the rest dev)."""
     path = Path(path)
     if not path.exists():
         raise CorpusError(f"QA file {path} not found")
@@ -134,9 +146,9 @@ def load_jsonl_qa(path: str | Path, split: str | None = None) -> list[QAItem]:
             answers = [answers]
         if not question or not answers:
             raise CorpusError(f"{path}:{number}: a QA record needs 'question' and 'golden_answers'")
-        item_split = split or str(record.get("split") or hash_split(str(question)))
-        if item_split not in ("train", "test"):
-            raise CorpusError(f"{path}:{number}: split must be 'train' or 'test', not {item_split!r}")
+        item_split = split or str(record.get("split") or hash_split(str(question), TEST_MODULUS, DEV_MODULUS))
+        if item_split not in SPLITS:
+            raise CorpusError(f"{path}:{number}: split must be one of {list(SPLITS)}, not {item_split!r}")
         item_id = str(record.get("id", f"{path.stem}-{number - 1}"))
         items.append(QAItem(item_id, str(question), tuple(str(a) for a in answers), item_split))
     if not items:

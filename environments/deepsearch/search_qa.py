@@ -33,17 +33,23 @@ At most one ``fact`` question per article A and ``HOPS_PER_ARTICLE`` ``hop`` que
 B); the first candidate in reading order that passes. Filter 3 is the binding one: of ~19,000
 candidates about 1% pass (the summaries are short and BM25 matches their rare words; measured
 with the command in docs/ENVIRONMENTS.md). Split BY ARTICLE: an article is held out when ``hash_split(title,
-SEARCH_TEST_MODULUS)`` says ``"test"``; a ``hop`` question is kept only when A and B fall in the
-same split, so no article supports questions of both splits. Ids: ``fact-`` / ``hop-`` + the
-first 10 hex of sha1 of the path and the answer.
+SEARCH_TEST_MODULUS)`` says ``"test"``; a question goes with its supporting article, and
+``split_by_article`` keeps the splits disjoint by article (a ``hop`` question's first article
+goes with it only when no question of the other split uses it). The dev split is then carved out
+of train the same way: a train question whose supporting article ``hash_split(title,
+SEARCH_TEST_MODULUS, SEARCH_DEV_MODULUS)`` puts in dev becomes a dev question, and train and dev
+are made disjoint by article by the same rule, so no article supports questions of two splits;
+the test questions do not change. Ids: ``fact-`` / ``hop-`` + the first 10 hex of sha1 of the
+path and the answer.
 """
 
 from __future__ import annotations
 
 import collections
+import dataclasses
 import hashlib
 import re
-from typing import Collection, Iterable, Sequence
+from typing import Callable, Collection, Iterable, Sequence
 
 from environments.deepsearch.corpus import Passage
 from environments.deepsearch.paraphrase import YEAR, mentioned_titles, question_clause, split_sentences, whole_word, words
@@ -51,6 +57,7 @@ from environments.deepsearch.qa import QAItem, base_title, hash_split
 from environments.deepsearch.scoring import contains_answer
 
 SEARCH_TEST_MODULUS = 3
+SEARCH_DEV_MODULUS = 4  # about a quarter of the training articles are dev (55 of 285 questions)
 SEARCH_FILTER_K = 3  # filters 3-4: top-k of one search
 QUESTIONS_PER_ANSWER = 2  # near-duplicates: the same supporting article and answer
 MIN_CLAUSE_WORDS = 6
@@ -211,9 +218,19 @@ def candidates(passages: Sequence[Passage], corpus: _Corpus, modulus: int) -> li
     return made
 
 
-def build_search_qa(passages: Sequence[Passage], retriever, k: int = SEARCH_FILTER_K, modulus: int = SEARCH_TEST_MODULUS) -> list[QAItem]:
+def build_search_qa(passages: Sequence[Passage], retriever, k: int = SEARCH_FILTER_K, modulus: int = SEARCH_TEST_MODULUS,
+                    dev_modulus: int | None = SEARCH_DEV_MODULUS) -> list[QAItem]:
     """The ``search`` task set (module docstring), in corpus order. ``retriever``: a
-    ``BM25Retriever`` over ``passages`` (its ``search_many`` is used for filters 3-4)."""
+    ``BM25Retriever`` over ``passages`` (its ``search_many`` is used for filters 3-4);
+    ``dev_modulus`` None: no dev split."""
+    return split_by_article(search_questions(passages, retriever, k, modulus), modulus, dev_modulus=dev_modulus)
+
+
+def search_questions(passages: Sequence[Passage], retriever, k: int = SEARCH_FILTER_K,
+                     modulus: int = SEARCH_TEST_MODULUS) -> list[QAItem]:
+    """Every question that passes filters 1-5 (the limits per article and per answer applied),
+    in corpus order, with its supporting article's train / test split, before
+    ``split_by_article``."""
     corpus = _Corpus(passages)
     pool = candidates(passages, corpus, modulus)
     found = retriever.search_many([item.question for item in pool], k)
@@ -236,26 +253,50 @@ def build_search_qa(passages: Sequence[Passage], retriever, k: int = SEARCH_FILT
         kept[key] = item
     counts = collections.Counter(item.question.lower() for item in kept.values())
     ids = collections.Counter(item.id for item in kept.values())
-    return split_by_article([item for item in kept.values() if counts[item.question.lower()] == 1 and ids[item.id] == 1], modulus)
+    return [item for item in kept.values() if counts[item.question.lower()] == 1 and ids[item.id] == 1]
 
 
-def split_by_article(items: Sequence[QAItem], modulus: int = SEARCH_TEST_MODULUS) -> list[QAItem]:
-    """The questions that keep the split disjoint by article, in their order.
+def split_by_article(items: Sequence[QAItem], modulus: int = SEARCH_TEST_MODULUS,
+                     dev_modulus: int | None = None) -> list[QAItem]:
+    """The questions that keep the splits disjoint by article, in their order.
 
-    A question's split is its supporting article's (``item.split``); an article may serve as the
-    first hop of another split's question only when no question of its own split uses it. Greedy,
-    deterministic: first every question whose articles all hash to its split (these never
-    conflict), then the others, test questions first (held-out questions are the scarce ones),
-    each claiming its articles for its split and dropped when one is already claimed by the other.
+    A question's split is its supporting article's (``item.split``, train or test); an article
+    may serve as the first hop of another split's question only when no question of its own
+    split uses it (``claimed``, test questions first). With ``dev_modulus``, the dev split
+    is then carved out of the train questions kept: a question whose supporting article
+    (``path[-1]``) ``hash_split(title, modulus, dev_modulus)`` puts in dev becomes a dev
+    question, and the same rule makes train and dev disjoint by article (dev questions first).
+    The test questions are the same with or without ``dev_modulus`` (after the first pass no
+    kept train question shares an article with a test question).
     """
+    kept = [items[i] for i in claimed(items, lambda title: hash_split(title, modulus), scarce="test")]
+    if dev_modulus is None:
+        return kept
+
+    def home(title: str) -> str:
+        return hash_split(title, modulus, dev_modulus)
+
+    carved = [dataclasses.replace(item, split="dev") if item.split == "train" and home(item.path[-1]) == "dev"
+              else item for item in kept]
+    train_dev = [i for i, item in enumerate(carved) if item.split != "test"]
+    keep = {train_dev[j] for j in claimed([carved[i] for i in train_dev], home, scarce="dev")}
+    return [item for i, item in enumerate(carved) if item.split == "test" or i in keep]
+
+
+def claimed(items: Sequence[QAItem], home: Callable[[str], str], scarce: str) -> list[int]:
+    """The indices (ascending) of the questions kept when every article may support questions of
+    one split only. Greedy, deterministic: first every question whose articles all have its
+    split as their ``home`` (these never conflict), then the others, ``scarce``-split questions
+    first (the held-out questions are the scarce ones), each claiming its articles for its split
+    and dropped when one is already claimed by another split."""
     owner: dict[str, str] = {}
     order = sorted(range(len(items)), key=lambda i: (
-        any(hash_split(t, modulus) != items[i].split for t in items[i].path), items[i].split != "test", i))
-    kept = set()
+        any(home(t) != items[i].split for t in items[i].path), items[i].split != scarce, i))
+    kept = []
     for i in order:
         item = items[i]
         if any(owner.get(t, item.split) != item.split for t in item.path):
             continue
         owner.update((t, item.split) for t in item.path)
-        kept.add(i)
-    return [items[i] for i in sorted(kept)]
+        kept.append(i)
+    return sorted(kept)

@@ -7,8 +7,10 @@ second. The file is named by a key that changes whenever the build could give an
     key = sha256(task set name, build parameters, sha256(corpus file bytes),
                  sha256 of the source of every module the build runs, bm25s version)[:16]
 
-so an edited corpus, an edited rule (``paraphrase.py``, ``search_qa.py``, ...) or another BM25
-version builds afresh (no version number to forget to bump). Files live in
+so an edited corpus, an edited rule (``paraphrase.py``, ``search_qa.py``, ...), other split
+moduli (the build parameters name the test and dev moduli: a file from before the dev split
+has another key) or another BM25 version builds afresh (no version number to forget to bump).
+A record whose split is not train / dev / test makes the file unreadable (rebuilt). Files live in
 ``$AGENTRL_JAX_CACHE/deepsearch`` (default ``~/.cache/agentrl_jax/deepsearch``). A file that
 cannot be read back (truncated, edited, another layout) is rebuilt and replaced, with a warning;
 writes are atomic (a temporary file renamed into place), so concurrent servers never read half
@@ -81,7 +83,7 @@ def _decode(records: object) -> list[QAItem]:
         raise ValueError("not a task-set cache file of this layout")
     items = []
     for record in records["items"]:
-        if not isinstance(record, dict) or set(record) != set(_FIELDS):
+        if not isinstance(record, dict) or set(record) != set(_FIELDS) or record["split"] not in qa.SPLITS:
             raise ValueError(f"bad record {str(record)[:80]!r}")
         items.append(QAItem(
             id=str(record["id"]), question=str(record["question"]),

@@ -19,7 +19,8 @@ def parse_family_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     parser.add_argument("--max-steps", type=int, default=CONFIG.max_steps)
     parser.add_argument("--settle", type=float, default=CONFIG.settle_s, help="seconds to wait after each action")
     parser.add_argument("--tasks", default=None, help="comma-separated subset of the supported tasks")
-    parser.add_argument("--train-seeds", type=int, default=CONFIG.train_seeds)
+    parser.add_argument("--train-seeds", type=int, default=CONFIG.train_seeds,
+                        help="training seed range 0..N-1 (the dev seeds 950..999 are always left out)")
     parser.add_argument("--test-seeds", type=int, default=CONFIG.test_seeds)
     return parser.parse_known_args(argv)
 

@@ -1,9 +1,17 @@
 """The MiniWoB++ tasks this text interface supports, and their deterministic seeds.
 
-A task id is ``"<task>/seed=<n>"`` (e.g. ``"click-button/seed=7"``). Seeds ``0 .. train_seeds-1``
-form the train split and seeds ``TEST_SEED_BASE .. TEST_SEED_BASE+test_seeds-1`` the test split,
-so the two never overlap. Ids are interleaved across tasks (index ``i`` is task ``i % T`` with the
-``i // T``-th seed), so any prefix of a split covers every task.
+A task id is ``"<task>/seed=<n>"`` (e.g. ``"click-button/seed=7"``). Three disjoint splits of
+every task's seeds:
+
+* dev: seeds ``DEV_SEEDS`` (950 .. 999), carved out of the training seeds and held out of training,
+  for ablations and recipe choices (MiniWoB's own data mode is "train" for them: the training
+  distribution);
+* train: seeds ``0 .. train_seeds-1`` less the dev seeds (950 per task by default);
+* test: seeds ``TEST_SEED_BASE .. TEST_SEED_BASE+test_seeds-1``.
+
+``split_of_seed`` says which split a seed is in (the environment reports it in ``info["split"]``).
+Ids are interleaved across tasks (index ``i`` is task ``i % T`` with the ``i // T``-th seed of the
+split), so any prefix of a split covers every task.
 
 Only tasks whose goal can be reached with ``click`` / ``type`` / ``select`` / ``press`` on elements
 of the text observation are listed (no drawing, dragging, colours, shapes or pixel positions); the
@@ -42,8 +50,11 @@ SUPPORTED_TASKS: tuple[str, ...] = (
     "unicode-test",
 )
 TEST_SEED_BASE = 1_000_000
-DEFAULT_TRAIN_SEEDS = 1000
+DEFAULT_TRAIN_SEEDS = 1000  # the training seed range 0..999, of which DEV_SEEDS are held out
 DEFAULT_TEST_SEEDS = 50
+#: every task's dev seeds: a fixed block of the training range, never a train or test seed
+DEV_SEEDS = range(950, 1000)
+SPLITS = ("train", "dev", "test")
 
 # ASCII digits only, at most 18 (int() of thousands of digits raises, and non-ASCII digits are not an id)
 _TASK_ID = re.compile(r"^\s*(?P<task>(?:miniwob/)?[a-z0-9-]+)\s*(?:/\s*seed\s*=\s*(?P<seed>[0-9]{1,18})\s*)?$", re.ASCII)
@@ -69,11 +80,23 @@ def make_task_id(task: str, seed: int) -> str:
 
 
 def split_of_seed(seed: int) -> str:
-    return "test" if seed >= TEST_SEED_BASE else "train"
+    """``"test"`` for seeds >= ``TEST_SEED_BASE``, ``"dev"`` for ``DEV_SEEDS``, else ``"train"``."""
+    if seed >= TEST_SEED_BASE:
+        return "test"
+    return "dev" if seed in DEV_SEEDS else "train"
+
+
+def data_mode_of_seed(seed: int) -> str:
+    """MiniWoB++'s own data mode for an episode (``core.setDataMode``): ``"test"`` for test seeds,
+    ``"train"`` for train and dev seeds (dev is a carve of the training distribution)."""
+    return "test" if split_of_seed(seed) == "test" else "train"
 
 
 class MiniWoBCatalog(TaskCatalog):
-    """``train_seeds`` train and ``test_seeds`` test episodes per supported task."""
+    """Per supported task: the seeds ``0 .. train_seeds-1`` that are not dev seeds (train), the
+    ``DEV_SEEDS`` (dev) and ``test_seeds`` seeds from ``TEST_SEED_BASE`` (test)."""
+
+    splits = SPLITS
 
     def __init__(
         self,
@@ -85,14 +108,22 @@ class MiniWoBCatalog(TaskCatalog):
         unknown = [t for t in self.tasks if t not in SUPPORTED_TASKS]
         if unknown:
             raise InvalidTaskError(f"unsupported MiniWoB tasks {unknown}")
-        self.counts = {"train": train_seeds, "test": test_seeds}
+        if not 0 <= train_seeds <= TEST_SEED_BASE or not 0 <= test_seeds:
+            raise InvalidTaskError(f"train_seeds must be in 0..{TEST_SEED_BASE} and test_seeds >= 0, "
+                                   f"got {train_seeds} and {test_seeds}")
+        self._seeds: dict[str, Sequence[int]] = {
+            "train": tuple(s for s in range(train_seeds) if s not in DEV_SEEDS),
+            "dev": DEV_SEEDS,
+            "test": range(TEST_SEED_BASE, TEST_SEED_BASE + test_seeds),
+        }
+        self.counts = {split: len(seeds) for split, seeds in self._seeds.items()}
         self._ids: dict[str, tuple[str, ...]] = {}
 
-    def seeds(self, split: str) -> range:
-        if split not in self.counts:
-            raise InvalidTaskError(f"unknown split {split!r}; MiniWoB has {list(self.counts)}")
-        base = 0 if split == "train" else TEST_SEED_BASE
-        return range(base, base + self.counts[split])
+    def seeds(self, split: str) -> Sequence[int]:
+        """The seeds of ``split``, ascending (each one's ``split_of_seed`` is ``split``)."""
+        if split not in self._seeds:
+            raise InvalidTaskError(f"unknown split {split!r}; MiniWoB has {list(self._seeds)}")
+        return self._seeds[split]
 
     def task_ids(self, split: str) -> Sequence[str]:
         if split not in self._ids:

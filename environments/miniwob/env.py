@@ -25,7 +25,7 @@ from environments.core.base import ResetResult, StepResult, TextEnvironment
 from environments.miniwob.actions import parse_action
 from environments.miniwob.admissible import admissible_actions
 from environments.miniwob.browser import MiniWoBBrowser
-from environments.miniwob.catalog import SUPPORTED_TASKS, make_task_id, parse_task_id, split_of_seed
+from environments.miniwob.catalog import SUPPORTED_TASKS, data_mode_of_seed, make_task_id, parse_task_id, split_of_seed
 from environments.miniwob.dom_text import Element, render
 
 log = logging.getLogger("environments.miniwob")
@@ -76,7 +76,7 @@ class MiniWoBEnvironment(TextEnvironment):
             if self.browser.task != task:
                 self._episodes_on_page = 0
             self.browser.open_task(task)
-            self.browser.begin_episode(episode_seed, data_mode=split_of_seed(episode_seed))
+            self.browser.begin_episode(episode_seed, data_mode=data_mode_of_seed(episode_seed))
             self._episodes_on_page += 1
             observation = self._observe()
         except Exception:
