@@ -20,34 +20,14 @@ from agentrl_jax.models.tokenizer import load_tokenizer
 from agentrl_jax.rollout.contract import SamplingParams
 from agentrl_jax.training.config.experiment import to_run_config
 from environments.babyai.env import BabyAIEnv
-from environments.core.base import ResetResult, StepResult, TaskCatalog, TextEnvironment
+from environments.core.base import ResetResult, StepResult, TextEnvironment
 from environments.core.client import EnvClient, EnvServerError
 from environments.core.server import build_app
 from environments.registry import Family
-from agentrl_common.processes import start_env_server
-from tests.test_choice_actions import ScriptedBackend
+from tests.test_choice_actions import ScriptedBackend, babyai  # noqa: F401 (a fixture)
+from tests.test_list_actions import _Catalog, _CountEnv
 
 pytestmark = pytest.mark.timeout(120)
-
-
-class _CountEnv(TextEnvironment):
-    """After n steps the valid actions are ``a0 .. a(n+2)``; the episode ends at step 3."""
-
-    name = "count"
-
-    def __init__(self) -> None:
-        self.n = 0
-
-    def reset(self, task_id: str, seed: int | None = None) -> ResetResult:
-        self.n = 0
-        return ResetResult("start", {"task_id": task_id, "max_steps": 3, "instructions": "-"})
-
-    def step(self, action: str) -> StepResult:
-        self.n += 1
-        return StepResult(f"step {self.n}", 0.0, self.n >= 3, False, {"steps": self.n})
-
-    def valid_actions(self) -> list[str] | None:
-        return [f"a{i}" for i in range(self.n + 3)]
 
 
 class _OwnListEnv(_CountEnv):
@@ -66,11 +46,6 @@ class _OwnListEnv(_CountEnv):
     def step(self, action: str) -> StepResult:
         r = super().step(action)
         return StepResult(self._text(r.observation), r.reward, r.done, r.truncated, r.info)
-
-
-class _Catalog(TaskCatalog):
-    def task_ids(self, split: str):
-        return ["t"]
 
 
 def _family(env: type[TextEnvironment], inline: bool, reuse: bool = False) -> Family:
@@ -146,13 +121,6 @@ def test_babyai_leaves_out_its_available_actions_line_but_keeps_them_in_info():
     line = "Available actions: " + ", ".join(a.info["available_actions"])
     assert "Available actions" not in b.observation
     assert b.observation == a.observation[:-len("\n" + line)]
-
-
-@pytest.fixture(scope="module")
-def babyai():
-    server = start_env_server("babyai")
-    yield server
-    server.stop()
 
 
 async def test_a_choice_episode_shows_each_action_list_once(babyai):
