@@ -12,6 +12,7 @@ from environments.miniwob.admissible import MAX_ADMISSIBLE, admissible_actions, 
 from environments.miniwob.catalog import SUPPORTED_TASKS, TEST_SEED_BASE
 from environments.miniwob.dom_text import Element, render
 from environments.miniwob.expert import MiniWoBExpert
+from tests.test_env_miniwob import _browser_or_skip
 
 
 def _el(ref: int, tag: str, text: str = "", shown: bool = True, **state) -> Element:
@@ -135,16 +136,6 @@ def test_render_keeps_each_elements_state_for_the_builder():
 
 
 # -------------------------------------------------------------------------------- with Chromium
-
-
-def _browser_or_skip():
-    from environments.miniwob.browser import BrowserUnavailableError, chrome_paths, miniwob_html_dir
-
-    try:
-        chrome_paths()
-        miniwob_html_dir()
-    except BrowserUnavailableError as error:
-        pytest.skip(f"MiniWoB++ needs Chromium, chromedriver and the miniwob package: {error}")
 
 
 @pytest.fixture(scope="module")
