@@ -15,6 +15,7 @@ docs/RESULTS.md). A turn is ``Action: <search> query </search>`` or ``Action: <a
 grpo_scaling  the paper's schedule, 64 new tokens a turn
 ppo           ``grpo_scaling`` with PPO (critic + GAE) instead of GRPO
 grpo_gpu      the default: one GPU, ~10 minutes with both evaluations (``common.gpu_recipe``)
+choice_gpu    ``grpo_gpu`` answering with the letter of a listed admissible action, restricted policy
 sft_gpu       behaviour cloning of the retrieval oracle on one GPU
 sft_grpo_gpu  ``grpo_gpu`` started from ``sft_gpu``'s policy
 ============= ==============================================================================
@@ -25,7 +26,7 @@ from __future__ import annotations
 from ml_collections import ConfigDict
 
 from agentrl_jax.training.config.experiment import use_ppo
-from experiments.common import bc_gpu, gpu_recipe, paper_scaling, select
+from experiments.common import bc_gpu, gpu_recipe, paper_scaling, select, use_choice
 
 DEFAULT = "grpo_gpu"
 
@@ -56,6 +57,16 @@ def grpo_gpu() -> ConfigDict:
     return c
 
 
+def choice_gpu() -> ConfigDict:
+    """``grpo_gpu`` (same schedule, learner, budget and evaluation) in the lettered-choice format
+    with the policy restricted to the option letters (``common.use_choice``): the server lists
+    the admissible searches and answers (``environments/deepsearch/admissible.py``: the
+    question's key phrase, the names and years of the returned passages) as options and the
+    reply is one letter (docs/RESULTS.md, "Lettered options and a policy restricted to the
+    letters, per family, at step 0"; the jobs: benchmarks/jobs/families_choice_scratch.txt)."""
+    return use_choice(grpo_gpu(), list_actions=True)
+
+
 def sft_gpu() -> ConfigDict:
     """Behaviour cloning of the retrieval oracle on one GPU: ``grpo_gpu``'s model, answer
     format, engine, packed learner and evaluation with the ``sft`` loss. Data:
@@ -77,7 +88,7 @@ def sft_grpo_gpu() -> ConfigDict:
     return c
 
 
-VARIANTS = {"grpo_scaling": grpo_scaling, "ppo": ppo, "grpo_gpu": grpo_gpu, "sft_gpu": sft_gpu,
+VARIANTS = {"grpo_scaling": grpo_scaling, "ppo": ppo, "grpo_gpu": grpo_gpu, "choice_gpu": choice_gpu, "sft_gpu": sft_gpu,
             "sft_grpo_gpu": sft_grpo_gpu}
 
 

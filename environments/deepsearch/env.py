@@ -8,7 +8,10 @@ Each turn the agent writes text containing one tool call (the first call in the 
   answer (1.0 / 0.0, see ``scoring.py``); ``info`` has ``em``, ``f1``, ``success`` and ``score``
   (= EM).
 
-Text with neither tag is a normal step with ``info["invalid_action"] = True``. After
+Text with neither tag is a normal step with ``info["invalid_action"] = True``. ``valid_actions()``
+lists at most 26 searches and answers built from what the episode has shown (``admissible.py``:
+the question's key phrase, the names and years of the returned passages; never the golden
+answer). After
 ``max_steps`` turns without an answer the episode is truncated with reward 0. The corpus, index
 and QA set are shared by all instances of a process (``backend.py``).
 """
@@ -19,7 +22,9 @@ import re
 from typing import Any, Callable
 
 from environments.core.base import ResetResult, StepResult, TextEnvironment
+from environments.deepsearch.admissible import admissible_actions
 from environments.deepsearch.backend import SearchBackend, get_backend
+from environments.deepsearch.corpus import Passage
 from environments.deepsearch.scoring import exact_match, f1_score
 
 _TOOL_CALL = re.compile(r"<(search|answer)>(.*?)(?:</\1>|$)", re.S | re.I)
@@ -64,6 +69,9 @@ class DeepSearchEnvironment(TextEnvironment):
         self._steps = 0
         self._searches = 0
         self._active = False
+        self._searched: list[str] = []  # the queries of this episode, in order
+        self._seen: list[Passage] = []  # the passages returned so far, newest search first, each once
+        self._listed: list[str] | None = None  # valid_actions() of the current state, once computed
 
     def reset(self, task_id: str, seed: int | None = None) -> ResetResult:
         """Start question ``task_id`` (``seed`` is unused: episodes are deterministic)."""
@@ -72,6 +80,7 @@ class DeepSearchEnvironment(TextEnvironment):
         self._steps = 0
         self._searches = 0
         self._active = True
+        self._searched, self._seen, self._listed = [], [], None
         info = {
             "task_id": self._item.id,
             "split": self._item.split,
@@ -99,6 +108,7 @@ class DeepSearchEnvironment(TextEnvironment):
         if tool == "search":
             self._searches += 1
             results = self._backend_getter().retriever.search(argument, self.k)
+            self._remember(argument, [p for p, _ in results])
             info["retrieved"] = [p.title or p.id for p, _ in results]
             return self._finish_turn(format_passages(results), info)
         golden = self._item.golden_answers
@@ -110,6 +120,23 @@ class DeepSearchEnvironment(TextEnvironment):
         self._active = False
         verdict = "correct" if em == 1.0 else "not correct"
         return StepResult(observation=f"Your answer is {verdict}.", reward=em, done=True, info=info)
+
+    def _remember(self, query: str, returned: list[Passage]) -> None:
+        """Keep what a search showed (for ``valid_actions``): newest passages first, each once."""
+        self._searched.append(query)
+        new_ids = {p.id for p in returned}
+        self._seen = returned + [p for p in self._seen if p.id not in new_ids]
+        self._listed = None
+
+    def valid_actions(self) -> list[str] | None:
+        """The admissible actions now (``admissible.admissible_actions`` of the question, the
+        queries searched and the passages returned; no retrieval), most useful first, at most 26;
+        None before the first reset and after the episode."""
+        if not self._active or self._item is None:
+            return None
+        if self._listed is None:
+            self._listed = admissible_actions(self._item.question, self._searched, self._seen)
+        return list(self._listed)
 
     def _finish_turn(self, observation: str, info: dict[str, Any]) -> StepResult:
         truncated = self._steps >= self.max_steps

@@ -12,6 +12,12 @@ Both use the golden answers, so they measure what retrieval allows, not an agent
   two-hop question, the title of the article B that A's text names, and answers with the golden
   answer found in the last result (else "unknown"). Three to four turns for a two-hop question,
   two to three for a fact.
+* ``listed_oracle_solves`` (coverage of the listed actions, ``admissible.py``): whether an oracle
+  restricted to the environment's ``valid_actions()`` can answer a question correctly: at each
+  turn it answers with a listed correct answer when there is one, else takes the first listed
+  search that returns the supporting article (else the earliest unreturned article on the
+  question's path) it has not seen yet, else gives up. A lower bound on what some sequence of
+  listed actions reaches.
 """
 
 from __future__ import annotations
@@ -21,7 +27,7 @@ from typing import Mapping, Sequence
 
 from environments.deepsearch.corpus import Passage
 from environments.deepsearch.qa import QAItem
-from environments.deepsearch.scoring import contains_answer
+from environments.deepsearch.scoring import contains_answer, exact_match
 
 _RESULT_TITLE = re.compile(r"^Doc \d+ \(Title: (.*?)\) ", re.M)
 
@@ -115,3 +121,36 @@ class DeepSearchLookupExpertPolicy(DeepSearchExpertPolicy):
     answer)."""
 
     task_set = "lookup"
+
+
+def listed_oracle_solves(env, task_id: str, path: Sequence[str], golden_answers: Sequence[str],
+                         search_titles, max_steps: int | None = None) -> bool:
+    """Whether the list-restricted oracle (module docstring) answers ``task_id`` correctly
+    within ``max_steps`` turns (default: the env's). ``env``: a ``DeepSearchEnvironment``;
+    ``path``: the titles of the question's articles (the last one holds the answer);
+    ``search_titles(query) -> titles``: the titles that ``<search>query</search>`` returns (the
+    env's retriever, asked ahead of the step: the oracle's privilege)."""
+    from environments.deepsearch.env import parse_tool_call
+
+    env.reset(task_id)
+    seen: set[str] = set()
+    for _ in range(max_steps or env.max_steps):
+        listed = env.valid_actions() or []
+        calls = [(action, *parse_tool_call(action)) for action in listed]
+        answers = [a for a, tool, arg in calls if tool == "answer" and exact_match(arg, golden_answers)]
+        if answers:
+            return env.step(answers[0]).reward == 1.0
+        chosen = None
+        for wanted in [path[-1], *path[:-1]]:
+            if wanted in seen:
+                continue
+            chosen = next((a for a, tool, arg in calls if tool == "search" and wanted in search_titles(arg)), None)
+            if chosen is not None:
+                break
+        if chosen is None:
+            return False
+        step = env.step(chosen)
+        seen.update(step.info.get("retrieved", []))
+        if step.done or step.truncated:
+            return False
+    return False

@@ -1,0 +1,175 @@
+"""The admissible actions of a deep-search episode: what ``DeepSearchEnvironment.valid_actions``
+lists (TWOSOME-style: a bounded list the policy chooses from).
+
+A pure function of what the agent has seen: the question, the queries it has searched and the
+passages the searches returned (titles and text, newest search first). It returns at most
+``MAX_ADMISSIBLE`` (26: one option letter each) distinct actions in the environment's own
+syntax, each accepted by the environment (``env.parse_tool_call`` reads it back unchanged)::
+
+    <search> q </search>    q = the question's key phrase (what a templated question describes:
+                            "... the encyclopedia article on <key phrase>. ..."), then the
+                            question itself, then the names in the key phrase (the question
+                            without one), then the names found in the passages (below) in
+                            the order the passages were returned and the order of their words;
+                            never a query already searched nor the title of a passage already
+                            returned; at most ``MAX_SEARCHES``
+    <answer> a </answer>    a = the names and years of the passages' sentences, the sentences
+                            most like the question first (shared content words; ties: the
+                            newest search, its best passage, reading order), years first when
+                            the question asks "which year"; never a span that the question
+                            itself contains; the rest of the list
+
+Searches come first, then answers. A *name* is a run of capitalised words, possibly joined by
+"of" / "the" / "de" / "van" ... ("Republic of the Congo", "Jan van Eyck"), without a leading
+sentence word ("In", "He", "The") or a trailing "'s"; a passage's title counts as a name at the
+start of its first sentence. A *year* is a four-digit number 1000-2029.
+
+No golden answer can leak into the list: the function receives only the question, the searched
+queries and the returned passages (it has no access to the episode's ``QAItem``, the corpus or
+the index), and every span it lists is copied from those texts. Deterministic: the same inputs
+give the same list (no sets are iterated, ties break by position).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Iterable, Sequence
+
+from environments.deepsearch.corpus import Passage
+from environments.deepsearch.paraphrase import YEAR, split_sentences
+from environments.deepsearch.scoring import normalize_answer
+
+#: the most actions listed: one per option letter a..z
+MAX_ADMISSIBLE = 26
+#: search actions at most (the rest of the list is answers)
+MAX_SEARCHES = 16
+
+_CONNECTORS = ("of", "the", "de", "del", "della", "di", "da", "du", "des", "van", "von", "der", "den", "la", "le", "y", "al", "bin", "ibn")
+_CAPITALISED = r"[A-Z][\w'’.-]*\w|[A-Z]"
+_NAME = re.compile(rf"(?<![\w'’-])(?:{_CAPITALISED})(?:\s+(?:(?:{'|'.join(_CONNECTORS)})\s+)*(?:{_CAPITALISED}))*")
+_KEY_PHRASE = re.compile(r"encyclopedia article on (.+?)(?:[.:]\s+(?=[A-Z])|\s+(?:born|die)\?\s*$|[?:.]?\s*$)")
+_POSSESSIVE = re.compile(r"['’]s?$")
+_CONTENT_WORD = re.compile(r"[a-z0-9]+")
+#: capitalised words that start sentences rather than names; dropped from the front of a name
+_SENTENCE_WORDS = frozenset("""
+a an and are as at be but by for from he her his if in into is it its no not of on or she such that
+the their then there these they this those to was were will with after before during since while
+when where although though however today currently also many some one two other both each most
+""".split())
+#: words of the question that say nothing about which sentence answers it
+_QUESTION_WORDS = _SENTENCE_WORDS | frozenset("""
+what which who whom whose year place person consider first named encyclopedia article did was
+does do is it
+""".split())
+
+
+def _unique(items: Iterable[str]) -> list[str]:
+    seen: set[str] = set()
+    return [x for x in items if not (normalize_answer(x) in seen or seen.add(normalize_answer(x)))]
+
+
+def _clean(text: str) -> str:
+    """``text`` as a tool-call argument: one line, no tag brackets, single spaces."""
+    return " ".join(text.replace("<", " ").replace(">", " ").split())
+
+
+def key_phrase(question: str) -> str | None:
+    """What a templated question describes: ``"Consider the first city named in the encyclopedia
+    article on the 1434 painting by Jan van Eyck. It is ..." -> "the 1434 painting by Jan van
+    Eyck"``; None for a question without the template."""
+    match = _KEY_PHRASE.search(question)
+    return match[1].strip() if match else None
+
+
+def names(sentence: str) -> list[str]:
+    """The names in ``sentence``, in reading order (module docstring):
+    ``"In 1820 Al-Khwarizmi wrote in Baghdad, Iraq's capital." -> ["Al-Khwarizmi", "Baghdad", "Iraq"]``."""
+    found = []
+    for match in _NAME.finditer(sentence):
+        words = match[0].split()
+        while words and (words[0].lower() in _SENTENCE_WORDS or words[0].lower() in _CONNECTORS):
+            words = words[1:]
+        while words and words[-1].lower() in _CONNECTORS:
+            words = words[:-1]
+        if words:
+            words[-1] = _POSSESSIVE.sub("", words[-1]) if len(words[-1]) > 2 else words[-1]
+            name = " ".join(words).rstrip(".")
+            if len(name) > 1 and not name.isdigit():
+                found.append(name)
+    return found
+
+
+def _content_words(text: str) -> set[str]:
+    return {w for w in _CONTENT_WORD.findall(text.lower()) if w not in _QUESTION_WORDS and len(w) > 2}
+
+
+def _sentences(passage: Passage) -> list[str]:
+    """The passage's sentences, its title (when it has one) at the front of the first."""
+    sentences = split_sentences(passage.text) or [""]
+    if passage.title:
+        sentences[0] = f"{passage.title}: {sentences[0]}"
+    return sentences
+
+
+def search_candidates(question: str, searched: Sequence[str], seen: Sequence[Passage]) -> list[str]:
+    """The queries listed (module docstring), best first, at most ``MAX_SEARCHES``."""
+    done = {normalize_answer(q) for q in searched} | {normalize_answer(p.title) for p in seen if p.title}
+    queries = [key_phrase(question) or "", question, *names(key_phrase(question) or question)]
+    queries += [name for passage in seen for sentence in _sentences(passage) for name in names(sentence)]
+    queries = [q for q in map(_clean, queries) if normalize_answer(q) and normalize_answer(q) not in done]
+    return _unique(queries)[:MAX_SEARCHES]
+
+
+def asked_part(question: str) -> str:
+    """The part of ``question`` that asks (what follows the key phrase of a templated question,
+    plus its first words up to "named": ``"Consider the first city named in the encyclopedia
+    article on X. It is the capital of which place?" -> "Consider the first city named It is
+    the capital of which place?"``); the whole question otherwise."""
+    match = _KEY_PHRASE.search(question)
+    if match is None:
+        return question
+    return f"{question[:match.start()].replace('in the', ' ')} {question[match.end():]}"
+
+
+def _trimmed(name: str, question_words: set[str]) -> list[str]:
+    """``name`` and, when its first or last words occur in the question, ``name`` without them:
+    ``"Pacific Ocean"`` for "... in the southwestern Pacific what?" -> ``["Pacific Ocean", "Ocean"]``."""
+    words = name.split()
+    while len(words) > 1 and words[0].lower() in question_words:
+        words = words[1:]
+    while len(words) > 1 and words[-1].lower() in question_words:
+        words = words[:-1]
+    short = " ".join(words)
+    return [name] if short == name else [name, short]
+
+
+def answer_candidates(question: str, seen: Sequence[Passage]) -> list[str]:
+    """The answers listed (module docstring), best first."""
+    asked = _content_words(asked_part(question))
+    question_words = set(_CONTENT_WORD.findall(question.lower()))
+    wants_year = "which year" in question.lower()
+    scored = []
+    for rank, passage in enumerate(seen):
+        for position, sentence in enumerate(_sentences(passage)):
+            overlap = len(asked & _content_words(sentence))
+            scored.append((-overlap, rank, position, sentence))
+    ordered = [row[-1] for row in sorted(scored, key=lambda row: row[:3])]
+    years = [m[0] for sentence in ordered for m in YEAR.finditer(sentence)]
+    spans = [short for sentence in ordered for name in names(sentence) for short in _trimmed(name, question_words)]
+    in_question = f" {normalize_answer(question)} "
+    answers = [a for a in map(_clean, years + spans if wants_year else spans + years)
+               if normalize_answer(a) and f" {normalize_answer(a)} " not in in_question]
+    return _unique(answers)
+
+
+def admissible_actions(question: str, searched: Sequence[str], seen: Sequence[Passage],
+                       limit: int = MAX_ADMISSIBLE) -> list[str]:
+    """At most ``limit`` actions (module docstring) for an episode of ``question`` after the
+    queries ``searched`` returned the passages ``seen`` (newest search first, each search's
+    passages in rank order, each passage once)."""
+    if limit < 1:
+        raise ValueError(f"limit must be at least 1, got {limit}")
+    searches = [f"<search> {q} </search>" for q in search_candidates(question, searched, seen)]
+    answers = [f"<answer> {a} </answer>" for a in answer_candidates(question, seen)]
+    return (searches + answers)[:limit]
+
