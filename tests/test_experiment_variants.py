@@ -162,7 +162,8 @@ def test_run_name_of_a_config(spec, name):
 
 
 @pytest.mark.parametrize("family, lists", [("babyai.py", False), ("sciworld.py", True),
-                                           ("textcraft.py", True), ("webnav.py", True)])
+                                           ("textcraft.py", True), ("webnav.py", True),
+                                           ("deepsearch.py", True)])
 def test_choice_gpu_is_grpo_gpu_answering_with_a_restricted_letter(family, lists):
     """``choice_gpu`` changes only the answer format of ``grpo_gpu`` (so the two compare at
     equal schedule, learner and evaluation): lettered options, one-token replies restricted to

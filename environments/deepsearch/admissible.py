@@ -173,3 +173,12 @@ def admissible_actions(question: str, searched: Sequence[str], seen: Sequence[Pa
     answers = [f"<answer> {a} </answer>" for a in answer_candidates(question, seen)]
     return (searches + answers)[:limit]
 
+
+def after_search(searched: Sequence[str], seen: Sequence[Passage], query: str,
+                 returned: Sequence[Passage]) -> tuple[list[str], list[Passage]]:
+    """What the agent has seen after ``<search>query</search>`` returned ``returned``: the
+    queries with ``query`` appended, and the passages with ``returned`` at the front (newest
+    search first) and each passage once."""
+    new_ids = {p.id for p in returned}
+    return [*searched, query], [*returned, *(p for p in seen if p.id not in new_ids)]
+

@@ -22,7 +22,7 @@ import re
 from typing import Any, Callable
 
 from environments.core.base import ResetResult, StepResult, TextEnvironment
-from environments.deepsearch.admissible import admissible_actions
+from environments.deepsearch.admissible import admissible_actions, after_search
 from environments.deepsearch.backend import SearchBackend, get_backend
 from environments.deepsearch.corpus import Passage
 from environments.deepsearch.scoring import exact_match, f1_score
@@ -123,9 +123,7 @@ class DeepSearchEnvironment(TextEnvironment):
 
     def _remember(self, query: str, returned: list[Passage]) -> None:
         """Keep what a search showed (for ``valid_actions``): newest passages first, each once."""
-        self._searched.append(query)
-        new_ids = {p.id for p in returned}
-        self._seen = returned + [p for p in self._seen if p.id not in new_ids]
+        self._searched, self._seen = after_search(self._searched, self._seen, query, returned)
         self._listed = None
 
     def valid_actions(self) -> list[str] | None:
@@ -149,3 +147,4 @@ class DeepSearchEnvironment(TextEnvironment):
         """Nothing to release per instance (the backend is shared). Idempotent."""
         self._active = False
         self._item = None
+        self._searched, self._seen, self._listed = [], [], None

@@ -13,17 +13,17 @@ Both use the golden answers, so they measure what retrieval allows, not an agent
   answer found in the last result (else "unknown"). Three to four turns for a two-hop question,
   two to three for a fact.
 * ``listed_oracle_solves`` (coverage of the listed actions, ``admissible.py``): whether an oracle
-  restricted to the environment's ``valid_actions()`` can answer a question correctly: at each
-  turn it answers with a listed correct answer when there is one, else takes the first listed
-  search that returns the supporting article (else the earliest unreturned article on the
-  question's path) it has not seen yet, else gives up. A lower bound on what some sequence of
-  listed actions reaches.
+  restricted to the listed actions can answer a question correctly: each turn it answers with a
+  listed correct answer when there is one, else takes a listed search that returns an unseen
+  article of the question's path (the answer's article first), else a listed search after which
+  one does (one detour), else gives up. A lower bound on what some sequence of listed actions
+  reaches.
 """
 
 from __future__ import annotations
 
 import re
-from typing import Mapping, Sequence
+from typing import Callable, Mapping, Sequence
 
 from environments.deepsearch.corpus import Passage
 from environments.deepsearch.qa import QAItem
@@ -123,34 +123,45 @@ class DeepSearchLookupExpertPolicy(DeepSearchExpertPolicy):
     task_set = "lookup"
 
 
-def listed_oracle_solves(env, task_id: str, path: Sequence[str], golden_answers: Sequence[str],
-                         search_titles, max_steps: int | None = None) -> bool:
-    """Whether the list-restricted oracle (module docstring) answers ``task_id`` correctly
-    within ``max_steps`` turns (default: the env's). ``env``: a ``DeepSearchEnvironment``;
-    ``path``: the titles of the question's articles (the last one holds the answer);
-    ``search_titles(query) -> titles``: the titles that ``<search>query</search>`` returns (the
-    env's retriever, asked ahead of the step: the oracle's privilege)."""
+
+def listed_oracle_solves(question: str, golden_answers: Sequence[str], path: Sequence[str],
+                         search: Callable[[str], Sequence[Passage]], max_turns: int) -> bool:
+    """Whether the oracle restricted to the listed actions (``admissible.admissible_actions``)
+    answers correctly within ``max_turns`` turns (module docstring). ``path``: the titles of
+    the question's articles (the last holds the answer); ``search(query)``: the passages the
+    environment returns for ``query`` (its retriever with its ``k``), asked ahead of a step (the
+    oracle's privilege). Each turn, in order: a listed correct answer; else the first listed
+    search that returns an unseen article of the path (the answer's article first); else the
+    first listed search after which one does (one detour, looked ahead); else it gives up."""
+    from environments.deepsearch.admissible import admissible_actions, after_search
     from environments.deepsearch.env import parse_tool_call
 
-    env.reset(task_id)
-    seen: set[str] = set()
-    for _ in range(max_steps or env.max_steps):
-        listed = env.valid_actions() or []
-        calls = [(action, *parse_tool_call(action)) for action in listed]
-        answers = [a for a, tool, arg in calls if tool == "answer" and exact_match(arg, golden_answers)]
-        if answers:
-            return env.step(answers[0]).reward == 1.0
-        chosen = None
-        for wanted in [path[-1], *path[:-1]]:
-            if wanted in seen:
-                continue
-            chosen = next((a for a, tool, arg in calls if tool == "search" and wanted in search_titles(arg)), None)
-            if chosen is not None:
-                break
-        if chosen is None:
+    def listed(searched, seen) -> list[tuple[str, str]]:
+        return [parse_tool_call(action) for action in admissible_actions(question, searched, seen)]
+
+    def finds_path(query: str, seen_titles: set[str]) -> bool:
+        return any(p.title in path and p.title not in seen_titles for p in search(query))
+
+    searched: list[str] = []
+    seen: list[Passage] = []
+    for turn in range(max_turns):
+        calls = listed(searched, seen)
+        if any(tool == "answer" and exact_match(arg, golden_answers) for tool, arg in calls):
+            return True
+        if turn == max_turns - 1:
             return False
-        step = env.step(chosen)
-        seen.update(step.info.get("retrieved", []))
-        if step.done or step.truncated:
+        titles = {p.title for p in seen}
+        queries = [arg for tool, arg in calls if tool == "search"]
+        ranked = sorted((q for q in queries if finds_path(q, titles)),
+                        key=lambda q: path[-1] not in {p.title for p in search(q)})
+        if not ranked and turn < max_turns - 2:  # one detour: a search after which one finds it
+            for query in queries:
+                after = after_search(searched, seen, query, search(query))
+                after_titles = {p.title for p in after[1]}
+                if any(tool == "search" and finds_path(arg, after_titles) for tool, arg in listed(*after)):
+                    ranked = [query]
+                    break
+        if not ranked:
             return False
+        searched, seen = after_search(searched, seen, ranked[0], search(ranked[0]))
     return False
