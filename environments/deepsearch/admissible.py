@@ -14,10 +14,12 @@ syntax, each accepted by the environment (``env.parse_tool_call`` reads it back 
                             never a query already searched nor the title of a passage already
                             returned; at most ``MAX_SEARCHES``
     <answer> a </answer>    a = the names and years of the passages' sentences, the sentences
-                            most like the question first (shared content words; ties: the
-                            newest search, its best passage, reading order), years first when
-                            the question asks "which year"; never a span that the question
-                            itself contains; the rest of the list
+                            sharing most content words with what the question asks
+                            (``asked_part``) first (ties: the newest search, its best passage,
+                            reading order), years first when the question asks "which year",
+                            each name followed by itself without its edge words that the
+                            question contains ("Pacific Ocean", "Ocean"); never a span that the
+                            question itself contains; the rest of the list
 
 Searches come first, then answers. A *name* is a run of capitalised words, possibly joined by
 "of" / "the" / "de" / "van" ... ("Republic of the Congo", "Jan van Eyck"), without a leading
