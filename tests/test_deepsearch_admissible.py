@@ -221,8 +221,9 @@ def test_listed_answers_come_from_what_the_agent_has_seen(search_backend):
 
 
 def test_an_oracle_restricted_to_the_lists_solves_most_questions_of_both_splits(search_backend):
-    """Measured: 214 of 285 train and 92 of 122 test questions (0.751, 0.754) within 10 turns,
-    the evaluation horizon of experiments/deepsearch.py:grpo_gpu (the same at 5 and 30)."""
+    """Measured: 167 of 221 train, 39 of 55 dev and 92 of 122 test questions (0.756, 0.709,
+    0.754) within 10 turns, the evaluation horizon of experiments/deepsearch.py:grpo_gpu (the
+    same at 5 and 30)."""
     cache: dict[str, list[Passage]] = {}
 
     def search(query: str) -> list[Passage]:
@@ -230,11 +231,11 @@ def test_an_oracle_restricted_to_the_lists_solves_most_questions_of_both_splits(
             cache[query] = [p for p, _ in search_backend.retriever.search(query, 3)]
         return cache[query]
 
-    for split in ("train", "test"):
+    for split, floor in (("train", 0.75), ("dev", 0.70), ("test", 0.75)):
         ids = search_backend.catalog.task_ids(split)
         items = [search_backend.items[i] for i in ids]
         solved = sum(listed_oracle_solves(i.question, i.golden_answers, i.path, search, max_turns=10) for i in items)
-        assert solved / len(items) >= 0.75, (split, solved, len(items))
+        assert len(items) > 40 and solved / len(items) >= floor, (split, solved, len(items))
 
 
 async def test_the_server_lists_deep_search_actions_in_info():
