@@ -10,10 +10,11 @@ import pytest
 pytest.importorskip("bm25s", reason="deep search needs bm25s")
 
 from environments.deepsearch.corpus import CorpusError, Passage, load_wiki_summaries, wiki_summaries_path  # noqa: E402
-from environments.deepsearch.paraphrase import mentioned_titles, question_clause, split_sentences  # noqa: E402
+from environments.deepsearch.paraphrase import mentioned_titles, question_clause, split_sentences, standalone_mentions  # noqa: E402
 from environments.deepsearch.scoring import contains_answer  # noqa: E402
-from environments.deepsearch.search_qa import (SEARCH_DEV_MODULUS, SEARCH_TEST_MODULUS, build_search_qa,  # noqa: E402
-                                               kind_of, names_of, search_questions, split_by_article, with_the)
+from environments.deepsearch.search_qa import (SEARCH_DEV_MODULUS, SEARCH_TEST_MODULUS, _Corpus,  # noqa: E402
+                                               build_search_qa, first_mentions, kind_of, names_of, search_questions,
+                                               split_by_article, with_the)
 
 #: the search set's splits as the code before the dev split built them (main at d8030ce): count,
 #: first id, last id, sha256 of the ids joined by newlines (first 16 hex)
@@ -34,6 +35,39 @@ def test_sentences_and_mentions():
     titles = {"Beta River": "Beta River", "Beta": "Beta", "Gamma": "Gamma (band)", "Alpha": "Alpha"}
     # longest first; a one-word title at the sentence start does not count
     assert mentioned_titles("Alpha lies near Beta River and Gamma.", titles) == ["Beta River", "Beta", "Gamma (band)"]
+
+
+def test_a_one_word_name_inside_a_longer_proper_name_is_not_a_mention():
+    # hand-made spans: (start, end) of the occurrences outside a longer proper name
+    assert standalone_mentions("Brussels is in the Kingdom of Belgium.", "Kingdom") == []  # "of" + a capital
+    assert standalone_mentions("It is in the United Kingdom.", "Kingdom") == []  # a capital before it
+    assert standalone_mentions("It is in the Western Hemisphere.", "Western") == []  # a capital after it
+    assert standalone_mentions("It is in the State of the Incas.", "State") == []  # "of the" + a capital
+    assert standalone_mentions("Sydney is in New South Wales.", "Wales") == []
+    assert standalone_mentions("The Kingdom is a rank.", "Kingdom") == [(4, 11)]  # "The" starts the sentence
+    assert standalone_mentions("It is a rank. Kingdom of fungi.", "Kingdom") == [(14, 21)]  # "of" + lower case
+    assert standalone_mentions("A rank. The Kingdom, a rank.", "Kingdom") == [(12, 19)]  # "The" starts a sentence
+    assert standalone_mentions("It is a Western. Cardiff is in Wales, in Europe.", "Wales") == [(31, 36)]
+    assert standalone_mentions("the United Kingdom and the kingdom of Kingdom rank", "Kingdom") == [(38, 45)]
+
+
+def test_answers_and_hops_skip_a_one_word_title_inside_a_longer_name():
+    passages = [
+        Passage("0", "Brussels", "Brussels is a city. It is the capital of the Kingdom of Belgium and lies in Europe.",
+                description="Capital of Belgium"),
+        Passage("1", "Kingdom (taxonomy)", "Kingdom is a taxonomic rank.", description="Taxonomic rank"),
+        Passage("2", "Belgium", "Belgium is a country.", description="Country in Northwestern Europe"),
+        Passage("3", "Europe", "Europe is a continent.", description="Continent"),
+        Passage("4", "Lisbon", "Lisbon is a city of the United Kingdom of Portugal, Belgium and Europe. It ranks by Kingdom.",
+                description="Capital of Portugal"),
+    ]
+    corpus = _Corpus(passages)
+    sentence = split_sentences(passages[0].text)[1]
+    assert [answer for answer, _ in corpus.answers(passages[0], sentence)] == ["Belgium", "Europe"]
+    assert corpus.answers(passages[0], "It ranks as a Kingdom in it.")[0] == ("Kingdom", ("Kingdom (taxonomy)", "Kingdom"))
+    # the first mention counts only outside a longer name: Belgium, Europe, then Kingdom (second sentence)
+    assert [p.title for p in first_mentions(passages[4], corpus)] == ["Belgium", "Europe", "Kingdom (taxonomy)"]
+    assert [p.title for p in first_mentions(passages[0], corpus)] == ["Belgium", "Europe"]
 
 
 def test_question_clause_rules():

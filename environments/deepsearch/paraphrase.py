@@ -5,6 +5,8 @@ Used by the search task set (``search_qa.py``). Pure functions of their argument
 * ``split_sentences(text)``: sentences end at ". " before a capital letter, a quote or "(".
 * ``mentioned_titles(sentence, titles)``: the corpus titles a sentence names, as whole words
   (longest first; one-word titles only away from the sentence start, where capitals are names).
+* ``standalone_mentions(text, name)``: where ``name`` occurs outside a longer proper name
+  ("Kingdom" in "United Kingdom" or "Kingdom of Belgium" does not count).
 * ``question_clause(sentence, answer, wh, self_names)``: the sentence with
 
   1. an appositive of other names (", officially the Republic of India,", ", also known as
@@ -116,6 +118,35 @@ def inside_proper_name(text: str, name: str) -> bool:
     before = re.compile(rf"(?<![\w])(?<!^){_CAPITALISED}\s+(?:of\s+(?:the\s+)?)?{escaped}(?![\w])")
     after = re.compile(rf"(?<![\w]){escaped}\s+{_CAPITALISED}")
     return bool(before.search(text) or after.search(text))
+
+
+_SENTENCE_START = re.compile(r"(?:^|[.!?][\"'’)]?\s+)$")
+_CAPITALISED_BEFORE = re.compile(r"(?<![\w'’-])([A-Z][\w'’-]*)\s+$")
+_NAME_GOES_ON = re.compile(rf"\s+(?:of\s+(?:the\s+)?)?{_CAPITALISED}")
+
+
+def standalone_mentions(text: str, name: str) -> list[tuple[int, int]]:
+    """The ``(start, end)`` character spans where ``name`` occurs in ``text`` as whole words and
+    NOT as part of a longer proper name, in reading order. An occurrence is part of a longer
+    name when
+
+    * a capitalised word comes right before it that does not start a sentence (the start of
+      ``text`` or after ". " / "! " / "? "): "United Kingdom", "New South Wales"; or
+    * a capitalised word comes right after it, directly or after "of" / "of the": "Western
+      Hemisphere", "Kingdom of Belgium", "State of Palestine".
+
+    ``standalone_mentions("Brussels is in the Kingdom of Belgium and in Europe.", "Kingdom") ==
+    []``; ``standalone_mentions("The Kingdom is a rank.", "Kingdom") == [(4, 11)]`` ("The" starts
+    the sentence)."""
+    spans = []
+    for match in whole_word(name).finditer(text):
+        before = _CAPITALISED_BEFORE.search(text, 0, match.start())
+        if before is not None and not _SENTENCE_START.search(text, 0, before.start()):
+            continue
+        if _NAME_GOES_ON.match(text, match.end()):
+            continue
+        spans.append(match.span())
+    return spans
 
 
 def question_clause(sentence: str, answer: str, wh: str, self_names: Iterable[str]) -> str | None:

@@ -52,7 +52,8 @@ import re
 from typing import Callable, Collection, Iterable, Sequence
 
 from environments.deepsearch.corpus import Passage
-from environments.deepsearch.paraphrase import YEAR, mentioned_titles, question_clause, split_sentences, whole_word, words
+from environments.deepsearch.paraphrase import (YEAR, mentioned_titles, question_clause, split_sentences, standalone_mentions,
+                                               whole_word, words)
 from environments.deepsearch.qa import QAItem, base_title, hash_split
 from environments.deepsearch.scoring import contains_answer
 
@@ -116,14 +117,27 @@ class _Corpus:
         return {"People": "which person", "Geography": "which place"}.get(topic, "what")
 
     def answers(self, passage: Passage, sentence: str) -> list[tuple[str, tuple[str, ...]]]:
-        """``(answer in the sentence, golden answers)``: titles named (not the passage's own), then years."""
+        """``(answer in the sentence, golden answers)``: titles named (not the passage's own; a
+        one-word title only outside a longer proper name, ``first_named_at``), then years."""
         own = set(names_of(passage))
         found = []
         for title in mentioned_titles(sentence, self.title_keys):
-            if title not in own and base_title(title) not in own:
+            if title not in own and base_title(title) not in own and self.first_named_at(sentence, title) is not None:
                 found.append((base_title(title), names_of(self.by_title[title])))
         found += [(year, (year,)) for year in dict.fromkeys(m[0] for m in YEAR.finditer(sentence))]
         return found
+
+    @staticmethod
+    def first_named_at(text: str, title: str) -> int | None:
+        """Where ``text`` first names the article ``title`` (its ``base_title`` as whole words);
+        a ONE-word name inside a longer proper name does not count ("Kingdom" in "United
+        Kingdom" or "Kingdom of Belgium": ``paraphrase.standalone_mentions``). None: nowhere."""
+        name = base_title(title)
+        if len(words(name)) == 1:
+            spans = standalone_mentions(text, name)
+            return spans[0][0] if spans else None
+        match = whole_word(name).search(text)
+        return None if match is None else match.start()
 
     def clauses(self, passage: Passage, sentences: Iterable[str]) -> Iterable[tuple[str, tuple[str, ...], str]]:
         """``(clause, golden answers, answer)`` for the passage's sentences, in reading order."""
@@ -163,12 +177,13 @@ def kind_of(b: Passage) -> str | None:
 
 
 def first_mentions(a: Passage, corpus: _Corpus) -> list[Passage]:
-    """The articles A's text names, in reading order (A itself excluded)."""
+    """The articles A's text names, in reading order of their first mention (A itself excluded;
+    a one-word title only outside a longer proper name, ``_Corpus.first_named_at``)."""
     found = []
     for title in mentioned_titles(a.text, corpus.title_keys):
-        match = whole_word(base_title(title)).search(a.text)
-        if title != a.title and match is not None:
-            found.append((match.start(), title))
+        start = corpus.first_named_at(a.text, title)
+        if title != a.title and start is not None:
+            found.append((start, title))
     return [corpus.by_title[title] for _, title in sorted(found)]
 
 
