@@ -111,7 +111,8 @@ def built():
 def test_build_is_deterministic_and_split_by_article(built):
     passages, retriever, items, pool = built
     assert len(items) >= 300 and {i.kind for i in items} == {"fact", "hop"}
-    assert sum(i.split == "test" for i in items) >= 100 and sum(i.split == "dev" for i in items) >= 50
+    # 98 test, 44 dev since 2026-12-02 (one-word titles inside longer names no longer count; 122, 55 before)
+    assert sum(i.split == "test" for i in items) >= 95 and sum(i.split == "dev" for i in items) >= 40
     again = build_search_qa(passages, retriever)
     assert again == items
     ids = [i.id for i in items]
