@@ -6,7 +6,8 @@ Used by the search task set (``search_qa.py``). Pure functions of their argument
 * ``mentioned_titles(sentence, titles)``: the corpus titles a sentence names, as whole words
   (longest first; one-word titles only away from the sentence start, where capitals are names).
 * ``standalone_mentions(text, name)``: where ``name`` occurs outside a longer proper name
-  ("Kingdom" in "United Kingdom" or "Kingdom of Belgium" does not count).
+  ("Kingdom" in "United Kingdom" or "Kingdom of Belgium" does not count; "Europe" in "Northern
+  Europe" does).
 * ``question_clause(sentence, answer, wh, self_names)``: the sentence with
 
   1. an appositive of other names (", officially the Republic of India,", ", also known as
@@ -123,6 +124,15 @@ def inside_proper_name(text: str, name: str) -> bool:
 _SENTENCE_START = re.compile(r"(?:^|[.!?][\"'’)]?\s+)$")
 _CAPITALISED_BEFORE = re.compile(r"(?<![\w'’-])([A-Z][\w'’-]*)\s+$")
 _NAME_GOES_ON = re.compile(rf"\s+(?:of\s+(?:the\s+)?)?{_CAPITALISED}")
+#: a capitalised word before a name that names a part of the same place ("Northern Europe")
+COMPASS_WORDS = frozenset({
+    "North", "South", "East", "West", "Northern", "Southern", "Eastern", "Western", "Central",
+    "Northeast", "Northwest", "Southeast", "Southwest", "Northeastern", "Northwestern", "Southeastern", "Southwestern",
+})
+
+
+def _starts_sentence(text: str, start: int) -> bool:
+    return _SENTENCE_START.search(text, 0, start) is not None
 
 
 def standalone_mentions(text: str, name: str) -> list[tuple[int, int]]:
@@ -131,7 +141,9 @@ def standalone_mentions(text: str, name: str) -> list[tuple[int, int]]:
     name when
 
     * a capitalised word comes right before it that does not start a sentence (the start of
-      ``text`` or after ". " / "! " / "? "): "United Kingdom", "New South Wales"; or
+      ``text`` or after ". " / "! " / "? "): "United Kingdom", "New South Wales", unless that
+      word is a lone compass word (``COMPASS_WORDS``, itself not after another capitalised word):
+      "Northern Europe", "West Asia" name a part of Europe / Asia and count; or
     * a capitalised word comes right after it, directly or after "of" / "of the": "Western
       Hemisphere", "Kingdom of Belgium", "State of Palestine".
 
@@ -141,8 +153,11 @@ def standalone_mentions(text: str, name: str) -> list[tuple[int, int]]:
     spans = []
     for match in whole_word(name).finditer(text):
         before = _CAPITALISED_BEFORE.search(text, 0, match.start())
-        if before is not None and not _SENTENCE_START.search(text, 0, before.start()):
-            continue
+        if before is not None and not _starts_sentence(text, before.start()):
+            earlier = _CAPITALISED_BEFORE.search(text, 0, before.start())
+            lone_compass = before[1] in COMPASS_WORDS and (earlier is None or _starts_sentence(text, earlier.start()))
+            if not lone_compass:
+                continue
         if _NAME_GOES_ON.match(text, match.end()):
             continue
         spans.append(match.span())

@@ -21,7 +21,8 @@ long and free of the article's title):
 
 A one-word title counts as named by a sentence (as an answer, or as B) only outside a longer
 proper name (``paraphrase.standalone_mentions``): "Kingdom" in "United Kingdom" or "Kingdom of
-Belgium" is no mention of the article "Kingdom (taxonomy)".
+Belgium" is no mention of the article "Kingdom (taxonomy)" ("Europe" in "Northern Europe", after
+a lone compass word, is one of "Europe").
 
 Filters (each question must pass all):
 1. the answer occurs in the supporting article (A for ``fact``, B for ``hop``), not in the
@@ -62,7 +63,7 @@ from environments.deepsearch.qa import QAItem, base_title, hash_split
 from environments.deepsearch.scoring import contains_answer
 
 SEARCH_TEST_MODULUS = 3
-SEARCH_DEV_MODULUS = 4  # about a quarter of the training articles are dev (44 of 222 questions)
+SEARCH_DEV_MODULUS = 4  # about a quarter of the training articles are dev (50 of 247 questions)
 SEARCH_FILTER_K = 3  # filters 3-4: top-k of one search
 QUESTIONS_PER_ANSWER = 2  # near-duplicates: the same supporting article and answer
 MIN_CLAUSE_WORDS = 6
