@@ -16,10 +16,11 @@ pytest.importorskip("bm25s", reason="deep search needs bm25s")
 from environments.deepsearch.admissible import (MAX_ADMISSIBLE, MAX_SEARCHES,  # noqa: E402
                                                 admissible_actions, after_search, key_phrase, names)
 from environments.deepsearch.backend import BackendConfig, SearchBackend  # noqa: E402
-from environments.deepsearch.corpus import CorpusError, Passage, wiki_summaries_path  # noqa: E402
+from environments.deepsearch.corpus import Passage  # noqa: E402
 from environments.deepsearch.env import DeepSearchEnvironment, parse_tool_call  # noqa: E402
 from environments.deepsearch.expert import listed_oracle_solves  # noqa: E402
 from environments.deepsearch.scoring import normalize_answer  # noqa: E402
+from tests.test_env_deepsearch import _has_wiki  # noqa: E402
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -158,14 +159,6 @@ def test_valid_actions_follow_the_episode_and_stop_at_its_end(planted):
 
 
 # -------------------------------------------------------------- the built-in search task set
-
-
-def _has_wiki() -> bool:
-    try:
-        wiki_summaries_path()
-    except CorpusError:
-        return False
-    return True
 
 
 @pytest.fixture(scope="module")

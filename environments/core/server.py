@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import dataclasses
 import functools
 import logging
 from typing import Any, Callable, Sequence, TypeVar
@@ -43,8 +42,8 @@ from aiohttp import web
 
 from agentrl_common.httpguard import (DEFAULT_READ_TIMEOUT_S, GuardError, Limits, allowed_hosts as hosts_for,
                                          api_key_middleware, exit_with_parent, request_guard_middleware)
-from environments.core.base import (InvalidTaskError, ResetResult, StepResult, TaskCatalog, TextEnvironment,
-                                    action_list_text)
+from environments.core.base import InvalidTaskError, ResetResult, StepResult, TaskCatalog, TextEnvironment
+from environments.core.listing import R, wants_list, with_action_list
 from environments.core.requests import (ProtocolError, action_text_field, error_response, json_response,
                                         list_actions_field, optional, query_int, read_json, required,
                                         task_id_field)
@@ -61,27 +60,6 @@ RETRY_AFTER_S = "1"
 MAX_BATCH_CALLS = 1024  # calls in one POST /batch
 
 SERVER_KEY = web.AppKey("env_server", object)
-
-
-R = TypeVar("R", ResetResult, StepResult)
-
-
-def _wants_list(session: Session) -> bool:
-    """The session asked for action lists, its episode runs, and its observations lack one."""
-    return bool(session.list_actions) and not session.finished and not session.env.lists_actions_in_observation
-
-
-def with_action_list(result: R, actions: list[str] | None, limit: int, text: bool = True) -> R:
-    """``result`` with the listed actions (the first ``limit``) in ``info["listed_actions"]`` and,
-    when ``text``, ``action_list_text(actions, limit)`` as the observation's last line; unchanged
-    where ``actions`` is None or empty (the family has no list, or nothing is valid)."""
-    if not actions or limit <= 0:
-        return result
-    info = dict(result.info)
-    info["listed_actions"] = list(actions[:limit])
-    observation = (f"{result.observation.rstrip()}\n{action_list_text(actions, limit)}" if text
-                   else result.observation)
-    return dataclasses.replace(result, observation=observation, info=info)
 
 
 # ---------------------------------------------------------------------------------------- server
@@ -306,7 +284,7 @@ class EnvServer:
         if self.family.inline:  # no await in between: calls on one session cannot interleave
             self._check_steppable(session)
             result = self._record_step(session, session.env.step(action))
-            if _wants_list(session):
+            if wants_list(session):
                 result = with_action_list(result, session.env.valid_actions(), session.list_actions,
                                           session.action_text)
         else:
@@ -335,7 +313,7 @@ class EnvServer:
     async def _listing_actions(self, session: Session, result: R) -> R:
         """``result`` with the session's action list appended (``list_actions``), while the
         episode runs and the family has a list that its observations do not show already."""
-        if not _wants_list(session):
+        if not wants_list(session):
             return result
         env = session.env
         actions = env.valid_actions() if self.family.inline else await self.call(env.valid_actions)

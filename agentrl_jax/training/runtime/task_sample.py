@@ -71,7 +71,7 @@ def stratified_sample(ids: Sequence[str], limit: int,
         members.setdefault(group(task_id), []).append(position)
     groups = list(members.values())
     quotas = group_quotas([len(m) for m in groups], limit)
-    picked = [p for m, k in zip(groups, quotas) for p in spaced_sample(m, k)] if limit else []
+    picked = [p for m, k in zip(groups, quotas) for p in spaced_sample(m, k)]
     return [ids[p] for p in sorted(picked)]
 
 
