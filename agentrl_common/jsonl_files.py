@@ -213,12 +213,9 @@ def read_run_file(folder: str, name: str, missing_ok: bool = False) -> list[dict
     """The JSON objects of the run file ``name`` of ``folder``, plain or ``.gz``
     (:func:`run_file`, :func:`iter_records`); ``missing_ok``: [] instead of the error when
     neither exists."""
-    path = find_run_file(folder, name)
-    if path is None:
-        if missing_ok:
-            return []
-        run_file(folder, name)  # raises the error naming both paths
-    return list(iter_records(path))
+    if missing_ok and find_run_file(folder, name) is None:
+        return []
+    return list(iter_records(run_file(folder, name)))
 
 
 def run_file_name(name: str) -> str:
