@@ -383,7 +383,7 @@ VARIANTS = {
 
 
 def get_config(variant: str | None = None, num_gpus: int | None = None) -> ConfigDict:
-    """The config of ``variant`` (default ``grpo_scaling``); ``num_gpus`` sizes
+    """The config of ``variant`` (default: ``DEFAULT``, ``grpo_gpu``); ``num_gpus`` sizes
     ``paper_scale_7b`` (the only variant that depends on the GPU count)."""
     if num_gpus is not None and (variant or DEFAULT) == "paper_scale_7b":
         return paper_scale_7b(num_gpus)

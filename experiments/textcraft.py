@@ -132,5 +132,5 @@ VARIANTS = {
 
 
 def get_config(variant: str | None = None) -> ConfigDict:
-    """The config of ``variant`` (default ``grpo_scaling``)."""
+    """The config of ``variant`` (default: ``DEFAULT``, ``grpo_gpu``)."""
     return select(VARIANTS, DEFAULT, variant, __file__)

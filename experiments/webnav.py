@@ -101,5 +101,5 @@ VARIANTS = {"grpo_scaling": grpo_scaling, "ppo": ppo, "grpo_gpu": grpo_gpu, "sft
 
 
 def get_config(variant: str | None = None) -> ConfigDict:
-    """The config of ``variant`` (default ``grpo_scaling``)."""
+    """The config of ``variant`` (default: ``DEFAULT``, ``grpo_gpu``)."""
     return select(VARIANTS, DEFAULT, variant, __file__)
