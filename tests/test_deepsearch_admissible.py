@@ -13,8 +13,8 @@ import pytest
 
 pytest.importorskip("bm25s", reason="deep search needs bm25s")
 
-from environments.deepsearch.admissible import (MAX_ADMISSIBLE, MAX_SEARCHES,  # noqa: E402
-                                                admissible_actions, after_search, key_phrase, names)
+from environments.deepsearch.admissible import (MAX_ADMISSIBLE, MAX_ANSWERS, MAX_SEARCHES,  # noqa: E402
+                                                admissible_actions, after_search, is_junk, key_phrase, names)
 from environments.deepsearch.backend import BackendConfig, SearchBackend  # noqa: E402
 from environments.deepsearch.corpus import Passage  # noqa: E402
 from environments.deepsearch.env import DeepSearchEnvironment, parse_tool_call  # noqa: E402
@@ -32,11 +32,11 @@ LONDON = Passage("2", "London", "London is the capital of England and the United
 
 
 def _search(q: str) -> str:
-    return f"<search> {q} </search>"
+    return f"search {q}"
 
 
 def _answer(a: str) -> str:
-    return f"<answer> {a} </answer>"
+    return f"answer {a}"
 
 
 # ------------------------------------------------------------------ the pure function, by hand
@@ -57,19 +57,20 @@ def test_lists_of_a_two_hop_episode_computed_by_hand():
     # turn 1: nothing seen: the key phrase, the question, the names of the key phrase
     assert admissible_actions(CITY_QUESTION, [], []) == [
         _search("the 1434 painting by Jan van Eyck"), _search(CITY_QUESTION), _search("Jan van Eyck")]
-    # after the key phrase returned the portrait: its names (not its own title) as searches;
-    # answers: the names of its sentences (none shares "city" / "capital" with the question),
-    # without "Jan van Eyck" and 1434, which the question contains
+    # after the key phrase returned the portrait: the question is no longer listed (once, before
+    # the first search), its names (not its own title) as searches; answers: the names of its
+    # sentences (none shares "city" / "capital" with the question), without "Jan van Eyck" and
+    # 1434, which the question contains
     searched, seen = after_search([], [], "the 1434 painting by Jan van Eyck", [PORTRAIT])
     assert admissible_actions(CITY_QUESTION, searched, seen) == [
-        _search(CITY_QUESTION), _search("Jan van Eyck"), _search("London"), _search("National Gallery"),
+        _search("Jan van Eyck"), _search("London"), _search("National Gallery"),
         _answer("Arnolfini Portrait"), _answer("London"), _answer("National Gallery")]
     # after "London": London's names first (the newest search), searched titles left out; the
     # sentence sharing "capital" with the question gives the first answers
     searched, seen = after_search(searched, seen, "London", [LONDON])
     assert [p.title for p in seen] == ["London", "Arnolfini Portrait"]
     assert admissible_actions(CITY_QUESTION, searched, seen) == [
-        _search(CITY_QUESTION), _search("Jan van Eyck"), _search("England"), _search("United Kingdom"),
+        _search("Jan van Eyck"), _search("England"), _search("United Kingdom"),
         _search("River Thames"), _search("National Gallery"),
         _answer("London"), _answer("England"), _answer("United Kingdom"), _answer("River Thames"),
         _answer("Arnolfini Portrait"), _answer("National Gallery")]
@@ -78,17 +79,64 @@ def test_lists_of_a_two_hop_episode_computed_by_hand():
         admissible_actions(CITY_QUESTION, searched, seen, limit=0)
 
 
+KANE_QUESTION = ("Consider the first city named in the encyclopedia article on the 1941 drama film by Orson "
+                 "Welles. It is the most populous town in the U.S. state of Illinois and in which place?")
+KANE = Passage("3", "Citizen Kane", "Citizen Kane is a 1941 American drama film by Orson Welles. It was written by "
+               "Herman J. Mankiewicz and Welles. Among its subjects is the press baron William Randolph Hearst in "
+               "Chicago. It premiered in July at the Palace Theatre in New York.")
+
+
+def test_junk_names_are_dropped_and_the_key_phrase_s_words_are_not_searched_again():
+    # computed by hand: the sentence split at "J." leaves "Herman J" (an initial: junk); "Among"
+    # opens a sentence (no name); "July" is a month; "Welles" and "Orson Welles" are the key
+    # phrase's words (searched as the key phrase's name only, never as an answer); the title was
+    # returned already
+    searched, seen = after_search([], [], "the 1941 drama film by Orson Welles", [KANE])
+    searches = [_search(q) for q in ("Orson Welles", "American", "Mankiewicz", "William Randolph Hearst",
+                                     "Chicago", "Palace Theatre", "New York")]
+    answers = [_answer(a) for a in ("Citizen Kane", "American", "Mankiewicz", "William Randolph Hearst",
+                                    "Chicago", "Palace Theatre", "New York")]
+    assert admissible_actions(KANE_QUESTION, searched, seen) == searches + answers
+    assert [is_junk(n) for n in ("Herman J", "D.C", "Efficacy of", "July", "Chicago", "Herman J Mankiewicz")] == [
+        True, True, True, True, False, False]
+    assert names("Among its subjects is Chicago.") == ["Chicago"]
+
+
+def test_the_caps_keep_the_current_page_s_first_names():
+    # 30 names a passage: the newest search's passage comes first, in reading order, cut at
+    # MAX_SEARCHES (its title, returned already, is no search); answers cut at MAX_ANSWERS
+    old = Passage("4", "Oldpage", " ".join(f"Oldname{i} met Olderson{i} there." for i in range(15)))
+    new = Passage("5", "Newpage", " ".join(f"Newname{i} met Newerson{i} there." for i in range(15)))
+    searched, seen = after_search(*after_search([], [], "the meeting", [old]), "b", [new])
+    listed = admissible_actions("In the encyclopedia article on the meeting: It was held where?", searched, seen)
+    expected = [f"{prefix}{i}" for i in range(8) for prefix in ("Newname", "Newerson")]
+    assert listed[:MAX_SEARCHES] == [_search(q) for q in expected]
+    assert listed[MAX_SEARCHES:] == [_answer(a) for a in ["Newpage", *expected][:MAX_ANSWERS]]  # titles answer
+
+
+def test_the_short_form_of_a_listed_action_is_accepted(planted):
+    assert parse_tool_call("search Tove Hall") == ("search", "Tove Hall")
+    assert parse_tool_call("  Answer   Zorblatt \nmore text") == ("answer", "Zorblatt")
+    assert parse_tool_call("<search> x </search> answer y") == ("search", "x")  # a tag wins
+    assert [parse_tool_call(t) for t in ("searching x", "I search x", "search", "Zorblatt")] == [None] * 4
+    planted.reset("q1")
+    step = planted.step("search Mimsy")
+    assert not step.info["invalid_action"] and step.info["retrieved"][0] == "Mimsy"
+    step = planted.step("answer Zorblatt")
+    assert step.done and step.reward == 1.0
+
+
 def test_a_year_question_lists_years_first_and_a_name_loses_the_question_s_words():
     question = ("In which year did the first person named in the encyclopedia article on the Swedish-Russian "
                 "conflict (1700–1721) die?")
     king = Passage("7", "Augustus II the Strong", "Augustus II the Strong was King of Poland from 1697 until his death in 1733.")
     _, seen = after_search([], [], "x", [king])
-    answers = [a for a in admissible_actions(question, ["x"], seen) if a.startswith("<answer>")]
+    answers = [a for a in admissible_actions(question, ["x"], seen) if a.startswith("answer ")]
     assert answers == [_answer("1697"), _answer("1733"), _answer("Augustus II the Strong"), _answer("King of Poland")]
     ocean = Passage("8", "New Zealand", "New Zealand is an island country in the southwestern Pacific Ocean.")
     _, seen = after_search([], [], "y", [ocean])
     asked = "Consider the first country named in the encyclopedia article on the explorer. It is an island nation in the southwestern Pacific what?"
-    assert [a for a in admissible_actions(asked, ["y"], seen) if a.startswith("<answer>")] == [
+    assert [a for a in admissible_actions(asked, ["y"], seen) if a.startswith("answer ")] == [
         _answer("New Zealand"), _answer("Pacific Ocean"), _answer("Ocean")]
 
 
@@ -96,8 +144,9 @@ def test_the_list_is_bounded_and_deterministic():
     many = Passage("9", "Many", ". ".join(f"Name{i} Alpha{i} met Person{i} in Place{i}" for i in range(40)) + ".")
     searched, seen = after_search([], [], "q", [many])
     listed = admissible_actions("Who met whom?", searched, seen)
-    assert len(listed) == MAX_ADMISSIBLE and len(set(listed)) == MAX_ADMISSIBLE
-    assert sum(a.startswith("<search>") for a in listed) == MAX_SEARCHES
+    assert len(listed) == MAX_ADMISSIBLE == MAX_SEARCHES + MAX_ANSWERS and len(set(listed)) == MAX_ADMISSIBLE
+    assert sum(a.startswith("search ") for a in listed) == MAX_SEARCHES
+    assert sum(a.startswith("answer ") for a in listed) == MAX_ANSWERS
     assert listed == admissible_actions("Who met whom?", list(searched), list(seen))
 
 
@@ -132,7 +181,7 @@ def _walk_every_listed_action(env: DeepSearchEnvironment, task_id: str, depth: i
                 env.step(action)
             listed = env.valid_actions()
             yield actions, listed
-            next_frontier += [[*actions, a] for a in listed if a.startswith("<search>")]
+            next_frontier += [[*actions, a] for a in listed if a.startswith("search ")]
         frontier = next_frontier
 
 
@@ -183,14 +232,14 @@ def test_every_listed_action_parses_and_is_accepted(search_backend):
             assert 0 < len(listed) <= MAX_ADMISSIBLE and len(set(listed)) == len(listed)
             for action in listed:
                 tool, argument = parse_tool_call(action)
-                assert action == f"<{tool}> {argument} </{tool}>" and argument
+                assert action == f"{tool} {argument}" and argument
                 env.reset(task_id)
                 for previous in history:
                     env.step(previous)
                 step = env.step(action)
                 assert not step.info["invalid_action"], action
                 checked += 1
-            searches = [a for a in listed if a.startswith("<search>")]
+            searches = [a for a in listed if a.startswith("search ")]
             history.append(rng.choice(searches))
     assert checked > 100
 
@@ -205,7 +254,7 @@ def test_listed_answers_come_from_what_the_agent_has_seen(search_backend):
         item = search_backend.items[task_id]
         env.reset(task_id)
         env.step(env.valid_actions()[0])
-        env.step(next(a for a in env.valid_actions()[2:] if a.startswith("<search>")))
+        env.step(next(a for a in env.valid_actions()[2:] if a.startswith("search ")))
         seen_text = item.question + " " + " ".join(p.contents for p in env._seen)
         seen_text = _without_possessives(seen_text)  # names drop a possessive: "Newton's" -> "Newton"
         for action in env.valid_actions():
@@ -214,8 +263,9 @@ def test_listed_answers_come_from_what_the_agent_has_seen(search_backend):
 
 
 def test_an_oracle_restricted_to_the_lists_solves_most_questions_of_both_splits(search_backend):
-    """Measured: 151 of 190 train, 40 of 50 dev and 88 of 109 test questions (0.795, 0.800,
-    0.807) within 10 turns, the evaluation horizon of experiments/deepsearch.py:grpo_gpu (the
+    """Measured: 153 of 190 train, 41 of 50 dev and 88 of 109 test questions (0.805, 0.820,
+    0.807) within 10 turns (the same at 5; before the short lists of 2026-12-03: 151, 40, 88;
+    ``benchmarks/analysis/deepsearch_options.py``), the evaluation horizon of experiments/deepsearch.py:grpo_gpu (the
     same at 5 and 30); floors re-measured on 2026-12-02 after one-word titles inside longer
     proper names stopped counting as mentions (before: 167/221, 39/55, 92/122; floors 0.75,
     0.70, 0.75)."""
@@ -251,5 +301,5 @@ async def test_the_server_lists_deep_search_actions_in_info():
             local_step = local.step(info["listed_actions"][0])
             assert not step.info["invalid_action"] and step.observation.startswith(local_step.observation)
             assert step.info["listed_actions"] == local.valid_actions()
-            assert any(a.startswith("<answer>") for a in step.info["listed_actions"])
+            assert any(a.startswith("answer ") for a in step.info["listed_actions"])
             await client.close(env_id)

@@ -8,10 +8,11 @@ Each turn the agent writes text containing one tool call (the first call in the 
   answer (1.0 / 0.0, see ``scoring.py``); ``info`` has ``em``, ``f1``, ``success`` and ``score``
   (= EM).
 
-Text with neither tag is a normal step with ``info["invalid_action"] = True``. ``valid_actions()``
-lists at most 26 searches and answers built from what the episode has shown (``admissible.py``:
-the question's key phrase, the names and years of the returned passages; never the golden
-answer). After
+Text with neither tag may be the short form of a listed action, a first line ``search query`` or
+``answer text``; other text is a normal step with ``info["invalid_action"] = True``.
+``valid_actions()`` lists at most 16 searches and 10 answers in the short form, built from what
+the episode has shown (``admissible.py``: the question's key phrase, the names and years of the
+returned passages; never the golden answer). After
 ``max_steps`` turns without an answer the episode is truncated with reward 0. The corpus, index
 and QA set are shared by all instances of a process (``backend.py``).
 """
@@ -28,6 +29,7 @@ from environments.deepsearch.corpus import Passage
 from environments.deepsearch.scoring import exact_match, f1_score
 
 _TOOL_CALL = re.compile(r"<(search|answer)>(.*?)(?:</\1>|$)", re.S | re.I)
+_SHORT_CALL = re.compile(r"(search|answer)\s+(\S.*)", re.I)
 
 INSTRUCTIONS = """Answer the given question. You can use a search engine over an encyclopedia as \
 many times as you need: write <search> query </search> and the top {k} results come back \
@@ -39,8 +41,12 @@ one <search> or one <answer>; you have at most {max_steps} replies."""
 
 
 def parse_tool_call(text: str) -> tuple[str, str] | None:
-    """``("search" | "answer", argument)`` of the first tool call in ``text``, or None."""
-    match = _TOOL_CALL.search(str(text))
+    """``("search" | "answer", argument)`` of the first tool call in ``text``: its first
+    ``<search>`` / ``<answer>`` tag, else (text with no tag) the short form of the listed
+    actions, a first line ``search q`` / ``answer a`` (the word, case-insensitive, then the
+    argument); None when there is neither."""
+    text = str(text)
+    match = _TOOL_CALL.search(text) or _SHORT_CALL.fullmatch(text.strip().split("\n", 1)[0].strip())
     if match is None:
         return None
     return match[1].lower(), " ".join(match[2].split())
