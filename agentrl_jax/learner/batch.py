@@ -49,6 +49,9 @@ class RolloutBatch:
     turn_ids [B, T] int32: the turn of every id (-1: prompt / padding); turn-level
       estimators (GiGPO) only, with
     turn_rewards [B, K] float32 and turn_anchors [B, K] int32 (-1 where a row has no turn k).
+    option_counts [B, T] int32: optional per-token option limits: token ``t`` was sampled from
+      the first ``option_counts[b, t]`` option tokens only (0: no per-turn limit); the
+      learner scores the same distribution (``models/output_tokens.py``).
     """
 
     tokens: np.ndarray
@@ -63,6 +66,7 @@ class RolloutBatch:
     turn_ids: np.ndarray | None = None
     turn_rewards: np.ndarray | None = None
     turn_anchors: np.ndarray | None = None
+    option_counts: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         def put(name, dtype):
@@ -75,7 +79,7 @@ class RolloutBatch:
                            (np.asarray(self.loss_mask) != 0).astype(np.float32))
         for name in _TOKEN_FLOATS + ("reward", "turn_rewards"):
             put(name, np.float32)
-        for name in ("group_id", "turn_ids", "turn_anchors"):
+        for name in ("group_id", "turn_ids", "turn_anchors", "option_counts"):
             put(name, np.int32)
 
     # ------------------------------------------------------------------ construction
@@ -130,7 +134,7 @@ class RolloutBatch:
         if self.tokens.ndim != 2:
             raise ValueError(f"tokens must be [B, T], got shape {self.tokens.shape}")
         b, t = self.tokens.shape
-        for name in ("attention_mask", "loss_mask", "turn_ids") + _TOKEN_FLOATS:
+        for name in ("attention_mask", "loss_mask", "turn_ids", "option_counts") + _TOKEN_FLOATS:
             x = getattr(self, name)
             if x is not None and x.shape != (b, t):
                 raise ValueError(f"tokens, attention_mask and loss_mask must have the same "
@@ -141,6 +145,8 @@ class RolloutBatch:
                 raise KeyError(f"batch lacks {name!r}")
             if x is not None and x.shape != (b,):
                 raise ValueError(f"{name} must be [B]={b}, got shape {x.shape}")
+        if self.option_counts is not None and np.any(self.option_counts < 0):
+            raise ValueError("option_counts must be >= 0 (0: no per-turn option limit)")
         am = self.attention_mask != 0
         lm = self.loss_mask != 0
         if np.any(lm & ~am):

@@ -124,7 +124,8 @@ class PaddedRows:
 
     # ---------------------------------------------------------------- forward passes
     def forward(self, fn, params, placed: Arrays, scored: bool = False) -> Any:
-        """``fn(params, tokens, attention_mask)`` (``scored``: and ``loss_mask``; outputs
+        """``fn(params, tokens, attention_mask)`` (``scored``: and ``loss_mask``; then
+        ``option_counts`` where the batch has per-turn option limits; outputs
         ``[n, cols]`` or a tuple of them) over chunks of ``logprob_batch_size`` rows ->
         token-space ``[rows, cols]`` outputs. Single-process chunks of padding rows only are
         zeros (no forward pass)."""
@@ -133,7 +134,8 @@ class PaddedRows:
         step = n // self.n_proc
         bs = batch_sharding(lr.mesh, 2)
         take = _take_rows(lr.mesh, bs)
-        keys = ("tokens", "attention_mask") + (("loss_mask",) if scored else ())
+        keys = (("tokens", "attention_mask") + (("loss_mask",) if scored else ())
+                + (("option_counts",) if "option_counts" in placed else ()))
         inputs = {k: placed[k] for k in keys}
         has_tokens = self.host["attention_mask"].any(-1)
         outs, order = [], []
@@ -312,8 +314,8 @@ class PackedRows:
         return {k: place_global(v, rep) for k, v in self.batch.arrays().items()}
 
     def forward(self, fn, params, placed: Arrays, scored: bool = False) -> jax.Array:
-        """``fn(params, tokens, segment_ids, positions)`` (``scored``: and ``loss_mask``,
-        packed on the device like the tokens) over the whole batch packed in
+        """``fn(params, tokens, segment_ids, positions)`` (``scored``: and ``loss_mask``; then
+        ``option_counts`` where the batch has them; packed on the device like the tokens) over the whole batch packed in
         ``[logprob_batch_size, pack_length]`` calls -> token-space ``[B, T]``. Each call's
         output goes to its tokens' places at once (:func:`_unpack_into`), so no program's
         shape depends on how many packed rows the batch makes."""
@@ -330,6 +332,8 @@ class PackedRows:
         for s in range(0, plan.num_rows, n):
             tokens = pack_dev(placed["tokens"], src[s:s + n])
             mask = (pack_dev(placed["loss_mask"], src[s:s + n]),) if scored else ()
+            if "option_counts" in placed:  # packed like the tokens (padding: 0, no limit)
+                mask += (pack_dev(placed["option_counts"], src[s:s + n]),)
             chunk = fn(params, tokens, place_global(seg[s:s + n], sh),
                        place_global(pos[s:s + n], sh), *mask)
             if out is None:
@@ -437,6 +441,8 @@ def _pad(batch: RolloutBatch, rows: int, cols: int, first_pad_group: int | None 
     out = {"tokens": pad2(batch.tokens, np.int32),
            "attention_mask": pad2(batch.attention_mask, np.int32),
            "loss_mask": pad2(batch.loss_mask, np.float32)}
+    if batch.option_counts is not None:  # 0 on padding: no option limit
+        out["option_counts"] = pad2(batch.option_counts, np.int32)
     for k in ("rollout_logprobs", "token_rewards", "advantages", "returns"):
         if getattr(batch, k) is not None:
             out[k] = pad2(getattr(batch, k), np.float32)

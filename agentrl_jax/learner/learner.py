@@ -177,15 +177,17 @@ class Learner:
         self.cfg_key = json.dumps(config.to_dict(), sort_keys=True, default=str)
 
     # ------------------------------------------------------------------ jitted functions
-    def logprob_fn(self, params_dtype: str, capacity: int | None = None):
+    def logprob_fn(self, params_dtype: str, capacity: int | None = None,
+                   with_options: bool = False):
         """``passes.logprob_fn`` for parameters of ``params_dtype``."""
         return passes.logprob_fn(self.graphdef, self.mesh, self.param_shardings, self.config,
-                                 params_dtype, capacity)
+                                 params_dtype, capacity, with_options)
 
-    def packed_logprob_fn(self, params_dtype: str, capacity: int | None = None):
+    def packed_logprob_fn(self, params_dtype: str, capacity: int | None = None,
+                          with_options: bool = False):
         """``passes.packed_logprob_fn`` for parameters of ``params_dtype``."""
         return passes.packed_logprob_fn(self.graphdef, self.mesh, self.param_shardings,
-                                        self.config, params_dtype, capacity)
+                                        self.config, params_dtype, capacity, with_options)
 
     def row_sharding(self):
         """``[rows, T]`` arrays: rows over data x fsdp."""

@@ -34,11 +34,13 @@ from typing import Callable
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 
 from agentrl_jax.algorithms.losses import entropy_from_logits
 from agentrl_jax.models.llama import CausalLM
 from agentrl_jax.models.lm_head import lm_head_f32
+from agentrl_jax.models.output_tokens import limit_to_options, option_ranks
 from agentrl_jax.sharding.activations import current_mesh
 
 Array = jax.Array
@@ -56,8 +58,11 @@ def next_token_targets(tokens: Array) -> Array:
 
 
 def _chunk_stats(logits_fn: Callable[[Array], Array], h: Array, tgt: Array, temperature: float,
-                 with_entropy: bool) -> tuple[Array, Array]:
+                 with_entropy: bool, ranks: np.ndarray | None = None,
+                 counts: Array | None = None) -> tuple[Array, Array]:
     logits = logits_fn(h).astype(jnp.float32)
+    if counts is not None:  # the per-turn option limit (models/output_tokens.py)
+        logits = limit_to_options(logits, ranks, counts)
     if temperature != 1.0:
         logits = logits / temperature
     lse = jax.nn.logsumexp(logits, axis=-1)
@@ -95,13 +100,16 @@ def chunk_length(t: int, rows: int, vocab: int, chunk_size: int,
 
 def position_stats(hidden: Array, targets: Array, logits_fn: Callable[[Array], Array], *,
                    chunk_size: int = 512, temperature: float = 1.0, with_entropy: bool = False,
-                   vocab_size: int | None = None, max_chunk_bytes: int | None | str = "auto"
+                   vocab_size: int | None = None, max_chunk_bytes: int | None | str = "auto",
+                   option_ranks: np.ndarray | None = None, option_counts: Array | None = None
                    ) -> tuple[Array, Array]:
     """``(lp [N, L], ent [N, L])`` at every position of ``hidden [N, L, D]``:
     ``lp = log softmax(logits_fn(h) / temperature)[target]`` with ``targets [N, L]``, and the
     entropy of that distribution (zeros unless ``with_entropy``). Chunks of positions
     (:func:`chunk_length`) in a ``lax.scan``, each rematerialised in the backward pass: the
-    ``[N, L, V]`` logits never exist at once."""
+    ``[N, L, V]`` logits never exist at once. ``option_counts [N, L]`` int (with
+    ``option_ranks [V]``): the per-position option limit of each target's distribution
+    (``output_tokens.limit_to_options``; 0: none)."""
     b, t, d = hidden.shape
     if max_chunk_bytes == "auto":
         max_chunk_bytes = default_chunk_bytes()
@@ -113,20 +121,28 @@ def position_stats(hidden: Array, targets: Array, logits_fn: Callable[[Array], A
     if pad:
         hidden = jnp.pad(hidden, ((0, 0), (0, pad), (0, 0)))
         targets = jnp.pad(targets, ((0, 0), (0, pad)))
+        if option_counts is not None:
+            option_counts = jnp.pad(option_counts, ((0, 0), (0, pad)))
     hs = hidden.reshape(b, n, c, d).swapaxes(0, 1)  # [n, B, c, D]
     ts = targets.reshape(b, n, c).swapaxes(0, 1)  # [n, B, c]
+    xs = (hs, ts)
+    if option_counts is not None:
+        if option_ranks is None:
+            raise ValueError("option_counts needs option_ranks (the policy's option tokens)")
+        xs += (option_counts.astype(jnp.int32).reshape(b, n, c).swapaxes(0, 1),)
 
     body = jax.checkpoint(
-        lambda h, tg: _chunk_stats(logits_fn, h, tg, temperature, with_entropy),
+        lambda h, tg, *cnt: _chunk_stats(logits_fn, h, tg, temperature, with_entropy,
+                                         option_ranks, *cnt),
         prevent_cse=False)
 
     if n == 1:
-        lp, ent = body(hs[0], ts[0])
+        lp, ent = body(*(x[0] for x in xs))
         lp, ent = lp[None], ent[None]
     else:
-        def step(carry, xs):
-            return carry, body(*xs)
-        _, (lp, ent) = jax.lax.scan(step, None, (hs, ts))
+        def step(carry, x):
+            return carry, body(*x)
+        _, (lp, ent) = jax.lax.scan(step, None, xs)
     lp = lp.swapaxes(0, 1).reshape(b, n * c)[:, :t]
     ent = ent.swapaxes(0, 1).reshape(b, n * c)[:, :t]
     return lp, ent
@@ -135,7 +151,9 @@ def position_stats(hidden: Array, targets: Array, logits_fn: Callable[[Array], A
 def logprobs_from_hidden(hidden: Array, tokens: Array, logits_fn: Callable[[Array], Array], *,
                          chunk_size: int = 512, temperature: float = 1.0,
                          with_entropy: bool = False, vocab_size: int | None = None,
-                         max_chunk_bytes: int | None | str = "auto"
+                         max_chunk_bytes: int | None | str = "auto",
+                         option_ranks: np.ndarray | None = None,
+                         option_counts: Array | None = None
                          ) -> tuple[Array, Array | None]:
     """Token-aligned ``(logprobs [B, T], entropy [B, T] | None)`` from final hidden states.
 
@@ -144,12 +162,16 @@ def logprobs_from_hidden(hidden: Array, tokens: Array, logits_fn: Callable[[Arra
     that token ``t`` was drawn from (0 at ``t = 0``). Chunks: :func:`chunk_length` with
     ``max_chunk_bytes`` (``"auto"``: :func:`default_chunk_bytes`; ``vocab_size`` ``V``,
     default: read from ``logits_fn``'s output shape). The head runs at every position; the
-    update's passes run it only at scored ones (``scored.py``).
+    update's passes run it only at scored ones (``scored.py``). ``option_counts [B, T]`` int,
+    token-aligned like ``tokens`` (the option limit token ``t`` was sampled under; 0: none),
+    with ``option_ranks [V]``: ``output_tokens.limit_to_options``.
     """
+    counts = None if option_counts is None else next_token_targets(option_counts)
     lp, ent = position_stats(hidden, next_token_targets(tokens), logits_fn,
                              chunk_size=chunk_size, temperature=temperature,
                              with_entropy=with_entropy, vocab_size=vocab_size,
-                             max_chunk_bytes=max_chunk_bytes)
+                             max_chunk_bytes=max_chunk_bytes, option_ranks=option_ranks,
+                             option_counts=counts)
     return shift_right(lp), (shift_right(ent) if with_entropy else None)
 
 
@@ -178,8 +200,10 @@ def token_logprobs(graphdef: nnx.GraphDef, params: nnx.State, tokens: Array,
                    attention_mask: Array | None = None, *, chunk_size: int = 512,
                    temperature: float = 1.0, with_entropy: bool = False,
                    use_attention_mask: bool = False, positions: Array | None = None,
-                   segment_ids: Array | None = None) -> tuple[Array, Array | None]:
+                   segment_ids: Array | None = None, option_counts: Array | None = None
+                   ) -> tuple[Array, Array | None]:
     """Token-aligned log-probs (+ entropy) of the policy ``nnx.merge(graphdef, params)``.
+    ``option_counts [B, T]``: per-token option limits (:func:`policy_option_ranks`).
 
     ``positions`` / ``segment_ids``: packed rows (see :func:`model_hidden`). The value at a
     segment's first token is then scored by the previous segment's last hidden state, as
@@ -191,9 +215,28 @@ def token_logprobs(graphdef: nnx.GraphDef, params: nnx.State, tokens: Array,
                           positions=positions, segment_ids=segment_ids)
     return logprobs_from_hidden(hidden, tokens, lm_head_f32(model), chunk_size=chunk_size,
                                 temperature=temperature, with_entropy=with_entropy,
-                                vocab_size=model.cfg.vocab_size)
+                                vocab_size=model.cfg.vocab_size,
+                                **option_limit(model, option_counts))
+
+
+def policy_option_ranks(model: CausalLM) -> np.ndarray:
+    """The ``[V]`` option ranks of ``model``'s restricted policy (``output_tokens.option_ranks``);
+    ``ValueError`` when its config lists no option tokens (no ``model.output_tokens``)."""
+    ids = model.cfg.option_token_ids
+    if ids is None:
+        raise ValueError("per-turn option limits need a policy restricted to its option tokens "
+                         "(model.output_tokens): this model's config lists none")
+    return option_ranks(ids, model.cfg.vocab_size)
+
+
+def option_limit(model: CausalLM, option_counts: Array | None) -> dict:
+    """The ``option_ranks`` / ``option_counts`` keywords of the head functions for
+    ``option_counts`` (none when it is ``None``)."""
+    if option_counts is None:
+        return {}
+    return {"option_ranks": policy_option_ranks(model), "option_counts": option_counts}
 
 
 __all__ = ["logprobs_from_hidden", "position_stats", "token_logprobs", "model_hidden",
            "shift_right", "next_token_targets", "chunk_length", "default_chunk_bytes",
-           "CPU_CHUNK_BYTES"]
+           "CPU_CHUNK_BYTES", "option_limit", "policy_option_ranks"]

@@ -38,7 +38,7 @@ import numpy as np
 
 from flax import nnx
 
-from agentrl_jax.learner.logprobs import model_hidden, position_stats
+from agentrl_jax.learner.logprobs import model_hidden, option_limit, position_stats
 from agentrl_jax.models.lm_head import lm_head_f32
 
 Array = jax.Array
@@ -60,21 +60,28 @@ def scored_positions(loss_mask: Array, capacity: int) -> Array:
 def scored_logprobs_from_hidden(hidden: Array, tokens: Array, loss_mask: Array,
                                 logits_fn: Callable[[Array], Array], capacity: int, *,
                                 chunk_size: int = 512, temperature: float = 1.0,
-                                with_entropy: bool = False, vocab_size: int | None = None
+                                with_entropy: bool = False, vocab_size: int | None = None,
+                                option_ranks: np.ndarray | None = None,
+                                option_counts: Array | None = None
                                 ) -> tuple[Array, Array | None]:
     """Token-aligned ``(logprobs [R, T], entropy [R, T] | None)`` at the scored positions
     (``loss_mask != 0``, ``t >= 1``; 0 elsewhere), the head run on ``[R, capacity]`` gathered
     hidden states (module docstring). ``hidden [R, T, D]``, ``tokens`` / ``loss_mask`` ``[R, T]``;
-    ``logits_fn``, ``chunk_size``, ``temperature``: as ``logprobs.logprobs_from_hidden``."""
+    ``logits_fn``, ``chunk_size``, ``temperature``, ``option_ranks`` / ``option_counts
+    [R, T]`` (token-aligned, gathered at the scored positions like the targets): as
+    ``logprobs.logprobs_from_hidden``."""
     r, t, d = hidden.shape
     idx = scored_positions(loss_mask, capacity)  # [R, C]
     valid = idx < t
     src = jnp.clip(idx - 1, 0, t - 1)
     h_sel = jnp.take_along_axis(hidden, src[..., None], axis=1)  # [R, C, D]
     targets = jnp.take_along_axis(tokens, jnp.clip(idx, 0, t - 1), axis=1)  # [R, C]
+    counts = (None if option_counts is None
+              else jnp.take_along_axis(option_counts, jnp.clip(idx, 0, t - 1), axis=1))
     lp, ent = position_stats(h_sel, targets, logits_fn, chunk_size=chunk_size,
                              temperature=temperature, with_entropy=with_entropy,
-                             vocab_size=vocab_size)
+                             vocab_size=vocab_size, option_ranks=option_ranks,
+                             option_counts=counts)
     rows = jnp.broadcast_to(jnp.arange(r)[:, None], idx.shape)
 
     def scatter(x: Array) -> Array:
@@ -87,15 +94,18 @@ def scored_token_logprobs(graphdef: nnx.GraphDef, params: nnx.State, tokens: Arr
                           attention_mask: Array | None, loss_mask: Array, capacity: int, *,
                           chunk_size: int = 512, temperature: float = 1.0,
                           use_attention_mask: bool = False, positions: Array | None = None,
-                          segment_ids: Array | None = None) -> Array:
+                          segment_ids: Array | None = None, option_counts: Array | None = None
+                          ) -> Array:
     """``logprobs.token_logprobs`` (no entropy) with the head only at the scored positions of
-    ``loss_mask [B, T]``, at most ``capacity`` a row: ``logprobs [B, T]``, 0 elsewhere."""
+    ``loss_mask [B, T]``, at most ``capacity`` a row: ``logprobs [B, T]``, 0 elsewhere
+    (``option_counts [B, T]``: per-token option limits)."""
     model = nnx.merge(graphdef, params)
     hidden = model_hidden(model, tokens, attention_mask, use_attention_mask,
                           positions=positions, segment_ids=segment_ids)
     lp, _ = scored_logprobs_from_hidden(hidden, tokens, loss_mask, lm_head_f32(model), capacity,
                                         chunk_size=chunk_size, temperature=temperature,
-                                        vocab_size=model.cfg.vocab_size)
+                                        vocab_size=model.cfg.vocab_size,
+                                        **option_limit(model, option_counts))
     return lp
 
 

@@ -38,7 +38,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 from agentrl_jax.algorithms import actor_loss, value_loss
 from agentrl_jax.algorithms.masked import as_mask
 from agentrl_jax.learner.config import LearnerConfig
-from agentrl_jax.learner.logprobs import logprobs_from_hidden, model_hidden
+from agentrl_jax.learner.logprobs import logprobs_from_hidden, model_hidden, option_limit
 from agentrl_jax.learner.offload import LeafwiseUpdate
 from agentrl_jax.learner.optim import optimizer_parts
 from agentrl_jax.learner.scored import scored_logprobs_from_hidden
@@ -133,6 +133,7 @@ def policy_loss_fn(graphdef: nnx.GraphDef, config: LearnerConfig, capacity: int 
                               segment_ids=mb.get("segment_ids"))
         head = dict(chunk_size=config.logprob_chunk_size, temperature=config.temperature,
                     with_entropy=with_entropy, vocab_size=model.cfg.vocab_size)
+        head.update(option_limit(model, mb.get("option_counts")))  # per-turn option limits
         if capacity is None:
             lp, ent = logprobs_from_hidden(hidden, mb["tokens"], lm_head_f32(model), **head)
         else:

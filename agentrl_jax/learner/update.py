@@ -194,6 +194,8 @@ class UpdatePipeline:
             per_token.update(returns=ret, old_values=values)
         if is_w is not None:
             per_token["is_weights"] = is_w
+        if "option_counts" in placed:
+            per_token["option_counts"] = placed["option_counts"]
 
         train_policy = lr.update_step >= cfg.critic_warmup_steps or values is None
         lr_before = float(lr.schedule(optimizer_step_count(lr.opt_state) or 0))
@@ -271,11 +273,14 @@ class UpdatePipeline:
         (0 elsewhere: every consumer reads the log-probs through the loss mask)."""
         lr, cap = self.learner, self.layout.capacity
         scored = cap is not None
+        options = "option_counts" in placed  # per-turn option limits (output_tokens.py)
         if isinstance(self.layout, PackedRows):
-            return self.layout.forward(lr.packed_logprob_fn(dtype, cap), params, placed, scored)
+            return self.layout.forward(lr.packed_logprob_fn(dtype, cap, options), params,
+                                       placed, scored)
         if scored:
-            return self.layout.forward(lr.logprob_fn(dtype, cap), params, placed, scored)
-        lp, _ = self.layout.forward(lr.logprob_fn(dtype), params, placed)
+            return self.layout.forward(lr.logprob_fn(dtype, cap, options), params, placed,
+                                       scored)
+        lp, _ = self.layout.forward(lr.logprob_fn(dtype, None, options), params, placed)
         return lp
 
 

@@ -32,6 +32,9 @@ MAX_MODEL_SIZES = {"num_layers": 512, "hidden_size": 65536, "intermediate_size":
 ATTENTION_IMPLS = (None, "chunked", "xla", "cudnn", "pallas", "pallas_segments")
 # config.json key of a restricted policy's token ids (``ModelConfig.output_token_ids``)
 OUTPUT_TOKENS_HF_KEY = "agentrl_output_token_ids"
+# config.json key of the restriction's option tokens in their listed order
+# (``ModelConfig.option_token_ids``)
+OPTION_TOKENS_HF_KEY = "agentrl_option_token_ids"
 
 
 class UnsupportedModelError(ValueError):
@@ -119,6 +122,10 @@ class ModelConfig:
         sampler and the learner renormalise over the same set; ``None``: the whole vocabulary.
         ``to_hf_dict`` writes it as ``config.json``'s ``agentrl_output_token_ids`` (a key of
         ours that other loaders ignore) and ``from_hf_dict`` reads it back.
+    option_token_ids: the restriction's listed entries in their order (entry ``k`` is option
+        ``k``; a subset of ``output_token_ids``, EOS not among them): the ranks of a per-turn
+        option limit (``output_tokens.option_ranks``, ``limit_to_options``); ``None``: no
+        per-turn limits. ``config.json``: ``agentrl_option_token_ids``.
     """
 
     vocab_size: int
@@ -147,6 +154,7 @@ class ModelConfig:
     attention_block_size: int = 128
     remat_impl: str | None = None
     output_token_ids: tuple[int, ...] | None = None
+    option_token_ids: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
         model_family(self.model_type)
@@ -171,6 +179,13 @@ class ModelConfig:
 
             object.__setattr__(self, "output_token_ids",
                                check_token_ids(self.output_token_ids, self.vocab_size))
+        if self.option_token_ids is not None:
+            options = tuple(int(i) for i in self.option_token_ids)
+            if self.output_token_ids is None or not set(options) <= set(self.output_token_ids) \
+                    or len(set(options)) != len(options) or not options:
+                raise ValueError(f"option_token_ids {options} must be distinct tokens of "
+                                 f"output_token_ids {self.output_token_ids}")
+            object.__setattr__(self, "option_token_ids", options)
         rope_type = self.rope_scaling_dict.get("rope_type", "default")
         if rope_type not in SUPPORTED_ROPE_TYPES:
             raise UnsupportedModelError(
@@ -196,11 +211,12 @@ class ModelConfig:
         EOS tokens (the tokenizer's when the config names none): ``output_token_ids`` set.
         ``ValueError`` as ``output_tokens.resolve_output_tokens`` (an entry that is not one
         token of ``tokenizer``, a repeated token, an empty list)."""
-        from agentrl_jax.models.output_tokens import resolve_output_tokens
+        from agentrl_jax.models.output_tokens import resolve_option_tokens, resolve_output_tokens
 
         eos = self.eos_token_ids or ((tokenizer.eos_token_id,)
                                      if tokenizer.eos_token_id is not None else ())
-        return self.replace(output_token_ids=resolve_output_tokens(tokenizer, spec, eos))
+        return self.replace(output_token_ids=resolve_output_tokens(tokenizer, spec, eos),
+                            option_token_ids=resolve_option_tokens(tokenizer, spec))
 
     @property
     def num_parameters(self) -> int:
@@ -282,6 +298,13 @@ class ModelConfig:
                 raise UnsupportedModelError(
                     f"config.json's {OUTPUT_TOKENS_HF_KEY} must be a list of token ids")
             values["output_token_ids"] = tuple(restricted)
+            options = hf.get(OPTION_TOKENS_HF_KEY)
+            if options is not None:
+                if not isinstance(options, list) or not all(
+                        isinstance(i, int) and not isinstance(i, bool) for i in options):
+                    raise UnsupportedModelError(
+                        f"config.json's {OPTION_TOKENS_HF_KEY} must be a list of token ids")
+                values["option_token_ids"] = tuple(options)
         values.update(overrides)
         return cls(**values)
 
@@ -320,4 +343,6 @@ class ModelConfig:
             # the whole vocabulary (restrict them to these ids yourself); ``from_hf_dict`` and so
             # our servers and ``--config.model.name=DIR`` restore the restriction
             hf[OUTPUT_TOKENS_HF_KEY] = list(self.output_token_ids)
+            if self.option_token_ids is not None:
+                hf[OPTION_TOKENS_HF_KEY] = list(self.option_token_ids)
         return hf

@@ -19,6 +19,23 @@ answer format is a few tokens (``rollout.parser = "choice"``: one letter names a
 action), a policy over those tokens alone starts at a uniform choice among the actions and RL
 moves mass between them instead of losing it to tokens it never sampled (docs/RESULTS.md,
 "The CPU learning check at temperature 1").
+
+**Per-turn option limits.** The restricted entries keep their listed order
+(``ModelConfig.option_token_ids``: entry ``k`` is option ``k``, e.g. `` a`` .. `` z``). A turn
+that lists ``n`` options may name only the first ``n``; a per-position integer ``n`` (0: no
+per-turn limit) narrows the static set further with a ``[V]`` rank array that is a constant of
+the compiled program (:func:`option_ranks`: option ``k`` -> ``k``, every other token ->
+``V``)::
+
+    allowed[..., v] = (n[...] <= 0) or (rank[v] < n[...])
+    logits''[..., v] = logits'[..., v] if allowed else -inf       (:func:`limit_to_options`)
+
+so with ``n >= 1`` only the first ``n`` option tokens remain: EOS is excluded too (an EOS-only
+reply names no option and is a parser failure, exactly what the limit exists to prevent; a
+turn without options, ``n = 0``, keeps EOS). The engine applies it per slot before sampling
+(the first token after prefill included: it is sampled by the first decode step) and the
+learner per scored position, so both renormalise over the same tokens and importance ratios
+stay 1 at equal weights.
 """
 
 from __future__ import annotations
@@ -49,6 +66,28 @@ def restrict_logits(logits: Array, allowed: Sequence[int] | None) -> Array:
     return jnp.where(mask, logits, jnp.asarray(-jnp.inf, logits.dtype))
 
 
+#: a per-position option count meaning "no per-turn limit" (the static restriction alone)
+NO_OPTION_LIMIT = 0
+
+
+def option_ranks(option_token_ids: Sequence[int], vocab_size: int) -> np.ndarray:
+    """``rank [V]`` int32: ``k`` at the ``k``-th option token, ``V`` elsewhere (EOS, and every
+    token outside the restriction): ``rank < n`` holds exactly for the first ``n`` options."""
+    rank = np.full(vocab_size, vocab_size, np.int32)
+    rank[np.asarray(list(option_token_ids), np.int64)] = np.arange(len(option_token_ids),
+                                                                    dtype=np.int32)
+    return rank
+
+
+def limit_to_options(logits: Array, ranks: np.ndarray, counts: Array) -> Array:
+    """``logits [..., V]`` with the per-position option limit ``counts [...]`` int applied:
+    where ``counts >= 1`` every column whose ``ranks [V]`` (:func:`option_ranks`) is not below
+    the count is -inf; where ``counts <= 0`` (``NO_OPTION_LIMIT``) the logits are unchanged."""
+    n = counts[..., None]
+    allowed = (n <= NO_OPTION_LIMIT) | (jnp.asarray(ranks) < n)
+    return jnp.where(allowed, logits, jnp.asarray(-jnp.inf, logits.dtype))
+
+
 def check_token_ids(ids: Sequence[int], vocab_size: int) -> tuple[int, ...]:
     """``ids`` as a sorted tuple; ``ValueError`` unless they are non-empty, distinct integers
     in ``[0, vocab_size)``."""
@@ -71,10 +110,9 @@ def token_entries(spec: str | Sequence[str]) -> list[str]:
     return [str(s) for s in spec]
 
 
-def resolve_output_tokens(tokenizer: Any, spec: str | Sequence[str],
-                          eos_token_ids: Sequence[int] = ()) -> tuple[int, ...]:
-    """The sorted token ids of ``spec`` (:func:`token_entries`) through ``tokenizer``, plus
-    ``eos_token_ids`` (a reply may always end). ``ValueError`` naming the entry when one is
+def resolve_option_tokens(tokenizer: Any, spec: str | Sequence[str]) -> tuple[int, ...]:
+    """The token ids of ``spec``'s entries (:func:`token_entries`) through ``tokenizer``, in
+    the listed order (entry ``k``: option ``k``). ``ValueError`` naming the entry when one is
     not exactly one token (no special tokens added), or when two entries are the same token."""
     entries = token_entries(spec)
     if not entries:
@@ -90,8 +128,17 @@ def resolve_output_tokens(tokenizer: Any, spec: str | Sequence[str],
             raise ValueError(f"model.output_tokens: {entry!r} and {ids[token]!r} are the same "
                              f"token ({token})")
         ids[token] = entry
+    return tuple(ids)
+
+
+def resolve_output_tokens(tokenizer: Any, spec: str | Sequence[str],
+                          eos_token_ids: Sequence[int] = ()) -> tuple[int, ...]:
+    """The sorted token ids of ``spec`` (:func:`resolve_option_tokens`) plus ``eos_token_ids``
+    (a reply may always end); ``ValueError`` as :func:`resolve_option_tokens`."""
+    ids = resolve_option_tokens(tokenizer, spec)
     return tuple(sorted(set(ids) | {int(e) for e in eos_token_ids}))
 
 
 __all__ = ["allowed_mask", "restrict_logits", "check_token_ids", "token_entries",
-           "resolve_output_tokens"]
+           "resolve_output_tokens", "resolve_option_tokens", "option_ranks", "limit_to_options",
+           "NO_OPTION_LIMIT"]

@@ -69,6 +69,10 @@ class SamplingParams:
     ``no_stop_trim``) while ``output_ids`` keep the token that completed the match.
     seed: per-request RNG seed; the same seed gives the same samples whatever else is batched.
     n: number of samples of one prompt (they share the prompt's prefill).
+    option_count: ``None``, or ``n >= 1``: sample only the first ``n`` option tokens of a
+    policy restricted to its option tokens (``models/output_tokens.py``: a turn that lists
+    ``n`` options; EOS excluded too); the reported log-probs are of that distribution. Ours
+    only: SGLang has no such parameter (its backend refuses it).
     """
 
     max_new_tokens: int = limits.MAX_NEW_TOKENS.default
@@ -83,6 +87,7 @@ class SamplingParams:
     seed: int | None = None
     skip_special_tokens: bool = True
     no_stop_trim: bool = False
+    option_count: int | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -114,6 +119,13 @@ class SamplingParams:
             problem = limits.SEED.problem(self.seed, context)
             if problem is not None:
                 raise bad("seed", problem)
+        if self.option_count is not None:
+            if context.get("option_tokens") == 0:
+                raise bad("option_count", "needs a policy restricted to its option tokens "
+                          "(model.output_tokens); this one samples every token")
+            problem = limits.OPTION_COUNT.problem(self.option_count, context)
+            if problem is not None:
+                raise bad("option_count", problem)
         if self.stop is not None:
             problem = limits.stop_problem(self.stop)
             if problem is not None:
@@ -140,6 +152,8 @@ class SamplingParams:
             out["stop_token_ids"] = list(self.stop_token_ids)
         if self.seed is not None:
             out["sampling_seed"] = self.seed
+        if self.option_count is not None:  # our rollout servers only (SGLangBackend)
+            out["option_count"] = self.option_count
         return out
 
 

@@ -8,7 +8,7 @@ is refused the same way -- with the same range in the message -- wherever it com
 The bounds fit the engine's per-slot arrays (``compiled.py``: int32 ``ints``, float32
 ``floats``) and the served model. Some bounds depend on the engine; they are given as
 *context* (the keys of :data:`CONTEXT_KEYS`: ``max_length``, ``max_batch``, ``vocab_size``,
-``max_stop_ids``) and, without it, fall back to the static bound.
+``max_stop_ids``, ``option_tokens``) and, without it, fall back to the static bound.
 
 =====================  =============================================================  ========
 parameter              allowed values                                                 default
@@ -29,6 +29,10 @@ parameter              allowed values                                           
                        (else [0, 2^31 - 1])
 ``stop``               at most 32 strings of 1 to 1024 characters                        None
 ``logprob_start_len``  integer in [-1, 2^31 - 1] (only -1 with ``return_logprob``)        None
+``option_count``       integer in [1, option tokens]: sample only the first n option     None
+                       tokens of a restricted policy (``option_tokens``: the served
+                       policy's ``ModelConfig.option_token_ids``; ours only, refused
+                       where the policy has none and by the SGLang backend)
 =====================  =============================================================  ========
 
 Penalties (``frequency_penalty``, ``presence_penalty``, ``repetition_penalty``,
@@ -52,7 +56,7 @@ MAX_TEMPERATURE = 1000.0
 MAX_STOP_STRINGS = 32
 MAX_STOP_CHARS = 1024
 #: engine-dependent bounds a caller may pass as context
-CONTEXT_KEYS = ("max_length", "max_batch", "vocab_size", "max_stop_ids")
+CONTEXT_KEYS = ("max_length", "max_batch", "vocab_size", "max_stop_ids", "option_tokens")
 
 
 def _is_int(x: Any) -> bool:
@@ -133,10 +137,11 @@ SEED = Limit("seed", None, 0, SEED_MAX, integer=True)
 STOP_TOKEN_ID = Limit("stop_token_ids", None, 0, INT32_MAX, integer=True,
                       high_key="vocab_size", high_offset=1)
 LOGPROB_START_LEN = Limit("logprob_start_len", None, -1, INT32_MAX, integer=True)
+OPTION_COUNT = Limit("option_count", None, 1, INT32_MAX, integer=True, high_key="option_tokens")
 
 #: every numeric limit by parameter name
 LIMITS = {lim.name: lim for lim in (MAX_NEW_TOKENS, TEMPERATURE, TOP_P, TOP_K, MIN_P, N, SEED,
-                                     STOP_TOKEN_ID, LOGPROB_START_LEN)}
+                                     STOP_TOKEN_ID, LOGPROB_START_LEN, OPTION_COUNT)}
 
 
 def stop_token_ids_problem(ids: Any, context: Mapping[str, Any] | None = None) -> str | None:

@@ -102,6 +102,7 @@ class EngineServers(SGLangBackend):
     """
 
     external_servers = False  # started by (and belonging to) this process
+    takes_option_count = True  # our rollout servers apply SamplingParams.option_count
 
     name = "engine_servers"
     uses_local_engine = True

@@ -77,6 +77,8 @@ class SGLangBackend(DiskWeightSync, BatchedSamplesBackend):
     """
 
     external_servers = True  # shared by every process; they outlive the trainer
+    # per-turn option limits (``SamplingParams.option_count``): ours only, SGLang has none
+    takes_option_count = False
 
     name = "sglang"
 
@@ -330,6 +332,10 @@ class SGLangBackend(DiskWeightSync, BatchedSamplesBackend):
                          ) -> list[GenerateResult]:
         sampling = sampling or SamplingParams()
         sampling.validate()
+        if sampling.option_count is not None and not self.takes_option_count:
+            raise InvalidRequestError(
+                "sampling_params: option_count (a per-turn option limit) is ours only: SGLang "
+                "has no such parameter; use the embedded or engine_servers backend")
         if not input_ids:
             raise InvalidRequestError("input_ids must be a non-empty list of integers")
         rid = rid or uuid.uuid4().hex

@@ -16,6 +16,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from agentrl_jax.models.lm_head import lm_head_f32
+from agentrl_jax.models.output_tokens import limit_to_options, option_ranks
 from agentrl_jax.rollout.engine.forward import (DECODE_GEMM, DENSE, FLASH_IN_CACHE,
                                                 FLASH_IN_CACHE_INTERPRET, HEAD_MAJOR, forward,
                                                 map_cache, merge_projections)
@@ -23,8 +24,9 @@ from agentrl_jax.kernels.prefill_attention import unsupported_prefill_shape
 from agentrl_jax.rollout.engine.sampling import sample_tokens
 
 # Columns of the packed per-slot int32 array: last token, its position, active flag, tokens
-# left, top-k, sampled-token counter, PRNG key (2 words), sample index, stop ids (the rest).
-TOK, POS, ACT, REM, TOPK, CNT, KEY0, KEY1, IDX, STOP = range(10)
+# left, top-k, sampled-token counter, PRNG key (2 words), sample index, option limit (0: none;
+# ``models/output_tokens.py``), stop ids (the rest).
+TOK, POS, ACT, REM, TOPK, CNT, KEY0, KEY1, IDX, OPT, STOP = range(11)
 # Columns of the packed float32 array.
 TEMP, TOPP, MINP = range(3)
 
@@ -80,6 +82,9 @@ def compiled_functions(graphdef: Any, max_batch: int, max_length: int, decode_st
         top_k, keys = ints[:, TOPK], jax.lax.bitcast_convert_type(ints[:, KEY0:KEY1 + 1],
                                                                    jnp.uint32)
         sample_index, stop_ids = ints[:, IDX], ints[:, STOP:STOP + M]
+        option_ids = model.cfg.option_token_ids  # per-slot option limits (SamplingParams)
+        ranks = (None if option_ids is None
+                 else option_ranks(option_ids, model.cfg.vocab_size))  # [V], a constant
         temperature, top_p, min_p = floats[:, TEMP], floats[:, TOPP], floats[:, MINP]
         outputs = (jnp.zeros((K, B), jnp.int32), jnp.zeros((K, B), jnp.float32),
                    jnp.zeros((K, B), jnp.float32), jnp.zeros((K, B), jnp.bool_))
@@ -96,6 +101,8 @@ def compiled_functions(graphdef: Any, max_batch: int, max_length: int, decode_st
             hidden, cache = forward(model, tokens[:, None], pos_in[:, None], cache,
                                     decode_attention, merged)
             logits = head(hidden[:, 0])
+            if ranks is not None:  # the first option_count option tokens (0: no limit)
+                logits = limit_to_options(logits, ranks, ints[:, OPT])
             tok, lp, lp_raw = sample_tokens(logits, temperature, top_k, top_p, min_p, keys,
                                             sample_index, counter, mode,
                                             one_pass=one_pass_sampler)

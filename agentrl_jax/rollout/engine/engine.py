@@ -259,8 +259,10 @@ class Engine(BatchedSamplesBackend):
     def sampling_context(self) -> dict[str, int]:
         """This engine's bounds of the sampling parameters (``sampling_limits.CONTEXT_KEYS``)."""
         c = self.config
+        options = self.model_config.option_token_ids
         return {"max_length": c.max_length, "max_batch": c.max_batch,
-                "vocab_size": self.vocab_size, "max_stop_ids": c.max_stop_ids}
+                "vocab_size": self.vocab_size, "max_stop_ids": c.max_stop_ids,
+                "option_tokens": len(options) if options is not None else 0}
 
     def validate(self, input_ids: Any, sampling: SamplingParams) -> list[int]:
         """Check a request (raises ``InvalidRequestError``); returns the ids as a list. The

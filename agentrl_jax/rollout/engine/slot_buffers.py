@@ -5,7 +5,7 @@ and the output buffers its tokens accumulate in.
 
 * ``ints [B, STOP + max_stop_ids]`` int32 and ``floats [B, 3]`` float32: the packed decode state
   (columns in ``compiled.py``: last token, position, active flag, tokens left, top-k, sampled
-  counter, PRNG key, sample index, stop ids; temperature, top-p, min-p), sent as they are to
+  counter, PRNG key, sample index, option limit, stop ids; temperature, top-p, min-p), sent as they are to
   every decode call (one host-to-device copy each);
 * ``out_tok`` / ``out_lp`` / ``out_raw`` ``[B, max_length]`` and ``out_len [B]``: each decoding
   slot's sampled tokens, log-probabilities (processed and raw) so far;
@@ -24,8 +24,8 @@ from typing import Any
 import numpy as np
 
 from agentrl_jax.rollout.contract import SamplingParams
-from agentrl_jax.rollout.engine.compiled import (ACT, CNT, IDX, KEY0, KEY1, POS, REM, STOP, TOK,
-                                                 TOPK)
+from agentrl_jax.rollout.engine.compiled import (ACT, CNT, IDX, KEY0, KEY1, OPT, POS, REM, STOP,
+                                                 TOK, TOPK)
 from agentrl_jax.rollout.engine.requests import Seq
 from agentrl_jax.rollout.engine.sampling import seed_to_key
 from agentrl_jax.rollout.engine.stop_strings import (completer_hits, find_stop,
@@ -62,6 +62,7 @@ class SlotBuffers:
         row[CNT] = 0
         row[KEY0:KEY1 + 1] = np.array(seed_to_key(req.seed), np.uint32).view(np.int32)
         row[IDX] = seq.index
+        row[OPT] = sp.option_count or 0  # 0: no per-turn option limit
         row[STOP:] = -1
         row[STOP:STOP + len(seq.stop_ids)] = seq.stop_ids
         self.floats[s] = (sp.temperature, sp.top_p, sp.min_p)

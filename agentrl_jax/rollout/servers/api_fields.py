@@ -151,6 +151,7 @@ Temperature = Annotated[FiniteFloat, _within(limits.TEMPERATURE)]
 TopP = Annotated[FiniteFloat, _within(limits.TOP_P)]
 MinP = Annotated[FiniteFloat, _within(limits.MIN_P)]
 NumSamples = Annotated[StrictInt, _within(limits.N)]
+OptionCount = Annotated[StrictInt, _within(limits.OPTION_COUNT)]
 StopTokenIds = Annotated[list[StrictInt], AfterValidator(_stop_token_ids)]
 StopString = Annotated[StrictStr, Field(min_length=1)]
 Stop = Annotated[one_of("must be a string or a list of strings", string=StopString,
@@ -293,6 +294,7 @@ def validate_request(model: type[M], body: Any, where: str,
 __all__ = ["Request", "one_of", "fail", "context_value", "validate_request", "json_type",
            "error_message", "MAX_REPORTED_ERRORS", "UnsupportedNone", "UnsupportedFalse",
            "UnsupportedZero", "UnsupportedOne", "UnsupportedTrue", "MaxNewTokens", "Seed", "TopK",
-           "Temperature", "TopP", "MinP", "NumSamples", "StopTokenIds", "Stop", "LogprobStart",
+           "Temperature", "TopP", "MinP", "NumSamples", "OptionCount", "StopTokenIds", "Stop",
+           "LogprobStart",
            "StrOrStrList", "TokenIds", "TokenBatch", "PromptText", "TextBatch", "TextField",
            "WeightVersion", "ManualLoadFormat", "InputIds", "CompletionPrompt"]

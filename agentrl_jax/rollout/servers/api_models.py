@@ -49,7 +49,8 @@ from typing_extensions import TypedDict
 from agentrl_jax.rollout.contract import SamplingParams
 from agentrl_jax.rollout.servers.api_fields import (CompletionPrompt, InputIds, LogprobStart,
                                                     ManualLoadFormat, MaxNewTokens, MinP,
-                                                    NumSamples, Request, Seed, Stop,
+                                                    NumSamples, OptionCount, Request, Seed,
+                                                    Stop,
                                                     StopTokenIds, StrOrStrList, Temperature,
                                                     TextField, TopK, TopP, UnsupportedFalse,
                                                     UnsupportedNone, UnsupportedOne,
@@ -78,6 +79,8 @@ class SamplingParamsRequest(Request):
     seed: Seed | None = None  # wins over sampling_seed
     skip_special_tokens: StrictBool = _SP.skip_special_tokens
     no_stop_trim: StrictBool = _SP.no_stop_trim
+    # ours: sample only the first n option tokens (SamplingParams.option_count)
+    option_count: OptionCount | None = None
     # SGLang fields not implemented here: only their defaults
     frequency_penalty: UnsupportedZero = None
     presence_penalty: UnsupportedZero = None
@@ -100,7 +103,8 @@ class SamplingParamsRequest(Request):
             stop=_stop_list(self.stop), stop_token_ids=self.stop_token_ids,
             ignore_eos=self.ignore_eos, n=self.n,
             seed=self.seed if self.seed is not None else self.sampling_seed,
-            skip_special_tokens=self.skip_special_tokens, no_stop_trim=self.no_stop_trim)
+            skip_special_tokens=self.skip_special_tokens, no_stop_trim=self.no_stop_trim,
+            option_count=self.option_count)
 
 
 def _stop_list(stop: str | list[str] | None) -> list[str] | None:
