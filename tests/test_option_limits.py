@@ -232,3 +232,55 @@ def test_engine_without_option_tokens_refuses_a_limit():
             engine.submit([5, 6, 7], SamplingParams(option_count=1))
     finally:
         engine.close()
+
+
+@pytest.fixture(scope="module")
+def served(models):
+    from rollout_helpers import make_engine, start_server
+
+    engine = make_engine(models[1], warmup=False, max_batch=8)
+    thread = start_server(engine, model_path="tiny-restricted")
+    yield thread.url, engine
+    thread.stop()
+    engine.close()
+
+
+async def _generate(url: str, sampling_params: dict) -> tuple[int, dict]:
+    import aiohttp
+
+    body = {"input_ids": [5, 6, 7], "sampling_params": sampling_params, "return_logprob": True}
+    async with aiohttp.ClientSession() as http:
+        async with http.post(url + "/generate", json=body) as response:
+            return response.status, await response.json()
+
+
+@pytest.mark.parametrize("bad", [0, -2, 7, 2.5, "3", True, [1]])
+async def test_generate_refuses_a_bad_option_count_with_a_400(served, bad):
+    url, engine = served
+    status, out = await _generate(url, {"option_count": bad, "max_new_tokens": 1})
+    assert status == 400, out
+    assert "option_count" in out["error"]["message"], out
+    assert not engine.paused
+
+
+async def test_generate_samples_within_the_option_count(served):
+    url, _ = served
+    status, out = await _generate(url, {"option_count": 2, "max_new_tokens": 3, "n": 4,
+                                        "temperature": 1.0, "sampling_seed": 3,
+                                        "ignore_eos": True})
+    assert status == 200, out
+    tokens = [t for item in out for _, t, _ in item["meta_info"]["output_token_logprobs"]]
+    assert len(tokens) == 12 and set(tokens) <= set(OPTIONS[:2])
+
+
+async def test_sglang_backend_refuses_option_count_and_engine_servers_send_it():
+    from agentrl_jax.rollout.backends.sglang import SGLangBackend
+
+    backend = SGLangBackend("http://127.0.0.1:9")  # never reached: refused before sending
+    with pytest.raises(InvalidRequestError, match="option_count"):
+        await backend.generate_n([5, 6], SamplingParams(option_count=2))
+    # our servers apply it (a sampling_params field), also through the workers' clients
+    assert SGLangBackend("http://127.0.0.1:9", takes_option_count=True).client_spec()[
+        "takes_option_count"]
+    assert SamplingParams(option_count=2).to_sglang()["option_count"] == 2
+    assert "option_count" not in SamplingParams().to_sglang()

@@ -69,13 +69,13 @@ class ActorPool:
                  history_turns: int,
                  env_errors: tuple[type[BaseException], ...] | None = None,
                  progress: Callable[[Trajectory], None] | None = None,
-                 workers: int = 0, direct_workers: bool = True):
+                 workers: int = 0, direct_workers: bool = True, option_limits: bool = False):
         """The run's settings have one source, the typed config (``rollout.max_context``,
         ``rollout.max_concurrency``, ``rollout.parser``, ``agent.prompt_style``,
         ``agent.response_prefix``, ``agent.history_turns``): they have no defaults here, and
         ``training.runtime.services.make_actor_pool`` passes the config's. ``workers`` /
         ``direct_workers`` (``rollout.actor_workers`` / ``rollout.actor_workers_direct``)
-        default to in-process episodes."""
+        default to in-process episodes; ``option_limits`` (``agent.option_limits``) to off."""
         if env_errors is None:
             from environments.core.client import EnvConnectionError, EnvServerError
             env_errors = (EnvConnectionError, EnvServerError, OSError, asyncio.TimeoutError)
@@ -86,6 +86,7 @@ class ActorPool:
         self.prompt_style, self.response_prefix = prompt_style, response_prefix
         # > 0: each prompt keeps only the last this many turns (episode.py, "History window")
         self.history_turns = int(history_turns)
+        self.option_limits = bool(option_limits)  # per-turn option limits (episode.py)
         if workers < 0:
             raise ValueError(f"workers must be >= 0, got {workers}")
         self.workers = int(workers)
@@ -112,7 +113,7 @@ class ActorPool:
                 sampling=self.sampling, max_context=self.max_context,
                 max_concurrency=per_worker, parser=self.parser,
                 prompt_style=self.prompt_style, response_prefix=self.response_prefix,
-                history_turns=self.history_turns,
+                history_turns=self.history_turns, option_limits=self.option_limits,
                 direct=self.backend.client_spec()
                 if self.direct_workers and hasattr(self.backend, "client_spec") else None)
             self._group = WorkerGroup(self.workers, setup)
@@ -135,7 +136,8 @@ class ActorPool:
                              sampling=self.sampling, max_context=self.max_context,
                              env_errors=self.env_errors, prompt_style=self.prompt_style,
                              response_prefix=self.response_prefix, version_fn=version_fn,
-                             history_turns=self.history_turns)
+                             history_turns=self.history_turns,
+                             option_limits=self.option_limits)
 
     def episodes_for(self, tasks: Sequence[TaskRef], n_samples: int, horizon: int,
                      policy_version: int = 0, seed: int | None = None,

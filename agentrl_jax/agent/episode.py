@@ -31,8 +31,8 @@ from typing import Any, Callable, Mapping
 from agentrl_common.seeding import derive_seed
 from agentrl_jax.agent.chat import ChatFormatter
 from agentrl_jax.agent.loop_times import LoopTimes
-from agentrl_jax.agent.parsing import (INVALID_FORMAT_FEEDBACK, ParsedAction, options_block,
-                                       takes_options)
+from agentrl_jax.agent.parsing import (CHOICE_LABELS, INVALID_FORMAT_FEEDBACK, ParsedAction,
+                                       options_block, takes_options)
 from agentrl_jax.agent.prompts import first_user_message, system_prompt, windowed_first_message
 from agentrl_jax.agent.trajectory import (STATUS_CONTEXT_LIMIT, STATUS_DONE, STATUS_ENGINE_ERROR,
                                           STATUS_ENV_ERROR, STATUS_MAX_TURNS, Trajectory,
@@ -52,8 +52,11 @@ class Episode:
                  max_context: int, policy_version: int, seed: int | None = None,
                  prompt_style: str, response_prefix: str, history_turns: int,
                  env_errors: tuple[type[BaseException], ...] = (Exception,),
-                 version_fn: Callable[[], int] | None = None):
-        """``prompt_style``, ``response_prefix``, ``history_turns``: ``agent.*`` of the run
+                 version_fn: Callable[[], int] | None = None, option_limits: bool = False):
+        """``option_limits`` (``agent.option_limits``): a turn that lists ``n`` options asks
+        the backend to sample only the first ``n`` option tokens (``SamplingParams.
+        option_count``) and records ``n`` on its generated ids (``Trajectory.option_counts``).
+        ``prompt_style``, ``response_prefix``, ``history_turns``: ``agent.*`` of the run
         config (no defaults here: one source per setting). ``history_turns``: 0 keeps the whole history; ``N > 0``: the history window of the
         module docstring. ``version_fn``: the weights version the backend serves now, read when a turn starts
         (default: ``policy_version`` throughout). Weights only get newer, so that is the oldest
@@ -99,6 +102,7 @@ class Episode:
         # the current state are shown after each observation and read with the reply
         self._takes_options = takes_options(parser)
         self._options: list[str] = []
+        self.option_limits = bool(option_limits)
 
     def turn_seed(self, turn: int) -> int | None:
         """The sampling seed of assistant turn ``turn``: derived from the episode's seed and the
@@ -178,9 +182,12 @@ class Episode:
         if room < MIN_NEW_TOKENS:
             self._finish(STATUS_CONTEXT_LIMIT)
             return
+        # the options block names at most len(CHOICE_LABELS) options (parsing.options_block)
+        count = (min(len(self._options), len(CHOICE_LABELS))
+                 if self.option_limits and self._options else None)
         sampling = dataclasses.replace(self.sampling,
                                        max_new_tokens=min(self.sampling.max_new_tokens, room),
-                                       seed=self.turn_seed(traj.num_turns))
+                                       seed=self.turn_seed(traj.num_turns), option_count=count)
         version = self.version_fn() if self.version_fn is not None else traj.policy_version
         t1 = _clock()
         try:
@@ -199,7 +206,8 @@ class Episode:
             return
         turn = traj.num_turns
         traj.append(list(result.output_ids), generated=True, turn=turn,
-                    logprobs=[float(x) for x in result.output_logprobs])
+                    logprobs=[float(x) for x in result.output_logprobs],
+                    option_count=count or 0)
         traj.num_turns += 1
         traj.turn_states.append(self._state)
         traj.turn_versions.append(version)
@@ -325,7 +333,8 @@ def start_episode(task: TaskRef, group_id: int, sample_index: int, horizon: int,
                   sampling: SamplingParams, max_context: int,
                   env_errors: tuple[type[BaseException], ...], prompt_style: str,
                   response_prefix: str, history_turns: int,
-                  version_fn: Callable[[], int] | None = None) -> Episode:
+                  version_fn: Callable[[], int] | None = None,
+                  option_limits: bool = False) -> Episode:
     """The :class:`Episode` of sample ``sample_index`` of group ``group_id`` (the actor pool's
     and an actor worker's). With a seed (``seed``, else ``sampling.seed``) the episode's base
     seed is ``derive_seed(seed, group_id, sample_index)``; the episode derives every turn's
@@ -341,4 +350,4 @@ def start_episode(task: TaskRef, group_id: int, sample_index: int, horizon: int,
                    max_context=max_context, policy_version=policy_version,
                    env_errors=env_errors, prompt_style=prompt_style,
                    response_prefix=response_prefix, version_fn=version_fn,
-                   history_turns=history_turns)
+                   history_turns=history_turns, option_limits=option_limits)

@@ -49,6 +49,10 @@ class Trajectory:
     turn_states [num_turns]: the anchor state (``anchor_state``) each turn acted from.
     reward: the episode's total environment reward (the outcome score trained on).
     policy_version: the weights version (learner updates done) the episode started with.
+    option_counts [T]: the option limit each generated id was sampled under (``agent.
+      option_limits``: a turn listing ``n`` options samples only the first ``n`` option
+      tokens, ``models/output_tokens.py``); 0 on every other id and on turns without a limit.
+      The learner scores each id under the same limit (``RolloutBatch.option_counts``).
     turn_versions [num_turns]: the weights version of each assistant turn: the oldest version
       that produced any of its tokens (weights can change mid-episode, even mid-turn, when a
       rollout overlaps an update). ``oldest_version`` decides staleness.
@@ -63,6 +67,7 @@ class Trajectory:
     loss_mask: list[int] = dataclasses.field(default_factory=list)
     logprobs: list[float] = dataclasses.field(default_factory=list)
     turn_ids: list[int] = dataclasses.field(default_factory=list)
+    option_counts: list[int] = dataclasses.field(default_factory=list)
     chunk_starts: list[int] = dataclasses.field(default_factory=lambda: [0])
     prompt_length: int = 0
     messages: list[dict[str, str]] = dataclasses.field(default_factory=list)
@@ -117,7 +122,10 @@ class Trajectory:
         self.append(prompt_ids, generated=False, turn=-1)
 
     def append(self, ids: list[int], generated: bool, turn: int,
-               logprobs: list[float] | None = None) -> None:
+               logprobs: list[float] | None = None, option_count: int = 0) -> None:
+        """``ids`` at the end (``option_count``: the limit generated ids were sampled under;
+        0: none)."""
+        self.option_counts.extend([option_count if generated else 0] * len(ids))
         self.token_ids.extend(ids)
         self.loss_mask.extend([1 if generated else 0] * len(ids))
         self.logprobs.extend(logprobs if logprobs is not None else [0.0] * len(ids))

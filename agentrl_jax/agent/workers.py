@@ -92,6 +92,7 @@ class WorkerSetup:
     response_prefix: str
     history_turns: int  # agent.history_turns (episode.py, "History window")
     direct: dict[str, Any] | None = None  # SGLangBackend kwargs: post to the servers directly
+    option_limits: bool = False  # agent.option_limits (episode.py)
 
 
 class _RemoteBackend:
@@ -182,7 +183,8 @@ async def _worker(path: str) -> None:
                                     max_context=setup.max_context, env_errors=env_errors,
                                     prompt_style=setup.prompt_style,
                                     response_prefix=setup.response_prefix,
-                                    history_turns=setup.history_turns)
+                                    history_turns=setup.history_turns,
+                                    option_limits=setup.option_limits)
             session = episode.session_id
             backend.jobs[session] = index >> 32
             try:

@@ -102,7 +102,6 @@ class EngineServers(SGLangBackend):
     """
 
     external_servers = False  # started by (and belonging to) this process
-    takes_option_count = True  # our rollout servers apply SamplingParams.option_count
 
     name = "engine_servers"
     uses_local_engine = True
@@ -149,6 +148,7 @@ class EngineServers(SGLangBackend):
             shutil.rmtree(export_root, ignore_errors=True)
             raise
         kwargs.setdefault("close_sessions", True)  # our servers free an ended episode's prefix
+        kwargs.setdefault("takes_option_count", True)  # and apply per-turn option limits
         super().__init__([p.url for p in self.processes], export_dir=export_root,
                          export_dtype=dtype, tokenizer=tokenizer, **kwargs)
         log.info("engine servers: %d processes (%s), weights via %s", len(self.processes),

@@ -73,12 +73,13 @@ class SGLangBackend(DiskWeightSync, BatchedSamplesBackend):
     concurrent episode's request reaches a server's scheduler at once). close_sessions:
     ``end_session`` also posts ``/close_session`` to the session's server (our rollout
     server frees the episode's cached prefix; SGLang's own sessions API means something else,
-    so off by default; ``EngineServers`` turns it on).
+    so off by default; ``EngineServers`` turns it on). takes_option_count: the servers apply
+    ``SamplingParams.option_count`` (per-turn option limits: our rollout servers do; SGLang
+    has no such parameter, so off by default and a request with one is refused;
+    ``EngineServers`` turns it on).
     """
 
     external_servers = True  # shared by every process; they outlive the trainer
-    # per-turn option limits (``SamplingParams.option_count``): ours only, SGLang has none
-    takes_option_count = False
 
     name = "sglang"
 
@@ -89,7 +90,7 @@ class SGLangBackend(DiskWeightSync, BatchedSamplesBackend):
                  send_session_id: bool = True, max_sessions: int = 100_000,
                  down_time_s: float = 5.0, launched: list[subprocess.Popen] | None = None,
                  api_key: str | None = None, max_connections: int = 0,
-                 close_sessions: bool = False):
+                 close_sessions: bool = False, takes_option_count: bool = False):
         if isinstance(urls, str):
             urls = [u for u in urls.split(",") if u]
         if not urls:
@@ -108,6 +109,7 @@ class SGLangBackend(DiskWeightSync, BatchedSamplesBackend):
             raise ValueError(f"max_connections must be >= 0 (0: no limit), got {max_connections}")
         self.max_connections = max_connections
         self.close_sessions = close_sessions
+        self.takes_option_count = takes_option_count
         self._closing: set[asyncio.Task] = set()
         api_key = api_key if api_key is not None else os.environ.get(API_KEY_ENV) or None
         self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
@@ -116,7 +118,7 @@ class SGLangBackend(DiskWeightSync, BatchedSamplesBackend):
             max_retries=max_retries, backoff_s=backoff_s, max_backoff_s=max_backoff_s,
             send_session_id=send_session_id, max_sessions=max_sessions, down_time_s=down_time_s,
             api_key=api_key or "", max_connections=max_connections,
-            close_sessions=close_sessions)
+            close_sessions=close_sessions, takes_option_count=takes_option_count)
         self.weight_version: str | None = None
         self._sticky: collections.OrderedDict[str, int] = collections.OrderedDict()
         self._pinned = [0] * len(self.servers)  # sessions in _sticky per server

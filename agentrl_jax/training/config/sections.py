@@ -156,6 +156,11 @@ class AgentConfig(Section):
     # message (the task) and only the last this many (reply, observation) pairs; a windowed
     # episode trains as several rows (agent/episode.py, docs/TRAINING.md); 0: the whole history
     history_turns: int = setting(0, ge=0)
+    # True: a turn that lists n options (rollout.parser = "choice") samples only the first n
+    # option letters of the restricted policy (model.output_tokens), EOS excluded, and the
+    # learner scores the same distribution (models/output_tokens.py, docs/ROLLOUT.md "Per-turn
+    # option limits"); False: any letter of model.output_tokens, or EOS
+    option_limits: bool = setting(False)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -260,6 +265,26 @@ class SFTConfig(Section):
     expert: str = setting("")
 
 
+def _option_limit_problems(rollout: Any, model: Any) -> list[str]:
+    """What ``agent.option_limits`` needs: the lettered-choice parser (it lists the options)
+    and a policy restricted to the option letters in their order (``model.output_tokens``'s
+    entry ``k`` is the label of option ``k``, for every label the options block can show)."""
+    from agentrl_jax.agent.parsing import CHOICE_LABELS
+    from agentrl_jax.models.output_tokens import token_entries
+
+    out = []
+    if rollout is not None and rollout.parser != "choice":
+        out.append(f"agent.option_limits: needs rollout.parser='choice' (the parser that lists "
+                   f"options; got {rollout.parser!r})")
+    if model is not None:
+        entries = [e.strip().lower() for e in token_entries(model.output_tokens or "")]
+        if entries[:len(CHOICE_LABELS)] != list(CHOICE_LABELS):
+            out.append("agent.option_limits: needs model.output_tokens to start with the "
+                       f"option labels {CHOICE_LABELS!r} in order (one token each, e.g. "
+                       "' a' .. ' z'): option k is sampled as its k-th entry")
+    return out
+
+
 def _history_window_problems(learner: LearnerConfig) -> list[str]:
     """What ``agent.history_turns > 0`` needs of the learner: a windowed episode is trained as
     several rows that share the episode's advantage, which is exact only for an estimator
@@ -327,6 +352,8 @@ class RunConfig(Section):
         r, t, lr, agent = (sections.get(k) for k in ("rollout", "train", "learner", "agent"))
         if agent is not None and lr is not None and agent.history_turns:
             out.extend(_history_window_problems(lr))
+        if agent is not None and agent.option_limits:
+            out.extend(_option_limit_problems(r, sections.get("model")))
         if r is not None and t is not None and r.release_kv_during_update and t.max_staleness:
             out.append("rollout.release_kv_during_update: needs train.max_staleness = 0 (with "
                        f"{t.max_staleness} the next rollout decodes during the update)")

@@ -7,7 +7,9 @@ each generated id, aligned with ``tokens``), ``group_id [B]``, ``reward [B]``, a
 arrays of the turn-level estimators (GiGPO): ``turn_ids [B,T]`` int32 (the turn of every id:
 -1 on the prompt and padding, ``k`` on turn ``k``'s generated ids and the observation after
 them), ``turn_rewards [B,K]`` and ``turn_anchors [B,K]`` int32 (``K``: the most turns of any
-row, rounded up to a multiple of ``TURN_SLOTS``; -1 where a row has no such turn).
+row, rounded up to a multiple of ``TURN_SLOTS``; -1 where a row has no such turn), and
+``option_counts [B,T]`` int32 when any id was sampled under a per-turn option limit
+(``Trajectory.option_counts``, ``agent.option_limits``; 0: none).
 
 Rows and chunks: a trajectory is one row, except under a history window
 (``agent.history_turns``), where its chunks (``Trajectory.chunk_bounds``: each one token
@@ -132,12 +134,15 @@ def assemble_batch(trajectories: Sequence[Trajectory], *, pad_id: int,
     loss_mask = np.zeros((b, length), np.float32)
     attention_mask = np.zeros((b, length), np.int32)
     logprobs = np.zeros((b, length), np.float32)
+    option_counts = np.zeros((b, length), np.int32)
     for row, (i, start, end) in enumerate(rows):
         t, n = trajectories[i], end - start
         tokens[row, :n] = t.token_ids[start:end]
         loss_mask[row, :n] = t.loss_mask[start:end]
         attention_mask[row, :n] = 1
         logprobs[row, :n] = t.logprobs[start:end]
+        if len(t.option_counts) == len(t.token_ids):  # (absent in older trajectory logs)
+            option_counts[row, :n] = t.option_counts[start:end]
     owner = np.asarray([i for i, _, _ in rows], np.int64)
     advantages = None
     if episode_estimator is not None:
@@ -148,7 +153,10 @@ def assemble_batch(trajectories: Sequence[Trajectory], *, pad_id: int,
         rollout_logprobs=logprobs,
         group_id=np.asarray([trajectories[i].group_id for i in owner], np.int32),
         reward=np.asarray([trajectories[i].reward for i in owner], np.float32),
-        advantages=advantages, **turn_arrays(trajectories, length, rows))
+        advantages=advantages, **turn_arrays(trajectories, length, rows),
+        # per-turn option limits (agent.option_limits): the learner scores each generated id
+        # under the limit it was sampled with; none sampled under one: no array
+        option_counts=option_counts if option_counts.any() else None)
 
 
 def informative_groups(trajectories: Sequence[Trajectory], min_spread: float = 1e-6,

@@ -278,6 +278,8 @@ def make_actor_pool(config: RunConfig, backend: Any, clients: Mapping[str, Any],
                      prompt_style=agent.prompt_style, response_prefix=agent.response_prefix,
                      # > 0: prompts keep only the last this many turns (episode.py)
                      history_turns=agent.history_turns,
+                     # a turn listing n options samples only the first n letters (episode.py)
+                     option_limits=agent.option_limits,
                      # episodes in N spawned processes, the backend here (docs/ROLLOUT.md)
                      workers=r.actor_workers,
                      # workers post to HTTP rollout servers themselves (engine_servers, sglang)
