@@ -137,7 +137,7 @@ async def test_a_choice_episode_shows_each_action_list_once(babyai):
                           group_id=0, sample_index=0, horizon=1,
                           sampling=SamplingParams(max_new_tokens=1), max_context=4096,
                           policy_version=0, prompt_style="choice", response_prefix="Action:",
-                          history_turns=0)
+                          history_turns=0, option_limits=False)
         traj = await episode.run()
     user = [m["content"] for m in traj.messages if m["role"] == "user"][0]
     assert user.endswith(first.observation + "\n" + options_block(options0))

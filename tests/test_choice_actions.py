@@ -116,7 +116,7 @@ async def test_episode_shows_the_options_and_steps_the_chosen_one(babyai):
                           group_id=0, sample_index=0, horizon=6,
                           sampling=SamplingParams(max_new_tokens=4), max_context=4096,
                           policy_version=0, prompt_style="choice", response_prefix="Action:",
-                          history_turns=0)
+                          history_turns=0, option_limits=False)
         traj = await episode.run()
     assert options2[3] == "go to red ball 1"
     users = [m["content"] for m in traj.messages if m["role"] == "user"]

@@ -299,7 +299,8 @@ async def _collect(tokenizer, url, tasks, delays: bool, lockstep: bool):
         pool = ActorPool(SeededBackend(tokenizer, delays), {"babyai": client},
                          ChatFormatter(tokenizer), SamplingParams(max_new_tokens=8, seed=3),
                          max_context=4096, max_concurrency=16, parser=parse_react,
-                         prompt_style="action", response_prefix="Action:", history_turns=0)
+                         prompt_style="action", response_prefix="Action:", history_turns=0,
+                         option_limits=False)
         trajectories, _ = await pool.collect(tasks, n_samples=4, horizon=6, seed=11,
                                              lockstep=lockstep, progress=finished.append)
     return trajectories, finished

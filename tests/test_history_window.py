@@ -87,7 +87,7 @@ def _collect(tokenizer, backend, history_turns: int, horizon: int, tasks=("t",),
                      formatter or ChatFormatter(tokenizer),
                      SamplingParams(max_new_tokens=8, seed=5), max_context=max_context,
                      max_concurrency=8, parser=parse_react, prompt_style="action",
-                     response_prefix="Action:", history_turns=history_turns)
+                     response_prefix="Action:", history_turns=history_turns, option_limits=False)
     trajectories, _ = asyncio.run(pool.collect([TaskRef("fake", t) for t in tasks], samples,
                                                horizon))
     return trajectories
@@ -270,7 +270,8 @@ def test_sampled_logprobs_equal_a_forward_over_each_training_row():
                          SamplingParams(max_new_tokens=6, temperature=1.0, seed=3),
                          max_context=512, max_concurrency=4,
                          parser=lambda text: ParsedAction(action=text.strip() or "x"),
-                         prompt_style="action", response_prefix="A:", history_turns=1)
+                         prompt_style="action", response_prefix="A:", history_turns=1,
+                         option_limits=False)
         trajectories, _ = asyncio.run(pool.collect([TaskRef("fake", "t")], 2, 4))
     finally:
         engine.close()
@@ -301,7 +302,7 @@ def test_worker_processes_relay_windowed_prompts_exactly(tokenizer):
                 tasks = [TaskRef("babyai", i) for i in ids]
                 kwargs = dict(max_context=4096, max_concurrency=8, parser=parse_react,
                               prompt_style="action",
-                              response_prefix="Action:", history_turns=2)
+                              response_prefix="Action:", history_turns=2, option_limits=False)
                 here = ActorPool(RecordingBackend(tokenizer), {"babyai": client},
                                  ChatFormatter(tokenizer), SamplingParams(max_new_tokens=8),
                                  **kwargs)

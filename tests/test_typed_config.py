@@ -310,7 +310,8 @@ def test_the_agent_and_the_batch_stage_take_the_configs_settings_without_second_
     from agentrl_jax.agent.workers import WorkerSetup
     from agentrl_jax.training.rl.stages import BatchSettings
 
-    agent = {"parser", "prompt_style", "response_prefix", "history_turns", "max_context"}
+    agent = {"parser", "prompt_style", "response_prefix", "history_turns", "max_context",
+             "option_limits"}
     for fn, names in ((ActorPool.__init__, agent | {"max_concurrency"}), (Episode.__init__, agent),
                       (start_episode, agent), (WorkerSetup, agent | {"max_concurrency"})):
         params = inspect.signature(fn).parameters

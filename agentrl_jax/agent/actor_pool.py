@@ -66,16 +66,17 @@ class ActorPool:
     def __init__(self, backend: Any, env_clients: Mapping[str, Any], formatter: ChatFormatter,
                  sampling: SamplingParams, *, max_context: int, max_concurrency: int,
                  parser: Callable[..., ParsedAction], prompt_style: str, response_prefix: str,
-                 history_turns: int,
+                 history_turns: int, option_limits: bool,
                  env_errors: tuple[type[BaseException], ...] | None = None,
                  progress: Callable[[Trajectory], None] | None = None,
-                 workers: int = 0, direct_workers: bool = True, option_limits: bool = False):
+                 workers: int = 0, direct_workers: bool = True):
         """The run's settings have one source, the typed config (``rollout.max_context``,
         ``rollout.max_concurrency``, ``rollout.parser``, ``agent.prompt_style``,
-        ``agent.response_prefix``, ``agent.history_turns``): they have no defaults here, and
+        ``agent.response_prefix``, ``agent.history_turns``, ``agent.option_limits``): they
+        have no defaults here, and
         ``training.runtime.services.make_actor_pool`` passes the config's. ``workers`` /
         ``direct_workers`` (``rollout.actor_workers`` / ``rollout.actor_workers_direct``)
-        default to in-process episodes; ``option_limits`` (``agent.option_limits``) to off."""
+        default to in-process episodes."""
         if env_errors is None:
             from environments.core.client import EnvConnectionError, EnvServerError
             env_errors = (EnvConnectionError, EnvServerError, OSError, asyncio.TimeoutError)

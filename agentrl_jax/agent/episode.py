@@ -51,8 +51,9 @@ class Episode:
                  group_id: int, sample_index: int, horizon: int, sampling: SamplingParams,
                  max_context: int, policy_version: int, seed: int | None = None,
                  prompt_style: str, response_prefix: str, history_turns: int,
+                 option_limits: bool,
                  env_errors: tuple[type[BaseException], ...] = (Exception,),
-                 version_fn: Callable[[], int] | None = None, option_limits: bool = False):
+                 version_fn: Callable[[], int] | None = None):
         """``option_limits`` (``agent.option_limits``): a turn that lists ``n`` options asks
         the backend to sample only the first ``n`` option tokens (``SamplingParams.
         option_count``) and records ``n`` on its generated ids (``Trajectory.option_counts``).
@@ -332,9 +333,8 @@ def start_episode(task: TaskRef, group_id: int, sample_index: int, horizon: int,
                   backend: Any, formatter: ChatFormatter, parser: Callable[[str], ParsedAction],
                   sampling: SamplingParams, max_context: int,
                   env_errors: tuple[type[BaseException], ...], prompt_style: str,
-                  response_prefix: str, history_turns: int,
-                  version_fn: Callable[[], int] | None = None,
-                  option_limits: bool = False) -> Episode:
+                  response_prefix: str, history_turns: int, option_limits: bool,
+                  version_fn: Callable[[], int] | None = None) -> Episode:
     """The :class:`Episode` of sample ``sample_index`` of group ``group_id`` (the actor pool's
     and an actor worker's). With a seed (``seed``, else ``sampling.seed``) the episode's base
     seed is ``derive_seed(seed, group_id, sample_index)``; the episode derives every turn's

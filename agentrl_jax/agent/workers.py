@@ -91,8 +91,8 @@ class WorkerSetup:
     prompt_style: str
     response_prefix: str
     history_turns: int  # agent.history_turns (episode.py, "History window")
+    option_limits: bool  # agent.option_limits (episode.py: per-turn option limits)
     direct: dict[str, Any] | None = None  # SGLangBackend kwargs: post to the servers directly
-    option_limits: bool = False  # agent.option_limits (episode.py)
 
 
 class _RemoteBackend:

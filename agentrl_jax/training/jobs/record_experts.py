@@ -180,7 +180,8 @@ async def record_experts(config: RunConfig, env: str, episodes: int, out_dir: st
                               parser=get_parser(fmt["parser"]),
                               prompt_style=fmt["prompt_style"],
                               response_prefix=fmt["response_prefix"],
-                              history_turns=fmt["history_turns"])
+                              history_turns=fmt["history_turns"],
+                              option_limits=False)  # an expert's replies are not sampled
             async with EpisodeProgress(len(tasks), f"recording {env} experts",
                                        progress_mode(force_bar=config.progress),
                                        config.progress_seconds, say) as bar:
