@@ -284,3 +284,33 @@ async def test_sglang_backend_refuses_option_count_and_engine_servers_send_it():
         "takes_option_count"]
     assert SamplingParams(option_count=2).to_sglang()["option_count"] == 2
     assert "option_count" not in SamplingParams().to_sglang()
+
+
+def test_the_first_update_with_option_counts_runs_the_programs_compiled_ahead(models):
+    """``agent.option_limits`` runs compile ahead with the ``option_counts`` key
+    (``ahead.py``): the first packed update with per-turn limits compiles none again."""
+    import jax
+
+    from agentrl_jax.learner import Learner, UpdateOptions
+    from agentrl_jax.learner.ahead import compile_first_update, first_update_keys
+    from agentrl_jax.sharding.mesh import make_mesh
+    from learner_helpers import recorded_compiles
+
+    cfg = LearnerConfig(kl_coef=0.0, entropy_coef=0.0, dtype="float32", remat=False,
+                        micro_batch_size=2, logprob_batch_size=3, pack_length=72,
+                        logprob_chunk_size=8, advantage_estimator="grpo", tis_cap=2.0)
+    learner = Learner(models[1], cfg, mesh=make_mesh(fsdp=1, devices=jax.devices()[:1]))
+    assert "option_counts" in first_update_keys(learner, option_counts=True)
+    assert "option_counts" not in first_update_keys(learner)
+    toks, mask, counts = _trajectory(np.random.default_rng(5), 4)
+    batch = RolloutBatch(tokens=toks, loss_mask=mask, attention_mask=np.ones_like(toks),
+                         group_id=np.array([0, 0, 1, 1]), reward=np.array([0., 1., 1., 0.]),
+                         rollout_logprobs=np.where(mask != 0, -1.0, 0.0), option_counts=counts)
+    with recorded_compiles() as names:
+        assert compile_first_update(learner, option_counts=True) == 3
+        big = {"jit(packed_logprobs)", "jit(accumulate)", "jit(apply)"}
+        assert big <= set(names), names
+        names.clear()
+        metrics = learner.update(batch, UpdateOptions(log=False))
+        assert np.isfinite(metrics["actor/pg_loss"])
+        assert not big & set(names), names

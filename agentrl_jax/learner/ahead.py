@@ -35,9 +35,10 @@ import numpy as np
 from agentrl_jax import compile_notice
 from agentrl_jax.algorithms import is_supervised
 
-#: float32 per-token keys of a packed policy micro-batch (``packed_step.py``); with the int32
-#: ``tokens``, ``segment_ids``, ``positions``
+#: float32 per-token keys of a packed policy micro-batch (``packed_step.py``), and its int32
+#: keys (``option_counts`` only with per-turn option limits)
 _FLOAT_KEYS = ("loss_mask", "loss_weights", "old_logprobs", "advantages")
+_INT_KEYS = ("tokens", "segment_ids", "positions", "option_counts")
 
 
 def _abstract(tree: Any) -> Any:
@@ -46,12 +47,14 @@ def _abstract(tree: Any) -> Any:
                         tree)
 
 
-def first_update_keys(learner: Any, sampler_logprobs: bool = True) -> tuple[str, ...] | None:
+def first_update_keys(learner: Any, sampler_logprobs: bool = True,
+                      option_counts: bool = False) -> tuple[str, ...] | None:
     """The micro-batch keys of ``learner``'s packed policy update (``layouts.PackedRows``),
     or ``None`` where the update is not packed (no ``pack_length``, a critic, a supervised loss
     without a reference: those build other programs). ``sampler_logprobs``: the batch carries
     the sampler's log-probs (RL rollouts do), which turns on truncated importance weights with
-    ``learner.tis_cap``."""
+    ``learner.tis_cap``. ``option_counts``: the batch carries per-turn option limits
+    (``agent.option_limits``; an int32 key)."""
     cfg = learner.config
     if not cfg.pack_length or learner.critic_params is not None:
         return None
@@ -62,15 +65,17 @@ def first_update_keys(learner: Any, sampler_logprobs: bool = True) -> tuple[str,
         keys.add("ref_logprobs")
     if cfg.tis_cap and sampler_logprobs and not is_supervised(cfg.policy_loss):
         keys.add("is_weights")
+    if option_counts:
+        keys.add("option_counts")
     return tuple(sorted(keys))
 
 
 def compile_first_update(learner: Any, sampler_logprobs: bool = True,
-                         workers: int | None = None) -> int:
+                         workers: int | None = None, option_counts: bool = False) -> int:
     """Compile the first packed update's log-prob pass(es), gradient accumulation and
     optimiser apply for ``learner`` without running them; returns how many programs were
     compiled (0 where the update is not packed: :func:`first_update_keys`)."""
-    keys = first_update_keys(learner, sampler_logprobs)
+    keys = first_update_keys(learner, sampler_logprobs, option_counts)
     if keys is None:
         return 0
     cfg = learner.config
@@ -87,15 +92,16 @@ def compile_first_update(learner: Any, sampler_logprobs: bool = True,
     lp_args = (rows_of(n_lp, np.int32), rows_of(n_lp, np.int32), rows_of(n_lp, np.int32))
     if capacity is not None:
         lp_args += (rows_of(n_lp, np.float32),)  # the loss mask
+    if option_counts:
+        lp_args += (rows_of(n_lp, np.int32),)
     calls: list[tuple[Callable[..., Any], tuple]] = [
-        (learner.packed_logprob_fn(str(jax.tree.leaves(learner.params)[0].dtype), capacity),
-         (params, *lp_args))]
+        (learner.packed_logprob_fn(str(jax.tree.leaves(learner.params)[0].dtype), capacity,
+                                   option_counts), (params, *lp_args))]
     if learner.ref_params is not None:
-        calls.append((learner.packed_logprob_fn(cfg.reference_dtype, capacity),
+        calls.append((learner.packed_logprob_fn(cfg.reference_dtype, capacity, option_counts),
                       (_abstract(learner.ref_params), *lp_args)))
     mb = cfg.micro_batch_size
-    micro = {k: rows_of(mb, np.int32 if k in ("tokens", "segment_ids", "positions")
-                        else np.float32) for k in keys}
+    micro = {k: rows_of(mb, np.int32 if k in _INT_KEYS else np.float32) for k in keys}
     steps = learner.packed_steps(keys, capacity)
     grad_sum = jax.tree.map(
         lambda x: jax.ShapeDtypeStruct(x.shape, np.float32, sharding=x.sharding), params)
@@ -115,8 +121,12 @@ class AheadCompile:
     update (a failure there is logged by ``say`` and left to the update, which compiles as
     before)."""
 
-    def __init__(self, learner: Any, say: Callable[[str], None] | None = None):
+    def __init__(self, learner: Any, say: Callable[[str], None] | None = None,
+                 option_counts: bool = False):
+        """``option_counts``: the updates' batches carry per-turn option limits
+        (``agent.option_limits``): their programs take one more int32 array."""
         self.say = say
+        self.option_counts = option_counts
         self.programs = 0
         self.seconds = 0.0
         self.error: BaseException | None = None
@@ -127,7 +137,7 @@ class AheadCompile:
     def _run(self, learner: Any) -> None:
         t0 = time.monotonic()
         try:
-            self.programs = compile_first_update(learner)
+            self.programs = compile_first_update(learner, option_counts=self.option_counts)
         except Exception as e:  # noqa: BLE001 - the first update compiles what is missing
             self.error = e
         self.seconds = time.monotonic() - t0

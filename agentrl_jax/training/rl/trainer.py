@@ -293,7 +293,8 @@ class Trainer:
                     # the first update's large programs compile on a background thread beside
                     # the engine's start-up, the step-0 evaluation and the first rollout (on CPU
                     # they would take the cores those need)
-                    self._ahead_compile = AheadCompile(learner, say)
+                    self._ahead_compile = AheadCompile(
+                        learner, say, option_counts=cfg.agent.option_limits)
                 with timed(say, f"starting rollout backend {cfg.rollout.backend}"):
                     backend = services.make_backend(cfg, policy, tokenizer, model_path)
                 astack.push_async_callback(services.close_backend, backend)
