@@ -5,8 +5,8 @@ and the output buffers its tokens accumulate in.
 
 * ``ints [B, STOP + max_stop_ids]`` int32 and ``floats [B, 3]`` float32: the packed decode state
   (columns in ``compiled.py``: last token, position, active flag, tokens left, top-k, sampled
-  counter, PRNG key, sample index, option limit, stop ids; temperature, top-p, min-p), sent as they are to
-  every decode call (one host-to-device copy each);
+  counter, PRNG key, sample index, option limit, stop ids; temperature, top-p, min-p), sent
+  as they are to every decode call (one host-to-device copy each);
 * ``out_tok`` / ``out_lp`` / ``out_raw`` ``[B, max_length]`` and ``out_len [B]``: each decoding
   slot's sampled tokens, log-probabilities (processed and raw) so far;
 * ``has_stop_str [B]``, ``stop_masks`` (per slot: which tokens may complete a stop string,
