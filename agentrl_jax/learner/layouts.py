@@ -316,9 +316,10 @@ class PackedRows:
     def forward(self, fn, params, placed: Arrays, scored: bool = False) -> jax.Array:
         """``fn(params, tokens, segment_ids, positions)`` (``scored``: and ``loss_mask``; then
         ``option_counts`` where the batch has them; packed on the device like the tokens) over
-        the whole batch packed in ``[logprob_batch_size, pack_length]`` calls -> token-space ``[B, T]``. Each call's
-        output goes to its tokens' places at once (:func:`_unpack_into`), so no program's
-        shape depends on how many packed rows the batch makes."""
+        the whole batch packed in ``[logprob_batch_size, pack_length]`` calls -> token-space
+        ``[B, T]``. Each call's output goes to its tokens' places at once
+        (:func:`_unpack_into`), so no program's shape depends on how many packed rows the
+        batch makes."""
         lr = self.learner
         n, plan = lr.logprob_batch_size, self.plan
         src = pack_index(plan, np.arange(self.b), self.t)
