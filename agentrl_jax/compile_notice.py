@@ -75,6 +75,28 @@ def shape_key(values: Sequence[Any]) -> tuple:
     return tuple(out)
 
 
+_compiles = [0]  # XLA compiles in this process since the counter was installed
+_counter_installed = [False]
+
+
+def _count_compile(event: str, _seconds: float, **_kwargs: Any) -> None:
+    if event == "/jax/core/compile/backend_compile_duration":
+        with _lock:
+            _compiles[0] += 1
+
+
+def compile_count() -> int:
+    """XLA compiles in this process, on every thread, since the first call of this function
+    (JAX's ``backend_compile_duration`` monitoring event, which a program loaded from the
+    persistent compilation cache raises too: every new executable counts; jit's in-memory
+    cache hits do not). The difference of two calls counts the compiles between them."""
+    with _lock:
+        if not _counter_installed[0]:
+            jax.monitoring.register_event_duration_secs_listener(_count_compile)
+            _counter_installed[0] = True
+        return _compiles[0]
+
+
 def format_seconds(seconds: float) -> str:
     """``"42.0 s"``, ``"3 min 05 s"``, ``"1 h 02 min"``."""
     if seconds < 60:

@@ -9,9 +9,10 @@ device arrays ``[N, W]`` in their *token space*, and differ only in how rows rea
   zero-mask pad rows with fresh group ids; cols: a length bucket); the model
   sees ``[logprob_batch_size, cols]`` forward chunks and ``[n_micro, micro_batch_size, cols]``
   mini-batches (``train_step.make_train_step``).
-- ``PackedRows`` (``pack_length > 0``): token space = the batch padded to buckets ``[B, T]``
-  (``packed_token_space``: rows to a power of two, length to a bucket; zero-length pad rows
-  pack into nothing, so the model does no extra work); the model
+- ``PackedRows`` (``pack_length > 0``): token space = the batch padded to ``[B, pack_length]``
+  (``token_space.packed_token_space``: ``B`` a power of two the learner keeps and only grows,
+  so the update's small programs compile once a run; zero-length pad rows pack into nothing,
+  so the model does no extra work); the model
   sees rows of ``pack_length`` tokens holding several trajectories (``packing.py``), packed
   and unpacked on the device with gather indices (``packing.pack_index`` / ``unpack_index``);
   optimiser steps accumulate ``[micro_batch_size, pack_length]`` calls
@@ -40,6 +41,7 @@ from agentrl_jax.learner.config import LearnerConfig, bucket_length
 from agentrl_jax.learner.jit_cache import cached
 from agentrl_jax.learner.packing import pack, pack_index, plan_packing, segment_layout, unpack_index
 from agentrl_jax.learner.scored import row_counts
+from agentrl_jax.learner.token_space import packed_token_space
 from agentrl_jax.learner.train_step import minibatch_sharding, pass_rows
 from agentrl_jax.sharding.placement import (agree_max, allgather_rows, place_global,
                                             place_process_local, to_host_tree)
@@ -246,16 +248,6 @@ def agree_sum(value: int) -> int:
     return int(np.sum(allgather_rows(np.asarray([int(value)], np.int64))))
 
 
-def packed_token_space(rows: int, length: int, config: LearnerConfig) -> tuple[int, int]:
-    """The packed layout's token space for a ``[rows, length]`` batch: rows up to a power of
-    two, the length up to its bucket (``bucket_length``) but not past ``pack_length`` (nor
-    below ``length``). Batches that differ in row count and length from step to step then share
-    the update's gather / derive / shuffle programs."""
-    rows_pad = 1 << max(int(rows) - 1, 0).bit_length()
-    cols = max(int(length), min(bucket_length(int(length), config), int(config.pack_length)))
-    return rows_pad, cols
-
-
 class PackedRows:
     """Trajectories packed into rows of ``pack_length`` tokens; see the module docstring.
     Single-process batches, no critic. The token space is the batch padded to
@@ -268,7 +260,7 @@ class PackedRows:
         lr, cfg = learner, learner.config
         self.learner, self.config, self.real = lr, cfg, batch
         self.real_b, self.real_t = batch.shape
-        rows, cols = packed_token_space(self.real_b, self.real_t, cfg)
+        rows, cols = packed_token_space(self.real_b, self.real_t, cfg, lr.token_rows)
         if (rows, cols) != batch.shape:
             turn_slots = (batch.turn_anchors.shape[1] if batch.turn_anchors is not None
                           else 0) if batch.has_turns else None
@@ -277,7 +269,9 @@ class PackedRows:
         self.b, self.t = batch.shape
         self.lengths = batch.lengths()
         self.n_rows = self.b
-        self.packed_rows = 0  # packed rows trained on over the epochs
+        self.packed_rows = 0  # packed rows trained on over the epochs (micro-batch multiples)
+        self.filled_rows = 0  # of which rows holding tokens
+        self.micro_batches = 0  # accumulate calls over the epochs
         self.counts = row_counts(batch.loss_mask)  # scored tokens per source row
         self.plan = self.pack_plan(np.arange(self.b), lr.logprob_batch_size)
         self.capacity = self.scored_capacity(self.plan)  # of the log-prob pass
@@ -347,9 +341,13 @@ class PackedRows:
         """One epoch: the rows in ``order`` split into ``mini_batches`` parts
         (``np.array_split``), each packed into ``[micro_batch_size, pack_length]``
         micro-batches whose gradients are summed, then one optimiser step. The order comes to
-        the host (``B`` ints): the pack plan of a mini-batch is host-side bin packing."""
+        the host (``B`` ints): the pack plan of a mini-batch is host-side bin packing. Only
+        the batch's own rows are split (the token space's padding rows, which hold no token,
+        are dropped from the order first), so the mini-batches share them evenly however many
+        padding rows the token space has."""
         lr, cfg = self.learner, self.config
         order = np.asarray(jax.device_get(order))
+        order = order[order < self.real_b]
         mb = cfg.micro_batch_size
         sh = lr.row_sharding()
         pack_dev = _gather_flat(lr.mesh, sh)
@@ -381,6 +379,8 @@ class PackedRows:
             step["actor/grad_norm"] = norm
             metrics.append(step)
             self.packed_rows += plan.num_rows
+            self.filled_rows += plan.used_rows
+            self.micro_batches += -(-plan.num_rows // mb)
         return metrics
 
     def host_view(self, device: Arrays) -> dict[str, np.ndarray]:
@@ -393,8 +393,20 @@ class PackedRows:
         return view
 
     def size_metrics(self, seconds: float, train_passes: int) -> dict[str, float]:
+        """Row counts (per epoch), packing efficiency and throughput of the optimiser steps:
+        ``learner/rows`` packed rows holding tokens, ``learner/rows_padded`` the rows run (each
+        mini-batch's rounded up to whole micro-batches; ``batch/packed_rows`` too),
+        ``learner/micro_batches`` the accumulate calls, ``learner/logprob_rows`` /
+        ``_padded`` the same for the log-prob pass (whole ``logprob_batch_size`` calls) and
+        ``learner/token_space_rows`` the rows of the token space (``token_space.py``)."""
         cfg = self.config
         return {"batch/packed_rows": float(self.packed_rows / cfg.epochs),
+                "learner/rows": float(self.filled_rows / cfg.epochs),
+                "learner/rows_padded": float(self.packed_rows / cfg.epochs),
+                "learner/micro_batches": float(self.micro_batches / cfg.epochs),
+                "learner/logprob_rows": float(self.plan.used_rows),
+                "learner/logprob_rows_padded": float(self.plan.num_rows),
+                "learner/token_space_rows": float(self.b),
                 "batch/padded_length": float(cfg.pack_length),
                 "batch/packing_efficiency": self.plan.efficiency,
                 "batch/real_tokens": float(self.lengths.sum()),

@@ -41,6 +41,7 @@ from agentrl_jax.learner import passes
 from agentrl_jax.learner.packed_step import PackedSteps
 from agentrl_jax.learner.passes import announced
 from agentrl_jax.learner.scored import ScoredCapacity
+from agentrl_jax.learner.token_space import PackedTokenRows
 from agentrl_jax.learner.train_step import make_train_step, minibatch_sharding
 from agentrl_jax.learner.update import UpdatePipeline
 from agentrl_jax.models.config import ModelConfig
@@ -164,6 +165,8 @@ class Learner:
                                         self.opt_shardings)
         self.update_step = 0  # completed update() calls (rollout batches)
         self.scored_capacity = ScoredCapacity(config.scored_lm_head, config.scored_capacity_min)
+        # the packed update's token-space rows (token_space.py): kept, only grows
+        self.token_rows = PackedTokenRows()
 
         self.checkpointer = (Checkpointer(checkpoint_dir, max_to_keep=max_to_keep,
                                           async_save=async_checkpoint)

@@ -36,6 +36,13 @@ class PackPlan:
     pack_length: int
 
     @property
+    def used_rows(self) -> int:
+        """Packed rows holding at least one token (``num_rows`` less the empty rows added to
+        reach a multiple of ``row_multiple``)."""
+        filled = self.row[self.length > 0]
+        return int(np.unique(filled).size)
+
+    @property
     def efficiency(self) -> float:
         """Real tokens / packed slots (1.0 = no padding)."""
         return float(self.length.sum()) / max(self.num_rows * self.pack_length, 1)

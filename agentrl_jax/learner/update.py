@@ -32,6 +32,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 from agentrl_jax.algorithms import (TURN_INPUTS, AdvantageInputs, compute_advantages,
                                     is_supervised, kl_estimate, kl_penalized_token_rewards)
+from agentrl_jax.compile_notice import compile_count
 from agentrl_jax.learner.batch import RolloutBatch
 from agentrl_jax.learner.config import LearnerConfig
 from agentrl_jax.learner.jit_cache import cached
@@ -173,6 +174,7 @@ class UpdatePipeline:
     def __call__(self) -> dict[str, float]:
         lr, cfg = self.learner, self.config
         t_start = time.perf_counter()
+        compiles_before = compile_count()
         placed = self.layout.place()
 
         t0 = time.perf_counter()
@@ -229,6 +231,9 @@ class UpdatePipeline:
         # 1.0 / 0.0: the parameters after this update (policy and critic) are all finite; the
         # trainer stops a run whose update made them, its loss or its gradients non-finite
         metrics["learner/params_finite"] = float(all_finite(lr.params, lr.critic_params))
+        # XLA programs compiled during the update (any thread of the process): 0 once a run's
+        # shapes are compiled (a new token-space or micro-batch shape compiles several)
+        metrics["perf/update_compiles"] = float(compile_count() - compiles_before)
         metrics["learner/update_step"] = float(lr.update_step)
         metrics["learner/optimizer_step"] = float(optimizer_step_count(lr.opt_state) or 0)
         return metrics

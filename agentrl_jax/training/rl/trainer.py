@@ -288,6 +288,9 @@ class Trainer:
                 # trajectory can hold, so the pack plans stay within the programs compiled ahead
                 learner.scored_capacity.reserve(
                     scored_tokens_bound(self.schedule, cfg.rollout.max_new_tokens))
+                # the packed update's token-space rows (learner/token_space.py): the most
+                # episodes a step hands over, so no update compiles its small programs again
+                learner.token_rows.reserve(cfg.train.tasks_per_step * cfg.train.samples_per_task)
                 if (cfg.train.compile_ahead and not self.multi_process
                         and jax.default_backend() != "cpu"):
                     # the first update's large programs compile on a background thread beside
