@@ -118,6 +118,13 @@ def step_rows(metrics_path: str) -> list[dict]:
                 "statuses": {k.split("/", 2)[2]: v for k, v in m.items()
                              if k.startswith("rollout/status/")},
                 "flat_groups_skipped": m.get("rollout/flat_groups_skipped", 0.0),
+                # the update's shapes (docs/LEARNER.md, "One token space a run"): packed rows
+                # holding tokens / run, accumulate calls, log-prob rows, token-space rows, and
+                # the XLA compiles during the update (0 in a steady step)
+                **{k.split("/", 1)[1]: m[k] for k in (
+                    "learner/rows", "learner/rows_padded", "learner/micro_batches",
+                    "learner/logprob_rows", "learner/logprob_rows_padded",
+                    "learner/token_space_rows", "perf/update_compiles") if k in m},
                 "updated": "perf/update_time_s" in m})
     return rows
 
@@ -137,6 +144,8 @@ def summarise(rows: list[dict]) -> dict:
     out["learner_real_tokens_per_s"] = statistics.median(upd) if upd else 0.0
     out["episodes"] = med("episodes")
     out["steps_with_update"] = sum(bool(r["updated"]) for r in rows)
+    # XLA compiles inside the steady steps' updates (a new update shape mid-run; 0 expected)
+    out["steady_update_compiles"] = sum(r.get("update_compiles", 0.0) for r in steady)
     return out
 
 
@@ -190,7 +199,8 @@ def run_variant(config_path: str, name: str, steps: int, workdir: str,
           f"{s['optimizer_s']:.2f}) + sync {s['sync_s']:.2f} + host "
           f"{s['host_s']:.2f}; first step {s['first_step_s']:.1f} s (compile ~"
           f"{s['compile_s_estimate']:.1f} s); rollout {s['rollout_tokens_per_s']:.0f} gen tok/s; "
-          f"learner {s['learner_real_tokens_per_s']:.0f} real tok/s", flush=True)
+          f"learner {s['learner_real_tokens_per_s']:.0f} real tok/s; "
+          f"{s['steady_update_compiles']:.0f} compiles in the steady updates", flush=True)
     return result
 
 
