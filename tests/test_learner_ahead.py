@@ -136,3 +136,19 @@ def test_the_scored_lm_head_first_update_runs_the_programs_compiled_ahead(compil
     assert np.isfinite(metrics["actor/pg_loss"]) and metrics["batch/packed_rows"] > 0
     assert not BIG & set(compiled_names), compiled_names
     assert learner.scored_capacity.value == 16
+
+
+def test_the_log_prob_pass_tail_shape_is_compiled_ahead(compiled_names):
+    """Log-prob calls of 4 rows with micro-batches of 2: the pass ends in a tail call of 2 rows
+    (``token_space.logprob_call_rows``), a second shape of the packed log-prob program, which
+    is compiled ahead with the first, so the first update with a tail compiles neither."""
+    cfg = CFG.replace(micro_batch_size=2, logprob_batch_size=4, pack_length=72)
+    learner = Learner(init_model(MODEL, seed=0), cfg, mesh=make_mesh(devices=jax.devices()[:1]))
+    # policy and reference passes at 4 and 2 rows (float32 both: two programs), accumulate,
+    # apply
+    assert compile_first_update(learner) == 6
+    assert compiled_names.count("jit(packed_logprobs)") == 2, compiled_names
+    compiled_names.clear()
+    metrics = learner.update(_batch(b=16), UpdateOptions(log=False))
+    assert metrics["learner/logprob_rows_padded"] % 4 == 2  # a tail call of 2 rows ran
+    assert not BIG & set(compiled_names), compiled_names

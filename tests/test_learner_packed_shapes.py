@@ -15,7 +15,8 @@ import numpy as np
 import pytest
 
 from agentrl_jax.learner import LearnerConfig, RolloutBatch, UpdateOptions
-from agentrl_jax.learner.token_space import PackedTokenRows, packed_token_space
+from agentrl_jax.learner.token_space import (PackedTokenRows, call_sizes, logprob_call_rows,
+                                             packed_token_space)
 from learner_helpers import TINY_MODEL, recorded_compiles, tiny_batch, tiny_learner
 
 CFG = LearnerConfig(kl_coef=0.0, entropy_coef=0.0, dtype="float32", remat=False,
@@ -98,19 +99,54 @@ def _batch_of_lengths(lengths: list[int], prompt: int = 4, seed: int = 0) -> Rol
         "group_id": np.arange(b) // 2, "reward": (np.arange(b) % 2).astype(np.float32)})
 
 
-def test_row_and_micro_batch_counts_of_a_hand_packed_batch():
+def test_log_prob_calls_are_full_then_micro_batch_sized():
+    assert logprob_call_rows(16, 4) == (16, 4)
+    assert logprob_call_rows(16, 3) == (16, 16)  # not a divisor: one shape
+    assert logprob_call_rows(4, 4) == (4, 4) and logprob_call_rows(4, 8) == (4, 4)
+    assert call_sizes(20, 16, 4) == [16, 4]  # 17-20 filled rows: 20, not 32
+    assert call_sizes(28, 16, 4) == [16, 4, 4, 4]
+    assert call_sizes(32, 16, 4) == [16, 16] and call_sizes(8, 16, 4) == [4, 4]
+    assert call_sizes(32, 16, 16) == [16, 16]
+    with pytest.raises(ValueError, match="multiple"):
+        call_sizes(18, 16, 4)
+
+
+@pytest.mark.parametrize("logprob_rows,padded,calls", [(3, 6, 2), (4, 4, 1), (8, 4, 2)])
+def test_row_and_micro_batch_counts_of_a_hand_packed_batch(logprob_rows, padded, calls):
     """Rows of 96 tokens, lengths 90 90 50 40 | 30 30 20 10, two mini-batches (no shuffle),
-    micro-batches of 2 rows, log-prob calls of 3 rows. By hand (first-fit decreasing):
-    mini-batch 1: [90] [90] [50 40] = 3 rows -> 4 rows, 2 micro-batches; mini-batch 2:
-    [30 30 20 10] = 1 row -> 2 rows, 1 micro-batch; the log-prob pass packs all eight into
-    [90] [90] [50 40] [30 30 20 10] = 4 rows -> 6 (two calls of 3). The full LM head, so
-    no scored-token budget reshapes the plans (``PackedRows.pack_plan``)."""
-    cfg = CFG.replace(mini_batches=2, logprob_batch_size=3, scored_lm_head=False)
+    micro-batches of 2 rows. By hand (first-fit decreasing): mini-batch 1: [90] [90] [50 40]
+    = 3 rows -> 4 rows, 2 micro-batches; mini-batch 2: [30 30 20 10] = 1 row -> 2 rows, 1
+    micro-batch. The log-prob pass packs all eight into [90] [90] [50 40] [30 30 20 10] = 4
+    rows: in calls of 3 rows (2 does not divide 3: no tail calls) 6 rows in two calls; of 4
+    rows, one call; of 8 rows, two tail calls of 2 (before: one call of 8 rows, 4 of them
+    empty). The full LM head, so no scored-token budget reshapes the plans
+    (``PackedRows.pack_plan``)."""
+    cfg = CFG.replace(mini_batches=2, logprob_batch_size=logprob_rows, scored_lm_head=False)
     learner = tiny_learner(cfg)
     learner.token_rows.reserve(16)
     m = learner.update(_batch_of_lengths([90, 90, 50, 40, 30, 30, 20, 10]),
                        UpdateOptions(log=False))
     assert m["learner/rows"] == 4 and m["learner/rows_padded"] == 6
     assert m["batch/packed_rows"] == 6 and m["learner/micro_batches"] == 3
-    assert m["learner/logprob_rows"] == 4 and m["learner/logprob_rows_padded"] == 6
+    assert m["learner/logprob_rows"] == 4 and m["learner/logprob_rows_padded"] == padded
+    assert m["learner/logprob_calls"] == calls
     assert m["learner/token_space_rows"] == 16 and m["batch/real_tokens"] == 360
+
+
+def test_tail_calls_change_neither_the_log_probs_nor_the_update():
+    """30 trajectories in ~10 packed rows: log-prob calls of 8 rows then tail calls of 2
+    (``[8, 2]``) against calls of 2 rows only; the same micro-batches of 2 in the optimiser
+    steps. The same parameters and metrics (the sampler-vs-learner log-prob comparison reads
+    the pass's log-probs)."""
+    batch = tiny_batch(7, 30, 40)
+    cfg = CFG.replace(mini_batches=2)
+    a = tiny_learner(cfg.replace(logprob_batch_size=8), seed=2)
+    b = tiny_learner(cfg.replace(logprob_batch_size=2), seed=2)
+    ma = a.update(batch, UpdateOptions(log=False))
+    mb = b.update(batch, UpdateOptions(log=False))
+    assert ma["learner/logprob_rows_padded"] % 8 != 0  # the pass ran a tail call
+    assert ma["learner/logprob_calls"] < mb["learner/logprob_calls"]
+    for k in (k for k in ma if not k.startswith(("perf/", "learner/logprob_calls"))):
+        np.testing.assert_allclose(ma[k], mb[k], rtol=2e-5, atol=1e-6, err_msg=k)
+    for x, y in zip(jax.tree.leaves(a.params), jax.tree.leaves(b.params), strict=True):
+        np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=2e-5, atol=1e-7)

@@ -6,7 +6,8 @@ after the engine's start-up, the step-0 evaluation and the first rollout. With p
 (``learner.pack_length``) their shapes do not depend on the batch:
 
     packed log-prob pass   (params, tokens, segment_ids, positions [logprob_batch_size, P]
-                            and, with the scored LM head, loss_mask)
+                            and, with the scored LM head, loss_mask; and the same at
+                            [micro_batch_size, P], its tail calls: token_space.py)
     gradient accumulation  (params, grad_sum, metric_sum, micro [micro_batch_size, P], share)
     optimiser apply        (params, opt_state, grad_sum)
 
@@ -34,6 +35,7 @@ import numpy as np
 
 from agentrl_jax import compile_notice
 from agentrl_jax.algorithms import is_supervised
+from agentrl_jax.learner.token_space import logprob_call_rows
 
 #: float32 per-token keys of a packed policy micro-batch (``packed_step.py``), and its int32
 #: keys (``option_counts`` only with per-turn option limits)
@@ -85,21 +87,24 @@ def compile_first_update(learner: Any, sampler_logprobs: bool = True,
     def rows_of(n: int, dtype: Any) -> jax.ShapeDtypeStruct:
         return jax.ShapeDtypeStruct((n, cfg.pack_length), dtype, sharding=rows)
 
-    n_lp = learner.logprob_batch_size
     # the scored LM head's capacity as it stands (scored.py): the first update compiles
     # another only where a packed row holds more scored tokens than it
     capacity = learner.scored_capacity.current(cfg.pack_length)
-    lp_args = (rows_of(n_lp, np.int32), rows_of(n_lp, np.int32), rows_of(n_lp, np.int32))
-    if capacity is not None:
-        lp_args += (rows_of(n_lp, np.float32),)  # the loss mask
-    if option_counts:
-        lp_args += (rows_of(n_lp, np.int32),)
-    calls: list[tuple[Callable[..., Any], tuple]] = [
-        (learner.packed_logprob_fn(str(jax.tree.leaves(learner.params)[0].dtype), capacity,
-                                   option_counts), (params, *lp_args))]
-    if learner.ref_params is not None:
-        calls.append((learner.packed_logprob_fn(cfg.reference_dtype, capacity, option_counts),
-                      (_abstract(learner.ref_params), *lp_args)))
+    calls: list[tuple[Callable[..., Any], tuple]] = []
+    # the log-prob pass's call shapes: full calls and the tail's (token_space.py)
+    for n_lp in sorted(set(logprob_call_rows(learner.logprob_batch_size,
+                                             cfg.micro_batch_size))):
+        lp_args = (rows_of(n_lp, np.int32), rows_of(n_lp, np.int32), rows_of(n_lp, np.int32))
+        if capacity is not None:
+            lp_args += (rows_of(n_lp, np.float32),)  # the loss mask
+        if option_counts:
+            lp_args += (rows_of(n_lp, np.int32),)
+        calls.append((learner.packed_logprob_fn(str(jax.tree.leaves(learner.params)[0].dtype),
+                                                capacity, option_counts), (params, *lp_args)))
+        if learner.ref_params is not None:
+            calls.append((learner.packed_logprob_fn(cfg.reference_dtype, capacity,
+                                                    option_counts),
+                          (_abstract(learner.ref_params), *lp_args)))
     mb = cfg.micro_batch_size
     micro = {k: rows_of(mb, np.int32 if k in _INT_KEYS else np.float32) for k in keys}
     steps = learner.packed_steps(keys, capacity)

@@ -41,7 +41,7 @@ from agentrl_jax.learner.config import LearnerConfig, bucket_length
 from agentrl_jax.learner.jit_cache import cached
 from agentrl_jax.learner.packing import pack, pack_index, plan_packing, segment_layout, unpack_index
 from agentrl_jax.learner.scored import row_counts
-from agentrl_jax.learner.token_space import packed_token_space
+from agentrl_jax.learner.token_space import call_sizes, logprob_call_rows, packed_token_space
 from agentrl_jax.learner.train_step import minibatch_sharding, pass_rows
 from agentrl_jax.sharding.placement import (agree_max, allgather_rows, place_global,
                                             place_process_local, to_host_tree)
@@ -273,7 +273,9 @@ class PackedRows:
         self.filled_rows = 0  # of which rows holding tokens
         self.micro_batches = 0  # accumulate calls over the epochs
         self.counts = row_counts(batch.loss_mask)  # scored tokens per source row
-        self.plan = self.pack_plan(np.arange(self.b), lr.logprob_batch_size)
+        # the log-prob pass's call shapes: full calls, then micro-batch-sized ones
+        self.calls = logprob_call_rows(lr.logprob_batch_size, cfg.micro_batch_size)
+        self.plan = self.pack_plan(np.arange(self.b), self.calls[1])
         self.capacity = self.scored_capacity(self.plan)  # of the log-prob pass
 
     def pack_plan(self, rows: np.ndarray, row_multiple: int) -> Any:
@@ -310,12 +312,13 @@ class PackedRows:
     def forward(self, fn, params, placed: Arrays, scored: bool = False) -> jax.Array:
         """``fn(params, tokens, segment_ids, positions)`` (``scored``: and ``loss_mask``; then
         ``option_counts`` where the batch has them; packed on the device like the tokens) over
-        the whole batch packed in ``[logprob_batch_size, pack_length]`` calls -> token-space
-        ``[B, T]``. Each call's output goes to its tokens' places at once
+        the whole batch packed in ``[logprob_batch_size, pack_length]`` calls, the rest in
+        ``[micro_batch_size, pack_length]`` ones (``token_space.logprob_call_rows``) ->
+        token-space ``[B, T]``. Each call's output goes to its tokens' places at once
         (:func:`_unpack_into`), so no program's shape depends on how many packed rows the
         batch makes."""
         lr = self.learner
-        n, plan = lr.logprob_batch_size, self.plan
+        plan = self.plan
         src = pack_index(plan, np.arange(self.b), self.t)
         seg, pos = segment_layout(plan)
         sh = lr.row_sharding()
@@ -324,7 +327,8 @@ class PackedRows:
         unpack = _unpack_into(lr.mesh, rep)
         index = place_global(unpack_index(plan, self.t), rep)
         out = None
-        for s in range(0, plan.num_rows, n):
+        s = 0
+        for n in call_sizes(plan.num_rows, *self.calls):
             tokens = pack_dev(placed["tokens"], src[s:s + n])
             mask = (pack_dev(placed["loss_mask"], src[s:s + n]),) if scored else ()
             if "option_counts" in placed:  # packed like the tokens (padding: 0, no limit)
@@ -334,6 +338,7 @@ class PackedRows:
             if out is None:
                 out = jnp.zeros(index.shape, chunk.dtype, device=rep)
             out = unpack(out, chunk, index, np.int32(s * plan.pack_length))
+            s += n
         return out
 
     def optimiser_steps(self, per_token: Arrays, order: jax.Array, train_policy: bool = True,
@@ -397,7 +402,8 @@ class PackedRows:
         ``learner/rows`` packed rows holding tokens, ``learner/rows_padded`` the rows run (each
         mini-batch's rounded up to whole micro-batches; ``batch/packed_rows`` too),
         ``learner/micro_batches`` the accumulate calls, ``learner/logprob_rows`` /
-        ``_padded`` the same for the log-prob pass (whole ``logprob_batch_size`` calls) and
+        ``_padded`` the same for the log-prob pass (``learner/logprob_calls`` calls of
+        ``logprob_batch_size`` rows, then of ``micro_batch_size`` rows) and
         ``learner/token_space_rows`` the rows of the token space (``token_space.py``)."""
         cfg = self.config
         return {"batch/packed_rows": float(self.packed_rows / cfg.epochs),
@@ -406,6 +412,8 @@ class PackedRows:
                 "learner/micro_batches": float(self.micro_batches / cfg.epochs),
                 "learner/logprob_rows": float(self.plan.used_rows),
                 "learner/logprob_rows_padded": float(self.plan.num_rows),
+                "learner/logprob_calls": float(len(call_sizes(self.plan.num_rows,
+                                                              *self.calls))),
                 "learner/token_space_rows": float(self.b),
                 "batch/padded_length": float(cfg.pack_length),
                 "batch/packing_efficiency": self.plan.efficiency,

@@ -61,4 +61,27 @@ def packed_token_space(rows: int, length: int, config: LearnerConfig,
     return b, max(int(length), int(config.pack_length))
 
 
-__all__ = ["PackedTokenRows", "packed_token_space", "power_of_two_rows"]
+def logprob_call_rows(logprob_batch_size: int, micro_batch_size: int) -> tuple[int, int]:
+    """``(full, tail)``: the row counts of the packed log-prob pass's two call shapes. The
+    pass runs calls of ``full = logprob_batch_size`` rows while that many rows are left, then
+    calls of ``tail = micro_batch_size`` rows (a row count the train step already holds in
+    memory, forward and backward) for the rest, so the pack plan is rounded up to a multiple
+    of ``tail``, not ``full``: 17 filled rows run as 16 + 4 rows instead of 32. Both shapes are
+    compiled ahead (``ahead.py``). ``tail == full`` (one shape, the plan rounded to ``full``)
+    where ``micro_batch_size`` is not a smaller divisor of ``logprob_batch_size``."""
+    full, micro = int(logprob_batch_size), int(micro_batch_size)
+    return full, (micro if micro < full and full % micro == 0 else full)
+
+
+def call_sizes(num_rows: int, full: int, tail: int) -> list[int]:
+    """The calls over ``num_rows`` packed rows (a multiple of ``tail``): ``full`` rows at a
+    time while that many are left, then ``tail`` rows at a time, e.g. ``(28, 16, 4) ->
+    [16, 4, 4, 4]``."""
+    if num_rows % tail:
+        raise ValueError(f"{num_rows} packed rows are not a multiple of the tail call's {tail}")
+    n_full = num_rows // full
+    return [full] * n_full + [tail] * ((num_rows - n_full * full) // tail)
+
+
+__all__ = ["PackedTokenRows", "call_sizes", "logprob_call_rows", "packed_token_space",
+           "power_of_two_rows"]
