@@ -131,12 +131,15 @@ def use_choice(c: ConfigDict, *, list_actions: bool,
     options and a policy restricted to the letters, per family, at step 0"). The options block
     is the only action list a prompt shows (``agent.actions_in_observation`` False: no BabyAI
     "Available actions" line, no server "Valid actions" line), so the actions are not paid for
-    twice in every turn's tokens."""
+    twice in every turn's tokens. A turn with n options samples only the first n letters
+    (``agent.option_limits``: the engine and the learner restrict that turn's tokens alike), so
+    a letter past the last option, a parser failure, cannot be sampled."""
     c.rollout.parser = "choice"
     c.agent.prompt_style = "choice"
     c.agent.response_prefix = "Action:"
     c.agent.list_valid_actions = len(CHOICE_LABELS) if list_actions else 0
     c.agent.actions_in_observation = False
+    c.agent.option_limits = True
     c.model.output_tokens = output_tokens
     c.rollout.max_new_tokens = 1
     c.rollout.decode_steps = 1

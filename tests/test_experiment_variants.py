@@ -168,16 +168,18 @@ def test_choice_gpu_is_grpo_gpu_answering_with_a_restricted_letter(family, lists
     """``choice_gpu`` changes only the answer format of ``grpo_gpu`` (so the two compare at
     equal schedule, learner and evaluation): lettered options, one-token replies restricted to
     " a" .. " z" (each one token of SmolLM2's tokenizer), the server's listed valid actions
-    where the observation has none (ScienceWorld, TextCraft, web navigation), and no action
-    list in the observation text beside the options block (``agent.actions_in_observation``)."""
+    where the observation has none (ScienceWorld, TextCraft, web navigation), no action
+    list in the observation text beside the options block (``agent.actions_in_observation``),
+    and each turn restricted to its listed options' letters (``agent.option_limits``)."""
     from agentrl_jax.training.preflight.validate import output_token_problems
 
     grpo, choice = flat(load(f"{family}:grpo_gpu")), flat(load(f"{family}:choice_gpu"))
     changed = {k for k in grpo if grpo[k] != choice.get(k)}
     assert changed == {"rollout.parser", "agent.prompt_style", "model.output_tokens",
                        "rollout.max_new_tokens", "rollout.decode_steps",
-                       "agent.actions_in_observation",
+                       "agent.actions_in_observation", "agent.option_limits",
                        *(["agent.list_valid_actions"] if lists else [])}
+    assert (grpo["agent.option_limits"][0], choice["agent.option_limits"][0]) == (False, True)
     assert (grpo["agent.actions_in_observation"][0], choice["agent.actions_in_observation"][0]) \
         == (True, False)
     assert choice["model.output_tokens"][0] == [" " + c for c in "abcdefghijklmnopqrstuvwxyz"]

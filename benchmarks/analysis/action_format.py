@@ -38,7 +38,9 @@ Styles (``--styles``, comma-separated; :data:`STYLES`):
 * ``choice_space_letters``: the same restricted to the space-prefixed tokens ``" a".." z"`` (the
   natural next token after ``"Action:"``);
 * ``choice_options_only``: ``choice_space_letters`` with no action list in the observation text
-  (``agent.actions_in_observation=False``: the options block is the only list; ``use_choice``).
+  (``agent.actions_in_observation=False``: the options block is the only list);
+* ``choice_option_limits``: ``choice_options_only`` with each turn restricted to the letters of
+  its listed options (``agent.option_limits``): ``use_choice``, so ``choice_gpu``.
 
 CPU-friendly defaults: 16 episodes of 3 turns, ``max_context`` 2048 (``--experiment``: its own).
 Prints one line per style and, with ``--json``, writes the numbers.
@@ -80,6 +82,7 @@ class AnswerStyle:
     output_tokens: str | tuple[str, ...] = ""
     list_actions: bool = False
     actions_in_observation: bool = True  # False: the options block is the only action list
+    option_limits: bool = False  # True: a turn samples only its listed options' letters
 
 
 #: the option letters as space-prefixed tokens: " a", " b", ... (SmolLM2: one token each)
@@ -98,6 +101,9 @@ STYLES: dict[str, AnswerStyle] = {
     "choice_options_only": AnswerStyle("choice", "Action:", 1, None, "choice",
                                        output_tokens=SPACE_LETTERS, list_actions=True,
                                        actions_in_observation=False),
+    "choice_option_limits": AnswerStyle("choice", "Action:", 1, None, "choice",
+                                        output_tokens=SPACE_LETTERS, list_actions=True,
+                                        actions_in_observation=False, option_limits=True),
 }
 
 
@@ -283,6 +289,7 @@ def style_config(args: argparse.Namespace, style: str) -> RunConfig:
     c.model.output_tokens = s.output_tokens
     c.agent.list_valid_actions = len(CHOICE_LABELS) if s.list_actions else 0
     c.agent.actions_in_observation = s.actions_in_observation
+    c.agent.option_limits = s.option_limits
     return to_run_config(c)
 
 
