@@ -151,22 +151,34 @@ def compile_ahead(calls: Sequence[tuple[Callable[..., Any], tuple]],
     runs without compiling. XLA compiles outside the GIL, so distinct shapes (an engine's prefill
     buckets) compile side by side instead of one after another. Nothing is donated or
     changed: the arguments may be the live buffers a later call will use."""
+    return len(compile_ahead_timed(calls, workers))
+
+
+def compile_ahead_timed(calls: Sequence[tuple[Callable[..., Any], tuple]],
+                        workers: int | None = None) -> list[float]:
+    """:func:`compile_ahead`, returning the seconds each call's ``lower().compile()`` took
+    (in ``calls``' order; with several threads they overlap, so their sum exceeds the wall
+    time, which is about the longest of them when the CPU has a core per thread).
+
+    A failure of one call is raised here (the first failing call's, in ``calls``' order) once
+    every thread has finished: the others compile to the end, none is left running."""
     import concurrent.futures
     import os
 
-    def one(call: tuple[Callable[..., Any], tuple]) -> None:
+    def one(call: tuple[Callable[..., Any], tuple]) -> float:
         fn, args = call
+        t0 = time.monotonic()
         with quiet():
             fn.lower(*args).compile()
+        return time.monotonic() - t0
 
     calls = list(calls)
     if not calls:
-        return 0
+        return []
     n = workers or min(len(calls), os.cpu_count() or 1)
     if n <= 1:
-        for call in calls:
-            one(call)
-    else:
-        with concurrent.futures.ThreadPoolExecutor(n, thread_name_prefix="compile") as pool:
-            list(pool.map(one, calls))  # re-raises the first failure
-    return len(calls)
+        return [one(call) for call in calls]
+    with concurrent.futures.ThreadPoolExecutor(n, thread_name_prefix="compile") as pool:
+        futures = [pool.submit(one, call) for call in calls]
+    # the pool's exit waited for every call; result() re-raises a call's failure
+    return [f.result() for f in futures]

@@ -19,7 +19,6 @@ call it in the same order.
 
 from __future__ import annotations
 
-import json
 from typing import Any, Mapping
 
 import jax
@@ -30,17 +29,17 @@ from jax.sharding import Mesh
 
 from agentrl_jax.learner.batch import RolloutBatch, UpdateOptions
 from agentrl_jax.learner.checkpoint import Checkpointer
-from agentrl_jax.learner.config import LearnerConfig, model_attention_impl
+from agentrl_jax.learner.config import LearnerConfig
 from agentrl_jax.learner.jit_cache import cached
 from agentrl_jax.learner.critic import ValueModel, critic_from_policy
 from agentrl_jax.learner.metrics import MetricsWriter, Throughput
-from agentrl_jax.learner.offload import (init_opt_state, offload_parts, opt_state_shardings,
-                                         require_host_memory)
+from agentrl_jax.learner.offload import init_opt_state, offload_parts, opt_state_shardings
 from agentrl_jax.learner.optim import make_optimizer
 from agentrl_jax.learner import passes
 from agentrl_jax.learner.packed_step import PackedSteps
 from agentrl_jax.learner.passes import announced
 from agentrl_jax.learner.scored import ScoredCapacity
+from agentrl_jax.learner.shapes import LearnerShapes
 from agentrl_jax.learner.token_space import PackedTokenRows
 from agentrl_jax.learner.train_step import make_train_step, minibatch_sharding
 from agentrl_jax.learner.update import UpdatePipeline
@@ -49,7 +48,7 @@ from agentrl_jax.models.llama import CausalLM
 from agentrl_jax.sharding.mesh import mesh_from_config
 from agentrl_jax.sharding.placement import (agree_max, check_process_local_layout,
                                             place_global, place_process_local)
-from agentrl_jax.sharding.rules import BATCH_AXES, batch_sharding, state_shardings
+from agentrl_jax.sharding.rules import batch_sharding, state_shardings
 
 Batch = Mapping[str, Any]
 
@@ -106,34 +105,16 @@ class Learner:
             config = LearnerConfig.from_dict(config)
         self.config = config
         self.mesh = mesh if mesh is not None else mesh_from_config(config.mesh)
-        batch_shards = int(np.prod([self.mesh.shape[a] for a in BATCH_AXES]))
-        self.batch_shards = batch_shards
-        if config.micro_batch_size % batch_shards:
-            raise ValueError(f"micro_batch_size={config.micro_batch_size} must be a multiple of "
-                             f"the data x fsdp mesh size {batch_shards}")
-        # default rows per forward-only call: a micro-batch; on CPU one row per batch shard, so
-        # that the padding rows of a padded batch form calls of their own, which are skipped
-        on_cpu = self.mesh.devices.flat[0].platform == "cpu"
-        self.logprob_batch_size = config.logprob_batch_size or (
-            batch_shards if on_cpu else config.micro_batch_size)
-        if self.logprob_batch_size % batch_shards:
-            raise ValueError(f"logprob_batch_size={self.logprob_batch_size} must be a multiple "
-                             f"of the data x fsdp mesh size {batch_shards}")
-
-        # --- policy: compute-dtype graph + the model's float32 parameters, sharded
-        self.model_config: ModelConfig = model.cfg.replace(
-            dtype=config.dtype, remat=config.remat, remat_policy=config.remat_policy,
-            attention_impl=model_attention_impl(config.attention_impl))
-        self.graphdef = nnx.split(_abstract(lambda: CausalLM(self.model_config, nnx.Rngs(0))),
-                                  nnx.Param)[0]
+        # what the programs are compiled for (shapes.py): graph, shardings, optimiser
         params = nnx.state(model, nnx.Param)
-        self.param_shardings = state_shardings(params, self.mesh)
-        if config.offload_optimizer_state:  # fail before any state is built
-            require_host_memory(self.mesh)
-        self.tx, self.schedule = make_optimizer(config)
-        # offload_optimizer_state: the same shardings in pinned host memory (offload.py)
-        self.opt_shardings = opt_state_shardings(
-            config, state_shardings(jax.eval_shape(self.tx.init, params), self.mesh))
+        self.shapes = LearnerShapes.build(model.cfg, config, self.mesh, params)
+        self.batch_shards = self.shapes.batch_shards
+        self.logprob_batch_size = self.shapes.logprob_batch_size
+        self.model_config: ModelConfig = self.shapes.model_config
+        self.graphdef = self.shapes.graphdef
+        self.param_shardings = self.shapes.param_shardings
+        self.tx, self.schedule = self.shapes.tx, self.shapes.schedule
+        self.opt_shardings = self.shapes.opt_shardings
 
         # reference and critic are built from the model before its buffers can be donated
         self.ref_params = None
@@ -177,32 +158,27 @@ class Learner:
         self.writer = MetricsWriter(log_dir, metrics_jsonl) if (log_dir or metrics_jsonl) else None
         self.throughput = Throughput(self.model_config, num_devices=self.mesh.size,
                                      device_kind=self.mesh.devices.flat[0].device_kind)
-        self.cfg_key = json.dumps(config.to_dict(), sort_keys=True, default=str)
+        self.cfg_key = self.shapes.cfg_key
 
     # ------------------------------------------------------------------ jitted functions
     def logprob_fn(self, params_dtype: str, capacity: int | None = None,
                    with_options: bool = False):
         """``passes.logprob_fn`` for parameters of ``params_dtype``."""
-        return passes.logprob_fn(self.graphdef, self.mesh, self.param_shardings, self.config,
-                                 params_dtype, capacity, with_options)
+        return self.shapes.logprob_fn(params_dtype, capacity, with_options)
 
     def packed_logprob_fn(self, params_dtype: str, capacity: int | None = None,
                           with_options: bool = False):
         """``passes.packed_logprob_fn`` for parameters of ``params_dtype``."""
-        return passes.packed_logprob_fn(self.graphdef, self.mesh, self.param_shardings,
-                                        self.config, params_dtype, capacity, with_options)
+        return self.shapes.packed_logprob_fn(params_dtype, capacity, with_options)
 
     def row_sharding(self):
         """``[rows, T]`` arrays: rows over data x fsdp."""
-        return batch_sharding(self.mesh, 2)
+        return self.shapes.row_sharding()
 
     def packed_steps(self, batch_keys: tuple[str, ...], capacity: int | None = None
                      ) -> PackedSteps:
-        key = ("packed", self.graphdef, self.cfg_key, self.mesh, batch_keys, capacity)
-        return cached(key, lambda: PackedSteps(
-            config=self.config, mesh=self.mesh, graphdef=self.graphdef, tx=self.tx,
-            param_shardings=self.param_shardings, opt_shardings=self.opt_shardings,
-            batch_keys=batch_keys, scored_capacity=capacity))
+        """``LearnerShapes.packed_steps``."""
+        return self.shapes.packed_steps(batch_keys, capacity)
 
     def value_fn(self):
         """``passes.value_fn`` of the critic."""

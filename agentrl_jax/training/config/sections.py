@@ -206,8 +206,9 @@ class TrainConfig(Section):
     eval_before: bool = setting(True)
     eval_after: bool = setting(True)
     max_staleness: int = setting(0, ge=0)  # >= 1: next rollout overlaps the update
-    # on accelerators, compile the first update's large programs on a background thread while
-    # the engine starts and the first rollout runs (learner/ahead.py); the first update then
+    # on accelerators, compile the first update's large programs on background threads while
+    # the model loads, the engine starts and the first rollout runs (learner/ahead.py); the
+    # first update then
     # takes its compile out of train.max_seconds, so runs compared at equal wall time must agree
     compile_ahead: bool = setting(True)
     # drop groups whose samples all scored the same (group advantages are 0 there; see

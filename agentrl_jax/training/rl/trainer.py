@@ -244,6 +244,13 @@ class Trainer:
                         cfg, stack, on_event=lambda line: log.warning("%s", line), say=say)
                 say(services.describe_urls(urls))
                 clients = services.make_env_clients(urls, cfg, astack)
+                # the first update's large programs compile on a background thread from the
+                # model's config, beside the model load, the engine's start-up, the step-0
+                # evaluation and the first rollout (on CPU they would take the cores those need)
+                compile_ahead = (cfg.train.compile_ahead and not self.multi_process
+                                 and jax.default_backend() != "cpu")
+                if compile_ahead:
+                    self._ahead_compile = self._compile_before_load(say)
                 with timed(say, "loading model "
                            + model_label(cfg.model.name, cfg.model.random_init)):
                     learner, model, tokenizer, model_path = load_learner(
@@ -291,13 +298,11 @@ class Trainer:
                 # the packed update's token-space rows (learner/token_space.py): the most
                 # episodes a step hands over, so no update compiles its small programs again
                 learner.token_rows.reserve(cfg.train.tasks_per_step * cfg.train.samples_per_task)
-                if (cfg.train.compile_ahead and not self.multi_process
-                        and jax.default_backend() != "cpu"):
-                    # the first update's large programs compile on a background thread beside
-                    # the engine's start-up, the step-0 evaluation and the first rollout (on CPU
-                    # they would take the cores those need)
-                    self._ahead_compile = AheadCompile(
-                        learner, say, option_counts=cfg.agent.option_limits)
+                if compile_ahead:  # those of the loaded learner (the description may be wrong)
+                    self._ahead_compile = (self._ahead_compile.for_loaded(learner)
+                                           if self._ahead_compile is not None
+                                           else AheadCompile(learner, say, option_counts=(
+                                               cfg.agent.option_limits)))
                 with timed(say, f"starting rollout backend {cfg.rollout.backend}"):
                     backend = services.make_backend(cfg, policy, tokenizer, model_path)
                 astack.push_async_callback(services.close_backend, backend)
@@ -326,6 +331,23 @@ class Trainer:
                     return await loop
                 # a failed background save stops the run at once (storage.watched)
                 return await storage.watched(loop, learner.checkpointer.check)
+
+    def _compile_before_load(self, say: Any) -> AheadCompile | None:
+        """The first update's compile started from the learner the config describes
+        (``policy.abstract_learner``), before its weights load; ``None`` where it cannot be
+        described (logged; the compile then starts from the loaded learner)."""
+        from agentrl_jax.learner.ahead import AheadCompile
+        from agentrl_jax.training.runtime.policy import abstract_learner
+
+        try:
+            described = abstract_learner(self.config)
+        except Exception as e:  # noqa: BLE001 - the model load reports what is wrong
+            log.warning("compile ahead: no learner described before the model load (%r)", e)
+            return None
+        described.scored_capacity.reserve(
+            scored_tokens_bound(self.schedule, self.config.rollout.max_new_tokens))
+        return AheadCompile(described, say, option_counts=self.config.agent.option_limits,
+                            beside="the model load, the engine's start-up and the first rollout")
 
     async def train(self, learner: Learner, backend: RolloutBackend, pool: ActorPool,
                     sampler: TaskSampler, eval_tasks: list[TaskRef],

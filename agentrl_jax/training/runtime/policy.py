@@ -70,6 +70,35 @@ def random_model_config(shape: Any, tokenizer: Any, dtype: str) -> Any:
                        **{"vocab_size": len(tokenizer), **dict(shape)})
 
 
+def policy_config(config: RunConfig) -> Any:
+    """The ``ModelConfig`` of the policy :func:`load_policy` would load for ``config``, read
+    without any weight (the checkpoint's config.json or GGUF header, or the random shape over
+    the tokenizer; restricted to ``model.output_tokens`` as ``load_policy`` restricts it)."""
+    from agentrl_jax.models.pretrained import load_model_config, resolve_model_path
+    from agentrl_jax.models.tokenizer import load_tokenizer
+
+    mc = config.model
+    tokenizer = (load_tokenizer(resolve_model_path(mc.name))
+                 if mc.random_init or mc.output_tokens else None)
+    if mc.random_init:
+        cfg = random_model_config(mc.random_init, tokenizer, mc.dtype)
+    else:
+        cfg = load_model_config(mc.name, dtype=mc.dtype)
+    if mc.output_tokens:
+        cfg = cfg.restricted_to(tokenizer, mc.output_tokens)
+    return cfg
+
+
+def abstract_learner(config: RunConfig) -> Any:
+    """The one-process ``Learner`` :func:`load_learner` would build, before its weights
+    (``learner.shapes.AbstractLearner``: shapes, dtypes and shardings only)."""
+    from agentrl_jax.learner.shapes import AbstractLearner
+    from agentrl_jax.sharding.mesh import mesh_from_config
+
+    settings = services.learner_settings(config)
+    return AbstractLearner(policy_config(config), settings, mesh_from_config(settings.mesh))
+
+
 def load_learner(config: RunConfig, checkpoint_dir: str | None = None, max_to_keep: int = 3,
                  multi_process: bool = False) -> tuple[Any, Any, Any, str | None]:
     """(learner, model, tokenizer, model_path): the policy of ``config.model`` and the
