@@ -41,7 +41,8 @@ def compile_once(config: str, pack_length: int, workers: int) -> dict:
     described.scored_capacity.reserve(scored_tokens_bound(
         HorizonSchedule.from_config(run.horizon), run.rollout.max_new_tokens))
     t0 = time.monotonic()
-    seconds = compile_first_update(described, workers=workers or None)
+    seconds = compile_first_update(described, workers=workers or None,
+                                   option_counts=run.agent.option_limits)
     return {"workers": workers, "wall_s": round(time.monotonic() - t0, 2),
             "programs_s": {k: round(v, 2) for k, v in seconds.items()},
             "cpu_count": os.cpu_count()}
