@@ -18,12 +18,13 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
+from fake_backends import QuietBackend
 from agentrl_jax.agent.actor_pool import ActorPool, TaskRef
 from agentrl_jax.agent.chat import ChatFormatter, SegmentEncoder
 from agentrl_jax.agent.parsing import get_parser
 from agentrl_jax.models.pretrained import resolve_model_path
 from agentrl_jax.models.tokenizer import load_tokenizer
-from agentrl_jax.rollout.contract import GenerateResult, RolloutBackend, SamplingParams
+from agentrl_jax.rollout.contract import GenerateResult, SamplingParams
 from agentrl_jax.training.outputs.progress import OFF, EpisodeProgress, TurnCounter
 from environments.core.client import EnvClient, EnvServerError
 from agentrl_common.processes import start_env_server
@@ -48,7 +49,7 @@ def babyai():
     server.stop()
 
 
-class SeededBackend(RolloutBackend):
+class SeededBackend(QuietBackend):
     """`` <action>`` + EOS (or, one turn in five, a reply without EOS or without an action),
     chosen by the request's sampling seed; logprobs a function of seed and position."""
 
@@ -68,15 +69,6 @@ class SeededBackend(RolloutBackend):
                               output_logprobs=[-((sampling.seed >> i) % 1000) / 997.0
                                                for i in range(len(ids))],
                               finish_reason="stop", prompt_tokens=len(input_ids))
-
-    async def update_weights(self, params=None, *, path=None, version=None):
-        return None
-
-    async def health(self):
-        return True
-
-    async def aclose(self):
-        return None
 
 
 async def _collect(tokenizer, url, fast: bool, tasks, n_samples=2, horizon=7, seed=11):

@@ -12,13 +12,14 @@ import re
 
 import pytest
 
+from fake_backends import QuietBackend
 from agentrl_jax.agent.episode import Episode
 from agentrl_jax.agent.chat import ChatFormatter
 from agentrl_jax.agent.parsing import (INVALID_FORMAT_FEEDBACK, get_parser, options_block,
                                        parse_choice, takes_options)
 from agentrl_jax.models.pretrained import resolve_model_path
 from agentrl_jax.models.tokenizer import load_tokenizer
-from agentrl_jax.rollout.contract import GenerateResult, RolloutBackend, SamplingParams
+from agentrl_jax.rollout.contract import GenerateResult, SamplingParams
 from agentrl_jax.training.runtime import services
 from agentrl_jax.training.config.experiment import base_config, to_run_config
 from agentrl_jax.training.preflight.validate import ConfigError, check_config
@@ -63,7 +64,7 @@ def test_options_block_and_registry():
     assert not takes_options(get_parser("react"))
 
 
-class ScriptedBackend(RolloutBackend):
+class ScriptedBackend(QuietBackend):
     """Replies with the given texts in order (one per turn), each ending with EOS."""
 
     name = "scripted"
@@ -78,15 +79,6 @@ class ScriptedBackend(RolloutBackend):
         ids = self.replies[len(self.prompts) - 1]
         return GenerateResult(output_ids=ids, output_logprobs=[-1.0] * len(ids),
                               finish_reason="stop", prompt_tokens=len(input_ids))
-
-    async def update_weights(self, params=None, *, path=None, version=None):
-        return None
-
-    async def health(self):
-        return True
-
-    async def aclose(self):
-        return None
 
 
 @pytest.fixture(scope="module")

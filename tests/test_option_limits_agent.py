@@ -15,12 +15,13 @@ import re
 import numpy as np
 import pytest
 
+from fake_backends import QuietBackend
 from agentrl_jax.agent.chat import ChatFormatter
 from agentrl_jax.agent.episode import Episode
 from agentrl_jax.agent.parsing import get_parser
 from agentrl_jax.models.pretrained import resolve_model_path
 from agentrl_jax.models.tokenizer import load_tokenizer
-from agentrl_jax.rollout.contract import GenerateResult, RolloutBackend, SamplingParams
+from agentrl_jax.rollout.contract import GenerateResult, SamplingParams
 from agentrl_jax.training.config.experiment import base_config, to_run_config
 from agentrl_jax.training.rl.batching import assemble_batch
 from agentrl_common.processes import start_env_server
@@ -31,7 +32,7 @@ pytestmark = pytest.mark.timeout(120)
 TASK = "BabyAI-GoToRedBallNoDists-v0/seed=0"
 
 
-class RecordingBackend(RolloutBackend):
+class RecordingBackend(QuietBackend):
     """Replies with the given one-token texts in order and records each turn's sampling."""
 
     name = "recording"
@@ -45,15 +46,6 @@ class RecordingBackend(RolloutBackend):
         self.sampling.append(sampling)
         return GenerateResult(output_ids=ids, output_logprobs=[-0.5] * len(ids),
                               finish_reason="length", prompt_tokens=len(input_ids))
-
-    async def update_weights(self, params=None, *, path=None, version=None):
-        return None
-
-    async def health(self):
-        return True
-
-    async def aclose(self):
-        return None
 
 
 @pytest.fixture(scope="module")
