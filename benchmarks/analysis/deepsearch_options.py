@@ -56,7 +56,8 @@ RESPONSE_PREFIX = "Action:"
 
 
 class CachedSearch:
-    """``search(query)``: the passages the environment returns (its retriever, ``PASSAGES``), cached."""
+    """``search(query)``: the passages the environment returns (its retriever,
+    ``PASSAGES``), cached."""
 
     def __init__(self, backend: SearchBackend) -> None:
         self.backend = backend
@@ -71,8 +72,14 @@ class CachedSearch:
         return [p for p, _ in self.results(query)]
 
 
-def walk(question: str, search: CachedSearch, formatter: ChatFormatter, system: str,
-         rng: random.Random, turns: int) -> dict[str, Any]:
+def walk(
+    question: str,
+    search: CachedSearch,
+    formatter: ChatFormatter,
+    system: str,
+    rng: random.Random,
+    turns: int,
+) -> dict[str, Any]:
     """One question's walk (module docstring): the context in tokens after each turn ``[turns]``
     and the options block's tokens and options at each turn."""
     searched: list[str] = []
@@ -82,7 +89,11 @@ def walk(question: str, search: CachedSearch, formatter: ChatFormatter, system: 
     first = first_user_message(f"Question: {question}\n{options_block(listed)}")
     context = len(formatter.prompt_ids(system, first)) + len(prefix)
     reply = formatter.encode_text(" a")  # one letter token, as the restricted policy replies
-    block_tokens, block_options, contexts = [len(formatter.encode_text(options_block(listed)))], [len(listed)], []
+    block_tokens, block_options, contexts = (
+        [len(formatter.encode_text(options_block(listed)))],
+        [len(listed)],
+        [],
+    )
     for _ in range(turns):
         queries = [parse_tool_call(a)[1] for a in listed if parse_tool_call(a)[0] == "search"]
         if not queries:
@@ -92,15 +103,18 @@ def walk(question: str, search: CachedSearch, formatter: ChatFormatter, system: 
         searched, seen = after_search(searched, seen, query, [p for p, _ in results])
         listed = admissible_actions(question, searched, seen)
         observation = f"{format_passages(results)}\n{options_block(listed)}"
-        context += len(reply) + len(formatter.observation_ids(system, observation, reply)) + len(prefix)
+        context += (
+            len(reply) + len(formatter.observation_ids(system, observation, reply)) + len(prefix)
+        )
         contexts.append(context)
         block_tokens.append(len(formatter.encode_text(options_block(listed))))
         block_options.append(len(listed))
     return {"contexts": contexts, "block_tokens": block_tokens, "block_options": block_options}
 
 
-def random_choice_solves(question: str, golden: Sequence[str], search: CachedSearch,
-                         rng: random.Random, turns: int) -> int | None:
+def random_choice_solves(
+    question: str, golden: Sequence[str], search: CachedSearch, rng: random.Random, turns: int
+) -> int | None:
     """The turn (1-based) at which a uniformly random choice among the listed options answers
     correctly, None when it answers wrongly or runs out of ``turns``."""
     searched: list[str] = []
@@ -119,40 +133,79 @@ def random_choice_solves(question: str, golden: Sequence[str], search: CachedSea
 def _stats(values: Sequence[float]) -> dict[str, float]:
     if not values:
         return {"n": 0}
-    return {"n": len(values), "mean": round(statistics.fmean(values), 1),
-            "median": statistics.median(values), "max": max(values)}
+    return {
+        "n": len(values),
+        "mean": round(statistics.fmean(values), 1),
+        "median": statistics.median(values),
+        "max": max(values),
+    }
 
 
-def measure_split(backend: SearchBackend, split: str, search: CachedSearch, formatter: ChatFormatter,
-                  system: str, seeds: int, log: Callable[[str], None]) -> dict[str, Any]:
+def measure_split(
+    backend: SearchBackend,
+    split: str,
+    search: CachedSearch,
+    formatter: ChatFormatter,
+    system: str,
+    seeds: int,
+    log: Callable[[str], None],
+) -> dict[str, Any]:
     items = [backend.items[i] for i in backend.catalog.task_ids(split)]
     t0 = time.time()
-    solved = {turns: sum(listed_oracle_solves(i.question, i.golden_answers, i.path, search, max_turns=turns)
-                         for i in items) for turns in (5, 10)}
-    walks = [walk(i.question, search, formatter, system, random.Random(f"walk/{i.id}"), 10) for i in items]
-    random_turns = [random_choice_solves(i.question, i.golden_answers, search, random.Random(f"random/{seed}/{i.id}"), 10)
-                    for i in items for seed in range(seeds)]
+    solved = {
+        turns: sum(
+            listed_oracle_solves(i.question, i.golden_answers, i.path, search, max_turns=turns)
+            for i in items
+        )
+        for turns in (5, 10)
+    }
+    walks = [
+        walk(i.question, search, formatter, system, random.Random(f"walk/{i.id}"), 10)
+        for i in items
+    ]
+    random_turns = [
+        random_choice_solves(
+            i.question, i.golden_answers, search, random.Random(f"random/{seed}/{i.id}"), 10
+        )
+        for i in items
+        for seed in range(seeds)
+    ]
     block_tokens = [t for w in walks for t in w["block_tokens"]]
     result = {
         "questions": len(items),
-        "listed_oracle_solves": {f"{t}_turns": {"solved": n, "share": round(n / len(items), 4)} for t, n in solved.items()},
+        "listed_oracle_solves": {
+            f"{t}_turns": {"solved": n, "share": round(n / len(items), 4)}
+            for t, n in solved.items()
+        },
         "options_block_tokens": _stats(block_tokens),
         "options_per_turn": _stats([n for w in walks for n in w["block_options"]]),
         "first_turn_options_block_tokens": _stats([w["block_tokens"][0] for w in walks]),
-        "context_after_turns": {str(t): _stats([w["contexts"][t - 1] for w in walks if len(w["contexts"]) >= t])
-                                for t in (1, 5, 10)},
-        "walks_over_context": sum(bool(w["contexts"]) and w["contexts"][-1] > CONTEXT for w in walks),
-        "random_choice_correct": {f"{t}_turns": round(sum(r is not None and r <= t for r in random_turns) / len(random_turns), 4)
-                                  for t in (5, 10)},
+        "context_after_turns": {
+            str(t): _stats([w["contexts"][t - 1] for w in walks if len(w["contexts"]) >= t])
+            for t in (1, 5, 10)
+        },
+        "walks_over_context": sum(
+            bool(w["contexts"]) and w["contexts"][-1] > CONTEXT for w in walks
+        ),
+        "random_choice_correct": {
+            f"{t}_turns": round(
+                sum(r is not None and r <= t for r in random_turns) / len(random_turns), 4
+            )
+            for t in (5, 10)
+        },
         "seconds": round(time.time() - t0, 1),
     }
     c = result["context_after_turns"]
-    log(f"{split:5s} {len(items)} questions: listed oracle {solved[5]}/{len(items)} (5 turns), "
-        f"{solved[10]}/{len(items)} (10 turns); options block {result['options_block_tokens'].get('mean')} tokens "
-        f"a turn (median {result['options_block_tokens'].get('median')}, max {result['options_block_tokens'].get('max')}), "
-        f"{result['options_per_turn'].get('mean')} options; context after 5 / 10 turns (median) "
-        f"{c['5'].get('median')} / {c['10'].get('median')} (max {c['10'].get('max')}); random choice correct "
-        f"{result['random_choice_correct']['5_turns']:.3f} / {result['random_choice_correct']['10_turns']:.3f}")
+    block, rand = result["options_block_tokens"], result["random_choice_correct"]
+    log(
+        f"{split:5s} {len(items)} questions: listed oracle {solved[5]}/{len(items)} (5 turns), "
+        f"{solved[10]}/{len(items)} (10 turns); options block {block.get('mean')} tokens "
+        f"a turn (median {block.get('median')}, max {block.get('max')}), "
+        f"{result['options_per_turn'].get('mean')} options; context after 5 / 10 turns "
+        f"(median) {c['5'].get('median')} / {c['10'].get('median')} (max "
+        f"{c['10'].get('max')}); random choice correct "
+        f"{rand['5_turns']:.3f} / {rand['10_turns']:.3f}"
+    )
     return result
 
 
@@ -169,12 +222,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(f"splits must be among {SPLITS} (got {unknown}) and --seeds >= 1")
     backend = SearchBackend(BackendConfig(), "search")
     formatter = ChatFormatter(load_tokenizer(resolve_model_path(args.model)))
-    system = system_prompt(INSTRUCTIONS.format(k=PASSAGES, max_steps=MAX_STEPS), "deepsearch", "choice")
+    system = system_prompt(
+        INSTRUCTIONS.format(k=PASSAGES, max_steps=MAX_STEPS), "deepsearch", "choice"
+    )
     search = CachedSearch(backend)
-    report: dict[str, Any] = {"args": vars(args), "system_prompt_tokens": len(formatter.encode_text(system)),
-                              "context": CONTEXT, "splits": {}}
+    report: dict[str, Any] = {
+        "args": vars(args),
+        "system_prompt_tokens": len(formatter.encode_text(system)),
+        "context": CONTEXT,
+        "splits": {},
+    }
     for split in splits:
-        report["splits"][split] = measure_split(backend, split, search, formatter, system, args.seeds, print)
+        report["splits"][split] = measure_split(
+            backend, split, search, formatter, system, args.seeds, print
+        )
     if args.json:
         os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
         with open(args.json, "w") as f:

@@ -46,7 +46,8 @@ def parse_tool_call(text: str) -> tuple[str, str] | None:
     actions, a first line ``search q`` / ``answer a`` (the word, case-insensitive, then the
     argument); None when there is neither."""
     text = str(text)
-    match = _TOOL_CALL.search(text) or _SHORT_CALL.fullmatch(text.strip().split("\n", 1)[0].strip())
+    first_line = text.strip().split("\n", 1)[0].strip()
+    match = _TOOL_CALL.search(text) or _SHORT_CALL.fullmatch(first_line)
     if match is None:
         return None
     return match[1].lower(), " ".join(match[2].split())
