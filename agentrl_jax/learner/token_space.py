@@ -7,9 +7,8 @@ derive program (KL, advantages, importance weights), the shuffle, the zeros the 
 unpacks into. Each compiles once per ``[B, T]``. Before, ``B`` was the batch's row count up to
 a power of two and ``T`` its length up to a length bucket, so a batch that crossed a bucket
 (72 episodes after 56: 128 rows after 64; the longest episode under 1,024 tokens after one
-over) compiled seven programs in the middle of a run: on an H200 the BabyAI update took
-~1 s longer on those steps, half of the steps of a 6-step benchmark (docs/LEARNER.md,
-"One token space a run").
+over) compiled seven programs in the middle of a run (the slow steps' timings:
+docs/PERFORMANCE.md; the mechanism: docs/LEARNER.md, "One token space a run").
 
 Now ``T`` is always ``pack_length`` (no trajectory is longer) and ``B`` is a kept row count,
 a power of two that only grows: :meth:`PackedTokenRows.reserve` (the trainer reserves the
