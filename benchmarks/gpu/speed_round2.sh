@@ -4,6 +4,7 @@
 #
 #   bash benchmarks/gpu/speed_round2.sh step  OUT [BASELINE_DIR]   # RL step, old then new
 #   bash benchmarks/gpu/speed_round2.sh parts OUT                   # update, engine, rollout
+#   bash benchmarks/gpu/speed_round2.sh dtype OUT                   # learner dtype, rollout waits
 #
 # step:  the device copy bandwidth; then benchmarks/speed/rl_step.py (--variants packed, 6 steps,
 #        --fresh-process) of BASELINE_DIR (a checkout of the code before, e.g.
@@ -15,10 +16,16 @@
 #        bandwidth measured in the same process (engine.py --bandwidth measure), and the
 #        rollout's profile (rollout_profile.py: engine busy vs idle, prefill vs decode, host,
 #        environment).
+# dtype: this tree's RL step with the recipe's float32 learner and with a bfloat16 one
+#        (`--set learner.dtype='bfloat16'`; the engine stays float32), each a fresh process, one
+#        after the other (docs/RESULTS.md: the two learn alike over three seeds); then the rollout
+#        profile with the engine's results handed over as they come and after the next decode
+#        call is launched (rollout_profile.py --variants base,deliver_late), with the engine
+#        thread's CPU and collection seconds that tell waiting from work.
 # Logs and JSON go to OUT; docs/PERFORMANCE.md quotes them with this command.
 set -u
-PART=${1:?usage: speed_round2.sh step|parts OUT [BASELINE_DIR]}
-OUT=${2:?usage: speed_round2.sh step|parts OUT [BASELINE_DIR]}
+PART=${1:?usage: speed_round2.sh step|parts|dtype OUT [BASELINE_DIR]}
+OUT=${2:?usage: speed_round2.sh step|parts|dtype OUT [BASELINE_DIR]}
 BASE=${3:-}
 HERE=$(cd "$(dirname "$0")/../.." && pwd)
 mkdir -p "$OUT"
@@ -53,6 +60,18 @@ case "$PART" in
     timeout 150 python3 benchmarks/speed/rollout_profile.py --config $CFG --replicas 1 --rollouts 3 \
         --json "$OUT/rollout_profile.json" > "$OUT/rollout_profile.log" 2>&1
     ;;
-  *) echo "unknown part $PART (step or parts)" >&2; exit 2 ;;
+  dtype)
+    python3 benchmarks/speed/copy_bandwidth.py > "$OUT/copy_bandwidth.log" 2>&1
+    timeout 200 python3 benchmarks/speed/rl_step.py --config $CFG --steps 6 --variants packed \
+        --fresh-process --label "float32 learner" --json "$OUT/rl_step_float32.json" \
+        > "$OUT/rl_step_float32.log" 2>&1
+    timeout 200 python3 benchmarks/speed/rl_step.py --config $CFG --steps 6 --variants packed \
+        --fresh-process --set learner.dtype="'bfloat16'" --label "bfloat16 learner" \
+        --json "$OUT/rl_step_bfloat16.json" > "$OUT/rl_step_bfloat16.log" 2>&1
+    timeout 150 python3 benchmarks/speed/rollout_profile.py --config $CFG --replicas 1 --rollouts 3 \
+        --variants base,deliver_late --json "$OUT/rollout_profile.json" \
+        > "$OUT/rollout_profile.log" 2>&1
+    ;;
+  *) echo "unknown part $PART (step, parts or dtype)" >&2; exit 2 ;;
 esac
 for f in "$OUT"/*.log; do echo "== $f"; grep -E "steady|tok/s|GB/s|TB/s|roofline|^rollout|update|busy" "$f" | head -12; tail -3 "$f"; done
