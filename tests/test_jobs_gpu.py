@@ -227,3 +227,30 @@ def test_a_large_run_file_reaches_results_compressed(tmp_path):
         "eval_episodes.jsonl", "metrics.jsonl.gz", "summary.json"]
     assert (gzip.decompress((collected / "metrics.jsonl.gz").read_bytes())
             == (out / "big" / "metrics.jsonl").read_bytes())
+
+
+def test_mem_gives_one_job_its_own_memory_fraction_and_a_bad_one_is_refused(tmp_path):
+    """`mem=F` sets that job's XLA_PYTHON_CLIENT_MEM_FRACTION; the other jobs of a GPU keep the
+    even share 0.9 / --per-gpu (0.45 with two lanes); after= and mem= combine; a fraction
+    outside (0, 0.95] stops the driver before any job starts (exit 2)."""
+    show = ('python3 -c "import os; print(os.environ.get(\'XLA_PYTHON_CLIENT_MEM_FRACTION\', '
+            '\'unset\'))"')
+    jobs = _jobs(tmp_path / "jobs.txt", [
+        f"big 40 0 mem=0.6 {show}",
+        f"even 40 1 {show}",
+        f"small 40 1 after=big mem=.1 resume {show}",
+    ])
+    out = tmp_path / "out"
+    done = _run(jobs, out, "0", "--per-gpu", "2")
+    assert done.returncode == 0, done.stdout + done.stderr
+    seen = {name: (out / "logs" / f"{name}.log").read_text().split()[-1]
+            for name in ("big", "even", "small")}
+    assert seen == {"big": "0.6", "even": "0.45", "small": ".1"}
+    plan = _run(jobs, tmp_path / "plan", "0", "--per-gpu", "2", "--dry-run")
+    assert "plan: big  lane 0, GPU 0, memory 0.6" in plan.stdout
+    for bad in ("1.5", "0", "abc", "0.96"):
+        refused = _run(_jobs(tmp_path / f"bad_{bad}.txt", [f"x 40 0 mem={bad} {show}"]),
+                       tmp_path / f"out_{bad}", "0")
+        assert refused.returncode == 2, (bad, refused.stdout)
+        assert f"mem={bad} is not a fraction" in refused.stderr
+        assert not (tmp_path / f"out_{bad}" / "logs" / "x.log").exists()

@@ -7,9 +7,12 @@
 #   bash benchmarks/gpu/jobs.sh --jobs JOBS --out runs/seeds --results results/seeds \
 #        --gpu-ids 0,1 [--per-gpu 1] [--budget 590] [--dry-run]
 #
-# JOBS: one job per line, `NAME CAP_SECONDS LANE [after=JOB[,JOB...]] [resume] COMMAND...` (blank
-# lines and `#` comments ignored; LANE picks the lane, lanes map to --gpu-ids in turn, --per-gpu
-# lanes per GPU). A lane runs its jobs in file order; lanes run in parallel. `after=` makes a job
+# JOBS: one job per line, `NAME CAP_SECONDS LANE [after=JOB[,JOB...]] [mem=F] [resume] COMMAND...`
+# (blank lines and `#` comments ignored; LANE picks the lane, lanes map to --gpu-ids in turn,
+# --per-gpu lanes per GPU). `mem=F` gives that job F of its GPU's memory
+# (XLA_PYTHON_CLIENT_MEM_FRACTION) instead of the lane's even share 0.9 / --per-gpu, so jobs of
+# different sizes can share a GPU (e.g. two of 0.35 and two of 0.1); the fractions of the jobs
+# that run at the same time must add up to at most ~0.9 (not checked: lanes start jobs on their own). A lane runs its jobs in file order; lanes run in parallel. `after=` makes a job
 # wait until the named jobs (any lane) are done, e.g. an RL run for the SFT policy it starts from;
 # if one of them failed or was skipped, the job is skipped too. With --budget (s, this call) a job
 # whose cap does not fit in the time left is skipped (not shortened: runs stay comparable) and
@@ -107,13 +110,31 @@ lane_jobs() {  # lane_jobs LANE: the lane's jobs, in file order, on its physical
         continue
       fi
     fi
+    local mem=
+    if [[ "$rest" == mem=* ]]; then mem=${rest%% *}; mem=${mem#mem=}; rest=${rest#* }; fi
     local resume=0
     if [[ "$rest" == "resume "* ]]; then resume=1; rest=${rest#resume }; fi
-    JOB_RESUME=$resume run_job "$name" "$lane" "$cap" GPU bash -c "$(job_command "$rest")"
+    JOB_MEM_FRACTION=$mem JOB_RESUME=$resume run_job "$name" "$lane" "$cap" GPU \
+      bash -c "$(job_command "$rest")"
   done < <(job_lines)
 }
 
+check_mem_fractions() {  # every mem=F is a fraction in (0, 0.95]
+  local name cap lane rest f bad=0
+  while read -r name cap lane rest; do
+    [[ "$rest" == after=* ]] && rest=${rest#* }
+    [[ "$rest" == mem=* ]] || continue
+    f=${rest%% *}; f=${f#mem=}
+    if ! [[ "$f" =~ ^(0?\.[0-9]+|0)$ ]] || awk "BEGIN {exit !($f <= 0 || $f > 0.95)}"; then
+      echo "job $name: mem=$f is not a fraction of the GPU's memory in (0, 0.95]" >&2
+      bad=1
+    fi
+  done < <(job_lines)
+  return "$bad"
+}
+
 check_workdirs || exit 2
+check_mem_fractions || exit 2
 if [ "$DRY_RUN" != 1 ]; then
   mkdir -p "$OUT/.done" "$OUT/.lanes" "$LOGS" "$RESULTS/logs"
   rm -f "$OUT"/.done/*.failed  # failed or skipped in an earlier call: this call tries them again

@@ -11,7 +11,8 @@
 # and may set (defaults below): PER_GPU, MEM_FRACTION (with PER_GPU > 1), DRY_RUN
 # (print the plan, write nothing), FIXED_LENGTH (never shorten a job to fit the budget), and
 # JOB_RESUME=1 for one run_job call (a job that resumes in its folder: never skipped for a cap
-# longer than the time left, never moved aside), and
+# longer than the time left, never moved aside), JOB_MEM_FRACTION for one run_job call (that
+# job's XLA_PYTHON_CLIENT_MEM_FRACTION instead of MEM_FRACTION), and
 # the arrays LANE_GPU (lane -> the CUDA device id it runs on; default lane % GPUS) and LANE_LOCK
 # (lane -> the name of its lock in $OUT/.lanes; default the lane number): two drivers sharing
 # one $OUT on different GPUs must not share a lock name, or one waits for the other.
@@ -84,7 +85,7 @@ run_job() {  # run_job NAME LANE CAP CPU|GPU CMD...: on lane LANE (one job at a 
     say "skip $name (done before)"; return 0
   fi
   if [ "$DRY_RUN" = 1 ]; then
-    echo "plan: $name  lane $lane$([ "$kind" = GPU ] && echo ", GPU $gpu" || echo ", CPU")  cap $cap s: $*"
+    echo "plan: $name  lane $lane$([ "$kind" = GPU ] && echo ", GPU $gpu" || echo ", CPU")$([ -n "${JOB_MEM_FRACTION:-}" ] && echo ", memory $JOB_MEM_FRACTION")  cap $cap s: $*"
     return 0
   fi
   exec {fd}> "$OUT/.lanes/${LANE_LOCK[$lane]:-$lane}"
@@ -112,7 +113,8 @@ run_job() {  # run_job NAME LANE CAP CPU|GPU CMD...: on lane LANE (one job at a 
   local envs=()
   if [ "$kind" = GPU ] && [ "$SMOKE" != 1 ]; then
     envs+=(CUDA_VISIBLE_DEVICES=$gpu)
-    [ "$PER_GPU" -gt 1 ] && envs+=(XLA_PYTHON_CLIENT_MEM_FRACTION=$MEM_FRACTION)
+    if [ -n "${JOB_MEM_FRACTION:-}" ]; then envs+=(XLA_PYTHON_CLIENT_MEM_FRACTION=$JOB_MEM_FRACTION)
+    elif [ "$PER_GPU" -gt 1 ]; then envs+=(XLA_PYTHON_CLIENT_MEM_FRACTION=$MEM_FRACTION); fi
   fi
   [ "$kind" = CPU ] && envs+=(JAX_PLATFORMS=cpu CUDA_VISIBLE_DEVICES=)
   say "start: $name (lane $lane$([ "$kind" = GPU ] && echo ", GPU $gpu"), limit $t s) -> $LOGS/$name.log"
