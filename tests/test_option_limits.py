@@ -273,6 +273,82 @@ async def test_generate_samples_within_the_option_count(served):
     assert len(tokens) == 12 and set(tokens) <= set(OPTIONS[:2])
 
 
+# the OpenAI routes: a restricted policy over the byte tokenizer, options the letters a..f
+LETTERS = "abcdef"
+
+
+@pytest.fixture(scope="module")
+def served_openai():
+    """(url, engine, option ids in listed order) of a restricted 512-token model with the
+    byte tokenizer; the head is not scaled, so every option comes up without a limit."""
+    from rollout_helpers import byte_tokenizer, make_engine, start_server
+
+    tokenizer = byte_tokenizer(512)
+    options = tuple(tokenizer.convert_tokens_to_ids(list(LETTERS)))
+    eos = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    cfg = CFG.replace(vocab_size=512, eos_token_id=eos, pad_token_id=0,
+                      output_token_ids=tuple(sorted(options + (eos,))), option_token_ids=options)
+    engine = make_engine(init_model(cfg, seed=3), tokenizer=tokenizer, warmup=False,
+                         max_batch=8)
+    thread = start_server(engine, model_path="tiny-restricted-bytes")
+    yield thread.url, engine, options
+    thread.stop()
+    engine.close()
+
+
+def _openai_body(route: str, **fields) -> dict:
+    if route == "/v1/completions":
+        return {"prompt": "xyz", **fields}
+    return {"messages": [{"role": "user", "content": "xyz"}], **fields}
+
+
+async def _post(url: str, body: dict) -> tuple[int, dict]:
+    import aiohttp
+
+    async with aiohttp.ClientSession() as http, http.post(url, json=body) as response:
+        return response.status, await response.json()
+
+
+@pytest.mark.parametrize("route", ["/v1/completions", "/v1/chat/completions"])
+@pytest.mark.parametrize("bad", [0, -2, 7, 2.5, "3", True, [1]])
+async def test_openai_routes_refuse_a_bad_option_count_with_a_400(served_openai, route, bad):
+    url, engine, _ = served_openai
+    status, out = await _post(url + route, _openai_body(route, option_count=bad, max_tokens=1))
+    assert status == 400, out
+    assert f"{route}: option_count: " in out["error"]["message"], out
+    if bad in (0, -2, 7):  # the range names the policy's six option tokens
+        assert "must be an integer in [1, 6]" in out["error"]["message"], out
+    assert not engine.paused
+
+
+@pytest.mark.parametrize("route", ["/v1/completions", "/v1/chat/completions"])
+async def test_openai_routes_sample_within_the_option_count(served_openai, route):
+    """n = 2: every sampled token is option a or b (ids and text); the same request without
+    the limit draws the other options too (the limit did that)."""
+    url, _, _ = served_openai
+    common = {"max_tokens": 3, "n": 8, "temperature": 1.0, "seed": 3, "ignore_eos": True,
+              "logprobs": 1 if route == "/v1/completions" else True}
+    drawn, texts = {}, {}
+    for limit in (2, None):
+        fields = common if limit is None else {**common, "option_count": limit}
+        status, out = await _post(url + route, _openai_body(route, **fields))
+        assert status == 200, out
+        if route == "/v1/completions":
+            text = "".join(c["text"] for c in out["choices"])
+            tokens = [t for c in out["choices"] for t in c["logprobs"]["tokens"]]
+        else:
+            text = "".join(c["message"]["content"] for c in out["choices"])
+            tokens = [t["token"] for c in out["choices"] for t in c["logprobs"]["content"]]
+        assert len(tokens) == 24, tokens  # 8 choices x 3 tokens (ignore_eos)
+        drawn[limit] = tokens
+        texts[limit] = text
+    assert set(drawn[2]) <= set(LETTERS[:2]), drawn[2]  # only options a and b ...
+    assert len(texts[2]) == 24 and set(texts[2]) <= set(LETTERS[:2]), texts[2]
+    # ... and without the limit the policy's other tokens (options c-f, EOS) come up
+    assert set(drawn[None]) - set(LETTERS[:2]), drawn[None]
+    assert set(drawn[None]) <= set(LETTERS) | {"<|im_end|>"}, drawn[None]
+
+
 async def test_sglang_backend_refuses_option_count_and_engine_servers_send_it():
     from agentrl_jax.rollout.backends.sglang import SGLangBackend
 

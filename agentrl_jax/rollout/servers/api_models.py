@@ -22,7 +22,8 @@ Rules every model follows (the server's 4xx behaviour, docs/ROLLOUT.md section 3
 * Checks that depend on the server come from the validation context (``context=``):
   ``max_length`` (a prompt has at most ``max_length - 1`` ids; ``max_new_tokens`` /
   ``max_tokens`` at most ``max_length``), ``max_batch`` (``n``), ``vocab_size`` and
-  ``max_stop_ids`` (``stop_token_ids``), ``max_queue`` (prompts per batch) and
+  ``max_stop_ids`` (``stop_token_ids``), ``max_queue`` (prompts per batch),
+  ``option_tokens`` (``option_count``; only for a policy with option tokens) and
   ``allow_request_chat_template``. Without a key, the static bound of ``sampling_limits.py``
   applies. Lengths are checked *before* the elements, so an over-long id list is refused
   without walking it.
@@ -235,6 +236,8 @@ class OpenAIRequest(Request):
     no_stop_trim: StrictBool | None = None
     session_id: StrictStr | None = None
     rid: StrictStr | None = None
+    # ours, as /generate's sampling_params.option_count: sample only the first n option tokens
+    option_count: OptionCount | None = None
     # accepted and ignored
     user: Any = None
     metadata: Any = None
@@ -256,7 +259,7 @@ class OpenAIRequest(Request):
                  "seed": self.seed, "top_k": self.top_k, "min_p": self.min_p,
                  "ignore_eos": self.ignore_eos, "stop_token_ids": self.stop_token_ids,
                  "skip_special_tokens": self.skip_special_tokens,
-                 "no_stop_trim": self.no_stop_trim}
+                 "no_stop_trim": self.no_stop_trim, "option_count": self.option_count}
         kwargs = {k: v for k, v in given.items() if v is not None}
         for key in ("temperature", "top_p", "min_p"):
             if key in kwargs:

@@ -136,6 +136,9 @@ class RolloutServer(NativeRoutes, OpenAIRoutes):
                    "max_batch": cfg.max_batch, "max_stop_ids": cfg.max_stop_ids,
                    "vocab_size": self.engine.vocab_size,
                    "allow_request_chat_template": self.allow_request_chat_template}
+        options = self.engine.model_config.option_token_ids
+        if options:  # option_count's upper bound; without options the engine refuses any
+            context["option_tokens"] = len(options)
         return validate_request(model, body, where, context)
 
     def _encode(self, text: str, where: str) -> list[int]:
