@@ -14,7 +14,8 @@ import pytest
 pytest.importorskip("bm25s", reason="deep search needs bm25s")
 
 from environments.deepsearch.admissible import (MAX_ADMISSIBLE, MAX_ANSWERS, MAX_SEARCHES,  # noqa: E402
-                                                admissible_actions, after_search, is_junk, key_phrase, names)
+                                                admissible_actions, after_search, asked_part,
+                                                is_junk, key_phrase, names)
 from environments.deepsearch.backend import BackendConfig, SearchBackend  # noqa: E402
 from environments.deepsearch.corpus import Passage  # noqa: E402
 from environments.deepsearch.env import DeepSearchEnvironment, parse_tool_call  # noqa: E402
@@ -49,6 +50,16 @@ def test_key_phrase_and_names_follow_the_rules():
     assert key_phrase("In the encyclopedia article on the italian architect (1377-1446): He is regarded as "
                       "a founding father of what?") == "the italian architect (1377-1446)"
     assert key_phrase("Who painted the Mona Lisa?") is None
+    # a period after an initial or an abbreviation does not end the key phrase
+    tolkien = ("Consider the first city named in the encyclopedia article on the 1937 novel by "
+               "J. R. R. Tolkien. It is the capital of which place?")
+    assert key_phrase(tolkien) == "the 1937 novel by J. R. R. Tolkien"
+    assert asked_part(tolkien) == ("Consider the first city named    It is the capital of which "
+                                   "place?")
+    assert key_phrase("In the encyclopedia article on the church of St. Peter in the U.S. "
+                      "Army base: It is where?") == "the church of St. Peter in the U.S. Army base"
+    assert key_phrase("Consider the first person named in the encyclopedia article on the war "
+                      "after World War I. It ended when?") == "the war after World War I"
     assert names("In 1820 Al-Khwarizmi wrote in Baghdad, Iraq's capital.") == ["Al-Khwarizmi", "Baghdad", "Iraq"]
     assert names("He went to the Republic of the Congo and met Jan van Eyck.") == ["Republic of the Congo", "Jan van Eyck"]
 

@@ -42,6 +42,32 @@ def test_sentences_and_mentions():
     assert mentioned_titles("Alpha lies near Beta River and Gamma.", titles) == ["Beta River", "Beta", "Gamma (band)"]
 
 
+def test_sentences_do_not_end_at_initials_or_abbreviations():
+    """Hand-written sentences: a period after an initial, a dotted abbreviation or a title
+    ends nothing, unless a sentence-opening word or a line break follows; "World War I." and a
+    unit after a number ("1.6\xa0J.") end one."""
+    cases = {
+        "J. R. R. Tolkien wrote The Hobbit. It was published in 1937.":
+            ["J. R. R. Tolkien wrote The Hobbit.", "It was published in 1937."],
+        "The novel is by F. Scott Fitzgerald. Franklin D. Roosevelt read it.":
+            ["The novel is by F. Scott Fitzgerald.", "Franklin D. Roosevelt read it."],
+        "The Basilica of St. Peter is in Rome. Dr. Smith and Mr. Jones visited it.":
+            ["The Basilica of St. Peter is in Rome.", "Dr. Smith and Mr. Jones visited it."],
+        "It is the largest city in the U.S. In 1900 the U.S. Army came. It left.":
+            ["It is the largest city in the U.S.", "In 1900 the U.S. Army came.", "It left."],
+        "It grew after World War I. Peace came. A is a subset of B. It is small.":
+            ["It grew after World War I.", "Peace came.", "A is a subset of B.", "It is small."],
+        "It lies at 70°W. The value is 1.6\xa0J. Historically it was D.\nLater it fell.":
+            ["It lies at 70°W.", "The value is 1.6\xa0J.", "Historically it was D.",
+             "Later it fell."],
+    }
+    for text, sentences in cases.items():
+        assert split_sentences(text) == sentences, text
+    # the task set's split (search_qa.task_sentences): every ". " before a capital, as frozen
+    assert split_sentences("A novel by J. R. R. Tolkien. It sold.", abbreviations=False) == [
+        "A novel by J.", "R.", "R.", "Tolkien.", "It sold."]
+
+
 def test_a_one_word_name_inside_a_longer_proper_name_is_not_a_mention():
     # hand-made spans: (start, end) of the occurrences outside a longer proper name
     assert standalone_mentions("Brussels is in the Kingdom of Belgium.", "Kingdom") == []  # "of" + a capital

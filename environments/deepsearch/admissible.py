@@ -27,8 +27,8 @@ A *name* is a run of capitalised words, possibly joined by "of" / "the" / "de" /
 ("Republic of the Congo", "Jan van Eyck"), without a leading sentence word ("In", "He", "The",
 "Among", "Unlike") or a trailing "'s"; a passage's title counts as a name at the start of its
 first sentence. A *year* is a four-digit number 1000-2029. *Junk* names are never listed
-(``is_junk``): a name cut at an initial ("Herman J", "Booker T", "D.C": the sentence split at
-the initial's period), a name ending in a joining word once the question's words are trimmed
+(``is_junk``): a name cut at an initial ("Herman J", "Booker T", "D.C": a name stops at
+an initial's period), a name ending in a joining word once the question's words are trimmed
 ("Efficacy of"), a month or weekday ("July").
 
 The caps (16 searches, 10 answers) and the short syntax were chosen with
@@ -48,7 +48,7 @@ import re
 from typing import Iterable, Sequence
 
 from environments.deepsearch.corpus import Passage
-from environments.deepsearch.paraphrase import YEAR, split_sentences
+from environments.deepsearch.paraphrase import YEAR, ends_sentence, split_sentences
 from environments.deepsearch.scoring import normalize_answer
 
 #: the most actions listed (at most one per option letter a..z)
@@ -63,7 +63,10 @@ SEARCH, ANSWER = "search", "answer"
 _CONNECTORS = ("of", "the", "de", "del", "della", "di", "da", "du", "des", "van", "von", "der", "den", "la", "le", "y", "al", "bin", "ibn")
 _CAPITALISED = r"[A-Z][\w'’.-]*\w|[A-Z]"
 _NAME = re.compile(rf"(?<![\w'’-])(?:{_CAPITALISED})(?:\s+(?:(?:{'|'.join(_CONNECTORS)})\s+)*(?:{_CAPITALISED}))*")
-_KEY_PHRASE = re.compile(r"encyclopedia article on (.+?)(?:[.:]\s+(?=[A-Z])|\s+(?:born|die)\?\s*$|[?:.]?\s*$)")
+_KEY_PHRASE_START = re.compile(r"encyclopedia article on (?=\S)")
+# what may end a key phrase: ". " / ": " before a capital (a period only where it ends a
+# sentence: not "J. R. R. Tolkien"), " born?" / " die?" at the end, or the question's end
+_KEY_PHRASE_END = re.compile(r"[.:]\s+(?=[A-Z])|\s+(?:born|die)\?\s*$|[?:.]?\s*$")
 _POSSESSIVE = re.compile(r"['’]s?$")
 _CONTENT_WORD = re.compile(r"[a-z0-9]+")
 #: capitalised words that start sentences rather than names; dropped from the front of a name
@@ -91,12 +94,27 @@ def _clean(text: str) -> str:
     return " ".join(text.replace("<", " ").replace(">", " ").split())
 
 
+def _key_phrase_span(question: str) -> tuple[int, int, int, int] | None:
+    """``(template start, phrase start, phrase end, template end)`` of ``question``'s
+    "encyclopedia article on <key phrase>" and what ends it; None without the template."""
+    match = _KEY_PHRASE_START.search(question)
+    if match is None:
+        return None
+    for end in _KEY_PHRASE_END.finditer(question, match.end() + 1):
+        inside = end[0][:1] == "." and end.end() < len(question)
+        if inside and not ends_sentence(question, end.start()):
+            continue  # the period of an initial or abbreviation inside the phrase
+        return match.start(), match.end(), end.start(), end.end()
+    return None  # unreachable: the last alternative matches at the end
+
+
 def key_phrase(question: str) -> str | None:
     """What a templated question describes: ``"Consider the first city named in the encyclopedia
     article on the 1434 painting by Jan van Eyck. It is ..." -> "the 1434 painting by Jan van
-    Eyck"``; None for a question without the template."""
-    match = _KEY_PHRASE.search(question)
-    return match[1].strip() if match else None
+    Eyck"`` (a period after an initial does not end it: "... on the novel by J. R. R. Tolkien.
+    It is ..." -> "the novel by J. R. R. Tolkien"); None for a question without the template."""
+    span = _key_phrase_span(question)
+    return question[span[1]:span[2]].strip() if span else None
 
 
 def names(sentence: str) -> list[str]:
@@ -172,10 +190,10 @@ def asked_part(question: str) -> str:
     plus its first words up to "named": ``"Consider the first city named in the encyclopedia
     article on X. It is the capital of which place?" -> "Consider the first city named It is
     the capital of which place?"``); the whole question otherwise."""
-    match = _KEY_PHRASE.search(question)
-    if match is None:
+    span = _key_phrase_span(question)
+    if span is None:
         return question
-    return f"{question[:match.start()].replace('in the', ' ')} {question[match.end():]}"
+    return f"{question[:span[0]].replace('in the', ' ')} {question[span[3]:]}"
 
 
 def _trimmed(name: str, question_words: set[str]) -> list[str]:

@@ -2,7 +2,9 @@
 
 Used by the search task set (``search_qa.py``). Pure functions of their arguments:
 
-* ``split_sentences(text)``: sentences end at ". " before a capital letter, a quote or "(".
+* ``split_sentences(text)``: sentences end at ". " before a capital letter, a quote or "(",
+  except after an initial or an abbreviation (``ends_sentence``: "J. R. R. Tolkien", "St.
+  Peter's", "the U.S. Army" stay one sentence; "in the U.S. In 1900 ..." is two).
 * ``mentioned_titles(sentence, titles)``: the corpus titles a sentence names, as whole words
   (longest first; one-word titles only away from the sentence start, where capitals are names).
 * ``standalone_mentions(text, name)``: where ``name`` occurs outside a longer proper name
@@ -62,10 +64,49 @@ _CONNECTIVE = re.compile(
 )
 
 
-def split_sentences(text: str) -> list[str]:
-    """The sentences of ``text``, each with its final period."""
+#: words that end in a period without ending a sentence (titles, "St." of saints and places)
+ABBREVIATIONS = frozenset({"St", "Dr", "Mr", "Mrs", "Ms", "Mt", "Prof", "Rev", "Gen", "Col",
+                           "Lt", "Capt", "Sgt", "Fr", "Hon", "Gov", "Sen", "Rep", "Pres"})
+#: capitalised words that open a sentence, not a name: after an initial or abbreviation they
+#: still end it ("in the U.S. In 1900 ...", "a subset of A. It is ...")
+SENTENCE_OPENERS = frozenset("""
+The In It He She They This These Those His Her Its Their There Then After Before During Since
+While When Although Though However Today Following As On At By For From Due Many Most Some An
+Is Was We Our But And Also Other Unlike Like According With Under Between Despite Both Each
+""".split())
+# the word before a period: one capital letter (an initial; not "I", mostly the numeral of
+# "World War I."; not after a non-breaking space, a unit: "1.6 J."), or letters joined by
+# periods ("U.S", "D.C", "G.I")
+_INITIAL = re.compile(r"(?<![^ (\"'])(?:[A-HJ-Z]|[A-Za-z](?:\.[A-Za-z])+)$")
+_WORD_BEFORE = re.compile(r"(?<![\w.])[A-Z][a-z]*$")
+_NEXT_WORD = re.compile(r"\s+([\w'’-]+)")
+_ABBREVIATION_CHARS = 16  # the longest word before a period that is looked at
+
+
+def ends_sentence(text: str, period: int) -> bool:
+    """Whether the period at ``text[period]`` (followed by a space and a capital, a quote or
+    "(") ends a sentence: not after an initial ("J. R. R. Tolkien", "Franklin D. Roosevelt";
+    "I" excepted), a dotted abbreviation ("U.S. Army") or a word of ``ABBREVIATIONS`` ("St.
+    Peter"), unless the next word is one of ``SENTENCE_OPENERS`` ("in the U.S. In 1900") or
+    a line break follows."""
+    start = max(0, period - _ABBREVIATION_CHARS)  # lookbehinds still see text before start
+    word = _WORD_BEFORE.search(text, start, period)
+    abbreviated = (_INITIAL.search(text, start, period) is not None
+                   or (word is not None and word[0] in ABBREVIATIONS))
+    if not abbreviated:
+        return True
+    after = _NEXT_WORD.match(text, period + 1)
+    return after is None or "\n" in after[0] or after[1] in SENTENCE_OPENERS
+
+
+def split_sentences(text: str, abbreviations: bool = True) -> list[str]:
+    """The sentences of ``text``, each with its final period: ``ends_sentence`` decides which
+    ". " before a capital, a quote or "(" ends one; ``abbreviations=False``: every one does
+    (the split the ``search`` task set is built with, ``search_qa.py``)."""
     parts, start = [], 0
     for match in _SENTENCE_END.finditer(text):
+        if abbreviations and not ends_sentence(text, match.start()):
+            continue
         parts.append(text[start : match.start() + 1].strip())
         start = match.end()
     tail = text[start:].strip()
