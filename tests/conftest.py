@@ -66,6 +66,15 @@ def compile_cache_env(tmp_path_factory) -> dict[str, str]:
             "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "-1"}
 
 
+@pytest.fixture(scope="module")
+def babyai():
+    """A BabyAI environment server process for a test module (``.url``), stopped after it."""
+    from agentrl_common.processes import start_env_server
+
+    with start_env_server("babyai") as server:
+        yield server
+
+
 @pytest.fixture
 def startup_heap_frozen():
     """The heap as a served process has it: servers freeze their start-up objects

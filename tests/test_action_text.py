@@ -24,7 +24,7 @@ from environments.core.base import ResetResult, StepResult, TextEnvironment
 from environments.core.client import EnvClient, EnvServerError
 from environments.core.server import build_app
 from environments.registry import Family
-from tests.test_choice_actions import ScriptedBackend, babyai  # noqa: F401 (a fixture)
+from tests.test_choice_actions import ScriptedBackend
 from tests.test_list_actions import _Catalog, _CountEnv
 
 pytestmark = pytest.mark.timeout(120)

@@ -27,7 +27,6 @@ from agentrl_jax.models.tokenizer import load_tokenizer
 from agentrl_jax.rollout.contract import GenerateResult, SamplingParams
 from agentrl_jax.training.outputs.progress import OFF, EpisodeProgress, TurnCounter
 from environments.core.client import EnvClient, EnvServerError
-from agentrl_common.processes import start_env_server
 
 ACTIONS = ("turn left", "move forward", "turn right", "pickup", "go to red ball 1",
            "dance wildly", "toggle", "go through blue door 1")
@@ -40,13 +39,6 @@ CONTENT_FIELDS = ("env", "task_id", "group_id", "sample_index", "token_ids", "lo
 @pytest.fixture(scope="module")
 def tokenizer():
     return load_tokenizer(resolve_model_path("smollm2"))
-
-
-@pytest.fixture(scope="module")
-def babyai():
-    server = start_env_server("babyai")
-    yield server
-    server.stop()
 
 
 class SeededBackend(QuietBackend):

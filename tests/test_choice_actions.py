@@ -25,7 +25,6 @@ from agentrl_jax.training.config.experiment import base_config, to_run_config
 from agentrl_jax.training.preflight.validate import ConfigError, check_config
 from environments.babyai.env import BabyAIEnv
 from environments.core.client import EnvClient
-from agentrl_common.processes import start_env_server
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -79,13 +78,6 @@ class ScriptedBackend(QuietBackend):
         ids = self.replies[len(self.prompts) - 1]
         return GenerateResult(output_ids=ids, output_logprobs=[-1.0] * len(ids),
                               finish_reason="stop", prompt_tokens=len(input_ids))
-
-
-@pytest.fixture(scope="module")
-def babyai():
-    server = start_env_server("babyai")
-    yield server
-    server.stop()
 
 
 async def test_episode_shows_the_options_and_steps_the_chosen_one(babyai):

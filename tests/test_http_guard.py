@@ -25,7 +25,6 @@ import pytest
 
 from environments.core.client import EnvClient
 from agentrl_common.httpguard import LOOPBACK_NAMES, allowed_hosts, host_name
-from agentrl_common.processes import start_env_server
 from rollout_helpers import TINY, byte_tokenizer, make_engine, start_server, tiny_model
 
 pytestmark = pytest.mark.timeout(120)
@@ -64,12 +63,6 @@ def test_host_names_and_the_names_a_server_answers_to():
 
 
 # ------------------------------------------------------------------------ environment server
-
-
-@pytest.fixture(scope="module")
-def babyai():
-    with start_env_server("babyai") as proc:
-        yield proc
 
 
 async def _env_request(method: str, url: str, **kwargs) -> tuple[int, dict, dict]:

@@ -24,7 +24,6 @@ from agentrl_jax.models.tokenizer import load_tokenizer
 from agentrl_jax.rollout.contract import GenerateResult, SamplingParams
 from agentrl_jax.training.config.experiment import base_config, to_run_config
 from agentrl_jax.training.rl.batching import assemble_batch
-from agentrl_common.processes import start_env_server
 from environments.babyai.env import BabyAIEnv
 from environments.core.client import EnvClient
 
@@ -46,13 +45,6 @@ class RecordingBackend(QuietBackend):
         self.sampling.append(sampling)
         return GenerateResult(output_ids=ids, output_logprobs=[-0.5] * len(ids),
                               finish_reason="length", prompt_tokens=len(input_ids))
-
-
-@pytest.fixture(scope="module")
-def babyai():
-    server = start_env_server("babyai")
-    yield server
-    server.stop()
 
 
 async def _episode(url: str, option_limits: bool):
