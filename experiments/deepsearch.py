@@ -15,7 +15,8 @@ docs/RESULTS.md). A turn is ``Action: <search> query </search>`` or ``Action: <a
 grpo_scaling  the paper's schedule, 64 new tokens a turn
 ppo           ``grpo_scaling`` with PPO (critic + GAE) instead of GRPO
 grpo_gpu      the default: one GPU, ~10 minutes with both evaluations (``common.gpu_recipe``)
-choice_gpu    ``grpo_gpu`` answering with the letter of a listed admissible action, restricted policy
+choice_gpu    ``grpo_gpu`` answering with the letter of a listed admissible action, restricted
+              policy, a 4-turn history window
 sft_gpu       behaviour cloning of the retrieval oracle on one GPU
 sft_grpo_gpu  ``grpo_gpu`` started from ``sft_gpu``'s policy
 ============= ==============================================================================
@@ -63,8 +64,22 @@ def choice_gpu() -> ConfigDict:
     the admissible searches and answers (``environments/deepsearch/admissible.py``: the
     question's key phrase, the names and years of the returned passages) as options and the
     reply is one letter (docs/RESULTS.md, "Lettered options and a policy restricted to the
-    letters, per family, at step 0"; the jobs: benchmarks/jobs/families_choice_scratch.txt)."""
-    return use_choice(grpo_gpu(), list_actions=True)
+    letters, per family, at step 0"; the jobs: benchmarks/jobs/families_choice_scratch.txt).
+
+    With a 4-turn history window (``agent.history_turns = 4``, docs/TRAINING.md): each turn
+    adds ~490 tokens (three passages and the ~160-token options block), so with the whole
+    history the 4,096-token context ended 13 of 16 step-0 episodes of 10 turns at turns 7-9
+    (CPU, results/choice_step0_cpu/deepsearch_train_10turns_option_limits.json); the window
+    bounds every prompt to the task and the last 4 turns. It drops nothing the choice needs:
+    the server rebuilds the options from everything the episode has shown (so the oracle's
+    coverage is unchanged), and the retrieval oracle restricted to the options needs at most
+    5 turns and at most the observation 3 turns back (the passage naming the next article or
+    the answer; results/deepsearch_options/oracle_needs.json). With the window the same
+    step-0 episodes end none at the context (at most 3,009 tokens; 14 of 16 run all 10 turns):
+    results/choice_step0_cpu/deepsearch_train_10turns_window4.json."""
+    c = use_choice(grpo_gpu(), list_actions=True)
+    c.agent.history_turns = 4
+    return c
 
 
 def sft_gpu() -> ConfigDict:

@@ -147,6 +147,28 @@ def test_benchmark_counts_choice_turns_against_their_options():
     assert stats.episode_scores == [["t", 0.25, 3], ["t", 1.0, 3]]  # per episode, to split tasks
 
 
+def test_turn_contexts_are_each_turns_prompt_plus_reply_whole_and_windowed():
+    """By hand. The choice trajectory's turns end at ids 31, 34 and 37 (a 30-id prompt, then
+    per turn the reply and 2 observation ids): contexts 32, 35, 38. A windowed trajectory of
+    one-id replies whose third turn starts a new chunk of a 20-id prompt: 31, 34, then
+    20 + 1 = 21."""
+    bench = _benchmark()
+    t = _choice_trajectory()
+    assert bench.turn_contexts(t) == [32, 35, 38]
+    w = Trajectory(env="babyai", task_id="w", group_id=0, sample_index=0)
+    w.append(list(range(30)), generated=False, turn=-1)
+    for turn in range(2):
+        w.append([1], generated=True, turn=turn)
+        w.append([9, 9], generated=False, turn=turn)
+    w.start_chunk(list(range(20)))
+    w.append([1], generated=True, turn=2)
+    w.num_turns = 3
+    assert w.chunk_bounds() == [(0, 36), (36, 57)]
+    assert bench.turn_contexts(w) == [31, 34, 21]
+    stats = bench.FormatStats("x", turn_contexts=[[32, 35, 38], [31, 34], [10]])
+    assert stats.context_by_turn() == [(32 + 31 + 10) / 3, (35 + 34) / 2, 38]
+
+
 def test_the_task_sample_is_evenly_spaced_or_the_splits_first():
     """An evenly spaced sample of an interleaved split (MiniWoB: index i is task i % 22) can land
     on two tasks; ``--sample first`` takes one of each of the first tasks."""
@@ -170,7 +192,7 @@ def test_choice_styles_configure_the_restricted_policy():
                                     env="babyai",
                                     model="smollm2", episodes=4, concurrency=0,
                                     server_args=None, max_new_tokens=0, max_context=0,
-                                    temperature=1.0)
+                                    temperature=1.0, history_turns=None)
     recipe = bench.style_config(args, "recipe")
     assert (recipe.rollout.parser, recipe.agent.prompt_style, recipe.rollout.max_new_tokens,
             recipe.rollout.max_context, recipe.model.output_tokens) == (
@@ -183,3 +205,6 @@ def test_choice_styles_configure_the_restricted_policy():
     assert bench.style_config(args, "choice_letters").model.output_tokens == \
         "abcdefghijklmnopqrstuvwxyz"
     assert bench.style_config(args, "choice").model.output_tokens == ""
+    assert spaced.agent.history_turns == 0  # the experiment's (babyai grpo_gpu: no window)
+    args.history_turns = 4  # --history_turns replaces it
+    assert bench.style_config(args, "choice_option_limits").agent.history_turns == 4

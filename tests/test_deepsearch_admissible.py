@@ -273,6 +273,32 @@ def test_listed_answers_come_from_what_the_agent_has_seen(search_backend):
             assert normalize_answer(argument) and argument in seen_text, action  # a span copied from it
 
 
+def test_the_oracles_trace_and_the_history_window_it_needs_by_hand():
+    """The two-hop city question on two hand-made passages: the oracle searches the key phrase
+    (from the question: window 0), then "London", which the portrait passage of the turn before
+    names (window 1), then answers "England", which the London passage of the turn before names
+    (window 1): 3 turns, window 1. A question it cannot answer leaves no result."""
+    from benchmarks.analysis.deepsearch_options import oracle_needs
+
+    results = {"the 1434 painting by Jan van Eyck": [PORTRAIT], "London": [LONDON]}
+
+    def search(query: str) -> list[Passage]:
+        return results.get(query, [])
+
+    path = ["Arnolfini Portrait", "London"]
+    trace: list[tuple[str, str]] = []
+    assert listed_oracle_solves(CITY_QUESTION, ["England"], path, search, max_turns=10, trace=trace)
+    assert trace == [("search", "the 1434 painting by Jan van Eyck"), ("search", "London"),
+                     ("answer", "England")]
+    assert oracle_needs(CITY_QUESTION, ["England"], path, search) == {"turns": 3, "window": 1}
+    assert oracle_needs(CITY_QUESTION, ["Atlantis"], path, search) is None
+    # two turns are too few for a two-hop question: no answer, the trace holds the one search
+    short: list[tuple[str, str]] = []
+    assert not listed_oracle_solves(CITY_QUESTION, ["England"], path, search, max_turns=2,
+                                    trace=short)
+    assert short == [("search", "the 1434 painting by Jan van Eyck")]
+
+
 def test_an_oracle_restricted_to_the_lists_solves_most_questions_of_both_splits(search_backend):
     """Measured: 153 of 190 train, 41 of 50 dev and 88 of 109 test questions (0.805, 0.820,
     0.807) within 10 turns (the same at 5; before the short lists of 2026-12-03: 151, 40, 88;

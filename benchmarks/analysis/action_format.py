@@ -128,6 +128,8 @@ class FormatStats:
     seconds: float = 0.0
     # one [task id, score, turns] per episode (to split a family's tasks afterwards)
     episode_scores: list[list[Any]] = dataclasses.field(default_factory=list)
+    # per episode, the context of each turn in tokens (:func:`turn_contexts`)
+    turn_contexts: list[list[int]] = dataclasses.field(default_factory=list)
 
     def rate(self, count: int) -> float:
         """``count`` per turn."""
@@ -149,6 +151,15 @@ class FormatStats:
                 f"{self.max_context_tokens}), {self.context_limit} at the context limit; "
                 f"{self.seconds:.0f} s")
 
+    def context_by_turn(self) -> list[float]:
+        """``[T]``: the mean context of turn ``t`` (:func:`turn_contexts`) over the episodes
+        that reached it."""
+        means = []
+        for turn in range(max((len(c) for c in self.turn_contexts), default=0)):
+            values = [c[turn] for c in self.turn_contexts if len(c) > turn]
+            means.append(sum(values) / len(values))
+        return means
+
 
 def turn_token_counts(t: Trajectory) -> list[int]:
     """Generated tokens of each assistant turn (``turn_ids`` of the ``loss_mask == 1`` ids)."""
@@ -157,6 +168,20 @@ def turn_token_counts(t: Trajectory) -> list[int]:
         if generated and 0 <= turn < len(counts):
             counts[turn] += 1
     return counts
+
+
+def turn_contexts(t: Trajectory) -> list[int]:
+    """``[num_turns]``: the tokens the engine held when each assistant turn ended, its prompt
+    plus its reply: for turn ``k`` whose last generated id is at ``i`` in chunk ``[s, e)``,
+    ``i + 1 - s``. With the whole history it grows every turn; with a history window
+    (``agent.history_turns``, one chunk a turn past the window) it stops growing. A turn
+    with no generated id counts as 0."""
+    last = [-1] * t.num_turns
+    for i, (turn, generated) in enumerate(zip(t.turn_ids, t.loss_mask)):
+        if generated and 0 <= turn < len(last):
+            last[turn] = i
+    bounds = t.chunk_bounds()
+    return [next((i + 1 - s for s, e in bounds if s <= i < e), 0) if i >= 0 else 0 for i in last]
 
 
 OPTIONS_MARKER = "Options: "
@@ -224,6 +249,7 @@ def count_turns(stats: FormatStats, trajectories: list[Trajectory], parser: Any,
         stats.max_context_tokens = max(stats.max_context_tokens, length)
         stats.context_limit += int(t.status == "context_limit")
         stats.episode_scores.append([t.task_id, score, len(pairs)])
+        stats.turn_contexts.append(turn_contexts(t))
 
 
 def sample_replies(trajectories: list[Trajectory], n: int, width: int = 100) -> list[str]:
@@ -248,7 +274,8 @@ async def sample_tasks(clients: Any, args: argparse.Namespace) -> list:
 def base_of(args: argparse.Namespace) -> Any:
     """The experiment's config (``--experiment``), else ``base_config()`` for ``--env``, sized
     for this measurement: ``--episodes`` in flight (at most ``--concurrency``), one server of
-    each family (``--server_args`` replacing the experiment's)."""
+    each family (``--server_args`` replacing the experiment's), ``--history_turns`` replacing
+    its history window when given."""
     if args.experiment:
         from agentrl_jax.training.config.command_line import load_experiment
 
@@ -259,6 +286,8 @@ def base_of(args: argparse.Namespace) -> Any:
         c.rollout.max_context = args.max_context or 2048
     if args.max_context:
         c.rollout.max_context = args.max_context
+    if args.history_turns is not None:
+        c.agent.history_turns = args.history_turns
     c.model.name = args.model
     c.env.replicas = 1
     if args.server_args is not None:
@@ -336,6 +365,8 @@ async def measure(args: argparse.Namespace) -> list[FormatStats]:
                     count_turns(stats, trajectories, get_parser(c.rollout.parser),
                                 int(c.rollout.max_new_tokens))
                     print(stats.line(), flush=True)
+                    by_turn = ", ".join(f"{v:.0f}" for v in stats.context_by_turn())
+                    print(f"      context by turn (mean tokens): {by_turn}", flush=True)
                     for text in sample_replies(trajectories, args.show):
                         print(f"      e.g. {text!r}", flush=True)
                     results.append(stats)
@@ -360,6 +391,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     p.add_argument("--max_new_tokens", type=int, default=0, help="0: the style's default")
     p.add_argument("--max_context", type=int, default=0,
                    help="0: the experiment's (without --experiment: 2048)")
+    p.add_argument("--history_turns", type=int, default=None,
+                   help="agent.history_turns (the history window; 0: the whole history); "
+                        "default: the experiment's")
     p.add_argument("--temperature", type=float, default=1.0)
     p.add_argument("--split", default="train")
     p.add_argument("--sample", default="spaced", choices=("spaced", "stratified", "first"),

@@ -15,6 +15,14 @@ the listed actions still solve? Per split of the built-in ``search`` task set, n
   them (system prompt of the ``choice`` style, first observation + options, then per turn the
   reply (one letter token), the passages + options, the ``"Action:"`` prefix); median, mean and
   max over the split's questions. The typical episode is the median.
+* **What the oracle needs** (``--oracle_needs``): per question the oracle solves within 10
+  turns, its turns (searches + the answer) and the *window* its choices need: at turn ``j`` a
+  search or answer whose text first appears (normalised, whole words) in the passages of the
+  search at turn ``i < j`` needs that observation in the prompt, which a history window of
+  ``agent.history_turns = N`` keeps when ``N >= j - i``; a query taken from the question needs
+  only the first message, which every window keeps (0). The window a question needs is the
+  largest ``j - i`` over its actions (the options block itself is rebuilt by the server from
+  everything the episode has shown, so no window changes what is listed).
 * **Random choice**: the share of episodes that end with a correct answer when every turn picks
   uniformly among all listed options (``--seeds`` seeds per question), within 5 and 10 turns:
   what a policy that has learned nothing would score at step 0.
@@ -47,7 +55,7 @@ from environments.deepsearch.backend import BackendConfig, SearchBackend  # noqa
 from environments.deepsearch.corpus import Passage  # noqa: E402
 from environments.deepsearch.env import INSTRUCTIONS, format_passages, parse_tool_call  # noqa: E402
 from environments.deepsearch.expert import listed_oracle_solves  # noqa: E402
-from environments.deepsearch.scoring import exact_match  # noqa: E402
+from environments.deepsearch.scoring import exact_match, normalize_answer  # noqa: E402
 
 SPLITS = ("train", "dev", "test")
 #: ``experiments/deepsearch.py:grpo_gpu``: 3 passages a search, ``--max-steps 30``, 4,096 tokens
@@ -130,6 +138,38 @@ def random_choice_solves(
     return None
 
 
+def oracle_needs(
+    question: str,
+    golden: Sequence[str],
+    path: Sequence[str],
+    search: Callable[[str], Sequence[Passage]],
+) -> dict[str, int] | None:
+    """What the listed oracle needs for ``question`` (module docstring): ``{"turns": T,
+    "window": W}``, or None when it does not answer correctly within 10 turns. ``T``: its
+    actions; ``W``: the largest number of turns between an action and the search whose
+    passages first showed its text (0: the question shows it)."""
+    trace: list[tuple[str, str]] = []
+    if not listed_oracle_solves(question, golden, path, search, max_turns=10, trace=trace):
+        return None
+    shown: list[str] = []  # per search turn, its passages' normalised text
+    window = 0
+    for turn, (tool, argument) in enumerate(trace):
+        needle = f" {normalize_answer(argument)} "
+        if needle not in f" {normalize_answer(question)} ":
+            sources = [i for i, text in enumerate(shown) if needle in text]
+            window = max(window, turn - sources[0]) if sources else window
+        if tool == "search":
+            passages = search(argument)
+            shown.append(
+                " " + " ".join(normalize_answer(f"{p.title} {p.text}") for p in passages) + " "
+            )
+    return {"turns": len(trace), "window": window}
+
+
+def _counts(values: Sequence[int]) -> dict[str, int]:
+    return {str(v): sum(x == v for x in values) for v in sorted(set(values))}
+
+
 def _stats(values: Sequence[float]) -> dict[str, float]:
     if not values:
         return {"n": 0}
@@ -149,6 +189,7 @@ def measure_split(
     system: str,
     seeds: int,
     log: Callable[[str], None],
+    oracle_needs_too: bool = False,
 ) -> dict[str, Any]:
     items = [backend.items[i] for i in backend.catalog.task_ids(split)]
     t0 = time.time()
@@ -171,6 +212,11 @@ def measure_split(
         for seed in range(seeds)
     ]
     block_tokens = [t for w in walks for t in w["block_tokens"]]
+    needs = (
+        [oracle_needs(i.question, i.golden_answers, i.path, search) for i in items]
+        if oracle_needs_too
+        else []
+    )
     result = {
         "questions": len(items),
         "listed_oracle_solves": {
@@ -195,6 +241,16 @@ def measure_split(
         },
         "seconds": round(time.time() - t0, 1),
     }
+    if oracle_needs_too:
+        solved_needs = [n for n in needs if n is not None]
+        result["oracle_needs"] = {
+            "turns": _counts([n["turns"] for n in solved_needs]),
+            "window": _counts([n["window"] for n in solved_needs]),
+        }
+        log(
+            f"{split:5s} the oracle's turns (count of questions) {result['oracle_needs']['turns']}"
+            f", the window its choices need {result['oracle_needs']['window']}"
+        )
     c = result["context_after_turns"]
     block, rand = result["options_block_tokens"], result["random_choice_correct"]
     log(
@@ -214,6 +270,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--splits", default=",".join(SPLITS), help="comma-separated splits")
     parser.add_argument("--seeds", type=int, default=4, help="random-choice episodes per question")
     parser.add_argument("--model", default="smollm2", help="the tokenizer's model (name or path)")
+    parser.add_argument(
+        "--oracle_needs",
+        action="store_true",
+        help="also the oracle's turns and the history window its choices need",
+    )
     parser.add_argument("--json", default="", help="write the numbers to this file")
     args = parser.parse_args(argv)
     splits = [s for s in args.splits.split(",") if s]
@@ -234,7 +295,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     }
     for split in splits:
         report["splits"][split] = measure_split(
-            backend, split, search, formatter, system, args.seeds, print
+            backend, split, search, formatter, system, args.seeds, print, args.oracle_needs
         )
     if args.json:
         os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)

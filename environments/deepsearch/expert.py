@@ -125,14 +125,17 @@ class DeepSearchLookupExpertPolicy(DeepSearchExpertPolicy):
 
 
 def listed_oracle_solves(question: str, golden_answers: Sequence[str], path: Sequence[str],
-                         search: Callable[[str], Sequence[Passage]], max_turns: int) -> bool:
+                         search: Callable[[str], Sequence[Passage]], max_turns: int,
+                         trace: list[tuple[str, str]] | None = None) -> bool:
     """Whether the oracle restricted to the listed actions (``admissible.admissible_actions``)
     answers correctly within ``max_turns`` turns (module docstring). ``path``: the titles of
     the question's articles (the last holds the answer); ``search(query)``: the passages the
     environment returns for ``query`` (its retriever with its ``k``), asked ahead of a step (the
     oracle's privilege). Each turn, in order: a listed correct answer; else the first listed
     search that returns an unseen article of the path (the answer's article first); else the
-    first listed search after which one does (one detour, looked ahead); else it gives up."""
+    first listed search after which one does (one detour, looked ahead); else it gives up.
+    ``trace``: when given, each action the oracle takes is appended to it, ``(tool,
+    argument)`` a turn (the searches, then the correct answer when it finds one)."""
     from environments.deepsearch.admissible import admissible_actions, after_search
     from environments.deepsearch.env import parse_tool_call
 
@@ -146,7 +149,11 @@ def listed_oracle_solves(question: str, golden_answers: Sequence[str], path: Seq
     seen: list[Passage] = []
     for turn in range(max_turns):
         calls = listed(searched, seen)
-        if any(tool == "answer" and exact_match(arg, golden_answers) for tool, arg in calls):
+        correct = [arg for tool, arg in calls
+                   if tool == "answer" and exact_match(arg, golden_answers)]
+        if correct:
+            if trace is not None:
+                trace.append(("answer", correct[0]))
             return True
         if turn == max_turns - 1:
             return False
@@ -163,5 +170,7 @@ def listed_oracle_solves(question: str, golden_answers: Sequence[str], path: Seq
                     break
         if not ranked:
             return False
+        if trace is not None:
+            trace.append(("search", ranked[0]))
         searched, seen = after_search(searched, seen, ranked[0], search(ranked[0]))
     return False
