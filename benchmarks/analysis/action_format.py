@@ -286,6 +286,8 @@ def base_of(args: argparse.Namespace) -> Any:
         c.rollout.max_context = args.max_context or 2048
     if args.max_context:
         c.rollout.max_context = args.max_context
+        if c.learner.pack_length:  # a packed row holds a whole trajectory (the config's check)
+            c.learner.pack_length = max(c.learner.pack_length, args.max_context)
     if args.history_turns is not None:
         c.agent.history_turns = args.history_turns
     c.model.name = args.model
