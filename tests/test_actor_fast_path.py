@@ -33,7 +33,7 @@ ACTIONS = ("turn left", "move forward", "turn right", "pickup", "go to red ball 
 CONTENT_FIELDS = ("env", "task_id", "group_id", "sample_index", "token_ids", "loss_mask",
                   "logprobs", "turn_ids", "prompt_length", "messages", "turn_rewards",
                   "turn_states", "reward", "success", "status", "num_turns", "invalid_actions",
-                  "horizon", "policy_version", "turn_versions", "error")
+                  "parse_failures", "horizon", "policy_version", "turn_versions", "error")
 
 
 @pytest.fixture(scope="module")

@@ -107,7 +107,9 @@ def test_collect_stores_large_files_compressed_and_reads_back_the_same(tmp_path)
     import learning_report
 
     run = tmp_path / "run"
-    episodes = [{k: e.get(k) for k in learning_report.EPISODE_FIELDS} for e in _big_records()]
+    episodes = [{**{k: e.get(k) for k in learning_report.EPISODE_FIELDS},
+                 "parse_failures": i % 3, "context_tokens": 50 + i}
+                for i, e in enumerate(_big_records())]
     _plain(run, "trajectories_eval.jsonl", episodes)
     metrics = [{"step": s, "rollout/mean_reward": s / 10, "pad": "x" * 400} for s in range(300)]
     _plain(run, "metrics.jsonl", metrics)

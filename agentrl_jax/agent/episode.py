@@ -237,6 +237,7 @@ class Episode:
         done = False
         if parsed is None or parsed.action is None:
             traj.invalid_actions += 1
+            traj.parse_failures += 1
             traj.turn_rewards.append(0.0)
             observation = self._with_options(INVALID_FORMAT_FEEDBACK, None)
         else:

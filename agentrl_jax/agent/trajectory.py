@@ -30,6 +30,20 @@ def anchor_state(observation: str, info: Mapping[str, Any] | None = None) -> str
     return hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=8).hexdigest()
 
 
+def record_context_tokens(record: Mapping[str, Any]) -> int | None:
+    """The final context length of an episode record (``Trajectory.to_json``, or a small
+    evaluation record): its ``context_tokens`` when it has one, else
+    ``len(token_ids) - chunk_starts[-1]`` (:attr:`Trajectory.context_tokens`); None when it has
+    neither (a small record written before the field)."""
+    if record.get("context_tokens") is not None:
+        return int(record["context_tokens"])
+    ids = record.get("token_ids")
+    if not isinstance(ids, list):
+        return None
+    starts = record.get("chunk_starts") or [0]
+    return len(ids) - int(starts[-1])
+
+
 @dataclasses.dataclass
 class Trajectory:
     """A multi-turn episode.
@@ -48,6 +62,11 @@ class Trajectory:
     turn_ids [T]: the turn index of each id (-1 for the prompt, and for each chunk's prompt).
     turn_states [num_turns]: the anchor state (``anchor_state``) each turn acted from.
     reward: the episode's total environment reward (the outcome score trained on).
+    invalid_actions: turns without an accepted action: the parser could not read the reply
+      (``parse_failures`` of them) or the environment refused the parsed action
+      (``invalid_actions - parse_failures``).
+    parse_failures: turns whose reply the parser could not read (``ParsedAction.action`` None:
+      the environment was not stepped, the next observation is ``INVALID_FORMAT_FEEDBACK``).
     policy_version: the weights version (learner updates done) the episode started with.
     option_counts [T]: the option limit each generated id was sampled under (``agent.
       option_limits``: a turn listing ``n`` options samples only the first ``n`` option
@@ -78,6 +97,7 @@ class Trajectory:
     status: str = STATUS_DONE
     num_turns: int = 0
     invalid_actions: int = 0
+    parse_failures: int = 0
     horizon: int = 0
     policy_version: int = 0
     turn_versions: list[int] = dataclasses.field(default_factory=list)
@@ -109,6 +129,12 @@ class Trajectory:
         starts = list(self.chunk_starts) or [0]
         ends = starts[1:] + [len(self.token_ids)]
         return list(zip(starts, ends))
+
+    @property
+    def context_tokens(self) -> int:
+        """The length of the current chunk (:meth:`context_ids`): what the engine held at the
+        end, prompt + every turn (without a history window, ``len(token_ids)``)."""
+        return len(self.token_ids) - (self.chunk_starts[-1] if self.chunk_starts else 0)
 
     def context_ids(self) -> list[int]:
         """The current chunk: the ids the next turn's generation continues."""

@@ -24,7 +24,8 @@ FIELD_KINDS: dict[str, str] = {
     "env": "string", "task_id": "string", "episode_id": "string", "status": "string",
     "error": "string", "step": "integer", "num_turns": "integer", "invalid_actions": "integer",
     "horizon": "integer", "policy_version": "integer", "group_id": "integer",
-    "sample_index": "integer", "prompt_length": "integer", "reward": "number",
+    "sample_index": "integer", "prompt_length": "integer", "parse_failures": "integer",
+    "context_tokens": "integer", "reward": "number",
     "elapsed_s": "number", "success": "boolean",
 }
 TOKEN_ARRAYS = ("token_ids", "loss_mask", "turn_ids", "logprobs")

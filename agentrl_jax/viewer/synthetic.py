@@ -83,6 +83,7 @@ def make_episode(rng: random.Random, env: str, task_id: str, group_id: int, samp
         t.success = t.success or success
         if kind != "valid":
             t.invalid_actions += 1
+            t.parse_failures += kind == "empty"
         if last:
             break
         obs = f"You see {words(obs_words)}."

@@ -12,11 +12,17 @@ recorded expert episodes). Per group (file, step), with T = all turns of its epi
 
 * ``valid_action_share`` = 1 - sum(invalid_actions) / T (an invalid action is a reply the
   parser could not read, or a command the environment rejected);
-* ``parse_failures_per_turn`` = (turns answered with the parser's invalid-format feedback) / T;
+* ``parse_failures_per_turn`` = (turns whose reply the parser could not read) / T, from each
+  episode's ``parse_failures`` (:func:`parse_failures`; None when an episode's is unknown);
 * ``reward_rate`` = share of episodes with reward > 0; ``success_rate`` = share with the success
   flag; ``mean_reward``;
-* ``turns_mean``, ``tokens_mean`` / ``tokens_p90`` / ``tokens_max`` (prompt + all turns),
+* ``turns_mean``, ``tokens_mean`` / ``tokens_p90`` / ``tokens_max`` (each episode's final
+  context, prompt + all turns: ``Trajectory.context_tokens``; None when unknown),
   ``prompt_tokens_mean`` and ``status`` counts.
+
+The small evaluation records of ``results/`` (``eval_episodes.jsonl``) carry ``parse_failures``
+and ``context_tokens`` when written from trajectories that had them, so they are summarised
+alike; the older ones give None for those figures.
 """
 
 from __future__ import annotations
@@ -34,6 +40,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspa
 
 from agentrl_common import jsonl_files  # noqa: E402
 from agentrl_jax.agent.parsing import INVALID_FORMAT_FEEDBACK  # noqa: E402
+from agentrl_jax.agent.trajectory import record_context_tokens
 
 
 def trajectory_files(source: str, train: bool = False) -> list[str]:
@@ -50,27 +57,43 @@ def trajectory_files(source: str, train: bool = False) -> list[str]:
     return files
 
 
+def parse_failures(episode: dict) -> int | None:
+    """Turns of ``episode`` whose reply the parser could not read: its ``parse_failures``
+    (``Trajectory.parse_failures``, exact); else, for a full trajectory written before that
+    field, its user messages that open with ``INVALID_FORMAT_FEEDBACK`` (a lower bound: a
+    failure on the episode's last turn gets no feedback message); None for a small record
+    without the field (unknown)."""
+    if episode.get("parse_failures") is not None:
+        return int(episode["parse_failures"])
+    messages = episode.get("messages")
+    if not isinstance(messages, list):
+        return None
+    return sum(1 for m in messages if m.get("role") == "user"
+               and str(m.get("content", "")).startswith(INVALID_FORMAT_FEEDBACK))
+
+
 def summarise(episodes: list[dict]) -> dict:
-    """The numbers of the module docstring for one group of episodes (``to_json`` dicts)."""
+    """The numbers of the module docstring for one group of episodes (``to_json`` dicts or
+    small evaluation records)."""
     turns = sum(int(e.get("num_turns") or 0) for e in episodes)
     invalid = sum(int(e.get("invalid_actions") or 0) for e in episodes)
-    parse_failures = sum(
-        sum(1 for m in e.get("messages", []) if m.get("role") == "user"
-            and m.get("content") == INVALID_FORMAT_FEEDBACK) for e in episodes)
-    tokens = np.array([len(e.get("token_ids") or []) for e in episodes] or [0])
+    failures = [parse_failures(e) for e in episodes]
+    known = turns and None not in failures
+    contexts = [record_context_tokens(e) for e in episodes]
+    tokens = np.array(contexts, dtype=np.int64) if contexts and None not in contexts else None
     rewards = np.array([float(e.get("reward") or 0.0) for e in episodes] or [0.0])
     return {
         "episodes": len(episodes),
         "turns": turns,
         "valid_action_share": (1.0 - invalid / turns) if turns else None,
-        "parse_failures_per_turn": (parse_failures / turns) if turns else None,
+        "parse_failures_per_turn": (sum(failures) / turns) if known else None,
         "reward_rate": float(np.mean(rewards > 0)),
         "success_rate": float(np.mean([bool(e.get("success")) for e in episodes] or [0])),
         "mean_reward": float(np.mean(rewards)),
         "turns_mean": turns / max(len(episodes), 1),
-        "tokens_mean": float(np.mean(tokens)),
-        "tokens_p90": float(np.percentile(tokens, 90)),
-        "tokens_max": int(tokens.max()),
+        "tokens_mean": None if tokens is None else float(np.mean(tokens)),
+        "tokens_p90": None if tokens is None else float(np.percentile(tokens, 90)),
+        "tokens_max": None if tokens is None else int(tokens.max()),
         "prompt_tokens_mean": float(np.mean([int(e.get("prompt_length") or 0)
                                              for e in episodes] or [0])),
         "status": dict(Counter(str(e.get("status")) for e in episodes)),
@@ -108,10 +131,11 @@ def main(argv: list[str] | None = None) -> int:
         for step, s in steps.items():
             vas = "-" if s["valid_action_share"] is None else f"{s['valid_action_share']:.2f}"
             pft = "-" if s["parse_failures_per_turn"] is None else f"{s['parse_failures_per_turn']:.2f}"
+            tok = ("-" if s["tokens_mean"] is None else f"mean {s['tokens_mean']:.0f} p90 "
+                   f"{s['tokens_p90']:.0f} max {s['tokens_max']}")
             print(f"{path} step {step}: {s['episodes']} episodes, valid actions {vas}, parse "
                   f"failures/turn {pft}, reward>0 {s['reward_rate']:.2f}, success "
-                  f"{s['success_rate']:.2f}, turns {s['turns_mean']:.1f}, tokens mean "
-                  f"{s['tokens_mean']:.0f} p90 {s['tokens_p90']:.0f} max {s['tokens_max']}, "
+                  f"{s['success_rate']:.2f}, turns {s['turns_mean']:.1f}, tokens {tok}, "
                   f"{s['status']}")
     return 0
 

@@ -15,7 +15,9 @@ Per evaluation with N episodes (``eval_episodes.jsonl`` or full trajectory files
   outgrew ``rollout.max_context``);
 * ``failed_status`` = {status: failed episodes with it / N}: what ended the failures;
 * ``turns_success_mean`` = mean turns of the successful episodes (None without any);
-* ``invalid_per_episode`` = mean ``invalid_actions``;
+* ``invalid_per_episode`` = mean ``invalid_actions``; ``parse_failures_per_episode`` = mean
+  ``parse_failures`` (the part of them the parser could not read; None when an episode's is
+  unknown: files written before the field);
 * ``levels`` = {level: [successes, episodes]};
 * web navigation (an evaluation with a MiniWoB++ trivial task,
   ``environments.miniwob.family.TRIVIAL_TASKS``): ``trivial`` and ``non_trivial`` = {"episodes",
@@ -89,6 +91,9 @@ def breakdown(episodes: list[dict], step: int) -> dict:
             e["status"] for e in eps if not e.get("success")).most_common()},
         "turns_success_mean": (sum(e["num_turns"] for e in wins) / len(wins)) if wins else None,
         "invalid_per_episode": sum(e.get("invalid_actions") or 0 for e in eps) / n,
+        "parse_failures_per_episode": (
+            None if any(e.get("parse_failures") is None for e in eps)
+            else sum(int(e["parse_failures"]) for e in eps) / n),
         "levels": dict(sorted(levels.items())),
     }
 

@@ -27,9 +27,11 @@ Per evaluation (one run, one step; N episodes, T = their turns):
 * ``endings`` = shares of the N episodes that ended ``success`` (the completion flag),
   ``turn_limit`` (status ``max_turns``, no success), ``context_limit`` (the history outgrew
   ``rollout.max_context``) and ``other`` (the environment ended it without success, errors);
-* ``parse_failures_per_turn``, ``tokens_mean`` / ``tokens_max`` (prompt + every turn): only
-  where a diagnosis file of the full trajectories exists (the committed ``eval_episodes`` keep
-  no messages or token ids), else None.
+* ``parse_failures_per_turn`` = sum(parse_failures) / T, ``tokens_mean`` / ``tokens_max`` over
+  the episodes' final context lengths (``context_tokens``: prompt + every turn): from the
+  evaluation records' own ``parse_failures`` and ``context_tokens`` where every episode has
+  them (``learning_report.EPISODE_FIELDS``), else where a diagnosis file of the full
+  trajectories exists (the older committed ``eval_episodes`` keep neither), else None.
 
 Per run, the training rollouts of its last horizon phase (``metrics.jsonl``): mean training
 success, the share of flat GRPO groups (all samples scored alike: no gradient) =
@@ -252,14 +254,20 @@ def evaluation(
     """The numbers of the module docstring for the evaluation at ``step`` of ``episodes``, over
     the target's tasks (``tasks``; web navigation: the trivial tasks apart under ``trivial``,
     and ``avg_all_tasks``); ``diagnosis`` (an ``episode_diagnosis.summarise`` of the full
-    trajectories of the whole evaluation) supplies the parse failures and token counts."""
+    trajectories of the whole evaluation) supplies the parse failures and token counts when
+    the episodes' own records do not hold them."""
     every = [e for e in episodes if int(e["step"]) == step]
     eps = headline_episodes(every, tasks)
     out = _numbers(eps, step)
     out.update(headline=out["avg"], avg_all_tasks=avg_at_k(every))
     if "non_trivial" in eval_breakdown.breakdown(every, step):
         out["trivial"] = _numbers([e for e in every if is_trivial_task(e["task_id"])], step)
-    if diagnosis is not None and diagnosis.get("episodes") == len(every) and len(eps) == len(every):
+    if (
+        not out["diagnosed"]
+        and diagnosis is not None
+        and diagnosis.get("episodes") == len(every)
+        and len(eps) == len(every)
+    ):
         out.update(
             parse_failures_per_turn=diagnosis["parse_failures_per_turn"],
             tokens_mean=diagnosis["tokens_mean"],
@@ -271,8 +279,10 @@ def evaluation(
 
 def _numbers(eps: list[dict], step: int) -> dict[str, Any]:
     """Avg@k, ``episode_diagnosis.summarise``'s shares and :func:`endings` of ``eps`` (one
-    evaluation); the token and parse figures None (the committed files do not hold them)."""
+    evaluation); the token and parse figures from the records' ``context_tokens`` and
+    ``parse_failures``, None where an episode lacks them (``diagnosed``: both known)."""
     d = episode_diagnosis.summarise(eps)
+    known = d["parse_failures_per_turn"] is not None and d["tokens_mean"] is not None
     return {
         "step": step,
         "episodes": len(eps),
@@ -283,10 +293,10 @@ def _numbers(eps: list[dict], step: int) -> dict[str, Any]:
         "turns_mean": d["turns_mean"],
         "endings": endings(eps),
         "status": eval_breakdown.breakdown(eps, step)["status"],
-        "parse_failures_per_turn": None,
-        "tokens_mean": None,
-        "tokens_max": None,
-        "diagnosed": False,
+        "parse_failures_per_turn": d["parse_failures_per_turn"] if known else None,
+        "tokens_mean": d["tokens_mean"] if known else None,
+        "tokens_max": d["tokens_max"] if known else None,
+        "diagnosed": known,
     }
 
 

@@ -8,7 +8,8 @@
 Writes to ``--out``: ``curves.png``, ``gain.json`` (before / after Avg@k, the gain and its
 interval, number of tasks and samples) and copies of the runs' small files (``metrics.jsonl``,
 ``summary.json``, ``config.json``, and ``eval_episodes.jsonl`` when the run has it: one line
-per evaluation episode with its task, step, status and score) so every figure can be checked.
+per evaluation episode with its task, step, status, score, turns, invalid actions, parse
+failures and final context tokens, :data:`EPISODE_FIELDS`) so every figure can be checked.
 Full trajectory files are not copied (large); a copied JSON-lines file over 64 KiB is stored
 gzip-compressed (``X.jsonl.gz``, lossless: the GPU machine copies the tracked tree under a
 64 MiB limit), and every script here reads both forms.
@@ -71,6 +72,7 @@ from collections import defaultdict
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))  # agentrl_jax
+from agentrl_jax.agent.trajectory import record_context_tokens
 from agentrl_jax.training.evaluation import eval_metrics  # noqa: E402
 
 from agentrl_common.jsonl_files import (GZIP_SUFFIX, find_run_file, read_records,  # noqa: E402
@@ -103,9 +105,18 @@ def series(rows: list[dict], keys: tuple[str, ...]) -> tuple[list[int], list[flo
     return [], [], keys[0]
 
 
-#: the fields of an evaluation episode kept in ``eval_episodes.jsonl``
+#: the fields of an evaluation episode kept in ``eval_episodes.jsonl``: the episode's identity
+#: and outcome (``status``: done / max_turns / context_limit / env_error / engine_error, the
+#: ending reason), its turns and :data:`COUNT_FIELDS`
 EPISODE_FIELDS = ("env", "task_id", "group_id", "sample_index", "step", "status", "reward",
-                  "success", "num_turns", "invalid_actions")
+                  "success", "num_turns", "invalid_actions", "parse_failures", "context_tokens")
+#: integer fields left out of a written file when unknown (None: a small file written before
+#: them, or full trajectories from before ``Trajectory.parse_failures``): ``parse_failures`` =
+#: turns whose reply the parser could not read (a part of ``invalid_actions``, whose rest the
+#: environment refused); ``context_tokens`` = the final context length, prompt + every turn
+#: (``Trajectory.context_tokens``: the last chunk with a history window; the limit it is held
+#: to is ``rollout.max_context`` of the run's ``config.json``)
+COUNT_FIELDS = ("parse_failures", "context_tokens")
 SMALL_FILES = ("metrics.jsonl", "summary.json", "config.json", "eval.json")
 
 
@@ -125,16 +136,23 @@ def eval_episode_files(run: str) -> list[str]:
     return [found.get(n) or os.path.join(run, n) for n in (full or small)]
 
 
+def small_record(record: dict) -> dict:
+    """An episode record (full trajectory or small) reduced to :data:`EPISODE_FIELDS`
+    (``step`` 0 when the record has none: ``launch/eval.py``'s output; a
+    :data:`COUNT_FIELDS` value None when unknown)."""
+    e = {k: record.get(k) for k in EPISODE_FIELDS}
+    e["step"] = int(record.get("step") or 0)
+    e["context_tokens"] = record_context_tokens(record)
+    return e
+
+
 def eval_episodes(run: str) -> list[dict]:
-    """``run``'s evaluation episodes, each reduced to :data:`EPISODE_FIELDS` (``step`` 0 when
-    the file has none: ``launch/eval.py``'s output); ``run`` may also be one JSONL file of
-    episodes (e.g. ``launch/record_experts.py``'s)."""
+    """``run``'s evaluation episodes, each reduced to :data:`EPISODE_FIELDS`
+    (:func:`small_record`); ``run`` may also be one JSONL file of episodes (e.g.
+    ``launch/record_experts.py``'s)."""
     out = []
     for path in [run] if os.path.isfile(run) else eval_episode_files(run):
-        for t in read_jsonl(path):
-            e = {k: t.get(k) for k in EPISODE_FIELDS}
-            e["step"] = int(t.get("step") or 0)
-            out.append(e)
+        out.extend(small_record(t) for t in read_jsonl(path))
     return out
 
 
@@ -184,8 +202,10 @@ def collect_run(run: str, dest: str) -> int:
     if episodes:
         tmp = os.path.join(dest, "eval_episodes.jsonl.tmp")
         with open(tmp, "w") as f:
-            for e in episodes:
-                f.write(json.dumps(e) + "\n")
+            # an unknown count is left out, not written as null
+            f.writelines(json.dumps({k: v for k, v in e.items()
+                                     if v is not None or k not in COUNT_FIELDS}) + "\n"
+                         for e in episodes)
         os.replace(tmp, os.path.join(dest, "eval_episodes.jsonl"))
         store_compact(os.path.join(dest, "eval_episodes.jsonl"))
     return len(episodes)
