@@ -11,20 +11,17 @@ from __future__ import annotations
 
 import pytest
 from aiohttp.test_utils import TestServer
+from fake_backends import GO_TO_RED_BALL, ScriptedBackend, choice_episode
 
-from agentrl_jax.agent.chat import ChatFormatter
-from agentrl_jax.agent.episode import Episode
-from agentrl_jax.agent.parsing import get_parser, options_block
+from agentrl_jax.agent.parsing import options_block
 from agentrl_jax.models.pretrained import resolve_model_path
 from agentrl_jax.models.tokenizer import load_tokenizer
-from agentrl_jax.rollout.contract import SamplingParams
 from agentrl_jax.training.config.experiment import to_run_config
 from environments.babyai.env import BabyAIEnv
 from environments.core.base import ResetResult, StepResult, TextEnvironment
 from environments.core.client import EnvClient, EnvServerError
 from environments.core.server import build_app
 from environments.registry import Family
-from tests.test_choice_actions import ScriptedBackend
 from tests.test_list_actions import _Catalog, _CountEnv
 
 pytestmark = pytest.mark.timeout(120)
@@ -109,10 +106,9 @@ def test_the_client_checks_and_passes_on_its_action_text():
 
 
 def test_babyai_leaves_out_its_available_actions_line_but_keeps_them_in_info():
-    task = "BabyAI-GoToRedBallNoDists-v0/seed=0"
     shown, quiet = BabyAIEnv(), BabyAIEnv()
     quiet.action_text = False
-    a, b = shown.reset(task), quiet.reset(task)
+    a, b = shown.reset(GO_TO_RED_BALL), quiet.reset(GO_TO_RED_BALL)
     line = "Available actions: " + ", ".join(a.info["available_actions"])
     assert a.observation.endswith("\n" + line)
     assert b.observation == a.observation[:-len("\n" + line)]
@@ -124,21 +120,14 @@ def test_babyai_leaves_out_its_available_actions_line_but_keeps_them_in_info():
 
 
 async def test_a_choice_episode_shows_each_action_list_once(babyai):
-    task = "BabyAI-GoToRedBallNoDists-v0/seed=0"
     reference = BabyAIEnv()
     reference.action_text = False
-    first = reference.reset(task)
+    first = reference.reset(GO_TO_RED_BALL)
     options0 = first.info["available_actions"]
     tokenizer = load_tokenizer(resolve_model_path("smollm2"))
-    backend = ScriptedBackend(tokenizer, [" a"])
-    async with EnvClient(babyai.url, action_text=False) as client:
-        episode = Episode(env_client=client, backend=backend, formatter=ChatFormatter(tokenizer),
-                          parser=get_parser("choice"), env_name="babyai", task_id=task,
-                          group_id=0, sample_index=0, horizon=1,
-                          sampling=SamplingParams(max_new_tokens=1), max_context=4096,
-                          policy_version=0, prompt_style="choice", response_prefix="Action:",
-                          history_turns=0, option_limits=False)
-        traj = await episode.run()
+    backend = ScriptedBackend(tokenizer, [" a"], logprob=-1.0)
+    traj = await choice_episode(babyai.url, backend, tokenizer, horizon=1, max_new_tokens=1,
+                                action_text=False)
     user = [m["content"] for m in traj.messages if m["role"] == "user"][0]
     assert user.endswith(first.observation + "\n" + options_block(options0))
     assert "Available actions" not in user

@@ -14,12 +14,13 @@ import zlib
 import jax
 import pytest
 
+from fake_backends import RecordingBackend, ScriptedBackend
 from agentrl_jax.agent.actor_pool import ActorPool, TaskRef
 from agentrl_jax.agent.chat import ChatFormatter
 from agentrl_jax.agent.parsing import parse_react
 from agentrl_jax.models.pretrained import resolve_model_path
 from agentrl_jax.models.tokenizer import load_tokenizer
-from agentrl_jax.rollout.contract import GenerateResult, RolloutBackend, SamplingParams
+from agentrl_jax.rollout.contract import SamplingParams
 from environments.core.client import EnvClient
 from agentrl_common.processes import start_env_server
 
@@ -35,59 +36,6 @@ def servers():
     yield started
     for server in started.values():
         server.stop()
-
-
-class ScriptedBackend(RolloutBackend):
-    """Replies with fixed text (ending in EOS) after an optional delay; records every call."""
-
-    name = "scripted"
-
-    def __init__(self, tokenizer, reply: str, delay: float = 0.0):
-        self.ids = tokenizer.encode(reply, add_special_tokens=False) + [tokenizer.eos_token_id]
-        self.delay = delay
-        self.calls: list[tuple[list[int], GenerateResult]] = []
-
-    async def generate(self, input_ids, sampling=None, session_id=None, rid=None):
-        if self.delay:
-            await asyncio.sleep(self.delay)
-        result = GenerateResult(output_ids=list(self.ids),
-                                output_logprobs=[-0.25] * len(self.ids), finish_reason="stop",
-                                prompt_tokens=len(input_ids))
-        self.calls.append((list(input_ids), result))
-        return result
-
-    async def update_weights(self, params=None, *, path=None, version=None):
-        pass
-
-    async def health(self):
-        return True
-
-    async def aclose(self):
-        pass
-
-
-class RecordingBackend(RolloutBackend):
-    """Wraps a real backend and records (input ids, result) per session."""
-
-    name = "recording"
-
-    def __init__(self, inner):
-        self.inner = inner
-        self.calls: dict[str, list[tuple[list[int], GenerateResult]]] = {}
-
-    async def generate(self, input_ids, sampling=None, session_id=None, rid=None):
-        result = await self.inner.generate(input_ids, sampling, session_id=session_id, rid=rid)
-        self.calls.setdefault(session_id, []).append((list(input_ids), result))
-        return result
-
-    async def update_weights(self, params=None, *, path=None, version=None):
-        await self.inner.update_weights(params, path=path, version=version)
-
-    async def health(self):
-        return await self.inner.health()
-
-    async def aclose(self):
-        pass
 
 
 def _pool(backend, clients, tokenizer, max_context=4096, max_new_tokens=64, concurrency=16):
@@ -273,30 +221,19 @@ def test_jax_has_the_test_devices():
     assert dataclasses.is_dataclass(SamplingParams)
 
 
-class SeedRecordingBackend(ScriptedBackend):
-    """Records the sampling seed of every generate call, per episode (session)."""
-
-    def __init__(self, tokenizer, reply):
-        super().__init__(tokenizer, reply)
-        self.seeds: dict[str, list[int | None]] = {}
-
-    async def generate(self, input_ids, sampling=None, session_id=None, rid=None):
-        self.seeds.setdefault(session_id, []).append(sampling.seed)
-        return await super().generate(input_ids, sampling, session_id, rid)
-
-
 async def test_every_turn_draws_fresh_randomness_and_runs_reproduce(servers, tokenizer):
     """Each generation call of an episode gets its own seed (one seed reused over a
     near-identical prompt makes the agent repeat its last turn), seeds differ across the
     samples of a group, and the same run seed gives the same seeds again."""
 
     async def seeds_of_run(seed):
-        backend = SeedRecordingBackend(tokenizer, "Action: turn left")
+        backend = ScriptedBackend(tokenizer, "Action: turn left")
         async with EnvClient(servers["babyai"].url) as client:
             tasks = [TaskRef("babyai", t) for t in (await client.tasks("test"))[:2]]
             pool = _pool(backend, {"babyai": client}, tokenizer)
             trajectories, _ = await pool.collect(tasks, n_samples=2, horizon=4, seed=seed)
-        return [backend.seeds[t.episode_id] for t in trajectories]
+        return [[c.sampling.seed for c in backend.log if c.session_id == t.episode_id]
+                for t in trajectories]
 
     first = await seeds_of_run(7)
     assert all(len(s) == 4 for s in first)  # four turns each (turn left never ends BabyAI)

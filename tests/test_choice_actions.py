@@ -12,19 +12,15 @@ import re
 
 import pytest
 
-from fake_backends import QuietBackend
-from agentrl_jax.agent.episode import Episode
-from agentrl_jax.agent.chat import ChatFormatter
+from fake_backends import GO_TO_RED_BALL, ScriptedBackend, choice_episode
 from agentrl_jax.agent.parsing import (INVALID_FORMAT_FEEDBACK, get_parser, options_block,
                                        parse_choice, takes_options)
 from agentrl_jax.models.pretrained import resolve_model_path
 from agentrl_jax.models.tokenizer import load_tokenizer
-from agentrl_jax.rollout.contract import GenerateResult, SamplingParams
 from agentrl_jax.training.runtime import services
 from agentrl_jax.training.config.experiment import base_config, to_run_config
 from agentrl_jax.training.preflight.validate import ConfigError, check_config
 from environments.babyai.env import BabyAIEnv
-from environments.core.client import EnvClient
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -63,27 +59,9 @@ def test_options_block_and_registry():
     assert not takes_options(get_parser("react"))
 
 
-class ScriptedBackend(QuietBackend):
-    """Replies with the given texts in order (one per turn), each ending with EOS."""
-
-    name = "scripted"
-
-    def __init__(self, tokenizer, replies):
-        self.replies = [tokenizer.encode(r, add_special_tokens=False) + [tokenizer.eos_token_id]
-                        for r in replies]
-        self.prompts: list[list[int]] = []
-
-    async def generate(self, input_ids, sampling=None, session_id=None, rid=None):
-        self.prompts.append(list(input_ids))
-        ids = self.replies[len(self.prompts) - 1]
-        return GenerateResult(output_ids=ids, output_logprobs=[-1.0] * len(ids),
-                              finish_reason="stop", prompt_tokens=len(input_ids))
-
-
 async def test_episode_shows_the_options_and_steps_the_chosen_one(babyai):
-    task = "BabyAI-GoToRedBallNoDists-v0/seed=0"
     reference = BabyAIEnv()  # the same task, played by hand: turn left, turn right, go to ball
-    options0 = reference.reset(task).info["available_actions"]
+    options0 = reference.reset(GO_TO_RED_BALL).info["available_actions"]
     assert options0[:4] == ["turn left", "turn right", "move forward", "go to red ball 1"]
     options1 = reference.step("turn left").info["available_actions"]
     options2 = reference.step("turn right").info["available_actions"]
@@ -93,15 +71,8 @@ async def test_episode_shows_the_options_and_steps_the_chosen_one(babyai):
     tokenizer = load_tokenizer(resolve_model_path("smollm2"))
     # "z" names no option (the environment is not stepped), "a" = turn left, "b" = turn right,
     # "d" = go to red ball 1 (its letter in options2, the same view as at the start)
-    backend = ScriptedBackend(tokenizer, [" z", " a", " bread", " d"])
-    async with EnvClient(babyai.url) as client:
-        episode = Episode(env_client=client, backend=backend, formatter=ChatFormatter(tokenizer),
-                          parser=get_parser("choice"), env_name="babyai", task_id=task,
-                          group_id=0, sample_index=0, horizon=6,
-                          sampling=SamplingParams(max_new_tokens=4), max_context=4096,
-                          policy_version=0, prompt_style="choice", response_prefix="Action:",
-                          history_turns=0, option_limits=False)
-        traj = await episode.run()
+    backend = ScriptedBackend(tokenizer, [" z", " a", " bread", " d"], logprob=-1.0)
+    traj = await choice_episode(babyai.url, backend, tokenizer, horizon=6, max_new_tokens=4)
     assert options2[3] == "go to red ball 1"
     users = [m["content"] for m in traj.messages if m["role"] == "user"]
     assert users[0].endswith("\n" + options_block(options0))

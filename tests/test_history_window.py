@@ -22,11 +22,11 @@ from agentrl_jax.agent.parsing import ParsedAction, parse_react
 from agentrl_jax.agent.trajectory import Trajectory
 from agentrl_jax.models.pretrained import resolve_model_path
 from agentrl_jax.models.tokenizer import load_tokenizer
-from agentrl_jax.rollout.contract import GenerateResult, SamplingParams
+from agentrl_jax.rollout.contract import SamplingParams
 from agentrl_jax.training.rl.batching import assemble_batch, training_rows
 from agentrl_jax.training.config.sections import RunConfig
 from environments.core.base import StepResult
-from fake_backends import QuietBackend
+from fake_backends import RecordingBackend, ScriptedBackend
 
 GOAL = "Goal: reach the red door."
 
@@ -55,25 +55,9 @@ class CountingEnv:
         return True
 
 
-class RecordingBackend(QuietBackend):
+def _go_backend(tokenizer) -> ScriptedBackend:
     """Replies `` go`` + EOS; logprobs differ per call and position; records every call."""
-
-    name = "recording"
-
-    def __init__(self, tokenizer):
-        self.ids = tokenizer.encode(" go", add_special_tokens=False) + [tokenizer.eos_token_id]
-        self.calls: dict[str, list[tuple[list[int], GenerateResult]]] = {}
-        self.count = 0
-
-    async def generate(self, input_ids, sampling=None, session_id=None, rid=None):
-        await asyncio.sleep(0)
-        self.count += 1
-        result = GenerateResult(output_ids=list(self.ids),
-                                output_logprobs=[-(self.count + i / 10) / 100
-                                                 for i in range(len(self.ids))],
-                                finish_reason="stop", prompt_tokens=len(input_ids))
-        self.calls.setdefault(session_id, []).append((list(input_ids), result))
-        return result
+    return ScriptedBackend(tokenizer, " go", logprob=lambda k, i: -(k + 1 + i / 10) / 100)
 
 
 @pytest.fixture(scope="module")
@@ -101,7 +85,7 @@ def _rendered(tokenizer, messages: list[dict[str, str]]) -> list[int]:
 
 
 def test_windowed_prompts_hold_exactly_the_expected_messages(tokenizer):
-    backend = RecordingBackend(tokenizer)
+    backend = _go_backend(tokenizer)
     (traj,) = _collect(tokenizer, backend, history_turns=2, horizon=5)
     (calls,) = backend.calls.values()
     assert traj.num_turns == 5 and len(calls) == 5
@@ -134,7 +118,7 @@ def test_windowed_prompts_hold_exactly_the_expected_messages(tokenizer):
 
 
 def test_without_a_window_the_episode_is_one_growing_sequence(tokenizer):
-    backend = RecordingBackend(tokenizer)
+    backend = _go_backend(tokenizer)
     (traj,) = _collect(tokenizer, backend, history_turns=0, horizon=5)
     (calls,) = backend.calls.values()
     assert traj.chunk_starts == [0]
@@ -145,7 +129,7 @@ def test_without_a_window_the_episode_is_one_growing_sequence(tokenizer):
 def test_prompt_length_stops_growing_with_the_turn_count(tokenizer):
     lengths = {}
     for window in (0, 3):
-        backend = RecordingBackend(tokenizer)
+        backend = _go_backend(tokenizer)
         _collect(tokenizer, backend, history_turns=window, horizon=14)
         (calls,) = backend.calls.values()
         lengths[window] = [len(ids) for ids, _ in calls]
@@ -159,7 +143,7 @@ def test_prompt_length_stops_growing_with_the_turn_count(tokenizer):
 
 
 def test_every_generated_id_is_trained_in_the_context_the_engine_was_given(tokenizer):
-    backend = RecordingBackend(tokenizer)
+    backend = _go_backend(tokenizer)
     trajectories = _collect(tokenizer, backend, history_turns=2, horizon=7,
                             tasks=("win", "t"), samples=2)
     batch = assemble_batch(trajectories, pad_id=2, episode_estimator="grpo")
@@ -236,24 +220,6 @@ def test_config_refuses_what_the_window_would_train_wrongly(learner, needs):
 # ---------------------------------------------------------------- a real engine and model
 
 
-class EngineBackend(QuietBackend):
-    """The tiny model's engine as a rollout backend; records every call."""
-
-    name = "engine"
-
-    def __init__(self, engine):
-        self.engine = engine
-        self.calls: dict[str, list[tuple[list[int], GenerateResult]]] = {}
-
-    async def generate(self, input_ids, sampling=None, session_id=None, rid=None):
-        (result,) = await self.engine.generate_n(list(input_ids), sampling, session_id)
-        self.calls.setdefault(session_id, []).append((list(input_ids), result))
-        return result
-
-    def end_session(self, session_id):
-        self.engine.end_session(session_id)
-
-
 def test_sampled_logprobs_equal_a_forward_over_each_training_row():
     """Windowed episodes of a tiny random model sampled at temperature 1 by the engine (prefix
     reuse on): each row's teacher-forced log-probs equal the sampled ones on its trained ids."""
@@ -265,7 +231,7 @@ def test_sampled_logprobs_equal_a_forward_over_each_training_row():
     engine = make_engine(model, tokenizer, warmup=False, max_length=512,
                          prefill_chunks=(64, 512), prefill_tokens=512)
     try:
-        backend = EngineBackend(engine)
+        backend = RecordingBackend(engine)
         pool = ActorPool(backend, {"fake": CountingEnv()}, ChatFormatter(tokenizer),
                          SamplingParams(max_new_tokens=6, temperature=1.0, seed=3),
                          max_context=512, max_concurrency=4,
@@ -290,7 +256,7 @@ def test_sampled_logprobs_equal_a_forward_over_each_training_row():
 def test_worker_processes_relay_windowed_prompts_exactly(tokenizer):
     """A windowed prompt is not an extension of the previous one: a worker process sends the
     parent the ids past their common prefix, and the parent's ids equal the worker's."""
-    backend = RecordingBackend(tokenizer)
+    backend = _go_backend(tokenizer)
     from environments.core.client import EnvClient
     from agentrl_common.processes import start_env_server
 
@@ -303,7 +269,7 @@ def test_worker_processes_relay_windowed_prompts_exactly(tokenizer):
                 kwargs = dict(max_context=4096, max_concurrency=8, parser=parse_react,
                               prompt_style="action",
                               response_prefix="Action:", history_turns=2, option_limits=False)
-                here = ActorPool(RecordingBackend(tokenizer), {"babyai": client},
+                here = ActorPool(_go_backend(tokenizer), {"babyai": client},
                                  ChatFormatter(tokenizer), SamplingParams(max_new_tokens=8),
                                  **kwargs)
                 pool = ActorPool(backend, {"babyai": client}, ChatFormatter(tokenizer),

@@ -14,55 +14,29 @@ import re
 
 import numpy as np
 import pytest
+from fake_backends import GO_TO_RED_BALL, ScriptedBackend, choice_episode
 
-from fake_backends import QuietBackend
-from agentrl_jax.agent.chat import ChatFormatter
-from agentrl_jax.agent.episode import Episode
-from agentrl_jax.agent.parsing import get_parser
 from agentrl_jax.models.pretrained import resolve_model_path
 from agentrl_jax.models.tokenizer import load_tokenizer
-from agentrl_jax.rollout.contract import GenerateResult, SamplingParams
 from agentrl_jax.training.config.experiment import base_config, to_run_config
 from agentrl_jax.training.rl.batching import assemble_batch
 from environments.babyai.env import BabyAIEnv
-from environments.core.client import EnvClient
 
 pytestmark = pytest.mark.timeout(120)
-TASK = "BabyAI-GoToRedBallNoDists-v0/seed=0"
-
-
-class RecordingBackend(QuietBackend):
-    """Replies with the given one-token texts in order and records each turn's sampling."""
-
-    name = "recording"
-
-    def __init__(self, tokenizer, replies):
-        self.replies = [tokenizer.encode(r, add_special_tokens=False) for r in replies]
-        self.sampling: list[SamplingParams] = []
-
-    async def generate(self, input_ids, sampling=None, session_id=None, rid=None):
-        ids = self.replies[len(self.sampling)]
-        self.sampling.append(sampling)
-        return GenerateResult(output_ids=ids, output_logprobs=[-0.5] * len(ids),
-                              finish_reason="length", prompt_tokens=len(input_ids))
 
 
 async def _episode(url: str, option_limits: bool):
     tokenizer = load_tokenizer(resolve_model_path("smollm2"))
-    backend = RecordingBackend(tokenizer, [" a", " b", " d"])  # turn left, turn right, go to
-    async with EnvClient(url) as client:
-        episode = Episode(env_client=client, backend=backend, formatter=ChatFormatter(tokenizer),
-                          parser=get_parser("choice"), env_name="babyai", task_id=TASK,
-                          group_id=0, sample_index=0, horizon=6,
-                          sampling=SamplingParams(max_new_tokens=1), max_context=4096,
-                          policy_version=0, prompt_style="choice", response_prefix="Action:",
-                          history_turns=0, option_limits=option_limits)
-        return await episode.run(), backend
+    # one token a turn, no EOS: turn left, turn right, go to red ball 1
+    backend = ScriptedBackend(tokenizer, [" a", " b", " d"], eos=False, logprob=-0.5)
+    traj = await choice_episode(url, backend, tokenizer, horizon=6, max_new_tokens=1,
+                                option_limits=option_limits)
+    return traj, backend
 
 
 async def test_a_choice_turn_asks_for_and_records_its_option_count(babyai):
     reference = BabyAIEnv()
-    shown = [len(reference.reset(TASK).info["available_actions"]),
+    shown = [len(reference.reset(GO_TO_RED_BALL).info["available_actions"]),
              len(reference.step("turn left").info["available_actions"]),
              len(reference.step("turn right").info["available_actions"])]
     traj, backend = await _episode(babyai.url, option_limits=True)
