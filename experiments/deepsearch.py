@@ -16,7 +16,7 @@ grpo_scaling  the paper's schedule, 64 new tokens a turn
 ppo           ``grpo_scaling`` with PPO (critic + GAE) instead of GRPO
 grpo_gpu      the default: one GPU, ~10 minutes with both evaluations (``common.gpu_recipe``)
 choice_gpu    ``grpo_gpu`` answering with the letter of a listed admissible action, restricted
-              policy, a 4-turn history window
+              policy, the whole history in a 6,144-token context
 sft_gpu       behaviour cloning of the retrieval oracle on one GPU
 sft_grpo_gpu  ``grpo_gpu`` started from ``sft_gpu``'s policy
 ============= ==============================================================================
@@ -66,19 +66,19 @@ def choice_gpu() -> ConfigDict:
     reply is one letter (docs/RESULTS.md, "Lettered options and a policy restricted to the
     letters, per family, at step 0"; the jobs: benchmarks/jobs/families_choice_scratch.txt).
 
-    With a 4-turn history window (``agent.history_turns = 4``, docs/TRAINING.md): each turn
-    adds ~490 tokens (three passages and the ~160-token options block), so with the whole
-    history the 4,096-token context ended 13 of 16 step-0 episodes of 10 turns at turns 7-9
-    (CPU, results/choice_step0_cpu/deepsearch_train_10turns_option_limits.json); the window
-    bounds every prompt to the task and the last 4 turns. It drops nothing the choice needs:
-    the server rebuilds the options from everything the episode has shown (so the oracle's
-    coverage is unchanged), and the retrieval oracle restricted to the options needs at most
-    5 turns and at most the observation 3 turns back (the passage naming the next article or
-    the answer; results/deepsearch_options/oracle_needs.json). With the window the same
-    step-0 episodes end none at the context (at most 3,009 tokens; 14 of 16 run all 10 turns):
-    results/choice_step0_cpu/deepsearch_train_10turns_window4.json."""
+    With the whole history in a 6,144-token context (``rollout.max_context`` and the packed
+    learner rows, ``learner.pack_length``; ``grpo_gpu`` has 4,096): each turn adds ~490 tokens
+    (three passages and the ~160-token options block), so at 4,096 tokens 13 of 16 step-0
+    episodes of 10 turns ended at the context at turns 7-9, and at 6,144 none did (at most 5,918
+    tokens after 10 turns; CPU, results/choice_step0_cpu/deepsearch_train_10turns_option_limits
+    .json and _ctx6144.json). A 4-turn history window ended none either (_window4.json) and
+    drops nothing the choice needs (results/deepsearch_options/oracle_needs.json), but it
+    re-prefills each windowed prompt and trains one row per turn past the fourth, ~3x the
+    learner tokens of the whole history here; the wider context costs 1.5x the KV cache (128
+    slots x 6,144 float32 tokens, ~36 GB) instead."""
     c = use_choice(grpo_gpu(), list_actions=True)
-    c.agent.history_turns = 4
+    c.rollout.max_context = 6144
+    c.learner.pack_length = 6144
     return c
 
 

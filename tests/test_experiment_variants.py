@@ -171,9 +171,8 @@ def test_choice_gpu_is_grpo_gpu_answering_with_a_restricted_letter(family, lists
     where the observation has none (ScienceWorld, TextCraft, web navigation), no action
     list in the observation text beside the options block (``agent.actions_in_observation``),
     and each turn restricted to its listed options' letters (``agent.option_limits``). Deep
-    search also bounds the history to 4 turns (``agent.history_turns``: its passages and options
-    end 10-turn episodes at the 4,096-token context otherwise; the windowed run is accepted by
-    the learner checks, GRPO with ``token_mean``)."""
+    search also widens its context to 6,144 tokens (engine and packed rows: its passages and
+    options end 10-turn episodes at the 4,096-token context otherwise)."""
     from agentrl_jax.training.preflight.validate import output_token_problems
 
     grpo, choice = flat(load(f"{family}:grpo_gpu")), flat(load(f"{family}:choice_gpu"))
@@ -182,9 +181,11 @@ def test_choice_gpu_is_grpo_gpu_answering_with_a_restricted_letter(family, lists
                        "rollout.max_new_tokens", "rollout.decode_steps",
                        "agent.actions_in_observation", "agent.option_limits",
                        *(["agent.list_valid_actions"] if lists else []),
-                       *(["agent.history_turns"] if family == "deepsearch.py" else [])}
-    assert (grpo["agent.history_turns"][0], choice["agent.history_turns"][0]) == (
-        0, 4 if family == "deepsearch.py" else 0)
+                       *(["rollout.max_context", "learner.pack_length"]
+                         if family == "deepsearch.py" else [])}
+    if family == "deepsearch.py":
+        assert (choice["rollout.max_context"][0], choice["learner.pack_length"][0]) == (6144, 6144)
+    assert (grpo["agent.history_turns"][0], choice["agent.history_turns"][0]) == (0, 0)
     assert (grpo["agent.option_limits"][0], choice["agent.option_limits"][0]) == (False, True)
     assert (grpo["agent.actions_in_observation"][0], choice["agent.actions_in_observation"][0]) \
         == (True, False)
