@@ -32,6 +32,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 from agentrl_jax.algorithms import (TURN_INPUTS, AdvantageInputs, compute_advantages,
                                     is_supervised, kl_estimate, kl_penalized_token_rewards)
+from agentrl_common.gc_clock import gc_totals
 from agentrl_jax.compile_notice import compile_count
 from agentrl_jax.learner.batch import RolloutBatch
 from agentrl_jax.learner.config import LearnerConfig
@@ -175,6 +176,7 @@ class UpdatePipeline:
         lr, cfg = self.learner, self.config
         t_start = time.perf_counter()
         compiles_before = compile_count()
+        gc_before, cpu_before = gc_totals(), time.thread_time()
         placed = self.layout.place()
 
         t0 = time.perf_counter()
@@ -234,6 +236,12 @@ class UpdatePipeline:
         # XLA programs compiled during the update (any thread of the process): 0 once a run's
         # shapes are compiled (a new token-space or micro-batch shape compiles several)
         metrics["perf/update_compiles"] = float(compile_count() - compiles_before)
+        # what else can stretch an update without a compile: Python's garbage collections
+        # during it (any thread: they hold the GIL the dispatch loop needs) and this thread's
+        # CPU time (dispatch and host work; the rest of the wall is waiting: device or GIL)
+        metrics["perf/update_gc_s"], full = gc_totals().since(gc_before)
+        metrics["perf/update_gc_full"] = float(full)
+        metrics["perf/update_thread_cpu_s"] = time.thread_time() - cpu_before
         metrics["learner/update_step"] = float(lr.update_step)
         metrics["learner/optimizer_step"] = float(optimizer_step_count(lr.opt_state) or 0)
         return metrics

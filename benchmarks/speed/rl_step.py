@@ -120,11 +120,13 @@ def step_rows(metrics_path: str) -> list[dict]:
                 "flat_groups_skipped": m.get("rollout/flat_groups_skipped", 0.0),
                 # the update's shapes (docs/LEARNER.md, "One token space a run"): packed rows
                 # holding tokens / run, accumulate calls, log-prob rows, token-space rows, and
-                # the XLA compiles during the update (0 in a steady step)
+                # the XLA compiles during the update (0 in a steady step), the garbage
+                # collections during it and the update thread's CPU seconds
                 **{k.split("/", 1)[1]: m[k] for k in (
                     "learner/rows", "learner/rows_padded", "learner/micro_batches",
                     "learner/logprob_rows", "learner/logprob_rows_padded",
-                    "learner/token_space_rows", "perf/update_compiles") if k in m},
+                    "learner/token_space_rows", "perf/update_compiles", "perf/update_gc_s",
+                    "perf/update_gc_full", "perf/update_thread_cpu_s") if k in m},
                 "updated": "perf/update_time_s" in m})
     return rows
 

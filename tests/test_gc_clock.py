@@ -1,0 +1,71 @@
+"""agentrl_common/gc_clock.py: the garbage collector's seconds and collections, any thread, and
+the update's metrics built on them (perf/update_gc_s, _gc_full, _thread_cpu_s)."""
+
+from __future__ import annotations
+
+import gc
+import threading
+import time
+
+import numpy as np
+
+from agentrl_common.gc_clock import GcTotals, gc_totals
+
+
+def test_a_full_collection_on_another_thread_is_counted_with_its_seconds():
+    """A callback after ours sleeps 50 ms inside the collection's start: the clock counts it
+    (our "start" is stamped before it runs, our "stop" after the collection), and the full
+    collection, run on another thread, is counted once as generation 2."""
+    before = gc_totals()  # installs the listener first, so it runs before the sleeper
+
+    def sleeper(phase, info):
+        if phase == "start" and info.get("generation") == 2:
+            time.sleep(0.05)
+
+    gc.callbacks.append(sleeper)
+    try:
+        worker = threading.Thread(target=gc.collect, args=(2,))
+        worker.start()
+        worker.join()
+    finally:
+        gc.callbacks.remove(sleeper)
+    seconds, full = gc_totals().since(before)
+    assert full == 1
+    assert 0.05 <= seconds < 5.0
+
+
+def test_since_subtracts_readings():
+    a = GcTotals(1.5, (10, 3, 1))
+    b = GcTotals(2.25, (14, 4, 3))
+    assert b.since(a) == (0.75, 2)
+
+
+def test_the_update_reports_its_collections_and_cpu_seconds(monkeypatch):
+    """A learner update (tiny packed model, CPU) reports the collections during it: a full
+    collection forced inside the update counts as at least one; the thread's CPU seconds are
+    positive and at most its wall time plus a scheduling slack."""
+    from agentrl_jax.learner import LearnerConfig, UpdateOptions
+    from agentrl_jax.learner.layouts import PackedRows
+    from learner_helpers import tiny_batch, tiny_learner
+
+    cfg = LearnerConfig(kl_coef=0.0, entropy_coef=0.0, dtype="float32", remat=False,
+                        learning_rate=1e-3, micro_batch_size=2, pack_length=96,
+                        logprob_batch_size=2, min_length_bucket=32,
+                        advantage_estimator="grpo", shuffle=False)
+    learner = tiny_learner(cfg)
+    learner.token_rows.reserve(16)
+    plain = learner.update(tiny_batch(0, 6, 40), UpdateOptions(log=False))
+    assert plain["perf/update_gc_s"] >= 0.0 and plain["perf/update_gc_full"] >= 0.0
+    assert 0.0 < plain["perf/update_thread_cpu_s"] <= plain["perf/update_time_s"] + 0.05
+
+    real = PackedRows.optimiser_steps
+
+    def with_collection(self, *args, **kwargs):
+        gc.collect(2)  # a full collection while the update runs
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(PackedRows, "optimiser_steps", with_collection)
+    metrics = learner.update(tiny_batch(1, 7, 45), UpdateOptions(log=False))
+    assert metrics["perf/update_gc_full"] >= 1.0
+    assert metrics["perf/update_gc_s"] > 0.0
+    assert np.isfinite(metrics["actor/pg_loss"])
