@@ -36,7 +36,7 @@ class GcTotals:
     seconds: float
     collections: tuple[int, int, int]
 
-    def since(self, earlier: "GcTotals") -> tuple[float, int]:
+    def since(self, earlier: GcTotals) -> tuple[float, int]:
         """(seconds, full collections) between ``earlier`` and this reading; a full collection
         is one of generation 2, the one that walks every tracked object."""
         return (self.seconds - earlier.seconds,

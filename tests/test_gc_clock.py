@@ -44,9 +44,10 @@ def test_the_update_reports_its_collections_and_cpu_seconds(monkeypatch):
     """A learner update (tiny packed model, CPU) reports the collections during it: a full
     collection forced inside the update counts as at least one; the thread's CPU seconds are
     positive and at most its wall time plus a scheduling slack."""
+    from learner_helpers import tiny_batch, tiny_learner
+
     from agentrl_jax.learner import LearnerConfig, UpdateOptions
     from agentrl_jax.learner.layouts import PackedRows
-    from learner_helpers import tiny_batch, tiny_learner
 
     cfg = LearnerConfig(kl_coef=0.0, entropy_coef=0.0, dtype="float32", remat=False,
                         learning_rate=1e-3, micro_batch_size=2, pack_length=96,
