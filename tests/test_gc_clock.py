@@ -31,7 +31,7 @@ def test_a_full_collection_on_another_thread_is_counted_with_its_seconds():
         gc.callbacks.remove(sleeper)
     seconds, full = gc_totals().since(before)
     assert full == 1
-    assert 0.05 <= seconds < 5.0
+    assert seconds >= 0.05  # at least the sleep inside it (no upper bound: a loaded box is slow)
 
 
 def test_since_subtracts_readings():

@@ -1,0 +1,156 @@
+"""The runs and targets ``family_shortfall.py`` reads: issue 47's target per family
+(:data:`TARGETS`), the from-scratch arms and their committed run folders (:data:`ARMS`), the
+step-0 CPU measurements (:data:`CPU_STEP0`) and the diagnosis files of full evaluation
+trajectories (:data:`DIAGNOSIS_FILES`). Paths are relative to the repository root."""
+
+from __future__ import annotations
+
+import dataclasses
+
+
+@dataclasses.dataclass(frozen=True)
+class Target:
+    """One family's target: ``kind`` "avg" (final headline Avg@k >= ``value``) or "gain"
+    (final - step-0 headline Avg@k >= ``value``), over ``tasks`` ("all" or "non_trivial")."""
+
+    kind: str
+    value: float
+    tasks: str
+    text: str
+
+
+@dataclasses.dataclass(frozen=True)
+class Arm:
+    """A from-scratch recipe: its run folders (one per training seed), the split it was
+    evaluated on and whether its tasks are the target's (``counts``)."""
+
+    family: str
+    name: str
+    runs: tuple[str, ...]
+    split: str
+    counts: bool = True
+    note: str = ""
+
+
+TARGETS: dict[str, Target] = {
+    "babyai": Target("avg", 0.80, "all", "Avg@4 >= 0.80"),
+    "textcraft": Target("avg", 0.40, "all", "Avg@4 >= 0.40"),
+    "scienceworld": Target("gain", 0.10, "all", "score +10 points over step 0"),
+    "webnav": Target("avg", 0.40, "non_trivial", "Avg@4 >= 0.40 on the non-trivial tasks"),
+    "deepsearch": Target("avg", 0.30, "all", "Avg@4 >= 0.30 on the new tasks"),
+}
+FAMILY_NAMES = {
+    "babyai": "BabyAI",
+    "textcraft": "TextCraft",
+    "scienceworld": "ScienceWorld",
+    "webnav": "web navigation",
+    "deepsearch": "deep search",
+}
+
+
+def _seeds(stem: str, n: int = 3) -> tuple[str, ...]:
+    """``stem``, ``stem_s1`` .. ``stem_s{n-1}``."""
+    return (stem,) + tuple(f"{stem}_s{i}" for i in range(1, n))
+
+
+ARMS: tuple[Arm, ...] = (
+    Arm(
+        "babyai",
+        "grpo_gpu, ScalingInter-RL 6->13->20 (360 s)",
+        _seeds("results/table/babyai_grpo"),
+        "test",
+    ),
+    Arm("babyai", "fixed 6 turns (360 s)", _seeds("results/table/babyai_fixed6"), "test"),
+    Arm("babyai", "fixed 20 turns (360 s)", _seeds("results/table/babyai_fixed20"), "test"),
+    Arm("babyai", "free text, 45 steps", _seeds("results/choice_dev/babyai_action_dev"), "dev"),
+    Arm(
+        "babyai",
+        "lettered choices, 45 steps",
+        _seeds("results/choice_dev/babyai_choice_dev"),
+        "dev",
+    ),
+    Arm(
+        "babyai",
+        "choice restricted to letters, 45 steps",
+        _seeds("results/choice_scratch/babyai_choicer_dev"),
+        "dev",
+    ),
+    Arm(
+        "babyai",
+        "4-turn history window, 45 steps",
+        _seeds("results/history_dev/babyai_window4_dev"),
+        "dev",
+    ),
+    Arm(
+        "babyai",
+        "bf16 learner, 45 steps",
+        ("results/bf16_learner_dev/babyai_bf16_learner_dev",),
+        "dev",
+    ),
+    Arm(
+        "textcraft",
+        "grpo_gpu, free text (420 s, shared GPU)",
+        ("results/textcraft_shared_gpu",),
+        "test",
+    ),
+    Arm(
+        "scienceworld",
+        "grpo_gpu, free text (cut before its final evaluation)",
+        ("results/families_gpu/sciworld_grpo",),
+        "test",
+    ),
+    Arm(
+        "webnav",
+        "grpo_gpu, free text (360 s; seed 1 cut before its final evaluation)",
+        ("results/webnav/webnav_grpo", "results/webnav/webnav_grpo_s1"),
+        "test",
+    ),
+    Arm(
+        "deepsearch",
+        "grpo_gpu, free text, old lookup task set (100 s)",
+        (
+            "results/families_gpu/deepsearch_grpo",
+            "results/table/deepsearch_grpo_s1",
+            "results/table/deepsearch_grpo_s2",
+        ),
+        "test",
+        counts=False,
+        note="old lookup task set (wiki- ids), not the target's",
+    ),
+)
+
+#: per family, the step-0 CPU measurements (file, style): the free-text recipe, then the
+#: family's ``choice_gpu`` arm (each turn restricted to its own options' letters where measured)
+CPU_STEP0: dict[str, tuple[tuple[str, str], ...]] = {
+    "babyai": (
+        ("results/choice_step0_cpu/babyai_train.json", "recipe"),
+        ("results/choice_step0_cpu/babyai_train_option_limits.json", "choice_option_limits"),
+    ),
+    "textcraft": (
+        ("results/choice_step0_cpu/textcraft_train.json", "recipe"),
+        ("results/choice_step0_cpu/textcraft_train_option_limits.json", "choice_option_limits"),
+    ),
+    "scienceworld": (
+        ("results/choice_step0_cpu/sciworld_train.json", "recipe"),
+        (
+            "results/choice_step0_cpu/sciworld_train_10turns_options_only.json",
+            "choice_options_only",
+        ),
+    ),
+    "webnav": (
+        ("results/choice_step0_cpu/webnav_train.json", "recipe"),
+        ("results/choice_step0_cpu/webnav_train_option_limits.json", "choice_option_limits"),
+    ),
+    "deepsearch": (
+        ("results/choice_step0_cpu/deepsearch_train.json", "recipe"),
+        ("results/choice_step0_cpu/deepsearch_train_option_limits.json", "choice_option_limits"),
+    ),
+}
+
+#: ``episode_diagnosis.py`` outputs on full evaluation trajectories: {path: {step: summary}}
+#: keyed by the trajectory path, whose parent folder name is the run's name in the same
+#: ``results/`` folder as the diagnosis file
+DIAGNOSIS_FILES = (
+    "results/families_gpu/diagnosis_wave1.json",
+    "results/families_gpu/diagnosis_deepsearch.json",
+)
