@@ -1,4 +1,5 @@
-"""How long Python's garbage collector ran, process-wide: ``gc_totals()``.
+"""Python's garbage collector, process-wide: how long it ran (``gc_totals()``), and the start-up
+heap moved out of its reach (``freeze_heap()``).
 
 A full (generation-2) collection walks every tracked container of the process; a run that keeps
 a step's episodes as Python lists of token ids holds millions of them, so one such collection
@@ -65,3 +66,21 @@ def gc_totals() -> GcTotals:
             gc.callbacks.append(_on_collection)
             _installed[0] = True
         return GcTotals(_seconds[0], (_counts[0], _counts[1], _counts[2]))
+
+
+def freeze_heap() -> None:
+    """Move the objects made at start-up (modules, compiled functions, a model, catalogs: they
+    live as long as the process) out of the collector's generations, so that a full collection
+    scans only the objects requests made. Servers call it at start-up; a training run after its
+    first step (``training/rl/loop.py``), when the update is compiled and the engine warm.
+
+    Without it a full collection walks the whole start-up heap while holding the GIL, and the
+    event loop (and every other thread) waits for it: in a pytest process that had run most of
+    the suite (~1M objects) one full collection stalled a ``/health`` probe in CI
+    (docs/PERFORMANCE.md). The collector keeps its default thresholds: an environment's closed
+    instances are reference cycles (a minigrid level: rooms <-> neighbours, instructions <->
+    env), which only the collector frees, and rarer full collections
+    (``gc.set_threshold(20_000, 20, 50)`` was tried) let them pile up: BabyAI's RSS grew
+    139 -> 208 MB over four create/close storms."""
+    gc.collect()
+    gc.freeze()

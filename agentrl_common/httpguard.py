@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import gc
 import hmac
 import ipaddress
 import logging
@@ -42,6 +41,8 @@ from typing import Any, Awaitable, Callable, Iterable
 
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
+
+from agentrl_common.gc_clock import freeze_heap
 
 log = logging.getLogger("agentrl.httpguard")
 
@@ -413,23 +414,6 @@ def run_app(
         loop.run_until_complete(asyncio.gather(main, return_exceptions=True))
         loop.run_until_complete(loop.shutdown_asyncgens())
         loop.close()
-
-
-def freeze_heap() -> None:
-    """Move the objects made at start-up (modules, compiled functions, a model, catalogs: they
-    live as long as the process) out of the collector's generations, so that a full collection
-    scans only the objects requests made.
-
-    Without it a full collection walks the whole start-up heap while holding the GIL, and the
-    event loop (and every other thread) waits for it: in a pytest process that had run most of
-    the suite (~1M objects) one full collection stalled a ``/health`` probe in CI
-    (docs/PERFORMANCE.md). The collector keeps its default thresholds: an environment's closed
-    instances are reference cycles (a minigrid level: rooms <-> neighbours, instructions <->
-    env), which only the collector frees, and rarer full collections
-    (``gc.set_threshold(20_000, 20, 50)`` was tried) let them pile up: BabyAI's RSS grew
-    139 -> 208 MB over four create/close storms."""
-    gc.collect()
-    gc.freeze()
 
 
 async def freeze_startup_objects(app: web.Application | None = None) -> None:

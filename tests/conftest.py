@@ -78,14 +78,14 @@ def babyai():
 @pytest.fixture
 def startup_heap_frozen():
     """The heap as a served process has it: servers freeze their start-up objects
-    (``agentrl_common.httpguard.freeze_heap``), so full collections scan only what
+    (``agentrl_common.gc_clock.freeze_heap``), so full collections scan only what
     requests made. This pytest process carries the whole suite's objects (~1M by the middle of
     the suite); a full collection of them holds the GIL (long enough to matter:
     docs/PERFORMANCE.md) and stalls any event loop or timed call, whatever the code under test
     does."""
     import gc
 
-    from agentrl_common.httpguard import freeze_heap
+    from agentrl_common.gc_clock import freeze_heap
 
     freeze_heap()
     yield

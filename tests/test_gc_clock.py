@@ -70,3 +70,49 @@ def test_the_update_reports_its_collections_and_cpu_seconds(monkeypatch):
     assert metrics["perf/update_gc_full"] >= 1.0
     assert metrics["perf/update_gc_s"] > 0.0
     assert np.isfinite(metrics["actor/pg_loss"])
+
+
+def test_freeze_heap_takes_live_objects_out_of_the_collectors_generations():
+    """After ``freeze_heap`` the objects alive before it are in the permanent generation: a
+    full collection no longer lists them (``gc.get_objects()``), one made after it is listed."""
+    from agentrl_common.gc_clock import freeze_heap
+
+    gc.unfreeze()
+    try:
+        before = [[i] for i in range(1000)]
+        freeze_heap()
+        after = [0]
+        assert gc.get_freeze_count() >= len(before)
+        tracked = {id(o) for o in gc.get_objects()}
+        assert not any(id(o) in tracked for o in before)
+        assert id(after) in tracked
+    finally:
+        gc.unfreeze()
+
+
+def test_the_training_loop_freezes_the_heap_after_its_first_step(tmp_path):
+    """The trainer's real loop (recording learner, fake pool: tests/test_trainer_failed_step.py)
+    freezes the heap once the session's first step is done: the first update sees nothing
+    frozen, the later ones see the objects alive after step 1 frozen."""
+    from test_trainer_failed_step import (FailingPool, RecordingBackend, RecordingLearner,
+                                          fake_loop_config, run_fake_loop)
+
+    class FreezeWatchingLearner(RecordingLearner):
+        def __init__(self):
+            super().__init__()
+            self.frozen: list[int] = []
+
+        def update(self, batch, options=None):
+            self.frozen.append(gc.get_freeze_count())
+            return super().update(batch, options)
+
+    gc.unfreeze()
+    try:
+        learner = FreezeWatchingLearner()
+        run_fake_loop(fake_loop_config(3), tmp_path, learner, RecordingBackend(),
+                      FailingPool(failing=set()))
+        assert len(learner.frozen) == 3
+        assert learner.frozen[0] == 0
+        assert learner.frozen[1] > 0 and learner.frozen[2] >= learner.frozen[1]
+    finally:
+        gc.unfreeze()

@@ -6,8 +6,10 @@ episodes dropped, counted) -> update (``Learner.update``: old / reference logpro
 PPO/GRPO updates; then the weight sync to the rollout backend, ``backend.sync_weights``: the
 arrays themselves for an engine in this process, an export for servers) -> bookkeeping (metrics
 row, history, the step's line); then the periodic evaluation (``Evaluator``) and the checkpoint
-(``StopPolicy.save_due``). With ``train.max_staleness >= 1`` the next rollout runs during the
-update (off-policy by at most that many updates).
+(``StopPolicy.save_due``). After a session's first step the heap it made (compiled functions,
+the warm engine) is frozen out of the garbage collector's generations (``freeze_heap``). With
+``train.max_staleness >= 1`` the next rollout runs during the update (off-policy by at most that
+many updates).
 
 SIGTERM (a preempted machine, a job's time limit) during the loop stops it at a safe point: the
 rollout in flight is cancelled, an update in progress finishes, the last finished step is
@@ -25,6 +27,7 @@ import dataclasses
 import time
 from typing import TYPE_CHECKING, Any
 
+from agentrl_common.gc_clock import freeze_heap
 from agentrl_jax.agent.actor_pool import ActorPool, TaskRef
 from agentrl_jax.training.outputs.progress import ProgressSettings, timed
 from agentrl_jax.training.outputs.run_output import RunOutput, SessionEnd, StepRecord
@@ -152,6 +155,11 @@ class TrainingLoop:
             record = await self._train_step(rollout, t0)
             launcher.weights_version = step + 1  # the weights changed, or did not: version s+1
             self._book(record, total)
+            if step == start_step:
+                # the session's first step compiled the update and warmed the engine; what it
+                # made lives as long as the run: out of the collector's reach from here, so a
+                # full collection in a later update scans only what that update made
+                freeze_heap()
             if evaluator.due_after_step(step + 1, self.eval_tasks):
                 if pending is not None:  # evaluate the new weights without a rollout in flight
                     await cancel(pending)
