@@ -117,6 +117,12 @@ ARMS: tuple[Arm, ...] = (
         counts=False,
         note="old lookup task set (wiki- ids), not the target's",
     ),
+    Arm(
+        "deepsearch",
+        "choice restricted to letters, 10 turns, 45 steps",
+        _seeds("results/choice_scratch/deepsearch_choicer_dev"),
+        "dev",
+    ),
 )
 
 #: per family, the step-0 CPU measurements (file, style): the free-text recipe, then the
