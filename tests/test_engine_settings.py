@@ -33,7 +33,8 @@ def test_every_engine_setting_of_a_run_reaches_the_servers_engine_config():
     run, problems = RunConfig.from_mapping({"seed": 11, "rollout": dict(
         max_batch=5, max_context=320, engine_dtype="bfloat16", decode_steps=3,
         decode_attention="ragged", prefill_attention="flash", decode_gemm="merged",
-        prefill_kv_buckets="64,128", share_prompts=False, max_new_tokens=16)})
+        prefill_kv_buckets="64,128", share_prompts=False, max_new_tokens=16,
+        prefill_tokens=256)})
     assert problems == []
     assert set(ENGINE_KEYS) | {"seed"} >= {"max_batch", "share_prompts", "prefill_kv_buckets"}
     sent = engine_config_of_run(run.rollout, run.seed)
@@ -41,11 +42,27 @@ def test_every_engine_setting_of_a_run_reaches_the_servers_engine_config():
     expected = dict(max_batch=5, max_length=320, dtype="bfloat16", weights_dtype="bfloat16",
                     decode_steps=3, decode_attention="ragged", prefill_attention="flash",
                     decode_gemm="merged", prefill_kv_buckets=(64, 128), share_prompts=False,
-                    seed=11)
+                    prefill_tokens=256, seed=11)
     for name in EngineConfig.field_names():
         want = expected.get(name, getattr(EngineConfig(), name))
         assert getattr(sent, name) == want, name
         assert getattr(received, name) == want, name
+
+
+def test_prefill_tokens_from_a_run_command_line_reach_the_engine_as_a_number():
+    """``--config.rollout.prefill_tokens=16384`` (a string: the config file's default is
+    "auto") resolves to the integer 16384 on any platform; a non-number is refused by name."""
+    from agentrl_jax.training.config.experiment import base_config, to_run_config
+
+    c = base_config()
+    c.rollout.prefill_tokens = "16384"  # what config_flags makes of the command line
+    engine = engine_config_of_run(to_run_config(c).rollout)
+    for platform in ("cpu", "gpu"):
+        resolved = resolve_engine_config(engine, platform, 1, TINY)
+        assert resolved.prefill_tokens == 16384 and isinstance(resolved.prefill_tokens, int)
+    c.rollout.prefill_tokens = "lots"
+    with pytest.raises(Exception, match="prefill_tokens"):
+        to_run_config(c)
 
 
 def test_every_engine_field_round_trips_through_the_server_options():

@@ -81,8 +81,9 @@ def _chunks_problem(value: Any) -> str | None:
 
 
 def _tokens_problem(value: Any) -> str | None:
-    if value == AUTO or (is_int(value) and value >= 1):
-        return None
+    if value == AUTO or (is_int(value) and value >= 1) or (
+            isinstance(value, str) and value.strip().isdigit() and int(value) >= 1):
+        return None  # digits as a string: a run config's command line spelling
     return f"must be 'auto' or an integer >= 1 (got {value!r})"
 
 

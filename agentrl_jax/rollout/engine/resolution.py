@@ -67,6 +67,8 @@ def resolve_engine_config(config: EngineConfig, platform: str, tensor_parallel: 
         changes["prefill_chunks"] = cpu.get("prefill_chunks", ACCELERATOR_PREFILL_CHUNKS)
     if config.prefill_tokens == AUTO:
         changes["prefill_tokens"] = cpu.get("prefill_tokens", ACCELERATOR_PREFILL_TOKENS)
+    elif isinstance(config.prefill_tokens, str):  # "16384" as a run's command line gives it
+        changes["prefill_tokens"] = int(config.prefill_tokens)
     if config.prefill_kv_buckets == AUTO:
         changes["prefill_kv_buckets"] = cpu.get("prefill_kv_buckets",
                                                 config.accelerator_kv_buckets())

@@ -27,7 +27,7 @@ ENGINE_KEYS: dict[str, tuple[str, ...]] = {
     "engine_dtype": ("dtype", "weights_dtype"), "decode_steps": ("decode_steps",),
     "decode_attention": ("decode_attention",), "prefill_attention": ("prefill_attention",),
     "decode_gemm": ("decode_gemm",), "prefill_kv_buckets": ("prefill_kv_buckets",),
-    "share_prompts": ("share_prompts",)}
+    "share_prompts": ("share_prompts",), "prefill_tokens": ("prefill_tokens",)}
 #: the run config's dtypes of the engine ("" the model's: a config file's spelling of None)
 ENGINE_DTYPES = ("", "float32", "bfloat16")
 
@@ -125,6 +125,9 @@ class RolloutConfig(Section):
     # more prefill shapes to compile (docs/PERFORMANCE.md, "Prefill KV buckets by default")
     prefill_kv_buckets: str | tuple[int, ...] = engine_setting(
         "prefill_kv_buckets", check=kv_buckets_check("rollout.prefill_kv_buckets"))
+    # tokens per prefill call: "auto" (the platform's: EngineConfig.prefill_tokens) or a number;
+    # larger calls mean fewer launches for the same prompt tokens, and more to compile
+    prefill_tokens: int | str = engine_setting("prefill_tokens")
     #: a prompt equal to one being prefilled copies that prefill's KV row instead of computing
     #: it again (EngineConfig.share_prompts): the samples of a group share their first prompt
     share_prompts: bool = engine_setting("share_prompts")
