@@ -80,6 +80,32 @@ class CachedSearch:
         return [p for p, _ in self.results(query)]
 
 
+def first_context(formatter: ChatFormatter, system: str, question: str, listed: list[str]) -> int:
+    """The context in tokens before the first reply of a ``choice_gpu`` episode: the system
+    prompt, the first user message (the question and the options block of ``listed``) and the
+    ``"Action:"`` prefix."""
+    first = first_user_message(f"Question: {question}\n{options_block(listed)}")
+    return len(formatter.prompt_ids(system, first)) + len(formatter.encode_text(RESPONSE_PREFIX))
+
+
+def turn_tokens(
+    formatter: ChatFormatter,
+    system: str,
+    results: Sequence[tuple[Passage, float]],
+    listed: list[str],
+) -> int:
+    """The tokens one search turn adds to the context: the reply (one letter token), the
+    observation (the passages ``results`` and the options block of ``listed``, the actions listed
+    after it) and the ``"Action:"`` prefix, as ``agent/episode.py`` appends them."""
+    reply = formatter.encode_text(" a")  # one letter token, as the restricted policy replies
+    observation = f"{format_passages(results)}\n{options_block(listed)}"
+    return (
+        len(reply)
+        + len(formatter.observation_ids(system, observation, reply))
+        + len(formatter.encode_text(RESPONSE_PREFIX))
+    )
+
+
 def walk(
     question: str,
     search: CachedSearch,
@@ -92,11 +118,8 @@ def walk(
     and the options block's tokens and options at each turn."""
     searched: list[str] = []
     seen: list[Passage] = []
-    prefix = formatter.encode_text(RESPONSE_PREFIX)
     listed = admissible_actions(question, searched, seen)
-    first = first_user_message(f"Question: {question}\n{options_block(listed)}")
-    context = len(formatter.prompt_ids(system, first)) + len(prefix)
-    reply = formatter.encode_text(" a")  # one letter token, as the restricted policy replies
+    context = first_context(formatter, system, question, listed)
     block_tokens, block_options, contexts = (
         [len(formatter.encode_text(options_block(listed)))],
         [len(listed)],
@@ -110,10 +133,7 @@ def walk(
         results = search.results(query)
         searched, seen = after_search(searched, seen, query, [p for p, _ in results])
         listed = admissible_actions(question, searched, seen)
-        observation = f"{format_passages(results)}\n{options_block(listed)}"
-        context += (
-            len(reply) + len(formatter.observation_ids(system, observation, reply)) + len(prefix)
-        )
+        context += turn_tokens(formatter, system, results, listed)
         contexts.append(context)
         block_tokens.append(len(formatter.encode_text(options_block(listed))))
         block_options.append(len(listed))
