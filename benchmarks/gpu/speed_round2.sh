@@ -5,6 +5,7 @@
 #   bash benchmarks/gpu/speed_round2.sh step  OUT [BASELINE_DIR]   # RL step, old then new
 #   bash benchmarks/gpu/speed_round2.sh parts OUT                   # update, engine, rollout
 #   bash benchmarks/gpu/speed_round2.sh dtype OUT                   # learner dtype, rollout waits
+#   bash benchmarks/gpu/speed_round2.sh engine_dtype OUT            # engine and learner dtype
 #
 # step:  the device copy bandwidth; then benchmarks/speed/rl_step.py (--variants packed, 6 steps,
 #        --fresh-process) of BASELINE_DIR (a checkout of the code before, e.g.
@@ -22,10 +23,19 @@
 #        profile with the engine's results handed over as they come and after the next decode
 #        call is launched (rollout_profile.py --variants base,deliver_late), with the engine
 #        thread's CPU and collection seconds that tell waiting from work.
+# engine_dtype: this tree's RL step (rl_step.py --steps 6 --variants packed --fresh-process),
+#        each a fresh process, one after the other: (a) the recipe as is (float32 engine and
+#        learner), (b) the bfloat16 learner (`--set learner.dtype="'bfloat16'"`, the engine
+#        float32), (c) the bfloat16 engine and learner (also `--set
+#        rollout.engine_dtype="'bfloat16'"`: weights, compute and KV cache of the sampler); then
+#        the rollout profile (rollout_profile.py, variant base) with the float32 engine and with
+#        the bfloat16 one, each its own process. Timeouts 130 s a step run and 75 s a profile:
+#        at most 540 s, within one 10-minute call.
 # Logs and JSON go to OUT; docs/PERFORMANCE.md quotes them with this command.
 set -u
-PART=${1:?usage: speed_round2.sh step|parts|dtype OUT [BASELINE_DIR]}
-OUT=${2:?usage: speed_round2.sh step|parts|dtype OUT [BASELINE_DIR]}
+USAGE="usage: speed_round2.sh step|parts|dtype|engine_dtype OUT [BASELINE_DIR]"
+PART=${1:?$USAGE}
+OUT=${2:?$USAGE}
 BASE=${3:-}
 HERE=$(cd "$(dirname "$0")/../.." && pwd)
 mkdir -p "$OUT"
@@ -72,6 +82,26 @@ case "$PART" in
         --variants base,deliver_late --json "$OUT/rollout_profile.json" \
         > "$OUT/rollout_profile.log" 2>&1
     ;;
-  *) echo "unknown part $PART (step, parts or dtype)" >&2; exit 2 ;;
+  engine_dtype)
+    BF16_LEARNER=(--set learner.dtype="'bfloat16'")
+    BF16_ENGINE=(--set rollout.engine_dtype="'bfloat16'")
+    timeout 130 python3 benchmarks/speed/rl_step.py --config $CFG --steps 6 --variants packed \
+        --fresh-process --label "float32 engine, float32 learner" \
+        --json "$OUT/rl_step_f32_f32.json" > "$OUT/rl_step_f32_f32.log" 2>&1
+    timeout 130 python3 benchmarks/speed/rl_step.py --config $CFG --steps 6 --variants packed \
+        --fresh-process "${BF16_LEARNER[@]}" --label "float32 engine, bfloat16 learner" \
+        --json "$OUT/rl_step_f32_bf16.json" > "$OUT/rl_step_f32_bf16.log" 2>&1
+    timeout 130 python3 benchmarks/speed/rl_step.py --config $CFG --steps 6 --variants packed \
+        --fresh-process "${BF16_ENGINE[@]}" "${BF16_LEARNER[@]}" \
+        --label "bfloat16 engine, bfloat16 learner" \
+        --json "$OUT/rl_step_bf16_bf16.json" > "$OUT/rl_step_bf16_bf16.log" 2>&1
+    timeout 75 python3 benchmarks/speed/rollout_profile.py --config $CFG --replicas 1 \
+        --rollouts 3 --label "float32 engine" --json "$OUT/rollout_profile_f32.json" \
+        > "$OUT/rollout_profile_f32.log" 2>&1
+    timeout 75 python3 benchmarks/speed/rollout_profile.py --config $CFG --replicas 1 \
+        --rollouts 3 "${BF16_ENGINE[@]}" --label "bfloat16 engine" \
+        --json "$OUT/rollout_profile_bf16.json" > "$OUT/rollout_profile_bf16.log" 2>&1
+    ;;
+  *) echo "unknown part $PART (step, parts, dtype or engine_dtype)" >&2; exit 2 ;;
 esac
 for f in "$OUT"/*.log; do echo "== $f"; grep -E "steady|tok/s|GB/s|TB/s|roofline|^rollout|update|busy" "$f" | head -12; tail -3 "$f"; done

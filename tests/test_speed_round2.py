@@ -1,0 +1,54 @@
+"""benchmarks/gpu/speed_round2.sh engine_dtype: the five runs in order, each its own process,
+with the dtype overrides each arm names and nothing else (a stand-in ``python3`` on PATH records
+every command line), and the timeouts within one 10-minute call."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+SCRIPT = Path(__file__).resolve().parent.parent / "benchmarks" / "gpu" / "speed_round2.sh"
+BASE = ["--config", "experiments/babyai.py:grpo_gpu"]
+STEP = [*BASE, "--steps", "6", "--variants", "packed", "--fresh-process"]
+LEARNER = ["--set", "learner.dtype='bfloat16'"]
+ENGINE = ["--set", "rollout.engine_dtype='bfloat16'"]
+
+
+def test_engine_dtype_runs_the_three_steps_then_the_two_profiles(tmp_path):
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    calls = tmp_path / "calls.jsonl"
+    fake = bin_dir / "python3"
+    fake.write_text("#!/bin/sh\nexec " + json.dumps(sys.executable) +
+                    ' -c "import json, sys; open(sys.argv[1], \'a\').write(json.dumps('
+                    'sys.argv[2:]) + chr(10))" ' + json.dumps(str(calls)) + ' "$@"\n')
+    fake.chmod(0o755)
+    done = subprocess.run(["bash", str(SCRIPT), "engine_dtype", str(tmp_path / "out")],
+                          capture_output=True, text=True, timeout=60, check=False,
+                          env={**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"})
+    assert done.returncode == 0, done.stderr
+    runs = [json.loads(line) for line in calls.read_text().splitlines()]
+    assert [r[0] for r in runs] == ["benchmarks/speed/rl_step.py"] * 3 + [
+        "benchmarks/speed/rollout_profile.py"] * 2
+
+    def sets(run: list[str]) -> list[str]:
+        return [run[k + 1] for k, a in enumerate(run) if a == "--set"]
+
+    assert [sets(r) for r in runs] == [
+        [], [LEARNER[1]], [ENGINE[1], LEARNER[1]], [], [ENGINE[1]]]
+    for run in runs[:3]:
+        assert run[1:1 + len(STEP)] == STEP
+    for run in runs[3:]:
+        assert run[1:3] == BASE and "--fresh-process" not in run
+    jsons = [r[r.index("--json") + 1] for r in runs]
+    assert len(set(jsons)) == 5  # no run overwrites another's file
+    # every run under a timeout, together within ~9 minutes (one 10-minute call)
+    text = SCRIPT.read_text()
+    part = text[text.index("  engine_dtype)"):]
+    part = part[:part.index(";;")]
+    limits = [int(t) for t in re.findall(r"timeout (\d+) python3", part)]
+    assert len(limits) == 5 and sum(limits) <= 540
