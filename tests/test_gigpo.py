@@ -279,14 +279,6 @@ class SeededBackend:
                               finish_reason="stop", prompt_tokens=len(input_ids))
 
 
-@pytest.fixture(scope="module")
-def tokenizer():
-    from agentrl_jax.models.pretrained import resolve_model_path
-    from agentrl_jax.models.tokenizer import load_tokenizer
-
-    return load_tokenizer(resolve_model_path("smollm2"))
-
-
 async def _collect(tokenizer, url, tasks, delays: bool, lockstep: bool):
     from agentrl_jax.agent.actor_pool import ActorPool
     from agentrl_jax.agent.chat import ChatFormatter

@@ -20,8 +20,6 @@ from agentrl_jax.agent.actor_pool import ActorPool, TaskRef
 from agentrl_jax.agent.chat import ChatFormatter
 from agentrl_jax.agent.parsing import ParsedAction, parse_react
 from agentrl_jax.agent.trajectory import Trajectory
-from agentrl_jax.models.pretrained import resolve_model_path
-from agentrl_jax.models.tokenizer import load_tokenizer
 from agentrl_jax.rollout.contract import SamplingParams
 from agentrl_jax.training.rl.batching import assemble_batch, training_rows
 from agentrl_jax.training.config.sections import RunConfig
@@ -58,11 +56,6 @@ class CountingEnv:
 def _go_backend(tokenizer) -> ScriptedBackend:
     """Replies `` go`` + EOS; logprobs differ per call and position; records every call."""
     return ScriptedBackend(tokenizer, " go", logprob=lambda k, i: -(k + 1 + i / 10) / 100)
-
-
-@pytest.fixture(scope="module")
-def tokenizer():
-    return load_tokenizer(resolve_model_path("smollm2"))
 
 
 def _collect(tokenizer, backend, history_turns: int, horizon: int, tasks=("t",), samples=1,

@@ -15,19 +15,12 @@ import pytest
 from agentrl_jax.agent.actor_pool import ActorPool, TaskRef
 from agentrl_jax.agent.chat import ChatFormatter
 from agentrl_jax.agent.parsing import parse_react
-from agentrl_jax.models.pretrained import resolve_model_path
-from agentrl_jax.models.tokenizer import load_tokenizer
 from agentrl_jax.rollout.contract import GenerateResult, SamplingParams
 from fake_backends import QuietBackend
 from environments.core.base import StepResult
 
 GEN_S, ENGINE_S, ENV_S = 0.03, 0.02, 0.01
 HORIZON = 3
-
-
-@pytest.fixture(scope="module")
-def tokenizer():
-    return load_tokenizer(resolve_model_path("smollm2"))
 
 
 class SleepyBackend(QuietBackend):

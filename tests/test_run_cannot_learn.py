@@ -52,13 +52,6 @@ def _smoke():
     return importlib.import_module("experiments.smoke").get_config()
 
 
-def _tokenizer():
-    from agentrl_jax.models.pretrained import resolve_model_path
-    from agentrl_jax.models.tokenizer import load_tokenizer
-
-    return load_tokenizer(resolve_model_path("smollm2"))
-
-
 # ------------------------------------------------------------------ refused before the start
 def test_min_group_size_is_what_each_estimator_does_with_groups_of_one():
     """The registry's smallest group against the estimators themselves: with every group of
@@ -153,14 +146,14 @@ def test_an_env_timeout_too_short_to_reach_a_server_is_refused():
     assert config_problems(c) == []
 
 
-def test_the_first_prompt_floor_is_below_every_real_first_prompt():
+def test_the_first_prompt_floor_is_below_every_real_first_prompt(tokenizer):
     """The floor against the real first prompts of BabyAI and TextCraft (their servers'
     instructions and an observation), for each answer format and several prefixes; and it
     grows with the prefix by exactly the prefix's tokens."""
     from environments.babyai.env import INSTRUCTIONS as BABYAI
     from environments.textcraft.env import INSTRUCTIONS as TEXTCRAFT
 
-    formatter = ChatFormatter(_tokenizer())
+    formatter = ChatFormatter(tokenizer)
     observations = {"babyai": "Your mission: go to the red ball.\nYou see a wall 2 steps ahead.",
                     "textcraft": "Crafting commands:\ncraft 4 oak planks using 1 oak log\n"
                                  "Goal: craft oak planks."}
@@ -180,8 +173,8 @@ def test_the_first_prompt_floor_is_below_every_real_first_prompt():
             base + len(formatter.encode_text(long_prefix)))
 
 
-def test_a_context_or_response_prefix_without_room_is_refused(tmp_path):
-    formatter = ChatFormatter(_tokenizer())
+def test_a_context_or_response_prefix_without_room_is_refused(tmp_path, tokenizer):
+    formatter = ChatFormatter(tokenizer)
     c = _smoke()
     floors = {env: first_prompt_floor(formatter, env, "action", "Action:")
               for env in ("babyai", "textcraft")}

@@ -11,14 +11,10 @@ from __future__ import annotations
 
 import asyncio
 
-import pytest
-
 from agentrl_jax.agent.actor_pool import ActorPool, TaskRef
 from agentrl_jax.agent.chat import ChatFormatter
 from agentrl_jax.agent.parsing import parse_react
 from agentrl_jax.agent.trajectory import Trajectory
-from agentrl_jax.models.pretrained import resolve_model_path
-from agentrl_jax.models.tokenizer import load_tokenizer
 from agentrl_jax.rollout.contract import GenerateResult, SamplingParams
 from agentrl_jax.training.rl.stages import fresh_trajectories
 from fake_backends import QuietBackend
@@ -60,11 +56,6 @@ class EndlessEnv:
 
     async def close(self, env_id):
         return True
-
-
-@pytest.fixture(scope="module")
-def tokenizer():
-    return load_tokenizer(resolve_model_path("smollm2"))
 
 
 def _collect(tokenizer, backend, n_episodes: int, horizon: int, start_version: int):

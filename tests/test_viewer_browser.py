@@ -244,12 +244,52 @@ def test_export_file_opens_without_a_server(browser, run_dir, tmp_path):
     assert not errors, errors  # no failed request, no script error
 
 
+# ------------------------------------------------------------------ the evaluation counts
+COUNT_CELLS = ("return [...document.querySelectorAll('table.list tbody tr')].map(tr => "
+               "[...tr.querySelectorAll('td[data-col]')].map(td => td.textContent))")
+FIELDS = ("return Object.fromEntries([...document.querySelectorAll('.fields > div')].map(d => "
+          "[d.querySelector('b').textContent, d.textContent.slice("
+          "d.querySelector('b').textContent.length)]))")
+
+
+def check_count_views(driver, url: str, live: bool) -> None:
+    """The list and both episodes of the counts run (tests/viewer_eval_counts.py): the values
+    of the record that has them, ``unknown`` for the one that does not."""
+    open_view(driver, url, "#episodes?run=0" if live else "#episodes")
+    wait(driver, lambda d: len(d.find_elements(By.CSS_SELECTOR, "table.list tbody tr")) == 2)
+    assert driver.execute_script(COUNT_CELLS) == [["3", "1187"], ["unknown", "unknown"]]
+    heads = [th.text for th in driver.find_elements(By.CSS_SELECTOR, "table.list th")]
+    assert heads[8:11] == ["tokens", "parse failures", "context"]
+    for row, want in ((0, ("3", "1187")), (1, ("unknown", "unknown"))):
+        open_view(driver, url, f"#episode?run=0&file=0&row={row}")
+        fields = driver.execute_script(FIELDS)
+        assert (fields["parse failures"], fields["context tokens"]) == want, fields
+        assert fields["turns"] == ("6", "2")[row]
+
+
+def test_eval_counts_shown_and_unknown_when_missing(browser, tmp_path):
+    from viewer_eval_counts import write_eval_counts_run
+
+    run = write_eval_counts_run(str(tmp_path))
+    viewer = Viewer([run], cache_dir=str(tmp_path / "cache"), load_tokenizer=False)
+    viewer.update()
+    browser.get_log("browser")  # drop what earlier pages logged
+    with BackgroundServer(viewer) as url:
+        check_count_views(browser, url, live=True)
+    viewer.close()
+    out = str(tmp_path / "counts.html")
+    assert viewer_main([run, "--export", out, "--no-cache", "--no-tokenizer"]) == 0
+    check_count_views(browser, "file://" + out, live=False)
+    errors = [e for e in browser.get_log("browser") if e.get("level") == "SEVERE"]
+    assert not errors, errors
+
+
 # ------------------------------------------------------------------ a hostile run folder
 # Every field of the run folder holds script payloads (tests/viewer_hostile.py); each view of
 # the live page and of an export must show them as text, run none of them, and mark the
 # malformed episodes' bad fields.
-from viewer_hostile import (PAGE_TITLE, PAYLOADS, PROBE_FIELDS, RUN_NAME,  # noqa: E402
-                            write_hostile_run)
+from viewer_hostile import (EVAL_COUNT_FIELDS, PAGE_TITLE, PAYLOADS,  # noqa: E402
+                            PROBE_FIELDS, RUN_NAME, write_hostile_run)
 
 PAYLOAD_MARKUP = ("#view img, #view iframe, #view script, #view object, #view embed, "
                   "[onerror], [onload], [ontoggle], [onclick], [onmouseover]")
@@ -286,7 +326,7 @@ def view_text(driver) -> str:
 
 HOSTILE_VIEWS = ["#runs", "#episodes?run=0", "#compare?run=0", "#compare?run=0&task=0",
                  "#compare?run=0&task=1&sample=1"] + [
-    f"#episode?run=0&file={f}&row={r}&tab={tab}" for f, n in ((0, 5), (1, 4))
+    f"#episode?run=0&file={f}&row={r}&tab={tab}" for f, n in ((0, 5), (1, 2), (2, 4))
     for r in range(n) for tab in ("turns", "tokens")]
 
 
@@ -315,6 +355,17 @@ def test_a_hostile_run_runs_no_script_in_the_page(browser, hostile_server):
     text = view_text(browser)
     assert "invalid_actions: expected an integer, got str '<x>'" in text
     assert "No token view for this episode: malformed token record (token_ids[0]" in text
+    # the small evaluation records: their counts hold payloads, marked and shown as text
+    open_view(browser, url, "#episode?run=0&file=1&row=0")
+    marked = browser.execute_script(
+        "return [...document.querySelectorAll('.fields .malformed')].map(e => e.dataset.field)")
+    assert sorted(marked) == sorted(EVAL_COUNT_FIELDS)
+    assert PAYLOADS[0] in view_text(browser) and PAYLOADS[1] in view_text(browser)
+    open_view(browser, url, "#episodes?run=0&kind=eval&limit=100")
+    cells = browser.execute_script(
+        "return [...document.querySelectorAll('table.list tbody tr[data-file=\"1\"] "
+        "td[data-col]')].map(td => td.textContent)")
+    assert cells == ["unknown"] * 4
     errors = [e for e in browser.get_log("browser") if e.get("level") == "SEVERE"]
     assert not errors, errors  # no blocked script, no failed image load, no script error
 
@@ -324,10 +375,10 @@ def test_a_hostile_run_exported_runs_no_script(browser, hostile_server, tmp_path
     out = str(tmp_path / "hostile.html")
     assert viewer_main([run, "--export", out, "--limit", "100", "--no-cache",
                         "--no-tokenizer"]) == 0
-    title = f"{RUN_NAME}: 9 of 9 matching episodes"
+    title = f"{RUN_NAME}: 11 of 11 matching episodes"
     browser.get_log("browser")
     browser.get("file://" + out)
-    wait(browser, lambda d: len(d.find_elements(By.CSS_SELECTOR, "table.list tbody tr")) == 9)
+    wait(browser, lambda d: len(d.find_elements(By.CSS_SELECTOR, "table.list tbody tr")) == 11)
     assert_no_script_ran(browser, title, "export list")
     rows = browser.execute_script("return [...document.querySelectorAll('table.list tbody tr')]"
                                   ".map(tr => [tr.dataset.file, tr.dataset.row])")

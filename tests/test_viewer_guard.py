@@ -19,8 +19,8 @@ from agentrl_jax.viewer.__main__ import main as viewer_main
 from agentrl_jax.viewer.export import ExportSummary, export_data_rows, file_name, script_hash
 from agentrl_jax.viewer.record import check_value, describe_bad, episode_fields, token_problem
 from agentrl_jax.viewer.server import DATA_CSP, PAGE_CSP, BackgroundServer, make_app
-from viewer_hostile import (OTHER_BAD_FIELDS, PAYLOADS, PROBE_FIELDS, hostile_episodes,
-                            write_hostile_run)
+from viewer_hostile import (EVAL_COUNT_FIELDS, OTHER_BAD_FIELDS, PAYLOADS, PROBE_FIELDS,
+                            hostile_episodes, write_hostile_run)
 
 
 @pytest.fixture
@@ -85,6 +85,7 @@ async def test_malformed_episodes_are_200_with_their_bad_fields_marked(hostile_c
     assert len(ep["turns"]) == sum(m["role"] == "assistant" for m in episodes[1]["messages"])
     assert [t["reward"] for t in ep["turns"][:2]] == [None, None]
     assert ep["tokens"]["n_tokens"] == len(episodes[1]["token_ids"])
+    assert ep["fields"]["context_tokens"] is None  # its chunk_starts hold a payload
     r = await c.get("/api/episode?run=0&file=0&row=2")  # wrong containers and numbers
     assert r.status == 200
     ep = await r.json()
@@ -96,13 +97,22 @@ async def test_malformed_episodes_are_200_with_their_bad_fields_marked(hostile_c
     ep = await r.json()
     assert r.status == 200 and ep["malformed"] == {} and ep["fields"]["env"] == PAYLOADS[0]
     assert ep["tokens"]["n_tokens"] == len(episodes[0]["token_ids"])
+    for row in (0, 1):  # eval_episodes.jsonl: the counts hold payloads (file 1)
+        r = await c.get(f"/api/episode?run=0&file=1&row={row}")
+        ep = await r.json()
+        assert r.status == 200 and set(ep["malformed"]) == set(EVAL_COUNT_FIELDS)
+        assert ep["malformed"]["parse_failures"].startswith("expected an integer, got ")
+        assert all(ep["fields"][k] is None for k in EVAL_COUNT_FIELDS)
+        assert ep["fields"]["num_turns"] == 4 and ep["turns"] == []
     for path in ("/api/runs", "/api/metrics?run=0", "/api/status", "/api/facets?run=0",
                  "/api/episodes?run=0&limit=100", "/api/compare?run=0",
                  "/api/export?run=0&limit=100"):
         r = await c.get(path)
         assert r.status == 200, (path, await r.text())
     rows = (await (await c.get("/api/episodes?run=0&limit=100")).json())["rows"]
-    assert len(rows) == 9  # 5 train (the non-object line skipped) + 4 eval
+    assert len(rows) == 11  # 5 train (the non-object line skipped) + 2 + 4 eval
+    assert [(r["parse_failures"], r["context_tokens"]) for r in rows if r["file"] == 1] == [
+        (None, None), (None, None)]  # the list shows them unknown, not the payloads
     for row in rows:
         r = await c.get(f"/api/episode?run=0&file={row['file']}&row={row['row']}")
         assert r.status == 200
@@ -179,13 +189,17 @@ def test_export_and_print_of_a_hostile_run_exit_0(hostile_dir, tmp_path, capsys)
     assert viewer_main([hostile_dir, "--export", str(out), "--limit", "100", "--no-cache",
                         "--no-tokenizer"]) == 0
     printed = capsys.readouterr()
-    assert printed.out == ExportSummary(9, malformed=3).line(str(out)) + "\n"
-    assert "3 malformed (bad fields marked)" in printed.out and printed.err == ""
+    assert printed.out == ExportSummary(11, malformed=5).line(str(out)) + "\n"
+    assert "5 malformed (bad fields marked)" in printed.out and printed.err == ""
     text = out.read_text()
-    assert len(export_data_rows(text)) == 9
+    assert len(export_data_rows(text)) == 11
     for p in PAYLOADS:  # in the file only as escaped JSON text, never as markup
         assert p not in text
     assert viewer_main([hostile_dir, "--print", "--limit", "100", "--no-cache",
                         "--no-tokenizer"]) == 0
     printed = capsys.readouterr().out
     assert "[malformed] invalid_actions: expected an integer, got str '<x>'" in printed
+    assert "[malformed] context_tokens: expected an integer, got dict {'" in printed
+    # the two small records' counts hold payloads; train row 1's chunk_starts hold one
+    assert printed.count("parse failures unknown  context tokens unknown") == 2
+    assert printed.count("context tokens unknown") == 3

@@ -121,6 +121,8 @@ def test_offsets_and_records(run):
                                                  ep["group_id"])
         assert s["reward"] == pytest.approx(ep["reward"])
         assert s["n_tokens"] == len(ep["token_ids"]) and s["n_trained"] == sum(ep["loss_mask"])
+        assert s["parse_failures"] == ep["parse_failures"]
+        assert s["context_tokens"] == len(ep["token_ids"]) - ep["chunk_starts"][-1]
         assert s["kind"] == kinds[i]
     assert int(c["file"][-1]) == 1 and int(c["row"][-1]) == 59
 

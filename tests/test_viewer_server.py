@@ -20,7 +20,9 @@ from agentrl_jax.viewer import Query, Viewer
 from agentrl_jax.viewer.__main__ import main as viewer_main
 from agentrl_jax.viewer.export import export_data_rows
 from agentrl_jax.viewer.server import make_app
+from agentrl_jax.viewer.record import context_tokens, count_field
 from agentrl_jax.viewer.synthetic import write_synthetic_run
+from viewer_eval_counts import WITH_COUNTS, WITHOUT_COUNTS, write_eval_counts_run
 
 
 @pytest.fixture
@@ -357,3 +359,58 @@ def test_rejections_of_the_real_environments_are_located(env_name, task, actions
     view = turns({"messages": messages, "invalid_actions": sum(flags)}, parser_for("react"))
     assert [t["rejected"] for t in view["turns"]] == flags
     assert view["unlocated_invalid"] == 0 and view["format_invalid"] == 0
+
+
+# ------------------------------------------------------------------ the evaluation counts
+async def test_eval_counts_are_shown_and_unknown_when_missing(tmp_path, capsys):
+    """Two small evaluation records, one with ``parse_failures`` / ``context_tokens`` and one
+    from before them: the list, the episode view, ``--print`` and the export show the first's
+    values and the second's as unknown (``null`` in the API, never 0)."""
+    run = write_eval_counts_run(str(tmp_path))
+    viewer = Viewer([run], cache_dir=str(tmp_path / "cache"), load_tokenizer=False)
+    viewer.update()
+    async with TestClient(TestServer(make_app(viewer, index_in_background=False))) as c:
+        status, page = await get(c, "/api/episodes?run=0")
+        assert status == 200 and page["total"] == 2
+        assert [(r["task_id"], r["parse_failures"], r["context_tokens"]) for r in page["rows"]] \
+            == [("GoToObj-3", 3, 1187), ("craft-9", None, None)]
+        status, ep = await get(c, "/api/episode?run=0&file=0&row=0")
+        assert status == 200 and ep["malformed"] == {} and ep["kind"] == "eval"
+        assert (ep["fields"]["parse_failures"], ep["fields"]["context_tokens"]) == (3, 1187)
+        assert ep["fields"]["invalid_actions"] == 4 and ep["has_messages"] is False
+        status, ep = await get(c, "/api/episode?run=0&file=0&row=1")
+        assert status == 200 and ep["malformed"] == {}
+        assert "parse_failures" not in ep["fields"] and ep["fields"]["context_tokens"] is None
+    viewer.close()
+    assert viewer_main([run, "--print", "--no-cache", "--no-tokenizer"]) == 0
+    printed = capsys.readouterr().out
+    assert "parse failures 3  context tokens 1187" in printed
+    assert "parse failures unknown  context tokens unknown" in printed
+    out = tmp_path / "counts.html"
+    assert viewer_main([run, "--export", str(out), "--no-cache", "--no-tokenizer"]) == 0
+    rows = export_data_rows(out.read_text())
+    assert [(r["parse_failures"], r["context_tokens"]) for r in rows] == [(3, 1187), (None, None)]
+    assert "parse_failures" not in WITHOUT_COUNTS and WITH_COUNTS["context_tokens"] == 1187
+
+
+def test_context_tokens_of_a_record_by_hand():
+    """The final context of a record: its field when it has one, else its token ids' last
+    chunk (15 ids, chunks starting at 0 and 9: 6 held at the end); unknown (None) when it has
+    neither or when they are of the wrong type, never an exception."""
+    ids = list(range(15))
+    assert context_tokens({"context_tokens": 6, "token_ids": ids}) == 6
+    assert context_tokens({"token_ids": ids, "chunk_starts": [0, 9]}) == 6
+    assert context_tokens({"token_ids": ids}) == 15  # no chunk_starts: one chunk
+    assert context_tokens({"token_ids": ids, "chunk_starts": [0]}) == 15
+    assert context_tokens({"num_turns": 3}) is None  # a small record from before the field
+    assert context_tokens({"context_tokens": None, "token_ids": ids}) is None
+    for bad in ("<img src=x onerror=alert(1)>", "6", True, -1, 2.5, [6], {"6": 6}):
+        assert context_tokens({"context_tokens": bad, "token_ids": ids}) is None, bad
+    for starts in (["<x>"], [0, 16], [-1], [], "0", 9):
+        assert context_tokens({"token_ids": ids, "chunk_starts": starts}) is None, starts
+    assert context_tokens({"token_ids": "<b>"}) is None
+    assert count_field({"parse_failures": 2}, "parse_failures") == 2
+    assert count_field({"parse_failures": 2.0}, "parse_failures") == 2
+    assert count_field({}, "parse_failures") is None
+    for bad in ("2", -3, False, None, [1]):
+        assert count_field({"parse_failures": bad}, "parse_failures") is None, bad

@@ -1,7 +1,8 @@
 """A hostile run folder for the viewer's tests: every field a run folder can hold (episode
 fields, messages, token arrays, config keys and values, summary, metrics keys, evaluation files,
-the run directory's own name) carries script payloads, and some episodes are malformed (fields
-of the wrong type). Each payload, if it ran, would set ``window.__pwned`` or the page title."""
+the small evaluation records' counts, the run directory's own name) carries script payloads, and
+some episodes are malformed (fields of the wrong type). Each payload, if it ran, would set
+``window.__pwned`` or the page title."""
 
 from __future__ import annotations
 
@@ -27,6 +28,8 @@ PROBE_FIELDS = ("step", "num_turns", "horizon", "policy_version", "group_id", "s
 #: what the malformed record (row 2) gets wrong, besides its containers
 OTHER_BAD_FIELDS = ("invalid_actions", "prompt_length", "reward", "elapsed_s", "success")
 STRING_FIELDS = ("env", "task_id", "episode_id", "status", "error")
+#: the evaluation counts of the small records (``eval_episodes.jsonl``), payloads in both rows
+EVAL_COUNT_FIELDS = ("parse_failures", "context_tokens")
 
 
 def payload(i: int) -> str:
@@ -52,6 +55,7 @@ def hostile_episodes(seed: int = 3) -> list[dict]:
     for i, name in enumerate(PROBE_FIELDS):
         numbers[name] = payload(i)
     numbers["turn_rewards"] = [payload(0), payload(1)]  # per-turn rewards: shown as "–"
+    numbers["chunk_starts"] = [payload(4)]  # the context cannot be read: unknown
     containers = base()
     for i, name in enumerate(OTHER_BAD_FIELDS):
         containers[name] = payload(i)
@@ -60,6 +64,18 @@ def hostile_episodes(seed: int = 3) -> list[dict]:
     step_only = base()
     step_only["step"] = payload(0)
     return [strings, numbers, containers, base(), step_only]
+
+
+def hostile_eval_summaries() -> list[dict]:
+    """The small evaluation records (``eval_episodes.jsonl``: no messages or tokens): row 0 the
+    counts :data:`EVAL_COUNT_FIELDS` holding payloads as strings, row 1 inside a list and as a
+    dict key; every other field well-formed."""
+    base = {"env": "babyai", "task_id": "GoToObj-0", "group_id": 0, "sample_index": 0,
+            "step": 2, "status": "max_turns", "reward": 0.0, "success": False, "num_turns": 4,
+            "invalid_actions": 1}
+    strings = {**base, "parse_failures": payload(0), "context_tokens": payload(1)}
+    nested = {**base, "parse_failures": [payload(2)], "context_tokens": {payload(3): 1}}
+    return [strings, nested]
 
 
 def write_hostile_run(parent: str) -> str:
@@ -87,6 +103,9 @@ def write_hostile_run(parent: str) -> str:
         for ep in hostile_episodes():
             f.write(json.dumps(ep) + "\n")
         f.write('["not", "an", "object"]\n')
+    with open(os.path.join(run, "eval_episodes.jsonl"), "w") as f:
+        for ep in hostile_eval_summaries():
+            f.write(json.dumps(ep) + "\n")
     rng = random.Random(4)
     with open(os.path.join(run, "trajectories_eval.jsonl"), "w") as f:
         for step in (0, 2):  # two evaluated steps: the before / after view has something

@@ -153,7 +153,9 @@ class Viewer:
 
     def episode(self, run_id: int, file: int, row: int, tokens: bool = True) -> dict[str, Any]:
         """The episode view: its fields, turns, and (``tokens``) the token view with the
-        loss-mask checks and the advantage.
+        loss-mask checks and the advantage. ``fields["parse_failures"]`` /
+        ``fields["context_tokens"]`` are absent or ``None`` when unknown (records written before
+        them; the context is read from the token ids when the record has those).
 
         A malformed record is shown as far as it can be: ``malformed`` maps each field of the
         wrong type to the reason (the field itself is ``None``; see ``record.py``), and token
@@ -171,6 +173,8 @@ class Viewer:
                                "has_tokens": bool(ep.get("token_ids"))}
         if "step" not in ep and f.default_step >= 0:
             out["fields"]["step"] = f.default_step
+        if "context_tokens" not in ep:  # a full trajectory: its last chunk's length
+            out["fields"]["context_tokens"] = record_mod.context_tokens(ep)
         out.update(episode_mod.turns(ep, parser))
         problem = record_mod.token_problem(ep) if ep.get("token_ids") else None
         if problem is not None:

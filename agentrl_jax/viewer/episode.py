@@ -30,7 +30,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from agentrl_jax.agent.parsing import INVALID_FORMAT_FEEDBACK, ParsedAction, get_parser
-from agentrl_jax.viewer.record import episode_fields, int_field
+from agentrl_jax.viewer.record import context_tokens, count_field, episode_fields, int_field
 
 ERROR_STATUSES = ("env_error", "engine_error")
 #: how the environment servers answer an action they do not understand (environments/*/env.py)
@@ -225,9 +225,16 @@ def mask_checks(ep: dict[str, Any], decode: Callable[[list[int]], str | None] | 
     return checks
 
 
+def known(value: int | None) -> str:
+    """A count as text, ``unknown`` when the record does not say (``None``)."""
+    return "unknown" if value is None else str(value)
+
+
 def render_text(ep: dict[str, Any], parser: Callable[[str], ParsedAction] | None = None,
                 width: int = 100, system: bool = False) -> str:
-    """A turn-by-turn plain-text rendering of an episode (notebooks, terminals)."""
+    """A turn-by-turn plain-text rendering of an episode (notebooks, terminals): a header of
+    its summary fields (the evaluation counts ``unknown`` when not recorded), its malformed
+    fields, then each turn."""
     parser = parser or parser_for("react")
     view = turns(ep, parser)
     wrap = lambda s, ind="    ": "\n".join(  # noqa: E731
@@ -235,10 +242,13 @@ def render_text(ep: dict[str, Any], parser: Callable[[str], ParsedAction] | None
         for line in str(s).splitlines() or [""])
     fields, malformed = episode_fields(ep)
     reward = fields.get("reward")
-    lines = [f"{fields.get('env')} / {fields.get('task_id')}  step {fields.get('step', '-')}  "
-             f"status {fields.get('status')}  "
-             f"reward {'-' if reward is None else f'{float(reward):.3f}'}  "
-             f"turns {fields.get('num_turns')}  invalid actions {fields.get('invalid_actions', 0)}"]
+    lines = [(f"{fields.get('env')} / {fields.get('task_id')}  step {fields.get('step', '-')}  "
+              f"status {fields.get('status')}  "
+              f"reward {'-' if reward is None else f'{float(reward):.3f}'}  "
+              f"turns {fields.get('num_turns')}  "
+              f"invalid actions {fields.get('invalid_actions', 0)}"),
+             (f"parse failures {known(count_field(ep, 'parse_failures'))}  "
+              f"context tokens {known(context_tokens(ep))}")]
     lines += [f"[malformed] {name}: {why}" for name, why in malformed.items()]
     if system and view["system"]:
         lines += ["[system]", wrap(view["system"])]

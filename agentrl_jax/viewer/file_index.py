@@ -2,9 +2,10 @@
 
 For every complete line (one episode) it keeps the byte offset and length plus a fixed-size
 record of summary fields (:data:`RECORD`: step, env, task, status, reward, success, turns,
-invalid actions, token counts, group, ...), and appends the episode's searchable text (lower-cased
-task id, episode id, error and every non-system message) to a text file. Nothing of the episode
-itself is kept in memory: a page of results is served by seeking to the rows' offsets.
+invalid actions, parse failures, token counts, the final context, group, ...), and appends the
+episode's searchable text (lower-cased task id, episode id, error and every non-system message)
+to a text file. Nothing of the episode itself is kept in memory: a page of results is served
+by seeking to the rows' offsets.
 
 A compressed file (``.jsonl.gz``, one gzip member per training step: ``agentrl_common.
 jsonl_files``) is indexed a whole member at a time: a row keeps its member's byte offset and
@@ -37,8 +38,9 @@ import numpy as np
 
 from agentrl_common.jsonl_files import is_gzip, iter_gzip_members
 from agentrl_jax.viewer.index_record import (_READ_CHUNK, _TEXT_SEP, ERROR_STATUSES, RECORD,
-                                             VOCAB_COLUMNS, _float, as_int, default_cache_dir,
-                                             episode_text)
+                                             VOCAB_COLUMNS, _float, as_int, count_column,
+                                             default_cache_dir, episode_text)
+from agentrl_jax.viewer.record import context_tokens, count_field
 
 try:  # faster than json on these large lines; the stdlib is the fallback
     import orjson
@@ -51,7 +53,7 @@ except ImportError:  # pragma: no cover - orjson is a runtime dependency
 
 log = logging.getLogger(__name__)
 
-INDEX_VERSION = 2
+INDEX_VERSION = 3  # 3: the parse_failures and context_tokens columns
 
 
 class FileIndex:
@@ -217,7 +219,9 @@ class FileIndex:
                 len(tokens) if isinstance(tokens, list) else -1, n_trained,
                 as_int(ep.get("group_id")), as_int(ep.get("sample_index")),
                 as_int(ep.get("policy_version")), as_int(ep.get("horizon")),
-                1 if ep.get("error") else 0, text_offset, text_length)
+                1 if ep.get("error") else 0,
+                count_column(count_field(ep, "parse_failures")),
+                count_column(context_tokens(ep)), text_offset, text_length)
 
     def update(self, max_bytes: int | None = None) -> int:
         """Index the lines appended since the last call (at most about ``max_bytes`` of the file

@@ -269,7 +269,8 @@ class RunIndex:
                     files=t.columns["file"][sel], rows=t.columns["row"][sel], positions=sel)
 
     def summary(self, table: Table, position: int) -> dict[str, Any]:
-        """The index fields of one episode as a JSON-friendly dict."""
+        """The index fields of one episode as a JSON-friendly dict (``parse_failures`` and
+        ``context_tokens``: ``None`` when the record does not say)."""
         c = table.columns
         i = int(position)
         out: dict[str, Any] = {
@@ -283,6 +284,8 @@ class RunIndex:
         for name in ("step", "num_turns", "invalid", "n_tokens", "n_trained", "group_id",
                      "sample_index", "policy_version", "horizon"):
             out[name] = int(c[name][i])
+        for name in ("parse_failures", "context_tokens"):  # None: unknown (older records)
+            out[name] = int(c[name][i]) if c[name][i] >= 0 else None
         return out
 
     def read(self, file: int, row: int) -> dict[str, Any]:

@@ -31,6 +31,8 @@ RECORD = np.dtype([
     ("policy_version", "<i4"),
     ("horizon", "<i4"),
     ("has_error", "i1"),  # a non-empty "error" field
+    ("parse_failures", "<i4"),  # replies the parser could not read (-1: unknown)
+    ("context_tokens", "<i4"),  # the final context length (-1: unknown; record.context_tokens)
     ("text_offset", "<i8"),  # the episode's searchable text in the text file
     ("text_length", "<i4"),
 ])
@@ -55,6 +57,11 @@ def as_int(value: Any, default: int = -1) -> int:
     except (TypeError, ValueError, OverflowError):
         return default
     return v if -_INT32_MAX <= v <= _INT32_MAX else default
+
+
+def count_column(value: int | None) -> int:
+    """A count for an int32 column: ``-1`` when unknown (``None``) or beyond int32."""
+    return value if value is not None and value <= _INT32_MAX else -1
 
 
 def _float(value: Any) -> float:

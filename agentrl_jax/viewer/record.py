@@ -8,13 +8,17 @@ page and the export show next to the field. Strings stay strings (the page escap
 
 * :func:`episode_fields` the summary fields (:data:`FIELD_KINDS`) of one record;
 * :func:`token_problem` why the token arrays cannot be shown (``None``: they can);
-* :func:`list_field` a list field, or ``[]`` plus a ``malformed`` entry.
+* :func:`list_field` a list field, or ``[]`` plus a ``malformed`` entry;
+* :func:`count_field` / :func:`context_tokens` the evaluation counts (``parse_failures``,
+  ``context_tokens``), ``None`` when unknown (records written before the fields).
 """
 
 from __future__ import annotations
 
 import math
 from typing import Any
+
+from agentrl_jax.agent.trajectory import record_context_tokens
 
 INT_LIMIT = 2**53  # larger integers do not survive a round trip through JavaScript numbers
 SHOWN_CHARS = 60  # characters of a bad value quoted in its ``malformed`` entry
@@ -82,6 +86,35 @@ def int_field(ep: dict[str, Any], name: str, default: int = 0) -> int:
     """Field ``name`` as an integer, ``default`` when absent or malformed."""
     ok, value = check_value(ep.get(name), "integer")
     return value if ok and value is not None else default
+
+
+def count_field(ep: dict[str, Any], name: str) -> int | None:
+    """Field ``name`` as a count (an integer >= 0); ``None`` when absent (unknown: a record
+    written before the field), malformed or negative."""
+    ok, value = check_value(ep.get(name), "integer")
+    return value if ok and value is not None and value >= 0 else None
+
+
+def context_tokens(ep: dict[str, Any]) -> int | None:
+    """The episode's final context length (what the engine held at the end, prompt + every
+    turn): the recorded ``context_tokens`` when the record has the field (``None`` when it is
+    malformed), else, from a full trajectory, ``len(token_ids) - chunk_starts[-1]`` (the last
+    chunk of a history window; ``chunk_starts`` absent: ``len(token_ids)``), as
+    ``agent.trajectory.record_context_tokens``; ``None`` when neither can be read (a small
+    evaluation record from before the field, or token arrays of the wrong type)."""
+    if "context_tokens" in ep:
+        return count_field(ep, "context_tokens")
+    ids, starts = ep.get("token_ids"), ep.get("chunk_starts")
+    if not isinstance(ids, list):
+        return None
+    if starts is not None:
+        if not isinstance(starts, list) or not starts:
+            return None
+        ok, last = check_value(starts[-1], "integer")
+        if not ok or last is None or not 0 <= last <= len(ids):
+            return None
+        starts = [last]
+    return record_context_tokens({"token_ids": ids, "chunk_starts": starts})
 
 
 def list_field(ep: dict[str, Any], name: str, malformed: dict[str, str]) -> list[Any]:

@@ -226,8 +226,9 @@ function episodeTable(rows) {
   const body = rows.map(r => html`<tr data-file="${r.file}" data-row="${r.row}"><td>${r.kind}</td><td class=num>${r.step}</td><td>${r.env}</td><td>${r.task_id}</td>
       <td><span class="pill ${r.status}">${r.status}</span></td><td class="num ${r.success ? "good" : ""}">${fmt(r.reward)}</td>
       <td class=num>${r.num_turns}</td><td class="num ${r.invalid > 0 ? "bad" : ""}">${r.invalid}</td><td class=num>${r.n_tokens >= 0 ? r.n_tokens : "–"}</td>
+      <td class="num ${r.parse_failures > 0 ? "bad" : ""}" data-col="parse_failures">${orUnknown(r.parse_failures)}</td><td class=num data-col="context_tokens">${orUnknown(r.context_tokens)}</td>
       <td class="muted">${r.error ? html`<span class=bad>${r.error}</span>` : (r.last_reply || "")}</td></tr>`);
-  return html`<table class="list"><thead><tr><th>kind</th><th class=num>step</th><th>env</th><th>task</th><th>status</th><th class=num>reward</th><th class=num>turns</th><th class=num>invalid</th><th class=num>tokens</th><th>last reply</th></tr></thead><tbody>${body}</tbody></table>`;
+  return html`<table class="list"><thead><tr><th>kind</th><th class=num>step</th><th>env</th><th>task</th><th>status</th><th class=num>reward</th><th class=num>turns</th><th class=num>invalid</th><th class=num>tokens</th><th class=num title="replies the parser could not read">parse failures</th><th class=num title="the final context length (prompt + every turn)">context</th><th>last reply</th></tr></thead><tbody>${body}</tbody></table>`;
 }
 
 // ------------------------------------------------------------------ one episode
@@ -248,6 +249,9 @@ function turnsHtml(ep) {
   return html`${h}`;
 }
 
+/* A count the record may not hold (parse_failures, context_tokens: not in older runs). */
+function orUnknown(x) { return x == null ? html`<span class="muted unknown">unknown</span>` : x; }
+
 /* A field's value, or a marker when the record holds a value of the wrong type there. */
 function fieldValue(ep, key, value) {
   const bad = (ep.malformed || {})[key];
@@ -261,6 +265,7 @@ function fieldsHtml(ep) {
   const items = [["status", v("status", f.status == null ? null : html`<span class="pill ${f.status}">${f.status}</span>`)], ["reward", v("reward", fmt(f.reward))],
     ["success", v("success", f.success ? html`<span class=good>yes</span>` : "no")], ["turns", v("num_turns")],
     ["invalid actions", v("invalid_actions", f.invalid_actions == null ? null : `${f.invalid_actions}${inv}`)],
+    ["parse failures", v("parse_failures", orUnknown(f.parse_failures))], ["context tokens", v("context_tokens", orUnknown(f.context_tokens))],
     ["step", v("step")], ["horizon", v("horizon")], ["policy version", v("policy_version")], ["group", v("group_id")], ["sample", v("sample_index")],
     ["seconds", v("elapsed_s", fmt(f.elapsed_s, 2))], ["episode id", v("episode_id")], ["file", `${ep.file_name} row ${ep.row}`]];
   return html`<div class="fields card">${items.map(([k, val]) => html`<div><b>${k}</b>${val}</div>`)}</div>`;
@@ -380,7 +385,7 @@ async function viewCompare(el, params) {
       return e ? api("/api/episode", {run, file: e.file, row: e.row, tokens: "false"}).then(x => [side, e, x]) : Promise.resolve([side, null, null]);
     }));
     const cols = eps.map(([side, e, ep]) => html`<div class="col" data-side="${side}"><h3>${side} (step ${side === "before" ? cmp.before : cmp.after})</h3>${ep
-      ? html`<p>${malformedHtml(ep)}<span class="pill ${ep.fields.status}">${ep.fields.status}</span> reward <b>${fmt(ep.fields.reward)}</b>, ${ep.fields.num_turns ?? "–"} turns, ${ep.fields.invalid_actions ?? "–"} invalid · <a href="${hashFor("episode", {run, file: e.file, row: e.row})}">open</a></p>${turnsHtml(ep)}`
+      ? html`<p>${malformedHtml(ep)}<span class="pill ${ep.fields.status}">${ep.fields.status}</span> reward <b>${fmt(ep.fields.reward)}</b>, ${ep.fields.num_turns ?? "–"} turns, ${ep.fields.invalid_actions ?? "–"} invalid, ${orUnknown(ep.fields.parse_failures)} parse failures, ${orUnknown(ep.fields.context_tokens)} context tokens · <a href="${hashFor("episode", {run, file: e.file, row: e.row})}">open</a></p>${turnsHtml(ep)}`
       : html`<p class="muted">no sample ${sample}</p>`}</div>`);
     h.push(html`<div class="row" id="side-by-side">${cols}</div>`);
   } else {
