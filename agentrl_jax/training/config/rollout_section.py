@@ -27,7 +27,8 @@ ENGINE_KEYS: dict[str, tuple[str, ...]] = {
     "engine_dtype": ("dtype", "weights_dtype"), "decode_steps": ("decode_steps",),
     "decode_attention": ("decode_attention",), "prefill_attention": ("prefill_attention",),
     "decode_gemm": ("decode_gemm",), "prefill_kv_buckets": ("prefill_kv_buckets",),
-    "share_prompts": ("share_prompts",), "prefill_tokens": ("prefill_tokens",)}
+    "share_prompts": ("share_prompts",), "prefill_tokens": ("prefill_tokens",),
+    "deliver_after_launch": ("deliver_after_launch",)}
 #: the run config's dtypes of the engine ("" the model's: a config file's spelling of None)
 ENGINE_DTYPES = ("", "float32", "bfloat16")
 
@@ -131,6 +132,9 @@ class RolloutConfig(Section):
     #: a prompt equal to one being prefilled copies that prefill's KV row instead of computing
     #: it again (EngineConfig.share_prompts): the samples of a group share their first prompt
     share_prompts: bool = engine_setting("share_prompts")
+    #: finished requests' results handed over after the next decode call is launched, so the
+    #: host's bookkeeping overlaps the device (EngineConfig.deliver_after_launch)
+    deliver_after_launch: bool = engine_setting("deliver_after_launch")
     parser: str = setting("react", choices=_parsers, kind="action parser")
     # episodes in N spawned worker processes (0: in the trainer's process; docs/ROLLOUT.md);
     # with an HTTP backend (engine_servers, sglang) the workers post to the servers themselves
