@@ -11,15 +11,16 @@ docs/RESULTS.md). A turn is ``Action: <search> query </search>`` or ``Action: <a
 </answer>`` (one line; the environment reads the first tag). Variants
 (``experiments/common.py`` holds the shared pieces):
 
-============= ==============================================================================
-grpo_scaling  the paper's schedule, 64 new tokens a turn
-ppo           ``grpo_scaling`` with PPO (critic + GAE) instead of GRPO
-grpo_gpu      the default: one GPU, ~10 minutes with both evaluations (``common.gpu_recipe``)
-choice_gpu    ``grpo_gpu`` answering with the letter of a listed admissible action, restricted
-              policy, the whole history in a 6,144-token context
-sft_gpu       behaviour cloning of the retrieval oracle on one GPU
-sft_grpo_gpu  ``grpo_gpu`` started from ``sft_gpu``'s policy
-============= ==============================================================================
+=================== ========================================================================
+grpo_scaling        the paper's schedule, 64 new tokens a turn
+ppo                 ``grpo_scaling`` with PPO (critic + GAE) instead of GRPO
+grpo_gpu            the default: one GPU, ~10 minutes with both evaluations (``common.gpu_recipe``)
+choice_gpu          ``grpo_gpu`` answering with the letter of a listed admissible action,
+                    restricted policy, the whole history in a 6,144-token context
+choice_shuffled_gpu ``choice_gpu`` with each turn's options in a seeded permuted order
+sft_gpu             behaviour cloning of the retrieval oracle on one GPU
+sft_grpo_gpu        ``grpo_gpu`` started from ``sft_gpu``'s policy
+=================== ========================================================================
 """
 
 from __future__ import annotations
@@ -82,6 +83,23 @@ def choice_gpu() -> ConfigDict:
     return c
 
 
+def choice_shuffled_gpu() -> ConfigDict:
+    """``choice_gpu`` with each turn's options listed in a permuted order
+    (``agent.shuffle_options``: ``parsing.option_order`` of the option list and the rollout's
+    base seed; one order per list within a step, so a group's samples still see identical
+    states the same way). Why: ``choice_gpu`` from the base model learned habits of letter
+    position, not choices by content (seed 0 searched option c then c, seed 1 b then j), since
+    the admissible options come in a fixed structure, ``a)`` being the question's key phrase
+    (docs/RESULTS.md, "Deep search from the base model, lettered choices";
+    results/choice_scratch/deepsearch_diagnosis.json). With the order shuffled a position
+    habit earns nothing on average, so reward can only come from the options' text. Jobs:
+    benchmarks/jobs/deepsearch_shuffled_dev.txt (against results/choice_scratch/
+    deepsearch_choicer_dev*)."""
+    c = choice_gpu()
+    c.agent.shuffle_options = True
+    return c
+
+
 def sft_gpu() -> ConfigDict:
     """Behaviour cloning of the retrieval oracle on one GPU: ``grpo_gpu``'s model, answer
     format, engine, packed learner and evaluation with the ``sft`` loss. Data:
@@ -103,8 +121,9 @@ def sft_grpo_gpu() -> ConfigDict:
     return c
 
 
-VARIANTS = {"grpo_scaling": grpo_scaling, "ppo": ppo, "grpo_gpu": grpo_gpu, "choice_gpu": choice_gpu, "sft_gpu": sft_gpu,
-            "sft_grpo_gpu": sft_grpo_gpu}
+VARIANTS = {"grpo_scaling": grpo_scaling, "ppo": ppo, "grpo_gpu": grpo_gpu,
+            "choice_gpu": choice_gpu, "choice_shuffled_gpu": choice_shuffled_gpu,
+            "sft_gpu": sft_gpu, "sft_grpo_gpu": sft_grpo_gpu}
 
 
 def get_config(variant: str | None = None) -> ConfigDict:

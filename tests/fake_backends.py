@@ -140,5 +140,5 @@ async def choice_episode(url: str, backend: RolloutBackend, tokenizer: Any, *, h
                           sampling=SamplingParams(max_new_tokens=max_new_tokens),
                           max_context=4096, policy_version=0, prompt_style="choice",
                           response_prefix="Action:", history_turns=0,
-                          option_limits=option_limits)
+                          option_limits=option_limits, shuffle_options=False)
         return await episode.run()

@@ -62,7 +62,8 @@ async def _collect(tokenizer, url, fast: bool, tasks, n_samples=2, horizon=7, se
                          ChatFormatter(tokenizer, fast=fast),
                          SamplingParams(max_new_tokens=32, stop=["\n"]), max_context=1500,
                          max_concurrency=32, parser=get_parser("react"), prompt_style="action",
-                         response_prefix="Action:", history_turns=0, option_limits=False)
+                         response_prefix="Action:", history_turns=0,
+                         option_limits=False, shuffle_options=False)
         trajectories, _ = await pool.collect(tasks, n_samples, horizon, seed=seed)
         return trajectories, client.batches_sent
 
@@ -204,7 +205,8 @@ async def test_worker_processes_give_the_in_process_trajectories(tokenizer, baby
         pool = ActorPool(counter, {"babyai": client}, ChatFormatter(tokenizer),
                          SamplingParams(max_new_tokens=32, stop=["\n"]), max_context=1500,
                          max_concurrency=32, parser=get_parser("react"), prompt_style="action",
-                         response_prefix="Action:", history_turns=0, option_limits=False, workers=2)
+                         response_prefix="Action:", history_turns=0,
+                         option_limits=False, shuffle_options=False, workers=2)
         seen = []
         try:
             async with EpisodeProgress(30, "first", OFF, counter=counter) as first:
@@ -269,7 +271,7 @@ async def test_workers_post_straight_to_http_rollout_servers(tokenizer, babyai):
                              SamplingParams(max_new_tokens=32, stop=["\n"]), max_context=1500,
                              max_concurrency=32, parser=get_parser("react"),
                              prompt_style="action", response_prefix="Action:", history_turns=0,
-                             option_limits=False,
+                             option_limits=False, shuffle_options=False,
                              workers=workers)
             try:
                 out, _ = await pool.collect(tasks, 2, 7, seed=11,

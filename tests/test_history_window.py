@@ -64,7 +64,8 @@ def _collect(tokenizer, backend, history_turns: int, horizon: int, tasks=("t",),
                      formatter or ChatFormatter(tokenizer),
                      SamplingParams(max_new_tokens=8, seed=5), max_context=max_context,
                      max_concurrency=8, parser=parse_react, prompt_style="action",
-                     response_prefix="Action:", history_turns=history_turns, option_limits=False)
+                     response_prefix="Action:", history_turns=history_turns,
+                     option_limits=False, shuffle_options=False)
     trajectories, _ = asyncio.run(pool.collect([TaskRef("fake", t) for t in tasks], samples,
                                                horizon))
     return trajectories
@@ -230,7 +231,7 @@ def test_sampled_logprobs_equal_a_forward_over_each_training_row():
                          max_context=512, max_concurrency=4,
                          parser=lambda text: ParsedAction(action=text.strip() or "x"),
                          prompt_style="action", response_prefix="A:", history_turns=1,
-                         option_limits=False)
+                         option_limits=False, shuffle_options=False)
         trajectories, _ = asyncio.run(pool.collect([TaskRef("fake", "t")], 2, 4))
     finally:
         engine.close()
@@ -261,7 +262,8 @@ def test_worker_processes_relay_windowed_prompts_exactly(tokenizer):
                 tasks = [TaskRef("babyai", i) for i in ids]
                 kwargs = dict(max_context=4096, max_concurrency=8, parser=parse_react,
                               prompt_style="action",
-                              response_prefix="Action:", history_turns=2, option_limits=False)
+                              response_prefix="Action:", history_turns=2,
+                              option_limits=False, shuffle_options=False)
                 here = ActorPool(_go_backend(tokenizer), {"babyai": client},
                                  ChatFormatter(tokenizer), SamplingParams(max_new_tokens=8),
                                  **kwargs)

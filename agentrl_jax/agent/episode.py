@@ -32,7 +32,7 @@ from agentrl_common.seeding import derive_seed
 from agentrl_jax.agent.chat import ChatFormatter
 from agentrl_jax.agent.loop_times import LoopTimes
 from agentrl_jax.agent.parsing import (CHOICE_LABELS, INVALID_FORMAT_FEEDBACK, ParsedAction,
-                                       options_block, takes_options)
+                                       options_block, shuffled_options, takes_options)
 from agentrl_jax.agent.prompts import first_user_message, system_prompt, windowed_first_message
 from agentrl_jax.agent.trajectory import (STATUS_CONTEXT_LIMIT, STATUS_DONE, STATUS_ENGINE_ERROR,
                                           STATUS_ENV_ERROR, STATUS_MAX_TURNS, Trajectory,
@@ -51,12 +51,16 @@ class Episode:
                  group_id: int, sample_index: int, horizon: int, sampling: SamplingParams,
                  max_context: int, policy_version: int, seed: int | None = None,
                  prompt_style: str, response_prefix: str, history_turns: int,
-                 option_limits: bool,
+                 option_limits: bool, shuffle_options: bool, option_seed: int = 0,
                  env_errors: tuple[type[BaseException], ...] = (Exception,),
                  version_fn: Callable[[], int] | None = None):
         """``option_limits`` (``agent.option_limits``): a turn that lists ``n`` options asks
         the backend to sample only the first ``n`` option tokens (``SamplingParams.
         option_count``) and records ``n`` on its generated ids (``Trajectory.option_counts``).
+        ``shuffle_options`` (``agent.shuffle_options``): a multiple-choice turn lists the
+        environment's options in the order ``parsing.option_order(options, option_seed)`` (a
+        function of the seed and the option list, not of the sample), and a reply's letter names
+        the option shown at it.
         ``prompt_style``, ``response_prefix``, ``history_turns``: ``agent.*`` of the run
         config (no defaults here: one source per setting). ``history_turns``: 0 keeps the whole history; ``N > 0``: the history window of the
         module docstring. ``version_fn``: the weights version the backend serves now, read when a turn starts
@@ -104,6 +108,8 @@ class Episode:
         self._takes_options = takes_options(parser)
         self._options: list[str] = []
         self.option_limits = bool(option_limits)
+        self.shuffle_options = bool(shuffle_options)
+        self.option_seed = int(option_seed)
 
     def turn_seed(self, turn: int) -> int | None:
         """The sampling seed of assistant turn ``turn``: derived from the episode's seed and the
@@ -117,12 +123,16 @@ class Episode:
     def _with_options(self, observation: str, info: dict[str, Any] | None) -> str:
         """``observation`` followed by the options block, for a multiple-choice parser; the
         options are the client's listed actions (``agent.list_valid_actions``), else the
-        environment's ``available_actions``; ``info`` None keeps the current ones."""
+        environment's ``available_actions``, in the environment's order or, with
+        ``shuffle_options``, permuted (``parsing.option_order``); ``info`` None keeps the
+        current ones."""
         if not self._takes_options:
             return observation
         if info is not None:
             options = info.get("listed_actions") or info.get("available_actions") or []
             self._options = [str(o) for o in options]
+            if self.shuffle_options:
+                self._options = shuffled_options(self._options, self.option_seed)
         return f"{observation}\n{options_block(self._options)}" if self._options else observation
 
     def _finish(self, status: str, error: str | None = None) -> None:
@@ -335,15 +345,19 @@ def start_episode(task: TaskRef, group_id: int, sample_index: int, horizon: int,
                   sampling: SamplingParams, max_context: int,
                   env_errors: tuple[type[BaseException], ...], prompt_style: str,
                   response_prefix: str, history_turns: int, option_limits: bool,
+                  shuffle_options: bool,
                   version_fn: Callable[[], int] | None = None) -> Episode:
     """The :class:`Episode` of sample ``sample_index`` of group ``group_id`` (the actor pool's
     and an actor worker's). With a seed (``seed``, else ``sampling.seed``) the episode's base
     seed is ``derive_seed(seed, group_id, sample_index)``; the episode derives every turn's
-    from it. ``KeyError`` for a family without a client in ``env_clients``."""
+    from it. ``shuffle_options``: the options' order comes from that seed before the
+    per-sample derivation (0 when there is none), so the samples of a group, and every group
+    of the rollout, see one order per option list (identical first prompts within a group,
+    which the engine shares). ``KeyError`` for a family without a client in ``env_clients``."""
     if task.env not in env_clients:
         raise KeyError(f"no environment client for {task.env!r} (have {sorted(env_clients)})")
-    if sampling.seed is not None or seed is not None:
-        base = seed if seed is not None else sampling.seed
+    base = seed if seed is not None else sampling.seed
+    if base is not None:
         sampling = dataclasses.replace(sampling, seed=derive_seed(base, group_id, sample_index))
     return Episode(env_client=env_clients[task.env], backend=backend, formatter=formatter,
                    parser=parser, env_name=task.env, task_id=task.task_id, group_id=group_id,
@@ -351,4 +365,5 @@ def start_episode(task: TaskRef, group_id: int, sample_index: int, horizon: int,
                    max_context=max_context, policy_version=policy_version,
                    env_errors=env_errors, prompt_style=prompt_style,
                    response_prefix=response_prefix, version_fn=version_fn,
-                   history_turns=history_turns, option_limits=option_limits)
+                   history_turns=history_turns, option_limits=option_limits,
+                   shuffle_options=shuffle_options, option_seed=base or 0)

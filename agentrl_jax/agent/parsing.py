@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+import zlib
 from typing import Callable, Sequence
 
 from agentrl_common.registry import Registry
@@ -66,6 +67,31 @@ def options_block(options: Sequence[str]) -> str:
     (the first ``len(CHOICE_LABELS)`` options; more cannot be named)."""
     shown = options[:len(CHOICE_LABELS)]
     return "Options: " + ", ".join(f"{CHOICE_LABELS[i]}) {o}" for i, o in enumerate(shown))
+
+
+def option_order(options: Sequence[str], seed: int) -> list[int]:
+    """The order ``agent.shuffle_options`` shows ``options`` in: a permutation ``p`` of
+    ``range(n)`` (``n = len(options)``); shown option ``k`` is ``options[p[k]]``.
+
+    Formula (CRC-32 of UTF-8 bytes, ``zlib.crc32(data, start)``; stable across processes and
+    Python versions, unlike the salted ``hash()``)::
+
+        salt = crc32("\x1f".join(options), seed mod 2**32)
+        key_i = crc32(options[i], salt)
+        p = the indices i sorted by (key_i, i)
+
+    So the order is a function of the seed and the whole option list (its strings and their
+    order) alone: every episode that lists the same options under the same seed sees the same
+    order, and another list (or seed) gets an unrelated one. E.g. ``option_order(["turn
+    left", "turn right", "go forward"], 0) == [1, 2, 0]``."""
+    salt = zlib.crc32("\x1f".join(options).encode("utf-8"), int(seed) & 0xFFFFFFFF)
+    keys = [zlib.crc32(str(o).encode("utf-8"), salt) for o in options]
+    return sorted(range(len(options)), key=lambda i: (keys[i], i))
+
+
+def shuffled_options(options: Sequence[str], seed: int) -> list[str]:
+    """``options`` in the order :func:`option_order` gives them (``[n]`` -> ``[n]``)."""
+    return [options[i] for i in option_order(options, seed)]
 
 
 def parse_choice(text: str, options: Sequence[str] = ()) -> ParsedAction:

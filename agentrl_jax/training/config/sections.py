@@ -161,6 +161,13 @@ class AgentConfig(Section):
     # learner scores the same distribution (models/output_tokens.py, docs/ROLLOUT.md "Per-turn
     # option limits"); False: any letter of model.output_tokens, or EOS
     option_limits: bool = setting(False)
+    # True: a lettered-choice turn (rollout.parser = "choice") lists the environment's options
+    # in a permuted order, parsing.option_order(options, seed): a function of the option list
+    # and of the rollout's base seed (training: seed + step; evaluations: seed), not of the
+    # sample, so the samples of a group that see one state see one order and a letter's
+    # position carries no fixed meaning (agent/episode.py, docs/TRAINING.md); False: the
+    # environment's order
+    shuffle_options: bool = setting(False)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -355,6 +362,10 @@ class RunConfig(Section):
             out.extend(_history_window_problems(lr))
         if agent is not None and agent.option_limits:
             out.extend(_option_limit_problems(r, sections.get("model")))
+        if agent is not None and agent.shuffle_options and r is not None and (
+                r.parser != "choice"):
+            out.append(f"agent.shuffle_options: needs rollout.parser='choice' (the parser that "
+                       f"lists options; got {r.parser!r})")
         if r is not None and t is not None and r.release_kv_during_update and t.max_staleness:
             out.append("rollout.release_kv_during_update: needs train.max_staleness = 0 (with "
                        f"{t.max_staleness} the next rollout decodes during the update)")

@@ -181,7 +181,8 @@ async def record_experts(config: RunConfig, env: str, episodes: int, out_dir: st
                               prompt_style=fmt["prompt_style"],
                               response_prefix=fmt["response_prefix"],
                               history_turns=fmt["history_turns"],
-                              option_limits=False)  # an expert's replies are not sampled
+                              # an expert's replies are not sampled, and name no option
+                              option_limits=False, shuffle_options=False)
             async with EpisodeProgress(len(tasks), f"recording {env} experts",
                                        progress_mode(force_bar=config.progress),
                                        config.progress_seconds, say) as bar:

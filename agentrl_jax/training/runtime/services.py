@@ -280,6 +280,8 @@ def make_actor_pool(config: RunConfig, backend: Any, clients: Mapping[str, Any],
                      history_turns=agent.history_turns,
                      # a turn listing n options samples only the first n letters (episode.py)
                      option_limits=agent.option_limits,
+                     # the options in an order seeded by the run, not the env's (episode.py)
+                     shuffle_options=agent.shuffle_options,
                      # episodes in N spawned processes, the backend here (docs/ROLLOUT.md)
                      workers=r.actor_workers,
                      # workers post to HTTP rollout servers themselves (engine_servers, sglang)
