@@ -208,3 +208,47 @@ def test_choice_styles_configure_the_restricted_policy():
     assert spaced.agent.history_turns == 0  # the experiment's (babyai grpo_gpu: no window)
     args.history_turns = 4  # --history_turns replaces it
     assert bench.style_config(args, "choice_option_limits").agent.history_turns == 4
+
+
+def test_order_counts_compare_the_shown_options_with_the_environments():
+    bench = _benchmark()
+    from agentrl_jax.agent.parsing import options_block
+
+    env = ["turn left", "turn right", "go forward"]
+    # option_order(env, 0) == [1, 2, 0] (parsing.option_order's docstring example)
+    shuffled = ["turn right", "go forward", "turn left"]
+    t = Trajectory(env="babyai", task_id="t", group_id=0, sample_index=0)
+    t.status = "done"
+    t.messages = [{"role": "system", "content": "s"},
+                  {"role": "user", "content": "o\n" + options_block(shuffled)},
+                  {"role": "assistant", "content": "Action: a"},
+                  {"role": "user", "content": "o\n" + options_block(env)},
+                  {"role": "assistant", "content": "Action: a"},
+                  {"role": "user", "content": "o\n" + options_block(["drop"])},
+                  {"role": "assistant", "content": "Action: a"},
+                  {"role": "user", "content": "o\n" + options_block(["x", "y"])},
+                  {"role": "assistant", "content": "Action: a"}]
+    stats = bench.FormatStats("choice_shuffled")
+    # one list sent, in the environment's order; ["drop"] has one option, ["x", "y"] was not sent
+    bench.count_orders(stats, [t], {tuple(sorted(env)): {tuple(env)},
+                                    ("drop",): {("drop",)}}, seed=0)
+    assert (stats.order_turns, stats.order_kept, stats.order_formula, stats.first_at_a) == (
+        2, 1, 1, 1)
+    recorder = bench.OrderRecorder(object())
+    recorder._record({"listed_actions": env})
+    recorder._record({"available_actions": ["b", "a"]})
+    assert recorder.lists == {tuple(sorted(env)): {tuple(env)}, ("a", "b"): {("b", "a")}}
+
+
+def test_the_shuffled_style_is_choice_option_limits_with_the_shuffle():
+    bench = _benchmark()
+    args = bench.argparse.Namespace(experiment=os.path.join(REPO, "experiments",
+                                                            "deepsearch.py:grpo_gpu"),
+                                    env="deepsearch", model="smollm2", episodes=4,
+                                    concurrency=0, server_args=None, max_new_tokens=0,
+                                    max_context=6144, temperature=1.0, history_turns=0)
+    shuffled = bench.style_config(args, "choice_shuffled").to_dict()
+    limited = bench.style_config(args, "choice_option_limits").to_dict()
+    assert shuffled["agent"]["shuffle_options"] and not limited["agent"]["shuffle_options"]
+    shuffled["agent"]["shuffle_options"] = False
+    assert shuffled == limited

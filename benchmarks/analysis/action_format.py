@@ -40,7 +40,12 @@ Styles (``--styles``, comma-separated; :data:`STYLES`):
 * ``choice_options_only``: ``choice_space_letters`` with no action list in the observation text
   (``agent.actions_in_observation=False``: the options block is the only list);
 * ``choice_option_limits``: ``choice_options_only`` with each turn restricted to the letters of
-  its listed options (``agent.option_limits``): ``use_choice``, so ``choice_gpu``.
+  its listed options (``agent.option_limits``): ``use_choice``, so ``choice_gpu``;
+* ``choice_shuffled``: ``choice_option_limits`` with the options in a seeded permuted order
+  (``agent.shuffle_options``): ``experiments/deepsearch.py:choice_shuffled_gpu``. Its line adds
+  how the shown orders relate to the environment's (:class:`OrderRecorder`): turns shown in
+  the environment's order, in ``parsing.option_order``'s, and with the environment's first
+  option at ``a``.
 
 CPU-friendly defaults: 16 episodes of 3 turns, ``max_context`` 2048 (``--experiment``: its own).
 Prints one line per style and, with ``--json``, writes the numbers.
@@ -60,7 +65,12 @@ from typing import Any, Sequence
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
-from agentrl_jax.agent.parsing import CHOICE_LABELS, get_parser, takes_options  # noqa: E402
+from agentrl_jax.agent.parsing import (  # noqa: E402
+    CHOICE_LABELS,
+    get_parser,
+    shuffled_options,
+    takes_options,
+)
 from agentrl_jax.agent.trajectory import Trajectory  # noqa: E402
 from agentrl_jax.training.config.experiment import base_config, to_run_config  # noqa: E402
 from agentrl_jax.training.config.sections import RunConfig  # noqa: E402
@@ -83,6 +93,7 @@ class AnswerStyle:
     list_actions: bool = False
     actions_in_observation: bool = True  # False: the options block is the only action list
     option_limits: bool = False  # True: a turn samples only its listed options' letters
+    shuffle_options: bool = False  # True: the options in a seeded permuted order
 
 
 #: the option letters as space-prefixed tokens: " a", " b", ... (SmolLM2: one token each)
@@ -104,6 +115,10 @@ STYLES: dict[str, AnswerStyle] = {
     "choice_option_limits": AnswerStyle("choice", "Action:", 1, None, "choice",
                                         output_tokens=SPACE_LETTERS, list_actions=True,
                                         actions_in_observation=False, option_limits=True),
+    "choice_shuffled": AnswerStyle("choice", "Action:", 1, None, "choice",
+                                   output_tokens=SPACE_LETTERS, list_actions=True,
+                                   actions_in_observation=False, option_limits=True,
+                                   shuffle_options=True),
 }
 
 
@@ -130,6 +145,13 @@ class FormatStats:
     episode_scores: list[list[Any]] = dataclasses.field(default_factory=list)
     # per episode, the context of each turn in tokens (:func:`turn_contexts`)
     turn_contexts: list[list[int]] = dataclasses.field(default_factory=list)
+    # the shown option orders against the environment's (:func:`count_orders`): turns with at
+    # least 2 options whose list the environment was seen to send, those shown in its order, in
+    # parsing.option_order's for the run's seed, and with its first option at "a"
+    order_turns: int = 0
+    order_kept: int = 0
+    order_formula: int = 0
+    first_at_a: int = 0
 
     def rate(self, count: int) -> float:
         """``count`` per turn."""
@@ -150,6 +172,13 @@ class FormatStats:
                 f"{self.per_episode(self.context_tokens):.0f} tokens (max "
                 f"{self.max_context_tokens}), {self.context_limit} at the context limit; "
                 f"{self.seconds:.0f} s")
+
+    def order_line(self) -> str:
+        """The shown orders against the environment's (:func:`count_orders`)."""
+        n = max(self.order_turns, 1)
+        return (f"option order: {self.order_turns} turns of >= 2 options; in the environment's "
+                f"order {self.order_kept / n:.1%}, in option_order's {self.order_formula / n:.1%}, "
+                f"the environment's first option at a) {self.first_at_a / n:.1%}")
 
     def context_by_turn(self) -> list[float]:
         """``[T]``: the mean context of turn ``t`` (:func:`turn_contexts`) over the episodes
@@ -252,6 +281,53 @@ def count_turns(stats: FormatStats, trajectories: list[Trajectory], parser: Any,
         stats.turn_contexts.append(turn_contexts(t))
 
 
+class OrderRecorder:
+    """An environment client that records the option lists the environment sends (its
+    ``listed_actions``, else ``available_actions``, of every ``create`` and ``step``) by their
+    sorted contents, and forwards everything to ``client``."""
+
+    def __init__(self, client: Any):
+        self.client = client
+        self.lists: dict[tuple[str, ...], set[tuple[str, ...]]] = {}
+
+    def _record(self, info: dict[str, Any]) -> None:
+        options = tuple(str(o) for o in (info.get("listed_actions")
+                                         or info.get("available_actions") or []))
+        self.lists.setdefault(tuple(sorted(options)), set()).add(options)
+
+    async def create(self, *args: Any, **kwargs: Any) -> Any:
+        created = await self.client.create(*args, **kwargs)
+        self._record(created[2])
+        return created
+
+    async def step(self, *args: Any, **kwargs: Any) -> Any:
+        result = await self.client.step(*args, **kwargs)
+        self._record(result.info)
+        return result
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.client, name)
+
+
+def count_orders(stats: FormatStats, trajectories: list[Trajectory],
+                 lists: dict[tuple[str, ...], set[tuple[str, ...]]], seed: int) -> None:
+    """Add each turn's shown options (of at least 2) to ``stats``' order counts, against the
+    environment's lists with the same contents (``OrderRecorder.lists``): shown in an
+    environment order, in ``shuffled_options(that order, seed)``, with its first at ``a``."""
+    for t in trajectories:
+        if not t.ok:
+            continue
+        for _, shown in replies_with_options(t):
+            sent = lists.get(tuple(sorted(shown)), set())
+            if len(shown) < 2 or not sent:
+                continue
+            stats.order_turns += 1
+            stats.order_kept += int(tuple(shown) in sent)
+            stats.order_formula += int(any(shuffled_options(list(e), seed) == shown
+                                           for e in sent))
+            stats.first_at_a += int(any(e[0] == shown[0] for e in sent))
+
+
 def sample_replies(trajectories: list[Trajectory], n: int, width: int = 100) -> list[str]:
     """The first assistant reply of the first ``n`` episodes, cut to ``width`` characters."""
     replies = [next((m["content"] for m in t.messages if m["role"] == "assistant"), "")
@@ -321,6 +397,7 @@ def style_config(args: argparse.Namespace, style: str) -> RunConfig:
     c.agent.list_valid_actions = len(CHOICE_LABELS) if s.list_actions else 0
     c.agent.actions_in_observation = s.actions_in_observation
     c.agent.option_limits = s.option_limits
+    c.agent.shuffle_options = s.shuffle_options
     return to_run_config(c)
 
 
@@ -348,7 +425,8 @@ async def measure(args: argparse.Namespace) -> list[FormatStats]:
             for style in styles:
                 c = configs[style]
                 async with contextlib.AsyncExitStack() as style_stack:
-                    clients = services.make_env_clients(urls, c, style_stack)
+                    clients = {name: OrderRecorder(client) for name, client in
+                               services.make_env_clients(urls, c, style_stack).items()}
                     if tasks is None:
                         tasks = await sample_tasks(clients, args)
                     model.cfg = unrestricted
@@ -366,7 +444,12 @@ async def measure(args: argparse.Namespace) -> list[FormatStats]:
                     stats.seconds = time.monotonic() - t0
                     count_turns(stats, trajectories, get_parser(c.rollout.parser),
                                 int(c.rollout.max_new_tokens))
+                    count_orders(stats, trajectories, {k: v for client in clients.values()
+                                                       for k, v in client.lists.items()},
+                                 args.seed)
                     print(stats.line(), flush=True)
+                    if stats.order_turns:
+                        print(f"      {stats.order_line()}", flush=True)
                     by_turn = ", ".join(f"{v:.0f}" for v in stats.context_by_turn())
                     print(f"      context by turn (mean tokens): {by_turn}", flush=True)
                     for text in sample_replies(trajectories, args.show):
