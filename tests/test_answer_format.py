@@ -91,6 +91,38 @@ def test_action_prompt_examples_belong_to_the_environment():
     assert "For example" not in system_prompt("Go.", "babyai", "react")
 
 
+def test_benchmark_example_action_replaces_the_family_example_within_its_block():
+    bench = _benchmark()
+    fmt = "Each turn, reply with exactly one action, in this format:\nAction: <the action>"
+    with bench.example_action("turn left"):  # the prompt every family had before 2026-11-26
+        assert system_prompt("Craft.", "textcraft", "action") == (
+            "You are an agent acting in the textcraft environment.\nCraft.\n\n"
+            f"{fmt}\nFor example:\nAction: turn left")
+        assert "For example" not in system_prompt("Craft.", "textcraft", "react")
+    with bench.example_action(""):
+        assert system_prompt("Craft.", "textcraft", "action").endswith(fmt)
+    with bench.example_action(None):
+        assert system_prompt("Craft.", "textcraft", "action").endswith("Action: get 1 oak log")
+    try:
+        with bench.example_action("turn left"):
+            raise RuntimeError
+    except RuntimeError:
+        pass
+    assert system_prompt("Craft.", "textcraft", "action").endswith("Action: get 1 oak log")
+
+
+def test_benchmark_episode_record_keeps_the_counts_and_messages():
+    bench = _benchmark()
+    t = _trajectory(["Action: turn left", "I think so"], [5, 24], invalid=2)
+    t.parse_failures, t.status, t.reward = 1, "max_turns", 0.0
+    record = bench.episode_record("action", t)
+    assert record == {"style": "action", "task_id": "t", "status": "max_turns", "reward": 0.0,
+                      "num_turns": 2, "invalid_actions": 2, "parse_failures": 1,
+                      "messages": t.messages}
+    assert [m["content"] for m in record["messages"] if m["role"] == "assistant"] == [
+        "Action: turn left", "I think so"]
+
+
 def _choice_trajectory() -> Trajectory:
     """Three choice turns, by hand: turn 1 names option b of three (accepted: the env steps
     "go to red ball 1"), turn 2 names c of two (unparsable: no option c), turn 3 starts with no

@@ -48,7 +48,11 @@ Styles (``--styles``, comma-separated; :data:`STYLES`):
   option at ``a``.
 
 CPU-friendly defaults: 16 episodes of 3 turns, ``max_context`` 2048 (``--experiment``: its own).
-Prints one line per style and, with ``--json``, writes the numbers.
+Prints one line per style and, with ``--json``, writes the numbers; ``--episodes_out`` writes
+every episode's messages (gzip JSON lines) to read its replies afterwards. ``--action_example``
+replaces the family's example action of the ``action`` prompt (``prompts.action_example``) for
+the measurement: ``--action_example "turn left"`` is the prompt every family had before
+2026-11-26 (BabyAI's example), ``""`` none.
 """
 
 from __future__ import annotations
@@ -57,14 +61,17 @@ import argparse
 import asyncio
 import contextlib
 import dataclasses
+import gzip
 import json
 import os
 import sys
 import time
-from typing import Any, Sequence
+from collections.abc import Iterator, Sequence
+from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
+from agentrl_jax.agent import prompts  # noqa: E402
 from agentrl_jax.agent.parsing import (  # noqa: E402
     CHOICE_LABELS,
     get_parser,
@@ -328,6 +335,31 @@ def count_orders(stats: FormatStats, trajectories: list[Trajectory],
             stats.first_at_a += int(any(e[0] == shown[0] for e in sent))
 
 
+@contextlib.contextmanager
+def example_action(example: str | None) -> Iterator[None]:
+    """Within the block, the ``action`` prompt's example action is ``example`` for every family
+    (``""``: no example) instead of the family's own (``prompts.action_example``); ``None``
+    changes nothing. The episodes run in this process (``rollout.actor_workers`` 0), so the
+    system prompts they build read it."""
+    if example is None:
+        yield
+        return
+    own = prompts.action_example
+    prompts.action_example = lambda env_name: example or None
+    try:
+        yield
+    finally:
+        prompts.action_example = own
+
+
+def episode_record(style: str, t: Trajectory) -> dict[str, Any]:
+    """One line of ``--episodes_out``: the style, the episode's outcome and counts, and its
+    messages (system prompt, observations, replies)."""
+    return {"style": style, "task_id": t.task_id, "status": t.status, "reward": t.reward,
+            "num_turns": t.num_turns, "invalid_actions": t.invalid_actions,
+            "parse_failures": t.parse_failures, "messages": t.messages}
+
+
 def sample_replies(trajectories: list[Trajectory], n: int, width: int = 100) -> list[str]:
     """The first assistant reply of the first ``n`` episodes, cut to ``width`` characters."""
     replies = [next((m["content"] for m in t.messages if m["role"] == "assistant"), "")
@@ -413,8 +445,13 @@ async def measure(args: argparse.Namespace) -> list[FormatStats]:
     whole = base_of(args)
     whole.model.output_tokens = ""
     whole = to_run_config(whole)
+    if args.action_example is not None and whole.rollout.actor_workers:
+        raise SystemExit("--action_example needs the episodes in this process "
+                         "(rollout.actor_workers 0)")
     results = []
+    records: list[dict[str, Any]] = []
     with contextlib.ExitStack() as stack:
+        stack.enter_context(example_action(args.action_example))
         async with contextlib.AsyncExitStack() as astack:
             urls = services.start_env_services(base, stack)
             t0 = time.monotonic()
@@ -455,7 +492,11 @@ async def measure(args: argparse.Namespace) -> list[FormatStats]:
                     for text in sample_replies(trajectories, args.show):
                         print(f"      e.g. {text!r}", flush=True)
                     results.append(stats)
+                    records += [episode_record(style, t) for t in trajectories]
             model.cfg = unrestricted
+    if args.episodes_out:
+        with gzip.open(args.episodes_out, "wt") as f:
+            f.writelines(json.dumps(r) + "\n" for r in records)
     return results
 
 
@@ -488,6 +529,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--show", type=int, default=2, help="print this many example replies")
     p.add_argument("--json", default=None, help="write the numbers here")
+    p.add_argument("--episodes_out", default=None,
+                   help="write every episode's messages here (gzip JSON lines)")
+    p.add_argument("--action_example", default=None,
+                   help="the action prompt's example action for every family instead of the "
+                        "family's own ('turn left': the prompt before 2026-11-26; '': none)")
     args = p.parse_args(argv)
     source = args.experiment or f"base_config, env {args.env}"
     print(f"{source}: {args.episodes} episodes x {args.turns} turns per style, "
