@@ -89,7 +89,7 @@ ARMS: tuple[Arm, ...] = (
     ),
     Arm(
         "textcraft",
-        "grpo_gpu, free text (420 s, shared GPU)",
+        "grpo_gpu before each family had its own example action (420 s, shared GPU)",
         ("results/textcraft_shared_gpu",),
         "test",
     ),
