@@ -38,6 +38,9 @@ import tempfile
 import zipfile
 from pathlib import Path
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from wheel_closure import normalise  # noqa: E402  (PEP 503 names, as the closure compares them)
+
 #: first path segments of a wheel that are not modules to import
 NOT_MODULES = {"tests", "test", "testing", "docs", "doc", "examples", "benchmarks", "scripts"}
 #: a requirement: name, optional extras, optional ``==version`` (other specifiers: name only)
@@ -45,17 +48,12 @@ SPEC = re.compile(r"^\s*([A-Za-z0-9][A-Za-z0-9._-]*)\s*(?:\[[^\]]*\])?\s*(?:==\s
 PART = re.compile(r"^(?P<name>.+)\.part-(?P<k>\d+)$")
 
 
-def normalize(name: str) -> str:
-    """PEP 503's normal form of a project name: ``Ovos_Skill.Wiki`` -> ``ovos-skill-wiki``."""
-    return re.sub(r"[-_.]+", "-", name).lower()
-
-
 def parse_spec(spec: str) -> tuple[str, str | None]:
     """``"name[extra]==1.0"`` -> ``("name", "1.0")``; ``"name>=2"`` -> ``("name", None)``."""
     m = SPEC.match(spec)
     if not m:
         raise ValueError(f"not a requirement: {spec!r}")
-    return normalize(m.group(1)), m.group(2)
+    return normalise(m.group(1)), m.group(2)
 
 
 def wheel_name_version(filename: str) -> tuple[str, str] | None:
@@ -64,7 +62,7 @@ def wheel_name_version(filename: str) -> tuple[str, str] | None:
     if not filename.endswith(".whl"):
         return None
     fields = filename[: -len(".whl")].split("-")
-    return (normalize(fields[0]), fields[1]) if len(fields) >= 5 else None
+    return (normalise(fields[0]), fields[1]) if len(fields) >= 5 else None
 
 
 def missing_requested(specs: list[str], filenames: list[str]) -> list[str]:
@@ -106,12 +104,9 @@ def read_manifest(path: Path) -> list[tuple[str, str]]:
 
 
 def sha256(path: Path) -> str:
-    """The hex sha256 of a file, read in 1 MB blocks."""
-    h = hashlib.sha256()
+    """The hex sha256 of a file (``hashlib.file_digest``: read in blocks)."""
     with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
+        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 def resolve(dest: Path, entries: list[tuple[str, str]]

@@ -47,11 +47,8 @@ def cache_dir() -> Path:
 
 
 def _file_digest(path: Path) -> str:
-    digest = hashlib.sha256()
     with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
+        return hashlib.file_digest(fh, "sha256").hexdigest()
 
 
 def code_version(modules: Sequence = BUILD_MODULES) -> str:
