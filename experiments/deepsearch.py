@@ -94,7 +94,9 @@ def choice_shuffled_gpu() -> ConfigDict:
     results/choice_scratch/deepsearch_diagnosis.json). With the order shuffled a position
     habit earns nothing on average, so reward can only come from the options' text. Jobs:
     benchmarks/jobs/deepsearch_shuffled_dev.txt (against results/choice_scratch/
-    deepsearch_choicer_dev*)."""
+    deepsearch_choicer_dev*). Measured (3 seeds, 45 steps): no learning, dev Avg@4 gain -0.2
+    points [-1.6, +1.3] (docs/RESULTS.md, "Deep search from the base model, shuffled lettered
+    options"; results/deepsearch_shuffled_dev/)."""
     c = choice_gpu()
     c.agent.shuffle_options = True
     return c
