@@ -123,6 +123,12 @@ ARMS: tuple[Arm, ...] = (
         _seeds("results/choice_scratch/deepsearch_choicer_dev"),
         "dev",
     ),
+    Arm(
+        "deepsearch",
+        "choice restricted to letters, options shuffled, 10 turns, 45 steps",
+        _seeds("results/deepsearch_shuffled_dev/deepsearch_shuffled_dev"),
+        "dev",
+    ),
 )
 
 #: per family, the step-0 CPU measurements (file, style): the free-text recipe, then the
