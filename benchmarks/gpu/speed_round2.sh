@@ -31,9 +31,16 @@
 #        the rollout profile (rollout_profile.py, variant base) with the float32 engine and with
 #        the bfloat16 one, each its own process. Timeouts 130 s a step run and 75 s a profile:
 #        at most 540 s, within one 10-minute call.
+# prefill: why the bfloat16 engine prefills no faster than the float32 one (docs/PERFORMANCE.md,
+#        "A bfloat16 engine beside the bfloat16 learner"): the engine's prefill call alone
+#        (prefill.py, float32 and bfloat16, dense / flash / flash_in_cache, 20 reps); then the
+#        RL step with both in bfloat16 (a) as is, (b) with larger prefill calls
+#        (`--set rollout.prefill_tokens="'16384'"`: fewer calls per rollout), (c) with results
+#        handed over after the next decode call is launched (`--set
+#        rollout.deliver_after_launch=True`). Timeouts 150 s and 3 x 130 s: at most 540 s.
 # Logs and JSON go to OUT; docs/PERFORMANCE.md quotes them with this command.
 set -u
-USAGE="usage: speed_round2.sh step|parts|dtype|engine_dtype OUT [BASELINE_DIR]"
+USAGE="usage: speed_round2.sh step|parts|dtype|engine_dtype|prefill OUT [BASELINE_DIR]"
 PART=${1:?$USAGE}
 OUT=${2:?$USAGE}
 BASE=${3:-}
@@ -102,6 +109,23 @@ case "$PART" in
         --rollouts 3 "${BF16_ENGINE[@]}" --label "bfloat16 engine" \
         --json "$OUT/rollout_profile_bf16.json" > "$OUT/rollout_profile_bf16.log" 2>&1
     ;;
-  *) echo "unknown part $PART (step, parts, dtype or engine_dtype)" >&2; exit 2 ;;
+  prefill)
+    BF16=(--set learner.dtype="'bfloat16'" --set rollout.engine_dtype="'bfloat16'")
+    timeout 150 python3 benchmarks/speed/prefill.py --dtypes float32,bfloat16 \
+        --contenders dense,flash,flash_in_cache --reps 20 --json "$OUT/prefill.json" \
+        > "$OUT/prefill.log" 2>&1
+    timeout 130 python3 benchmarks/speed/rl_step.py --config $CFG --steps 6 --variants packed \
+        --fresh-process "${BF16[@]}" --label "bfloat16, as is" \
+        --json "$OUT/rl_step_bf16.json" > "$OUT/rl_step_bf16.log" 2>&1
+    timeout 130 python3 benchmarks/speed/rl_step.py --config $CFG --steps 6 --variants packed \
+        --fresh-process "${BF16[@]}" --set rollout.prefill_tokens="'16384'" \
+        --label "bfloat16, prefill calls of 16,384 tokens" \
+        --json "$OUT/rl_step_bf16_prefill16k.json" > "$OUT/rl_step_bf16_prefill16k.log" 2>&1
+    timeout 130 python3 benchmarks/speed/rl_step.py --config $CFG --steps 6 --variants packed \
+        --fresh-process "${BF16[@]}" --set rollout.deliver_after_launch=True \
+        --label "bfloat16, deliver after launch" \
+        --json "$OUT/rl_step_bf16_deliver_late.json" > "$OUT/rl_step_bf16_deliver_late.log" 2>&1
+    ;;
+  *) echo "unknown part $PART (step, parts, dtype, engine_dtype or prefill)" >&2; exit 2 ;;
 esac
 for f in "$OUT"/*.log; do echo "== $f"; grep -E "steady|tok/s|GB/s|TB/s|roofline|^rollout|update|busy" "$f" | head -12; tail -3 "$f"; done
