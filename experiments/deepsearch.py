@@ -18,6 +18,7 @@ grpo_gpu            the default: one GPU, ~10 minutes with both evaluations (``c
 choice_gpu          ``grpo_gpu`` answering with the letter of a listed admissible action,
                     restricted policy, the whole history in a 6,144-token context
 choice_shuffled_gpu ``choice_gpu`` with each turn's options in a seeded permuted order
+choice_evidence_gpu ``choice_shuffled_gpu`` with a training-only evidence reward of 0.3
 sft_gpu             behaviour cloning of the retrieval oracle on one GPU
 sft_grpo_gpu        ``grpo_gpu`` started from ``sft_gpu``'s policy
 =================== ========================================================================
@@ -102,6 +103,30 @@ def choice_shuffled_gpu() -> ConfigDict:
     return c
 
 
+def choice_evidence_gpu() -> ConfigDict:
+    """``choice_shuffled_gpu`` with the environment's evidence reward 0.3 (server flag
+    ``--evidence-reward 0.3``, ``environments/deepsearch/env.py``): a search that first returns
+    an article of the question's ``QAItem.path`` earns ``0.3 / len(path)`` for it (0.3 for a
+    paraphrased fact's one article, 0.15 for each of a two-hop question's two), at most 0.3 an
+    episode. Why: from the base model 92-95% of GRPO groups were flat (every sample scored 0)
+    and the golden article was listed in only 7-21% of episodes (docs/RESULTS.md, "Deep search
+    from the base model, shuffled lettered options"), so exact match alone gave almost no
+    gradient; reaching the evidence is the step before the answer and fires far more often.
+
+    Why 0.3: a wrong answer after reaching all the evidence (return 0.3) must stay worth less
+    than any correct answer (return >= 1.0, 1.3 with the evidence), so within a group the
+    correct sample still has the highest return and the bonus only ranks samples that would
+    otherwise tie; a sample that reaches the evidence and answers correctly (1.3) beats one that
+    only searches (0.3) by the whole task reward. The bonus is training-only: the evaluation runs on the
+    same servers, but Avg@k / Pass@k score the task reward (the episode's reward less its
+    ``shaping``, ``eval_metrics.task_reward``), never the shaped return. Jobs:
+    benchmarks/jobs/deepsearch_evidence_dev.txt (against results/deepsearch_shuffled_dev, the
+    same recipe without the bonus)."""
+    c = choice_shuffled_gpu()
+    c.env.server_args = {"deepsearch": "--max-sessions 1024 --max-steps 30 --evidence-reward 0.3"}
+    return c
+
+
 def sft_gpu() -> ConfigDict:
     """Behaviour cloning of the retrieval oracle on one GPU: ``grpo_gpu``'s model, answer
     format, engine, packed learner and evaluation with the ``sft`` loss. Data:
@@ -125,6 +150,7 @@ def sft_grpo_gpu() -> ConfigDict:
 
 VARIANTS = {"grpo_scaling": grpo_scaling, "ppo": ppo, "grpo_gpu": grpo_gpu,
             "choice_gpu": choice_gpu, "choice_shuffled_gpu": choice_shuffled_gpu,
+            "choice_evidence_gpu": choice_evidence_gpu,
             "sft_gpu": sft_gpu, "sft_grpo_gpu": sft_grpo_gpu}
 
 

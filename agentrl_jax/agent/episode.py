@@ -29,6 +29,7 @@ import uuid
 from typing import Any, Callable, Mapping
 
 from agentrl_common.seeding import derive_seed
+from environments.core.base import SHAPING_KEY
 from agentrl_jax.agent.chat import ChatFormatter
 from agentrl_jax.agent.loop_times import LoopTimes
 from agentrl_jax.agent.parsing import (CHOICE_LABELS, INVALID_FORMAT_FEEDBACK, ParsedAction,
@@ -263,6 +264,7 @@ class Episode:
                 self.times.env_calls += 1
             traj.turn_rewards.append(float(step.reward))
             traj.reward += float(step.reward)
+            traj.shaping += float(step.info.get(SHAPING_KEY, 0.0))
             if step.info.get("invalid_action"):
                 traj.invalid_actions += 1
             if "success" in step.info:

@@ -61,7 +61,11 @@ class Trajectory:
     logprobs [T]: the engine's logprob of each generated id (0 elsewhere).
     turn_ids [T]: the turn index of each id (-1 for the prompt, and for each chunk's prompt).
     turn_states [num_turns]: the anchor state (``anchor_state``) each turn acted from.
-    reward: the episode's total environment reward (the outcome score trained on).
+    reward: the episode's total environment reward (the return trained on).
+    shaping: the part of ``reward`` that is training-only bonus: the sum of the steps'
+      ``info[SHAPING_KEY]`` (``environments/core/base.py``, e.g. deep search's evidence reward;
+      0 for most families). The task's own reward is ``reward - shaping``, what evaluation scores
+      (``eval_metrics.outcome``).
     invalid_actions: turns without an accepted action: the parser could not read the reply
       (``parse_failures`` of them) or the environment refused the parsed action
       (``invalid_actions - parse_failures``).
@@ -93,6 +97,7 @@ class Trajectory:
     turn_rewards: list[float] = dataclasses.field(default_factory=list)
     turn_states: list[str] = dataclasses.field(default_factory=list)
     reward: float = 0.0
+    shaping: float = 0.0
     success: bool = False
     status: str = STATUS_DONE
     num_turns: int = 0

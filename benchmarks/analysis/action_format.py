@@ -16,7 +16,9 @@ parser (a ``choice`` reply against the options listed in the observation before 
 * accepted (the valid-action share): parsable and the environment did not flag it as invalid;
 * capped: the turn used all ``max_new_tokens`` (the model did not end its turn).
 
-Per episode: its score (``eval_metrics.episode_score``: the reward clipped to [0, 1]), whether
+Per episode: its score (``eval_metrics.episode_score`` of ``eval_metrics.task_reward``: the
+reward less its training-only shaping, clipped to [0, 1]), its return (the reward the trainer
+would use, shaping included: deep search's ``--evidence-reward``) and its shaping, whether
 it scores above 0 (the paper's pass) and completed (the environment's flag), its turns, its
 context length in tokens and whether it ended at ``rollout.max_context``.
 
@@ -82,7 +84,11 @@ from agentrl_jax.agent.parsing import (  # noqa: E402
 from agentrl_jax.agent.trajectory import Trajectory  # noqa: E402
 from agentrl_jax.training.config.experiment import base_config, to_run_config  # noqa: E402
 from agentrl_jax.training.config.sections import RunConfig  # noqa: E402
-from agentrl_jax.training.evaluation.eval_metrics import episode_score, passes  # noqa: E402
+from agentrl_jax.training.evaluation.eval_metrics import (  # noqa: E402
+    episode_score,
+    passes,
+    task_reward,
+)
 from agentrl_jax.training.runtime import services  # noqa: E402
 from option_turns import (  # noqa: E402, F401  (the turn readers; tests reach them here)
     OrderRecorder,
@@ -149,7 +155,9 @@ class FormatStats:
     capped: int = 0
     generated_tokens: int = 0
     successes: int = 0  # episodes completed (the env's flag) or scoring above 0 (older meaning)
-    score_sum: float = 0.0  # sum of episode scores in [0, 1]
+    score_sum: float = 0.0  # sum of episode scores in [0, 1] (the task reward's)
+    return_sum: float = 0.0  # sum of episode returns (reward, training-only shaping included)
+    shaped: int = 0  # episodes with a training-only bonus (Trajectory.shaping > 0)
     scored: int = 0  # episodes with score > 0 (the paper's pass)
     completed: int = 0  # episodes with the environment's completion flag
     context_tokens: int = 0  # sum over episodes of the final context length
@@ -158,6 +166,8 @@ class FormatStats:
     seconds: float = 0.0
     # one [task id, score, turns] per episode (to split a family's tasks afterwards)
     episode_scores: list[list[Any]] = dataclasses.field(default_factory=list)
+    # per episode (same order), its training-only bonus (Trajectory.shaping; 0: none)
+    episode_shaping: list[float] = dataclasses.field(default_factory=list)
     # per episode, the context of each turn in tokens (:func:`turn_contexts`)
     turn_contexts: list[list[int]] = dataclasses.field(default_factory=list)
     # the shown option orders against the environment's (:func:`count_orders`): turns with at
@@ -187,6 +197,13 @@ class FormatStats:
                 f"{self.per_episode(self.context_tokens):.0f} tokens (max "
                 f"{self.max_context_tokens}), {self.context_limit} at the context limit; "
                 f"{self.seconds:.0f} s")
+
+    def shaping_line(self) -> str:
+        """The training-only bonus (``Trajectory.shaping``): the episodes that got one and the
+        mean return against the mean score."""
+        return (f"shaping: a bonus in {self.shaped}/{self.episodes} episodes, mean return "
+                f"{self.per_episode(self.return_sum):.4f} (mean score "
+                f"{self.per_episode(self.score_sum):.4f})")
 
     def order_line(self) -> str:
         """The shown orders against the environment's (:func:`count_orders`)."""
@@ -225,9 +242,12 @@ def count_turns(stats: FormatStats, trajectories: list[Trajectory], parser: Any,
         stats.accepted += parsable - (t.invalid_actions - (len(pairs) - parsable))
         stats.capped += sum(n >= max_new_tokens for n in turn_token_counts(t))
         stats.generated_tokens += t.num_generated
-        stats.successes += int(t.success or t.reward > 0)
-        score = episode_score(t.reward)
+        score = episode_score(task_reward(t.reward, t.shaping))
+        stats.successes += int(t.success or score > 0)
         stats.score_sum += score
+        stats.return_sum += float(t.reward)
+        stats.shaped += int(t.shaping > 0)
+        stats.episode_shaping.append(float(t.shaping))
         stats.scored += int(passes(score))
         stats.completed += int(bool(t.success))
         length = len(t.context_ids())
@@ -278,6 +298,7 @@ def episode_record(style: str, t: Trajectory) -> dict[str, Any]:
     """One line of ``--episodes_out``: the style, the episode's outcome and counts, and its
     messages (system prompt, observations, replies)."""
     return {"style": style, "task_id": t.task_id, "status": t.status, "reward": t.reward,
+            "shaping": t.shaping,
             "num_turns": t.num_turns, "invalid_actions": t.invalid_actions,
             "parse_failures": t.parse_failures, "messages": t.messages}
 
@@ -409,6 +430,8 @@ async def measure(args: argparse.Namespace) -> list[FormatStats]:
                     print(stats.line(), flush=True)
                     if stats.order_turns:
                         print(f"      {stats.order_line()}", flush=True)
+                    if stats.shaped or stats.return_sum != stats.score_sum:
+                        print(f"      {stats.shaping_line()}", flush=True)
                     by_turn = ", ".join(f"{v:.0f}" for v in stats.context_by_turn())
                     print(f"      context by turn (mean tokens): {by_turn}", flush=True)
                     for text in sample_replies(trajectories, args.show):

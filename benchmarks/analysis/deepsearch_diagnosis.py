@@ -64,9 +64,16 @@ from eval_breakdown import breakdown, evaluation_steps
 from learning_report import eval_episodes
 
 from agentrl_common import jsonl_files
+from agentrl_jax.training.evaluation.eval_metrics import task_reward
 
 #: statuses of an episode that ended without an answer
 UNANSWERED = ("max_turns", "context_limit")
+
+
+def _task_reward(e: dict) -> float:
+    """An episode record's task reward (``eval_metrics.task_reward``: the reward less its
+    training-only ``shaping``, the evidence reward)."""
+    return float(task_reward(e.get("reward"), e.get("shaping")) or 0.0)
 
 
 def eval_counts(episodes: list[dict]) -> dict[str, dict]:
@@ -76,7 +83,7 @@ def eval_counts(episodes: list[dict]) -> dict[str, dict]:
     for step in sorted(set(evaluation_steps(episodes).values())):
         eps = [e for e in episodes if int(e["step"]) == step]
         answered = [e for e in eps if e["status"] == "done"]
-        correct = [e for e in eps if float(e.get("reward") or 0.0) > 0]
+        correct = [e for e in eps if _task_reward(e) > 0]
         turns = Counter(int(e["num_turns"]) for e in answered)
         b = breakdown(episodes, step)
         out[str(step)] = {
@@ -258,7 +265,7 @@ def reconstruct(
         out["matched"] += 1
         out["unique"] += len(paths) == 1
         listed = {r.golden_listed(p) for p in paths}
-        correct = float(e.get("reward") or 0.0) > 0
+        correct = _task_reward(e) > 0
         out["correct_contradictions"] += correct and listed == {False}
         if len(listed) != 1:
             continue

@@ -42,6 +42,7 @@ from collections import Counter, defaultdict
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(1, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))  # environments
 from learning_report import eval_episodes  # noqa: E402
+from agentrl_jax.training.evaluation.eval_metrics import task_reward  # noqa: E402
 from environments.miniwob.family import TRIVIAL_TASKS, is_trivial_task  # noqa: E402
 
 
@@ -61,11 +62,12 @@ def evaluation_steps(episodes: list[dict]) -> dict[str, int]:
 
 def share(episodes: list[dict]) -> dict:
     """``{"episodes", "success_rate", "mean_score"}`` of ``episodes`` (the score: the episode's
-    ``reward``)."""
+    task reward, ``eval_metrics.task_reward``: ``reward`` less its training-only ``shaping``)."""
     n = len(episodes)
     return {"episodes": n,
             "success_rate": sum(bool(e.get("success")) for e in episodes) / n if n else None,
-            "mean_score": sum(float(e.get("reward") or 0.0) for e in episodes) / n if n else None}
+            "mean_score": sum(float(task_reward(e.get("reward"), e.get("shaping")) or 0.0)
+                              for e in episodes) / n if n else None}
 
 
 def breakdown(episodes: list[dict], step: int) -> dict:

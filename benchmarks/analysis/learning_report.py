@@ -139,10 +139,14 @@ def eval_episode_files(run: str) -> list[str]:
 def small_record(record: dict) -> dict:
     """An episode record (full trajectory or small) reduced to :data:`EPISODE_FIELDS`
     (``step`` 0 when the record has none: ``launch/eval.py``'s output; a
-    :data:`COUNT_FIELDS` value None when unknown)."""
+    :data:`COUNT_FIELDS` value None when unknown), plus ``shaping`` when it is not 0
+    (``Trajectory.shaping``: the training-only part of ``reward``, which the score leaves out,
+    ``eval_metrics.task_reward``)."""
     e = {k: record.get(k) for k in EPISODE_FIELDS}
     e["step"] = int(record.get("step") or 0)
     e["context_tokens"] = record_context_tokens(record)
+    if record.get("shaping"):  # kept where there is any: the score is reward - shaping
+        e["shaping"] = record["shaping"]
     return e
 
 

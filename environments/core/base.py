@@ -25,6 +25,12 @@ class InvalidTaskError(ValueError):
     """
 
 
+#: ``info`` key of a step's training-only bonus: the part of its ``reward`` that is shaping, not
+#: the task's outcome (e.g. deep search's evidence reward). The trainer's return keeps it; the
+#: evaluation's score (Avg@k, Pass@k) takes it out again.
+SHAPING_KEY = "shaping"
+
+
 @dataclasses.dataclass
 class StepResult:
     """The outcome of one ``step``.
@@ -35,7 +41,9 @@ class StepResult:
     truncated: the episode was cut by the environment's own step limit.
     info: JSON-serialisable extras. Conventional keys: ``success`` (bool), ``score`` (float),
       ``invalid_action`` (bool: the env did not understand the action; this is a normal step),
-      ``available_actions`` (list[str], where the family has them), ``steps`` (int).
+      ``available_actions`` (list[str], where the family has them), ``steps`` (int), and
+      ``SHAPING_KEY`` (float: the part of ``reward`` that is a training-only bonus, reward
+      shaping; evaluation scores an episode by its rewards minus these parts).
     """
 
     observation: str

@@ -8,6 +8,8 @@
 --qa-test FILE      JSONL questions that all go to the test split. Repeatable.
 --k N               passages per search (default 3)
 --max-steps N       replies per episode (default 30)
+--evidence-reward E training-only bonus in [0, 1] (default 0: none): a search that first returns
+                    one of the question's path articles earns E / len(path) for it (env.py)
 Without --corpus / --qa the built-in Wikipedia-summary corpus and a built-in task set are
 served: "search" for deepsearch (built once, then read from $AGENTRL_JAX_CACHE/deepsearch),
 "lookup" for deepsearch_lookup.
@@ -27,7 +29,8 @@ def serve(name: str, argv: list[str]) -> None:
     if any(a in ("-h", "--help") for a in argv):
         print(__doc__.strip(), "\n")
     family_args, rest = parse_family_args(argv)
-    configure(k=family_args.k, max_steps=family_args.max_steps)
+    configure(k=family_args.k, max_steps=family_args.max_steps,
+              evidence_reward=family_args.evidence_reward)
     configure_backend(family_args.corpus, family_args.qa, family_args.qa_train, family_args.qa_test)
     main(name, rest)
 

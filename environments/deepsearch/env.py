@@ -15,6 +15,16 @@ the episode has shown (``admissible.py``: the question's key phrase, the names a
 returned passages; never the golden answer). After
 ``max_steps`` turns without an answer the episode is truncated with reward 0. The corpus, index
 and QA set are shared by all instances of a process (``backend.py``).
+
+Evidence reward (``evidence_reward`` = ``e`` in [0, 1], training-only; default 0: none): a
+question of the built-in search set names the articles to read, ``QAItem.path`` (one for a
+paraphrased fact, two for a two-hop question). The search step whose results first include a
+path article gets reward ``e / len(path)`` for each path article it newly returns, so an episode
+collects at most ``e`` (a question without a path, as in the lookup set and user files, none).
+That part of the step's reward is also ``info[SHAPING_KEY]`` (``environments/core/base.py``):
+the trainer's return keeps it, the evaluation's score takes it out. ``info["score"]``,
+``success`` and ``em`` stay the exact match. Every step's ``info["evidence"]`` lists the path
+articles returned so far, in the order first returned.
 """
 
 from __future__ import annotations
@@ -22,7 +32,7 @@ from __future__ import annotations
 import re
 from typing import Any, Callable
 
-from environments.core.base import ResetResult, StepResult, TextEnvironment
+from environments.core.base import SHAPING_KEY, ResetResult, StepResult, TextEnvironment
 from environments.deepsearch.admissible import admissible_actions, after_search
 from environments.deepsearch.backend import SearchBackend, get_backend
 from environments.deepsearch.corpus import Passage
@@ -38,6 +48,27 @@ between <information> and </information>. When you know the answer, write \
 Give a short answer (a name or a phrase, without explanation): it is scored by exact match \
 after lowercasing and removing punctuation and the articles a/an/the. Each reply must contain \
 one <search> or one <answer>; you have at most {max_steps} replies."""
+
+
+def check_evidence_reward(value: object) -> float:
+    """``value`` as the evidence reward: a real number in [0, 1] (``ValueError`` otherwise)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value <= 1.0:
+        raise ValueError(f"evidence_reward must be a number in [0, 1], got {value!r}")
+    return float(value)
+
+
+def evidence_bonus(path: tuple[str, ...], reached: list[str], returned: list[str],
+                   evidence_reward: float) -> tuple[float, list[str]]:
+    """``(bonus, newly reached)`` of one search: the path articles among the ``returned`` titles
+    not in ``reached`` yet (each once, in returned order), and ``bonus = evidence_reward *
+    len(newly) / len(path)`` (0 for an empty path)."""
+    newly: list[str] = []
+    for title in returned:
+        if title in path and title not in reached and title not in newly:
+            newly.append(title)
+    if not path or not newly:
+        return 0.0, newly
+    return evidence_reward * len(newly) / len(path), newly
 
 
 def parse_tool_call(text: str) -> tuple[str, str] | None:
@@ -64,13 +95,18 @@ class DeepSearchEnvironment(TextEnvironment):
     """One question at a time; the search backend is shared.
 
     k: passages per search. max_steps: replies per episode before ``truncated``.
+    evidence_reward: the most an episode collects for returning its question's path articles
+    (module docstring; 0: none, the task reward alone).
     """
 
     name = "deepsearch"
 
-    def __init__(self, k: int = 3, max_steps: int = 30, backend_getter: Callable[[], SearchBackend] = get_backend) -> None:
+    def __init__(self, k: int = 3, max_steps: int = 30,
+                 backend_getter: Callable[[], SearchBackend] = get_backend,
+                 evidence_reward: float = 0.0) -> None:
         self.k = k
         self.max_steps = max_steps
+        self.evidence_reward = check_evidence_reward(evidence_reward)
         self._backend_getter = backend_getter
         self._item = None
         self._steps = 0
@@ -79,6 +115,7 @@ class DeepSearchEnvironment(TextEnvironment):
         self._searched: list[str] = []  # the queries of this episode, in order
         self._seen: list[Passage] = []  # the passages returned so far, newest search first, each once
         self._listed: list[str] | None = None  # valid_actions() of the current state, once computed
+        self._evidence: list[str] = []  # the path articles returned so far, first returned first
 
     def reset(self, task_id: str, seed: int | None = None) -> ResetResult:
         """Start question ``task_id`` (``seed`` is unused: episodes are deterministic)."""
@@ -88,6 +125,7 @@ class DeepSearchEnvironment(TextEnvironment):
         self._searches = 0
         self._active = True
         self._searched, self._seen, self._listed = [], [], None
+        self._evidence = []
         info = {
             "task_id": self._item.id,
             "split": self._item.split,
@@ -101,7 +139,8 @@ class DeepSearchEnvironment(TextEnvironment):
         if not self._active or self._item is None:
             raise RuntimeError("step() before reset(), or after the episode ended")
         self._steps += 1
-        info: dict[str, Any] = {"steps": self._steps, "invalid_action": False, "success": False}
+        info: dict[str, Any] = {"steps": self._steps, "invalid_action": False, "success": False,
+                                "evidence": list(self._evidence)}
         call = parse_tool_call(action)
         if call is None or not call[1]:
             info["invalid_action"] = True
@@ -117,7 +156,13 @@ class DeepSearchEnvironment(TextEnvironment):
             results = self._backend_getter().retriever.search(argument, self.k)
             self._remember(argument, [p for p, _ in results])
             info["retrieved"] = [p.title or p.id for p, _ in results]
-            return self._finish_turn(format_passages(results), info)
+            bonus, newly = evidence_bonus(self._item.path, self._evidence,
+                                          [p.title for p, _ in results], self.evidence_reward)
+            self._evidence += newly
+            info["evidence"] = list(self._evidence)
+            if bonus:
+                info[SHAPING_KEY] = bonus
+            return self._finish_turn(format_passages(results), info, reward=bonus)
         golden = self._item.golden_answers
         em = exact_match(argument, golden)
         info.update(
@@ -143,15 +188,20 @@ class DeepSearchEnvironment(TextEnvironment):
             self._listed = admissible_actions(self._item.question, self._searched, self._seen)
         return list(self._listed)
 
-    def _finish_turn(self, observation: str, info: dict[str, Any]) -> StepResult:
+    def _finish_turn(self, observation: str, info: dict[str, Any],
+                     reward: float = 0.0) -> StepResult:
+        """A step that does not answer (``reward``: its evidence bonus); truncated (task score
+        0) after ``max_steps``."""
         truncated = self._steps >= self.max_steps
         if truncated:
             self._active = False
             info.update(score=0.0, searches=self._searches)
-        return StepResult(observation=observation, reward=0.0, done=False, truncated=truncated, info=info)
+        return StepResult(observation=observation, reward=reward, done=False, truncated=truncated,
+                          info=info)
 
     def close(self) -> None:
         """Nothing to release per instance (the backend is shared). Idempotent."""
         self._active = False
         self._item = None
         self._searched, self._seen, self._listed = [], [], None
+        self._evidence = []

@@ -11,27 +11,41 @@ from typing import Callable, Sequence
 
 from environments.deepsearch.backend import (BackendConfig, DeepSearchCatalog, get_backend,
                                              prepare_search_task_set)
-from environments.deepsearch.env import DeepSearchEnvironment
+from environments.deepsearch.env import DeepSearchEnvironment, check_evidence_reward
 from environments.deepsearch.expert import DeepSearchExpertPolicy, DeepSearchLookupExpertPolicy
 from environments.registry import Family
 
 
 @dataclasses.dataclass
 class DeepSearchConfig:
+    """The server's episode options (``--k``, ``--max-steps``, ``--evidence-reward``)."""
+
     k: int = 3
     max_steps: int = 30
+    evidence_reward: float = 0.0  # training-only bonus for reaching the path articles (env.py)
 
 
 CONFIG = DeepSearchConfig()
 
 
 def configure(**options) -> DeepSearchConfig:
-    """Change ``k`` / ``max_steps`` (corpus and QA files: ``backend.configure_backend``)."""
+    """Change ``k`` / ``max_steps`` / ``evidence_reward`` (corpus and QA files:
+    ``backend.configure_backend``); ``ValueError`` for an evidence reward outside [0, 1]."""
     for key, value in options.items():
         if not hasattr(CONFIG, key):
             raise TypeError(f"unknown deep-search option {key!r}")
+        if key == "evidence_reward":
+            value = check_evidence_reward(value)
         setattr(CONFIG, key, value)
     return CONFIG
+
+
+def evidence_reward_arg(text: str) -> float:
+    """``--evidence-reward``'s value: a number in [0, 1] (an argparse error otherwise)."""
+    try:
+        return check_evidence_reward(float(text))
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(f"{e} ({text!r})") from None
 
 
 def parse_family_args(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
@@ -44,6 +58,8 @@ def parse_family_args(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str
     parser.add_argument("--qa-test", action="append", default=[])
     parser.add_argument("--k", type=int, default=CONFIG.k)
     parser.add_argument("--max-steps", type=int, default=CONFIG.max_steps)
+    parser.add_argument("--evidence-reward", type=evidence_reward_arg,
+                        default=CONFIG.evidence_reward)
     return parser.parse_known_args(list(argv))
 
 
@@ -58,7 +74,8 @@ def prepare(server_args: Sequence[str], say: Callable[[str], None]) -> None:
 
 def make_env(task_set: str = "search") -> DeepSearchEnvironment:
     return DeepSearchEnvironment(k=CONFIG.k, max_steps=CONFIG.max_steps,
-                                 backend_getter=functools.partial(get_backend, task_set))
+                                 backend_getter=functools.partial(get_backend, task_set),
+                                 evidence_reward=CONFIG.evidence_reward)
 
 
 def make_catalog(task_set: str = "search") -> DeepSearchCatalog:

@@ -7,8 +7,11 @@ terminal lines, the run report, the viewer and the results table
 Definitions (AgentGym-RL, arXiv 2509.08755, section "Evaluation"; notation: task t has the
 finished episodes j = 1..k_t, usually k_t = k):
 
-- **score** s_tj in [0, 1]: the episode's total environment reward, clipped to [0, 1]
-  (:func:`episode_score`). Every family scales its reward so: BabyAI ``1 - 0.9 *
+- **score** s_tj in [0, 1]: the episode's total task reward, clipped to [0, 1]
+  (:func:`episode_score` of :func:`task_reward`): its total environment reward less the
+  training-only bonus the environment marked as shaping (``Trajectory.shaping``, the steps'
+  ``info[SHAPING_KEY]``, e.g. deep search's evidence reward; 0 for most runs), so a bonus the
+  trainer's return keeps never counts as task score. Every family scales its reward so: BabyAI ``1 - 0.9 *
   steps / max_steps`` on success else 0 (MiniGrid's), TextCraft 0/1, ScienceWorld
   ``max(final score, 0) / 100`` (partial credit), web navigation (MiniWoB++) 1 when MiniWoB's raw
   reward is > 0 else 0, deep search exact match 0/1.
@@ -93,6 +96,20 @@ def episode_score(reward: Any) -> float:
     return min(max(value, 0.0), 1.0)
 
 
+def task_reward(reward: Any, shaping: Any = 0.0) -> Any:
+    """An episode's task reward: ``reward - shaping`` (``Trajectory.shaping``, the training-only
+    part), rounded to 12 decimals when there is shaping (the two sums add the same bonuses in
+    another order: a last-bit remainder must not score above 0); ``reward`` itself, as given,
+    when ``shaping`` is 0 or missing."""
+    try:
+        bonus = float(shaping or 0.0)
+        if not bonus:
+            return reward
+        return round(float(reward if reward is not None else 0.0) - bonus, 12)
+    except (TypeError, ValueError):
+        return reward
+
+
 def passes(score: float) -> bool:
     """The paper's episode success for Pass@k: score > 0."""
     return score > 0.0
@@ -100,14 +117,16 @@ def passes(score: float) -> bool:
 
 def outcome(episode: Any) -> EpisodeOutcome | None:
     """The :class:`EpisodeOutcome` of ``episode``: a ``Trajectory`` or a mapping from a
-    trajectory file (``env``, ``task_id``, ``status``, ``reward``, ``success``); ``None`` for an
-    error episode (``ERROR_STATUSES``)."""
+    trajectory file (``env``, ``task_id``, ``status``, ``reward``, ``shaping`` (missing: 0),
+    ``success``); ``None`` for an error episode (``ERROR_STATUSES``). The score is the task
+    reward's (:func:`task_reward`), never the shaped return."""
     get = episode.get if isinstance(episode, Mapping) else (
         lambda name: getattr(episode, name, None))
     if get("status") in ERROR_STATUSES:
         return None
     return EpisodeOutcome(env=str(get("env")), task_id=str(get("task_id")),
-                          score=episode_score(get("reward")), completed=bool(get("success")))
+                          score=episode_score(task_reward(get("reward"), get("shaping"))),
+                          completed=bool(get("success")))
 
 
 def outcomes(episodes: Iterable[Any]) -> list[EpisodeOutcome]:

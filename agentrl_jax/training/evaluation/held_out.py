@@ -30,7 +30,7 @@ class EvalResult:
     num_tasks: int  # tasks scored (at least one episode finished without an error)
     avg_at_k: float | None  # mean task score in [0, 1] (None: not valid)
     pass_at_k: float | None  # share of tasks with an episode scoring > 0 among its k
-    mean_reward: float | None  # mean episode reward over finished episodes
+    mean_reward: float | None  # mean episode return (training-only shaping included)
     dropped: int  # error episodes (excluded)
     per_env: dict[str, dict[str, float]]
     tasks_total: int = 0  # tasks evaluated

@@ -53,7 +53,7 @@ def agree_any(flag: bool) -> bool:
 
 def _record(t: Trajectory) -> list:
     return [t.env, t.task_id, t.group_id, t.sample_index, t.status, float(t.reward),
-            bool(t.success), int(t.num_turns), int(t.num_generated)]
+            float(t.shaping), bool(t.success), int(t.num_turns), int(t.num_generated)]
 
 
 def global_records(trajectories: Sequence[Trajectory]) -> list[Trajectory]:
@@ -61,9 +61,11 @@ def global_records(trajectories: Sequence[Trajectory]) -> list[Trajectory]:
     that rollout statistics and Avg@k / Pass@k use. A collective with several processes."""
     out = []
     for records in allgather_objects([_record(t) for t in trajectories]):
-        for env, task, group, sample, status, reward, success, turns, generated in records:
+        for (env, task, group, sample, status, reward, shaping, success, turns,
+             generated) in records:
             t = Trajectory(env=env, task_id=task, group_id=group, sample_index=sample,
-                           status=status, reward=reward, success=success, num_turns=turns)
+                           status=status, reward=reward, shaping=shaping, success=success,
+                           num_turns=turns)
             t.loss_mask = [1] * generated  # num_generated
             out.append(t)
     return out
