@@ -80,6 +80,27 @@ def test_benchmark_counts_turns():
     assert stats.turns == 3 and stats.rate(stats.parsable) == 2 / 3
 
 
+def test_benchmark_scores_the_task_reward_and_counts_flat_groups():
+    bench = _benchmark()
+    # two tasks x 2 episodes: task a's returns 0.3 (evidence, wrong) and 0.0; task b's 0.15 and
+    # 0.15 (both wrong after one article: flat for the trainer too); one correct episode 1.15
+    rewards = {("a", 0): (0.3, 0.3), ("a", 1): (0.0, 0.0), ("b", 0): (0.15, 0.15),
+               ("b", 1): (0.15, 0.15), ("c", 0): (1.15, 0.15)}
+    episodes = []
+    for (task, sample), (reward, shaping) in rewards.items():
+        t = _trajectory(["Action: x"], [1], invalid=0)
+        t.task_id, t.sample_index, t.reward, t.shaping = task, sample, reward, shaping
+        episodes.append(t)
+    stats = bench.FormatStats("x")
+    bench.count_turns(stats, episodes, parse_react, max_new_tokens=24)
+    assert [e[1] for e in stats.episode_scores] == [0.0, 0.0, 0.0, 0.0, 1.0]
+    assert stats.score_sum == 1.0 and stats.scored == 1 and stats.shaped == 4
+    assert abs(stats.return_sum - 1.75) < 1e-12
+    assert stats.episode_shaping == [0.3, 0.0, 0.15, 0.15, 0.15]
+    # groups of >= 2: a (returns differ) and b (flat); by the task score both are flat
+    assert bench.flat_groups(stats.episode_scores, stats.episode_shaping) == (2, 2, 1)
+
+
 def test_action_prompt_examples_belong_to_the_environment():
     babyai = system_prompt("Go to the ball.", "babyai", "action")
     assert babyai == ("You are an agent acting in the babyai environment.\nGo to the ball.\n\n"
@@ -117,7 +138,7 @@ def test_benchmark_episode_record_keeps_the_counts_and_messages():
     t.parse_failures, t.status, t.reward = 1, "max_turns", 0.0
     record = bench.episode_record("action", t)
     assert record == {"style": "action", "task_id": "t", "status": "max_turns", "reward": 0.0,
-                      "num_turns": 2, "invalid_actions": 2, "parse_failures": 1,
+                      "shaping": 0.0, "num_turns": 2, "invalid_actions": 2, "parse_failures": 1,
                       "messages": t.messages}
     assert [m["content"] for m in record["messages"] if m["role"] == "assistant"] == [
         "Action: turn left", "I think so"]
@@ -222,7 +243,7 @@ def test_choice_styles_configure_the_restricted_policy():
     bench = _benchmark()
     args = bench.argparse.Namespace(experiment=os.path.join(REPO, "experiments", "babyai.py:grpo_gpu"),
                                     env="babyai",
-                                    model="smollm2", episodes=4, concurrency=0,
+                                    model="smollm2", episodes=4, samples=1, concurrency=0,
                                     server_args=None, max_new_tokens=0, max_context=0,
                                     temperature=1.0, history_turns=None)
     recipe = bench.style_config(args, "recipe")
@@ -276,7 +297,7 @@ def test_the_shuffled_style_is_choice_option_limits_with_the_shuffle():
     bench = _benchmark()
     args = bench.argparse.Namespace(experiment=os.path.join(REPO, "experiments",
                                                             "deepsearch.py:grpo_gpu"),
-                                    env="deepsearch", model="smollm2", episodes=4,
+                                    env="deepsearch", model="smollm2", episodes=4, samples=1,
                                     concurrency=0, server_args=None, max_new_tokens=0,
                                     max_context=6144, temperature=1.0, history_turns=0)
     shuffled = bench.style_config(args, "choice_shuffled").to_dict()

@@ -49,6 +49,10 @@ Styles (``--styles``, comma-separated; :data:`STYLES`):
   the environment's order, in ``parsing.option_order``'s, and with the environment's first
   option at ``a``.
 
+``--samples N`` runs N episodes of each task (a GRPO group) and adds the groups' line: the
+groups whose episodes all score the same (flat by the task score) and those whose returns are
+all the same (flat for the trainer, training-only shaping included), ``option_turns.flat_groups``.
+
 CPU-friendly defaults: 16 episodes of 3 turns, ``max_context`` 2048 (``--experiment``: its own).
 Prints one line per style and, with ``--json``, writes the numbers; ``--episodes_out`` writes
 every episode's messages (gzip JSON lines) to read its replies afterwards. ``--action_example``
@@ -92,6 +96,8 @@ from agentrl_jax.training.evaluation.eval_metrics import (  # noqa: E402
 from agentrl_jax.training.runtime import services  # noqa: E402
 from option_turns import (  # noqa: E402, F401  (the turn readers; tests reach them here)
     OrderRecorder,
+    flat_groups,
+    sample_replies,
     listed_options,
     replies_with_options,
     turn_contexts,
@@ -177,6 +183,11 @@ class FormatStats:
     order_kept: int = 0
     order_formula: int = 0
     first_at_a: int = 0
+    # tasks with more than one episode (``--samples``), and those whose episodes all have the
+    # same task score / the same return (``option_turns.flat_groups``)
+    groups: int = 0
+    flat_by_score: int = 0
+    flat_by_return: int = 0
 
     def rate(self, count: int) -> float:
         """``count`` per turn."""
@@ -211,6 +222,12 @@ class FormatStats:
         return (f"option order: {self.order_turns} turns of >= 2 options; in the environment's "
                 f"order {self.order_kept / n:.1%}, in option_order's {self.order_formula / n:.1%}, "
                 f"the environment's first option at a) {self.first_at_a / n:.1%}")
+
+    def group_line(self) -> str:
+        """The groups (``--samples``) that are flat by the task score and by the return."""
+        return (f"groups: {self.groups} of >= 2 episodes; flat by task score "
+                f"{self.flat_by_score}/{self.groups}, flat by return (shaping included) "
+                f"{self.flat_by_return}/{self.groups}")
 
     def context_by_turn(self) -> list[float]:
         """``[T]``: the mean context of turn ``t`` (:func:`turn_contexts`) over the episodes
@@ -303,13 +320,6 @@ def episode_record(style: str, t: Trajectory) -> dict[str, Any]:
             "parse_failures": t.parse_failures, "messages": t.messages}
 
 
-def sample_replies(trajectories: list[Trajectory], n: int, width: int = 100) -> list[str]:
-    """The first assistant reply of the first ``n`` episodes, cut to ``width`` characters."""
-    replies = [next((m["content"] for m in t.messages if m["role"] == "assistant"), "")
-               for t in trajectories[:n]]
-    return [r[:width] for r in replies]
-
-
 async def sample_tasks(clients: Any, args: argparse.Namespace) -> list:
     """``--episodes`` task references of ``--split``: evenly spaced over the split
     (``--sample spaced``, the default, which the committed step-0 tables used), spread over its
@@ -345,8 +355,9 @@ def base_of(args: argparse.Namespace) -> Any:
     c.env.replicas = 1
     if args.server_args is not None:
         c.env.server_args = {name: args.server_args for name in str(c.env.names).split(",")}
-    c.rollout.max_concurrency = min(args.episodes, args.concurrency or args.episodes)
-    c.rollout.max_batch = args.episodes
+    episodes = args.episodes * args.samples
+    c.rollout.max_concurrency = min(episodes, args.concurrency or episodes)
+    c.rollout.max_batch = episodes
     c.rollout.temperature = args.temperature
     return c
 
@@ -413,13 +424,13 @@ async def measure(args: argparse.Namespace) -> list[FormatStats]:
                     if c.model.output_tokens:
                         restrict_policy(model, tokenizer, c.model.output_tokens)
                     backend = services.make_backend(c, model, tokenizer, path,
-                                                    episodes=args.episodes)
+                                                    episodes=args.episodes * args.samples)
                     style_stack.push_async_callback(backend.aclose)
                     pool = services.make_actor_pool(c, backend, clients, tokenizer,
                                                     model.cfg.eos_token_ids)
                     stats = FormatStats(style)
                     t0 = time.monotonic()
-                    trajectories, _ = await pool.collect(tasks, n_samples=1,
+                    trajectories, _ = await pool.collect(tasks, n_samples=args.samples,
                                                          horizon=args.turns, seed=args.seed)
                     stats.seconds = time.monotonic() - t0
                     count_turns(stats, trajectories, get_parser(c.rollout.parser),
@@ -432,6 +443,10 @@ async def measure(args: argparse.Namespace) -> list[FormatStats]:
                         print(f"      {stats.order_line()}", flush=True)
                     if stats.shaped or stats.return_sum != stats.score_sum:
                         print(f"      {stats.shaping_line()}", flush=True)
+                    stats.groups, stats.flat_by_score, stats.flat_by_return = flat_groups(
+                        stats.episode_scores, stats.episode_shaping)
+                    if stats.groups:
+                        print(f"      {stats.group_line()}", flush=True)
                     by_turn = ", ".join(f"{v:.0f}" for v in stats.context_by_turn())
                     print(f"      context by turn (mean tokens): {by_turn}", flush=True)
                     for text in sample_replies(trajectories, args.show):
@@ -452,7 +467,8 @@ def main(argv: Sequence[str] | None = None) -> None:
                    help="PATH[:VARIANT] of an experiment file: its settings (e.g. "
                         "experiments/sciworld.py:grpo_gpu)")
     p.add_argument("--model", default="smollm2")
-    p.add_argument("--episodes", type=int, default=16, help="episodes per style (one per task)")
+    p.add_argument("--episodes", type=int, default=16, help="tasks per style")
+    p.add_argument("--samples", type=int, default=1, help="episodes of each task (a group)")
     p.add_argument("--concurrency", type=int, default=0,
                    help="episodes in flight at most (0: all); ScienceWorld: its simulators")
     p.add_argument("--server_args", default=None,
@@ -481,7 +497,8 @@ def main(argv: Sequence[str] | None = None) -> None:
                         "family's own ('turn left': the prompt before 2026-11-26; '': none)")
     args = p.parse_args(argv)
     source = args.experiment or f"base_config, env {args.env}"
-    print(f"{source}: {args.episodes} episodes x {args.turns} turns per style, "
+    print(f"{source}: {args.episodes} tasks x {args.samples} episodes x {args.turns} turns "
+          f"per style, "
           f"temperature {args.temperature}, model {args.model}", flush=True)
     results = asyncio.run(measure(args))
     if args.json:

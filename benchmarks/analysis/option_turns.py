@@ -1,11 +1,12 @@
 """The turns of an answer-format measurement (``action_format.py``), read from its trajectories:
 each turn's generated tokens and context, the options block an observation listed, each reply
-with the options before it, and the option lists the environment sent (:class:`OrderRecorder`,
-to tell a shown order from the environment's)."""
+with the options before it, the option lists the environment sent (:class:`OrderRecorder`,
+to tell a shown order from the environment's), sample replies, and which groups of episodes are
+flat (:func:`flat_groups`)."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Sequence
 
 from agentrl_jax.agent.parsing import CHOICE_LABELS
 from agentrl_jax.agent.trajectory import Trajectory
@@ -95,3 +96,31 @@ class OrderRecorder:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.client, name)
+
+
+def flat_groups(episode_scores: Sequence[Sequence[Any]], episode_shaping: Sequence[float]
+                ) -> tuple[int, int, int]:
+    """``(groups, flat by score, flat by return)`` of episodes grouped by task:
+    ``episode_scores[i] = [task id, score, turns]`` and ``episode_shaping[i]`` its training-only
+    bonus. Groups: tasks with at least 2 episodes; flat by score: all their scores equal; flat by
+    return: all ``score + shaping`` equal (the reward the trainer uses, for a task reward in
+    [0, 1]), within 1e-9. A flat group has advantage 0 under GRPO."""
+    by_task: dict[str, list[tuple[float, float]]] = {}
+    for (task, score, _), shaping in zip(episode_scores, episode_shaping):
+        by_task.setdefault(str(task), []).append((float(score), float(score) + float(shaping)))
+    groups = flat_score = flat_return = 0
+    for values in by_task.values():
+        if len(values) < 2:
+            continue
+        scores, returns = [v[0] for v in values], [v[1] for v in values]
+        groups += 1
+        flat_score += int(max(scores) - min(scores) <= 1e-9)
+        flat_return += int(max(returns) - min(returns) <= 1e-9)
+    return groups, flat_score, flat_return
+
+
+def sample_replies(trajectories: list[Trajectory], n: int, width: int = 100) -> list[str]:
+    """The first assistant reply of the first ``n`` episodes, cut to ``width`` characters."""
+    replies = [next((m["content"] for m in t.messages if m["role"] == "assistant"), "")
+               for t in trajectories[:n]]
+    return [r[:width] for r in replies]
