@@ -117,9 +117,9 @@ def choice_evidence_gpu() -> ConfigDict:
     than any correct answer (return >= 1.0, 1.3 with the evidence), so within a group the
     correct sample still has the highest return and the bonus only ranks samples that would
     otherwise tie; a sample that reaches the evidence and answers correctly (1.3) beats one that
-    only searches (0.3) by the whole task reward. The bonus is training-only: the evaluation runs on the
-    same servers, but Avg@k / Pass@k score the task reward (the episode's reward less its
-    ``shaping``, ``eval_metrics.task_reward``), never the shaped return. Jobs:
+    only searches (0.3) by the whole task reward. The bonus is training-only: the evaluation
+    runs on the same servers, but Avg@k / Pass@k score the task reward (the episode's reward
+    less its ``shaping``, ``eval_metrics.task_reward``), never the shaped return. Jobs:
     benchmarks/jobs/deepsearch_evidence_dev.txt (against results/deepsearch_shuffled_dev, the
     same recipe without the bonus)."""
     c = choice_shuffled_gpu()

@@ -11,8 +11,8 @@ finished episodes j = 1..k_t, usually k_t = k):
   (:func:`episode_score` of :func:`task_reward`): its total environment reward less the
   training-only bonus the environment marked as shaping (``Trajectory.shaping``, the steps'
   ``info[SHAPING_KEY]``, e.g. deep search's evidence reward; 0 for most runs), so a bonus the
-  trainer's return keeps never counts as task score. Every family scales its reward so: BabyAI ``1 - 0.9 *
-  steps / max_steps`` on success else 0 (MiniGrid's), TextCraft 0/1, ScienceWorld
+  trainer's return keeps never counts as task score. Every family scales its reward so:
+  BabyAI ``1 - 0.9 * steps / max_steps`` on success else 0 (MiniGrid's), TextCraft 0/1, ScienceWorld
   ``max(final score, 0) / 100`` (partial credit), web navigation (MiniWoB++) 1 when MiniWoB's raw
   reward is > 0 else 0, deep search exact match 0/1.
 - **pass** (the paper's "success = score > 0"): p_tj = 1[s_tj > 0] (:func:`passes`).
