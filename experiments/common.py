@@ -63,10 +63,15 @@ def gpu_recipe(*, env: str, server_args: str, phases: tuple[int, ...], steps_per
     * flat groups skipped (``train.skip_flat_groups``): all-failure groups have advantage 0;
     * no entropy bonus and no KL term (the bonus raised entropy 0.84 -> 1.35 in 7 steps while
       most advantages were 0; the KL reference pass costs a forward);
-    * float32 sampler and learner, so the sampler's log-probs match the learner's (ratio within
-      [0.97, 1.03]; bf16 both: [0.65, 1.50], for +22% step time); the learner's log-probs are
-      the PPO "old" log-probs (packed updates always recompute them), with truncated importance
-      sampling of what mismatch remains (``learner.tis_cap``);
+    * bfloat16 sampler and learner (engine weights, compute and KV cache; the learner's compute,
+      its master weights and AdamW moments float32) since 2026-12-03: on BabyAI they learn as the
+      float32 pair does (three seeds, docs/RESULTS.md "A bfloat16 sampler beside the bfloat16
+      learner"), in ~half the GPU memory and a shorter step (docs/PERFORMANCE.md). Their
+      log-probs differ more (sampler / learner ratios ~0.2-2.7 against 0.97-1.03 in float32);
+      the learner's log-probs are the PPO "old" log-probs (packed updates always recompute
+      them), with truncated importance sampling of the mismatch (``learner.tis_cap``). Runs
+      made before 2026-12-03 ran float32: to re-run one as it ran, add
+      ``--config.rollout.engine_dtype=float32 --config.learner.dtype=float32``;
     * two optimiser steps per rollout batch (``learner.mini_batches``), clip-higher 0.28;
     * each assistant turn opened with "Action:" (the 135M model does not follow a ReAct format);
     * a 360-s training budget; evaluation of 128 held-out tasks x 4 before and after training.
@@ -76,7 +81,7 @@ def gpu_recipe(*, env: str, server_args: str, phases: tuple[int, ...], steps_per
     c.env.server_args = {env: server_args}
     c.horizon.phases = phases
     c.horizon.steps_per_phase = steps_per_phase
-    c.rollout.engine_dtype = "float32"
+    c.rollout.engine_dtype = "bfloat16"
     c.rollout.max_batch = 256
     c.rollout.max_concurrency = 256
     c.rollout.max_context = context
@@ -95,7 +100,7 @@ def gpu_recipe(*, env: str, server_args: str, phases: tuple[int, ...], steps_per
     c.train.eval_samples = 4
     c.train.eval_horizon = eval_horizon
     c.learner.learning_rate = 1e-5
-    c.learner.dtype = "float32"
+    c.learner.dtype = "bfloat16"
     c.learner.remat = True
     c.learner.pack_length = context
     # flash attention for packed rows that skips the blocks between packed sequences (our
@@ -225,9 +230,10 @@ def bc_gpu(c: ConfigDict, data: str, record_episodes: int, batch_size: int, epoc
 
 def cpu_sized_sft(c: ConfigDict) -> ConfigDict:
     """An SFT config sized for a CPU: unpacked learner rows one at a time, the default engine
-    dtype, 64 episodes in flight, 32 evaluation tasks (the GPU variants keep the RL config's
-    engine and packed learner)."""
+    dtype, a float32 learner, 64 episodes in flight, 32 evaluation tasks (the GPU variants keep
+    the RL config's bfloat16 engine and packed learner)."""
     c.learner.attention_impl = None
+    c.learner.dtype = "float32"
     c.learner.micro_batch_size = 1
     c.learner.logprob_batch_size = 1
     c.rollout.engine_dtype = ""

@@ -44,16 +44,18 @@ def test_profile_parts_add_up_to_the_wall(tmp_path):
 
 
 def test_set_overrides_reach_the_run_config_and_the_engine():
-    """``--set`` (as speed_round2.sh engine_dtype passes it) sets the run config the profile
-    builds its engine from: a bfloat16 sampler (compute and weights) beside the recipe's
-    float32 one."""
+    """``--set`` (as speed_round2.sh's dtype parts pass it) sets the run config the profile
+    builds its engine from: a float32 sampler (compute and weights) beside the recipe's
+    bfloat16 one."""
     from agentrl_jax.training.config.rollout_section import engine_config_of_run
     from benchmarks.speed.rollout_profile import load_config
 
     base = load_config("experiments/babyai.py:grpo_gpu", [])
-    bf16 = load_config("experiments/babyai.py:grpo_gpu",
-                       ["rollout.engine_dtype='bfloat16'", "learner.dtype=bfloat16"])
-    assert base.rollout.engine_dtype == "float32" and bf16.rollout.engine_dtype == "bfloat16"
-    assert bf16.learner.dtype == "bfloat16" and base.learner.dtype == "float32"
-    engine = engine_config_of_run(bf16.rollout)
-    assert (engine.dtype, engine.weights_dtype) == ("bfloat16", "bfloat16")
+    f32 = load_config("experiments/babyai.py:grpo_gpu",
+                      ["rollout.engine_dtype='float32'", "learner.dtype=float32"])
+    assert base.rollout.engine_dtype == "bfloat16" and f32.rollout.engine_dtype == "float32"
+    assert f32.learner.dtype == "float32" and base.learner.dtype == "bfloat16"
+    assert (engine_config_of_run(base.rollout).dtype,
+            engine_config_of_run(base.rollout).weights_dtype) == ("bfloat16", "bfloat16")
+    engine = engine_config_of_run(f32.rollout)
+    assert (engine.dtype, engine.weights_dtype) == ("float32", "float32")

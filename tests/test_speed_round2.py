@@ -16,6 +16,8 @@ BASE = ["--config", "experiments/babyai.py:grpo_gpu"]
 STEP = [*BASE, "--steps", "6", "--variants", "packed", "--fresh-process"]
 LEARNER = ["--set", "learner.dtype='bfloat16'"]
 ENGINE = ["--set", "rollout.engine_dtype='bfloat16'"]
+F32_LEARNER = ["--set", "learner.dtype='float32'"]
+F32_ENGINE = ["--set", "rollout.engine_dtype='float32'"]
 
 
 def test_engine_dtype_runs_the_three_steps_then_the_two_profiles(tmp_path):
@@ -38,8 +40,10 @@ def test_engine_dtype_runs_the_three_steps_then_the_two_profiles(tmp_path):
     def sets(run: list[str]) -> list[str]:
         return [run[k + 1] for k, a in enumerate(run) if a == "--set"]
 
+    # every arm names both dtypes (the recipe's defaults changed on 2026-12-03)
     assert [sets(r) for r in runs] == [
-        [], [LEARNER[1]], [ENGINE[1], LEARNER[1]], [], [ENGINE[1]]]
+        [F32_ENGINE[1], F32_LEARNER[1]], [F32_ENGINE[1], LEARNER[1]], [ENGINE[1], LEARNER[1]],
+        [F32_ENGINE[1]], [ENGINE[1]]]
     for run in runs[:3]:
         assert run[1:1 + len(STEP)] == STEP
     for run in runs[3:]:

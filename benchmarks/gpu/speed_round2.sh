@@ -6,6 +6,8 @@
 #   bash benchmarks/gpu/speed_round2.sh parts OUT                   # update, engine, rollout
 #   bash benchmarks/gpu/speed_round2.sh dtype OUT                   # learner dtype, rollout waits
 #   bash benchmarks/gpu/speed_round2.sh engine_dtype OUT            # engine and learner dtype
+#   bash benchmarks/gpu/speed_round2.sh prefill OUT                 # prefill call, knobs
+#   bash benchmarks/gpu/speed_round2.sh prefill_bf16 OUT            # prefill call in bfloat16
 #
 # step:  the device copy bandwidth; then benchmarks/speed/rl_step.py (--variants packed, 6 steps,
 #        --fresh-process) of BASELINE_DIR (a checkout of the code before, e.g.
@@ -17,16 +19,17 @@
 #        bandwidth measured in the same process (engine.py --bandwidth measure), and the
 #        rollout's profile (rollout_profile.py: engine busy vs idle, prefill vs decode, host,
 #        environment).
-# dtype: this tree's RL step with the recipe's float32 learner and with a bfloat16 one
-#        (`--set learner.dtype='bfloat16'`; the engine stays float32), each a fresh process, one
+# dtype: this tree's RL step with a float32 learner and with a bfloat16 one (the engine
+#        float32 in both, the recipe's until 2026-12-03), each a fresh process, one
 #        after the other (docs/RESULTS.md: the two learn alike over three seeds); then the rollout
 #        profile with the engine's results handed over as they come and after the next decode
 #        call is launched (rollout_profile.py --variants base,deliver_late), with the engine
 #        thread's CPU and collection seconds that tell waiting from work.
 # engine_dtype: this tree's RL step (rl_step.py --steps 6 --variants packed --fresh-process),
-#        each a fresh process, one after the other: (a) the recipe as is (float32 engine and
-#        learner), (b) the bfloat16 learner (`--set learner.dtype="'bfloat16'"`, the engine
-#        float32), (c) the bfloat16 engine and learner (also `--set
+#        each a fresh process, one after the other (every arm names both dtypes: the recipe's
+#        are bfloat16 since 2026-12-03): (a) float32 engine and learner (the recipe until
+#        then), (b) the bfloat16 learner (`--set learner.dtype="'bfloat16'"`, the engine
+#        float32), (c) the bfloat16 engine and learner (`--set
 #        rollout.engine_dtype="'bfloat16'"`: weights, compute and KV cache of the sampler); then
 #        the rollout profile (rollout_profile.py, variant base) with the float32 engine and with
 #        the bfloat16 one, each its own process. Timeouts 130 s a step run and 75 s a profile:
@@ -38,9 +41,12 @@
 #        (`--set rollout.prefill_tokens="'16384'"`: fewer calls per rollout), (c) with results
 #        handed over after the next decode call is launched (`--set
 #        rollout.deliver_after_launch=True`). Timeouts 150 s and 3 x 130 s: at most 540 s.
+# prefill_bf16: the prefill call alone in bfloat16 (the recipe's engine dtype since 2026-12-03;
+#        `prefill`'s 150-s cap cut its bfloat16 half on 2026-12-03): prefill.py --dtypes bfloat16
+#        with dense and flash_in_cache, 20 reps. Timeout 150 s.
 # Logs and JSON go to OUT; docs/PERFORMANCE.md quotes them with this command.
 set -u
-USAGE="usage: speed_round2.sh step|parts|dtype|engine_dtype|prefill OUT [BASELINE_DIR]"
+USAGE="usage: speed_round2.sh step|parts|dtype|engine_dtype|prefill|prefill_bf16 OUT [BASELINE_DIR]"
 PART=${1:?$USAGE}
 OUT=${2:?$USAGE}
 BASE=${3:-}
@@ -78,33 +84,41 @@ case "$PART" in
         --json "$OUT/rollout_profile.json" > "$OUT/rollout_profile.log" 2>&1
     ;;
   dtype)
+    F32_ENGINE=(--set rollout.engine_dtype="'float32'")  # the recipe's until 2026-12-03
     python3 benchmarks/speed/copy_bandwidth.py > "$OUT/copy_bandwidth.log" 2>&1
     timeout 200 python3 benchmarks/speed/rl_step.py --config $CFG --steps 6 --variants packed \
-        --fresh-process --label "float32 learner" --json "$OUT/rl_step_float32.json" \
+        --fresh-process "${F32_ENGINE[@]}" --set learner.dtype="'float32'" \
+        --label "float32 learner" --json "$OUT/rl_step_float32.json" \
         > "$OUT/rl_step_float32.log" 2>&1
     timeout 200 python3 benchmarks/speed/rl_step.py --config $CFG --steps 6 --variants packed \
-        --fresh-process --set learner.dtype="'bfloat16'" --label "bfloat16 learner" \
+        --fresh-process "${F32_ENGINE[@]}" --set learner.dtype="'bfloat16'" \
+        --label "bfloat16 learner" \
         --json "$OUT/rl_step_bfloat16.json" > "$OUT/rl_step_bfloat16.log" 2>&1
     timeout 150 python3 benchmarks/speed/rollout_profile.py --config $CFG --replicas 1 --rollouts 3 \
-        --variants base,deliver_late --json "$OUT/rollout_profile.json" \
+        "${F32_ENGINE[@]}" --variants base,deliver_late --json "$OUT/rollout_profile.json" \
         > "$OUT/rollout_profile.log" 2>&1
     ;;
   engine_dtype)
+    # every arm names both dtypes: the recipe's are bfloat16 since 2026-12-03 (float32 before)
+    F32_LEARNER=(--set learner.dtype="'float32'")
     BF16_LEARNER=(--set learner.dtype="'bfloat16'")
+    F32_ENGINE=(--set rollout.engine_dtype="'float32'")
     BF16_ENGINE=(--set rollout.engine_dtype="'bfloat16'")
     timeout 130 python3 benchmarks/speed/rl_step.py --config $CFG --steps 6 --variants packed \
-        --fresh-process --label "float32 engine, float32 learner" \
+        --fresh-process "${F32_ENGINE[@]}" "${F32_LEARNER[@]}" \
+        --label "float32 engine, float32 learner" \
         --json "$OUT/rl_step_f32_f32.json" > "$OUT/rl_step_f32_f32.log" 2>&1
     timeout 130 python3 benchmarks/speed/rl_step.py --config $CFG --steps 6 --variants packed \
-        --fresh-process "${BF16_LEARNER[@]}" --label "float32 engine, bfloat16 learner" \
+        --fresh-process "${F32_ENGINE[@]}" "${BF16_LEARNER[@]}" \
+        --label "float32 engine, bfloat16 learner" \
         --json "$OUT/rl_step_f32_bf16.json" > "$OUT/rl_step_f32_bf16.log" 2>&1
     timeout 130 python3 benchmarks/speed/rl_step.py --config $CFG --steps 6 --variants packed \
         --fresh-process "${BF16_ENGINE[@]}" "${BF16_LEARNER[@]}" \
         --label "bfloat16 engine, bfloat16 learner" \
         --json "$OUT/rl_step_bf16_bf16.json" > "$OUT/rl_step_bf16_bf16.log" 2>&1
     timeout 75 python3 benchmarks/speed/rollout_profile.py --config $CFG --replicas 1 \
-        --rollouts 3 --label "float32 engine" --json "$OUT/rollout_profile_f32.json" \
-        > "$OUT/rollout_profile_f32.log" 2>&1
+        --rollouts 3 "${F32_ENGINE[@]}" --label "float32 engine" \
+        --json "$OUT/rollout_profile_f32.json" > "$OUT/rollout_profile_f32.log" 2>&1
     timeout 75 python3 benchmarks/speed/rollout_profile.py --config $CFG --replicas 1 \
         --rollouts 3 "${BF16_ENGINE[@]}" --label "bfloat16 engine" \
         --json "$OUT/rollout_profile_bf16.json" > "$OUT/rollout_profile_bf16.log" 2>&1
@@ -126,6 +140,12 @@ case "$PART" in
         --label "bfloat16, deliver after launch" \
         --json "$OUT/rl_step_bf16_deliver_late.json" > "$OUT/rl_step_bf16_deliver_late.log" 2>&1
     ;;
-  *) echo "unknown part $PART (step, parts, dtype, engine_dtype or prefill)" >&2; exit 2 ;;
+  prefill_bf16)
+    timeout 150 python3 benchmarks/speed/prefill.py --dtypes bfloat16 \
+        --contenders dense,flash_in_cache --reps 20 --json "$OUT/prefill_bf16.json" \
+        > "$OUT/prefill_bf16.log" 2>&1
+    ;;
+  *) echo "unknown part $PART (step, parts, dtype, engine_dtype, prefill or prefill_bf16)" >&2
+     exit 2 ;;
 esac
 for f in "$OUT"/*.log; do echo "== $f"; grep -E "steady|tok/s|GB/s|TB/s|roofline|^rollout|update|busy" "$f" | head -12; tail -3 "$f"; done
