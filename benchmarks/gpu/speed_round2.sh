@@ -8,6 +8,7 @@
 #   bash benchmarks/gpu/speed_round2.sh engine_dtype OUT            # engine and learner dtype
 #   bash benchmarks/gpu/speed_round2.sh prefill OUT                 # prefill call, knobs
 #   bash benchmarks/gpu/speed_round2.sh prefill_bf16 OUT            # prefill call in bfloat16
+#   bash benchmarks/gpu/speed_round2.sh learner_mfu OUT             # Qwen2.5-1.5B update MFU
 #
 # step:  the device copy bandwidth; then benchmarks/speed/rl_step.py (--variants packed, 6 steps,
 #        --fresh-process) of BASELINE_DIR (a checkout of the code before, e.g.
@@ -44,9 +45,13 @@
 # prefill_bf16: the prefill call alone in bfloat16 (the recipe's engine dtype since 2026-12-03;
 #        `prefill`'s 150-s cap cut its bfloat16 half on 2026-12-03): prefill.py --dtypes bfloat16
 #        with dense and flash_in_cache, 20 reps. Timeout 150 s.
+# learner_mfu: the learner's MFU for the Qwen2.5-1.5B shape (benchmarks/speed/learner.py's
+#        default: random weights, T=4096, bf16 compute, float32 masters, 4 x 1 micro-batches, no
+#        remat; --steps 3 --warmup 1 --no-forward, as docs/PERFORMANCE.md's "Learner" rows).
+#        Timeout 150 s.
 # Logs and JSON go to OUT; docs/PERFORMANCE.md quotes them with this command.
 set -u
-USAGE="usage: speed_round2.sh step|parts|dtype|engine_dtype|prefill|prefill_bf16 OUT [BASELINE_DIR]"
+USAGE="usage: speed_round2.sh step|parts|dtype|engine_dtype|prefill|prefill_bf16|learner_mfu OUT [BASELINE_DIR]"
 PART=${1:?$USAGE}
 OUT=${2:?$USAGE}
 BASE=${3:-}
@@ -145,7 +150,12 @@ case "$PART" in
         --contenders dense,flash_in_cache --reps 20 --json "$OUT/prefill_bf16.json" \
         > "$OUT/prefill_bf16.log" 2>&1
     ;;
-  *) echo "unknown part $PART (step, parts, dtype, engine_dtype, prefill or prefill_bf16)" >&2
+  learner_mfu)
+    timeout 150 python3 benchmarks/speed/learner.py --steps 3 --warmup 1 --no-forward \
+        --json "$OUT/learner_mfu.json" > "$OUT/learner_mfu.log" 2>&1
+    ;;
+  *) echo "unknown part $PART (step, parts, dtype, engine_dtype, prefill, prefill_bf16 or" \
+          "learner_mfu)" >&2
      exit 2 ;;
 esac
 for f in "$OUT"/*.log; do echo "== $f"; grep -E "steady|tok/s|GB/s|TB/s|roofline|^rollout|update|busy" "$f" | head -12; tail -3 "$f"; done
