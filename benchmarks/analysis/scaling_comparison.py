@@ -67,16 +67,18 @@ import json
 import os
 import sys
 from collections import defaultdict
-from typing import Any, Iterable, Sequence
+from collections.abc import Iterable, Sequence
+from itertools import pairwise
+from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
-from benchmarks.analysis.arm_comparison import METRICS, evaluations  # noqa: E402
-from benchmarks.analysis.compare_runs import by_step, read_rows  # noqa: E402
-from benchmarks.analysis.eval_breakdown import breakdown  # noqa: E402
-from benchmarks.analysis.family_shortfall import endings  # noqa: E402
-from benchmarks.analysis.learning_report import eval_episodes  # noqa: E402
-from benchmarks.analysis.seed_stats import t_interval  # noqa: E402
+from benchmarks.analysis.arm_comparison import METRICS, evaluations
+from benchmarks.analysis.compare_runs import by_step, read_rows
+from benchmarks.analysis.eval_breakdown import breakdown
+from benchmarks.analysis.family_shortfall import endings
+from benchmarks.analysis.learning_report import eval_episodes
+from benchmarks.analysis.seed_stats import t_interval
 
 #: the metrics.jsonl keys the phase numbers read (``rollout/status/*`` apart)
 TRAIN_KEYS = ("rollout/episodes", "rollout/mean_reward", "rollout/success_rate",
@@ -162,8 +164,9 @@ def phase_windows(rows: list[dict]) -> list[list[int | None]]:
         if r.get("train/horizon") != last:
             starts.append(int(r["step"]))
             last = r.get("train/horizon")
-    return [[s, e - 1] for s, e in zip(starts, starts[1:])] + [[starts[-1], None]] if starts \
-        else []
+    if not starts:
+        return []
+    return [[s, e - 1] for s, e in pairwise(starts)] + [[starts[-1], None]]
 
 
 def horizon_label(horizon: float) -> str:
@@ -313,8 +316,8 @@ def _points(entry: dict[str, Any]) -> str:
 
 
 def _stats_table(report: dict[str, Any], part: str, title: str) -> list[str]:
-    lines = ["", f"| arm | {title} | rows (seed x step) | train reward | train success | "
-             "flat groups | entropy (steps) | turns | turn limit | context limit |",
+    lines = ["", (f"| arm | {title} | rows (seed x step) | train reward | train success | "
+             "flat groups | entropy (steps) | turns | turn limit | context limit |"),
              "|---|---|---|---|---|---|---|---|---|---|"]
     for name, s in report["arms"].items():
         for key, t in s[part].items():
@@ -330,11 +333,11 @@ def markdown(report: dict[str, Any]) -> str:
     """The report's tables (scores in [0, 1], differences in points x100)."""
     k, ref = report["k"], report["reference"]
     steps = "; ".join(f"{n} {v}" for n, v in report["trained_steps"].items())
-    lines = [f"Seeds kept (by position): {report['seeds_kept']}; trained steps per seed: "
-             f"{steps} ({'equal' if report['equal_steps'] else 'NOT equal'} steps).", ""]
+    lines = [(f"Seeds kept (by position): {report['seeds_kept']}; trained steps per seed: "
+             f"{steps} ({'equal' if report['equal_steps'] else 'NOT equal'} steps)."), ""]
     lines += [f"- left out: seed {i}: {'; '.join(w)}" for i, w in report["left_out"].items()]
-    lines += ["", f"| arm | seed | steps | Avg@{k} before | Avg@{k} after | Pass@{k} after | "
-              "success after | run |", "|---|---|---|---|---|---|---|---|"]
+    lines += ["", (f"| arm | seed | steps | Avg@{k} before | Avg@{k} after | Pass@{k} after | "
+              "success after | run |"), "|---|---|---|---|---|---|---|---|"]
     for name, s in report["arms"].items():
         for seed, f, n in zip(report["seeds_kept"], s["final"], s["trained_steps"]):
             lines.append(f"| {name} | {seed} | {n} | {f['before']['avg_at_k']:.3f} | "
@@ -347,8 +350,8 @@ def markdown(report: dict[str, Any]) -> str:
             lines.append(f"| {pair} | {m} | {_points(entry)} |")
     lines += _stats_table(report, "phases", "horizon")
     lines += _stats_table(report, "windows", f"steps ({ref}'s phases)")
-    lines += ["", "| arm | final: success | turn limit | context limit | other | "
-              "turns per success |", "|---|---|---|---|---|---|"]
+    lines += ["", ("| arm | final: success | turn limit | context limit | other | "
+              "turns per success |"), "|---|---|---|---|---|---|"]
     for name, s in report["arms"].items():
         e = s["endings"]
         lines.append(f"| {name} | {e['success']:.3f} | {e['turn_limit']:.3f} | "
