@@ -14,8 +14,9 @@ recorded expert episodes). Per group (file, step), with T = all turns of its epi
   parser could not read, or a command the environment rejected);
 * ``parse_failures_per_turn`` = (turns whose reply the parser could not read) / T, from each
   episode's ``parse_failures`` (:func:`parse_failures`; None when an episode's is unknown);
-* ``reward_rate`` = share of episodes with reward > 0; ``success_rate`` = share with the success
-  flag; ``mean_reward``;
+* ``reward_rate`` = share of episodes with task reward > 0; ``success_rate`` = share with the
+  success flag; ``mean_reward`` (the task reward: an episode's reward less its training-only
+  ``shaping``, ``eval_metrics.task_reward``) and ``mean_shaping`` (that bonus);
 * ``turns_mean``, ``tokens_mean`` / ``tokens_p90`` / ``tokens_max`` (each episode's final
   context, prompt + all turns: ``Trajectory.context_tokens``; None when unknown),
   ``prompt_tokens_mean`` and ``status`` counts.
@@ -40,7 +41,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspa
 
 from agentrl_common import jsonl_files  # noqa: E402
 from agentrl_jax.agent.parsing import INVALID_FORMAT_FEEDBACK  # noqa: E402
-from agentrl_jax.agent.trajectory import record_context_tokens
+from agentrl_jax.agent.trajectory import record_context_tokens  # noqa: E402
+from agentrl_jax.training.evaluation.eval_metrics import task_reward  # noqa: E402
 
 
 def trajectory_files(source: str, train: bool = False) -> list[str]:
@@ -81,7 +83,9 @@ def summarise(episodes: list[dict]) -> dict:
     known = turns and None not in failures
     contexts = [record_context_tokens(e) for e in episodes]
     tokens = np.array(contexts, dtype=np.int64) if contexts and None not in contexts else None
-    rewards = np.array([float(e.get("reward") or 0.0) for e in episodes] or [0.0])
+    rewards = np.array([float(task_reward(e.get("reward") or 0.0, e.get("shaping")))
+                        for e in episodes] or [0.0])
+    shaping = [float(e.get("shaping") or 0.0) for e in episodes] or [0.0]
     return {
         "episodes": len(episodes),
         "turns": turns,
@@ -90,6 +94,7 @@ def summarise(episodes: list[dict]) -> dict:
         "reward_rate": float(np.mean(rewards > 0)),
         "success_rate": float(np.mean([bool(e.get("success")) for e in episodes] or [0])),
         "mean_reward": float(np.mean(rewards)),
+        "mean_shaping": float(np.mean(shaping)),
         "turns_mean": turns / max(len(episodes), 1),
         "tokens_mean": None if tokens is None else float(np.mean(tokens)),
         "tokens_p90": None if tokens is None else float(np.percentile(tokens, 90)),
