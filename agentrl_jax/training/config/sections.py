@@ -221,6 +221,18 @@ class TrainConfig(Section):
     # drop groups whose samples all scored the same (group advantages are 0 there; see
     # training/rl/batching.py::informative_groups); for group estimators (GRPO / RLOO / Dr.GRPO)
     skip_flat_groups: bool = setting(False)
+    # which tasks a step's groups play (training/rl/task_sampler.py): "permutation" (a seeded
+    # permutation of each environment's tasks, environments in turn), "learnability" (levels,
+    # the task id before its first "/", drawn in proportion to p (1 - p) + learnability_eps,
+    # p a level's running success estimate: more groups from levels sometimes solved)
+    task_sampling: str = setting("permutation", choices=("permutation", "learnability"),
+                                 kind="task sampling")
+    # learnability: the moving average's rate, p <- (1 - rate) p + rate * the step's success
+    # share, once per level and step; why 0.25: a level's prior (1/2) is 10% of its estimate
+    # after 8 visits, while a 0.5 level's estimate from groups of 8 keeps a std of ~0.07
+    learnability_rate: float = setting(0.25, gt=0, le=1)
+    # learnability: the weight every level keeps beside p (1 - p) (at most 0.25), so none starves
+    learnability_eps: float = setting(0.05, gt=0)
     max_seconds: float = setting(0.0, ge=0, what=">= 0 (0: no limit)")  # then eval_after
     eval_tasks: int = setting(64, ge=0)
     eval_samples: int = setting(4, ge=1)  # k of Avg@k / Pass@k

@@ -33,8 +33,8 @@ from agentrl_jax.training.outputs.progress import ProgressSettings, timed
 from agentrl_jax.training.outputs.run_output import RunOutput, SessionEnd, StepRecord
 from agentrl_jax.training.rl.failed_steps import FailedSteps, RunFailure
 from agentrl_jax.training.rl.schedule import HorizonSchedule
-from agentrl_jax.training.rl.stages import (RolloutLauncher, RolloutResult, record_step,
-                                            select_batch, step_line)
+from agentrl_jax.training.rl.stages import (RolloutLauncher, RolloutResult, observe_rollout,
+                                            record_step, select_batch, step_line)
 from agentrl_jax.training.rl.stop_policy import Checkpoints, StopPolicy, cancel
 from agentrl_jax.training.rl.task_sampler import TaskSampler
 from agentrl_jax.training.rl.trainer_eval import EnvErrorWatch, Evaluator
@@ -105,7 +105,7 @@ class TrainingLoop:
             stop.stopped = "terminated"
             if last_step > start_step and checkpoints.saved_step != last_step:
                 checkpoints.save(learner, last_step, launcher.cursor_before(last_step),
-                                 stop.train_seconds())
+                                 stop.train_seconds(), sampler=launcher.state_before(last_step))
         writes_pending = checkpoints.saved_this_session
         if not stop.terminate_requested and evaluator.due_at_end(last_step, eval_tasks):
             import jax
@@ -169,7 +169,8 @@ class TrainingLoop:
             out_of_time = stop.out_of_time()
             if stop.save_due(step + 1, out_of_time):
                 parts.checkpoints.save(self.learner, step + 1, launcher.cursor_before(step + 1),
-                                       stop.train_seconds())
+                                       stop.train_seconds(),
+                                       sampler=launcher.state_before(step + 1))
             last_step = step + 1
             if stop.stop_after(step + 1, out_of_time):
                 break
@@ -188,6 +189,9 @@ class TrainingLoop:
         parts.output.log_trajectories(step + 1, rollout.trajectories, "train")
         batch = select_batch(rollout, self.batch_settings, parts.schedule,
                              parts.output.multi_process)
+        # train.task_sampling = learnability: the levels' success estimates (before the next
+        # draw, or, with an overlapping rollout, the one after it)
+        observe_rollout(self.sampler, rollout, parts.output.multi_process)
         resume_hint = parts.checkpoints.resume_hint()
         parts.env_errors.check(step, rollout.trajectories, batch.stats, resume_hint)
         failed = parts.failed_steps.record(batch.usable, batch.stats.statuses,

@@ -44,6 +44,9 @@ class RolloutResult:
     horizon: int
     trajectories: list[Trajectory]
     stats: RolloutStats
+    # what the task draw of this step did (``TaskSampler.last_draw``: ``train/task_levels``,
+    # and for learnability ``train/task_level_max_share``), into the step's metrics
+    sampler_metrics: dict[str, float] = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass
@@ -108,8 +111,8 @@ class RolloutLauncher:
     """Starts step ``s``'s rollout: horizon from the schedule, tasks from the sampler (the same
     on every process; this process rolls out its contiguous share of the groups), episodes
     stamped with ``weights_version`` (the update the backend's weights come from). Owns the
-    task cursor before each step's tasks were drawn (``cursor_at``: what a checkpoint of that
-    step resumes from)."""
+    sampler's draw position before each step's tasks were drawn (``position_at``: what a
+    checkpoint of that step resumes from, and what a cancelled rollout rewinds to)."""
 
     def __init__(self, cfg: RunConfig, pool: ActorPool, sampler: TaskSampler,
                  schedule: HorizonSchedule, stop: StopPolicy, progress: ProgressSettings,
@@ -121,14 +124,16 @@ class RolloutLauncher:
         self.samples = int(cfg.train.samples_per_task)
         self.seed = int(cfg.seed)
         self.weights_version = weights_version
-        self.cursor_at: dict[int, int] = {}  # task cursor before step's tasks were drawn
+        # the sampler's position (TaskSampler.position) before step's tasks were drawn
+        self.position_at: dict[int, dict[str, Any]] = {}
 
     def launch(self, step: int) -> asyncio.Future:
         """Step ``step``'s rollout (0-based) as a task (SIGTERM cancels it) giving a
         :class:`RolloutResult`."""
         horizon = self.schedule.horizon(step)
-        self.cursor_at[step] = self.sampler.cursor
+        self.position_at[step] = self.sampler.position()
         tasks = self.sampler.next(self.tasks_per_step)  # the same on every process
+        sampler_metrics = dict(self.sampler.last_draw)
         lo, hi = distributed.share(len(tasks))  # this process's groups
         tasks = tasks[lo:hi]
         desc = f"step {step + 1}/{self.total} rollout (horizon {horizon})"
@@ -143,17 +148,38 @@ class RolloutLauncher:
                     progress=progress, version_fn=lambda: self.weights_version)
             for t in trajectories:  # the global group index: unique over processes
                 t.group_id += lo
-            return RolloutResult(step, horizon, trajectories, stats)
+            return RolloutResult(step, horizon, trajectories, stats, sampler_metrics)
 
         return self.stop.track(asyncio.ensure_future(rollout()))
 
     def cursor_before(self, step: int) -> int:
         """The task cursor a checkpoint of ``step`` (1-based, done) resumes from."""
-        return self.cursor_at.get(step, self.sampler.cursor)
+        return int(self.state_before(step)["cursor"])
+
+    def state_before(self, step: int) -> dict[str, Any]:
+        """The sampler's checkpoint entries (``TaskSampler.state``) a checkpoint of ``step``
+        (1-based, done) resumes from: the draw position before step ``step``'s tasks (0-based)
+        were drawn, the estimates as observed so far (steps ``< step``)."""
+        return self.sampler.state(self.position_at.get(step))
 
     def rewind(self, step: int) -> None:
         """Step ``step``'s rollout (0-based) was cancelled: its tasks are drawn again."""
-        self.sampler.cursor = self.cursor_at[step]
+        self.sampler.rewind(self.position_at[step])
+
+
+def observe_rollout(sampler: TaskSampler, rollout: RolloutResult,
+                    multi_process: bool = False) -> None:
+    """Hands the step's finished training episodes to the sampler (``TaskSampler.observe``;
+    nothing to do for the permutation); with several processes, every process's episodes
+    (a collective, so that every sampler keeps the same estimates)."""
+    if not sampler.observes:
+        return
+    episodes: list[Any] = list(rollout.trajectories)
+    if multi_process:
+        mine = [{"env": t.env, "task_id": t.task_id, "status": t.status, "reward": t.reward,
+                 "shaping": t.shaping} for t in rollout.trajectories]
+        episodes = [e for share in distributed.allgather_objects(mine) for e in share]
+    sampler.observe(episodes)
 
 
 # ---------------------------------------------------------------------------- batch
@@ -181,6 +207,7 @@ def select_batch(rollout: RolloutResult, settings: BatchSettings, schedule: Hori
                                  "rollout/mixed_version_episodes": float(mixed),
                                  "rollout/flat_groups_skipped": float(flat_groups)}
     metrics.update(stats.as_metrics())
+    metrics.update(rollout.sampler_metrics)
     return TrainBatch(step=step, horizon=rollout.horizon, episodes=ok, usable=usable,
                       trainable=trainable, stale=stale, flat_groups=flat_groups, mixed=mixed,
                       stats=stats, metrics=metrics)

@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import signal
 import time
-from typing import TYPE_CHECKING, Awaitable, Callable, Mapping
+from typing import TYPE_CHECKING, Any, Awaitable, Callable, Mapping
 
 from agentrl_jax.training.outputs.progress import timed
 from agentrl_jax.training.rl.failed_steps import RunFailure
@@ -187,11 +187,14 @@ class Checkpoints:
         """The run resumed from the checkpoint of ``step`` (0: a new run)."""
         self.saved_step = step or None
 
-    def save(self, learner: Learner, step: int, cursor: int, train_seconds: float) -> None:
-        """Checkpoint ``step`` with the task cursor and the seconds trained (the write
-        finishes in the background)."""
+    def save(self, learner: Learner, step: int, cursor: int, train_seconds: float,
+             sampler: Mapping[str, Any] | None = None) -> None:
+        """Checkpoint ``step`` with the task cursor, the task sampler's other entries
+        (``sampler``: ``TaskSampler.state``, its ``cursor`` the same; only a cursor for the
+        permutation) and the seconds trained (the write finishes in the background)."""
+        extra = {k: v for k, v in (sampler or {}).items() if k not in ("step", "cursor")}
         with timed(self.say, f"saving checkpoint step {step}"):
-            learner.save({"step": step, "cursor": cursor,
+            learner.save({"step": step, "cursor": cursor, **extra,
                           "train_seconds": round(train_seconds, 3)},
                          step=step, force=True)
         self.saved_step = step

@@ -52,7 +52,7 @@ from agentrl_jax.training.outputs.run_output import (RunOutput, SessionEnd, Step
                                                      interrupted_message, terminated_message)
 from agentrl_jax.training.rl.schedule import HorizonSchedule, scored_tokens_bound
 from agentrl_jax.training.outputs.summary import read_summary
-from agentrl_jax.training.rl.task_sampler import TaskSampler
+from agentrl_jax.training.rl.task_sampler import TaskSampler, make_task_sampler
 from agentrl_jax.training.rl.trainer_eval import EnvErrorWatch, Evaluator
 
 if TYPE_CHECKING:
@@ -322,7 +322,12 @@ class Trainer:
                 pool = services.make_actor_pool(cfg, self.progress.turn_counter, clients,
                                                 tokenizer, model.cfg.eos_token_ids)
                 train_tasks, eval_tasks = await self._task_lists(clients)
-                sampler = TaskSampler(train_tasks, seed=int(cfg.seed), cursor=cursor)
+                # train.task_sampling; at the checkpoint's cursor (and, for learnability, its
+                # levels' draws and success estimates)
+                sampler = make_task_sampler(train_tasks, int(cfg.seed), cfg.train.task_sampling,
+                                            {**(resumed or {}), "cursor": cursor},
+                                            rate=cfg.train.learnability_rate,
+                                            eps=cfg.train.learnability_eps)
                 # the loaded weights: the engine's until the first weight sync, then unused (the
                 # learner holds its own copies); kept by these names they would stay in memory
                 del model, policy
