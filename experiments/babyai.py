@@ -72,6 +72,19 @@ def grpo_gpu() -> ConfigDict:
                       steps_per_phase=15, eval_horizon=20, context=3072, max_new_tokens=24)
 
 
+def learnability_gpu() -> ConfigDict:
+    """``grpo_gpu`` with ``train.task_sampling = "learnability"`` (training/rl/task_sampler.py):
+    a step's tasks come from BabyAI levels drawn in proportion to ``p (1 - p) + eps``, ``p`` a
+    level's running success estimate, instead of a uniform permutation of the train split.
+    Why: from the base model 70-71% of GRPO groups are flat (all 8 samples alike, no gradient)
+    and 14 levels are never solved (docs/RESULTS.md, "Where each family stands against issue
+    47's targets"); levels solved sometimes give the groups with a gradient. Its comparison:
+    benchmarks/jobs/babyai_learnability_dev.txt."""
+    c = grpo_gpu()
+    c.train.task_sampling = "learnability"
+    return c
+
+
 def grpo_long_gpu() -> ConfigDict:
     """``grpo_gpu`` to the end of its curve (issue 28): 1,350 s of training instead of 360 s
     (about 25 minutes on one H200 with both evaluations), 40 steps a phase (15 would put most
@@ -374,7 +387,7 @@ def paper_scale_7b(num_gpus: int | None = None) -> ConfigDict:
 
 VARIANTS = {
     "grpo_scaling": grpo_scaling, "grpo_fixed": grpo_fixed, "ppo": ppo,
-    "grpo_gpu": grpo_gpu, "grpo_long_gpu": grpo_long_gpu,
+    "grpo_gpu": grpo_gpu, "learnability_gpu": learnability_gpu, "grpo_long_gpu": grpo_long_gpu,
     "grpo_scaling_gpu10min": grpo_scaling_gpu10min, "gigpo_gpu": gigpo_gpu, "dpo_gpu": dpo_gpu,
     "sft": sft, "sft_gpu": sft_gpu, "sft_grpo_gpu": sft_grpo_gpu, "sft_gigpo_gpu": sft_gigpo_gpu,
     "choice_gpu": choice_gpu, "choice_tiny": choice_tiny, "choice_tiny_t1": choice_tiny_t1,

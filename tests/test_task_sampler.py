@@ -210,3 +210,40 @@ def test_the_settings_are_checked():
             check_config(c)
     with pytest.raises(ValueError, match="unknown task sampling"):
         make_task_sampler(_levels_tasks(), 0, "curriculum")
+
+
+def test_the_training_loop_observes_checkpoints_and_logs_the_sampler(tmp_path):
+    """``Trainer.train``'s real loop with fakes (tests/test_trainer_failed_step.py): every
+    episode scores 0, so each level's estimate after ``k`` observed steps is 0.5 * 0.75^k; the
+    checkpoint of step ``k`` holds it with cursor 2k; every step's metrics row says what the
+    draw did."""
+    import asyncio
+
+    from agentrl_jax.training.rl.trainer import Trainer
+    from tests.test_trainer_failed_step import (FailingPool, RecordingBackend,
+                                                RecordingLearner, fake_loop_config)
+
+    class Learner(RecordingLearner):
+        extras: list[dict] = []
+
+        def save(self, extra, step=None, force=False):
+            super().save(extra, step, force)
+            self.extras.append(json.loads(json.dumps(extra)))
+
+    c = fake_loop_config(3, save_every=1, task_sampling="learnability")
+    tasks = [TaskRef("babyai", f"{lv}/seed={s}") for lv in "AB" for s in range(3)]
+    trainer = Trainer(c, str(tmp_path), progress=False)
+    sampler = make_task_sampler(tasks, 0, c.train.task_sampling, rate=c.train.learnability_rate,
+                                eps=c.train.learnability_eps)
+    learner = Learner()
+    asyncio.run(trainer.train(learner, RecordingBackend(), FailingPool(set(), flat=True),
+                              sampler, [], 0))
+    assert learner.saved == [1, 2, 3]
+    for k, extra in enumerate(learner.extras, start=1):
+        assert extra["cursor"] == 2 * k
+        p = 0.5 * 0.75 ** k  # both levels drawn every step (2 tasks, 2 levels, no repeat)
+        assert extra["task_sampler"]["estimates"] == {"babyai": {"A": p, "B": p}}
+    rows = dict(learner.writer.rows)
+    assert sorted(rows) == [1, 2, 3]
+    assert all(rows[s]["train/task_levels"] == 2.0 for s in rows)
+    assert all(rows[s]["train/task_level_max_share"] == 0.5 for s in rows)
