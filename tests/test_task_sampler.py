@@ -202,7 +202,7 @@ def test_the_settings_are_checked():
     config = base_config()
     names = TrainConfig.__dataclass_fields__["task_sampling"].metadata["choices"]
     assert tuple(names) == SAMPLINGS
-    for key, bad in (("task_sampling", "curriculum"), ("learnability_rate", 0.0),
+    for key, bad in (("task_sampling", "curriculum"), ("learnability_ema", 0.0),
                      ("learnability_eps", 0.0)):
         c = ConfigDict(config.to_dict())
         c.train = ConfigDict({**config.train.to_dict(), key: bad})
@@ -233,7 +233,7 @@ def test_the_training_loop_observes_checkpoints_and_logs_the_sampler(tmp_path):
     c = fake_loop_config(3, save_every=1, task_sampling="learnability")
     tasks = [TaskRef("babyai", f"{lv}/seed={s}") for lv in "AB" for s in range(3)]
     trainer = Trainer(c, str(tmp_path), progress=False)
-    sampler = make_task_sampler(tasks, 0, c.train.task_sampling, rate=c.train.learnability_rate,
+    sampler = make_task_sampler(tasks, 0, c.train.task_sampling, rate=c.train.learnability_ema,
                                 eps=c.train.learnability_eps)
     learner = Learner()
     asyncio.run(trainer.train(learner, RecordingBackend(), FailingPool(set(), flat=True),

@@ -230,7 +230,7 @@ class TrainConfig(Section):
     # learnability: the moving average's rate, p <- (1 - rate) p + rate * the step's success
     # share, once per level and step; why 0.25: a level's prior (1/2) is 10% of its estimate
     # after 8 visits, while a 0.5 level's estimate from groups of 8 keeps a std of ~0.07
-    learnability_rate: float = setting(0.25, gt=0, le=1)
+    learnability_ema: float = setting(0.25, gt=0, le=1)
     # learnability: the weight every level keeps beside p (1 - p) (at most 0.25), so none starves
     learnability_eps: float = setting(0.05, gt=0)
     max_seconds: float = setting(0.0, ge=0, what=">= 0 (0: no limit)")  # then eval_after

@@ -16,7 +16,7 @@ per pass over them). Each level keeps a running success estimate ``p`` (an expon
 average of the share of the step's finished training episodes with task score > 0, the score
 evaluation uses: ``eval_metrics.outcome``), one update per level and step::
 
-    p <- (1 - rate) p + rate * successes / episodes          (train.learnability_rate)
+    p <- (1 - rate) p + rate * successes / episodes          (train.learnability_ema)
 
 starting at the optimistic prior ``p = 1/2`` (the largest weight, so every level is tried).
 A step draws an environment's ``k`` levels with probability proportional to the weight

@@ -326,7 +326,7 @@ class Trainer:
                 # levels' draws and success estimates)
                 sampler = make_task_sampler(train_tasks, int(cfg.seed), cfg.train.task_sampling,
                                             {**(resumed or {}), "cursor": cursor},
-                                            rate=cfg.train.learnability_rate,
+                                            rate=cfg.train.learnability_ema,
                                             eps=cfg.train.learnability_eps)
                 # the loaded weights: the engine's until the first weight sync, then unused (the
                 # learner holds its own copies); kept by these names they would stay in memory
