@@ -203,7 +203,8 @@ def test_context_tokens_with_a_history_window_is_the_last_chunk():
 def test_diagnosis_rates_count_the_task_reward_not_the_shaping():
     """Deep search's evidence bonus is training-only: an episode whose whole reward is bonus
     (0.15 of 0.15) did not score, one with a correct answer after the bonus (1.3 = 1 + 0.3) did;
-    reward_rate 1/2 and mean_reward (0 + 1) / 2, the bonus apart as mean_shaping (0.15 + 0.3) / 2."""
+    reward_rate 1/2 and mean_reward (0 + 1) / 2, the bonus apart as mean_shaping
+    (0.15 + 0.3) / 2."""
     base = {"env": "deepsearch", "task_id": "q", "status": "done", "num_turns": 3,
             "invalid_actions": 0, "success": False}
     episodes = [{**base, "reward": 0.15, "shaping": 0.15},
