@@ -177,9 +177,9 @@ def run_variant(config_path: str, name: str, steps: int, workdir: str,
         """The trainer's checkpoints without the one of the last step (taken after the step's
         time is measured, but a Qwen2.5-7B shape's parameters + AdamW are 85 GiB to write)."""
 
-        def save(self, learner, step, cursor, train_seconds):
+        def save(self, learner, step, cursor, train_seconds, sampler=None):
             if checkpoint:
-                super().save(learner, step, cursor, train_seconds)
+                super().save(learner, step, cursor, train_seconds, sampler=sampler)
 
     config = load_config(config_path, steps, VARIANTS[name])
     out = os.path.join(workdir, name)
