@@ -20,6 +20,9 @@ from agentrl_jax.training.rl.stop_policy import Checkpoints
 from agentrl_jax.training.rl.task_sampler import (PRIOR, SAMPLINGS, LearnabilitySampler,
                                                   TaskSampler, make_task_sampler, task_level)
 
+#: the config's defaults of train.learnability_ema / _eps (named once, in TrainConfig)
+RATE, EPS = TrainConfig().learnability_ema, TrainConfig().learnability_eps
+
 
 def _mixed_tasks() -> list[TaskRef]:
     return ([TaskRef("babyai", f"L{lv}/seed={s}") for s in range(3) for lv in range(2)]
@@ -109,7 +112,7 @@ def test_learnability_draws_the_half_solved_level_at_the_hand_computed_share():
 def test_a_step_draws_levels_without_replacement_and_environments_in_turn():
     tasks = ([TaskRef("a", f"L{lv}/seed={s}") for lv in range(3) for s in range(4)]
              + [TaskRef("b", f"g{i}") for i in range(2)])
-    sampler = LearnabilitySampler(tasks, seed=1, eps=0.05)
+    sampler = LearnabilitySampler(tasks, seed=1, rate=RATE, eps=0.05)
     sampler.observe(_episodes("a", "L0/seed=0", [0.0] * 8) * 6)  # L0 unlikely, not excluded
     for _ in range(5):
         step = sampler.next(6)
@@ -125,7 +128,7 @@ def test_a_step_draws_levels_without_replacement_and_environments_in_turn():
 
 def test_a_level_takes_its_tasks_in_a_permutation_per_pass():
     tasks = [TaskRef("a", f"L/seed={s}") for s in range(5)]
-    sampler = LearnabilitySampler(tasks, seed=4)
+    sampler = LearnabilitySampler(tasks, seed=4, rate=RATE, eps=EPS)
     ids = [t.task_id for t in sampler.next(10)]
     assert sorted(ids[:5]) == sorted(ids[5:]) == sorted(t.task_id for t in tasks)
     order = np.random.default_rng([4, 0, 0, 0]).permutation(5)
@@ -148,9 +151,9 @@ def _levels_tasks() -> list[TaskRef]:
 
 
 def test_learnability_is_deterministic_for_a_seed_and_state():
-    a = _run(make_task_sampler(_levels_tasks(), 7, "learnability"), 30)
-    b = _run(make_task_sampler(_levels_tasks(), 7, "learnability"), 30)
-    c = _run(make_task_sampler(_levels_tasks(), 8, "learnability"), 30)
+    a = _run(make_task_sampler(_levels_tasks(), 7, "learnability", rate=RATE, eps=EPS), 30)
+    b = _run(make_task_sampler(_levels_tasks(), 7, "learnability", rate=RATE, eps=EPS), 30)
+    c = _run(make_task_sampler(_levels_tasks(), 8, "learnability", rate=RATE, eps=EPS), 30)
     assert a == b and a != c
 
 
@@ -175,13 +178,14 @@ def test_the_checkpoint_round_trip_gives_the_same_next_draws():
     # an old checkpoint (only a cursor): the permutation resumes exactly, learnability at priors
     old = make_task_sampler(tasks, 7, "permutation", {"step": 3, "cursor": 5})
     assert old.next(9) == TaskSampler(tasks, seed=7, cursor=5).next(9)
-    fresh = make_task_sampler(tasks, 7, "learnability", {"step": 3, "cursor": 5})
+    fresh = make_task_sampler(tasks, 7, "learnability", {"step": 3, "cursor": 5},
+                              rate=RATE, eps=EPS)
     assert fresh.cursor == 5 and fresh.estimates == {"babyai": {}, "textcraft": {}}
     assert all(w == PRIOR * (1 - PRIOR) + 0.05 for w in fresh.weights("babyai"))
 
 
 def test_a_rewind_draws_the_same_tasks_again_and_keeps_what_was_observed():
-    sampler = make_task_sampler(_levels_tasks(), 2, "learnability")
+    sampler = make_task_sampler(_levels_tasks(), 2, "learnability", rate=RATE, eps=EPS)
     _run(sampler, 3)
     position = sampler.position()
     first = sampler.next(4)
@@ -192,7 +196,7 @@ def test_a_rewind_draws_the_same_tasks_again_and_keeps_what_was_observed():
     state = sampler.state(position)  # what a checkpoint of that step holds
     assert state["cursor"] == position["cursor"]
     assert state["task_sampler"]["level_draws"] == position["level_draws"]
-    again = make_task_sampler(_levels_tasks(), 2, "learnability", state)
+    again = make_task_sampler(_levels_tasks(), 2, "learnability", state, rate=RATE, eps=EPS)
     assert again.next(4) == sampler.next(4)
     assert len(first) == 4
 

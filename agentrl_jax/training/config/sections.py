@@ -24,6 +24,8 @@ from agentrl_jax.training.config.random_model_checks import random_init_problems
 from agentrl_jax.training.config.rollout_section import RolloutConfig, as_list
 
 HORIZON_TYPES = ("scaling_inter", "fixed")
+#: ``train.task_sampling``'s choices (their samplers: training/rl/task_sampler.py)
+TASK_SAMPLINGS = ("permutation", "learnability")
 MODEL_DTYPES = ("float32", "bfloat16")
 #: the shortest ``env.timeout`` (seconds per environment request) a run accepts
 MIN_ENV_TIMEOUT = 1.0
@@ -225,7 +227,7 @@ class TrainConfig(Section):
     # permutation of each environment's tasks, environments in turn), "learnability" (levels,
     # the task id before its first "/", drawn in proportion to p (1 - p) + learnability_eps,
     # p a level's running success estimate: more groups from levels sometimes solved)
-    task_sampling: str = setting("permutation", choices=("permutation", "learnability"),
+    task_sampling: str = setting("permutation", choices=TASK_SAMPLINGS,
                                  kind="task sampling")
     # learnability: the moving average's rate, p <- (1 - rate) p + rate * the step's success
     # share, once per level and step; why 0.25: a level's prior (1/2) is 10% of its estimate

@@ -1,5 +1,5 @@
 """Deterministic task sampling for training: which tasks a step's groups play
-(``train.task_sampling``: :data:`SAMPLINGS`, each name's class in :data:`SAMPLERS`).
+(``train.task_sampling``: :data:`SAMPLINGS`; :func:`make_task_sampler` builds each).
 
 ``permutation`` (:class:`TaskSampler`, the default): environments take turns (round-robin over
 env names, so a family with many task ids does not crowd out the others); within an
@@ -40,10 +40,11 @@ from typing import Any, Iterable, Mapping, Sequence
 import numpy as np
 
 from agentrl_jax.agent.actor_pool import TaskRef
+from agentrl_jax.training.config.sections import TASK_SAMPLINGS
 from agentrl_jax.training.evaluation.eval_metrics import outcomes, passes
 
-#: the choices of ``train.task_sampling`` (the config section lists the same names)
-SAMPLINGS = ("permutation", "learnability")
+#: the choices of ``train.task_sampling`` (named once, in the config section)
+SAMPLINGS = TASK_SAMPLINGS
 #: the estimate of a level not yet observed: p (1 - p) is largest there, so it is tried early
 PRIOR = 0.5
 _LEARNABILITY_STREAM = 1  # keeps the step draws' seeds apart from the permutations'
@@ -125,8 +126,7 @@ class LearnabilitySampler(TaskSampler):
     sampling = "learnability"
 
     def __init__(self, tasks: Sequence[TaskRef], seed: int = 0, cursor: int = 0, *,
-                 rate: float = 0.25, eps: float = 0.05,
-                 saved: Mapping[str, Any] | None = None):
+                 rate: float, eps: float, saved: Mapping[str, Any] | None = None):
         super().__init__(tasks, seed, cursor)
         if not 0 < rate <= 1 or eps <= 0:
             raise ValueError(f"learnability needs 0 < rate <= 1 and eps > 0 "
@@ -239,22 +239,20 @@ def _draw_without_replacement(weights: np.ndarray, k: int,
         remaining = np.delete(remaining, j)
 
 
-#: the class of each ``train.task_sampling`` choice
-SAMPLERS: dict[str, type[TaskSampler]] = {"permutation": TaskSampler,
-                                          "learnability": LearnabilitySampler}
-
-
 def make_task_sampler(tasks: Sequence[TaskRef], seed: int, sampling: str = "permutation",
-                      resumed: Mapping[str, Any] | None = None, *, rate: float = 0.25,
-                      eps: float = 0.05) -> TaskSampler:
-    """The sampler ``sampling`` names, at a checkpoint's entries ``resumed`` (``cursor``, and
+                      resumed: Mapping[str, Any] | None = None, *, rate: float | None = None,
+                      eps: float | None = None) -> TaskSampler:
+    """The sampler ``sampling`` names (``rate`` / ``eps``: ``train.learnability_ema`` /
+    ``_eps``, which learnability needs), at a checkpoint's entries ``resumed`` (``cursor``, and
     ``task_sampler`` for learnability; ``None``: a new run). A checkpoint of the permutation
     (only a cursor) resumes learnability with every level at its prior."""
-    if sampling not in SAMPLERS:
+    if sampling not in SAMPLINGS:
         raise ValueError(f"unknown task sampling {sampling!r}; known: {', '.join(SAMPLINGS)}")
     cursor = int((resumed or {}).get("cursor", 0))
     if sampling == "permutation":
         return TaskSampler(tasks, seed=seed, cursor=cursor)
+    if rate is None or eps is None:
+        raise ValueError("learnability needs rate and eps (train.learnability_ema, _eps)")
     saved = (resumed or {}).get("task_sampler")
     return LearnabilitySampler(tasks, seed=seed, cursor=cursor, rate=rate, eps=eps,
                                saved=saved if isinstance(saved, Mapping) else None)
