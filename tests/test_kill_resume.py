@@ -28,7 +28,8 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks" / "checks"))
 
-from kill_resume import Run, children, kill_and_resume, rows, wait_gone  # noqa: E402
+from kill_resume import (Run, children, kill_and_resume,  # noqa: E402
+                         kill_server_holding_a_session, rows, wait_gone)
 
 SEED = 12
 
@@ -68,11 +69,13 @@ def test_env_server_killed_mid_run_is_restarted_then_the_run_stops(tmp_path, jax
     run = Run(workdir, jax_cache, "--config.train.total_steps=4", "--config.env.max_restarts=1")
     i = run.wait_for(r"^environment servers: babyai ")
     url = re.search(r"babyai (http://\S+),", run.lines[i]).group(1)
-    # 1st kill, while step 2's episodes are in flight: restarted, those episodes env_error
-    run.wait_for(r"^step 2/4 rollout \(horizon 2\): \d/4 episodes, [1-9]\d* turns")
+    # 1st kill, while one of step 2's BabyAI episodes is in flight (checked with the trainer
+    # paused: a kill raced against the progress line can land after the rollout, as it did in
+    # CI once): restarted, those episodes env_error
+    step2 = run.wait_for(r"^step 2/4 rollout \(horizon 2\): ")
     (babyai,) = children(run.proc.pid, "environments.babyai")
-    os.kill(babyai, signal.SIGKILL)
-    restarted = run.wait_for(rf"babyai server {re.escape(url)} restarted \(pid \d+\)")
+    kill_server_holding_a_session(run, babyai, url, until=r"^step 2/4 rollout .*: 4/4 episodes")
+    restarted = run.wait_for(rf"babyai server {re.escape(url)} restarted \(pid \d+\)", after=step2)
     servers = children(run.proc.pid, "environments.")
     (babyai,) = children(run.proc.pid, "environments.babyai")
     # 2nd kill, during step 3's rollout: no restart left, the run stops after that rollout

@@ -32,6 +32,7 @@ import sys
 import tempfile
 import threading
 import time
+import urllib.request
 from typing import Any
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -137,6 +138,49 @@ def wait_gone(pids: list[int], timeout: float = 20.0) -> None:
         if time.monotonic() > deadline:
             raise AssertionError(f"processes {[p for p in pids if _alive(p)]} still alive")
         time.sleep(0.1)
+
+
+def _stopped(pid: int) -> bool:
+    """Whether every thread of ``pid`` is stopped (state T)."""
+    try:
+        return all(open(f"/proc/{pid}/task/{t}/stat").read().rsplit(")", 1)[1].split()[0] == "T"
+                   for t in os.listdir(f"/proc/{pid}/task"))
+    except OSError:
+        return False
+
+
+def kill_server_holding_a_session(run: Run, server: int, url: str, until: str,
+                                  settle: float = 0.05, timeout: float = 120.0) -> None:
+    """SIGKILL the environment server ``server`` (at ``url``) at a moment it holds an episode
+    of ``run``'s trainer that has not ended, before a line matching ``until`` is printed.
+
+    Racing a kill against the output cannot promise that: a rollout can end between the line
+    read and the kill. So the trainer (whose episodes run in its own process, the default
+    ``rollout.actor_workers=0``) is paused with SIGSTOP, the server is given ``settle`` seconds
+    to answer what the trainer had already sent, and its ``GET /stats`` read: an open session
+    then belongs to an episode that has not ended (an episode closes its session as it ends).
+    Kill if one is open, else resume the trainer and look again a moment later. AssertionError
+    if ``until`` is printed (or ``timeout`` passes) first.
+    """
+    regex = re.compile(until)
+    start = len(run.lines)
+    deadline = time.monotonic() + timeout
+    while True:
+        if any(regex.search(line) for line in run.lines[start:]) or time.monotonic() > deadline:
+            raise AssertionError(f"no open {url} session seen before {until!r}:\n"
+                                 + run.output[-3000:])
+        os.kill(run.proc.pid, signal.SIGSTOP)
+        try:
+            while not _stopped(run.proc.pid):
+                time.sleep(0.001)
+            time.sleep(settle)
+            with urllib.request.urlopen(url + "/stats", timeout=10) as answer:
+                if json.load(answer)["live_sessions"] > 0:
+                    os.kill(server, signal.SIGKILL)
+                    return
+        finally:
+            os.kill(run.proc.pid, signal.SIGCONT)
+        time.sleep(0.01)
 
 
 def rows(path: str) -> list[dict[str, Any]]:
