@@ -35,8 +35,8 @@ number of listed actions a turn, and (model policies) the mean probability the p
 action it chose. Tasks: ``--episodes`` ids of ``--split``, evenly spaced (as
 ``action_format.py``'s step-0 tables) or, ``--sample stratified``, spread over the split's task
 groups as evaluations choose them; the same tasks and sampling seeds for every policy;
-``--samples`` episodes of each task. CPU time: one prompt forward and one short forward per
-listed action a turn.
+``--samples`` episodes of each task. Model cost a turn: a forward of the prompt's new tokens
+(the episode's earlier prompt stays cached) and one batched forward of the listed actions.
 """
 
 from __future__ import annotations
