@@ -90,10 +90,13 @@ def test_freeze_heap_takes_live_objects_out_of_the_collectors_generations():
         gc.unfreeze()
 
 
-def test_the_training_loop_freezes_the_heap_after_its_first_step(tmp_path):
+def test_the_training_loop_freezes_the_heap_after_its_first_step(tmp_path, monkeypatch):
     """The trainer's real loop (recording learner, fake pool: tests/test_trainer_failed_step.py)
-    freezes the heap once the session's first step is done: the first update sees nothing
-    frozen, the later ones see the objects alive after step 1 frozen."""
+    freezes the heap once, when the session's first step is done: the first update sees nothing
+    frozen, the freeze comes between the first and the second update, and the later updates see
+    objects frozen. (The frozen count itself may fall between updates: a frozen object that dies
+    leaves the permanent generation, so the test counts the freezes, not the objects.)"""
+    import agentrl_jax.training.rl.loop as loop
     from test_trainer_failed_step import (FailingPool, RecordingBackend, RecordingLearner,
                                           fake_loop_config, run_fake_loop)
 
@@ -106,13 +109,22 @@ def test_the_training_loop_freezes_the_heap_after_its_first_step(tmp_path):
             self.frozen.append(gc.get_freeze_count())
             return super().update(batch, options)
 
+    learner = FreezeWatchingLearner()
+    updates_before_each_freeze: list[int] = []
+    real_freeze = loop.freeze_heap
+
+    def counting_freeze() -> None:
+        updates_before_each_freeze.append(len(learner.frozen))
+        real_freeze()
+
+    monkeypatch.setattr(loop, "freeze_heap", counting_freeze)
     gc.unfreeze()
     try:
-        learner = FreezeWatchingLearner()
         run_fake_loop(fake_loop_config(3), tmp_path, learner, RecordingBackend(),
                       FailingPool(failing=set()))
         assert len(learner.frozen) == 3
+        assert updates_before_each_freeze == [1]
         assert learner.frozen[0] == 0
-        assert learner.frozen[1] > 0 and learner.frozen[2] >= learner.frozen[1]
+        assert learner.frozen[1] > 0 and learner.frozen[2] > 0
     finally:
         gc.unfreeze()
