@@ -9,6 +9,7 @@
 #   bash benchmarks/gpu/speed_round2.sh prefill OUT                 # prefill call, knobs
 #   bash benchmarks/gpu/speed_round2.sh prefill_bf16 OUT            # prefill call in bfloat16
 #   bash benchmarks/gpu/speed_round2.sh learner_mfu OUT             # Qwen2.5-1.5B update MFU
+#   bash benchmarks/gpu/speed_round2.sh gil OUT                     # the rollout's shared GIL
 #
 # step:  the device copy bandwidth; then benchmarks/speed/rl_step.py (--variants packed, 6 steps,
 #        --fresh-process) of BASELINE_DIR (a checkout of the code before, e.g.
@@ -49,9 +50,14 @@
 #        default: random weights, T=4096, bf16 compute, float32 masters, 4 x 1 micro-batches, no
 #        remat; --steps 3 --warmup 1 --no-forward, as docs/PERFORMANCE.md's "Learner" rows).
 #        Timeout 150 s.
+# gil:   whether the trainer process's GIL holds the rollout back (2026-12-03's bfloat16 profile:
+#        event loop 1.51 + engine thread 1.15 CPU s in a 2.85-s rollout, ~93% of one GIL): the
+#        rollout profile (rollout_profile.py, one process) with the variants base, switch (GIL
+#        switch interval 0.5 ms), workers (the episodes in 4 actor worker processes) and
+#        workers_switch, each 3 measured rollouts after a warm-up. Timeout 240 s.
 # Logs and JSON go to OUT; docs/PERFORMANCE.md quotes them with this command.
 set -u
-USAGE="usage: speed_round2.sh step|parts|dtype|engine_dtype|prefill|prefill_bf16|learner_mfu OUT [BASELINE_DIR]"
+USAGE="usage: speed_round2.sh step|parts|dtype|engine_dtype|prefill|prefill_bf16|learner_mfu|gil OUT [BASELINE_DIR]"
 PART=${1:?$USAGE}
 OUT=${2:?$USAGE}
 BASE=${3:-}
@@ -154,8 +160,14 @@ case "$PART" in
     timeout 150 python3 benchmarks/speed/learner.py --steps 3 --warmup 1 --no-forward \
         --json "$OUT/learner_mfu.json" > "$OUT/learner_mfu.log" 2>&1
     ;;
-  *) echo "unknown part $PART (step, parts, dtype, engine_dtype, prefill, prefill_bf16 or" \
-          "learner_mfu)" >&2
+  gil)
+    timeout 240 python3 benchmarks/speed/rollout_profile.py --config $CFG --replicas 1 \
+        --variants base,switch,workers,workers_switch --workers 4 --rollouts 3 \
+        --label "GIL: switch interval, actor workers" --json "$OUT/rollout_profile_gil.json" \
+        > "$OUT/rollout_profile_gil.log" 2>&1
+    ;;
+  *) echo "unknown part $PART (step, parts, dtype, engine_dtype, prefill, prefill_bf16," \
+          "learner_mfu or gil)" >&2
      exit 2 ;;
 esac
 for f in "$OUT"/*.log; do echo "== $f"; grep -E "steady|tok/s|GB/s|TB/s|roofline|^rollout|update|busy" "$f" | head -12; tail -3 "$f"; done
