@@ -103,6 +103,64 @@ def test_segment_encoder_equals_the_tokenizer_on_random_texts(tokenizer):
         assert encoder.encode(text) == tokenizer.encode(text, add_special_tokens=False)  # cached
 
 
+def test_segment_encoder_cuts_lines_and_equals_the_tokenizer_on_line_rich_texts(tokenizer):
+    """SmolLM2's pre-tokenizer is GPT-2's byte-level regex: the encoder caches lines. Texts of
+    many short lines whose line breaks follow every kind of character (letters, digits,
+    punctuation, spaces, tabs, carriage returns, non-ASCII) encode as the tokenizer does."""
+    encoder = SegmentEncoder.build(tokenizer)
+    assert encoder is not None and encoder.lines
+    rng = random.Random(5)
+    ends = list("a.Z9 \t\r'\",)>|_é中😀") + ["<|im_end|>", "", "  ", "'s", "\n"]
+    words = ["You see", " a red ball", " 2 steps", "forward", "Action:", " go to", "'ll", "x"]
+    for _ in range(400):
+        lines = ["".join(rng.choice(words) for _ in range(rng.randint(0, 3))) + rng.choice(ends)
+                 for _ in range(rng.randint(1, 8))]
+        text = "\n".join(lines) + rng.choice(["", "\n", "\n\n", " \n"])
+        expected = tokenizer.encode(text, add_special_tokens=False)
+        assert encoder.encode(text) == expected, repr(text)
+        assert encoder.encode(text) == expected  # from the cache
+
+
+def test_line_cuts_are_refused_for_a_pretokenizer_that_joins_punctuation_and_line_breaks(
+        tokenizer):
+    """Llama-3's and Qwen2's pre-tokenizer regex keeps ``.`` and the line break after it in one
+    pre-token, and their vocabularies have tokens for such pairs: here SmolLM2's tokenizer with
+    that regex and one more token, ``.`` + line break. A text cut there would encode
+    differently; the encoder does not cut lines for such a tokenizer, and still equals it."""
+    import json
+
+    from tokenizers import Tokenizer
+    from transformers import PreTrainedTokenizerFast
+
+    from agentrl_jax.agent.chat import cuts_before_line_breaks
+
+    spec = json.loads(tokenizer.backend_tokenizer.to_str())
+    pattern = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
+               r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+    spec["pre_tokenizer"] = {"type": "Sequence", "pretokenizers": [
+        {"type": "Split", "pattern": {"Regex": pattern}, "behavior": "Isolated",
+         "invert": False},
+        {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True,
+         "use_regex": False}]}
+    spec["model"]["vocab"][".\u010a"] = len(spec["model"]["vocab"])  # "." + byte-level "\n"
+    spec["model"]["merges"].insert(0, [".", "\u010a"])
+    backend = Tokenizer.from_str(json.dumps(spec))
+    joined = PreTrainedTokenizerFast(tokenizer_object=backend)
+    text = "Your goal: go to the red ball.\nYou see a wall.\n"
+
+    def encode(t):
+        return joined.encode(t, add_special_tokens=False)
+
+    cut = [i for part in ("Your goal: go to the red ball.", "\nYou see a wall.", "\n")
+           for i in encode(part)]
+    assert cut != encode(text)  # cutting at the line breaks would change the ids here
+    assert not cuts_before_line_breaks(backend)
+    assert cuts_before_line_breaks(tokenizer.backend_tokenizer)
+    encoder = SegmentEncoder.build(joined)
+    assert encoder is not None and not encoder.lines
+    assert encoder.encode(text) == encode(text)
+
+
 def test_segment_encoder_is_refused_for_tokens_that_strip_whitespace(tokenizer):
     class Stripping:
         """An added token with ``lstrip``: matching it eats the whitespace before it."""

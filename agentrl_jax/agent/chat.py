@@ -20,11 +20,18 @@ only new text is run through BPE. It is used only when the split provably matche
 token strips whitespace or needs a word boundary, probe texts encode identically); otherwise the
 tokenizer's own ``encode`` runs, as before. The first prompt is likewise built from the template
 rendered once per system prompt (checked on probe texts, as the observation suffix is).
+
+Where the tokenizer's pre-tokenizer is GPT-2's byte-level regex (SmolLM2's), the encoder also
+cuts each piece before every line break that follows a printable ASCII character: no
+pre-token spans such a point, so each line encodes on its own, and the cache holds lines. An
+observation then reaches BPE only for the lines it has not shown before (BabyAI's observations
+repeat most of their lines from turn to turn and across the samples of a group).
 """
 
 from __future__ import annotations
 
 import collections
+import json
 import re
 from typing import Any
 
@@ -36,7 +43,38 @@ _PROBES = ("probe observation", "  two lines\nof {text} with 'quotes' and <tags>
 _ENCODER_PROBES = (
     "plain words and 12345 digits", " leading space", "trailing space ", "\n\nnew\nlines\n",
     "<|im_start|>user\nhi<|im_end|>\n", "x<|im_end|><|im_start|>y", "\u00e9\u4e2d\U0001f600 'quoted' <tag>",
-    "Action: turn left\n", "  \t mixed   whitespace  ")
+    "Action: turn left\n", "  \t mixed   whitespace  ",
+    "line one.\nline two\n\n  indented 42\nx \ny\t\nz\r\nend's\n'quote'\n")
+
+#: a line break after a printable ASCII character: a GPT-2 byte-level pre-tokenizer always
+#: cuts there (no alternative of its regex holds a non-space character followed by whitespace,
+#: and what it matches from the line break on depends only on the text from there)
+_LINE_CUT = re.compile(r"(?<=[!-~])(?=\n)")
+
+
+def cuts_before_line_breaks(backend: Any) -> bool:
+    """Whether the HF ``tokenizers.Tokenizer`` ``backend`` encodes text cut at ``_LINE_CUT`` as
+    the concatenation of the parts' encodings: no normaliser, a BPE model without dropout and a
+    pre-tokenizer that is GPT-2's byte-level regex without an added prefix space, optionally
+    after a ``Digits`` split (which never spans a line break). Other pre-tokenizers (the
+    Llama-3 and Qwen2 regexes keep punctuation and the line breaks after it together) say
+    False."""
+    try:  # the components' own state (the whole tokenizer's JSON holds its vocabulary)
+        model = backend.model
+        plain_bpe = (backend.normalizer is None and type(model).__name__ == "BPE"
+                     and not model.dropout)
+        pre = json.loads(backend.pre_tokenizer.__getstate__()) if plain_bpe else {}
+    except (AttributeError, TypeError, ValueError):
+        return False
+    if not plain_bpe or not isinstance(pre, dict):
+        return False
+    steps = pre.get("pretokenizers") if pre.get("type") == "Sequence" else [pre]
+    if not steps or not all(isinstance(step, dict) for step in steps):
+        return False
+    *before, last = steps
+    return (all(step.get("type") == "Digits" for step in before)
+            and last.get("type") == "ByteLevel" and last.get("use_regex") is True
+            and last.get("add_prefix_space") is False)
 
 
 class SegmentEncoder:
@@ -48,21 +86,26 @@ class SegmentEncoder:
     is done here with one regular expression over the added tokens' contents (longest first, as
     the tokenizer matches them) and each piece's ids are cached (LRU, ``cache_size`` pieces).
 
+    With ``lines`` (``cuts_before_line_breaks``: GPT-2's byte-level pre-tokenizer) each piece
+    is also cut at ``_LINE_CUT`` and the cache holds its lines.
+
     ``build`` returns None when that identity cannot be relied on: not a fast tokenizer, an
     added token with ``lstrip`` / ``rstrip`` / ``single_word`` / ``normalized`` set (they change
     the text around the match), or a probe text that encodes differently.
     """
 
-    def __init__(self, backend: Any, added: dict[str, int], cache_size: int = 8192):
+    def __init__(self, backend: Any, added: dict[str, int], cache_size: int = 32768,
+                 lines: bool = False):
         self._backend = backend
         self._added = added
+        self.lines = bool(lines)
         pattern = "|".join(re.escape(t) for t in sorted(added, key=len, reverse=True))
         self._split = re.compile(f"({pattern})") if pattern else None
         self._cache: collections.OrderedDict[str, tuple[int, ...]] = collections.OrderedDict()
         self._cache_size = int(cache_size)
 
     @classmethod
-    def build(cls, tokenizer: Any, cache_size: int = 8192) -> SegmentEncoder | None:
+    def build(cls, tokenizer: Any, cache_size: int = 32768) -> SegmentEncoder | None:
         backend = getattr(tokenizer, "backend_tokenizer", None) or getattr(tokenizer, "_tokenizer",
                                                                            None)
         decoder = getattr(tokenizer, "added_tokens_decoder", None)
@@ -77,7 +120,7 @@ class SegmentEncoder:
                     or getattr(token, "single_word", True) or getattr(token, "normalized", True)):
                 return None
             added[content] = int(token_id)
-        encoder = cls(backend, added, cache_size)
+        encoder = cls(backend, added, cache_size, lines=cuts_before_line_breaks(backend))
         for probe in _ENCODER_PROBES:
             if encoder.encode(probe) != list(tokenizer.encode(probe, add_special_tokens=False)):
                 return None
@@ -95,17 +138,28 @@ class SegmentEncoder:
             cache.popitem(last=False)
         return ids
 
+    def _text(self, text: str, out: list[int]) -> None:
+        """Appends the ids of ``text`` (no added token in it) to ``out``: its lines' with
+        ``lines``, else its own."""
+        if not self.lines or "\n" not in text:
+            out.extend(self._piece(text))
+            return
+        for line in _LINE_CUT.split(text):
+            out.extend(self._piece(line))
+
     def encode(self, text: str) -> list[int]:
-        if self._split is None:
-            return list(self._piece(text)) if text else []
         out: list[int] = []
+        if self._split is None:
+            if text:
+                self._text(text, out)
+            return out
         added = self._added
         # re.split with a capturing group alternates text pieces and added-token matches
         for i, piece in enumerate(self._split.split(text)):
             if i % 2:
                 out.append(added[piece])
             elif piece:
-                out.extend(self._piece(piece))
+                self._text(piece, out)
         return out
 
 

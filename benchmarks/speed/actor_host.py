@@ -4,6 +4,7 @@ servers, with an instant fake backend.
     python benchmarks/speed/actor_host.py --episodes 256 --turns 6 --env-servers 1
     python benchmarks/speed/actor_host.py --profile /tmp/actor.prof      # + cProfile of the pool
     python benchmarks/speed/actor_host.py --compare-ref b44ee01 --repeats 3   # before / after
+    python benchmarks/speed/actor_host.py --episodes 256 --samples 8   # 32 tasks x 8, as GRPO
 
 ``--compare-ref REF`` measures the code of git revision ``REF`` (extracted with ``git archive``
 into a temporary directory, this script copied in) and the working tree alternately, ``--repeats``
@@ -150,9 +151,10 @@ def instrument(pool: Any, timers: StageTimers) -> None:
 
 async def run_pool(mode: str, tokenizer: Any, urls: list[str], episodes: int, turns: int,
                    concurrency: int, seed: int, timers: StageTimers | None,
-                   profile: str | None = None, workers: int = 0) -> tuple[list, dict]:
+                   profile: str | None = None, workers: int = 0,
+                   samples: int = 1) -> tuple[list, dict]:
     """One measured ``collect`` (after a short warm-up) in ``mode``; returns trajectories and
-    numbers."""
+    numbers. ``episodes // samples`` tasks, ``samples`` episodes each (a GRPO group)."""
     from agentrl_jax.agent.actor_pool import ActorPool, TaskRef
     from agentrl_jax.agent.chat import ChatFormatter
     from agentrl_jax.agent.parsing import get_parser
@@ -160,7 +162,8 @@ async def run_pool(mode: str, tokenizer: Any, urls: list[str], episodes: int, tu
 
     async with EnvClient(urls, max_connections=2 * concurrency) as client:
         ids = list(await client.tasks("train"))
-        tasks = [TaskRef("babyai", ids[(i * 7919) % len(ids)]) for i in range(episodes)]
+        tasks = [TaskRef("babyai", ids[(i * 7919) % len(ids)])
+                 for i in range(max(episodes // samples, 1))]
         backend = InstantBackend(tokenizer)
         extra = {"workers": workers} if workers else {}  # older revisions have no workers
         pool = ActorPool(backend, {"babyai": client}, ChatFormatter(tokenizer),
@@ -180,7 +183,7 @@ async def run_pool(mode: str, tokenizer: Any, urls: list[str], episodes: int, tu
             profiler = cProfile.Profile()
             profiler.enable()
         t0, c0 = time.perf_counter(), time.process_time()
-        trajectories, stats = await pool.collect(tasks, 1, turns, seed=seed)
+        trajectories, stats = await pool.collect(tasks, samples, turns, seed=seed)
         wall, cpu = time.perf_counter() - t0, time.process_time() - c0
         cpu += sum(cpu_seconds(pid) for pid in worker_pids) - w0  # actor CPU of all processes
         if workers:
@@ -200,7 +203,7 @@ def measure(args: argparse.Namespace, mode: str, tokenizer: Any, servers: list) 
     s0 = sum(cpu_seconds(s.pid) for s in servers)
     _, out = asyncio.run(run_pool(mode, tokenizer, [s.url for s in servers], args.episodes,
                                   args.turns, args.concurrency, args.seed, timers,
-                                  args.profile, args.workers))
+                                  args.profile, args.workers, args.samples))
     server_cpu = sum(cpu_seconds(s.pid) for s in servers) - s0
     n = max(out["turns"], 1)
     out["actor_cpu_ms_per_turn"] = 1000 * out["actor_cpu_s"] / n
@@ -221,6 +224,9 @@ def print_profile(path: str, top: int) -> None:
 def main(argv: list[str] | None = None) -> dict:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--episodes", type=int, default=256)
+    p.add_argument("--samples", type=int, default=1,
+                   help="episodes per task (a GRPO group: the recipe's 8); episodes // samples "
+                        "tasks")
     p.add_argument("--turns", type=int, default=6)
     p.add_argument("--concurrency", type=int, default=256)
     p.add_argument("--env-servers", type=int, default=1)
