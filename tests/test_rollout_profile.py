@@ -40,6 +40,11 @@ def test_profile_parts_add_up_to_the_wall(tmp_path):
         assert episode["accounted_s"] == pytest.approx(episode["wall_s"], rel=0.05)
         assert 0 < episode["wall_s"] <= run["wall_s"]
         assert 0 <= episode["engine_s"] <= episode["gen_s"]
+        # the event loop's CPU by callback: within the loop thread's CPU, the episodes' own
+        # coroutine among the charged names
+        callbacks = run["event_loop_callbacks"]
+        assert sum(c["cpu_s"] for c in callbacks) <= run["cpu"]["event_loop_s"] + 0.01
+        assert "task:ActorPool.collect.<locals>.run" in [c["name"] for c in callbacks]
     assert report["variants"]["noshare"]["rollouts"][0]["engines"][0]["shared_prompts"] == 0
 
 

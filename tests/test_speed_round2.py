@@ -56,3 +56,29 @@ def test_engine_dtype_runs_the_three_steps_then_the_two_profiles(tmp_path):
     part = part[:part.index(";;")]
     limits = [int(t) for t in re.findall(r"timeout (\d+) python3", part)]
     assert len(limits) == 5 and sum(limits) <= 540
+
+
+def test_gil_profiles_the_rollout_with_each_gil_variant_in_one_process(tmp_path):
+    """``gil``: one rollout_profile.py process (one engine, the variants in turn) with the
+    switch-interval and actor-worker variants beside the base, under one timeout."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    calls = tmp_path / "calls.jsonl"
+    fake = bin_dir / "python3"
+    fake.write_text("#!/bin/sh\nexec " + json.dumps(sys.executable) +
+                    ' -c "import json, sys; open(sys.argv[1], \'a\').write(json.dumps('
+                    'sys.argv[2:]) + chr(10))" ' + json.dumps(str(calls)) + ' "$@"\n')
+    fake.chmod(0o755)
+    done = subprocess.run(["bash", str(SCRIPT), "gil", str(tmp_path / "out")],
+                          capture_output=True, text=True, timeout=60, check=False,
+                          env={**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"})
+    assert done.returncode == 0, done.stderr
+    (run,) = [json.loads(line) for line in calls.read_text().splitlines()]
+    assert run[0] == "benchmarks/speed/rollout_profile.py" and run[1:3] == BASE
+    variants = run[run.index("--variants") + 1].split(",")
+    assert variants[0] == "base" and {"switch", "workers"} <= set(variants)
+    assert "--set" not in run  # the recipe as committed (bfloat16 engine and learner)
+    text = SCRIPT.read_text()
+    part = text[text.index("  gil)"):]
+    part = part[:part.index(";;")]
+    assert [int(t) for t in re.findall(r"timeout (\d+) python3", part)] == [240]

@@ -22,7 +22,9 @@ Three views of each measured rollout (wall ``W``):
   from the engine thread and the event loop's delay), environment round trips, the episode's
   own host work.
 * **CPU**: the CPU seconds of the event-loop thread, of each engine thread and of the child
-  processes (environment servers) over the rollout: one process's threads share one GIL.
+  processes (environment servers) over the rollout: one process's threads share one GIL; and
+  the event loop's CPU by callback (``agentrl_common/loop_clock.py``: the thread's CPU clock
+  around each callback; ``event_loop_callbacks`` in the JSON, the top five printed).
 
 The engine's scheduler methods are wrapped (instance attributes, ``EngineProbe``) with clock
 reads; no device synchronisation is added (the engine's counters already wait for each call's
@@ -45,6 +47,8 @@ import time
 from typing import TYPE_CHECKING, Any, Callable
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+
+from agentrl_common.loop_clock import LoopCallbackClock  # noqa: E402
 
 if TYPE_CHECKING:
     from agentrl_jax.training.config.sections import RunConfig
@@ -339,8 +343,9 @@ async def _rollouts(pool: Any, backend: Any, probes: list[EngineProbe], tasks: l
         await backend.flush_cache()  # as a weight sync does
         before = [p.snapshot() for p in probes]
         start = _clock()
-        _, stats = await pool.collect(
-            tasks, samples, horizon, policy_version=i, seed=seed + i)
+        with LoopCallbackClock() as callbacks:
+            _, stats = await pool.collect(
+                tasks, samples, horizon, policy_version=i, seed=seed + i)
         wall = _clock() - start
         after = [p.snapshot() for p in probes]
         main_cpu, child_cpu = time.thread_time() - main_cpu, children_cpu_s() - child_cpu
@@ -356,13 +361,17 @@ async def _rollouts(pool: Any, backend: Any, probes: list[EngineProbe], tasks: l
                "cpu": {"event_loop_s": main_cpu,
                        "engine_threads_s": sum(p["cpu_s"] - b["cpu_s"]
                                                for p, b in zip(after, before)),
-                       "child_processes_s": child_cpu}}
+                       "child_processes_s": child_cpu},
+               "event_loop_callbacks": callbacks.top(8)}
         label = "warm-up" if i < warmup else "measured"
         say(f"rollout {i + 1} ({label}): {wall:.2f} s, {run['turns']} turns, "
             f"{run['generated_tokens']} generated tokens, "
             f"{run['tokens_per_s']:,.0f} tok/s")
         if i >= warmup:
             runs.append(run)
+            say("event loop CPU by callback: " + ", ".join(
+                f"{c['name']} {c['cpu_s']:.3f} s / {c['calls']}"
+                for c in run["event_loop_callbacks"][:5]))
     return runs
 
 
