@@ -20,7 +20,9 @@ F32_LEARNER = ["--set", "learner.dtype='float32'"]
 F32_ENGINE = ["--set", "rollout.engine_dtype='float32'"]
 
 
-def test_engine_dtype_runs_the_three_steps_then_the_two_profiles(tmp_path):
+def recorded_commands(tmp_path: Path, part: str) -> list[list[str]]:
+    """Run ``speed_round2.sh PART`` with a stand-in ``python3`` that records its arguments;
+    the command lines it ran, in order."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     calls = tmp_path / "calls.jsonl"
@@ -29,11 +31,15 @@ def test_engine_dtype_runs_the_three_steps_then_the_two_profiles(tmp_path):
                     ' -c "import json, sys; open(sys.argv[1], \'a\').write(json.dumps('
                     'sys.argv[2:]) + chr(10))" ' + json.dumps(str(calls)) + ' "$@"\n')
     fake.chmod(0o755)
-    done = subprocess.run(["bash", str(SCRIPT), "engine_dtype", str(tmp_path / "out")],
+    done = subprocess.run(["bash", str(SCRIPT), part, str(tmp_path / "out")],
                           capture_output=True, text=True, timeout=60, check=False,
                           env={**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"})
     assert done.returncode == 0, done.stderr
-    runs = [json.loads(line) for line in calls.read_text().splitlines()]
+    return [json.loads(line) for line in calls.read_text().splitlines()]
+
+
+def test_engine_dtype_runs_the_three_steps_then_the_two_profiles(tmp_path):
+    runs = recorded_commands(tmp_path, "engine_dtype")
     assert [r[0] for r in runs] == ["benchmarks/speed/rl_step.py"] * 3 + [
         "benchmarks/speed/rollout_profile.py"] * 2
 
@@ -61,19 +67,7 @@ def test_engine_dtype_runs_the_three_steps_then_the_two_profiles(tmp_path):
 def test_gil_profiles_the_rollout_with_each_gil_variant_in_one_process(tmp_path):
     """``gil``: one rollout_profile.py process (one engine, the variants in turn) with the
     switch-interval and actor-worker variants beside the base, under one timeout."""
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    calls = tmp_path / "calls.jsonl"
-    fake = bin_dir / "python3"
-    fake.write_text("#!/bin/sh\nexec " + json.dumps(sys.executable) +
-                    ' -c "import json, sys; open(sys.argv[1], \'a\').write(json.dumps('
-                    'sys.argv[2:]) + chr(10))" ' + json.dumps(str(calls)) + ' "$@"\n')
-    fake.chmod(0o755)
-    done = subprocess.run(["bash", str(SCRIPT), "gil", str(tmp_path / "out")],
-                          capture_output=True, text=True, timeout=60, check=False,
-                          env={**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"})
-    assert done.returncode == 0, done.stderr
-    (run,) = [json.loads(line) for line in calls.read_text().splitlines()]
+    (run,) = recorded_commands(tmp_path, "gil")
     assert run[0] == "benchmarks/speed/rollout_profile.py" and run[1:3] == BASE
     variants = run[run.index("--variants") + 1].split(",")
     assert variants[0] == "base" and {"switch", "workers"} <= set(variants)
