@@ -19,6 +19,7 @@ contenders are asserted equal.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -70,7 +71,7 @@ class Spinner:
 def time_calls(encode: Callable[[str], list[int]], texts: list[str], busy: bool) -> dict:
     """Encode every text once; per-call wall and CPU microseconds (and the spinner's rate)."""
     spinner = Spinner() if busy else None
-    with spinner if spinner is not None else _nothing():
+    with spinner if spinner is not None else contextlib.nullcontext():
         t0, c0 = time.perf_counter(), time.thread_time()
         for text in texts:
             encode(text)
@@ -79,14 +80,6 @@ def time_calls(encode: Callable[[str], list[int]], texts: list[str], busy: bool)
     if spinner is not None:
         out["busy_thread_m_iter_per_s"] = spinner.count / wall / 1e6
     return out
-
-
-class _nothing:
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *exc: Any) -> None:
-        return None
 
 
 def spinner_alone(seconds: float = 0.5, rounds: int = 3) -> float:
