@@ -14,7 +14,7 @@ any other callback by its function's qualified name (``"_SelectorSocketTransport
     clock = LoopCallbackClock()
     with clock:                       # on the loop's thread, e.g. around an awaited collect
         await pool.collect(...)
-    clock.top(8)   # [{"name": "task:Episode.run", "cpu_s": 0.8, "calls": 2483}, ...]
+    clock.top(8)   # [{"name": "task:Episode.run", "cpu_s": <seconds>, "calls": <count>}, ...]
 
 One clock at a time per process (it replaces ``Handle._run`` on the class while active).
 """
