@@ -4,6 +4,8 @@ difference, computed here by hand."""
 import json
 import math
 
+import pytest
+
 from benchmarks.analysis.arm_comparison import compare
 
 
@@ -29,3 +31,33 @@ def test_gains_and_paired_difference(tmp_path):
     mean, sd = -0.1, 0.1  # of the diffs, ddof 1
     half = 4.302652729911275 * sd / math.sqrt(3)  # t_{0.975, 2}
     assert math.isclose(report["last_b_minus_a"]["ci95_low"], mean - half, rel_tol=1e-9)
+
+
+def _summary_run(path, before, after, scoring="paper", k=1):
+    """A run folder with no evaluation episodes, its evaluations only in ``summary.json``."""
+    path.mkdir()
+    evals = {str(s): {"k": k, "scoring": scoring, "avg_at_k": r, "pass_at_k": float(r > 0),
+                      "success_rate": r / 2} for s, r in ((0, before), (10, after))}
+    (path / "summary.json").write_text(json.dumps({"evals": evals}))
+    return str(path)
+
+
+def test_a_run_without_episodes_is_read_from_its_summary(tmp_path):
+    a = [_run(tmp_path / f"a{i}", 0.0, x) for i, x in enumerate((0.4, 0.5, 0.6))]
+    b = [_run(tmp_path / "b0", 0.1, 0.3), _run(tmp_path / "b1", 0.1, 0.5),
+         _summary_run(tmp_path / "b2", 0.1, 0.4)]
+    report = compare(a, b, k=1)
+    assert report["from_summary"] == [b[2]]
+    assert math.isclose(report["avg_at_k"]["per_seed_b_minus_a"][2], 0.4 - 0.6)
+    # a2 succeeds on its one episode (reward > 0); b2's summary says 0.4 / 2
+    assert math.isclose(report["success_rate"]["per_seed_b_minus_a"][2], 0.2 - 1.0)
+    assert math.isclose(report["avg_at_k"]["gain_b"]["mean"], (0.2 + 0.4 + 0.3) / 3)
+
+
+def test_a_summary_scored_otherwise_is_refused(tmp_path):
+    a = [_run(tmp_path / f"a{i}", 0.0, 0.5) for i in range(2)]
+    for name, kwargs in (("old", {"scoring": "success"}), ("k4", {"k": 4})):
+        b = [_run(tmp_path / f"{name}_b0", 0.0, 0.5), _summary_run(tmp_path / name, 0.0, 0.5,
+                                                                     **kwargs)]
+        with pytest.raises(SystemExit, match="paper's metric at k = 1"):
+            compare(a, b, k=1)

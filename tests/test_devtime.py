@@ -47,3 +47,28 @@ def test_kernel_categories():
     assert kernel_category("nvjet_sm90_tst_192x192_64x3_1x2_h_bz_coopB_NTN") == "matmul"  # cuBLAS
     assert kernel_category("sm90_xmma_gemm_f32f32_tf32f32_f32_nt_n") == "matmul"
     assert kernel_category("loop_add_fusion_61") == "other"
+
+
+def test_program_times_split_kernels_by_the_program_they_ran_in():
+    from benchmarks.speed.devtime import program_times
+    kernels = [("gemm", 0.0, 10.0), ("attn", 5.0, 10.0), ("fusion", 30.0, 5.0),  # prefill 1
+               ("gemm", 100.0, 4.0), ("fusion", 110.0, 2.0),                        # decode
+               ("gemm", 200.0, 6.0)]                                                 # prefill 2
+    ev = _trace(kernels)
+    ev.append({"ph": "M", "pid": 1, "tid": 11, "name": "thread_name",
+               "args": {"name": "XLA Modules"}})
+    for name, ts, dur in (("jit_prefill(3)", 0.0, 35.0), ("jit_decode(4)", 100.0, 12.0),
+                          ("jit_prefill(3)", 200.0, 6.0)):
+        ev.append({"ph": "X", "pid": 1, "tid": 11, "name": name, "ts": ts, "dur": dur})
+    out = program_times(ev)
+    assert set(out) == {"jit_prefill", "jit_decode"}
+    assert out["jit_prefill"]["calls"] == 2 and out["jit_decode"]["calls"] == 1
+    # spans 35 + 6 us; busy: union [0, 15] + [30, 35] = 20 us, + 6 us
+    assert abs(out["jit_prefill"]["span_s"] - 41e-6) < 1e-15
+    assert abs(out["jit_prefill"]["busy_s"] - 26e-6) < 1e-15
+    assert abs(out["jit_decode"]["busy_s"] - 6e-6) < 1e-15 and out["jit_decode"]["span_s"] == 12e-6
+
+
+def test_program_times_without_module_lines_is_empty():
+    from benchmarks.speed.devtime import program_times
+    assert program_times(_trace([("gemm", 0.0, 1.0)])) == {}

@@ -64,3 +64,30 @@ def test_set_overrides_reach_the_run_config_and_the_engine():
             engine_config_of_run(base.rollout).weights_dtype) == ("bfloat16", "bfloat16")
     engine = engine_config_of_run(f32.rollout)
     assert (engine.dtype, engine.weights_dtype) == ("float32", "float32")
+
+
+def test_format_programs_sets_device_spans_beside_the_engine_counters():
+    from benchmarks.speed.rollout_profile import format_programs
+    engines = [{"prefill_calls": 3, "decode_calls": 2, "prefill_device_s": 0.03,
+                "decode_device_s": 0.02},
+               {"prefill_calls": 1, "decode_calls": 2, "prefill_device_s": 0.01,
+                "decode_device_s": 0.02}]
+    line = format_programs({"jit_prefill": {"calls": 4, "span_s": 0.02, "busy_s": 0.015},
+                            "jit_decode": {"calls": 4, "span_s": 0.03, "busy_s": 0.025}},
+                           engines)
+    assert line.index("jit_decode") < line.index("jit_prefill")  # longest span first
+    assert "prefill 4 calls, 0.040 s dispatch to results" in line
+    assert "decode 4 calls, 0.040 s dispatch to results" in line
+    assert format_programs({}, engines).startswith("device by program: none")
+
+
+@pytest.mark.slow
+def test_trace_adds_one_rollout_kept_out_of_the_medians():
+    """``--trace``: one more rollout under the profiler, marked, with its device time by
+    program (none on the CPU backend), and the summary's medians from the others alone."""
+    report = main(["--config", "experiments/smoke.py", "--warmup", "1", "--rollouts", "1",
+                   "--trace"])
+    runs = report["variants"]["base"]["rollouts"]
+    assert [r["traced"] for r in runs] == [False, True]
+    assert runs[1]["device_programs"] == {} and "device_programs" not in runs[0]
+    assert report["variants"]["base"]["summary"]["wall_s"] == pytest.approx(runs[0]["wall_s"])

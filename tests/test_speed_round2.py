@@ -76,3 +76,16 @@ def test_gil_profiles_the_rollout_with_each_gil_variant_in_one_process(tmp_path)
     part = text[text.index("  gil)"):]
     part = part[:part.index(";;")]
     assert [int(t) for t in re.findall(r"timeout (\d+) python3", part)] == [240]
+
+
+def test_trace_profiles_one_more_rollout_under_the_profiler(tmp_path):
+    """``trace``: the base rollout profile with ``--trace`` (one extra traced rollout), the
+    recipe as committed, under one timeout."""
+    (run,) = recorded_commands(tmp_path, "trace")
+    assert run[0] == "benchmarks/speed/rollout_profile.py" and run[1:3] == BASE
+    assert "--trace" in run and run[run.index("--variants") + 1] == "base"
+    assert "--set" not in run
+    text = SCRIPT.read_text()
+    part = text[text.index("  trace)"):]
+    part = part[:part.index(";;")]
+    assert [int(t) for t in re.findall(r"timeout (\d+) python3", part)] == [240]

@@ -8,7 +8,10 @@ seeds (``seed_stats.t_interval``).
         --a results/choice_dev/babyai_action_dev{,_s1,_s2} \\
         --b results/choice_dev/babyai_choice_dev{,_s1,_s2} --k 4
 
-Run folders are paired in the order given (the same training seed at the same position).
+Run folders are paired in the order given (the same training seed at the same position). A
+run folder without evaluation episodes (they did not come back from the machine) is read from
+its ``summary.json`` evaluations instead, when they were scored with the paper's metric at the
+same k: Avg@k, Pass@k and the success rate only, the folder named under ``"from_summary"``.
 """
 
 from __future__ import annotations
@@ -22,16 +25,39 @@ from typing import Any, Sequence
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
-from agentrl_common.jsonl_files import read_run_file  # noqa: E402
+from agentrl_common.jsonl_files import find_run_file, read_run_file  # noqa: E402
 from agentrl_jax.training.evaluation import eval_metrics  # noqa: E402
 from benchmarks.analysis.seed_stats import t_interval  # noqa: E402
 
 METRICS = ("avg_at_k", "pass_at_k", "success_rate")
 
 
+def summary_evaluations(run: str, k: int) -> dict[int, dict[str, Any]]:
+    """``{step: {metric: value}}`` of :data:`METRICS` from ``run``'s ``summary.json``
+    (``evals``), refused (SystemExit) unless each was scored with the paper's metric at ``k``."""
+    path = os.path.join(run, "summary.json")
+    if not os.path.exists(path):
+        raise SystemExit(f"{run}: neither eval_episodes.jsonl[.gz] nor summary.json")
+    with open(path) as f:
+        evals = json.load(f).get("evals") or {}
+    out = {}
+    for step, entry in evals.items():
+        if entry.get("scoring") != "paper" or int(entry.get("k", -1)) != k:
+            raise SystemExit(f"{path}: the evaluation of step {step} is not scored with the "
+                             f"paper's metric at k = {k} (scoring {entry.get('scoring')!r}, "
+                             f"k {entry.get('k')!r})")
+        out[int(step)] = {m: float(entry[m]) for m in METRICS}
+    if not out:
+        raise SystemExit(f"{path}: no evaluations")
+    return out
+
+
 def evaluations(run: str, k: int) -> dict[int, dict[str, Any]]:
     """``{step: {metric: value, "invalid_per_turn", "context_limit_share"}}`` of one run's
-    ``eval_episodes.jsonl`` (or ``eval_episodes.jsonl.gz``)."""
+    ``eval_episodes.jsonl`` (or ``eval_episodes.jsonl.gz``); without that file,
+    :func:`summary_evaluations` (the metrics alone)."""
+    if find_run_file(run, "eval_episodes.jsonl") is None:
+        return summary_evaluations(run, k)
     by_step: dict[int, list[dict]] = collections.defaultdict(list)
     for episode in read_run_file(run, "eval_episodes.jsonl"):
         by_step[int(episode["step"])].append(episode)
@@ -58,6 +84,11 @@ def compare(a_runs: Sequence[str], b_runs: Sequence[str], k: int) -> dict[str, A
         raise SystemExit("give the same number (>= 2) of run folders for --a and --b")
     arms = {"a": [evaluations(r, k) for r in a_runs], "b": [evaluations(r, k) for r in b_runs]}
     report: dict[str, Any] = {"runs": {"a": list(a_runs), "b": list(b_runs)}}
+    from_summary = [r for r in (*a_runs, *b_runs) if find_run_file(r, "eval_episodes.jsonl")
+                    is None]
+    if from_summary:
+        report["from_summary"] = from_summary
+        print("read from summary.json (no evaluation episodes): " + ", ".join(from_summary))
     for name, runs in arms.items():
         for run, evals in zip(report["runs"][name], runs):
             for step, row in evals.items():

@@ -129,6 +129,12 @@ ARMS: tuple[Arm, ...] = (
         _seeds("results/deepsearch_shuffled_dev/deepsearch_shuffled_dev"),
         "dev",
     ),
+    Arm(
+        "deepsearch",
+        "options shuffled, evidence reward 0.3 (training only), 10 turns, 45 steps",
+        _seeds("results/deepsearch_evidence_dev/deepsearch_evidence_dev"),
+        "dev",
+    ),
 )
 
 #: per family, the step-0 CPU measurements (file, style): the free-text recipe, then the

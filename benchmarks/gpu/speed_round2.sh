@@ -10,6 +10,7 @@
 #   bash benchmarks/gpu/speed_round2.sh prefill_bf16 OUT            # prefill call in bfloat16
 #   bash benchmarks/gpu/speed_round2.sh learner_mfu OUT             # Qwen2.5-1.5B update MFU
 #   bash benchmarks/gpu/speed_round2.sh gil OUT                     # the rollout's shared GIL
+#   bash benchmarks/gpu/speed_round2.sh trace OUT                   # the rollout's device time
 #
 # step:  the device copy bandwidth; then benchmarks/speed/rl_step.py (--variants packed, 6 steps,
 #        --fresh-process) of BASELINE_DIR (a checkout of the code before, e.g.
@@ -55,9 +56,15 @@
 #        rollout profile (rollout_profile.py, one process) with the variants base, switch (GIL
 #        switch interval 0.5 ms), workers (the episodes in 4 actor worker processes) and
 #        workers_switch, each 3 measured rollouts after a warm-up. Timeout 240 s.
+# trace: whether the rollout's prefill calls cost the device what the call alone costs
+#        (2026-12-03: 12-16 ms a call in the rollout's engine counters, 4.9-6.5 ms for one
+#        bfloat16 call alone in prefill.py): the rollout profile, variant base, 3 measured
+#        rollouts and one more under the profiler (rollout_profile.py --trace: the device's
+#        span and kernel time by XLA program beside the engine's dispatch-to-results clocks).
+#        Timeout 240 s.
 # Logs and JSON go to OUT; docs/PERFORMANCE.md quotes them with this command.
 set -u
-USAGE="usage: speed_round2.sh step|parts|dtype|engine_dtype|prefill|prefill_bf16|learner_mfu|gil OUT [BASELINE_DIR]"
+USAGE="usage: speed_round2.sh step|parts|dtype|engine_dtype|prefill|prefill_bf16|learner_mfu|gil|trace OUT [BASELINE_DIR]"
 PART=${1:?$USAGE}
 OUT=${2:?$USAGE}
 BASE=${3:-}
@@ -166,8 +173,13 @@ case "$PART" in
         --label "GIL: switch interval, actor workers" --json "$OUT/rollout_profile_gil.json" \
         > "$OUT/rollout_profile_gil.log" 2>&1
     ;;
+  trace)
+    timeout 240 python3 benchmarks/speed/rollout_profile.py --config $CFG --replicas 1 \
+        --variants base --rollouts 3 --trace --label "device time by program" \
+        --json "$OUT/rollout_profile_trace.json" > "$OUT/rollout_profile_trace.log" 2>&1
+    ;;
   *) echo "unknown part $PART (step, parts, dtype, engine_dtype, prefill, prefill_bf16," \
-          "learner_mfu or gil)" >&2
+          "learner_mfu, gil or trace)" >&2
      exit 2 ;;
 esac
-for f in "$OUT"/*.log; do echo "== $f"; grep -E "steady|tok/s|GB/s|TB/s|roofline|^rollout|update|busy" "$f" | head -12; tail -3 "$f"; done
+for f in "$OUT"/*.log; do echo "== $f"; grep -E "steady|tok/s|GB/s|TB/s|roofline|^rollout|update|busy|by program" "$f" | head -12; tail -3 "$f"; done

@@ -15,17 +15,23 @@ Chrome-format trace it writes (``*.trace.json.gz``) and returns, per call:
 
 Returns ``None`` where the trace has no device streams (CPU backend).
 
+:func:`program_times` splits a trace of a longer run (a whole rollout) by the XLA program each
+kernel ran in (the device's ``XLA Modules`` line: ``jit_prefill``, ``jit_decode``, ...): calls,
+the programs' spans on the device and the kernels' busy time inside them.
+
     from benchmarks.speed.devtime import device_time
     stats = device_time(lambda: f(x), calls=20)
 """
 
 from __future__ import annotations
 
+import bisect
 import collections
 import glob
 import gzip
 import json
 import os
+import re
 import shutil
 import statistics
 import tempfile
@@ -141,6 +147,52 @@ def device_time(fn: Callable[[], object], calls: int = 10, top: int = 8) -> dict
         return summarize(_load_trace(log_dir), calls, top=top)
     finally:
         shutil.rmtree(log_dir, ignore_errors=True)
+
+
+def _program_name(name: str) -> str:
+    """An ``XLA Modules`` event's program name without its run id: ``jit_prefill(42)`` ->
+    ``jit_prefill``."""
+    return re.sub(r"\(\d+\)$", "", name.strip())
+
+
+def program_times(events: list[dict]) -> dict[str, dict[str, float]]:
+    """Device time by XLA program: ``{name: {"calls", "span_s", "busy_s"}}``, ``span_s`` the
+    sum of the program's executions on the device (first kernel start to last kernel end, the
+    ``XLA Modules`` events), ``busy_s`` the union of the kernel intervals that start inside
+    them (gaps between kernels excluded), summed over devices. Empty without module events."""
+    proc_names, thread_names = {}, {}
+    for e in events:
+        if e.get("ph") == "M" and e.get("name") == "process_name":
+            proc_names[e["pid"]] = e.get("args", {}).get("name", "")
+        elif e.get("ph") == "M" and e.get("name") == "thread_name":
+            thread_names[(e["pid"], e.get("tid"))] = e.get("args", {}).get("name", "")
+    modules: dict[object, list[tuple[float, float, str]]] = collections.defaultdict(list)
+    for e in events:
+        if (e.get("ph") == "X" and "/device:" in proc_names.get(e.get("pid"), "")
+                and thread_names.get((e["pid"], e.get("tid")), "").startswith("XLA Modules")):
+            ts = float(e["ts"])
+            modules[e["pid"]].append((ts, ts + float(e.get("dur", 0.0)),
+                                      _program_name(e.get("name", "?"))))
+    kernels: dict[object, list[tuple[float, float]]] = collections.defaultdict(list)
+    for e in kernel_events(events):
+        ts = float(e["ts"])
+        kernels[e["pid"]].append((ts, ts + float(e.get("dur", 0.0))))
+    out: dict[str, dict[str, float]] = {}
+    for pid, spans in modules.items():
+        ks = sorted(kernels.get(pid, []))
+        starts = [s for s, _ in ks]
+        for start, end, name in spans:
+            entry = out.setdefault(name, {"calls": 0, "span_s": 0.0, "busy_s": 0.0})
+            lo, hi = bisect.bisect_left(starts, start), bisect.bisect_right(starts, end)
+            entry["calls"] += 1
+            entry["span_s"] += (end - start) / 1e6
+            entry["busy_s"] += _union_length(ks[lo:hi]) / 1e6
+    return out
+
+
+def trace_events(log_dir: str) -> list[dict]:
+    """The events of the newest ``*.trace.json.gz`` under ``log_dir`` ([] when none)."""
+    return _load_trace(log_dir)
 
 
 def format_kernels(stats: dict | None, indent: str = "    ") -> str:

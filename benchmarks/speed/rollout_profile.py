@@ -26,6 +26,12 @@ Three views of each measured rollout (wall ``W``):
   the event loop's CPU by callback (``agentrl_common/loop_clock.py``: the thread's CPU clock
   around each callback; ``event_loop_callbacks`` in the JSON, the top five printed).
 
+With ``--trace`` each variant plays one more rollout, under ``jax.profiler.trace`` (kept out of
+the medians: the tracer costs time), and its device time is split by XLA program
+(``devtime.program_times``: calls, the programs' spans on the device and their kernels' busy
+time; ``device_programs`` in the JSON): beside the engine's counters, how much of a prefill or
+decode call's wall the device spends on it.
+
 The engine's scheduler methods are wrapped (instance attributes, ``EngineProbe``) with clock
 reads; no device synchronisation is added (the engine's counters already wait for each call's
 results).
@@ -40,8 +46,10 @@ import dataclasses
 import gc
 import json
 import os
+import shutil
 import statistics
 import sys
+import tempfile
 import threading
 import time
 from typing import TYPE_CHECKING, Any, Callable
@@ -224,6 +232,22 @@ def engine_view(before: dict[str, float], after: dict[str, float]) -> dict[str, 
     return out
 
 
+def format_programs(programs: dict[str, dict[str, float]], engines: list[dict[str, float]]
+                    ) -> str:
+    """The traced rollout's device time by program beside the engines' own counters (a call's
+    wall from dispatch to its results on the host, summed over replicas)."""
+    if not programs:
+        return "device by program: none in the trace (no accelerator?)"
+    calls = {k: sum(e[f"{k}_calls"] for e in engines) for k in ("prefill", "decode")}
+    walls = {k: sum(e[f"{k}_device_s"] for e in engines) for k in ("prefill", "decode")}
+    parts = [f"{name} {p['calls']} calls, device span {p['span_s']:.3f} s, kernels busy "
+             f"{p['busy_s']:.3f} s" for name, p in sorted(programs.items(),
+                                                          key=lambda kv: -kv[1]["span_s"])]
+    return ("device by program (traced rollout): " + "; ".join(parts) + " | engine counters: "
+            + ", ".join(f"{k} {calls[k]} calls, {walls[k]:.3f} s dispatch to results"
+                        for k in ("prefill", "decode")))
+
+
 def children_cpu_s() -> float:
     """CPU seconds (user + system) of this process's live child processes."""
     import psutil
@@ -256,7 +280,7 @@ def load_config(path: str, overrides: list[str]) -> RunConfig:
 
 async def profile(config: RunConfig, warmup: int, rollouts: int, horizon: int | None,
                   say: Callable[[str], None] = print, variants: tuple[str, ...] = ("base",),
-                  workers: int = 4) -> dict[str, Any]:
+                  workers: int = 4, trace: bool = False) -> dict[str, Any]:
     """Build the trainer's rollout from ``config`` and, for each of ``variants``
     (:data:`VARIANTS`), profile ``rollouts`` rollouts after ``warmup`` ones; returns the report
     (``variants[name]["rollouts"]``: one entry per measured rollout, ``["summary"]``)."""
@@ -322,31 +346,39 @@ async def profile(config: RunConfig, warmup: int, rollouts: int, horizon: int | 
                     sys.setswitchinterval(switch)
                 try:
                     runs = await _rollouts(pool, backend, probes, tasks, samples, horizon,
-                                           warmup, rollouts, int(config.seed), say)
+                                           warmup, rollouts, int(config.seed), say, trace)
                 finally:
                     sys.setswitchinterval(old_switch)
                     pool.close()
                 report["variants"][variant] = {
                     "settings": VARIANTS[variant], "rollouts": runs,
-                    "summary": summarize_runs(runs) if runs else {}}
+                    "summary": summarize_runs(measured) if (measured := [
+                        r for r in runs if not r["traced"]]) else {}}
     return report
 
 
 async def _rollouts(pool: Any, backend: Any, probes: list[EngineProbe], tasks: list,
                     samples: int, horizon: int, warmup: int, rollouts: int, seed: int,
-                    say: Callable[[str], None]) -> list[dict[str, Any]]:
-    """``warmup`` + ``rollouts`` rollouts of ``tasks``; the measured ones' views."""
+                    say: Callable[[str], None], trace: bool = False) -> list[dict[str, Any]]:
+    """``warmup`` + ``rollouts`` rollouts of ``tasks`` (and with ``trace`` one more under the
+    profiler, marked ``"traced"``); the measured ones' views."""
     runs = []
-    for i in range(warmup + rollouts):
+    for i in range(warmup + rollouts + int(trace)):
+        traced = trace and i == warmup + rollouts
+        trace_dir = tempfile.mkdtemp(prefix="rollout_trace_") if traced else None
         turns0 = pool.backend.turns  # the TurnCounter (episodes in worker processes too)
         main_cpu, child_cpu = time.thread_time(), children_cpu_s()
         await backend.flush_cache()  # as a weight sync does
         before = [p.snapshot() for p in probes]
         start = _clock()
-        with LoopCallbackClock() as callbacks:
-            _, stats = await pool.collect(
-                tasks, samples, horizon, policy_version=i, seed=seed + i)
-        wall = _clock() - start
+        with contextlib.ExitStack() as tracing:
+            if trace_dir is not None:
+                import jax
+                tracing.enter_context(jax.profiler.trace(trace_dir))
+            with LoopCallbackClock() as callbacks:
+                _, stats = await pool.collect(
+                    tasks, samples, horizon, policy_version=i, seed=seed + i)
+            wall = _clock() - start
         after = [p.snapshot() for p in probes]
         main_cpu, child_cpu = time.thread_time() - main_cpu, children_cpu_s() - child_cpu
         loop = pool.loop_times
@@ -363,7 +395,15 @@ async def _rollouts(pool: Any, backend: Any, probes: list[EngineProbe], tasks: l
                                                for p, b in zip(after, before)),
                        "child_processes_s": child_cpu},
                "event_loop_callbacks": callbacks.top(8)}
-        label = "warm-up" if i < warmup else "measured"
+        if trace_dir is not None:
+            from benchmarks.speed.devtime import program_times, trace_events
+            try:
+                run["device_programs"] = program_times(trace_events(trace_dir))
+            finally:
+                shutil.rmtree(trace_dir, ignore_errors=True)
+            say(format_programs(run["device_programs"], run["engines"]))
+        label = "warm-up" if i < warmup else "traced" if traced else "measured"
+        run["traced"] = traced
         say(f"rollout {i + 1} ({label}): {wall:.2f} s, {run['turns']} turns, "
             f"{run['generated_tokens']} generated tokens, "
             f"{run['tokens_per_s']:,.0f} tok/s")
@@ -466,6 +506,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                    help=f"comma list of {sorted(VARIANTS)}, run in turn on the same engine(s)")
     p.add_argument("--workers", type=int, default=4,
                    help="actor worker processes of the *workers* variants")
+    p.add_argument("--trace", action="store_true",
+                   help="one more rollout a variant under the profiler: device time by program")
     p.add_argument("--label", default="")
     p.add_argument("--json", default=None)
     args = p.parse_args(argv)
@@ -475,7 +517,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if unknown:
         raise SystemExit(f"unknown variants {unknown}; known: {sorted(VARIANTS)}")
     report = asyncio.run(profile(config, args.warmup, args.rollouts, args.horizon,
-                                 variants=variants, workers=args.workers))
+                                 variants=variants, workers=args.workers, trace=args.trace))
     report.update(config=args.config, overrides=args.set, label=args.label,
                   date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()))
     for name, v in report["variants"].items():
