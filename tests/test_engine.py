@@ -231,6 +231,11 @@ def test_prefill_counters_say_where_a_call_s_padding_is(engine):
     assert delta == {"prefill_calls": 1, "prefill_positions": 128, "prefill_rows": 2,
                      "prefill_rows_used": 1, "prefill_used_positions": 64,
                      "prefill_row_tokens": 39, "prefill_kv_sum": engine.config.prefill_kv(64, 39)}
+    # each call's window (dispatch to results) holds the time blocked on the device
+    for kind in ("prefill", "decode"):
+        window = after[f"{kind}_time_s"] - before[f"{kind}_time_s"]
+        waited = after[f"{kind}_wait_s"] - before[f"{kind}_wait_s"]
+        assert 0 < waited <= window, (kind, waited, window)
     fresh = type(engine.stats)(prefill_calls=1, prefill_positions=128, prefill_rows=2,
                                prefill_rows_used=1, prefill_used_positions=64,
                                prefill_row_tokens=39, prefill_kv_sum=64).as_dict()

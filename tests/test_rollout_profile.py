@@ -23,6 +23,9 @@ def test_profile_parts_add_up_to_the_wall(tmp_path):
         assert engine["parts_s"] == pytest.approx(engine["wall_s"], rel=0.05)
         for key in ("prefill_device_s", "decode_device_s", "host_s", "idle_s"):
             assert engine[key] >= 0, (name, key)
+        # the part of each call window blocked on the device lies within the window
+        assert 0 < engine["prefill_wait_s"] <= engine["prefill_device_s"]
+        assert 0 < engine["decode_wait_s"] <= engine["decode_device_s"]
         assert engine["requests"] == run["turns"] > 0  # one engine request per turn
         # every prompt token prefilled went into a row of a call (the last one of each
         # request is fed by its first decode step instead), padding around them

@@ -13,7 +13,8 @@ weight sync does). Nothing is trained; the weights are the config's initial ones
 Three views of each measured rollout (wall ``W``):
 
 * **engine thread** (per replica): device prefill and decode (the engine's own counters: the
-  time from dispatching a call to its results being on the host, ``EngineStats``), the engine's
+  time from dispatching a call to its results being on the host, ``EngineStats``, and of it
+  the time blocked on the device after the host work queued in that window), the engine's
   host work (admission, building prefill rows, handling decode results, finishing requests),
   idle (waiting for a request: ``Condition.wait``) and the rest of its loop (commands). These
   are measured independently; ``parts`` / ``W`` says how well they add up.
@@ -167,6 +168,7 @@ class EngineProbe:
         out.update(idle_s=self.cond.waited(now), cpu_s=time.clock_gettime(self._cpu_clock),
                    run_decode_cpu_s=self.decode_cpu_s, engine_gc_s=self.gc_s,
                    prefill_device_s=s.prefill_time_s, decode_device_s=s.decode_time_s,
+                   prefill_wait_s=s.prefill_wait_s, decode_wait_s=s.decode_wait_s,
                    prefill_calls=s.prefill_calls, decode_calls=s.decode_calls,
                    decode_steps=s.decode_steps, decode_slot_steps=s.decode_slot_steps,
                    prefill_tokens=s.prefill_tokens, prompt_tokens=s.prompt_tokens,
@@ -193,6 +195,9 @@ def engine_view(before: dict[str, float], after: dict[str, float]) -> dict[str, 
         "wall_s": wall,
         "prefill_device_s": d["prefill_device_s"],
         "decode_device_s": d["decode_device_s"],
+        # of the two windows above: blocked on the device after the host work queued in them
+        "prefill_wait_s": d["prefill_wait_s"],
+        "decode_wait_s": d["decode_wait_s"],
         "host_admit_s": d["admit_s"],
         "host_prefill_rows_s": d["run_prefill_s"] - d["prefill_device_s"],
         "host_decode_results_s": d["run_decode_s"] - d["decode_device_s"],
@@ -457,7 +462,9 @@ def format_table(summary: dict[str, Any], replicas: int) -> str:
              f"{summary['turns_per_s']:,.0f} turns/s (medians)", "",
              f"engine thread (mean of {replicas} replica(s)) | s | of wall", "|---|---|---|",
              row("device: prefill", e["prefill_device_s"], w),
+             row("  of it blocked on the device", e["prefill_wait_s"], w),
              row("device: decode", e["decode_device_s"], w),
+             row("  of it blocked on the device", e["decode_wait_s"], w),
              row("host: admission", e["host_admit_s"], w),
              row("host: prefill rows", e["host_prefill_rows_s"], w),
              row("host: decode results, stops, finishing", e["host_decode_results_s"], w),

@@ -72,7 +72,10 @@ class EngineStats:
     prefill_tokens: int = 0  # prompt tokens actually prefilled (incl. the decode-fed last one)
     generated_tokens: int = 0
     prefill_calls: int = 0
+    # a call's window, from its dispatch to its results on the host (host work queued inside it
+    # included: deliveries, finishing prefills), and the part of it spent blocked on the device
     prefill_time_s: float = 0.0
+    prefill_wait_s: float = 0.0
     # the prefill calls' shapes, where their padding is: positions computed (rows x chunk per
     # call), rows of the call shape, rows that held a sequence, those rows' positions, the
     # prompt tokens placed in them, and the KV positions each call attended over (summed)
@@ -84,7 +87,8 @@ class EngineStats:
     prefill_kv_sum: int = 0
     decode_calls: int = 0
     decode_steps: int = 0
-    decode_time_s: float = 0.0
+    decode_time_s: float = 0.0  # the calls' windows, as prefill_time_s
+    decode_wait_s: float = 0.0  # of them blocked on the device (``device_get``)
     decode_slot_steps: int = 0  # sum over steps of active slots
     # the scheduler thread's wall time: in scheduling steps (prefill / decode calls included)
     # and idle, waiting for a request or a command (paused time included)

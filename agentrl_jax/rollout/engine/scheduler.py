@@ -284,8 +284,11 @@ class Scheduler:
                               if s.state != DONE and s.cursor < s.prompt_len - 1]
         for seq in done:
             self.isolated(seq.req, self.prefill_done, seq)
+        t_wait = time.perf_counter()
         jax.block_until_ready(kv_memory.cache.keys[0])
-        self.stats.prefill_time_s += time.perf_counter() - t0
+        t1 = time.perf_counter()
+        self.stats.prefill_wait_s += t1 - t_wait
+        self.stats.prefill_time_s += t1 - t0
 
     def write_rows(self, seq: Seq, start: int, n: int, tokens: np.ndarray,
                    positions: np.ndarray) -> bool:
@@ -343,8 +346,11 @@ class Scheduler:
             np.int32(c.decode_steps),
             np.bool_(waiting_for_slot), mode)
         self.deliver()  # (deliver_after_launch) while the device computes
+        t_wait = time.perf_counter()
         toks, lps, raws, valid, steps = jax.device_get((*outs, steps))
-        self.stats.decode_time_s += time.perf_counter() - t0
+        t1 = time.perf_counter()
+        self.stats.decode_wait_s += t1 - t_wait
+        self.stats.decode_time_s += t1 - t0
         steps = int(steps)
         self.stats.decode_calls += 1
         self.stats.decode_steps += steps
