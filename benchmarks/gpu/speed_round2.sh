@@ -60,7 +60,8 @@
 #        (2026-12-03: 10-16 ms a call in the rollout's engine counters, 4.9-6.5 ms for one
 #        bfloat16 call alone in prefill.py): the rollout profile, variant base, 3 measured
 #        rollouts and one more under the profiler (rollout_profile.py --trace: the device's
-#        span and kernel time by XLA program beside the engine's dispatch-to-results clocks).
+#        span and kernel time by XLA program beside the engine's dispatch-to-results clocks
+#        and the part of them blocked on the device).
 #        Timeout 240 s.
 # Logs and JSON go to OUT; docs/PERFORMANCE.md quotes them with this command.
 set -u
