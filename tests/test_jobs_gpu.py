@@ -254,3 +254,26 @@ def test_mem_gives_one_job_its_own_memory_fraction_and_a_bad_one_is_refused(tmp_
         assert refused.returncode == 2, (bad, refused.stdout)
         assert f"mem={bad} is not a fraction" in refused.stderr
         assert not (tmp_path / f"out_{bad}" / "logs" / "x.log").exists()
+
+
+def test_archive_packs_the_results_folder_even_when_a_job_fails(tmp_path):
+    """--archive FILE: the whole results folder in one tar.gz (a GPU call returns only a few
+    files), written before the driver exits 1 for the failed job."""
+    import tarfile
+
+    out, results = tmp_path / "out", tmp_path / "res"
+    maker = tmp_path / "run.py"
+    maker.write_text("import json, os, sys\n"
+                     "d = sys.argv[2]\n"
+                     "os.makedirs(d, exist_ok=True)\n"
+                     "json.dump({'finished_step': 3}, open(os.path.join(d, 'summary.json'), 'w'))\n")
+    jobs = _jobs(tmp_path / "jobs.txt", [f"good 40 0 python3 {maker} --workdir {out}/good",
+                                         "bad 40 0 python3 -c 'raise SystemExit(3)'"])
+    archive = tmp_path / "ship" / "res.tgz"
+    done = _run(jobs, out, "0", "--results", str(results), "--archive", str(archive))
+    assert done.returncode == 1, done.stdout + done.stderr
+    with tarfile.open(archive) as tar:
+        names = tar.getnames()
+        summary = json.load(tar.extractfile("res/good/summary.json"))
+    assert summary == {"finished_step": 3}
+    assert "res/logs/bad.log" in names and "res/timings.jsonl" in names

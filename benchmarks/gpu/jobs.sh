@@ -5,7 +5,7 @@
 # sft_rl_families.sh). For seeds and ablations that do not fit those two drivers' fixed plans.
 #
 #   bash benchmarks/gpu/jobs.sh --jobs JOBS --out runs/seeds --results results/seeds \
-#        --gpu-ids 0,1 [--per-gpu 1] [--budget 590] [--dry-run]
+#        --gpu-ids 0,1 [--per-gpu 1] [--budget 590] [--archive OUT.tgz] [--dry-run]
 #
 # JOBS: one job per line, `NAME CAP_SECONDS LANE [after=JOB[,JOB...]] [mem=F] [resume] COMMAND...`
 # (blank lines and `#` comments ignored; LANE picks the lane, lanes map to --gpu-ids in turn,
@@ -28,6 +28,9 @@
 # folder is refused before anything starts (exit 2), since its files would be lost with the
 # machine. Exit code 1 if any job failed or was skipped. In the results folder a JSON-lines file
 # over 64 KiB is stored gzip-compressed (X.jsonl.gz, lossless; results/README.md says why).
+# --archive FILE packs the results folder into one tar.gz when the call ends (failed jobs or
+# not): a GPU call returns only a few files from its output folder, so put FILE there and the
+# results folder outside it.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 
@@ -38,6 +41,7 @@ GPU_IDS=0
 PER_GPU=1
 BUDGET=0
 DRY_RUN=0
+ARCHIVE=
 PY=${PYTHON:-python3}
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -47,6 +51,7 @@ while [ $# -gt 0 ]; do
     --gpu-ids) GPU_IDS=$2; shift 2 ;;
     --per-gpu) PER_GPU=$2; shift 2 ;;
     --budget) BUDGET=$2; shift 2 ;;
+    --archive) ARCHIVE=$2; shift 2 ;;
     --dry-run) DRY_RUN=1; shift ;;
     -h|--help) sed -n '2,30p' "$0"; exit 0 ;;
     *) echo "unknown argument $1 (see --help)" >&2; exit 2 ;;
@@ -143,4 +148,12 @@ fi
 echo "jobs of $JOBS: $LANES lane(s) on GPU(s) $GPU_IDS ($PER_GPU per GPU), out $OUT, results $RESULTS"
 for (( l = 0; l < LANES; l++ )); do lane_jobs "$l" & done
 wait
+if [ -n "$ARCHIVE" ] && [ "$DRY_RUN" != 1 ]; then  # before finish, which exits 1 on a failure
+  mkdir -p "$(dirname "$ARCHIVE")"
+  if tar czf "$ARCHIVE" -C "$(dirname "$RESULTS")" "$(basename "$RESULTS")"; then
+    say "results packed into $ARCHIVE ($(du -h "$ARCHIVE" | cut -f1))"
+  else
+    say "packing $RESULTS into $ARCHIVE failed"
+  fi
+fi
 finish
