@@ -77,11 +77,12 @@ def test_format_programs_sets_device_spans_beside_the_engine_counters():
                 "decode_device_s": 0.02}]
     line = format_programs({"jit_prefill": {"calls": 4, "span_s": 0.02, "busy_s": 0.015},
                             "jit_decode": {"calls": 4, "span_s": 0.03, "busy_s": 0.025}},
-                           engines)
+                           engines, wall=0.1)
     assert line.index("jit_decode") < line.index("jit_prefill")  # longest span first
     assert "prefill 4 calls, 0.040 s dispatch to results" in line
     assert "decode 4 calls, 0.040 s dispatch to results" in line
-    assert format_programs({}, engines).startswith("device by program: none")
+    assert "no program running 0.150 s of 0.100 s x 2 device(s)" in line  # 0.2 - 0.05
+    assert format_programs({}, engines, wall=0.1).startswith("device by program: none")
 
 
 @pytest.mark.slow

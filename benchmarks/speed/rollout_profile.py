@@ -75,20 +75,24 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "workers": {"rollout.actor_workers": "WORKERS"},
     "workers_switch": {"rollout.actor_workers": "WORKERS", "switch_interval": 0.0005},
 }
-def format_programs(programs: dict[str, dict[str, float]], engines: list[dict[str, float]]
-                    ) -> str:
+def format_programs(programs: dict[str, dict[str, float]], engines: list[dict[str, float]],
+                    wall: float) -> str:
     """The traced rollout's device time by program beside the engines' own counters (a call's
-    wall from dispatch to its results on the host, summed over replicas)."""
+    wall from dispatch to its results on the host, summed over replicas), and the rollout's
+    ``wall`` less the programs' spans (per device: the time it ran none of them)."""
     if not programs:
         return "device by program: none in the trace (no accelerator?)"
+    idle = wall * len(engines) - sum(p["span_s"] for p in programs.values())
     calls = {k: sum(e[f"{k}_calls"] for e in engines) for k in ("prefill", "decode")}
     walls = {k: sum(e[f"{k}_device_s"] for e in engines) for k in ("prefill", "decode")}
     parts = [f"{name} {p['calls']} calls, device span {p['span_s']:.3f} s, kernels busy "
              f"{p['busy_s']:.3f} s" for name, p in sorted(programs.items(),
                                                           key=lambda kv: -kv[1]["span_s"])]
-    return ("device by program (traced rollout): " + "; ".join(parts) + " | engine counters: "
-            + ", ".join(f"{k} {calls[k]} calls, {walls[k]:.3f} s dispatch to results"
-                        for k in ("prefill", "decode")))
+    return ("device by program (traced rollout): " + "; ".join(parts)
+            + f"; no program running {idle:.3f} s of {wall:.3f} s x {len(engines)} device(s)"
+            + " | engine counters: " + ", ".join(
+                f"{k} {calls[k]} calls, {walls[k]:.3f} s dispatch to results"
+                for k in ("prefill", "decode")))
 
 
 def children_cpu_s() -> float:
@@ -244,7 +248,7 @@ async def _rollouts(pool: Any, backend: Any, probes: list[EngineProbe], tasks: l
                 run["device_programs"] = program_times(trace_events(trace_dir))
             finally:
                 shutil.rmtree(trace_dir, ignore_errors=True)
-            say(format_programs(run["device_programs"], run["engines"]))
+            say(format_programs(run["device_programs"], run["engines"], wall))
         label = "warm-up" if i < warmup else "traced" if traced else "measured"
         run["traced"] = traced
         say(f"rollout {i + 1} ({label}): {wall:.2f} s, {run['turns']} turns, "
