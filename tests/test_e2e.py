@@ -84,3 +84,31 @@ def test_smoke_run_then_resume(tmp_path, compile_cache_env):
     evaluated = [json.loads(line) for line in open(output.replace(".json", "_trajectories.jsonl"))]
     assert len(evaluated) == 8 and all(t["horizon"] == 2 for t in evaluated)
     assert 0.0 <= result["avg_at_k"] <= result["pass_at_k"] <= 1.0
+
+
+@pytest.mark.slow
+def test_a_flat_held_out_curve_stops_the_run_and_its_resumption(tmp_path, compile_cache_env):
+    """train.stop_on_plateau=2 with an evaluation every step: the smoke model scores 0 on every
+    evaluation (nothing rises above the first, step 1's), so the run stops after step 3, the
+    second evaluation in a row that did not rise, checkpointed and recorded as "plateau".
+    Resumed with more steps, the earlier session's evaluations (summary.json) still count:
+    the next evaluation (step 4) is the third flat one, and the run stops there."""
+    workdir = str(tmp_path / "run")
+    flags = ["--config.train.eval_every=1", "--config.train.stop_on_plateau=2"]
+    out = _run(workdir, compile_cache_env, "--config.train.total_steps=5", *flags)
+    assert "held-out curve flat after step 3" in out and "[step 4/5]" not in out
+    assert os.path.isdir(os.path.join(workdir, "checkpoints", "3"))
+    with open(os.path.join(workdir, "summary.json")) as f:
+        summary = json.load(f)
+    assert summary["sessions"][-1]["stopped"] == "plateau"
+    assert summary["sessions"][-1]["final_step"] == 3
+    assert sorted(map(int, summary["evals"])) == [1, 2, 3]
+    assert all(e["avg_at_k"] == 0.0 and e["avg_at_k_se"] == 0.0
+               for e in summary["evals"].values())
+
+    out = _run(workdir, compile_cache_env, "--config.train.total_steps=6", *flags)
+    assert "resumed at step 3" in out and "held-out curve flat after step 4" in out
+    with open(os.path.join(workdir, "summary.json")) as f:
+        summary = json.load(f)
+    assert [s["stopped"] for s in summary["sessions"]] == ["plateau", "plateau"]
+    assert summary["sessions"][-1]["final_step"] == 4

@@ -101,6 +101,12 @@ def test_save_cadence_and_the_stop_after_a_step():
     assert not stop.stop_after(2, out_of_time=False) and stop.stopped == "total_steps"
     assert stop.stop_after(2, out_of_time=True) and stop.stopped == "time_budget"
     assert said == ["time budget of 10 s reached after step 2; stopping"]
+    lines: list[str] = []
+    flat = _policy(FakeClock(), lines, total_steps=7, save_every=3)  # a flat held-out curve
+    assert not flat.stop_after(2, out_of_time=False, plateau=None) and not lines
+    assert flat.stop_after(2, out_of_time=False, plateau="why") and flat.stopped == "plateau"
+    assert lines == ["held-out curve flat after step 2: why; stopping (train.stop_on_plateau)"]
+    assert flat.save_due(2, out_of_time=False, plateau=True)  # saved, off the cadence
     term = _policy(FakeClock(), [], total_steps=7)
     term.terminate_requested = True
     assert term.stop_after(1, out_of_time=False) and term.stopped == "total_steps"  # set later

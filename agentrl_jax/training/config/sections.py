@@ -212,6 +212,11 @@ class TrainConfig(Section):
     # leaves a readable prefix); False: plain .jsonl
     compress_trajectories: bool = setting(True)
     eval_every: int = setting(50, ge=0)  # 0: no evaluation during training
+    # stop training once this many evaluations in a row (every eval_every steps) did not beat
+    # the best earlier one by more than plateau_noise standard errors of Avg@k (0: never;
+    # training/rl/plateau.py); the run then checkpoints and evaluates as at its last step
+    stop_on_plateau: int = setting(0, ge=0)
+    plateau_noise: float = setting(2.0, gt=0)
     eval_before: bool = setting(True)
     eval_after: bool = setting(True)
     max_staleness: int = setting(0, ge=0)  # >= 1: next rollout overlaps the update

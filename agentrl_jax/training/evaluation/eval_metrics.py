@@ -165,6 +165,18 @@ def _mean_over_tasks(values: Mapping[str, Sequence[float]]) -> float | None:
     return sum(means) / len(means) if means else None
 
 
+def avg_standard_error(items: Iterable[EpisodeOutcome]) -> float | None:
+    """The standard error of Avg@k over tasks: with m_t = (1/k_t) sum_j s_tj the task means
+    and T tasks, ``sqrt(sum_t (m_t - mean(m))^2 / (T - 1)) / sqrt(T)`` (how far Avg@k moves
+    between two evaluations of the same policy on these tasks); None for fewer than 2 tasks."""
+    means = [sum(v) / len(v) for v in task_values(items, "avg").values() if v]
+    if len(means) < 2:
+        return None
+    centre = sum(means) / len(means)
+    variance = sum((m - centre) ** 2 for m in means) / (len(means) - 1)
+    return math.sqrt(variance / len(means))
+
+
 def score(items: Sequence[EpisodeOutcome], k: int) -> Scores:
     """Avg@k, Pass@k and the success rate of ``items`` (finished episodes, ``k`` asked per
     task; module docstring)."""

@@ -39,6 +39,9 @@ class EvalResult:
     errors: dict[str, int] = dataclasses.field(default_factory=dict)  # error status -> episodes
     success_rate: float | None = None  # mean task completion rate (the environment's flag)
     scoring: str = eval_metrics.SCORING  # how avg_at_k was computed (eval_metrics)
+    # the standard error of avg_at_k over the scored tasks (eval_metrics.avg_standard_error;
+    # None: not valid, or fewer than 2 tasks): what train.stop_on_plateau calls noise
+    avg_at_k_se: float | None = None
 
     @property
     def tasks_scored(self) -> int:
@@ -99,7 +102,8 @@ def score_trajectories(trajectories: Sequence[Trajectory], k: int,
     return EvalResult(k=k, num_tasks=scored, avg_at_k=avg, pass_at_k=passed,
                       mean_reward=reward, dropped=len(trajectories) - len(ok), per_env=per_env,
                       tasks_total=len(all_tasks), tasks_failed=len(all_tasks) - scored,
-                      valid=valid, errors=errors, success_rate=success)
+                      valid=valid, errors=errors, success_rate=success,
+                      avg_at_k_se=eval_metrics.avg_standard_error(finished) if valid else None)
 
 
 async def evaluate(pool: ActorPool, tasks: Sequence[TaskRef], k: int, horizon: int,

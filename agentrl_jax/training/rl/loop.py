@@ -32,6 +32,7 @@ from agentrl_jax.agent.actor_pool import ActorPool, TaskRef
 from agentrl_jax.training.outputs.progress import ProgressSettings, timed
 from agentrl_jax.training.outputs.run_output import RunOutput, SessionEnd, StepRecord
 from agentrl_jax.training.rl.failed_steps import FailedSteps, RunFailure
+from agentrl_jax.training.rl.plateau import PlateauWatch
 from agentrl_jax.training.rl.schedule import HorizonSchedule
 from agentrl_jax.training.rl.stages import (RolloutLauncher, RolloutResult, observe_rollout,
                                             record_step, select_batch, step_line)
@@ -72,6 +73,9 @@ class TrainingLoop:
         self.learner, self.update, self.pool, self.sampler = learner, update, pool, sampler
         self.eval_tasks, self.start_step = eval_tasks, start_step
         self.batch_settings = update.settings
+        self.plateau = PlateauWatch.from_summary(
+            int(cfg.train.stop_on_plateau), float(cfg.train.plateau_noise),
+            parts.output.workdir)
 
     async def run(self) -> dict[str, Any]:
         """The session's steps and evaluations, with SIGTERM caught from the opening evaluation
@@ -141,6 +145,7 @@ class TrainingLoop:
         pending = launcher.launch(start_step) if start_step < total else None
         for step in range(start_step, total):
             t0 = time.monotonic()
+            plateau: str | None = None  # why the held-out curve is flat (stop_on_plateau)
             try:
                 rollout: RolloutResult = await pending
             except asyncio.CancelledError:
@@ -165,14 +170,17 @@ class TrainingLoop:
                     await cancel(pending)
                     pending = None
                     launcher.rewind(step + 1)
-                await evaluator.evaluate(self.pool, self.eval_tasks, step + 1, self.learner)
+                result = await evaluator.evaluate(self.pool, self.eval_tasks, step + 1,
+                                                  self.learner)
+                if self.plateau.observe(step + 1, result) and step + 1 < total:
+                    plateau = self.plateau.describe()
             out_of_time = stop.out_of_time()
-            if stop.save_due(step + 1, out_of_time):
+            if stop.save_due(step + 1, out_of_time, plateau is not None):
                 parts.checkpoints.save(self.learner, step + 1, launcher.cursor_before(step + 1),
                                        stop.train_seconds(),
                                        sampler=launcher.state_before(step + 1))
             last_step = step + 1
-            if stop.stop_after(step + 1, out_of_time):
+            if stop.stop_after(step + 1, out_of_time, plateau):
                 break
             if pending is None and step + 1 < total:
                 pending = launcher.launch(step + 1)

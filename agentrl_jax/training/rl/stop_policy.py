@@ -3,7 +3,7 @@ non-finite stop (``Trainer``'s collaborators, ``training/rl/trainer.py``).
 
 :class:`StopPolicy` owns the clock of ``train.max_seconds`` (a budget over every session of a
 run: a checkpoint carries the seconds trained so far), the reason the session stopped
-(``stopped``: ``total_steps | time_budget | terminated``), SIGTERM (a request to stop at a
+(``stopped``: ``total_steps | time_budget | plateau | terminated``), SIGTERM (a request to stop at a
 safe point: the rollout or evaluation in flight is cancelled, an update in progress finishes)
 and the last step finished. :class:`Checkpoints` owns the checkpoints this session saved or
 restored (``saved_step``) and the sentence that tells a user how to go on from them.
@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     from agentrl_jax.training.config.sections import TrainConfig
 
 #: why a session's training ended (``summary.json``'s ``sessions[].stopped``)
-STOP_REASONS = ("total_steps", "time_budget", "terminated")
+STOP_REASONS = ("total_steps", "time_budget", "plateau", "terminated")
 
 
 class StopPolicy:
@@ -91,20 +91,28 @@ class StopPolicy:
             out = distributed.agree_any(out)
         return out
 
-    def save_due(self, step: int, out_of_time: bool) -> bool:
+    def save_due(self, step: int, out_of_time: bool, plateau: bool = False) -> bool:
         """Step ``step`` (1-based, just finished) is checkpointed: every ``train.save_every``
-        steps, at ``train.total_steps`` and when the time budget ends the loop."""
-        return step % self.save_every == 0 or step == self.total_steps or out_of_time
+        steps, at ``train.total_steps`` and when the time budget or a plateau ends the loop."""
+        return (step % self.save_every == 0 or step == self.total_steps or out_of_time
+                or plateau)
 
-    def stop_after(self, step: int, out_of_time: bool) -> bool:
+    def stop_after(self, step: int, out_of_time: bool, plateau: str | None = None) -> bool:
         """Whether the loop ends after step ``step`` (1-based, checkpointed if due): SIGTERM
-        asked for it, or the time budget is spent (``stopped = "time_budget"``, with a line)."""
+        asked for it, the time budget is spent (``stopped = "time_budget"``) or the held-out
+        curve is flat (``plateau``: why, ``PlateauWatch.describe``; ``stopped = "plateau"``),
+        each with a line."""
         if self.terminate_requested:
             return True
         if out_of_time:
             self.say(f"time budget of {self.max_seconds:.0f} s reached after step {step}; "
                      "stopping")
             self.stopped = "time_budget"
+            return True
+        if plateau:
+            self.say(f"held-out curve flat after step {step}: {plateau}; stopping "
+                     "(train.stop_on_plateau)")
+            self.stopped = "plateau"
             return True
         return False
 
