@@ -98,6 +98,25 @@ def grpo_long_gpu() -> ConfigDict:
     return long_run(grpo_gpu(), max_seconds=1350.0, eval_every=40, steps_per_phase=40)
 
 
+def grpo_curve_gpu() -> ConfigDict:
+    """``grpo_gpu`` followed to the end of its curve (issue 48 item 2): no time budget, up to
+    1,000 steps, the phases 6 -> 13 -> 20 turns of 40 steps each (20 from step 80 on), a DEV
+    evaluation (128 tasks x 4, evenly spaced) every 20 steps, and training stops once three
+    evaluations in a row did not beat the best earlier one by more than two standard errors
+    (``train.stop_on_plateau``, docs/TRAINING.md "A flat held-out curve"), but not before 30
+    minutes of training. Checkpoints every 5 steps (and at a SIGTERM): the same command resumes
+    a run a call cut off. The final policy is then scored on the test split with
+    ``launch/eval.py`` (benchmarks/jobs/curves_to_the_end.txt), so the stopping point is chosen
+    on dev, never on test."""
+    c = long_run(grpo_gpu(), max_seconds=0.0, eval_every=20, steps_per_phase=40)
+    c.train.total_steps = 1000
+    c.train.stop_on_plateau = 3
+    c.train.plateau_min_seconds = 1800.0
+    c.train.eval_split = "dev"
+    c.train.eval_sample = "spaced"
+    return c
+
+
 def grpo_scaling_gpu10min() -> ConfigDict:
     """An older one-GPU sizing: 8 steps a phase, ``train.max_seconds`` 330, 64 held-out test
     tasks (k=4, 20 turns) before and after training, bf16 rollout and learner compute. Each
@@ -388,6 +407,7 @@ def paper_scale_7b(num_gpus: int | None = None) -> ConfigDict:
 VARIANTS = {
     "grpo_scaling": grpo_scaling, "grpo_fixed": grpo_fixed, "ppo": ppo,
     "grpo_gpu": grpo_gpu, "learnability_gpu": learnability_gpu, "grpo_long_gpu": grpo_long_gpu,
+    "grpo_curve_gpu": grpo_curve_gpu,
     "grpo_scaling_gpu10min": grpo_scaling_gpu10min, "gigpo_gpu": gigpo_gpu, "dpo_gpu": dpo_gpu,
     "sft": sft, "sft_gpu": sft_gpu, "sft_grpo_gpu": sft_grpo_gpu, "sft_gigpo_gpu": sft_gigpo_gpu,
     "choice_gpu": choice_gpu, "choice_tiny": choice_tiny, "choice_tiny_t1": choice_tiny_t1,

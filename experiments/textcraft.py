@@ -70,6 +70,24 @@ def choice_gpu() -> ConfigDict:
     return use_choice(grpo_gpu(), list_actions=True)
 
 
+def choice_curve_gpu() -> ConfigDict:
+    """``choice_gpu`` followed to the end of its curve (issue 48 item 2; free text earns
+    TextCraft no reward from the base model, docs/RESULTS.md "Where each family stands"): no
+    time budget, up to 1,000 steps, the phases 10 -> 20 -> 30 turns of 40 steps each, a DEV
+    evaluation (evenly spaced tasks x 4) every 20 steps, stopping once three evaluations in a
+    row did not beat the best earlier one by more than two standard errors, but not before 30
+    minutes of training (``train.stop_on_plateau``; as ``babyai.py:grpo_curve_gpu``). The
+    final policy is scored on the test split with ``launch/eval.py``
+    (benchmarks/jobs/curves_to_the_end.txt)."""
+    c = long_run(choice_gpu(), max_seconds=0.0, eval_every=20, steps_per_phase=40)
+    c.train.total_steps = 1000
+    c.train.stop_on_plateau = 3
+    c.train.plateau_min_seconds = 1800.0
+    c.train.eval_split = "dev"
+    c.train.eval_sample = "spaced"
+    return c
+
+
 def sft() -> ConfigDict:
     """Behaviour cloning of the TextCraft recipe expert, CPU-sized, with ``grpo_gpu``'s answer
     format, context and evaluation. The train split has 426 goals (one expert episode each; the
@@ -127,7 +145,7 @@ def sft_grpo_long_gpu() -> ConfigDict:
 VARIANTS = {
     "grpo_scaling": grpo_scaling, "ppo": ppo, "grpo_gpu": grpo_gpu, "gigpo_gpu": gigpo_gpu,
     "choice_gpu": choice_gpu, "sft": sft, "sft_gpu": sft_gpu, "sft_grpo_gpu": sft_grpo_gpu, "sft_gigpo_gpu": sft_gigpo_gpu,
-    "sft_grpo_long_gpu": sft_grpo_long_gpu,
+    "sft_grpo_long_gpu": sft_grpo_long_gpu, "choice_curve_gpu": choice_curve_gpu,
 }
 
 

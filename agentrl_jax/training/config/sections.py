@@ -217,6 +217,8 @@ class TrainConfig(Section):
     # training/rl/plateau.py); the run then checkpoints and evaluates as at its last step
     stop_on_plateau: int = setting(0, ge=0)
     plateau_noise: float = setting(2.0, gt=0)
+    # ... and only once the run has trained this long (train_seconds, every session counted)
+    plateau_min_seconds: float = setting(0.0, ge=0)
     eval_before: bool = setting(True)
     eval_after: bool = setting(True)
     max_staleness: int = setting(0, ge=0)  # >= 1: next rollout overlaps the update

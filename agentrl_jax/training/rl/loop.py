@@ -172,7 +172,8 @@ class TrainingLoop:
                     launcher.rewind(step + 1)
                 result = await evaluator.evaluate(self.pool, self.eval_tasks, step + 1,
                                                   self.learner)
-                if self.plateau.observe(step + 1, result) and step + 1 < total:
+                if (self.plateau.observe(step + 1, result) and step + 1 < total
+                        and stop.train_seconds() >= self.cfg.train.plateau_min_seconds):
                     plateau = self.plateau.describe()
             out_of_time = stop.out_of_time()
             if stop.save_due(step + 1, out_of_time, plateau is not None):
