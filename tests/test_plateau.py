@@ -55,6 +55,7 @@ def test_the_watch_reads_earlier_sessions_and_skips_what_is_not_a_result(tmp_pat
     # no summary (a new run), or the rule off: nothing read
     assert PlateauWatch.from_summary(2, 2.0, str(tmp_path / "new")).points == {}
     assert PlateauWatch.from_summary(0, 2.0, str(tmp_path)).points == {}
+    assert PlateauWatch(3, 2.0).describe() == "another process found the curve flat"
 
 
 def test_the_standard_error_of_avg_at_k_matches_numpy():

@@ -40,7 +40,7 @@ from agentrl_jax.training.rl.stop_policy import Checkpoints, StopPolicy, cancel
 from agentrl_jax.training.rl.task_sampler import TaskSampler
 from agentrl_jax.training.rl.trainer_eval import EnvErrorWatch, Evaluator
 from agentrl_jax.training.rl.update_stage import LearnerUpdate
-from agentrl_jax.training.runtime import hostmem
+from agentrl_jax.training.runtime import distributed, hostmem
 
 if TYPE_CHECKING:
     from agentrl_jax.learner.learner import Learner
@@ -172,8 +172,11 @@ class TrainingLoop:
                     launcher.rewind(step + 1)
                 result = await evaluator.evaluate(self.pool, self.eval_tasks, step + 1,
                                                   self.learner)
-                if (self.plateau.observe(step + 1, result) and step + 1 < total
-                        and stop.train_seconds() >= self.cfg.train.plateau_min_seconds):
+                flat = (self.plateau.observe(step + 1, result) and step + 1 < total
+                        and stop.train_seconds() >= self.cfg.train.plateau_min_seconds)
+                if parts.output.multi_process:  # the clocks differ a little: stop together
+                    flat = distributed.agree_any(flat)
+                if flat:
                     plateau = self.plateau.describe()
             out_of_time = stop.out_of_time()
             if stop.save_due(step + 1, out_of_time, plateau is not None):

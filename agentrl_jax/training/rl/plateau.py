@@ -111,6 +111,8 @@ class PlateauWatch:
     def describe(self) -> str:
         """One line: the last evaluations and the best one."""
         points = [self.points[s] for s in sorted(self.points)]
+        if not points:  # (several processes: another one found it flat)
+            return "another process found the curve flat"
         best = max(points, key=lambda p: p.avg)
         last = ", ".join(f"{p.avg:.3f} (step {p.step})" for p in points[-self.patience:])
         return (f"the last {self.patience} evaluations ({last}) did not rise above the best, "
