@@ -90,25 +90,28 @@ def test_smoke_run_then_resume(tmp_path, compile_cache_env):
 def test_a_flat_held_out_curve_stops_the_run_and_its_resumption(tmp_path, compile_cache_env):
     """train.stop_on_plateau=2 with an evaluation every step: the smoke model scores 0 on every
     evaluation (nothing rises above the first, step 1's), so the run stops after step 3, the
-    second evaluation in a row that did not rise, checkpointed and recorded as "plateau".
-    Resumed with more steps, the earlier session's evaluations (summary.json) still count:
-    the next evaluation (step 4) is the third flat one, and the run stops there."""
+    second evaluation in a row that did not rise, checkpointed, recorded as "plateau" and
+    finished (the same command says so). With a patience of 3 it is not flat yet: it resumes,
+    the earlier session's evaluations (summary.json) still count, and the next evaluation
+    (step 4) is the third flat one, where it stops again."""
     workdir = str(tmp_path / "run")
-    flags = ["--config.train.eval_every=1", "--config.train.stop_on_plateau=2"]
-    out = _run(workdir, compile_cache_env, "--config.train.total_steps=5", *flags)
-    assert "held-out curve flat after step 3" in out and "[step 4/5]" not in out
+    flags = ["--config.train.total_steps=6", "--config.train.eval_every=1"]
+    out = _run(workdir, compile_cache_env, *flags, "--config.train.stop_on_plateau=2")
+    assert "held-out curve flat after step 3" in out and "[step 4/6]" not in out
     assert os.path.isdir(os.path.join(workdir, "checkpoints", "3"))
     with open(os.path.join(workdir, "summary.json")) as f:
         summary = json.load(f)
     assert summary["sessions"][-1]["stopped"] == "plateau"
-    assert summary["sessions"][-1]["final_step"] == 3
+    assert summary["final_step"] == summary["finished_step"] == 3
     assert sorted(map(int, summary["evals"])) == [1, 2, 3]
     assert all(e["avg_at_k"] == 0.0 and e["avg_at_k_se"] == 0.0
                for e in summary["evals"].values())
+    out = _run(workdir, compile_cache_env, *flags, "--config.train.stop_on_plateau=2")
+    assert "run already finished at step 3" in out
 
-    out = _run(workdir, compile_cache_env, "--config.train.total_steps=6", *flags)
+    out = _run(workdir, compile_cache_env, *flags, "--config.train.stop_on_plateau=3")
     assert "resumed at step 3" in out and "held-out curve flat after step 4" in out
     with open(os.path.join(workdir, "summary.json")) as f:
         summary = json.load(f)
-    assert [s["stopped"] for s in summary["sessions"]] == ["plateau", "plateau"]
-    assert summary["sessions"][-1]["final_step"] == 4
+    assert [s["stopped"] for s in summary["sessions"] if s["steps"]] == ["plateau", "plateau"]
+    assert summary["final_step"] == summary["finished_step"] == 4

@@ -173,14 +173,15 @@ class RunOutput:
             summary["process_count"] = self.process_count
         summary["sessions"] = [self.session_record(end)]
         summary["train_seconds"] = round(end.train_seconds, 3)  # all sessions' loops
-        # finished: trained to total_steps or to the end of the time budget, with the final
+        # finished: trained to total_steps, to the end of the time budget or to a flat held-out
+        # curve (train.stop_on_plateau), with the final
         # evaluation (if any) done; started again, such a run says so and exits (launch/run.py,
         # Trainer.finished_step)
         final_eval = evals[-1][1] if evals and evals[-1][0] == total else None
         if final_eval is not None and not final_eval.valid:
             summary["final_eval_invalid"] = final_eval.describe_failure()
         elif end.stopped != "terminated" and (total >= int(self.config.train.total_steps)
-                                              or end.stopped == "time_budget"):
+                                              or end.stopped in ("time_budget", "plateau")):
             summary["finished_step"] = total
         if self.is_main:  # merged with what earlier sessions of this workdir wrote
             invalid = "final_eval_invalid" in summary

@@ -41,6 +41,7 @@ from agentrl_jax.training.config.experiment import ConfigSource, model_label, to
 from agentrl_jax.training.evaluation.held_out import EvalResult
 from agentrl_jax.training.rl.failed_steps import FailedSteps, RunFailure
 from agentrl_jax.training.rl.loop import RunParts, TrainingLoop
+from agentrl_jax.training.rl.plateau import PlateauWatch
 from agentrl_jax.training.rl.stages import BatchSettings
 from agentrl_jax.training.rl.stop_policy import Checkpoints, StopPolicy
 from agentrl_jax.training.rl.update_stage import LearnerUpdate
@@ -139,19 +140,26 @@ class Trainer:
         """The final step if this workdir holds a finished run of this config, else None.
 
         Finished: ``summary.json`` says the run ended with its final evaluation done, at step
-        >= ``train.total_steps`` or with its time budget spent (``train_seconds`` >=
+        >= ``train.total_steps``, with its time budget spent (``train_seconds`` >=
         ``train.max_seconds``: the budget counts every session of the run; a larger
-        ``train.max_seconds`` trains on), and that step's checkpoint exists. With several
-        processes, process 0's answer (it alone writes the summary) holds for all.
+        ``train.max_seconds`` trains on) or with a held-out curve that is flat by this
+        config's ``train.stop_on_plateau`` rule (its evaluations in ``summary.json``; a larger
+        patience, or 0, trains on), and that step's checkpoint exists. With several processes,
+        process 0's answer (it alone writes the summary) holds for all.
         """
         summary = read_summary(self.workdir)
         step = summary.get("finished_step")
-        max_seconds = float(self.config.train.max_seconds)
+        train = self.config.train
+        max_seconds = float(train.max_seconds)
         trained = summary.get("train_seconds")
         budget_spent = bool(max_seconds) and isinstance(trained, (int, float)) and (
             trained >= max_seconds)
+        flat = (int(train.stop_on_plateau) > 0 and isinstance(trained, (int, float))
+                and trained >= float(train.plateau_min_seconds)
+                and PlateauWatch(int(train.stop_on_plateau), float(train.plateau_noise),
+                                 summary.get("evals")).flat())
         finished = (isinstance(step, int)
-                    and (step >= int(self.config.train.total_steps) or budget_spent)
+                    and (step >= int(train.total_steps) or budget_spent or flat)
                     and step in checkpoint_steps(os.path.join(self.workdir, "checkpoints")))
         answer = step if finished else None
         if self.multi_process:
