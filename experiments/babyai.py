@@ -37,8 +37,9 @@ from ml_collections import ConfigDict
 
 from agentrl_jax.agent.parsing import CHOICE_LABELS
 from agentrl_jax.training.config.experiment import base_config, use_fixed_horizon, use_ppo
-from experiments.common import (bc_gpu, cpu_sized_sft, gpu_recipe, long_run, paper_scaling,
-                                select, sft_learner, sft_section, use_choice, use_gigpo)
+from experiments.common import (bc_gpu, cpu_sized_sft, curve_run, gpu_recipe, long_run,
+                                paper_scaling, select, sft_learner, sft_section, use_choice,
+                                use_gigpo)
 
 DEFAULT = "grpo_gpu"
 
@@ -99,22 +100,12 @@ def grpo_long_gpu() -> ConfigDict:
 
 
 def grpo_curve_gpu() -> ConfigDict:
-    """``grpo_gpu`` followed to the end of its curve (issue 48 item 2): no time budget, up to
-    1,000 steps, the phases 6 -> 13 -> 20 turns of 40 steps each (20 from step 80 on), a DEV
-    evaluation (128 tasks x 4, evenly spaced) every 20 steps, and training stops once three
-    evaluations in a row did not beat the best earlier one by more than two standard errors
-    (``train.stop_on_plateau``, docs/TRAINING.md "A flat held-out curve"), but not before 30
-    minutes of training. Checkpoints every 5 steps (and at a SIGTERM): the same command resumes
-    a run a call cut off. The final policy is then scored on the test split with
-    ``launch/eval.py`` (benchmarks/jobs/curves_to_the_end.txt), so the stopping point is chosen
-    on dev, never on test."""
-    c = long_run(grpo_gpu(), max_seconds=0.0, eval_every=20, steps_per_phase=40)
-    c.train.total_steps = 1000
-    c.train.stop_on_plateau = 3
-    c.train.plateau_min_seconds = 1800.0
-    c.train.eval_split = "dev"
-    c.train.eval_sample = "spaced"
-    return c
+    """``grpo_gpu`` followed to the end of its curve (issue 48 item 2; ``common.curve_run``):
+    the phases 6 -> 13 -> 20 turns of 40 steps each (20 from step 80 on), 128 dev tasks x 4
+    every 20 steps, stopped by a flat curve after at least 30 minutes of training;
+    checkpoints every 5 steps (and at a SIGTERM), so the same command resumes a run a call cut
+    off."""
+    return curve_run(grpo_gpu())
 
 
 def grpo_scaling_gpu10min() -> ConfigDict:

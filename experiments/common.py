@@ -189,6 +189,23 @@ def long_run(c: ConfigDict, max_seconds: float, eval_every: int,
     return c
 
 
+def curve_run(c: ConfigDict, eval_every: int = 20, steps_per_phase: int = 40) -> ConfigDict:
+    """``c`` followed to the end of its held-out curve (issue 48 item 2): ``long_run`` with no
+    time budget and up to 1,000 steps, a DEV evaluation (evenly spaced tasks) every
+    ``eval_every`` steps, and training stops once three evaluations in a row did not beat the
+    best earlier one by more than two standard errors (``train.stop_on_plateau``,
+    docs/TRAINING.md "A flat held-out curve"), but not before 30 minutes of training. The
+    stopping point is chosen on dev; the final policy is scored on test with
+    ``launch/eval.py`` (benchmarks/jobs/curves_to_the_end.txt)."""
+    c = long_run(c, max_seconds=0.0, eval_every=eval_every, steps_per_phase=steps_per_phase)
+    c.train.total_steps = 1000
+    c.train.stop_on_plateau = 3
+    c.train.plateau_min_seconds = 1800.0
+    c.train.eval_split = "dev"
+    c.train.eval_sample = "spaced"
+    return c
+
+
 def sft_section(data: str = "runs/experts", record_horizon: int = 20) -> ConfigDict:
     """The ``sft`` section (its other keys keep their defaults, training/config/sections.py's
     SFTConfig): expert episodes from ``data`` (a directory of <env>.jsonl from

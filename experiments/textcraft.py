@@ -28,8 +28,9 @@ from __future__ import annotations
 from ml_collections import ConfigDict
 
 from agentrl_jax.training.config.experiment import use_ppo
-from experiments.common import (bc_gpu, cpu_sized_sft, gpu_recipe, long_run, paper_scaling,
-                                select, sft_learner, sft_section, use_choice, use_gigpo)
+from experiments.common import (bc_gpu, cpu_sized_sft, curve_run, gpu_recipe, long_run,
+                                paper_scaling, select, sft_learner, sft_section, use_choice,
+                                use_gigpo)
 
 DEFAULT = "grpo_gpu"
 
@@ -71,21 +72,12 @@ def choice_gpu() -> ConfigDict:
 
 
 def choice_curve_gpu() -> ConfigDict:
-    """``choice_gpu`` followed to the end of its curve (issue 48 item 2; free text earns
-    TextCraft no reward from the base model, docs/RESULTS.md "Where each family stands"): no
-    time budget, up to 1,000 steps, the phases 10 -> 20 -> 30 turns of 40 steps each, a DEV
-    evaluation (evenly spaced tasks x 4) every 20 steps, stopping once three evaluations in a
-    row did not beat the best earlier one by more than two standard errors, but not before 30
-    minutes of training (``train.stop_on_plateau``; as ``babyai.py:grpo_curve_gpu``). The
-    final policy is scored on the test split with ``launch/eval.py``
-    (benchmarks/jobs/curves_to_the_end.txt)."""
-    c = long_run(choice_gpu(), max_seconds=0.0, eval_every=20, steps_per_phase=40)
-    c.train.total_steps = 1000
-    c.train.stop_on_plateau = 3
-    c.train.plateau_min_seconds = 1800.0
-    c.train.eval_split = "dev"
-    c.train.eval_sample = "spaced"
-    return c
+    """``choice_gpu`` followed to the end of its curve (issue 48 item 2; ``common.curve_run``;
+    lettered options, since free text earns TextCraft no reward from the base model:
+    docs/RESULTS.md "Where each family stands"): the phases 10 -> 20 -> 30 turns of 40 steps
+    each, dev tasks x 4 every 20 steps, stopped by a flat curve after at least 30 minutes of
+    training."""
+    return curve_run(choice_gpu())
 
 
 def sft() -> ConfigDict:
