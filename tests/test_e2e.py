@@ -88,30 +88,31 @@ def test_smoke_run_then_resume(tmp_path, compile_cache_env):
 
 @pytest.mark.slow
 def test_a_flat_held_out_curve_stops_the_run_and_its_resumption(tmp_path, compile_cache_env):
-    """train.stop_on_plateau=2 with an evaluation every step: the smoke model scores 0 on every
-    evaluation (nothing rises above the first, step 1's), so the run stops after step 3, the
-    second evaluation in a row that did not rise, checkpointed, recorded as "plateau" and
-    finished (the same command says so). With a patience of 3 it is not flat yet: it resumes,
-    the earlier session's evaluations (summary.json) still count, and the next evaluation
-    (step 4) is the third flat one, where it stops again."""
+    """train.stop_on_plateau=2 with an evaluation before training and after every step: the
+    smoke model scores 0 on every evaluation (nothing rises above step 0's), so the run stops
+    after step 2, the second evaluation in a row that did not rise, checkpointed, recorded as
+    "plateau" and finished (the same command says so). With a patience of 3 it is not flat
+    yet: it resumes, the earlier session's evaluations (summary.json) still count, and the
+    next evaluation (step 3) is the third flat one, where it stops again."""
     workdir = str(tmp_path / "run")
-    flags = ["--config.train.total_steps=6", "--config.train.eval_every=1"]
+    flags = ["--config.train.total_steps=6", "--config.train.eval_every=1",
+             "--config.train.eval_before=True"]
     out = _run(workdir, compile_cache_env, *flags, "--config.train.stop_on_plateau=2")
-    assert "held-out curve flat after step 3" in out and "[step 4/6]" not in out
-    assert os.path.isdir(os.path.join(workdir, "checkpoints", "3"))
+    assert "held-out curve flat after step 2" in out and "[step 3/6]" not in out
+    assert os.path.isdir(os.path.join(workdir, "checkpoints", "2"))
     with open(os.path.join(workdir, "summary.json")) as f:
         summary = json.load(f)
     assert summary["sessions"][-1]["stopped"] == "plateau"
-    assert summary["final_step"] == summary["finished_step"] == 3
-    assert sorted(map(int, summary["evals"])) == [1, 2, 3]
+    assert summary["final_step"] == summary["finished_step"] == 2
+    assert sorted(map(int, summary["evals"])) == [0, 1, 2]
     assert all(e["avg_at_k"] == 0.0 and e["avg_at_k_se"] == 0.0
                for e in summary["evals"].values())
     out = _run(workdir, compile_cache_env, *flags, "--config.train.stop_on_plateau=2")
-    assert "run already finished at step 3" in out
+    assert "run already finished at step 2" in out
 
     out = _run(workdir, compile_cache_env, *flags, "--config.train.stop_on_plateau=3")
-    assert "resumed at step 3" in out and "held-out curve flat after step 4" in out
+    assert "resumed at step 2" in out and "held-out curve flat after step 3" in out
     with open(os.path.join(workdir, "summary.json")) as f:
         summary = json.load(f)
     assert [s["stopped"] for s in summary["sessions"] if s["steps"]] == ["plateau", "plateau"]
-    assert summary["final_step"] == summary["finished_step"] == 4
+    assert summary["final_step"] == summary["finished_step"] == 3

@@ -142,6 +142,8 @@ class TrainingLoop:
         parts, stop, evaluator = self.parts, self.parts.stop, self.parts.evaluator
         overlap = self.batch_settings.max_staleness >= 1
         start_step = last_step = self.start_step
+        for evaluated, result in evaluator.evals:  # the opening evaluation: the curve's start
+            self.plateau.observe(evaluated, result)
         pending = launcher.launch(start_step) if start_step < total else None
         for step in range(start_step, total):
             t0 = time.monotonic()
