@@ -234,7 +234,7 @@ def test_prefill_counters_say_where_a_call_s_padding_is(engine):
     # each call's window (dispatch to results) holds the time blocked on the device
     for kind in ("prefill", "decode"):
         window = after[f"{kind}_time_s"] - before[f"{kind}_time_s"]
-        waited = after[f"{kind}_wait_s"] - before[f"{kind}_wait_s"]
+        waited = after[f"{kind}_wait_time_s"] - before[f"{kind}_wait_time_s"]
         assert 0 < waited <= window, (kind, waited, window)
     fresh = type(engine.stats)(prefill_calls=1, prefill_positions=128, prefill_rows=2,
                                prefill_rows_used=1, prefill_used_positions=64,

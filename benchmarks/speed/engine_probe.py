@@ -106,7 +106,7 @@ class EngineProbe:
         out.update(idle_s=self.cond.waited(now), cpu_s=time.clock_gettime(self._cpu_clock),
                    run_decode_cpu_s=self.decode_cpu_s, engine_gc_s=self.gc_s,
                    prefill_device_s=s.prefill_time_s, decode_device_s=s.decode_time_s,
-                   prefill_wait_s=s.prefill_wait_s, decode_wait_s=s.decode_wait_s,
+                   prefill_wait_s=s.prefill_wait_time_s, decode_wait_s=s.decode_wait_time_s,
                    prefill_calls=s.prefill_calls, decode_calls=s.decode_calls,
                    decode_steps=s.decode_steps, decode_slot_steps=s.decode_slot_steps,
                    prefill_tokens=s.prefill_tokens, prompt_tokens=s.prompt_tokens,

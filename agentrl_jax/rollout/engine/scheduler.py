@@ -286,9 +286,7 @@ class Scheduler:
             self.isolated(seq.req, self.prefill_done, seq)
         t_wait = time.perf_counter()
         jax.block_until_ready(kv_memory.cache.keys[0])
-        t1 = time.perf_counter()
-        self.stats.prefill_wait_s += t1 - t_wait
-        self.stats.prefill_time_s += t1 - t0
+        self.stats.prefill_window(t0, t_wait)
 
     def write_rows(self, seq: Seq, start: int, n: int, tokens: np.ndarray,
                    positions: np.ndarray) -> bool:
@@ -348,9 +346,7 @@ class Scheduler:
         self.deliver()  # (deliver_after_launch) while the device computes
         t_wait = time.perf_counter()
         toks, lps, raws, valid, steps = jax.device_get((*outs, steps))
-        t1 = time.perf_counter()
-        self.stats.decode_wait_s += t1 - t_wait
-        self.stats.decode_time_s += t1 - t0
+        self.stats.decode_window(t0, t_wait)
         steps = int(steps)
         self.stats.decode_calls += 1
         self.stats.decode_steps += steps
