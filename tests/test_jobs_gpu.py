@@ -266,7 +266,8 @@ def test_archive_packs_the_results_folder_even_when_a_job_fails(tmp_path):
     maker.write_text("import json, os, sys\n"
                      "d = sys.argv[2]\n"
                      "os.makedirs(d, exist_ok=True)\n"
-                     "json.dump({'finished_step': 3}, open(os.path.join(d, 'summary.json'), 'w'))\n")
+                     "json.dump({'finished_step': 3},\n"
+                     "          open(os.path.join(d, 'summary.json'), 'w'))\n")
     jobs = _jobs(tmp_path / "jobs.txt", [f"good 40 0 python3 {maker} --workdir {out}/good",
                                          "bad 40 0 python3 -c 'raise SystemExit(3)'"])
     archive = tmp_path / "ship" / "res.tgz"

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import types
 
 import numpy as np
 import pytest
@@ -46,15 +47,18 @@ def test_the_watch_reads_earlier_sessions_and_skips_what_is_not_a_result(tmp_pat
                "7": {"avg_at_k": None, "avg_at_k_se": None, "valid": False},
                "8": {"avg_at_k": 0.3, "valid": True}}  # written before the standard error
     (tmp_path / "summary.json").write_text(json.dumps({"evals": earlier}))
-    watch = PlateauWatch.from_summary(2, 2.0, str(tmp_path))
+    train = types.SimpleNamespace(stop_on_plateau=2, plateau_noise=2.0, plateau_min_seconds=60.0)
+    watch = PlateauWatch.from_summary(train, str(tmp_path))
     assert sorted(watch.points) == [0, 5]
     assert not watch.flat()  # one flat evaluation (step 5) of the two asked
     result = {"avg_at_k": 0.11, "avg_at_k_se": 0.01, "valid": True}
     assert watch.observe(10, result)  # the second in a row
+    assert not watch.stops(59.0) and watch.stops(60.0)  # plateau_min_seconds holds it back
     assert "0.110 (step 10)" in watch.describe() and "0.110 at step 10" in watch.describe()
     # no summary (a new run), or the rule off: nothing read
-    assert PlateauWatch.from_summary(2, 2.0, str(tmp_path / "new")).points == {}
-    assert PlateauWatch.from_summary(0, 2.0, str(tmp_path)).points == {}
+    assert PlateauWatch.from_summary(train, str(tmp_path / "new")).points == {}
+    off = types.SimpleNamespace(stop_on_plateau=0, plateau_noise=2.0, plateau_min_seconds=0.0)
+    assert PlateauWatch.from_summary(off, str(tmp_path)).points == {}
     assert PlateauWatch(3, 2.0).describe() == "another process found the curve flat"
 
 

@@ -73,9 +73,7 @@ class TrainingLoop:
         self.learner, self.update, self.pool, self.sampler = learner, update, pool, sampler
         self.eval_tasks, self.start_step = eval_tasks, start_step
         self.batch_settings = update.settings
-        self.plateau = PlateauWatch.from_summary(
-            int(cfg.train.stop_on_plateau), float(cfg.train.plateau_noise),
-            parts.output.workdir)
+        self.plateau = PlateauWatch.from_summary(cfg.train, parts.output.workdir)
 
     async def run(self) -> dict[str, Any]:
         """The session's steps and evaluations, with SIGTERM caught from the opening evaluation
@@ -174,8 +172,8 @@ class TrainingLoop:
                     launcher.rewind(step + 1)
                 result = await evaluator.evaluate(self.pool, self.eval_tasks, step + 1,
                                                   self.learner)
-                flat = (self.plateau.observe(step + 1, result) and step + 1 < total
-                        and stop.train_seconds() >= self.cfg.train.plateau_min_seconds)
+                self.plateau.observe(step + 1, result)
+                flat = step + 1 < total and self.plateau.stops(stop.train_seconds())
                 if parts.output.multi_process:  # the clocks differ a little: stop together
                     flat = distributed.agree_any(flat)
                 if flat:

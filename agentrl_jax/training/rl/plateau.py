@@ -19,10 +19,13 @@ run's list across sessions (the earlier sessions' evaluations come from the run'
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
-import os
-from typing import Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
+
+from agentrl_jax.training.outputs.summary import read_summary
+
+if TYPE_CHECKING:
+    from agentrl_jax.training.config.sections import TrainConfig
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,12 +77,13 @@ class PlateauWatch:
     """The run's evaluations so far and whether its curve has flattened.
 
     ``patience``: ``train.stop_on_plateau`` (0: never); ``noise``: ``train.plateau_noise``;
-    ``earlier``: the evaluations of the run's earlier sessions (``summary.json``'s ``evals``,
-    :meth:`from_summary`)."""
+    ``min_seconds``: ``train.plateau_min_seconds``; ``earlier``: the evaluations of the run's
+    earlier sessions (``summary.json``'s ``evals``, :meth:`from_summary`)."""
 
-    def __init__(self, patience: int, noise: float,
+    def __init__(self, patience: int, noise: float, min_seconds: float = 0.0,
                  earlier: Mapping[str, Mapping[str, Any]] | None = None):
         self.patience, self.noise = int(patience), float(noise)
+        self.min_seconds = float(min_seconds)
         self.points: dict[int, Point] = {}
         for step, result in (earlier or {}).items():
             point = point_of(int(step), result)
@@ -87,15 +91,18 @@ class PlateauWatch:
                 self.points[point.step] = point
 
     @classmethod
-    def from_summary(cls, patience: int, noise: float, workdir: str) -> PlateauWatch:
-        """A watch that starts from the evaluations in ``workdir/summary.json`` (none there:
-        a new run)."""
-        path = os.path.join(workdir, "summary.json")
-        earlier = {}
-        if patience > 0 and os.path.exists(path):
-            with open(path) as f:
-                earlier = json.load(f).get("evals") or {}
-        return cls(patience, noise, earlier)
+    def of_config(cls, train: TrainConfig,
+                  earlier: Mapping[str, Mapping[str, Any]] | None = None) -> PlateauWatch:
+        """The watch of ``train``'s settings, from the evaluations ``earlier``."""
+        return cls(int(train.stop_on_plateau), float(train.plateau_noise),
+                   float(train.plateau_min_seconds), earlier)
+
+    @classmethod
+    def from_summary(cls, train: TrainConfig, workdir: str) -> PlateauWatch:
+        """The watch of ``train``'s settings, from the evaluations in ``workdir``'s
+        ``summary.json`` (none there: a new run)."""
+        earlier = read_summary(workdir).get("evals") if train.stop_on_plateau else None
+        return cls.of_config(train, earlier)
 
     def observe(self, step: int, result: Any) -> bool:
         """Record the evaluation of ``step``; whether the curve is now flat."""
@@ -107,6 +114,10 @@ class PlateauWatch:
     def flat(self) -> bool:
         return plateau_reached([self.points[s] for s in sorted(self.points)], self.patience,
                                self.noise)
+
+    def stops(self, train_seconds: float) -> bool:
+        """The run stops here: its curve is flat and it has trained ``min_seconds``."""
+        return self.flat() and train_seconds >= self.min_seconds
 
     def describe(self) -> str:
         """One line: the last evaluations and the best one."""

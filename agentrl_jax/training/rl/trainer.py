@@ -154,10 +154,8 @@ class Trainer:
         trained = summary.get("train_seconds")
         budget_spent = bool(max_seconds) and isinstance(trained, (int, float)) and (
             trained >= max_seconds)
-        flat = (int(train.stop_on_plateau) > 0 and isinstance(trained, (int, float))
-                and trained >= float(train.plateau_min_seconds)
-                and PlateauWatch(int(train.stop_on_plateau), float(train.plateau_noise),
-                                 summary.get("evals")).flat())
+        flat = isinstance(trained, (int, float)) and PlateauWatch.of_config(
+            train, summary.get("evals")).stops(trained)
         finished = (isinstance(step, int)
                     and (step >= int(train.total_steps) or budget_spent or flat)
                     and step in checkpoint_steps(os.path.join(self.workdir, "checkpoints")))
