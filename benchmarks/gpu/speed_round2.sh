@@ -57,8 +57,9 @@
 #        switch interval 0.5 ms), workers (the episodes in 4 actor worker processes) and
 #        workers_switch, each 3 measured rollouts after a warm-up. Timeout 240 s.
 # trace: whether the rollout's prefill calls cost the device what the call alone costs
-#        (2026-12-03: 10-16 ms a call in the rollout's engine counters, 4.9-6.5 ms for one
-#        bfloat16 call alone in prefill.py): the rollout profile, variant base, 3 measured
+#        (docs/PERFORMANCE.md, "The rollout's shared GIL, the bfloat16 prefill call and the
+#        learner's MFU": a call costs the rollout about twice what prefill.py measures for it
+#        alone): the rollout profile, variant base, 3 measured
 #        rollouts and one more under the profiler (rollout_profile.py --trace: the device's
 #        span and kernel time by XLA program beside the engine's dispatch-to-results clocks
 #        and the part of them blocked on the device).
