@@ -51,8 +51,8 @@
 #        default: random weights, T=4096, bf16 compute, float32 masters, 4 x 1 micro-batches, no
 #        remat; --steps 3 --warmup 1 --no-forward, as docs/PERFORMANCE.md's "Learner" rows).
 #        Timeout 150 s.
-# gil:   whether the trainer process's GIL holds the rollout back (2026-12-03's bfloat16 profile:
-#        event loop 1.51 + engine thread 1.15 CPU s in a 2.85-s rollout, ~93% of one GIL): the
+# gil:   whether the trainer process's GIL holds the rollout back (the event loop and the engine
+#        thread together hold most of one GIL in the bfloat16 profile, docs/PERFORMANCE.md): the
 #        rollout profile (rollout_profile.py, one process) with the variants base, switch (GIL
 #        switch interval 0.5 ms), workers (the episodes in 4 actor worker processes) and
 #        workers_switch, each 3 measured rollouts after a warm-up. Timeout 240 s.
