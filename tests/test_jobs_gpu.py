@@ -278,3 +278,28 @@ def test_archive_packs_the_results_folder_even_when_a_job_fails(tmp_path):
         summary = json.load(tar.extractfile("res/good/summary.json"))
     assert summary == {"finished_step": 3}
     assert "res/logs/bad.log" in names and "res/timings.jsonl" in names
+
+
+def test_only_runs_the_selected_jobs_and_refuses_an_unmet_after(tmp_path):
+    """--only REGEX: the jobs whose names match run, the others are not started or mentioned;
+    a selected job that runs after an unselected job no call has done is refused (exit 2)."""
+    jobs = _jobs(tmp_path / "jobs.txt", [
+        f"arm_s0 40 0 {_printer('arm_s0')}",
+        f"arm_s1 40 0 {_printer('arm_s1')}",
+        f"other_s1 40 1 {_printer('other_s1')}",
+        f"late_s1 40 1 after=arm_s0 {_printer('late_s1')}",
+    ])
+    out = tmp_path / "out"
+    refused = _run(jobs, out, "0", "--per-gpu", "2", "--only", "_s1$")
+    assert refused.returncode == 2, refused.stdout + refused.stderr
+    assert "job late_s1 runs after arm_s0" in refused.stderr
+    assert not (out / "logs").exists()
+    first = _run(jobs, out, "0", "--per-gpu", "2", "--only", "^arm_s0$")
+    assert first.returncode == 0, first.stdout + first.stderr
+    assert sorted(p.name for p in (out / "logs").glob("*.log")) == ["arm_s0.log"]
+    assert "start: arm_s1" not in first.stdout and "skip arm_s1" not in first.stdout
+    second = _run(jobs, out, "0", "--per-gpu", "2", "--only", "_s1$")  # arm_s0 is done now
+    assert second.returncode == 0, second.stdout + second.stderr
+    assert sorted(p.name for p in (out / "logs").glob("*.log")) == [
+        "arm_s0.log", "arm_s1.log", "late_s1.log", "other_s1.log"]
+    assert "start: arm_s0" not in second.stdout and "skip arm_s0" not in second.stdout

@@ -5,7 +5,7 @@
 # sft_rl_families.sh). For seeds and ablations that do not fit those two drivers' fixed plans.
 #
 #   bash benchmarks/gpu/jobs.sh --jobs JOBS --out runs/seeds --results results/seeds \
-#        --gpu-ids 0,1 [--per-gpu 1] [--budget 590] [--archive OUT.tgz] [--dry-run]
+#        --gpu-ids 0,1 [--per-gpu 1] [--budget 590] [--archive OUT.tgz] [--only REGEX] [--dry-run]
 #
 # JOBS: one job per line, `NAME CAP_SECONDS LANE [after=JOB[,JOB...]] [mem=F] [resume] COMMAND...`
 # (blank lines and `#` comments ignored; LANE picks the lane, lanes map to --gpu-ids in turn,
@@ -30,7 +30,9 @@
 # over 64 KiB is stored gzip-compressed (X.jsonl.gz, lossless; results/README.md says why).
 # --archive FILE packs the results folder into one tar.gz when the call ends (failed jobs or
 # not): a GPU call returns only a few files from its output folder, so put FILE there and the
-# results folder outside it.
+# results folder outside it. --only REGEX keeps the jobs whose NAME matches the extended regular
+# expression (e.g. '_s1$': one seed of a file that lists three), the others are not mentioned;
+# a selected job that runs `after=` an unselected one not done before is refused (exit 2).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 
@@ -42,6 +44,7 @@ PER_GPU=1
 BUDGET=0
 DRY_RUN=0
 ARCHIVE=
+ONLY=
 PY=${PYTHON:-python3}
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -52,8 +55,9 @@ while [ $# -gt 0 ]; do
     --per-gpu) PER_GPU=$2; shift 2 ;;
     --budget) BUDGET=$2; shift 2 ;;
     --archive) ARCHIVE=$2; shift 2 ;;
+    --only) ONLY=$2; shift 2 ;;
     --dry-run) DRY_RUN=1; shift ;;
-    -h|--help) sed -n '2,30p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,35p' "$0"; exit 0 ;;
     *) echo "unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -83,8 +87,11 @@ job_command() {  # job_command REST: a jobs-file command with {out} replaced by 
   printf '%s' "${1//\{out\}/$OUT}"
 }
 
-job_lines() {  # the jobs file without blank lines and # comments
-  grep -v -E '^[[:space:]]*(#|$)' "$JOBS"
+job_lines() {  # the jobs file without blank lines and # comments (with --only, its matches)
+  local name rest
+  grep -v -E '^[[:space:]]*(#|$)' "$JOBS" | while read -r name rest; do
+    if [ -z "$ONLY" ] || [[ "$name" =~ $ONLY ]]; then printf '%s %s\n' "$name" "$rest"; fi
+  done
 }
 
 check_workdirs() {  # every job's --workdir must be OUT/NAME (collect, move-aside and resume use it)
@@ -139,8 +146,27 @@ check_mem_fractions() {  # every mem=F is a fraction in (0, 0.95]
   return "$bad"
 }
 
+check_selection() {  # with --only: a selected job's after= jobs are selected or done before
+  local name cap lane rest dep bad=0
+  [ -n "$ONLY" ] || return 0
+  while read -r name cap lane rest; do
+    [[ "$rest" == after=* ]] || continue
+    rest=${rest%% *}
+    rest=${rest#after=}
+    for dep in ${rest//,/ }; do
+      if ! [[ "$dep" =~ $ONLY ]] && [ ! -f "$OUT/.done/$dep" ]; then
+        echo "job $name runs after $dep, which --only '$ONLY' leaves out and no call has done:" \
+             "select it too" >&2
+        bad=1
+      fi
+    done
+  done < <(job_lines)
+  return "$bad"
+}
+
 check_workdirs || exit 2
 check_mem_fractions || exit 2
+check_selection || exit 2
 if [ "$DRY_RUN" != 1 ]; then
   mkdir -p "$OUT/.done" "$OUT/.lanes" "$LOGS" "$RESULTS/logs"
   rm -f "$OUT"/.done/*.failed  # failed or skipped in an earlier call: this call tries them again
