@@ -63,6 +63,7 @@ def test_program_times_split_kernels_by_the_program_they_ran_in():
     out = program_times(ev)
     assert set(out) == {"jit_prefill", "jit_decode"}
     assert out["jit_prefill"]["calls"] == 2 and out["jit_decode"]["calls"] == 1
+    assert (out["jit_prefill"]["kernels"], out["jit_decode"]["kernels"]) == (4, 2)
     # spans 35 + 6 us; busy: union [0, 15] + [30, 35] = 20 us, + 6 us
     assert abs(out["jit_prefill"]["span_s"] - 41e-6) < 1e-15
     assert abs(out["jit_prefill"]["busy_s"] - 26e-6) < 1e-15
@@ -72,3 +73,25 @@ def test_program_times_split_kernels_by_the_program_they_ran_in():
 def test_program_times_without_module_lines_is_empty():
     from benchmarks.speed.devtime import program_times
     assert program_times(_trace([("gemm", 0.0, 1.0)])) == {}
+
+
+def test_program_times_falls_back_to_the_kernels_hlo_module_argument():
+    """A GPU trace without ``XLA Modules`` lines: kernels grouped by their ``hlo_module``
+    argument (run id stripped), busy = union of their intervals, no calls or spans; the
+    device layout lists the device's lines with their event counts."""
+    from benchmarks.speed.devtime import device_layout, program_times
+    ev = _trace([])
+    for name, module, ts, dur in (("gemm", "jit_prefill(3)", 0.0, 10.0),
+                                  ("attn", "jit_prefill(3)", 5.0, 10.0),
+                                  ("gemm", "jit_decode(4)", 100.0, 4.0),
+                                  ("gemm", "jit_prefill(3)", 200.0, 6.0)):
+        ev.append({"ph": "X", "pid": 1, "tid": 7, "name": name, "ts": ts, "dur": dur,
+                   "args": {"hlo_module": module, "hlo_op": "fusion.1"}})
+    out = program_times(ev)
+    assert out == {"jit_prefill": {"calls": None, "span_s": None, "kernels": 3,
+                                   "busy_s": out["jit_prefill"]["busy_s"]},
+                   "jit_decode": {"calls": None, "span_s": None, "kernels": 1,
+                                  "busy_s": out["jit_decode"]["busy_s"]}}
+    assert abs(out["jit_prefill"]["busy_s"] - 21e-6) < 1e-15  # [0, 15] + [200, 206]
+    assert abs(out["jit_decode"]["busy_s"] - 4e-6) < 1e-15
+    assert device_layout(ev) == {"/device:GPU:0": {"Stream #7(Compute)": 4}}

@@ -26,6 +26,11 @@ def test_profile_parts_add_up_to_the_wall(tmp_path):
         # the part of each call window blocked on the device lies within the window
         assert 0 < engine["prefill_wait_s"] <= engine["prefill_device_s"]
         assert 0 < engine["decode_wait_s"] <= engine["decode_device_s"]
+        # the dispatch precedes the wait: the two parts do not overlap within a window
+        for kind in ("prefill", "decode"):
+            assert 0 < engine[f"{kind}_dispatch_s"]
+            assert (engine[f"{kind}_dispatch_s"] + engine[f"{kind}_wait_s"]
+                    <= engine[f"{kind}_device_s"] + 1e-9)
         assert engine["requests"] == run["turns"] > 0  # one engine request per turn
         # every prompt token prefilled went into a row of a call (the last one of each
         # request is fed by its first decode step instead), padding around them
@@ -82,7 +87,16 @@ def test_format_programs_sets_device_spans_beside_the_engine_counters():
     assert "prefill 4 calls, 0.040 s dispatch to results" in line
     assert "decode 4 calls, 0.040 s dispatch to results" in line
     assert "no program running 0.150 s of 0.100 s x 2 device(s)" in line  # 0.2 - 0.05
-    assert format_programs({}, engines, wall=0.1).startswith("device by program: none")
+    assert format_programs({}, engines, wall=0.1).endswith("none (no accelerator?)")
+    layout = {"/device:GPU:0": {"Stream #14(Compute)": 120, "Steps": 3}}
+    assert ("its device lines: /device:GPU:0: Stream #14(Compute) (120), Steps (3)"
+            in format_programs({}, engines, wall=0.1, layout=layout))
+    by_kernels = format_programs(
+        {"jit_prefill": {"calls": None, "span_s": None, "busy_s": 0.012, "kernels": 40},
+         "jit_decode": {"calls": None, "span_s": None, "busy_s": 0.02, "kernels": 9}},
+        engines, wall=0.1)
+    assert "jit_decode 9 kernels, busy 0.020 s; jit_prefill 40 kernels, busy 0.012 s" in by_kernels
+    assert "no program running" not in by_kernels
 
 
 @pytest.mark.slow

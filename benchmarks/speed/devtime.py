@@ -16,8 +16,9 @@ Chrome-format trace it writes (``*.trace.json.gz``) and returns, per call:
 Returns ``None`` where the trace has no device streams (CPU backend).
 
 :func:`program_times` splits a trace of a longer run (a whole rollout) by the XLA program each
-kernel ran in (the device's ``XLA Modules`` line: ``jit_prefill``, ``jit_decode``, ...): calls,
-the programs' spans on the device and the kernels' busy time inside them.
+kernel ran in (the device's ``XLA Modules`` line: ``jit_prefill``, ``jit_decode``, ...; else
+the kernels' ``hlo_module`` argument): calls, the programs' spans on the device and the kernels'
+busy time inside them. :func:`device_layout` lists a trace's device lines.
 
     from benchmarks.speed.devtime import device_time
     stats = device_time(lambda: f(x), calls=20)
@@ -55,14 +56,7 @@ def _load_trace(log_dir: str) -> list[dict]:
 
 def kernel_events(events: list[dict]) -> list[dict]:
     """``X`` events on the device processes' stream threads (accelerator kernels/copies)."""
-    proc_names, thread_names = {}, {}
-    for e in events:
-        if e.get("ph") != "M":
-            continue
-        if e.get("name") == "process_name":
-            proc_names[e["pid"]] = e.get("args", {}).get("name", "")
-        elif e.get("name") == "thread_name":
-            thread_names[(e["pid"], e.get("tid"))] = e.get("args", {}).get("name", "")
+    proc_names, thread_names = _names(events)
     device_pids = {pid for pid, name in proc_names.items()
                    if "/device:" in name and "CPU" not in name}
     out = []
@@ -155,17 +149,39 @@ def _program_name(name: str) -> str:
     return re.sub(r"\(\d+\)$", "", name.strip())
 
 
-def program_times(events: list[dict]) -> dict[str, dict[str, float]]:
-    """Device time by XLA program: ``{name: {"calls", "span_s", "busy_s"}}``, ``span_s`` the
-    sum of the program's executions on the device (first kernel start to last kernel end, the
-    ``XLA Modules`` events), ``busy_s`` the union of the kernel intervals that start inside
-    them (gaps between kernels excluded), summed over devices. Empty without module events."""
+def _names(events: list[dict]) -> tuple[dict, dict]:
+    """``({pid: process name}, {(pid, tid): thread name})`` from a trace's metadata events."""
     proc_names, thread_names = {}, {}
     for e in events:
         if e.get("ph") == "M" and e.get("name") == "process_name":
             proc_names[e["pid"]] = e.get("args", {}).get("name", "")
         elif e.get("ph") == "M" and e.get("name") == "thread_name":
             thread_names[(e["pid"], e.get("tid"))] = e.get("args", {}).get("name", "")
+    return proc_names, thread_names
+
+
+def device_layout(events: list[dict]) -> dict[str, dict[str, int]]:
+    """``{device process: {thread: X events}}``: which lines a trace's device processes have
+    (what :func:`program_times` reads them by; a diagnosis when it finds no programs)."""
+    proc_names, thread_names = _names(events)
+    out: dict[str, dict[str, int]] = {}
+    for e in events:
+        name = proc_names.get(e.get("pid"), "")
+        if e.get("ph") == "X" and "/device:" in name:
+            thread = thread_names.get((e["pid"], e.get("tid")), str(e.get("tid")))
+            lines = out.setdefault(name, {})
+            lines[thread] = lines.get(thread, 0) + 1
+    return out
+
+
+def program_times(events: list[dict]) -> dict[str, dict[str, float | None]]:
+    """Device time by XLA program: ``{name: {"calls", "span_s", "busy_s", "kernels"}}``,
+    ``span_s`` the sum of the program's executions on the device (first kernel start to last
+    kernel end, the ``XLA Modules`` events), ``busy_s`` the union of the kernel intervals that
+    start inside them (gaps between kernels excluded), summed over devices. A trace without
+    module events (some GPU traces) is split by each kernel's ``hlo_module`` argument instead:
+    ``busy_s`` and ``kernels`` only, ``calls`` and ``span_s`` None. Empty without either."""
+    proc_names, thread_names = _names(events)
     modules: dict[object, list[tuple[float, float, str]]] = collections.defaultdict(list)
     for e in events:
         if (e.get("ph") == "X" and "/device:" in proc_names.get(e.get("pid"), "")
@@ -174,19 +190,29 @@ def program_times(events: list[dict]) -> dict[str, dict[str, float]]:
             modules[e["pid"]].append((ts, ts + float(e.get("dur", 0.0)),
                                       _program_name(e.get("name", "?"))))
     kernels: dict[object, list[tuple[float, float]]] = collections.defaultdict(list)
+    by_arg: dict[str, list[tuple[float, float]]] = collections.defaultdict(list)
     for e in kernel_events(events):
         ts = float(e["ts"])
         kernels[e["pid"]].append((ts, ts + float(e.get("dur", 0.0))))
-    out: dict[str, dict[str, float]] = {}
+        module = (e.get("args") or {}).get("hlo_module")
+        if module:
+            by_arg[_program_name(str(module))].append((ts, ts + float(e.get("dur", 0.0))))
+    out: dict[str, dict[str, float | None]] = {}
     for pid, spans in modules.items():
         ks = sorted(kernels.get(pid, []))
         starts = [s for s, _ in ks]
         for start, end, name in spans:
-            entry = out.setdefault(name, {"calls": 0, "span_s": 0.0, "busy_s": 0.0})
+            entry = out.setdefault(name, {"calls": 0, "span_s": 0.0, "busy_s": 0.0,
+                                          "kernels": 0})
             lo, hi = bisect.bisect_left(starts, start), bisect.bisect_right(starts, end)
             entry["calls"] += 1
             entry["span_s"] += (end - start) / 1e6
             entry["busy_s"] += _union_length(ks[lo:hi]) / 1e6
+            entry["kernels"] += hi - lo
+    if not out:
+        for name, ks in by_arg.items():
+            out[name] = {"calls": None, "span_s": None, "kernels": len(ks),
+                         "busy_s": _union_length(sorted(ks)) / 1e6}
     return out
 
 

@@ -14,7 +14,8 @@ Three views of each measured rollout (wall ``W``):
 
 * **engine thread** (per replica): device prefill and decode (the engine's own counters: the
   time from dispatching a call to its results being on the host, ``EngineStats``, and of it
-  the time blocked on the device after the host work queued in that window), the engine's
+  the jitted call's own dispatch and the time blocked on the device after the host work queued
+  in that window), the engine's
   host work (admission, building prefill rows, handling decode results, finishing requests),
   idle (waiting for a request: ``Condition.wait``) and the rest of its loop (commands). These
   are measured independently; ``parts`` / ``W`` says how well they add up.
@@ -75,21 +76,30 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "workers": {"rollout.actor_workers": "WORKERS"},
     "workers_switch": {"rollout.actor_workers": "WORKERS", "switch_interval": 0.0005},
 }
-def format_programs(programs: dict[str, dict[str, float]], engines: list[dict[str, float]],
-                    wall: float) -> str:
+def format_programs(programs: dict[str, dict[str, float | None]], engines: list[dict[str, float]],
+                    wall: float, layout: dict[str, dict[str, int]] | None = None) -> str:
     """The traced rollout's device time by program beside the engines' own counters (a call's
     wall from dispatch to its results on the host, summed over replicas), and the rollout's
-    ``wall`` less the programs' spans (per device: the time it ran none of them)."""
+    ``wall`` less the programs' spans (per device: the time it ran none of them). Without
+    programs, the trace's device lines (``devtime.device_layout``) say what it held."""
     if not programs:
-        return "device by program: none in the trace (no accelerator?)"
-    idle = wall * len(engines) - sum(p["span_s"] for p in programs.values())
+        lines = "; ".join(f"{proc}: " + ", ".join(f"{t} ({n})" for t, n in threads.items())
+                          for proc, threads in (layout or {}).items())
+        return ("device by program: none in the trace; its device lines: "
+                + (lines or "none (no accelerator?)"))
     calls = {k: sum(e[f"{k}_calls"] for e in engines) for k in ("prefill", "decode")}
     walls = {k: sum(e[f"{k}_device_s"] for e in engines) for k in ("prefill", "decode")}
-    parts = [f"{name} {p['calls']} calls, device span {p['span_s']:.3f} s, kernels busy "
-             f"{p['busy_s']:.3f} s" for name, p in sorted(programs.items(),
-                                                          key=lambda kv: -kv[1]["span_s"])]
-    return ("device by program (traced rollout): " + "; ".join(parts)
-            + f"; no program running {idle:.3f} s of {wall:.3f} s x {len(engines)} device(s)"
+    spans = all(p["span_s"] is not None for p in programs.values())
+    order = sorted(programs.items(), key=lambda kv: -(kv[1]["span_s"] or kv[1]["busy_s"]))
+    if spans:
+        parts = [f"{name} {p['calls']} calls, device span {p['span_s']:.3f} s, kernels busy "
+                 f"{p['busy_s']:.3f} s" for name, p in order]
+        idle = wall * len(engines) - sum(p["span_s"] for p in programs.values())
+        rest = f"; no program running {idle:.3f} s of {wall:.3f} s x {len(engines)} device(s)"
+    else:  # split by the kernels' hlo_module argument: no spans, no calls
+        parts = [f"{name} {p['kernels']} kernels, busy {p['busy_s']:.3f} s" for name, p in order]
+        rest = f"; (no module lines: kernels busy only) of {wall:.3f} s x {len(engines)} device(s)"
+    return ("device by program (traced rollout): " + "; ".join(parts) + rest
             + " | engine counters: " + ", ".join(
                 f"{k} {calls[k]} calls, {walls[k]:.3f} s dispatch to results"
                 for k in ("prefill", "decode")))
@@ -243,12 +253,16 @@ async def _rollouts(pool: Any, backend: Any, probes: list[EngineProbe], tasks: l
                        "child_processes_s": child_cpu},
                "event_loop_callbacks": callbacks.top(8)}
         if trace_dir is not None:
-            from benchmarks.speed.devtime import program_times, trace_events
+            from benchmarks.speed.devtime import device_layout, program_times, trace_events
+
             try:
-                run["device_programs"] = program_times(trace_events(trace_dir))
+                events = trace_events(trace_dir)
+                run["device_programs"] = program_times(events)
+                run["device_layout"] = device_layout(events)
             finally:
                 shutil.rmtree(trace_dir, ignore_errors=True)
-            say(format_programs(run["device_programs"], run["engines"], wall))
+            say(format_programs(run["device_programs"], run["engines"], wall,
+                                run["device_layout"]))
         label = "warm-up" if i < warmup else "traced" if traced else "measured"
         run["traced"] = traced
         say(f"rollout {i + 1} ({label}): {wall:.2f} s, {run['turns']} turns, "
@@ -304,8 +318,10 @@ def format_table(summary: dict[str, Any], replicas: int) -> str:
              f"{summary['turns_per_s']:,.0f} turns/s (medians)", "",
              f"engine thread (mean of {replicas} replica(s)) | s | of wall", "|---|---|---|",
              row("device: prefill", e["prefill_device_s"], w),
+             row("  of it dispatching the call", e["prefill_dispatch_s"], w),
              row("  of it blocked on the device", e["prefill_wait_s"], w),
              row("device: decode", e["decode_device_s"], w),
+             row("  of it dispatching the call", e["decode_dispatch_s"], w),
              row("  of it blocked on the device", e["decode_wait_s"], w),
              row("host: admission", e["host_admit_s"], w),
              row("host: prefill rows", e["host_prefill_rows_s"], w),

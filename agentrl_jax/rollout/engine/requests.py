@@ -73,8 +73,10 @@ class EngineStats:
     generated_tokens: int = 0
     prefill_calls: int = 0
     # a call's window, from its dispatch to its results on the host (host work queued inside it
-    # included: deliveries, finishing prefills), and the part of it spent blocked on the device
+    # included: deliveries, finishing prefills); of it, the dispatch (until the jitted call
+    # returned: argument flattening, transfers, launch) and the time blocked on the device
     prefill_time_s: float = 0.0
+    prefill_dispatch_time_s: float = 0.0
     prefill_wait_time_s: float = 0.0
     # the prefill calls' shapes, where their padding is: positions computed (rows x chunk per
     # call), rows of the call shape, rows that held a sequence, those rows' positions, the
@@ -88,6 +90,7 @@ class EngineStats:
     decode_calls: int = 0
     decode_steps: int = 0
     decode_time_s: float = 0.0  # the calls' windows, as prefill_time_s
+    decode_dispatch_time_s: float = 0.0  # of them until the jitted call returned
     decode_wait_time_s: float = 0.0  # of them blocked on the device (``device_get``)
     decode_slot_steps: int = 0  # sum over steps of active slots
     # the scheduler thread's wall time: in scheduling steps (prefill / decode calls included)
@@ -101,17 +104,20 @@ class EngineStats:
     kv_releases: int = 0  # release_kv_cache calls that freed the cache
     kv_allocations: int = 0  # re-allocations of a released cache (by the next request)
 
-    def prefill_window(self, start: float, wait_start: float) -> None:
+    def prefill_window(self, start: float, dispatched: float, wait_start: float) -> None:
         """A prefill call's results are on the host now (``time.perf_counter``): its window
-        began at ``start`` (the dispatch), the wait for the device at ``wait_start``."""
+        began at ``start`` (the dispatch), the jitted call returned at ``dispatched``, the wait
+        for the device began at ``wait_start``."""
         now = time.perf_counter()
         self.prefill_time_s += now - start
+        self.prefill_dispatch_time_s += dispatched - start
         self.prefill_wait_time_s += now - wait_start
 
-    def decode_window(self, start: float, wait_start: float) -> None:
+    def decode_window(self, start: float, dispatched: float, wait_start: float) -> None:
         """As :meth:`prefill_window`, for a decode call."""
         now = time.perf_counter()
         self.decode_time_s += now - start
+        self.decode_dispatch_time_s += dispatched - start
         self.decode_wait_time_s += now - wait_start
 
     def as_dict(self) -> dict[str, Any]:

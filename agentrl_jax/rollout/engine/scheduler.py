@@ -264,6 +264,7 @@ class Scheduler:
         kv_memory = self.kv
         kv_memory.cache = self.functions.prefill(self.weights.state, kv_memory.cache, slot_ids,
                                                   tokens, positions, kv)
+        t_dispatched = time.perf_counter()
         self.deliver()  # (deliver_after_launch) while the device computes
         stats, used = self.stats, sum(n > 0 for n in counts)
         stats.prefill_calls += 1
@@ -286,7 +287,7 @@ class Scheduler:
             self.isolated(seq.req, self.prefill_done, seq)
         t_wait = time.perf_counter()
         jax.block_until_ready(kv_memory.cache.keys[0])
-        self.stats.prefill_window(t0, t_wait)
+        self.stats.prefill_window(t0, t_dispatched, t_wait)
 
     def write_rows(self, seq: Seq, start: int, n: int, tokens: np.ndarray,
                    positions: np.ndarray) -> bool:
@@ -343,10 +344,11 @@ class Scheduler:
             (weights.state, weights.merged), kv_memory.cache, buffers.ints, buffers.floats,
             np.int32(c.decode_steps),
             np.bool_(waiting_for_slot), mode)
+        t_dispatched = time.perf_counter()
         self.deliver()  # (deliver_after_launch) while the device computes
         t_wait = time.perf_counter()
         toks, lps, raws, valid, steps = jax.device_get((*outs, steps))
-        self.stats.decode_window(t0, t_wait)
+        self.stats.decode_window(t0, t_dispatched, t_wait)
         steps = int(steps)
         self.stats.decode_calls += 1
         self.stats.decode_steps += steps
