@@ -31,6 +31,9 @@ def test_profile_parts_add_up_to_the_wall(tmp_path):
             assert 0 < engine[f"{kind}_dispatch_s"]
             assert (engine[f"{kind}_dispatch_s"] + engine[f"{kind}_wait_s"]
                     <= engine[f"{kind}_device_s"] + 1e-9)
+            # the thread's CPU before the wait fits in the window's stretch before the wait
+            assert 0 < engine[f"{kind}_host_cpu_s"] <= (
+                engine[f"{kind}_device_s"] - engine[f"{kind}_wait_s"]) * 1.05 + 0.01
         assert engine["requests"] == run["turns"] > 0  # one engine request per turn
         # every prompt token prefilled went into a row of a call (the last one of each
         # request is fed by its first decode step instead), padding around them

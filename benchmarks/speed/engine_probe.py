@@ -109,6 +109,8 @@ class EngineProbe:
                    prefill_wait_s=s.prefill_wait_time_s, decode_wait_s=s.decode_wait_time_s,
                    prefill_dispatch_s=s.prefill_dispatch_time_s,
                    decode_dispatch_s=s.decode_dispatch_time_s,
+                   prefill_host_cpu_s=s.prefill_host_cpu_time_s,
+                   decode_host_cpu_s=s.decode_host_cpu_time_s,
                    prefill_calls=s.prefill_calls, decode_calls=s.decode_calls,
                    decode_steps=s.decode_steps, decode_slot_steps=s.decode_slot_steps,
                    prefill_tokens=s.prefill_tokens, prompt_tokens=s.prompt_tokens,
@@ -135,10 +137,13 @@ def engine_view(before: dict[str, float], after: dict[str, float]) -> dict[str, 
         "wall_s": wall,
         "prefill_device_s": d["prefill_device_s"],
         "decode_device_s": d["decode_device_s"],
-        # of the two windows above: the jitted call's dispatch (until it returned), and the
-        # time blocked on the device after the host work queued in them
+        # of the two windows above: the jitted call's dispatch (until it returned), the engine
+        # thread's CPU time before the wait (the rest of that stretch it waited for the GIL),
+        # and the time blocked on the device after the host work queued in them
         "prefill_dispatch_s": d["prefill_dispatch_s"],
         "decode_dispatch_s": d["decode_dispatch_s"],
+        "prefill_host_cpu_s": d["prefill_host_cpu_s"],
+        "decode_host_cpu_s": d["decode_host_cpu_s"],
         "prefill_wait_s": d["prefill_wait_s"],
         "decode_wait_s": d["decode_wait_s"],
         "host_admit_s": d["admit_s"],

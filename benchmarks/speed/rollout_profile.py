@@ -14,8 +14,8 @@ Three views of each measured rollout (wall ``W``):
 
 * **engine thread** (per replica): device prefill and decode (the engine's own counters: the
   time from dispatching a call to its results being on the host, ``EngineStats``, and of it
-  the jitted call's own dispatch and the time blocked on the device after the host work queued
-  in that window), the engine's
+  the jitted call's own dispatch, the engine thread's CPU time before the wait, and the time
+  blocked on the device after the host work queued in that window), the engine's
   host work (admission, building prefill rows, handling decode results, finishing requests),
   idle (waiting for a request: ``Condition.wait``) and the rest of its loop (commands). These
   are measured independently; ``parts`` / ``W`` says how well they add up.
@@ -319,9 +319,11 @@ def format_table(summary: dict[str, Any], replicas: int) -> str:
              f"engine thread (mean of {replicas} replica(s)) | s | of wall", "|---|---|---|",
              row("device: prefill", e["prefill_device_s"], w),
              row("  of it dispatching the call", e["prefill_dispatch_s"], w),
+             row("  of it on a CPU before the wait", e["prefill_host_cpu_s"], w),
              row("  of it blocked on the device", e["prefill_wait_s"], w),
              row("device: decode", e["decode_device_s"], w),
              row("  of it dispatching the call", e["decode_dispatch_s"], w),
+             row("  of it on a CPU before the wait", e["decode_host_cpu_s"], w),
              row("  of it blocked on the device", e["decode_wait_s"], w),
              row("host: admission", e["host_admit_s"], w),
              row("host: prefill rows", e["host_prefill_rows_s"], w),

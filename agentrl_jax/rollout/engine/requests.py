@@ -78,6 +78,9 @@ class EngineStats:
     prefill_time_s: float = 0.0
     prefill_dispatch_time_s: float = 0.0
     prefill_wait_time_s: float = 0.0
+    # the engine thread's CPU time from the window's start to the wait (its host work in the
+    # window; the rest of that stretch it was runnable but not running: the GIL)
+    prefill_host_cpu_time_s: float = 0.0
     # the prefill calls' shapes, where their padding is: positions computed (rows x chunk per
     # call), rows of the call shape, rows that held a sequence, those rows' positions, the
     # prompt tokens placed in them, and the KV positions each call attended over (summed)
@@ -92,6 +95,7 @@ class EngineStats:
     decode_time_s: float = 0.0  # the calls' windows, as prefill_time_s
     decode_dispatch_time_s: float = 0.0  # of them until the jitted call returned
     decode_wait_time_s: float = 0.0  # of them blocked on the device (``device_get``)
+    decode_host_cpu_time_s: float = 0.0  # as prefill_host_cpu_time_s
     decode_slot_steps: int = 0  # sum over steps of active slots
     # the scheduler thread's wall time: in scheduling steps (prefill / decode calls included)
     # and idle, waiting for a request or a command (paused time included)
@@ -104,21 +108,31 @@ class EngineStats:
     kv_releases: int = 0  # release_kv_cache calls that freed the cache
     kv_allocations: int = 0  # re-allocations of a released cache (by the next request)
 
-    def prefill_window(self, start: float, dispatched: float, wait_start: float) -> None:
-        """A prefill call's results are on the host now (``time.perf_counter``): its window
-        began at ``start`` (the dispatch), the jitted call returned at ``dispatched``, the wait
-        for the device began at ``wait_start``."""
-        now = time.perf_counter()
-        self.prefill_time_s += now - start
-        self.prefill_dispatch_time_s += dispatched - start
-        self.prefill_wait_time_s += now - wait_start
+    @staticmethod
+    def clocks() -> tuple[float, float]:
+        """``(time.perf_counter(), time.thread_time())``: where a call's window starts, and
+        where its wait for the device starts."""
+        return time.perf_counter(), time.thread_time()
 
-    def decode_window(self, start: float, dispatched: float, wait_start: float) -> None:
+    def prefill_window(self, start: tuple[float, float], dispatched: float,
+                       wait_start: tuple[float, float]) -> None:
+        """A prefill call's results are on the host now: its window began at ``start``
+        (:meth:`clocks` before the dispatch), the jitted call returned at ``dispatched``
+        (``perf_counter``), the wait for the device began at ``wait_start`` (:meth:`clocks`)."""
+        now = time.perf_counter()
+        self.prefill_time_s += now - start[0]
+        self.prefill_dispatch_time_s += dispatched - start[0]
+        self.prefill_wait_time_s += now - wait_start[0]
+        self.prefill_host_cpu_time_s += wait_start[1] - start[1]
+
+    def decode_window(self, start: tuple[float, float], dispatched: float,
+                      wait_start: tuple[float, float]) -> None:
         """As :meth:`prefill_window`, for a decode call."""
         now = time.perf_counter()
-        self.decode_time_s += now - start
-        self.decode_dispatch_time_s += dispatched - start
-        self.decode_wait_time_s += now - wait_start
+        self.decode_time_s += now - start[0]
+        self.decode_dispatch_time_s += dispatched - start[0]
+        self.decode_wait_time_s += now - wait_start[0]
+        self.decode_host_cpu_time_s += wait_start[1] - start[1]
 
     def as_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)

@@ -260,7 +260,7 @@ class Scheduler:
             lambda seq: seq.state != DONE, lambda seq: seq.slot)
         kv = c.prefill_kv(chunk, max((start + n for (_, start, _), n in zip(pieces, counts)),
                                      default=0))
-        t0 = time.perf_counter()
+        t0 = self.stats.clocks()
         kv_memory = self.kv
         kv_memory.cache = self.functions.prefill(self.weights.state, kv_memory.cache, slot_ids,
                                                   tokens, positions, kv)
@@ -285,7 +285,7 @@ class Scheduler:
                               if s.state != DONE and s.cursor < s.prompt_len - 1]
         for seq in done:
             self.isolated(seq.req, self.prefill_done, seq)
-        t_wait = time.perf_counter()
+        t_wait = self.stats.clocks()
         jax.block_until_ready(kv_memory.cache.keys[0])
         self.stats.prefill_window(t0, t_dispatched, t_wait)
 
@@ -338,7 +338,7 @@ class Scheduler:
         f = buffers.floats
         mode = sampling_mode(np.where(act, f[:, TEMP], 0.0), buffers.ints[:, TOPK], f[:, TOPP],
                              f[:, MINP])
-        t0 = time.perf_counter()
+        t0 = self.stats.clocks()
         weights, kv_memory = self.weights, self.kv
         kv_memory.cache, outs, steps = self.functions.decode(
             (weights.state, weights.merged), kv_memory.cache, buffers.ints, buffers.floats,
@@ -346,7 +346,7 @@ class Scheduler:
             np.bool_(waiting_for_slot), mode)
         t_dispatched = time.perf_counter()
         self.deliver()  # (deliver_after_launch) while the device computes
-        t_wait = time.perf_counter()
+        t_wait = self.stats.clocks()
         toks, lps, raws, valid, steps = jax.device_get((*outs, steps))
         self.stats.decode_window(t0, t_dispatched, t_wait)
         steps = int(steps)
