@@ -68,7 +68,8 @@ def grpo_gpu() -> ConfigDict:
     (6 -> 13 -> 20 turns) compressed to 15 steps a phase for a ~10-minute budget, with the
     one-GPU recipe (``common.gpu_recipe``: packed rows, flat groups skipped, no entropy bonus or
     KL term, bfloat16 sampler and learner since 2026-12-03, truncated importance sampling, two
-    optimiser steps per batch). Evaluation: 128 held-out test tasks x 4 samples, 20 turns, before and after."""
+    optimiser steps per batch). Evaluation: 128 held-out test tasks x 4 samples, 20 turns,
+    before and after."""
     return gpu_recipe(env="babyai", server_args="--max-sessions 1024", phases=(6, 13, 20),
                       steps_per_phase=15, eval_horizon=20, context=3072, max_new_tokens=24)
 

@@ -46,15 +46,14 @@ def measure(shape: str, calls: int, repeats: int) -> dict:
     state = jax.tree.map(lambda a: jnp.zeros((1,), a.dtype), abstract)
     leaves = jax.tree.leaves(state)
     x = jnp.zeros((4,), jnp.float32)
-    with_state = jax.jit(lambda weights, v: v + 1)
-    with_leaves = jax.jit(lambda weights, v: v + 1)
-    jax.block_until_ready((with_state(state, x), with_leaves(leaves, x)))  # compile both
+    add_one = jax.jit(lambda weights, v: v + 1)  # one program per weights structure
+    jax.block_until_ready((add_one(state, x), add_one(leaves, x)))  # compile both
     rows = []
     for _ in range(repeats):  # alternated, so a busy machine slows both alike
         rows.append({"flatten_state_ms": per_call_ms(lambda: jax.tree.flatten(state), calls),
                      "flatten_leaves_ms": per_call_ms(lambda: jax.tree.flatten(leaves), calls),
-                     "call_state_ms": per_call_ms(lambda: with_state(state, x), calls),
-                     "call_leaves_ms": per_call_ms(lambda: with_leaves(leaves, x), calls)})
+                     "call_state_ms": per_call_ms(lambda: add_one(state, x), calls),
+                     "call_leaves_ms": per_call_ms(lambda: add_one(leaves, x), calls)})
     medians = {k: statistics.median(r[k] for r in rows) for k in rows[0]}
     return {"shape": shape, "weights": len(leaves), "calls": calls, "repeats": rows,
             "medians": medians, "device": jax.devices()[0].platform,
