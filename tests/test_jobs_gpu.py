@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import pathlib
+import re
 import subprocess
 import time
 
@@ -303,3 +304,20 @@ def test_only_runs_the_selected_jobs_and_refuses_an_unmet_after(tmp_path):
     assert sorted(p.name for p in (out / "logs").glob("*.log")) == [
         "arm_s0.log", "arm_s1.log", "late_s1.log", "other_s1.log"]
     assert "start: arm_s0" not in second.stdout and "skip arm_s0" not in second.stdout
+
+
+def test_a_resume_job_without_time_for_its_grace_is_skipped_not_run_with_a_negative_limit(tmp_path):
+    """With 40 s left a resume job's limit after its 45 s checkpoint grace is -5 s: `timeout`
+    refused that (exit 125, "Try 'timeout --help'") and the job counted as failed. It is skipped,
+    and the next call with time runs it."""
+    out = tmp_path / "out"
+    jobs = _jobs(tmp_path / "jobs.txt", [f"late 1300 0 resume {_attempts(out / 'late', 0)}"])
+    r = _run(jobs, out, "0", "--budget", "45")
+    assert r.returncode == 1
+    assert re.search(r"SKIPPED late: (39|40) s left of the budget, -(5|6) s for the job after its "
+                     r"45 s grace", r.stdout), r.stdout
+    assert not (out / "late" / "attempts").exists()  # never started
+    timing = json.loads((out / "results" / "timings.jsonl").read_text().splitlines()[-1])
+    assert (timing["job"], timing["status"]) == ("late", "skipped")
+    again = _run(jobs, out, "0")
+    assert again.returncode == 0 and (out / "late" / "attempts").read_text() == "x"

@@ -105,8 +105,11 @@ run_job() {  # run_job NAME LANE CAP CPU|GPU CMD...: on lane LANE (one job at a 
     # an earlier attempt: start afresh (a resume job goes on from it)
     mkdir -p "$OUT/.attempts" && mv "$OUT/$name" "$OUT/.attempts/$name.$(date +%s)"
   fi
-  if [ "$left" -lt 30 ]; then
-    say "SKIPPED $name: $left s left of the budget"
+  # a job gets at least 30 s (or its whole cap, when that is shorter); a resume job's limit is
+  # what is left after its checkpoint grace, which may be short or below zero
+  local need=30; [ "$cap" -lt "$need" ] && need=$cap
+  if [ "$left" -lt 30 ] || [ "$t" -lt "$need" ]; then
+    say "SKIPPED $name: $left s left of the budget, $t s for the job after its $grace s grace"
     now=$(date +%s); timing "$name" "$lane" "$gpu" "$now" "$now" -1 "$t" skipped
     touch "$OUT/.done/$name.failed"; exec {fd}>&-; return 1
   fi
