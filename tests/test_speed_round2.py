@@ -89,3 +89,21 @@ def test_trace_profiles_one_more_rollout_under_the_profiler(tmp_path):
     part = text[text.index("  trace)"):]
     part = part[:part.index(";;")]
     assert [int(t) for t in re.findall(r"timeout (\d+) python3", part)] == [240]
+
+
+def test_env_profiles_each_horizon_with_one_and_four_babyai_servers(tmp_path):
+    """``env``: four rollout_profile.py processes, horizons 6 and 20 each with the recipe's one
+    BabyAI server and with four, every file its own, the timeouts within one 10-minute call."""
+    runs = recorded_commands(tmp_path, "env")
+    assert [r[0] for r in runs] == ["benchmarks/speed/rollout_profile.py"] * 4
+    arms = [(r[r.index("--horizon") + 1], r[r.index("--set") + 1]) for r in runs]
+    assert arms == [("6", "env.replicas=1"), ("6", "env.replicas=4"),
+                    ("20", "env.replicas=1"), ("20", "env.replicas=4")]
+    for run in runs:
+        assert run[1:3] == BASE and run[run.index("--replicas") + 1] == "1"
+    assert len({r[r.index("--json") + 1] for r in runs}) == 4
+    text = SCRIPT.read_text()
+    part = text[text.index("  env)"):]
+    part = part[:part.index(";;")]
+    limits = [int(t) for t in re.findall(r"timeout (\d+) python3", part)]
+    assert limits == [110] and 4 * limits[0] <= 540

@@ -406,54 +406,53 @@ async def measure(args: argparse.Namespace) -> list[FormatStats]:
     records: list[dict[str, Any]] = []
     with contextlib.ExitStack() as stack:
         stack.enter_context(example_action(args.action_example))
-        async with contextlib.AsyncExitStack() as astack:
-            urls = services.start_env_services(base, stack)
-            t0 = time.monotonic()
-            model, tokenizer, path = load_policy(whole)
-            unrestricted = model.cfg
-            print(f"loaded {args.model} in {time.monotonic() - t0:.1f} s", flush=True)
-            tasks = None
-            for style in styles:
-                c = configs[style]
-                async with contextlib.AsyncExitStack() as style_stack:
-                    clients = {name: OrderRecorder(client) for name, client in
-                               services.make_env_clients(urls, c, style_stack).items()}
-                    if tasks is None:
-                        tasks = await sample_tasks(clients, args)
-                    model.cfg = unrestricted
-                    if c.model.output_tokens:
-                        restrict_policy(model, tokenizer, c.model.output_tokens)
-                    backend = services.make_backend(c, model, tokenizer, path,
-                                                    episodes=args.episodes * args.samples)
-                    style_stack.push_async_callback(backend.aclose)
-                    pool = services.make_actor_pool(c, backend, clients, tokenizer,
-                                                    model.cfg.eos_token_ids)
-                    stats = FormatStats(style)
-                    t0 = time.monotonic()
-                    trajectories, _ = await pool.collect(tasks, n_samples=args.samples,
-                                                         horizon=args.turns, seed=args.seed)
-                    stats.seconds = time.monotonic() - t0
-                    count_turns(stats, trajectories, get_parser(c.rollout.parser),
-                                int(c.rollout.max_new_tokens))
-                    count_orders(stats, trajectories, {k: v for client in clients.values()
-                                                       for k, v in client.lists.items()},
-                                 args.seed)
-                    print(stats.line(), flush=True)
-                    if stats.order_turns:
-                        print(f"      {stats.order_line()}", flush=True)
-                    if stats.shaped or stats.return_sum != stats.score_sum:
-                        print(f"      {stats.shaping_line()}", flush=True)
-                    stats.groups, stats.flat_by_score, stats.flat_by_return = flat_groups(
-                        stats.episode_scores, stats.episode_shaping)
-                    if stats.groups:
-                        print(f"      {stats.group_line()}", flush=True)
-                    by_turn = ", ".join(f"{v:.0f}" for v in stats.context_by_turn())
-                    print(f"      context by turn (mean tokens): {by_turn}", flush=True)
-                    for text in sample_replies(trajectories, args.show):
-                        print(f"      e.g. {text!r}", flush=True)
-                    results.append(stats)
-                    records += [episode_record(style, t) for t in trajectories]
-            model.cfg = unrestricted
+        urls = services.start_env_services(base, stack)
+        t0 = time.monotonic()
+        model, tokenizer, path = load_policy(whole)
+        unrestricted = model.cfg
+        print(f"loaded {args.model} in {time.monotonic() - t0:.1f} s", flush=True)
+        tasks = None
+        for style in styles:
+            c = configs[style]
+            async with contextlib.AsyncExitStack() as style_stack:
+                clients = {name: OrderRecorder(client) for name, client in
+                           services.make_env_clients(urls, c, style_stack).items()}
+                if tasks is None:
+                    tasks = await sample_tasks(clients, args)
+                model.cfg = unrestricted
+                if c.model.output_tokens:
+                    restrict_policy(model, tokenizer, c.model.output_tokens)
+                backend = services.make_backend(c, model, tokenizer, path,
+                                                episodes=args.episodes * args.samples)
+                style_stack.push_async_callback(backend.aclose)
+                pool = services.make_actor_pool(c, backend, clients, tokenizer,
+                                                model.cfg.eos_token_ids)
+                stats = FormatStats(style)
+                t0 = time.monotonic()
+                trajectories, _ = await pool.collect(tasks, n_samples=args.samples,
+                                                     horizon=args.turns, seed=args.seed)
+                stats.seconds = time.monotonic() - t0
+                count_turns(stats, trajectories, get_parser(c.rollout.parser),
+                            int(c.rollout.max_new_tokens))
+                count_orders(stats, trajectories, {k: v for client in clients.values()
+                                                   for k, v in client.lists.items()},
+                             args.seed)
+                print(stats.line(), flush=True)
+                if stats.order_turns:
+                    print(f"      {stats.order_line()}", flush=True)
+                if stats.shaped or stats.return_sum != stats.score_sum:
+                    print(f"      {stats.shaping_line()}", flush=True)
+                stats.groups, stats.flat_by_score, stats.flat_by_return = flat_groups(
+                    stats.episode_scores, stats.episode_shaping)
+                if stats.groups:
+                    print(f"      {stats.group_line()}", flush=True)
+                by_turn = ", ".join(f"{v:.0f}" for v in stats.context_by_turn())
+                print(f"      context by turn (mean tokens): {by_turn}", flush=True)
+                for text in sample_replies(trajectories, args.show):
+                    print(f"      e.g. {text!r}", flush=True)
+                results.append(stats)
+                records += [episode_record(style, t) for t in trajectories]
+        model.cfg = unrestricted
     if args.episodes_out:
         with gzip.open(args.episodes_out, "wt") as f:
             f.writelines(json.dumps(r) + "\n" for r in records)

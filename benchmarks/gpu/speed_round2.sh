@@ -11,6 +11,7 @@
 #   bash benchmarks/gpu/speed_round2.sh learner_mfu OUT             # Qwen2.5-1.5B update MFU
 #   bash benchmarks/gpu/speed_round2.sh gil OUT                     # the rollout's shared GIL
 #   bash benchmarks/gpu/speed_round2.sh trace OUT                   # the rollout's device time
+#   bash benchmarks/gpu/speed_round2.sh env OUT                     # BabyAI server replicas
 #
 # step:  the device copy bandwidth; then benchmarks/speed/rl_step.py (--variants packed, 6 steps,
 #        --fresh-process) of BASELINE_DIR (a checkout of the code before, e.g.
@@ -64,9 +65,14 @@
 #        span and kernel time by XLA program beside the engine's dispatch-to-results clocks
 #        and the part of them blocked on the device).
 #        Timeout 240 s.
+# env:   whether the environment's round trips hold the rollout back (a turn's 256 BabyAI steps
+#        queue at one server process: docs/PERFORMANCE.md, "Environments"): the rollout
+#        profile (variant base, 3 measured rollouts) at horizons 6 and 20, each with one BabyAI
+#        server (the recipe's `env.replicas`) and with four (`--set env.replicas=4`), each its
+#        own process. Timeouts 4 x 110 s.
 # Logs and JSON go to OUT; docs/PERFORMANCE.md quotes them with this command.
 set -u
-USAGE="usage: speed_round2.sh step|parts|dtype|engine_dtype|prefill|prefill_bf16|learner_mfu|gil|trace OUT [BASELINE_DIR]"
+USAGE="usage: speed_round2.sh step|parts|dtype|engine_dtype|prefill|prefill_bf16|learner_mfu|gil|trace|env OUT [BASELINE_DIR]"
 PART=${1:?$USAGE}
 OUT=${2:?$USAGE}
 BASE=${3:-}
@@ -180,8 +186,19 @@ case "$PART" in
         --variants base --rollouts 3 --trace --label "device time by program" \
         --json "$OUT/rollout_profile_trace.json" > "$OUT/rollout_profile_trace.log" 2>&1
     ;;
+  env)
+    for horizon in 6 20; do
+      for replicas in 1 4; do
+        timeout 110 python3 benchmarks/speed/rollout_profile.py --config $CFG --replicas 1 \
+            --variants base --rollouts 3 --horizon $horizon --set env.replicas=$replicas \
+            --label "horizon $horizon, $replicas BabyAI server(s)" \
+            --json "$OUT/rollout_profile_h${horizon}_env${replicas}.json" \
+            > "$OUT/rollout_profile_h${horizon}_env${replicas}.log" 2>&1
+      done
+    done
+    ;;
   *) echo "unknown part $PART (step, parts, dtype, engine_dtype, prefill, prefill_bf16," \
-          "learner_mfu, gil or trace)" >&2
+          "learner_mfu, gil, trace or env)" >&2
      exit 2 ;;
 esac
 for f in "$OUT"/*.log; do echo "== $f"; grep -E "steady|tok/s|GB/s|TB/s|roofline|^rollout|update|busy|by program" "$f" | head -12; tail -3 "$f"; done

@@ -43,7 +43,6 @@ import json
 import logging
 import os
 import threading
-from typing import Any
 
 from aiohttp import web
 

@@ -16,7 +16,7 @@ import re
 from typing import Any, Mapping
 
 from agentrl_common.registry import did_you_mean
-from agentrl_common.typed_sections import Section, SectionError, is_int, is_number, setting
+from agentrl_common.typed_sections import Section, SectionError, is_int, setting
 from agentrl_jax.learner.config import LearnerConfig
 from agentrl_jax.training.config.derived_keys import (DERIVED_KEYS, derived_key_problems,
                                                learner_temperature)

@@ -60,7 +60,6 @@ if TYPE_CHECKING:
     from agentrl_jax.learner.ahead import AheadCompile
     from agentrl_jax.learner.learner import Learner
     from agentrl_jax.rollout.contract import RolloutBackend
-    from agentrl_jax.training.config.sections import RunConfig
 
 log = logging.getLogger(__name__)
 
