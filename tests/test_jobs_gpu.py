@@ -83,6 +83,12 @@ def test_two_drivers_on_different_gpus_share_an_out_without_waiting(tmp_path):
     pb = subprocess.Popen(["bash", str(DRIVER), "--jobs", str(b), "--out", str(out),
                            "--gpu-ids", "1"], stdout=subprocess.PIPE, text=True)
     assert pa.wait(60) == 0 and pb.wait(60) == 0
+    # each driver's closing table lists its own job only, though both (usually) started in one
+    # second and write one timings.jsonl (the table was once keyed by the start second alone)
+    tables = {"job_a": pa.stdout.read(), "job_b": pb.stdout.read()}
+    for name, other in (("job_a", "job_b"), ("job_b", "job_a")):
+        table = tables[name].split("job timings of this call")[1]
+        assert name in table and other not in table, tables[name]
     ends = {}
     for name in ("job_a", "job_b"):
         _, gpu, end = (out / "logs" / f"{name}.log").read_text().split()

@@ -71,8 +71,8 @@ collect() {  # collect NAME: the job's small files (JSONL over 64 KiB as .gz) an
 }
 
 timing() {  # timing NAME LANE GPU START END EXIT CAP STATUS (times from this call's start, T0)
-  printf '{"job": "%s", "lane": %s, "gpu": "%s", "start_s": %s, "end_s": %s, "seconds": %s, "exit": %s, "timeout_s": %s, "status": "%s", "call_t0": %s, "stages": "%s"}\n' \
-    "$1" "$2" "$3" "$(( $4 - T0 ))" "$(( $5 - T0 ))" "$(( $5 - $4 ))" "$6" "$7" "$8" "$T0" "$STAGE" \
+  printf '{"job": "%s", "lane": %s, "gpu": "%s", "start_s": %s, "end_s": %s, "seconds": %s, "exit": %s, "timeout_s": %s, "status": "%s", "call_t0": %s, "call": "%s", "stages": "%s"}\n' \
+    "$1" "$2" "$3" "$(( $4 - T0 ))" "$(( $5 - T0 ))" "$(( $5 - $4 ))" "$6" "$7" "$8" "$T0" "$T0.$$" "$STAGE" \
     >> "$RESULTS/timings.jsonl"
 }
 
@@ -156,10 +156,10 @@ wait_for() {  # wait_for NAME: until job NAME is done (0) or failed / out of tim
 finish() {  # finish: this call's job timings; exit 1 if any job failed or was skipped (or the report)
   say "finished"
   if [ -f "$RESULTS/timings.jsonl" ]; then
-    "$PY" - "$RESULTS/timings.jsonl" "$T0" <<'PYEOF'
+    "$PY" - "$RESULTS/timings.jsonl" "$T0.$$" <<'PYEOF'
 import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
-rows = [r for r in rows if r.get("call_t0") == int(sys.argv[2])]
+rows = [r for r in rows if r.get("call") == sys.argv[2]]  # start second and driver pid
 print("job timings of this call (s, from its start):" if rows else "no job ran in this call")
 for r in rows:
     print(f"  {r['job']:<22} lane {r['lane']} GPU {r['gpu']}  {r['start_s']:>5} -> {r['end_s']:>5}"
