@@ -66,10 +66,12 @@
 #        and the part of them blocked on the device).
 #        Timeout 240 s.
 # env:   whether the environment's round trips hold the rollout back (a turn's 256 BabyAI steps
-#        queue at one server process: docs/PERFORMANCE.md, "Environments"): the rollout
-#        profile (variant base, 3 measured rollouts) at horizons 6 and 20, each with one BabyAI
-#        server (the recipe's `env.replicas`) and with four (`--set env.replicas=4`), each its
-#        own process. Timeouts 4 x 110 s.
+#        queue at one server process: docs/PERFORMANCE.md, "Environments"; four servers did not
+#        move a 3.5-s horizon-6 rollout on 2026-11-28, "Prefill KV buckets by default", but the
+#        rollout is faster now and 20 turns were never measured): the rollout profile (variant
+#        base, 3 measured rollouts) at horizons 6 and 20, each with one BabyAI server (the
+#        recipe's `env.replicas`) and with four (`--set env.replicas=4`), each its own process.
+#        Timeouts 4 x 110 s.
 # Logs and JSON go to OUT; docs/PERFORMANCE.md quotes them with this command.
 set -u
 USAGE="usage: speed_round2.sh step|parts|dtype|engine_dtype|prefill|prefill_bf16|learner_mfu|gil|trace|env OUT [BASELINE_DIR]"
