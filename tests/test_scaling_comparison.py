@@ -233,3 +233,57 @@ def test_committed_equal_wall_time_runs():
         assert (round(100 * d["ci95_low"], 1), round(100 * d["ci95_high"], 1)) == ci
     assert report["windows"] == ["1-15", "16-30", "31+"]
     assert list(report["arms"]["scaling"]["phases"]) == ["6", "13", "20"]
+
+
+def test_windows_by_seed_hold_each_seeds_own_numbers(arms):
+    report = sc.compare(arms, k=2)
+    by_seed = {int(i): w for i, w in report["windows_by_seed"]["scaling"].items()}
+    assert list(by_seed) == [0, 1, 2] and list(by_seed[0]) == ["1-2", "3+"]
+    # seed 0, steps 1-2: flat (2, 1) of 2 groups a step; entropy only at step 2 (1 + 0.2 + 0)
+    assert by_seed[0]["1-2"]["flat_group_share"] == pytest.approx(3 / 4)
+    assert (by_seed[0]["1-2"]["entropy"], by_seed[0]["1-2"]["entropy_steps"]) == (
+        pytest.approx(1.2), 1)
+    # seed 1, steps 1-2: entropy at both (1.1 + 1, 1.2 + 1)
+    assert by_seed[1]["1-2"]["entropy"] == pytest.approx(2.15)
+    # seed 2, steps 3-4: flat (1, 1) -> entropy 1.3 + 2 and 1.4 + 2
+    assert by_seed[2]["3+"]["entropy"] == pytest.approx(3.35)
+    assert "| scaling | 0 | 1.200 / 0.750 |" in sc.markdown(report)
+    # a seed left out of the table (fixed20's seed 2 unfinished) keeps the others' windows
+    import shutil
+    shutil.rmtree(arms["fixed20"][2])
+    report = sc.compare(arms, k=2)
+    assert report["seeds_kept"] == [0, 1]
+    assert list(report["windows_by_seed"]["scaling"]) == ["0", "1", "2"]
+    assert list(report["windows_by_seed"]["fixed20"]) == ["0", "1"]
+    assert "| scaling | 2 | " in sc.markdown(report)
+
+
+def test_shared_seed_differences_use_every_seed_a_pair_has(arms, tmp_path):
+    """fixed20's seed 2 has no evaluation after training: the seeds kept for the whole table
+    are 0 and 1, but scaling - fixed6 still pairs all three seeds (the by-hand values of the
+    three-seed test) and scaling - fixed20 the two it has."""
+    import shutil
+    shutil.rmtree(arms["fixed20"][2])
+    report = sc.compare(arms, k=2)
+    assert report["seeds_kept"] == [0, 1]
+    shared = report["differences_shared"]
+    assert shared["scaling - fixed6"]["seeds"] == [0, 1, 2]
+    by_hand = [0.25, 0.25, 0.75]
+    d = shared["scaling - fixed6"]["avg_at_k"]
+    assert d["per_seed"] == pytest.approx(by_hand)
+    half = T_975_2 * np.std(by_hand, ddof=1) / math.sqrt(3)
+    assert (d["ci95_low"], d["ci95_high"]) == pytest.approx(
+        (np.mean(by_hand) - half, np.mean(by_hand) + half))
+    assert report["differences"]["scaling - fixed6"]["avg_at_k"]["per_seed"] == pytest.approx(
+        by_hand[:2])
+    assert shared["scaling - fixed20"]["seeds"] == [0, 1]
+    assert shared["scaling - fixed20"]["avg_at_k"]["per_seed"] == pytest.approx([0.5, 0.5])
+    text = sc.markdown(report)
+    assert "| scaling - fixed6 | [0, 1, 2] | avg_at_k | +41.7 |" in text
+    assert "| scaling - fixed20 | [0, 1] |" not in text  # the same seeds as the table's
+
+
+def test_no_shared_table_when_no_seed_is_left_out(arms):
+    report = sc.compare({arm: runs[:3] for arm, runs in arms.items()}, k=2)
+    assert report["differences_shared"]["scaling - fixed6"]["seeds"] == [0, 1, 2]
+    assert "over the seeds both arms have" not in sc.markdown(report)

@@ -56,7 +56,13 @@ Numbers (S seeds kept, every arm's runs read the same way):
   context_limit / other, shares of the episodes) per seed and pooled, turns per success, and
   success per level (``eval_breakdown.breakdown``'s ``levels``: [successes, episodes] summed
   over the seeds); ``only_solved_by`` = per ordered pair of arms the levels the first solved at
-  least once and the second never did (over all its seeds, having evaluated the level).
+  least once and the second never did (over all its seeds, having evaluated the level);
+* per seed and window (``windows_by_seed``, every seed an arm has finished, kept or not): the
+  same window numbers from one seed's rows, for "why" claims that must hold seed by seed
+  (entropy, flat groups);
+* ``differences_shared``: B - A over every seed position where B and A both have an
+  evaluation after training, whether or not the other arms have it (a pair's interval before
+  the last arm's seeds exist; it equals ``differences`` when no seed is left out).
 """
 
 from __future__ import annotations
@@ -253,6 +259,7 @@ def arm_summary(runs: list[str], k: int, windows: list[list[int | None]]) -> dic
         "windows": {window_label(w): training_stats([r for r in flat
                                                      if in_window(int(r["step"]), w)])
                     for w in windows},
+
         "missing_metrics": [key for key in TRAIN_KEYS if key not in present]
         + ([] if any(key.startswith(STATUS) for key in present) else [STATUS + "*"]),
         "endings": {key: sum(f["endings"][key] * f["episodes"] for f in finals) / n
@@ -260,6 +267,45 @@ def arm_summary(runs: list[str], k: int, windows: list[list[int | None]]) -> dic
         "turns_success_mean": turns / successes if successes else None,
         "levels": dict(sorted(levels.items())),
     }
+
+
+def _after(run: str, k: int) -> dict[str, float]:
+    """The scores of ``run``'s last evaluation."""
+    evals = evaluations(run, k)
+    return {m: evals[max(evals)][m] for m in METRICS}
+
+
+def seed_windows(arms: dict[str, list[str]], k: int, windows: list[list[int | None]]
+                 ) -> dict[str, dict[str, dict[str, Any]]]:
+    """Per arm and finished seed position (as a string), the window numbers of that seed's
+    training rows alone."""
+    out: dict[str, dict[str, dict[str, Any]]] = {}
+    for name, runs in arms.items():
+        out[name] = {}
+        for i, run in enumerate(runs):
+            if _why_left_out(run, k) is None:
+                rows = training_rows(run)
+                out[name][str(i)] = {window_label(w): training_stats(
+                    [r for r in rows if in_window(int(r["step"]), w)]) for w in windows}
+    return out
+
+
+def shared_seed_differences(arms: dict[str, list[str]], reference: str, k: int
+                            ) -> dict[str, dict[str, Any]]:
+    """``reference`` - A per other arm A over the seed positions where both have an evaluation
+    after training (the others' seeds aside); a pair with no such seed is absent."""
+    done = {name: [i for i, run in enumerate(runs) if _why_left_out(run, k) is None]
+            for name, runs in arms.items()}
+    out: dict[str, dict[str, Any]] = {}
+    for name, runs in arms.items():
+        seeds = [i for i in done[reference] if i in done.get(name, [])]
+        if name == reference or not seeds:
+            continue
+        b = [_after(arms[reference][i], k) for i in seeds]
+        a = [_after(runs[i], k) for i in seeds]
+        out[f"{reference} - {name}"] = {"seeds": seeds, **{m: difference(
+            [x[m] for x in b], [y[m] for y in a]) for m in METRICS}}
+    return out
 
 
 def compare(arms: dict[str, list[str]], k: int = 4, reference: str | None = None
@@ -300,7 +346,10 @@ def compare(arms: dict[str, list[str]], k: int = 4, reference: str | None = None
             "left_out": {str(i): w for i, w in left_out.items()},
             "equal_steps": len({tuple(v) for v in steps.values()}) == 1,
             "trained_steps": steps, "windows": [window_label(w) for w in windows],
-            "differences": differences, "only_solved_by": only, "arms": summaries}
+            "differences": differences,
+            "differences_shared": shared_seed_differences(arms, reference, k),
+            "windows_by_seed": seed_windows(arms, k, windows),
+            "only_solved_by": only, "arms": summaries}
 
 
 def _num(v: float | None, fmt: str = ".3f") -> str:
@@ -348,8 +397,23 @@ def markdown(report: dict[str, Any]) -> str:
     for pair, metrics in report["differences"].items():
         for m, entry in metrics.items():
             lines.append(f"| {pair} | {m} | {_points(entry)} |")
+    shared = {pair: d for pair, d in report.get("differences_shared", {}).items()
+              if d["seeds"] != report["seeds_kept"]}
+    if shared:
+        lines += ["", ("| difference over the seeds both arms have | seeds | metric | mean, "
+                       "points | t 95% interval | per seed |"), "|---|---|---|---|---|---|"]
+        for pair, d in shared.items():
+            lines += [f"| {pair} | {d['seeds']} | {m} | {_points(d[m])} |" for m in METRICS]
     lines += _stats_table(report, "phases", "horizon")
     lines += _stats_table(report, "windows", f"steps ({ref}'s phases)")
+    lines += ["", "| arm | seed | " + " | ".join(
+        f"steps {w}: entropy / flat groups" for w in report["windows"]) + " |",
+        "|---|---|" + "---|" * len(report["windows"])]
+    for name, seeds in report["windows_by_seed"].items():
+        for seed, by_window in seeds.items():
+            lines.append(f"| {name} | {seed} | " + " | ".join(
+                f"{_num(t['entropy'])} / {_num(t['flat_group_share'])}"
+                for t in by_window.values()) + " |")
     lines += ["", ("| arm | final: success | turn limit | context limit | other | "
               "turns per success |"), "|---|---|---|---|---|---|"]
     for name, s in report["arms"].items():
