@@ -259,7 +259,6 @@ def arm_summary(runs: list[str], k: int, windows: list[list[int | None]]) -> dic
         "windows": {window_label(w): training_stats([r for r in flat
                                                      if in_window(int(r["step"]), w)])
                     for w in windows},
-
         "missing_metrics": [key for key in TRAIN_KEYS if key not in present]
         + ([] if any(key.startswith(STATUS) for key in present) else [STATUS + "*"]),
         "endings": {key: sum(f["endings"][key] * f["episodes"] for f in finals) / n
@@ -275,30 +274,27 @@ def _after(run: str, k: int) -> dict[str, float]:
     return {m: evals[max(evals)][m] for m in METRICS}
 
 
-def seed_windows(arms: dict[str, list[str]], k: int, windows: list[list[int | None]]
-                 ) -> dict[str, dict[str, dict[str, Any]]]:
-    """Per arm and finished seed position (as a string), the window numbers of that seed's
-    training rows alone."""
+def seed_windows(arms: dict[str, list[str]], finished: dict[str, list[int]],
+                 windows: list[list[int | None]]) -> dict[str, dict[str, dict[str, Any]]]:
+    """Per arm and finished seed position (``finished[arm]``; as a string), the window numbers
+    of that seed's training rows alone."""
     out: dict[str, dict[str, dict[str, Any]]] = {}
     for name, runs in arms.items():
         out[name] = {}
-        for i, run in enumerate(runs):
-            if _why_left_out(run, k) is None:
-                rows = training_rows(run)
-                out[name][str(i)] = {window_label(w): training_stats(
-                    [r for r in rows if in_window(int(r["step"]), w)]) for w in windows}
+        for i in finished[name]:
+            rows = training_rows(runs[i])
+            out[name][str(i)] = {window_label(w): training_stats(
+                [r for r in rows if in_window(int(r["step"]), w)]) for w in windows}
     return out
 
 
-def shared_seed_differences(arms: dict[str, list[str]], reference: str, k: int
-                            ) -> dict[str, dict[str, Any]]:
-    """``reference`` - A per other arm A over the seed positions where both have an evaluation
-    after training (the others' seeds aside); a pair with no such seed is absent."""
-    done = {name: [i for i, run in enumerate(runs) if _why_left_out(run, k) is None]
-            for name, runs in arms.items()}
+def shared_seed_differences(arms: dict[str, list[str]], finished: dict[str, list[int]],
+                            reference: str, k: int) -> dict[str, dict[str, Any]]:
+    """``reference`` - A per other arm A over the seed positions both have finished (an
+    evaluation after training; the others' seeds aside); a pair with no such seed is absent."""
     out: dict[str, dict[str, Any]] = {}
     for name, runs in arms.items():
-        seeds = [i for i in done[reference] if i in done.get(name, [])]
+        seeds = [i for i in finished[reference] if i in finished[name]]
         if name == reference or not seeds:
             continue
         b = [_after(arms[reference][i], k) for i in seeds]
@@ -317,10 +313,13 @@ def compare(arms: dict[str, list[str]], k: int = 4, reference: str | None = None
     if reference not in arms:
         raise ValueError(f"--reference {reference!r} is not an arm ({', '.join(arms)})")
     positions = max(len(r) for r in arms.values())
+    why_not = {name: [_why_left_out(runs[i], k) if i < len(runs) else "no folder given"
+                      for i in range(positions)] for name, runs in arms.items()}
+    finished = {name: [i for i, w in enumerate(whys) if w is None]
+                for name, whys in why_not.items()}
     left_out: dict[int, list[str]] = {}
     for i in range(positions):
-        why = [w for runs in arms.values()
-               for w in [_why_left_out(runs[i], k) if i < len(runs) else "no folder given"] if w]
+        why = [whys[i] for whys in why_not.values() if whys[i]]
         if why:
             left_out[i] = why
     kept = [i for i in range(positions) if i not in left_out]
@@ -347,8 +346,8 @@ def compare(arms: dict[str, list[str]], k: int = 4, reference: str | None = None
             "equal_steps": len({tuple(v) for v in steps.values()}) == 1,
             "trained_steps": steps, "windows": [window_label(w) for w in windows],
             "differences": differences,
-            "differences_shared": shared_seed_differences(arms, reference, k),
-            "windows_by_seed": seed_windows(arms, k, windows),
+            "differences_shared": shared_seed_differences(arms, finished, reference, k),
+            "windows_by_seed": seed_windows(arms, finished, windows),
             "only_solved_by": only, "arms": summaries}
 
 
