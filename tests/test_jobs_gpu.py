@@ -330,3 +330,40 @@ def test_a_resume_job_without_time_for_its_grace_is_skipped_not_run_with_a_negat
     assert (timing["job"], timing["status"]) == ("late", "skipped")
     again = _run(jobs, out, "0")
     assert again.returncode == 0 and (out / "late" / "attempts").read_text() == "x"
+
+
+def _closing(lines: list[str], sleep: float) -> str:
+    """A job that prints ``lines`` (launch/run.py's closing summary) and then takes ``sleep`` s
+    to exit, as a run shutting down its servers does."""
+    text = "\\n".join(lines)
+    return f'python3 -c "import time; print(\'{text}\', flush=True); time.sleep({sleep})"'
+
+
+def test_a_run_cut_off_after_its_closing_summary_is_done_not_paused(tmp_path):
+    """Two 20-turn runs printed `run finished:` as their limit came and were killed while they
+    shut down (exit 124): they were called paused, the summary's `outputs:` line given as why,
+    and a next call had to start them to hear that they were done. A run whose final evaluation
+    is "not a result", or one stopped by SIGTERM, is still paused."""
+    out = tmp_path / "out"
+    finished = ["run finished: steps 82->120, final horizon 20",
+                "  eval @ step 120: avg@4=0.468 (128 tasks)", "  outputs: /tmp/w"]
+    invalid = ["run finished: steps 82->120, final horizon 20",
+               "  eval @ step 120: not a result: 3 of 512 episodes dropped", "  outputs: /tmp/w"]
+    stopped = ["run stopped by SIGTERM: steps 65->85, final horizon 20", "  outputs: /tmp/w"]
+    jobs = _jobs(tmp_path / "jobs.txt", [f"ended 2 0 resume {_closing(finished, 30)}",
+                                         f"invalid 2 1 resume {_closing(invalid, 30)}",
+                                         f"cut 2 2 resume {_closing(stopped, 30)}"])
+    r = _run(jobs, out, "0,1,2")
+    assert "note: ended reached its limit after 'run finished:'" in r.stdout, r.stdout
+    assert "done: ended" in r.stdout and (out / ".done" / "ended").exists()
+    assert "paused (a later call resumes it): invalid" in r.stdout
+    assert "paused (a later call resumes it): cut" in r.stdout
+    rows = {json.loads(l)["job"]: json.loads(l)
+            for l in (out / "results" / "timings.jsonl").read_text().splitlines()}
+    assert (rows["ended"]["status"], rows["ended"]["exit"]) == ("ok", 124)
+    assert rows["invalid"]["status"] == rows["cut"]["status"] == "paused"
+    # a session that finished earlier does not make a later cut-off session done
+    again = _jobs(tmp_path / "again.txt", [f"ended 2 0 resume {_closing(stopped, 30)}"])
+    (out / ".done" / "ended").unlink()
+    r2 = _run(again, out, "0")
+    assert "paused (a later call resumes it): ended" in r2.stdout, r2.stdout

@@ -22,8 +22,9 @@
 # for its cap or what is left of the budget less 45 s, whichever is less, then gets SIGTERM
 # (launch/run.py then checkpoints its last finished step; SIGKILL 45 s later), and a later call
 # runs the same command again in the same folder, which resumes it (launch/run.py resumes from
-# its checkpoint and counts train.max_seconds over every session). `{out}` in a command is
-# replaced by --out. A job's run folder is OUT/NAME (its small files are collected from there,
+# its checkpoint and counts train.max_seconds over every session); a job cut off after its
+# log's last session printed launch/run.py's "run finished:" summary is done. `{out}` in a
+# command is replaced by --out. A job's run folder is OUT/NAME (its small files are collected from there,
 # an earlier attempt is moved aside from there): a command whose `--workdir` names any other
 # folder is refused before anything starts (exit 2), since its files would be lost with the
 # machine. Exit code 1 if any job failed or was skipped. In the results folder a JSON-lines file

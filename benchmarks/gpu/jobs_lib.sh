@@ -132,6 +132,10 @@ run_job() {  # run_job NAME LANE CAP CPU|GPU CMD...: on lane LANE (one job at a 
   end=$(date +%s)
   exec {fd}>&-
   if [ "$rc" -eq 0 ]; then status=ok; touch "$OUT/.done/$name"
+  elif { [ "$rc" -eq 124 ] || [ "$rc" -eq 137 ]; } && finished_in_log "$LOGS/$name.log"; then
+    # launch/run.py printed its closing summary and its limit came while it shut down: done
+    status=ok; touch "$OUT/.done/$name"
+    say "note: $name reached its limit after 'run finished:' (while shutting down): done"
   elif { [ "$rc" -eq 124 ] || [ "$rc" -eq 137 ]; } && [ "$resume" = 1 ]; then
     status=paused; touch "$OUT/.done/$name.failed"  # the next call resumes it
   elif [ "$rc" -eq 124 ] || [ "$rc" -eq 137 ]; then status=timeout; touch "$OUT/.done/$name.failed"
@@ -141,6 +145,12 @@ run_job() {  # run_job NAME LANE CAP CPU|GPU CMD...: on lane LANE (one job at a 
   say "$(case $status in ok) echo done ;; paused) echo "paused (a later call resumes it)" ;;
          *) echo "FAILED ($status)" ;; esac): $name in $(( end - start )) s (exit $rc)$([ "$status" = ok ] || echo "; $RESULTS/logs/$name.log: $(tail -n 1 "$LOGS/$name.log" | cut -c1-300)")"
   [ "$rc" -eq 0 ]
+}
+
+finished_in_log() {  # finished_in_log LOG: its last session printed launch/run.py's closing
+  # "run finished:" summary, without a final evaluation that is "not a result"
+  awk 'index($0, "=== session of") == 1 { f = 0 } /^run finished:/ { f = 1 }
+       /^  eval @ step [0-9]+: not a result/ { f = 0 } END { exit !f }' "$1"
 }
 
 wait_for() {  # wait_for NAME: until job NAME is done (0) or failed / out of time (1)
