@@ -195,7 +195,8 @@ def test_a_sft_rl_pipeline_job_is_collected_as_its_rl_and_sft_runs(tmp_path):
         "    for name, value in (('summary.json', {'finished_step': step}),\n"
         "                        ('config.json', {'part': part})):\n"
         "        json.dump(value, open(os.path.join(d, part, name), 'w'))\n"
-        "    open(os.path.join(d, part, 'metrics.jsonl'), 'w').write(json.dumps({'step': step}) + '\\n')\n"
+        "    open(os.path.join(d, part, 'metrics.jsonl'), 'w')"
+        ".write(json.dumps({'step': step}) + '\\n')\n"
         "os.makedirs(os.path.join(d, 'experts'))\n"
         "json.dump({'episodes': 8}, open(os.path.join(d, 'experts', 'babyai.meta.json'), 'w'))\n")
     jobs = _jobs(tmp_path / "jobs.txt", [f"pipe 40 0 python3 {maker} --workdir {out}/pipe"])

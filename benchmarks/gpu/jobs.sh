@@ -24,11 +24,12 @@
 # runs the same command again in the same folder, which resumes it (launch/run.py resumes from
 # its checkpoint and counts train.max_seconds over every session); a job cut off after its
 # log's last session printed launch/run.py's "run finished:" summary is done. `{out}` in a
-# command is replaced by --out. A job's run folder is OUT/NAME (its small files are collected from there,
-# an earlier attempt is moved aside from there): a command whose `--workdir` names any other
-# folder is refused before anything starts (exit 2), since its files would be lost with the
-# machine. Exit code 1 if any job failed or was skipped. In the results folder a JSON-lines file
-# over 64 KiB is stored gzip-compressed (X.jsonl.gz, lossless; results/README.md says why).
+# command is replaced by --out. A job's run folder is OUT/NAME (its small files are collected
+# from there, an earlier attempt is moved aside from there): a command whose `--workdir` names
+# any other folder is refused before anything starts (exit 2), since its files would be lost
+# with the machine. Exit code 1 if any job failed or was skipped. In the results folder a
+# JSON-lines file over 64 KiB is stored gzip-compressed (X.jsonl.gz, lossless; results/README.md
+# says why).
 # --archive FILE packs the results folder into one tar.gz when the call ends (failed jobs or
 # not): a GPU call returns only a few files from its output folder, so put FILE there and the
 # results folder outside it. --only REGEX keeps the jobs whose NAME matches the extended regular
