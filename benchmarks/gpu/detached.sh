@@ -1,0 +1,94 @@
+#!/usr/bin/env bash
+# A command that outlives the GPU call that starts it, so a job list runs across the calls of one
+# warm machine without being stopped and resumed at each call's end.
+#
+#   bash benchmarks/gpu/detached.sh start DIR -- COMMAND...   # returns at once
+#   bash benchmarks/gpu/detached.sh wait DIR SECONDS           # until it ends, or SECONDS pass
+#   bash benchmarks/gpu/detached.sh stop DIR                   # SIGTERM to its process group
+#
+# The lent machine kills what a call leaves running when the call returns, except a process
+# that started a new session (setsid), which runs on until the machine is given back
+# (/work/.library/device/README.md). A job list run by `benchmarks/gpu/jobs.sh` inside one
+# 600-s call had to be stopped near the call's end (SIGTERM, a 45-s checkpoint grace) and
+# resumed by the next call: ~45-70 s a job of start-up each time (servers, model load, checkpoint
+# restore, engine start, compiles; session 41's logs). Started here, jobs.sh runs once, its
+# --budget the session's device time, while each call only waits:
+#
+#   call 1: ... && bash benchmarks/gpu/detached.sh start /tmp/det -- bash benchmarks/gpu/jobs.sh \
+#             ... --budget 1500 --archive /tmp/det/res.tgz && bash benchmarks/gpu/detached.sh \
+#             wait /tmp/det 560
+#   call 2: bash benchmarks/gpu/detached.sh wait /tmp/det 590
+#   call 3: bash benchmarks/gpu/detached.sh wait /tmp/det 400; cp /tmp/det/res.tgz $OUT/
+#
+# (the calls back to back in one message: a machine idle for ~30 s is given back, and the
+# detached command with it). `start` refuses a DIR whose command still runs (exit 2). `wait`
+# prints the lines the command's log (DIR/log) gained since the last `wait`, and exits with the
+# command's exit status once it has ended (DIR/rc), or 124 while it still runs after SECONDS.
+set -uo pipefail
+usage() { sed -n '5,7p' "$0" | sed 's/^#   //' >&2; exit 2; }
+[ $# -ge 2 ] || usage
+mode=$1 dir=$2
+shift 2
+
+running() { [ -f "$dir/pid" ] && [ ! -f "$dir/rc" ] && kill -0 "$(cat "$dir/pid")" 2>/dev/null; }
+
+show_new_lines() {  # the log's lines after those an earlier wait showed
+  local shown=0 total
+  [ -f "$dir/shown" ] && shown=$(cat "$dir/shown")
+  [ -f "$dir/log" ] || return 0
+  total=$(wc -l < "$dir/log")
+  [ "$total" -gt "$shown" ] && sed -n "$((shown + 1)),${total}p" "$dir/log"
+  echo "$total" > "$dir/shown"
+}
+
+case $mode in
+  start)
+    [ "${1:-}" = "--" ] && shift
+    [ $# -gt 0 ] || usage
+    if running; then
+      echo "detached: $dir already runs a command (pid $(cat "$dir/pid")): wait or stop it" >&2
+      exit 2
+    fi
+    mkdir -p "$dir" && rm -f "$dir/rc" "$dir/shown" "$dir/log"
+    # the new session's leader runs the command and records its exit status when it ends; it
+    # outlives a SIGTERM to the group (`stop`) to record the status the command ends with
+    setsid bash -c 'trap : TERM; "$@" > "$0/log" 2>&1 < /dev/null & child=$!
+      while :; do wait "$child"; rc=$?; kill -0 "$child" 2>/dev/null || break; done
+      echo "$rc" > "$0/rc.tmp" && mv "$0/rc.tmp" "$0/rc"' "$dir" "$@" < /dev/null > /dev/null 2>&1 &
+    pid=$!
+    echo "$pid" > "$dir/pid"
+    # return only once the child leads its own session: until its setsid() it is still in this
+    # call's process group, which the machine kills when the call returns
+    for _ in $(seq 100); do
+      [ "$(sed 's/.*) //' "/proc/$pid/stat" 2>/dev/null | cut -d' ' -f4)" = "$pid" ] && break
+      sleep 0.05
+    done
+    echo "detached: started pid $pid (its own session), log $dir/log"
+    ;;
+  wait)
+    seconds=${1:?usage: detached.sh wait DIR SECONDS}
+    [ -f "$dir/pid" ] || { echo "detached: nothing was started in $dir" >&2; exit 2; }
+    end=$((SECONDS + seconds))
+    while :; do
+      show_new_lines
+      if [ -f "$dir/rc" ]; then
+        echo "detached: the command ended, exit $(cat "$dir/rc")"
+        exit "$(cat "$dir/rc")"
+      fi
+      if ! kill -0 "$(cat "$dir/pid")" 2>/dev/null; then
+        echo "detached: the command is gone without an exit status (killed?)" >&2
+        exit 2
+      fi
+      if [ "$SECONDS" -ge "$end" ]; then
+        echo "detached: still running after $seconds s (pid $(cat "$dir/pid"))"
+        exit 124
+      fi
+      sleep 2
+    done
+    ;;
+  stop)
+    running || { echo "detached: nothing runs in $dir"; exit 0; }
+    kill -TERM -- "-$(cat "$dir/pid")" && echo "detached: SIGTERM to process group $(cat "$dir/pid")"
+    ;;
+  *) usage ;;
+esac

@@ -1,0 +1,71 @@
+"""benchmarks/gpu/detached.sh: a command that outlives the call that started it.
+
+The lent GPU machine kills what a call leaves behind except processes in a new session; here a
+"call" is a process group that is killed after ``start`` returns, and the detached command
+must run on, report its new log lines to each ``wait`` and its exit status at the end."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "gpu" / "detached.sh"
+pytestmark = pytest.mark.skipif(subprocess.run(["which", "setsid"], capture_output=True).returncode,
+                                reason="needs setsid (util-linux)")
+
+
+def _det(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
+    return subprocess.run(["bash", str(SCRIPT), *map(str, args)], capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def _gated(tmp_path: Path, code: int) -> list[str]:
+    """A command that prints "one", waits for the file ``go``, prints "two" and exits ``code``."""
+    gate = tmp_path / "go"
+    return ["bash", "-c", f"echo one; while [ ! -f {gate} ]; do sleep 0.1; done; echo two; "
+            f"exit {code}"]
+
+
+def test_a_started_command_outlives_its_call_and_reports_to_each_wait(tmp_path):
+    work = tmp_path / "det"
+    # the "call": its own process group, killed (as the machine does) once start returned
+    call = subprocess.Popen(["bash", str(SCRIPT), "start", str(work), "--", *_gated(tmp_path, 7)],
+                            stdout=subprocess.PIPE, text=True, start_new_session=True)
+    assert "started pid" in call.communicate(timeout=60)[0]
+    try:
+        os.killpg(call.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    pid = int((work / "pid").read_text())
+    os.kill(pid, 0)  # still there
+    first = _det("wait", work, 1)
+    assert first.returncode == 124 and "one" in first.stdout and "still running" in first.stdout
+    assert "two" not in first.stdout
+    again = _det("start", work, "--", "true")
+    assert again.returncode == 2 and "already runs" in again.stderr
+    (tmp_path / "go").touch()
+    last = _det("wait", work, 50)
+    assert last.returncode == 7 and "two" in last.stdout and "exit 7" in last.stdout
+    assert "one" not in last.stdout  # only the lines after the last wait
+
+
+def test_stop_ends_the_command_and_wait_reports_its_status(tmp_path):
+    work = tmp_path / "det"
+    assert _det("start", work, "--", *_gated(tmp_path, 0)).returncode == 0
+    stopped = _det("stop", work)
+    assert stopped.returncode == 0 and "SIGTERM" in stopped.stdout
+    assert _det("wait", work, 50).returncode == 128 + signal.SIGTERM
+    # a finished DIR takes a new command
+    assert _det("start", work, "--", "bash", "-c", "echo fresh").returncode == 0
+    done = _det("wait", work, 50)
+    assert done.returncode == 0 and "fresh" in done.stdout
+
+
+def test_usage_mistakes_exit_2(tmp_path):
+    assert _det("wait", tmp_path / "none", 1).returncode == 2
+    assert _det("start", tmp_path / "x", "--").returncode == 2
+    assert _det("bogus", tmp_path / "x").returncode == 2
