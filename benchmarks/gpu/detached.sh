@@ -15,13 +15,15 @@
 # --budget the session's device time, while each call only waits:
 #
 #   call 1: ... && bash benchmarks/gpu/detached.sh start /tmp/det -- bash benchmarks/gpu/jobs.sh \
-#             ... --budget 1500 --archive /tmp/det/res.tgz && bash benchmarks/gpu/detached.sh \
+#             ... --results /tmp/res --budget 1500 && bash benchmarks/gpu/detached.sh \
 #             wait /tmp/det 560
 #   call 2: bash benchmarks/gpu/detached.sh wait /tmp/det 590
-#   call 3: bash benchmarks/gpu/detached.sh wait /tmp/det 400; cp /tmp/det/res.tgz $OUT/
+#   call 3: bash benchmarks/gpu/detached.sh wait /tmp/det 400; tar czf $OUT/res.tgz -C /tmp res
 #
 # (the calls back to back in one message: a machine idle for ~30 s is given back, and the
-# detached command with it). `start` refuses a DIR whose command still runs (exit 2). `wait`
+# detached command with it). The last call packs the results folder itself, whether or not
+# jobs.sh has ended: jobs.sh copies each job's small files there as the job ends, so a job
+# still running then is all that is missing (its run dies with the machine in any case). `start` refuses a DIR whose command still runs (exit 2). `wait`
 # prints the lines the command's log (DIR/log) gained since the last `wait`, and exits with the
 # command's exit status once it has ended (DIR/rc), or 124 while it still runs after SECONDS.
 set -uo pipefail
