@@ -32,7 +32,8 @@ which ``emit`` indexes are still missing. ``groups``: DEST's parts in folders ``
 of at most ``--mib`` MiB each (``carry.json`` in every one). ``unpack``: every part present,
 of its size and sha256, and the whole tar's sha256, before anything is written; then the run
 folder extracted beside its place in PARENT and renamed into it (a folder already there is
-refused unless ``--replace``, which moves it aside), and the step it resumes from printed. Exit 1 naming what is wrong.
+refused unless ``--replace``, which moves it aside), and the step it resumes from printed.
+Exit 1 naming what is wrong.
 """
 
 from __future__ import annotations
@@ -109,7 +110,8 @@ class _PartWriter(io.RawIOBase):
     def _next(self) -> None:
         self._finish()
         name = f"part-{len(self.parts):05d}"
-        self._file, self._hash, self._left = open(self.stage / name, "wb"), hashlib.sha256(), self.size
+        self._file = open(self.stage / name, "wb")  # closed by _finish
+        self._hash, self._left = hashlib.sha256(), self.size
         self.parts.append({"name": name, "bytes": 0})
 
     def _finish(self) -> None:

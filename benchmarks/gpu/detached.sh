@@ -23,9 +23,10 @@
 # (the calls back to back in one message: a machine idle for ~30 s is given back, and the
 # detached command with it). The last call packs the results folder itself, whether or not
 # jobs.sh has ended: jobs.sh copies each job's small files there as the job ends, so a job
-# still running then is all that is missing (its run dies with the machine in any case). `start` refuses a DIR whose command still runs (exit 2). `wait`
-# prints the lines the command's log (DIR/log) gained since the last `wait`, and exits with the
-# command's exit status once it has ended (DIR/rc), or 124 while it still runs after SECONDS.
+# still running then is all that is missing (its run dies with the machine in any case).
+# `start` refuses a DIR whose command still runs (exit 2). `wait` prints the lines the command's
+# log (DIR/log) gained since the last `wait`, and exits with the command's exit status once it
+# has ended (DIR/rc), or 124 while it still runs after SECONDS.
 set -uo pipefail
 usage() { sed -n '5,7p' "$0" | sed 's/^#   //' >&2; exit 2; }
 [ $# -ge 2 ] || usage
@@ -90,7 +91,8 @@ case $mode in
     ;;
   stop)
     running || { echo "detached: nothing runs in $dir"; exit 0; }
-    kill -TERM -- "-$(cat "$dir/pid")" && echo "detached: SIGTERM to process group $(cat "$dir/pid")"
+    pid=$(cat "$dir/pid")
+    kill -TERM -- "-$pid" && echo "detached: SIGTERM to process group $pid"
     ;;
   *) usage ;;
 esac
