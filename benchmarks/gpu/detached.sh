@@ -10,9 +10,9 @@
 # that started a new session (setsid), which runs on until the machine is given back
 # (/work/.library/device/README.md). A job list run by `benchmarks/gpu/jobs.sh` inside one
 # 600-s call had to be stopped near the call's end (SIGTERM, a 45-s checkpoint grace) and
-# resumed by the next call: ~45-70 s a job of start-up each time (servers, model load, checkpoint
-# restore, engine start, compiles; session 41's logs). Started here, jobs.sh runs once, its
-# --budget the session's device time, while each call only waits:
+# resumed by the next call, paying a start-up each time (docs/PERFORMANCE.md, "What a call
+# boundary costs a resumed run"). Started here, jobs.sh runs once, its --budget the session's
+# device time, while each call only waits:
 #
 #   call 1: ... && bash benchmarks/gpu/detached.sh start /tmp/det -- bash benchmarks/gpu/jobs.sh \
 #             ... --results /tmp/res --budget 1500 && bash benchmarks/gpu/detached.sh \
