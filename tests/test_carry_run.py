@@ -9,6 +9,7 @@ from __future__ import annotations
 import filecmp
 import json
 import os
+import random
 import shutil
 import sys
 from pathlib import Path
@@ -25,7 +26,7 @@ def _run_folder(root: Path) -> Path:
     """A run folder shaped as launch/run.py leaves it: small files, two checkpoint steps (and an
     unfinished orbax write), a lock, random bytes that do not compress."""
     run = root / "babyai_curve"
-    rng = __import__("random").Random(0)
+    rng = random.Random(0)
     files = {"config.json": 300, "summary.json": 200, "metrics.jsonl": 5 * KIB,
              "tensorboard/events.out": 3 * KIB, "run.lock": 10,
              "checkpoints/10/params/d/abc": 90 * KIB, "checkpoints/10/opt_state/d/def": 70 * KIB,

@@ -12,7 +12,7 @@ import shlex
 
 import pytest
 
-from agentrl_jax.training.config.command_line import cli_problems, load_with_overrides
+from agentrl_jax.training.config.command_line import load_with_overrides
 from agentrl_jax.training.preflight.validate import check_config
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -38,9 +38,8 @@ def _problems(argv: list[str]) -> list[str]:
     for name in ("config", "sft_config"):
         if f"--{name}" not in argv and not any(a.startswith(f"--{name}=") for a in argv):
             continue
-        found = cli_problems(argv, name)
+        config, _, found = load_with_overrides(argv, name)  # cli_problems first, then loads
         if not found:
-            config, _, found = load_with_overrides(argv, name)
             try:
                 check_config(config)
             except Exception as error:  # ConfigError: one line per problem

@@ -117,16 +117,18 @@ def training_rows(run: str) -> list[dict]:
             if "rollout/episodes" in row]
 
 
-def _why_left_out(run: str, k: int) -> str | None:
+def _scores_after(run: str, k: int) -> tuple[dict[str, float] | None, str | None]:
+    """(the scores of ``run``'s last evaluation, None), or (None, why the run is left out: no
+    folder, or no evaluation after training)."""
     if not os.path.isdir(run):
-        return f"{run}: no such folder"
+        return None, f"{run}: no such folder"
     try:
         evals = evaluations(run, k)
     except FileNotFoundError:
         evals = {}
     if len(evals) < 2:
-        return f"{run}: no evaluation after training (steps {sorted(evals)})"
-    return None
+        return None, f"{run}: no evaluation after training (steps {sorted(evals)})"
+    return {m: evals[max(evals)][m] for m in METRICS}, None
 
 
 def training_stats(rows: list[dict]) -> dict[str, Any]:
@@ -268,12 +270,6 @@ def arm_summary(runs: list[str], k: int, windows: list[list[int | None]]) -> dic
     }
 
 
-def _after(run: str, k: int) -> dict[str, float]:
-    """The scores of ``run``'s last evaluation."""
-    evals = evaluations(run, k)
-    return {m: evals[max(evals)][m] for m in METRICS}
-
-
 def seed_windows(arms: dict[str, list[str]], finished: dict[str, list[int]],
                  windows: list[list[int | None]]) -> dict[str, dict[str, dict[str, Any]]]:
     """Per arm and finished seed position (``finished[arm]``; as a string), the window numbers
@@ -288,19 +284,24 @@ def seed_windows(arms: dict[str, list[str]], finished: dict[str, list[int]],
     return out
 
 
-def shared_seed_differences(arms: dict[str, list[str]], finished: dict[str, list[int]],
-                            reference: str, k: int) -> dict[str, dict[str, Any]]:
+def pair_difference(after: dict[str, dict[int, dict[str, float]]], b: str, a: str,
+                    seeds: list[int]) -> dict[str, Any]:
+    """B - A per metric over the seed positions ``seeds`` (``after[arm][seed]``: the scores after
+    training)."""
+    return {m: difference([after[b][i][m] for i in seeds], [after[a][i][m] for i in seeds])
+            for m in METRICS}
+
+
+def shared_seed_differences(after: dict[str, dict[int, dict[str, float]]], reference: str
+                            ) -> dict[str, dict[str, Any]]:
     """``reference`` - A per other arm A over the seed positions both have finished (an
     evaluation after training; the others' seeds aside); a pair with no such seed is absent."""
     out: dict[str, dict[str, Any]] = {}
-    for name, runs in arms.items():
-        seeds = [i for i in finished[reference] if i in finished[name]]
-        if name == reference or not seeds:
-            continue
-        b = [_after(arms[reference][i], k) for i in seeds]
-        a = [_after(runs[i], k) for i in seeds]
-        out[f"{reference} - {name}"] = {"seeds": seeds, **{m: difference(
-            [x[m] for x in b], [y[m] for y in a]) for m in METRICS}}
+    for name in after:
+        seeds = [i for i in after[reference] if i in after[name]]
+        if name != reference and seeds:
+            out[f"{reference} - {name}"] = {"seeds": seeds,
+                                            **pair_difference(after, reference, name, seeds)}
     return out
 
 
@@ -313,10 +314,12 @@ def compare(arms: dict[str, list[str]], k: int = 4, reference: str | None = None
     if reference not in arms:
         raise ValueError(f"--reference {reference!r} is not an arm ({', '.join(arms)})")
     positions = max(len(r) for r in arms.values())
-    why_not = {name: [_why_left_out(runs[i], k) if i < len(runs) else "no folder given"
-                      for i in range(positions)] for name, runs in arms.items()}
-    finished = {name: [i for i, w in enumerate(whys) if w is None]
-                for name, whys in why_not.items()}
+    scored = {name: [_scores_after(runs[i], k) if i < len(runs) else (None, "no folder given")
+                     for i in range(positions)] for name, runs in arms.items()}
+    why_not = {name: [why for _, why in pairs] for name, pairs in scored.items()}
+    after = {name: {i: scores for i, (scores, _) in enumerate(pairs) if scores is not None}
+             for name, pairs in scored.items()}
+    finished = {name: sorted(seeds) for name, seeds in after.items()}
     left_out: dict[int, list[str]] = {}
     for i in range(positions):
         why = [whys[i] for whys in why_not.values() if whys[i]]
@@ -328,11 +331,8 @@ def compare(arms: dict[str, list[str]], k: int = 4, reference: str | None = None
     windows = phase_windows(training_rows(arms[reference][kept[0]]))
     summaries = {name: arm_summary([runs[i] for i in kept], k, windows)
                  for name, runs in arms.items()}
-    differences = {
-        f"{reference} - {name}": {m: difference(
-            [f["after"][m] for f in summaries[reference]["final"]],
-            [f["after"][m] for f in summaries[name]["final"]]) for m in METRICS}
-        for name in arms if name != reference}
+    differences = {f"{reference} - {name}": pair_difference(after, reference, name, kept)
+                   for name in arms if name != reference}
     only = {}
     for a in arms:
         for b in arms:
@@ -346,7 +346,7 @@ def compare(arms: dict[str, list[str]], k: int = 4, reference: str | None = None
             "equal_steps": len({tuple(v) for v in steps.values()}) == 1,
             "trained_steps": steps, "windows": [window_label(w) for w in windows],
             "differences": differences,
-            "differences_shared": shared_seed_differences(arms, finished, reference, k),
+            "differences_shared": shared_seed_differences(after, reference),
             "windows_by_seed": seed_windows(arms, finished, windows),
             "only_solved_by": only, "arms": summaries}
 
