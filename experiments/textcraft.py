@@ -5,9 +5,12 @@
 
 The default is the one-GPU recipe (``grpo_gpu``, ``common.gpu_recipe``); ``grpo_scaling`` is
 the paper's schedule (10 -> 20 -> 30 turns, 100 steps a
-phase), as for every family. From the base model TextCraft gives RL no signal (0/472 successes:
-every group is flat); the learning result is SFT then RL (``sft_gpu``, then ``sft_grpo_gpu``;
-docs/RESULTS.md). Variants (``experiments/common.py`` holds the shared pieces):
+phase), as for every family. From the base model, free text gives RL no signal on TextCraft (0/472
+successes: every group is flat); the lettered options of ``choice_gpu`` do (test Avg@4 0.378 ->
+0.888 in 45 steps, three seeds), though their goal-first order is itself worth 0.739
+(docs/RESULTS.md, "TextCraft from the base model, lettered options"), which
+``choice_shuffled_gpu`` takes away. SFT then RL: ``sft_gpu``, then ``sft_grpo_gpu``.
+Variants (``experiments/common.py`` holds the shared pieces):
 
 =================== =========================================================================
 grpo_scaling        the paper's schedule with the settings' defaults
@@ -15,6 +18,7 @@ ppo                 ``grpo_scaling`` with PPO (critic + GAE) instead of GRPO
 grpo_gpu            the default: one GPU, ~10 minutes (``common.gpu_recipe``)
 gigpo_gpu           ``grpo_gpu`` with the GiGPO estimator (anchor states: the inventory)
 choice_gpu          ``grpo_gpu`` answering with the letter of a listed valid action, restricted policy
+choice_shuffled_gpu ``choice_gpu`` with each turn's options in a seeded permuted order
 sft                 behaviour cloning of the recipe expert, CPU-sized
 sft_gpu             behaviour cloning on one GPU, ~7 minutes
 sft_grpo_gpu        ``grpo_gpu`` started from ``sft_gpu``'s policy
@@ -69,6 +73,20 @@ def choice_gpu() -> ConfigDict:
     EOS (docs/RESULTS.md, "Lettered options and a policy restricted to the letters, per family,
     at step 0"; the jobs: benchmarks/jobs/families_choice_scratch.txt)."""
     return use_choice(grpo_gpu(), list_actions=True)
+
+
+def choice_shuffled_gpu() -> ConfigDict:
+    """``choice_gpu`` with each turn's options listed in a permuted order
+    (``agent.shuffle_options``, as ``experiments/deepsearch.py:choice_shuffled_gpu``). Why:
+    the server lists the goal's craft first and the ``get`` nearest the goal next, so always
+    answering " a" already scores 0.739 on the test goals (no model:
+    ``benchmarks/analysis/action_scoring.py --policies first``), against 0.379 for a uniform
+    choice; ``choice_gpu``'s 0.888 after 45 steps is partly that order. Shuffled, a letter
+    habit earns chance on average and reward comes only from the options' text. Jobs:
+    benchmarks/jobs/textcraft_choice_shuffled_test.txt."""
+    c = choice_gpu()
+    c.agent.shuffle_options = True
+    return c
 
 
 def choice_curve_gpu() -> ConfigDict:
@@ -136,7 +154,8 @@ def sft_grpo_long_gpu() -> ConfigDict:
 
 VARIANTS = {
     "grpo_scaling": grpo_scaling, "ppo": ppo, "grpo_gpu": grpo_gpu, "gigpo_gpu": gigpo_gpu,
-    "choice_gpu": choice_gpu, "sft": sft, "sft_gpu": sft_gpu, "sft_grpo_gpu": sft_grpo_gpu, "sft_gigpo_gpu": sft_gigpo_gpu,
+    "choice_gpu": choice_gpu, "choice_shuffled_gpu": choice_shuffled_gpu, "sft": sft,
+    "sft_gpu": sft_gpu, "sft_grpo_gpu": sft_grpo_gpu, "sft_gigpo_gpu": sft_gigpo_gpu,
     "sft_grpo_long_gpu": sft_grpo_long_gpu, "choice_curve_gpu": choice_curve_gpu,
 }
 

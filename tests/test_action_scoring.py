@@ -28,6 +28,8 @@ def test_distributions_by_hand():
         [math.exp(-1) / z, math.exp(-3) / z, math.exp(-1) / z])
     assert choice_distribution(logps, "lm_greedy") == [1.0, 0.0, 0.0]  # the first of equals
     assert choice_distribution(logps, "uniform") == pytest.approx([1 / 3] * 3)
+    assert choice_distribution(logps, "first") == [1.0, 0.0, 0.0]
+    assert choice_distribution([[-9.0], [-0.1]], "first") == [1.0, 0.0]  # whatever the scores
 
 
 def test_cached_scores_match_a_full_forward():

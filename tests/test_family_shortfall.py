@@ -261,3 +261,11 @@ def test_no_final_evaluation_keeps_step_0(root, tmp_path, capsys):
         == "a"
     )
     assert "+40.0 pts" in text and "+15.0 pts" in text and "+10.0 pts from step 0" in text
+
+
+def test_gap_text_says_met_once_reached():
+    import family_shortfall_table as table
+
+    assert table._gap_text(0.333) == "+33.3 pts"
+    assert table._gap_text(0.40 - 0.888) == "met (48.8 pts above)"
+    assert table._gap_text(0.0) == "met (0.0 pts above)"

@@ -25,7 +25,10 @@ end at their line break), with HF ``transformers`` (PyTorch, CPU) on the same Sm
   long actions are not penalised for their length);
 * ``lm_greedy``: the action of highest mean log-probability (deterministic);
 * ``uniform``: an action drawn uniformly from the listed ones, no model (the chance policy the
-  others are measured against).
+  others are measured against);
+* ``first``: always the first listed action, no model (what the list's own order is worth:
+  a server that lists the goal's actions first hands a policy that learns to answer " a" a
+  heuristic, not a skill).
 
 The chosen action goes to the environment as its text. Per policy: the episodes' mean task
 score (Avg@k over ``--samples`` k episodes a task: ``eval_metrics.episode_score`` of
@@ -56,7 +59,9 @@ from typing import Any, Sequence
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
-POLICIES = ("uniform", "lm_sum", "lm_mean", "lm_greedy")
+POLICIES = ("uniform", "first", "lm_sum", "lm_mean", "lm_greedy")
+#: the policies that need no model
+MODEL_FREE = frozenset({"uniform", "first"})
 
 
 @dataclasses.dataclass
@@ -86,7 +91,7 @@ class PolicyStats:
     def line(self) -> str:
         n, t = max(self.episodes, 1), max(self.turns, 1)
         chosen = (f", chosen action's probability {self.chosen_prob_sum / t:.3f}"
-                  if self.policy != "uniform" else "")
+                  if self.policy not in MODEL_FREE else "")
         return (f"{self.policy:>10}: Avg@{self.samples} {self.score_sum / n:.3f}, "
                 f"Pass@{self.samples} {self.pass_at_k():.3f}, score > 0 "
                 f"{self.scored}/{self.episodes}, completed {self.completed}/{self.episodes}, "
@@ -98,10 +103,12 @@ def choice_distribution(logps: Sequence[Sequence[float]], policy: str) -> list[f
     """The probability of each listed action under ``policy`` from its tokens' log-probs
     (``logps[i]``: action ``i``'s per-token log-probs): ``lm_sum`` softmax of the sums,
     ``lm_mean`` softmax of the means, ``lm_greedy`` one-hot on the highest mean (the first of
-    equals), ``uniform`` 1/K each."""
+    equals), ``uniform`` 1/K each, ``first`` one-hot on the first."""
     k = len(logps)
     if policy == "uniform":
         return [1.0 / k] * k
+    if policy == "first":
+        return [1.0] + [0.0] * (k - 1)
     means = [sum(lp) / len(lp) for lp in logps]
     if policy == "lm_greedy":
         best = max(range(k), key=lambda i: means[i])
@@ -205,7 +212,7 @@ async def play(policy: str, task: Any, sample: int, client: Any, tokenizer: Any,
                 break
             stats.listed += len(actions)
             if scorer is None:
-                probs = choice_distribution([[0.0]] * len(actions), "uniform")
+                probs = choice_distribution([[0.0]] * len(actions), policy)
             else:
                 text = tokenizer.apply_chat_template(messages, tokenize=False,
                                                      add_generation_prompt=True) + "Action:"
@@ -257,7 +264,7 @@ async def measure(args: argparse.Namespace) -> list[PolicyStats]:
         raise SystemExit(f"unknown policies {unknown}; known: {list(POLICIES)}")
     path = resolve_model_path(args.model)
     tokenizer = load_tokenizer(path)
-    scorer = ActionScorer.load(path) if any(p != "uniform" for p in policies) else None
+    scorer = ActionScorer.load(path) if set(policies) - MODEL_FREE else None
     results = []
     with contextlib.ExitStack() as stack:
         async with contextlib.AsyncExitStack() as astack:
@@ -271,7 +278,7 @@ async def measure(args: argparse.Namespace) -> list[PolicyStats]:
                 for task in tasks:
                     for sample in range(args.samples):
                         await play(policy, task, sample, clients[task.env], tokenizer,
-                                   None if policy == "uniform" else scorer, args, stats)
+                                   None if policy in MODEL_FREE else scorer, args, stats)
                 stats.seconds = time.monotonic() - t0
                 print(stats.line(), flush=True)
                 results.append(stats)

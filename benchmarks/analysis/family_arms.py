@@ -88,6 +88,31 @@ ARMS: tuple[Arm, ...] = (
         "dev",
     ),
     Arm(
+        "babyai",
+        "ScalingInter-RL 6->13->20, 120 equal steps",
+        tuple(f"results/scaling_equal_steps/babyai_eq_scaling_s{i}" for i in range(3)),
+        "test",
+    ),
+    Arm(
+        "babyai",
+        "fixed 20 turns, 120 equal steps",
+        tuple(f"results/scaling_equal_steps/babyai_eq_fixed20_s{i}" for i in range(3)),
+        "test",
+    ),
+    Arm(
+        "babyai",
+        "GiGPO, ScalingInter-RL 6->13->20, 120 equal steps",
+        tuple(f"results/scaling_equal_steps/babyai_eq_gigpo_s{i}" for i in range(3)),
+        "test",
+    ),
+    Arm(
+        "textcraft",
+        "choice restricted to letters, goal-first option order, 45 steps",
+        tuple(f"results/textcraft_choice_test/textcraft_choice_test_s{i}" for i in range(3)),
+        "test",
+        note="always the first option, no model, scores 0.739 on these goals",
+    ),
+    Arm(
         "textcraft",
         "grpo_gpu before each family had its own example action (420 s, shared GPU)",
         ("results/textcraft_shared_gpu",),

@@ -34,6 +34,11 @@ def _ends(e: dict | None) -> str:
     return " / ".join(_pct(e[k]) for k in ("success", "turn_limit", "context_limit", "other"))
 
 
+def _gap_text(gap: float) -> str:
+    """Points still missing (``+x pts``), or ``met (x pts above)`` once the target is reached."""
+    return f"met ({abs(100 * gap):.1f} pts above)" if gap <= 0 else f"{100 * gap:+.1f} pts"
+
+
 def _row(name: str, target: str, what: str, score: str, gap: str, e: dict) -> str:
     """One row of the headline table from an evaluation (:func:`pooled`) or a CPU row."""
     tokens = "-" if e["tokens_mean"] is None else f"{e['tokens_mean']:,.0f} / {e['tokens_max']:,}"
@@ -63,7 +68,7 @@ def _family_rows(name: str, fs: dict[str, Any]) -> list[str]:
             (
                 f"{what}, final, {_seeds_text(best['final']['seeds'])}",
                 score,
-                f"{100 * fs['gap']:+.1f} pts",
+                _gap_text(fs["gap"]),
                 best["final"],
             )
         )
