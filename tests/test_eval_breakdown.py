@@ -66,3 +66,20 @@ def test_a_jsonl_file_of_episodes_is_one_evaluation(tmp_path):
     assert s["runs"]["x"]["first"]["success_rate"] == 0.5 and "final" not in s["runs"]["x"]
     with pytest.raises(SystemExit):
         eval_breakdown.main([str(tmp_path / "missing")])
+
+
+def test_the_options_chosen_by_position(tmp_path, capsys):
+    picks = [([0, 0, 4], [2, 2, 0]), ([1, -1], [0, -1])]  # (environment order, as shown)
+    eps = [{**_episode("L1/seed=1", 5, "done", True, len(o), 0), "option_picks": o,
+            "letter_picks": s} for o, s in picks]
+    run = _run(tmp_path / "c", [_episode("L1/seed=1", 0, "max_turns", False, 3, 0)] + eps)
+    assert eval_breakdown.main([run, "--labels", "C", "--out", str(tmp_path / "o.json")]) == 0
+    s = json.load(open(tmp_path / "o.json"))["runs"]["C"]
+    assert "picks" not in s["first"]  # an episode without picks (a file from before them)
+    p = s["final"]["picks"]
+    # five turns: listed 0, 0, 4, 1, none; shown 2, 2, 0, 0, none
+    assert p["turns"] == 5
+    assert p["listed"] == {"0": 0.4, "1": 0.2, "2": 0.0, "3+": 0.2, "none": 0.2}
+    assert p["shown"] == {"0": 0.4, "1": 0.0, "2": 0.4, "3+": 0.0, "none": 0.2}
+    row = "| C | 5 (final) | 5 | 0.40 / 0.40 | 0.20 / 0.00 | 0.00 / 0.40 | 0.20 / 0.00 |"
+    assert row in capsys.readouterr().out

@@ -214,3 +214,17 @@ def test_diagnosis_rates_count_the_task_reward_not_the_shaping():
     assert d["mean_reward"] == pytest.approx(0.5)
     assert d["mean_shaping"] == pytest.approx(0.225)
     assert d["success_rate"] == pytest.approx(0.5)
+
+
+def test_the_small_record_keeps_the_option_picks_where_recorded():
+    full = {"env": "textcraft", "task_id": "t", "group_id": 0, "sample_index": 1, "step": 45,
+            "status": "done", "reward": 1.0, "success": True, "num_turns": 3,
+            "invalid_actions": 1, "parse_failures": 1, "token_ids": [1] * 20,
+            "chunk_starts": [0], "option_picks": [3, -1, 0], "letter_picks": [0, -1, 2]}
+    e = learning_report.small_record(full)
+    assert e["option_picks"] == [3, -1, 0] and e["letter_picks"] == [0, -1, 2]
+    assert "token_ids" not in e and e["context_tokens"] == 20
+    # a free-text episode (empty lists) and a small file from before them: no such keys
+    for record in ({**full, "option_picks": [], "letter_picks": []},
+                   {k: v for k, v in full.items() if not k.endswith("_picks")}):
+        assert not set(learning_report.small_record(record)) & set(learning_report.PICK_FIELDS)

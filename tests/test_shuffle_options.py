@@ -111,6 +111,8 @@ def test_shuffled_turns_show_a_permutation_and_the_letter_acts_on_the_shown_opti
     # the later observations show the same state's order again; option limits count 4 a turn
     assert traj.messages[3]["content"].endswith(_block(shown))
     assert [s.option_count for s in backend.sampling] == [4, 4]
+    # the picks: letter a (shown index 0) is the environment's option 3 (ORDER_A_7[0])
+    assert traj.letter_picks == [0, 0] and traj.option_picks == [ORDER_A_7[0]] * 2 == [3, 3]
 
 
 def test_unshuffled_turns_keep_the_environment_order(tokenizer):
@@ -120,6 +122,17 @@ def test_unshuffled_turns_keep_the_environment_order(tokenizer):
     trajectories, _ = asyncio.run(pool.collect([TaskRef("fake", "A")], 1, horizon=4, seed=SEED))
     assert _first_user(trajectories[0]).endswith(_block(OPTIONS_A))
     assert env.actions == [("A", OPTIONS_A[0])] * 2
+    assert trajectories[0].letter_picks == trajectories[0].option_picks == [0, 0]
+
+
+def test_a_reply_that_names_no_option_is_recorded_as_minus_one(tokenizer):
+    env = ListingEnv()
+    backend = ScriptedBackend(tokenizer, " z", eos=False)  # past the fourth option, "d"
+    pool = _pool(tokenizer, backend, env, shuffle=True)
+    trajectories, _ = asyncio.run(pool.collect([TaskRef("fake", "A")], 1, horizon=3, seed=SEED))
+    (traj,) = trajectories
+    assert env.actions == [] and traj.parse_failures == traj.num_turns == 3
+    assert traj.letter_picks == traj.option_picks == [-1, -1, -1]
 
 
 def test_a_group_shares_one_order_and_another_list_gets_another(tokenizer):

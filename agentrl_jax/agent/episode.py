@@ -107,7 +107,8 @@ class Episode:
         # a multiple-choice parser (parsing.parse_choice): the environment's valid actions of
         # the current state are shown after each observation and read with the reply
         self._takes_options = takes_options(parser)
-        self._options: list[str] = []
+        self._options: list[str] = []  # as shown (permuted with ``shuffle_options``)
+        self._listed: list[str] = []  # the environment's own order
         self.option_limits = bool(option_limits)
         self.shuffle_options = bool(shuffle_options)
         self.option_seed = int(option_seed)
@@ -131,9 +132,9 @@ class Episode:
             return observation
         if info is not None:
             options = info.get("listed_actions") or info.get("available_actions") or []
-            self._options = [str(o) for o in options]
-            if self.shuffle_options:
-                self._options = shuffled_options(self._options, self.option_seed)
+            self._listed = [str(o) for o in options]
+            self._options = (shuffled_options(self._listed, self.option_seed)
+                             if self.shuffle_options else list(self._listed))
         return f"{observation}\n{options_block(self._options)}" if self._options else observation
 
     def _finish(self, status: str, error: str | None = None) -> None:
@@ -229,8 +230,21 @@ class Episode:
         if result.finish_reason == "length" and len(traj.context_ids()) >= self.max_context:
             self._finish(STATUS_CONTEXT_LIMIT)
             return
-        self._pending_action = (self.parser(text, self._options) if self._takes_options
-                                else self.parser(text))
+        if self._takes_options:
+            self._pending_action = self.parser(text, self._options)
+            self._record_pick(self._pending_action.action)
+        else:
+            self._pending_action = self.parser(text)
+
+    def _record_pick(self, action: str | None) -> None:
+        """The option a multiple-choice reply chose (``Trajectory.option_picks`` in the
+        environment's order, ``letter_picks`` as shown; -1 for none). The shown list is a
+        permutation of the listed one, so an option's text finds its place in both (the first
+        of equal texts)."""
+        shown = self._options.index(action) if action in self._options else -1
+        listed = self._listed.index(action) if action in self._listed else -1
+        self.trajectory.letter_picks.append(shown)
+        self.trajectory.option_picks.append(listed)
 
     async def env_turn(self) -> None:
         """Step the environment with the parsed action and append the observation ids."""

@@ -79,6 +79,12 @@ class Trajectory:
     turn_versions [num_turns]: the weights version of each assistant turn: the oldest version
       that produced any of its tokens (weights can change mid-episode, even mid-turn, when a
       rollout overlaps an update). ``oldest_version`` decides staleness.
+    option_picks [num_turns]: in a multiple-choice episode (``rollout.parser="choice"``), the
+      index of the option each reply chose in the environment's own order of its listed
+      actions (0: the first it lists), -1 where the reply chose none (a parse failure); empty
+      in an episode without options.
+    letter_picks [num_turns]: the same choices as shown, the letter's index (0: ``a``): equal
+      to ``option_picks`` unless ``agent.shuffle_options`` permuted the list.
     """
 
     env: str
@@ -106,6 +112,8 @@ class Trajectory:
     horizon: int = 0
     policy_version: int = 0
     turn_versions: list[int] = dataclasses.field(default_factory=list)
+    option_picks: list[int] = dataclasses.field(default_factory=list)
+    letter_picks: list[int] = dataclasses.field(default_factory=list)
     error: str | None = None
     elapsed_s: float = 0.0
 

@@ -22,7 +22,12 @@ Per evaluation with N episodes (``eval_episodes.jsonl`` or full trajectory files
 * web navigation (an evaluation with a MiniWoB++ trivial task,
   ``environments.miniwob.family.TRIVIAL_TASKS``): ``trivial`` and ``non_trivial`` = {"episodes",
   "success_rate", "mean_score"} over the episodes of those four tasks and of the others; the
-  headline is ``non_trivial``.
+  headline is ``non_trivial``;
+* a lettered-choice run whose episodes record their picks (``Trajectory.option_picks`` /
+  ``letter_picks``, kept in ``eval_episodes`` since 2026-12-04): ``picks`` = {"turns": T,
+  "listed": {position: share of T}, "shown": {...}}, the chosen option's position in the
+  environment's order and as shown (``0`` = the first / letter ``a``, ``1``, ``2``, ``3+``,
+  ``none`` = the reply chose no option).
 
 A JSONL file instead of a run directory (``launch/record_experts.py``'s episodes) is one
 evaluation at step 0 (``learning_report.eval_episodes``).
@@ -70,6 +75,20 @@ def share(episodes: list[dict]) -> dict:
                               for e in episodes) / n if n else None}
 
 
+#: the positions :func:`pick_shares` tells apart (``3+`` pools the rest)
+PICK_POSITIONS = ("0", "1", "2", "3+", "none")
+
+
+def pick_shares(episodes: list[dict], key: str) -> dict[str, float]:
+    """``{position: share of the turns}`` of the picks under ``key`` (``option_picks`` or
+    ``letter_picks``) over ``episodes``' turns (:data:`PICK_POSITIONS`; ``{}``: none recorded)."""
+    picks = [p for e in episodes for p in e.get(key) or ()]
+    if not picks:
+        return {}
+    counts = Counter("none" if p < 0 else str(p) if p < 3 else "3+" for p in picks)
+    return {pos: counts[pos] / len(picks) for pos in PICK_POSITIONS}
+
+
 def breakdown(episodes: list[dict], step: int) -> dict:
     """The numbers of the module docstring for the evaluation at ``step``."""
     eps = [e for e in episodes if int(e["step"]) == step]
@@ -85,8 +104,12 @@ def breakdown(episodes: list[dict], step: int) -> dict:
     trivial = [e for e in eps if is_trivial_task(e["task_id"])]
     web = {"trivial": share(trivial), "non_trivial": share([e for e in eps if not is_trivial_task(e["task_id"])])} \
         if trivial else {}
+    listed = pick_shares(eps, "option_picks")
+    picks = {"picks": {"turns": sum(len(e.get("option_picks") or ()) for e in eps),
+                       "listed": listed, "shown": pick_shares(eps, "letter_picks")}} \
+        if listed else {}
     return {
-        **web,
+        **web, **picks,
         "step": step, "episodes": n, "success_rate": len(wins) / n,
         "status": {k: v / n for k, v in Counter(e["status"] for e in eps).most_common()},
         "failed_status": {k: v / n for k, v in Counter(
@@ -152,6 +175,18 @@ def markdown(summary: dict) -> str:
             lines.append(f"| {label} | {b['step']} ({which}) | {num(rest['success_rate'])} | "
                          f"{num(rest['mean_score'])} ({rest['episodes']}) | {num(easy['success_rate'])} | "
                          f"{num(easy['mean_score'])} ({easy['episodes']}) |")
+    chosen = [(label, which, b) for label, evals in summary["runs"].items()
+              for which, b in evals.items() if "picks" in b]
+    if chosen:
+        lines += ["", "The options chosen, share of turns by position (0 = the first), in the "
+                      "environment's order / as shown:", "",
+                  "| run | eval step | turns | " + " | ".join(PICK_POSITIONS) + " |",
+                  "|---|---|---|" + "---|" * len(PICK_POSITIONS)]
+        for label, which, b in chosen:
+            p = b["picks"]
+            cells = " | ".join(f"{p['listed'][k]:.2f} / {p['shown'][k]:.2f}"
+                               for k in PICK_POSITIONS)
+            lines.append(f"| {label} | {b['step']} ({which}) | {p['turns']} | {cells} |")
     if "never_solved" in summary:
         lines += ["", f"Levels no final evaluation solved ({len(summary['never_solved'])}, "
                       f"{summary['never_solved_share']:.1%} of the final evaluations' episodes): "

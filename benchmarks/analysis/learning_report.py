@@ -117,6 +117,9 @@ EPISODE_FIELDS = ("env", "task_id", "group_id", "sample_index", "step", "status"
 #: (``Trajectory.context_tokens``: the last chunk with a history window; the limit it is held
 #: to is ``rollout.max_context`` of the run's ``config.json``)
 COUNT_FIELDS = ("parse_failures", "context_tokens")
+#: list fields kept where an episode has them (``Trajectory.option_picks`` / ``letter_picks``:
+#: per turn the chosen option's index in the environment's order and as shown, -1 for none)
+PICK_FIELDS = ("option_picks", "letter_picks")
 SMALL_FILES = ("metrics.jsonl", "summary.json", "config.json", "eval.json")
 
 
@@ -139,7 +142,8 @@ def eval_episode_files(run: str) -> list[str]:
 def small_record(record: dict) -> dict:
     """An episode record (full trajectory or small) reduced to :data:`EPISODE_FIELDS`
     (``step`` 0 when the record has none: ``launch/eval.py``'s output; a
-    :data:`COUNT_FIELDS` value None when unknown), plus ``shaping`` when it is not 0
+    :data:`COUNT_FIELDS` value None when unknown), plus :data:`PICK_FIELDS` where recorded and
+    ``shaping`` when it is not 0
     (``Trajectory.shaping``: the training-only part of ``reward``, which the score leaves out,
     ``eval_metrics.task_reward``)."""
     e = {k: record.get(k) for k in EPISODE_FIELDS}
@@ -147,6 +151,9 @@ def small_record(record: dict) -> dict:
     e["context_tokens"] = record_context_tokens(record)
     if record.get("shaping"):  # kept where there is any: the score is reward - shaping
         e["shaping"] = record["shaping"]
+    for key in PICK_FIELDS:  # kept where recorded: a multiple-choice run since 2026-12-04
+        if record.get(key):
+            e[key] = list(record[key])
     return e
 
 
