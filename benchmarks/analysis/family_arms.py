@@ -53,6 +53,11 @@ def _seeds(stem: str, n: int = 3) -> tuple[str, ...]:
     return (stem,) + tuple(f"{stem}_s{i}" for i in range(1, n))
 
 
+def _numbered(stem: str, n: int = 3) -> tuple[str, ...]:
+    """``stem_s0`` .. ``stem_s{n-1}``."""
+    return tuple(f"{stem}_s{i}" for i in range(n))
+
+
 ARMS: tuple[Arm, ...] = (
     Arm(
         "babyai",
@@ -87,30 +92,20 @@ ARMS: tuple[Arm, ...] = (
         ("results/bf16_learner_dev/babyai_bf16_learner_dev",),
         "dev",
     ),
-    Arm(
-        "babyai",
-        "ScalingInter-RL 6->13->20, 120 equal steps",
-        tuple(f"results/scaling_equal_steps/babyai_eq_scaling_s{i}" for i in range(3)),
-        "test",
-    ),
-    Arm(
-        "babyai",
-        "fixed 20 turns, 120 equal steps",
-        tuple(f"results/scaling_equal_steps/babyai_eq_fixed20_s{i}" for i in range(3)),
-        "test",
-    ),
-    Arm(
-        "babyai",
-        "GiGPO, ScalingInter-RL 6->13->20, 120 equal steps",
-        tuple(f"results/scaling_equal_steps/babyai_eq_gigpo_s{i}" for i in range(3)),
-        "test",
+    *(
+        Arm("babyai", f"{what}, 120 equal steps", _numbered(f"results/scaling_equal_steps/{stem}"),
+            "test")
+        for what, stem in (
+            ("ScalingInter-RL 6->13->20", "babyai_eq_scaling"),
+            ("fixed 20 turns", "babyai_eq_fixed20"),
+            ("GiGPO, ScalingInter-RL 6->13->20", "babyai_eq_gigpo"),
+        )
     ),
     Arm(
         "textcraft",
         "choice restricted to letters, goal-first option order, 45 steps",
-        tuple(f"results/textcraft_choice_test/textcraft_choice_test_s{i}" for i in range(3)),
+        _numbered("results/textcraft_choice_test/textcraft_choice_test"),
         "test",
-        note="always the first option, no model, scores 0.739 on these goals",
     ),
     Arm(
         "textcraft",
