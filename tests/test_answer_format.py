@@ -263,6 +263,18 @@ def test_choice_styles_configure_the_restricted_policy():
     assert bench.style_config(args, "choice_option_limits").agent.history_turns == 4
 
 
+def test_the_model_loads_unrestricted_for_an_experiment_with_option_limits():
+    bench = _benchmark()
+    args = bench.argparse.Namespace(
+        experiment=os.path.join(REPO, "experiments", "textcraft.py:choice_shuffled_gpu"),
+        env="textcraft", model="smollm2", episodes=4, samples=1, concurrency=0,
+        server_args=None, max_new_tokens=0, max_context=0, temperature=1.0, history_turns=None)
+    whole = bench.whole_vocabulary_config(args)  # raised ConfigError before 2026-12-04
+    assert whole.model.output_tokens == "" and not whole.agent.option_limits
+    assert whole.agent.shuffle_options  # the rest is the experiment's
+    assert bench.style_config(args, "choice_shuffled").agent.option_limits
+
+
 def test_order_counts_compare_the_shown_options_with_the_environments():
     bench = _benchmark()
     from agentrl_jax.agent.parsing import options_block
