@@ -36,7 +36,13 @@ OPTIONS = ["turn left", "turn right", "go to red ball 1"]
     ("Action: x\nAction: a", "turn left"),  # the last marker, as for react
 ])
 def test_choice_parser_maps_the_first_letter_to_the_option(text, action):
-    assert parse_choice(text, OPTIONS).action == action
+    parsed = parse_choice(text, OPTIONS)
+    assert parsed.action == action and OPTIONS[parsed.option] == action
+
+
+def test_equal_option_texts_keep_the_letter_named():
+    parsed = parse_choice("Action: c", ["go", "turn", "go"])
+    assert parsed.action == "go" and parsed.option == 2  # not the first "go"
 
 
 @pytest.mark.parametrize("text, options, error", [
@@ -48,7 +54,7 @@ def test_choice_parser_maps_the_first_letter_to_the_option(text, action):
 ])
 def test_choice_parser_rejects_replies_that_name_no_option(text, options, error):
     parsed = parse_choice(text, options)
-    assert parsed.action is None and parsed.error == error
+    assert parsed.action is None and parsed.error == error and parsed.option is None
 
 
 def test_options_block_and_registry():

@@ -33,7 +33,7 @@ from environments.core.base import SHAPING_KEY
 from agentrl_jax.agent.chat import ChatFormatter
 from agentrl_jax.agent.loop_times import LoopTimes
 from agentrl_jax.agent.parsing import (CHOICE_LABELS, INVALID_FORMAT_FEEDBACK, ParsedAction,
-                                       options_block, shuffled_options, takes_options)
+                                       option_order, options_block, takes_options)
 from agentrl_jax.agent.prompts import first_user_message, system_prompt, windowed_first_message
 from agentrl_jax.agent.trajectory import (STATUS_CONTEXT_LIMIT, STATUS_DONE, STATUS_ENGINE_ERROR,
                                           STATUS_ENV_ERROR, STATUS_MAX_TURNS, Trajectory,
@@ -108,7 +108,7 @@ class Episode:
         # the current state are shown after each observation and read with the reply
         self._takes_options = takes_options(parser)
         self._options: list[str] = []  # as shown (permuted with ``shuffle_options``)
-        self._listed: list[str] = []  # the environment's own order
+        self._order: list[int] = []  # shown option k is the environment's option _order[k]
         self.option_limits = bool(option_limits)
         self.shuffle_options = bool(shuffle_options)
         self.option_seed = int(option_seed)
@@ -132,9 +132,10 @@ class Episode:
             return observation
         if info is not None:
             options = info.get("listed_actions") or info.get("available_actions") or []
-            self._listed = [str(o) for o in options]
-            self._options = (shuffled_options(self._listed, self.option_seed)
-                             if self.shuffle_options else list(self._listed))
+            listed = [str(o) for o in options]
+            self._order = (option_order(listed, self.option_seed) if self.shuffle_options
+                           else list(range(len(listed))))
+            self._options = [listed[i] for i in self._order]
         return f"{observation}\n{options_block(self._options)}" if self._options else observation
 
     def _finish(self, status: str, error: str | None = None) -> None:
@@ -231,20 +232,14 @@ class Episode:
             self._finish(STATUS_CONTEXT_LIMIT)
             return
         if self._takes_options:
-            self._pending_action = self.parser(text, self._options)
-            self._record_pick(self._pending_action.action)
+            parsed = self.parser(text, self._options)
+            # the option it named, as shown and in the environment's order (-1: none)
+            shown = -1 if parsed.option is None else parsed.option
+            self.trajectory.letter_picks.append(shown)
+            self.trajectory.option_picks.append(-1 if shown < 0 else self._order[shown])
+            self._pending_action = parsed
         else:
             self._pending_action = self.parser(text)
-
-    def _record_pick(self, action: str | None) -> None:
-        """The option a multiple-choice reply chose (``Trajectory.option_picks`` in the
-        environment's order, ``letter_picks`` as shown; -1 for none). The shown list is a
-        permutation of the listed one, so an option's text finds its place in both (the first
-        of equal texts)."""
-        shown = self._options.index(action) if action in self._options else -1
-        listed = self._listed.index(action) if action in self._listed else -1
-        self.trajectory.letter_picks.append(shown)
-        self.trajectory.option_picks.append(listed)
 
     async def env_turn(self) -> None:
         """Step the environment with the parsed action and append the observation ids."""

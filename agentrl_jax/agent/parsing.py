@@ -28,6 +28,7 @@ MAX_ACTION_CHARS = 512
 class ParsedAction:
     action: str | None  # None: no valid action in the reply
     error: str | None = None
+    option: int | None = None  # a multiple-choice reply: the index of the option it named
 
 
 _ACTION_RE = re.compile(r"action\s*:\s*(.*)", re.IGNORECASE)
@@ -118,7 +119,7 @@ def parse_choice(text: str, options: Sequence[str] = ()) -> ParsedAction:
         return ParsedAction(None, f"the reply starts with {reply[0]!r}, not an option letter")
     if index >= count:
         return ParsedAction(None, f"no option {label!r} (options a to {CHOICE_LABELS[count - 1]})")
-    return ParsedAction(options[index])
+    return ParsedAction(options[index], option=index)
 
 
 parse_choice.takes_options = True  # type: ignore[attr-defined]
