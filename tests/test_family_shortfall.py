@@ -269,3 +269,17 @@ def test_gap_text_says_met_once_reached():
     assert table._gap_text(0.333) == "+33.3 pts"
     assert table._gap_text(0.40 - 0.888) == "met (48.8 pts above)"
     assert table._gap_text(0.0) == "met (0.0 pts above)"
+
+
+def test_an_arm_not_counted_is_never_best_and_says_why(root, monkeypatch, capsys):
+    babyai = fs.ARMS[0]
+    leaky = fs.Arm("babyai", "leaky", babyai.runs, "dev", counts=False, note="its order leaks")
+    # first in the list and as good as "a": chosen if it counted (max keeps the first maximum)
+    monkeypatch.setattr(fs, "ARMS", (leaky,) + tuple(fs.ARMS))
+    s = fs.shortfall(root)["families"]["babyai"]
+    assert s["best"] == "a"
+    assert [a["arm"] for a in s["arms"]] == ["leaky", "a"]
+    assert fs.main(["--root", root]) == 0
+    text = capsys.readouterr().out
+    assert "| BabyAI | leaky (dev; not counted: its order leaks) |" in text
+    assert "| BabyAI | a (dev) |" in text

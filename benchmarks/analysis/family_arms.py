@@ -106,6 +106,15 @@ ARMS: tuple[Arm, ...] = (
         "choice restricted to letters, goal-first option order, 45 steps",
         _numbered("results/textcraft_choice_test/textcraft_choice_test"),
         "test",
+        counts=False,
+        note="the server lists the goal's craft first: always the first option, no model, "
+        "scores 0.739",
+    ),
+    Arm(
+        "textcraft",
+        "choice restricted to letters, options shuffled each turn, 45 steps",
+        _numbered("results/textcraft_shuffled_test/textcraft_shuffled_test"),
+        "test",
     ),
     Arm(
         "textcraft",

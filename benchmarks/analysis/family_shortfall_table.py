@@ -133,7 +133,8 @@ def _family_rows(name: str, fs: dict[str, Any]) -> list[str]:
 
 
 def _arm_row(name: str, a: dict[str, Any]) -> str:
-    """One row of the arms table: each seed's headline score and its last training phase."""
+    """One row of the arms table: each seed's headline score and its last training phase (an
+    arm not counted toward the target says why after its split)."""
     seeds = ", ".join(
         _num(r["first"]["headline"])
         + " -> "
@@ -151,8 +152,9 @@ def _arm_row(name: str, a: dict[str, Any]) -> str:
         for x in (r["training"] for r in a["runs"])
         if x
     )
+    counted = "" if a["counts"] else f"; not counted: {a['note']}"
     return (
-        f"| {name} | {a['arm']} ({a['split']}) | {a['seeds_with_final']} of "
+        f"| {name} | {a['arm']} ({a['split']}{counted}) | {a['seeds_with_final']} of "
         f"{len(a['runs'])} | {seeds} | {train} |"
     )
 
