@@ -81,5 +81,21 @@ def test_the_options_chosen_by_position(tmp_path, capsys):
     assert p["turns"] == 5
     assert p["listed"] == {"0": 0.4, "1": 0.2, "2": 0.0, "3+": 0.2, "none": 0.2}
     assert p["shown"] == {"0": 0.4, "1": 0.0, "2": 0.4, "3+": 0.0, "none": 0.2}
-    row = "| C | 5 (final) | 5 | 0.40 / 0.40 | 0.20 / 0.00 | 0.00 / 0.40 | 0.20 / 0.00 |"
+    # consecutive pairs where both chose an option: (0, 0) / (2, 2) and (0, 4) / (2, 0); the
+    # second episode's (1, none) is no pair
+    assert p["repeats"] == {"pairs": 2, "listed": 0.5, "shown": 0.5}
+    row = ("| C | 5 (final) | 5 | 0.40 / 0.40 | 0.20 / 0.00 | 0.00 / 0.40 | 0.20 / 0.00 | "
+           "0.20 / 0.20 | 0.50 / 0.50 |")
     assert row in capsys.readouterr().out
+
+
+def test_repeats_of_the_previous_pick_by_hand():
+    # a shuffled list: the letter repeats where the listed position does not, and back
+    eps = [{"option_picks": [3, 1, 1, 2], "letter_picks": [0, 0, 2, 2]},
+           {"option_picks": [5], "letter_picks": [1]},  # one turn: no pair
+           {}]  # an episode from before the picks were recorded
+    r = eval_breakdown.repeat_shares(eps)
+    assert r["pairs"] == 3
+    assert r["listed"] == pytest.approx(1 / 3)  # (1, 1)
+    assert r["shown"] == pytest.approx(2 / 3)  # (0, 0) and (2, 2)
+    assert eval_breakdown.repeat_shares([{}]) is None

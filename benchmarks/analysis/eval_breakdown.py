@@ -27,7 +27,10 @@ Per evaluation with N episodes (``eval_episodes.jsonl`` or full trajectory files
   ``letter_picks``, kept in ``eval_episodes`` since 2026-12-04): ``picks`` = {"turns": T,
   "listed": {position: share of T}, "shown": {...}}, the chosen option's position in the
   environment's order and as shown (``0`` = the first / letter ``a``, ``1``, ``2``, ``3+``,
-  ``none`` = the reply chose no option).
+  ``none`` = the reply chose no option), and ``repeats`` = {"pairs": P, "listed": r, "shown":
+  r'}: over the P pairs of consecutive turns of an episode that both chose an option, the
+  share whose pick is the previous turn's (the same position in the environment's list; the
+  same letter): a policy that repeats its last letter shows it in "shown".
 
 A JSONL file instead of a run directory (``launch/record_experts.py``'s episodes) is one
 evaluation at step 0 (``learning_report.eval_episodes``).
@@ -89,6 +92,25 @@ def pick_shares(episodes: list[dict], key: str) -> dict[str, float]:
     return {pos: counts[pos] / len(picks) for pos in PICK_POSITIONS}
 
 
+def repeat_shares(episodes: list[dict]) -> dict[str, float | int] | None:
+    """``{"pairs": P, "listed": r, "shown": r'}``: of the P pairs of consecutive turns within an
+    episode that both chose an option (picks >= 0 under ``option_picks`` and ``letter_picks``),
+    the share whose pick equals the previous turn's, in the environment's order (``listed``)
+    and as shown (``shown``); None when no pair."""
+    pairs = same_listed = same_shown = 0
+    for e in episodes:
+        listed, shown = e.get("option_picks") or (), e.get("letter_picks") or ()
+        for t in range(1, min(len(listed), len(shown))):
+            if min(listed[t - 1], listed[t], shown[t - 1], shown[t]) < 0:
+                continue
+            pairs += 1
+            same_listed += listed[t] == listed[t - 1]
+            same_shown += shown[t] == shown[t - 1]
+    if not pairs:
+        return None
+    return {"pairs": pairs, "listed": same_listed / pairs, "shown": same_shown / pairs}
+
+
 def breakdown(episodes: list[dict], step: int) -> dict:
     """The numbers of the module docstring for the evaluation at ``step``."""
     eps = [e for e in episodes if int(e["step"]) == step]
@@ -106,7 +128,8 @@ def breakdown(episodes: list[dict], step: int) -> dict:
         if trivial else {}
     listed = pick_shares(eps, "option_picks")
     picks = {"picks": {"turns": sum(len(e.get("option_picks") or ()) for e in eps),
-                       "listed": listed, "shown": pick_shares(eps, "letter_picks")}} \
+                       "listed": listed, "shown": pick_shares(eps, "letter_picks"),
+                       "repeats": repeat_shares(eps)}} \
         if listed else {}
     return {
         **web, **picks,
@@ -179,14 +202,20 @@ def markdown(summary: dict) -> str:
               for which, b in evals.items() if "picks" in b]
     if chosen:
         lines += ["", "The options chosen, share of turns by position (0 = the first), in the "
-                      "environment's order / as shown:", "",
-                  "| run | eval step | turns | " + " | ".join(PICK_POSITIONS) + " |",
-                  "|---|---|---|" + "---|" * len(PICK_POSITIONS)]
+                      "environment's order / as shown, and the share of consecutive turns "
+                      "that repeat the previous turn's pick (its position in the list / its "
+                      "letter):", "",
+                  "| run | eval step | turns | " + " | ".join(PICK_POSITIONS)
+                  + " | same as the turn before |",
+                  "|---|---|---|" + "---|" * (len(PICK_POSITIONS) + 1)]
         for label, which, b in chosen:
             p = b["picks"]
             cells = " | ".join(f"{p['listed'][k]:.2f} / {p['shown'][k]:.2f}"
                                for k in PICK_POSITIONS)
-            lines.append(f"| {label} | {b['step']} ({which}) | {p['turns']} | {cells} |")
+            r = p.get("repeats")
+            same = "-" if r is None else f"{r['listed']:.2f} / {r['shown']:.2f}"
+            lines.append(f"| {label} | {b['step']} ({which}) | {p['turns']} | {cells} | "
+                         f"{same} |")
     if "never_solved" in summary:
         lines += ["", f"Levels no final evaluation solved ({len(summary['never_solved'])}, "
                       f"{summary['never_solved_share']:.1%} of the final evaluations' episodes): "
