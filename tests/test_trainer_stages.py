@@ -273,7 +273,10 @@ def test_the_bookkeeping_record_and_line():
     assert step_line(record, 10) == ("[step 3/10] horizon=6 reward=0.500 success=0.00 "
                                      "turns=1.0 tokens=6 dropped=1 pg_loss=-0.2500 (12.3 s)")
     no_update = record_step(batch, {}, seconds=1.0)
-    assert step_line(no_update, 10).endswith("pg_loss=nan (1.0 s)")
+    assert step_line(no_update, 10).endswith("dropped=1 no update (1.0 s)")
+    # a real non-finite loss is still shown as it is (the run stops on it: nonfinite.py)
+    nan_loss = record_step(batch, {"actor/pg_loss": float("nan")}, seconds=1.0)
+    assert step_line(nan_loss, 10).endswith("pg_loss=nan (1.0 s)")
 
 
 # ---------------------------------------------------------------------------- evaluator

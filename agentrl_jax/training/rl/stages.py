@@ -234,11 +234,13 @@ def record_step(batch: TrainBatch, update_metrics: Mapping[str, float],
 
 
 def step_line(record: StepRecord, total: int) -> str:
-    """The terminal's line of a finished step (``[step k/n] horizon=... reward=...``)."""
+    """The terminal's line of a finished step (``[step k/n] horizon=... reward=...``); a step
+    that made no update (every group flat, or no trajectory) says ``no update`` where the
+    policy loss would be, not a NaN that reads as a broken run."""
     stats, metrics = record.rollout, record.metrics
+    loss = metrics.get("actor/pg_loss")
+    update = "no update" if loss is None else f"pg_loss={loss:.4f}"
     return (f"[step {record.step}/{total}] horizon={record.horizon} "
             f"reward={stats.mean_reward:.3f} success={stats.success_rate:.2f} "
             f"turns={stats.mean_turns:.1f} tokens={stats.generated_tokens} "
-            f"dropped={stats.dropped} "
-            f"pg_loss={metrics.get('actor/pg_loss', float('nan')):.4f} "
-            f"({record.seconds:.1f} s)")
+            f"dropped={stats.dropped} {update} ({record.seconds:.1f} s)")
