@@ -87,10 +87,9 @@ def choice_shuffled_gpu() -> ConfigDict:
     choice; ``choice_gpu``'s 0.888 after 45 steps is partly that order. Shuffled, a letter
     position carries no fixed meaning (a list that comes back comes back in the same order, so
     a repeated letter repeats its action) and reward comes only from the options' text. Test
-    118 x 4,
-    45 steps, three seeds: 0.220 -> 0.363 [0.326, 0.400], 38% of the final episodes ending at
-    the 4,096-token context (docs/RESULTS.md, "With the options shuffled each turn"). Jobs:
-    benchmarks/jobs/textcraft_choice_shuffled_test.txt."""
+    118 x 4, 45 steps, three seeds: 0.220 -> 0.363 [0.326, 0.400], 38% of the final episodes
+    ending at the 4,096-token context (docs/RESULTS.md, "With the options shuffled each
+    turn"). Jobs: benchmarks/jobs/textcraft_choice_shuffled_test.txt."""
     c = choice_gpu()
     c.agent.shuffle_options = True
     return c
