@@ -17,6 +17,8 @@ grpo_gpu           the default: one GPU, ~10 minutes: the learning result (``com
 grpo_long_gpu      ``grpo_gpu`` to the end of its curve: 1,350 s of training, resumable
 grpo_scaling_gpu10min  an older one-GPU sizing: bf16, 8 steps a phase, 64 evaluation tasks
 gigpo_gpu          ``grpo_gpu`` with the GiGPO estimator
+grpo_curve_gpu     ``grpo_gpu`` followed until its dev curve is flat (>= 30 min of training)
+gigpo_curve_gpu    ``gigpo_gpu`` followed until its dev curve is flat (>= 30 min of training)
 dpo_gpu            ``grpo_gpu``'s rollouts trained by DPO on success/failure pairs
 sft                behaviour cloning of the macro-action expert, CPU-sized
 sft_gpu            behaviour cloning on one GPU, ~7 minutes
@@ -107,6 +109,14 @@ def grpo_curve_gpu() -> ConfigDict:
     checkpoints every 5 steps (and at a SIGTERM), so the same command resumes a run a call cut
     off."""
     return curve_run(grpo_gpu())
+
+
+def gigpo_curve_gpu() -> ConfigDict:
+    """``grpo_curve_gpu`` with the GiGPO estimator: the best from-scratch BabyAI recipe at 120
+    equal steps (test Avg@4 0.471 against GRPO's 0.448, three seeds; docs/RESULTS.md "GiGPO
+    beside GRPO at 120 equal steps") followed to the end of its curve (issue 48 item 2:
+    "what the best recipe reaches"; benchmarks/jobs/curves_to_the_end.txt)."""
+    return curve_run(gigpo_gpu())
 
 
 def grpo_scaling_gpu10min() -> ConfigDict:
@@ -399,7 +409,7 @@ def paper_scale_7b(num_gpus: int | None = None) -> ConfigDict:
 VARIANTS = {
     "grpo_scaling": grpo_scaling, "grpo_fixed": grpo_fixed, "ppo": ppo,
     "grpo_gpu": grpo_gpu, "learnability_gpu": learnability_gpu, "grpo_long_gpu": grpo_long_gpu,
-    "grpo_curve_gpu": grpo_curve_gpu,
+    "grpo_curve_gpu": grpo_curve_gpu, "gigpo_curve_gpu": gigpo_curve_gpu,
     "grpo_scaling_gpu10min": grpo_scaling_gpu10min, "gigpo_gpu": gigpo_gpu, "dpo_gpu": dpo_gpu,
     "sft": sft, "sft_gpu": sft_gpu, "sft_grpo_gpu": sft_grpo_gpu, "sft_gigpo_gpu": sft_gigpo_gpu,
     "choice_gpu": choice_gpu, "choice_tiny": choice_tiny, "choice_tiny_t1": choice_tiny_t1,
