@@ -22,6 +22,7 @@ nowhere) and a query at position ``p`` attends to cache slots ``0..p``.
 
 from __future__ import annotations
 
+import functools
 from typing import NamedTuple
 
 import flax.struct
@@ -425,9 +426,28 @@ def init_model(cfg: ModelConfig, seed: int = 0, mesh: jax.sharding.Mesh | None =
     return nnx.merge(graphdef, jax.tree.unflatten(treedef, placed))
 
 
-def abstract_model(cfg: ModelConfig) -> CausalLM:
-    """A model whose parameters are ``jax.ShapeDtypeStruct``s (nothing allocated)."""
+def _trace_abstract(cfg: ModelConfig) -> CausalLM:
     return nnx.eval_shape(lambda: CausalLM(cfg, rngs=nnx.Rngs(0)))
+
+
+@functools.lru_cache(maxsize=8)
+def _abstract_split(cfg: ModelConfig) -> tuple[nnx.GraphDef, nnx.State]:
+    """``nnx.split`` of the abstract ``CausalLM(cfg)``: tracing the initialisers of every layer
+    takes seconds (a run start asks for it three times: the weights' load, the learner's
+    shardings, the engine), so it is traced once per config."""
+    return nnx.split(_trace_abstract(cfg))
+
+
+def abstract_model(cfg: ModelConfig) -> CausalLM:
+    """A model whose parameters are ``jax.ShapeDtypeStruct``s (nothing allocated); a fresh copy
+    on every call (the traced structure is cached per config, ``_abstract_split``; a config
+    with an unhashable field, e.g. a list inside ``rope_scaling``, is traced every time)."""
+    try:
+        hash(cfg)
+    except TypeError:
+        return _trace_abstract(cfg)
+    graphdef, state = _abstract_split(cfg)
+    return nnx.merge(graphdef, state, copy=True)
 
 
 def num_parameters(model: nnx.Module) -> int:
