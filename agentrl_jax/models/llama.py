@@ -433,8 +433,9 @@ def _trace_abstract(cfg: ModelConfig) -> CausalLM:
 @functools.lru_cache(maxsize=8)
 def _abstract_split(cfg: ModelConfig) -> tuple[nnx.GraphDef, nnx.State]:
     """``nnx.split`` of the abstract ``CausalLM(cfg)``: tracing the initialisers of every layer
-    takes seconds (a run start asks for it three times: the weights' load, the learner's
-    shardings, the engine), so it is traced once per config."""
+    is Python and JAX tracing (docs/PERFORMANCE.md, "The abstract model traced once per
+    config"), and a run start asks for it twice (the weights' load, the engine; a random-init
+    policy with a mesh a third time), so it is traced once per config."""
     return nnx.split(_trace_abstract(cfg))
 
 

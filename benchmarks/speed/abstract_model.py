@@ -2,13 +2,12 @@
 traced once per config and copied (``models.llama.abstract_model``), side by side in one
 process.
 
-A run start asks for the abstract ``CausalLM`` (``jax.ShapeDtypeStruct`` parameters) three
-times: the weights' load (``models.weights.build_model``), the learner's shardings
-(``init_model`` with a mesh) and the embedded engine. Tracing it runs every layer's
-initialisers under ``nnx.eval_shape``; the cached path merges the traced structure into a
-fresh copy.
+A run start asks for the abstract ``CausalLM`` (``jax.ShapeDtypeStruct`` parameters) twice:
+the weights' load (``models.weights.build_model``) and the embedded engine (a random-init
+policy with a mesh a third time, ``init_model``). Tracing it runs every layer's initialisers
+under ``nnx.eval_shape``; the cached path merges the traced structure into a fresh copy.
 
-    python benchmarks/speed/abstract_model.py --model smollm2 --calls 3 --repeats 3
+    python benchmarks/speed/abstract_model.py --model smollm2 --calls 2 --repeats 3
 
 Prints one line per repeat (seconds for ``--calls`` calls each way) and the medians with
 their ratio; ``--json`` writes them.
@@ -37,7 +36,7 @@ def seconds(fn, calls: int) -> float:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default="smollm2", help="a known model name or a model path")
-    p.add_argument("--calls", type=int, default=3, help="abstract models a repeat (a run: 3)")
+    p.add_argument("--calls", type=int, default=2, help="abstract models a repeat (a run: 2)")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--json", default="")
     args = p.parse_args(argv)
