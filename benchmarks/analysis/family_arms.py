@@ -22,7 +22,8 @@ class Target:
 @dataclasses.dataclass(frozen=True)
 class Arm:
     """A from-scratch recipe: its run folders (one per training seed), the split it was
-    evaluated on and whether its tasks are the target's (``counts``)."""
+    evaluated on and whether it counts toward the target (``counts``; False: ``note`` says why,
+    e.g. not the target's tasks, or a score the environment's option order gives away)."""
 
     family: str
     name: str
