@@ -31,6 +31,7 @@ from environments.scienceworld.pool import (  # noqa: E402
     start_simulator,
     stop_simulator,
 )
+from environments.scienceworld.shortlist import is_useful  # noqa: E402
 from environments.scienceworld.splits import from_ranges, load_splits, query_simulator, to_ranges  # noqa: E402
 
 # Tasks with short gold paths whose gold-path generation is fast (< 0.3 s).
@@ -233,6 +234,19 @@ class TestInProcess:
         assert set(listed.info["available_actions"]) == expected
         assert listed.observation.startswith("Valid actions: ") and listed.reward == 0.0
         assert not listed.info["invalid_action"] and listed.info["steps"] == 2
+
+    def test_short_list_is_valid_useful_and_puts_the_task_object_in_reach(self, env, reference):
+        env.reset("power-component/var=15")  # "Your task is to turn on the electric motor. ..."
+        listed = env.valid_actions()
+        reference.load("power-component", 15, "")
+        reference.reset()
+        valid = set(reference.get_valid_action_object_combinations())
+        assert set(listed) <= valid and len(listed) == len(set(listed))
+        assert all(is_useful(a) for a in listed) and "reset task" not in listed
+        assert len(valid) - len(listed) > 300  # the absurd combinations are dropped
+        # the task's object is within a lettered agent's 26 (the order before 2026-12-05 put
+        # this action at 194: results/sciworld_options/test_before.json)
+        assert "focus on electric motor" in listed[:26]
 
     def test_invalid_action_is_a_normal_step_and_mistakes_fail(self, env):
         env.reset("lifespan-longest-lived/var=93")

@@ -13,7 +13,7 @@ from environments.core.base import ResetResult, StepResult, TaskCatalog, TextEnv
 from environments.core.client import EnvClient, EnvServerError
 from environments.core.server import build_app
 from environments.registry import Family
-from environments.scienceworld.env import rank_valid_actions
+from environments.scienceworld.shortlist import shortlist
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -120,17 +120,17 @@ def test_client_and_config_reject_bad_values():
 
 def test_scienceworld_order_takes_turns_over_commands_fewest_first():
     actions = sorted([
-        "connect a to b", "connect a to c", "connect b to c", "focus on pot", "focus on air",
-        "look around", "look at pot", "look at stove", "mix agent", "open door", "reset task",
-        "pick up pot", "inventory",
+        "connect a to b", "connect a terminal to b anode", "connect b cathode to c terminal",
+        "focus on pot", "focus on air", "look around", "look at pot", "look at stove", "mix agent",
+        "open door", "reset task", "task", "pick up pot", "inventory",
     ])
-    # groups (alphabetical within): connect x3, focus on [pot], inventory, look around,
-    # look at x2, open, pick up; "focus on air", "mix agent", "reset task" dropped
-    assert rank_valid_actions(actions) == [
+    # dropped: "connect a to b" (not a circuit), "focus on air", "mix agent", "reset task",
+    # "task"; groups (no task words, no observations: alphabetical within): connect x2,
+    # focus on [pot], inventory, look around, look at x2, open, pick up
+    assert shortlist(actions) == [
         "focus on pot", "inventory", "look around", "open door", "pick up pot",
-        "look at pot", "connect a to b",
-        "look at stove", "connect a to c",
-        "connect b to c",
+        "connect a terminal to b anode", "look at pot",
+        "connect b cathode to c terminal", "look at stove",
     ]
 
 

@@ -27,6 +27,7 @@ from typing import Any, Callable
 from environments.core.base import ResetResult, StepResult, TextEnvironment
 from environments.scienceworld.catalog import make_task_id, parse_task_id, split_of
 from environments.scienceworld.pool import SimulatorPool, get_pool
+from environments.scienceworld.shortlist import shortlist
 
 log = logging.getLogger("environments.scienceworld")
 
@@ -51,37 +52,6 @@ _FALLBACK_TEMPLATES = [
     "pick up OBJ", "pour OBJ in OBJ", "put down OBJ", "read OBJ", "reset task", "task",
     "use OBJ on OBJ", "wait", "wait1",
 ]  # fmt: skip
-
-
-#: arguments that make a valid but useless action ("mix air", "disconnect agent", "focus on inventory")
-_NON_OBJECTS = frozenset({"agent", "air", "inventory"})
-#: never offered in a short list: restarts the task, losing its progress
-_NEVER_LISTED = frozenset({"reset task"})
-
-
-def _verb(action: str) -> str:
-    words = action.split()
-    return " ".join(words[:2]) if len(words) > 1 and words[1] in ("on", "at", "in", "up", "down", "to") else words[0]
-
-
-def rank_valid_actions(actions: list[str]) -> list[str]:
-    """A short-list order for ScienceWorld's valid actions (hundreds per state, 70% of them
-    ``connect X to Y``): drop ``reset task`` and actions on the agent, the air or the inventory
-    as an object, group the rest by command (``open``, ``look at``, ``pick up``, ...), and take
-    one action per command in turn, commands with the fewest actions first, so that the first N
-    cover every kind of command before the combinatorial ones repeat. Within a command the
-    simulator's alphabetical order is kept."""
-    groups: dict[str, list[str]] = {}
-    for action in actions:
-        words = action.split()
-        if action in _NEVER_LISTED or any(w in _NON_OBJECTS for w in words[1:]):
-            continue
-        groups.setdefault(_verb(action), []).append(action)
-    order = sorted(groups.values(), key=lambda g: (len(g), g[0]))
-    ranked: list[str] = []
-    for i in range(max((len(g) for g in order), default=0)):
-        ranked.extend(g[i] for g in order if i < len(g))
-    return ranked
 
 
 class ScienceWorldEnvironment(TextEnvironment):
@@ -112,6 +82,8 @@ class ScienceWorldEnvironment(TextEnvironment):
         self._steps = 0
         self._score = 0
         self._closed = False
+        self._task_description = ""
+        self._observations: list[str] = []  # this episode's, for the short list's recency
 
     # -- simulator lending
 
@@ -147,6 +119,9 @@ class ScienceWorldEnvironment(TextEnvironment):
         self._task_id = make_task_id(name, variation)
         self._steps = 0
         self._score = score
+        self._task_description = description.strip()
+        observation = f"{description.strip()}\n\n{look.strip()}"
+        self._observations = [observation]
         info: dict[str, Any] = {
             "task_id": self._task_id,
             "task_name": name,
@@ -161,7 +136,7 @@ class ScienceWorldEnvironment(TextEnvironment):
         }
         if self.valid_actions_each_step:
             info["available_actions"] = self._valid_actions()
-        return ResetResult(observation=f"{description.strip()}\n\n{look.strip()}", info=info)
+        return ResetResult(observation=observation, info=info)
 
     def step(self, action: str) -> StepResult:
         if self._sim is None:
@@ -180,6 +155,7 @@ class ScienceWorldEnvironment(TextEnvironment):
                 score = int(round(100 * self._sim.server.getScore()))
                 completed = bool(self._sim.server.getCompleted())
                 info["invalid_action"] = observation.startswith(_INVALID_PREFIXES) or not command
+                self._observations.append(observation)
                 if self.valid_actions_each_step:
                     info["available_actions"] = self._valid_actions()
         except Exception:
@@ -202,10 +178,11 @@ class ScienceWorldEnvironment(TextEnvironment):
     # -- helpers
 
     def valid_actions(self) -> list[str] | None:
-        """The simulator's valid actions in ``rank_valid_actions`` order (None between episodes)."""
+        """The simulator's valid actions in the short list's order (``shortlist.shortlist`` of
+        the task description and this episode's observations; None between episodes)."""
         if self._sim is None:
             return None
-        return rank_valid_actions(self._valid_actions())
+        return shortlist(self._valid_actions(), self._task_description, self._observations)
 
     def _valid_actions(self) -> list[str]:
         return sorted(self._sim.get_valid_action_object_combinations())
