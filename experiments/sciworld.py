@@ -9,14 +9,15 @@ phase), as for every family; the learning result is SFT then RL (``sft_gpu``, th
 ``sft_grpo_gpu``; docs/RESULTS.md). Each simulator is a JVM of ~2 GB. Variants
 (``experiments/common.py`` holds the shared pieces):
 
-============= ==============================================================================
-grpo_scaling  the paper's schedule, 8 episodes in flight, 4 simulators
-ppo           ``grpo_scaling`` with PPO (critic + GAE) instead of GRPO
-grpo_gpu      the default: one GPU, ~10 minutes (``common.gpu_recipe``), 4 servers of 16 simulators
-choice_gpu    ``grpo_gpu`` answering with the letter of a listed valid action, restricted policy
-sft_gpu       behaviour cloning of the gold action sequences on one GPU
-sft_grpo_gpu  ``grpo_gpu`` started from ``sft_gpu``'s policy
-============= ==============================================================================
+=============== ==============================================================================
+grpo_scaling    the paper's schedule, 8 episodes in flight, 4 simulators
+ppo             ``grpo_scaling`` with PPO (critic + GAE) instead of GRPO
+grpo_gpu        the default: one GPU, ~10 minutes (``common.gpu_recipe``), 4 servers of 16 JVMs
+choice_gpu      ``grpo_gpu`` answering with the letter of a listed valid action, restricted policy
+choice_one_h200 ``choice_gpu`` with 24 simulators, for a 16-core one-GPU host
+sft_gpu         behaviour cloning of the gold action sequences on one GPU
+sft_grpo_gpu    ``grpo_gpu`` started from ``sft_gpu``'s policy
+=============== ==============================================================================
 """
 
 from __future__ import annotations
@@ -73,10 +74,24 @@ def choice_gpu() -> ConfigDict:
     after each observation (``agent.list_valid_actions``; in the order of
     ``environments/scienceworld/shortlist.py``: absurd combinations dropped, each command's
     actions on the task's objects and the latest-seen ones first, one action of each command
-    before the combinatorial ones repeat), shown as options ``a) ... b) ...``, and the one-token reply is one of " a" .. " z" or EOS (docs/RESULTS.md, "Lettered
-    options and a policy restricted to the letters, per family, at step 0"). Only the listed
-    26 of the hundreds of valid actions can be chosen."""
+    before the combinatorial ones repeat), shown as options ``a) ... b) ...``, and the
+    one-token reply is one of " a" .. " z" or EOS (docs/RESULTS.md, "Lettered options and a
+    policy restricted to the letters, per family, at step 0"). Only the listed 26 of the
+    hundreds of valid actions can be chosen."""
     return use_choice(grpo_gpu(), list_actions=True)
+
+
+def choice_one_h200() -> ConfigDict:
+    """``choice_gpu`` on the one-GPU machine the device lends (16 cores, 128 GB): two servers
+    of 12 simulators and 24 episodes in flight instead of four of 16 and 64 (64 JVMs need a
+    64-core host). The same episodes a step, schedule, learner and evaluation; only the
+    rollout's parallelism differs."""
+    c = choice_gpu()
+    c.env.server_args = {"scienceworld": "--pool-size 12 --max-sessions 1024 --max-steps 100"}
+    c.env.replicas = 2
+    c.rollout.max_concurrency = 24
+    c.rollout.max_batch = 24
+    return c
 
 
 def sft_gpu() -> ConfigDict:
@@ -102,7 +117,8 @@ def sft_grpo_gpu() -> ConfigDict:
 
 
 VARIANTS = {"grpo_scaling": grpo_scaling, "ppo": ppo, "grpo_gpu": grpo_gpu,
-            "choice_gpu": choice_gpu, "sft_gpu": sft_gpu, "sft_grpo_gpu": sft_grpo_gpu}
+            "choice_gpu": choice_gpu, "choice_one_h200": choice_one_h200, "sft_gpu": sft_gpu,
+            "sft_grpo_gpu": sft_grpo_gpu}
 
 
 def get_config(variant: str | None = None) -> ConfigDict:

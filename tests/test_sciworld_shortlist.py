@@ -69,16 +69,27 @@ def test_recency_is_the_latest_observation_naming_the_object():
 
 
 def test_a_commands_order_task_words_then_recency_then_alphabet():
-    actions = sorted(["focus on apple", "focus on banana", "focus on ice cream", "focus on stove",
+    actions = sorted(["look at apple", "look at banana", "look at ice cream", "look at stove",
                       "look around"])
     observations = ["You see an apple, a banana and a stove.", "The stove is now on."]
     # task words: ice cream (2 words) first; then stove (seen latest), then apple and banana
     # (seen in observation 1: alphabetical)
     assert shortlist(actions, "Your task is to boil ice cream.", observations) == [
-        "look around", "focus on ice cream", "focus on stove", "focus on apple", "focus on banana"]
+        "look around", "look at ice cream", "look at stove", "look at apple", "look at banana"]
     # with no task and no observations: alphabetical within the command
-    assert shortlist(actions) == ["look around", "focus on apple", "focus on banana",
-                                  "focus on ice cream", "focus on stove"]
+    assert shortlist(actions) == ["look around", "look at apple", "look at banana",
+                                  "look at ice cream", "look at stove"]
+
+
+def test_one_focus_is_listed_the_first_in_the_commands_order():
+    actions = sorted(["focus on apple", "focus on banana", "focus on ice cream", "look around",
+                      "look at apple", "look at banana"])
+    observations = ["You see an apple and a banana.", "You look at the banana."]
+    assert shortlist(actions, "Your task is to boil ice cream.", observations) == [
+        "focus on ice cream", "look around", "look at banana", "look at apple"]
+    # no task object: the thing seen latest
+    assert shortlist(actions, "Your task is to find a living thing.", observations) == [
+        "focus on banana", "look around", "look at banana", "look at apple"]
 
 
 def test_two_argument_recency_sums_over_both_objects():

@@ -20,8 +20,10 @@ shows after that observation) and the simulator's whole valid list. A gold step 
   names its list spells otherwise).
 
 A **scoring step** is one whose action raised the simulator's score: the steps a policy must
-take to earn any reward. Per task type and per command: steps, listed, and the shares; in all:
-the step-weighted share and the mean over task types (long tasks have hundreds of steps).
+take to earn any reward. Also counted, per step: the ``focus on`` actions among the first
+``--limit`` (a focus on a wrong object fails the task, so each is a way to lose). Per task
+type and per command: steps, listed, and the shares; in all: the step-weighted share and the
+mean over task types (long tasks have hundreds of steps).
 
 The script uses only ``ScienceWorldEnvironment`` (its ``valid_actions`` and ``_valid_actions``)
 and the expert, so the same file measures an older checkout: ``git archive <commit> | tar -x -C
@@ -78,7 +80,9 @@ def spaced_sample(task_ids: Sequence[str], per_task: int) -> list[str]:
 
 def walk(env: ScienceWorldEnvironment, task_id: str, limit: int) -> list[dict[str, Any]]:
     """One gold path's steps: ``{"action", "command", "form": "listed" | "valid" | "not_valid",
-    "rank", "scoring", "listed_count"}``. The simulator's valid list is asked once a step."""
+    "rank", "scoring", "listed_count", "focus_listed"}`` (``focus_listed``: the ``focus on``
+    actions among the first ``limit``, each a way to fail the task). The simulator's valid list
+    is asked once a step."""
     steps: list[dict[str, Any]] = []
     env.reset(task_id)
     for action in gold_path(task_id):
@@ -92,10 +96,13 @@ def walk(env: ScienceWorldEnvironment, task_id: str, limit: int) -> list[dict[st
         forms = listed_forms(action, full)
         ranks = [order.index(a) for a in forms if a in order]
         rank = min(ranks) if ranks else None
-        form = "not_valid" if not forms else "listed" if rank is not None and rank < limit else "valid"
+        listed = rank is not None and rank < limit
+        form = "not_valid" if not forms else "listed" if listed else "valid"
         result = env.step(action)
+        focus = sum(a.startswith("focus on ") for a in order[:limit])
         steps.append({"action": action, "command": command_of(action), "form": form, "rank": rank,
-                      "scoring": result.reward > 0, "listed_count": len(order)})
+                      "scoring": result.reward > 0, "listed_count": len(order),
+                      "focus_listed": focus})
         if result.done or result.truncated:
             break
     return steps
@@ -127,13 +134,17 @@ def summarise(walks: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
         "mean_over_task_types": round(statistics.mean(type_shares), 4) if type_shares else None,
         "scoring_mean_over_task_types": _type_mean(by_type, scoring_only=True),
         "listed_count_median": statistics.median(s["listed_count"] for s in steps) if steps else 0,
+        "focus_listed_mean": (round(statistics.mean(s.get("focus_listed", 0) for s in steps), 3)
+                              if steps else 0),
         "per_task_type": per_type,
-        "per_command": {c: shares(w) for c, w in sorted(by_command.items(), key=lambda x: -len(x[1]))},
+        "per_command": {c: shares(w)
+                        for c, w in sorted(by_command.items(), key=lambda x: -len(x[1]))},
     }
 
 
 def _type_mean(by_type: dict[str, list[dict[str, Any]]], scoring_only: bool) -> float | None:
-    values = [shares([s for s in w if s["scoring"] or not scoring_only])["share"] for w in by_type.values()]
+    values = [shares([s for s in w if s["scoring"] or not scoring_only])["share"]
+              for w in by_type.values()]
     values = [v for v in values if v is not None]
     return round(statistics.mean(values), 4) if values else None
 
@@ -159,13 +170,16 @@ def main(argv: Sequence[str] | None = None) -> int:
                   f"({s['steps'] - s['comparable']} not in the valid list)", flush=True)
     finally:
         env.close()
-    report = {"args": vars(args), "seconds": round(time.perf_counter() - start, 1), **summarise(walks)}
+    seconds = round(time.perf_counter() - start, 1)
+    report = {"args": vars(args), "seconds": seconds, **summarise(walks)}
     a, sc = report["all"], report["scoring_steps"]
     print(f"{args.split}, {len(sample)} gold paths, the first {args.limit} listed: "
           f"{a['listed']}/{a['comparable']} steps listed ({a['share']}), mean over task types "
           f"{report['mean_over_task_types']}; scoring steps {sc['listed']}/{sc['comparable']} "
           f"({sc['share']}), mean over task types {report['scoring_mean_over_task_types']}; "
-          f"{report['listed_count_median']} actions listed a step (median); {report['seconds']} s")
+          f"{report['listed_count_median']} actions listed a step (median), "
+          f"{report['focus_listed_mean']} of the first {args.limit} a focus (mean); "
+          f"{report['seconds']} s")
     if args.json:
         write_report(args.json, report, walks)
     return 0

@@ -18,11 +18,15 @@ observations) and the list:
    its objects were named in an observation (the sum over its arguments of the 1-based index
    of the latest observation naming one, 0 when none: the thing just picked up, looked at or
    seen in the room comes before the rest), then the simulator's alphabetical order.
-3. **Take turns**: one action of each command in turn, commands with the fewest actions first,
+3. **One focus**: of ``focus on``, only the group's first action is kept. Focusing is
+   irreversible, and on a wrong object it fails the task (score -100), so every listed focus
+   is a way to lose; one a list (about what the order before this one listed) leaves the
+   task's object, or the thing just looked at or picked up, in reach.
+4. **Take turns**: one action of each command in turn, commands with the fewest actions first,
    so that the first N cover every kind of command before the combinatorial ones repeat.
 
-What it is worth, measured on the gold action sequences (``benchmarks/analysis/sciworld_options.py``,
-docs/ENVIRONMENTS.md): the share of the gold paths' steps whose action is among the first 26.
+What it is worth is measured on the gold action sequences, as the share of their steps whose
+action is among the first 26 (``benchmarks/analysis/sciworld_options.py``, docs/ENVIRONMENTS.md).
 """
 
 from __future__ import annotations
@@ -33,16 +37,19 @@ from typing import Sequence
 #: ScienceWorld's ten locations (its map is fixed): only ``go to`` one is a useful action on it
 LOCATIONS = frozenset({"art studio", "bathroom", "bedroom", "foundry", "greenhouse", "hallway",
                        "kitchen", "living room", "outside", "workshop"})
-#: arguments that make a valid but useless action ("mix air", "disconnect agent", "focus on inventory")
+#: arguments that make a valid but useless action ("mix air", "focus on inventory")
 NON_OBJECTS = frozenset({"agent", "air", "inventory"})
-#: never listed: ``reset task`` restarts the task, losing its progress; ``task`` repeats the first message
+#: never listed: ``reset task`` loses the task's progress; ``task`` repeats the first message
 NEVER_LISTED = frozenset({"reset task", "task"})
 #: commands never listed: none of the tasks needs them, and they crowd the list
 USELESS_COMMANDS = frozenset({"disconnect", "eat"})
+#: commands of which only the first action (in the group's order) is listed: irreversible ones
+IRREVERSIBLE_COMMANDS = frozenset({"focus on"})
 #: what a ``connect`` end must name to be part of a circuit
 ELECTRICAL_WORDS = ("anode", "cathode", "terminal")
 #: the word between the two arguments of a two-argument command
-_SECOND_ARGUMENT = {"connect": " to ", "dunk": " into ", "move": " to ", "pour": " into ", "use": " on "}
+_SECOND_ARGUMENT = {"connect": " to ", "dunk": " into ", "move": " to ", "pour": " into ",
+                    "use": " on "}
 #: the words of a task description that say nothing about its objects
 _TASK_STOP_WORDS = frozenset("""
 a about above after an and are around as at be below by can cause change changes completely
@@ -117,18 +124,20 @@ def recency(argument: str, observations: Sequence[str]) -> int:
 
 def shortlist(actions: Sequence[str], task_description: str = "",
               observations: Sequence[str] = ()) -> list[str]:
-    """``actions`` (the simulator's valid actions, alphabetical) dropped, grouped, ordered and
-    interleaved as the module docstring says. ``observations``: the episode's observations so
-    far, oldest first (lower-cased once here)."""
+    """``actions`` (the simulator's valid actions, alphabetical) dropped, grouped, ordered,
+    cut and interleaved as the module docstring says. ``observations``: the episode's
+    observations so far, oldest first (lower-cased once here)."""
     words = task_words(task_description)
     seen = [o.lower() for o in observations]
     groups: dict[str, list[str]] = {}
     for action in actions:
         if is_useful(action):
             groups.setdefault(command_of(action), []).append(action)
-    for group in groups.values():
+    for command, group in groups.items():
         group.sort(key=lambda a: (-task_overlap(a, words),
                                   -sum(recency(x, seen) for x in arguments_of(a))))
+        if command in IRREVERSIBLE_COMMANDS:
+            del group[1:]
     order = sorted(groups.values(), key=lambda g: (len(g), g[0]))
     ranked: list[str] = []
     for i in range(max((len(g) for g in order), default=0)):
