@@ -126,10 +126,11 @@ def test_scienceworld_order_takes_turns_over_commands_fewest_first():
     ])
     # dropped: "connect a to b" (not a circuit), "focus on air", "mix agent", "reset task",
     # "task"; groups (no task words, no observations: alphabetical within): connect x2,
-    # focus on [pot], inventory, look around, look at x2, open, pick up
+    # focus on [pot] (irreversible: last in each turn), inventory, look around, look at x2,
+    # open, pick up
     assert shortlist(actions) == [
-        "focus on pot", "inventory", "look around", "open door", "pick up pot",
-        "connect a terminal to b anode", "look at pot",
+        "inventory", "look around", "open door", "pick up pot",
+        "connect a terminal to b anode", "look at pot", "focus on pot",
         "connect b cathode to c terminal", "look at stove",
     ]
 

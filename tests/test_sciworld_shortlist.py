@@ -81,15 +81,16 @@ def test_a_commands_order_task_words_then_recency_then_alphabet():
                                   "look at ice cream", "look at stove"]
 
 
-def test_one_focus_is_listed_the_first_in_the_commands_order():
+def test_one_focus_is_listed_the_first_in_the_commands_order_last_in_its_turn():
     actions = sorted(["focus on apple", "focus on banana", "focus on ice cream", "look around",
                       "look at apple", "look at banana"])
     observations = ["You see an apple and a banana.", "You look at the banana."]
+    # turn 1: look around, look at (its first), then the one focus; turn 2: look at's second
     assert shortlist(actions, "Your task is to boil ice cream.", observations) == [
-        "focus on ice cream", "look around", "look at banana", "look at apple"]
+        "look around", "look at banana", "focus on ice cream", "look at apple"]
     # no task object: the thing seen latest
     assert shortlist(actions, "Your task is to find a living thing.", observations) == [
-        "focus on banana", "look around", "look at banana", "look at apple"]
+        "look around", "look at banana", "focus on banana", "look at apple"]
 
 
 def test_two_argument_recency_sums_over_both_objects():

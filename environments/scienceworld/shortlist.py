@@ -18,12 +18,14 @@ observations) and the list:
    its objects were named in an observation (the sum over its arguments of the 1-based index
    of the latest observation naming one, 0 when none: the thing just picked up, looked at or
    seen in the room comes before the rest), then the simulator's alphabetical order.
-3. **One focus**: of ``focus on``, only the group's first action is kept. Focusing is
+3. **One focus, last**: of ``focus on``, only the group's first action is kept. Focusing is
    irreversible, and on a wrong object it fails the task (score -100), so every listed focus
    is a way to lose; one a list (about what the order before this one listed) leaves the
    task's object, or the thing just looked at or picked up, in reach.
 4. **Take turns**: one action of each command in turn, commands with the fewest actions first,
-   so that the first N cover every kind of command before the combinatorial ones repeat.
+   so that the first N cover every kind of command before the combinatorial ones repeat; the
+   irreversible commands come last in each turn (a policy that favours the first letters, as
+   the base model does, should not meet the way to lose first).
 
 What it is worth is measured on the gold action sequences, as the share of their steps whose
 action is among the first 26 (``benchmarks/analysis/sciworld_options.py``, docs/ENVIRONMENTS.md).
@@ -138,7 +140,8 @@ def shortlist(actions: Sequence[str], task_description: str = "",
                                   -sum(recency(x, seen) for x in arguments_of(a))))
         if command in IRREVERSIBLE_COMMANDS:
             del group[1:]
-    order = sorted(groups.values(), key=lambda g: (len(g), g[0]))
+    order = [group for _, group in sorted(groups.items(), key=lambda item: (
+        item[0] in IRREVERSIBLE_COMMANDS, len(item[1]), item[1][0]))]
     ranked: list[str] = []
     for i in range(max((len(g) for g in order), default=0)):
         ranked.extend(g[i] for g in order if i < len(g))
