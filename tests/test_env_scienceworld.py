@@ -244,8 +244,8 @@ class TestInProcess:
         assert set(listed) <= valid and len(listed) == len(set(listed))
         assert all(is_useful(a) for a in listed) and "reset task" not in listed
         assert len(valid) - len(listed) > 300  # the absurd combinations are dropped
-        # the task's object is within a lettered agent's 26 (the order before 2026-12-05 put
-        # this action at 194: results/sciworld_options/test_before.json)
+        # the task's object is within a lettered agent's 26 (the order before 2026-12-05 put it
+        # at 194 after the gold path's first step: results/sciworld_options/test_before_walks...)
         assert "focus on electric motor" in listed[:26]
 
     def test_invalid_action_is_a_normal_step_and_mistakes_fail(self, env):

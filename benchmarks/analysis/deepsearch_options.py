@@ -28,8 +28,9 @@ the listed actions still solve? Per split of the built-in ``search`` task set, n
   what a policy that has learned nothing would score at step 0.
 
 The script uses only ``admissible_actions`` / ``after_search`` / ``listed_oracle_solves``, so the
-same file measures an older checkout (``git archive <commit> | tar -x -C /tmp/old``, then run it
-with ``PYTHONPATH=/tmp/old``): docs/ENVIRONMENTS.md quotes both.
+same file measures an older checkout: ``git archive <commit> | tar -x -C /tmp/old``, copy this
+file into ``/tmp/old/benchmarks/analysis/`` and run it there (it puts its own tree first on the
+import path, so ``PYTHONPATH`` alone does not choose the tree). docs/ENVIRONMENTS.md quotes both.
 """
 
 from __future__ import annotations
