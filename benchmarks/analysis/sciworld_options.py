@@ -51,7 +51,9 @@ from environments.scienceworld.expert import gold_path  # noqa: E402
 
 
 def command_of(action: str) -> str:
-    """``"look at pot"`` -> ``"look at"``, ``"move a to b"`` -> ``"move"``."""
+    """``"look at pot"`` -> ``"look at"``, ``"move a to b"`` -> ``"move"``. The rule of
+    ``environments.scienceworld.shortlist.command_of``, kept here so that this file also runs
+    in trees from before that module (the "before" measurement)."""
     words = action.split()
     if len(words) > 1 and words[1] in ("on", "at", "in", "up", "down", "to"):
         return " ".join(words[:2])

@@ -128,16 +128,23 @@ def shortlist(actions: Sequence[str], task_description: str = "",
               observations: Sequence[str] = ()) -> list[str]:
     """``actions`` (the simulator's valid actions, alphabetical) dropped, grouped, ordered,
     cut and interleaved as the module docstring says. ``observations``: the episode's
-    observations so far, oldest first (lower-cased once here)."""
+    observations so far, oldest first."""
     words = task_words(task_description)
-    seen = [o.lower() for o in observations]
+    recency_of: dict[str, int] = {}  # an argument's recency, once a call (arguments repeat)
+
+    def rank_key(action: str) -> tuple[int, int]:
+        arguments = arguments_of(action)
+        for argument in arguments:
+            if argument not in recency_of:
+                recency_of[argument] = recency(argument, observations)
+        return -task_overlap(action, words), -sum(recency_of[a] for a in arguments)
+
     groups: dict[str, list[str]] = {}
     for action in actions:
         if is_useful(action):
             groups.setdefault(command_of(action), []).append(action)
     for command, group in groups.items():
-        group.sort(key=lambda a: (-task_overlap(a, words),
-                                  -sum(recency(x, seen) for x in arguments_of(a))))
+        group.sort(key=rank_key)
         if command in IRREVERSIBLE_COMMANDS:
             del group[1:]
     order = [group for _, group in sorted(groups.items(), key=lambda item: (
