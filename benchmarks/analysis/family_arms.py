@@ -111,6 +111,16 @@ ARMS: tuple[Arm, ...] = (
         note="the server lists the goal's craft first: always the first option, no model, "
         "scores 0.739",
     ),
+    *(
+        Arm("textcraft", f"{what}, goal-first option order, 120 equal steps",
+            _numbered(f"results/scaling_equal_steps_textcraft/{stem}"), "test", counts=False,
+            note="the goal-first option order, as above")
+        for what, stem in (
+            ("ScalingInter-RL 10->20->30", "textcraft_eq_scaling"),
+            ("fixed 10 turns", "textcraft_eq_fixed10"),
+            ("fixed 30 turns", "textcraft_eq_fixed30"),
+        )
+    ),
     Arm(
         "textcraft",
         "choice restricted to letters, options shuffled each turn, 45 steps",
