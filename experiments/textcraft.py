@@ -107,6 +107,21 @@ def choice_shuffled_gigpo_gpu() -> ConfigDict:
     return use_gigpo(choice_shuffled_gpu())
 
 
+def choice_shuffled_window_gpu() -> ConfigDict:
+    """``choice_shuffled_gpu`` with an 8-turn history window (``agent.history_turns``,
+    docs/TRAINING.md "History window": the prompt keeps the goal and its recipes, the first
+    user message, and the last 8 turns). Why: 38% of the shuffled runs' final test episodes
+    ended at the 4,096-token context, after 20 turns on average (13 at the soonest), while the
+    episodes that ran on still found successes in turns 20-30 (``eval_episodes.jsonl.gz`` of
+    results/textcraft_shuffled_test: ``num_turns`` and ``status``); with the window every
+    episode has its 30 turns, and each turn still lists the actions that succeed now. GRPO,
+    since a windowed run trains an episode as several rows that share one advantage (the
+    config check refuses GiGPO with a window). Jobs: benchmarks/jobs/textcraft_shuffled_dev.txt."""
+    c = choice_shuffled_gpu()
+    c.agent.history_turns = 8
+    return c
+
+
 def choice_curve_gpu() -> ConfigDict:
     """``choice_gpu`` followed to the end of its curve (issue 48 item 2; ``common.curve_run``;
     lettered options, since free text earns TextCraft no reward from the base model:
@@ -182,7 +197,8 @@ def sft_grpo_long_gpu() -> ConfigDict:
 VARIANTS = {
     "grpo_scaling": grpo_scaling, "ppo": ppo, "grpo_gpu": grpo_gpu, "gigpo_gpu": gigpo_gpu,
     "choice_gpu": choice_gpu, "choice_shuffled_gpu": choice_shuffled_gpu,
-    "choice_shuffled_gigpo_gpu": choice_shuffled_gigpo_gpu, "sft": sft,
+    "choice_shuffled_gigpo_gpu": choice_shuffled_gigpo_gpu,
+    "choice_shuffled_window_gpu": choice_shuffled_window_gpu, "sft": sft,
     "sft_gpu": sft_gpu, "sft_grpo_gpu": sft_grpo_gpu, "sft_gigpo_gpu": sft_gigpo_gpu,
     "sft_grpo_long_gpu": sft_grpo_long_gpu, "choice_curve_gpu": choice_curve_gpu,
     "choice_shuffled_curve_gpu": choice_shuffled_curve_gpu,
