@@ -74,10 +74,10 @@ def choice_gpu() -> ConfigDict:
     after each observation (``agent.list_valid_actions``; in the order of
     ``environments/scienceworld/shortlist.py``: absurd combinations dropped, each command's
     actions on the task's objects and the latest-seen ones first, one ``focus on`` and it last,
-    one action of each command before the combinatorial ones repeat), shown as options ``a) ... b) ...``, and the
-    one-token reply is one of " a" .. " z" or EOS (docs/RESULTS.md, "Lettered options and a
-    policy restricted to the letters, per family, at step 0"). Only the listed 26 of the
-    hundreds of valid actions can be chosen."""
+    one action of each command before the combinatorial ones repeat), shown as options
+    ``a) ... b) ...``, and the one-token reply is one of " a" .. " z" or EOS (docs/RESULTS.md,
+    "Lettered options and a policy restricted to the letters, per family, at step 0"). Only
+    the listed 26 of the hundreds of valid actions can be chosen."""
     return use_choice(grpo_gpu(), list_actions=True)
 
 

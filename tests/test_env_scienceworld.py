@@ -245,7 +245,8 @@ class TestInProcess:
         assert all(is_useful(a) for a in listed) and "reset task" not in listed
         assert len(valid) - len(listed) > 300  # the absurd combinations are dropped
         # the task's object is within a lettered agent's 26 (the order before 2026-12-05 put it
-        # at 194 after the gold path's first step: results/sciworld_options/test_before_walks...)
+        # at 194 after the gold path's first step:
+        # results/sciworld_options/test_before_walks.jsonl.gz)
         assert "focus on electric motor" in listed[:26]
 
     def test_invalid_action_is_a_normal_step_and_mistakes_fail(self, env):
