@@ -72,6 +72,7 @@ unpack() {
     local src=$1 prefix=$2 debs f base
     command -v dpkg >/dev/null || die "unpack needs dpkg (dpkg -x)"
     [ -f "$src/SHA256SUMS" ] || die "$src/SHA256SUMS missing (made by 'pack')"
+    src=$(cd "$src" && pwd)  # the checksums are read from inside the unpacking folder
     mkdir -p "$prefix"
     prefix=$(cd "$prefix" && pwd)
     debs="$prefix/debs"
