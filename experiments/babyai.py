@@ -13,7 +13,7 @@ shared pieces):
 grpo_scaling       the paper's schedule with the settings' defaults
 grpo_fixed         the ScalingInter baseline: a fixed 20-turn horizon
 ppo                ``grpo_scaling`` with PPO (critic + GAE) instead of GRPO
-grpo_gpu           the default: one GPU, ~10 minutes: the learning result (``common.gpu_recipe``)
+grpo_gpu           the default: one GPU, 360 s of training: the learning result (``common.gpu_recipe``)
 grpo_long_gpu      ``grpo_gpu`` to the end of its curve: 1,350 s of training, resumable
 grpo_scaling_gpu10min  an older one-GPU sizing: bf16, 8 steps a phase, 64 evaluation tasks
 gigpo_gpu          ``grpo_gpu`` with the GiGPO estimator
@@ -21,7 +21,7 @@ grpo_curve_gpu     ``grpo_gpu`` followed until its dev curve is flat (>= 30 min 
 gigpo_curve_gpu    ``gigpo_gpu`` followed until its dev curve is flat (>= 30 min of training)
 dpo_gpu            ``grpo_gpu``'s rollouts trained by DPO on success/failure pairs
 sft                behaviour cloning of the macro-action expert, CPU-sized
-sft_gpu            behaviour cloning on one GPU, ~7 minutes
+sft_gpu            behaviour cloning on one GPU
 sft_grpo_gpu       ``grpo_gpu`` started from ``sft_gpu``'s policy
 sft_gigpo_gpu      ``sft_grpo_gpu`` with the GiGPO estimator
 choice_gpu         ``grpo_gpu`` answering with the letter of a listed action, restricted policy
@@ -193,7 +193,7 @@ def sft() -> ConfigDict:
 
 
 def sft_gpu() -> ConfigDict:
-    """Behaviour cloning of the macro expert on one GPU, ~7 minutes (docs/RESULTS.md, "BabyAI:
+    """Behaviour cloning of the macro expert on one GPU (docs/RESULTS.md, "BabyAI:
     behaviour cloning on a macro-action expert"): ``grpo_gpu``'s model, answer format, engine,
     packed learner and evaluation with the ``sft`` loss. Data: ``launch/record_experts.py --env
     babyai --config experiments/babyai.py:sft_gpu``; ``benchmarks/gpu/sft_rl_comparison.sh`` (the results

@@ -14,7 +14,7 @@ docs/RESULTS.md). A turn is ``Action: <search> query </search>`` or ``Action: <a
 =================== ========================================================================
 grpo_scaling        the paper's schedule, 64 new tokens a turn
 ppo                 ``grpo_scaling`` with PPO (critic + GAE) instead of GRPO
-grpo_gpu            the default: one GPU, ~10 minutes with both evaluations (``common.gpu_recipe``)
+grpo_gpu            the default: one GPU, 360 s of training (``common.gpu_recipe``)
 choice_gpu          ``grpo_gpu`` answering with the letter of a listed admissible action,
                     restricted policy, the whole history in a 6,144-token context
 choice_shuffled_gpu ``choice_gpu`` with each turn's options in a seeded permuted order

@@ -12,7 +12,7 @@ phase), as for every family; the learning result is SFT then RL (``sft_gpu``, th
 =============== ==============================================================================
 grpo_scaling    the paper's schedule, 8 episodes in flight, 4 simulators
 ppo             ``grpo_scaling`` with PPO (critic + GAE) instead of GRPO
-grpo_gpu        the default: one GPU, ~10 minutes (``common.gpu_recipe``), 4 servers of 16 JVMs
+grpo_gpu        the default: one GPU (``common.gpu_recipe``), 4 servers of 16 JVMs
 choice_gpu      ``grpo_gpu`` answering with the letter of a listed valid action, restricted policy
 choice_one_h200 ``choice_gpu`` with 24 simulators, for a 16-core one-GPU host
 sft_gpu         behaviour cloning of the gold action sequences on one GPU
@@ -45,7 +45,7 @@ def ppo() -> ConfigDict:
 
 
 def grpo_gpu() -> ConfigDict:
-    """GRPO + ScalingInter-RL on one GPU (~10 minutes with both evaluations): the published
+    """GRPO + ScalingInter-RL on one GPU (a 360-s training budget): the published
     schedule (10 -> 20 -> 30 turns) compressed to 4 steps a phase, with the one-GPU recipe
     (``common.gpu_recipe``). The reward is the simulator's score gain / 100 (an episode's
     rewards sum to its final score / 100), so partial progress is rewarded; ``success`` is a

@@ -1,6 +1,6 @@
 """Random-model system checks on a CPU: a tiny model (SmolLM2 tokenizer) through the real system.
 
-    python launch/run.py --config experiments/smoke.py                   # smoke: about a minute
+    python launch/run.py --config experiments/smoke.py                   # smoke
 
 Not learning configs: the models are untrained, so rewards are near zero. Variants:
 
@@ -22,8 +22,8 @@ DEFAULT = "smoke"
 
 
 def smoke() -> ConfigDict:
-    """A tiny random model on real BabyAI and TextCraft servers: a few RL steps on 2 CPU cores
-    in about a minute. It exercises every part of the system: servers, engine, actor pool,
+    """A tiny random model on real BabyAI and TextCraft servers: a few RL steps on 2 CPU
+    cores. It exercises every part of the system: servers, engine, actor pool,
     learner, checkpoints, TensorBoard, trajectory logs, evaluation."""
     c = base_config()
     c.model.random_init = dict(hidden_size=64, intermediate_size=128, num_layers=2, num_heads=4,
@@ -54,7 +54,7 @@ def smoke() -> ConfigDict:
 
 def sft() -> ConfigDict:
     """Behaviour cloning smoke: the tiny random model on BabyAI expert episodes, a few steps and
-    a two-task evaluation; about a minute on 2 CPU cores::
+    a two-task evaluation, on 2 CPU cores::
 
         python launch/record_experts.py --env babyai --episodes 16 --out /tmp/experts \\
             --config experiments/smoke.py:sft
