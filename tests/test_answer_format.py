@@ -138,7 +138,7 @@ def test_benchmark_episode_record_keeps_the_counts_and_messages():
     t.parse_failures, t.status, t.reward = 1, "max_turns", 0.0
     record = bench.episode_record("action", t)
     assert record == {"style": "action", "task_id": "t", "status": "max_turns", "reward": 0.0,
-                      "shaping": 0.0, "num_turns": 2, "invalid_actions": 2, "parse_failures": 1,
+                      "shaping": 0.0, "success": False, "num_turns": 2, "invalid_actions": 2, "parse_failures": 1,
                       "messages": t.messages}
     assert [m["content"] for m in record["messages"] if m["role"] == "assistant"] == [
         "Action: turn left", "I think so"]

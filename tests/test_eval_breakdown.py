@@ -68,6 +68,34 @@ def test_a_jsonl_file_of_episodes_is_one_evaluation(tmp_path):
         eval_breakdown.main([str(tmp_path / "missing")])
 
 
+def test_styles_split_one_file_of_answer_styles(tmp_path):
+    """An action_format.py --episodes_out file (one set of episodes per style), read once per
+    style: web navigation's trivial tasks apart, by hand."""
+    rows = [("a", "click-test/seed=0", 1.0), ("a", "login-user/seed=0", 0.0),
+            ("a", "enter-text/seed=0", 0.0), ("b", "click-test/seed=0", 0.0),
+            ("b", "login-user/seed=0", 1.0), ("b", "enter-text/seed=0", 1.0),
+            ("b", "choose-list/seed=0", 0.0)]
+    path = tmp_path / "episodes.jsonl"
+    path.write_text("".join(json.dumps({"style": s, "task_id": task, "status": "done",
+                                        "reward": r, "shaping": 0.0, "num_turns": 2,
+                                        "invalid_actions": 0, "parse_failures": 0}) + "\n"
+                            for s, task, r in rows))
+    out = tmp_path / "out.json"
+    assert eval_breakdown.main([str(path), str(path), "--labels", "A,B", "--styles", "a,b",
+                                "--out", str(out)]) == 0
+    runs = json.loads(out.read_text())["runs"]
+    a, b = runs["A"]["first"], runs["B"]["first"]
+    assert a["non_trivial"] == {"episodes": 2, "success_rate": 0.0, "mean_score": 0.0}
+    assert a["trivial"]["mean_score"] == 1.0
+    assert b["non_trivial"]["episodes"] == 3
+    assert b["non_trivial"]["mean_score"] == pytest.approx(2 / 3)
+    assert b["trivial"]["mean_score"] == 0.0
+    with pytest.raises(SystemExit):  # a style the file does not hold
+        eval_breakdown.main([str(path), "--styles", "c"])
+    with pytest.raises(SystemExit):  # one style for two runs
+        eval_breakdown.main([str(path), str(path), "--styles", "a"])
+
+
 def test_the_options_chosen_by_position(tmp_path, capsys):
     picks = [([0, 0, 4], [2, 2, 0]), ([1, -1], [0, -1])]  # (environment order, as shown)
     eps = [{**_episode("L1/seed=1", 5, "done", True, len(o), 0), "option_picks": o,

@@ -254,7 +254,7 @@ def episode_record(style: str, t: Trajectory) -> dict[str, Any]:
     """One line of ``--episodes_out``: the style, the episode's outcome and counts, and its
     messages (system prompt, observations, replies)."""
     return {"style": style, "task_id": t.task_id, "status": t.status, "reward": t.reward,
-            "shaping": t.shaping,
+            "shaping": t.shaping, "success": t.success,
             "num_turns": t.num_turns, "invalid_actions": t.invalid_actions,
             "parse_failures": t.parse_failures, "messages": t.messages}
 

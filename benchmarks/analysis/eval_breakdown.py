@@ -33,7 +33,12 @@ Per evaluation with N episodes (``eval_episodes.jsonl`` or full trajectory files
   same letter): a policy that repeats its last letter shows it in "shown".
 
 A JSONL file instead of a run directory (``launch/record_experts.py``'s episodes) is one
-evaluation at step 0 (``learning_report.eval_episodes``).
+evaluation at step 0 (``learning_report.eval_episodes``). An ``action_format.py --episodes_out``
+file holds one set of episodes per answer style: ``--styles`` names the one each run reads
+(records whose ``style`` is it), e.g. one file twice::
+
+    python benchmarks/analysis/eval_breakdown.py F.jsonl.gz F.jsonl.gz --labels ordered,shuffled \
+        --styles choice_option_limits,choice_shuffled
 
 Across runs: ``never_solved`` = levels with no success in any run's final evaluation, and
 ``never_solved_share`` = their episodes / all episodes of the final evaluations.
@@ -49,7 +54,7 @@ from collections import Counter, defaultdict
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(1, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))  # environments
-from learning_report import eval_episodes  # noqa: E402
+from learning_report import eval_episodes, read_jsonl, small_record  # noqa: E402
 from agentrl_jax.training.evaluation.eval_metrics import task_reward  # noqa: E402
 from environments.miniwob.family import TRIVIAL_TASKS, is_trivial_task  # noqa: E402
 
@@ -228,17 +233,27 @@ def main(argv=None) -> int:
     ap.add_argument("runs", nargs="+", help="run directories with evaluation episodes, or "
                     "JSONL files of episodes")
     ap.add_argument("--labels", default="", help="comma-separated, one per run (default: names)")
+    ap.add_argument("--styles", default="", help="comma-separated, one per run: read only the "
+                    "episodes of this answer style (action_format.py --episodes_out files)")
     ap.add_argument("--out", default="", help="write the JSON here as well")
     args = ap.parse_args(argv)
     labels = args.labels.split(",") if args.labels else [
         os.path.basename(os.path.normpath(r)) for r in args.runs]
     if len(labels) != len(args.runs):
         ap.error(f"{len(labels)} labels for {len(args.runs)} runs")
+    styles = args.styles.split(",") if args.styles else [""] * len(args.runs)
+    if len(styles) != len(args.runs):
+        ap.error(f"{len(styles)} styles for {len(args.runs)} runs")
     runs = {}
-    for label, run in zip(labels, args.runs):
-        episodes = eval_episodes(run) if os.path.exists(run) else []
+    for label, run, style in zip(labels, args.runs, styles):
+        if style and not os.path.isfile(run):
+            ap.error(f"{run}: --styles reads a JSONL file of episodes, not a run directory")
+        if style:
+            episodes = [small_record(r) for r in read_jsonl(run) if r.get("style") == style]
+        else:
+            episodes = eval_episodes(run) if os.path.exists(run) else []
         if not episodes:
-            ap.error(f"{run}: no evaluation episodes")
+            ap.error(f"{run}: no evaluation episodes" + (f" of style {style!r}" if style else ""))
         runs[label] = episodes
     summary = summarize(runs)
     if args.out:
