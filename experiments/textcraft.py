@@ -14,22 +14,23 @@ than a uniform choice among the options (0.379). SFT then RL: ``sft_gpu``, then
 ``sft_grpo_gpu``.
 Variants (``experiments/common.py`` holds the shared pieces):
 
-========================= ==========================================================================
-grpo_scaling              the paper's schedule with the settings' defaults
-ppo                       ``grpo_scaling`` with PPO (critic + GAE) instead of GRPO
-grpo_gpu                  the default: one GPU, ~10 minutes (``common.gpu_recipe``)
-gigpo_gpu                 ``grpo_gpu`` with the GiGPO estimator (anchor states: the inventory)
-choice_gpu                ``grpo_gpu`` answering with a listed action's letter, restricted policy
-choice_shuffled_gpu       ``choice_gpu`` with each turn's options in a seeded permuted order
-choice_shuffled_gigpo_gpu ``choice_shuffled_gpu`` with the GiGPO estimator
-choice_curve_gpu          ``choice_gpu`` followed until its dev curve is flat (>= 30 min)
-choice_shuffled_curve_gpu ``choice_shuffled_gpu`` followed until its dev curve is flat (>= 30 min)
-sft                       behaviour cloning of the recipe expert, CPU-sized
-sft_gpu                   behaviour cloning on one GPU, ~7 minutes
-sft_grpo_gpu              ``grpo_gpu`` started from ``sft_gpu``'s policy
-sft_gigpo_gpu             ``sft_grpo_gpu`` with the GiGPO estimator
-sft_grpo_long_gpu         ``sft_grpo_gpu`` to the end of its curve: 1,200 s of training, resumable
-========================= ==========================================================================
+========================== ========================================================================
+grpo_scaling               the paper's schedule with the settings' defaults
+ppo                        ``grpo_scaling`` with PPO (critic + GAE) instead of GRPO
+grpo_gpu                   the default: one GPU, 360 s of training (``common.gpu_recipe``)
+gigpo_gpu                  ``grpo_gpu`` with the GiGPO estimator (anchor states: the inventory)
+choice_gpu                 ``grpo_gpu`` answering with a listed action's letter, restricted policy
+choice_shuffled_gpu        ``choice_gpu`` with each turn's options in a seeded permuted order
+choice_shuffled_gigpo_gpu  ``choice_shuffled_gpu`` with the GiGPO estimator
+choice_shuffled_window_gpu ``choice_shuffled_gpu`` with an 8-turn history window
+choice_curve_gpu           ``choice_gpu`` followed until its dev curve is flat (>= 30 min)
+choice_shuffled_curve_gpu  ``choice_shuffled_gpu`` followed until its dev curve is flat (>= 30 min)
+sft                        behaviour cloning of the recipe expert, CPU-sized
+sft_gpu                    behaviour cloning on one GPU
+sft_grpo_gpu               ``grpo_gpu`` started from ``sft_gpu``'s policy
+sft_gigpo_gpu              ``sft_grpo_gpu`` with the GiGPO estimator
+sft_grpo_long_gpu          ``sft_grpo_gpu`` to the end of its curve: 1,200 s of training, resumable
+========================== ========================================================================
 """
 
 from __future__ import annotations
@@ -158,7 +159,7 @@ def sft() -> ConfigDict:
 
 
 def sft_gpu() -> ConfigDict:
-    """Behaviour cloning of the recipe expert on one GPU, sized for ~7 minutes: ``grpo_gpu``'s
+    """Behaviour cloning of the recipe expert on one GPU: ``grpo_gpu``'s
     model, answer format, engine, packed learner and evaluation (all 118 held-out goals x 4)
     with the ``sft`` loss. Data: ``launch/record_experts.py --env textcraft --config
     experiments/textcraft.py:sft_gpu`` (one episode per train goal: 426)."""

@@ -11,14 +11,15 @@ renders); a machine without Chromium gets it from ``benchmarks/gpu/chromium_port
 (``unpack``, then ``source benchmarks/gpu/chromium_portable.sh env PREFIX`` before the run).
 Variants (``experiments/common.py`` holds the shared pieces):
 
-============= ==============================================================================
-grpo_scaling  the paper's schedule, 8 browsers in flight
-ppo           ``grpo_scaling`` with PPO (critic + GAE) instead of GRPO
-grpo_gpu      the default: one GPU, a few minutes of training (``common.gpu_recipe``), 24 browsers
-sft_gpu       behaviour cloning of the rule-based expert on one GPU
-sft_grpo_gpu  ``grpo_gpu`` started from ``sft_gpu``'s policy
-choice_gpu    ``grpo_gpu`` answering with the letter of a listed admissible action, restricted policy
-============= ==============================================================================
+=================== ===============================================================================
+grpo_scaling        the paper's schedule, 8 browsers in flight
+ppo                 ``grpo_scaling`` with PPO (critic + GAE) instead of GRPO
+grpo_gpu            the default: one GPU, 360 s of training (``common.gpu_recipe``), 24 browsers
+sft_gpu             behaviour cloning of the rule-based expert on one GPU
+sft_grpo_gpu        ``grpo_gpu`` started from ``sft_gpu``'s policy
+choice_gpu          ``grpo_gpu`` answering with a listed admissible action's letter, restricted policy
+choice_shuffled_gpu ``choice_gpu`` with each turn's options in a seeded permuted order
+=================== ===============================================================================
 """
 
 from __future__ import annotations
@@ -96,8 +97,23 @@ def choice_gpu() -> ConfigDict:
     return use_choice(grpo_gpu(), list_actions=True)
 
 
+def choice_shuffled_gpu() -> ConfigDict:
+    """``choice_gpu`` with each turn's options listed in a permuted order
+    (``agent.shuffle_options``, as ``experiments/textcraft.py:choice_shuffled_gpu``). Why: the
+    base model favours the first letters, and the page's first listed element clicks the four
+    trivial tasks' one button but fails most others (always the first option, no model: 0.152
+    on the non-trivial test tasks, a uniform choice among the options 0.336: docs/RESULTS.md,
+    "Chance"); a habit of letter position learned on the ordered list says nothing of the
+    options' text. Shuffled, reward comes only from the text. Step 0 on a CPU beside ``choice_gpu``: docs/RESULTS.md, "Web navigation
+    with shuffled options, at step 0"; the jobs: benchmarks/jobs/webnav_choice_dev.txt."""
+    c = choice_gpu()
+    c.agent.shuffle_options = True
+    return c
+
+
 VARIANTS = {"grpo_scaling": grpo_scaling, "ppo": ppo, "grpo_gpu": grpo_gpu, "sft_gpu": sft_gpu,
-            "sft_grpo_gpu": sft_grpo_gpu, "choice_gpu": choice_gpu}
+            "sft_grpo_gpu": sft_grpo_gpu, "choice_gpu": choice_gpu,
+            "choice_shuffled_gpu": choice_shuffled_gpu}
 
 
 def get_config(variant: str | None = None) -> ConfigDict:
