@@ -17,7 +17,7 @@ ppo                 ``grpo_scaling`` with PPO (critic + GAE) instead of GRPO
 grpo_gpu            the default: one GPU, 360 s of training (``common.gpu_recipe``), 24 browsers
 sft_gpu             behaviour cloning of the rule-based expert on one GPU
 sft_grpo_gpu        ``grpo_gpu`` started from ``sft_gpu``'s policy
-choice_gpu          ``grpo_gpu`` answering with a listed admissible action's letter, restricted policy
+choice_gpu          ``grpo_gpu`` answering with a listed action's letter, restricted policy
 choice_shuffled_gpu ``choice_gpu`` with each turn's options in a seeded permuted order
 =================== ===============================================================================
 """
@@ -100,12 +100,13 @@ def choice_gpu() -> ConfigDict:
 def choice_shuffled_gpu() -> ConfigDict:
     """``choice_gpu`` with each turn's options listed in a permuted order
     (``agent.shuffle_options``, as ``experiments/textcraft.py:choice_shuffled_gpu``). Why: the
-    base model favours the first letters, and the page's first listed element clicks the four
-    trivial tasks' one button but fails most others (always the first option, no model: 0.152
-    on the non-trivial test tasks, a uniform choice among the options 0.336: docs/RESULTS.md,
-    "Chance"); a habit of letter position learned on the ordered list says nothing of the
-    options' text. Shuffled, reward comes only from the text. Step 0 on a CPU beside ``choice_gpu``: docs/RESULTS.md, "Web navigation
-    with shuffled options, at step 0"; the jobs: benchmarks/jobs/webnav_choice_dev.txt."""
+    base model favours the first letters (on BabyAI), and the page's first listed element clicks
+    the four trivial tasks' one button but fails most others (always the first option, no model:
+    0.152 on the non-trivial test tasks, a uniform choice among the options 0.336:
+    docs/RESULTS.md, "Chance"); a habit of letter position learned on the ordered list says
+    nothing of the options' text. Shuffled, reward comes only from the text. Step 0 on a CPU
+    beside ``choice_gpu``: docs/RESULTS.md, "Web navigation with shuffled options, at step 0";
+    the jobs: benchmarks/jobs/webnav_choice_dev.txt."""
     c = choice_gpu()
     c.agent.shuffle_options = True
     return c
