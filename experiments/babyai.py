@@ -193,11 +193,11 @@ def sft() -> ConfigDict:
 
 
 def sft_gpu() -> ConfigDict:
-    """Behaviour cloning of the macro expert on one GPU (docs/RESULTS.md, "BabyAI:
-    behaviour cloning on a macro-action expert"): ``grpo_gpu``'s model, answer format, engine,
-    packed learner and evaluation with the ``sft`` loss. Data: ``launch/record_experts.py --env
-    babyai --config experiments/babyai.py:sft_gpu``; ``benchmarks/gpu/sft_rl_comparison.sh`` (the results
-    table's SFT rows) records the primitive BabyAIBot with ``--expert babyai``."""
+    """Behaviour cloning of the macro expert on one GPU (docs/RESULTS.md, "BabyAI: behaviour
+    cloning on a macro-action expert"): ``grpo_gpu``'s model, answer format, engine, packed
+    learner and evaluation with the ``sft`` loss. Data: ``launch/record_experts.py --env babyai
+    --config experiments/babyai.py:sft_gpu``; ``benchmarks/gpu/sft_rl_comparison.sh`` (the
+    results table's SFT rows) records the primitive BabyAIBot with ``--expert babyai``."""
     c = bc_gpu(grpo_gpu(), data="runs/issue15/experts", record_episodes=2000, batch_size=32,
                epochs=4, max_seconds=240.0)
     c.sft.expert = "babyai_macro"

@@ -95,12 +95,12 @@ def choice_one_h200() -> ConfigDict:
 
 
 def sft_gpu() -> ConfigDict:
-    """Behaviour cloning of ScienceWorld's gold action sequences on one GPU: ``grpo_gpu``'s
-    model, answer format, engine, packed learner and evaluation with the ``sft`` loss. Data:
+    """Behaviour cloning of ScienceWorld's gold action sequences on one GPU: ``grpo_gpu``'s model,
+    answer format, engine, packed learner and evaluation with the ``sft`` loss. Data:
     ``launch/record_experts.py --env scienceworld --config experiments/sciworld.py:sft_gpu``
-    (``benchmarks/gpu/sft_rl_families.sh`` records it) with the evaluation horizon (30 turns): a gold
-    path longer than that (about half of the train variations) is recorded up to the limit, and
-    such an episode, which earned part of the score, is kept as a demonstration
+    (``benchmarks/gpu/sft_rl_families.sh`` records it) with the evaluation horizon (30 turns): a
+    gold path longer than that (about half of the train variations) is recorded up to the limit,
+    and such an episode, which earned part of the score, is kept as a demonstration
     (``sft.only_success`` keeps episodes with a positive reward)."""
     return bc_gpu(grpo_gpu(), data="runs/families/experts", record_episodes=320, batch_size=16,
                   epochs=8, max_seconds=120.0)
