@@ -54,7 +54,7 @@ from collections import Counter, defaultdict
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(1, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))  # environments
-from learning_report import eval_episodes, read_jsonl, small_record  # noqa: E402
+from learning_report import eval_episodes  # noqa: E402
 from agentrl_jax.training.evaluation.eval_metrics import task_reward  # noqa: E402
 from environments.miniwob.family import TRIVIAL_TASKS, is_trivial_task  # noqa: E402
 
@@ -246,12 +246,7 @@ def main(argv=None) -> int:
         ap.error(f"{len(styles)} styles for {len(args.runs)} runs")
     runs = {}
     for label, run, style in zip(labels, args.runs, styles):
-        if style and not os.path.isfile(run):
-            ap.error(f"{run}: --styles reads a JSONL file of episodes, not a run directory")
-        if style:
-            episodes = [small_record(r) for r in read_jsonl(run) if r.get("style") == style]
-        else:
-            episodes = eval_episodes(run) if os.path.exists(run) else []
+        episodes = eval_episodes(run, style) if os.path.exists(run) else []
         if not episodes:
             ap.error(f"{run}: no evaluation episodes" + (f" of style {style!r}" if style else ""))
         runs[label] = episodes

@@ -157,13 +157,15 @@ def small_record(record: dict) -> dict:
     return e
 
 
-def eval_episodes(run: str) -> list[dict]:
+def eval_episodes(run: str, style: str = "") -> list[dict]:
     """``run``'s evaluation episodes, each reduced to :data:`EPISODE_FIELDS`
     (:func:`small_record`); ``run`` may also be one JSONL file of episodes (e.g.
-    ``launch/record_experts.py``'s)."""
+    ``launch/record_experts.py``'s). ``style``: only the records whose ``style`` is it (an
+    ``action_format.py --episodes_out`` file holds one set of episodes per answer style)."""
     out = []
     for path in [run] if os.path.isfile(run) else eval_episode_files(run):
-        out.extend(small_record(t) for t in read_jsonl(path))
+        out.extend(small_record(t) for t in read_jsonl(path)
+                   if not style or t.get("style") == style)
     return out
 
 
