@@ -11,17 +11,18 @@ docs/RESULTS.md). A turn is ``Action: <search> query </search>`` or ``Action: <a
 </answer>`` (one line; the environment reads the first tag). Variants
 (``experiments/common.py`` holds the shared pieces):
 
-=================== ========================================================================
-grpo_scaling        the paper's schedule, 64 new tokens a turn
-ppo                 ``grpo_scaling`` with PPO (critic + GAE) instead of GRPO
-grpo_gpu            the default: one GPU, 360 s of training (``common.gpu_recipe``)
-choice_gpu          ``grpo_gpu`` answering with the letter of a listed admissible action,
-                    restricted policy, the whole history in a 6,144-token context
-choice_shuffled_gpu ``choice_gpu`` with each turn's options in a seeded permuted order
-choice_evidence_gpu ``choice_shuffled_gpu`` with a training-only evidence reward of 0.3
-sft_gpu             behaviour cloning of the retrieval oracle on one GPU
-sft_grpo_gpu        ``grpo_gpu`` started from ``sft_gpu``'s policy
-=================== ========================================================================
+========================== ========================================================================
+grpo_scaling               the paper's schedule, 64 new tokens a turn
+ppo                        ``grpo_scaling`` with PPO (critic + GAE) instead of GRPO
+grpo_gpu                   the default: one GPU, 360 s of training (``common.gpu_recipe``)
+choice_gpu                 ``grpo_gpu`` answering with the letter of a listed admissible action,
+                           restricted policy, the whole history in a 6,144-token context
+choice_shuffled_gpu        ``choice_gpu`` with each turn's options in a seeded permuted order
+choice_evidence_gpu        ``choice_shuffled_gpu`` with a training-only evidence reward of 0.3
+choice_answer_evidence_gpu ``choice_evidence_gpu`` with the reward for the answer's article only
+sft_gpu                    behaviour cloning of the retrieval oracle on one GPU
+sft_grpo_gpu               ``grpo_gpu`` started from ``sft_gpu``'s policy
+========================== ========================================================================
 """
 
 from __future__ import annotations
@@ -127,6 +128,22 @@ def choice_evidence_gpu() -> ConfigDict:
     return c
 
 
+def choice_answer_evidence_gpu() -> ConfigDict:
+    """``choice_evidence_gpu`` with the server flag ``--evidence-articles answer``: the whole
+    0.3 goes to the search that first returns the path's last article, the one that names the
+    answer (a paraphrased fact's one article, as before; a two-hop question's second, where the
+    first hop earns nothing). Why: with every path article rewarded, the runs learned to reach
+    the first article and then answer (turn 3.2-3.6 on average), with the golden answer listed
+    at the answer turn in 13-17% of episodes (docs/RESULTS.md, "Deep search from the base model
+    with an evidence reward"): the second hop earned what the first did, and nothing favoured
+    the next search over answering. Training-only as before (Avg@k / Pass@k score the exact
+    match). Jobs: benchmarks/jobs/deepsearch_answer_evidence_dev.txt."""
+    c = choice_evidence_gpu()
+    c.env.server_args = {"deepsearch": c.env.server_args["deepsearch"]
+                         + " --evidence-articles answer"}
+    return c
+
+
 def sft_gpu() -> ConfigDict:
     """Behaviour cloning of the retrieval oracle on one GPU: ``grpo_gpu``'s model, answer
     format, engine, packed learner and evaluation with the ``sft`` loss. Data:
@@ -151,6 +168,7 @@ def sft_grpo_gpu() -> ConfigDict:
 VARIANTS = {"grpo_scaling": grpo_scaling, "ppo": ppo, "grpo_gpu": grpo_gpu,
             "choice_gpu": choice_gpu, "choice_shuffled_gpu": choice_shuffled_gpu,
             "choice_evidence_gpu": choice_evidence_gpu,
+            "choice_answer_evidence_gpu": choice_answer_evidence_gpu,
             "sft_gpu": sft_gpu, "sft_grpo_gpu": sft_grpo_gpu}
 
 

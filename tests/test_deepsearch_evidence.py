@@ -62,9 +62,10 @@ class _Backend:
         return self.item
 
 
-def _env(item: QAItem, evidence_reward: float = 0.0, max_steps: int = 30) -> DeepSearchEnvironment:
+def _env(item: QAItem, evidence_reward: float = 0.0, max_steps: int = 30,
+         articles: str = "path") -> DeepSearchEnvironment:
     return DeepSearchEnvironment(k=2, max_steps=max_steps, backend_getter=lambda: _Backend(item),
-                                 evidence_reward=evidence_reward)
+                                 evidence_reward=evidence_reward, evidence_articles=articles)
 
 
 def _play(env: DeepSearchEnvironment, actions: list[str]) -> list:
@@ -123,6 +124,40 @@ def test_one_article_paths_both_at_once_no_path_and_truncation():
     assert evidence_bonus((), [], ["Zorbia"], 0.3) == (0.0, [])
 
 
+def test_answer_articles_reward_the_last_hop_alone():
+    # the scripted two-hop episode: the first hop (Zorbia) earns nothing, the second (Quillton,
+    # the article that names the answer) the whole 0.3; the evidence list still has both
+    steps = _play(_env(HOP, 0.3, articles="answer"), SCRIPT)
+    assert [s.reward for s in steps] == [0.0, 0.0, 0.0, 0.3, 0.0]
+    assert [s.info.get(SHAPING_KEY) for s in steps] == [None, None, None, 0.3, None]
+    assert steps[-1].info["evidence"] == ["Zorbia", "Quillton"]
+    assert steps[-1].info["score"] == 0.0
+    # both articles in one search: 0.3 once; the answer's article again later: nothing
+    both = _play(_env(HOP, 0.3, articles="answer"), ["<search>both</search>",
+                                                     "<search>city</search>"])
+    assert [s.reward for s in both] == [0.3, 0.0]
+    # a one-article path is its own answer article: the same as "path"
+    for articles in ("path", "answer"):
+        fact = _play(_env(FACT, 0.3, articles=articles), ["<search>realm</search>",
+                                                          "<answer>Zorbia</answer>"])
+        assert [s.reward for s in fact] == [0.3, 1.0]
+    assert evidence_bonus(("Zorbia", "Quillton"), [], ["Zorbia"], 0.3, "answer") == (
+        0.0, ["Zorbia"])
+    assert evidence_bonus((), [], ["Zorbia"], 0.3, "answer") == (0.0, [])
+
+
+@pytest.mark.parametrize("bad", ["last", "", None, 1, "PATH"])
+def test_evidence_articles_are_checked(bad, capsys):
+    with pytest.raises(ValueError, match="evidence_articles"):
+        _env(HOP, 0.3, articles=bad)
+    with pytest.raises(ValueError, match="evidence_articles"):
+        family.configure(evidence_articles=bad)
+    if isinstance(bad, str):
+        with pytest.raises(SystemExit):
+            family.parse_family_args(["--evidence-articles", bad])
+        assert "--evidence-articles" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("bad", [1.5, -0.1, True, "0.3", math.nan, None])
 def test_the_option_is_a_number_in_0_1(bad):
     with pytest.raises(ValueError, match="evidence_reward"):
@@ -142,6 +177,10 @@ def test_the_server_flag_reaches_the_environment_and_is_checked(monkeypatch, cap
         with pytest.raises(SystemExit):
             family.parse_family_args(["--evidence-reward", text])
         assert "--evidence-reward" in capsys.readouterr().err
+    assert family.parse_family_args([])[0].evidence_articles == "path"
+    args, _ = family.parse_family_args(["--evidence-articles", "answer"])
+    family.configure(evidence_articles=args.evidence_articles)
+    assert family.make_env().evidence_articles == "answer"
     assert isinstance(family.evidence_reward_arg("1"), float)
     with pytest.raises(argparse.ArgumentTypeError):
         family.evidence_reward_arg("1.01")
@@ -153,8 +192,10 @@ def test_experiment_config_adds_only_the_flag():
     evidence, shuffled = get_config("choice_evidence_gpu"), get_config("choice_shuffled_gpu")
     flags = evidence.env.server_args["deepsearch"].split()
     assert flags == shuffled.env.server_args["deepsearch"].split() + ["--evidence-reward", "0.3"]
-    evidence.env.server_args = shuffled.env.server_args
-    assert evidence.to_dict() == shuffled.to_dict()
+    answer = get_config("choice_answer_evidence_gpu")
+    assert answer.env.server_args["deepsearch"].split() == flags + ["--evidence-articles", "answer"]
+    evidence.env.server_args = answer.env.server_args = shuffled.env.server_args
+    assert evidence.to_dict() == shuffled.to_dict() == answer.to_dict()
 
 
 class _LocalClient:

@@ -10,6 +10,9 @@
 --max-steps N       replies per episode (default 30)
 --evidence-reward E training-only bonus in [0, 1] (default 0: none): a search that first returns
                     one of the question's path articles earns E / len(path) for it (env.py)
+--evidence-articles path|answer
+                    which path articles earn it (default path: all; answer: the last one,
+                    the article that names the answer, earns the whole E)
 Without --corpus / --qa the built-in Wikipedia-summary corpus and a built-in task set are
 served: "search" for deepsearch (built once, then read from $AGENTRL_JAX_CACHE/deepsearch),
 "lookup" for deepsearch_lookup.
@@ -30,7 +33,8 @@ def serve(name: str, argv: list[str]) -> None:
         print(__doc__.strip(), "\n")
     family_args, rest = parse_family_args(argv)
     configure(k=family_args.k, max_steps=family_args.max_steps,
-              evidence_reward=family_args.evidence_reward)
+              evidence_reward=family_args.evidence_reward,
+              evidence_articles=family_args.evidence_articles)
     configure_backend(family_args.corpus, family_args.qa, family_args.qa_train, family_args.qa_test)
     main(name, rest)
 

@@ -21,6 +21,8 @@ question of the built-in search set names the articles to read, ``QAItem.path`` 
 paraphrased fact, two for a two-hop question). The search step whose results first include a
 path article gets reward ``e / len(path)`` for each path article it newly returns, so an episode
 collects at most ``e`` (a question without a path, as in the lookup set and user files, none).
+With ``evidence_articles = "answer"`` only the path's last article counts (the one that
+names the answer: a fact's one article, a two-hop question's second), worth the whole ``e``.
 That part of the step's reward is also ``info[SHAPING_KEY]`` (``environments/core/base.py``):
 the trainer's return keeps it, the evaluation's score takes it out. ``info["score"]``,
 ``success`` and ``em`` stay the exact match. Every step's ``info["evidence"]`` lists the path
@@ -57,18 +59,33 @@ def check_evidence_reward(value: object) -> float:
     return float(value)
 
 
+#: which of a question's path articles earn the evidence reward (``evidence_articles``)
+EVIDENCE_ARTICLES = ("path", "answer")
+
+
+def check_evidence_articles(value: object) -> str:
+    """``value`` as ``evidence_articles``: one of ``EVIDENCE_ARTICLES`` (``ValueError``
+    otherwise)."""
+    if value not in EVIDENCE_ARTICLES:
+        raise ValueError(f"evidence_articles must be one of {EVIDENCE_ARTICLES}, got {value!r}")
+    return str(value)
+
+
 def evidence_bonus(path: tuple[str, ...], reached: list[str], returned: list[str],
-                   evidence_reward: float) -> tuple[float, list[str]]:
+                   evidence_reward: float, articles: str = "path") -> tuple[float, list[str]]:
     """``(bonus, newly reached)`` of one search: the path articles among the ``returned`` titles
     not in ``reached`` yet (each once, in returned order), and ``bonus = evidence_reward *
-    len(newly) / len(path)`` (0 for an empty path)."""
+    |newly & counted| / |counted|``, where ``counted`` is the whole path (``articles="path"``)
+    or its last article (``"answer"``); 0 for an empty path."""
     newly: list[str] = []
     for title in returned:
         if title in path and title not in reached and title not in newly:
             newly.append(title)
-    if not path or not newly:
+    counted = path if check_evidence_articles(articles) == "path" else path[-1:]
+    hits = sum(title in counted for title in newly)
+    if not counted or not hits:
         return 0.0, newly
-    return evidence_reward * len(newly) / len(path), newly
+    return evidence_reward * hits / len(counted), newly
 
 
 def parse_tool_call(text: str) -> tuple[str, str] | None:
@@ -96,17 +113,19 @@ class DeepSearchEnvironment(TextEnvironment):
 
     k: passages per search. max_steps: replies per episode before ``truncated``.
     evidence_reward: the most an episode collects for returning its question's path articles
-    (module docstring; 0: none, the task reward alone).
+    (module docstring; 0: none, the task reward alone). evidence_articles: ``"path"`` (every
+    path article earns its share) or ``"answer"`` (the last one alone earns it all).
     """
 
     name = "deepsearch"
 
     def __init__(self, k: int = 3, max_steps: int = 30,
                  backend_getter: Callable[[], SearchBackend] = get_backend,
-                 evidence_reward: float = 0.0) -> None:
+                 evidence_reward: float = 0.0, evidence_articles: str = "path") -> None:
         self.k = k
         self.max_steps = max_steps
         self.evidence_reward = check_evidence_reward(evidence_reward)
+        self.evidence_articles = check_evidence_articles(evidence_articles)
         self._backend_getter = backend_getter
         self._item = None
         self._steps = 0
@@ -157,7 +176,8 @@ class DeepSearchEnvironment(TextEnvironment):
             self._remember(argument, [p for p, _ in results])
             info["retrieved"] = [p.title or p.id for p, _ in results]
             bonus, newly = evidence_bonus(self._item.path, self._evidence,
-                                          [p.title for p, _ in results], self.evidence_reward)
+                                          [p.title for p, _ in results], self.evidence_reward,
+                                          self.evidence_articles)
             self._evidence += newly
             info["evidence"] = list(self._evidence)
             if bonus:

@@ -11,31 +11,37 @@ from typing import Callable, Sequence
 
 from environments.deepsearch.backend import (BackendConfig, DeepSearchCatalog, get_backend,
                                              prepare_search_task_set)
-from environments.deepsearch.env import DeepSearchEnvironment, check_evidence_reward
+from environments.deepsearch.env import (EVIDENCE_ARTICLES, DeepSearchEnvironment,
+                                         check_evidence_articles, check_evidence_reward)
 from environments.deepsearch.expert import DeepSearchExpertPolicy, DeepSearchLookupExpertPolicy
 from environments.registry import Family
 
 
 @dataclasses.dataclass
 class DeepSearchConfig:
-    """The server's episode options (``--k``, ``--max-steps``, ``--evidence-reward``)."""
+    """The server's episode options (``--k``, ``--max-steps``, ``--evidence-reward``,
+    ``--evidence-articles``)."""
 
     k: int = 3
     max_steps: int = 30
     evidence_reward: float = 0.0  # training-only bonus for reaching the path articles (env.py)
+    evidence_articles: str = "path"  # which path articles earn it: all, or the answer's own
 
 
 CONFIG = DeepSearchConfig()
 
 
 def configure(**options) -> DeepSearchConfig:
-    """Change ``k`` / ``max_steps`` / ``evidence_reward`` (corpus and QA files:
-    ``backend.configure_backend``); ``ValueError`` for an evidence reward outside [0, 1]."""
+    """Change ``k`` / ``max_steps`` / ``evidence_reward`` / ``evidence_articles`` (corpus and
+    QA files: ``backend.configure_backend``); ``ValueError`` for an evidence reward outside
+    [0, 1] or unknown evidence articles."""
     for key, value in options.items():
         if not hasattr(CONFIG, key):
             raise TypeError(f"unknown deep-search option {key!r}")
         if key == "evidence_reward":
             value = check_evidence_reward(value)
+        if key == "evidence_articles":
+            value = check_evidence_articles(value)
         setattr(CONFIG, key, value)
     return CONFIG
 
@@ -60,6 +66,8 @@ def parse_family_args(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str
     parser.add_argument("--max-steps", type=int, default=CONFIG.max_steps)
     parser.add_argument("--evidence-reward", type=evidence_reward_arg,
                         default=CONFIG.evidence_reward)
+    parser.add_argument("--evidence-articles", choices=EVIDENCE_ARTICLES,
+                        default=CONFIG.evidence_articles)
     return parser.parse_known_args(list(argv))
 
 
@@ -75,7 +83,8 @@ def prepare(server_args: Sequence[str], say: Callable[[str], None]) -> None:
 def make_env(task_set: str = "search") -> DeepSearchEnvironment:
     return DeepSearchEnvironment(k=CONFIG.k, max_steps=CONFIG.max_steps,
                                  backend_getter=functools.partial(get_backend, task_set),
-                                 evidence_reward=CONFIG.evidence_reward)
+                                 evidence_reward=CONFIG.evidence_reward,
+                                 evidence_articles=CONFIG.evidence_articles)
 
 
 def make_catalog(task_set: str = "search") -> DeepSearchCatalog:
