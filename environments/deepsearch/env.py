@@ -59,14 +59,18 @@ def check_evidence_reward(value: object) -> float:
     return float(value)
 
 
-#: which of a question's path articles earn the evidence reward (``evidence_articles``)
-EVIDENCE_ARTICLES = ("path", "answer")
+#: ``evidence_articles`` -> the articles of a question's path that earn the evidence reward
+COUNTED_ARTICLES: dict[str, Callable[[tuple[str, ...]], tuple[str, ...]]] = {
+    "path": lambda path: path,  # every path article, a share each
+    "answer": lambda path: path[-1:],  # the last one, which names the answer, all of it
+}
+EVIDENCE_ARTICLES = tuple(COUNTED_ARTICLES)
 
 
 def check_evidence_articles(value: object) -> str:
     """``value`` as ``evidence_articles``: one of ``EVIDENCE_ARTICLES`` (``ValueError``
     otherwise)."""
-    if value not in EVIDENCE_ARTICLES:
+    if not isinstance(value, str) or value not in COUNTED_ARTICLES:
         raise ValueError(f"evidence_articles must be one of {EVIDENCE_ARTICLES}, got {value!r}")
     return str(value)
 
@@ -81,7 +85,7 @@ def evidence_bonus(path: tuple[str, ...], reached: list[str], returned: list[str
     for title in returned:
         if title in path and title not in reached and title not in newly:
             newly.append(title)
-    counted = path if check_evidence_articles(articles) == "path" else path[-1:]
+    counted = COUNTED_ARTICLES[articles](path)
     hits = sum(title in counted for title in newly)
     if not counted or not hits:
         return 0.0, newly
