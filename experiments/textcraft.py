@@ -22,7 +22,7 @@ gigpo_gpu                  ``grpo_gpu`` with the GiGPO estimator (anchor states:
 choice_gpu                 ``grpo_gpu`` answering with a listed action's letter, restricted policy
 choice_shuffled_gpu        ``choice_gpu`` with each turn's options in a seeded permuted order
 choice_shuffled_gigpo_gpu  ``choice_shuffled_gpu`` with the GiGPO estimator
-choice_shuffled_window_gpu ``choice_shuffled_gpu`` with an 8-turn history window
+choice_shuffled_window_gpu ``choice_shuffled_gpu`` with an 8-turn history window of stride 4
 choice_curve_gpu           ``choice_gpu`` followed until its dev curve is flat (>= 30 min)
 choice_shuffled_curve_gpu  ``choice_shuffled_gpu`` followed until its dev curve is flat (>= 30 min)
 sft                        behaviour cloning of the recipe expert, CPU-sized
@@ -117,9 +117,14 @@ def choice_shuffled_window_gpu() -> ConfigDict:
     results/textcraft_shuffled_test: ``num_turns`` and ``status``); with the window every
     episode has its 30 turns, and each turn still lists the actions that succeed now. GRPO,
     since a windowed run trains an episode as several rows that share one advantage (the
-    config check refuses GiGPO with a window). Jobs: benchmarks/jobs/textcraft_shuffled_dev.txt."""
+    config check refuses GiGPO with a window). The window drops 4 turns at once
+    (``agent.history_stride``), so a prompt holds the last 5-8 turns and a new one starts every
+    4th turn past the window: dropping one turn a time re-prefilled and trained the kept turns
+    at every turn (the first dev run, 2026-12-05, cut at step 43 of 45: docs/RESULTS.md).
+    Jobs: benchmarks/jobs/textcraft_shuffled_dev.txt."""
     c = choice_shuffled_gpu()
     c.agent.history_turns = 8
+    c.agent.history_stride = 4
     return c
 
 

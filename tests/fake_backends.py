@@ -139,6 +139,6 @@ async def choice_episode(url: str, backend: RolloutBackend, tokenizer: Any, *, h
                           group_id=0, sample_index=0, horizon=horizon,
                           sampling=SamplingParams(max_new_tokens=max_new_tokens),
                           max_context=4096, policy_version=0, prompt_style="choice",
-                          response_prefix="Action:", history_turns=0,
+                          response_prefix="Action:", history_turns=0, history_stride=1,
                           option_limits=option_limits, shuffle_options=False)
         return await episode.run()

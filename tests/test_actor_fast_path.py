@@ -62,7 +62,7 @@ async def _collect(tokenizer, url, fast: bool, tasks, n_samples=2, horizon=7, se
                          ChatFormatter(tokenizer, fast=fast),
                          SamplingParams(max_new_tokens=32, stop=["\n"]), max_context=1500,
                          max_concurrency=32, parser=get_parser("react"), prompt_style="action",
-                         response_prefix="Action:", history_turns=0,
+                         response_prefix="Action:", history_turns=0, history_stride=1,
                          option_limits=False, shuffle_options=False)
         trajectories, _ = await pool.collect(tasks, n_samples, horizon, seed=seed)
         return trajectories, client.batches_sent
@@ -263,7 +263,7 @@ async def test_worker_processes_give_the_in_process_trajectories(tokenizer, baby
         pool = ActorPool(counter, {"babyai": client}, ChatFormatter(tokenizer),
                          SamplingParams(max_new_tokens=32, stop=["\n"]), max_context=1500,
                          max_concurrency=32, parser=get_parser("react"), prompt_style="action",
-                         response_prefix="Action:", history_turns=0,
+                         response_prefix="Action:", history_turns=0, history_stride=1,
                          option_limits=False, shuffle_options=False, workers=2)
         seen = []
         try:
@@ -329,7 +329,7 @@ async def test_workers_post_straight_to_http_rollout_servers(tokenizer, babyai):
                              SamplingParams(max_new_tokens=32, stop=["\n"]), max_context=1500,
                              max_concurrency=32, parser=get_parser("react"),
                              prompt_style="action", response_prefix="Action:", history_turns=0,
-                             option_limits=False, shuffle_options=False,
+                             history_stride=1, option_limits=False, shuffle_options=False,
                              workers=workers)
             try:
                 out, _ = await pool.collect(tasks, 2, 7, seed=11,

@@ -36,7 +36,7 @@ def _pool(backend, clients, tokenizer, max_context=4096, max_new_tokens=64, conc
                      SamplingParams(max_new_tokens=max_new_tokens, temperature=1.0),
                      max_context=max_context, max_concurrency=concurrency,
                      parser=parse_react, prompt_style="react", response_prefix="",
-                     history_turns=0, option_limits=False, shuffle_options=False)
+                     history_turns=0, history_stride=1, option_limits=False, shuffle_options=False)
 
 
 @pytest.mark.parametrize("style, prefix, reply", [

@@ -222,7 +222,7 @@ def _episode(tokenizer, item: QAItem, replies: list[str], sample: int) -> Trajec
                       env_name="deepsearch", task_id=item.id, group_id=0, sample_index=sample,
                       horizon=10, sampling=SamplingParams(max_new_tokens=32), max_context=4096,
                       policy_version=0, prompt_style="action", response_prefix="",
-                      history_turns=0, option_limits=False, shuffle_options=False)
+                      history_turns=0, history_stride=1, option_limits=False, shuffle_options=False)
     return asyncio.run(episode.run())
 
 

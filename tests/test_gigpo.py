@@ -292,7 +292,7 @@ async def _collect(tokenizer, url, tasks, delays: bool, lockstep: bool):
                          ChatFormatter(tokenizer), SamplingParams(max_new_tokens=8, seed=3),
                          max_context=4096, max_concurrency=16, parser=parse_react,
                          prompt_style="action", response_prefix="Action:", history_turns=0,
-                         option_limits=False, shuffle_options=False)
+                         history_stride=1, option_limits=False, shuffle_options=False)
         trajectories, _ = await pool.collect(tasks, n_samples=4, horizon=6, seed=11,
                                              lockstep=lockstep, progress=finished.append)
     return trajectories, finished

@@ -1,7 +1,7 @@
-"""The bounded history window (``agent.history_turns``): what each prompt holds, that prompts
-stop growing, that every generated id is trained in exactly the context the engine was given,
-that the episode's advantage is counted once per episode, and that the config refuses the
-estimators and losses the chunked rows would get wrong.
+"""The bounded history window (``agent.history_turns``, ``agent.history_stride``): what each
+prompt holds, that prompts stop growing, that every generated id is trained in exactly the
+context the engine was given, that the episode's advantage is counted once per episode, and
+that the config refuses the estimators and losses the chunked rows would get wrong.
 
 References: the SmolLM2 chat template rendering hand-written message lists; the engine's recorded
 inputs and outputs; a no-cache forward of the tiny model over each training row; GRPO computed by
@@ -59,13 +59,13 @@ def _go_backend(tokenizer) -> ScriptedBackend:
 
 
 def _collect(tokenizer, backend, history_turns: int, horizon: int, tasks=("t",), samples=1,
-             max_context: int = 4096, formatter=None):
+             max_context: int = 4096, formatter=None, history_stride: int = 1):
     pool = ActorPool(backend, {"fake": CountingEnv()},
                      formatter or ChatFormatter(tokenizer),
                      SamplingParams(max_new_tokens=8, seed=5), max_context=max_context,
                      max_concurrency=8, parser=parse_react, prompt_style="action",
                      response_prefix="Action:", history_turns=history_turns,
-                     option_limits=False, shuffle_options=False)
+                     history_stride=history_stride, option_limits=False, shuffle_options=False)
     trajectories, _ = asyncio.run(pool.collect([TaskRef("fake", t) for t in tasks], samples,
                                                horizon))
     return trajectories
@@ -136,12 +136,57 @@ def test_prompt_length_stops_growing_with_the_turn_count(tokenizer):
     assert max(tail) - min(tail) <= 4 and max(tail) < full[5] and tail[0] == tail[5]
 
 
-def test_every_generated_id_is_trained_in_the_context_the_engine_was_given(tokenizer):
+def test_a_stride_drops_several_turns_at_once_and_extends_between_drops(tokenizer):
+    # window 4, stride 3: turns 0-4 extend one sequence; turn 5 drops 3 pairs (keeps steps 4-5)
+    # and turns 6-7 extend it; turn 8 drops 3 again (keeps steps 7-8) and turn 9 extends it
+    backend = _go_backend(tokenizer)
+    (traj,) = _collect(tokenizer, backend, history_turns=4, horizon=10, history_stride=3)
+    (calls,) = backend.calls.values()
+    assert traj.num_turns == 10 and len(calls) == 10
+    s = {"role": "system", "content": traj.messages[0]["content"]}
+    a = {"role": "assistant", "content": "Action: go"}
+
+    def prompt(omitted: int, steps: range) -> list[dict[str, str]]:
+        goal = GOAL + (f"\n\n({omitted} earlier turns omitted)" if omitted else "")
+        pairs = [[a, {"role": "user", "content": f"You took step {k}."}] for k in steps]
+        return [s, {"role": "user", "content": goal}] + [m for pair in pairs for m in pair]
+
+    expected = ([prompt(0, range(1, t + 1)) for t in range(5)]
+                + [prompt(3, range(4, t + 1)) for t in (5, 6, 7)]
+                + [prompt(6, range(7, t + 1)) for t in (8, 9)])
+    for turn, (messages, (engine_input, _)) in enumerate(zip(expected, calls)):
+        assert engine_input == _rendered(tokenizer, messages), turn
+    assert len(traj.chunk_starts) == 3  # a chunk starts at turns 0, 5 and 8
+    assert [traj.token_ids[a:b] for a, b in traj.chunk_bounds()] == [
+        calls[t][0] + calls[t][1].output_ids for t in (4, 7, 9)]
+
+
+def test_history_stride_is_checked(tokenizer):
+    for turns, stride, needs in ((0, 2, "needs a history window"), (4, 5, "must be <= "
+                                                                     "agent.history_turns=4")):
+        config, problems = RunConfig.from_mapping(
+            {"agent": {"history_turns": turns, "history_stride": stride}})
+        assert config is None and [p for p in problems
+                                   if p.startswith("agent.history_stride") and needs in p]
+    config, problems = RunConfig.from_mapping({"agent": {"history_stride": 0}})
+    assert config is None and [p for p in problems if p.startswith("agent.history_stride")]
+    config, problems = RunConfig.from_mapping(
+        {"agent": {"history_turns": 4, "history_stride": 4}})
+    assert problems == [] and config.agent.history_stride == 4
+    with pytest.raises(ValueError, match="history_stride must be an integer in 1..2"):
+        _collect(tokenizer, _go_backend(tokenizer), history_turns=2, horizon=3,
+                 history_stride=3)
+
+
+@pytest.mark.parametrize("stride, chunks", [(1, 5), (2, 3)])
+def test_every_generated_id_is_trained_in_the_context_the_engine_was_given(tokenizer, stride,
+                                                                           chunks):
+    # window 2 over 7 turns: stride 1 starts a chunk at turns 0, 3, 4, 5, 6; stride 2 at 0, 3, 5
     backend = _go_backend(tokenizer)
     trajectories = _collect(tokenizer, backend, history_turns=2, horizon=7,
-                            tasks=("win", "t"), samples=2)
+                            tasks=("win", "t"), samples=2, history_stride=stride)
     batch = assemble_batch(trajectories, pad_id=2, episode_estimator="grpo")
-    assert batch.tokens.shape[0] == sum(len(t.chunk_starts) for t in trajectories) == 4 * 5
+    assert batch.tokens.shape[0] == sum(len(t.chunk_starts) for t in trajectories) == 4 * chunks
     owner = [i for i, _, _ in training_rows(trajectories)]  # the trajectory of each row
     total = 0
     for i, t in enumerate(trajectories):
@@ -231,7 +276,7 @@ def test_sampled_logprobs_equal_a_forward_over_each_training_row():
                          max_context=512, max_concurrency=4,
                          parser=lambda text: ParsedAction(action=text.strip() or "x"),
                          prompt_style="action", response_prefix="A:", history_turns=1,
-                         option_limits=False, shuffle_options=False)
+                         history_stride=1, option_limits=False, shuffle_options=False)
         trajectories, _ = asyncio.run(pool.collect([TaskRef("fake", "t")], 2, 4))
     finally:
         engine.close()
@@ -262,7 +307,7 @@ def test_worker_processes_relay_windowed_prompts_exactly(tokenizer):
                 tasks = [TaskRef("babyai", i) for i in ids]
                 kwargs = dict(max_context=4096, max_concurrency=8, parser=parse_react,
                               prompt_style="action",
-                              response_prefix="Action:", history_turns=2,
+                              response_prefix="Action:", history_turns=2, history_stride=1,
                               option_limits=False, shuffle_options=False)
                 here = ActorPool(_go_backend(tokenizer), {"babyai": client},
                                  ChatFormatter(tokenizer), SamplingParams(max_new_tokens=8),

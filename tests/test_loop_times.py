@@ -66,7 +66,7 @@ async def test_loop_times_match_the_delays_and_add_up(tokenizer):
     pool = ActorPool(SleepyBackend(tokenizer), {"babyai": env}, ChatFormatter(tokenizer),
                      SamplingParams(max_new_tokens=16), max_context=4096, max_concurrency=2,
                      parser=parse_react, prompt_style="action", response_prefix="Action:",
-                     history_turns=0, option_limits=False, shuffle_options=False)
+                     history_turns=0, history_stride=1, option_limits=False, shuffle_options=False)
     trajectories, stats = await pool.collect([TaskRef("babyai", "t0"), TaskRef("babyai", "t1")],
                                              n_samples=2, horizon=HORIZON)
     times = pool.loop_times

@@ -73,8 +73,8 @@ def _pool(tokenizer, backend, env, shuffle: bool, workers: int = 0) -> ActorPool
     return ActorPool(backend, {"fake": env}, ChatFormatter(tokenizer),
                      SamplingParams(max_new_tokens=1), max_context=4096, max_concurrency=8,
                      parser=get_parser("choice"), prompt_style="choice",
-                     response_prefix="Action:", history_turns=0, option_limits=True,
-                     shuffle_options=shuffle, workers=workers)
+                     response_prefix="Action:", history_turns=0, history_stride=1,
+                     option_limits=True, shuffle_options=shuffle, workers=workers)
 
 
 def _block(options: list[str]) -> str:

@@ -62,7 +62,7 @@ def _collect(tokenizer, backend, n_episodes: int, horizon: int, start_version: i
     pool = ActorPool(backend, {"fake": EndlessEnv()}, ChatFormatter(tokenizer),
                      SamplingParams(max_new_tokens=8), max_context=2048, max_concurrency=1,
                      parser=parse_react, prompt_style="action", response_prefix="Action:",
-                     history_turns=0, option_limits=False, shuffle_options=False)
+                     history_turns=0, history_stride=1, option_limits=False, shuffle_options=False)
     tasks = [TaskRef("fake", str(i)) for i in range(n_episodes)]
     trajectories, _ = asyncio.run(pool.collect(tasks, 1, horizon, policy_version=start_version,
                                                version_fn=lambda: backend.version))

@@ -66,13 +66,15 @@ class ActorPool:
     def __init__(self, backend: Any, env_clients: Mapping[str, Any], formatter: ChatFormatter,
                  sampling: SamplingParams, *, max_context: int, max_concurrency: int,
                  parser: Callable[..., ParsedAction], prompt_style: str, response_prefix: str,
-                 history_turns: int, option_limits: bool, shuffle_options: bool,
+                 history_turns: int, history_stride: int, option_limits: bool,
+                 shuffle_options: bool,
                  env_errors: tuple[type[BaseException], ...] | None = None,
                  progress: Callable[[Trajectory], None] | None = None,
                  workers: int = 0, direct_workers: bool = True):
         """The run's settings have one source, the typed config (``rollout.max_context``,
         ``rollout.max_concurrency``, ``rollout.parser``, ``agent.prompt_style``,
-        ``agent.response_prefix``, ``agent.history_turns``, ``agent.option_limits``,
+        ``agent.response_prefix``, ``agent.history_turns``, ``agent.history_stride``,
+        ``agent.option_limits``,
         ``agent.shuffle_options``): they have no defaults here, and
         ``training.runtime.services.make_actor_pool`` passes the config's. ``workers`` /
         ``direct_workers`` (``rollout.actor_workers`` / ``rollout.actor_workers_direct``)
@@ -87,6 +89,7 @@ class ActorPool:
         self.prompt_style, self.response_prefix = prompt_style, response_prefix
         # > 0: each prompt keeps only the last this many turns (episode.py, "History window")
         self.history_turns = int(history_turns)
+        self.history_stride = int(history_stride)  # turns a full window drops at once
         self.option_limits = bool(option_limits)  # per-turn option limits (episode.py)
         self.shuffle_options = bool(shuffle_options)  # options in a seeded order (episode.py)
         if workers < 0:
@@ -115,8 +118,8 @@ class ActorPool:
                 sampling=self.sampling, max_context=self.max_context,
                 max_concurrency=per_worker, parser=self.parser,
                 prompt_style=self.prompt_style, response_prefix=self.response_prefix,
-                history_turns=self.history_turns, option_limits=self.option_limits,
-                shuffle_options=self.shuffle_options,
+                history_turns=self.history_turns, history_stride=self.history_stride,
+                option_limits=self.option_limits, shuffle_options=self.shuffle_options,
                 direct=self.backend.client_spec()
                 if self.direct_workers and hasattr(self.backend, "client_spec") else None)
             self._group = WorkerGroup(self.workers, setup)
@@ -140,6 +143,7 @@ class ActorPool:
                              env_errors=self.env_errors, prompt_style=self.prompt_style,
                              response_prefix=self.response_prefix, version_fn=version_fn,
                              history_turns=self.history_turns,
+                             history_stride=self.history_stride,
                              option_limits=self.option_limits,
                              shuffle_options=self.shuffle_options)
 

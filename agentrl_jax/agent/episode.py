@@ -4,20 +4,26 @@ The two halves of a turn (``generate_turn`` and ``env_turn``) are separate corou
 actor pool can run episodes fully asynchronously (each episode loops on its own) or, for
 comparison, in lock-step rounds.
 
-**History window** (``history_turns = N > 0``, config ``agent.history_turns``): the prompt of
-turn ``t`` holds the system prompt, the first user message (the task) and only the last ``N``
-(assistant reply, observation) pairs; when turns were dropped the first user message ends with
-one line "(k earlier turns omitted)". Turns ``0..N`` extend one token sequence as without a
-window; from turn ``N + 1`` on every turn's prompt drops a turn, so it is no longer an
-extension of the previous one and starts a new *chunk* of the trajectory
-(``Trajectory.chunk_starts``). The prompt is built from token pieces: the first prompt's ids
-for the windowed first message, then each kept turn's own ids (its generated ids, its
-observation ids, the response prefix) exactly as they stood in the sequence they were
-generated in. The engine is given exactly the current chunk (``Trajectory.context_ids``), and
+**History window** (``history_turns = N > 0``, config ``agent.history_turns``; stride
+``K = history_stride``, ``agent.history_stride``, 1 <= K <= N): the prompt of a turn holds the
+system prompt, the first user message (the task) and at most the last ``N`` (assistant reply,
+observation) pairs; when turns were dropped the first user message ends with one line "(k
+earlier turns omitted)". Turns ``0..N`` extend one token sequence as without a window; the
+turn that would see ``N + 1`` pairs drops the oldest ``K`` of them, so its prompt holds
+``N - K + 1`` pairs, is no longer an extension of the previous one and starts a new *chunk* of
+the trajectory (``Trajectory.chunk_starts``); the next ``K - 1`` turns extend that chunk, until
+it would hold ``N + 1`` pairs again. ``K = 1``: every turn past ``N`` starts a chunk holding the
+last ``N`` pairs; a larger ``K`` starts one every ``K`` turns, so past the window a rollout
+prefills and the learner trains about ``K`` times fewer repeated tokens, at the price of
+prompts that hold between ``N - K + 1`` and ``N`` pairs. The prompt is built from token
+pieces: the first prompt's ids for the windowed first message, then each kept turn's own ids
+(its generated ids, its observation ids, the response prefix) exactly as they stood in the
+sequence they were generated in. The engine is given exactly the current chunk (``Trajectory.context_ids``), and
 the learner trains each chunk as one row, so a generated id is trained in the very context it
 was sampled in (``training/rl/batching.py``). The prompt stops growing with the turn count; the
-cost is a fresh prefill per turn past ``N`` (only the system prompt's prefix is reused) and
-learner rows that repeat the kept turns as context.
+cost is a fresh prefill per chunk (the engine reuses only the prefix the new prompt shares with
+the session's previous sequence: the system prompt and the task up to the omitted-turns line)
+and learner rows that repeat the kept turns as context.
 """
 
 from __future__ import annotations
@@ -52,7 +58,8 @@ class Episode:
                  group_id: int, sample_index: int, horizon: int, sampling: SamplingParams,
                  max_context: int, policy_version: int, seed: int | None = None,
                  prompt_style: str, response_prefix: str, history_turns: int,
-                 option_limits: bool, shuffle_options: bool, option_seed: int = 0,
+                 history_stride: int, option_limits: bool, shuffle_options: bool,
+                 option_seed: int = 0,
                  env_errors: tuple[type[BaseException], ...] = (Exception,),
                  version_fn: Callable[[], int] | None = None):
         """``option_limits`` (``agent.option_limits``): a turn that lists ``n`` options asks
@@ -62,10 +69,12 @@ class Episode:
         environment's options in the order ``parsing.option_order(options, option_seed)`` (a
         function of the seed and the option list, not of the sample), and a reply's letter names
         the option shown at it.
-        ``prompt_style``, ``response_prefix``, ``history_turns``: ``agent.*`` of the run
-        config (no defaults here: one source per setting). ``history_turns``: 0 keeps the whole history; ``N > 0``: the history window of the
-        module docstring. ``version_fn``: the weights version the backend serves now, read when a turn starts
-        (default: ``policy_version`` throughout). Weights only get newer, so that is the oldest
+        ``prompt_style``, ``response_prefix``, ``history_turns``, ``history_stride``:
+        ``agent.*`` of the run config (no defaults here: one source per setting).
+        ``history_turns``: 0 keeps the whole history; ``N > 0``: the history window of the
+        module docstring, which drops ``history_stride`` turns at once. ``version_fn``: the
+        weights version the backend serves now, read when a turn starts (default:
+        ``policy_version`` throughout). Weights only get newer, so that is the oldest
         version any token of the turn can come from, also when they change mid-turn; it is
         the turn's entry of ``trajectory.turn_versions``."""
         self.env_client, self.backend, self.formatter, self.parser = (env_client, backend,
@@ -74,7 +83,12 @@ class Episode:
         self.seed = seed
         if not isinstance(history_turns, int) or history_turns < 0:
             raise ValueError(f"history_turns must be an integer >= 0 (got {history_turns!r})")
-        self.history_turns = history_turns
+        if not isinstance(history_stride, int) or not (
+                1 <= history_stride <= max(history_turns, 1)):
+            raise ValueError(f"history_stride must be an integer in 1..{max(history_turns, 1)} "
+                             f"(history_turns={history_turns}; got {history_stride!r})")
+        self.history_turns, self.history_stride = history_turns, history_stride
+        self._kept = 0  # the (reply, observation) pairs the current chunk holds
         # the kept turns' token spans (reply ids + observation ids + response prefix), newest
         # last, and the first user message: the pieces of a windowed prompt
         self._spans: collections.deque[list[int]] = collections.deque(maxlen=history_turns or 1)
@@ -292,12 +306,16 @@ class Episode:
         tail = obs_ids + self._prefix_ids
         if self.history_turns:
             self._spans.append(self._last_generated + tail)
-        if self.history_turns and traj.num_turns > self.history_turns:
-            # the next turn's window drops a turn: its prompt starts a new chunk
-            omitted = traj.num_turns - self.history_turns
+            self._kept += 1
+        if self.history_turns and self._kept > self.history_turns:
+            # the window is full: the next prompt drops the oldest history_stride turns and
+            # starts a new chunk
+            self._kept = self.history_turns - self.history_stride + 1
+            omitted = traj.num_turns - self._kept
+            kept = list(self._spans)[-self._kept:]
             prompt = (self.formatter.prompt_ids(
                 self.system, windowed_first_message(self._first_user, omitted))
-                + self._prefix_ids + [i for span in self._spans for i in span])
+                + self._prefix_ids + [i for span in kept for i in span])
             if len(prompt) + MIN_NEW_TOKENS > self.max_context:
                 self._finish(STATUS_CONTEXT_LIMIT)
                 return
@@ -355,8 +373,8 @@ def start_episode(task: TaskRef, group_id: int, sample_index: int, horizon: int,
                   backend: Any, formatter: ChatFormatter, parser: Callable[[str], ParsedAction],
                   sampling: SamplingParams, max_context: int,
                   env_errors: tuple[type[BaseException], ...], prompt_style: str,
-                  response_prefix: str, history_turns: int, option_limits: bool,
-                  shuffle_options: bool,
+                  response_prefix: str, history_turns: int, history_stride: int,
+                  option_limits: bool, shuffle_options: bool,
                   version_fn: Callable[[], int] | None = None) -> Episode:
     """The :class:`Episode` of sample ``sample_index`` of group ``group_id`` (the actor pool's
     and an actor worker's). With a seed (``seed``, else ``sampling.seed``) the episode's base
@@ -376,5 +394,6 @@ def start_episode(task: TaskRef, group_id: int, sample_index: int, horizon: int,
                    max_context=max_context, policy_version=policy_version,
                    env_errors=env_errors, prompt_style=prompt_style,
                    response_prefix=response_prefix, version_fn=version_fn,
-                   history_turns=history_turns, option_limits=option_limits,
+                   history_turns=history_turns, history_stride=history_stride,
+                   option_limits=option_limits,
                    shuffle_options=shuffle_options, option_seed=base or 0)

@@ -91,6 +91,7 @@ class WorkerSetup:
     prompt_style: str
     response_prefix: str
     history_turns: int  # agent.history_turns (episode.py, "History window")
+    history_stride: int  # agent.history_stride (the same)
     option_limits: bool  # agent.option_limits (episode.py: per-turn option limits)
     shuffle_options: bool  # agent.shuffle_options (episode.py: options in a seeded order)
     direct: dict[str, Any] | None = None  # SGLangBackend kwargs: post to the servers directly
@@ -185,6 +186,7 @@ async def _worker(path: str) -> None:
                                     prompt_style=setup.prompt_style,
                                     response_prefix=setup.response_prefix,
                                     history_turns=setup.history_turns,
+                                    history_stride=setup.history_stride,
                                     option_limits=setup.option_limits,
                                     shuffle_options=setup.shuffle_options)
             session = episode.session_id

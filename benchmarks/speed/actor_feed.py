@@ -69,7 +69,7 @@ async def measure(args, urls: list[str], env_urls: list[str], tokenizer) -> dict
                                  SamplingParams(max_new_tokens=32, stop=["\n"]),
                                  max_context=4096, max_concurrency=args.episodes,
                                  parser=get_parser("react"), prompt_style="action",
-                                 response_prefix="Action:", history_turns=0,
+                                 response_prefix="Action:", history_turns=0, history_stride=1,
                                  option_limits=False, shuffle_options=False,
                                  workers=args.workers,
                                  direct_workers=mode == "direct")

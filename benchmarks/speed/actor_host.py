@@ -170,7 +170,7 @@ async def run_pool(mode: str, tokenizer: Any, urls: list[str], episodes: int, tu
                          SamplingParams(max_new_tokens=64, temperature=1.0, stop=["\n"]),
                          max_context=2048, max_concurrency=concurrency,
                          parser=get_parser("react"), prompt_style="action",
-                         response_prefix="Action:", history_turns=0,
+                         response_prefix="Action:", history_turns=0, history_stride=1,
                          option_limits=False, shuffle_options=False, **extra)
         await pool.collect(tasks[:8], 1, 2, seed=seed + 1)  # warm-up (connections, caches)
         worker_pids = [p.pid for p in pool._group._processes] if workers else []

@@ -108,7 +108,7 @@ async def run(args) -> dict:
                                  ChatFormatter(tokenizer), SamplingParams(max_new_tokens=32),
                                  max_context=8192, max_concurrency=args.concurrency,
                                  parser=parse_react, prompt_style="react",
-                                 response_prefix="", history_turns=0,
+                                 response_prefix="", history_turns=0, history_stride=1,
                                  option_limits=False, shuffle_options=False)
                 trajectories, stats = await pool.collect(tasks, 1, args.turns,
                                                          lockstep=mode == "lockstep")

@@ -94,7 +94,7 @@ def actor_pool_throughput(backend, tokenizer, episodes: int, turns: int, turn_to
                                                 stop=["\n"]),
                                  max_context=max_context, max_concurrency=episodes,
                                  parser=get_parser("react"), prompt_style="action",
-                                 response_prefix="Action:", history_turns=0,
+                                 response_prefix="Action:", history_turns=0, history_stride=1,
                                  option_limits=False, shuffle_options=False, workers=workers,
                                  direct_workers=direct_workers)
                 try:

@@ -158,6 +158,12 @@ class AgentConfig(Section):
     # message (the task) and only the last this many (reply, observation) pairs; a windowed
     # episode trains as several rows (agent/episode.py, docs/TRAINING.md); 0: the whole history
     history_turns: int = setting(0, ge=0)
+    # with a history window: how many turns a full window drops at once, the oldest first, so a
+    # prompt holds between history_turns - history_stride + 1 and history_turns turns and only
+    # every history_stride-th turn starts a new prompt (re-prefilled, one more training row);
+    # the turns between extend it (agent/episode.py, docs/TRAINING.md); 1: every turn past the
+    # window drops one
+    history_stride: int = setting(1, ge=1)
     # True: a turn that lists n options (rollout.parser = "choice") samples only the first n
     # option letters of the restricted policy (model.output_tokens), EOS excluded, and the
     # learner scores the same distribution (models/output_tokens.py, docs/ROLLOUT.md "Per-turn
@@ -170,6 +176,17 @@ class AgentConfig(Section):
     # position carries no fixed meaning (agent/episode.py, docs/TRAINING.md); False: the
     # environment's order
     shuffle_options: bool = setting(False)
+
+    def _extra_problems(self, prefix: str, bad: set[str]) -> list[str]:
+        if bad & {"history_turns", "history_stride"} or self.history_stride == 1:
+            return []
+        if not self.history_turns:
+            return [f"{prefix}.history_stride: needs a history window, agent.history_turns > 0 "
+                    f"(got history_stride={self.history_stride} with history_turns=0)"]
+        if self.history_stride > self.history_turns:
+            return [f"{prefix}.history_stride: must be <= agent.history_turns="
+                    f"{self.history_turns} (got {self.history_stride})"]
+        return []
 
 
 @dataclasses.dataclass(frozen=True)

@@ -74,7 +74,8 @@ def tokenizer_fingerprint(tokenizer: Any) -> str:
 def answer_format(config: RunConfig) -> dict[str, Any]:
     """The parts of a config that decide a trajectory's token layout besides the tokenizer:
     the answer format, the parser (``choice`` lists options after each observation) and the
-    history window (``agent.history_turns``: windowed prompts, several chunks an episode)."""
+    history window (``agent.history_turns`` and ``agent.history_stride``: windowed prompts,
+    several chunks an episode)."""
     from agentrl_jax.training.runtime.services import stop_strings
 
     return {"prompt_style": config.agent.prompt_style,
@@ -82,7 +83,8 @@ def answer_format(config: RunConfig) -> dict[str, Any]:
             "stop": stop_strings(config.rollout.stop),
             "max_context": config.rollout.max_context,
             "parser": config.rollout.parser,
-            "history_turns": config.agent.history_turns}
+            "history_turns": config.agent.history_turns,
+            "history_stride": config.agent.history_stride}
 
 
 def check_expert_parser(parser_name: str, response_prefix: str, stop: str | None) -> None:
@@ -181,6 +183,7 @@ async def record_experts(config: RunConfig, env: str, episodes: int, out_dir: st
                               prompt_style=fmt["prompt_style"],
                               response_prefix=fmt["response_prefix"],
                               history_turns=fmt["history_turns"],
+                              history_stride=fmt["history_stride"],
                               # an expert's replies are not sampled, and name no option
                               option_limits=False, shuffle_options=False)
             async with EpisodeProgress(len(tasks), f"recording {env} experts",

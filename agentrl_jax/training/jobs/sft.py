@@ -91,8 +91,9 @@ def sft_problems(config: RunConfig, workdir: str) -> list[str]:
 
 
 #: what a recording whose meta record predates these keys was made with (the recorder then
-#: always parsed with ``react`` and kept the whole history)
-_RECORDED_BEFORE = {"parser": "react", "history_turns": 0}
+#: always parsed with ``react`` and kept the whole history; a window then dropped one turn at
+#: a time)
+_RECORDED_BEFORE = {"parser": "react", "history_turns": 0, "history_stride": 1}
 
 
 def check_meta(path: str, fingerprint: str, fmt: dict[str, Any]) -> None:

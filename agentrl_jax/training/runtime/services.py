@@ -278,6 +278,8 @@ def make_actor_pool(config: RunConfig, backend: Any, clients: Mapping[str, Any],
                      prompt_style=agent.prompt_style, response_prefix=agent.response_prefix,
                      # > 0: prompts keep only the last this many turns (episode.py)
                      history_turns=agent.history_turns,
+                     # a full window drops this many turns at once (episode.py)
+                     history_stride=agent.history_stride,
                      # a turn listing n options samples only the first n letters (episode.py)
                      option_limits=agent.option_limits,
                      # the options in an order seeded by the run, not the env's (episode.py)
