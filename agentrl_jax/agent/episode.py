@@ -18,10 +18,10 @@ prefills and the learner trains about ``K`` times fewer repeated tokens, at the 
 prompts that hold between ``N - K + 1`` and ``N`` pairs. The prompt is built from token
 pieces: the first prompt's ids for the windowed first message, then each kept turn's own ids
 (its generated ids, its observation ids, the response prefix) exactly as they stood in the
-sequence they were generated in. The engine is given exactly the current chunk (``Trajectory.context_ids``), and
-the learner trains each chunk as one row, so a generated id is trained in the very context it
-was sampled in (``training/rl/batching.py``). The prompt stops growing with the turn count; the
-cost is a fresh prefill per chunk (the engine reuses only the prefix the new prompt shares with
+sequence they were generated in. The engine is given exactly the current chunk
+(``Trajectory.context_ids``), and the learner trains each chunk as one row, so a generated id
+is trained in the very context it was sampled in (``training/rl/batching.py``). The prompt
+stops growing with the turn count; the cost is a fresh prefill per chunk (the engine reuses only the prefix the new prompt shares with
 the session's previous sequence: the system prompt and the task up to the omitted-turns line)
 and learner rows that repeat the kept turns as context.
 """
