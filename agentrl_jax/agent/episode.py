@@ -21,9 +21,10 @@ pieces: the first prompt's ids for the windowed first message, then each kept tu
 sequence they were generated in. The engine is given exactly the current chunk
 (``Trajectory.context_ids``), and the learner trains each chunk as one row, so a generated id
 is trained in the very context it was sampled in (``training/rl/batching.py``). The prompt
-stops growing with the turn count; the cost is a fresh prefill per chunk (the engine reuses only the prefix the new prompt shares with
-the session's previous sequence: the system prompt and the task up to the omitted-turns line)
-and learner rows that repeat the kept turns as context.
+stops growing with the turn count; the cost is a fresh prefill per chunk (the engine reuses
+only the prefix the new prompt shares with the session's previous sequence: the system prompt
+and the task up to the omitted-turns line) and learner rows that repeat the kept turns as
+context.
 """
 
 from __future__ import annotations
