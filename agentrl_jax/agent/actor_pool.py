@@ -74,8 +74,7 @@ class ActorPool:
         """The run's settings have one source, the typed config (``rollout.max_context``,
         ``rollout.max_concurrency``, ``rollout.parser``, ``agent.prompt_style``,
         ``agent.response_prefix``, ``agent.history_turns``, ``agent.history_stride``,
-        ``agent.option_limits``,
-        ``agent.shuffle_options``): they have no defaults here, and
+        ``agent.option_limits``, ``agent.shuffle_options``): they have no defaults here, and
         ``training.runtime.services.make_actor_pool`` passes the config's. ``workers`` /
         ``direct_workers`` (``rollout.actor_workers`` / ``rollout.actor_workers_direct``)
         default to in-process episodes."""
