@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import json
 import os
 import statistics
@@ -42,7 +41,7 @@ from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
-from benchmarks.speed.rollout_profile import load_config  # noqa: E402
+from benchmarks.speed.rollout_profile import load_config, rollout_services  # noqa: E402
 
 _ENGINE_COUNTERS = ("prompt_tokens", "cached_tokens", "prefill_tokens", "generated_tokens")
 
@@ -77,41 +76,36 @@ async def measure(config: Any, strides: list[int], rounds: int, horizon: int | N
         horizon = int(config.horizon.phases[-1] if config.horizon.type == "scaling_inter"
                       else config.horizon.turns)
     runs: dict[int, list[dict[str, float]]] = {k: [] for k in strides}
-    with contextlib.ExitStack() as stack:
-        urls = services.start_env_services(config, stack)
-        async with contextlib.AsyncExitStack() as astack:
-            clients = services.make_env_clients(urls, config, astack)
-            backend = services.make_backend(config, model, tokenizer, model_path)
-            astack.push_async_callback(services.close_backend, backend)
-            if not isinstance(backend, Engine):
-                raise SystemExit("needs one embedded engine (rollout.backend='embedded', "
-                                 "rollout.engine_replicas=1)")
-            eos_ids = model.cfg.eos_token_ids
-            tasks = TaskSampler(await services.task_refs(clients, "train"),
-                                seed=int(config.seed)).next(int(config.train.tasks_per_step))
-            samples = int(config.train.samples_per_task)
-            for r in range(rounds):
-                for stride in strides:
-                    agent = config.agent.replace(history_stride=stride)
-                    pool = services.make_actor_pool(config.replace(agent=agent),
-                                                    TurnCounter(backend), clients, tokenizer,
-                                                    eos_ids)
-                    await backend.flush_cache()  # as a weight sync does
-                    before = {k: getattr(backend.stats, k) for k in _ENGINE_COUNTERS}
-                    start = time.perf_counter()
-                    try:
-                        trajectories, _ = await pool.collect(tasks, samples, horizon,
-                                                             seed=int(config.seed) + r)
-                    finally:
-                        pool.close()
-                    view = {"wall_s": time.perf_counter() - start,
-                            **{k: getattr(backend.stats, k) - before[k]
-                               for k in _ENGINE_COUNTERS},
-                            **rollout_view(trajectories)}
-                    runs[stride].append(view)
-                    say(f"round {r} stride {stride}: " + ", ".join(
-                        f"{k} {v:.3f}" if isinstance(v, float) else f"{k} {v}"
-                        for k, v in view.items()))
+    async with rollout_services(config, model, tokenizer, model_path) as (clients, backend):
+        if not isinstance(backend, Engine):
+            raise SystemExit("needs one embedded engine (rollout.backend='embedded', "
+                             "rollout.engine_replicas=1)")
+        eos_ids = model.cfg.eos_token_ids
+        tasks = TaskSampler(await services.task_refs(clients, "train"),
+                            seed=int(config.seed)).next(int(config.train.tasks_per_step))
+        samples = int(config.train.samples_per_task)
+        for r in range(rounds):
+            for stride in strides:
+                agent = config.agent.replace(history_stride=stride)
+                pool = services.make_actor_pool(config.replace(agent=agent),
+                                                TurnCounter(backend), clients, tokenizer,
+                                                eos_ids)
+                await backend.flush_cache()  # as a weight sync does
+                before = {k: getattr(backend.stats, k) for k in _ENGINE_COUNTERS}
+                start = time.perf_counter()
+                try:
+                    trajectories, _ = await pool.collect(tasks, samples, horizon,
+                                                         seed=int(config.seed) + r)
+                finally:
+                    pool.close()
+                view = {"wall_s": time.perf_counter() - start,
+                        **{k: getattr(backend.stats, k) - before[k]
+                           for k in _ENGINE_COUNTERS},
+                        **rollout_view(trajectories)}
+                runs[stride].append(view)
+                say(f"round {r} stride {stride}: " + ", ".join(
+                    f"{k} {v:.3f}" if isinstance(v, float) else f"{k} {v}"
+                    for k, v in view.items()))
     return {"horizon": horizon, "episodes": len(tasks) * samples, "runs": runs}
 
 

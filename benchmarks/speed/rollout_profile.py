@@ -52,7 +52,7 @@ import statistics
 import sys
 import tempfile
 import time
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, AsyncIterator, Callable
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
@@ -155,63 +155,75 @@ async def profile(config: RunConfig, warmup: int, rollouts: int, horizon: int | 
         horizon = int(config.horizon.phases[0] if config.horizon.type == "scaling_inter"
                       else config.horizon.turns)
     report: dict[str, Any] = {"horizon": horizon}
+    async with rollout_services(config, model, tokenizer, model_path) as (clients, backend):
+        engines = [backend] if isinstance(backend, Engine) else list(
+            getattr(backend, "replicas", []))
+        if not engines:
+            raise SystemExit("the profile needs the embedded engine (rollout.backend="
+                             "'embedded')")
+        probes = [EngineProbe(e) for e in engines]
+        eos_ids = model.cfg.eos_token_ids
+        del model
+        train_tasks = await services.task_refs(clients, "train")
+        sampler = TaskSampler(train_tasks, seed=int(config.seed))
+        tasks = sampler.next(int(config.train.tasks_per_step))
+        samples = int(config.train.samples_per_task)
+        devices = jax.local_devices()
+        report.update(device=f"{devices[0].platform}:{devices[0].device_kind}",
+                      replicas=len(engines), episodes=len(tasks) * samples,
+                      slots_per_replica=engines[0].config.max_batch,
+                      setup_s=_clock() - t0)
+        say(f"# {report['episodes']} episodes, horizon {horizon}, {len(engines)} engine "
+            f"replica(s) of {report['slots_per_replica']} slots on {report['device']}; "
+            f"set up in {report['setup_s']:.1f} s")
+        report["variants"] = {}
+        for variant in variants:
+            settings = dict(VARIANTS[variant])
+            switch = settings.pop("switch_interval", None)
+            for key in [k for k in settings if k.startswith("engine.")]:
+                value = settings.pop(key)  # set on the live engines (idle between rollouts)
+                for e in engines:
+                    e.config = dataclasses.replace(e.config, **{key[len("engine."):]: value})
+            vconfig = config
+            for key, value in settings.items():
+                section, name = key.split(".")
+                value = workers if value == "WORKERS" else value
+                vconfig = vconfig.replace(**{section: getattr(vconfig, section).replace(
+                    **{name: value})})
+            pool = services.make_actor_pool(vconfig, TurnCounter(backend), clients,
+                                            tokenizer, eos_ids)
+            say(f"## variant {variant}: {VARIANTS[variant] or 'the config as given'}")
+            old_switch = sys.getswitchinterval()
+            if switch is not None:
+                sys.setswitchinterval(switch)
+            try:
+                runs = await _rollouts(pool, backend, probes, tasks, samples, horizon,
+                                       warmup, rollouts, int(config.seed), say, trace)
+            finally:
+                sys.setswitchinterval(old_switch)
+                pool.close()
+            report["variants"][variant] = {
+                "settings": VARIANTS[variant], "rollouts": runs,
+                "summary": summarize_runs(measured) if (measured := [
+                    r for r in runs if not r["traced"]]) else {}}
+    return report
+
+
+@contextlib.asynccontextmanager
+async def rollout_services(config: RunConfig, model: Any, tokenizer: Any,
+                           model_path: str | None) -> AsyncIterator[tuple[dict[str, Any], Any]]:
+    """The trainer's environment servers, their clients and the rollout backend for ``config``
+    (``training/runtime/services.py``, in the trainer's order); yields ``(clients, backend)`` and
+    closes all three on exit."""
+    from agentrl_jax.training.runtime import services
+
     with contextlib.ExitStack() as stack:
         urls = services.start_env_services(config, stack)
         async with contextlib.AsyncExitStack() as astack:
             clients = services.make_env_clients(urls, config, astack)
             backend = services.make_backend(config, model, tokenizer, model_path)
             astack.push_async_callback(services.close_backend, backend)
-            engines = [backend] if isinstance(backend, Engine) else list(
-                getattr(backend, "replicas", []))
-            if not engines:
-                raise SystemExit("the profile needs the embedded engine (rollout.backend="
-                                 "'embedded')")
-            probes = [EngineProbe(e) for e in engines]
-            eos_ids = model.cfg.eos_token_ids
-            del model
-            train_tasks = await services.task_refs(clients, "train")
-            sampler = TaskSampler(train_tasks, seed=int(config.seed))
-            tasks = sampler.next(int(config.train.tasks_per_step))
-            samples = int(config.train.samples_per_task)
-            devices = jax.local_devices()
-            report.update(device=f"{devices[0].platform}:{devices[0].device_kind}",
-                          replicas=len(engines), episodes=len(tasks) * samples,
-                          slots_per_replica=engines[0].config.max_batch,
-                          setup_s=_clock() - t0)
-            say(f"# {report['episodes']} episodes, horizon {horizon}, {len(engines)} engine "
-                f"replica(s) of {report['slots_per_replica']} slots on {report['device']}; "
-                f"set up in {report['setup_s']:.1f} s")
-            report["variants"] = {}
-            for variant in variants:
-                settings = dict(VARIANTS[variant])
-                switch = settings.pop("switch_interval", None)
-                for key in [k for k in settings if k.startswith("engine.")]:
-                    value = settings.pop(key)  # set on the live engines (idle between rollouts)
-                    for e in engines:
-                        e.config = dataclasses.replace(e.config, **{key[len("engine."):]: value})
-                vconfig = config
-                for key, value in settings.items():
-                    section, name = key.split(".")
-                    value = workers if value == "WORKERS" else value
-                    vconfig = vconfig.replace(**{section: getattr(vconfig, section).replace(
-                        **{name: value})})
-                pool = services.make_actor_pool(vconfig, TurnCounter(backend), clients,
-                                                tokenizer, eos_ids)
-                say(f"## variant {variant}: {VARIANTS[variant] or 'the config as given'}")
-                old_switch = sys.getswitchinterval()
-                if switch is not None:
-                    sys.setswitchinterval(switch)
-                try:
-                    runs = await _rollouts(pool, backend, probes, tasks, samples, horizon,
-                                           warmup, rollouts, int(config.seed), say, trace)
-                finally:
-                    sys.setswitchinterval(old_switch)
-                    pool.close()
-                report["variants"][variant] = {
-                    "settings": VARIANTS[variant], "rollouts": runs,
-                    "summary": summarize_runs(measured) if (measured := [
-                        r for r in runs if not r["traced"]]) else {}}
-    return report
+            yield clients, backend
 
 
 async def _rollouts(pool: Any, backend: Any, probes: list[EngineProbe], tasks: list,
