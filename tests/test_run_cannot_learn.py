@@ -396,3 +396,21 @@ def test_environment_servers_that_cannot_list_their_tasks_are_one_line(tmp_path)
         "cannot list the tasks of the environment servers: env.task_filter.babyai "
         "('Pickup/.*') keeps none of the 2 train tasks of babyai; nothing was trained "
         f"(workdir {tmp_path})")
+
+
+def test_an_engine_without_room_for_its_kv_cache_is_one_line(tmp_path, monkeypatch):
+    """The engine's KV-cache check (tests/test_kv_memory_fit.py) reaches the trainer as a
+    ``RunFailure`` (exit code 3, one line) before any step."""
+    from agentrl_jax.rollout.engine import kv_memory
+    from agentrl_jax.training.runtime.policy import load_policy
+
+    config = _smoke()
+    policy, tokenizer, model_path = load_policy(config)
+    monkeypatch.setattr(kv_memory, "free_device_bytes", lambda devices: (2**20, 2**30))
+    trainer = Trainer(config, str(tmp_path), progress=False)
+    with pytest.raises(RunFailure) as info:
+        trainer._start_backend(policy, tokenizer, model_path)
+    message = str(info.value)
+    assert message.startswith("cannot start the rollout engine: the engine's KV cache needs ")
+    assert "but this process has 0.0 GiB of its 1.0 GiB left" in message
+    assert message.endswith(f"; nothing was trained (workdir {tmp_path})")

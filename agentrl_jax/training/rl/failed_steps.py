@@ -73,7 +73,8 @@ class RunFailure(RuntimeError):
     (``train.max_env_error_rate`` over ``train.env_error_window`` steps), too many steps in a
     row had no episode to train on (``train.max_failed_steps``, ``training/rl/failed_steps.py``),
     an update went non-finite (``training/rl/nonfinite.py``), the environment servers could not
-    list their tasks, or the final evaluation scored too few of its tasks
+    list their tasks, the rollout engine's KV cache does not fit its device's free memory, or
+    the final evaluation scored too few of its tasks
     (``train.eval_min_scored``).
     ``launch/run.py`` prints the message and exits with :data:`EXIT_RUN_FAILED`."""
 

@@ -208,6 +208,18 @@ class Trainer:
                              f"{timeout}; nothing was trained (workdir {self.workdir})") from None
         return train, evaluation
 
+    def _start_backend(self, policy: Any, tokenizer: Any, model_path: str | None) -> Any:
+        """The rollout backend of the config (``services.make_backend``); an engine whose KV
+        cache cannot fit its device's free memory is a :class:`RunFailure` (one line, before
+        any step) instead of a traceback."""
+        from agentrl_jax.rollout.engine.kv_memory import KVCacheDoesNotFit
+
+        try:
+            return services.make_backend(self.config, policy, tokenizer, model_path)
+        except KVCacheDoesNotFit as error:
+            raise RunFailure(f"cannot start the rollout engine: {error}; nothing was trained "
+                             f"(workdir {self.workdir})") from None
+
     def _storage_failure(self, error: BaseException) -> storage.StorageFailure | None:
         """``error`` as a one-line ``StorageFailure`` when it is a failed checkpoint save or a
         refused write; the partial checkpoint it left is removed first."""
@@ -309,7 +321,7 @@ class Trainer:
                                            else AheadCompile(learner, say, option_counts=(
                                                cfg.agent.option_limits)))
                 with timed(say, f"starting rollout backend {cfg.rollout.backend}"):
-                    backend = services.make_backend(cfg, policy, tokenizer, model_path)
+                    backend = self._start_backend(policy, tokenizer, model_path)
                 astack.push_async_callback(services.close_backend, backend)
                 say(services.describe_backend(backend))
                 if resumed and backend.external_servers:
