@@ -121,10 +121,28 @@ def choice_shuffled_window_gpu() -> ConfigDict:
     (``agent.history_stride``), so a prompt holds the last 5-8 turns and a new one starts every
     4th turn past the window: dropping one turn a time re-prefilled and trained the kept turns
     at every turn (the first dev run, 2026-12-05, cut at step 43 of 45: docs/RESULTS.md).
-    Jobs: benchmarks/jobs/textcraft_shuffled_dev.txt."""
+    Dev, seed 0: 0.336 against GRPO's 0.379 (-4.3 points [-9.3, +0.7]): the episodes the
+    context used to cut now end at the turn limit (docs/RESULTS.md, "The window with a stride
+    of 4"). Jobs: benchmarks/jobs/textcraft_shuffled_dev.txt."""
     c = choice_shuffled_gpu()
     c.agent.history_turns = 8
     c.agent.history_stride = 4
+    return c
+
+
+def choice_shuffled_learnability_gpu() -> ConfigDict:
+    """``choice_shuffled_gpu`` with goals drawn by learnability (``train.task_sampling``,
+    training/rl/task_sampler.py: weight ``p (1 - p) + 0.05``), ``p`` the goal's success share
+    at its last visit (``train.learnability_ema = 1``). Why: 61-64% of the GRPO groups of the
+    last phase are flat (all 8 episodes alike: no gradient) on the dev runs, and every TextCraft
+    goal is its own level, visited ~4 times in 45 steps, so the default rate 0.25 hardly moves a
+    goal's weight after a visit. Simulated from the dev runs' final per-goal success
+    (``benchmarks/analysis/learnability_sim.py``, results/learnability_sim): flat groups 0.70
+    with uniform draws, 0.68 at rate 0.25, 0.50 at rate 1 (0.43 in the last third). Jobs:
+    benchmarks/jobs/textcraft_shuffled_dev.txt."""
+    c = choice_shuffled_gpu()
+    c.train.task_sampling = "learnability"
+    c.train.learnability_ema = 1.0
     return c
 
 
@@ -204,7 +222,8 @@ VARIANTS = {
     "grpo_scaling": grpo_scaling, "ppo": ppo, "grpo_gpu": grpo_gpu, "gigpo_gpu": gigpo_gpu,
     "choice_gpu": choice_gpu, "choice_shuffled_gpu": choice_shuffled_gpu,
     "choice_shuffled_gigpo_gpu": choice_shuffled_gigpo_gpu,
-    "choice_shuffled_window_gpu": choice_shuffled_window_gpu, "sft": sft,
+    "choice_shuffled_window_gpu": choice_shuffled_window_gpu,
+    "choice_shuffled_learnability_gpu": choice_shuffled_learnability_gpu, "sft": sft,
     "sft_gpu": sft_gpu, "sft_grpo_gpu": sft_grpo_gpu, "sft_gigpo_gpu": sft_gigpo_gpu,
     "sft_grpo_long_gpu": sft_grpo_long_gpu, "choice_curve_gpu": choice_curve_gpu,
     "choice_shuffled_curve_gpu": choice_shuffled_curve_gpu,

@@ -193,3 +193,17 @@ def test_choice_gpu_is_grpo_gpu_answering_with_a_restricted_letter(family, lists
     assert (choice["rollout.parser"][0], choice["rollout.max_new_tokens"][0],
             choice["agent.list_valid_actions"][0]) == ("choice", 1, 26 if lists else 0)
     assert output_token_problems(to_run_config(load(f"{family}:choice_gpu")).model) == []
+
+
+@pytest.mark.parametrize("arm, changes", [
+    ("choice_shuffled_window_gpu", {"agent.history_turns": 8, "agent.history_stride": 4}),
+    ("choice_shuffled_learnability_gpu", {"train.task_sampling": "learnability",
+                                          "train.learnability_ema": 1.0}),
+])
+def test_textcraft_shuffled_arms_change_one_thing(arm, changes):
+    """Each dev arm of benchmarks/jobs/textcraft_shuffled_dev.txt is ``choice_shuffled_gpu``
+    with only its own settings changed, so it compares with the GRPO arm at equal schedule,
+    learner and evaluation."""
+    base, other = flat(load("textcraft.py:choice_shuffled_gpu")), flat(load(f"textcraft.py:{arm}"))
+    assert {k for k in base if base[k] != other.get(k)} == set(changes)
+    assert {k: other[k][0] for k in changes} == changes
