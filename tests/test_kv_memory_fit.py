@@ -89,3 +89,13 @@ def test_an_engine_refuses_to_start_without_room(monkeypatch):
     sharding = EnginePlacement(jax.devices()[:1]).cache_sharding(TINY.num_kv_heads, HEAD_MAJOR)
     memory = KVCacheMemory(config, TINY, sharding)
     assert memory.release() == _hand_count(TINY, 2, 64, 4)
+
+
+def test_the_inference_server_refuses_with_one_line(monkeypatch):
+    """``python -m agentrl_jax.rollout.servers.server`` exits with the refusal's line (its own
+    flags named) before it serves anything."""
+    from agentrl_jax.rollout.servers.server import main
+
+    monkeypatch.setattr(kv_memory, "free_device_bytes", lambda devices: (2**20, 2**30))
+    with pytest.raises(SystemExit, match=r"^error: the engine's KV cache needs .*--max-batch"):
+        main(["--model", "smollm2", "--max-batch", "4", "--max-length", "512"])

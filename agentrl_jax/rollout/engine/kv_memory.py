@@ -74,10 +74,10 @@ def check_kv_fits(kv_bytes: int, free: tuple[int, int] | None, config: EngineCon
         f"the engine's KV cache needs {kv_bytes / gib:.1f} GiB on {device} ({config.max_batch} "
         f"slots x {config.max_length} tokens), but this process has "
         f"{free[0] / gib:.1f} GiB of its {free[1] / gib:.1f} GiB left "
-        f"(XLA_PYTHON_CLIENT_MEM_FRACTION={fraction}): use fewer decode slots "
-        "(rollout.max_batch / rollout.max_concurrency) or a shorter context "
-        "(rollout.max_context), or give the process more of the device (fewer jobs on it, "
-        "e.g. benchmarks/gpu/jobs.sh --per-gpu)")
+        f"(XLA_PYTHON_CLIENT_MEM_FRACTION={fraction}): use fewer decode slots or a shorter "
+        "context (a run's rollout.max_batch / rollout.max_concurrency and rollout.max_context; "
+        "the inference server's --max-batch and --max-length), or give the process more of "
+        "the device (fewer jobs on it, e.g. benchmarks/gpu/jobs.sh --per-gpu)")
 
 
 class KVCacheMemory:

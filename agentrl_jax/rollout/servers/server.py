@@ -198,7 +198,12 @@ def main(argv: list[str] | None = None) -> None:
         except ValueError as e:
             raise SystemExit(f"error: --output-token-ids: {e}") from None
     log.info("compiling the engine on %d device(s)", args.tensor_parallel)
-    engine = Engine(pretrained, config, devices=devices[:args.tensor_parallel])
+    from agentrl_jax.rollout.engine.kv_memory import KVCacheDoesNotFit
+
+    try:
+        engine = Engine(pretrained, config, devices=devices[:args.tensor_parallel])
+    except KVCacheDoesNotFit as e:
+        raise SystemExit(f"error: {e}") from None
     log.info("engine: %s", engine.config)  # "auto" resolved for these devices
     server = RolloutServer(engine, model_path=pretrained.path,
                            served_model_name=args.served_model_name,
