@@ -13,7 +13,8 @@
 # (XLA_PYTHON_CLIENT_MEM_FRACTION) instead of the lane's even share 0.9 / --per-gpu, so jobs of
 # different sizes can share a GPU (e.g. two of 0.35 and two of 0.1); the fractions of the jobs
 # that run at the same time must add up to at most ~0.9 (not checked: lanes start jobs on their
-# own). A lane runs its jobs in file order; lanes run in parallel. `after=` makes a job
+# own; benchmarks/gpu/lane_memory.py says, before a session, whether each job's KV cache fits
+# its share). A lane runs its jobs in file order; lanes run in parallel. `after=` makes a job
 # wait until the named jobs (any lane) are done, e.g. an RL run for the SFT policy it starts from;
 # if one of them failed or was skipped, the job is skipped too. With --budget (s, this call) a job
 # whose cap does not fit in the time left is skipped (not shortened: runs stay comparable) and
