@@ -129,6 +129,12 @@ ARMS: tuple[Arm, ...] = (
     ),
     Arm(
         "textcraft",
+        "options shuffled each turn, goals drawn by learnability (rate 1), 45 steps",
+        _numbered("results/textcraft_shuffled_learn_dev/textcraft_shuffled_learn_dev"),
+        "dev",
+    ),
+    Arm(
+        "textcraft",
         "grpo_gpu before each family had its own example action (420 s, shared GPU)",
         ("results/textcraft_shared_gpu",),
         "test",
@@ -138,6 +144,12 @@ ARMS: tuple[Arm, ...] = (
         "grpo_gpu, free text (cut before its final evaluation)",
         ("results/families_gpu/sciworld_grpo",),
         "test",
+    ),
+    Arm(
+        "scienceworld",
+        "lettered choices (26 listed), 45 steps (cut after step 23)",
+        ("results/sciworld_choice_dev/sciworld_choice_dev_s0",),
+        "dev",
     ),
     Arm(
         "webnav",
