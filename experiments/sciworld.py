@@ -94,6 +94,21 @@ def choice_one_h200() -> ConfigDict:
     return c
 
 
+def choice_one_gpu_worlds() -> ConfigDict:
+    """``choice_one_h200`` with a simulator for every episode of a step: two servers of 64
+    worlds, 8 to a JVM (``environments/scienceworld/shared_jvm.py``: 16 JVMs in all, each
+    taking its worlds' calls one at a time), and all 128 episodes in flight. In
+    ``choice_one_h200`` a step's 128 episodes go through 24 simulators, each held for a whole
+    episode, so they run in about five waves. The same episodes a step, schedule, learner and
+    evaluation; only the rollout's parallelism differs."""
+    c = choice_one_h200()
+    c.env.server_args = {"scienceworld": "--pool-size 64 --worlds-per-jvm 8 --workers 80 "
+                                         "--max-sessions 1024 --max-steps 100"}
+    c.rollout.max_concurrency = 128
+    c.rollout.max_batch = 128
+    return c
+
+
 def sft_gpu() -> ConfigDict:
     """Behaviour cloning of ScienceWorld's gold action sequences on one GPU: ``grpo_gpu``'s model,
     answer format, engine, packed learner and evaluation with the ``sft`` loss. Data:
@@ -117,7 +132,8 @@ def sft_grpo_gpu() -> ConfigDict:
 
 
 VARIANTS = {"grpo_scaling": grpo_scaling, "ppo": ppo, "grpo_gpu": grpo_gpu,
-            "choice_gpu": choice_gpu, "choice_one_h200": choice_one_h200, "sft_gpu": sft_gpu,
+            "choice_gpu": choice_gpu, "choice_one_h200": choice_one_h200,
+            "choice_one_gpu_worlds": choice_one_gpu_worlds, "sft_gpu": sft_gpu,
             "sft_grpo_gpu": sft_grpo_gpu}
 
 

@@ -1,4 +1,5 @@
-"""ScienceWorld family: splits, pool, episode semantics, gold paths through HTTP, JVM cleanup.
+"""ScienceWorld family: splits, pool, episode semantics, gold paths through HTTP, JVM cleanup,
+several worlds to a JVM.
 
 References are independent of the code under test: a separate simulator started here gives the
 official splits, the gold action paths (``generateGoldPath``) and the valid-action lists.
@@ -356,3 +357,92 @@ class TestHTTP:
         assert scienceworld_jvms() - before  # the server's JVM is alive while it runs
         srv.stop()
         assert wait_until(lambda: not (scienceworld_jvms() - before)), scienceworld_jvms() - before
+
+
+# ------------------------------------------------------------- several worlds to a JVM (shared_jvm)
+
+# short gold paths whose generation is fast (the tasks of GOLD_TASKS)
+SHARED_GOLD = (("lifespan-longest-lived", 93), ("find-non-living-thing", 225),
+               ("chemistry-mix-paint-secondary-color", 12))
+
+
+def test_interleaved_episodes_in_one_jvm_solve_their_tasks_with_the_gold_paths():
+    from environments.scienceworld.shared_jvm import SharedJvms
+
+    reference = start_simulator()  # the test's own simulator: the gold paths
+    try:
+        paths = {}
+        for task, variation in SHARED_GOLD:
+            reference.load(task, variation, "", generateGoldPath=True)
+            paths[f"{task}/var={variation}"] = list(reference.get_gold_action_sequence())
+    finally:
+        stop_simulator(reference)
+    jvms = SharedJvms(len(paths), start_simulator, stop_simulator)
+    pool = SimulatorPool(len(paths), factory=jvms.factory, stopper=jvms.stopper)
+    envs = {task: ScienceWorldEnvironment(pool_getter=lambda: pool) for task in paths}
+    try:
+        for task, env in envs.items():
+            env.reset(task)
+        assert jvms.jvms_started == 1
+        assert len({java_pid(env.simulator) for env in envs.values()}) == 1
+        results = {}
+        for turn in range(max(map(len, paths.values()))):  # one action of each episode in turn
+            for task, env in envs.items():
+                if task not in results and turn < len(paths[task]):
+                    result = env.step(paths[task][turn])
+                    if result.done:
+                        results[task] = result.info
+        assert sorted(results) == sorted(paths)
+        assert all(info["success"] and info["score"] == 100 for info in results.values())
+    finally:
+        for env in envs.values():
+            env.close()
+        pool.shutdown()
+    assert jvms.live_jvms() == 0
+
+
+def child_jvms(parent: int) -> set[int]:
+    """Pids of live scienceworld.jar JVMs whose parent process is ``parent``."""
+    pids = set()
+    for entry in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as fh:
+                cmdline = fh.read().decode(errors="replace")
+            with open(f"/proc/{entry}/stat") as fh:
+                stat = fh.read()
+        except OSError:
+            continue
+        fields = stat[stat.rfind(")") + 2:].split()
+        if "scienceworld.jar" in cmdline and fields[0] != "Z" and int(fields[1]) == parent:
+            pids.add(int(entry))
+    return pids
+
+
+async def test_the_server_flag_puts_two_sessions_in_one_jvm_and_both_solve_their_tasks():
+    from agentrl_common.processes import start_env_server
+    from environments.core.client import EnvClient
+
+    reference = start_simulator()
+    try:
+        paths = {}
+        for task, variation in SHARED_GOLD[:2]:
+            reference.load(task, variation, "", generateGoldPath=True)
+            paths[f"{task}/var={variation}"] = list(reference.get_gold_action_sequence())
+    finally:
+        stop_simulator(reference)
+    server = start_env_server("scienceworld", extra_args=["--pool-size", "2", "--worlds-per-jvm", "2"])
+    try:
+        async with EnvClient(server.url, timeout=120) as client:
+            ids = {task: (await client.create(task_id=task))[0] for task in paths}
+            assert len(child_jvms(server.pid)) == 1
+            done = {}
+            for turn in range(max(map(len, paths.values()))):
+                for task, env_id in ids.items():
+                    if task not in done and turn < len(paths[task]):
+                        result = await client.step(env_id, paths[task][turn])
+                        if result.done:
+                            done[task] = result.info
+            assert sorted(done) == sorted(paths)
+            assert all(info["success"] and info["score"] == 100 for info in done.values())
+    finally:
+        server.stop()

@@ -1,6 +1,8 @@
 """``python -m environments.scienceworld [--pool-size N] [--max-steps N] [server options]``.
 
---pool-size N                JVMs at most (default 2 or $SCIENCEWORLD_POOL_SIZE; ~1-2 GB each)
+--pool-size N                simulators at most (default 2 or $SCIENCEWORLD_POOL_SIZE; a JVM each,
+                             ~1-2 GB, unless --worlds-per-jvm)
+--worlds-per-jvm N           simulators (worlds) to a JVM, their calls one at a time (default 1)
 --max-steps N                steps per episode before truncation (default 100)
 --valid-actions-each-step    put the valid-action list into every step's info (slow)
 --simplifications S          e.g. "easy" or "openDoors,teleportAction"
@@ -19,7 +21,10 @@ from environments.scienceworld.family import CONFIG, configure
 
 def parse_family_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     parser = argparse.ArgumentParser(add_help=False)
-    parser.add_argument("--pool-size", type=int, default=CONFIG.pool_size, help="JVMs at most (each ~1.9 GB)")
+    parser.add_argument("--pool-size", type=int, default=CONFIG.pool_size,
+                        help="simulators at most")
+    parser.add_argument("--worlds-per-jvm", type=int, default=CONFIG.worlds_per_jvm,
+                        help="simulators (worlds) to a JVM, their calls one at a time")
     parser.add_argument("--max-steps", type=int, default=CONFIG.max_steps)
     parser.add_argument("--valid-actions-each-step", action="store_true", help="list valid actions every step (slow)")
     parser.add_argument("--simplifications", default=CONFIG.simplifications, help='e.g. "easy" or "openDoors,teleportAction"')
@@ -35,6 +40,7 @@ if __name__ == "__main__":
     family_args, rest = parse_family_args(sys.argv[1:])
     configure(
         pool_size=family_args.pool_size,
+        worlds_per_jvm=family_args.worlds_per_jvm,
         # creates waiting for a JVM hold server threads: keep enough threads free for the calls
         # that give JVMs back (close, the last step of an episode)
         max_waiting=max(1, family_args.workers - family_args.pool_size - 4),

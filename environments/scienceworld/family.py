@@ -1,7 +1,7 @@
 """The ScienceWorld family as the registry and the server core see it.
 
 Options (set by ``python -m environments.scienceworld`` flags, or ``configure()`` in-process):
-pool size (JVMs), step limit, valid actions at every step, simplifications, task subset.
+pool size (simulators), worlds per JVM, step limit, valid actions at every step, simplifications, task subset.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from environments.scienceworld.pool import DEFAULT_MAX_WAITING, DEFAULT_POOL_SIZ
 class ScienceWorldConfig:
     pool_size: int = DEFAULT_POOL_SIZE
     max_waiting: int = DEFAULT_MAX_WAITING
+    worlds_per_jvm: int = 1
     max_steps: int = 100
     valid_actions_each_step: bool = False
     simplifications: str = ""
@@ -35,7 +36,7 @@ def configure(**options) -> ScienceWorldConfig:
         if not hasattr(CONFIG, key):
             raise TypeError(f"unknown ScienceWorld option {key!r}")
         setattr(CONFIG, key, value)
-    configure_pool(CONFIG.pool_size, CONFIG.max_waiting)
+    configure_pool(CONFIG.pool_size, CONFIG.max_waiting, CONFIG.worlds_per_jvm)
     return CONFIG
 
 

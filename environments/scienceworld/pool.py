@@ -1,4 +1,5 @@
-"""A bounded, process-wide pool of ScienceWorld simulators (one JVM each).
+"""A bounded, process-wide pool of ScienceWorld simulators (one JVM each, or several worlds to a
+JVM: ``shared_jvm.py``).
 
 A JVM costs ~1.9 GB of memory and seconds to start, so environment instances do not own one: an
 instance borrows a simulator when an episode starts and gives it back when the episode ends or the
@@ -222,17 +223,23 @@ _POOL: SimulatorPool | None = None
 _POOL_LOCK = threading.Lock()
 _pool_size = DEFAULT_POOL_SIZE
 _max_waiting = DEFAULT_MAX_WAITING
+_worlds_per_jvm = 1
 
 
-def configure_pool(size: int, max_waiting: int | None = None) -> None:
-    """Set the size of the process-wide pool (before its first use, or after ``shutdown_pool``)."""
-    global _pool_size, _max_waiting
+def configure_pool(size: int, max_waiting: int | None = None, worlds_per_jvm: int = 1) -> None:
+    """Set the process-wide pool (before its first use, or after ``shutdown_pool``): ``size``
+    simulators, ``worlds_per_jvm`` of them to a JVM (1: a JVM each; more:
+    ``shared_jvm.SharedJvms``, their calls taken one at a time)."""
+    global _pool_size, _max_waiting, _worlds_per_jvm
     if size < 1:
         raise ValueError("pool size must be >= 1")
+    if worlds_per_jvm < 1:
+        raise ValueError("worlds_per_jvm must be >= 1")
     with _POOL_LOCK:
-        if _POOL is not None and _POOL.size != size:
+        if _POOL is not None and (_POOL.size != size or _worlds_per_jvm != worlds_per_jvm):
             raise RuntimeError("the ScienceWorld pool is already running; call shutdown_pool() first")
         _pool_size = size
+        _worlds_per_jvm = worlds_per_jvm
         if max_waiting is not None:
             _max_waiting = max_waiting
 
@@ -242,7 +249,14 @@ def get_pool() -> SimulatorPool:
     global _POOL
     with _POOL_LOCK:
         if _POOL is None:
-            _POOL = SimulatorPool(_pool_size, max_waiting=_max_waiting)
+            if _worlds_per_jvm == 1:
+                _POOL = SimulatorPool(_pool_size, max_waiting=_max_waiting)
+            else:
+                from environments.scienceworld.shared_jvm import SharedJvms
+
+                jvms = SharedJvms(_worlds_per_jvm, start_simulator, stop_simulator)
+                _POOL = SimulatorPool(_pool_size, factory=jvms.factory, stopper=jvms.stopper,
+                                      max_waiting=_max_waiting)
         return _POOL
 
 
