@@ -95,15 +95,18 @@ def choice_one_h200() -> ConfigDict:
 
 
 def choice_one_gpu_worlds() -> ConfigDict:
-    """``choice_one_h200`` with a simulator for every episode of a step: two servers of 64
+    """``choice_one_h200`` with a simulator for every episode of a step: four servers of 32
     worlds, 8 to a JVM (``environments/scienceworld/shared_jvm.py``: 16 JVMs in all, each
     taking its worlds' calls one at a time), and all 128 episodes in flight. In
     ``choice_one_h200`` a step's 128 episodes go through 24 simulators, each held for a whole
-    episode, so they run in about five waves. The same episodes a step, schedule, learner and
-    evaluation; only the rollout's parallelism differs."""
+    episode, so they run in about five waves. Four servers, not two: each server is one Python
+    process, and on a 2-core CPU 32 sessions at once cost 2x the time of 8 at a time whether
+    they share JVMs or not (``results/sciworld_shared_jvm/load_cpu.json``). The same episodes a
+    step, schedule, learner and evaluation; only the rollout's parallelism differs."""
     c = choice_one_h200()
-    c.env.server_args = {"scienceworld": "--pool-size 64 --worlds-per-jvm 8 --workers 80 "
+    c.env.server_args = {"scienceworld": "--pool-size 32 --worlds-per-jvm 8 --workers 48 "
                                          "--max-sessions 1024 --max-steps 100"}
+    c.env.replicas = 4
     c.rollout.max_concurrency = 128
     c.rollout.max_batch = 128
     return c

@@ -446,3 +446,35 @@ async def test_the_server_flag_puts_two_sessions_in_one_jvm_and_both_solve_their
             assert all(info["success"] and info["score"] == 100 for info in done.values())
     finally:
         server.stop()
+
+
+def test_simulators_start_without_a_perf_data_file(monkeypatch):
+    """py4j reads the gateway's port from the JVM's stdout, where a JVM that finds its
+    ``/tmp/hsperfdata_<user>/<pid>`` file locked prints a warning first; the pool's JVMs keep no
+    such file. Control: a JVM started with the option removed does keep one."""
+    import getpass
+    import tempfile
+
+    from py4j.java_gateway import launch_gateway
+    from scienceworld.constants import JAR_PATH
+
+    from environments.scienceworld.pool import NO_PERF_DATA
+
+    def perf_file(pid: int) -> bool:
+        folder = os.path.join(tempfile.gettempdir(), f"hsperfdata_{getpass.getuser()}")
+        return os.path.exists(os.path.join(folder, str(pid)))
+
+    sim = start_simulator()
+    try:
+        assert NO_PERF_DATA in os.environ["JAVA_TOOL_OPTIONS"].split()
+        assert not perf_file(java_pid(sim))
+    finally:
+        stop_simulator(sim)
+    monkeypatch.setenv("JAVA_TOOL_OPTIONS", "")
+    _, process = launch_gateway(classpath=JAR_PATH, die_on_exit=True, return_proc=True)
+    try:
+        assert wait_until(lambda: perf_file(process.pid), 10)
+    finally:
+        process.stdin.write(b"\n")
+        process.stdin.flush()
+        process.wait(timeout=10)

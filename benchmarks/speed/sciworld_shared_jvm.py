@@ -14,16 +14,26 @@ Three measurements (no model; ``environments/scienceworld/shared_jvm.py`` is wha
   to show the trace is reproducible; the worlds of one more JVM played one call at a time, a
   turn of each in turn (as ``shared_jvm`` runs them), show what interleaving alone changes.
 * **memory**: the JVM's resident memory with 1, 4, 8 and 16 worlds loaded and stepped.
+* **server load** (``--load POOL:WORLDS_PER_JVM:SESSIONS,...``): one ScienceWorld server per
+  entry (``--pool-size POOL --worlds-per-jvm WORLDS_PER_JVM``) plays SESSIONS dev episodes at
+  once, each ``--turns`` turns of "check valid actions" and a random listed action (no model),
+  and reports the wall time: what the CPU side of a rollout costs at that concurrency.
+
+    python benchmarks/speed/sciworld_shared_jvm.py --skip-checks --turns 6 \
+        --load 8:1:32,32:1:32,32:8:32,8:4:8,8:1:8 --json results/sciworld_shared_jvm/load_cpu.json
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import hashlib
 import json
 import os
 import sys
+import random
 import threading
+import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
@@ -171,14 +181,68 @@ def memory(counts=(1, 4, 8, 16), steps: int = 10) -> dict:
         stop_simulator(jvm)
 
 
+async def server_load(pool: int, worlds_per_jvm: int, sessions: int, turns: int) -> dict:
+    from agentrl_common.processes import start_env_server
+    from environments.core.client import EnvClient
+    from environments.scienceworld.catalog import ScienceWorldCatalog
+
+    server = start_env_server("scienceworld", extra_args=[
+        "--pool-size", str(pool), "--worlds-per-jvm", str(worlds_per_jvm),
+        "--workers", str(sessions + pool + 8)])
+    task_ids = ScienceWorldCatalog().task_ids("dev")[::37][:sessions]
+    errors: list[str] = []
+    steps = [0]
+    begin = time.monotonic()
+    try:
+        async with EnvClient(server.url, timeout=600) as client:
+            async def episode(index: int, task_id: str) -> None:
+                rng = random.Random(index)
+                try:
+                    env_id, _, _ = await client.create(task_id=task_id)
+                    for _ in range(turns):
+                        listed = await client.step(env_id, "check valid actions")
+                        actions = listed.info.get("available_actions") or ["look around"]
+                        result = await client.step(env_id, rng.choice(actions))
+                        steps[0] += 1
+                        if result.done:
+                            break
+                    await client.close(env_id)
+                except Exception as error:  # noqa: BLE001 (reported)
+                    errors.append(repr(error)[:200])
+
+            await asyncio.gather(*(episode(i, t) for i, t in enumerate(task_ids)))
+    finally:
+        server.stop()
+    return {"pool": pool, "worlds_per_jvm": worlds_per_jvm, "sessions": len(task_ids),
+            "turns": turns, "steps": steps[0], "seconds": round(time.monotonic() - begin, 2),
+            "errors": errors}
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--turns", type=int, default=12)
+    p.add_argument("--load", default="", help="POOL:WORLDS_PER_JVM:SESSIONS,... (server load)")
+    p.add_argument("--skip-checks", action="store_true", help="only the server load")
     p.add_argument("--json", default=None)
     args = p.parse_args()
-    result = {"cpus": os.cpu_count(), "interleaved_gold": interleaved_gold(TASKS),
-              "concurrent_unlocked": concurrent_unlocked(TASKS[:8], args.turns),
-              "memory": memory()}
+    result: dict = {"cpus": os.cpu_count()}
+    for entry in filter(None, args.load.split(",")):
+        pool, per_jvm, sessions = map(int, entry.split(":"))
+        row = asyncio.run(server_load(pool, per_jvm, sessions, args.turns))
+        result.setdefault("server_load", []).append(row)
+        print(f"pool {pool}, {per_jvm} world(s) a JVM, {row['sessions']} sessions x "
+              f"{args.turns} turns: {row['seconds']:.1f} s ({len(row['errors'])} errors)")
+    if not args.skip_checks:
+        checks(args.turns, result)
+    if args.json:
+        os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
+        with open(args.json, "w") as fh:
+            json.dump(result, fh, indent=1)
+
+
+def checks(turns: int, result: dict) -> None:
+    result.update(interleaved_gold=interleaved_gold(TASKS),
+                  concurrent_unlocked=concurrent_unlocked(TASKS[:8], turns), memory=memory())
     solved = sum(r["completed"] and r["score"] == 100 for r in result["interleaved_gold"].values())
     print(f"interleaved gold paths in one JVM: {solved} of {len(TASKS)} complete at score 100")
     c = result["concurrent_unlocked"]
@@ -187,10 +251,6 @@ def main() -> None:
           f"JVM), {len(c['concurrent_errors'])} raised; one call at a time, interleaved: "
           f"{len(c['interleaved_locked_differs'])} of 8 differ")
     print("JVM RSS (MB) by worlds:", result["memory"]["jvm_rss_mb_by_worlds"])
-    if args.json:
-        os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
-        with open(args.json, "w") as fh:
-            json.dump(result, fh, indent=1)
 
 
 if __name__ == "__main__":

