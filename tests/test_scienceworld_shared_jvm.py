@@ -34,7 +34,8 @@ class FakeInterface:
 
 
 class FakeJvm:
-    """A started ``scienceworld.ScienceWorldEnv`` stand-in: only ``_gateway.jvm...PythonInterface``."""
+    """A started ``scienceworld.ScienceWorldEnv`` stand-in: only
+    ``_gateway.jvm...PythonInterface``."""
 
     def __init__(self) -> None:
         self.stopped = 0
