@@ -17,7 +17,9 @@ Three measurements (no model; ``environments/scienceworld/shared_jvm.py`` is wha
 * **server load** (``--load POOL:WORLDS_PER_JVM:SESSIONS,...``): one ScienceWorld server per
   entry (``--pool-size POOL --worlds-per-jvm WORLDS_PER_JVM``) plays SESSIONS dev episodes at
   once, each ``--turns`` turns of "check valid actions" and a random listed action (no model),
-  and reports the wall time: what the CPU side of a rollout costs at that concurrency.
+  and reports the wall time: what the CPU side of a rollout costs at that concurrency;
+  ``--rounds R`` plays R such rounds on the same server (its JVMs warming up), and
+  ``--java-options`` sets the JVMs' ``JAVA_TOOL_OPTIONS``.
 
     python benchmarks/speed/sciworld_shared_jvm.py --skip-checks --turns 6 \
         --load 8:1:32,32:1:32,32:8:32,8:4:8,8:1:8 --json results/sciworld_shared_jvm/load_cpu.json
@@ -181,7 +183,9 @@ def memory(counts=(1, 4, 8, 16), steps: int = 10) -> dict:
         stop_simulator(jvm)
 
 
-async def server_load(pool: int, worlds_per_jvm: int, sessions: int, turns: int) -> dict:
+async def server_load(pool: int, worlds_per_jvm: int, sessions: int, turns: int,
+                      rounds: int = 1) -> dict:
+    """One server; ``rounds`` times, ``sessions`` dev episodes at once (each round's own)."""
     from agentrl_common.processes import start_env_server
     from environments.core.client import EnvClient
     from environments.scienceworld.catalog import ScienceWorldCatalog
@@ -189,14 +193,14 @@ async def server_load(pool: int, worlds_per_jvm: int, sessions: int, turns: int)
     server = start_env_server("scienceworld", extra_args=[
         "--pool-size", str(pool), "--worlds-per-jvm", str(worlds_per_jvm),
         "--workers", str(sessions + pool + 8)])
-    task_ids = ScienceWorldCatalog().task_ids("dev")[::37][:sessions]
+    task_ids = ScienceWorldCatalog().task_ids("dev")
     errors: list[str] = []
     steps = [0]
-    begin = time.monotonic()
+    seconds = []
     try:
         async with EnvClient(server.url, timeout=600) as client:
-            async def episode(index: int, task_id: str) -> None:
-                rng = random.Random(index)
+            async def episode(seed: int, task_id: str) -> None:
+                rng = random.Random(seed)
                 try:
                     env_id, _, _ = await client.create(task_id=task_id)
                     for _ in range(turns):
@@ -210,28 +214,40 @@ async def server_load(pool: int, worlds_per_jvm: int, sessions: int, turns: int)
                 except Exception as error:  # noqa: BLE001 (reported)
                     errors.append(repr(error)[:200])
 
-            await asyncio.gather(*(episode(i, t) for i, t in enumerate(task_ids)))
+            for r in range(rounds):
+                begin = time.monotonic()
+                await asyncio.gather(*(
+                    episode(1000 * r + i, task_ids[(37 * i + 11 * r) % len(task_ids)])
+                    for i in range(sessions)))
+                seconds.append(round(time.monotonic() - begin, 2))
     finally:
         server.stop()
-    return {"pool": pool, "worlds_per_jvm": worlds_per_jvm, "sessions": len(task_ids),
-            "turns": turns, "steps": steps[0], "seconds": round(time.monotonic() - begin, 2),
-            "errors": errors}
+    return {"pool": pool, "worlds_per_jvm": worlds_per_jvm, "sessions": sessions,
+            "turns": turns, "steps": steps[0], "seconds": seconds[0],
+            "seconds_by_round": seconds, "errors": errors,
+            "java_tool_options": os.environ.get("JAVA_TOOL_OPTIONS", "")}
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--turns", type=int, default=12)
     p.add_argument("--load", default="", help="POOL:WORLDS_PER_JVM:SESSIONS,... (server load)")
+    p.add_argument("--rounds", type=int, default=1, help="server load: rounds of SESSIONS")
+    p.add_argument("--java-options", default="",
+                   help="server load: JAVA_TOOL_OPTIONS for its JVMs (e.g. -XX:TieredStopAtLevel=1)")
     p.add_argument("--skip-checks", action="store_true", help="only the server load")
     p.add_argument("--json", default=None)
     args = p.parse_args()
     result: dict = {"cpus": os.cpu_count()}
     for entry in filter(None, args.load.split(",")):
         pool, per_jvm, sessions = map(int, entry.split(":"))
-        row = asyncio.run(server_load(pool, per_jvm, sessions, args.turns))
+        if args.java_options:
+            os.environ["JAVA_TOOL_OPTIONS"] = args.java_options
+        row = asyncio.run(server_load(pool, per_jvm, sessions, args.turns, args.rounds))
         result.setdefault("server_load", []).append(row)
         print(f"pool {pool}, {per_jvm} world(s) a JVM, {row['sessions']} sessions x "
-              f"{args.turns} turns: {row['seconds']:.1f} s ({len(row['errors'])} errors)")
+              f"{args.turns} turns, by round: {row['seconds_by_round']} s "
+              f"({len(row['errors'])} errors)")
     if not args.skip_checks:
         checks(args.turns, result)
     if args.json:
