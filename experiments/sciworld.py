@@ -100,11 +100,10 @@ def choice_one_gpu_worlds() -> ConfigDict:
     taking its worlds' calls one at a time), and all 128 episodes in flight. In
     ``choice_one_h200`` a step's 128 episodes go through 24 simulators, each held for a whole
     episode, so they run in about five waves. Four servers, not two: each server is one Python
-    process, and on a 2-core CPU 32 episodes at once took 1.8-2.1x the time of the same 32
-    through 8 simulators, shared JVMs or not (``results/sciworld_shared_jvm/load_cpu.json``);
-    whether 16 cores and the model's latency turn that around is what this config measures.
-    The same episodes a step, schedule, learner and evaluation; only the rollout's parallelism
-    differs."""
+    process, and on a 2-core CPU more episodes at once did not go faster (docs/PERFORMANCE.md,
+    "ScienceWorld: a simulator held for a whole episode"); whether 16 cores and the model's
+    latency turn that around is what this config measures. The same episodes a step,
+    schedule, learner and evaluation; only the rollout's parallelism differs."""
     c = choice_one_h200()
     c.env.server_args = {"scienceworld": "--pool-size 32 --worlds-per-jvm 8 --workers 48 "
                                          "--max-sessions 1024 --max-steps 100"}

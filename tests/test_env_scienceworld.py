@@ -39,8 +39,9 @@ from environments.scienceworld.splits import from_ranges, load_splits, query_sim
 GOLD_TASKS = ("lifespan-longest-lived", "find-non-living-thing", "chemistry-mix-paint-secondary-color")
 
 
-def scienceworld_jvms() -> set[int]:
-    """Pids of live (non-zombie) JVMs running scienceworld.jar."""
+def scienceworld_jvms(parent: int | None = None) -> set[int]:
+    """Pids of live (non-zombie) JVMs running scienceworld.jar (only ``parent``'s children when
+    given)."""
     pids = set()
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
@@ -52,7 +53,8 @@ def scienceworld_jvms() -> set[int]:
                 stat = fh.read().decode(errors="replace")
         except OSError:
             continue
-        if "scienceworld.jar" in cmdline and stat[stat.rfind(")") + 2] != "Z":
+        fields = stat[stat.rfind(")") + 2:].split()
+        if "scienceworld.jar" in cmdline and fields[0] != "Z" and parent in (None, int(fields[1])):
             pids.add(int(entry))
     return pids
 
@@ -401,23 +403,6 @@ def test_interleaved_episodes_in_one_jvm_solve_their_tasks_with_the_gold_paths()
     assert jvms.live_jvms() == 0
 
 
-def child_jvms(parent: int) -> set[int]:
-    """Pids of live scienceworld.jar JVMs whose parent process is ``parent``."""
-    pids = set()
-    for entry in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            with open(f"/proc/{entry}/cmdline", "rb") as fh:
-                cmdline = fh.read().decode(errors="replace")
-            with open(f"/proc/{entry}/stat") as fh:
-                stat = fh.read()
-        except OSError:
-            continue
-        fields = stat[stat.rfind(")") + 2:].split()
-        if "scienceworld.jar" in cmdline and fields[0] != "Z" and int(fields[1]) == parent:
-            pids.add(int(entry))
-    return pids
-
-
 async def test_the_server_flag_puts_two_sessions_in_one_jvm_and_both_solve_their_tasks():
     from agentrl_common.processes import start_env_server
     from environments.core.client import EnvClient
@@ -434,7 +419,7 @@ async def test_the_server_flag_puts_two_sessions_in_one_jvm_and_both_solve_their
     try:
         async with EnvClient(server.url, timeout=120) as client:
             ids = {task: (await client.create(task_id=task))[0] for task in paths}
-            assert len(child_jvms(server.pid)) == 1
+            assert len(scienceworld_jvms(server.pid)) == 1
             done = {}
             for turn in range(max(map(len, paths.values()))):
                 for task, env_id in ids.items():

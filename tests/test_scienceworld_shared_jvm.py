@@ -18,7 +18,7 @@ from environments.scienceworld.shared_jvm import SharedJvms
 
 class FakeInterface:
     """A ``PythonInterface`` stand-in: ``step`` sleeps and records how many calls of its JVM
-    ran at once."""
+    ran at once; ``meet`` waits until as many calls as ``jvm.meeting`` has parties are inside."""
 
     def __init__(self, jvm: "FakeJvm") -> None:
         self.jvm = jvm
@@ -32,6 +32,12 @@ class FakeInterface:
             self.jvm.running -= 1
         return f"did {action}"
 
+    def meet(self) -> None:
+        self.jvm.meeting.wait(timeout=10)  # BrokenBarrierError when the other call never comes
+
+
+MEETING = threading.Barrier(2)  # shared by every fake JVM: two calls from two JVMs meet
+
 
 class FakeJvm:
     """A started ``scienceworld.ScienceWorldEnv`` stand-in: only
@@ -41,6 +47,7 @@ class FakeJvm:
         self.stopped = 0
         self.running = self.most = 0
         self.count_lock = threading.Lock()
+        self.meeting = MEETING
         api = types.SimpleNamespace(PythonInterface=lambda: FakeInterface(self))
         runtime = types.SimpleNamespace(pythonapi=api)
         self._gateway = types.SimpleNamespace(
@@ -102,14 +109,29 @@ def test_calls_are_one_at_a_time_within_a_jvm_and_parallel_across_jvms():
             world.server.step("look")
 
     threads = [threading.Thread(target=play, args=(w,)) for w in worlds]
-    begin = time.monotonic()
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join()
-    elapsed = time.monotonic() - begin
     assert [j.most for j in started] == [1, 1]  # never two calls at once in one JVM
-    assert elapsed < 0.02 * 20 * 0.9  # but the two JVMs ran side by side (20 calls serially)
+    # worlds of two JVMs are inside a call at the same time (a lock shared by all JVMs would
+    # keep the second out and break the barrier)
+    MEETING.reset()
+    errors = []
+
+    def meet(world):
+        try:
+            world.server.meet()
+        except threading.BrokenBarrierError as error:
+            errors.append(error)
+
+    pair = [threading.Thread(target=meet, args=(w,)) for w in (worlds[0], worlds[2])]
+    assert worlds[0].host is not worlds[2].host
+    for thread in pair:
+        thread.start()
+    for thread in pair:
+        thread.join()
+    assert not errors
     for world in worlds:
         pool.release(world)
     pool.shutdown()

@@ -58,19 +58,21 @@ def rss_mb(jvm) -> int:
         return int(fh.read().split("VmRSS:")[1].split()[0]) // 1024
 
 
+def ruled_turn(server, task: str, turn: int) -> list:
+    """One turn: the action picked from the sorted valid actions by a hash of (task, turn),
+    played; returns [action, number of valid actions, score]."""
+    valid = sorted(server.getValidActionObjectCombinations())
+    useful = [a for a in valid if not a.startswith(SKIP)] or valid
+    action = useful[int(hashlib.md5(f"{task}{turn}".encode()).hexdigest(), 16) % len(useful)]
+    server.step(action)
+    return [action, len(valid), round(server.getScore(), 3)]
+
+
 def ruled_trace(server, task: str, variation: int, turns: int) -> list:
-    """``turns`` actions, each picked from the sorted valid actions by a hash of (task, turn)."""
+    """``turns`` ruled turns of ``task`` from its start."""
     server.load(task, variation, "", False)
     server.step("look around")
-    trace = []
-    for turn in range(turns):
-        valid = sorted(server.getValidActionObjectCombinations())
-        useful = [a for a in valid if not a.startswith(SKIP)] or valid
-        digest = int(hashlib.md5(f"{task}{turn}".encode()).hexdigest(), 16)
-        action = useful[digest % len(useful)]
-        server.step(action)
-        trace.append([action, len(valid), round(server.getScore(), 3)])
-    return trace
+    return [ruled_turn(server, task, turn) for turn in range(turns)]
 
 
 def interleaved_gold(tasks) -> dict:
@@ -152,12 +154,7 @@ def interleaved_ruled(tasks, turns: int) -> dict:
         traces = {key: [] for key in worlds}
         for turn in range(turns):
             for (task, _), (key, world) in zip(tasks, worlds.items()):
-                valid = sorted(world.getValidActionObjectCombinations())
-                useful = [a for a in valid if not a.startswith(SKIP)] or valid
-                digest = int(hashlib.md5(f"{task}{turn}".encode()).hexdigest(), 16)
-                action = useful[digest % len(useful)]
-                world.step(action)
-                traces[key].append([action, len(valid), round(world.getScore(), 3)])
+                traces[key].append(ruled_turn(world, task, turn))
         return traces
     finally:
         stop_simulator(jvm)
