@@ -13,14 +13,15 @@ from environments.scienceworld.expert import ScienceWorldExpertPolicy
 from environments.registry import Family
 from environments.scienceworld.catalog import ScienceWorldCatalog
 from environments.scienceworld.env import ScienceWorldEnvironment
-from environments.scienceworld.pool import DEFAULT_MAX_WAITING, DEFAULT_POOL_SIZE, configure_pool
+from environments.scienceworld.pool import (DEFAULT_MAX_WAITING, DEFAULT_POOL_SIZE,
+                                            DEFAULT_WORLDS_PER_JVM, configure_pool)
 
 
 @dataclasses.dataclass
 class ScienceWorldConfig:
     pool_size: int = DEFAULT_POOL_SIZE
     max_waiting: int = DEFAULT_MAX_WAITING
-    worlds_per_jvm: int = 1
+    worlds_per_jvm: int = DEFAULT_WORLDS_PER_JVM
     max_steps: int = 100
     valid_actions_each_step: bool = False
     simplifications: str = ""

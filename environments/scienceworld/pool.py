@@ -30,6 +30,7 @@ log = logging.getLogger("environments.scienceworld")
 DEFAULT_POOL_SIZE = int(os.environ.get("SCIENCEWORLD_POOL_SIZE", "2"))
 DEFAULT_ACQUIRE_TIMEOUT = float(os.environ.get("SCIENCEWORLD_ACQUIRE_TIMEOUT", "600"))
 DEFAULT_MAX_WAITING = 16
+DEFAULT_WORLDS_PER_JVM = 1  # a JVM per simulator (shared_jvm.py for more)
 
 
 class PoolTimeoutError(RuntimeError):
@@ -235,10 +236,11 @@ _POOL: SimulatorPool | None = None
 _POOL_LOCK = threading.Lock()
 _pool_size = DEFAULT_POOL_SIZE
 _max_waiting = DEFAULT_MAX_WAITING
-_worlds_per_jvm = 1
+_worlds_per_jvm = DEFAULT_WORLDS_PER_JVM
 
 
-def configure_pool(size: int, max_waiting: int | None = None, worlds_per_jvm: int = 1) -> None:
+def configure_pool(size: int, max_waiting: int | None = None,
+                   worlds_per_jvm: int = DEFAULT_WORLDS_PER_JVM) -> None:
     """Set the process-wide pool (before its first use, or after ``shutdown_pool``): ``size``
     simulators, ``worlds_per_jvm`` of them to a JVM (1: a JVM each; more:
     ``shared_jvm.SharedJvms``, their calls taken one at a time)."""
