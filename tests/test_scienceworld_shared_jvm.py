@@ -140,3 +140,39 @@ def test_calls_are_one_at_a_time_within_a_jvm_and_parallel_across_jvms():
 def test_worlds_per_jvm_must_be_positive():
     with pytest.raises(ValueError, match="worlds_per_jvm"):
         SharedJvms(0, FakeJvm, lambda jvm: None)
+
+
+class _FakeJavaListWorld:
+    """A sim whose server returns a py4j ``JavaList`` stand-in and whose JVM joins it."""
+
+    def __init__(self, actions: list[str]) -> None:
+        from py4j.java_collections import JavaList
+
+        class Listed(JavaList):  # no gateway: size(), iteration and join are served here
+            def __init__(self, items):  # noqa: D401
+                self.items = items
+
+            def size(self):
+                return len(self.items)
+
+            def __iter__(self):
+                return iter(self.items)
+
+        listed = Listed(actions)
+        self.server = type("Server", (), {"getValidActionObjectCombinations": lambda _: listed})()
+        join = type("Str", (), {"join": staticmethod(lambda sep, items: sep.join(items.items))})
+        lang = type("Lang", (), {"String": join})
+        self._gateway = type("G", (), {"jvm": type("J", (), {"java": type("Ja", (), {"lang": lang})})})
+
+
+def test_valid_action_list_splits_the_joined_list_and_falls_back_on_a_line_break():
+    from environments.scienceworld.valid_actions import valid_action_list
+
+    assert valid_action_list(_FakeJavaListWorld(["open door", "look around"])) == [
+        "open door", "look around"]
+    assert valid_action_list(_FakeJavaListWorld([])) == []
+    # an action holding the separator: the pieces do not match the size, the copy is taken
+    assert valid_action_list(_FakeJavaListWorld(["say\nhello", "wait"])) == ["say\nhello", "wait"]
+    plain = type("Sim", (), {"server": type("S", (), {
+        "getValidActionObjectCombinations": lambda _: ("b", "a")})()})()
+    assert valid_action_list(plain) == ["b", "a"]  # not a Java list: copied as it is

@@ -28,6 +28,7 @@ from environments.core.base import ResetResult, StepResult, TextEnvironment
 from environments.scienceworld.catalog import make_task_id, parse_task_id, split_of
 from environments.scienceworld.pool import SimulatorPool, get_pool
 from environments.scienceworld.shortlist import shortlist
+from environments.scienceworld.valid_actions import valid_action_list
 
 log = logging.getLogger("environments.scienceworld")
 
@@ -185,7 +186,7 @@ class ScienceWorldEnvironment(TextEnvironment):
         return shortlist(self._valid_actions(), self._task_description, self._observations)
 
     def _valid_actions(self) -> list[str]:
-        return sorted(self._sim.get_valid_action_object_combinations())
+        return sorted(valid_action_list(self._sim))
 
     @property
     def simulator(self) -> Any:

@@ -23,6 +23,8 @@ from __future__ import annotations
 import threading
 from typing import Any, Callable
 
+from environments.scienceworld.valid_actions import valid_action_list
+
 
 class _Serialized:
     """A Java object whose method calls hold ``lock`` (one call at a time in its JVM)."""
@@ -73,7 +75,7 @@ class World:
         self.server.load(task_name, int(variation), simplifications, bool(generateGoldPath))
 
     def get_valid_action_object_combinations(self) -> list[str]:
-        return list(self.server.getValidActionObjectCombinations())
+        return valid_action_list(self)
 
 
 class SharedJvms:
