@@ -158,6 +158,9 @@ class _FakeJavaListWorld:
             def __iter__(self):
                 return iter(self.items)
 
+            def subList(self, start, stop):  # noqa: N802 (java.util.List's name)
+                return Listed(self.items[start:stop])
+
         listed = Listed(actions)
         self.server = type("Server", (), {"getValidActionObjectCombinations": lambda _: listed})()
         join = type("Str", (), {"join": staticmethod(lambda sep, items: sep.join(items.items))})
@@ -170,6 +173,8 @@ def test_valid_action_list_splits_the_joined_list_and_falls_back_on_a_line_break
 
     assert valid_action_list(_FakeJavaListWorld(["open door", "look around"])) == [
         "open door", "look around"]
+    many = [f"focus on object number {i}" for i in range(3000)]  # ~80k characters: many slices
+    assert valid_action_list(_FakeJavaListWorld(many)) == many
     assert valid_action_list(_FakeJavaListWorld([])) == []
     # an action holding the separator: the pieces do not match the size, the copy is taken
     assert valid_action_list(_FakeJavaListWorld(["say\nhello", "wait"])) == ["say\nhello", "wait"]
