@@ -8,8 +8,8 @@ copy costs the Python process far more than the JVM's own enumeration; the lette
 agent asks for the list at every turn. Here the JVM joins slices of the list into strings
 (``subList`` and ``java.lang.String.join``) and Python splits them: the same actions in the
 same order. The slices are kept under ``SLICE_CHARS`` characters because a py4j answer longer
-than ~8 KB waits ~40 ms on the loopback socket (the JVM's write is split at its 8 KB buffer and
-the tail waits for an acknowledgement the Python side delays), whatever its length beyond that.
+than the JVM's 8 KB write buffer stalls on the loopback socket (its tail waits for an
+acknowledgement the Python side delays), whatever its length beyond that.
 Timings: docs/PERFORMANCE.md, "ScienceWorld's valid actions in a few round trips".
 """
 
@@ -19,7 +19,7 @@ from typing import Any
 
 #: joins the actions on the Java side; no valid action contains it (each is one command line)
 SEPARATOR = "\n"
-#: the characters a joined slice aims at: under the ~8 KB above which a py4j answer stalls
+#: the characters a joined slice aims at: under the 8 KB above which a py4j answer stalls
 SLICE_CHARS = 4000
 #: the first slice's size in actions, before their mean length is known
 FIRST_SLICE = 64
