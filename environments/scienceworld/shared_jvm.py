@@ -23,8 +23,6 @@ from __future__ import annotations
 import threading
 from typing import Any, Callable
 
-from environments.scienceworld.valid_actions import valid_action_list
-
 
 class _Serialized:
     """A Java object whose method calls hold ``lock`` (one call at a time in its JVM)."""
@@ -61,8 +59,9 @@ class JvmHost:
 
 class World:
     """One world in a shared JVM, with the part of ``scienceworld.ScienceWorldEnv`` the
-    environment uses: ``server`` (the ``PythonInterface``, calls serialised), ``load`` and
-    ``get_valid_action_object_combinations``. ``_gateway`` is the JVM's (``pool.java_pid``)."""
+    environment uses: ``server`` (the ``PythonInterface``, calls serialised) and ``load``.
+    ``_gateway`` is the JVM's (``pool.java_pid``; ``valid_actions.valid_action_list`` joins the
+    valid actions through it)."""
 
     def __init__(self, host: JvmHost) -> None:
         self.host = host
@@ -73,9 +72,6 @@ class World:
              generateGoldPath: bool = False) -> None:  # noqa: N803 (the package's keyword)
         """Load ``task_name`` (a catalog name) at ``variation``, as ``ScienceWorldEnv.load``."""
         self.server.load(task_name, int(variation), simplifications, bool(generateGoldPath))
-
-    def get_valid_action_object_combinations(self) -> list[str]:
-        return valid_action_list(self)
 
 
 class SharedJvms:
