@@ -69,3 +69,39 @@ def test_usage_mistakes_exit_2(tmp_path):
     assert _det("wait", tmp_path / "none", 1).returncode == 2
     assert _det("start", tmp_path / "x", "--").returncode == 2
     assert _det("bogus", tmp_path / "x").returncode == 2
+
+
+def test_snapshot_runs_from_a_copy_that_later_changes_to_the_folder_do_not_touch(tmp_path):
+    """Each GPU call rewrites the repository folder; a --snapshot command keeps reading (and
+    importing from) the copy taken at start, with PYTHONPATH's entry for the folder moved."""
+    repo = tmp_path / "repo"
+    (repo / "pkg").mkdir(parents=True)
+    (repo / "pkg" / "__init__.py").write_text("")
+    (repo / "pkg" / "late.py").write_text("VALUE = 'from the copy'\n")
+    work = tmp_path / "det"
+    gate = tmp_path / "go"
+    # imports pkg.late only after the gate opens, as a lazy import does after a long start-up
+    command = ["bash", "-c", f"while [ ! -f {gate} ]; do sleep 0.1; done; pwd; "
+               "echo \"path=$PYTHONPATH\"; "
+               "python3 -c 'import pkg.late; print(pkg.late.VALUE, pkg.late.__file__)'"]
+    env = dict(os.environ, PYTHONPATH=f"{repo}:/elsewhere")
+    started = subprocess.run(["bash", str(SCRIPT), "start", str(work), "--snapshot", "--",
+                              *command], cwd=repo, env=env, capture_output=True, text=True,
+                             timeout=60)
+    assert started.returncode == 0, started.stderr
+    assert f"runs in a copy of {repo}" in started.stdout
+    (repo / "pkg" / "late.py").unlink()  # the next call's copy, half written
+    gate.touch()
+    done = _det("wait", work, 50)
+    assert done.returncode == 0, done.stdout
+    copy = work.resolve() / "tree"
+    assert f"\n{copy}\n" in f"\n{done.stdout}"
+    assert f"path={copy}:/elsewhere" in done.stdout
+    assert f"from the copy {copy / 'pkg' / 'late.py'}" in done.stdout
+
+
+def test_snapshot_refuses_a_dir_inside_the_folder_it_copies(tmp_path):
+    refused = subprocess.run(["bash", str(SCRIPT), "start", str(tmp_path / "det"), "--snapshot",
+                              "--", "true"], cwd=tmp_path, capture_output=True, text=True,
+                             timeout=60)
+    assert refused.returncode == 2 and "outside the folder" in refused.stderr

@@ -147,8 +147,11 @@ ARMS: tuple[Arm, ...] = (
     ),
     Arm(
         "scienceworld",
-        "lettered choices (26 listed), 45 steps (cut after step 23)",
-        ("results/sciworld_choice_dev/sciworld_choice_dev_s0",),
+        "lettered choices (26 listed), 45 steps (seed 2 not yet run)",
+        (
+            "results/sciworld_choice_dev/sciworld_choice_dev_s0",
+            "results/sciworld_choice_dev/sciworld_choice_dev_s1",
+        ),
         "dev",
     ),
     Arm(
@@ -185,6 +188,12 @@ ARMS: tuple[Arm, ...] = (
         "deepsearch",
         "options shuffled, evidence reward 0.3 (training only), 10 turns, 45 steps",
         _seeds("results/deepsearch_evidence_dev/deepsearch_evidence_dev"),
+        "dev",
+    ),
+    Arm(
+        "deepsearch",
+        "options shuffled, evidence reward 0.3 on the answer's article only, 10 turns, 45 steps",
+        _seeds("results/deepsearch_answer_evidence_dev/deepsearch_answer_evidence_dev"),
         "dev",
     ),
 )

@@ -2,9 +2,9 @@
 # A command that outlives the GPU call that starts it, so a job list runs across the calls of one
 # warm machine without being stopped and resumed at each call's end.
 #
-#   bash benchmarks/gpu/detached.sh start DIR -- COMMAND...   # returns at once
-#   bash benchmarks/gpu/detached.sh wait DIR SECONDS           # until it ends, or SECONDS pass
-#   bash benchmarks/gpu/detached.sh stop DIR                   # SIGTERM to its process group
+#   bash benchmarks/gpu/detached.sh start DIR [--snapshot] -- COMMAND...   # returns at once
+#   bash benchmarks/gpu/detached.sh wait DIR SECONDS      # until it ends, or SECONDS pass
+#   bash benchmarks/gpu/detached.sh stop DIR              # SIGTERM to its process group
 #
 # The lent machine kills what a call leaves running when the call returns, except a process
 # that started a new session (setsid), which runs on until the machine is given back
@@ -14,9 +14,9 @@
 # boundary costs a resumed run"). Started here, jobs.sh runs once, its --budget the session's
 # device time, while each call only waits:
 #
-#   call 1: ... && bash benchmarks/gpu/detached.sh start /tmp/det -- bash benchmarks/gpu/jobs.sh \
-#             ... --results /tmp/res --budget 1500 && bash benchmarks/gpu/detached.sh \
-#             wait /tmp/det 560
+#   call 1: ... && bash benchmarks/gpu/detached.sh start /tmp/det --snapshot -- \
+#             bash benchmarks/gpu/jobs.sh ... --results /tmp/res --budget 1500 \
+#             && bash benchmarks/gpu/detached.sh wait /tmp/det 560
 #   call 2: bash benchmarks/gpu/detached.sh wait /tmp/det 590
 #   call 3: bash benchmarks/gpu/detached.sh wait /tmp/det 400; tar czf $OUT/res.tgz -C /tmp res
 #
@@ -24,6 +24,12 @@
 # detached command with it). The last call packs the results folder itself, whether or not
 # jobs.sh has ended: jobs.sh copies each job's small files there as the job ends, so a job
 # still running then is all that is missing (its run dies with the machine in any case).
+# --snapshot: the command runs in DIR/tree, a copy of the current folder taken at `start`, with
+# every PYTHONPATH entry naming the current folder pointed at the copy. Each call replaces the
+# files of the repository folder it runs in, so a command that imports or reads code later (a
+# lazy import, a job list's next job) must not run from that folder while later calls come
+# (2026-12-06: a job's lazy import failed with ModuleNotFoundError while the next call's copy
+# was written). A copy already in DIR/tree is replaced.
 # `start` refuses a DIR whose command still runs (exit 2). `wait` prints the lines the command's
 # log (DIR/log) gained since the last `wait`, and exits with the command's exit status once it
 # has ended (DIR/rc), or 124 while it still runs after SECONDS.
@@ -46,6 +52,8 @@ show_new_lines() {  # the log's lines after those an earlier wait showed
 
 case $mode in
   start)
+    snapshot=0
+    [ "${1:-}" = "--snapshot" ] && { snapshot=1; shift; }
     [ "${1:-}" = "--" ] && shift
     [ $# -gt 0 ] || usage
     if running; then
@@ -53,6 +61,24 @@ case $mode in
       exit 2
     fi
     mkdir -p "$dir" && rm -f "$dir/rc" "$dir/shown" "$dir/log"
+    dir=$(cd "$dir" && pwd)
+    if [ "$snapshot" = 1 ]; then
+      here=$(pwd)
+      case "$dir/" in "$here"/*)
+        echo "detached: --snapshot needs DIR outside the folder it copies ($here)" >&2; exit 2 ;;
+      esac
+      rm -rf "$dir/tree" && cp -a "$here" "$dir/tree" || exit 2
+      if [ -n "${PYTHONPATH:-}" ]; then
+        paths=() && IFS=: read -ra entries <<< "$PYTHONPATH"
+        for e in "${entries[@]}"; do
+          if [ "$e" = "$here" ] || [ "$e" = "$here/" ]; then e=$dir/tree; fi
+          paths+=("$e")
+        done
+        PYTHONPATH=$(IFS=:; echo "${paths[*]}") && export PYTHONPATH
+      fi
+      cd "$dir/tree" || exit 2
+      echo "detached: runs in a copy of $here: $dir/tree"
+    fi
     # the new session's leader runs the command and records its exit status when it ends; it
     # outlives a SIGTERM to the group (`stop`) to record the status the command ends with
     setsid bash -c 'trap : TERM; "$@" > "$0/log" 2>&1 < /dev/null & child=$!
