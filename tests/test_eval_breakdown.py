@@ -127,3 +127,41 @@ def test_repeats_of_the_previous_pick_by_hand():
     assert r["listed"] == pytest.approx(1 / 3)  # (1, 1)
     assert r["shown"] == pytest.approx(2 / 3)  # (0, 0) and (2, 2)
     assert eval_breakdown.repeat_shares([{}]) is None
+
+
+def test_mean_score_per_level_by_hand(tmp_path, capsys):
+    """Partial scores (ScienceWorld): no episode succeeds, yet each level's mean score moves;
+    the mean over runs leaves out a run whose evaluation lacks the level."""
+    def ep(task, step, reward, shaping=0.0):
+        return {"env": "scienceworld", "task_id": task, "step": step, "status": "max_turns",
+                "reward": reward, "shaping": shaping, "success": False, "num_turns": 30,
+                "invalid_actions": 0}
+
+    a = _run(tmp_path / "a", [
+        ep("boil/var=1", 0, 0.0), ep("boil/var=2", 0, 0.1), ep("melt/var=1", 0, -0.2),
+        ep("boil/var=1", 5, 0.3), ep("boil/var=2", 5, 0.5, shaping=0.2),  # task score 0.3
+        ep("melt/var=1", 5, 0.4),
+    ])
+    b = _run(tmp_path / "b", [
+        ep("boil/var=3", 0, 0.2), ep("boil/var=3", 7, 0.6),  # no melt in b
+        ep("freeze/var=1", 7, 0.1),  # a level of the final evaluation only
+    ])
+    assert eval_breakdown.main([a, b, "--labels", "a,b", "--level-scores",
+                                "--out", str(tmp_path / "s.json")]) == 0
+    s = json.loads((tmp_path / "s.json").read_text())
+    first, final = s["runs"]["a"]["first"], s["runs"]["a"]["final"]
+    assert first["level_scores"] == pytest.approx({"boil": 0.05, "melt": -0.2})
+    assert final["level_scores"] == pytest.approx({"boil": 0.3, "melt": 0.4})
+    assert final["levels"] == {"boil": [0, 2], "melt": [0, 1]}
+    assert s["level_scores"]["boil"] == pytest.approx({"first": (0.05 + 0.2) / 2,
+                                                       "final": (0.3 + 0.6) / 2})
+    assert s["level_scores"]["melt"] == pytest.approx({"first": -0.2, "final": 0.4})
+    assert s["level_scores"]["freeze"] == pytest.approx({"first": None, "final": 0.1})
+    out = capsys.readouterr().out
+    rows = [line for line in out.splitlines()
+            if line.startswith(("| boil", "| melt", "| freeze"))]
+    assert rows == ["| boil | 0.050 -> 0.300 | 0.200 -> 0.600 | 0.125 -> 0.450 |",
+                    "| melt | -0.200 -> 0.400 | - | -0.200 -> 0.400 |",
+                    "| freeze | - | - | - |"]
+    assert eval_breakdown.main([a]) == 0
+    assert "Mean score per level" not in capsys.readouterr().out

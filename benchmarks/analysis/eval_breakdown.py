@@ -1,11 +1,15 @@
 """Where a policy's held-out failures are, from a run's committed evaluation episodes: per run,
 at its first and final evaluation, how episodes ended, how long the successes took, and success
 per level (the task id's part before ``/``, e.g. ``BabyAI-GoTo-v0``); over all runs given, the
-levels no final evaluation solved once.
+levels no final evaluation solved once, and (``--level-scores``) each level's mean score at the
+first and final evaluation, which says where a partial-credit family (ScienceWorld) gained when
+no episode succeeds.
 
     python benchmarks/analysis/eval_breakdown.py results/table/babyai_grpo{,_s1,_s2} \
         --labels rl,rl_s1,rl_s2 --out breakdown.json
     python benchmarks/analysis/eval_breakdown.py runs/experts/babyai.jsonl   # recorded expert episodes
+    python benchmarks/analysis/eval_breakdown.py results/sciworld_choice_dev/sciworld_choice_dev_s{0,1} \
+        --level-scores --out results/sciworld_choice_dev/breakdown.json
 
 Per evaluation with N episodes (``eval_episodes.jsonl`` or full trajectory files, read by
 ``learning_report.eval_episodes``):
@@ -18,7 +22,8 @@ Per evaluation with N episodes (``eval_episodes.jsonl`` or full trajectory files
 * ``invalid_per_episode`` = mean ``invalid_actions``; ``parse_failures_per_episode`` = mean
   ``parse_failures`` (the part of them the parser could not read; None when an episode's is
   unknown: files written before the field);
-* ``levels`` = {level: [successes, episodes]};
+* ``levels`` = {level: [successes, episodes]}; ``level_scores`` = {level: mean score of its
+  episodes} (the score as in ``share`` below);
 * web navigation (an evaluation with a MiniWoB++ trivial task,
   ``environments.miniwob.family.TRIVIAL_TASKS``): ``trivial`` and ``non_trivial`` = {"episodes",
   "success_rate", "mean_score"} over the episodes of those four tasks and of the others; the
@@ -41,7 +46,10 @@ file holds one set of episodes per answer style: ``--styles`` names the one each
         --styles choice_option_limits,choice_shuffled
 
 Across runs: ``never_solved`` = levels with no success in any run's final evaluation, and
-``never_solved_share`` = their episodes / all episodes of the final evaluations.
+``never_solved_share`` = their episodes / all episodes of the final evaluations;
+``level_scores`` = {level: {"first": m0, "final": m1}}, the mean over the runs that have both
+evaluations of each run's ``level_scores`` there (a level missing from a run's evaluation is
+left out of that mean).
 """
 
 from __future__ import annotations
@@ -73,14 +81,18 @@ def evaluation_steps(episodes: list[dict]) -> dict[str, int]:
     return {"first": steps[0], **({"final": steps[-1]} if len(steps) > 1 else {})}
 
 
+def score(episode: dict) -> float:
+    """An episode's score: its task reward (``eval_metrics.task_reward``: ``reward`` less its
+    training-only ``shaping``), 0.0 when missing."""
+    return float(task_reward(episode.get("reward"), episode.get("shaping")) or 0.0)
+
+
 def share(episodes: list[dict]) -> dict:
-    """``{"episodes", "success_rate", "mean_score"}`` of ``episodes`` (the score: the episode's
-    task reward, ``eval_metrics.task_reward``: ``reward`` less its training-only ``shaping``)."""
+    """``{"episodes", "success_rate", "mean_score"}`` of ``episodes`` (:func:`score`)."""
     n = len(episodes)
     return {"episodes": n,
             "success_rate": sum(bool(e.get("success")) for e in episodes) / n if n else None,
-            "mean_score": sum(float(task_reward(e.get("reward"), e.get("shaping")) or 0.0)
-                              for e in episodes) / n if n else None}
+            "mean_score": sum(score(e) for e in episodes) / n if n else None}
 
 
 #: the positions :func:`pick_shares` tells apart (``3+`` pools the rest)
@@ -124,10 +136,12 @@ def breakdown(episodes: list[dict], step: int) -> dict:
         raise ValueError(f"no evaluation episodes at step {step}")
     wins = [e for e in eps if e.get("success")]
     levels: dict[str, list[int]] = defaultdict(lambda: [0, 0])
+    scores: dict[str, list[float]] = defaultdict(list)
     for e in eps:
         lv = levels[level_of(e["task_id"])]
         lv[0] += bool(e.get("success"))
         lv[1] += 1
+        scores[level_of(e["task_id"])].append(score(e))
     trivial = [e for e in eps if is_trivial_task(e["task_id"])]
     web = {"trivial": share(trivial), "non_trivial": share([e for e in eps if not is_trivial_task(e["task_id"])])} \
         if trivial else {}
@@ -148,6 +162,7 @@ def breakdown(episodes: list[dict], step: int) -> dict:
             None if any(e.get("parse_failures") is None for e in eps)
             else sum(int(e["parse_failures"]) for e in eps) / n),
         "levels": dict(sorted(levels.items())),
+        "level_scores": {lv: sum(v) / len(v) for lv, v in sorted(scores.items())},
     }
 
 
@@ -171,11 +186,50 @@ def summarize(runs: dict[str, list[dict]]) -> dict:
         never = sorted(level for level in seen if solved[level] == 0)
         out["never_solved"] = never
         out["never_solved_share"] = sum(seen[lv] for lv in never) / sum(seen.values())
+        out["level_scores"] = mean_level_scores(
+            [evals for evals in out["runs"].values() if "final" in evals])
     return out
 
 
-def markdown(summary: dict) -> str:
-    """One row per run and evaluation, then the never-solved levels."""
+def mean_level_scores(runs: list[dict]) -> dict[str, dict[str, float | None]]:
+    """``{level: {"first": m0, "final": m1}}``: per level, the mean over ``runs`` (each
+    ``{"first": breakdown, "final": breakdown}``) of their ``level_scores`` at each evaluation,
+    over the runs whose evaluation has the level (None: none has it)."""
+    out: dict[str, dict[str, float | None]] = {}
+    for level in sorted({lv for r in runs for which in ("first", "final")
+                         for lv in r[which]["level_scores"]}):
+        out[level] = {}
+        for which in ("first", "final"):
+            values = [r[which]["level_scores"][level] for r in runs
+                      if level in r[which]["level_scores"]]
+            out[level][which] = sum(values) / len(values) if values else None
+    return out
+
+
+def level_score_table(summary: dict) -> list[str]:
+    """Markdown lines: each level's mean score at the first and final evaluation, per run and
+    over the runs (``summary["level_scores"]``), the largest final mean first."""
+    means = summary.get("level_scores") or {}
+    runs = [(label, evals) for label, evals in summary["runs"].items() if "final" in evals]
+    lines = ["| level | " + " | ".join(label for label, _ in runs) + " | mean over the runs |",
+             "|---|" + "---|" * (len(runs) + 1)]
+    def pair(first: float | None, final: float | None) -> str:
+        return "-" if first is None or final is None else f"{first:.3f} -> {final:.3f}"
+
+    def final_first(kv: tuple[str, dict]) -> tuple[float, str]:
+        final = kv[1]["final"]
+        return (-final if final is not None else float("inf"), kv[0])
+
+    for level, m in sorted(means.items(), key=final_first):
+        cells = [pair(evals["first"]["level_scores"].get(level),
+                      evals["final"]["level_scores"].get(level)) for _, evals in runs]
+        lines.append(f"| {level} | " + " | ".join(cells) + f" | {pair(m['first'], m['final'])} |")
+    return lines
+
+
+def markdown(summary: dict, level_scores: bool = False) -> str:
+    """One row per run and evaluation, then the never-solved levels (and, with
+    ``level_scores``, :func:`level_score_table`)."""
     lines = ["| run | eval step | success | ended by (share of episodes) | failures ended by | "
              "turns per success | invalid actions per episode |", "|---|---|---|---|---|---|---|"]
 
@@ -225,6 +279,9 @@ def markdown(summary: dict) -> str:
         lines += ["", f"Levels no final evaluation solved ({len(summary['never_solved'])}, "
                       f"{summary['never_solved_share']:.1%} of the final evaluations' episodes): "
                   + ", ".join(summary["never_solved"])]
+    if level_scores and summary.get("level_scores"):
+        lines += ["", "Mean score per level, first -> final evaluation:", "",
+                  *level_score_table(summary)]
     return "\n".join(lines) + "\n"
 
 
@@ -236,6 +293,8 @@ def main(argv=None) -> int:
     ap.add_argument("--styles", default="", help="comma-separated, one per run: read only the "
                     "episodes of this answer style (action_format.py --episodes_out files)")
     ap.add_argument("--out", default="", help="write the JSON here as well")
+    ap.add_argument("--level-scores", action="store_true", help="also print each level's mean "
+                    "score at the first and final evaluation (the JSON always has it)")
     args = ap.parse_args(argv)
     labels = args.labels.split(",") if args.labels else [
         os.path.basename(os.path.normpath(r)) for r in args.runs]
@@ -254,7 +313,7 @@ def main(argv=None) -> int:
     if args.out:
         with open(args.out, "w") as f:
             json.dump(summary, f, indent=1)
-    print(markdown(summary), end="")
+    print(markdown(summary, args.level_scores), end="")
     return 0
 
 
