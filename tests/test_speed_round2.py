@@ -107,3 +107,30 @@ def test_env_profiles_each_horizon_with_one_and_four_babyai_servers(tmp_path):
     part = part[:part.index(";;")]
     limits = [int(t) for t in re.findall(r"timeout (\d+) python3", part)]
     assert limits == [110] and 4 * limits[0] <= 540
+
+
+def test_launch_profiles_the_rollout_without_then_with_the_loop_on_the_device(tmp_path):
+    """``launch``: two rollout_profile.py processes of the recipe as committed, the second (only)
+    with XLA's command buffers over while loops and conditionals, their files apart."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    calls = tmp_path / "calls.jsonl"
+    fake = bin_dir / "python3"
+    fake.write_text("#!/bin/sh\nexec " + json.dumps(sys.executable) +
+                    ' -c "import json, os, sys; open(sys.argv[1], \'a\').write(json.dumps('
+                    '[os.environ.get(\'XLA_FLAGS\', \'\')] + sys.argv[2:]) + chr(10))" '
+                    + json.dumps(str(calls)) + ' "$@"\n')
+    fake.chmod(0o755)
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    done = subprocess.run(["bash", str(SCRIPT), "launch", str(tmp_path / "out")],
+                          capture_output=True, text=True, timeout=60, check=False,
+                          env={**env, "PATH": f"{bin_dir}:{env['PATH']}"})
+    assert done.returncode == 0, done.stderr
+    (plain, buffered) = [json.loads(line) for line in calls.read_text().splitlines()]
+    assert plain[0] == "" and plain[1] == "benchmarks/speed/rollout_profile.py"
+    flag = buffered[0].split("--xla_gpu_enable_command_buffer=")[1].split()[0].split(",")
+    assert {"WHILE", "CONDITIONAL", "FUSION", "CUBLAS"} <= set(flag)
+    for run in (plain, buffered):
+        assert run[2:4] == BASE and run[run.index("--variants") + 1] == "base"
+        assert "--set" not in run
+    assert plain[plain.index("--json") + 1] != buffered[buffered.index("--json") + 1]

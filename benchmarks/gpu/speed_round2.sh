@@ -12,6 +12,7 @@
 #   bash benchmarks/gpu/speed_round2.sh gil OUT                     # the rollout's shared GIL
 #   bash benchmarks/gpu/speed_round2.sh trace OUT                   # the rollout's device time
 #   bash benchmarks/gpu/speed_round2.sh env OUT                     # BabyAI server replicas
+#   bash benchmarks/gpu/speed_round2.sh launch OUT                  # the decode loop on device
 #
 # step:  the device copy bandwidth; then benchmarks/speed/rl_step.py (--variants packed, 6 steps,
 #        --fresh-process) of BASELINE_DIR (a checkout of the code before, e.g.
@@ -72,9 +73,17 @@
 #        base, 3 measured rollouts) at horizons 6 and 20, each with one BabyAI server (the
 #        recipe's `env.replicas`) and with four (`--set env.replicas=4`), each its own process.
 #        Timeouts 4 x 110 s.
+# launch: whether the decode call's launch waiting for the device costs the rollout time
+#        (docs/PERFORMANCE.md, "Issue 49 on one H100: step, rollout and engine on the tree of
+#        2026-12-06": the decode window is all dispatch, since XLA:GPU reads the condition of
+#        the decode's `lax.while_loop` on the host each iteration): the rollout profile (variant
+#        base, 3 measured rollouts) as is, then with XLA's command buffers over while loops and
+#        conditionals (`XLA_FLAGS=--xla_gpu_enable_command_buffer=FUSION,CUBLAS,CUBLASLT,
+#        CUSTOM_CALL,CUDNN,WHILE,CONDITIONAL`: the loop runs as a CUDA graph with conditional
+#        nodes, its condition on the device), each its own process. Timeouts 2 x 110 s.
 # Logs and JSON go to OUT; docs/PERFORMANCE.md quotes them with this command.
 set -u
-USAGE="usage: speed_round2.sh step|parts|dtype|engine_dtype|prefill|prefill_bf16|learner_mfu|gil|trace|env OUT [BASELINE_DIR]"
+USAGE="usage: speed_round2.sh step|parts|dtype|engine_dtype|prefill|prefill_bf16|learner_mfu|gil|trace|env|launch OUT [BASELINE_DIR]"
 PART=${1:?$USAGE}
 OUT=${2:?$USAGE}
 BASE=${3:-}
@@ -187,6 +196,16 @@ case "$PART" in
     timeout 240 python3 benchmarks/speed/rollout_profile.py --config $CFG --replicas 1 \
         --variants base --rollouts 3 --trace --label "device time by program" \
         --json "$OUT/rollout_profile_trace.json" > "$OUT/rollout_profile_trace.log" 2>&1
+    ;;
+  launch)
+    timeout 110 python3 benchmarks/speed/rollout_profile.py --config $CFG --replicas 1 \
+        --variants base --rollouts 3 --label "decode loop as is" \
+        --json "$OUT/rollout_profile_as_is.json" > "$OUT/rollout_profile_as_is.log" 2>&1
+    XLA_FLAGS="${XLA_FLAGS:-} --xla_gpu_enable_command_buffer=FUSION,CUBLAS,CUBLASLT,CUSTOM_CALL,CUDNN,WHILE,CONDITIONAL" \
+        timeout 110 python3 benchmarks/speed/rollout_profile.py --config $CFG --replicas 1 \
+        --variants base --rollouts 3 --label "command buffers with WHILE and CONDITIONAL" \
+        --json "$OUT/rollout_profile_command_buffers.json" \
+        > "$OUT/rollout_profile_command_buffers.log" 2>&1
     ;;
   env)
     for horizon in 6 20; do
