@@ -23,9 +23,10 @@ AdamW moments): ~26 calls out and ~40 in, ~4 s of held time each.
 
 ``pack``: a tar of RUN_DIR (named by its folder) without ``run.lock`` and without every
 checkpoint step but the latest (``checkpoints/<step>/``, digits only: orbax's unfinished
-writes have other names), split into ``part-00000``, ... of ``--part-mib`` MiB, listed with
+writes have other names), split into ``part-00000``, ... of ``--part-mib`` MiB (10: six fill a
+call going out, four a call coming in beside the ~21 MiB working tree), listed with
 their sizes and sha256 (and the whole tar's) in ``carry.json``. ``emit``: ``carry.json`` and
-call INDEX's parts (``--per-call``, 4: under the 64 MiB a call returns) copied into OUT.
+call INDEX's parts (``--per-call``, 6: under the 64 MiB a call returns) copied into OUT.
 ``collect``: the parts and ``carry.json`` found in the folders given, each checked against
 ``carry.json`` (a damaged or foreign part is refused and named), copied into DEST; it says
 which ``emit`` indexes are still missing. ``groups``: DEST's parts in folders ``in-000``, ...
@@ -314,8 +315,8 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("pack")
     p.add_argument("run_dir", type=Path)
     p.add_argument("stage", type=Path)
-    p.add_argument("--part-mib", type=float, default=15.5)
-    p.add_argument("--per-call", type=int, default=4)
+    p.add_argument("--part-mib", type=float, default=10.0)
+    p.add_argument("--per-call", type=int, default=6)
     p = sub.add_parser("emit")
     p.add_argument("stage", type=Path)
     p.add_argument("out", type=Path)
