@@ -20,20 +20,24 @@ F32_LEARNER = ["--set", "learner.dtype='float32'"]
 F32_ENGINE = ["--set", "rollout.engine_dtype='float32'"]
 
 
-def recorded_commands(tmp_path: Path, part: str) -> list[list[str]]:
+def recorded_commands(tmp_path: Path, part: str, with_xla_flags: bool = False
+                      ) -> list[list[str]]:
     """Run ``speed_round2.sh PART`` with a stand-in ``python3`` that records its arguments;
-    the command lines it ran, in order."""
+    the command lines it ran, in order (``with_xla_flags``: each line starts with the
+    ``XLA_FLAGS`` it saw, "" when unset; the script starts without it)."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     calls = tmp_path / "calls.jsonl"
     fake = bin_dir / "python3"
+    head = "[os.environ.get(\'XLA_FLAGS\', \'\')] + " if with_xla_flags else ""
     fake.write_text("#!/bin/sh\nexec " + json.dumps(sys.executable) +
-                    ' -c "import json, sys; open(sys.argv[1], \'a\').write(json.dumps('
-                    'sys.argv[2:]) + chr(10))" ' + json.dumps(str(calls)) + ' "$@"\n')
+                    ' -c "import json, os, sys; open(sys.argv[1], \'a\').write(json.dumps('
+                    + head + 'sys.argv[2:]) + chr(10))" ' + json.dumps(str(calls)) + ' "$@"\n')
     fake.chmod(0o755)
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
     done = subprocess.run(["bash", str(SCRIPT), part, str(tmp_path / "out")],
                           capture_output=True, text=True, timeout=60, check=False,
-                          env={**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"})
+                          env={**env, "PATH": f"{bin_dir}:{env['PATH']}"})
     assert done.returncode == 0, done.stderr
     return [json.loads(line) for line in calls.read_text().splitlines()]
 
@@ -112,21 +116,7 @@ def test_env_profiles_each_horizon_with_one_and_four_babyai_servers(tmp_path):
 def test_launch_profiles_the_rollout_without_then_with_the_loop_on_the_device(tmp_path):
     """``launch``: two rollout_profile.py processes of the recipe as committed, the second (only)
     with XLA's command buffers over while loops and conditionals, their files apart."""
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    calls = tmp_path / "calls.jsonl"
-    fake = bin_dir / "python3"
-    fake.write_text("#!/bin/sh\nexec " + json.dumps(sys.executable) +
-                    ' -c "import json, os, sys; open(sys.argv[1], \'a\').write(json.dumps('
-                    '[os.environ.get(\'XLA_FLAGS\', \'\')] + sys.argv[2:]) + chr(10))" '
-                    + json.dumps(str(calls)) + ' "$@"\n')
-    fake.chmod(0o755)
-    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
-    done = subprocess.run(["bash", str(SCRIPT), "launch", str(tmp_path / "out")],
-                          capture_output=True, text=True, timeout=60, check=False,
-                          env={**env, "PATH": f"{bin_dir}:{env['PATH']}"})
-    assert done.returncode == 0, done.stderr
-    (plain, buffered) = [json.loads(line) for line in calls.read_text().splitlines()]
+    (plain, buffered) = recorded_commands(tmp_path, "launch", with_xla_flags=True)
     assert plain[0] == "" and plain[1] == "benchmarks/speed/rollout_profile.py"
     flag = buffered[0].split("--xla_gpu_enable_command_buffer=")[1].split()[0].split(",")
     assert {"WHILE", "CONDITIONAL", "FUSION", "CUBLAS"} <= set(flag)
