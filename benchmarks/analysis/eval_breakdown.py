@@ -8,8 +8,9 @@ no episode succeeds.
     python benchmarks/analysis/eval_breakdown.py results/table/babyai_grpo{,_s1,_s2} \
         --labels rl,rl_s1,rl_s2 --out breakdown.json
     python benchmarks/analysis/eval_breakdown.py runs/experts/babyai.jsonl   # recorded expert episodes
-    python benchmarks/analysis/eval_breakdown.py results/sciworld_choice_dev/sciworld_choice_dev_s{0,1} \
-        --level-scores --out results/sciworld_choice_dev/breakdown.json
+    R=results/sciworld_choice_dev
+    python benchmarks/analysis/eval_breakdown.py $R/sciworld_choice_dev_s{0,1} --level-scores \
+        --out $R/breakdown.json
 
 Per evaluation with N episodes (``eval_episodes.jsonl`` or full trajectory files, read by
 ``learning_report.eval_episodes``):
@@ -138,10 +139,10 @@ def breakdown(episodes: list[dict], step: int) -> dict:
     levels: dict[str, list[int]] = defaultdict(lambda: [0, 0])
     scores: dict[str, list[float]] = defaultdict(list)
     for e in eps:
-        lv = levels[level_of(e["task_id"])]
-        lv[0] += bool(e.get("success"))
-        lv[1] += 1
-        scores[level_of(e["task_id"])].append(score(e))
+        level = level_of(e["task_id"])
+        levels[level][0] += bool(e.get("success"))
+        levels[level][1] += 1
+        scores[level].append(score(e))
     trivial = [e for e in eps if is_trivial_task(e["task_id"])]
     web = {"trivial": share(trivial), "non_trivial": share([e for e in eps if not is_trivial_task(e["task_id"])])} \
         if trivial else {}
@@ -213,6 +214,7 @@ def level_score_table(summary: dict) -> list[str]:
     runs = [(label, evals) for label, evals in summary["runs"].items() if "final" in evals]
     lines = ["| level | " + " | ".join(label for label, _ in runs) + " | mean over the runs |",
              "|---|" + "---|" * (len(runs) + 1)]
+
     def pair(first: float | None, final: float | None) -> str:
         return "-" if first is None or final is None else f"{first:.3f} -> {final:.3f}"
 

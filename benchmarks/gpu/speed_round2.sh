@@ -201,7 +201,8 @@ case "$PART" in
     timeout 110 python3 benchmarks/speed/rollout_profile.py --config $CFG --replicas 1 \
         --variants base --rollouts 3 --label "decode loop as is" \
         --json "$OUT/rollout_profile_as_is.json" > "$OUT/rollout_profile_as_is.log" 2>&1
-    XLA_FLAGS="${XLA_FLAGS:-} --xla_gpu_enable_command_buffer=FUSION,CUBLAS,CUBLASLT,CUSTOM_CALL,CUDNN,WHILE,CONDITIONAL" \
+    BUFFERS=FUSION,CUBLAS,CUBLASLT,CUSTOM_CALL,CUDNN,WHILE,CONDITIONAL
+    XLA_FLAGS="${XLA_FLAGS:-} --xla_gpu_enable_command_buffer=$BUFFERS" \
         timeout 110 python3 benchmarks/speed/rollout_profile.py --config $CFG --replicas 1 \
         --variants base --rollouts 3 --label "command buffers with WHILE and CONDITIONAL" \
         --json "$OUT/rollout_profile_command_buffers.json" \

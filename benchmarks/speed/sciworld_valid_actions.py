@@ -1,4 +1,5 @@
-"""ScienceWorld's valid actions: the package's element-by-element copy against slices joined in the JVM.
+"""ScienceWorld's valid actions: the package's element-by-element copy against slices joined in
+the JVM.
 
     python benchmarks/speed/sciworld_valid_actions.py --json results/sciworld_valid_actions/cpu.json
 
@@ -7,8 +8,8 @@ simulator asks for the state's valid actions ``--reps`` times each way, alternat
 is ``list(server.getValidActionObjectCombinations())`` (what
 ``ScienceWorldEnv.get_valid_action_object_combinations`` does: one py4j round trip per element)
 and ``joined`` is ``environments/scienceworld/valid_actions.valid_action_list`` (the JVM joins
-slices of the list into strings of under ``SLICE_CHARS`` characters). The median and minimum of each and
-their ratio are reported per state, and the Java call alone (no copy) beside them. One Java
+slices of the list into strings of under ``SLICE_CHARS`` characters). The median and minimum
+of each and their ratio are reported per state, and the Java call alone (no copy) beside them. One Java
 list is first copied both ways and the two copies must be equal (two calls in one state need
 not be: the simulator names some objects differently from call to call).
 """
