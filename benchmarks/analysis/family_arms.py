@@ -147,10 +147,11 @@ ARMS: tuple[Arm, ...] = (
     ),
     Arm(
         "scienceworld",
-        "lettered choices (26 listed), 45 steps (seed 2 not yet run)",
+        "lettered choices (26 listed), 45 steps",
         (
             "results/sciworld_choice_dev/sciworld_choice_dev_s0",
             "results/sciworld_choice_dev/sciworld_choice_dev_s1",
+            "results/sciworld_choice_dev/sciworld_choice_dev_s2",
         ),
         "dev",
     ),
