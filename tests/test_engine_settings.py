@@ -34,7 +34,7 @@ def test_every_engine_setting_of_a_run_reaches_the_servers_engine_config():
         max_batch=5, max_context=320, engine_dtype="bfloat16", decode_steps=3,
         decode_attention="ragged", prefill_attention="flash", decode_gemm="merged",
         prefill_kv_buckets="64,128", share_prompts=False, max_new_tokens=16,
-        prefill_tokens=256, deliver_after_launch=True)})
+        prefill_tokens=256, deliver_after_launch=True, decode_loop="fixed")})
     assert problems == []
     assert set(ENGINE_KEYS) | {"seed"} >= {"max_batch", "share_prompts", "prefill_kv_buckets"}
     sent = engine_config_of_run(run.rollout, run.seed)
@@ -42,7 +42,8 @@ def test_every_engine_setting_of_a_run_reaches_the_servers_engine_config():
     expected = dict(max_batch=5, max_length=320, dtype="bfloat16", weights_dtype="bfloat16",
                     decode_steps=3, decode_attention="ragged", prefill_attention="flash",
                     decode_gemm="merged", prefill_kv_buckets=(64, 128), share_prompts=False,
-                    prefill_tokens=256, deliver_after_launch=True, seed=11)
+                    prefill_tokens=256, deliver_after_launch=True, decode_loop="fixed",
+                    seed=11)
     for name in EngineConfig.field_names():
         want = expected.get(name, getattr(EngineConfig(), name))
         assert getattr(sent, name) == want, name
@@ -72,7 +73,8 @@ def test_every_engine_field_round_trips_through_the_server_options():
                           max_stop_ids=4, max_queue=7, copy_rows=2, session_cache=False, seed=9,
                           kv_layout="bskd", prefill_calls_per_step=1, decode_attention="dense",
                           decode_gemm="xla", prefill_kv_buckets=(), share_prompts=False,
-                          prefill_attention="dense", deliver_after_launch=True)
+                          prefill_attention="dense", deliver_after_launch=True,
+                          decode_loop="fixed")
     assert all(getattr(config, f.name) != f.default for f in dataclasses.fields(EngineConfig))
     assert engine_config_from_args(parse_args(engine_flags(config))) == config
     assert engine_config_from_args(parse_args(engine_flags(EngineConfig()))) == EngineConfig()

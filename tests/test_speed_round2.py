@@ -124,3 +124,27 @@ def test_launch_profiles_the_rollout_without_then_with_the_loop_on_the_device(tm
         assert run[2:4] == BASE and run[run.index("--variants") + 1] == "base"
         assert "--set" not in run
     assert plain[plain.index("--json") + 1] != buffered[buffered.index("--json") + 1]
+
+
+def test_decode_loop_splits_the_sampler_from_the_loop_then_profiles_both_loops(tmp_path):
+    """``decode_loop``: the engine benchmark greedy and at temperature 1, each running both
+    loops at the recipe's 8 steps a call; then two rollout profiles of the recipe, the second
+    (only) with ``rollout.decode_loop`` "fixed"; every file its own, within one call."""
+    runs = recorded_commands(tmp_path, "decode_loop")
+    assert [r[0] for r in runs] == ["benchmarks/speed/engine.py"] * 2 + [
+        "benchmarks/speed/rollout_profile.py"] * 2
+    for run, temp in zip(runs[:2], ("0", "1")):
+        assert run[run.index("--temperature") + 1] == temp
+        assert run[run.index("--decode-loop") + 1] == "while,fixed"
+        assert run[run.index("--decode-steps") + 1] == "8"
+        assert run[run.index("--shape") + 1] == "smollm2-135m"
+    plain, fixed = runs[2:]
+    assert "--set" not in plain and fixed[fixed.index("--set") + 1] == "rollout.decode_loop='fixed'"
+    for run in (plain, fixed):
+        assert run[1:3] == BASE and run[run.index("--variants") + 1] == "base"
+    assert len({r[r.index("--json") + 1] for r in runs}) == 4
+    text = SCRIPT.read_text()
+    part = text[text.index("  decode_loop)"):]
+    part = part[:part.index(";;")]
+    assert sum(2 * int(t) if i == 0 else int(t) for i, t in
+               enumerate(re.findall(r"timeout (\d+) python3", part))) <= 540

@@ -13,6 +13,7 @@
 #   bash benchmarks/gpu/speed_round2.sh trace OUT                   # the rollout's device time
 #   bash benchmarks/gpu/speed_round2.sh env OUT                     # BabyAI server replicas
 #   bash benchmarks/gpu/speed_round2.sh launch OUT                  # the decode loop on device
+#   bash benchmarks/gpu/speed_round2.sh decode_loop OUT             # sampler and loop, split
 #
 # step:  the device copy bandwidth; then benchmarks/speed/rl_step.py (--variants packed, 6 steps,
 #        --fresh-process) of BASELINE_DIR (a checkout of the code before, e.g.
@@ -81,9 +82,19 @@
 #        conditionals (`XLA_FLAGS=--xla_gpu_enable_command_buffer=FUSION,CUBLAS,CUBLASLT,
 #        CUSTOM_CALL,CUDNN,WHILE,CONDITIONAL`: the loop runs as a CUDA graph with conditional
 #        nodes, its condition on the device), each its own process. Timeouts 2 x 110 s.
+# decode_loop: what makes the rollout's decode step 2.7 ms when the engine alone decodes a
+#        greedy batch-256 step in 1.6 ms (docs/PERFORMANCE.md, "Issue 49 on one H100: the
+#        rollout's device time and the decode loop on the device"): the engine benchmark
+#        (SmolLM2 shape, batch 256, 8 steps a call as the recipe) greedy and at temperature 1
+#        (the rollout's sampler), each with the `while` and the `fixed` decode loop
+#        (EngineConfig.decode_loop: a trip count XLA knows) in one process; then the rollout
+#        profile (variant base, 3 measured rollouts) as is and with `rollout.decode_loop`
+#        "fixed", each its own process. Timeouts 2 x 150 s and 2 x 110 s.
 # Logs and JSON go to OUT; docs/PERFORMANCE.md quotes them with this command.
 set -u
-USAGE="usage: speed_round2.sh step|parts|dtype|engine_dtype|prefill|prefill_bf16|learner_mfu|gil|trace|env|launch OUT [BASELINE_DIR]"
+PARTS="step|parts|dtype|engine_dtype|prefill|prefill_bf16|learner_mfu|gil|trace|env|launch"
+PARTS="$PARTS|decode_loop"
+USAGE="usage: speed_round2.sh $PARTS OUT [BASELINE_DIR]"
 PART=${1:?$USAGE}
 OUT=${2:?$USAGE}
 BASE=${3:-}
@@ -219,8 +230,21 @@ case "$PART" in
       done
     done
     ;;
-  *) echo "unknown part $PART (step, parts, dtype, engine_dtype, prefill, prefill_bf16," \
-          "learner_mfu, gil, trace or env)" >&2
+  decode_loop)
+    for temp in 0 1; do
+      timeout 150 python3 benchmarks/speed/engine.py --shape smollm2-135m --decode-steps 8 \
+          --temperature $temp --decode-loop while,fixed --skip naive,hf,reuse \
+          --json "$OUT/engine_t${temp}.json" > "$OUT/engine_t${temp}.log" 2>&1
+    done
+    timeout 110 python3 benchmarks/speed/rollout_profile.py --config $CFG --replicas 1 \
+        --variants base --rollouts 3 --label "decode loop: while" \
+        --json "$OUT/rollout_profile_while.json" > "$OUT/rollout_profile_while.log" 2>&1
+    timeout 110 python3 benchmarks/speed/rollout_profile.py --config $CFG --replicas 1 \
+        --variants base --rollouts 3 --set "rollout.decode_loop='fixed'" \
+        --label "decode loop: fixed" \
+        --json "$OUT/rollout_profile_fixed.json" > "$OUT/rollout_profile_fixed.log" 2>&1
+    ;;
+  *) echo "unknown part $PART ($PARTS)" >&2
      exit 2 ;;
 esac
 for f in "$OUT"/*.log; do echo "== $f"; grep -E "steady|tok/s|GB/s|TB/s|roofline|^rollout|update|busy|by program" "$f" | head -12; tail -3 "$f"; done

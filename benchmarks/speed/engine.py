@@ -80,7 +80,7 @@ def dtype_bytes(dtype: str) -> int:
 
 # --------------------------------------------------------------------------------- engine
 def bench_engine(model, cfg, args, batch_prompts, decode_attention: str = "auto",
-                 decode_gemm: str = "xla") -> dict[str, Any]:
+                 decode_gemm: str = "xla", decode_loop: str = "while") -> dict[str, Any]:
     import jax
 
     from agentrl_jax.rollout.contract import SamplingParams
@@ -92,7 +92,8 @@ def bench_engine(model, cfg, args, batch_prompts, decode_attention: str = "auto"
                           decode_steps=args.decode_steps, prefill_chunks=(chunk,),
                           prefill_tokens=max(chunk, args.prefill_tokens),
                           kv_layout=args.kv_layout, decode_attention=decode_attention,
-                          decode_gemm=decode_gemm, prefill_kv_buckets=())  # the whole row
+                          decode_gemm=decode_gemm, decode_loop=decode_loop,
+                          prefill_kv_buckets=())  # the whole row
     t0 = time.perf_counter()
     engine = Engine(model, config)
     compile_s = time.perf_counter() - t0
@@ -125,7 +126,7 @@ def bench_engine(model, cfg, args, batch_prompts, decode_attention: str = "auto"
     slot_steps = after["decode_slot_steps"] - before["decode_slot_steps"]
     return {"tokens_per_s": generated / wall, "wall_s": wall, "generated_tokens": generated,
             "decode_attention": engine.decode_attention, "decode_gemm": engine.decode_gemm,
-            "compile_s": compile_s, "decode_steps": steps,
+            "decode_loop": decode_loop, "compile_s": compile_s, "decode_steps": steps,
             "decode_calls": after["decode_calls"] - before["decode_calls"],
             "decode_step_ms": 1e3 * decode_s / max(steps, 1),
             "decode_time_s": decode_s,
@@ -320,6 +321,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                    help="comma list of the engine's decode GEMM variants (EngineConfig."
                         "decode_gemm): auto, xla, merged, merged_cublas; every one is run with "
                         "every --decode-attention")
+    p.add_argument("--decode-loop", default="while",
+                   help="comma list of the decode call's loops (EngineConfig.decode_loop): "
+                        "while, fixed; every one is run with every attention and GEMM")
     p.add_argument("--max-length", type=int, default=0,
                    help="KV-cache row length (default prompt + new tokens); an RL engine "
                         "allocates the whole episode context, e.g. 4096")
@@ -358,7 +362,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "shape": args.shape, "config": {k: getattr(args, k) for k in (
             "batch", "prompt_len", "new_tokens", "temperature", "dtype", "decode_steps",
             "prefill_tokens", "bandwidth", "kv_layout", "decode_attention", "decode_gemm",
-            "max_length")},
+            "decode_loop", "max_length")},
         "num_parameters": cfg.num_parameters, "device": f"{device.platform}:{device.device_kind}",
         "jax_version": jax.__version__, "host": platform.node(), "bandwidth": bandwidth_note,
         "init_s": time.perf_counter() - t0}
@@ -368,16 +372,17 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
           f"{args.batch}, prompt {args.prompt_len}, new {args.new_tokens}, on "
           f"{report['device']}", flush=True)
     if "engine" not in skip:
-        variants = [(a, g) for a in args.decode_attention.split(",")
-                    for g in args.decode_gemm.split(",")]
-        for i, (attention, gemm) in enumerate(variants):
-            variant = attention if gemm == "auto" else f"{attention}_{gemm}"
+        variants = [(a, g, loop) for a in args.decode_attention.split(",")
+                    for g in args.decode_gemm.split(",") for loop in args.decode_loop.split(",")]
+        for i, (attention, gemm, loop) in enumerate(variants):
+            variant = "_".join([attention] + [x for x in (gemm, loop) if x not in ("auto",
+                                                                                   "while")])
             key = "engine" if i == 0 else f"engine_{variant}"
-            report[key] = bench_engine(model, cfg, args, batch_prompts, attention, gemm)
+            report[key] = bench_engine(model, cfg, args, batch_prompts, attention, gemm, loop)
             report["roofline" if i == 0 else f"roofline_{variant}"] = roofline(
                 cfg, args, report[key])
             print(f"engine ({report[key]['decode_attention']} decode attention, "
-                  f"{report[key]['decode_gemm']} GEMMs) done: "
+                  f"{report[key]['decode_gemm']} GEMMs, {loop} loop) done: "
                   f"{report[key]['tokens_per_s']:.0f} tok/s, decode step "
                   f"{report[key]['decode_step_ms']:.3f} ms "
                   f"({report['roofline' if i == 0 else f'roofline_{variant}']['ratio_to_roofline']:.2f}x "

@@ -29,6 +29,11 @@ from agentrl_jax.rollout.engine.sampling import sample_tokens
 TOK, POS, ACT, REM, TOPK, CNT, KEY0, KEY1, IDX, OPT, STOP = range(11)
 # Columns of the packed float32 array.
 TEMP, TOPP, MINP = range(3)
+#: the decode call's loop: ``while`` stops as soon as its condition fails (a data-dependent
+#: ``lax.while_loop``: XLA:GPU reads the condition on the host every iteration); ``fixed`` runs
+#: ``decode_steps`` iterations (a trip count XLA knows) whose steps after the condition fails
+#: change nothing, so both return the same outputs, step count and cache
+DECODE_LOOPS = ("while", "fixed")
 
 
 @dataclasses.dataclass
@@ -48,7 +53,7 @@ class EngineFunctions:
 def compiled_functions(graphdef: Any, max_batch: int, max_length: int, decode_steps: int,
                        max_stop_ids: int, kv_layout: str, decode_attention: str = DENSE,
                        decode_gemm: str = "xla", one_pass_sampler: bool = False,
-                       prefill_attention: str = DENSE
+                       prefill_attention: str = DENSE, decode_loop: str = "while"
                        ) -> tuple[Callable, Callable, Callable, Callable]:
     """The jitted ``decode`` / ``prefill`` / ``copy_rows`` / ``merge`` functions for one model
     structure and engine shape (cached, so engines of the same shape share compilations; jit
@@ -68,9 +73,11 @@ def compiled_functions(graphdef: Any, max_batch: int, max_length: int, decode_st
     attention (``forward.forward``: ``dense``, ``flash`` or ``flash_interpret`` on the gathered
     rows; ``flash_in_cache`` (/ ``_interpret``) on the rows where they are in the cache, with no
     gather or write-back, where the kernel's tiles cover the call's shape, else dense on the
-    gathered rows)."""
+    gathered rows); ``decode_loop``: one of :data:`DECODE_LOOPS`."""
     if decode_gemm not in DECODE_GEMM:
         raise ValueError(f"decode_gemm must be one of {DECODE_GEMM}, got {decode_gemm!r}")
+    if decode_loop not in DECODE_LOOPS:
+        raise ValueError(f"decode_loop must be one of {DECODE_LOOPS}, got {decode_loop!r}")
     B, S, K, M = max_batch, max_length, decode_steps, max_stop_ids
 
     def decode(weights, cache, ints, floats, num_steps, exit_on_finish, mode):
@@ -96,7 +103,19 @@ def compiled_functions(graphdef: Any, max_batch: int, max_length: int, decode_st
             return (i < num_steps) & jnp.any(active) & ~(exit_on_finish & finished_any)
 
         def body(c):
-            i, cache, tokens, positions, active, remaining, counter, finished_any, outs = c
+            return step_at(c[0], c, c[4])
+
+        def fixed_body(_, c):
+            # a step runs while the while loop's condition would still hold (once false it
+            # stays false: the count stops, slots only finish); after that every slot idles
+            go = cond(c)
+            stepped = step_at(c[0], c, c[4] & go)
+            return (c[0] + go.astype(jnp.int32),) + stepped[1:]
+
+        def step_at(i, c, active):
+            """One decode step of the slots ``active`` [B], its outputs written at row ``i``
+            (an idle slot's outputs: token 0, log-probs 0, not valid)."""
+            _, cache, tokens, positions, _, remaining, counter, finished_any, outs = c
             pos_in = jnp.where(active, positions, S)  # idle rows write nothing (position S)
             hidden, cache = forward(model, tokens[:, None], pos_in[:, None], cache,
                                     decode_attention, merged)
@@ -107,6 +126,7 @@ def compiled_functions(graphdef: Any, max_batch: int, max_length: int, decode_st
                                             sample_index, counter, mode,
                                             one_pass=one_pass_sampler)
             tok = jnp.where(active, tok, 0)
+            lp, lp_raw = jnp.where(active, lp, 0.0), jnp.where(active, lp_raw, 0.0)
             step = active.astype(jnp.int32)
             remaining = remaining - step
             is_stop = jnp.any(tok[:, None] == stop_ids, axis=-1)
@@ -115,9 +135,12 @@ def compiled_functions(graphdef: Any, max_batch: int, max_length: int, decode_st
             outs = (o_tok.at[i].set(tok), o_lp.at[i].set(lp), o_raw.at[i].set(lp_raw),
                     o_valid.at[i].set(active))
             return (i + 1, cache, jnp.where(active, tok, tokens), positions + step,
-                    active & ~done, remaining, counter + step, finished_any | jnp.any(done), outs)
+                    c[4] & ~done, remaining, counter + step, finished_any | jnp.any(done), outs)
 
-        final = jax.lax.while_loop(cond, body, carry)
+        if decode_loop == "fixed":
+            final = jax.lax.fori_loop(0, K, fixed_body, carry)
+        else:
+            final = jax.lax.while_loop(cond, body, carry)
         steps, cache, outs = final[0], final[1], final[8]
         return cache, outs, steps
 
@@ -168,5 +191,5 @@ def compiled_functions(graphdef: Any, max_batch: int, max_length: int, decode_st
             (lambda state: None) if decode_gemm == "xla" else jax.jit(merge))
 
 
-__all__ = ["EngineFunctions", "compiled_functions", "TOK", "POS", "ACT", "REM", "TOPK", "CNT",
-           "KEY0", "KEY1", "IDX", "STOP", "TEMP", "TOPP", "MINP"]
+__all__ = ["DECODE_LOOPS", "EngineFunctions", "compiled_functions", "TOK", "POS", "ACT", "REM",
+           "TOPK", "CNT", "KEY0", "KEY1", "IDX", "STOP", "TEMP", "TOPP", "MINP"]

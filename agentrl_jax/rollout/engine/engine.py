@@ -134,7 +134,8 @@ class Engine(BatchedSamplesBackend):
         decode, prefill, copy_rows, merge = compiled_functions(
             self.graphdef, c.max_batch, c.max_length, c.decode_steps, c.max_stop_ids,
             c.kv_layout, self.decode_attention, self.decode_gemm,
-            one_pass_sampler=platform == "gpu", prefill_attention=self.prefill_attention)
+            one_pass_sampler=platform == "gpu", prefill_attention=self.prefill_attention,
+            decode_loop=c.decode_loop)
         # a compile after the warm-up (a sampling mode first used, a shape it did not cover) is
         # announced (``compile_notice.py``); the warm-up's own compiles are its caller's phase
         self.functions = EngineFunctions(
@@ -229,7 +230,7 @@ class Engine(BatchedSamplesBackend):
     # ------------------------------------------------------------------------- public API
     #: the settings compiled into the engine's functions and buffers: fixed for its lifetime
     FIXED_SETTINGS = ("max_batch", "max_length", "decode_steps", "max_stop_ids", "kv_layout",
-                      "dtype", "weights_dtype")
+                      "dtype", "weights_dtype", "decode_loop")
 
     @property
     def config(self) -> EngineConfig:

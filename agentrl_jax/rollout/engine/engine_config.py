@@ -23,6 +23,7 @@ import functools
 from typing import Any, Callable
 
 from agentrl_common.typed_sections import Section, is_int, setting
+from agentrl_jax.rollout.engine.compiled import DECODE_LOOPS
 from agentrl_jax.rollout.engine.forward import (DECODE_GEMM, HEAD_MAJOR, MERGED_CUBLAS, SEQ_MAJOR,
                                          XLA_GEMM)
 
@@ -150,7 +151,12 @@ class EngineConfig(Section):
     device call is launched (or the engine goes idle), so the event loop each result wakes
     runs while the device computes, not between the engine thread's calls (results arrive
     later by the host work before that launch, unchanged; off by default until measured on a
-    GPU).
+    GPU). decode_loop: the decode call's loop (``compiled.DECODE_LOOPS``): ``"while"`` stops
+    as soon as no slot is active (or, with a request waiting for a slot, when one finishes),
+    its condition read on the host every step on a GPU; ``"fixed"`` always runs
+    ``decode_steps`` steps, those after that point idle, so the call can run ahead of the host
+    (the same tokens, log-probs and cache as ``"while"``; ``"while"`` by default until measured
+    on a GPU).
     """
 
     PREFIX = "engine"
@@ -195,6 +201,9 @@ class EngineConfig(Section):
                                           "or dense")
     deliver_after_launch: bool = setting(False, help="hand results over once the next device "
                                          "call is launched")
+    decode_loop: str = setting("while", choices=DECODE_LOOPS, kind="decode_loop",
+                               help="while (stop as soon as nothing decodes) or fixed "
+                                    "(decode_steps steps a call, a trip count XLA knows)")
 
     def __post_init__(self) -> None:
         """Spellings normalised before the checks: ``""`` dtype -> None (the model's),

@@ -28,7 +28,7 @@ ENGINE_KEYS: dict[str, tuple[str, ...]] = {
     "decode_attention": ("decode_attention",), "prefill_attention": ("prefill_attention",),
     "decode_gemm": ("decode_gemm",), "prefill_kv_buckets": ("prefill_kv_buckets",),
     "share_prompts": ("share_prompts",), "prefill_tokens": ("prefill_tokens",),
-    "deliver_after_launch": ("deliver_after_launch",)}
+    "deliver_after_launch": ("deliver_after_launch",), "decode_loop": ("decode_loop",)}
 #: the run config's dtypes of the engine ("" the model's: a config file's spelling of None)
 ENGINE_DTYPES = ("", "float32", "bfloat16")
 
@@ -135,6 +135,9 @@ class RolloutConfig(Section):
     #: finished requests' results handed over after the next decode call is launched, so the
     #: host's bookkeeping overlaps the device (EngineConfig.deliver_after_launch)
     deliver_after_launch: bool = engine_setting("deliver_after_launch")
+    #: the decode call's loop: "while" (stops when nothing decodes) or "fixed" (decode_steps
+    #: steps a call, the trip count known to XLA; EngineConfig.decode_loop)
+    decode_loop: str = engine_setting("decode_loop")
     parser: str = setting("react", choices=_parsers, kind="action parser")
     # episodes in N spawned worker processes (0: in the trainer's process; docs/ROLLOUT.md);
     # with an HTTP backend (engine_servers, sglang) the workers post to the servers themselves
