@@ -72,6 +72,29 @@ def test_a_cap_that_does_not_fit_the_budget_skips_and_a_failure_exits_1(tmp_path
     assert (out / ".done" / "fails.failed").exists() and not (out / ".done" / "fails").exists()
 
 
+def test_a_call_clears_only_its_own_jobs_failed_markers(tmp_path):
+    """A failed job of this list is tried again (its marker removed at the start); the failed
+    markers of jobs this call does not run (another list on the same --out, or a job that
+    --only leaves out) survive it."""
+    out = tmp_path / "out"
+    other = _jobs(tmp_path / "other.txt", ["other_fails 40 0 python3 -c 'raise SystemExit(3)'"])
+    assert _run(other, out, "0").returncode == 1
+    mine = _jobs(tmp_path / "mine.txt", [
+        "mine_fails 40 0 python3 -c 'raise SystemExit(3)'",
+        f"mine_left_out 40 0 {_printer('mine_left_out')}"])
+    (out / ".done" / "mine_left_out.failed").touch()
+    (out / ".done" / "mine_fails.failed").touch()
+    r = _run(mine, out, "0", "--only", "^mine_fails$")
+    assert r.returncode == 1
+    assert (out / ".done" / "other_fails.failed").exists()
+    assert (out / ".done" / "mine_left_out.failed").exists()
+    assert (out / "logs" / "mine_fails.log").exists()  # run again, and failed again
+    fixed = _jobs(tmp_path / "mine.txt", [f"mine_fails 40 0 {_printer('mine_fails')}"])
+    assert _run(fixed, out, "0").returncode == 0
+    assert not (out / ".done" / "mine_fails.failed").exists()
+    assert (out / ".done" / "mine_fails").exists()
+
+
 def test_two_drivers_on_different_gpus_share_an_out_without_waiting(tmp_path):
     """Each driver's single lane is lane 0; their locks are named by GPU, so the jobs overlap."""
     a = _jobs(tmp_path / "a.txt", [f"job_a 40 0 {_printer('job_a', 2.0)}"])

@@ -28,7 +28,9 @@
 # command is replaced by --out. A job's run folder is OUT/NAME (its small files are collected
 # from there, an earlier attempt is moved aside from there): a command whose `--workdir` names
 # any other folder is refused before anything starts (exit 2), since its files would be lost
-# with the machine. Exit code 1 if any job failed or was skipped. In the results folder a
+# with the machine. Exit code 1 if any of this call's jobs (the list, after --only) failed or
+# was skipped; the failed markers of other jobs (another list sharing --out) are neither
+# cleared nor counted. In the results folder a
 # JSON-lines file over 64 KiB is stored gzip-compressed (X.jsonl.gz, lossless; results/README.md
 # says why).
 # --archive FILE packs the results folder into one tar.gz when the call ends (failed jobs or
@@ -172,7 +174,9 @@ check_mem_fractions || exit 2
 check_selection || exit 2
 if [ "$DRY_RUN" != 1 ]; then
   mkdir -p "$OUT/.done" "$OUT/.lanes" "$LOGS" "$RESULTS/logs"
-  rm -f "$OUT"/.done/*.failed  # failed or skipped in an earlier call: this call tries them again
+  # this call's jobs that failed or were skipped in an earlier call are tried again; the markers
+  # of jobs it does not run (another list sharing --out, or left out by --only) stay
+  while read -r name _; do rm -f "$OUT/.done/$name.failed"; done < <(job_lines)
 fi
 echo "jobs of $JOBS: $LANES lane(s) on GPU(s) $GPU_IDS ($PER_GPU per GPU), out $OUT, results $RESULTS"
 for (( l = 0; l < LANES; l++ )); do lane_jobs "$l" & done
@@ -185,4 +189,5 @@ if [ -n "$ARCHIVE" ] && [ "$DRY_RUN" != 1 ]; then  # before finish, which exits 
     say "packing $RESULTS into $ARCHIVE failed"
   fi
 fi
-finish
+mapfile -t CALL_JOBS < <(job_lines | cut -d' ' -f1)
+finish -- "${CALL_JOBS[@]}"  # this call's jobs only: another list may share --out

@@ -163,7 +163,9 @@ wait_for() {  # wait_for NAME: until job NAME is done (0) or failed / out of tim
   done
 }
 
-finish() {  # finish: this call's job timings; exit 1 if any job failed or was skipped (or the report)
+finish() {  # finish [-- JOB...]: this call's job timings; exit 1 if any job failed or was skipped
+  # (or the report); after `--` only the named jobs' markers count (none named: none count), so a
+  # driver sharing --out with another reports its own
   say "finished"
   if [ -f "$RESULTS/timings.jsonl" ]; then
     "$PY" - "$RESULTS/timings.jsonl" "$T0.$$" <<'PYEOF'
@@ -176,9 +178,14 @@ for r in rows:
           f"  {r['seconds']:>4} s  limit {r['timeout_s']:>5}  {r['status']} (exit {r['exit']})")
 PYEOF
   fi
-  local failed
-  failed=$([ -d "$OUT/.done" ] && cd "$OUT/.done" && ls -- *.failed 2>/dev/null \
-           | sed 's/\.failed$//' | tr '\n' ' ')
+  local failed name
+  if [ "${1:-}" = "--" ]; then
+    shift
+    failed=$(for name in "$@"; do [ -f "$OUT/.done/$name.failed" ] && printf '%s ' "$name"; done)
+  else
+    failed=$([ -d "$OUT/.done" ] && cd "$OUT/.done" && ls -- *.failed 2>/dev/null \
+             | sed 's/\.failed$//' | tr '\n' ' ')
+  fi
   if [ -n "$failed" ] || [ "${REPORT_FAILED:-0}" = 1 ]; then
     echo "failed or skipped: ${failed}$([ "${REPORT_FAILED:-0}" = 1 ] && echo ' report')"
     exit 1
