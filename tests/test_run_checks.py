@@ -111,6 +111,27 @@ def test_a_model_directory_needs_what_its_loader_reads(tmp_path):
         "model.safetensors or model.safetensors.index.json"]
 
 
+def test_a_context_past_the_pretrained_models_positions_is_refused(tmp_path):
+    """SmolLM2-135M was trained on 8,192 positions (its GGUF header): a run of the shipped
+    model at 8,192 tokens of context is accepted, at 8,193 refused with the limit named (the
+    engine only logged a warning); a random model of the same tokenizer has no such limit."""
+    from agentrl_jax.models.pretrained import load_model_config
+
+    c = _smoke()
+    c.model.random_init = {}  # the shipped pretrained SmolLM2-135M
+    c.train.tasks_per_step = 1
+    workdir = str(tmp_path / "w")
+    assert load_model_config(c.model.name).max_position_embeddings == 8192
+    c.rollout.max_context = 8192
+    assert run_problems(c, workdir) == []
+    c.rollout.max_context = 8193
+    assert run_problems(c, workdir) == [
+        "rollout.max_context: 8193 tokens exceed the 8192 positions smollm2 was trained on "
+        "(its max_position_embeddings); set rollout.max_context <= 8192"]
+    c.model.random_init = _smoke().model.random_init
+    assert run_problems(c, workdir) == []
+
+
 @pytest.mark.slow
 def test_an_exported_directory_is_accepted_and_loads_and_without_weights_is_refused(tmp_path):
     """The check agrees with the real loader on an SFT-style export (config.json,

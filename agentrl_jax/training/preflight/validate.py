@@ -7,12 +7,14 @@ The values of a config are checked by its typed sections (``training/config/sect
 
 ``run_problems(config, workdir)`` adds what depends on this host, still without starting
 anything: the model source exists in the format its loader reads (``models/pretrained.py``,
-nothing but the tokenizer is loaded), the first prompt leaves room to generate within
-``rollout.max_context`` (``training/preflight/prompt_room.py``: a lower bound from the tokenizer, the
-chat template, the answer format and ``agent.response_prefix``), the workdir can be created
-and written (a temporary file in it, or in its nearest existing parent), and one step's batch
-fits this host's memory (which bounds ``train.tasks_per_step``). ``check_run`` raises ``ConfigError`` with all of those lines;
-``launch/run.py`` calls it and exits with code 2 (``EXIT_BAD_CONFIG``).
+nothing but the tokenizer and the model's config are loaded), ``rollout.max_context`` is within
+the positions a pretrained model was trained on, the first prompt leaves room to generate
+within ``rollout.max_context`` (``training/preflight/prompt_room.py``: a lower bound from the
+tokenizer, the chat template, the answer format and ``agent.response_prefix``), the workdir can
+be created and written (a temporary file in it, or in its nearest existing parent), and one
+step's batch fits this host's memory (which bounds ``train.tasks_per_step``). ``check_run``
+raises ``ConfigError`` with all of those lines; ``launch/run.py`` calls it and exits with code 2
+(``EXIT_BAD_CONFIG``).
 """
 
 from __future__ import annotations
@@ -104,6 +106,8 @@ def run_problems(config: ConfigSource, workdir: str, processes: int = 1,
             problems.append(f"model.name: {e}")
         else:
             problems.extend(output_token_problems(model))
+            if rollout is not None:
+                problems.extend(context_position_problems(model, rollout.max_context))
             if None not in (env, agent, rollout):
                 from agentrl_jax.training.preflight.prompt_room import run_prompt_problems
 
@@ -143,6 +147,27 @@ def output_token_problems(model: ModelConfig) -> list[str]:
     except ValueError as e:
         return [str(e)]
     return []
+
+
+def context_position_problems(model: ModelConfig, max_context: int) -> list[str]:
+    """``rollout.max_context`` against the positions a pretrained ``model`` section's checkpoint
+    was trained on (its ``max_position_embeddings``, read without loading a weight): one line
+    when the context is longer (RoPE positions past them were never seen in training, and the
+    engine would only warn), none for a random model (``model.random_init``: no trained
+    positions) or a source the model check refuses."""
+    if model.random_init:
+        return []
+    from agentrl_jax.models.pretrained import load_model_config
+
+    try:
+        limit = load_model_config(model.name).max_position_embeddings
+    except Exception:  # noqa: BLE001  (the model check says what is wrong with the source)
+        return []
+    if max_context <= limit:
+        return []
+    return [f"rollout.max_context: {max_context} tokens exceed the {limit} positions "
+            f"{model.name} was trained on (its max_position_embeddings); set "
+            f"rollout.max_context <= {limit}"]
 
 
 def check_run(config: ConfigSource, workdir: str, processes: int = 1) -> RunConfig:
