@@ -75,3 +75,29 @@ def test_fixed_loop_gives_what_the_while_loop_gives(model):
 def test_an_unknown_decode_loop_is_refused():
     with pytest.raises(ValueError, match="decode_loop"):
         compiled_functions(None, 8, 64, 4, 2, "bksd", decode_loop="until")
+
+
+@pytest.mark.parametrize("decode_loop", ["while", "fixed"])
+def test_only_the_fixed_loop_has_a_trip_count_xla_knows(model, decode_loop):
+    """What ``fixed`` is for: XLA annotates its decode loop with the known trip count
+    ``decode_steps`` (so XLA:GPU need not read the loop's condition on the host each step);
+    the ``while`` loop's count depends on the data."""
+    eng = make_engine(model, decode_loop=decode_loop, warmup=False)
+    try:
+        c = eng.config
+        decode = compiled_functions(eng.graphdef, c.max_batch, c.max_length, c.decode_steps,
+                                    c.max_stop_ids, c.kv_layout, eng.decode_attention,
+                                    eng.decode_gemm, prefill_attention=eng.prefill_attention,
+                                    decode_loop=decode_loop)[0]
+        buffers = eng.scheduler.buffers
+        hlo = decode.lower((eng.weights.state, eng.weights.merged), eng.kv.cache, buffers.ints,
+                           buffers.floats, np.int32(c.decode_steps), np.bool_(False), 1
+                           ).compile().as_text()
+    finally:
+        eng.close()
+    counts = [line.split('"known_trip_count":{"n":"')[1].split('"')[0]
+              for line in hlo.splitlines() if "known_trip_count" in line]
+    if decode_loop == "fixed":
+        assert str(c.decode_steps) in counts, counts
+    else:
+        assert str(c.decode_steps) not in counts, counts

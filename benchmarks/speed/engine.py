@@ -107,7 +107,8 @@ def bench_engine(model, cfg, args, batch_prompts, decode_attention: str = "auto"
             f.result()
         before = engine.stats.as_dict()
         profile_dir = getattr(args, "profile", None)
-        trace = (jax.profiler.trace(os.path.join(profile_dir, decode_attention))
+        trace = (jax.profiler.trace(os.path.join(
+                     profile_dir, f"{decode_attention}_{decode_gemm}_{decode_loop}"))
                  if profile_dir else contextlib.nullcontext())
         with trace:  # --profile: an XLA device trace of the timed round (xprof / TensorBoard)
             t0 = time.perf_counter()

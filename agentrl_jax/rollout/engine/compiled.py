@@ -137,8 +137,10 @@ def compiled_functions(graphdef: Any, max_batch: int, max_length: int, decode_st
             return (i + 1, cache, jnp.where(active, tok, tokens), positions + step,
                     c[4] & ~done, remaining, counter + step, finished_any | jnp.any(done), outs)
 
-        if decode_loop == "fixed":
-            final = jax.lax.fori_loop(0, K, fixed_body, carry)
+        if decode_loop == "fixed":  # a counter from 0 below a constant: XLA knows the count
+            final = jax.lax.while_loop(lambda kc: kc[0] < K,
+                                       lambda kc: (kc[0] + 1, fixed_body(kc[0], kc[1])),
+                                       (jnp.int32(0), carry))[1]
         else:
             final = jax.lax.while_loop(cond, body, carry)
         steps, cache, outs = final[0], final[1], final[8]
