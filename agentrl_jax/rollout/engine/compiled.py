@@ -32,7 +32,7 @@ TEMP, TOPP, MINP = range(3)
 #: the decode call's loop: ``while`` stops as soon as its condition fails (a data-dependent
 #: ``lax.while_loop``: XLA:GPU reads the condition on the host every iteration); ``fixed`` runs
 #: ``decode_steps`` iterations (a trip count XLA knows) whose steps after the condition fails
-#: change nothing, so both return the same outputs, step count and cache
+#: change nothing, so both return the same valid outputs, step count and cache
 DECODE_LOOPS = ("while", "fixed")
 
 
@@ -105,7 +105,7 @@ def compiled_functions(graphdef: Any, max_batch: int, max_length: int, decode_st
         def body(c):
             return step_at(c[0], c, c[4])
 
-        def fixed_body(_, c):
+        def fixed_body(c):
             # a step runs while the while loop's condition would still hold (once false it
             # stays false: the count stops, slots only finish); after that every slot idles
             go = cond(c)
@@ -114,7 +114,7 @@ def compiled_functions(graphdef: Any, max_batch: int, max_length: int, decode_st
 
         def step_at(i, c, active):
             """One decode step of the slots ``active`` [B], its outputs written at row ``i``
-            (an idle slot's outputs: token 0, log-probs 0, not valid)."""
+            (an idle slot's: token 0, not valid)."""
             _, cache, tokens, positions, _, remaining, counter, finished_any, outs = c
             pos_in = jnp.where(active, positions, S)  # idle rows write nothing (position S)
             hidden, cache = forward(model, tokens[:, None], pos_in[:, None], cache,
@@ -126,7 +126,6 @@ def compiled_functions(graphdef: Any, max_batch: int, max_length: int, decode_st
                                             sample_index, counter, mode,
                                             one_pass=one_pass_sampler)
             tok = jnp.where(active, tok, 0)
-            lp, lp_raw = jnp.where(active, lp, 0.0), jnp.where(active, lp_raw, 0.0)
             step = active.astype(jnp.int32)
             remaining = remaining - step
             is_stop = jnp.any(tok[:, None] == stop_ids, axis=-1)
@@ -139,7 +138,7 @@ def compiled_functions(graphdef: Any, max_batch: int, max_length: int, decode_st
 
         if decode_loop == "fixed":  # a counter from 0 below a constant: XLA knows the count
             final = jax.lax.while_loop(lambda kc: kc[0] < K,
-                                       lambda kc: (kc[0] + 1, fixed_body(kc[0], kc[1])),
+                                       lambda kc: (kc[0] + 1, fixed_body(kc[1])),
                                        (jnp.int32(0), carry))[1]
         else:
             final = jax.lax.while_loop(cond, body, carry)
