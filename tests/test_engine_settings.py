@@ -146,3 +146,26 @@ def test_accelerator_resolution_by_hand():
     assert (dense.prefill_chunks, dense.prefill_kv_buckets) == ((64, 256, 1024), (512, 1024, 2048))
     # tensor-parallel: no Pallas kernel, no merged GEMMs
     assert (dense.decode_attention, dense.decode_gemm) == ("dense", "xla")
+
+
+def test_a_gpu_default_kernel_lost_to_the_length_is_said(caplog):
+    """A max_length that is no multiple of 16 rules the decode kernels out: auto on a GPU falls
+    back to dense with a warning naming a length that fits (the side-by-side benchmark once ran
+    dense unawares at 385); on a CPU, where auto is dense anyway, and for a tensor-parallel
+    group, where dense is the design, nothing is said."""
+    wide = dataclasses.replace(TINY, head_dim=32)
+    with caplog.at_level("WARNING", logger="agentrl_jax.rollout.engine.attention_choice"):
+        gpu = resolve_engine_config(EngineConfig(max_length=385), "gpu", 1, wide)
+    assert gpu.decode_attention == "dense"
+    said = [r.getMessage() for r in caplog.records if "decode attention" in r.getMessage()]
+    assert said == ["ragged_fused decode attention is not available with max_length=385 "
+                    "(not a multiple of 16; e.g. 400 is); using dense"]
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="agentrl_jax.rollout.engine.attention_choice"):
+        assert resolve_engine_config(EngineConfig(max_length=385), "cpu", 1, wide
+                                     ).decode_attention == "dense"
+        assert resolve_engine_config(EngineConfig(max_length=400), "gpu", 2, wide
+                                     ).decode_attention == "dense"
+        assert resolve_engine_config(EngineConfig(max_length=400), "gpu", 1, wide
+                                     ).decode_attention == "ragged_fused"
+    assert not [r for r in caplog.records if "decode attention" in r.getMessage()]

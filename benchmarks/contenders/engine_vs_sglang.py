@@ -158,7 +158,10 @@ def run_ours(spec: dict[str, Any]) -> dict[str, Any]:
     batch, decode_tokens = len(prompts), spec["decode_tokens"]
     prompt_len = len(prompts[0])
     chunk = 1 << (prompt_len - 1).bit_length()
-    config = EngineConfig(max_batch=batch, max_length=prompt_len + decode_tokens + 1,
+    # the decode kernels need a max_length divisible by 16 (else the engine compiles dense
+    # attention, which is not what a GPU run uses): the cache is rounded up to the next one
+    max_length = -(-(prompt_len + decode_tokens + 1) // 16) * 16
+    config = EngineConfig(max_batch=batch, max_length=max_length,
                           dtype=dtype, decode_steps=spec["decode_steps"], prefill_chunks=(chunk,),
                           prefill_tokens=max(chunk, 8192), prefill_kv_buckets=())
     t0 = time.perf_counter()

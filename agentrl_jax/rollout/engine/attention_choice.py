@@ -39,17 +39,21 @@ def resolve_decode_attention(config: EngineConfig, model: ModelConfig, platform:
     ``*_interpret`` forms off GPUs) or ``dense``. Besides ``_kernel_blocker``'s conditions the
     kernels need a ``max_length`` divisible by 16; the fused kernel also needs at most 16 query
     heads per KV head and a head dim divisible by 32 (otherwise ragged). An explicitly chosen
-    kernel that cannot run is logged as a warning and replaced by dense."""
+    kernel that cannot run is logged as a warning and replaced by dense; so is a GPU's default
+    kernel that ``max_length`` alone rules out."""
     choice = config.resolved_decode_attention(platform)
     if choice not in (RAGGED, FUSED):
         return DENSE
     why = _kernel_blocker(config, tensor_parallel)
-    if why is None and ragged_tiling(config.max_length) is None:
-        why = f"max_length={config.max_length} (not a multiple of 16)"
+    length_blocks = why is None and ragged_tiling(config.max_length) is None
+    if length_blocks:
+        fits = -(-config.max_length // 16) * 16
+        why = f"max_length={config.max_length} (not a multiple of 16; e.g. {fits} is)"
     if why is not None:
-        if config.decode_attention in (RAGGED, FUSED):
-            log.warning("%s decode attention is not available with %s; using dense",
-                        config.decode_attention, why)
+        # an explicit kernel, or a GPU's default one lost to the length alone (dense decode is
+        # much slower there, and the fix is the caller's): said; other blockers are choices
+        if config.decode_attention in (RAGGED, FUSED) or (length_blocks and platform == "gpu"):
+            log.warning("%s decode attention is not available with %s; using dense", choice, why)
         return DENSE
     if choice == FUSED and unsupported_shape(model.num_heads, model.num_kv_heads, model.head_dim):
         choice = RAGGED
