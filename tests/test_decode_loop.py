@@ -5,6 +5,7 @@ steps and calls and KV cache, and the same greedy tokens as a plain argmax loop 
 
 from __future__ import annotations
 
+import jax
 import numpy as np
 import pytest
 
@@ -74,7 +75,7 @@ def test_fixed_loop_gives_what_the_while_loop_gives(model):
 
 def test_an_unknown_decode_loop_is_refused():
     with pytest.raises(ValueError, match="decode_loop"):
-        compiled_functions(None, 8, 64, 4, 2, "bksd", decode_loop="until")
+        compiled_functions(None, None, 8, 64, 4, 2, "bksd", decode_loop="until")
 
 
 @pytest.mark.parametrize("decode_loop", ["while", "fixed"])
@@ -85,12 +86,13 @@ def test_only_the_fixed_loop_has_a_trip_count_xla_knows(model, decode_loop):
     eng = make_engine(model, decode_loop=decode_loop, warmup=False)
     try:
         c = eng.config
-        decode = compiled_functions(eng.graphdef, c.max_batch, c.max_length, c.decode_steps,
+        decode = compiled_functions(eng.graphdef, jax.tree.structure(eng.weights.state),
+                                    c.max_batch, c.max_length, c.decode_steps,
                                     c.max_stop_ids, c.kv_layout, eng.decode_attention,
                                     eng.decode_gemm, prefill_attention=eng.prefill_attention,
                                     decode_loop=decode_loop)[0]
         buffers = eng.scheduler.buffers
-        hlo = decode.lower((eng.weights.state, eng.weights.merged), eng.kv.cache, buffers.ints,
+        hlo = decode.lower((eng.weights.leaves, eng.weights.merged), eng.kv.cache, buffers.ints,
                            buffers.floats, np.int32(c.decode_steps), np.bool_(False), 1
                            ).compile().as_text()
     finally:

@@ -77,7 +77,7 @@ class Harness:
         self.inbox = EngineInbox(max_queue=1 << 20)
         functions = EngineFunctions(decode=self._decode, prefill=None, copy_rows=None,
                                     merge=None)
-        weights = types.SimpleNamespace(state=None, merged=None, version="v0")
+        weights = types.SimpleNamespace(state=None, leaves=None, merged=None, version="v0")
         kv = types.SimpleNamespace(cache=None, released=False)
         self.scheduler = Scheduler(self.config, functions, weights, kv, self.inbox,
                                    EngineStats(), tokenizer(), TINY.vocab_size, False)

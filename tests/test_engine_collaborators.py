@@ -41,7 +41,7 @@ def _scheduler(max_batch: int, max_queue: int = 8, **config: Any) -> Scheduler:
     """A real scheduler with no device (nothing here launches a device call)."""
     c = EngineConfig(max_batch=max_batch, max_length=64, max_queue=max_queue, **config)
     functions = EngineFunctions(decode=None, prefill=None, copy_rows=None, merge=None)
-    weights = types.SimpleNamespace(state=None, merged=None, version="0")
+    weights = types.SimpleNamespace(state=None, leaves=None, merged=None, version="0")
     kv = types.SimpleNamespace(cache=None, released=False)
     return Scheduler(c, functions, weights, kv, EngineInbox(max_queue), EngineStats(), None,
                      TINY.vocab_size, packed_prefill=False)
@@ -213,7 +213,12 @@ def test_weights_swap_replaces_the_state_and_rebuilds_the_merged_copy() -> None:
     assert weights.version == "0" and len(merges) == 1
     old_merged = weights.merged
     new_state = weights.prepare(tiny_model(1))
+    old_leaves = weights.leaves
     assert weights.swap(new_state) == "1" and weights.state is new_state
+    # the compiled calls take the leaves: they follow the swap, the same arrays, in tree order
+    assert len(weights.leaves) == len(old_leaves) and all(
+        a is b for a, b in zip(weights.leaves, jax.tree.leaves(new_state)))
+    assert not any(a is b for a, b in zip(weights.leaves, old_leaves))
     assert old_merged.is_deleted() and merges[-1] is new_state
     np.testing.assert_array_equal(weights.merged, np.full((4,), 2.0))
     assert weights.release_merged() == 16 and weights.merged is None

@@ -59,7 +59,7 @@ class Harness:
         self.inbox = EngineInbox(max_queue=1 << 20)
         functions = EngineFunctions(decode=None, prefill=self._prefill, copy_rows=None,
                                     merge=None)
-        weights = types.SimpleNamespace(state=None, merged=None, version="0")
+        weights = types.SimpleNamespace(state=None, leaves=None, merged=None, version="0")
         kv = types.SimpleNamespace(cache=_Cache(), released=False)
         self.scheduler = Scheduler(config, functions, weights, kv, self.inbox, EngineStats(),
                                    None, 49152, packed)
@@ -107,7 +107,7 @@ def reference_run_prefill(h: Harness) -> None:
         counts.append(n)
     kv = c.prefill_kv(chunk, max((start + n for (_, start, _), n in zip(pieces, counts)),
                                  default=0))
-    self.kv.cache = self.functions.prefill(self.weights.state, self.kv.cache, slot_ids, tokens,
+    self.kv.cache = self.functions.prefill(self.weights.leaves, self.kv.cache, slot_ids, tokens,
                                            positions, kv)
     stats, used = self.stats, sum(n > 0 for n in counts)
     stats.prefill_calls += 1

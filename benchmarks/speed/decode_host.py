@@ -150,7 +150,7 @@ class Harness:
         self.inbox = EngineInbox(max_queue=1 << 20)
         functions = EngineFunctions(decode=self._decode, prefill=None, copy_rows=None,
                                     merge=None)
-        weights = types.SimpleNamespace(state=None, merged=None, version="0")
+        weights = types.SimpleNamespace(state=None, leaves=None, merged=None, version="0")
         kv = types.SimpleNamespace(cache=None, released=False)
         self.classes = sys.modules[scheduler_cls.__module__]  # its Request, Seq, EngineStats
         self.scheduler = scheduler_cls(self.config, functions, weights, kv, self.inbox,

@@ -106,8 +106,10 @@ def run_contender(impl: str, cfg, args, scenarios, platform_name: str) -> dict[s
     kernel = {"dense": DENSE, "flash": FLASH if gpu else FLASH_INTERPRET,
               "flash_in_cache": FLASH_IN_CACHE if gpu else FLASH_IN_CACHE_INTERPRET}[impl]
     graphdef, state = nnx.split(init_model(cfg, seed=0))
-    _, prefill, _, _ = compiled_functions(graphdef, args.slots, args.max_length, 8, 8,
-                                          HEAD_MAJOR, DENSE, "xla", prefill_attention=kernel)
+    _, prefill, _, _ = compiled_functions(graphdef, jax.tree.structure(state), args.slots,
+                                          args.max_length, 8, 8, HEAD_MAJOR, DENSE, "xla",
+                                          prefill_attention=kernel)
+    leaves = tuple(jax.tree.leaves(state))  # as the engine passes its weights
     out: dict[str, Any] = {"prefill_attention": kernel, "scenarios": {}}
     for name, scenario in scenarios.items():
         cache = [new_cache(HEAD_MAJOR, cfg, args.slots, args.max_length)]
@@ -126,7 +128,7 @@ def run_contender(impl: str, cfg, args, scenarios, platform_name: str) -> dict[s
             kv = args.max_length
 
         def call():
-            cache[0] = prefill(state, cache[0], slot_ids, tokens, positions, kv)
+            cache[0] = prefill(leaves, cache[0], slot_ids, tokens, positions, kv)
             return cache[0].keys[-1]
 
         t0 = time.perf_counter()

@@ -50,7 +50,8 @@ class EngineFunctions:
 
 
 @functools.lru_cache(maxsize=16)
-def compiled_functions(graphdef: Any, max_batch: int, max_length: int, decode_steps: int,
+def compiled_functions(graphdef: Any, state_treedef: Any, max_batch: int, max_length: int,
+                       decode_steps: int,
                        max_stop_ids: int, kv_layout: str, decode_attention: str = DENSE,
                        decode_gemm: str = "xla", one_pass_sampler: bool = False,
                        prefill_attention: str = DENSE, decode_loop: str = "while"
@@ -60,11 +61,15 @@ def compiled_functions(graphdef: Any, max_batch: int, max_length: int, decode_st
     itself keys on the inputs' devices, so replicas on different devices compile their own
     executables).
 
-    ``decode((state, merged), cache, ints [B, C], floats [B, 3], num_steps, exit_on_finish,
+    ``decode((leaves, merged), cache, ints [B, C], floats [B, 3], num_steps, exit_on_finish,
     mode)`` -> ``(cache, (tokens, logprobs, raw logprobs, valid) each [decode_steps, B], steps)``;
-    ``prefill(state, cache, slot_ids [R], tokens [R, T], positions [R, T], kv_len)`` -> cache
+    ``prefill(leaves, cache, slot_ids [R], tokens [R, T], positions [R, T], kv_len)`` -> cache
     (static ``kv_len``: the rows' first ``kv_len`` positions are read and written);
-    ``copy_rows(cache, src [N], dst [N])`` -> cache (rows ``>= B`` are dropped);
+    ``leaves``: the served ``nnx.State``'s leaves (``jax.tree.leaves``, a tuple), rebuilt
+    inside with ``state_treedef`` (``jax.tree.structure`` of that state): a tuple of arrays
+    crosses the jit boundary in C++, where an ``nnx.State`` is flattened by Python on every
+    call (docs/PERFORMANCE.md, "The weights as leaves"). ``copy_rows(cache, src [N], dst [N])``
+    -> cache (rows ``>= B`` are dropped);
     ``merge(state)`` -> ``merged``: the q/k/v and gate/up weights concatenated
     (``forward.merge_projections``; None for ``decode_gemm="xla"``), built by the engine once per
     weight version and passed to every decode call. ``decode_gemm``: one of
@@ -81,8 +86,8 @@ def compiled_functions(graphdef: Any, max_batch: int, max_length: int, decode_st
     B, S, K, M = max_batch, max_length, decode_steps, max_stop_ids
 
     def decode(weights, cache, ints, floats, num_steps, exit_on_finish, mode):
-        state, merged = weights
-        model = nnx.merge(graphdef, state)
+        leaves, merged = weights
+        model = nnx.merge(graphdef, jax.tree.unflatten(state_treedef, leaves))
         # the learner's LM head: compute-dtype operands, float32 logits (bf16-rounded logits
         # would put ~0.06 of noise on a logit of 20 and skew the PPO ratio)
         head = lm_head_f32(model)
@@ -147,8 +152,8 @@ def compiled_functions(graphdef: Any, max_batch: int, max_length: int, decode_st
 
     seq_axis = 2 if kv_layout == HEAD_MAJOR else 1  # [B, K, S, Dh] or [B, S, K, Dh]
 
-    def prefill(state, cache, slot_ids, tokens, positions, kv_len):
-        model = nnx.merge(graphdef, state)
+    def prefill(leaves, cache, slot_ids, tokens, positions, kv_len):
+        model = nnx.merge(graphdef, jax.tree.unflatten(state_treedef, leaves))
         if prefill_attention in (FLASH_IN_CACHE, FLASH_IN_CACHE_INTERPRET) and \
                 unsupported_prefill_shape(tokens.shape[1], max_length, model.cfg.head_dim) is None:
             # the rows stay in the cache: keys / values written at (slot, position), the

@@ -132,8 +132,8 @@ class Engine(BatchedSamplesBackend):
                                                          FLASH_IN_CACHE_INTERPRET)
         self.decode_gemm = c.decode_gemm
         decode, prefill, copy_rows, merge = compiled_functions(
-            self.graphdef, c.max_batch, c.max_length, c.decode_steps, c.max_stop_ids,
-            c.kv_layout, self.decode_attention, self.decode_gemm,
+            self.graphdef, jax.tree.structure(abstract_state), c.max_batch, c.max_length,
+            c.decode_steps, c.max_stop_ids, c.kv_layout, self.decode_attention, self.decode_gemm,
             one_pass_sampler=platform == "gpu", prefill_attention=self.prefill_attention,
             decode_loop=c.decode_loop)
         # a compile after the warm-up (a sampling mode first used, a shape it did not cover) is
@@ -205,11 +205,11 @@ class Engine(BatchedSamplesBackend):
         fns, weights, memory = self.functions, self.weights, self.kv
         floats = self.scheduler.buffers.floats
         for mode in (GREEDY, SAMPLE):  # top-k/p/min-p (SAMPLE_FILTERED): on first use
-            calls.append((fns.decode, ((weights.state, weights.merged), memory.cache, ints, floats,
+            calls.append((fns.decode, ((weights.leaves, weights.merged), memory.cache, ints, floats,
                                        np.int32(1), np.bool_(False), mode), 1))
         for chunk, rows, kv in c.prefill_shapes(self.packed_prefill):
             calls.append((fns.prefill, (
-                weights.state, memory.cache, np.full((rows,), c.max_batch, np.int32),
+                weights.leaves, memory.cache, np.full((rows,), c.max_batch, np.int32),
                 np.zeros((rows, chunk), np.int32),
                 np.full((rows, chunk), c.max_length, np.int32), kv), 1))
         calls.append((fns.copy_rows, (memory.cache, np.zeros((n,), np.int32),

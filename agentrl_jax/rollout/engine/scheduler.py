@@ -262,7 +262,7 @@ class Scheduler:
                                      default=0))
         t0 = self.stats.clocks()
         kv_memory = self.kv
-        kv_memory.cache = self.functions.prefill(self.weights.state, kv_memory.cache, slot_ids,
+        kv_memory.cache = self.functions.prefill(self.weights.leaves, kv_memory.cache, slot_ids,
                                                   tokens, positions, kv)
         t_dispatched = time.perf_counter()
         self.deliver()  # (deliver_after_launch) while the device computes
@@ -341,7 +341,7 @@ class Scheduler:
         t0 = self.stats.clocks()
         weights, kv_memory = self.weights, self.kv
         kv_memory.cache, outs, steps = self.functions.decode(
-            (weights.state, weights.merged), kv_memory.cache, buffers.ints, buffers.floats,
+            (weights.leaves, weights.merged), kv_memory.cache, buffers.ints, buffers.floats,
             np.int32(c.decode_steps),
             np.bool_(waiting_for_slot), mode)
         t_dispatched = time.perf_counter()

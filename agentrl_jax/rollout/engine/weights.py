@@ -54,7 +54,8 @@ def next_version(current: str, requested: str | None) -> str:
 class EngineWeights:
     """The weights one engine serves.
 
-    Owns: ``state`` (an ``nnx.State`` committed to the engine's shardings), ``merged`` (the
+    Owns: ``state`` (an ``nnx.State`` committed to the engine's shardings), ``leaves`` (its
+    leaves as a tuple, what the compiled decode and prefill take), ``merged`` (the
     q/k/v and gate/up weights concatenated for the decode GEMMs, ``compiled.merge(state)``;
     ``None`` while the KV cache is released, and always ``None`` for ``decode_gemm="xla"``) and
     ``version`` (a string; ``"0"`` at start). ``merge``: the compiled merge function.
@@ -69,6 +70,7 @@ class EngineWeights:
         self._weights_dtype = weights_dtype
         self._merge = merge
         self.state: nnx.State = self.prepare(params)
+        self.leaves: tuple[jax.Array, ...] = tuple(jax.tree.leaves(self.state))
         self.merged: Any = merge(self.state)
         self.version = "0"
 
@@ -103,6 +105,7 @@ class EngineWeights:
         returns the new version (:func:`next_version`). The old merged weights are deleted
         before the new ones are built, so a swap holds one merged copy, not two."""
         self.state = state
+        self.leaves = tuple(jax.tree.leaves(state))
         if self.merged is not None:
             for x in jax.tree.leaves(self.merged):
                 x.delete()
