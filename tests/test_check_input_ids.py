@@ -1,10 +1,12 @@
-"""check_input_ids: the fast path for plain int lists and the general path agree with a
-reference written here, and the result never aliases the caller's list."""
+"""check_input_ids: the C-level path and the element-by-element one agree with a reference
+written here (ints and numpy ints in [0, vocab), bools, floats, strings and None refused),
+the result is a new int32 array that never aliases the caller's list."""
 
 import numpy as np
 import pytest
 
-from agentrl_jax.rollout.contract import InvalidRequestError, check_input_ids
+from agentrl_jax.rollout.contract import InvalidRequestError
+from agentrl_jax.rollout.engine.prompt_ids import check_input_ids
 
 
 def reference(ids, vocab, max_length):
@@ -31,18 +33,34 @@ def test_agrees_with_the_reference(case):
     elif kind == 2:
         ids = tuple(ids)
     elif kind == 3 and n > 2:
-        ids[n // 2] = [True, 1.5, "3", None][(case // 4) % 4]
+        ids[n // 2] = [True, 1.5, "3", None, np.True_, np.float64(2.0), False,
+                       np.int32(7)][(case // 4) % 8]
     want = reference(ids, 100, 30)
     if want is None:
         with pytest.raises(InvalidRequestError):
             check_input_ids(ids, 100, 30)
     else:
         got = check_input_ids(ids, 100, 30)
-        assert got == want and all(type(t) is int for t in got)
+        assert isinstance(got, np.ndarray) and got.dtype == np.int32 and got.tolist() == want
 
 
 def test_returns_a_copy():
     ids = [5, 6, 7]
     out = check_input_ids(ids, 10, 10)
+    ids[0] = 9
     ids.append(8)
-    assert out == [5, 6, 7]
+    assert out.tolist() == [5, 6, 7]
+
+
+def test_ids_past_int64_and_past_int32_are_refused_with_their_values():
+    """An int past int64 cannot be converted; without a vocabulary the ids must still fit the
+    int32 prompt array (no silent wrap-around)."""
+    with pytest.raises(InvalidRequestError, match=r"1 token ids outside .* e.g. \[" + str(2**70)):
+        check_input_ids([1, 2, 2**70], 100, 30)
+    with pytest.raises(InvalidRequestError, match=r"outside the vocabulary \[0, 2147483648\)"):
+        check_input_ids([1, 2**31], None, None)
+    with pytest.raises(InvalidRequestError, match=r"e.g. \[-1\]"):
+        check_input_ids([-1, 3], None, None)
+    assert check_input_ids([2**31 - 1, 0], None, None).tolist() == [2**31 - 1, 0]
+    with pytest.raises(InvalidRequestError, match="only integers, found str"):
+        check_input_ids([2**70, "x"], 100, 30)  # the type is named, not a crash

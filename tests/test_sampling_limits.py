@@ -24,7 +24,8 @@ import pytest
 
 from agentrl_jax.rollout import sampling_limits as limits
 from agentrl_jax.rollout.contract import (InvalidRequestError, RequestFailedError, RolloutError,
-                                      SamplingParams, check_input_ids)
+                                      SamplingParams)
+from agentrl_jax.rollout.engine.prompt_ids import check_input_ids
 from rollout_helpers import (ENGINE_KW, TINY, byte_tokenizer, make_engine, random_prompt,
                              start_server, tiny_model)
 

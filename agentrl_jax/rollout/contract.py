@@ -387,51 +387,8 @@ def create_backend(name_or_config: str | dict[str, Any], **config: Any) -> Rollo
     return ROLLOUT_BACKENDS.get(name).from_config(**config)
 
 
-def check_input_ids(input_ids: Sequence[Any], vocab_size: int | None, max_length: int | None
-                    ) -> list[int]:
-    """Validate a prompt: a non-empty list of ints inside the vocabulary, shorter than the
-    context. Returns it as a plain list."""
-    if not isinstance(input_ids, (list, tuple)) or not input_ids:
-        raise InvalidRequestError("input_ids must be a non-empty list of integers")
-    if type(input_ids) is list and all(type(t) is int for t in input_ids):
-        # the common case (the actor pool's own lists): a type check and a copy (the caller may
-        # extend its list later), faster than converting element by element on a multi-turn
-        # context (docs/PERFORMANCE.md); anything else takes the element-by-element path below
-        out = list(input_ids)
-    else:
-        out = _as_int_list(input_ids)
-    if vocab_size is not None and (min(out) < 0 or max(out) >= vocab_size):
-        bad = [t for t in out if not 0 <= t < vocab_size]
-        raise InvalidRequestError(
-            f"input_ids contain {len(bad)} token ids outside the vocabulary [0, {vocab_size}),"
-            f" e.g. {bad[:5]}")
-    if max_length is not None and len(out) >= max_length:
-        raise InvalidRequestError(
-            f"prompt has {len(out)} tokens; the context length is {max_length}, so prompts "
-            f"must have at most {max_length - 1} tokens")
-    return out
-
-
-def _as_int_list(input_ids: Sequence[Any]) -> list[int]:
-    """The ids as Python ints (numpy integers converted; bools and other types refused)."""
-    out = []
-    for t in input_ids:
-        if isinstance(t, bool) or not isinstance(t, int):
-            try:  # numpy integers
-                import numpy as np
-                if isinstance(t, np.integer):
-                    t = int(t)
-                else:
-                    raise TypeError
-            except TypeError:
-                raise InvalidRequestError(
-                    f"input_ids must contain only integers, found {type(t).__name__}") from None
-        out.append(t)
-    return out
-
-
 __all__ = ["SamplingParams", "GenerateResult", "RolloutBackend", "RolloutError",
            "RequestFailedError",
            "InvalidRequestError", "OverloadedError", "BackendUnavailableError",
-           "register_backend", "create_backend", "available_backends", "check_input_ids",
+           "register_backend", "create_backend", "available_backends",
            "FINISH_REASONS"]

@@ -67,8 +67,7 @@ from agentrl_jax.models.config import ModelConfig
 from agentrl_jax.models.llama import CausalLM, abstract_model
 from agentrl_jax.models.weights import LoadCancelled
 from agentrl_jax.rollout.contract import (BatchedSamplesBackend, GenerateResult,
-                                          InvalidRequestError, SamplingParams, WeightSource,
-                                          check_input_ids)
+                                          InvalidRequestError, SamplingParams, WeightSource)
 from agentrl_jax.rollout.engine.attention_choice import (resolve_decode_attention,
                                                          resolve_prefill_attention)
 from agentrl_jax.rollout.engine.compiled import STOP, EngineFunctions, compiled_functions
@@ -79,6 +78,7 @@ from agentrl_jax.rollout.engine.forward import FLASH_IN_CACHE, FLASH_IN_CACHE_IN
 from agentrl_jax.rollout.engine.inbox import EngineInbox
 from agentrl_jax.rollout.engine.kv_memory import KVCacheMemory
 from agentrl_jax.rollout.engine.placement import EnginePlacement
+from agentrl_jax.rollout.engine.prompt_ids import check_input_ids
 from agentrl_jax.rollout.engine.resolution import resolve_engine_config
 from agentrl_jax.rollout.engine.requests import EngineStats, Request, Seq
 from agentrl_jax.rollout.engine.sampling import GREEDY, SAMPLE
@@ -265,8 +265,8 @@ class Engine(BatchedSamplesBackend):
                 "vocab_size": self.vocab_size, "max_stop_ids": c.max_stop_ids,
                 "option_tokens": len(options) if options is not None else 0}
 
-    def validate(self, input_ids: Any, sampling: SamplingParams) -> list[int]:
-        """Check a request (raises ``InvalidRequestError``); returns the ids as a list. The
+    def validate(self, input_ids: Any, sampling: SamplingParams) -> np.ndarray:
+        """Check a request (raises ``InvalidRequestError``); returns the ids, int32 ``[L]``. The
         sampling parameters are checked against ``sampling_limits.py`` with this engine's
         bounds (``n <= max_batch``, ``max_new_tokens <= max_length``, stop ids in the
         vocabulary)."""

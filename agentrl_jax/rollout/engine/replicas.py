@@ -30,6 +30,8 @@ import logging
 import threading
 from typing import Any, Sequence
 
+import numpy as np
+
 from agentrl_jax.rollout.contract import (BackendUnavailableError, BatchedSamplesBackend,
                                       GenerateResult, SamplingParams, WeightSource)
 from agentrl_jax.rollout.engine.engine import Engine, EngineConfig
@@ -352,7 +354,7 @@ class EngineReplicas(BatchedSamplesBackend):
     async def aclose(self) -> None:
         await self._each("close")
 
-    def validate(self, input_ids: Any, sampling: SamplingParams) -> list[int]:
+    def validate(self, input_ids: Any, sampling: SamplingParams) -> np.ndarray:
         return self.replicas[0].validate(input_ids, sampling)
 
     def submit(self, input_ids: Any, sampling: SamplingParams | None = None,

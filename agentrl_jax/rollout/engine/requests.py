@@ -18,7 +18,7 @@ WAITING, PREFILL, FORK_WAIT, DECODE, DONE = "waiting", "prefill", "fork_wait", "
 class Request:
     """One ``generate`` call: its prompt, sampling parameters and ``n`` sequences."""
 
-    def __init__(self, rid: str, input_ids: list[int], sampling: SamplingParams,
+    def __init__(self, rid: str, input_ids: np.ndarray | list[int], sampling: SamplingParams,
                  session_id: str | None, future: concurrent.futures.Future, seed: int):
         self.rid = rid
         self.input_ids = input_ids
@@ -33,10 +33,16 @@ class Request:
         self._ids: np.ndarray | None = None
 
     def ids(self) -> np.ndarray:
-        """``input_ids`` as int32 ``[L]``, converted once (prefill rows are slices of it)."""
+        """``input_ids`` as int32 ``[L]`` (prefill rows are slices of it): the array
+        ``check_input_ids`` made at submission, or a list converted once."""
         if self._ids is None:
             self._ids = np.asarray(self.input_ids, np.int32)
         return self._ids
+
+    def prompt_key(self) -> bytes:
+        """The prompt as a dictionary key (requests with the same prompt share its prefill):
+        the int32 ids' bytes, hashed in C."""
+        return self.ids().tobytes()
 
 
 class Seq:
@@ -59,7 +65,7 @@ class Seq:
         self.stop_set = set(stop_ids)
         self.forks: list[Seq] = []
         self.stop_text: str | None = None  # output text when a stop string matched
-        self.prompt_key: tuple[int, ...] | None = None  # set while others may share its prefill
+        self.prompt_key: bytes | None = None  # set while others may share its prefill
 
 
 @dataclasses.dataclass

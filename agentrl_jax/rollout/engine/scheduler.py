@@ -42,9 +42,9 @@ class Scheduler:
     Owns: ``slots`` (the slot table and session prefix cache, ``slots.py``), ``slot_seq``
     (slot -> the sequence in it), the queues -- ``waiting`` requests without slots,
     ``prefill_queue`` sequences to prefill, ``fork_ready`` prefilled sequences whose row is
-    copied to others -- ``prompt_leaders`` (prompt ids -> the sequence prefilling them, for
-    ``share_prompts``), ``buffers`` (the per-slot decode state and outputs,
-    ``slot_buffers.py``) and ``deliveries`` (finished requests whose futures are not set yet).
+    copied to others -- ``prompt_leaders`` (a prompt's key, ``Request.prompt_key``, -> the
+    sequence prefilling it, for ``share_prompts``), ``buffers`` (the per-slot decode state and
+    outputs, ``slot_buffers.py``) and ``deliveries`` (finished requests whose futures are not set yet).
     It uses, without owning them: the compiled ``functions``, the served ``weights``, the
     ``kv`` cache memory, the ``inbox`` (it reports requests that leave the queue or finish)
     and the shared ``stats`` counters. Only the engine thread calls it.
@@ -69,7 +69,7 @@ class Scheduler:
         self.waiting: collections.deque[Request] = collections.deque()
         self.prefill_queue: list[Seq] = []
         self.fork_ready: list[Seq] = []
-        self.prompt_leaders: dict[tuple[int, ...], Seq] = {}
+        self.prompt_leaders: dict[bytes, Seq] = {}
         self.deliveries: list[Request] = []
 
     @property
@@ -185,7 +185,7 @@ class Scheduler:
             seq.cached_tokens = L - 1
             self.stats.cached_tokens += L - 1
             first.forks.append(seq)
-        key = tuple(req.input_ids) if c.share_prompts and reuse < L - 1 else None
+        key = req.prompt_key() if c.share_prompts and reuse < L - 1 else None
         leader = self.prompt_leaders.get(key) if key is not None and n == 1 else None
         if leader is not None and (leader.state != PREFILL or leader.slot is None):
             leader = None  # ended without its prefill (its followers were re-queued then)

@@ -36,7 +36,7 @@ sampling_params.temperature: Input should be greater than or equal to 0 (got -1)
 
 Token ids are validated by pydantic-core (``list[StrictInt]``), faster than the previous Python
 loop (docs/PERFORMANCE.md, "Rollout server request validation"). The prompt's
-vocabulary range stays with ``Engine.validate`` / ``check_input_ids``.
+vocabulary range stays with ``Engine.validate`` / ``engine.prompt_ids.check_input_ids``.
 """
 
 from __future__ import annotations
