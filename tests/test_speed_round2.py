@@ -20,22 +20,26 @@ F32_LEARNER = ["--set", "learner.dtype='float32'"]
 F32_ENGINE = ["--set", "rollout.engine_dtype='float32'"]
 
 
-def recorded_commands(tmp_path: Path, part: str, with_xla_flags: bool = False
+def recorded_commands(tmp_path: Path, part: str, with_xla_flags: bool = False,
+                      baseline: Path | None = None, with_cwd: bool = False
                       ) -> list[list[str]]:
-    """Run ``speed_round2.sh PART`` with a stand-in ``python3`` that records its arguments;
-    the command lines it ran, in order (``with_xla_flags``: each line starts with the
-    ``XLA_FLAGS`` it saw, "" when unset; the script starts without it)."""
+    """Run ``speed_round2.sh PART [baseline]`` with a stand-in ``python3`` that records its
+    arguments; the command lines it ran, in order (``with_xla_flags``: each line starts with
+    the ``XLA_FLAGS`` it saw, "" when unset; the script starts without it; ``with_cwd``: with
+    the directory it ran in)."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     calls = tmp_path / "calls.jsonl"
     fake = bin_dir / "python3"
     head = "[os.environ.get(\'XLA_FLAGS\', \'\')] + " if with_xla_flags else ""
+    head += "[os.getcwd()] + " if with_cwd else ""
     fake.write_text("#!/bin/sh\nexec " + json.dumps(sys.executable) +
                     ' -c "import json, os, sys; open(sys.argv[1], \'a\').write(json.dumps('
                     + head + 'sys.argv[2:]) + chr(10))" ' + json.dumps(str(calls)) + ' "$@"\n')
     fake.chmod(0o755)
     env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
-    done = subprocess.run(["bash", str(SCRIPT), part, str(tmp_path / "out")],
+    extra = [str(baseline)] if baseline is not None else []
+    done = subprocess.run(["bash", str(SCRIPT), part, str(tmp_path / "out"), *extra],
                           capture_output=True, text=True, timeout=60, check=False,
                           env={**env, "PATH": f"{bin_dir}:{env['PATH']}"})
     assert done.returncode == 0, done.stderr
@@ -149,3 +153,27 @@ def test_decode_loop_splits_the_sampler_from_the_loop_then_profiles_both_loops(t
     # the engine line runs twice (greedy, temperature 1), each profile line once
     assert [int(t) for t in re.findall(r"timeout (\d+) python3", part)] == [150, 110, 110]
     assert 2 * 150 + 2 * 110 <= 540
+
+
+def test_host_alternates_the_baseline_and_this_tree_at_20_turns(tmp_path):
+    """``host``: four rollout profiles of the recipe at horizon 20, the baseline tree's (run
+    in BASELINE_DIR) and this tree's in turn, no override but the horizon, every file its own,
+    within one call; without BASELINE_DIR it refuses to run."""
+    base = tmp_path / "baseline"
+    base.mkdir()
+    runs = recorded_commands(tmp_path, "host", baseline=base, with_cwd=True)
+    here = str(SCRIPT.parent.parent.parent)
+    assert [r[0] for r in runs] == [str(base), here, str(base), here]
+    for run in runs:
+        assert run[1:4] == ["benchmarks/speed/rollout_profile.py", *BASE]
+        assert run[run.index("--horizon") + 1] == "20" and "--set" not in run
+        assert run[run.index("--variants") + 1] == "base"
+    assert len({r[r.index("--json") + 1] for r in runs}) == 4
+    text = SCRIPT.read_text()
+    part = text[text.index("  host)"):]
+    part = part[:part.index(";;")]
+    assert [int(t) for t in re.findall(r"timeout (\d+) python3", part)] == [130, 130]
+    assert 4 * 130 <= 540
+    done = subprocess.run(["bash", str(SCRIPT), "host", str(tmp_path / "o2")],
+                          capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 2 and "host needs BASELINE_DIR" in done.stderr

@@ -14,6 +14,7 @@
 #   bash benchmarks/gpu/speed_round2.sh env OUT                     # BabyAI server replicas
 #   bash benchmarks/gpu/speed_round2.sh launch OUT                  # the decode loop on device
 #   bash benchmarks/gpu/speed_round2.sh decode_loop OUT             # sampler and loop, split
+#   bash benchmarks/gpu/speed_round2.sh host OUT BASELINE_DIR       # host work at 20 turns
 #
 # step:  the device copy bandwidth; then benchmarks/speed/rl_step.py (--variants packed, 6 steps,
 #        --fresh-process) of BASELINE_DIR (a checkout of the code before, e.g.
@@ -90,10 +91,18 @@
 #        (EngineConfig.decode_loop: a trip count XLA knows) in one process; then the rollout
 #        profile (variant base, 3 measured rollouts) as is and with `rollout.decode_loop`
 #        "fixed", each its own process. Timeouts 2 x 150 s and 2 x 110 s.
+# host:  the engine thread's host work at 20 turns, where it is the rollout's critical path
+#        (docs/PERFORMANCE.md, "Issue 49 on one H100: our engine beside SGLang in one command,
+#        the decode loop, the environment servers"), a baseline tree against this one (the
+#        weights as leaves, a prompt's intake: "The weights as leaves", "A prompt's intake"):
+#        the rollout profile (variant base, 3 measured rollouts, horizon 20) of BASELINE_DIR
+#        (e.g. `git archive 147dc4d agentrl_jax agentrl_common environments launch experiments
+#        benchmarks pyproject.toml | tar -x -C DIR`) and of this tree, alternating (baseline,
+#        this, baseline, this), each its own process. Timeouts 4 x 130 s.
 # Logs and JSON go to OUT; docs/PERFORMANCE.md quotes them with this command.
 set -u
 PARTS="step|parts|dtype|engine_dtype|prefill|prefill_bf16|learner_mfu|gil|trace|env|launch"
-PARTS="$PARTS|decode_loop"
+PARTS="$PARTS|decode_loop|host"
 USAGE="usage: speed_round2.sh $PARTS OUT [BASELINE_DIR]"
 PART=${1:?$USAGE}
 OUT=${2:?$USAGE}
@@ -243,6 +252,20 @@ case "$PART" in
         --variants base --rollouts 3 --set "rollout.decode_loop='fixed'" \
         --label "decode loop: fixed" \
         --json "$OUT/rollout_profile_fixed.json" > "$OUT/rollout_profile_fixed.log" 2>&1
+    ;;
+  host)
+    [ -n "$BASE" ] || { echo "host needs BASELINE_DIR ($USAGE)" >&2; exit 2; }
+    for round in 1 2; do
+      (cd "$BASE" && PYTHONPATH=$BASE:${PYTHONPATH:-} timeout 130 python3 \
+          benchmarks/speed/rollout_profile.py --config $CFG --replicas 1 --variants base \
+          --rollouts 3 --horizon 20 --label "baseline, round $round" \
+          --json "$OUT/rollout_profile_h20_baseline_$round.json" \
+          > "$OUT/rollout_profile_h20_baseline_$round.log" 2>&1)
+      timeout 130 python3 benchmarks/speed/rollout_profile.py --config $CFG --replicas 1 \
+          --variants base --rollouts 3 --horizon 20 --label "this tree, round $round" \
+          --json "$OUT/rollout_profile_h20_new_$round.json" \
+          > "$OUT/rollout_profile_h20_new_$round.log" 2>&1
+    done
     ;;
   *) echo "unknown part $PART ($PARTS)" >&2
      exit 2 ;;
