@@ -44,8 +44,8 @@ class Scheduler:
     ``prefill_queue`` sequences to prefill, ``fork_ready`` prefilled sequences whose row is
     copied to others -- ``prompt_leaders`` (a prompt's key, ``Request.prompt_key``, -> the
     sequence prefilling it, for ``share_prompts``), ``buffers`` (the per-slot decode state and
-    outputs, ``slot_buffers.py``) and ``deliveries`` (finished requests whose futures are not set yet).
-    It uses, without owning them: the compiled ``functions``, the served ``weights``, the
+    outputs, ``slot_buffers.py``) and ``deliveries`` (finished requests whose futures are not
+    set yet). It uses, without owning them: the compiled ``functions``, the served ``weights``, the
     ``kv`` cache memory, the ``inbox`` (it reports requests that leave the queue or finish)
     and the shared ``stats`` counters. Only the engine thread calls it.
     """
