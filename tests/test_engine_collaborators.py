@@ -219,6 +219,9 @@ def test_weights_swap_replaces_the_state_and_rebuilds_the_merged_copy() -> None:
     assert len(weights.leaves) == len(old_leaves) and all(
         a is b for a, b in zip(weights.leaves, jax.tree.leaves(new_state)))
     assert not any(a is b for a, b in zip(weights.leaves, old_leaves))
+    with pytest.raises(ValueError, match="structure"):  # leaves in the wrong places: refused
+        weights.swap({"not": jnp.zeros(())})
+    assert weights.state is new_state
     assert old_merged.is_deleted() and merges[-1] is new_state
     np.testing.assert_array_equal(weights.merged, np.full((4,), 2.0))
     assert weights.release_merged() == 16 and weights.merged is None

@@ -69,8 +69,10 @@ class EngineWeights:
         self._model_config = model_config
         self._weights_dtype = weights_dtype
         self._merge = merge
-        self.state: nnx.State = self.prepare(params)
-        self.leaves: tuple[jax.Array, ...] = tuple(jax.tree.leaves(self.state))
+        self._treedef = jax.tree.structure(abstract_state)  # what the compiled calls rebuild
+        self.state: nnx.State
+        self.leaves: tuple[jax.Array, ...]
+        self._serve(self.prepare(params))
         self.merged: Any = merge(self.state)
         self.version = "0"
 
@@ -104,14 +106,22 @@ class EngineWeights:
         """(Engine thread, between steps.) Serve ``state`` (from ``prepare``) from now on;
         returns the new version (:func:`next_version`). The old merged weights are deleted
         before the new ones are built, so a swap holds one merged copy, not two."""
-        self.state = state
-        self.leaves = tuple(jax.tree.leaves(state))
+        self._serve(state)
         if self.merged is not None:
             for x in jax.tree.leaves(self.merged):
                 x.delete()
             self.merged = self._merge(state)
         self.version = next_version(self.version, version)
         return self.version
+
+    def _serve(self, state: nnx.State) -> None:
+        """Make ``state`` and its leaves the served ones. The compiled calls rebuild the state
+        from the leaves with the abstract state's structure, so another structure would put
+        arrays in the wrong places: refused (``ValueError``)."""
+        leaves, treedef = jax.tree.flatten(state)
+        if treedef != self._treedef:
+            raise ValueError("the weights' structure is not the served model's")
+        self.state, self.leaves = state, tuple(leaves)
 
     def release_merged(self) -> int:
         """(Engine thread.) Delete the merged weights (with the KV cache); returns their bytes."""
