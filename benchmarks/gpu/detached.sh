@@ -101,6 +101,7 @@ case $mode in
     while :; do
       show_new_lines
       if [ -f "$dir/rc" ]; then
+        show_new_lines  # what it printed between the look above and its exit
         echo "detached: the command ended, exit $(cat "$dir/rc")"
         exit "$(cat "$dir/rc")"
       fi
