@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # A portable headless Chromium + chromedriver for MiniWoB++ on a machine without them (no root):
 # Debian's chromium packages and the shared libraries they need, fetched on a Debian machine,
-# carried in parts of < 60 MB, unpacked with `dpkg -x` into a prefix and run through wrapper
+# carried in parts of <= 38 MB, unpacked with `dpkg -x` into a prefix and run through wrapper
 # scripts that set LD_LIBRARY_PATH for the browser alone (exported for the whole shell, the
 # Debian libraries would also be loaded by Python and JAX).
 #
@@ -17,8 +17,10 @@
 # the C/C++ runtime, which every Linux has, and newer there than Debian 12's).
 if [[ "${BASH_SOURCE[0]}" == "$0" ]]; then set -euo pipefail; fi  # not in a sourcing shell
 
-PART_MB=${PART_MB:-55}    # a part folder holds at most this many MB
-PIECE_MB=${PIECE_MB:-40}  # packages larger than this are split into pieces of this size
+# A call's carry holds 64 MiB with the working tree (~23 MB), so a part is at most 38 MB; a
+# part of 53 MB (the old 55-MB default) did not travel and had to be split by hand.
+PART_MB=${PART_MB:-38}    # a part folder holds at most this many MB
+PIECE_MB=${PIECE_MB:-36}  # packages larger than this are split into pieces of this size
 # chromium, chromium-common, chromium-driver and what `ldd` of the browser, its driver and its
 # libraries resolves to on Debian 12 (libc6, libgcc-s1, libstdc++6 and zlib1g excluded: every
 # target has them), plus dbus, the fonts and fontconfig's configuration

@@ -99,10 +99,16 @@
 #        (e.g. `git archive 147dc4d agentrl_jax agentrl_common environments launch experiments
 #        benchmarks pyproject.toml | tar -x -C DIR`) and of this tree, alternating (baseline,
 #        this, baseline, this), each its own process. Timeouts 4 x 130 s.
+# gil20: what the engine thread waits for inside its prefill launches at 20 turns (~10 ms a
+#        call off the CPU: docs/PERFORMANCE.md, "The two host changes in a 20-turn rollout"):
+#        the rollout profile (one process, horizon 20, 3 measured rollouts a variant after a
+#        warm-up) with the variants base, switch (GIL switch interval 0.5 ms) and workers (the
+#        episodes in 4 actor worker processes: the event loop's Python leaves the engine's
+#        process). Timeout 360 s.
 # Logs and JSON go to OUT; docs/PERFORMANCE.md quotes them with this command.
 set -u
 PARTS="step|parts|dtype|engine_dtype|prefill|prefill_bf16|learner_mfu|gil|trace|env|launch"
-PARTS="$PARTS|decode_loop|host"
+PARTS="$PARTS|decode_loop|host|gil20"
 USAGE="usage: speed_round2.sh $PARTS OUT [BASELINE_DIR]"
 PART=${1:?$USAGE}
 OUT=${2:?$USAGE}
@@ -211,6 +217,12 @@ case "$PART" in
         --variants base,switch,workers,workers_switch --workers 4 --rollouts 3 \
         --label "GIL: switch interval, actor workers" --json "$OUT/rollout_profile_gil.json" \
         > "$OUT/rollout_profile_gil.log" 2>&1
+    ;;
+  gil20)
+    timeout 360 python3 benchmarks/speed/rollout_profile.py --config $CFG --replicas 1 \
+        --variants base,switch,workers --workers 4 --rollouts 3 --horizon 20 \
+        --label "GIL at 20 turns: switch interval, actor workers" \
+        --json "$OUT/rollout_profile_gil20.json" > "$OUT/rollout_profile_gil20.log" 2>&1
     ;;
   trace)
     timeout 240 python3 benchmarks/speed/rollout_profile.py --config $CFG --replicas 1 \
