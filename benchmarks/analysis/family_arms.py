@@ -162,6 +162,18 @@ ARMS: tuple[Arm, ...] = (
         "test",
     ),
     Arm(
+        "webnav",
+        "choice restricted to letters, the page's option order, 45 steps",
+        _numbered("results/webnav_choice_dev/webnav_choice_dev"),
+        "dev",
+    ),
+    Arm(
+        "webnav",
+        "choice restricted to letters, options shuffled each turn, 45 steps",
+        _numbered("results/webnav_choice_dev/webnav_shuffled_dev"),
+        "dev",
+    ),
+    Arm(
         "deepsearch",
         "grpo_gpu, free text, old lookup task set (100 s)",
         (
