@@ -370,8 +370,12 @@ class TestHTTP:
             assert len(scienceworld_jvms() - before) == 1
             await client.close(second)
 
-    def test_no_jvm_survives_the_server(self, server):
+    async def test_no_jvm_survives_the_server(self, server):
+        from environments.core.client import EnvClient
+
         srv, before = server
+        async with EnvClient(srv.url, timeout=120) as client:  # (the JVM starts with a world)
+            await client.create(task_id="find-non-living-thing/var=225")  # left open
         assert scienceworld_jvms() - before  # the server's JVM is alive while it runs
         srv.stop()
         assert wait_until(lambda: not (scienceworld_jvms() - before)), scienceworld_jvms() - before

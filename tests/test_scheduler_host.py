@@ -65,9 +65,15 @@ class Harness:
                                    None, 49152, packed)
         self.scheduler.prefill_done = self._prefill_done
 
-    def _prefill(self, state: Any, cache: Any, slot_ids: np.ndarray, tokens: np.ndarray,
-                 positions: np.ndarray, kv: int) -> _Cache:
-        self.calls.append((slot_ids.copy(), tokens.copy(), positions.copy(), np.int64(kv)))
+    def _prefill(self, state: Any, cache: Any, rows: np.ndarray, chunk: int, kv: int) -> _Cache:
+        """The call's one host array, read with the layout written out here: the tokens
+        ``[R, chunk]``, the positions ``[R, chunk]``, the slot ids ``[R]``."""
+        assert rows.dtype == np.int32 and rows.ndim == 1
+        n_rows = len(rows) // (2 * chunk + 1)
+        assert len(rows) == n_rows * (2 * chunk + 1)
+        n = n_rows * chunk
+        self.calls.append((rows[2 * n:].copy(), rows[:n].reshape(n_rows, chunk).copy(),
+                           rows[n:2 * n].reshape(n_rows, chunk).copy(), np.int64(kv)))
         return cache
 
     def _prefill_done(self, seq: Seq) -> None:
@@ -107,8 +113,8 @@ def reference_run_prefill(h: Harness) -> None:
         counts.append(n)
     kv = c.prefill_kv(chunk, max((start + n for (_, start, _), n in zip(pieces, counts)),
                                  default=0))
-    self.kv.cache = self.functions.prefill(self.weights.leaves, self.kv.cache, slot_ids, tokens,
-                                           positions, kv)
+    packed = np.concatenate([tokens.reshape(-1), positions.reshape(-1), slot_ids])
+    self.kv.cache = self.functions.prefill(self.weights.leaves, self.kv.cache, packed, chunk, kv)
     stats, used = self.stats, sum(n > 0 for n in counts)
     stats.prefill_calls += 1
     stats.prefill_positions += rows * chunk
@@ -263,8 +269,9 @@ def test_build_rows_random_pieces_against_a_loop() -> None:
             pos[:n] = np.arange(start, start + n)
             return True
 
-        slot_ids, tokens, positions, counts = build_rows(
+        call_rows, counts = build_rows(
             pieces, rows, chunk, 99, 5000, write, lambda s: True, lambda s: 10 + s)
+        slot_ids, tokens, positions = call_rows.slot_ids, call_rows.tokens, call_rows.positions
         ref_tok = np.zeros((rows, chunk), np.int32)
         ref_pos = np.full((rows, chunk), 5000, np.int32)
         ref_slots = np.full((rows,), 99, np.int32)
@@ -279,6 +286,10 @@ def test_build_rows_random_pieces_against_a_loop() -> None:
             ref_counts.append(n)
         assert counts == ref_counts
         assert_same([slot_ids, tokens, positions], [ref_slots, ref_tok, ref_pos])
+        # one host array: tokens, then positions, then slot ids (what the compiled call reads)
+        assert call_rows.rows == rows and call_rows.packed.dtype == np.int32
+        assert_same(call_rows.packed, np.concatenate([ref_tok.reshape(-1), ref_pos.reshape(-1),
+                                                      ref_slots]))
 
 
 def test_copy_blocks() -> None:

@@ -114,11 +114,11 @@ def new_rows(queue: list[Seq], packed: bool) -> tuple[np.ndarray, np.ndarray, np
     def write(seq: Seq, start: int, n: int, tok: np.ndarray, pos: np.ndarray) -> bool:
         return isolated(seq.req, Scheduler.prefill_row, seq, start, n, tok, pos)
 
-    slot_ids, tokens, positions, counts = build_rows(
+    call_rows, counts = build_rows(
         pieces, rows, chunk, MAX_BATCH, MAX_LENGTH, write, lambda s: s.state != DONE,
         lambda s: s.slot)
     kv = max((start + n for (_, start, _), n in zip(pieces, counts)), default=0)
-    return slot_ids, tokens, positions, kv
+    return call_rows.slot_ids, call_rows.tokens, call_rows.positions, kv
 
 
 def make_queue(rng: np.random.Generator, count: int, left: tuple[int, int],

@@ -97,6 +97,7 @@ def run_contender(impl: str, cfg, args, scenarios, platform_name: str) -> dict[s
 
     from agentrl_jax.models.llama import init_model
     from agentrl_jax.rollout.engine.compiled import compiled_functions
+    from agentrl_jax.rollout.engine.prefill_plan import pack_rows
     from agentrl_jax.rollout.engine.forward import (DENSE, FLASH, FLASH_IN_CACHE,
                                                     FLASH_IN_CACHE_INTERPRET, FLASH_INTERPRET,
                                                     HEAD_MAJOR, new_cache)
@@ -127,8 +128,10 @@ def run_contender(impl: str, cfg, args, scenarios, platform_name: str) -> dict[s
                                                         args.max_length, BLOCK_Q, buckets)
             kv = args.max_length
 
+        rows = pack_rows(slot_ids, tokens, positions)  # the engine's one host array
+
         def call():
-            cache[0] = prefill(leaves, cache[0], slot_ids, tokens, positions, kv)
+            cache[0] = prefill(leaves, cache[0], rows.packed, rows.chunk, kv)
             return cache[0].keys[-1]
 
         t0 = time.perf_counter()

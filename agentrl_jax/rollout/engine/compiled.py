@@ -21,6 +21,7 @@ from agentrl_jax.rollout.engine.forward import (DECODE_GEMM, DENSE, FLASH_IN_CAC
                                                 FLASH_IN_CACHE_INTERPRET, HEAD_MAJOR, forward,
                                                 map_cache, merge_projections)
 from agentrl_jax.kernels.prefill_attention import unsupported_prefill_shape
+from agentrl_jax.rollout.engine.prefill_plan import split_rows
 from agentrl_jax.rollout.engine.sampling import sample_tokens
 
 # Columns of the packed per-slot int32 array: last token, its position, active flag, tokens
@@ -63,8 +64,11 @@ def compiled_functions(graphdef: Any, state_treedef: Any, max_batch: int, max_le
 
     ``decode((leaves, merged), cache, ints [B, C], floats [B, 3], num_steps, exit_on_finish,
     mode)`` -> ``(cache, (tokens, logprobs, raw logprobs, valid) each [decode_steps, B], steps)``;
-    ``prefill(leaves, cache, slot_ids [R], tokens [R, T], positions [R, T], kv_len)`` -> cache
-    (static ``kv_len``: the rows' first ``kv_len`` positions are read and written);
+    ``prefill(leaves, cache, rows [R * (2T + 1)], T, kv_len)`` -> cache: ``rows`` a
+    ``prefill_plan.PrefillRows`` array (the tokens ``[R, T]``, the positions ``[R, T]`` and the
+    rows' slot ids ``[R]`` in one host array: one transfer, one GIL hand-off, where three
+    arrays took three); static ``T`` and ``kv_len`` (the rows' first ``kv_len`` positions are
+    read and written);
     ``leaves``: the served ``nnx.State``'s leaves (``jax.tree.leaves``, a tuple), rebuilt
     inside with ``state_treedef`` (``jax.tree.structure`` of that state): a tuple of arrays
     crosses the jit boundary in C++, where an ``nnx.State`` is flattened by Python on every
@@ -152,8 +156,9 @@ def compiled_functions(graphdef: Any, state_treedef: Any, max_batch: int, max_le
 
     seq_axis = 2 if kv_layout == HEAD_MAJOR else 1  # [B, K, S, Dh] or [B, S, K, Dh]
 
-    def prefill(leaves, cache, slot_ids, tokens, positions, kv_len):
+    def prefill(leaves, cache, rows, chunk, kv_len):
         model = nnx.merge(graphdef, jax.tree.unflatten(state_treedef, leaves))
+        slot_ids, tokens, positions = split_rows(rows, chunk)
         if prefill_attention in (FLASH_IN_CACHE, FLASH_IN_CACHE_INTERPRET) and \
                 unsupported_prefill_shape(tokens.shape[1], max_length, model.cfg.head_dim) is None:
             # the rows stay in the cache: keys / values written at (slot, position), the
@@ -192,7 +197,7 @@ def compiled_functions(graphdef: Any, state_treedef: Any, max_batch: int, max_le
         return merge_projections(nnx.merge(graphdef, state))
 
     return (jax.jit(decode, donate_argnums=(1,), static_argnums=(6,), compiler_options=options),
-            jax.jit(prefill, donate_argnums=(1,), static_argnums=(5,)),
+            jax.jit(prefill, donate_argnums=(1,), static_argnums=(3, 4)),
             jax.jit(copy_rows, donate_argnums=(0,)),
             (lambda state: None) if decode_gemm == "xla" else jax.jit(merge))
 

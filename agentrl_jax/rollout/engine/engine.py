@@ -78,6 +78,7 @@ from agentrl_jax.rollout.engine.forward import FLASH_IN_CACHE, FLASH_IN_CACHE_IN
 from agentrl_jax.rollout.engine.inbox import EngineInbox
 from agentrl_jax.rollout.engine.kv_memory import KVCacheMemory
 from agentrl_jax.rollout.engine.placement import EnginePlacement
+from agentrl_jax.rollout.engine.prefill_plan import PrefillRows, blank_rows
 from agentrl_jax.rollout.engine.prompt_ids import check_input_ids
 from agentrl_jax.rollout.engine.resolution import resolve_engine_config
 from agentrl_jax.rollout.engine.requests import EngineStats, Request, Seq
@@ -141,9 +142,9 @@ class Engine(BatchedSamplesBackend):
         self.functions = EngineFunctions(
             decode=Announced(decode, (2, 3, 6), lambda a: (
                 f"the engine's decode step (sampling mode {a[6]})")),
-            prefill=Announced(prefill, (2, 3, 4, 5), lambda a: (
-                f"the engine's prefill of {a[3].shape[0]} x {a[3].shape[1]} tokens "
-                f"(attending over {a[5]})")),
+            prefill=Announced(prefill, (2, 3, 4), lambda a: (
+                f"the engine's prefill of {PrefillRows(a[2], a[3]).rows} x {a[3]} tokens "
+                f"(attending over {a[4]})")),
             copy_rows=copy_rows, merge=merge)
         # the decode GEMMs' concatenated weights: one copy per weight version, freed with the
         # KV cache (release_kv_cache) and rebuilt with it
@@ -209,9 +210,8 @@ class Engine(BatchedSamplesBackend):
                                        np.int32(1), np.bool_(False), mode), 1))
         for chunk, rows, kv in c.prefill_shapes(self.packed_prefill):
             calls.append((fns.prefill, (
-                weights.leaves, memory.cache, np.full((rows,), c.max_batch, np.int32),
-                np.zeros((rows, chunk), np.int32),
-                np.full((rows, chunk), c.max_length, np.int32), kv), 1))
+                weights.leaves, memory.cache,
+                blank_rows(rows, chunk, c.max_batch, c.max_length).packed, chunk, kv), 1))
         calls.append((fns.copy_rows, (memory.cache, np.zeros((n,), np.int32),
                                       np.full((n,), c.max_batch, np.int32)), 0))
         outs = None

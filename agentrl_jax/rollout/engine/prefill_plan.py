@@ -17,7 +17,9 @@ decode step):
   later rows see its earlier rows' keys. Padding is then at most ``piece - 1`` tokens a
   sequence plus the rows of the bucket left empty.
 
-:func:`build_rows` turns the pieces into the call's ``[rows, chunk]`` token / position arrays:
+:func:`build_rows` turns the pieces into the call's ``[rows, chunk]`` token / position arrays,
+held with the rows' slot ids in one int32 array (:class:`PrefillRows`): the call takes one host
+array, and each host array a jitted call transfers lets a busy thread take the GIL once more:
 one write per *run* (the consecutive pieces of one sequence that fill their rows end to end,
 which are one contiguous span of the flattened arrays), not one per row. It runs on the engine
 thread, which shares the GIL with the event loop: it avoids the NumPy calls that release the GIL
@@ -28,6 +30,7 @@ switch interval (5 ms) before the engine thread gets it back (benchmarks/contend
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Callable, Protocol, Sequence
 
 import numpy as np
@@ -82,7 +85,7 @@ def plan_packed(queue: Sequence[Queued], piece: int, row_buckets: Sequence[int]
 #: around loops of more than 500 elements (``NPY_BEGIN_THREADS_THRESHOLDED``)
 GIL_SAFE = 256
 
-_templates: dict[tuple[int, int, int], tuple[np.ndarray, np.ndarray]] = {}
+_templates: dict[tuple[int, int, int, int], np.ndarray] = {}
 _positions = np.zeros((0,), np.int32)
 
 
@@ -105,15 +108,62 @@ def copy_blocks(dst: np.ndarray, src: np.ndarray | int) -> None:
         dst[i:min(i + GIL_SAFE, n)] = src if isinstance(src, int) else src[i:i + GIL_SAFE]
 
 
-def _blank(rows: int, chunk: int, pad_position: int) -> tuple[np.ndarray, np.ndarray]:
-    """Fresh ``tokens`` (zeros) and ``positions`` (``pad_position``), int32 ``[rows, chunk]``:
-    copies of cached templates (a contiguous copy keeps the GIL; ``np.full`` does not)."""
-    key = (rows, chunk, pad_position)
+@dataclasses.dataclass(frozen=True)
+class PrefillRows:
+    """A prefill call's host input, one int32 array ``packed`` ``[2 * rows * chunk + rows]``:
+    the tokens ``[rows, chunk]``, then the positions ``[rows, chunk]``, then the rows' slot ids
+    ``[rows]`` (:func:`split_rows`). The properties are views into ``packed``: writing them
+    writes the call's input."""
+
+    packed: np.ndarray
+    chunk: int
+
+    @property
+    def rows(self) -> int:
+        return len(self.packed) // (2 * self.chunk + 1)
+
+    @property
+    def tokens(self) -> np.ndarray:
+        return split_rows(self.packed, self.chunk)[1]
+
+    @property
+    def positions(self) -> np.ndarray:
+        return split_rows(self.packed, self.chunk)[2]
+
+    @property
+    def slot_ids(self) -> np.ndarray:
+        return split_rows(self.packed, self.chunk)[0]
+
+
+def split_rows(packed: Any, chunk: int) -> tuple[Any, Any, Any]:
+    """``(slot_ids [R], tokens [R, chunk], positions [R, chunk])`` of a :class:`PrefillRows`
+    array ``packed`` ``[R * (2 * chunk + 1)]``: views of a NumPy array, slices of a traced one
+    (the compiled prefill unpacks its input with this)."""
+    rows = packed.shape[0] // (2 * chunk + 1)
+    n = rows * chunk
+    return (packed[2 * n:], packed[:n].reshape(rows, chunk),
+            packed[n:2 * n].reshape(rows, chunk))
+
+
+def pack_rows(slot_ids: np.ndarray, tokens: np.ndarray, positions: np.ndarray) -> PrefillRows:
+    """Separate ``slot_ids [R]``, ``tokens [R, T]`` and ``positions [R, T]`` as one
+    :class:`PrefillRows` (a new array; the engine writes its rows in place instead)."""
+    return PrefillRows(np.concatenate([np.asarray(tokens, np.int32).reshape(-1),
+                                       np.asarray(positions, np.int32).reshape(-1),
+                                       np.asarray(slot_ids, np.int32).reshape(-1)]),
+                       int(np.shape(tokens)[1]))
+
+
+def blank_rows(rows: int, chunk: int, pad_slot: int, pad_position: int) -> PrefillRows:
+    """All padding: slot ``pad_slot``, token 0, position ``pad_position``; a copy of a cached
+    template (a contiguous copy keeps the GIL; ``np.full`` does not)."""
+    key = (rows, chunk, pad_slot, pad_position)
     if key not in _templates:
-        _templates[key] = (np.zeros((rows, chunk), np.int32),
-                           np.full((rows, chunk), pad_position, np.int32))
-    tokens, positions = _templates[key]
-    return tokens.copy(), positions.copy()
+        n = rows * chunk
+        packed = np.zeros((2 * n + rows,), np.int32)
+        packed[n:2 * n], packed[2 * n:] = pad_position, pad_slot
+        _templates[key] = packed
+    return PrefillRows(_templates[key].copy(), chunk)
 
 
 def runs(pieces: Sequence[Piece], chunk: int) -> list[tuple[Any, int, int, int, int]]:
@@ -141,38 +191,38 @@ Writer = Callable[[Any, int, int, np.ndarray, np.ndarray], bool]
 
 def build_rows(pieces: Sequence[Piece], rows: int, chunk: int, pad_slot: int,
                pad_position: int, write: Writer, alive: Callable[[Any], bool],
-               slot_of: Callable[[Any], int]
-               ) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[int]]:
-    """A prefill call's arrays for ``pieces`` (one per row, ``len(pieces) <= rows``):
-    ``(slot_ids [rows], tokens [rows, chunk], positions [rows, chunk], counts [len(pieces)])``,
-    int32; padding rows and positions hold slot ``pad_slot``, token 0, position
+               slot_of: Callable[[Any], int]) -> tuple[PrefillRows, list[int]]:
+    """A prefill call's input for ``pieces`` (one per row, ``len(pieces) <= rows``):
+    ``(PrefillRows: slot_ids [rows], tokens [rows, chunk], positions [rows, chunk], counts
+    [len(pieces)])``; padding rows and positions hold slot ``pad_slot``, token 0, position
     ``pad_position``. ``write(seq, start, n, tokens, positions)`` writes a run's ``n`` tokens
     from ``start`` into the 1-D views ``tokens[:n]`` / ``positions[:n]`` and returns whether it
     succeeded; it is called once a run of a sequence that is ``alive`` (a sequence whose write
     fails is not). A run's rows are used (slot ``slot_of(seq)``, ``counts`` its pieces' ``n``)
     only when its write succeeded and its sequence is still alive after every write; other
     rows are padding with count 0."""
-    tokens, positions = _blank(rows, chunk, pad_position)
-    flat_tok, flat_pos = tokens.reshape(-1), positions.reshape(-1)
+    out = blank_rows(rows, chunk, pad_slot, pad_position)
+    slot_ids, tokens, positions = split_rows(out.packed, chunk)
+    flat_tok, flat_pos = tokens.reshape(-1), positions.reshape(-1)  # views
     written = []
     for seq, row, start, n, num in runs(pieces, chunk):
         lo, hi = row * chunk, (row + num) * chunk
         if alive(seq):  # (a sequence that failed before writes nothing)
             ok = write(seq, start, n, flat_tok[lo:hi], flat_pos[lo:hi])
             written.append((seq, row, num, ok))
-    slot_ids = [pad_slot] * rows
     counts = [0] * len(pieces)
     for seq, row, num, ok in written:
         if ok and alive(seq):
-            slot_ids[row:row + num] = [slot_of(seq)] * num
+            slot_ids[row:row + num] = slot_of(seq)
             for r in range(row, row + num):
                 counts[r] = pieces[r][2]
         else:  # its write failed, or its request failed later: what it wrote is padding again
             lo, hi = row * chunk, (row + num) * chunk
             copy_blocks(flat_tok[lo:hi], 0)
             copy_blocks(flat_pos[lo:hi], pad_position)
-    return np.array(slot_ids, np.int32), tokens, positions, counts
+    return out, counts
 
 
-__all__ = ["GIL_SAFE", "Piece", "build_rows", "copy_blocks", "plan_chunked", "plan_packed",
-           "positions_upto", "runs", "tokens_left"]
+__all__ = ["GIL_SAFE", "Piece", "PrefillRows", "blank_rows", "build_rows", "copy_blocks",
+           "pack_rows", "plan_chunked", "plan_packed", "positions_upto", "runs", "split_rows",
+           "tokens_left"]

@@ -255,15 +255,15 @@ class Scheduler:
         else:  # one row per sequence, the chunk bucket that prefills the most
             chunk, rows, pieces = plan_chunked(
                 queue, [(ch, c.prefill_rows(ch)) for ch in c.chunk_buckets])
-        slot_ids, tokens, positions, counts = build_rows(
+        call_rows, counts = build_rows(
             pieces, rows, chunk, c.max_batch, c.max_length, self.write_rows,
             lambda seq: seq.state != DONE, lambda seq: seq.slot)
         kv = c.prefill_kv(chunk, max((start + n for (_, start, _), n in zip(pieces, counts)),
                                      default=0))
         t0 = self.stats.clocks()
         kv_memory = self.kv
-        kv_memory.cache = self.functions.prefill(self.weights.leaves, kv_memory.cache, slot_ids,
-                                                  tokens, positions, kv)
+        kv_memory.cache = self.functions.prefill(self.weights.leaves, kv_memory.cache,
+                                                  call_rows.packed, chunk, kv)
         t_dispatched = time.perf_counter()
         self.deliver()  # (deliver_after_launch) while the device computes
         stats, used = self.stats, sum(n > 0 for n in counts)
