@@ -72,8 +72,9 @@ def compiled_functions(graphdef: Any, state_treedef: Any, max_batch: int, max_le
     ``leaves``: the served ``nnx.State``'s leaves (``jax.tree.leaves``, a tuple), rebuilt
     inside with ``state_treedef`` (``jax.tree.structure`` of that state): a tuple of arrays
     crosses the jit boundary in C++, where an ``nnx.State`` is flattened by Python on every
-    call (docs/PERFORMANCE.md, "The weights as leaves"). ``copy_rows(cache, src [N], dst [N])``
-    -> cache (rows ``>= B`` are dropped);
+    call (docs/PERFORMANCE.md, "The weights as leaves"). ``copy_rows(cache, pairs [2, N])``
+    -> cache: row ``pairs[0, i]``'s KV copied to row ``pairs[1, i]`` (one host array, as the
+    prefill's; rows ``>= B`` are dropped);
     ``merge(state)`` -> ``merged``: the q/k/v and gate/up weights concatenated
     (``forward.merge_projections``; None for ``decode_gemm="xla"``), built by the engine once per
     weight version and passed to every decode call. ``decode_gemm``: one of
@@ -187,7 +188,8 @@ def compiled_functions(graphdef: Any, state_treedef: Any, max_batch: int, max_le
         return type(cache)(keys=tuple(put(k, n) for k, n in zip(cache.keys, sub.keys)),
                            values=tuple(put(v, n) for v, n in zip(cache.values, sub.values)))
 
-    def copy_rows(cache, src, dst):
+    def copy_rows(cache, pairs):
+        src, dst = pairs[0], pairs[1]
         return map_cache(lambda x: x.at[dst].set(jnp.take(x, src, axis=0, mode="clip"),
                                                  mode="drop"), cache)
 

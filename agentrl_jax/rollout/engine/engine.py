@@ -212,8 +212,8 @@ class Engine(BatchedSamplesBackend):
             calls.append((fns.prefill, (
                 weights.leaves, memory.cache,
                 blank_rows(rows, chunk, c.max_batch, c.max_length).packed, chunk, kv), 1))
-        calls.append((fns.copy_rows, (memory.cache, np.zeros((n,), np.int32),
-                                      np.full((n,), c.max_batch, np.int32)), 0))
+        calls.append((fns.copy_rows, (memory.cache, np.stack(
+            [np.zeros((n,), np.int32), np.full((n,), c.max_batch, np.int32)])), 0))
         outs = None
         with warnings.catch_warnings(), compile_notice.quiet():
             warnings.simplefilter("ignore")

@@ -313,11 +313,11 @@ class Scheduler:
                          if f.state == FORK_WAIT and f.slot is not None)
         for i in range(0, len(pairs), c.copy_rows):
             part = pairs[i:i + c.copy_rows]
-            src = np.zeros((c.copy_rows,), np.int32)
-            dst = np.full((c.copy_rows,), c.max_batch, np.int32)
+            pairs = np.zeros((2, c.copy_rows), np.int32)  # [source row, target row]
+            pairs[1] = c.max_batch
             for j, (a, b) in enumerate(part):
-                src[j], dst[j] = a, b
-            self.kv.cache = self.functions.copy_rows(self.kv.cache, src, dst)
+                pairs[0, j], pairs[1, j] = a, b
+            self.kv.cache = self.functions.copy_rows(self.kv.cache, pairs)
             self.stats.copy_calls += 1
         for seq in list(self.fork_ready):
             if seq.state == DONE:
