@@ -259,6 +259,27 @@ def test_n_samples_share_prefill(engine, model):
         check_logprobs(model, prompt, r, temperature=1.0)
 
 
+def test_more_shared_rows_than_one_copy_call_holds(model, tokenizer):
+    """Two ``n = 3`` requests admitted together leave four rows to copy; with two rows a copy
+    call, the second call must copy the rest: every greedy sample equals the no-cache
+    reference (a sample whose row was not copied would decode over another row's keys)."""
+    eng = make_engine(model, tokenizer, warmup=False, copy_rows=2)
+    try:
+        prompts = [random_prompt(np.random.default_rng(s), 40) for s in (31, 32)]
+        sp = SamplingParams(max_new_tokens=6, ignore_eos=True, n=3, **GREEDY)
+        futures = _submit_paused(eng, [(p, sp, f"copy-{i}") for i, p in enumerate(prompts)])
+        results = [f.result(120) for f in futures]
+        assert eng.stats.copy_calls == 2
+        for prompt, samples in zip(prompts, results):
+            reference = reference_greedy(model, prompt, 6)
+            assert [r.cached_tokens for r in samples] == [0, 39, 39]
+            for r in samples:
+                assert r.output_ids == reference
+                check_logprobs(model, prompt, r)
+    finally:
+        eng.close()
+
+
 def _submit_paused(eng, requests):
     """Submit ``(prompt, sampling, rid)`` requests while ``eng`` is paused, so that one
     admission pass sees them all; the futures in order."""

@@ -312,12 +312,11 @@ class Scheduler:
             pairs.extend((seq.slot, f.slot) for f in seq.forks
                          if f.state == FORK_WAIT and f.slot is not None)
         for i in range(0, len(pairs), c.copy_rows):
-            part = pairs[i:i + c.copy_rows]
-            pairs = np.zeros((2, c.copy_rows), np.int32)  # [source row, target row]
-            pairs[1] = c.max_batch
-            for j, (a, b) in enumerate(part):
-                pairs[0, j], pairs[1, j] = a, b
-            self.kv.cache = self.functions.copy_rows(self.kv.cache, pairs)
+            call = np.zeros((2, c.copy_rows), np.int32)  # [source row, target row]
+            call[1] = c.max_batch  # (unused columns: a target row the copy drops)
+            for j, (a, b) in enumerate(pairs[i:i + c.copy_rows]):
+                call[0, j], call[1, j] = a, b
+            self.kv.cache = self.functions.copy_rows(self.kv.cache, call)
             self.stats.copy_calls += 1
         for seq in list(self.fork_ready):
             if seq.state == DONE:
