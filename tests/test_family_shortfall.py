@@ -283,3 +283,19 @@ def test_an_arm_not_counted_is_never_best_and_says_why(root, monkeypatch, capsys
     text = capsys.readouterr().out
     assert "| BabyAI | leaky (dev; not counted: its order leaks) |" in text
     assert "| BabyAI | a (dev) |" in text
+
+
+def test_the_best_arm_is_named_with_its_split(root, monkeypatch, capsys):
+    # the same recipe on two splits: the dev arm (the BabyAI run, final 0.4) beats the test
+    # arm (final 0.25) and its row, not the first arm of that name, heads the table
+    web_test = next(a for a in fs.ARMS if a.family == "webnav")
+    web_dev = fs.Arm("webnav", "w", fs.ARMS[0].runs, "dev")
+    monkeypatch.setattr(fs, "ARMS", tuple(fs.ARMS) + (web_dev,))
+    s = fs.shortfall(root)["families"]["webnav"]
+    assert (s["best"], s["best_split"]) == ("w", "dev") and web_test.split == "test"
+    assert s["best_value"] == pytest.approx(0.4)
+    assert fs.main(["--root", root]) == 0
+    text = capsys.readouterr().out
+    assert "| web navigation | Avg@4 >= 0.40 on the non-trivial tasks | w (dev), final, 1 seed |" in (
+        text
+    )

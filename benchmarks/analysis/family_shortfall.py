@@ -41,8 +41,8 @@ limit, and the learner rows' length (``sequence_length``, mean and max; None whe
 was flat and nothing was trained).
 
 Per family: ``best`` = the arm (a recipe over its training seeds) with the highest mean over
-seeds of the final headline score (``gain`` targets: of final - step 0), ``gap`` = target -
-best (> 0: short of it). A family with no evaluation after training on the target's task set
+seeds of the final headline score (``gain`` targets: of final - step 0; ``best_split`` its
+split, as a recipe's name may repeat on another), ``gap`` = target - best (> 0: short of it). A family with no evaluation after training on the target's task set
 says so (``best`` None) and its step-0 numbers stand: the GPU run's step 0 and the CPU
 measurement of its ``choice_gpu`` recipe (16-22 train tasks x 1, 5-10 turns: not held-out).
 """
@@ -335,6 +335,7 @@ def family_summary(root: str, family: str, diagnoses: dict[tuple, dict]) -> dict
     if best is not None:
         out.update(
             best=best["arm"],
+            best_split=best["split"],
             best_value=best[key],
             gap=target.value - best[key],
             reached=best[key] >= target.value,
@@ -348,6 +349,7 @@ def family_summary(root: str, family: str, diagnoses: dict[tuple, dict]) -> dict
     ]
     out.update(
         best=None,
+        best_split=None,
         best_value=None,
         gap=None,
         reached=False,

@@ -57,7 +57,9 @@ def _family_rows(name: str, fs: dict[str, Any]) -> list[str]:
     t = fs["target"]
     rows: list[tuple[str, str, str, dict]] = []
     if fs["best"] is not None:
-        best = next(a for a in fs["arms"] if a["arm"] == fs["best"])
+        best = next(  # an arm's name may repeat on another split
+            a for a in fs["arms"] if (a["arm"], a["split"]) == (fs["best"], fs["best_split"])
+        )
         what = f"{best['arm']} ({best['split']})"
         score = (
             f"gain {100 * fs['best_value']:+.1f} pts"
