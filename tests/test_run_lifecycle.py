@@ -23,6 +23,7 @@ import pytest
 
 from agentrl_common.jsonl_files import read_records
 from agentrl_jax.training.config.experiment import to_run_config
+from agentrl_jax.training.outputs.code_version import source_digest
 from agentrl_jax.training.runtime.services import engine_slots, max_episodes_per_round
 from agentrl_jax.training.runtime.policy import checkpoint_steps
 from agentrl_jax.training.outputs.summary import merge_summary
@@ -387,3 +388,5 @@ def test_a_learning_rate_that_blows_up_stops_the_run_in_one_line(tmp_path, compi
     assert checkpoint_steps(os.path.join(workdir, "checkpoints")) == list(range(1, step))
     summary = json.load(open(os.path.join(workdir, "summary.json")))
     assert "finished_step" not in summary and summary["sessions"][-1]["stopped"] == "run_failed"
+    # a failed session records the code it ran, as a finished one does
+    assert summary["sessions"][-1]["code"]["source_sha256"] == source_digest()

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from agentrl_jax.training.config.experiment import to_run_config
+from agentrl_jax.training.outputs.code_version import source_digest
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -241,6 +242,7 @@ def test_sft_nll_export_and_resume(recorded, tmp_path, capsys, one_device):
     summary = SFTRun(to_run_config(_config(data, 3)), work, progress=False).run()
     assert "resumed at step 2" in capsys.readouterr().out
     assert summary["final_step"] == 3 and finished_step(work) == 3
+    assert summary["code"]["source_sha256"] == source_digest()  # the code that trained it
     rows = [json.loads(line) for line in open(os.path.join(work, "metrics.jsonl"))]
     assert [r["step"] for r in rows] == [1, 2, 3] and all("actor/nll" in r for r in rows)
     assert rows[0]["batch/generated_tokens"] == len(nll)

@@ -213,6 +213,7 @@ class SFTRun:
         from agentrl_jax.learner.learner import Learner
         from agentrl_jax.training.runtime import services
         from agentrl_jax.training.runtime.policy import load_policy
+        from agentrl_jax.training.outputs.code_version import code_version
         from agentrl_jax.training.outputs.summary import write_json_atomic
 
         cfg, s = self.config, self.config.sft
@@ -264,7 +265,7 @@ class SFTRun:
         summary = {"workdir": self.workdir, "final_step": last, "total_steps": total,
                    "data": counts, "data_files": files, "assistant_tokens": tokens,
                    "model": self.export_dir, "evals": evals,
-                   "train_seconds": round(trained, 3)}
+                   "train_seconds": round(trained, 3), "code": code_version()}
         if last >= total:
             summary["finished_step"] = last
         write_json_atomic(os.path.join(self.workdir, "summary.json"), summary)

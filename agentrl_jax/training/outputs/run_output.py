@@ -20,6 +20,7 @@ from agentrl_jax.training.evaluation.held_out import EvalResult
 from agentrl_jax.training.outputs import runlog, storage
 from agentrl_jax.training.config.experiment import config_json
 from agentrl_jax.training.outputs.progress import say_line
+from agentrl_jax.training.outputs.code_version import code_version
 from agentrl_jax.training.outputs.trajectory_log import TrajectoryLog
 from agentrl_jax.training.outputs.summary import (SUMMARY_FILE, append_session, merge_summary, outcome,
                                           read_summary, write_json_atomic)
@@ -143,7 +144,8 @@ class RunOutput:
         return append_session(self.workdir, {**self.session_record(end), **outcome(error)})
 
     def session_record(self, end: SessionEnd) -> dict[str, Any]:
-        """What this invocation did (one entry of the summary's ``sessions``)."""
+        """What this invocation did (one entry of the summary's ``sessions``), with the code it
+        ran (``code``: ``training/outputs/code_version.py``)."""
         record: dict[str, Any] = {
             "start_step": end.start_step, "final_step": end.final_step,
             "steps": len(self.history),
@@ -151,7 +153,8 @@ class RunOutput:
                         or end.stopped == "terminated" else "evaluate_only"),
             "evals": [step for step, _ in end.evals],
             "seconds": round(time.time() - self._started, 1),
-            "ended": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+            "ended": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "code": code_version()}
         if self.history:
             record["mean_step_seconds"] = float(np.mean([h.seconds for h in self.history]))
         return record
