@@ -259,25 +259,58 @@ def test_n_samples_share_prefill(engine, model):
         check_logprobs(model, prompt, r, temperature=1.0)
 
 
-def test_more_shared_rows_than_one_copy_call_holds(model, tokenizer):
+@pytest.fixture(scope="module")
+def copy2_engine(model, tokenizer):
+    """An engine that copies two shared rows a call, so that a pass has more to copy than one
+    call holds."""
+    eng = make_engine(model, tokenizer, warmup=False, copy_rows=2)
+    yield eng
+    eng.close()
+
+
+def test_more_shared_rows_than_one_copy_call_holds(copy2_engine, model):
     """Two ``n = 3`` requests admitted together leave four rows to copy; with two rows a copy
     call, the second call must copy the rest: every greedy sample equals the no-cache
     reference (a sample whose row was not copied would decode over another row's keys)."""
-    eng = make_engine(model, tokenizer, warmup=False, copy_rows=2)
-    try:
-        prompts = [random_prompt(np.random.default_rng(s), 40) for s in (31, 32)]
-        sp = SamplingParams(max_new_tokens=6, ignore_eos=True, n=3, **GREEDY)
-        futures = _submit_paused(eng, [(p, sp, f"copy-{i}") for i, p in enumerate(prompts)])
-        results = [f.result(120) for f in futures]
-        assert eng.stats.copy_calls == 2
-        for prompt, samples in zip(prompts, results):
-            reference = reference_greedy(model, prompt, 6)
-            assert [r.cached_tokens for r in samples] == [0, 39, 39]
-            for r in samples:
-                assert r.output_ids == reference
-                check_logprobs(model, prompt, r)
-    finally:
-        eng.close()
+    eng = copy2_engine
+    prompts = [random_prompt(np.random.default_rng(s), 40) for s in (31, 32)]
+    sp = SamplingParams(max_new_tokens=6, ignore_eos=True, n=3, **GREEDY)
+    calls = eng.stats.copy_calls
+    futures = _submit_paused(eng, [(p, sp, f"copy-{i}") for i, p in enumerate(prompts)])
+    results = [f.result(120) for f in futures]
+    assert eng.stats.copy_calls - calls == 2
+    for prompt, samples in zip(prompts, results):
+        reference = reference_greedy(model, prompt, 6)
+        assert [r.cached_tokens for r in samples] == [0, 39, 39]
+        for r in samples:
+            assert r.output_ids == reference
+            check_logprobs(model, prompt, r)
+
+
+async def test_a_mixed_load_of_samples_and_shared_prompts_matches_the_reference(copy2_engine,
+                                                                                 model):
+    """24 requests at once on 8 slots: 1-3 samples each, a third of them repeating an earlier
+    prompt (shared prefills across sessions), prompts of 1-90 tokens (chunked prefills), so
+    forks, row copies of several calls, queueing and joins mid-decode all happen; every greedy
+    sample equals the no-cache reference."""
+    rng = np.random.default_rng(41)
+    prompts: list[list[int]] = []
+    jobs = []
+    for i in range(24):
+        if prompts and rng.random() < 1 / 3:
+            prompt = prompts[int(rng.integers(len(prompts)))]
+        else:
+            prompt = random_prompt(rng, int(rng.integers(1, 91)))
+            prompts.append(prompt)
+        jobs.append((prompt, int(rng.integers(1, 16)), int(rng.integers(1, 4))))
+    results = await asyncio.gather(*[
+        copy2_engine.generate_n(p, SamplingParams(max_new_tokens=m, n=n, ignore_eos=True,
+                                                  **GREEDY), session_id=f"mix-{i}")
+        for i, (p, m, n) in enumerate(jobs)])
+    for (prompt, max_new, n), samples in zip(jobs, results):
+        reference = reference_greedy(model, prompt, max_new)
+        assert len(samples) == n
+        assert all(r.output_ids == reference for r in samples), (len(prompt), max_new, n)
 
 
 def _submit_paused(eng, requests):
