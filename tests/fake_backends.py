@@ -80,7 +80,9 @@ class ScriptedBackend(_Recorded, QuietBackend):
     name = "scripted"
 
     def __init__(self, tokenizer: Any, replies: str | Sequence[str], *, eos: bool = True,
-                 logprob: float | Callable[[int, int], float] = -0.25, delay: float = 0.0):
+                 logprob: float | Callable[[int, int], float] = -0.25, delay: float = 0.0,
+                 takes_id_arrays: bool = False):
+        self.takes_id_arrays = takes_id_arrays  # (RolloutBackend.takes_id_arrays)
         texts = [replies] if isinstance(replies, str) else list(replies)
         tail = [tokenizer.eos_token_id] if eos else []
         self.replies = [tokenizer.encode(t, add_special_tokens=False) + tail for t in texts]
@@ -89,6 +91,7 @@ class ScriptedBackend(_Recorded, QuietBackend):
         self.logprob, self.delay = logprob, delay
         self.started = 0  # calls begun; call k is the k-th to begin (0-based)
         self.log: list[Call] = []
+        self.id_types: list[type] = []  # the type of each call's input_ids, in ``log`` order
 
     @property
     def ids(self) -> list[int]:
@@ -105,6 +108,7 @@ class ScriptedBackend(_Recorded, QuietBackend):
         result = GenerateResult(output_ids=ids, output_logprobs=logprobs,
                                 finish_reason=self.finish_reason, prompt_tokens=len(input_ids))
         self.log.append(Call(list(input_ids), sampling, session_id, result))
+        self.id_types.append(type(input_ids))
         return result
 
 
@@ -117,6 +121,10 @@ class RecordingBackend(_Recorded, QuietBackend):
     def __init__(self, inner: RolloutBackend):
         self.inner = inner
         self.log: list[Call] = []
+
+    @property
+    def takes_id_arrays(self) -> bool:  # as the wrapped backend
+        return bool(getattr(self.inner, "takes_id_arrays", False))
 
     async def generate(self, input_ids, sampling=None, session_id=None, rid=None):
         result = await self.inner.generate(input_ids, sampling, session_id=session_id, rid=rid)

@@ -64,3 +64,34 @@ def test_ids_past_int64_and_past_int32_are_refused_with_their_values():
     assert check_input_ids([2**31 - 1, 0], None, None).tolist() == [2**31 - 1, 0]
     with pytest.raises(InvalidRequestError, match="only integers, found str"):
         check_input_ids([2**70, "x"], 100, 30)  # the type is named, not a crash
+
+
+@pytest.mark.parametrize("code", ["b", "h", "i", "l", "q", "B", "H", "I", "L", "Q"])
+def test_integer_arrays_are_read_in_place_and_agree_with_their_list(code):
+    import array
+
+    rng = np.random.default_rng(ord(code))
+    for case in range(30):
+        n = int(rng.integers(1, 40))
+        low = 0 if code.isupper() else -2  # unsigned codes hold no negative ids
+        values = rng.integers(low, 102, size=n).tolist()
+        for container in (array.array(code, values), np.asarray(values, np.dtype(code))):
+            want = reference(values, 100, 30)
+            if want is None:
+                with pytest.raises(InvalidRequestError):
+                    check_input_ids(container, 100, 30)
+                continue
+            got = check_input_ids(container, 100, 30)
+            assert got.dtype == np.int32 and got.tolist() == want
+            container[0] = 99  # the result is a copy, never a view
+            assert got[0] == want[0]
+
+
+def test_arrays_of_other_kinds_are_refused():
+    import array
+
+    for bad in (array.array("d", [1.0, 2.0]), array.array("u", "ab"), np.array([True, False]),
+                np.array([1.0, 2.0]), np.zeros((2, 2), np.int32), array.array("i"),
+                np.zeros((0,), np.int64)):
+        with pytest.raises(InvalidRequestError):
+            check_input_ids(bad, 100, 30)

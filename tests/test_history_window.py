@@ -10,6 +10,7 @@ hand in NumPy.
 
 from __future__ import annotations
 
+import array
 import asyncio
 import dataclasses
 
@@ -53,9 +54,10 @@ class CountingEnv:
         return True
 
 
-def _go_backend(tokenizer) -> ScriptedBackend:
+def _go_backend(tokenizer, takes_id_arrays: bool = False) -> ScriptedBackend:
     """Replies `` go`` + EOS; logprobs differ per call and position; records every call."""
-    return ScriptedBackend(tokenizer, " go", logprob=lambda k, i: -(k + 1 + i / 10) / 100)
+    return ScriptedBackend(tokenizer, " go", logprob=lambda k, i: -(k + 1 + i / 10) / 100,
+                           takes_id_arrays=takes_id_arrays)
 
 
 def _collect(tokenizer, backend, history_turns: int, horizon: int, tasks=("t",), samples=1,
@@ -159,6 +161,28 @@ def test_a_stride_drops_several_turns_at_once_and_extends_between_drops(tokenize
     assert len(traj.chunk_starts) == 3  # a chunk starts at turns 0, 5 and 8
     assert [traj.token_ids[a:b] for a, b in traj.chunk_bounds()] == [
         calls[t][0] + calls[t][1].output_ids for t in (4, 7, 9)]
+
+
+@pytest.mark.parametrize("history_turns", [0, 4])
+def test_a_backend_that_takes_id_arrays_gets_the_same_contexts(tokenizer, history_turns):
+    """The episode hands a backend that takes arrays its context as one ``array("i")`` kept up
+    to date turn by turn (``agent/context_ids.py``), restarted with each new chunk of a
+    window; call by call its ids equal the list a list backend gets."""
+    runs = {}
+    for arrays in (False, True):
+        backend = _go_backend(tokenizer, takes_id_arrays=arrays)
+        trajectories = _collect(tokenizer, backend, history_turns=history_turns, horizon=10,
+                                tasks=("a", "b"), samples=2,
+                                history_stride=3 if history_turns else 1)
+        runs[arrays] = (backend, trajectories)
+    (lists, list_trajs), (arrays, array_trajs) = runs[False], runs[True]
+    assert set(lists.id_types) == {list} and set(arrays.id_types) == {array.array}
+    assert sorted(c.input_ids for c in lists.log) == sorted(c.input_ids for c in arrays.log)
+    assert len(lists.log) == 40
+    for a, b in zip(list_trajs, array_trajs):
+        assert (a.token_ids, a.chunk_starts) == (b.token_ids, b.chunk_starts)
+    if history_turns:
+        assert all(len(t.chunk_starts) == 3 for t in array_trajs)
 
 
 def test_history_stride_is_checked(tokenizer):
@@ -292,10 +316,12 @@ def test_sampled_logprobs_equal_a_forward_over_each_training_row():
                                    ref[trained - 1, np.asarray(ids)[trained]], atol=2e-4)
 
 
-def test_worker_processes_relay_windowed_prompts_exactly(tokenizer):
+@pytest.mark.parametrize("takes_id_arrays", [False, True])
+def test_worker_processes_relay_windowed_prompts_exactly(tokenizer, takes_id_arrays):
     """A windowed prompt is not an extension of the previous one: a worker process sends the
-    parent the ids past their common prefix, and the parent's ids equal the worker's."""
-    backend = _go_backend(tokenizer)
+    parent the ids past their common prefix, and the parent's ids equal the worker's (the
+    parent keeps them as a list, or as the array it hands a backend that takes arrays)."""
+    backend = _go_backend(tokenizer, takes_id_arrays=takes_id_arrays)
     from environments.core.client import EnvClient
     from agentrl_common.processes import start_env_server
 
@@ -333,6 +359,7 @@ def test_worker_processes_relay_windowed_prompts_exactly(tokenizer):
                          if k == turn and m)
             start = max(c for c in b.chunk_starts if c <= first)
             assert ids == b.token_ids[start:first], turn
+    assert set(backend.id_types) == {array.array if takes_id_arrays else list}
 
 
 @pytest.mark.slow

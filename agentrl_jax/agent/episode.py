@@ -38,6 +38,7 @@ from typing import Any, Callable, Mapping
 from agentrl_common.seeding import derive_seed
 from environments.core.base import SHAPING_KEY
 from agentrl_jax.agent.chat import ChatFormatter
+from agentrl_jax.agent.context_ids import ContextIds
 from agentrl_jax.agent.loop_times import LoopTimes
 from agentrl_jax.agent.parsing import (CHOICE_LABELS, INVALID_FORMAT_FEEDBACK, ParsedAction,
                                        option_order, options_block, takes_options)
@@ -127,6 +128,8 @@ class Episode:
         self.option_limits = bool(option_limits)
         self.shuffle_options = bool(shuffle_options)
         self.option_seed = int(option_seed)
+        self._id_arrays = bool(getattr(backend, "takes_id_arrays", False))
+        self._context = ContextIds()
 
     def turn_seed(self, turn: int) -> int | None:
         """The sampling seed of assistant turn ``turn``: derived from the episode's seed and the
@@ -206,7 +209,9 @@ class Episode:
 
     async def _generate_turn(self) -> None:
         traj = self.trajectory
-        context = traj.context_ids()  # the current chunk: exactly what the engine is given
+        # the current chunk, exactly what the engine is given: an array kept up to date for a
+        # backend that takes one (context_ids.py), else a new list
+        context = (self._context.of(traj) if self._id_arrays else traj.context_ids())
         room = self.max_context - len(context)
         if room < MIN_NEW_TOKENS:
             self._finish(STATUS_CONTEXT_LIMIT)
@@ -220,8 +225,7 @@ class Episode:
         version = self.version_fn() if self.version_fn is not None else traj.policy_version
         t1 = _clock()
         try:
-            result = await self.backend.generate(list(context), sampling,
-                                                 session_id=self.session_id)
+            result = await self.backend.generate(context, sampling, session_id=self.session_id)
         except (RolloutError, OSError, TimeoutError) as e:
             self._finish(STATUS_ENGINE_ERROR, f"generate: {e}")
             return
@@ -243,7 +247,7 @@ class Episode:
         self._last_generated = list(result.output_ids)
         text = self.response_prefix + self.formatter.decode(result.output_ids)
         traj.messages.append({"role": "assistant", "content": text})
-        if result.finish_reason == "length" and len(traj.context_ids()) >= self.max_context:
+        if result.finish_reason == "length" and traj.context_tokens >= self.max_context:
             self._finish(STATUS_CONTEXT_LIMIT)
             return
         if self._takes_options:
@@ -323,7 +327,7 @@ class Episode:
             traj.messages.append({"role": "user", "content": observation})
             traj.start_chunk(prompt)
             return
-        if len(traj.context_ids()) + len(tail) + MIN_NEW_TOKENS > self.max_context:
+        if traj.context_tokens + len(tail) + MIN_NEW_TOKENS > self.max_context:
             self._finish(STATUS_CONTEXT_LIMIT)
             return
         traj.messages.append({"role": "user", "content": observation})

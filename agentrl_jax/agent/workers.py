@@ -47,6 +47,7 @@ import os
 import pickle
 import struct
 import tempfile
+from array import array
 from typing import Any, Callable
 
 from agentrl_jax.rollout.contract import GenerateResult, RolloutError
@@ -261,7 +262,7 @@ class WorkerGroup:
         self._writers: list[asyncio.StreamWriter] = []
         self._processes: list[Any] = []
         self._dir: tempfile.TemporaryDirectory | None = None
-        self._ids: dict[str, list[int]] = {}
+        self._ids: dict[str, Any] = {}  # session -> its ids (a list, or array("i"))
         self._jobs: dict[int, tuple[list, asyncio.Future, int, Callable | None,
                                     Callable | None]] = {}
         self._next_job = 0
@@ -317,14 +318,17 @@ class WorkerGroup:
 
     async def _generate(self, writer, request: int, job: int, session: str, start: int,
                         new_ids: list[int], sampling: Any) -> None:
-        ids = self._ids.setdefault(session, [])
+        # a backend that takes id arrays gets this side's array itself (it keeps nothing of
+        # it past the call: RolloutBackend.takes_id_arrays), so only the new ids are converted
+        arrays = bool(getattr(self.backend, "takes_id_arrays", False))
+        ids = self._ids.setdefault(session, array("i") if arrays else [])
         del ids[start:]
         ids.extend(new_ids)
         try:
             _, _, policy_version, _, version_fn = self._jobs[job]
             version = version_fn() if version_fn is not None else policy_version
-            result: GenerateResult = await self.backend.generate(list(ids), sampling,
-                                                                  session_id=session)
+            result: GenerateResult = await self.backend.generate(
+                ids if arrays else list(ids), sampling, session_id=session)
         except Exception as error:  # noqa: BLE001 -- the episode turns it into engine_error
             _write(writer, ("err", request, f"{type(error).__name__}: {error}"))
             return

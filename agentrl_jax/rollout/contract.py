@@ -233,6 +233,12 @@ class RolloutBackend(abc.ABC):
     #: export, loaded by the main process), and they keep the weights loaded last when the
     #: trainer restarts
     external_servers: bool = False
+    #: ``generate`` / ``generate_n`` also take ``input_ids`` as an ``array.array`` of machine
+    #: integers (an episode's context kept as ``array("i")``: ``agent/context_ids.py``) and
+    #: keep nothing of it past the call, since the caller extends it for its next turn (the
+    #: embedded engine: ``engine/prompt_ids.check_input_ids`` reads it in place and copies).
+    #: Others get a list.
+    takes_id_arrays: bool = False
 
     @abc.abstractmethod
     async def generate(self, input_ids: list[int], sampling: SamplingParams | None = None,

@@ -104,6 +104,7 @@ class Engine(BatchedSamplesBackend):
     """
 
     name = "embedded"
+    takes_id_arrays = True  # submit() copies them (check_input_ids)
 
     def __init__(self, model: CausalLM | Any, config: EngineConfig | None = None,
                  tokenizer: Any = None, model_path: str | None = None, warmup: bool = True,

@@ -16,15 +16,25 @@ import numpy as np
 from agentrl_jax.rollout.contract import InvalidRequestError
 
 
-def check_input_ids(input_ids: Sequence[Any], vocab_size: int | None, max_length: int | None
-                    ) -> np.ndarray:
+#: ``array.array`` type codes of machine integers: such an array holds integers only, so it is
+#: read in place (``np.frombuffer``) with no per-element conversion
+_ARRAY_INTS = {code: np.dtype(code) for code in "bBhHiIlLqQ"}
+
+
+def check_input_ids(input_ids: Sequence[Any] | array.array | np.ndarray, vocab_size: int | None,
+                    max_length: int | None) -> np.ndarray:
     """Validate a prompt: a non-empty list (or tuple) of integers (Python or numpy; bools
-    refused) inside the vocabulary ``[0, vocab_size)`` (``None``: ``[0, 2**31)``), shorter than
-    the context. Returns the ids as a new int32 array ``[L]`` (never a view of the caller's
-    list), which the engine keeps as the request's prompt."""
+    refused), or a 1-D ``array.array`` / ``numpy`` array of a machine integer type (read in
+    place: an episode that keeps its context as ``array("i")`` hands it over without a
+    conversion per token; ``RolloutBackend.takes_id_arrays``), inside the vocabulary ``[0,
+    vocab_size)`` (``None``: ``[0, 2**31)``), shorter than the context. Returns the ids as a
+    new int32 array ``[L]`` (never a view of the caller's list or array), which the engine
+    keeps as the request's prompt."""
+    limit = vocab_size if vocab_size is not None else 2**31
+    if isinstance(input_ids, (array.array, np.ndarray)):
+        return _checked(_machine_ints(input_ids), limit, max_length, input_ids)
     if not isinstance(input_ids, (list, tuple)) or not input_ids:
         raise InvalidRequestError("input_ids must be a non-empty list of integers")
-    limit = vocab_size if vocab_size is not None else 2**31
     try:
         # C-level conversion (a float, string or None raises TypeError here); bools would
         # pass as 0 / 1, so only the elements converted to 0 or 1 have their type checked
@@ -34,6 +44,30 @@ def check_input_ids(input_ids: Sequence[Any], vocab_size: int | None, max_length
             raise TypeError
     except (TypeError, OverflowError):  # element by element: names the offending type;
         ids = _as_int_array(input_ids)  # None: an int past int64, outside any vocabulary
+    return _checked(ids, limit, max_length, input_ids)
+
+
+def _machine_ints(input_ids: array.array | np.ndarray) -> np.ndarray:
+    """A 1-D, non-empty integer array's values in place (a view), or InvalidRequestError."""
+    if isinstance(input_ids, array.array):
+        if input_ids.typecode not in _ARRAY_INTS:
+            raise InvalidRequestError(
+                f"input_ids as an array must hold integers, got type code {input_ids.typecode!r}")
+        ids = np.frombuffer(input_ids, _ARRAY_INTS[input_ids.typecode])
+    else:
+        ids = input_ids
+        if ids.dtype.kind not in "iu":
+            raise InvalidRequestError(
+                f"input_ids must contain only integers, found an array of {ids.dtype}")
+    if ids.ndim != 1 or not len(ids):
+        raise InvalidRequestError("input_ids must be a non-empty list of integers")
+    return ids
+
+
+def _checked(ids: np.ndarray | None, limit: int, max_length: int | None,
+             input_ids: Any) -> np.ndarray:
+    """The range and length checks; a new int32 array ``[L]``. ``ids`` None: an element past
+    int64 (``input_ids`` names it)."""
     if ids is None or ids.min() < 0 or ids.max() >= limit:
         bad = ([t for t in input_ids if not 0 <= int(t) < limit] if ids is None
                else ids[(ids < 0) | (ids >= limit)].tolist())
@@ -44,7 +78,7 @@ def check_input_ids(input_ids: Sequence[Any], vocab_size: int | None, max_length
         raise InvalidRequestError(
             f"prompt has {len(ids)} tokens; the context length is {max_length}, so prompts "
             f"must have at most {max_length - 1} tokens")
-    return ids.astype(np.int32)
+    return ids.astype(np.int32)  # a copy, also when ``ids`` is int32
 
 
 def _as_int_array(input_ids: Sequence[Any]) -> np.ndarray | None:

@@ -128,6 +128,7 @@ class EngineReplicas(BatchedSamplesBackend):
     """
 
     name = "embedded"
+    takes_id_arrays = True  # submit() copies them (check_input_ids)
     #: a new session whose prompt equals a recent new session's goes to that session's replica
     #: (whose engine then prefills the prompt once for both: ``EngineConfig.share_prompts``,
     #: e.g. a GRPO group's first turns) unless that replica has more than this many live
