@@ -269,6 +269,7 @@ class WorkerGroup:
         self._tasks: set[asyncio.Task] = set()
         self._serving: set[asyncio.Task] = set()
         self.backend: Any = None
+        self._id_arrays = False  # the backend takes id arrays (set with it in collect)
 
     async def _start(self) -> None:
         loop = asyncio.get_running_loop()
@@ -320,7 +321,7 @@ class WorkerGroup:
                         new_ids: list[int], sampling: Any) -> None:
         # a backend that takes id arrays gets this side's array itself (it keeps nothing of
         # it past the call: RolloutBackend.takes_id_arrays), so only the new ids are converted
-        arrays = bool(getattr(self.backend, "takes_id_arrays", False))
+        arrays = self._id_arrays
         ids = self._ids.setdefault(session, array("i") if arrays else [])
         del ids[start:]
         ids.extend(new_ids)
@@ -356,6 +357,7 @@ class WorkerGroup:
         trajectories in ``specs`` order."""
         await self._start()
         self.backend = backend
+        self._id_arrays = bool(getattr(backend, "takes_id_arrays", False))
         job = self._next_job
         self._next_job += 1
         future = asyncio.get_running_loop().create_future()

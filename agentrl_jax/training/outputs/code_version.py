@@ -53,12 +53,11 @@ def source_files(root: str, packages: Iterable[str] = PACKAGES) -> list[str]:
     (caches skipped)."""
     out = []
     for package in packages:
-        for folder, dirs, names in os.walk(os.path.join(root, package)):
-            dirs[:] = [d for d in dirs if d != "__pycache__" and not d.startswith(".")]
+        for folder, _, names in os.walk(os.path.join(root, package)):
             for name in names:
-                if name.endswith(".py"):
-                    rel = os.path.relpath(os.path.join(folder, name), root)
-                    out.append(rel.replace(os.sep, "/"))
+                rel = os.path.relpath(os.path.join(folder, name), root).replace(os.sep, "/")
+                if counted(rel):
+                    out.append(rel)
     return out
 
 
