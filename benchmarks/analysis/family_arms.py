@@ -174,6 +174,19 @@ ARMS: tuple[Arm, ...] = (
         "dev",
     ),
     Arm(
+        "webnav",
+        "choice restricted to letters, the page's option order, 45 steps",
+        _numbered("results/webnav_choice_test/webnav_choice_test"),
+        "test",
+    ),
+    Arm(
+        "webnav",
+        "choice restricted to letters, options shuffled each turn, 45 steps, one seed",
+        ("results/webnav_choice_test/webnav_shuffled_test_s0",),
+        "test",
+        note="seeds 1 and 2 were cut at steps 32 and 36, before their final evaluation",
+    ),
+    Arm(
         "deepsearch",
         "grpo_gpu, free text, old lookup task set (100 s)",
         (
