@@ -105,10 +105,14 @@
 #        warm-up) with the variants base, switch (GIL switch interval 0.5 ms) and workers (the
 #        episodes in 4 actor worker processes: the event loop's Python leaves the engine's
 #        process). Timeout 360 s.
+# workers_step: whether the episodes in 4 actor worker processes shorten the RL step (one sample
+#        of the 20-turn rollout said so: docs/PERFORMANCE.md, "The 20-turn rollout on the fixed
+#        tree"): rl_step.py (--steps 6, packed, fresh process) at a fixed horizon of 20 and of 6,
+#        rollout.actor_workers 0 then 4, alternating twice at 20. Timeouts 6 x 120 s.
 # Logs and JSON go to OUT; docs/PERFORMANCE.md quotes them with this command.
 set -u
 PARTS="step|parts|dtype|engine_dtype|prefill|prefill_bf16|learner_mfu|gil|trace|env|launch"
-PARTS="$PARTS|decode_loop|host|gil20"
+PARTS="$PARTS|decode_loop|host|gil20|workers_step"
 USAGE="usage: speed_round2.sh $PARTS OUT [BASELINE_DIR]"
 PART=${1:?$USAGE}
 OUT=${2:?$USAGE}
@@ -277,6 +281,15 @@ case "$PART" in
           --variants base --rollouts 3 --horizon 20 --label "this tree, round $round" \
           --json "$OUT/rollout_profile_h20_new_$round.json" \
           > "$OUT/rollout_profile_h20_new_$round.log" 2>&1
+    done
+    ;;
+  workers_step)
+    for run in "20 0 1" "20 4 1" "20 0 2" "20 4 2" "6 0 1" "6 4 1"; do
+      set -- $run  # horizon, actor workers, round
+      timeout 120 python3 benchmarks/speed/rl_step.py --config $CFG --steps 6 --variants packed \
+          --fresh-process --set "horizon.type='fixed'" --set "horizon.turns=$1" \
+          --set "rollout.actor_workers=$2" --label "horizon $1, $2 actor workers, round $3" \
+          --json "$OUT/rl_step_h$1_w$2_$3.json" > "$OUT/rl_step_h$1_w$2_$3.log" 2>&1
     done
     ;;
   *) echo "unknown part $PART ($PARTS)" >&2
