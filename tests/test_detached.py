@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -105,3 +106,43 @@ def test_snapshot_refuses_a_dir_inside_the_folder_it_copies(tmp_path):
                               "--", "true"], cwd=tmp_path, capture_output=True, text=True,
                              timeout=60)
     assert refused.returncode == 2 and "outside the folder" in refused.stderr
+
+
+def test_stop_reaches_a_job_in_its_own_process_group_and_waits_for_it(tmp_path):
+    """jobs.sh runs each job under ``timeout``, which leads a process group of its own: a stop
+    that signalled only the command's group left such jobs running (and holding the GPU). Now
+    every group of the session gets SIGTERM and ``stop`` returns once the job has cleaned up
+    (here: a second's work after the signal, then a file)."""
+    work, cleaned = tmp_path / "det", tmp_path / "cleaned"
+    job = (f"trap 'sleep 1; echo done > {cleaned}; exit 0' TERM; "
+           f"while :; do sleep 0.1; done")
+    started = _det("start", work, "--", "bash", "-c",
+                   f'timeout 60 bash -c "{job}" & echo job started; wait')
+    assert started.returncode == 0
+    for _ in range(100):  # the job's trap is set once it prints
+        if "job started" in (work / "log").read_text():
+            break
+        time.sleep(0.05)
+    pid = int((work / "pid").read_text())
+    try:
+        stopped = _det("stop", work, 30)
+        assert stopped.returncode == 0, stopped.stderr
+        assert cleaned.read_text() == "done\n"  # stop returned after the job's clean-up
+        assert "every process of session" in stopped.stdout
+        assert not _session_pids(pid)
+    finally:
+        for other in _session_pids(pid):  # never leave a job behind, whatever failed
+            os.kill(other, signal.SIGKILL)
+
+
+def _session_pids(sid: int) -> list[int]:
+    """The processes whose session id is ``sid``."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if os.getsid(int(entry.name)) == sid:
+                    pids.append(int(entry.name))
+            except (ProcessLookupError, PermissionError):
+                pass
+    return pids

@@ -4,7 +4,8 @@
 #
 #   bash benchmarks/gpu/detached.sh start DIR [--snapshot] -- COMMAND...   # returns at once
 #   bash benchmarks/gpu/detached.sh wait DIR SECONDS      # until it ends, or SECONDS pass
-#   bash benchmarks/gpu/detached.sh stop DIR              # SIGTERM to its process group
+#   bash benchmarks/gpu/detached.sh stop DIR [SECONDS]    # SIGTERM to its processes, then
+#                                                         # wait for them (default 120 s)
 #
 # The lent machine kills what a call leaves running when the call returns, except a process
 # that started a new session (setsid), which runs on until the machine is given back
@@ -34,12 +35,23 @@
 # log (DIR/log) gained since the last `wait`, and exits with the command's exit status once it
 # has ended (DIR/rc), or 124 while it still runs after SECONDS.
 set -uo pipefail
-usage() { sed -n '5,7p' "$0" | sed 's/^#   //' >&2; exit 2; }
+usage() { sed -n '5,8p' "$0" | sed 's/^#   //' >&2; exit 2; }
 [ $# -ge 2 ] || usage
 mode=$1 dir=$2
 shift 2
 
 running() { [ -f "$dir/pid" ] && [ ! -f "$dir/rc" ] && kill -0 "$(cat "$dir/pid")" 2>/dev/null; }
+
+session_members() {  # session_members SID: "PID PGID" of each process of session SID
+  local stat pid line pgrp session
+  for stat in /proc/[0-9]*/stat; do
+    pid=${stat#/proc/} && pid=${pid%/stat}
+    { read -r line < "$stat"; } 2> /dev/null || continue  # gone since the glob
+    read -r _ _ pgrp session _ <<< "${line##*) }"  # after the name: state ppid pgrp session
+    [ "$session" = "$1" ] && echo "$pid $pgrp"
+  done
+  return 0
+}
 
 show_new_lines() {  # the log's lines after those an earlier wait showed
   local shown=0 total
@@ -117,9 +129,28 @@ case $mode in
     done
     ;;
   stop)
-    running || { echo "detached: nothing runs in $dir"; exit 0; }
+    # SIGTERM to every process group of the command's session, not only its own: a job that
+    # jobs.sh runs under `timeout` leads a group of its own and went on running after a stop
+    # that signalled the session's group alone (2026-12-06: two RL runs held the GPU until
+    # their time limit, and the profiles started after the stop failed to allocate memory).
+    # Then wait until no process of the session is left, so what comes next has the machine.
+    seconds=${1:-120}
+    [ -f "$dir/pid" ] || { echo "detached: nothing was started in $dir"; exit 0; }
     pid=$(cat "$dir/pid")
-    kill -TERM -- "-$pid" && echo "detached: SIGTERM to process group $pid"
+    groups=$(session_members "$pid" | cut -d' ' -f2 | sort -u)
+    [ -n "$groups" ] || { echo "detached: nothing runs in $dir"; exit 0; }
+    for group in $groups; do kill -TERM -- "-$group" 2> /dev/null; done
+    echo "detached: SIGTERM to process group(s) $(echo $groups) of session $pid"
+    end=$((SECONDS + seconds))
+    while [ -n "$(session_members "$pid")" ]; do
+      if [ "$SECONDS" -ge "$end" ]; then
+        echo "detached: still running $seconds s after SIGTERM (pid pgid):" \
+             "$(session_members "$pid" | tr '\n' ' ')" >&2
+        exit 124
+      fi
+      sleep 1
+    done
+    echo "detached: every process of session $pid has ended"
     ;;
   *) usage ;;
 esac
