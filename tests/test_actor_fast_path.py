@@ -355,3 +355,23 @@ async def test_workers_post_straight_to_http_rollout_servers(tokenizer, babyai):
         assert b.turn_versions == sorted(b.turn_versions) and set(b.turn_versions) <= {0, 1}
     versions = [v for t in direct for v in t.turn_versions]
     assert len(versions) == n_turns and 0 in versions and 1 in versions
+
+
+def test_worker_shares_keep_a_group_in_one_worker_and_balance_the_rest():
+    """A collect's specs list each group's samples together; the workers get contiguous runs of
+    sizes that differ by at most one (hand-computed), every episode exactly once."""
+    from agentrl_jax.agent.workers import worker_shares
+
+    assert worker_shares(256, 4) == [range(0, 64), range(64, 128), range(128, 192),
+                                     range(192, 256)]
+    specs = [(g, i) for g in range(32) for i in range(8)]  # 32 groups x 8 samples
+    for share in worker_shares(len(specs), 4):
+        groups = {specs[i][0] for i in share}
+        assert all(sum(1 for i in share if specs[i][0] == g) == 8 for g in groups)
+    assert worker_shares(10, 4) == [range(0, 2), range(2, 5), range(5, 7), range(7, 10)]
+    assert worker_shares(2, 4) == [range(0, 0), range(0, 1), range(1, 1), range(1, 2)]
+    for count in range(0, 40):
+        for workers in range(1, 7):
+            shares = worker_shares(count, workers)
+            assert [i for s in shares for i in s] == list(range(count))
+            assert max(map(len, shares)) - min(map(len, shares)) <= 1

@@ -56,6 +56,16 @@ _HEADER = struct.Struct("!I")
 VERSION_POLL_S = 0.005  # direct mode: how often version_fn is read while a job runs
 
 
+def worker_shares(count: int, workers: int) -> list[range]:
+    """Which of ``count`` episodes each of ``workers`` workers plays: contiguous runs of sizes
+    that differ by at most one, ``range(w * count // workers, (w + 1) * count // workers)``.
+    A collect lists a group's samples next to each other, so a group's episodes start in one
+    worker and their first requests, which share one prompt, reach the engine together (dealt
+    round-robin, a group's samples came from every worker at different moments and fewer of
+    them shared the prefill: docs/PERFORMANCE.md, "The 20-turn rollout on the fixed tree")."""
+    return [range(w * count // workers, (w + 1) * count // workers) for w in range(workers)]
+
+
 async def _read(reader: asyncio.StreamReader) -> Any:
     size = _HEADER.unpack(await reader.readexactly(_HEADER.size))[0]
     return pickle.loads(await reader.readexactly(size))
@@ -368,9 +378,9 @@ class WorkerGroup:
             if not specs:
                 return []
             version = version_fn() if version_fn is not None else policy_version
-            for w, writer in enumerate(self._writers):
-                mine = [((job << 32) | i, *spec) for i, spec in enumerate(specs)
-                        if i % self.n == w]
+            for w, (writer, share) in enumerate(zip(self._writers, worker_shares(len(specs),
+                                                                            self.n))):
+                mine = [((job << 32) | i, *specs[i]) for i in share]
                 if mine:
                     _write(writer, ("run", mine, horizon, policy_version, seed, version))
             if self.setup.direct is not None and version_fn is not None:
