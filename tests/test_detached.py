@@ -114,15 +114,17 @@ def test_stop_reaches_a_job_in_its_own_process_group_and_waits_for_it(tmp_path):
     every group of the session gets SIGTERM and ``stop`` returns once the job has cleaned up
     (here: a second's work after the signal, then a file)."""
     work, cleaned = tmp_path / "det", tmp_path / "cleaned"
-    job = (f"trap 'sleep 1; echo done > {cleaned}; exit 0' TERM; "
+    job = (f"trap 'sleep 1; echo done > {cleaned}; exit 0' TERM; echo trap set; "
            f"while :; do sleep 0.1; done")
-    started = _det("start", work, "--", "bash", "-c",
-                   f'timeout 60 bash -c "{job}" & echo job started; wait')
+    started = _det("start", work, "--", "bash", "-c", f'timeout 60 bash -c "{job}" & wait')
     assert started.returncode == 0
-    for _ in range(100):  # the job's trap is set once it prints
-        if "job started" in (work / "log").read_text():
+    log = work / "log"
+    for _ in range(200):  # the job prints once its trap is set
+        if log.exists() and "trap set" in log.read_text():
             break
         time.sleep(0.05)
+    else:
+        raise AssertionError("the job never started")
     pid = int((work / "pid").read_text())
     try:
         stopped = _det("stop", work, 30)
