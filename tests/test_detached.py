@@ -119,7 +119,7 @@ def test_stop_reaches_a_job_in_its_own_process_group_and_waits_for_it(tmp_path):
     started = _det("start", work, "--", "bash", "-c", f'timeout 60 bash -c "{job}" & wait')
     assert started.returncode == 0
     log = work / "log"
-    for _ in range(200):  # the job prints once its trap is set
+    for _ in range(600):  # the job prints once its trap is set (a loaded box: up to 30 s)
         if log.exists() and "trap set" in log.read_text():
             break
         time.sleep(0.05)

@@ -378,8 +378,7 @@ class WorkerGroup:
             if not specs:
                 return []
             version = version_fn() if version_fn is not None else policy_version
-            for w, (writer, share) in enumerate(zip(self._writers, worker_shares(len(specs),
-                                                                            self.n))):
+            for writer, share in zip(self._writers, worker_shares(len(specs), self.n)):
                 mine = [((job << 32) | i, *specs[i]) for i in share]
                 if mine:
                     _write(writer, ("run", mine, horizon, policy_version, seed, version))

@@ -285,11 +285,13 @@ case "$PART" in
     ;;
   workers_step)
     for run in "20 0 1" "20 4 1" "20 0 2" "20 4 2" "6 0 1" "6 4 1"; do
-      set -- $run  # horizon, actor workers, round
+      read -r turns workers round <<< "$run"
       timeout 120 python3 benchmarks/speed/rl_step.py --config $CFG --steps 6 --variants packed \
-          --fresh-process --set "horizon.type='fixed'" --set "horizon.turns=$1" \
-          --set "rollout.actor_workers=$2" --label "horizon $1, $2 actor workers, round $3" \
-          --json "$OUT/rl_step_h$1_w$2_$3.json" > "$OUT/rl_step_h$1_w$2_$3.log" 2>&1
+          --fresh-process --set "horizon.type='fixed'" --set "horizon.turns=$turns" \
+          --set "rollout.actor_workers=$workers" \
+          --label "horizon $turns, $workers actor workers, round $round" \
+          --json "$OUT/rl_step_h${turns}_w${workers}_$round.json" \
+          > "$OUT/rl_step_h${turns}_w${workers}_$round.log" 2>&1
     done
     ;;
   *) echo "unknown part $PART ($PARTS)" >&2
