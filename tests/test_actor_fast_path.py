@@ -11,6 +11,7 @@ tokens, and ``/batch`` answers and errors call by call.
 from __future__ import annotations
 
 import asyncio
+import os
 import random
 
 import aiohttp
@@ -355,6 +356,102 @@ async def test_workers_post_straight_to_http_rollout_servers(tokenizer, babyai):
         assert b.turn_versions == sorted(b.turn_versions) and set(b.turn_versions) <= {0, 1}
     versions = [v for t in direct for v in t.turn_versions]
     assert len(versions) == n_turns and 0 in versions and 1 in versions
+
+
+async def test_workers_spawned_ahead_serve_the_first_collect(tokenizer, babyai):
+    """``WorkerGroup.spawn()`` before the pool exists (the trainer does it beside the model
+    load): the processes are running before any setup is known, the pool's first collect
+    connects those same processes (no new ones) and the trajectories equal an in-process
+    run's; a pool refuses a group of another size or one already set up."""
+    from agentrl_jax.agent.workers import WorkerGroup
+
+    async with EnvClient(babyai.url) as client:
+        ids = await client.tasks("train")
+    tasks = [TaskRef("babyai", ids[(i * 104729) % len(ids)]) for i in range(4)]
+    reference, _ = await _collect(tokenizer, babyai.url, True, tasks, n_samples=2)
+    group = WorkerGroup(2)
+    group.spawn()
+    spawned = [p.pid for p in group._processes]
+    assert len(spawned) == 2 and all(p.is_alive() for p in group._processes)
+    group.spawn()  # running already: nothing more
+    assert [p.pid for p in group._processes] == spawned
+    settings = dict(max_context=1500, max_concurrency=32, parser=get_parser("react"),
+                    prompt_style="action", response_prefix="Action:", history_turns=0,
+                    history_stride=1, option_limits=False, shuffle_options=False)
+    async with EnvClient(babyai.url) as client:
+        backend = SeededBackend(tokenizer)
+        with pytest.raises(ValueError, match="spawned ahead"):
+            ActorPool(backend, {"babyai": client}, ChatFormatter(tokenizer),
+                      SamplingParams(max_new_tokens=32, stop=["\n"]), workers=3,
+                      worker_group=group, **settings)
+        pool = ActorPool(backend, {"babyai": client}, ChatFormatter(tokenizer),
+                         SamplingParams(max_new_tokens=32, stop=["\n"]), workers=2,
+                         worker_group=group, **settings)
+        try:
+            ahead, _ = await pool.collect(tasks, 2, 7, seed=11)
+            assert [p.pid for p in group._processes] == spawned
+            assert len(group._writers) == 2
+        finally:
+            pool.close()
+    assert not any(p.is_alive() for p in group._processes) and group._path is None
+    assert len(ahead) == len(reference) == 8
+    for a, b in zip(reference, ahead):
+        for field in CONTENT_FIELDS:
+            assert getattr(a, field) == getattr(b, field), (a.task_id, field)
+
+
+def test_a_group_spawned_ahead_and_never_used_closes_at_once():
+    """Processes spawned ahead wait for a socket that never opens; ``close()`` terminates
+    them first instead of giving each a 5-s join for a stop message it cannot get."""
+    from agentrl_jax.agent.workers import WorkerGroup
+
+    group = WorkerGroup(2)
+    group.spawn()
+    processes = list(group._processes)
+    calls: list[tuple[str, int]] = []
+    for process in processes:
+        def spy(name, method, pid=process.pid):
+            def call(*args, **kwargs):
+                calls.append((name, pid))
+                return method(*args, **kwargs)
+            return call
+        process.join = spy("join", process.join)
+        process.terminate = spy("terminate", process.terminate)
+    group.close()
+    assert not any(p.is_alive() for p in processes)
+    for process in processes:  # terminated, then reaped: no join came before the terminate
+        assert [c for c, pid in calls if pid == process.pid] == ["terminate", "join"]
+    assert group._processes == [] and group._path is None
+
+
+def test_the_run_spawns_its_workers_ahead_and_hands_them_to_its_pool(tokenizer):
+    """``services.spawn_actor_workers``: ``rollout.actor_workers`` processes running before the
+    pool is made (none for in-process episodes), and ``make_actor_pool`` gives the pool that
+    group rather than a new one."""
+    from agentrl_jax.training.config.experiment import base_config, to_run_config
+    from agentrl_jax.training.runtime import services
+
+    config = base_config()
+    assert services.spawn_actor_workers(to_run_config(config)) is None  # 0 by default
+    config.rollout.actor_workers = 2
+    run = to_run_config(config)
+    group = services.spawn_actor_workers(run)
+    try:
+        assert group.n == 2 and all(p.is_alive() for p in group._processes)
+        pool = services.make_actor_pool(run, object(), {}, tokenizer, worker_group=group)
+        assert pool.workers == 2 and pool._group is group
+    finally:
+        group.close()
+    assert group._processes == []
+
+
+async def test_a_waiting_worker_gives_up_when_its_parent_is_gone(tmp_path):
+    """A worker waiting for its group's socket returns once the pid it was spawned by is no
+    longer its parent (here a pid that is not this process's parent), not waiting forever."""
+    from agentrl_jax.agent.workers import _connect
+
+    parent = os.getppid() + 1
+    assert await asyncio.wait_for(_connect(str(tmp_path / "sock"), parent), 5) is None
 
 
 def test_worker_shares_keep_a_group_in_one_worker_and_balance_the_rest():

@@ -70,14 +70,17 @@ class ActorPool:
                  shuffle_options: bool,
                  env_errors: tuple[type[BaseException], ...] | None = None,
                  progress: Callable[[Trajectory], None] | None = None,
-                 workers: int = 0, direct_workers: bool = True):
+                 workers: int = 0, direct_workers: bool = True,
+                 worker_group: Any = None):
         """The run's settings have one source, the typed config (``rollout.max_context``,
         ``rollout.max_concurrency``, ``rollout.parser``, ``agent.prompt_style``,
         ``agent.response_prefix``, ``agent.history_turns``, ``agent.history_stride``,
         ``agent.option_limits``, ``agent.shuffle_options``): they have no defaults here, and
         ``training.runtime.services.make_actor_pool`` passes the config's. ``workers`` /
         ``direct_workers`` (``rollout.actor_workers`` / ``rollout.actor_workers_direct``)
-        default to in-process episodes."""
+        default to in-process episodes. ``worker_group``: a ``workers.WorkerGroup`` of
+        ``workers`` processes spawned ahead (``WorkerGroup.spawn``, beside the model load) and
+        not yet set up; this pool gives it its setup and owns it from here."""
         if env_errors is None:
             from environments.core.client import EnvConnectionError, EnvServerError
             env_errors = (EnvConnectionError, EnvServerError, OSError, asyncio.TimeoutError)
@@ -97,13 +100,17 @@ class ActorPool:
         # workers post to HTTP rollout servers themselves when the backend can say how
         # (``client_spec()``: SGLangBackend, EngineServers); else every request is relayed here
         self.direct_workers = bool(direct_workers)
-        self._group: Any = None
+        if worker_group is not None and (worker_group.n != self.workers
+                                         or worker_group.setup is not None):
+            raise ValueError(f"worker_group: {worker_group.n} processes spawned ahead without a "
+                             f"setup expected, for workers={self.workers}")
+        self._group: Any = worker_group
         # the last in-process collect's episodes' time by kind of work, summed (loop_times.py);
         # empty after a collect in worker processes (their episodes' clocks stay there)
         self.loop_times = LoopTimes()
 
     def _worker_group(self) -> Any:
-        if self._group is None:
+        if self._group is None or self._group.setup is None:
             from agentrl_jax.agent.workers import WorkerGroup, WorkerSetup
             missing = [n for n, c in self.env_clients.items() if not hasattr(c, "config")]
             if missing:
@@ -121,7 +128,10 @@ class ActorPool:
                 option_limits=self.option_limits, shuffle_options=self.shuffle_options,
                 direct=self.backend.client_spec()
                 if self.direct_workers and hasattr(self.backend, "client_spec") else None)
-            self._group = WorkerGroup(self.workers, setup)
+            if self._group is None:
+                self._group = WorkerGroup(self.workers, setup)
+            else:  # spawned ahead: its processes read this when the first collect connects
+                self._group.setup = setup
         return self._group
 
     def close(self) -> None:

@@ -33,8 +33,11 @@ version is read here when the request arrives: both up to a message hop from the
 moment).
 
 Trajectories are the in-process ones, field for field (tests/test_actor_fast_path.py; in direct
-mode too, turn versions aside). Workers start on the first ``collect`` (a few seconds: they import the tokenizer) and live until ``close()`` or this
-process ends.
+mode too, turn versions aside). Starting the processes takes seconds (each imports the episode
+code and the tokenizer); ``WorkerGroup.spawn()`` starts them ahead, before the setup is known
+(the trainer does it beside the model load): they wait for the group's socket, which the first
+``collect`` opens, and then read the setup. Without ``spawn()`` the first ``collect`` starts
+them. They live until ``close()`` or this process ends.
 """
 
 from __future__ import annotations
@@ -165,12 +168,31 @@ class _DirectBackend:
         return self.versions.pop(session, [])
 
 
-async def _worker(path: str) -> None:
+CONNECT_POLL_S = 0.02  # a worker spawned ahead: how often it looks for the group's socket
+
+
+async def _connect(path: str, parent: int | None) -> tuple[asyncio.StreamReader,
+                                                            asyncio.StreamWriter] | None:
+    """The group's socket at ``path``, once it listens; ``None`` when the parent process
+    (pid ``parent``) is gone first (this process then has a new parent)."""
+    while True:
+        try:
+            return await asyncio.open_unix_connection(path)
+        except (FileNotFoundError, ConnectionRefusedError):
+            if parent is not None and os.getppid() != parent:
+                return None
+            await asyncio.sleep(CONNECT_POLL_S)
+
+
+async def _worker(path: str, parent: int | None = None) -> None:
     from agentrl_jax.agent.chat import ChatFormatter
     from agentrl_jax.agent.episode import start_episode
     from environments.core.client import (EnvClient, EnvConnectionError, EnvServerError)
 
-    reader, writer = await asyncio.open_unix_connection(path)
+    connection = await _connect(path, parent)
+    if connection is None:
+        return
+    reader, writer = connection
     setup: WorkerSetup = await _read(reader)
     if setup.direct is not None:
         from agentrl_jax.rollout.backends.sglang import SGLangBackend
@@ -250,20 +272,24 @@ async def _worker(path: str) -> None:
             await backend.client.aclose()
 
 
-def worker_main(path: str) -> None:
-    """Entry point of a spawned worker process."""
+def worker_main(path: str, parent: int | None = None) -> None:
+    """Entry point of a spawned worker process: it serves the group whose socket is (or will
+    be) at ``path``; ``parent``: the spawning process's pid (it gives up waiting for the socket
+    when that process is gone)."""
     try:
         import uvloop
         uvloop.install()
     except ImportError:
         pass
-    asyncio.run(_worker(path))
+    asyncio.run(_worker(path, parent))
 
 
 class WorkerGroup:
-    """``n`` worker processes and the parent side of their protocol (one per ``ActorPool``)."""
+    """``n`` worker processes and the parent side of their protocol (one per ``ActorPool``).
+    ``setup`` may be given after construction (before the first ``collect``), so that the
+    processes can be spawned before what they need is known (``spawn``)."""
 
-    def __init__(self, n: int, setup: WorkerSetup):
+    def __init__(self, n: int, setup: WorkerSetup | None = None):
         if n < 1:
             raise ValueError("workers must be >= 1")
         self.n, self.setup = n, setup
@@ -272,6 +298,7 @@ class WorkerGroup:
         self._writers: list[asyncio.StreamWriter] = []
         self._processes: list[Any] = []
         self._dir: tempfile.TemporaryDirectory | None = None
+        self._path: str | None = None  # the socket the processes connect to
         self._ids: dict[str, Any] = {}  # session -> its ids (a list, or array("i"))
         self._jobs: dict[int, tuple[list, asyncio.Future, int, Callable | None,
                                     Callable | None]] = {}
@@ -281,14 +308,32 @@ class WorkerGroup:
         self.backend: Any = None
         self._id_arrays = False  # the backend takes id arrays (set with it in collect)
 
+    def spawn(self) -> None:
+        """Start the ``n`` processes now (if they are not running): they import what they need
+        and wait for the socket the first ``collect`` opens. Without it ``collect`` spawns
+        them and waits for their start-up."""
+        if self._processes:
+            return
+        self._dir = tempfile.TemporaryDirectory(prefix="agentrl-actors-")
+        self._path = os.path.join(self._dir.name, "sock")
+        ctx = multiprocessing.get_context("spawn")
+        for _ in range(self.n):
+            process = ctx.Process(target=worker_main, args=(self._path, os.getpid()),
+                                  daemon=True)
+            process.start()
+            self._processes.append(process)
+
     async def _start(self) -> None:
         loop = asyncio.get_running_loop()
         if self._loop is loop and self._writers:
             return
-        self.close()
+        if self.setup is None:
+            raise RuntimeError("WorkerGroup: no setup given before the first collect")
+        if self._server is not None:  # serving another event loop: start afresh
+            self.close()
         self._loop = loop
-        self._dir = tempfile.TemporaryDirectory(prefix="agentrl-actors-")
-        path = os.path.join(self._dir.name, "sock")
+        self.spawn()  # nothing to do when spawned ahead
+        path = self._path
         connected: asyncio.Queue = asyncio.Queue()
 
         async def accept(reader, writer) -> None:
@@ -302,11 +347,6 @@ class WorkerGroup:
         # bar's turn count, are not inherited)
         self._server = await contextvars.Context().run(
             asyncio.ensure_future, asyncio.start_unix_server(accept, path=path))
-        ctx = multiprocessing.get_context("spawn")
-        for _ in range(self.n):
-            process = ctx.Process(target=worker_main, args=(path,), daemon=True)
-            process.start()
-            self._processes.append(process)
         for _ in range(self.n):
             self._writers.append(await asyncio.wait_for(connected.get(), timeout=300))
 
@@ -401,6 +441,9 @@ class WorkerGroup:
                     _write(writer, ("ver", job, version))
 
     def close(self) -> None:
+        """Stop the processes (asked to, or terminated after 5 s; spawned ahead and never
+        connected: terminated at once)."""
+        stopping = bool(self._writers)
         for writer in self._writers:
             try:
                 _write(writer, ("stop",))
@@ -408,9 +451,11 @@ class WorkerGroup:
             except Exception:  # noqa: BLE001 -- the loop may be gone
                 pass
         for process in self._processes:
-            process.join(timeout=5)
+            if stopping:
+                process.join(timeout=5)
             if process.is_alive():
                 process.terminate()
+                process.join(timeout=5)
         for task in self._serving:
             task.cancel()
         self._serving = set()
@@ -418,4 +463,5 @@ class WorkerGroup:
             self._server.close()
         if self._dir is not None:
             self._dir.cleanup()
-        self._writers, self._processes, self._server, self._dir = [], [], None, None
+        self._writers, self._processes, self._server = [], [], None
+        self._dir = self._path = None

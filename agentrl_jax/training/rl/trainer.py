@@ -268,6 +268,10 @@ class Trainer:
                                  and jax.default_backend() != "cpu")
                 if compile_ahead:
                     self._ahead_compile = self._compile_before_load(say)
+                # the actor worker processes start up beside the model load, not in step 1
+                worker_group = services.spawn_actor_workers(cfg)
+                if worker_group is not None:
+                    stack.callback(worker_group.close)
                 with timed(say, "loading model "
                            + model_label(cfg.model.name, cfg.model.random_init)):
                     learner, model, tokenizer, model_path = load_learner(
@@ -337,7 +341,8 @@ class Trainer:
                 self.backend = backend
                 self.progress.turn_counter = TurnCounter(backend)
                 pool = services.make_actor_pool(cfg, self.progress.turn_counter, clients,
-                                                tokenizer, model.cfg.eos_token_ids)
+                                                tokenizer, model.cfg.eos_token_ids,
+                                                worker_group=worker_group)
                 train_tasks, eval_tasks = await self._task_lists(clients)
                 # train.task_sampling; at the checkpoint's cursor (and, for learnability, its
                 # levels' draws and success estimates)

@@ -265,8 +265,21 @@ def stop_strings(value: Any) -> list[str] | None:
     return [str(v) for v in items if str(v)] or None
 
 
+def spawn_actor_workers(config: RunConfig) -> Any:
+    """The actor worker processes (``rollout.actor_workers`` > 0) spawned now, beside what the
+    run does next (the model load), so the first rollout does not wait for their start-up;
+    ``None`` for in-process episodes. Hand the group to ``make_actor_pool``."""
+    if config.rollout.actor_workers <= 0:
+        return None
+    from agentrl_jax.agent.workers import WorkerGroup
+
+    group = WorkerGroup(config.rollout.actor_workers)
+    group.spawn()
+    return group
+
+
 def make_actor_pool(config: RunConfig, backend: Any, clients: Mapping[str, Any], tokenizer: Any,
-                    eos_token_ids: Sequence[int] = ()):
+                    eos_token_ids: Sequence[int] = (), worker_group: Any = None):
     from agentrl_jax.agent.actor_pool import ActorPool
     from agentrl_jax.agent.chat import ChatFormatter
     from agentrl_jax.agent.parsing import get_parser
@@ -287,7 +300,9 @@ def make_actor_pool(config: RunConfig, backend: Any, clients: Mapping[str, Any],
                      # episodes in N spawned processes, the backend here (docs/ROLLOUT.md)
                      workers=r.actor_workers,
                      # workers post to HTTP rollout servers themselves (engine_servers, sglang)
-                     direct_workers=r.actor_workers_direct)
+                     direct_workers=r.actor_workers_direct,
+                     # its processes spawned ahead (spawn_actor_workers), or None
+                     worker_group=worker_group)
 
 
 def task_filters(config: RunConfig) -> dict[str, re.Pattern[str]]:
