@@ -177,3 +177,34 @@ def test_host_alternates_the_baseline_and_this_tree_at_20_turns(tmp_path):
     done = subprocess.run(["bash", str(SCRIPT), "host", str(tmp_path / "o2")],
                           capture_output=True, text=True, timeout=60, check=False)
     assert done.returncode == 2 and "host needs BASELINE_DIR" in done.stderr
+
+
+def test_overlap_step_runs_both_variants_with_and_without_workers(tmp_path):
+    """``overlap_step``: three rl_step.py calls (fresh processes), each the packed and the
+    overlapped variant at a fixed horizon: 20 turns with 0 then 4 actor workers, then 6 turns
+    with 4; every file its own."""
+    runs = recorded_commands(tmp_path, "overlap_step")
+
+    def sets(run: list[str]) -> list[str]:
+        return [run[k + 1] for k, a in enumerate(run) if a == "--set"]
+
+    assert [r[0] for r in runs] == ["benchmarks/speed/rl_step.py"] * 3
+    for run in runs:
+        assert run[1:3] == BASE and "--fresh-process" in run
+        assert run[run.index("--variants") + 1] == "packed,overlap"
+    assert [sets(r) for r in runs] == [
+        ["horizon.type='fixed'", f"horizon.turns={turns}", f"rollout.actor_workers={workers}"]
+        for turns, workers in ((20, 0), (20, 4), (6, 4))]
+    assert len({r[r.index("--json") + 1] for r in runs}) == 3
+
+
+def test_headline_workers_runs_the_headline_recipe_in_process_then_with_workers(tmp_path):
+    """``headline_workers``: launch/run.py on the headline recipe cut to 240 s of training,
+    in-process episodes then 4 actor workers, each in its own work directory."""
+    runs = recorded_commands(tmp_path, "headline_workers")
+    assert [r[0] for r in runs] == ["launch/run.py"] * 2
+    for run, workers in zip(runs, (0, 4)):
+        assert run[1:3] == BASE
+        assert "--config.train.max_seconds=240" in run
+        assert f"--config.rollout.actor_workers={workers}" in run
+        assert run[run.index("--workdir") + 1].endswith(f"headline_w{workers}")

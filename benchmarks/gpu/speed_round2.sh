@@ -15,6 +15,8 @@
 #   bash benchmarks/gpu/speed_round2.sh launch OUT                  # the decode loop on device
 #   bash benchmarks/gpu/speed_round2.sh decode_loop OUT             # sampler and loop, split
 #   bash benchmarks/gpu/speed_round2.sh host OUT BASELINE_DIR       # host work at 20 turns
+#   bash benchmarks/gpu/speed_round2.sh overlap_step OUT            # overlap x workers, 20 turns
+#   bash benchmarks/gpu/speed_round2.sh headline_workers OUT        # the headline run, workers
 #
 # step:  the device copy bandwidth; then benchmarks/speed/rl_step.py (--variants packed, 6 steps,
 #        --fresh-process) of BASELINE_DIR (a checkout of the code before, e.g.
@@ -109,10 +111,22 @@
 #        of the 20-turn rollout said so: docs/PERFORMANCE.md, "The 20-turn rollout on the fixed
 #        tree"): rl_step.py (--steps 6, packed, fresh process) at a fixed horizon of 20 and of 6,
 #        rollout.actor_workers 0 then 4, alternating twice at 20. Timeouts 6 x 120 s.
+# overlap_step: whether the next rollout overlapped with the update (train.max_staleness 1)
+#        shortens the step now that the rollout keeps the device busy a third of its wall
+#        (docs/PERFORMANCE.md, "Issue 49 on one H100: the rollout's device time"; on
+#        2026-11-29 the overlap did not help, when the update took 1.8 s), with and without 4
+#        actor workers: rl_step.py (--steps 6, fresh process) at a fixed horizon of 20, the
+#        variants packed and overlap for actor_workers 0 then 4, then both variants at 6 with
+#        4 workers. Timeouts 3 x 240 s (each rl_step call runs its two variants).
+# headline_workers: the headline run (launch/run.py, experiments/babyai.py:grpo_gpu, its
+#        horizons 6 -> 13 -> 20) cut to 240 s of training as in session 53's mean-step
+#        measurement, in-process episodes then 4 actor workers (spawned beside the model load),
+#        each a fresh process; the mean step over the run and per horizon from each run's
+#        metrics. Timeouts 2 x 480 s: under detached.sh, not within one call.
 # Logs and JSON go to OUT; docs/PERFORMANCE.md quotes them with this command.
 set -u
 PARTS="step|parts|dtype|engine_dtype|prefill|prefill_bf16|learner_mfu|gil|trace|env|launch"
-PARTS="$PARTS|decode_loop|host|gil20|workers_step"
+PARTS="$PARTS|decode_loop|host|gil20|workers_step|overlap_step|headline_workers"
 USAGE="usage: speed_round2.sh $PARTS OUT [BASELINE_DIR]"
 PART=${1:?$USAGE}
 OUT=${2:?$USAGE}
@@ -281,6 +295,24 @@ case "$PART" in
           --variants base --rollouts 3 --horizon 20 --label "this tree, round $round" \
           --json "$OUT/rollout_profile_h20_new_$round.json" \
           > "$OUT/rollout_profile_h20_new_$round.log" 2>&1
+    done
+    ;;
+  overlap_step)
+    for run in "20 0" "20 4" "6 4"; do
+      read -r turns workers <<< "$run"
+      timeout 240 python3 benchmarks/speed/rl_step.py --config $CFG --steps 6 \
+          --variants packed,overlap --fresh-process --set "horizon.type='fixed'" \
+          --set "horizon.turns=$turns" --set "rollout.actor_workers=$workers" \
+          --label "horizon $turns, $workers actor workers" \
+          --json "$OUT/rl_step_overlap_h${turns}_w$workers.json" \
+          > "$OUT/rl_step_overlap_h${turns}_w$workers.log" 2>&1
+    done
+    ;;
+  headline_workers)
+    for workers in 0 4; do
+      timeout 480 python3 launch/run.py --config $CFG --workdir "$OUT/headline_w$workers" \
+          --config.train.max_seconds=240 --config.rollout.actor_workers=$workers \
+          > "$OUT/headline_w$workers.log" 2>&1
     done
     ;;
   workers_step)
