@@ -208,3 +208,9 @@ def test_headline_workers_runs_the_headline_recipe_in_process_then_with_workers(
         assert "--config.train.max_seconds=240" in run
         assert f"--config.rollout.actor_workers={workers}" in run
         assert run[run.index("--workdir") + 1].endswith(f"headline_w{workers}")
+
+
+def test_donation_runs_the_donation_probe_with_its_defaults(tmp_path):
+    (run,) = recorded_commands(tmp_path, "donation")
+    assert run[0] == "benchmarks/speed/donation_dispatch.py"
+    assert run[1] == "--json" and run[2].endswith("donation_dispatch.json") and len(run) == 3

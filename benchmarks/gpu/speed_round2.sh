@@ -17,6 +17,7 @@
 #   bash benchmarks/gpu/speed_round2.sh host OUT BASELINE_DIR       # host work at 20 turns
 #   bash benchmarks/gpu/speed_round2.sh overlap_step OUT            # overlap x workers, 20 turns
 #   bash benchmarks/gpu/speed_round2.sh headline_workers OUT        # the headline run, workers
+#   bash benchmarks/gpu/speed_round2.sh donation OUT                # a donated launch's wait
 #
 # step:  the device copy bandwidth; then benchmarks/speed/rl_step.py (--variants packed, 6 steps,
 #        --fresh-process) of BASELINE_DIR (a checkout of the code before, e.g.
@@ -123,10 +124,14 @@
 #        measurement, in-process episodes then 4 actor workers (spawned beside the model load),
 #        each a fresh process; the mean step over the run and per horizon from each run's
 #        metrics. Timeouts 2 x 480 s: under detached.sh, not within one call.
+# donation: whether a launch that donates the KV cache its previous call still writes waits for
+#        that call (the prefill launches' ~8 ms off the CPU; benchmarks/speed/
+#        donation_dispatch.py, its defaults: 60 arrays [256, 1024, 192] bf16, 100 chained
+#        2048^2 products a step). Timeout 120 s.
 # Logs and JSON go to OUT; docs/PERFORMANCE.md quotes them with this command.
 set -u
 PARTS="step|parts|dtype|engine_dtype|prefill|prefill_bf16|learner_mfu|gil|trace|env|launch"
-PARTS="$PARTS|decode_loop|host|gil20|workers_step|overlap_step|headline_workers"
+PARTS="$PARTS|decode_loop|host|gil20|workers_step|overlap_step|headline_workers|donation"
 USAGE="usage: speed_round2.sh $PARTS OUT [BASELINE_DIR]"
 PART=${1:?$USAGE}
 OUT=${2:?$USAGE}
@@ -307,6 +312,10 @@ case "$PART" in
           --json "$OUT/rl_step_overlap_h${turns}_w$workers.json" \
           > "$OUT/rl_step_overlap_h${turns}_w$workers.log" 2>&1
     done
+    ;;
+  donation)
+    timeout 120 python3 benchmarks/speed/donation_dispatch.py --json "$OUT/donation_dispatch.json" \
+        > "$OUT/donation_dispatch.log" 2>&1
     ;;
   headline_workers)
     for workers in 0 4; do
