@@ -116,3 +116,24 @@ def test_a_flat_held_out_curve_stops_the_run_and_its_resumption(tmp_path, compil
         summary = json.load(f)
     assert [s["stopped"] for s in summary["sessions"] if s["steps"]] == ["plateau", "plateau"]
     assert summary["final_step"] == summary["finished_step"] == 3
+
+
+@pytest.mark.slow
+def test_a_run_with_actor_workers_trains_on_the_in_process_runs_episodes(tmp_path,
+                                                                         compile_cache_env):
+    """``rollout.actor_workers=2``: the trainer spawns the workers beside the model load and
+    hands them to its pool (``services.spawn_actor_workers``); the run ends normally and its
+    training episodes are the in-process run's, field for field."""
+    episodes = {}
+    for workers in (0, 2):
+        workdir = str(tmp_path / f"w{workers}")
+        out = _run(workdir, compile_cache_env, "--config.train.total_steps=1",
+                   f"--config.rollout.actor_workers={workers}")
+        assert "[step 1/1]" in out and "run finished" in out
+        (path,) = glob.glob(os.path.join(workdir, "trajectories_train*.jsonl*"))
+        episodes[workers] = list(read_records(path))
+    assert len(episodes[2]) == len(episodes[0]) > 0
+    for a, b in zip(episodes[0], episodes[2]):
+        for field in ("task_id", "token_ids", "loss_mask", "logprobs", "messages", "reward",
+                      "num_turns", "turn_versions"):
+            assert a[field] == b[field], field
