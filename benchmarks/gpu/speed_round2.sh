@@ -125,7 +125,7 @@
 #        each a fresh process; the mean step over the run and per horizon from each run's
 #        metrics. Timeouts 2 x 480 s: under detached.sh, not within one call.
 # donation: whether a launch that donates the KV cache its previous call still writes waits for
-#        that call (the prefill launches' ~8 ms off the CPU; benchmarks/speed/
+#        that call (the prefill launches' time off the CPU; benchmarks/speed/
 #        donation_dispatch.py, its defaults: 60 arrays [256, 1024, 192] bf16, 100 chained
 #        2048^2 products a step). Timeout 120 s.
 # Logs and JSON go to OUT; docs/PERFORMANCE.md quotes them with this command.

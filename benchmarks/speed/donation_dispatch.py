@@ -1,8 +1,8 @@
 """Does a jitted call that donates a buffer still being written by the previous call block its
 caller until that call is done? The engine's prefill and row-copy calls donate the KV cache,
 often back to back within one admission pass, and in the GPU profiles their launches keep the
-engine thread off the CPU ~8 ms a call (docs/PERFORMANCE.md, "Actor workers in the RL step, and
-the host changes at 20 turns": the GIL hand-offs of the call's arrays are not it). If the
+engine thread off the CPU for most of each call (docs/PERFORMANCE.md, "Actor workers in the RL
+step, and the host changes at 20 turns": the GIL hand-offs of the call's arrays are not it). If the
 launch waits for the donated buffer's producer, that wait is device time spent with the
 thread idle, and host work could be moved before the launch.
 
