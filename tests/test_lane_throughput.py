@@ -20,13 +20,14 @@ def _run(path, rows):
 
 @pytest.fixture
 def runs(tmp_path):
-    # run a: a step every 10 s from t=100 (steps 1..6), 100 tokens a step, 3 turns; an
-    # evaluation row at t=125 (no generated tokens: not a training row)
-    a = [{"step": s, "time": 90 + 10 * s, "batch/generated_tokens": 100,
-          "rollout/mean_turns": 3.0} for s in range(1, 7)]
+    # run a: a step every 10 s from t=100 (steps 1..6), 100 generated tokens a step (40 of
+    # them in groups trained on), 3 turns; an evaluation row at t=125 (not a training row)
+    a = [{"step": s, "time": 90 + 10 * s, "rollout/generated_tokens": 100,
+          "batch/generated_tokens": 40, "rollout/mean_turns": 3.0} for s in range(1, 7)]
     a.append({"step": 2, "time": 125, "eval/avg@4": 0.5})
     # run b: steps at t=100, 104, 108, 112, 116, 120, 124, 128: 50 tokens, turns 1 then 2
-    b = [{"step": s, "time": 96 + 4 * s, "batch/generated_tokens": 50,
+    b = [{"step": s, "time": 96 + 4 * s, "rollout/generated_tokens": 50,
+          "batch/generated_tokens": 50,
           "rollout/mean_turns": 1.0 if s % 2 else 2.0} for s in range(1, 9)]
     return _run(tmp_path / "a", a), _run(tmp_path / "b", b)
 
@@ -38,6 +39,7 @@ def test_a_window_counts_the_rows_inside_it(runs):
     ra, rb = report["runs"][a], report["runs"][b]
     assert (ra["steps"], ra["first_step"], ra["last_step"]) == (2, 1, 2)
     assert ra["generated_tokens"] == 200 and ra["seconds_per_step"] == pytest.approx(10.0)
+    assert ra["trained_tokens"] == 80  # the flat groups' tokens are generated, not trained
     assert (rb["steps"], rb["generated_tokens"]) == (5, 250)
     assert rb["seconds_per_step"] == pytest.approx(4.0)
     assert rb["turns_mean"] == pytest.approx((1 + 2 + 1 + 2 + 1) / 5)

@@ -11,7 +11,9 @@ start and its lanes' start and end are in the jobs driver's ``timings.jsonl``). 
 and run, over the training rows (those with ``batch/generated_tokens``) whose ``time`` t has
 START <= t < END:
 
-* steps = the rows; tokens = sum ``batch/generated_tokens``; turns = mean ``rollout/mean_turns``;
+* steps = the rows; tokens = sum ``rollout/generated_tokens`` (every token the rollout
+  generated; ``batch/generated_tokens`` counts only those of the groups trained on, without the
+  flat groups skipped: ``trained_tokens``); turns = mean ``rollout/mean_turns``;
 * seconds a step = (t_last - t_first) / (steps - 1) (from two rows on);
 
 and over all runs: generated tok/s = sum tokens / (END - START), steps/s = sum steps /
@@ -57,7 +59,8 @@ def run_in_window(rows: list[dict], start: float, end: float) -> dict[str, Any]:
         "steps": len(inside),
         "first_step": int(inside[0]["step"]) if inside else None,
         "last_step": int(inside[-1]["step"]) if inside else None,
-        "generated_tokens": sum(float(r["batch/generated_tokens"]) for r in inside),
+        "generated_tokens": sum(float(r["rollout/generated_tokens"]) for r in inside),
+        "trained_tokens": sum(float(r["batch/generated_tokens"]) for r in inside),
         "turns_mean": sum(turns) / len(turns) if turns else None,
         "seconds_per_step": ((float(inside[-1]["time"]) - float(inside[0]["time"]))
                              / (len(inside) - 1) if len(inside) > 1 else None),
