@@ -71,9 +71,15 @@ def grpo_gpu() -> ConfigDict:
     one-GPU recipe (``common.gpu_recipe``: packed rows, flat groups skipped, no entropy bonus or
     KL term, bfloat16 sampler and learner since 2026-12-03, truncated importance sampling, two
     optimiser steps per batch). Evaluation: 128 held-out test tasks x 4 samples, 20 turns,
-    before and after."""
-    return gpu_recipe(env="babyai", server_args="--max-sessions 1024", phases=(6, 13, 20),
-                      steps_per_phase=15, eval_horizon=20, context=3072, max_new_tokens=24)
+    before and after. The episodes run in 4 actor worker processes (``rollout.actor_workers``,
+    spawned beside the model load; the trajectories are the in-process ones): the rollout's
+    host work leaves the engine's process, which shortened the rollout at every horizon
+    measured (docs/PERFORMANCE.md, "Actor workers in the headline run"); before 2026-12-07
+    the episodes ran in-process (``--config.rollout.actor_workers=0`` runs it so)."""
+    c = gpu_recipe(env="babyai", server_args="--max-sessions 1024", phases=(6, 13, 20),
+                   steps_per_phase=15, eval_horizon=20, context=3072, max_new_tokens=24)
+    c.rollout.actor_workers = 4
+    return c
 
 
 def learnability_gpu() -> ConfigDict:
@@ -333,6 +339,7 @@ def paper_scale_7b(num_gpus: int | None = None) -> ConfigDict:
     c.rollout.max_context = 2048
     c.rollout.max_batch = 256
     c.rollout.max_concurrency = 256
+    c.rollout.actor_workers = 0  # the episodes in this process, as its step was sized
     c.horizon.type = "fixed"
     c.horizon.turns = 13
     c.train.tasks_per_step = 32

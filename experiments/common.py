@@ -247,8 +247,9 @@ def bc_gpu(c: ConfigDict, data: str, record_episodes: int, batch_size: int, epoc
 
 def cpu_sized_sft(c: ConfigDict) -> ConfigDict:
     """An SFT config sized for a CPU: unpacked learner rows one at a time, the default engine
-    dtype, a float32 learner, 64 episodes in flight, 32 evaluation tasks (the GPU variants keep
-    the RL config's bfloat16 engine and packed learner)."""
+    dtype, a float32 learner, 64 episodes in flight in this process (no actor workers), 32
+    evaluation tasks (the GPU variants keep the RL config's bfloat16 engine, packed learner and
+    workers)."""
     c.learner.attention_impl = None
     c.learner.dtype = "float32"
     c.learner.micro_batch_size = 1
@@ -256,5 +257,6 @@ def cpu_sized_sft(c: ConfigDict) -> ConfigDict:
     c.rollout.engine_dtype = ""
     c.rollout.max_batch = 64
     c.rollout.max_concurrency = 64
+    c.rollout.actor_workers = 0
     c.train.eval_tasks = 32
     return c

@@ -67,7 +67,9 @@ _clock = time.perf_counter
 #: config overrides and ``switch_interval`` (``sys.setswitchinterval`` during the rollout: how
 #: long a thread holding the GIL keeps it while another thread waits for it; Python's 5 ms)
 VARIANTS: dict[str, dict[str, Any]] = {
-    "base": {},
+    # the episodes in this process (their critical path is measured only there), whatever the
+    # config's rollout.actor_workers (experiments/babyai.py:grpo_gpu runs 4 since 2026-12-07)
+    "base": {"rollout.actor_workers": 0},
     "noshare": {"engine.share_prompts": False},  # every prompt prefilled (the engine before)
     "share": {"engine.share_prompts": True, "engine.deliver_after_launch": False},
     # finished requests' results handed over after the next device launch (or when idle)
