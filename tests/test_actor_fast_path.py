@@ -454,6 +454,28 @@ async def test_a_waiting_worker_gives_up_when_its_parent_is_gone(tmp_path):
     assert await asyncio.wait_for(_connect(str(tmp_path / "sock"), parent), 5) is None
 
 
+def test_a_worker_imports_its_tokenizers_modules_before_it_waits(tokenizer):
+    """Unpickling the setup's tokenizer imports ``transformers`` (seconds) unless it is in
+    already: a worker imports the tokenizer's modules before it waits for the socket, so a
+    group spawned ahead does not spend that in the first collect. In a fresh interpreter:
+    the workers module alone leaves them out; after ``_import_tokenizer_modules`` every
+    ``transformers`` module of the tokenizer's class and bases is in ``sys.modules``."""
+    import subprocess
+    import sys
+
+    modules = sorted({c.__module__ for c in type(tokenizer).__mro__
+                      if c.__module__.startswith("transformers")})
+    assert modules
+    code = ("import sys\nfrom agentrl_jax.agent import workers\n"
+            f"m = {modules!r}\n"
+            "before = [x for x in m if x in sys.modules]\n"
+            "workers._import_tokenizer_modules()\n"
+            "print(before, [x for x in m if x not in sys.modules])\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=300, check=True).stdout.strip()
+    assert out == "[] []", out
+
+
 def test_worker_shares_keep_a_group_in_one_worker_and_balance_the_rest():
     """A collect's specs list each group's samples together; the workers get contiguous runs of
     sizes that differ by at most one (hand-computed), every episode exactly once."""

@@ -184,11 +184,19 @@ async def _connect(path: str, parent: int | None) -> tuple[asyncio.StreamReader,
             await asyncio.sleep(CONNECT_POLL_S)
 
 
+def _import_tokenizer_modules() -> None:
+    """Import what unpickling the setup's tokenizer (a ``transformers`` fast tokenizer:
+    ``models/tokenizer.py``) imports: ``transformers`` takes seconds to import, which a worker
+    spawned ahead spends while it waits for the socket instead of in the first collect."""
+    from transformers import PreTrainedTokenizerFast  # noqa: F401  (its module with it)
+
+
 async def _worker(path: str, parent: int | None = None) -> None:
     from agentrl_jax.agent.chat import ChatFormatter
     from agentrl_jax.agent.episode import start_episode
     from environments.core.client import (EnvClient, EnvConnectionError, EnvServerError)
 
+    _import_tokenizer_modules()
     connection = await _connect(path, parent)
     if connection is None:
         return
