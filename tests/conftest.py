@@ -13,7 +13,11 @@ Subprocesses inherit these flags unless a test replaces them.
 The pytest process compiles through a JAX persistent compilation cache in a fresh temporary
 folder (``pytest_configure``): learners, engines and models built again by a later test with
 the same shapes lower to the same XLA program, which is then read back instead of compiled
-again. It starts empty every session, so every program is still compiled once per run.
+again. Under pytest-xdist the controller makes the folder and every worker uses it, so a
+program one worker compiled is read back by the other. It starts empty every session, so every
+program is still compiled once per run. JAX reports a program read from the cache with the same
+``/jax/core/compile/backend_compile_duration`` event as one it compiles, so the tests that
+count compiles (``learner_helpers.recorded_compiles``) count the same either way.
 """
 
 import os
@@ -30,11 +34,13 @@ import pytest  # noqa: E402
 
 # programs that compile faster than this are not written to the pytest process's cache
 _CACHE_MIN_COMPILE_SECS = 0.5
+# the key under which the xdist controller hands its cache folder to the workers
+_XDIST_CACHE_KEY = "agentrl_jax_cache_dir"
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    """Give this process its own JAX persistent compilation cache (an empty temporary folder,
-    removed at exit). Set through ``jax.config``, not ``os.environ``, so the subprocesses the
+    """Give this session its own JAX persistent compilation cache (an empty temporary folder,
+    removed at exit; under xdist, the controller's folder, shared by its workers). Set through ``jax.config``, not ``os.environ``, so the subprocesses the
     tests start do not inherit it (those that should share one get ``compile_cache_env``).
     A ``JAX_COMPILATION_CACHE_DIR`` already in the environment is left as it is (set it empty
     to run without a cache)."""
@@ -42,10 +48,22 @@ def pytest_configure(config: pytest.Config) -> None:
 
     if "JAX_COMPILATION_CACHE_DIR" in os.environ:
         return
-    path = tempfile.mkdtemp(prefix="agentrl-test-jax-cache-")
-    config._agentrl_jax_cache_dir = path  # type: ignore[attr-defined]
+    worker_input = getattr(config, "workerinput", None)  # set in an xdist worker
+    if worker_input is not None and _XDIST_CACHE_KEY in worker_input:
+        path = worker_input[_XDIST_CACHE_KEY]  # the controller's folder, removed by it
+    else:
+        path = tempfile.mkdtemp(prefix="agentrl-test-jax-cache-")
+        config._agentrl_jax_cache_dir = path  # type: ignore[attr-defined]
     jax.config.update("jax_compilation_cache_dir", path)
     jax.config.update("jax_persistent_cache_min_compile_time_secs", _CACHE_MIN_COMPILE_SECS)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node) -> None:
+    """pytest-xdist (controller): pass this session's cache folder to each worker."""
+    path = getattr(node.config, "_agentrl_jax_cache_dir", None)
+    if path:
+        node.workerinput[_XDIST_CACHE_KEY] = path
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
