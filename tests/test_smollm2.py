@@ -6,7 +6,9 @@ tokenizer and logits, and transformers loading the HF directory that we export.
 
 from __future__ import annotations
 
+import functools
 import os
+from unittest import mock
 
 import jax.numpy as jnp
 import numpy as np
@@ -30,12 +32,32 @@ def smollm2():
 
 @pytest.fixture(scope="module")
 def hf_gguf():
-    """transformers' tokenizer and model loaded straight from the same GGUF file."""
+    """transformers' tokenizer and model loaded straight from the same GGUF file.
+
+    transformers parses the file's header with ``gguf.GGUFReader`` once for the tokenizer, once
+    for the config and once for the weights, and builds ``gguf.get_tensor_name_map(arch, n)``
+    again for every submodule; while loading, both are memoized (same file, same arguments:
+    the same parsed fields and name map), so the file is parsed once. Dequantization and the
+    Q/K un-permutation are still transformers' own, on every tensor."""
+    import gguf
+
     path = resolve_model_path("smollm2")
     kwargs = dict(gguf_file=os.path.basename(path))
-    tokenizer = transformers.AutoTokenizer.from_pretrained(os.path.dirname(path), **kwargs)
-    model = transformers.AutoModelForCausalLM.from_pretrained(
-        os.path.dirname(path), dtype=torch.float32, **kwargs).eval()
+    readers: dict[tuple[str, str], gguf.GGUFReader] = {}
+    parse = gguf.GGUFReader
+
+    def reader(file, mode="r"):
+        key = (os.path.realpath(file), mode)
+        if key not in readers:
+            readers[key] = parse(file, mode)
+        return readers[key]
+    name_map = functools.lru_cache(maxsize=None)(gguf.get_tensor_name_map)
+    with mock.patch.object(gguf, "GGUFReader", reader), \
+            mock.patch.object(gguf, "get_tensor_name_map", name_map):
+        tokenizer = transformers.AutoTokenizer.from_pretrained(os.path.dirname(path), **kwargs)
+        model = transformers.AutoModelForCausalLM.from_pretrained(
+            os.path.dirname(path), dtype=torch.float32, **kwargs).eval()
+    assert len(readers) == 1  # the tokenizer, config and weights all read the one file
     return tokenizer, model
 
 
