@@ -40,10 +40,10 @@ _XDIST_CACHE_KEY = "agentrl_jax_cache_dir"
 
 def pytest_configure(config: pytest.Config) -> None:
     """Give this session its own JAX persistent compilation cache (an empty temporary folder,
-    removed at exit; under xdist, the controller's folder, shared by its workers). Set through ``jax.config``, not ``os.environ``, so the subprocesses the
-    tests start do not inherit it (those that should share one get ``compile_cache_env``).
-    A ``JAX_COMPILATION_CACHE_DIR`` already in the environment is left as it is (set it empty
-    to run without a cache)."""
+    removed at exit; under xdist, the controller's folder, shared by its workers). Set through
+    ``jax.config``, not ``os.environ``, so the subprocesses the tests start do not inherit it
+    (those that should share one get ``compile_cache_env``). A ``JAX_COMPILATION_CACHE_DIR``
+    already in the environment is left as it is (set it empty to run without a cache)."""
     import jax
 
     if "JAX_COMPILATION_CACHE_DIR" in os.environ:
