@@ -6,6 +6,8 @@ float64 attention with its hand-derived backward pass, and ``jax.nn.dot_product_
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -78,11 +80,18 @@ def _packed_ids(b: int, t: int) -> tuple[np.ndarray, np.ndarray]:
     return seg, kv
 
 
-def _chunked_vjp(q, k, v, w, block, seg=None, kv=None):
+@functools.partial(jax.jit, static_argnums=4)
+def _jitted_vjp(q, k, v, w, block, seg, kv):
+    # one program per call signature instead of an eager op-by-op run (the same operations)
     def f(q, k, v):
         out = chunked_causal_attention(q, k, v, segment_ids=seg, kv_mask=kv, block_size=block)
         return jnp.sum(out * w), out
     (_, out), grads = jax.value_and_grad(f, argnums=(0, 1, 2), has_aux=True)(q, k, v)
+    return out, grads
+
+
+def _chunked_vjp(q, k, v, w, block, seg=None, kv=None):
+    out, grads = _jitted_vjp(q, k, v, w, block, seg, kv)
     return np.asarray(out), [np.asarray(g) for g in grads]
 
 
