@@ -62,11 +62,12 @@ def test_scored_head_equals_the_full_head_at_scored_positions(temperature):
     tokens = jnp.asarray(rng.integers(0, v, (r, t)), jnp.int32)
     w = jnp.asarray(rng.standard_normal((d, v)), jnp.float32)
     head = lambda h: h @ w  # noqa: E731
-    full_lp, full_ent = logprobs_from_hidden(hidden, tokens, head, chunk_size=3,
-                                             temperature=temperature, with_entropy=True)
-    lp, ent = scored_logprobs_from_hidden(hidden, tokens, jnp.asarray(MASK), head, 4,
-                                          chunk_size=3, temperature=temperature,
-                                          with_entropy=True)
+    # both heads jitted: one program each instead of an eager op-by-op run
+    full_lp, full_ent = jax.jit(lambda h: logprobs_from_hidden(
+        h, tokens, head, chunk_size=3, temperature=temperature, with_entropy=True))(hidden)
+    lp, ent = jax.jit(lambda h: scored_logprobs_from_hidden(
+        h, tokens, jnp.asarray(MASK), head, 4, chunk_size=3, temperature=temperature,
+        with_entropy=True))(hidden)
     scored = np.zeros_like(MASK, bool)
     scored[:, 1:] = MASK[:, 1:] != 0
     for got, want in ((lp, full_lp), (ent, full_ent)):
@@ -76,9 +77,10 @@ def test_scored_head_equals_the_full_head_at_scored_positions(temperature):
     # the gradient of a masked loss is the full head's as well
     def loss(h, fn):
         return jnp.sum(fn(h) * jnp.asarray(MASK))
-    g_full = jax.grad(loss)(hidden, lambda h: logprobs_from_hidden(h, tokens, head)[0])
-    g_sc = jax.grad(loss)(hidden, lambda h: scored_logprobs_from_hidden(
-        h, tokens, jnp.asarray(MASK), head, 4)[0])
+    g_full = jax.jit(jax.grad(lambda h: loss(h, lambda x: logprobs_from_hidden(
+        x, tokens, head)[0])))(hidden)
+    g_sc = jax.jit(jax.grad(lambda h: loss(h, lambda x: scored_logprobs_from_hidden(
+        x, tokens, jnp.asarray(MASK), head, 4)[0])))(hidden)
     np.testing.assert_allclose(np.asarray(g_sc), np.asarray(g_full), rtol=1e-6, atol=1e-7)
 
 
