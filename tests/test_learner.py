@@ -111,8 +111,9 @@ def test_logprobs_match_numpy_float64(reference_run, base_state):
     lp, ent = update_logprobs(learner, batch, with_entropy=True)
     assert lp.shape == ent.shape == batch["tokens"].shape
     # NumPy float64 reference from the model's full [B, T, V] logits (explicit attention mask)
-    logits = learner.policy_model()(jnp.asarray(batch["tokens"]),
-                                    attention_mask=jnp.asarray(batch["attention_mask"])).logits
+    # (jitted model calls: one program instead of an eager op-by-op run)
+    logits = nnx.jit(lambda m, t, a: m(t, attention_mask=a).logits)(
+        learner.policy_model(), jnp.asarray(batch["tokens"]), jnp.asarray(batch["attention_mask"]))
     z = np.asarray(logits, np.float64)
     logsm = z - z.max(-1, keepdims=True)
     logsm = logsm - np.log(np.exp(logsm).sum(-1, keepdims=True))
@@ -127,7 +128,8 @@ def test_logprobs_match_numpy_float64(reference_run, base_state):
     assert np.all(lp[:, 0] == 0)
     # the reference model is the initial policy: after two updates they differ, a little
     ref = update_logprobs(learner, batch, which="reference")
-    fresh = fresh_model(base_state)(jnp.asarray(batch["tokens"])).logits
+    fresh = nnx.jit(lambda m, t: m(t).logits)(fresh_model(base_state),
+                                             jnp.asarray(batch["tokens"]))
     zf = np.asarray(fresh, np.float64)
     zf = zf - zf.max(-1, keepdims=True)
     zf = zf - np.log(np.exp(zf).sum(-1, keepdims=True))
