@@ -181,10 +181,10 @@ ARMS: tuple[Arm, ...] = (
     ),
     Arm(
         "webnav",
-        "choice restricted to letters, options shuffled each turn, 45 steps, one seed",
-        ("results/webnav_choice_test/webnav_shuffled_test_s0",),
+        "choice restricted to letters, options shuffled each turn, 45 steps",
+        _numbered("results/webnav_choice_test/webnav_shuffled_test"),
         "test",
-        note="seeds 1 and 2 were cut at steps 32 and 36, before their final evaluation",
+        note="seed 0 on one H200 (tree 37945b4), seeds 1 and 2 on one H100 (tree 3226759)",
     ),
     Arm(
         "deepsearch",
