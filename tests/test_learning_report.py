@@ -96,7 +96,7 @@ def _episodes(step, successes, extra=None):
 def test_collect_then_report_and_missing_runs(tmp_path):
     """--collect writes eval_episodes.jsonl (small fields only) from a run's full trajectories;
     a run holding both kinds of file counts its episodes once; launch/eval.py's output (no
-    step) is step 0; a missing run or one without evaluations gets "missing" and so do the
+    step) is step 0, or its eval.json's checkpoint step; a missing run or one without evaluations gets "missing" and so do the
     differences naming it, while the others are computed."""
     grpo, base, empty = tmp_path / "grpo", tmp_path / "base", tmp_path / "empty"
     for d in (grpo, base, empty):
@@ -133,3 +133,9 @@ def test_collect_then_report_and_missing_runs(tmp_path):
     assert d["grpo:base"]["gain"] == pytest.approx(0.5)  # x: 1 - 0, y: 1 - 1
     assert d["grpo@first:base"]["gain"] == pytest.approx(-0.25)  # x: 0 - 0, y: .5 - 1
     assert "missing" in d["empty:grpo"] and "missing" in d["grpo:nope"]
+    # launch/eval.py's output of a checkpoint: its episodes take eval.json's step
+    (base / "eval.json").write_text(json.dumps({"step": 113, "avg_at_k": 0.5}))
+    learning_report.main([str(base), "--labels", "ckpt", "--collect", "--out", str(small)])
+    steps = {json.loads(x)["step"]
+             for x in (small / "ckpt" / "eval_episodes.jsonl").read_text().splitlines()}
+    assert steps == {113}

@@ -139,15 +139,15 @@ def eval_episode_files(run: str) -> list[str]:
     return [found.get(n) or os.path.join(run, n) for n in (full or small)]
 
 
-def small_record(record: dict) -> dict:
+def small_record(record: dict, default_step: int = 0) -> dict:
     """An episode record (full trajectory or small) reduced to :data:`EPISODE_FIELDS`
-    (``step`` 0 when the record has none: ``launch/eval.py``'s output; a
+    (``step`` ``default_step`` when the record has none: ``launch/eval.py``'s output; a
     :data:`COUNT_FIELDS` value None when unknown), plus :data:`PICK_FIELDS` where recorded and
     ``shaping`` when it is not 0
     (``Trajectory.shaping``: the training-only part of ``reward``, which the score leaves out,
     ``eval_metrics.task_reward``)."""
     e = {k: record.get(k) for k in EPISODE_FIELDS}
-    e["step"] = int(record.get("step") or 0)
+    e["step"] = int(record.get("step") or default_step)
     e["context_tokens"] = record_context_tokens(record)
     if record.get("shaping"):  # kept where there is any: the score is reward - shaping
         e["shaping"] = record["shaping"]
@@ -161,12 +161,26 @@ def eval_episodes(run: str, style: str = "") -> list[dict]:
     """``run``'s evaluation episodes, each reduced to :data:`EPISODE_FIELDS`
     (:func:`small_record`); ``run`` may also be one JSONL file of episodes (e.g.
     ``launch/record_experts.py``'s). ``style``: only the records whose ``style`` is it (an
-    ``action_format.py --episodes_out`` file holds one set of episodes per answer style)."""
+    ``action_format.py --episodes_out`` file holds one set of episodes per answer style).
+    Episodes without a step take the checkpoint step of the folder's ``eval.json``
+    (``launch/eval.py --output``: its ``step``, none for the base model), else 0."""
     out = []
+    step = 0 if os.path.isfile(run) else eval_json_step(run)
     for path in [run] if os.path.isfile(run) else eval_episode_files(run):
-        out.extend(small_record(t) for t in read_jsonl(path)
+        out.extend(small_record(t, step) for t in read_jsonl(path)
                    if not style or t.get("style") == style)
     return out
+
+
+def eval_json_step(run: str) -> int:
+    """The checkpoint step ``launch/eval.py`` wrote in ``run/eval.json`` (0 when there is no
+    such file, no step or the base model's)."""
+    path = find_run_file(run, "eval.json")
+    if not path:
+        return 0
+    with open(path) as f:
+        step = json.load(f).get("step")
+    return step if isinstance(step, int) and not isinstance(step, bool) else 0
 
 
 #: what ``--metric`` can be (``eval_metrics.METRICS``) and the old names still accepted
