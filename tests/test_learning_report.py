@@ -96,8 +96,9 @@ def _episodes(step, successes, extra=None):
 def test_collect_then_report_and_missing_runs(tmp_path):
     """--collect writes eval_episodes.jsonl (small fields only) from a run's full trajectories;
     a run holding both kinds of file counts its episodes once; launch/eval.py's output (no
-    step) is step 0, or its eval.json's checkpoint step; a missing run or one without evaluations gets "missing" and so do the
-    differences naming it, while the others are computed."""
+    step) is step 0, or its eval.json's checkpoint step; a missing run or one without
+    evaluations gets "missing" and so do the differences naming it, while the others are
+    computed."""
     grpo, base, empty = tmp_path / "grpo", tmp_path / "base", tmp_path / "empty"
     for d in (grpo, base, empty):
         d.mkdir()

@@ -147,7 +147,8 @@ def small_record(record: dict, default_step: int = 0) -> dict:
     (``Trajectory.shaping``: the training-only part of ``reward``, which the score leaves out,
     ``eval_metrics.task_reward``)."""
     e = {k: record.get(k) for k in EPISODE_FIELDS}
-    e["step"] = int(record.get("step") or default_step)
+    step = record.get("step")
+    e["step"] = int(step if step is not None else default_step)
     e["context_tokens"] = record_context_tokens(record)
     if record.get("shaping"):  # kept where there is any: the score is reward - shaping
         e["shaping"] = record["shaping"]
