@@ -41,9 +41,12 @@ def test_profile_parts_add_up_to_the_wall(tmp_path):
         assert (0 < engine["prefill_row_tokens"] <= engine["prefill_used_positions"]
                 <= engine["prefill_positions"])
         assert engine["prefill_rows_used"] <= engine["prefill_rows"]
-        # the engine's always-on clocks agree with the probe's (only whole steps / waits)
+        # the engine's always-on clocks agree with the probe's, less the step or wait for work
+        # in progress at each snapshot (the engine's clocks count one once it ends; the
+        # rollout's last environment calls leave the engine waiting at the second snapshot:
+        # 0.27 s on a loaded CI box, where the comparison without it failed)
         assert engine["engine_step_s"] + engine["engine_idle_s"] == pytest.approx(
-            engine["parts_s"], rel=0.05, abs=0.05)
+            engine["parts_s"] - engine["open_s"], rel=0.05, abs=0.05)
         # run_decode's wall split: the engine thread's CPU in it, its collections
         assert 0 < engine["run_decode_cpu_s"] <= engine["run_decode_s"] * 1.05 + 0.01
         assert 0 <= engine["engine_gc_s"] <= engine["wall_s"]

@@ -66,7 +66,21 @@ class EngineProbe:
             setattr(engine.scheduler, name, self._timed(name, getattr(engine.scheduler, name)))
         self.cond = _TimedCondition(engine.inbox.cv, engine.loop.thread)
         engine.inbox.cv = self.cond
+        # the probe's idle seconds when the engine's wait for work in progress began (None: no
+        # wait in progress); the engine adds that wait to its own idle clock only once it ends
+        self.wait_base: float | None = None
+        engine.inbox.wait_for_work = self._timed_wait_for_work(engine.inbox.wait_for_work)
         self._cpu_clock = time.pthread_getcpuclockid(engine.loop.thread.ident)
+
+    def _timed_wait_for_work(self, fn: Callable[..., Any]) -> Callable[..., Any]:
+        def timed(*args: Any) -> Any:
+            if threading.current_thread() is self.engine.loop.thread:
+                self.wait_base = self.cond.wait_s
+            try:
+                return fn(*args)
+            finally:
+                self.wait_base = None
+        return timed
 
     def _timed(self, name: str, fn: Callable[[], Any]) -> Callable[[], Any]:
         seconds = self.seconds
@@ -103,7 +117,13 @@ class EngineProbe:
         since = self.step_since  # a step in progress counts up to now (a snapshot's window)
         if since is not None:
             out["step_s"] += now - since
-        out.update(idle_s=self.cond.waited(now), cpu_s=time.clock_gettime(self._cpu_clock),
+        idle = self.cond.waited(now)
+        # what the engine's own clocks do not hold yet: the step in progress and the idle
+        # seconds of the wait for work in progress (they count when each ends)
+        base = self.wait_base
+        out["open_s"] = ((now - since if since is not None else 0.0)
+                         + (idle - base if base is not None else 0.0))
+        out.update(idle_s=idle, cpu_s=time.clock_gettime(self._cpu_clock),
                    run_decode_cpu_s=self.decode_cpu_s, engine_gc_s=self.gc_s,
                    prefill_device_s=s.prefill_time_s, decode_device_s=s.decode_time_s,
                    prefill_wait_s=s.prefill_wait_time_s, decode_wait_s=s.decode_wait_time_s,
@@ -163,9 +183,12 @@ def engine_view(before: dict[str, float], after: dict[str, float]) -> dict[str, 
     out["run_decode_s"] = d["run_decode_s"]
     out["run_decode_cpu_s"] = d["run_decode_cpu_s"]
     out["engine_gc_s"] = d["engine_gc_s"]
-    # the engine's own always-on clocks (EngineStats), to compare with the probe's
+    # the engine's own always-on clocks (EngineStats), to compare with the probe's: they hold
+    # a step or a wait for work only once it ends, so they match ``parts_s - open_s`` (the
+    # step or wait in progress at the second snapshot, less the one at the first)
     out["engine_step_s"] = d["engine_step_s"]
     out["engine_idle_s"] = d["engine_idle_s"]
+    out["open_s"] = d["open_s"]
     for k in ("prefill_calls", "decode_calls", "decode_steps", "decode_slot_steps",
               "prefill_tokens", "prompt_tokens", "cached_tokens", "generated_tokens",
               "requests", "shared_prompts", "copy_calls", "prefill_positions", "prefill_rows",
