@@ -85,7 +85,7 @@ def test_a_wait_in_progress_is_open_until_it_ends_then_the_engine_counts_it(engi
     held = engine_view(first, second)
     # the engine's clocks have not moved; the probe saw the whole wait, and all of it is open
     assert _engine_clocks(held) == 0.0
-    assert held["idle_s"] == pytest.approx(IDLE_S, abs=0.05)
+    assert held["idle_s"] >= IDLE_S  # the two snapshots bracket the sleep
     assert held["open_s"] == pytest.approx(held["parts_s"], abs=1e-3)
 
     _wake(engine)  # the wait ends: the engine adds all of it, the part before `first` too
@@ -93,7 +93,7 @@ def test_a_wait_in_progress_is_open_until_it_ends_then_the_engine_counts_it(engi
     third = probe.snapshot()
     ended = engine_view(first, third)
     assert _engine_clocks(ended) > IDLE_S
-    assert _engine_clocks(ended) == pytest.approx(ended["parts_s"] - ended["open_s"], abs=0.03)
+    assert _engine_clocks(ended) == pytest.approx(ended["parts_s"] - ended["open_s"], abs=0.05)
 
 
 def test_a_step_in_progress_is_open_until_it_ends(engine):
@@ -106,7 +106,8 @@ def test_a_step_in_progress_is_open_until_it_ends(engine):
     _wait_until(lambda: _waiting(engine, probe))
     second = probe.snapshot()
     view = engine_view(first, second)
-    # the probe: the step's stretch after `first`, about three quarters of it
-    assert view["parts_s"] - view["idle_s"] < STEP_S * 0.9
-    assert _engine_clocks(view) >= STEP_S  # the engine counted the whole step once it ended
-    assert _engine_clocks(view) == pytest.approx(view["parts_s"] - view["open_s"], abs=0.03)
+    # the engine counted the whole step once it ended, the probe its stretch after `first`:
+    # the two differ by the stretch before it, at least the test's sleep (lower bounds only)
+    assert view["engine_step_s"] >= STEP_S
+    assert view["engine_step_s"] - (view["parts_s"] - view["idle_s"]) >= STEP_S / 4
+    assert _engine_clocks(view) == pytest.approx(view["parts_s"] - view["open_s"], abs=0.05)
