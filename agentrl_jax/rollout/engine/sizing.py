@@ -56,9 +56,11 @@ def engine_prefill(platform: str) -> dict[str, Any]:
     ``[4, 256]`` call (four times the positions of a ``[1, 256]`` call, and the CPU time too:
     docs/PERFORMANCE.md). On CPU: one sequence per call (``prefill_tokens`` = the smallest
     chunk) and chunks of :data:`CPU_PREFILL_CHUNKS` (two compiled prefill shapes, not three),
-    each attending over the whole row (``prefill_kv_buckets=()``): the KV-length buckets an
-    accelerator uses (``EngineConfig.prefill_kv_buckets``) would compile four times the prefill
-    shapes, each a long CPU compile; not measured on CPU yet, so not enabled there.
+    each attending over the whole row (``prefill_kv_buckets=()``). KV-length buckets
+    (``EngineConfig.prefill_kv_buckets``, e.g. ``"512,1024,2048"``) cut a CPU rollout's prefill
+    time but compile four times the prefill shapes at start-up, more than a short run gains
+    (docs/PERFORMANCE.md, "The README's CPU taste run", session 64): a long CPU run sets
+    ``rollout.prefill_kv_buckets`` itself.
     """
     if platform != "cpu":
         return {}
