@@ -214,3 +214,30 @@ def test_donation_runs_the_donation_probe_with_its_defaults(tmp_path):
     (run,) = recorded_commands(tmp_path, "donation")
     assert run[0] == "benchmarks/speed/donation_dispatch.py"
     assert run[1] == "--json" and run[2].endswith("donation_dispatch.json") and len(run) == 3
+
+
+def test_decode_call_times_steps_a_call_with_and_without_command_buffers(tmp_path):
+    """``decode_call``: the engine benchmark at 16 and 64 steps a call as is, both again with
+    XLA's command buffers off (only those two runs), then 16 steps under the profiler with the
+    decode HLO dumped; the first run's bandwidth (none from the stand-in: ``measure``) given to
+    the rest, every file its own, the timeouts within one 10-minute call."""
+    runs = recorded_commands(tmp_path, "decode_call", with_xla_flags=True)
+    engine = [r for r in runs if r[1] == "benchmarks/speed/engine.py"]
+    assert len(engine) == 5 and len(runs) == 7  # + the bandwidth read and the trace summary
+    steps = [r[r.index("--decode-steps") + 1] for r in engine]
+    assert steps == ["16", "64", "16", "64", "16"]
+    off = "--xla_gpu_enable_command_buffer="
+    assert [off in r[0].split() for r in engine] == [False, False, True, True, False]
+    for r in engine:
+        assert r[r.index("--shape") + 1] == "smollm2-135m" and r[r.index("--batch") + 1] == "256"
+        assert "--temperature" not in r  # greedy, as session 64's by-steps rows
+    assert "--bandwidth" not in engine[0]
+    assert all(r[r.index("--bandwidth") + 1] == "measure" for r in engine[1:])
+    assert "--profile" in engine[4] and "--xla_dump_to=" in engine[4][0]
+    assert "--profile" not in " ".join(" ".join(r) for r in engine[:4])
+    assert len({r[r.index("--json") + 1] for r in engine}) == 5
+    text = SCRIPT.read_text()
+    part = text[text.index("  decode_call)"):]
+    part = part[:part.index(";;")]
+    limits = [int(t) for t in re.findall(r"timeout (\d+) python3", part)]
+    assert limits == [120, 100, 150] and 120 + 3 * 100 + 150 <= 570

@@ -18,6 +18,7 @@
 #   bash benchmarks/gpu/speed_round2.sh overlap_step OUT            # overlap x workers, 20 turns
 #   bash benchmarks/gpu/speed_round2.sh headline_workers OUT        # the headline run, workers
 #   bash benchmarks/gpu/speed_round2.sh donation OUT                # a donated launch's wait
+#   bash benchmarks/gpu/speed_round2.sh decode_call OUT             # a decode call's fixed cost
 #
 # step:  the device copy bandwidth; then benchmarks/speed/rl_step.py (--variants packed, 6 steps,
 #        --fresh-process) of BASELINE_DIR (a checkout of the code before, e.g.
@@ -128,10 +129,23 @@
 #        that call (the prefill launches' time off the CPU; benchmarks/speed/
 #        donation_dispatch.py, its defaults: 60 arrays [256, 1024, 192] bf16, 100 chained
 #        2048^2 products a step). Timeout 120 s.
+# decode_call: what the ~5 ms a decode call costs beside its steps is (docs/PERFORMANCE.md,
+#        "Issue 49 on one H100, session 64": 16 / 32 / 64 steps a call fit 1.41 ms a step +
+#        5.0 ms a call, one sample a row): the engine benchmark (SmolLM2 shape, batch 256,
+#        greedy, the bandwidth measured in the first run and given to the others) at 16 and 64
+#        steps a call as is, then both with XLA's command buffers (CUDA graphs) off
+#        (`--xla_gpu_enable_command_buffer=`: a graph updated each call for buffers that move
+#        would be a per-call cost), each its own process; then 16 steps a call under the
+#        profiler with the decode program's optimized HLO dumped (a copy of the KV cache at the
+#        loop's entry or exit would be a per-call cost): the trace's device time by program
+#        (`devtime.program_times`: the decode program's span a call against its kernels' busy
+#        time) in OUT/decode_trace.log, the HLO in OUT/hlo/. Timeouts 120 + 3 x 100 + 150 s: at
+#        most 570 s, within one 10-minute call.
 # Logs and JSON go to OUT; docs/PERFORMANCE.md quotes them with this command.
 set -u
 PARTS="step|parts|dtype|engine_dtype|prefill|prefill_bf16|learner_mfu|gil|trace|env|launch"
 PARTS="$PARTS|decode_loop|host|gil20|workers_step|overlap_step|headline_workers|donation"
+PARTS="$PARTS|decode_call"
 USAGE="usage: speed_round2.sh $PARTS OUT [BASELINE_DIR]"
 PART=${1:?$USAGE}
 OUT=${2:?$USAGE}
@@ -312,6 +326,33 @@ case "$PART" in
           --json "$OUT/rl_step_overlap_h${turns}_w$workers.json" \
           > "$OUT/rl_step_overlap_h${turns}_w$workers.log" 2>&1
     done
+    ;;
+  decode_call)
+    E="benchmarks/speed/engine.py --shape smollm2-135m --batch 256 --skip naive,hf,reuse"
+    timeout 120 python3 $E --decode-steps 16 --json "$OUT/engine_default_16.json" \
+        > "$OUT/engine_default_16.log" 2>&1
+    BW=$(python3 -c "import json, sys; print(json.load(open(sys.argv[1]))['bandwidth']
+                    ['bandwidth_Bps'])" "$OUT/engine_default_16.json" 2> /dev/null)
+    [ -n "$BW" ] || BW=measure
+    for run in "default 64" "no_command_buffers 16" "no_command_buffers 64"; do
+      read -r arm steps <<< "$run"
+      flags=${XLA_FLAGS:-}
+      [ "$arm" = default ] || flags="$flags --xla_gpu_enable_command_buffer="
+      XLA_FLAGS="$flags" timeout 100 python3 $E --bandwidth "$BW" --decode-steps "$steps" \
+          --json "$OUT/engine_${arm}_$steps.json" > "$OUT/engine_${arm}_$steps.log" 2>&1
+    done
+    DUMP=$(mktemp -d)
+    XLA_FLAGS="${XLA_FLAGS:-} --xla_dump_to=$DUMP --xla_dump_hlo_as_text \
+--xla_dump_hlo_module_re=.*decode.*" timeout 150 python3 $E --bandwidth "$BW" \
+        --decode-steps 16 --profile "$OUT/trace" --json "$OUT/engine_traced_16.json" \
+        > "$OUT/engine_traced_16.log" 2>&1
+    mkdir -p "$OUT/hlo" && cp "$DUMP"/*after_optimizations.txt "$OUT/hlo/" 2> /dev/null
+    rm -rf "$DUMP"
+    python3 -c "import json, sys; from benchmarks.speed import devtime
+events = devtime.trace_events(sys.argv[1])
+print(json.dumps({'programs': devtime.program_times(events),
+                  'lines': devtime.device_layout(events)}, indent=1))" "$OUT/trace" \
+        > "$OUT/decode_trace.log" 2>&1
     ;;
   donation)
     timeout 120 python3 benchmarks/speed/donation_dispatch.py --json "$OUT/donation_dispatch.json" \
