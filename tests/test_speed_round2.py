@@ -223,7 +223,7 @@ def test_decode_call_times_steps_a_call_with_and_without_command_buffers(tmp_pat
     the rest, every file its own, the timeouts within one 10-minute call."""
     runs = recorded_commands(tmp_path, "decode_call", with_xla_flags=True)
     engine = [r for r in runs if r[1] == "benchmarks/speed/engine.py"]
-    assert len(engine) == 5 and len(runs) == 7  # + the bandwidth read and the trace summary
+    assert len(engine) == 5 and len(runs) == 6  # + the bandwidth read from the first JSON
     steps = [r[r.index("--decode-steps") + 1] for r in engine]
     assert steps == ["16", "64", "16", "64", "16"]
     off = "--xla_gpu_enable_command_buffer="

@@ -138,9 +138,9 @@
 #        would be a per-call cost), each its own process; then 16 steps a call under the
 #        profiler with the decode program's optimized HLO dumped (a copy of the KV cache at the
 #        loop's entry or exit would be a per-call cost): the trace's device time by program
-#        (`devtime.program_times`: the decode program's span a call against its kernels' busy
-#        time) in OUT/decode_trace.log, the HLO in OUT/hlo/. Timeouts 120 + 3 x 100 + 150 s: at
-#        most 570 s, within one 10-minute call.
+#        (engine.py --profile: the decode program's span against its kernels' busy time, in
+#        OUT/engine_traced_16.json and its log), the HLO in OUT/hlo/. Timeouts 120 + 3 x 100
+#        + 150 s: at most 570 s, within one 10-minute call.
 # Logs and JSON go to OUT; docs/PERFORMANCE.md quotes them with this command.
 set -u
 PARTS="step|parts|dtype|engine_dtype|prefill|prefill_bf16|learner_mfu|gil|trace|env|launch"
@@ -348,11 +348,6 @@ case "$PART" in
         > "$OUT/engine_traced_16.log" 2>&1
     mkdir -p "$OUT/hlo" && cp "$DUMP"/*after_optimizations.txt "$OUT/hlo/" 2> /dev/null
     rm -rf "$DUMP"
-    python3 -c "import json, sys; from benchmarks.speed import devtime
-events = devtime.trace_events(sys.argv[1])
-print(json.dumps({'programs': devtime.program_times(events),
-                  'lines': devtime.device_layout(events)}, indent=1))" "$OUT/trace" \
-        > "$OUT/decode_trace.log" 2>&1
     ;;
   donation)
     timeout 120 python3 benchmarks/speed/donation_dispatch.py --json "$OUT/donation_dispatch.json" \

@@ -107,9 +107,9 @@ def bench_engine(model, cfg, args, batch_prompts, decode_attention: str = "auto"
             f.result()
         before = engine.stats.as_dict()
         profile_dir = getattr(args, "profile", None)
-        trace = (jax.profiler.trace(os.path.join(
-                     profile_dir, f"{decode_attention}_{decode_gemm}_{decode_loop}"))
-                 if profile_dir else contextlib.nullcontext())
+        trace_dir = (os.path.join(profile_dir, f"{decode_attention}_{decode_gemm}_{decode_loop}")
+                     if profile_dir else None)
+        trace = jax.profiler.trace(trace_dir) if trace_dir else contextlib.nullcontext()
         with trace:  # --profile: an XLA device trace of the timed round (xprof / TensorBoard)
             t0 = time.perf_counter()
             engine.pause("in_place")  # admit the whole batch at once (not one by one)
@@ -125,7 +125,7 @@ def bench_engine(model, cfg, args, batch_prompts, decode_attention: str = "auto"
     steps = after["decode_steps"] - before["decode_steps"]
     decode_s = after["decode_time_s"] - before["decode_time_s"]
     slot_steps = after["decode_slot_steps"] - before["decode_slot_steps"]
-    return {"tokens_per_s": generated / wall, "wall_s": wall, "generated_tokens": generated,
+    result = {"tokens_per_s": generated / wall, "wall_s": wall, "generated_tokens": generated,
             "decode_attention": engine.decode_attention, "decode_gemm": engine.decode_gemm,
             "decode_loop": decode_loop, "compile_s": compile_s, "decode_steps": steps,
             "decode_calls": after["decode_calls"] - before["decode_calls"],
@@ -134,6 +134,13 @@ def bench_engine(model, cfg, args, batch_prompts, decode_attention: str = "auto"
             "prefill_time_s": after["prefill_time_s"] - before["prefill_time_s"],
             "mean_active_slots": slot_steps / max(steps, 1),
             "max_length": max_length}
+    if trace_dir:  # the timed round's device time by XLA program, as rollout_profile.py --trace
+        from benchmarks.speed.devtime import device_layout, program_times, trace_events
+
+        events = trace_events(trace_dir)
+        result["device_programs"] = program_times(events)
+        result["device_layout"] = device_layout(events)
+    return result
 
 
 # ------------------------------------------------------------------------------ naive JAX
@@ -337,7 +344,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--json", default=None, help="write the results here")
     p.add_argument("--profile", default=None,
                    help="write a jax.profiler device trace of each engine variant's timed "
-                        "round under this directory (read it with xprof / TensorBoard)")
+                        "round under this directory (read it with xprof / TensorBoard); the "
+                        "report gains its device time by XLA program (devtime.program_times)")
     args = p.parse_args(argv)
     small = args.small
     args.shape = args.shape or ("tiny" if small else "smollm2-135m")
@@ -427,6 +435,10 @@ def print_table(r: dict[str, Any]) -> None:
         if key == "engine":
             note = (f"compile {res['compile_s']:.1f}s, {res['decode_calls']} decode calls, "
                     f"mean active slots {res['mean_active_slots']:.1f}")
+            note += "".join(f"; {name}: {p['calls']} calls, device span "
+                            f"{1e3 * p['span_s']:.3f} ms, kernels busy {1e3 * p['busy_s']:.3f} ms"
+                            for name, p in res.get("device_programs", {}).items()
+                            if p["span_s"] is not None)
         elif key == "hf":
             note = f"{res['device']} {res['torch_dtype']}"
         print(f"| {name:<10} | {res['tokens_per_s']:>10.0f} | {ratio:>7} | {res['wall_s']:>8.2f}"
